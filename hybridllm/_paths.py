@@ -1,0 +1,40 @@
+"""Where hybridllm keeps its files. Read at call time, never at import (convention 7)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def data_dir() -> Path:
+    """Model files and exported embedders: $HYBRIDLLM_HOME, else the platformdirs user data dir."""
+    home = os.environ.get("HYBRIDLLM_HOME")
+    if home:
+        return Path(home).expanduser()
+    import platformdirs
+
+    return Path(platformdirs.user_data_dir("hybridllm", appauthor=False))
+
+
+def cache_dir() -> Path:
+    """The semantic cache database: $HYBRIDLLM_CACHE_DIR, else the platformdirs user cache dir."""
+    override = os.environ.get("HYBRIDLLM_CACHE_DIR")
+    if override:
+        return Path(override).expanduser()
+    home = os.environ.get("HYBRIDLLM_HOME")
+    if home:
+        return Path(home).expanduser() / "cache"
+    import platformdirs
+
+    return Path(platformdirs.user_cache_dir("hybridllm", appauthor=False))
+
+
+def assets_dir() -> Path:
+    """The shipped catalog and small trained artifacts (the repository's ``models/`` folder)."""
+    here = Path(__file__).resolve().parent
+    for candidate in (here.parent / "models", here / "_assets"):
+        if (candidate / "catalog.json").is_file():
+            return candidate
+    raise FileNotFoundError(
+        f"The model catalog is missing (looked in {here.parent / 'models'}); reinstall hybridllm."
+    )

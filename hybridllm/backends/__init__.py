@@ -1,0 +1,1 @@
+"""Edge and cloud backends behind one small interface."""

@@ -1,0 +1,1 @@
+"""The on-device semantic cache."""

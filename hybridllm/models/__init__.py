@@ -1,0 +1,16 @@
+"""Embedded model catalog and the on-disk model store."""
+
+from .catalog import ModelSpec, get_spec, load_catalog
+from .store import is_materialized, model_dir, pull, resolve_gguf, sha256_file, verify
+
+__all__ = [
+    "ModelSpec",
+    "get_spec",
+    "is_materialized",
+    "load_catalog",
+    "model_dir",
+    "pull",
+    "resolve_gguf",
+    "sha256_file",
+    "verify",
+]

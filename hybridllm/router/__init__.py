@@ -1,0 +1,1 @@
+"""The learned difficulty router and the routing policies."""

@@ -68,6 +68,7 @@ class GenerationParams:
     top_k: int = 40
     seed: int | None = None
     stop: tuple[str, ...] = ()
+    logprobs: bool = False  # report the log-probability of each sampled token (for the cascade)
 
     def __post_init__(self) -> None:
         if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int):
@@ -173,3 +174,4 @@ class Chunk:
     route: str
     model: str
     finish_reason: str | None = None
+    completion: Completion | None = None  # set on the last chunk: the whole answer and its trace

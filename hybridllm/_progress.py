@@ -1,0 +1,49 @@
+"""A small progress bar for long work in the CLI (materializing models, exporting, labelling)."""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import TextIO
+
+
+class ProgressBar:
+    """Call with (done, total). Redraws in place on a terminal, prints every 25% otherwise."""
+
+    def __init__(self, label: str, *, unit: str = "MB", scale: float = 1e6,
+                 stream: TextIO | None = None) -> None:
+        self.label, self.unit, self.scale = label, unit, scale
+        self.stream = stream or sys.stderr
+        self.tty = self.stream.isatty()
+        self.start = time.perf_counter()
+        self._last_draw = 0.0
+        self._last_quarter = -1
+        self.finished = False
+
+    def __call__(self, done: int, total: int | None) -> None:
+        now = time.perf_counter()
+        final = total is not None and done >= total
+        if self.tty:
+            if not final and now - self._last_draw < 0.1:
+                return
+            self._last_draw = now
+            self.stream.write("\r" + self._line(done, total, now))
+            if final:
+                self.stream.write("\n")
+        else:
+            quarter = int(100 * done / total) // 25 if total else 0
+            if quarter == self._last_quarter and not final:
+                return
+            self._last_quarter = quarter
+            self.stream.write(self._line(done, total, now) + "\n")
+        self.finished = final
+        self.stream.flush()
+
+    def _line(self, done: int, total: int | None, now: float) -> str:
+        rate = done / self.scale / max(now - self.start, 1e-6)
+        if total:
+            frac = min(done / total, 1.0)
+            bar = "#" * int(frac * 30)
+            return (f"{self.label} [{bar:<30}] {frac:4.0%} {done / self.scale:.1f}/"
+                    f"{total / self.scale:.1f} {self.unit} {rate:.0f} {self.unit}/s")
+        return f"{self.label} {done / self.scale:.1f} {self.unit} {rate:.0f} {self.unit}/s"

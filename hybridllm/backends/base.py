@@ -1,0 +1,109 @@
+"""The backend interface: something that turns messages into streamed text.
+
+A backend streams :class:`Delta` pieces and ends with one whose ``finish_reason`` is set and which
+carries the usage. ``generate`` is built on ``stream`` so each backend writes the loop once.
+Backends register by name so configuration can pick them ("llama_cpp", "cloud", "fake").
+"""
+
+from __future__ import annotations
+
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+from .._types import GenerationParams, Messages, Usage
+
+
+@dataclass
+class Delta:
+    text: str
+    finish_reason: str | None = None  # set on the last delta: "stop" or "length"
+    usage: Usage | None = None  # set on the last delta
+    logprob: float | None = None  # log-probability of this piece's tokens, when known
+
+
+@dataclass
+class Generation:
+    text: str
+    finish_reason: str
+    usage: Usage
+    ttft_ms: float | None
+    latency_ms: float
+    mean_logprob: float | None = None
+    extra: dict = field(default_factory=dict)
+
+
+class Backend(ABC):
+    """Generates and streams answers for OpenAI-style messages."""
+
+    name: str = "backend"
+    model: str = ""
+
+    @abstractmethod
+    def stream(self, messages: Messages, params: GenerationParams) -> Iterator[Delta]:
+        """Yield text pieces as they are produced. Closing the iterator stops generation."""
+
+    def generate(self, messages: Messages, params: GenerationParams) -> Generation:
+        start = time.perf_counter()
+        ttft: float | None = None
+        parts: list[str] = []
+        logprobs: list[float] = []
+        finish, usage = "stop", Usage()
+        for delta in self.stream(messages, params):
+            if delta.text:
+                if ttft is None:
+                    ttft = (time.perf_counter() - start) * 1000
+                parts.append(delta.text)
+            if delta.logprob is not None:
+                logprobs.append(delta.logprob)
+            if delta.finish_reason is not None:
+                finish = delta.finish_reason
+                usage = delta.usage or usage
+        mean_lp = sum(logprobs) / len(logprobs) if logprobs else None
+        return Generation("".join(parts), finish, usage, ttft,
+                          (time.perf_counter() - start) * 1000, mean_lp)
+
+    def count_tokens(self, messages: Messages) -> int | None:
+        """Prompt length in this backend's tokens, when it can tell cheaply."""
+        return None
+
+    @property
+    def context_length(self) -> int | None:
+        return None
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Release the model or the connection."""
+
+
+BackendFactory = Callable[..., Backend]
+_REGISTRY: dict[str, BackendFactory] = {}
+
+
+def register_backend(name: str, factory: BackendFactory) -> None:
+    _REGISTRY[name] = factory
+
+
+def create_backend(name: str, **kwargs: object) -> Backend:
+    from .._exceptions import ConfigError
+
+    if name not in _REGISTRY:
+        _load_builtin(name)
+    try:
+        factory = _REGISTRY[name]
+    except KeyError:
+        raise ConfigError(
+            f"Unknown backend {name!r}; available: {', '.join(sorted(_REGISTRY)) or 'none'}."
+        ) from None
+    return factory(**kwargs)
+
+
+def _load_builtin(name: str) -> None:
+    import importlib
+
+    modules = {"llama_cpp": ".llama_cpp", "fake": ".fake", "cloud": ".cloud", "onnx": ".onnx"}
+    if name in modules:
+        try:
+            importlib.import_module(modules[name], __package__)
+        except ImportError:
+            pass

@@ -1,0 +1,55 @@
+"""A fake backend for fast unit tests: echoes a scripted answer word by word."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from .._types import GenerationParams, Messages, Usage, last_user_text
+from .base import Backend, Delta, register_backend
+
+
+class FakeBackend(Backend):
+    """Answers ``reply(messages)`` (default: echo the last user turn), one word per token."""
+
+    name = "fake"
+
+    def __init__(self, *, model: str = "fake-model",
+                 reply: Callable[[Messages], str] | None = None, fail: Exception | None = None,
+                 context_length: int = 4096) -> None:
+        self.model = model
+        self.reply = reply or (lambda msgs: f"echo: {last_user_text(msgs)}")
+        self.fail = fail
+        self._context_length = context_length
+        self.calls: list[Messages] = []
+        self.tokens_generated = 0
+
+    @property
+    def context_length(self) -> int:
+        return self._context_length
+
+    def count_tokens(self, messages: Messages) -> int:
+        return sum(len(str(m["content"]).split()) + 4 for m in messages)
+
+    def stream(self, messages: Messages, params: GenerationParams) -> Iterator[Delta]:
+        self.calls.append(messages)
+        if self.fail is not None:
+            raise self.fail
+        words = self.reply(messages).split(" ")
+        out = 0
+        finish = "stop"
+        for i, word in enumerate(words):
+            if out >= params.max_tokens:
+                finish = "length"
+                break
+            out += 1
+            self.tokens_generated += 1
+            yield Delta(word if i == 0 else " " + word, logprob=-0.5 if params.logprobs else None)
+        yield Delta("", finish_reason=finish, usage=Usage(self.count_tokens(messages), out))
+
+
+def _factory(**kwargs: Any) -> FakeBackend:
+    return FakeBackend(**kwargs)
+
+
+register_backend("fake", _factory)

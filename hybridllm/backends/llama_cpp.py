@@ -1,0 +1,202 @@
+"""The on-device backend on llama.cpp (llama-cpp-python).
+
+We drive ``Llama.generate`` (the token loop) ourselves rather than ``create_chat_completion``: it
+gives exact token counts, per-token log-probabilities for the cascade, stop strings that never leak
+a partial match, and a generator that stops the moment the caller stops reading.
+"""
+
+from __future__ import annotations
+
+import codecs
+import os
+import random
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+from .._exceptions import EdgeError, InvalidRequestError, ModelCorruptError
+from .._types import GenerationParams, Messages, Usage
+from ..models.store import Progress, resolve_gguf
+from .base import Backend, Delta, register_backend
+from .chat_format import COMPLETION_STOPS, render_chat_template, render_completion_prompt
+
+DEFAULT_MODEL = "smollm2-135m-instruct"
+
+
+class StopMatcher:
+    """Holds back text that may be the start of a stop string; cuts at the first full match."""
+
+    def __init__(self, stops: tuple[str, ...]) -> None:
+        self.stops = stops
+        self.pending = ""
+
+    def feed(self, text: str) -> tuple[str, bool]:
+        """Return (text safe to emit, whether a stop string was hit)."""
+        buf = self.pending + text
+        if not self.stops:
+            self.pending = ""
+            return buf, False
+        cut = min((i for i in (buf.find(s) for s in self.stops) if i >= 0), default=-1)
+        if cut >= 0:
+            self.pending = ""
+            return buf[:cut], True
+        hold = 0
+        for stop in self.stops:  # longest suffix of buf that is a proper prefix of a stop
+            for k in range(min(len(stop) - 1, len(buf)), hold, -1):
+                if buf.endswith(stop[:k]):
+                    hold = k
+                    break
+        self.pending = buf[len(buf) - hold:] if hold else ""
+        return buf[: len(buf) - hold], False
+
+    def flush(self) -> str:
+        out, self.pending = self.pending, ""
+        return out
+
+
+class LlamaCppBackend(Backend):
+    """Chat and completion on a GGUF model with llama.cpp on the CPU (or its GPU build)."""
+
+    name = "llama_cpp"
+
+    def __init__(
+        self,
+        model: str | os.PathLike[str] = DEFAULT_MODEL,
+        *,
+        n_ctx: int = 4096,
+        n_threads: int | None = None,
+        n_batch: int = 512,
+        chat_format: str | None = None,  # "template", "completion" or None (from the model)
+        progress: Progress | None = None,
+        verbose: bool = False,
+    ) -> None:
+        self.model, self.model_path, spec = resolve_gguf(model, progress=progress)
+        self.n_threads = n_threads or os.cpu_count() or 1
+        self._lock = threading.Lock()
+        try:
+            from llama_cpp import Llama
+        except ImportError as exc:  # pragma: no cover - a broken install
+            raise EdgeError(
+                "llama-cpp-python is not installed: pip install llama-cpp-python"
+            ) from exc
+        try:
+            self._llm: Any = Llama(
+                model_path=str(self.model_path), n_ctx=n_ctx, n_threads=self.n_threads,
+                n_threads_batch=self.n_threads, n_batch=n_batch, verbose=verbose,
+            )
+        except (ValueError, RuntimeError, OSError) as exc:
+            raise ModelCorruptError(
+                f"llama.cpp could not load {self.model_path} ({exc}). The file is truncated, "
+                "corrupt or of an unsupported architecture: re-pull it with "
+                "`hybridllm models pull ID --force`, or pass another .gguf file."
+            ) from exc
+        meta = self._llm.metadata
+        self._template = meta.get("tokenizer.chat_template")
+        if chat_format is None:
+            chat_format = spec.chat_format if spec else ("template" if self._template else "completion")
+        if chat_format == "template" and not self._template:
+            raise ModelCorruptError(
+                f"{self.model_path} has no chat template; use chat_format='completion'."
+            )
+        self.chat_format = chat_format
+        self._n_vocab = self._llm.n_vocab()
+        self._bos = self._piece(self._llm.token_bos())
+        self._eos = self._piece(self._llm.token_eos())
+
+    def _piece(self, token: int) -> str:
+        if token < 0:
+            return ""
+        return bytes(self._llm.detokenize([token], special=True)).decode("utf-8", errors="ignore")
+
+    @property
+    def context_length(self) -> int:
+        return int(self._llm.n_ctx())
+
+    def render(self, messages: Messages) -> str:
+        if self.chat_format == "template":
+            return render_chat_template(self._template, messages, bos_token=self._bos,
+                                        eos_token=self._eos)
+        return render_completion_prompt(messages)
+
+    def tokenize(self, messages: Messages) -> list[int]:
+        prompt = self.render(messages)
+        add_bos = not (self._bos and prompt.startswith(self._bos))
+        return list(self._llm.tokenize(prompt.encode("utf-8"), add_bos=add_bos, special=True))
+
+    def count_tokens(self, messages: Messages) -> int:
+        return len(self.tokenize(messages))
+
+    def stream(self, messages: Messages, params: GenerationParams) -> Iterator[Delta]:
+        stops = params.stop
+        if self.chat_format == "completion" and len(messages) > 1:
+            stops = tuple(dict.fromkeys(stops + COMPLETION_STOPS))
+        with self._lock:  # one llama.cpp context: one generation at a time
+            tokens = self.tokenize(messages)
+            if len(tokens) >= self.context_length:
+                raise InvalidRequestError(
+                    f"The prompt is {len(tokens)} tokens; the edge model's context holds "
+                    f"{self.context_length}. Shorten the conversation or send it to the cloud."
+                )
+            yield from self._generate(tokens, params, stops)
+
+    def _generate(self, tokens: list[int], params: GenerationParams,
+                  stops: tuple[str, ...]) -> Iterator[Delta]:
+        import numpy as np
+        from llama_cpp import llama_cpp as C
+
+        llm = self._llm
+        seed = params.seed if params.seed is not None else random.randrange(2**31)
+        llm.set_seed(seed)
+        budget = min(params.max_tokens, self.context_length - len(tokens))
+        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        matcher = StopMatcher(stops)
+        n_out, finish = 0, "length"
+        gen = llm.generate(
+            tokens, temp=params.temperature, top_p=params.top_p, top_k=params.top_k, min_p=0.0,
+            repeat_penalty=1.0, reset=True,
+        )
+        try:
+            for token in gen:
+                if C.llama_vocab_is_eog(llm._model.vocab, token):
+                    finish = "stop"
+                    break
+                n_out += 1
+                logprob = None
+                if params.logprobs:
+                    # [n_vocab] logits of the position that produced `token`
+                    row = np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(self._n_vocab,))
+                    peak = float(row.max())
+                    logprob = float(row[token] - peak - np.log(np.exp(row - peak).sum()))
+                text, hit = matcher.feed(decoder.decode(bytes(llm.detokenize([token]))))
+                if text or logprob is not None:
+                    yield Delta(text, logprob=logprob)
+                if hit:
+                    finish = "stop"
+                    break
+                if n_out >= budget:
+                    break
+        except (RuntimeError, OSError) as exc:
+            raise EdgeError(f"llama.cpp failed while generating: {exc}") from exc
+        finally:
+            gen.close()  # stops decoding at once when the caller breaks out
+        if finish == "length":
+            tail, _ = matcher.feed(decoder.decode(b"", final=True))
+            tail += matcher.flush()
+        else:
+            tail = ""
+        yield Delta(tail, finish_reason=finish, usage=Usage(len(tokens), n_out))
+
+    def close(self) -> None:
+        llm = getattr(self, "_llm", None)
+        if llm is not None:
+            llm.close()
+            self._llm = None
+
+
+def _factory(**kwargs: Any) -> LlamaCppBackend:
+    return LlamaCppBackend(**kwargs)
+
+
+register_backend("llama_cpp", _factory)
+
+__all__ = ["DEFAULT_MODEL", "LlamaCppBackend", "StopMatcher"]

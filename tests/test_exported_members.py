@@ -1,0 +1,28 @@
+"""Pin the public API: adding or removing a name is a deliberate change."""
+
+import hybridllm
+
+
+def test_all_names_exist_and_are_exported():
+    for name in hybridllm.__all__:
+        assert hasattr(hybridllm, name), name
+    public = {n for n in dir(hybridllm) if not n.startswith("_")}
+    # modules imported as a side effect are not part of the API
+    public -= {"backends", "models", "router", "cache"}
+    assert public <= set(hybridllm.__all__) | {"__version__"}, public - set(hybridllm.__all__)
+
+
+def test_every_error_derives_from_the_base():
+    for name in hybridllm.__all__:
+        obj = getattr(hybridllm, name)
+        if isinstance(obj, type) and issubclass(obj, Exception):
+            assert issubclass(obj, hybridllm.HybridLLMError), name
+
+
+def test_import_does_no_heavy_work():
+    import subprocess
+    import sys
+
+    code = "import sys, hybridllm; print(sorted(m for m in ('llama_cpp','numpy','onnxruntime','torch','httpx') if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"

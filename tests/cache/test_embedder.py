@@ -1,0 +1,84 @@
+"""The ONNX embedder against our fp32 PyTorch encoder, on real QQP questions."""
+
+from __future__ import annotations
+
+import json
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from hybridllm.cache import Embedder, get_embedder
+
+pytestmark = pytest.mark.real
+
+TEXTS = [
+    "How do I learn Python?",
+    "How can I learn Python fast?",
+    "What is the capital of France?",
+    "Why is the sky blue during the day but red at sunset?",
+    "",
+    "a " * 400,  # longer than the 256-token limit: truncated, not an error
+]
+
+
+def _questions(shared_data: Path, n: int) -> list[str]:
+    out = []
+    with open(shared_data / "paraphrase" / "qqp_pairs.jsonl") as fh:
+        for line in fh:
+            row = json.loads(line)
+            out += [row["text_a"], row["text_b"]]
+            if len(out) >= n:
+                break
+    return out[:n]
+
+
+def test_shape_norm_and_order() -> None:
+    emb = get_embedder()
+    vecs = emb.embed(TEXTS, batch_size=2)
+    assert vecs.shape == (len(TEXTS), 384) and vecs.dtype == np.float32
+    np.testing.assert_allclose(np.linalg.norm(vecs, axis=1), 1.0, atol=1e-4)
+    # batching sorts by length internally: the caller's order must come back. int8 dynamic
+    # quantization scales activations per batch, so batched and single vectors differ slightly.
+    singles = np.stack([emb.embed_one(t) for t in TEXTS])
+    cross = vecs @ singles.T
+    assert (cross.argmax(1) == np.arange(len(TEXTS))).all()
+    assert cross.diagonal().min() > 0.99
+    sims = vecs[:3] @ vecs[:3].T
+    assert sims[0, 1] > 0.8 > 0.3 > sims[0, 2]
+    assert emb.embed([]).shape == (0, 384)
+
+
+def test_shared_instance_is_one_object_across_threads() -> None:
+    seen: list[Embedder] = []
+    threads = [threading.Thread(target=lambda: seen.append(get_embedder())) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len({id(e) for e in seen}) == 1
+
+
+def test_int8_onnx_matches_fp32_pytorch(shared_data: Path, minilm_dir: Path) -> None:
+    torch = pytest.importorskip("torch")
+    from hybridllm.cache.export import build_torch_model
+
+    texts = _questions(shared_data, 200)
+    int8 = get_embedder().embed(texts)
+    fp32 = Embedder(quantized=False)
+    model = build_torch_model(minilm_dir)
+    ref = np.empty_like(int8)
+    for start in range(0, len(texts), 50):
+        batch = fp32._encode(texts[start : start + 50])
+        with torch.no_grad():
+            out = model(
+                *(
+                    torch.from_numpy(batch[k])
+                    for k in ("input_ids", "attention_mask", "token_type_ids")
+                )
+            )
+        ref[start : start + 50] = out.numpy()
+    np.testing.assert_allclose((fp32.embed(texts) * ref).sum(1), 1.0, atol=1e-4)
+    cos = (int8 * ref).sum(1)
+    assert cos.min() >= 0.99, f"int8 vs fp32 PyTorch: min cosine {cos.min():.4f}"

@@ -1,0 +1,186 @@
+"""``hybridllm-cloud``: the cloud server's command line.
+
+    hybridllm-cloud serve --model ID_OR_PATH [--host 127.0.0.1] [--port 8000] [--api-key KEY ...]
+
+Errors (a bad option, a port in use, a model that fails to load) are printed as one line on
+stderr and the exit status is non-zero; no traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import socket
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from cloud_server.exceptions import ServerError
+
+PROG = "hybridllm-cloud"
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def _port(text: str) -> int:
+    value = _positive_int(text) if text != "0" else 0
+    if value > 65535:
+        raise argparse.ArgumentTypeError(f"port must be in 0-65535, got {text!r}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=PROG, description="hybridllm cloud server")
+    sub = parser.add_subparsers(dest="command", required=True)
+    serve = sub.add_parser(
+        "serve",
+        help="serve a model over the OpenAI-compatible HTTP API",
+        description="Serve a model over the OpenAI-compatible HTTP API. API keys also come from "
+        "the HYBRIDLLM_CLOUD_API_KEYS environment variable (comma-separated).",
+    )
+    serve.add_argument("--model", required=True, help="catalog id, .gguf file or HF folder")
+    serve.add_argument("--served-model-name", help="model name in the API (default: the model's)")
+    serve.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    serve.add_argument("--port", type=_port, default=8000, help="port to bind (default 8000)")
+    serve.add_argument(
+        "--api-key", action="append", default=[], metavar="KEY", help="accepted key (repeatable)"
+    )
+    serve.add_argument("--api-key-file", metavar="PATH", help="file with one accepted key a line")
+    engine = serve.add_argument_group("engine")
+    engine.add_argument("--max-num-seqs", type=_positive_int, default=16)
+    engine.add_argument("--max-num-batched-tokens", type=_positive_int, default=512)
+    engine.add_argument(
+        "--max-waiting", type=_positive_int, default=256, help="queue bound; beyond it 429"
+    )
+    engine.add_argument("--max-model-len", type=_positive_int, default=None)
+    engine.add_argument("--block-size", type=_positive_int, default=16)
+    engine.add_argument(
+        "--kv-cache-memory-mb", type=_positive_int, default=None, help="KV pool budget in MiB"
+    )
+    engine.add_argument("--no-prefix-caching", action="store_true")
+    engine.add_argument("--device", default=None, help="cpu or cuda[:N] (default: auto)")
+    engine.add_argument(
+        "--dtype", default=None, help="float32, bfloat16 or float16 (default: auto)"
+    )
+    engine.add_argument("--seed", type=int, default=0)
+    engine.add_argument("--num-threads", type=_positive_int, default=None, help="torch CPU threads")
+    serve.add_argument(
+        "--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"]
+    )
+    return parser
+
+
+def _engine_config(args: argparse.Namespace) -> Any:
+    from cloud_server.config import EngineConfig
+
+    return EngineConfig(
+        model=args.model,
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        block_size=args.block_size,
+        kv_cache_memory_bytes=(
+            args.kv_cache_memory_mb << 20 if args.kv_cache_memory_mb is not None else None
+        ),
+        max_model_len=args.max_model_len,
+        device=args.device,
+        dtype=args.dtype,
+        seed=args.seed,
+        max_waiting=args.max_waiting,
+        enable_prefix_caching=not args.no_prefix_caching,
+        num_threads=args.num_threads,
+    )
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise ServerError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from exc
+    sock.listen(2048)
+    sock.set_inheritable(True)
+    return sock
+
+
+def serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from cloud_server.api.auth import load_api_keys
+    from cloud_server.api.server import create_app
+
+    api_keys = load_api_keys(args.api_key, args.api_key_file)
+    config = _engine_config(args)
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    if not api_keys and args.host not in ("127.0.0.1", "localhost", "::1"):
+        logging.getLogger("cloud_server").warning(
+            "no API key configured and listening on %s: anyone who can reach it can use it",
+            args.host,
+        )
+
+    def make_engine() -> Any:
+        from cloud_server.engine.async_engine import AsyncLLMEngine
+
+        return AsyncLLMEngine(config)
+
+    failure: list[BaseException] = []
+    server: uvicorn.Server | None = None
+
+    def on_load_error(exc: BaseException) -> None:
+        failure.append(exc)
+        if server is not None:
+            server.should_exit = True
+
+    app = create_app(
+        make_engine,
+        api_keys=api_keys,
+        served_model_name=args.served_model_name,
+        on_load_error=on_load_error,
+    )
+    sock = _bind(args.host, args.port)
+    uv_config = uvicorn.Config(
+        app, log_level=args.log_level, timeout_graceful_shutdown=5, access_log=False
+    )
+    server = uvicorn.Server(uv_config)
+    try:
+        server.run(sockets=[sock])
+    finally:
+        sock.close()
+    if failure:
+        exc = failure[0]
+        raise ServerError(f"loading model {args.model!r} failed: {exc}") from exc
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "serve":
+            return serve(args)
+    except KeyboardInterrupt:
+        return 130
+    except (ServerError, OSError, ValueError) as exc:
+        message = " ".join(str(exc).split()) or type(exc).__name__
+        print(f"{PROG}: error: {message}", file=sys.stderr)
+        return 1
+    parser.error(f"unknown command {args.command!r}")
+    return 2
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""OpenAI-compatible HTTP API of the cloud server (FastAPI)."""

@@ -1,0 +1,137 @@
+"""Map exception types to OpenAI's error JSON and HTTP status.
+
+    {"error": {"message": "...", "type": "invalid_request_error", "param": null, "code": null}}
+
+The mapping is by type only (the tree in ``cloud_server.exceptions``); messages are never parsed.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from pydantic import ValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from cloud_server.exceptions import (
+    AuthError,
+    ContextLengthError,
+    InvalidRequestError,
+    ModelNotFoundError,
+    NotReadyError,
+    QueueFullError,
+    ServerError,
+)
+
+logger = logging.getLogger("cloud_server.api")
+
+
+@dataclass(frozen=True)
+class ErrorKind:
+    status: int
+    type: str
+    code: str | None = None
+
+
+# Most specific first: ContextLengthError is an InvalidRequestError.
+_KINDS: list[tuple[type[ServerError], ErrorKind]] = [
+    (ContextLengthError, ErrorKind(400, "invalid_request_error", "context_length_exceeded")),
+    (InvalidRequestError, ErrorKind(400, "invalid_request_error")),
+    (AuthError, ErrorKind(401, "invalid_request_error", "invalid_api_key")),
+    (ModelNotFoundError, ErrorKind(404, "invalid_request_error", "model_not_found")),
+    (QueueFullError, ErrorKind(429, "requests", "rate_limit_exceeded")),
+    (NotReadyError, ErrorKind(503, "server_error", "model_not_ready")),
+]
+_INTERNAL = ErrorKind(500, "server_error")
+
+
+def error_kind(exc: BaseException) -> ErrorKind:
+    for exc_type, kind in _KINDS:
+        if isinstance(exc, exc_type):
+            return kind
+    return _INTERNAL
+
+
+def error_body(
+    message: str, kind: ErrorKind, *, param: str | None = None
+) -> dict[str, dict[str, Any]]:
+    return {"error": {"message": message, "type": kind.type, "param": param, "code": kind.code}}
+
+
+def error_response(exc: BaseException) -> JSONResponse:
+    kind = error_kind(exc)
+    if kind is _INTERNAL:
+        logger.error("internal error: %r", exc, exc_info=exc)
+        message = "The server had an error while processing your request."
+    else:
+        message = str(exc)
+    headers = {}
+    if isinstance(exc, QueueFullError):
+        headers["Retry-After"] = str(max(1, math.ceil(exc.retry_after_s)))
+    if isinstance(exc, AuthError):
+        headers["WWW-Authenticate"] = "Bearer"
+    param = getattr(exc, "param", None)
+    return JSONResponse(error_body(message, kind, param=param), kind.status, headers=headers)
+
+
+def validation_error(exc: ValidationError | RequestValidationError) -> InvalidRequestError:
+    """The first pydantic error as one readable message, with the offending field as ``param``."""
+    errors = exc.errors()
+    if not errors:
+        return InvalidRequestError("Invalid request.")
+    # An unknown field is the most useful thing to report (often a typo of a known one).
+    first = next((e for e in errors if e.get("type") == "extra_forbidden"), errors[0])
+    loc = [str(part) for part in first.get("loc", ()) if part != "body"]
+    param = ".".join(loc) or None
+    if first.get("type") == "extra_forbidden":
+        message = f"Unrecognized request argument supplied: {param}"
+    elif first.get("type") in ("json_invalid", "json_type"):
+        return InvalidRequestError("The request body is not valid JSON.")
+    elif first.get("type") == "missing":
+        message = f"Missing required parameter: '{param}'."
+    else:
+        message = f"Invalid value for '{param}': {first.get('msg', 'invalid')}."
+    return InvalidRequestError(message, param=param)
+
+
+def install_error_handlers(app: FastAPI, *, on_status: Callable[[int], None] | None = None) -> None:
+    """Answer every error as OpenAI JSON; ``on_status`` sees the status of each (for metrics)."""
+
+    def counted(response: JSONResponse) -> JSONResponse:
+        if on_status is not None:
+            on_status(response.status_code)
+        return response
+
+    async def on_server_error(request: Request, exc: Exception) -> JSONResponse:
+        return counted(error_response(exc))
+
+    async def on_validation_error(request: Request, exc: Exception) -> JSONResponse:
+        if not isinstance(exc, RequestValidationError):
+            return counted(error_response(exc))
+        return counted(error_response(validation_error(exc)))
+
+    async def on_http_error(request: Request, exc: Exception) -> JSONResponse:
+        if not isinstance(exc, StarletteHTTPException):
+            return counted(error_response(exc))
+        if exc.status_code == 404:
+            message = f"Invalid URL ({request.method} {request.url.path})"
+        else:
+            message = str(exc.detail)
+        kind = ErrorKind(exc.status_code, "invalid_request_error")
+        return counted(
+            JSONResponse(error_body(message, kind), exc.status_code, headers=exc.headers)
+        )
+
+    async def on_unexpected(request: Request, exc: Exception) -> JSONResponse:
+        return counted(error_response(exc))
+
+    app.add_exception_handler(ServerError, on_server_error)
+    app.add_exception_handler(RequestValidationError, on_validation_error)
+    app.add_exception_handler(StarletteHTTPException, on_http_error)
+    app.add_exception_handler(Exception, on_unexpected)

@@ -1,0 +1,231 @@
+"""The FastAPI app: routes, authentication, model loading in the background.
+
+    POST /v1/chat/completions   POST /v1/completions   GET /v1/models     (API key when configured)
+    GET /health                 GET /metrics                                (open)
+
+The app starts answering at once; the engine is built and started in a background task, and until
+it is ready ``/health`` and the ``/v1`` routes answer 503. Request bodies are parsed by hand rather
+than by FastAPI's body injection so that the order of checks is fixed: key (401), JSON (400),
+fields (400), engine ready (503), model (404), context window (400), queue (429).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from fastapi import APIRouter, Depends, FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel, ValidationError
+
+from cloud_server.exceptions import InvalidRequestError, ModelNotFoundError, NotReadyError
+
+from .auth import ApiKeyChecker
+from .errors import install_error_handlers, validation_error
+from .metrics import ServerMetrics
+from .protocol import ChatCompletionRequest, CompletionRequest
+from .serving import Engine, OpenAIServing
+from .sse import EventStreamResponse, wait_for_disconnect
+
+logger = logging.getLogger("cloud_server.api")
+T = TypeVar("T")
+R = TypeVar("R", bound=BaseModel)
+
+
+@dataclass
+class ServerState:
+    """What the routes share; ``engine`` is ``None`` until it has loaded and started."""
+
+    engine_factory: Callable[[], Engine]
+    served_model_name: str | None
+    on_load_error: Callable[[BaseException], None] | None
+    engine: Engine | None = None
+    serving: OpenAIServing | None = None
+    load_error: BaseException | None = None
+    created: int = field(default_factory=lambda: int(time.time()))
+
+    @property
+    def model_name(self) -> str:
+        if self.served_model_name:
+            return self.served_model_name
+        return self.engine.model_name if self.engine is not None else "unknown"
+
+    def ready_serving(self) -> OpenAIServing:
+        if self.serving is None or self.engine is None or not self.engine.is_ready:
+            raise NotReadyError("The model is still loading; retry shortly.")
+        return self.serving
+
+    def check_model(self, requested: str) -> None:
+        names = {self.model_name}
+        if self.engine is not None:
+            names.add(self.engine.model_name)
+        if requested not in names:
+            raise ModelNotFoundError(
+                f"The model '{requested}' does not exist; this server serves '{self.model_name}'."
+            )
+
+
+async def _load_engine(app: FastAPI) -> None:
+    state: ServerState = app.state.server
+    try:
+        # Building the engine loads weights: keep that off the event loop so /health answers.
+        engine = await asyncio.to_thread(state.engine_factory)
+        await engine.start()  # type: ignore[attr-defined]
+        state.engine = engine
+        state.serving = OpenAIServing(engine, state.model_name, app.state.metrics)
+        logger.info("model %s ready (max_model_len=%s)", state.model_name, engine.max_model_len)
+    except Exception as exc:  # reported by the CLI as one line, then the server exits
+        state.load_error = exc
+        logger.error("loading the model failed: %s", exc)
+        if state.on_load_error is not None:
+            state.on_load_error(exc)
+
+
+@contextlib.asynccontextmanager
+async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
+    task = asyncio.create_task(_load_engine(app))
+    try:
+        yield
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        engine = app.state.server.engine
+        if engine is not None:
+            with contextlib.suppress(Exception):
+                await engine.stop()
+
+
+async def _parse(request: Request, model_type: type[R]) -> R:
+    body = await request.body()
+    try:
+        data = json.loads(body)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise InvalidRequestError(
+            "We could not parse the JSON body of your request. Send valid JSON with "
+            "'Content-Type: application/json'."
+        ) from exc
+    if not isinstance(data, dict):
+        raise InvalidRequestError("The request body must be a JSON object.")
+    try:
+        return model_type.model_validate(data)
+    except ValidationError as exc:
+        raise validation_error(exc) from exc
+
+
+class ClientGone(Exception):
+    """The client disconnected before its response was ready; its request was aborted."""
+
+
+async def _unless_disconnected(request: Request, work: Awaitable[T]) -> T:
+    """Run ``work``; if the client disconnects first, cancel it (which aborts its request)."""
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(wait_for_disconnect(request.receive))
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+        if not task.done():
+            task.cancel()
+    if task.cancelled() or not task.done():
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        raise ClientGone
+    return task.result()
+
+
+def _build_router(app: FastAPI, checker: ApiKeyChecker) -> APIRouter:
+    state: ServerState = app.state.server
+
+    async def require_key(request: Request) -> None:
+        checker.check(request.headers.get("authorization"))
+
+    v1 = APIRouter(prefix="/v1", dependencies=[Depends(require_key)])
+
+    async def complete(request: Request, req: ChatCompletionRequest | CompletionRequest) -> Any:
+        serving = state.ready_serving()
+        state.check_model(req.model)
+        prepared = serving.prepare(req)
+        try:
+            generation = await _unless_disconnected(request, serving.admit(prepared))
+            if prepared.stream:
+                return EventStreamResponse(serving.stream_events(prepared, generation))
+            body = await _unless_disconnected(request, serving.full_response(prepared, generation))
+        except ClientGone:
+            return Response(status_code=499)  # nobody reads it; nginx's "client closed request"
+        return JSONResponse(body)
+
+    @v1.post("/chat/completions")
+    async def chat_completions(request: Request) -> Any:
+        return await complete(request, await _parse(request, ChatCompletionRequest))
+
+    @v1.post("/completions")
+    async def completions(request: Request) -> Any:
+        return await complete(request, await _parse(request, CompletionRequest))
+
+    @v1.get("/models")
+    async def list_models() -> dict[str, Any]:
+        state.ready_serving()
+        engine = state.engine
+        card = {
+            "id": state.model_name,
+            "object": "model",
+            "created": state.created,
+            "owned_by": "hybridllm",
+            "max_model_len": engine.max_model_len if engine is not None else None,
+        }
+        return {"object": "list", "data": [card]}
+
+    @v1.get("/models/{model_id:path}")
+    async def get_model(model_id: str) -> dict[str, Any]:
+        state.ready_serving()
+        state.check_model(model_id)
+        return {
+            "id": state.model_name,
+            "object": "model",
+            "created": state.created,
+            "owned_by": "hybridllm",
+        }
+
+    return v1
+
+
+def create_app(
+    engine_factory: Callable[[], Engine],
+    *,
+    api_keys: list[str] | None = None,
+    served_model_name: str | None = None,
+    on_load_error: Callable[[BaseException], None] | None = None,
+) -> FastAPI:
+    """The ASGI app; ``engine_factory`` builds an unstarted engine (run in a worker thread)."""
+    app = FastAPI(title="hybridllm cloud server", lifespan=_lifespan, docs_url=None, redoc_url=None)
+    state = ServerState(engine_factory, served_model_name, on_load_error)
+    app.state.server = state
+
+    def engine_stats() -> dict[str, Any] | None:
+        return state.engine.stats() if state.engine is not None else None
+
+    metrics = ServerMetrics(engine_stats, lambda: state.model_name)
+    app.state.metrics = metrics
+    install_error_handlers(app, on_status=metrics.record_rejection)
+
+    @app.get("/health")
+    async def health() -> Response:
+        engine = state.engine
+        if engine is not None and engine.is_ready:
+            return JSONResponse({"status": "ok", "model": state.model_name})
+        status = "error" if state.load_error is not None else "loading"
+        return JSONResponse({"status": status}, status_code=503)
+
+    @app.get("/metrics")
+    async def prometheus() -> Response:
+        return Response(metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    app.include_router(_build_router(app, ApiKeyChecker(api_keys or [])))
+    return app

@@ -1,0 +1,261 @@
+"""Turn validated OpenAI requests into engine requests, and engine outputs into OpenAI responses.
+
+A request is tokenized here (the chat template rendered by the engine's tokenizer), checked
+against the context window, and admitted by pulling its first output before anything is sent:
+that way a full queue or an over-long prompt is still an HTTP error with a status, not a broken
+stream. Every exit path (finish, error, client gone) closes the engine iterator and aborts the
+request if it had not finished, so its KV blocks go back to the pool.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from cloud_server.engine.sampling_params import SamplingParams
+from cloud_server.exceptions import ContextLengthError, InvalidRequestError, ServerError
+
+from .errors import error_body, error_kind
+from .metrics import RequestTimer, ServerMetrics
+from .protocol import ChatCompletionRequest, CompletionRequest
+from .sse import DONE, sse_event
+
+logger = logging.getLogger("cloud_server.api")
+
+
+class Engine(Protocol):
+    """The part of ``AsyncLLMEngine`` the API uses (a fake implements it in the tests)."""
+
+    is_ready: bool
+    model_name: str
+    max_model_len: int
+    tokenizer: Any
+
+    def generate(
+        self, request_id: str, prompt: str | list[int], params: SamplingParams
+    ) -> AsyncIterator[Any]: ...
+
+    async def abort(self, request_id: str) -> None: ...
+
+    def stats(self) -> dict[str, Any]: ...
+
+
+@dataclass
+class Prepared:
+    kind: str  # "chat" or "completion"
+    request_id: str
+    prompt_ids: list[int]
+    params: SamplingParams
+    stream: bool
+    include_usage: bool
+    created: int
+
+
+class Generation:
+    """One admitted engine request: iterate its outputs; ``close`` aborts it if unfinished."""
+
+    def __init__(self, engine: Engine, prepared: Prepared, timer: RequestTimer) -> None:
+        self.engine = engine
+        self.request_id = prepared.request_id
+        self.timer = timer
+        self._iter = engine.generate(prepared.request_id, prepared.prompt_ids, prepared.params)
+        self._first: Any = None
+        self.finished = False
+        self.last: Any = None
+
+    async def admit(self) -> None:
+        """Pull the first output; admission errors (queue full, context length) raise here."""
+        try:
+            self._first = await self._iter.__anext__()
+        except StopAsyncIteration:
+            self._first = None
+        except BaseException:
+            await self.close()
+            raise
+
+    async def outputs(self) -> AsyncIterator[Any]:
+        pending = [self._first] if self._first is not None else []
+        self._first = None
+        while True:
+            if pending:
+                out = pending.pop()
+            else:
+                try:
+                    out = await self._iter.__anext__()
+                except StopAsyncIteration:
+                    return
+            self.last = out
+            self.timer.on_tokens(len(out.delta_token_ids), out.num_prompt_tokens)
+            if out.finished:
+                self.finished = True
+                self.timer.on_finish(out.finish_reason)
+            yield out
+            if out.finished:
+                return
+
+    async def close(self) -> None:
+        with contextlib.suppress(Exception):
+            aclose = getattr(self._iter, "aclose", None)
+            if aclose is not None:
+                await aclose()
+        if not self.finished:
+            self.finished = True
+            self.timer.on_finish("abort")
+            with contextlib.suppress(Exception):
+                await self.engine.abort(self.request_id)
+
+
+def usage_of(out: Any) -> dict[str, Any]:
+    usage: dict[str, Any] = {
+        "prompt_tokens": out.num_prompt_tokens,
+        "completion_tokens": out.num_output_tokens,
+        "total_tokens": out.num_prompt_tokens + out.num_output_tokens,
+    }
+    cached = getattr(out, "num_cached_tokens", None)
+    if cached is not None:
+        usage["prompt_tokens_details"] = {"cached_tokens": cached}
+    return usage
+
+
+class OpenAIServing:
+    def __init__(self, engine: Engine, model_name: str, metrics: ServerMetrics) -> None:
+        self.engine = engine
+        self.model_name = model_name
+        self.metrics = metrics
+
+    # -- request preparation -------------------------------------------------------------------
+
+    def prepare(self, req: ChatCompletionRequest | CompletionRequest) -> Prepared:
+        tokenizer = self.engine.tokenizer
+        if isinstance(req, ChatCompletionRequest):
+            kind, prefix = "chat", "chatcmpl"
+            prompt_text = tokenizer.apply_chat_template(req.chat_messages())
+            prompt_ids = list(tokenizer.encode(prompt_text))
+        else:
+            kind, prefix = "completion", "cmpl"
+            prompt = req.single_prompt()
+            prompt_ids = list(tokenizer.encode(prompt)) if isinstance(prompt, str) else list(prompt)
+        if not prompt_ids:
+            raise InvalidRequestError("The prompt is empty after tokenization.", param="prompt")
+        max_len = int(self.engine.max_model_len)
+        limit = req.output_limit()
+        param = "max_tokens"
+        if isinstance(req, ChatCompletionRequest) and req.max_completion_tokens is not None:
+            param = "max_completion_tokens"
+        if len(prompt_ids) >= max_len or (limit is not None and len(prompt_ids) + limit > max_len):
+            raise ContextLengthError(
+                f"This model's maximum context length is {max_len} tokens. However, you "
+                f"requested {len(prompt_ids) + (limit or 0)} tokens ({len(prompt_ids)} in the "
+                f"prompt, {limit or 0} for the completion). Please reduce the prompt or the "
+                f"completion length.",
+                param="messages" if len(prompt_ids) >= max_len and kind == "chat" else param,
+            )
+        params = SamplingParams(
+            temperature=req.temperature,
+            top_p=req.top_p,
+            top_k=req.top_k,
+            max_tokens=limit if limit is not None else max_len - len(prompt_ids),
+            stop=req.stop_list(),
+            stop_token_ids=list(req.stop_token_ids or []),
+            seed=req.seed,
+            ignore_eos=req.ignore_eos,
+        )
+        return Prepared(
+            kind=kind,
+            request_id=f"{prefix}-{uuid.uuid4().hex}",
+            prompt_ids=prompt_ids,
+            params=params,
+            stream=req.stream,
+            include_usage=req.include_usage(),
+            created=int(time.time()),
+        )
+
+    async def admit(self, prepared: Prepared) -> Generation:
+        generation = Generation(self.engine, prepared, self.metrics.request_timer())
+        await generation.admit()
+        return generation
+
+    # -- responses -----------------------------------------------------------------------------
+
+    async def full_response(self, prepared: Prepared, generation: Generation) -> dict[str, Any]:
+        parts: list[str] = []
+        try:
+            async for out in generation.outputs():
+                parts.append(out.delta_text)
+        finally:
+            await generation.close()
+        last = generation.last
+        if last is None:
+            raise ServerError("the engine returned no output")
+        text = "".join(parts)
+        finish = last.finish_reason or "stop"
+        if prepared.kind == "chat":
+            choice: dict[str, Any] = {
+                "index": 0,
+                "message": {"role": "assistant", "content": text},
+                "logprobs": None,
+                "finish_reason": finish,
+            }
+            obj = "chat.completion"
+        else:
+            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
+            obj = "text_completion"
+        return {
+            "id": prepared.request_id,
+            "object": obj,
+            "created": prepared.created,
+            "model": self.model_name,
+            "system_fingerprint": None,
+            "choices": [choice],
+            "usage": usage_of(last),
+        }
+
+    async def stream_events(self, prepared: Prepared, generation: Generation) -> AsyncIterator[str]:
+        chat = prepared.kind == "chat"
+        base: dict[str, Any] = {
+            "id": prepared.request_id,
+            "object": "chat.completion.chunk" if chat else "text_completion",
+            "created": prepared.created,
+            "model": self.model_name,
+            "system_fingerprint": None,
+        }
+        usage_null = {"usage": None} if prepared.include_usage else {}
+
+        def chunk(text: str | None, finish: str | None, role: bool = False) -> str:
+            if chat:
+                delta: dict[str, Any] = {"role": "assistant"} if role else {}
+                if text is not None:
+                    delta["content"] = text
+                choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+            else:
+                choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
+            return sse_event({**base, "choices": [choice], **usage_null})
+
+        try:
+            if chat:
+                yield chunk("", None, role=True)
+            async for out in generation.outputs():
+                if out.delta_text:
+                    yield chunk(out.delta_text, None)
+                if out.finished:
+                    yield chunk(None, out.finish_reason or "stop")
+            if prepared.include_usage and generation.last is not None:
+                yield sse_event({**base, "choices": [], "usage": usage_of(generation.last)})
+            yield DONE
+        except ServerError as exc:
+            # Headers are gone already: report in-band, as OpenAI does, then end the stream.
+            yield sse_event(
+                error_body(str(exc), error_kind(exc), param=getattr(exc, "param", None))
+            )
+            yield DONE
+        except Exception as exc:
+            logger.exception("stream %s failed", prepared.request_id)
+            yield sse_event(error_body("The server had an error while streaming.", error_kind(exc)))
+            yield DONE
+        finally:
+            await generation.close()

@@ -1,0 +1,143 @@
+"""A fake of ``AsyncLLMEngine``'s interface for fast API tests: one character is one token.
+
+It keeps real books (a block pool, running and waiting counts, a bounded queue) so the tests can
+check that aborts and disconnects give every block back, and it batches like the real engine in
+spirit: every running request advances one token per step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from cloud_server.engine.sampling_params import SamplingParams
+from cloud_server.exceptions import ContextLengthError, QueueFullError
+
+REPLY = "Hello from the fake engine. "
+
+
+class CharTokenizer:
+    eos_token_ids = [0]
+
+    def encode(self, text: str) -> list[int]:
+        return [ord(ch) for ch in text]
+
+    def decode(self, ids: list[int]) -> str:
+        return "".join(chr(i) for i in ids)
+
+    def apply_chat_template(self, messages: list[dict[str, str]]) -> str:
+        turns = "".join(f"<{m['role']}>{m['content']}\n" for m in messages)
+        return turns + "<assistant>"
+
+
+@dataclass
+class FakeOutput:
+    request_id: str
+    delta_text: str
+    delta_token_ids: list[int]
+    finished: bool
+    finish_reason: str | None
+    num_prompt_tokens: int
+    num_output_tokens: int
+    num_cached_tokens: int = 0
+
+
+class FakeEngine:
+    def __init__(
+        self,
+        *,
+        max_num_seqs: int = 4,
+        max_waiting: int = 8,
+        max_model_len: int = 512,
+        num_blocks: int = 1024,
+        step_s: float = 0.002,
+        reply: str = REPLY,
+    ) -> None:
+        self.model_name = "fake-model"
+        self.max_model_len = max_model_len
+        self.tokenizer = CharTokenizer()
+        self.is_ready = False
+        self.block_size = 16
+        self.num_total_blocks = num_blocks
+        self.num_free_blocks = num_blocks
+        self.max_num_seqs = max_num_seqs
+        self.max_waiting = max_waiting
+        self.step_s = step_s
+        self.reply = reply
+        self.num_running = 0
+        self.num_waiting = 0
+        self.max_batch = 0
+        self.aborted: set[str] = set()
+        self.live: set[str] = set()
+        self._slots: asyncio.Semaphore | None = None
+
+    async def start(self) -> None:
+        self._slots = asyncio.Semaphore(self.max_num_seqs)
+        self.is_ready = True
+
+    async def stop(self) -> None:
+        self.is_ready = False
+
+    async def abort(self, request_id: str) -> None:
+        if request_id in self.live:
+            self.aborted.add(request_id)
+
+    def stats(self) -> dict[str, float]:
+        used = self.num_total_blocks - self.num_free_blocks
+        return {
+            "num_running": self.num_running,
+            "num_waiting": self.num_waiting,
+            "num_total_blocks": self.num_total_blocks,
+            "num_free_blocks": self.num_free_blocks,
+            "kv_cache_usage": used / self.num_total_blocks,
+            "prefix_cache_queries": 0,
+            "prefix_cache_hits": 0,
+            "num_preemptions": 0,
+            "steps": 0,
+            "last_batch_num_seqs": self.num_running,
+            "max_batch_num_seqs": self.max_batch,
+        }
+
+    async def generate(
+        self, request_id: str, prompt: str | list[int], params: SamplingParams
+    ) -> AsyncIterator[FakeOutput]:
+        ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+        if len(ids) + params.max_tokens > self.max_model_len:
+            raise ContextLengthError("too long", param="max_tokens")
+        if self.num_waiting >= self.max_waiting:
+            raise QueueFullError("queue full", retry_after_s=2.0)
+        assert self._slots is not None
+        self.live.add(request_id)
+        self.num_waiting += 1
+        blocks = 0
+        try:
+            try:
+                await self._slots.acquire()
+            finally:
+                self.num_waiting -= 1
+            try:
+                blocks = math.ceil((len(ids) + params.max_tokens) / self.block_size)
+                self.num_free_blocks -= blocks
+                self.num_running += 1
+                self.max_batch = max(self.max_batch, self.num_running)
+                reply = self.reply
+                for n in range(1, params.max_tokens + 1):
+                    await asyncio.sleep(self.step_s)
+                    if request_id in self.aborted:
+                        return
+                    ch = reply[(n - 1) % len(reply)]
+                    done_stop = not params.ignore_eos and n == len(reply)
+                    finished = done_stop or n == params.max_tokens
+                    reason = ("stop" if done_stop else "length") if finished else None
+                    yield FakeOutput(request_id, ch, [ord(ch)], finished, reason, len(ids), n)
+                    if finished:
+                        return
+            finally:
+                self.num_running -= 1
+                self.num_free_blocks += blocks
+                self._slots.release()
+        finally:
+            self.live.discard(request_id)
+            self.aborted.discard(request_id)

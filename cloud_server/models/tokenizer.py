@@ -1,0 +1,135 @@
+"""Tokenizers: llama.cpp's own vocabulary for GGUF files, ``tokenizers`` for HF folders.
+
+Both expose ``encode(text, add_special=True)``, ``decode(ids)``, ``apply_chat_template(messages)``
+and ``eos_token_ids``. Chat templates come from the model's own metadata (GGUF
+``tokenizer.chat_template`` or ``tokenizer_config.json``) and are rendered with a sandboxed Jinja;
+a model without one (a base model) gets a plain completion-style prompt.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from ..exceptions import InvalidRequestError, ModelLoadError
+
+
+def completion_prompt(messages: list[dict]) -> str:
+    """A prompt for base models: "Role: content" lines, ending with "Assistant:"."""
+    lines = [f"{str(m.get('role', 'user')).capitalize()}: {m.get('content', '')}" for m in messages]
+    return "\n".join(lines) + "\nAssistant:"
+
+
+class _ChatTemplateMixin:
+    chat_template: str | None
+    bos_token: str
+    eos_token: str
+
+    def apply_chat_template(self, messages: list[dict], *, add_generation_prompt: bool = True) -> str:
+        if not self.chat_template:
+            return completion_prompt(messages)
+        from jinja2 import TemplateError
+        from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+        def raise_exception(message: str) -> None:
+            raise InvalidRequestError(f"chat template: {message}", param="messages")
+
+        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+        env.globals["raise_exception"] = raise_exception
+        try:
+            return env.from_string(self.chat_template).render(
+                messages=messages,
+                add_generation_prompt=add_generation_prompt,
+                bos_token=self.bos_token,
+                eos_token=self.eos_token,
+            )
+        except TemplateError as exc:
+            raise InvalidRequestError(f"chat template failed: {exc}", param="messages") from exc
+
+
+class GGUFTokenizer(_ChatTemplateMixin):
+    """llama.cpp's vocabulary (``vocab_only=True``): token ids match the edge model exactly."""
+
+    def __init__(self, path: str | Path) -> None:
+        try:
+            from llama_cpp import Llama
+        except ImportError as exc:  # pragma: no cover
+            raise ModelLoadError("GGUF tokenizers need llama-cpp-python") from exc
+        try:
+            self._llama = Llama(model_path=str(path), vocab_only=True, verbose=False)
+        except (ValueError, RuntimeError) as exc:
+            raise ModelLoadError(f"llama.cpp cannot read the vocabulary of {path}: {exc}") from exc
+        meta: dict[str, Any] = self._llama.metadata
+        self.chat_template = meta.get("tokenizer.chat_template")
+        self.bos_token_id = self._llama.token_bos()
+        self.vocab_size = self._llama.n_vocab()
+        self.bos_token = self._piece(self.bos_token_id)
+        self.eos_token = self._piece(self._llama.token_eos())
+        self.add_bos = str(meta.get("tokenizer.ggml.add_bos_token", "false")).lower() == "true"
+        ids = {self._llama.token_eos()}
+        for key in ("tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id"):
+            if key in meta:
+                ids.add(int(meta[key]))
+        self.eos_token_ids = sorted(i for i in ids if 0 <= i < self.vocab_size)
+
+    def _piece(self, token_id: int) -> str:
+        if token_id < 0:
+            return ""
+        return self._llama.detokenize([token_id], special=True).decode("utf-8", errors="replace")
+
+    def encode(self, text: str, add_special: bool = True) -> list[int]:
+        ids = self._llama.tokenize(text.encode("utf-8"), add_bos=False, special=True)
+        if add_special and self.add_bos and (not ids or ids[0] != self.bos_token_id):
+            ids = [self.bos_token_id, *ids]
+        return ids
+
+    def decode(self, ids: list[int]) -> str:
+        return self._llama.detokenize(list(ids)).decode("utf-8", errors="replace")
+
+
+class HFTokenizer(_ChatTemplateMixin):
+    """A Hugging Face folder's ``tokenizer.json`` (+ ``tokenizer_config.json``)."""
+
+    def __init__(self, folder: str | Path) -> None:
+        from tokenizers import Tokenizer
+
+        folder = Path(folder)
+        try:
+            self._tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
+        except Exception as exc:  # tokenizers raises plain Exceptions
+            raise ModelLoadError(f"cannot read {folder / 'tokenizer.json'}: {exc}") from exc
+        cfg = _read_json(folder / "tokenizer_config.json")
+        gen = _read_json(folder / "generation_config.json")
+        self.chat_template = cfg.get("chat_template")
+        self.bos_token = _token_text(cfg.get("bos_token")) or ""
+        self.eos_token = _token_text(cfg.get("eos_token")) or ""
+        self.bos_token_id = self._tok.token_to_id(self.bos_token) if self.bos_token else None
+        self.add_bos = bool(cfg.get("add_bos_token", False)) and self.bos_token_id is not None
+        self.vocab_size = self._tok.get_vocab_size(with_added_tokens=True)
+        ids: set[int] = set()
+        eos_id = self._tok.token_to_id(self.eos_token) if self.eos_token else None
+        if eos_id is not None:
+            ids.add(eos_id)
+        gen_eos = gen.get("eos_token_id")
+        ids.update(gen_eos if isinstance(gen_eos, list) else [gen_eos] if gen_eos is not None else [])
+        self.eos_token_ids = sorted(ids)
+
+    def encode(self, text: str, add_special: bool = True) -> list[int]:
+        ids = self._tok.encode(text, add_special_tokens=False).ids
+        if add_special and self.add_bos and (not ids or ids[0] != self.bos_token_id):
+            ids = [self.bos_token_id, *ids]
+        return ids
+
+    def decode(self, ids: list[int]) -> str:
+        return self._tok.decode(list(ids), skip_special_tokens=True)
+
+
+def _read_json(path: Path) -> dict:
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def _token_text(value: Any) -> str | None:
+    if isinstance(value, dict):  # {"content": "<s>", ...}
+        return value.get("content")
+    return value

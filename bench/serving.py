@@ -1,0 +1,236 @@
+"""Serving benchmark: this cloud server versus llama-cpp-python's server, same GGUF, same load.
+
+    python -m bench.serving [--json] [--num-requests 64] [--concurrency 1 16] [--max-tokens 48]
+
+Each server runs alone on 127.0.0.1 (one after the other, so they never share the CPU). For each
+concurrency level, ``--num-requests`` streamed chat completions (temperature 0, GSM8K questions
+from ../shared/data when present) are sent by that many concurrent clients. Output tokens are
+counted by re-tokenizing every answer with llama.cpp's vocabulary, the same way for both servers,
+so neither server's own usage report is trusted. Reported per server and level: aggregate output
+tokens/s (all output tokens / wall time), p50 and p95 TTFT (request sent -> first content
+chunk), and the ratios ours / llama-cpp-python.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+GSM8K = ROOT.parent / "shared" / "data" / "routellm" / "gsm8k_train_questions.jsonl"
+FALLBACK_PROMPTS = [
+    "Explain why the sky is blue in two sentences.",
+    "Write a short poem about the sea.",
+    "What are three uses of a paperclip?",
+    "Summarize the plot of Romeo and Juliet.",
+]
+
+
+@dataclass
+class Result:
+    num_tokens: int
+    ttft_s: float
+
+
+def load_prompts(n: int) -> list[str]:
+    prompts: list[str] = []
+    if GSM8K.is_file():
+        with GSM8K.open() as f:
+            for line in f:
+                prompts.append(json.loads(line)["question"])
+                if len(prompts) >= n:
+                    break
+    if not prompts:
+        prompts = FALLBACK_PROMPTS
+    return [prompts[i % len(prompts)] for i in range(n)]
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def start_server(
+    kind: str, gguf: Path, port: int, threads: int, max_num_seqs: int
+) -> subprocess.Popen:
+    if kind == "hybridllm":
+        cmd = [
+            sys.executable, "-m", "cloud_server", "serve", "--model", str(gguf),
+            "--served-model-name", "bench", "--host", "127.0.0.1", "--port", str(port),
+            "--max-num-seqs", str(max_num_seqs), "--max-model-len", "2048",
+            "--num-threads", str(threads), "--log-level", "warning",
+        ]  # fmt: skip
+    else:
+        cmd = [
+            sys.executable, "-m", "llama_cpp.server", "--model", str(gguf),
+            "--model_alias", "bench", "--host", "127.0.0.1", "--port", str(port),
+            "--n_ctx", "2048", "--n_threads", str(threads), "--n_threads_batch", str(threads),
+            "--verbose", "False", "--interrupt_requests", "False",
+        ]  # fmt: skip
+    return subprocess.Popen(
+        cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+    )
+
+
+def wait_ready(url: str, proc: subprocess.Popen, timeout_s: float = 300) -> float:
+    import httpx
+
+    start = time.monotonic()
+    while time.monotonic() - start < timeout_s:
+        if proc.poll() is not None:
+            err = proc.stderr.read() if proc.stderr else ""
+            raise RuntimeError(f"server exited with {proc.returncode}: {err[-2000:]}")
+        try:
+            if httpx.get(f"{url}/v1/models", timeout=2).status_code == 200:
+                return time.monotonic() - start
+        except httpx.TransportError:
+            pass
+        time.sleep(0.2)
+    raise TimeoutError(f"{url} not ready after {timeout_s}s")
+
+
+def stop_server(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
+
+
+async def one_request(http: Any, prompt: str, max_tokens: int, count: Any) -> Result:
+    body = {
+        "model": "bench",
+        "messages": [{"role": "user", "content": prompt}],
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "stream": True,
+    }
+    sent = time.perf_counter()
+    ttft: float | None = None
+    parts: list[str] = []
+    async with http.stream("POST", "/v1/chat/completions", json=body) as r:
+        if r.status_code != 200:
+            raise RuntimeError(f"HTTP {r.status_code}: {(await r.aread())[:300]!r}")
+        async for line in r.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            for choice in json.loads(line[6:]).get("choices", []):
+                text = (choice.get("delta") or {}).get("content")
+                if text:
+                    ttft = ttft if ttft is not None else time.perf_counter() - sent
+                    parts.append(text)
+    return Result(count("".join(parts)), ttft if ttft is not None else time.perf_counter() - sent)
+
+
+async def run_level(
+    url: str, prompts: list[str], concurrency: int, max_tokens: int, count: Any
+) -> dict[str, Any]:
+    import httpx
+
+    sem = asyncio.Semaphore(concurrency)
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    async with httpx.AsyncClient(base_url=url, timeout=600, limits=limits) as http:
+
+        async def bounded(prompt: str) -> Result:
+            async with sem:
+                return await one_request(http, prompt, max_tokens, count)
+
+        start = time.perf_counter()
+        results = await asyncio.gather(*(bounded(p) for p in prompts))
+        wall = time.perf_counter() - start
+    ttfts = sorted(r.ttft_s for r in results)
+    num_tokens = sum(r.num_tokens for r in results)
+    return {
+        "concurrency": concurrency,
+        "num_requests": len(results),
+        "output_tokens": num_tokens,
+        "wall_s": round(wall, 3),
+        "output_tok_s": round(num_tokens / wall, 2),
+        "ttft_p50_s": round(statistics.median(ttfts), 4),
+        "ttft_p95_s": round(ttfts[min(len(ttfts) - 1, int(0.95 * len(ttfts)))], 4),
+    }
+
+
+def bench_server(kind: str, args: argparse.Namespace, gguf: Path, count: Any) -> dict[str, Any]:
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    proc = start_server(kind, gguf, port, args.threads, max(args.concurrency))
+    try:
+        load_s = wait_ready(url, proc)
+        warm = load_prompts(2)
+        asyncio.run(run_level(url, warm, 2, 8, count))
+        levels = {}
+        for c in args.concurrency:
+            prompts = load_prompts(args.num_requests)
+            levels[str(c)] = asyncio.run(run_level(url, prompts, c, args.max_tokens, count))
+            if not args.json:
+                print(f"{kind:>10} c={c:<3} {levels[str(c)]}", file=sys.stderr)
+    finally:
+        stop_server(proc)
+    return {"startup_s": round(load_s, 2), "levels": levels}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.serving", description=__doc__.split("\n")[0]
+    )
+    parser.add_argument("--json", action="store_true", help="print one JSON object only")
+    parser.add_argument("--model", default="smollm2-135m-instruct", help="catalog id or .gguf path")
+    parser.add_argument("--num-requests", type=int, default=64)
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 16])
+    parser.add_argument("--max-tokens", type=int, default=48)
+    parser.add_argument("--threads", type=int, default=os.cpu_count() or 2)
+    parser.add_argument("--servers", nargs="+", default=["hybridllm", "llama_cpp"],
+                        choices=["hybridllm", "llama_cpp"])  # fmt: skip
+    args = parser.parse_args(argv)
+
+    from llama_cpp import Llama
+
+    from hybridllm.models import pull
+
+    gguf = Path(args.model) if Path(args.model).is_file() else pull(args.model)
+    vocab = Llama(model_path=str(gguf), vocab_only=True, verbose=False)
+
+    def count(text: str) -> int:
+        return len(vocab.tokenize(text.encode(), add_bos=False, special=False)) if text else 0
+
+    report: dict[str, Any] = {
+        "model": gguf.name,
+        "num_requests": args.num_requests,
+        "max_tokens": args.max_tokens,
+        "threads": args.threads,
+        "prompts": "gsm8k" if GSM8K.is_file() else "builtin",
+    }
+    for kind in args.servers:
+        report[kind] = bench_server(kind, args, gguf, count)
+    if "hybridllm" in report and "llama_cpp" in report:
+        ratios = {}
+        for c in args.concurrency:
+            ours, theirs = (
+                report["hybridllm"]["levels"][str(c)],
+                report["llama_cpp"]["levels"][str(c)],
+            )
+            ratios[f"throughput_c{c}"] = round(ours["output_tok_s"] / theirs["output_tok_s"], 3)
+            ratios[f"ttft_p50_c{c}"] = round(ours["ttft_p50_s"] / theirs["ttft_p50_s"], 3)
+            ratios[f"ttft_p95_c{c}"] = round(ours["ttft_p95_s"] / theirs["ttft_p95_s"], 3)
+        report["ratios_ours_over_llama_cpp"] = ratios
+    print(json.dumps(report, indent=None if args.json else 2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

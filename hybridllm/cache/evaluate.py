@@ -1,0 +1,112 @@
+"""Score the cache on labelled question pairs, the way an app would meet them.
+
+Protocol (``hybridllm cache eval``): for each pair, ``text_a`` is put into an empty namespace of
+its own and ``text_b`` is asked with :meth:`SemanticCache.get`, through the same embedder,
+candidate search and verifier as in production. A hit on a pair labelled 1 is correct, a hit on a
+pair labelled 0 is a false hit.
+
+- precision = correct hits / hits
+- recall = correct hits / pairs labelled 1
+- false_hit_rate = false hits / pairs labelled 0
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from .._exceptions import DataError
+
+
+@dataclass
+class PairSet:
+    text_a: list[str]
+    text_b: list[str]
+    labels: list[int]
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+
+def load_pairs(path: str | Path, *, limit: int | None = None) -> PairSet:
+    """Read ``{"text_a", "text_b", "label"}`` JSON lines."""
+    path = Path(path)
+    pairs = PairSet([], [], [])
+    try:
+        fh = open(path, encoding="utf-8")
+    except OSError as exc:
+        raise DataError(f"Cannot read pairs file {path}: {exc}") from exc
+    with fh:
+        for lineno, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+                a, b, label = str(row["text_a"]), str(row["text_b"]), int(row["label"])
+            except (ValueError, KeyError, TypeError) as exc:
+                raise DataError(
+                    f"{path}:{lineno}: each line must be a JSON object with text_a, text_b and "
+                    f"label (0/1): {exc}"
+                ) from exc
+            pairs.text_a.append(a)
+            pairs.text_b.append(b)
+            pairs.labels.append(1 if label else 0)
+            if limit is not None and len(pairs) >= limit:
+                break
+    if not pairs.labels:
+        raise DataError(f"{path} holds no pairs")
+    return pairs
+
+
+def pair_metrics(hits: Sequence[bool] | np.ndarray, labels: Sequence[int] | np.ndarray) -> dict:
+    hits = np.asarray(hits, dtype=bool)
+    labels = np.asarray(labels, dtype=bool)
+    num_hits = int(hits.sum())
+    correct = int((hits & labels).sum())
+    num_pos = int(labels.sum())
+    num_neg = len(labels) - num_pos
+    return {
+        "precision": correct / num_hits if num_hits else 1.0,
+        "recall": correct / num_pos if num_pos else 0.0,
+        "false_hit_rate": (num_hits - correct) / num_neg if num_neg else 0.0,
+        "hits": num_hits,
+        "positives": num_pos,
+        "n": len(labels),
+    }
+
+
+def evaluate_pairs(
+    pairs: PairSet,
+    *,
+    verifier: object = "default",
+    progress: Callable[[int, int], None] | None = None,
+) -> dict:
+    """Run the protocol above through a throwaway :class:`SemanticCache`; return the metrics."""
+    from .semantic import SemanticCache
+
+    hits = []
+    with tempfile.TemporaryDirectory(prefix="hybridllm-cache-eval-") as tmp:
+        cache = SemanticCache(
+            Path(tmp) / "eval.sqlite3",
+            ttl_s=None,
+            max_entries=len(pairs) + 1,
+            verifier=verifier,  # type: ignore[arg-type]
+        )
+        try:
+            for i, (a, b) in enumerate(zip(pairs.text_a, pairs.text_b, strict=True)):
+                ns = f"pair-{i}"
+                user_a = [{"role": "user", "content": a}]
+                cache.put(user_a, f"answer {i}", model="eval", params_key={}, namespace=ns)
+                user_b = [{"role": "user", "content": b}]
+                hit = cache.get(user_b, model="eval", params_key={}, namespace=ns)
+                hits.append(hit is not None)
+                if progress is not None:
+                    progress(i + 1, len(pairs))
+        finally:
+            cache.close()
+    return pair_metrics(hits, pairs.labels)

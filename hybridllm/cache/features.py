@@ -1,0 +1,119 @@
+"""Pair features for the hit verifier: does a cached question ask the same thing as the query?
+
+Cosine alone cannot tell "How do I learn Python?" from "How do I learn Python fast?": the two
+embeddings are close while the answers differ. The verifier sees, besides the cosine, what the
+embedding vectors disagree on (element-wise ``|a - b|`` and ``a * b``, symmetric in the pair) and
+surface signals that embeddings blur: words only one side has, numbers and capitalized names that
+differ, negation on one side only, a different question word, the length ratio.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+
+import numpy as np
+
+_WORD = re.compile(r"[a-z0-9]+(?:'[a-z]+)?")
+_NUMBER = re.compile(r"\d+(?:[.,]\d+)*")
+_CAPITALIZED = re.compile(r"(?<![.?!]\s)(?<!^)\b[A-Z][a-zA-Z0-9]+")
+NEGATIONS = frozenset(
+    {"not", "no", "never", "none", "nobody", "nothing", "neither", "nor", "without", "cannot"}
+)
+QUESTION_WORDS = ("what", "why", "how", "when", "where", "who", "which", "whom", "whose")
+STOPWORDS = frozenset(
+    "a an the of to in on for and or is are was were be been do does did i you we my your it "
+    "that this with as at by from can could should would will what how why when where who which "
+    "there their they he she his her me us our its if so than then some any".split()
+)
+
+HANDCRAFTED = (
+    "cosine",
+    "word_jaccard",
+    "content_jaccard",
+    "content_only_query",
+    "content_only_cached",
+    "bigram_jaccard",
+    "char_trigram_jaccard",
+    "number_mismatch",
+    "numbers_present",
+    "negation_mismatch",
+    "capitalized_only_one",
+    "capitalized_jaccard",
+    "question_word_differs",
+    "first_word_differs",
+    "log_length_ratio",
+    "length_min",
+    "exact_match",
+)
+NUM_HANDCRAFTED = len(HANDCRAFTED)
+
+
+class _Parsed:
+    """The surface facts of one text, computed once per text."""
+
+    __slots__ = ("words", "content", "bigrams", "trigrams", "numbers", "neg", "caps", "qword")
+
+    def __init__(self, text: str) -> None:
+        lower = text.lower()
+        words = _WORD.findall(lower)
+        self.words = set(words)
+        self.content = {w for w in words if w not in STOPWORDS}
+        self.bigrams = set(zip(words, words[1:], strict=False))
+        squashed = " ".join(words)
+        self.trigrams = {squashed[i : i + 3] for i in range(max(len(squashed) - 2, 0))}
+        self.numbers = set(_NUMBER.findall(text))
+        self.neg = any(w in NEGATIONS or w.endswith("n't") for w in words)
+        self.caps = {m.lower() for m in _CAPITALIZED.findall(text.strip())}
+        self.qword = next((w for w in words if w in QUESTION_WORDS), "")
+
+
+def _jaccard(a: set, b: set) -> float:
+    union = len(a | b)
+    return len(a & b) / union if union else 1.0
+
+
+def handcrafted(query: str, cached: str, cosine: float) -> list[float]:
+    """The :data:`HANDCRAFTED` features of one pair, in that order."""
+    q, c = _Parsed(query), _Parsed(cached)
+    len_q, len_c = max(len(q.words), 1), max(len(c.words), 1)
+    words_q = _WORD.findall(query.lower())
+    words_c = _WORD.findall(cached.lower())
+    return [
+        cosine,
+        _jaccard(q.words, c.words),
+        _jaccard(q.content, c.content),
+        float(len(q.content - c.content)),
+        float(len(c.content - q.content)),
+        _jaccard(q.bigrams, c.bigrams),
+        _jaccard(q.trigrams, c.trigrams),
+        float(q.numbers != c.numbers),
+        float(bool(q.numbers or c.numbers)),
+        float(q.neg != c.neg),
+        float(len(q.caps ^ c.caps)),
+        _jaccard(q.caps, c.caps),
+        float(q.qword != c.qword),
+        float(words_q[:1] != words_c[:1]),
+        float(np.log(len_q / len_c)),
+        float(np.log(min(len_q, len_c))),
+        float(" ".join(words_q) == " ".join(words_c)),
+    ]
+
+
+def pair_features(
+    queries: Sequence[str], cached: Sequence[str], q_vecs: np.ndarray, c_vecs: np.ndarray
+) -> np.ndarray:
+    """Features of each (query, cached) pair: ``[n, NUM_HANDCRAFTED + 2 * dim]`` float32.
+
+    ``q_vecs`` and ``c_vecs`` are ``[n, dim]`` unit vectors of the texts.
+    """
+    if not (len(queries) == len(cached) == len(q_vecs) == len(c_vecs)):
+        raise ValueError("pair_features needs as many queries, cached texts and vectors")
+    cosines = np.einsum("nd,nd->n", q_vecs, c_vecs)
+    hand = np.array(
+        [handcrafted(q, c, float(s)) for q, c, s in zip(queries, cached, cosines, strict=True)],
+        dtype=np.float32,
+    ).reshape(len(queries), NUM_HANDCRAFTED)
+    diff = np.abs(q_vecs - c_vecs)  # [n, dim]
+    prod = q_vecs * c_vecs  # [n, dim]
+    return np.concatenate([hand, diff, prod], axis=1).astype(np.float32)

@@ -1,0 +1,316 @@
+"""SemanticCache: answers repeated and paraphrased questions without serving a wrong answer.
+
+Keying. An entry belongs to a *bucket*: the hash of its namespace, model id, the sampling settings
+that change answers (``params_key``) and the conversation context (system prompt and every turn
+before the last user turn). Only the last user turn is embedded and compared, and only within its
+bucket, so a hit never crosses tenants, models or conversations ("how old is she?" asked in two
+conversations never shares an answer). The entry id is a hash of the bucket and the normalized
+question: putting the same question twice replaces the answer instead of duplicating it, and an
+exact repeat is found without running the embedder.
+
+A hit: the top ``top_k`` cached questions by cosine in the bucket, at or above the verifier's
+``min_similarity``, are scored by the :class:`HitVerifier`; the best one at or above its threshold
+is served. ``verifier=None`` falls back to plain cosine at ``min_similarity`` (0.95 by default).
+
+Entries expire ``ttl_s`` after they were written; past ``max_entries`` the least recently used
+are evicted. Several threads may share one cache; several processes may share one file (a change
+committed by another process is picked up on the next call).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .._exceptions import ConfigError, InvalidRequestError
+from .._paths import cache_dir
+from .embedder import Embedder, get_embedder
+from .index import BucketIndex
+from .store import CacheStore, Entry
+from .verifier import HitVerifier
+
+DEFAULT_FILENAME = "semantic_cache.sqlite3"
+COSINE_ONLY_MIN_SIMILARITY = 0.95
+_PURGE_EVERY_S = 60.0
+
+
+@dataclass(frozen=True)
+class CacheHit:
+    text: str
+    similarity: float
+    entry_id: str
+    created_at: float
+    verifier_prob: float | None  # None for an exact repeat or when no verifier is used
+    cached_query: str = ""
+    metadata: dict | None = None
+
+
+def split_messages(messages: list[dict]) -> tuple[list[dict], str]:
+    """(context: every message but the last user turn, the last user turn's text)."""
+    if not isinstance(messages, list) or not messages:
+        raise InvalidRequestError("messages must be a non-empty list of {'role', 'content'} dicts")
+    for i in range(len(messages) - 1, -1, -1):
+        msg = messages[i]
+        if not isinstance(msg, dict) or "role" not in msg:
+            raise InvalidRequestError(f"messages[{i}] must be a dict with a 'role'")
+        if msg["role"] == "user":
+            context = [_canonical(m) for j, m in enumerate(messages) if j != i]
+            return context, _text_of(msg.get("content"))
+    raise InvalidRequestError("messages hold no user turn to look up")
+
+
+def _canonical(msg: dict) -> dict:
+    return {k: msg[k] for k in ("role", "name", "content") if k in msg}
+
+
+def _text_of(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):  # OpenAI content parts
+        return "\n".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
+    raise InvalidRequestError("a user turn's content must be a string or a list of text parts")
+
+
+def _normalize(query: str) -> str:
+    return " ".join(query.split())
+
+
+def bucket_key(namespace: str, model: str, params_key: dict, context: list[dict]) -> str:
+    blob = json.dumps(
+        {"ns": namespace, "model": model, "params": params_key, "context": context},
+        sort_keys=True,
+        ensure_ascii=False,
+        default=str,
+    )
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def entry_id_for(bucket: str, query: str) -> str:
+    return hashlib.sha256(f"{bucket}\x00{_normalize(query)}".encode()).hexdigest()[:32]
+
+
+class SemanticCache:
+    def __init__(
+        self,
+        path: str | Path | None = None,
+        *,
+        namespace: str = "default",
+        ttl_s: float | None = 7 * 86400,
+        max_entries: int = 10000,
+        verifier: HitVerifier | None | str = "default",
+        store_pii: bool = False,
+        embedder: Embedder | None = None,
+        top_k: int = 5,
+        min_similarity: float | None = None,
+    ) -> None:
+        if ttl_s is not None and ttl_s <= 0:
+            raise ConfigError("ttl_s must be positive or None (no expiry)")
+        if max_entries < 1:
+            raise ConfigError("max_entries must be at least 1")
+        if top_k < 1:
+            raise ConfigError("top_k must be at least 1")
+        if isinstance(verifier, str):
+            verifier = HitVerifier.load(None if verifier == "default" else verifier)
+        self.verifier = verifier
+        if min_similarity is None:
+            min_similarity = (
+                verifier.min_similarity if verifier is not None else COSINE_ONLY_MIN_SIMILARITY
+            )
+        self.min_similarity = float(min_similarity)
+        self.path = Path(path) if path is not None else cache_dir() / DEFAULT_FILENAME
+        self.namespace = namespace
+        self.ttl_s = ttl_s
+        self.max_entries = max_entries
+        self.store_pii = store_pii
+        self.top_k = top_k
+        self._embedder = embedder
+        self._lock = threading.RLock()
+        self._store = CacheStore(self.path, dim=embedder.dim if embedder else 384)
+        self._index = BucketIndex(self._store.dim)
+        self._entries: dict[str, tuple[str, str, float]] = {}  # id -> (bucket, query, created_at)
+        self._hits = self._misses = 0
+        self._last_purge = 0.0
+        self._reload()
+
+    # ------------------------------------------------------------------ public API
+
+    def get(
+        self, messages: list[dict], *, model: str, params_key: dict, namespace: str | None = None
+    ) -> CacheHit | None:
+        context, query = split_messages(messages)
+        bucket = bucket_key(namespace or self.namespace, model, params_key, context)
+        exact = entry_id_for(bucket, query)
+        with self._lock:
+            self._sync()
+            if exact in self._entries and self._alive(exact):
+                return self._serve(exact, 1.0, None)
+            if not self._index.bucket_size(bucket):  # nothing to compare: skip the embedder
+                self._misses += 1
+                return None
+        vec = self._embed(query)  # outside the lock: the slow part
+        with self._lock:
+            self._sync()
+            found = [
+                (eid, sim)
+                for eid, sim in self._index.search(bucket, vec, self.top_k)
+                if sim >= self.min_similarity and self._alive(eid)
+            ]
+            if not found:
+                self._misses += 1
+                return None
+            if self.verifier is None:
+                return self._serve(found[0][0], found[0][1], None)
+            cached = [self._entries[eid][1] for eid, _ in found]
+            c_vecs = np.stack([self._index.vector(eid) for eid, _ in found])  # [k, dim]
+            q_vecs = np.broadcast_to(vec, c_vecs.shape)
+            probs = self.verifier.predict([query] * len(found), cached, q_vecs, c_vecs)
+            best = int(np.argmax(probs))
+            if probs[best] < self.verifier.threshold:
+                self._misses += 1
+                return None
+            return self._serve(found[best][0], found[best][1], float(probs[best]))
+
+    def put(
+        self,
+        messages: list[dict],
+        text: str,
+        *,
+        model: str,
+        params_key: dict,
+        namespace: str | None = None,
+        pii: bool = False,
+        metadata: dict | None = None,
+    ) -> str | None:
+        """Cache ``text`` as the answer; returns the entry id, or None when not stored (PII)."""
+        if pii and not self.store_pii:
+            return None
+        ns = namespace or self.namespace
+        context, query = split_messages(messages)
+        bucket = bucket_key(ns, model, params_key, context)
+        entry_id = entry_id_for(bucket, query)
+        vec = self._embed(query)
+        now = time.time()
+        entry = Entry(entry_id, ns, bucket, query, str(text), vec, now, now, metadata)
+        with self._lock:
+            self._sync()
+            self._store.upsert(entry)
+            self._index.add(bucket, entry_id, vec)
+            self._entries[entry_id] = (bucket, query, now)
+            self._enforce_bounds(now)
+        return entry_id
+
+    def delete(self, entry_id: str) -> bool:
+        with self._lock:
+            self._sync()
+            removed = self._store.delete([entry_id]) > 0
+            self._forget([entry_id])
+            return removed
+
+    def clear(self, namespace: str | None = None) -> int:
+        """Delete every entry of ``namespace`` (all namespaces when None); returns the count."""
+        with self._lock:
+            self._sync()
+            ids = self._store.clear(namespace)
+            self._forget(ids)
+            return len(ids)
+
+    def stats(self) -> dict:
+        with self._lock:
+            self._sync()
+            size = sum(
+                p.stat().st_size for p in (self.path, Path(f"{self.path}-wal")) if p.exists()
+            )
+            lookups = self._hits + self._misses
+            return {
+                "path": str(self.path),
+                "entries": len(self._entries),
+                "namespaces": self._store.namespaces(),
+                "max_entries": self.max_entries,
+                "ttl_s": self.ttl_s,
+                "size_bytes": size,
+                "hits": self._hits,
+                "misses": self._misses,
+                "hit_rate": self._hits / lookups if lookups else 0.0,
+                "verifier": "cosine" if self.verifier is None else "mlp",
+                "threshold": None if self.verifier is None else self.verifier.threshold,
+                "min_similarity": self.min_similarity,
+            }
+
+    def close(self) -> None:
+        with self._lock:
+            self._store.close()
+
+    def __enter__(self) -> SemanticCache:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ internals
+
+    def _embed(self, query: str) -> np.ndarray:
+        if self._embedder is None:
+            self._embedder = get_embedder()
+        return self._embedder.embed_one(query)
+
+    def _alive(self, entry_id: str) -> bool:
+        if self.ttl_s is None:
+            return True
+        return self._entries[entry_id][2] >= time.time() - self.ttl_s
+
+    def _serve(self, entry_id: str, similarity: float, prob: float | None) -> CacheHit | None:
+        entry = self._store.get(entry_id)
+        if entry is None:  # deleted by another process since the last sync
+            self._forget([entry_id])
+            self._misses += 1
+            return None
+        now = time.time()
+        self._store.touch(entry_id, now)
+        self._hits += 1
+        return CacheHit(
+            text=entry.response,
+            similarity=similarity,
+            entry_id=entry_id,
+            created_at=entry.created_at,
+            verifier_prob=prob,
+            cached_query=entry.query,
+            metadata=entry.metadata,
+        )
+
+    def _forget(self, ids: list[str]) -> None:
+        for eid in ids:
+            self._index.remove(eid)
+            self._entries.pop(eid, None)
+
+    def _enforce_bounds(self, now: float) -> None:
+        if self.ttl_s is not None and now - self._last_purge >= _PURGE_EVERY_S:
+            expired = self._store.expired_ids(now - self.ttl_s)
+            self._store.delete(expired)
+            self._forget(expired)
+            self._last_purge = now
+        excess = len(self._entries) - self.max_entries
+        if excess > 0:
+            victims = self._store.lru_ids(excess)
+            self._store.delete(victims)
+            self._forget(victims)
+
+    def _reload(self) -> None:
+        self._index.clear()
+        self._entries = {}
+        not_before = time.time() - self.ttl_s if self.ttl_s is not None else None
+        for entry in self._store.iter_entries(not_before=not_before):
+            self._index.add(entry.bucket, entry.id, entry.embedding)
+            self._entries[entry.id] = (entry.bucket, entry.query, entry.created_at)
+        self._seen_version = self._store.data_version()
+
+    def _sync(self) -> None:
+        """Reload when another process committed since we last looked."""
+        if self._store.data_version() != self._seen_version:
+            self._reload()

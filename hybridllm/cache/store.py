@@ -81,8 +81,6 @@ class CacheStore:
             str(self.path), timeout=10.0, check_same_thread=False, isolation_level=None
         )
         try:
-            conn.execute("PRAGMA journal_mode=WAL")
-            conn.execute("PRAGMA synchronous=NORMAL")
             tables = {
                 r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")
             }
@@ -93,6 +91,9 @@ class CacheStore:
                 )
             if (row := conn.execute("PRAGMA quick_check").fetchone()) and row[0] != "ok":
                 raise sqlite3.DatabaseError(f"integrity check failed: {row[0]}")
+            # only now, once the file is known to be ours or new: WAL rewrites the header
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute("PRAGMA synchronous=NORMAL")
             conn.executescript(_SCHEMA)
             with _Transaction(conn, self.path):
                 meta = dict(conn.execute("SELECT key, value FROM cache_meta"))

@@ -1,0 +1,114 @@
+"""The SQLite store under abuse: kill -9 in the middle of writes, corrupt and foreign files."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from hybridllm._exceptions import CacheCorruptError
+from hybridllm.cache import SemanticCache
+
+from .fakes import FakeEmbedder
+
+KW = {"model": "m", "params_key": {}}
+ROOT = Path(__file__).resolve().parents[2]
+
+WRITER = textwrap.dedent(
+    """
+    import sys
+    sys.path.insert(0, sys.argv[2])
+    from hybridllm.cache import SemanticCache
+    from tests.cache.fakes import FakeEmbedder
+
+    cache = SemanticCache(sys.argv[1], verifier=None, embedder=FakeEmbedder(), max_entries=10**6)
+    i = 0
+    while True:
+        text = f"answer {i} " + "x" * 2000
+        entry_id = cache.put([{"role": "user", "content": f"question number {i}"}], text,
+                             model="m", params_key={})
+        print(i, entry_id, flush=True)  # reported only once the put has committed
+        i += 1
+    """
+)
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="SIGKILL is POSIX")
+def test_kill_9_during_writes_keeps_every_committed_entry(tmp_path: Path) -> None:
+    path = tmp_path / "crash.sqlite3"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", WRITER, str(path), str(ROOT)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    committed: dict[int, str] = {}
+    deadline = time.monotonic() + 60
+    assert proc.stdout is not None
+    while len(committed) < 300 and time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        i, entry_id = line.split()
+        committed[int(i)] = entry_id
+    os.kill(proc.pid, signal.SIGKILL)  # mid-write: the child never stops putting
+    proc.wait()
+    for line in proc.stdout:  # lines printed before the kill also count as committed
+        i, entry_id = line.split()
+        committed[int(i)] = entry_id
+    assert len(committed) >= 300, "the writer did not get going"
+
+    cache = SemanticCache(path, verifier=None, embedder=FakeEmbedder(), max_entries=10**6)
+    for i, entry_id in committed.items():
+        hit = cache.get([{"role": "user", "content": f"question number {i}"}], **KW)
+        assert hit is not None and hit.entry_id == entry_id
+        assert hit.text == f"answer {i} " + "x" * 2000
+    assert sqlite3.connect(path).execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+    cache.close()
+
+
+def test_garbage_file_is_moved_aside_and_rebuilt_with_a_warning(tmp_path: Path) -> None:
+    path = tmp_path / "bad.sqlite3"
+    path.write_bytes(os.urandom(8192))
+    with pytest.warns(RuntimeWarning, match="corrupt"):
+        cache = SemanticCache(path, verifier=None, embedder=FakeEmbedder())
+    cache.put([{"role": "user", "content": "works again"}], "yes", **KW)
+    cache.close()
+    assert list(tmp_path.glob("bad.sqlite3.corrupt-*"))
+    # the rebuilt file opens cleanly: no warning, no crash loop
+    cache = SemanticCache(path, verifier=None, embedder=FakeEmbedder())
+    assert cache.get([{"role": "user", "content": "works again"}], **KW).text == "yes"
+    cache.close()
+
+
+def test_truncated_database_is_rebuilt(tmp_path: Path) -> None:
+    path = tmp_path / "trunc.sqlite3"
+    cache = SemanticCache(path, verifier=None, embedder=FakeEmbedder())
+    for i in range(200):
+        cache.put([{"role": "user", "content": f"q{i}"}], "a" * 500, **KW)
+    cache.close()
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 3] + b"\x00" * 100)
+    with pytest.warns(RuntimeWarning):
+        cache = SemanticCache(path, verifier=None, embedder=FakeEmbedder())
+    assert cache.stats()["entries"] == 0
+    cache.close()
+
+
+def test_foreign_sqlite_database_is_refused_and_untouched(tmp_path: Path) -> None:
+    path = tmp_path / "app.db"
+    conn = sqlite3.connect(path)
+    conn.execute("CREATE TABLE users (name TEXT)")
+    conn.execute("INSERT INTO users VALUES ('ada')")
+    conn.commit()
+    conn.close()
+    before = path.read_bytes()
+    with pytest.raises(CacheCorruptError, match="not a hybridllm cache"):
+        SemanticCache(path, verifier=None, embedder=FakeEmbedder())
+    assert path.read_bytes() == before

@@ -1,0 +1,186 @@
+"""The semantic cache on the device: embedding, lookup, and a hit against generating an answer.
+
+    python -m bench.cache [--json] [--max-tokens 64] [--sizes 10000,100000]
+
+- ``embed_p50_ms`` / ``embed_p99_ms``: one question through the int8 ONNX embedder.
+- ``lookup_{n}_p50_ms`` / ``_p99_ms``: index search in one bucket of ``n`` cached vectors,
+  embedding excluded (real MiniLM vectors of QQP questions when ../shared/data is present).
+- ``hit_exact_ms`` / ``hit_paraphrase_ms``: :meth:`SemanticCache.get` end to end (SQLite,
+  embedder, index, verifier) for a repeated and for a reworded question, median.
+- ``generate_ms``: the edge model (SmolLM2-135M in llama-cpp-python, called directly) writing
+  ``max_tokens`` tokens for the same question, median; the ratios compare it with the hits.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+PAIRS = ROOT.parent / "shared" / "data" / "paraphrase" / "qqp_pairs.jsonl"
+FALLBACK = [
+    "How do I learn Python?",
+    "What is the capital of France?",
+    "Why is the sky blue?",
+    "How can I lose weight fast?",
+    "What is the best way to learn guitar?",
+] * 40
+
+HIT_PAIRS = [  # (cached, asked): same question, reworded
+    ("How can I improve my English speaking skills?", "How do I improve my spoken English?"),
+    ("What is the best way to learn Python?", "What's the best way to learn Python?"),
+    ("How do I lose weight quickly?", "How can I lose weight fast?"),
+]
+
+
+def _pct(values: list[float], q: float) -> float:
+    return float(np.percentile(np.asarray(values) * 1e3, q))
+
+
+def _questions(n: int) -> list[str]:
+    if not PAIRS.is_file():
+        return FALLBACK[:n]
+    out: list[str] = []
+    with open(PAIRS) as fh:
+        for line in fh:
+            out.append(json.loads(line)["text_b"])
+            if len(out) >= n:
+                break
+    return out
+
+
+def bench_embed(embedder, questions: list[str]) -> dict:
+    for q in questions[:20]:
+        embedder.embed_one(q)
+    times = []
+    for q in questions:
+        start = time.perf_counter()
+        embedder.embed_one(q)
+        times.append(time.perf_counter() - start)
+    return {"embed_p50_ms": _pct(times, 50), "embed_p99_ms": _pct(times, 99)}
+
+
+def _corpus(embedder, n: int) -> np.ndarray:
+    """``[n, 384]`` unit vectors: the QQP embeddings that training cached, if any, then noise."""
+    from hybridllm._paths import cache_dir
+
+    rng = np.random.default_rng(0)
+    vecs = rng.standard_normal((n, embedder.dim)).astype(np.float32)
+    real = sorted((cache_dir() / "train").glob("qqp-*.npz"))
+    if real:
+        with np.load(real[0], allow_pickle=False) as data:
+            have = data["vecs"][:n]
+        vecs[: len(have)] = have
+    return vecs / np.linalg.norm(vecs, axis=1, keepdims=True)
+
+
+def bench_lookup(embedder, sizes: list[int], queries: np.ndarray) -> dict:
+    from hybridllm.cache.index import FlatIndex
+
+    out: dict = {}
+    for n in sizes:
+        corpus = _corpus(embedder, n)
+        index = FlatIndex(embedder.dim, capacity=n)
+        for i in range(n):
+            index.add(str(i), corpus[i])
+        for q in queries[:10]:
+            index.search(q, 5)
+        times = []
+        for q in queries:
+            start = time.perf_counter()
+            index.search(q, 5)
+            times.append(time.perf_counter() - start)
+        out[f"lookup_{n}_p50_ms"] = _pct(times, 50)
+        out[f"lookup_{n}_p99_ms"] = _pct(times, 99)
+    return out
+
+
+def bench_hits(embedder, rounds: int) -> dict:
+    from hybridllm.cache import SemanticCache
+
+    kw = {"model": "smollm2-135m-instruct", "params_key": {"temperature": 0}}
+    exact, para, accepted = [], [], 0
+    with tempfile.TemporaryDirectory() as tmp:
+        cache = SemanticCache(Path(tmp) / "bench.sqlite3", embedder=embedder)
+        for cached, _ in HIT_PAIRS:
+            cache.put([{"role": "user", "content": cached}], "an answer " * 40, **kw)
+        for _ in range(rounds):
+            for cached, asked in HIT_PAIRS:
+                start = time.perf_counter()
+                cache.get([{"role": "user", "content": cached}], **kw)
+                exact.append(time.perf_counter() - start)
+                start = time.perf_counter()
+                hit = cache.get([{"role": "user", "content": asked}], **kw)
+                para.append(time.perf_counter() - start)
+                accepted += hit is not None
+        cache.close()
+    return {
+        "hit_exact_ms": _pct(exact, 50),
+        "hit_paraphrase_ms": _pct(para, 50),
+        "paraphrase_hits": f"{accepted}/{len(para)}",
+    }
+
+
+def bench_generate(max_tokens: int, rounds: int) -> dict:
+    from llama_cpp import Llama
+
+    from hybridllm.models import pull
+
+    llm = Llama(model_path=str(pull("smollm2-135m-instruct")), n_ctx=2048, verbose=False)
+    times, tokens = [], []
+    for _ in range(rounds):
+        for _, asked in HIT_PAIRS:
+            start = time.perf_counter()
+            out = llm.create_chat_completion(
+                [{"role": "user", "content": asked}],
+                max_tokens=max_tokens,
+                temperature=0.0,
+            )
+            times.append(time.perf_counter() - start)
+            tokens.append(out["usage"]["completion_tokens"])
+    return {"generate_ms": _pct(times, 50), "generate_tokens": int(np.median(tokens))}
+
+
+def run(*, sizes: list[int], max_tokens: int, rounds: int) -> dict:
+    from hybridllm.cache import get_embedder
+
+    embedder = get_embedder()
+    questions = _questions(300)
+    result: dict = {"cpu_count": os.cpu_count()}
+    result.update(bench_embed(embedder, questions))
+    queries = np.stack([embedder.embed_one(q) for q in questions[:200]])
+    result.update(bench_lookup(embedder, sizes, queries))
+    result.update(bench_hits(embedder, rounds))
+    result.update(bench_generate(max_tokens, rounds))
+    result["generate_over_hit_exact"] = result["generate_ms"] / result["hit_exact_ms"]
+    result["generate_over_hit_paraphrase"] = result["generate_ms"] / result["hit_paraphrase_ms"]
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.cache", description=__doc__)
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--sizes", default="10000,100000")
+    args = parser.parse_args(argv)
+    sizes = [int(s) for s in args.sizes.split(",") if s]
+    result = run(sizes=sizes, max_tokens=args.max_tokens, rounds=args.rounds)
+    if args.json:
+        print(json.dumps(result))
+    else:
+        width = max(map(len, result))
+        for key, value in result.items():
+            shown = f"{value:.3f}" if isinstance(value, float) else value
+            print(f"{key:<{width}}  {shown}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,10 +1,16 @@
-"""Exact cosine search over unit vectors in numpy, one flat matrix per cache bucket.
+"""Cosine search over unit vectors in numpy, one flat matrix per cache bucket.
 
 A device holds thousands to a hundred thousand cached answers, and every lookup is confined to
-one bucket (namespace + model + settings + conversation context). A single matrix-vector product
-over a contiguous ``[n, dim]`` float32 matrix is exact and, measured in ``bench/cache.py``, fast
-enough at these sizes, so there is no approximate index. Removal swaps the last row into the hole
-so rows stay contiguous. Not thread-safe by itself: :class:`SemanticCache` holds the lock.
+one bucket (namespace + model + settings + conversation context). Up to ``exact_limit`` vectors
+(20,000) a bucket is searched exactly: one matrix-vector product over a contiguous ``[n, dim]``
+float32 matrix. Past that the product is memory-bound (100k x 384 floats is 154 MB per query,
+measured about 10 ms on 2 cores in ``bench/cache.py``), so the bucket switches to two stages: a
+product with vectors projected on their top ``reduced_dim`` (64) principal directions (6x fewer
+bytes), then the exact cosine of the best ``num_candidates`` (256) rows. Cosines returned are
+always exact; only a row missed by the first stage could be lost.
+
+Removal swaps the last row into the hole so rows stay contiguous. Not thread-safe by itself:
+:class:`SemanticCache` holds the lock.
 """
 
 from __future__ import annotations
@@ -17,11 +23,37 @@ import numpy as np
 class FlatIndex:
     """Vectors with string ids; ``search`` returns the ``k`` most similar."""
 
-    def __init__(self, dim: int, *, capacity: int = 64) -> None:
+    def __init__(
+        self,
+        dim: int,
+        *,
+        capacity: int = 64,
+        exact_limit: int = 20000,
+        reduced_dim: int = 64,
+        num_candidates: int = 256,
+    ) -> None:
         self.dim = dim
+        self.exact_limit = exact_limit
+        self.reduced_dim = min(reduced_dim, dim)
+        self.num_candidates = num_candidates
         self._vecs = np.empty((max(capacity, 1), dim), dtype=np.float32)  # [capacity, dim]
+        self._proj: np.ndarray | None = None  # [dim, reduced_dim] once past exact_limit
+        self._low = np.empty((0, self.reduced_dim), dtype=np.float32)  # [capacity, reduced_dim]
         self._ids: list[str] = []
         self._row: dict[str, int] = {}
+
+    @property
+    def is_exact(self) -> bool:
+        return self._proj is None
+
+    def _build_projection(self) -> None:
+        """Top principal directions of the (uncentered) vectors: they preserve inner products."""
+        n = len(self._ids)
+        sample = self._vecs[: min(n, 50000)]
+        _, eigvecs = np.linalg.eigh(sample.T @ sample)  # ascending eigenvalues
+        self._proj = np.ascontiguousarray(eigvecs[:, ::-1][:, : self.reduced_dim], np.float32)
+        self._low = np.empty((len(self._vecs), self.reduced_dim), dtype=np.float32)
+        self._low[:n] = self._vecs[:n] @ self._proj
 
     def __len__(self) -> int:
         return len(self._ids)
@@ -38,9 +70,17 @@ class FlatIndex:
                 grown = np.empty((2 * len(self._vecs), self.dim), dtype=np.float32)
                 grown[:row] = self._vecs[:row]
                 self._vecs = grown
+                if self._proj is not None:
+                    low = np.empty((len(grown), self.reduced_dim), dtype=np.float32)
+                    low[:row] = self._low[:row]
+                    self._low = low
             self._ids.append(entry_id)
             self._row[entry_id] = row
         self._vecs[row] = vec
+        if self._proj is not None:
+            self._low[row] = self._vecs[row] @ self._proj
+        elif len(self._ids) > self.exact_limit:
+            self._build_projection()
 
     def remove(self, entry_id: str) -> bool:
         row = self._row.pop(entry_id, None)
@@ -50,6 +90,8 @@ class FlatIndex:
         if row != last:  # move the last row into the hole
             moved = self._ids[last]
             self._vecs[row] = self._vecs[last]
+            if self._proj is not None:
+                self._low[row] = self._low[last]
             self._ids[row] = moved
             self._row[moved] = row
         self._ids.pop()
@@ -63,13 +105,20 @@ class FlatIndex:
         n = len(self._ids)
         if n == 0 or k < 1:
             return []
-        sims = self._vecs[:n] @ np.asarray(query, dtype=np.float32)  # [n]
-        if n > k:
-            top = np.argpartition(-sims, k - 1)[:k]
+        query = np.asarray(query, dtype=np.float32)
+        if self._proj is None or n <= self.num_candidates:
+            rows = np.arange(n)
+            sims = self._vecs[:n] @ query  # [n]
         else:
-            top = np.arange(n)
-        top = top[np.argsort(-sims[top])]
-        return [(self._ids[i], float(sims[i])) for i in top]
+            approx = self._low[:n] @ (query @ self._proj)  # [n], first stage
+            rows = np.argpartition(-approx, self.num_candidates - 1)[: self.num_candidates]
+            sims = self._vecs[rows] @ query  # [num_candidates], exact
+        if len(rows) > k:
+            best = np.argpartition(-sims, k - 1)[:k]
+        else:
+            best = np.arange(len(rows))
+        best = best[np.argsort(-sims[best])]
+        return [(self._ids[rows[i]], float(sims[i])) for i in best]
 
 
 class BucketIndex:

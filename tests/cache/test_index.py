@@ -50,3 +50,30 @@ def test_bucket_index_keeps_buckets_apart() -> None:
     assert index.search("a", vecs[0], 5) == [] and index.bucket_size("b") == 2
     assert index.remove("y") and not index.remove("y")
     np.testing.assert_allclose(index.vector("x"), vecs[1])
+
+
+def test_two_stage_search_past_exact_limit_finds_near_duplicates() -> None:
+    rng = np.random.default_rng(2)
+    dim, n = 64, 4000
+    # embeddings live near a low-dimensional subspace, as sentence embeddings do
+    basis = rng.standard_normal((12, dim)).astype(np.float32)
+    vecs = rng.standard_normal((n, 12)).astype(np.float32) @ basis
+    vecs += 0.2 * rng.standard_normal((n, dim)).astype(np.float32)
+    vecs /= np.linalg.norm(vecs, axis=1, keepdims=True)
+    index = FlatIndex(dim, exact_limit=1000, reduced_dim=16, num_candidates=64)
+    for i, v in enumerate(vecs):
+        index.add(str(i), v)
+    assert not index.is_exact
+    for i in rng.choice(n, size=30, replace=False).tolist():  # removals keep both stages aligned
+        index.remove(str(i))
+        vecs[i] = 0.0
+    targets = [i for i in rng.choice(n, size=200, replace=False).tolist() if vecs[i].any()]
+    found = 0
+    for i in targets:
+        q = vecs[i] + 0.05 * rng.standard_normal(dim).astype(np.float32)
+        q /= np.linalg.norm(q)
+        exact = vecs @ q
+        (best_id, best_sim), *_ = index.search(q, 3)
+        assert abs(best_sim - exact[int(best_id)]) < 1e-4  # returned cosines are exact
+        found += best_id == str(int(np.argmax(exact)))
+    assert found / len(targets) >= 0.98

@@ -36,15 +36,29 @@ _ENGINE_SERIES: dict[str, tuple[str, str, str]] = {
     ),
     "num_total_blocks": ("kv_cache_blocks_total", "KV cache blocks in the pool.", "gauge"),
     "num_free_blocks": ("kv_cache_blocks_free", "KV cache blocks free for allocation.", "gauge"),
+    "num_cached_blocks": (
+        "kv_cache_blocks_cached",
+        "Free blocks still holding a reusable prefix (evicted LRU-first).",
+        "gauge",
+    ),
     "prefix_cache_queries": (
         "prefix_cache_queries",
-        "Blocks looked up in the prefix cache.",
+        "Prompt tokens looked up in the prefix cache.",
         "counter",
     ),
-    "prefix_cache_hits": ("prefix_cache_hits", "Prefix cache lookups that hit.", "counter"),
+    "prefix_cache_hits": (
+        "prefix_cache_hits",
+        "Prompt tokens found in the prefix cache.",
+        "counter",
+    ),
     "num_preemptions": ("num_preemptions", "Sequences preempted for lack of KV blocks.", "counter"),
     "steps": ("engine_steps", "Engine steps run.", "counter"),
     "last_batch_num_seqs": ("batch_num_seqs_last", "Sequences in the last engine step.", "gauge"),
+    "last_batch_num_tokens": (
+        "batch_num_tokens_last",
+        "Tokens (prefill and decode) in the last engine step.",
+        "gauge",
+    ),
     "max_batch_num_seqs": (
         "batch_num_seqs_max",
         "Most sequences batched in one engine step.",

@@ -1,0 +1,168 @@
+"""``hybridllm router ...``: train, eval, label, calibrate. ``register`` adds the command group."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from .._exceptions import DataError
+
+
+def register(subparsers: Any) -> None:
+    router = subparsers.add_parser("router", help="train, evaluate and calibrate the router")
+    sub = router.add_subparsers(dest="router_command", required=True)
+
+    p = sub.add_parser("train", help="train a router on a RouteLLM-format CSV")
+    p.add_argument("--data", required=True, help="CSV with 'prompt' and two True/False columns")
+    p.add_argument("--weak-col", help="the weak (edge) model's column")
+    p.add_argument("--strong-col", help="the strong (cloud) model's column")
+    p.add_argument("--out", required=True, help="folder to write router.json and weights.npz")
+    p.add_argument("--c", type=float, default=None, help="inverse L2 strength (default 0.02)")
+    p.add_argument("--folds", type=int, default=5)
+    p.add_argument("--no-embedding", action="store_true", help="text features only")
+    p.set_defaults(func=_train)
+
+    p = sub.add_parser("eval", help="RouteLLM metrics of a router on a RouteLLM-format CSV")
+    p.add_argument("--data", required=True)
+    p.add_argument("--router", help="router folder (default: the shipped router)")
+    p.add_argument("--weak-col")
+    p.add_argument("--strong-col")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--plot", help="write the cost/quality curves to this PNG")
+    p.set_defaults(func=_eval)
+
+    p = sub.add_parser("label", help="run an edge and a cloud model on questions, write a CSV")
+    p.add_argument("--data", required=True, help="JSONL with question and answer per line")
+    p.add_argument("--edge", required=True, help="catalog id or GGUF path of the edge model")
+    p.add_argument("--cloud", required=True, help="OpenAI-compatible base URL")
+    p.add_argument("--cloud-model", default="default")
+    p.add_argument("--api-key", default=None, help="default: $HYBRIDLLM_CLOUD_API_KEY")
+    p.add_argument("--out", default="labels.csv")
+    p.add_argument("--limit", type=int, default=None)
+    p.add_argument("--max-tokens", type=int, default=256)
+    p.set_defaults(func=_label)
+
+    p = sub.add_parser("calibrate", help="set the threshold for a target cloud fraction")
+    p.add_argument("--prompts", required=True, help=".jsonl, .csv or one prompt per line")
+    p.add_argument("--cloud-fraction", type=float, required=True)
+    p.add_argument("--router", help="router folder (default: the shipped router)")
+    p.add_argument("--out", help="folder for the calibrated router (default: --router)")
+    p.set_defaults(func=_calibrate)
+
+
+def _print(obj: dict[str, Any]) -> None:
+    sys.stdout.write(json.dumps(obj, indent=None if obj.get("_compact") else 2) + "\n")
+
+
+def _train(args: argparse.Namespace) -> int:
+    from .train import DEFAULT_C, train_from_csv
+
+    router = train_from_csv(
+        args.data, args.out, weak_col=args.weak_col, strong_col=args.strong_col,
+        use_embedding=not args.no_embedding, c=DEFAULT_C if args.c is None else args.c,
+        num_folds=args.folds,
+    )
+    _print({"out": str(Path(args.out)), "threshold": round(router.threshold, 6),
+            **router.info.get("metrics", {})})
+    return 0
+
+
+def evaluate_router_on(data_path: str, router_path: str | None, *, weak_col: str | None = None,
+                       strong_col: str | None = None, plot: str | None = None) -> dict[str, Any]:
+    from .dataset import load_routellm_csv, texts_digest
+    from .evaluate import length_baseline, plot_curves, quality_curve, random_baseline, router_metrics
+    from .features import cached_embeddings
+    from .router import load_router
+
+    router = load_router(router_path)
+    data = load_routellm_csv(data_path, weak_col=weak_col, strong_col=strong_col)
+    embeddings = cached_embeddings(data.prompts) if router.use_embedding else None
+    scores = router.score_texts(data.prompts, embeddings=embeddings)
+    result: dict[str, Any] = {k: (round(v, 4) if k != "n" else v)
+                              for k, v in router_metrics(scores, data.weak, data.strong).items()}
+    rnd = random_baseline(data.weak, data.strong)
+    length = length_baseline(data.prompts, data.weak, data.strong)
+    result["baselines"] = {
+        "random": {k: round(v, 4) for k, v in rnd.items() if k != "n"},
+        "length": {k: round(v, 4) for k, v in length.items() if k != "n"},
+    }
+    result["weak_accuracy"] = round(float(data.weak.mean()), 4)
+    result["strong_accuracy"] = round(float(data.strong.mean()), 4)
+    trained_on = router.info.get("training", {}).get("data_digest")
+    result["trained_on_this_data"] = trained_on == texts_digest(data.prompts)
+    if plot:
+        import numpy as np
+
+        curves = {
+            "router": quality_curve(scores, data.weak, data.strong),
+            "length": quality_curve([len(p) for p in data.prompts], data.weak, data.strong),
+            "random": quality_curve(np.zeros(len(scores)), data.weak, data.strong),
+        }
+        result["plot"] = str(plot_curves(curves, plot, title=Path(data_path).name))
+    return result
+
+
+def _eval(args: argparse.Namespace) -> int:
+    result = evaluate_router_on(args.data, args.router, weak_col=args.weak_col,
+                                strong_col=args.strong_col, plot=args.plot)
+    if args.json:
+        sys.stdout.write(json.dumps(result) + "\n")
+        return 0
+    base = result["baselines"]
+    lines = [f"n={result['n']}  weak={result['weak_accuracy']}  strong={result['strong_accuracy']}",
+             f"{'':8}{'apgr':>8}{'cpt50':>8}{'cpt80':>8}{'calls@95':>10}"]
+    for name, m in (("router", result), ("random", base["random"]), ("length", base["length"])):
+        lines.append(f"{name:8}{m['apgr']:8.3f}{m['cpt50']:8.3f}{m['cpt80']:8.3f}"
+                     f"{m['calls_at_95']:10.3f}")
+    if result["trained_on_this_data"]:
+        lines.append("note: the router was trained on this data (in-sample figures)")
+    sys.stdout.write("\n".join(lines) + "\n")
+    return 0
+
+
+def _label(args: argparse.Namespace) -> int:
+    from .label import label_questions, llama_cpp_edge, openai_cloud, read_questions, write_labels
+
+    questions = read_questions(args.data)[: args.limit]
+    edge_path = Path(args.edge)
+    if not edge_path.is_file():
+        from ..models import pull
+
+        edge_path = Path(pull(args.edge))
+    api_key = args.api_key or os.environ.get("HYBRIDLLM_CLOUD_API_KEY")
+    edge = llama_cpp_edge(edge_path, max_tokens=args.max_tokens)
+    cloud = openai_cloud(args.cloud, model=args.cloud_model, api_key=api_key,
+                         max_tokens=args.max_tokens)
+    rows = label_questions(questions, edge, cloud)
+    edge_col, cloud_col = f"edge:{Path(args.edge).stem}", f"cloud:{args.cloud_model}"
+    out = write_labels(rows, args.out, edge_col=edge_col, cloud_col=cloud_col)
+    n = len(rows)
+    _print({"out": str(out), "n": n,
+            "edge_accuracy": round(sum(r["edge"] for r in rows) / n, 4),
+            "cloud_accuracy": round(sum(r["cloud"] for r in rows) / n, 4),
+            "train_with": f"hybridllm router train --data {out} --weak-col '{edge_col}' "
+                          f"--strong-col '{cloud_col}' --out DIR"})
+    return 0
+
+
+def _calibrate(args: argparse.Namespace) -> int:
+    import numpy as np
+
+    from .calibrate import calibrate_threshold, read_prompts
+    from .router import load_router
+
+    if args.out is None and args.router is None:
+        raise DataError("Pass --out DIR for the calibrated router (the shipped one is read-only).")
+    router = load_router(args.router)
+    prompts = read_prompts(args.prompts)
+    scores = router.score_texts(prompts)
+    router.threshold = calibrate_threshold(scores, args.cloud_fraction)
+    out = router.save(args.out or args.router)
+    _print({"out": str(out), "threshold": round(router.threshold, 6), "n": len(prompts),
+            "target_cloud_fraction": args.cloud_fraction,
+            "realized_cloud_fraction": round(float(np.mean(scores >= router.threshold)), 4)})
+    return 0

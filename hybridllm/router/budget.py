@@ -1,0 +1,86 @@
+"""A cloud budget: at most so many cloud calls or tokens per sliding hour and day.
+
+The policy asks ``exhausted()`` before sending a request to the cloud and the pipeline reports
+each cloud answer with ``record(tokens)``. Windows slide (the last 3600 s / 86400 s), so a spent
+budget comes back gradually rather than at midnight.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from .._exceptions import ConfigError
+
+HOUR = 3600.0
+DAY = 86400.0
+
+
+@dataclass
+class Budget:
+    max_cloud_calls_per_hour: int | None = None
+    max_cloud_calls_per_day: int | None = None
+    max_cloud_tokens_per_hour: int | None = None
+    max_cloud_tokens_per_day: int | None = None
+    clock: Callable[[], float] = time.monotonic
+    _events: deque[tuple[float, int]] = field(default_factory=deque, init=False, repr=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        for name in ("max_cloud_calls_per_hour", "max_cloud_calls_per_day",
+                     "max_cloud_tokens_per_hour", "max_cloud_tokens_per_day"):
+            value = getattr(self, name)
+            if value is None:
+                continue
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ConfigError(f"Budget {name} must be a non-negative integer or None, got {value!r}.")
+
+    @property
+    def is_limited(self) -> bool:
+        return any(v is not None for v in (self.max_cloud_calls_per_hour, self.max_cloud_calls_per_day,
+                                           self.max_cloud_tokens_per_hour,
+                                           self.max_cloud_tokens_per_day))
+
+    def record(self, tokens: int = 0) -> None:
+        """Count one cloud call that used ``tokens`` (prompt plus completion)."""
+        if tokens < 0:
+            raise ConfigError(f"tokens must be >= 0, got {tokens}.")
+        with self._lock:
+            self._events.append((self.clock(), int(tokens)))
+            self._trim(self.clock())
+
+    def _trim(self, now: float) -> None:
+        while self._events and self._events[0][0] <= now - DAY:
+            self._events.popleft()
+
+    def usage(self) -> dict[str, int]:
+        """Calls and tokens in the last hour and the last day."""
+        with self._lock:
+            now = self.clock()
+            self._trim(now)
+            hour = [t for ts, t in self._events if ts > now - HOUR]
+            return {
+                "calls_hour": len(hour),
+                "calls_day": len(self._events),
+                "tokens_hour": sum(hour),
+                "tokens_day": sum(t for _, t in self._events),
+            }
+
+    def exhausted(self) -> str | None:
+        """Why the cloud budget is spent (a reason string), or None while there is room."""
+        if not self.is_limited:
+            return None
+        used = self.usage()
+        checks = (
+            ("calls_hour", self.max_cloud_calls_per_hour, "cloud calls this hour"),
+            ("calls_day", self.max_cloud_calls_per_day, "cloud calls today"),
+            ("tokens_hour", self.max_cloud_tokens_per_hour, "cloud tokens this hour"),
+            ("tokens_day", self.max_cloud_tokens_per_day, "cloud tokens today"),
+        )
+        for key, limit, label in checks:
+            if limit is not None and used[key] >= limit:
+                return f"budget spent: {used[key]}/{limit} {label}"
+        return None

@@ -1,0 +1,127 @@
+"""Routing policies that run before the difficulty score, and the decision they produce.
+
+Order (the first rule that applies decides; each decision carries its reason):
+
+    1. privacy="keep_on_device" and the prompt holds personal data or secrets -> edge
+    2. force="edge" | "cloud" (per call)                                      -> that route
+    3. cloud unavailable (offline, endpoint down)                             -> edge
+    4. cloud budget spent                                                     -> edge
+    5. prompt longer than the edge model's context                            -> cloud
+    6. router score >= threshold -> cloud, else edge; a score inside ``cascade_band`` -> edge
+       first, escalated to the cloud when the edge answer's confidence is low ("edge->cloud")
+
+With privacy="redact", cloud-bound messages have the detected items replaced by placeholders.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .._exceptions import ConfigError, InvalidRequestError
+from .._types import Message, Messages, last_user_text, normalize_messages
+from .budget import Budget
+from .privacy import pii_kinds_in_messages, redact_messages
+from .router import Router, load_router
+
+PRIVACY_MODES = ("keep_on_device", "redact", "off")
+ROUTES = ("edge", "cloud")
+
+
+@dataclass(frozen=True)
+class Decision:
+    route: str  # "edge" or "cloud"
+    reason: str
+    score: float | None = None
+    messages_for_cloud: Messages = field(default_factory=list)
+    pii_kinds: list[str] = field(default_factory=list)
+    cascade: bool = False  # edge first; escalate with should_escalate(mean_logprob)
+
+
+def estimate_tokens(messages: Sequence[Message]) -> int:
+    """About 4 characters per token plus a few per message for the chat template."""
+    return sum(len(str(m.get("content", ""))) // 4 + 4 for m in messages)
+
+
+class RoutingPolicy:
+    def __init__(
+        self,
+        router: Router | None = None,
+        *,
+        privacy: str = "keep_on_device",
+        budget: Budget | None = None,
+        edge_context_tokens: int = 2048,
+        cascade_band: tuple[float, float] | None = None,
+    ) -> None:
+        if privacy not in PRIVACY_MODES:
+            raise ConfigError(f"privacy must be one of {', '.join(PRIVACY_MODES)}, got {privacy!r}.")
+        if isinstance(edge_context_tokens, bool) or not isinstance(edge_context_tokens, int) \
+                or edge_context_tokens < 1:
+            raise ConfigError(f"edge_context_tokens must be a positive integer, got {edge_context_tokens!r}.")
+        if cascade_band is not None:
+            lo, hi = cascade_band
+            if not 0.0 <= lo < hi <= 1.0:
+                raise ConfigError(f"cascade_band must be (lo, hi) with 0 <= lo < hi <= 1, got {cascade_band!r}.")
+        self._router = router
+        self.privacy = privacy
+        self.budget = budget or Budget()
+        self.edge_context_tokens = edge_context_tokens
+        self.cascade_band = cascade_band
+
+    @property
+    def router(self) -> Router:
+        if self._router is None:
+            self._router = load_router()
+        return self._router
+
+    def record_cloud_usage(self, tokens: int = 0) -> None:
+        self.budget.record(tokens)
+
+    def should_escalate(self, mean_logprob: float) -> bool:
+        return self.router.should_escalate(mean_logprob)
+
+    def decide(
+        self,
+        messages: str | Sequence[Message],
+        *,
+        force: str | None = None,
+        cloud_available: bool = True,
+        prompt_tokens: int | None = None,
+        embedding: np.ndarray | None = None,
+    ) -> Decision:
+        msgs = normalize_messages(messages)
+        if force is not None and force not in ROUTES:
+            raise InvalidRequestError(f"force must be 'edge', 'cloud' or None, got {force!r}.")
+        kinds = pii_kinds_in_messages(msgs) if self.privacy != "off" else []
+        cloud_msgs = redact_messages(msgs) if kinds and self.privacy == "redact" else msgs
+
+        def decision(route: str, reason: str, score: float | None = None,
+                     cascade: bool = False) -> Decision:
+            return Decision(route=route, reason=reason, score=score, messages_for_cloud=cloud_msgs,
+                            pii_kinds=kinds, cascade=cascade)
+
+        if kinds and self.privacy == "keep_on_device":
+            return decision("edge", f"privacy: prompt contains {', '.join(kinds)}; kept on device")
+        if force is not None:
+            return decision(force, f"forced {force} by the caller")
+        if not cloud_available:
+            return decision("edge", "cloud unavailable: answered on device")
+        spent = self.budget.exhausted()
+        if spent:
+            return decision("edge", spent)
+        tokens = estimate_tokens(msgs) if prompt_tokens is None else prompt_tokens
+        if tokens > self.edge_context_tokens:
+            return decision(
+                "cloud", f"prompt of {tokens} tokens exceeds the edge context "
+                f"({self.edge_context_tokens})"
+            )
+        router = self.router
+        score = router.score_text(last_user_text(msgs), embedding=embedding)
+        if self.cascade_band is not None and self.cascade_band[0] <= score < self.cascade_band[1]:
+            return decision("edge", f"borderline score {score:.3f}: edge first, cloud if unsure",
+                            score, cascade=True)
+        if score >= router.threshold:
+            return decision("cloud", f"score {score:.3f} >= threshold {router.threshold:.3f}", score)
+        return decision("edge", f"score {score:.3f} < threshold {router.threshold:.3f}", score)

@@ -1,0 +1,170 @@
+"""The difficulty router: score a request in [0, 1], compare with a threshold (RouteLLM's convention).
+
+A router is a folder with ``router.json`` (format version, feature spec, threshold, training
+record, metrics) and ``weights.npz`` (numpy arrays only, loaded with ``allow_pickle=False``).
+
+    score = P(the edge model fails where the cloud model succeeds | features of the last user turn)
+    route = "cloud" if score >= threshold else "edge"
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .._exceptions import RouterError, RouterFileError
+from .._types import Message, last_user_text, normalize_messages
+from .classifier import LogisticScorer
+from .features import EMBEDDER_ID, EMBEDDING_DIM, TEXT_FEATURES, embed_one, feature_matrix
+from .features import text_features as _text_features
+
+FORMAT = "hybridllm-router"
+FORMAT_VERSION = 1
+CONFIG_NAME = "router.json"
+WEIGHTS_NAME = "weights.npz"
+DEFAULT_LOGPROB_THRESHOLD = -1.0  # used by should_escalate when the router carries no calibration
+
+
+@dataclass
+class Router:
+    """A trained scorer plus its threshold. ``score`` and ``route`` take OpenAI-style messages."""
+
+    scorer: LogisticScorer
+    threshold: float
+    use_embedding: bool = True
+    logprob_threshold: float = DEFAULT_LOGPROB_THRESHOLD
+    info: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.threshold, int | float) and 0.0 <= self.threshold <= 1.0):
+            raise RouterError(f"threshold must be in [0, 1], got {self.threshold!r}.")
+        expected = len(TEXT_FEATURES) + (EMBEDDING_DIM if self.use_embedding else 0)
+        if self.scorer.num_features != expected:
+            raise RouterFileError(
+                f"The router's classifier takes {self.scorer.num_features} features but this "
+                f"version computes {expected}; retrain it with `hybridllm router train`."
+            )
+
+    # scoring -------------------------------------------------------------------------------
+    def score_text(self, text: str, *, embedding: np.ndarray | None = None) -> float:
+        """Score one prompt. Pass ``embedding`` (``[384]``) to reuse one the cache computed."""
+        feats = _text_features(text)
+        if self.use_embedding:
+            emb = embed_one(text) if embedding is None else np.asarray(embedding, np.float32)
+            feats = np.concatenate([feats, emb.reshape(-1)])
+        return float(self.scorer.predict(feats))
+
+    def score(self, messages: str | Sequence[Message], *, embedding: np.ndarray | None = None) -> float:
+        return self.score_text(last_user_text(normalize_messages(messages)), embedding=embedding)
+
+    def score_texts(self, texts: Sequence[str], *, embeddings: np.ndarray | None = None) -> np.ndarray:
+        """Score many prompts at once (batched embedding): ``[n]`` float64."""
+        x = feature_matrix(texts, use_embedding=self.use_embedding, embeddings=embeddings)
+        return np.asarray(self.scorer.predict(x), dtype=np.float64)
+
+    def route(
+        self, messages: str | Sequence[Message], *, embedding: np.ndarray | None = None
+    ) -> tuple[str, float]:
+        s = self.score(messages, embedding=embedding)
+        return ("cloud" if s >= self.threshold else "edge"), s
+
+    def should_escalate(self, mean_logprob: float) -> bool:
+        """Cascade: hand the request to the cloud when the edge answer's confidence is low."""
+        return not math.isfinite(mean_logprob) or mean_logprob < self.logprob_threshold
+
+    # files ---------------------------------------------------------------------------------
+    def save(self, folder: str | Path) -> Path:
+        out = Path(folder)
+        out.mkdir(parents=True, exist_ok=True)
+        config = {
+            "format": FORMAT,
+            "format_version": FORMAT_VERSION,
+            "classifier": "logistic",
+            "text_features": list(TEXT_FEATURES),
+            "embedding": EMBEDDER_ID if self.use_embedding else None,
+            "threshold": self.threshold,
+            "logprob_threshold": self.logprob_threshold,
+            **{k: v for k, v in self.info.items() if k not in _RESERVED},
+        }
+        np.savez(out / WEIGHTS_NAME, **self.scorer.to_arrays())
+        (out / CONFIG_NAME).write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
+        return out
+
+
+_RESERVED = {"format", "format_version", "classifier", "text_features", "embedding", "threshold",
+             "logprob_threshold"}
+
+
+def default_router_dir() -> Path:
+    from .._paths import assets_dir
+
+    return assets_dir() / "router"
+
+
+def _read_config(folder: Path) -> dict[str, Any]:
+    path = folder / CONFIG_NAME
+    if not path.is_file():
+        raise RouterFileError(
+            f"No {CONFIG_NAME} in {folder}; pass a folder written by `hybridllm router train`."
+        )
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise RouterFileError(f"{path} is corrupt ({exc}); retrain or re-copy the router.") from exc
+    if not isinstance(config, dict) or config.get("format") != FORMAT:
+        raise RouterFileError(f"{path} is not a hybridllm router file.")
+    version = config.get("format_version")
+    if version != FORMAT_VERSION:
+        raise RouterFileError(
+            f"{path} has format version {version!r}; this hybridllm reads version "
+            f"{FORMAT_VERSION}. Retrain it with `hybridllm router train` or upgrade hybridllm."
+        )
+    if config.get("classifier") != "logistic":
+        raise RouterFileError(f"{path} names an unknown classifier {config.get('classifier')!r}.")
+    if config.get("text_features") != list(TEXT_FEATURES):
+        raise RouterFileError(
+            f"{path} was trained on other text features than this version computes; retrain it."
+        )
+    if config.get("embedding") not in (None, EMBEDDER_ID):
+        raise RouterFileError(f"{path} needs embedder {config.get('embedding')!r}; retrain it.")
+    return config
+
+
+def load_router(path: str | Path | None = None) -> Router:
+    """Load a router folder (or its ``router.json``); ``None`` loads the shipped default."""
+    folder = default_router_dir() if path is None else Path(path)
+    if folder.is_file():
+        folder = folder.parent
+    if not folder.is_dir():
+        raise RouterFileError(f"Router folder {folder} does not exist.")
+    config = _read_config(folder)
+    use_embedding = config.get("embedding") is not None
+    num_features = len(TEXT_FEATURES) + (EMBEDDING_DIM if use_embedding else 0)
+    weights = folder / WEIGHTS_NAME
+    try:
+        with np.load(weights, allow_pickle=False) as npz:
+            arrays = {k: np.asarray(npz[k]) for k in npz.files}
+    except FileNotFoundError as exc:
+        raise RouterFileError(f"{weights} is missing; retrain or re-copy the router.") from exc
+    except (OSError, ValueError, EOFError) as exc:
+        raise RouterFileError(f"{weights} is corrupt ({exc}); retrain or re-copy it.") from exc
+    scorer = LogisticScorer.from_arrays(arrays, num_features=num_features)
+    try:
+        threshold = float(config["threshold"])
+        logprob_threshold = float(config.get("logprob_threshold", DEFAULT_LOGPROB_THRESHOLD))
+    except (KeyError, TypeError, ValueError) as exc:
+        raise RouterFileError(f"{folder / CONFIG_NAME} has no valid threshold ({exc}).") from exc
+    info = {k: v for k, v in config.items() if k not in _RESERVED}
+    try:
+        return Router(scorer=scorer, threshold=threshold, use_embedding=use_embedding,
+                      logprob_threshold=logprob_threshold, info=info)
+    except RouterError as exc:
+        if isinstance(exc, RouterFileError):
+            raise
+        raise RouterFileError(f"{folder}: {exc}") from exc

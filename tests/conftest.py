@@ -10,6 +10,16 @@ ROOT = Path(__file__).resolve().parents[1]
 SHARED_DATA = ROOT.parent / "shared" / "data"
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _isolated_cache_dir(tmp_path_factory):
+    """Tests never touch the user's semantic cache; models stay in the shared data dir."""
+    mp = pytest.MonkeyPatch()
+    mp.setenv("HYBRIDLLM_CACHE_DIR", str(tmp_path_factory.mktemp("hybridllm-cache")))
+    mp.delenv("HYBRIDLLM_CONFIG", raising=False)
+    yield
+    mp.undo()
+
+
 @pytest.fixture(scope="session")
 def shared_data() -> Path:
     """``../shared/data``; tests that need it skip with a reason when it is absent."""

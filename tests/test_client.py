@@ -10,7 +10,7 @@ from hybridllm.backends.fake import FakeBackend
 
 @pytest.fixture
 def llm():
-    return HybridLLM(edge=FakeBackend(reply=lambda m: "one two three four five"))
+    return HybridLLM(edge=FakeBackend(reply=lambda m: "one two three four five"), cache=False)
 
 
 def test_chat_returns_a_completion_with_trace(llm):
@@ -30,7 +30,7 @@ def test_stream_text_equals_chat_text(llm):
 
 def test_breaking_out_of_a_stream_stops_the_backend():
     backend = FakeBackend(reply=lambda m: " ".join(["w"] * 100))
-    llm = HybridLLM(edge=backend)
+    llm = HybridLLM(edge=backend, cache=False)
     for i, _ in enumerate(llm.stream("go")):
         if i == 2:
             break
@@ -63,7 +63,7 @@ def test_async_matches_sync(llm):
 
 
 def test_async_stream_errors_propagate():
-    llm = HybridLLM(edge=FakeBackend(fail=HybridLLMError("boom")))
+    llm = HybridLLM(edge=FakeBackend(fail=HybridLLMError("boom")), cache=False)
 
     async def run():
         return [ch async for ch in AsyncHybridLLM.wrap(llm).stream("x")]

@@ -1,0 +1,145 @@
+"""Settings of a HybridLLM client, from three sources in order of precedence:
+
+1. constructor arguments,
+2. environment variables ``HYBRIDLLM_<FIELD>`` (for example ``HYBRIDLLM_CLOUD_URL``),
+3. a TOML file: ``config=PATH``, else ``$HYBRIDLLM_CONFIG``, else
+   ``<user config dir>/hybridllm/config.toml`` if it exists,
+then the defaults below. Read when a client is built, never at import.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ._exceptions import ConfigError
+
+SECRET_FIELDS = {"cloud_api_key"}
+PRIVACY_MODES = ("keep_on_device", "redact", "off")
+
+
+@dataclass
+class HybridLLMConfig:
+    # the device
+    edge_model: str = "smollm2-135m-instruct"
+    n_ctx: int = 4096
+    n_threads: int | None = None
+    # the cloud (any OpenAI-compatible endpoint; several URLs are balanced)
+    cloud_url: list[str] = field(default_factory=list)
+    cloud_api_key: str | None = None
+    cloud_model: str | None = None
+    cloud_connect_timeout_s: float = 3.0
+    cloud_read_timeout_s: float = 120.0
+    cloud_max_retries: int = 2
+    cloud_breaker_threshold: int = 3
+    cloud_breaker_cooldown_s: float = 10.0
+    price_per_1k_tokens: float = 0.002  # USD, prompt and completion alike
+    # the router and the policies
+    router: str | None = None  # path to a router folder; None = the shipped default
+    threshold: float | None = None  # None = the router's calibrated threshold
+    privacy: str = "keep_on_device"
+    max_cloud_calls_per_hour: int | None = None
+    max_cloud_tokens_per_day: int | None = None
+    cascade: bool = False
+    # the semantic cache
+    cache: bool = True
+    cache_path: str | None = None
+    namespace: str = "default"
+    cache_ttl_s: float | None = 7 * 86400
+    cache_max_entries: int = 10000
+    # default sampling
+    max_tokens: int = 256
+    temperature: float = 0.7
+    top_p: float = 0.95
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        if isinstance(self.cloud_url, str):
+            self.cloud_url = [u.strip() for u in self.cloud_url.split(",") if u.strip()]
+        for url in self.cloud_url:
+            if not url.startswith(("http://", "https://")):
+                raise ConfigError(f"cloud_url must start with http:// or https://, got {url!r}.")
+        if self.privacy not in PRIVACY_MODES:
+            raise ConfigError(f"privacy must be one of {PRIVACY_MODES}, got {self.privacy!r}.")
+        if self.threshold is not None and not 0.0 <= self.threshold <= 1.0:
+            raise ConfigError(f"threshold must be in [0, 1], got {self.threshold}.")
+        for name in ("n_ctx", "cache_max_entries", "max_tokens"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be at least 1, got {getattr(self, name)}.")
+        if self.price_per_1k_tokens < 0:
+            raise ConfigError("price_per_1k_tokens must be >= 0.")
+
+    def public_dict(self) -> dict[str, Any]:
+        """The settings with secrets masked, for `hybridllm config show` and logs."""
+        out = dataclasses.asdict(self)
+        for name in SECRET_FIELDS:
+            if out.get(name):
+                out[name] = "***" + str(out[name])[-4:] if len(str(out[name])) > 8 else "***"
+        return out
+
+
+def _coerce(name: str, raw: str, typ: Any) -> Any:
+    text = str(typ)
+    try:
+        if raw.lower() in ("none", "") and "None" in text:
+            return None
+        if "bool" in text:
+            if raw.lower() in ("1", "true", "yes", "on"):
+                return True
+            if raw.lower() in ("0", "false", "no", "off"):
+                return False
+            raise ValueError(raw)
+        if "list" in text:
+            return [p.strip() for p in raw.split(",") if p.strip()]
+        if "int" in text and "float" not in text:
+            return int(raw)
+        if "float" in text:
+            return float(raw)
+        return raw
+    except ValueError:
+        raise ConfigError(f"HYBRIDLLM_{name.upper()}={raw!r} is not a valid {text}.") from None
+
+
+def config_file_path(explicit: str | os.PathLike[str] | None) -> Path | None:
+    if explicit:
+        return Path(explicit).expanduser()
+    if os.environ.get("HYBRIDLLM_CONFIG"):
+        return Path(os.environ["HYBRIDLLM_CONFIG"]).expanduser()
+    import platformdirs
+
+    default = Path(platformdirs.user_config_dir("hybridllm", appauthor=False)) / "config.toml"
+    return default if default.is_file() else None
+
+
+def load_config(config: str | os.PathLike[str] | None = None, **overrides: Any) -> HybridLLMConfig:
+    fields = {f.name: f for f in dataclasses.fields(HybridLLMConfig)}
+    unknown = set(overrides) - set(fields)
+    if unknown:
+        raise ConfigError(f"Unknown setting(s) {sorted(unknown)}; see `hybridllm config show`.")
+    values: dict[str, Any] = {}
+    path = config_file_path(config)
+    if path is not None:
+        try:
+            data = tomllib.loads(path.read_text())
+        except FileNotFoundError:
+            raise ConfigError(f"Config file {path} does not exist.") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"Config file {path} is not valid TOML: {exc}.") from exc
+        data = data.get("hybridllm", data)
+        bad = set(data) - set(fields)
+        if bad:
+            raise ConfigError(f"Config file {path} has unknown setting(s) {sorted(bad)}.")
+        values.update(data)
+    for name, f in fields.items():
+        env = os.environ.get(f"HYBRIDLLM_{name.upper()}")
+        if env is not None:
+            values[name] = _coerce(name, env, f.type)
+    values.update({k: v for k, v in overrides.items() if v is not None})
+    try:
+        return HybridLLMConfig(**values)
+    except TypeError as exc:
+        raise ConfigError(f"Invalid settings: {exc}.") from exc

@@ -1,0 +1,73 @@
+"""Running statistics of a client: requests per route, cache hit rate, cloud fraction, latency and
+TTFT percentiles per route, cloud tokens and cost, and the cost saved versus sending everything to
+the cloud (every answer not produced by the cloud, priced at the cloud's rate)."""
+
+from __future__ import annotations
+
+import threading
+from collections import defaultdict, deque
+from typing import Any
+
+from ._types import Completion
+
+_WINDOW = 10_000  # latency samples kept per route
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    """Nearest-rank percentile (q in [0, 100]); None for no data."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    k = max(0, min(len(ordered) - 1, int(round(q / 100 * len(ordered) + 0.5)) - 1))
+    return ordered[k]
+
+
+class Stats:
+    def __init__(self, *, price_per_1k_tokens: float) -> None:
+        self.price_per_1k = price_per_1k_tokens
+        self._lock = threading.Lock()
+        self._count: dict[str, int] = defaultdict(int)
+        self._latency: dict[str, deque[float]] = defaultdict(lambda: deque(maxlen=_WINDOW))
+        self._ttft: dict[str, deque[float]] = defaultdict(lambda: deque(maxlen=_WINDOW))
+        self.cloud_tokens = 0
+        self.cloud_cost = 0.0
+        self.saved_cost = 0.0
+
+    def cost(self, tokens: int) -> float:
+        return tokens / 1000 * self.price_per_1k
+
+    def record(self, c: Completion) -> None:
+        with self._lock:
+            self._count[c.route] += 1
+            self._latency[c.route].append(c.latency_ms)
+            if c.ttft_ms is not None:
+                self._ttft[c.route].append(c.ttft_ms)
+            if "cloud" in c.route and "unavailable" not in c.route:
+                self.cloud_tokens += c.usage.total_tokens
+                self.cloud_cost += c.cost_usd
+            else:
+                self.saved_cost += self.cost(c.usage.total_tokens)
+
+    def snapshot(self) -> dict[str, Any]:
+        with self._lock:
+            total = sum(self._count.values())
+            cloud = sum(n for r, n in self._count.items() if "cloud" in r and "unavailable" not in r)
+            per_route = {
+                route: {
+                    "requests": n,
+                    "latency_ms_p50": percentile(list(self._latency[route]), 50),
+                    "latency_ms_p95": percentile(list(self._latency[route]), 95),
+                    "ttft_ms_p50": percentile(list(self._ttft[route]), 50),
+                    "ttft_ms_p95": percentile(list(self._ttft[route]), 95),
+                }
+                for route, n in sorted(self._count.items())
+            }
+            return {
+                "requests": total,
+                "routes": per_route,
+                "cache_hit_rate": self._count.get("cache", 0) / total if total else 0.0,
+                "cloud_fraction": cloud / total if total else 0.0,
+                "cloud_tokens": self.cloud_tokens,
+                "cloud_cost_usd": round(self.cloud_cost, 6),
+                "cost_saved_vs_cloud_only_usd": round(self.saved_cost, 6),
+            }

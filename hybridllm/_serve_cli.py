@@ -1,0 +1,73 @@
+"""`hybridllm serve` (the local OpenAI-compatible proxy) and `hybridllm config show`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from ._exceptions import ConfigError
+
+
+def _settings(args: argparse.Namespace) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    if getattr(args, "model", None):
+        out["edge_model"] = args.model
+    if getattr(args, "cloud_url", None):
+        out["cloud_url"] = args.cloud_url
+    if getattr(args, "no_cache", False):
+        out["cache"] = False
+    if getattr(args, "threshold", None) is not None:
+        out["threshold"] = args.threshold
+    return out
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    try:
+        import uvicorn
+    except ImportError as exc:
+        raise ConfigError("`hybridllm serve` needs FastAPI and uvicorn: "
+                          "pip install 'hybridllm[server]'") from exc
+    from ._client import HybridLLM
+    from ._progress import ProgressBar
+    from .proxy import create_app
+
+    llm = HybridLLM(config=args.config, progress=ProgressBar("Preparing the edge model"),
+                    **_settings(args))
+    cloud = ", ".join(llm.config.cloud_url) or "none (device only)"
+    print(f"hybridllm serve: http://{args.host}:{args.port}/v1  edge={llm.edge.model}  "
+          f"cloud={cloud}", flush=True)
+    try:
+        uvicorn.run(create_app(llm), host=args.host, port=args.port, log_level=args.log_level)
+    finally:
+        llm.close()
+    return 0
+
+
+def cmd_config_show(args: argparse.Namespace) -> int:
+    from ._config import config_file_path, load_config
+
+    cfg = load_config(args.config)
+    path = config_file_path(args.config)
+    print(json.dumps({"config_file": str(path) if path else None, **cfg.public_dict()}, indent=2))
+    return 0
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser("serve", help="OpenAI-compatible server on the device, routed by HybridLLM")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8080)
+    p.add_argument("--model", default=None, help="edge model id or .gguf path")
+    p.add_argument("--cloud-url", action="append", default=None,
+                   help="OpenAI-compatible cloud endpoint (repeatable; balanced)")
+    p.add_argument("--threshold", type=float, default=None, help="router threshold override")
+    p.add_argument("--no-cache", action="store_true", help="disable the semantic cache")
+    p.add_argument("--config", default=None, help="TOML settings file")
+    p.add_argument("--log-level", default="warning")
+    p.set_defaults(func=cmd_serve)
+
+    cfg = sub.add_parser("config", help="show the effective settings")
+    csub = cfg.add_subparsers(dest="config_command", metavar="ACTION", required=True)
+    p = csub.add_parser("show", help="settings after arguments, environment and TOML (secrets masked)")
+    p.add_argument("--config", default=None, help="TOML settings file")
+    p.set_defaults(func=cmd_config_show)

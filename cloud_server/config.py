@@ -41,7 +41,9 @@ class EngineConfig:
             if not isinstance(value, int) or value < 1:
                 raise ConfigError(f"EngineConfig.{name} must be a positive integer, got {value!r}")
         if self.block_size & (self.block_size - 1):
-            raise ConfigError(f"EngineConfig.block_size must be a power of two, got {self.block_size}")
+            raise ConfigError(
+                f"EngineConfig.block_size must be a power of two, got {self.block_size}"
+            )
         if self.kv_cache_memory_bytes is not None and self.kv_cache_memory_bytes < 1 << 20:
             raise ConfigError("EngineConfig.kv_cache_memory_bytes must be at least 1 MiB")
         if self.max_model_len is not None and self.max_model_len < 2:

@@ -61,7 +61,8 @@ def build_model(
     try:
         model.load_state_dict(state, strict=True, assign=True)
     except RuntimeError as exc:
-        raise ModelLoadError(f"weights do not match the {config.architecture} layout: {exc}") from exc
+        msg = f"weights do not match the {config.architecture} layout: {exc}"
+        raise ModelLoadError(msg) from exc
     model.eval().requires_grad_(False)
     model.setup(max_position)
     return model

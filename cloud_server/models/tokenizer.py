@@ -26,7 +26,9 @@ class _ChatTemplateMixin:
     bos_token: str
     eos_token: str
 
-    def apply_chat_template(self, messages: list[dict], *, add_generation_prompt: bool = True) -> str:
+    def apply_chat_template(
+        self, messages: list[dict], *, add_generation_prompt: bool = True
+    ) -> str:
         if not self.chat_template:
             return completion_prompt(messages)
         from jinja2 import TemplateError
@@ -112,7 +114,8 @@ class HFTokenizer(_ChatTemplateMixin):
         if eos_id is not None:
             ids.add(eos_id)
         gen_eos = gen.get("eos_token_id")
-        ids.update(gen_eos if isinstance(gen_eos, list) else [gen_eos] if gen_eos is not None else [])
+        if gen_eos is not None:
+            ids.update(gen_eos if isinstance(gen_eos, list) else [gen_eos])
         self.eos_token_ids = sorted(ids)
 
     def encode(self, text: str, add_special: bool = True) -> list[int]:

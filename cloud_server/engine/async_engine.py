@@ -1,0 +1,192 @@
+"""The asyncio face of the engine, for the HTTP server.
+
+One background task owns the ``LLMEngine``: it applies queued adds and aborts, runs ``step`` in a
+worker thread (the event loop stays free while the model computes), and routes each output to
+its request's queue. ``generate`` validates at once (so the server can answer 400/429 before it
+starts a stream), then yields outputs as they come; leaving the loop early (``aclose``, a
+cancelled task, a dropped client) aborts the request and frees its KV blocks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from collections.abc import AsyncIterator
+from typing import Any
+
+from ..config import EngineConfig
+from ..exceptions import EngineError, InvalidRequestError, NotReadyError, QueueFullError
+from .outputs import RequestOutput
+from .sampling_params import SamplingParams
+
+logger = logging.getLogger(__name__)
+
+
+class AsyncLLMEngine:
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        self.engine: Any = None  # LLMEngine, built by start()
+        self._ops: deque[tuple[str, Any, asyncio.Future | None]] = deque()
+        self._queues: dict[str, asyncio.Queue] = {}
+        self._wakeup: asyncio.Event | None = None
+        self._loop_task: asyncio.Task | None = None
+        self._stopping = False
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    async def start(self) -> None:
+        from .llm_engine import LLMEngine
+
+        if self._loop_task is not None:
+            return
+        if self.engine is None:
+            self.engine = await asyncio.to_thread(LLMEngine, self.config)
+        self._stopping = False
+        self._wakeup = asyncio.Event()
+        self._loop_task = asyncio.create_task(self._run(), name="hybridllm-engine-loop")
+
+    async def stop(self) -> None:
+        self._stopping = True
+        if self._wakeup is not None:
+            self._wakeup.set()
+        if self._loop_task is not None:
+            task, self._loop_task = self._loop_task, None
+            await task
+        for rid, queue in list(self._queues.items()):
+            queue.put_nowait(EngineError("the engine stopped"))
+            self._queues.pop(rid, None)
+
+    @property
+    def is_ready(self) -> bool:
+        task = self._loop_task
+        return self.engine is not None and task is not None and not task.done()
+
+    def _require_engine(self) -> Any:
+        if self.engine is None:
+            raise NotReadyError("the model is still loading")
+        return self.engine
+
+    @property
+    def model_name(self) -> str:
+        return self._require_engine().model_name
+
+    @property
+    def max_model_len(self) -> int:
+        return self._require_engine().max_model_len
+
+    @property
+    def tokenizer(self) -> Any:
+        return self._require_engine().tokenizer
+
+    def stats(self) -> dict:
+        if self.engine is None:
+            return {}
+        return self.engine.stats()
+
+    # -- requests ----------------------------------------------------------------------------
+    def generate(
+        self, request_id: str, prompt: str | list[int], params: SamplingParams
+    ) -> AsyncIterator[RequestOutput]:
+        """Validate now (ContextLengthError, QueueFullError, ...), then stream the outputs."""
+        engine = self._require_engine()
+        if not self.is_ready:
+            raise NotReadyError("the engine loop is not running")
+        if request_id in self._queues:
+            raise InvalidRequestError(f"duplicate request id {request_id!r}")
+        prompt_ids = engine.encode_prompt(prompt)
+        engine.check_request(prompt_ids, params)
+        pending = sum(1 for op in self._ops if op[0] == "add")
+        if len(engine.scheduler.waiting) + pending >= self.config.max_waiting:
+            raise QueueFullError(f"the waiting queue is full ({self.config.max_waiting} requests)")
+        return self._stream(request_id, prompt_ids, params)
+
+    async def _stream(
+        self, request_id: str, prompt_ids: list[int], params: SamplingParams
+    ) -> AsyncIterator[RequestOutput]:
+        queue: asyncio.Queue = asyncio.Queue()
+        self._queues[request_id] = queue
+        self._push("add", (request_id, prompt_ids, params))
+        finished = False
+        try:
+            while True:
+                item = await queue.get()
+                if isinstance(item, BaseException):
+                    finished = True
+                    raise item
+                finished = item.finished
+                yield item
+                if finished:
+                    return
+        finally:
+            self._queues.pop(request_id, None)
+            if not finished:
+                self._push("abort", request_id)
+
+    async def abort(self, request_id: str) -> None:
+        """Abort a request; returns once its KV blocks are back in the pool."""
+        if self._loop_task is None:
+            return
+        fut = asyncio.get_running_loop().create_future()
+        self._push("abort", request_id, fut)
+        await fut
+
+    def _push(self, op: str, arg: Any, fut: asyncio.Future | None = None) -> None:
+        self._ops.append((op, arg, fut))
+        if self._wakeup is not None:
+            self._wakeup.set()
+
+    # -- background loop ---------------------------------------------------------------------
+    def _apply_ops(self) -> list[tuple[asyncio.Future | None, Any]]:
+        """Runs in the worker thread, between steps: the only place the engine is mutated."""
+        done: list[tuple[asyncio.Future | None, Any]] = []
+        while self._ops:
+            op, arg, fut = self._ops.popleft()
+            try:
+                if op == "add":
+                    self.engine.add_request(*arg)
+                    result: Any = None
+                else:
+                    result = self.engine.abort(arg)
+            except Exception as exc:  # routed to the request's own stream
+                result = exc
+                if op == "add":
+                    result = (arg[0], exc)
+            done.append((fut, (op, result)))
+        return done
+
+    def _step_once(self) -> tuple[list, list[RequestOutput]]:
+        done = self._apply_ops()
+        outputs = self.engine.step() if self.engine.has_unfinished() else []
+        return done, outputs
+
+    async def _run(self) -> None:
+        wakeup = self._wakeup
+        if wakeup is None:  # start() always sets it
+            return
+        while not self._stopping:
+            if not self._ops and not self.engine.has_unfinished():
+                wakeup.clear()
+                await wakeup.wait()
+                continue
+            try:
+                done, outputs = await asyncio.to_thread(self._step_once)
+            except Exception as exc:
+                logger.exception("engine step failed")
+                self._fail_all(exc if isinstance(exc, EngineError) else EngineError(str(exc)))
+                continue
+            for fut, (op, result) in done:
+                if op == "add" and isinstance(result, tuple):
+                    rid, exc = result
+                    if rid in self._queues:
+                        self._queues[rid].put_nowait(exc)
+                elif fut is not None and not fut.done():
+                    fut.set_result(None)
+            for out in outputs:
+                queue = self._queues.get(out.request_id)
+                if queue is not None:
+                    queue.put_nowait(out)
+
+    def _fail_all(self, exc: EngineError) -> None:
+        for rid in list(self._queues):
+            self._queues[rid].put_nowait(exc)
+            self._ops.append(("abort", rid, None))

@@ -1,0 +1,266 @@
+"""The synchronous engine: requests in, one batched step at a time, outputs out.
+
+``add_request`` -> ``step`` (schedule, run the model, append sampled tokens, detokenize, finish)
+-> ``abort``. ``AsyncLLMEngine`` drives the same object from a background loop; ``generate``
+runs a list of prompts to completion for offline use, tests and benchmarks.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from ..config import EngineConfig
+from ..exceptions import ConfigError, ContextLengthError, EngineError, InvalidRequestError
+from .block_manager import BlockManager
+from .detokenizer import IncrementalDetokenizer
+from .outputs import GenerationResult, RequestOutput
+from .sampling_params import SamplingParams
+from .scheduler import Scheduler
+from .sequence import Sequence
+
+_CPU_MAX_MODEL_LEN = 4096
+_CPU_KV_BYTES = 1 << 30
+
+
+@dataclass
+class _Request:
+    seq: Sequence
+    detok: IncrementalDetokenizer
+    num_sent_tokens: int = 0
+
+
+class LLMEngine:
+    def __init__(self, config: EngineConfig) -> None:
+        import torch
+
+        from ..models.loader import load_model
+        from .model_runner import ModelRunner
+
+        self.config = config
+        device, dtype = _resolve_device(config)
+        if device.type == "cpu":
+            torch.set_num_threads(config.num_threads or os.cpu_count() or 1)
+        cap = _CPU_MAX_MODEL_LEN if device.type == "cpu" else 32768
+        loaded = load_model(config.model, device=device, dtype=dtype,
+                            max_position=config.max_model_len or cap)
+        self.model_name = loaded.name
+        self.model_config = loaded.config
+        self.tokenizer = loaded.tokenizer
+        native = loaded.config.max_position_embeddings
+        if config.max_model_len is not None and config.max_model_len > native:
+            raise ConfigError(f"max_model_len {config.max_model_len} exceeds the model's {native}")
+        self.max_model_len = config.max_model_len or min(native, cap)
+        per_block = loaded.config.kv_bytes_per_token(dtype.itemsize) * config.block_size
+        budget = config.kv_cache_memory_bytes or _default_kv_bytes(device)
+        num_blocks = budget // per_block
+        if num_blocks * config.block_size < self.max_model_len:
+            raise ConfigError(
+                f"kv_cache_memory_bytes={budget} holds {num_blocks * config.block_size} tokens, "
+                f"less than one max_model_len={self.max_model_len} sequence"
+            )
+        self.block_manager = BlockManager(
+            num_blocks, config.block_size, enable_prefix_caching=config.enable_prefix_caching
+        )
+        self.scheduler = Scheduler(
+            self.block_manager,
+            max_num_seqs=config.max_num_seqs,
+            max_num_batched_tokens=config.max_num_batched_tokens,
+            max_waiting=config.max_waiting,
+        )
+        self.runner = ModelRunner(
+            loaded.model, loaded.config, num_blocks=num_blocks, block_size=config.block_size,
+            device=device, dtype=dtype, seed=config.seed,
+        )
+        self.device, self.dtype = device, dtype
+        self._requests: dict[str, _Request] = {}
+        self._steps = 0
+        self._last_batch_num_seqs = 0
+        self._last_batch_num_tokens = 0
+        self._max_batch_num_seqs = 0
+        self._peak_slots = 0
+        self._unused_slots_at_peak = 0
+
+    # -- requests ----------------------------------------------------------------------------
+    def encode_prompt(self, prompt: str | list[int]) -> list[int]:
+        if isinstance(prompt, str):
+            return self.tokenizer.encode(prompt, add_special=True)
+        ids = list(prompt)
+        if any(not isinstance(t, int) or not 0 <= t < self.model_config.vocab_size for t in ids):
+            raise InvalidRequestError("prompt token ids out of the vocabulary", param="prompt")
+        return ids
+
+    def check_request(self, prompt_ids: list[int], params: SamplingParams) -> None:
+        if not prompt_ids:
+            raise InvalidRequestError("the prompt is empty", param="prompt")
+        total = len(prompt_ids) + params.max_tokens
+        if total > self.max_model_len:
+            raise ContextLengthError(
+                f"prompt ({len(prompt_ids)} tokens) + max_tokens ({params.max_tokens}) = {total} "
+                f"exceeds the context window of {self.max_model_len} tokens",
+                param="max_tokens",
+            )
+
+    def add_request(
+        self, request_id: str, prompt: str | list[int], params: SamplingParams | None = None
+    ) -> Sequence:
+        params = params or SamplingParams()
+        if request_id in self._requests:
+            raise InvalidRequestError(f"duplicate request id {request_id!r}")
+        prompt_ids = self.encode_prompt(prompt)
+        self.check_request(prompt_ids, params)
+        seq = Sequence(request_id, prompt_ids, params)
+        self.scheduler.add(seq)  # QueueFullError when the waiting queue is full
+        self._requests[request_id] = _Request(seq, IncrementalDetokenizer(self.tokenizer.decode,
+                                                                           params.stop))
+        return seq
+
+    def abort(self, request_id: str) -> RequestOutput | None:
+        """Drop a request; its KV blocks go back to the pool at once."""
+        req = self._requests.pop(request_id, None)
+        if req is None:
+            return None
+        self.scheduler.finish(req.seq, "abort")
+        self.runner.release(req.seq.seq_id)
+        return self._output(req, "", [], "abort")
+
+    def has_unfinished(self) -> bool:
+        return bool(self._requests)
+
+    # -- stepping ----------------------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        sched = self.scheduler.schedule()
+        if sched.is_empty:
+            return []
+        try:
+            sampled = self.runner.execute(sched.scheduled)
+        except Exception as exc:  # a model failure is an engine failure, not a request error
+            raise EngineError(f"model step failed: {exc}") from exc
+        self._record_batch(len(sched.scheduled), sched.num_tokens)
+        outputs: list[RequestOutput] = []
+        for item in sched.scheduled:
+            seq = item.seq
+            seq.num_computed_tokens += item.num_new_tokens
+            self.block_manager.commit(seq)
+            token = sampled.get(seq.seq_id)
+            if token is not None:
+                seq.append_token(token)
+                outputs.append(self._process_token(self._requests[seq.request_id], token))
+        self._record_kv()
+        return outputs
+
+    def _process_token(self, req: _Request, token: int) -> RequestOutput:
+        seq, p = req.seq, req.seq.params
+        reason: str | None = None
+        text_ids = seq.output_token_ids
+        is_eos = token in self.tokenizer.eos_token_ids and not p.ignore_eos
+        if is_eos or token in p.stop_token_ids:
+            reason, text_ids = "stop", text_ids[:-1]
+        elif seq.num_output_tokens >= p.max_tokens or seq.num_tokens >= self.max_model_len:
+            reason = "length"
+        delta = req.detok.update(text_ids, final=reason is not None)
+        if req.detok.stopped:
+            reason = "stop"
+        new_ids = seq.output_token_ids[req.num_sent_tokens :]
+        req.num_sent_tokens = seq.num_output_tokens
+        if reason is not None:
+            self._requests.pop(seq.request_id, None)
+            self.scheduler.finish(seq, reason)
+            self.runner.release(seq.seq_id)
+        return self._output(req, delta, new_ids, reason)
+
+    @staticmethod
+    def _output(req: _Request, delta: str, ids: list[int], reason: str | None) -> RequestOutput:
+        seq = req.seq
+        return RequestOutput(
+            request_id=seq.request_id, delta_text=delta, delta_token_ids=ids,
+            finished=reason is not None, finish_reason=reason,
+            num_prompt_tokens=seq.num_prompt_tokens, num_output_tokens=seq.num_output_tokens,
+            num_cached_tokens=seq.num_cached_tokens,
+        )
+
+    # -- offline -----------------------------------------------------------------------------
+    def generate(
+        self, prompts: list[str | list[int]], params: SamplingParams | list[SamplingParams] | None
+        = None,
+    ) -> list[GenerationResult]:
+        plist = params if isinstance(params, list) else [params or SamplingParams()] * len(prompts)
+        ids = [f"gen-{time.monotonic_ns()}-{i}" for i in range(len(prompts))]
+        results = {rid: GenerationResult(rid, "") for rid in ids}
+        for rid, prompt, p in zip(ids, prompts, plist, strict=True):
+            seq = self.add_request(rid, prompt, p)
+            results[rid].num_prompt_tokens = seq.num_prompt_tokens
+        while any(rid in self._requests for rid in ids):
+            for out in self.step():
+                if out.request_id in results:
+                    r = results[out.request_id]
+                    r.text += out.delta_text
+                    r.token_ids += out.delta_token_ids
+                    r.finish_reason = out.finish_reason
+                    r.num_cached_tokens = out.num_cached_tokens
+        return [results[rid] for rid in ids]
+
+    # -- stats -------------------------------------------------------------------------------
+    def _record_batch(self, num_seqs: int, num_tokens: int) -> None:
+        self._steps += 1
+        self._last_batch_num_seqs, self._last_batch_num_tokens = num_seqs, num_tokens
+        self._max_batch_num_seqs = max(self._max_batch_num_seqs, num_seqs)
+
+    def _record_kv(self) -> None:
+        """Track allocated slots and, at their peak, how many hold no computed token."""
+        bm = self.block_manager
+        allocated = bm.num_used_blocks * bm.block_size
+        if allocated >= self._peak_slots:
+            self._peak_slots = allocated
+            self._unused_slots_at_peak = sum(
+                len(s.block_table) * bm.block_size - s.num_computed_tokens
+                for s in self.scheduler.running
+            )
+
+    def stats(self) -> dict[str, Any]:
+        bm, sch = self.block_manager, self.scheduler
+        return {
+            "num_running": len(sch.running),
+            "num_waiting": len(sch.waiting),
+            "num_total_blocks": bm.num_blocks,
+            "num_free_blocks": bm.num_free_blocks,
+            "num_cached_blocks": bm.num_cached_blocks,
+            "kv_cache_usage": bm.usage,
+            "prefix_cache_queries": bm.prefix_cache_queries,
+            "prefix_cache_hits": bm.prefix_cache_hits,
+            "num_preemptions": sch.num_preemptions,
+            "steps": self._steps,
+            "last_batch_num_seqs": self._last_batch_num_seqs,
+            "last_batch_num_tokens": self._last_batch_num_tokens,
+            "max_batch_num_seqs": self._max_batch_num_seqs,
+            "kv_peak_allocated_slots": self._peak_slots,
+            "kv_unused_slots_at_peak": self._unused_slots_at_peak,
+        }
+
+    def reset_stats(self) -> None:
+        self._steps = self._max_batch_num_seqs = 0
+        self._peak_slots = self._unused_slots_at_peak = 0
+        self.scheduler.num_preemptions = 0
+        self.block_manager.prefix_cache_queries = self.block_manager.prefix_cache_hits = 0
+
+
+def _resolve_device(config: EngineConfig) -> tuple[Any, Any]:
+    import torch
+
+    name = config.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("device='cuda' but CUDA is not available")
+    dtype_name = config.dtype or ("bfloat16" if device.type == "cuda" else "float32")
+    return device, getattr(torch, dtype_name)
+
+
+def _default_kv_bytes(device: Any) -> int:
+    if device.type != "cuda":
+        return _CPU_KV_BYTES
+    import torch
+
+    free, _ = torch.cuda.mem_get_info(device)
+    return int(free * 0.5)

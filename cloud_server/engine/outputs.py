@@ -1,0 +1,31 @@
+"""What the engine hands back: streamed deltas and whole offline results."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class RequestOutput:
+    """One streamed update of a request (text and tokens produced since the previous one)."""
+
+    request_id: str
+    delta_text: str
+    delta_token_ids: list[int]
+    finished: bool
+    finish_reason: str | None  # "stop" | "length" | "abort" | None
+    num_prompt_tokens: int
+    num_output_tokens: int
+    num_cached_tokens: int
+
+
+@dataclass
+class GenerationResult:
+    """A finished request of ``LLMEngine.generate`` (offline batch use)."""
+
+    request_id: str
+    text: str
+    token_ids: list[int] = field(default_factory=list)
+    finish_reason: str | None = None
+    num_prompt_tokens: int = 0
+    num_cached_tokens: int = 0

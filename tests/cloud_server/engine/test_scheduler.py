@@ -1,0 +1,146 @@
+"""Scheduler on plain data: batching, chunked prefill, prefix hits, preemption, abort, no leaks."""
+
+from __future__ import annotations
+
+import pytest
+
+from cloud_server.engine.block_manager import BlockManager
+from cloud_server.engine.sampling_params import SamplingParams
+from cloud_server.engine.scheduler import Scheduler
+from cloud_server.engine.sequence import Sequence, SequenceStatus
+from cloud_server.exceptions import QueueFullError
+
+BS = 4
+
+
+def make_seq(n: int, rid: str, start: int = 0) -> Sequence:
+    return Sequence(rid, list(range(start, start + n)), SamplingParams(max_tokens=100))
+
+
+def run_step(sched: Scheduler, next_token: int = 7):
+    """Schedule, pretend to compute, append a token to every sequence that reached its end."""
+    out = sched.schedule()
+    for item in out.scheduled:
+        samples = item.samples
+        item.seq.num_computed_tokens += item.num_new_tokens
+        sched.block_manager.commit(item.seq)
+        if samples:
+            item.seq.append_token(next_token)
+    return out
+
+
+def finish_all(sched: Scheduler) -> None:
+    for seq in list(sched.running) + list(sched.waiting):
+        sched.finish(seq, "abort")
+
+
+@pytest.fixture
+def make_sched():
+    made = []
+
+    def factory(num_blocks=16, max_num_seqs=4, max_tokens=32, max_waiting=8):
+        bm = BlockManager(num_blocks, BS)
+        s = Scheduler(bm, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_tokens,
+                      max_waiting=max_waiting)
+        made.append(s)
+        return s
+
+    yield factory
+    for s in made:
+        finish_all(s)
+        assert s.block_manager.num_free_blocks == s.block_manager.num_blocks  # no leaks
+        assert all(r == 0 for r in s.block_manager.ref_counts)
+
+
+def test_decode_and_prefill_share_a_step(make_sched):
+    sched = make_sched()
+    a = make_seq(5, "a")
+    sched.add(a)
+    out = run_step(sched)
+    assert [(s.seq.request_id, s.num_new_tokens) for s in out.scheduled] == [("a", 5)]
+    b = make_seq(6, "b", 100)
+    sched.add(b)  # joins at the next step, next to a's decode token
+    out = run_step(sched)
+    assert [(s.seq.request_id, s.num_new_tokens) for s in out.scheduled] == [("a", 1), ("b", 6)]
+    assert a.num_output_tokens == 2 and b.num_output_tokens == 1
+
+
+def test_chunked_prefill_respects_token_budget(make_sched):
+    sched = make_sched(num_blocks=32, max_tokens=8)
+    a = make_seq(20, "a")
+    sched.add(a)
+    chunks = [run_step(sched).scheduled[0].num_new_tokens for _ in range(3)]
+    assert chunks == [8, 8, 4]
+    assert a.num_output_tokens == 1  # sampled only when the prompt was complete
+    assert len(a.block_table) == 5
+
+
+def test_max_num_seqs_limits_running(make_sched):
+    sched = make_sched(max_num_seqs=2)
+    for i in range(3):
+        sched.add(make_seq(3, f"s{i}", 10 * i))
+    out = run_step(sched)
+    assert len(out.scheduled) == 2 and len(sched.waiting) == 1
+
+
+def test_finished_sequence_leaves_at_once(make_sched):
+    sched = make_sched(max_num_seqs=1)
+    a, b = make_seq(3, "a"), make_seq(3, "b", 50)
+    sched.add(a)
+    sched.add(b)
+    run_step(sched)
+    sched.finish(a, "stop")
+    assert a.status is SequenceStatus.FINISHED and not a.block_table
+    out = run_step(sched)
+    assert [s.seq.request_id for s in out.scheduled] == ["b"]
+
+
+def test_prefix_hit_skips_cached_blocks(make_sched):
+    sched = make_sched()
+    a = make_seq(9, "a")
+    sched.add(a)
+    run_step(sched)
+    b = Sequence("b", list(range(8)) + [60, 61], SamplingParams())
+    sched.add(b)
+    out = run_step(sched)
+    item = [s for s in out.scheduled if s.seq is b][0]
+    assert b.num_cached_tokens == 8 and item.num_new_tokens == 2
+
+
+def test_preempts_newest_and_recomputes_it(make_sched):
+    sched = make_sched(num_blocks=4, max_tokens=64)
+    a, b = make_seq(7, "a"), make_seq(7, "b", 100)
+    sched.add(a)
+    sched.add(b)
+    run_step(sched)  # a: 2 blocks, b: 2 blocks, pool full
+    assert sched.block_manager.num_free_blocks == 0
+    run_step(sched)  # both decode into their second block (8 tokens)
+    out = run_step(sched)  # a needs a third block: b (newest) is preempted
+    assert out.preempted == [b] and sched.num_preemptions == 1
+    assert b.status is SequenceStatus.WAITING and not b.block_table and sched.waiting[0] is b
+    assert [s.seq for s in out.scheduled] == [a]
+    sched.finish(a, "stop")
+    out = run_step(sched)  # b comes back and recomputes prompt + outputs (prefix cache helps)
+    assert out.scheduled[0].seq is b
+    assert b.num_computed_tokens == b.num_tokens - 1 and b.num_output_tokens == 3
+
+
+def test_abort_waiting_and_running_frees_blocks(make_sched):
+    sched = make_sched(max_num_seqs=1)
+    a, b = make_seq(6, "a"), make_seq(6, "b", 50)
+    sched.add(a)
+    sched.add(b)
+    run_step(sched)
+    used = sched.block_manager.num_used_blocks
+    sched.finish(a, "abort")
+    assert sched.block_manager.num_used_blocks == used - 2
+    sched.finish(b, "abort")
+    assert sched.num_unfinished == 0
+
+
+def test_queue_full(make_sched):
+    sched = make_sched(max_waiting=2)
+    sched.add(make_seq(2, "a"))
+    sched.add(make_seq(2, "b"))
+    with pytest.raises(QueueFullError):
+        sched.add(make_seq(2, "c"))

@@ -20,6 +20,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -79,9 +80,17 @@ def start_server(
             "--n_ctx", "2048", "--n_threads", str(threads), "--n_threads_batch", str(threads),
             "--verbose", "False", "--interrupt_requests", "False",
         ]  # fmt: skip
-    return subprocess.Popen(
-        cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
-    )
+    # stderr to a file, not a pipe: an unread pipe that fills up would stall the server.
+    log = tempfile.TemporaryFile(mode="w+")
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=log, text=True)
+    proc.log = log  # type: ignore[attr-defined]
+    return proc
+
+
+def server_log(proc: subprocess.Popen) -> str:
+    log = proc.log  # type: ignore[attr-defined]
+    log.seek(0)
+    return log.read()[-2000:]
 
 
 def wait_ready(url: str, proc: subprocess.Popen, timeout_s: float = 300) -> float:
@@ -90,8 +99,7 @@ def wait_ready(url: str, proc: subprocess.Popen, timeout_s: float = 300) -> floa
     start = time.monotonic()
     while time.monotonic() - start < timeout_s:
         if proc.poll() is not None:
-            err = proc.stderr.read() if proc.stderr else ""
-            raise RuntimeError(f"server exited with {proc.returncode}: {err[-2000:]}")
+            raise RuntimeError(f"server exited with {proc.returncode}: {server_log(proc)}")
         try:
             if httpx.get(f"{url}/v1/models", timeout=2).status_code == 200:
                 return time.monotonic() - start
@@ -214,9 +222,13 @@ def main(argv: list[str] | None = None) -> int:
         "max_tokens": args.max_tokens,
         "threads": args.threads,
         "prompts": "gsm8k" if GSM8K.is_file() else "builtin",
+        "cpu_count": os.cpu_count(),
+        "loadavg_1m_start": round(os.getloadavg()[0], 2),
     }
     for kind in args.servers:
         report[kind] = bench_server(kind, args, gguf, count)
+    # Other processes on the machine skew both servers; the load average says how much.
+    report["loadavg_1m_end"] = round(os.getloadavg()[0], 2)
     if "hybridllm" in report and "llama_cpp" in report:
         ratios = {}
         for c in args.concurrency:

@@ -1,1 +1,29 @@
-"""The learned difficulty router and the routing policies."""
+"""The learned difficulty router and the routing policies.
+
+    router = load_router()                       # the shipped default (models/router/)
+    router.score(messages) -> float in [0, 1]    # route = "cloud" if score >= router.threshold
+    policy = RoutingPolicy(router, privacy="redact", budget=Budget(max_cloud_calls_per_hour=100))
+    decision = policy.decide(messages)           # Decision(route, reason, score, ...)
+
+Modules: features (text statistics + embedding), classifier (the scorer's numpy weights), router
+(score, threshold, file format), train, evaluate (RouteLLM metrics), calibrate, label, privacy,
+budget, policy, _cli (``hybridllm router ...``).
+"""
+
+from __future__ import annotations
+
+from .budget import Budget
+from .policy import Decision, RoutingPolicy
+from .privacy import PII_KINDS, detect_pii, redact_pii
+from .router import Router, load_router
+
+__all__ = [
+    "PII_KINDS",
+    "Budget",
+    "Decision",
+    "Router",
+    "RoutingPolicy",
+    "detect_pii",
+    "load_router",
+    "redact_pii",
+]

@@ -21,7 +21,9 @@ def register(subparsers: Any) -> None:
     p.add_argument("--weak-col", help="the weak (edge) model's column")
     p.add_argument("--strong-col", help="the strong (cloud) model's column")
     p.add_argument("--out", required=True, help="folder to write router.json and weights.npz")
-    p.add_argument("--c", type=float, default=None, help="inverse L2 strength (default 0.02)")
+    p.add_argument("--c", type=float, default=None, help="inverse L2 strength of the linear part")
+    p.add_argument("--k", type=int, default=None, help="neighbors of the neighbor part")
+    p.add_argument("--mix", type=float, default=None, help="weight of the neighbor part, 0..1")
     p.add_argument("--folds", type=int, default=5)
     p.add_argument("--no-embedding", action="store_true", help="text features only")
     p.set_defaults(func=_train)
@@ -59,12 +61,14 @@ def _print(obj: dict[str, Any]) -> None:
 
 
 def _train(args: argparse.Namespace) -> int:
-    from .train import DEFAULT_C, train_from_csv
+    from .train import Hyper, train_from_csv
 
+    given = {k: getattr(args, k) for k in ("c", "k", "mix") if getattr(args, k) is not None}
+    if not 0.0 <= given.get("mix", 0.0) <= 1.0 or given.get("k", 1) < 1 or given.get("c", 1) <= 0:
+        raise DataError("--mix must be in [0, 1], --k at least 1 and --c positive.")
     router = train_from_csv(
         args.data, args.out, weak_col=args.weak_col, strong_col=args.strong_col,
-        use_embedding=not args.no_embedding, c=DEFAULT_C if args.c is None else args.c,
-        num_folds=args.folds,
+        use_embedding=not args.no_embedding, hyper=Hyper(**given), num_folds=args.folds,
     )
     _print({"out": str(Path(args.out)), "threshold": round(router.threshold, 6),
             **router.info.get("metrics", {})})
@@ -74,7 +78,13 @@ def _train(args: argparse.Namespace) -> int:
 def evaluate_router_on(data_path: str, router_path: str | None, *, weak_col: str | None = None,
                        strong_col: str | None = None, plot: str | None = None) -> dict[str, Any]:
     from .dataset import load_routellm_csv, texts_digest
-    from .evaluate import length_baseline, plot_curves, quality_curve, random_baseline, router_metrics
+    from .evaluate import (
+        length_baseline,
+        plot_curves,
+        quality_curve,
+        random_baseline,
+        router_metrics,
+    )
     from .features import cached_embeddings
     from .router import load_router
 

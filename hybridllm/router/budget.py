@@ -36,13 +36,15 @@ class Budget:
             if value is None:
                 continue
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ConfigError(f"Budget {name} must be a non-negative integer or None, got {value!r}.")
+                raise ConfigError(
+                    f"Budget {name} must be a non-negative integer or None, got {value!r}."
+                )
 
     @property
     def is_limited(self) -> bool:
-        return any(v is not None for v in (self.max_cloud_calls_per_hour, self.max_cloud_calls_per_day,
-                                           self.max_cloud_tokens_per_hour,
-                                           self.max_cloud_tokens_per_day))
+        limits = (self.max_cloud_calls_per_hour, self.max_cloud_calls_per_day,
+                  self.max_cloud_tokens_per_hour, self.max_cloud_tokens_per_day)
+        return any(v is not None for v in limits)
 
     def record(self, tokens: int = 0) -> None:
         """Count one cloud call that used ``tokens`` (prompt plus completion)."""

@@ -13,15 +13,15 @@ from __future__ import annotations
 
 import csv
 import json
-from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from .._exceptions import DataError
 
 
-def calibrate_threshold(scores: Sequence[float], cloud_fraction: float) -> float:
+def calibrate_threshold(scores: ArrayLike, cloud_fraction: float) -> float:
     """The threshold that routes ``cloud_fraction`` of ``scores`` to the cloud."""
     if not 0.0 <= cloud_fraction <= 1.0:
         raise DataError(f"--cloud-fraction must be between 0 and 1, got {cloud_fraction}.")
@@ -37,7 +37,7 @@ def calibrate_threshold(scores: Sequence[float], cloud_fraction: float) -> float
     return float((s[len(s) - n_cloud - 1] + s[len(s) - n_cloud]) / 2.0)
 
 
-def calibrate_logprob_threshold(mean_logprobs: Sequence[float], correct: Sequence[float]) -> float:
+def calibrate_logprob_threshold(mean_logprobs: ArrayLike, correct: ArrayLike) -> float:
     """The cascade's escalation threshold from edge answers' confidence and correctness."""
     lp = np.asarray(mean_logprobs, dtype=np.float64)
     ok = np.asarray(correct, dtype=bool)
@@ -66,7 +66,8 @@ def _prompt_of(record: object) -> str:
                 return str(record[key])
         msgs = record.get("messages")
         if isinstance(msgs, list):
-            users = [m.get("content") for m in msgs if isinstance(m, dict) and m.get("role") == "user"]
+            users = [m.get("content") for m in msgs
+                     if isinstance(m, dict) and m.get("role") == "user"]
             if users and isinstance(users[-1], str):
                 return users[-1]
     raise DataError(

@@ -1,9 +1,15 @@
-"""The scorer's classifier: standardization plus L2-regularized logistic regression.
+"""The scorer: two estimates of the quality a cloud call adds, averaged and mapped to [0, 1].
 
-Fitted with scikit-learn, stored and evaluated as plain numpy arrays, so a router file is a
-``.npz`` of weights and loading it runs no code:
+Per prompt the RouteLLM curve gains ``strong - weak`` in {-1, 0, +1} when the prompt goes to the
+strong model (+1 is the training label "weak wrong and strong right"). Both parts estimate its
+expectation, so the score ranks prompts by expected gain:
 
-    z = (x - mean) / scale,     score = sigmoid(z · coef + intercept)
+    linear     multinomial logistic regression (L2) over standardized text features + embedding,
+               g_lin = P(+1 | x) - P(-1 | x)
+    neighbors  mean gain of the k most cosine-similar training prompts (embedding only), g_nn
+    score      (1 + mix * g_nn + (1 - mix) * g_lin) / 2          (g_lin alone without embeddings)
+
+Fitted with scikit-learn, stored and evaluated as numpy arrays (``.npz``, no pickle).
 """
 
 from __future__ import annotations
@@ -14,79 +20,142 @@ import numpy as np
 
 from .._exceptions import RouterError, RouterFileError
 
-ARRAY_NAMES = ("mean", "scale", "coef", "intercept")
+DEFAULT_C = 0.002
+DEFAULT_K = 100
+DEFAULT_MIX = 0.7
+_EMB_SCALE = 127.0  # unit vectors stored as int8: components in [-1, 1] -> [-127, 127]
 
 
 @dataclass(frozen=True)
-class LogisticScorer:
+class GainScorer:
     mean: np.ndarray  # [d]
     scale: np.ndarray  # [d]
-    coef: np.ndarray  # [d]
-    intercept: float
+    coef: np.ndarray  # [num_classes, d]
+    intercept: np.ndarray  # [num_classes]
+    classes: np.ndarray  # [num_classes] gains, a subset of {-1, 0, 1}
+    refs: np.ndarray | None = None  # [m, emb_dim] float32 unit vectors of the training prompts
+    ref_gains: np.ndarray | None = None  # [m]
+    k: int = DEFAULT_K
+    mix: float = DEFAULT_MIX
 
     @property
     def num_features(self) -> int:
-        return int(self.coef.shape[0])
+        return int(self.coef.shape[1])
+
+    @property
+    def uses_neighbors(self) -> bool:
+        return self.refs is not None and self.mix > 0
 
     @classmethod
-    def fit(cls, x: np.ndarray, y: np.ndarray, *, c: float = 0.05, seed: int = 0) -> LogisticScorer:
-        """Fit on ``x`` ``[n, d]`` and 0/1 labels ``y`` ``[n]``; ``c`` is the inverse L2 strength."""
+    def fit(
+        cls,
+        x: np.ndarray,
+        gain: np.ndarray,
+        *,
+        embeddings: np.ndarray | None = None,
+        c: float = DEFAULT_C,
+        k: int = DEFAULT_K,
+        mix: float = DEFAULT_MIX,
+    ) -> GainScorer:
+        """``x`` ``[n, d]`` features, ``gain`` ``[n]`` in {-1, 0, 1}; ``embeddings`` ``[n, e]``
+        enables the neighbor part."""
         from sklearn.linear_model import LogisticRegression
 
-        y = np.asarray(y)
-        if x.ndim != 2 or len(x) != len(y):
-            raise RouterError(f"Features {x.shape} and labels {y.shape} do not match.")
-        if len(np.unique(y)) < 2:
+        g = np.asarray(gain).astype(np.int64)
+        if x.ndim != 2 or len(x) != len(g):
+            raise RouterError(f"Features {x.shape} and labels {g.shape} do not match.")
+        if not np.any(g == 1) or np.all(g == 1):
             raise RouterError(
-                "Every training label is the same, so there is nothing to learn: the data needs "
-                "prompts where the strong model was needed (weak wrong, strong right) and others."
+                "The data needs prompts where the strong model was needed (weak wrong, strong "
+                "right) and prompts where it was not; otherwise there is nothing to learn."
             )
         x64 = np.asarray(x, dtype=np.float64)
         mean = x64.mean(axis=0)
         scale = x64.std(axis=0)
-        scale[scale < 1e-8] = 1.0  # constant columns: leave them at zero after centering
-        z = (x64 - mean) / scale
-        model = LogisticRegression(C=c, max_iter=2000, random_state=seed)
-        model.fit(z, y)
+        scale[scale < 1e-8] = 1.0  # constant columns stay at zero after centering
+        model = LogisticRegression(C=c, max_iter=3000)
+        model.fit((x64 - mean) / scale, g)
+        coef, intercept = model.coef_, model.intercept_
+        if coef.shape[0] == 1:  # two classes: sklearn stores one row for the second class
+            coef = np.vstack([np.zeros_like(coef), coef])
+            intercept = np.concatenate([[0.0], intercept])
+        refs = ref_gains = None
+        if embeddings is not None and mix > 0:
+            refs = quantize_refs(np.asarray(embeddings, dtype=np.float32))
+            ref_gains = g.astype(np.float32)
         return cls(
-            mean=mean.astype(np.float32),
-            scale=scale.astype(np.float32),
-            coef=model.coef_[0].astype(np.float32),
-            intercept=float(model.intercept_[0]),
+            mean=mean.astype(np.float32), scale=scale.astype(np.float32),
+            coef=coef.astype(np.float32), intercept=intercept.astype(np.float32),
+            classes=model.classes_.astype(np.float32), refs=refs, ref_gains=ref_gains,
+            k=int(min(k, len(g))), mix=float(mix) if embeddings is not None else 0.0,
         )
 
-    def decision(self, x: np.ndarray) -> np.ndarray:
-        """The logit: ``[n]`` for ``x`` ``[n, d]``, or a scalar array for ``[d]``."""
-        z = (x - self.mean) / self.scale
-        return z @ self.coef + self.intercept
+    def linear_gain(self, x: np.ndarray) -> np.ndarray:
+        z = (np.atleast_2d(x) - self.mean) / self.scale
+        logits = z @ self.coef.T + self.intercept  # [n, num_classes]
+        logits -= logits.max(axis=1, keepdims=True)
+        p = np.exp(logits)
+        p /= p.sum(axis=1, keepdims=True)
+        return p @ self.classes  # [n]
 
-    def predict(self, x: np.ndarray) -> np.ndarray:
-        """Probability that the strong model is needed, in [0, 1]."""
-        logit = np.clip(self.decision(x), -60.0, 60.0)
-        return 1.0 / (1.0 + np.exp(-logit))
+    def neighbor_gain(self, emb: np.ndarray) -> np.ndarray:
+        if self.refs is None or self.ref_gains is None:
+            raise RouterError("This router has no neighbor part.")
+        sims = np.atleast_2d(emb).astype(np.float32) @ self.refs.T  # [n, m]
+        k = min(self.k, sims.shape[1])
+        top = np.argpartition(-sims, k - 1, axis=1)[:, :k]
+        return self.ref_gains[top].mean(axis=1)
+
+    def predict(self, x: np.ndarray, emb: np.ndarray | None = None) -> np.ndarray:
+        """Scores in [0, 1] for ``x`` ``[n, d]`` (and ``emb`` ``[n, e]`` with neighbors)."""
+        g = self.linear_gain(x)
+        if self.uses_neighbors:
+            if emb is None:
+                raise RouterError("This router needs the prompt embedding to score.")
+            g = self.mix * self.neighbor_gain(emb) + (1.0 - self.mix) * g
+        return np.clip((1.0 + g) / 2.0, 0.0, 1.0)
 
     def to_arrays(self) -> dict[str, np.ndarray]:
-        return {
-            "mean": self.mean,
-            "scale": self.scale,
-            "coef": self.coef,
-            "intercept": np.asarray([self.intercept], dtype=np.float32),
+        arrays = {
+            "mean": self.mean, "scale": self.scale, "coef": self.coef,
+            "intercept": self.intercept, "classes": self.classes,
+            "k": np.asarray([self.k], np.int64), "mix": np.asarray([self.mix], np.float32),
         }
+        if self.refs is not None and self.ref_gains is not None:
+            arrays["refs_int8"] = np.round(self.refs * _EMB_SCALE).astype(np.int8)
+            arrays["ref_gains"] = self.ref_gains.astype(np.int8)
+        return arrays
 
     @classmethod
-    def from_arrays(cls, arrays: dict[str, np.ndarray], *, num_features: int) -> LogisticScorer:
-        missing = [k for k in ARRAY_NAMES if k not in arrays]
+    def from_arrays(cls, a: dict[str, np.ndarray], *, num_features: int) -> GainScorer:
+        need = ("mean", "scale", "coef", "intercept", "classes", "k", "mix")
+        missing = [n for n in need if n not in a]
         if missing:
             raise RouterFileError(f"The router weights lack {missing}; retrain the router.")
-        mean, scale, coef = (np.asarray(arrays[k], dtype=np.float32) for k in ARRAY_NAMES[:3])
-        intercept = np.asarray(arrays["intercept"], dtype=np.float32).reshape(-1)
-        shapes_ok = mean.shape == scale.shape == coef.shape == (num_features,)
-        if not shapes_ok or intercept.shape != (1,):
+        mean, scale = (np.asarray(a[n], np.float32) for n in ("mean", "scale"))
+        coef, intercept = np.asarray(a["coef"], np.float32), np.asarray(a["intercept"], np.float32)
+        classes = np.asarray(a["classes"], np.float32)
+        nc = len(classes)
+        if not (mean.shape == scale.shape == (num_features,) and coef.shape == (nc, num_features)
+                and intercept.shape == (nc,)):
             raise RouterFileError(
-                f"The router weights have shapes {mean.shape}, {scale.shape}, {coef.shape}, "
-                f"{intercept.shape}, expected ({num_features},) each and (1,); retrain the router."
+                f"The router weights have shapes mean {mean.shape}, coef {coef.shape}, intercept "
+                f"{intercept.shape}; this version needs {num_features} features. Retrain it."
             )
-        finite = all(np.all(np.isfinite(a)) for a in (mean, scale, coef, intercept))
-        if not finite or np.any(scale == 0):
+        arrays = (mean, scale, coef, intercept, classes)
+        if not all(np.all(np.isfinite(v)) for v in arrays) or np.any(scale == 0):
             raise RouterFileError("The router weights hold NaN, inf or zero scales; retrain it.")
-        return cls(mean=mean, scale=scale, coef=coef, intercept=float(intercept[0]))
+        refs = ref_gains = None
+        if "refs_int8" in a:
+            refs = np.asarray(a["refs_int8"], np.float32) / _EMB_SCALE
+            ref_gains = np.asarray(a.get("ref_gains"), np.float32)
+            if refs.ndim != 2 or ref_gains.shape != (len(refs),):
+                raise RouterFileError("The router's neighbor arrays do not match; retrain it.")
+        return cls(mean=mean, scale=scale, coef=coef, intercept=intercept, classes=classes,
+                   refs=refs, ref_gains=ref_gains, k=int(np.asarray(a["k"]).reshape(-1)[0]),
+                   mix=float(np.asarray(a["mix"]).reshape(-1)[0]))
+
+
+def quantize_refs(emb: np.ndarray) -> np.ndarray:
+    """Round unit vectors through int8 (as stored), so training sees what the file holds."""
+    return (np.round(emb * _EMB_SCALE).astype(np.int8).astype(np.float32)) / _EMB_SCALE

@@ -13,6 +13,7 @@ import numpy as np
 from .._exceptions import DataError
 
 PROMPT_COL = "prompt"
+LOGPROB_COL = "edge_mean_logprob"  # written by `hybridllm router label`
 _TRUE = {"true", "1", "yes", "1.0"}
 _FALSE = {"false", "0", "no", "0.0"}
 
@@ -26,6 +27,7 @@ class RoutingData:
     strong: np.ndarray  # [n] float64 in {0, 1}
     weak_col: str
     strong_col: str
+    edge_logprob: np.ndarray | None = None  # [n] mean token logprob of the weak (edge) answer
 
     @property
     def labels(self) -> np.ndarray:
@@ -75,7 +77,7 @@ def load_routellm_csv(
             raise DataError(f"{p} has no column {col!r} for {name}; columns: {', '.join(header)}.")
     values: dict[str, np.ndarray] = {}
     for col in header:
-        if col == PROMPT_COL:
+        if col in (PROMPT_COL, LOGPROB_COL):
             continue
         parsed = [_to_bool(r.get(col) or "") for r in rows]
         if all(v is not None for v in parsed):
@@ -99,7 +101,8 @@ def load_routellm_csv(
             weak_col = next(c for c in pair if c != strong_col)
         else:
             strong_col = next(c for c in pair if c != weak_col)
-    assert weak_col is not None and strong_col is not None
+    if weak_col is None or strong_col is None:  # unreachable: both are set above
+        raise DataError(f"{p}: could not tell the weak and the strong model columns apart.")
     prompts = [r.get(PROMPT_COL) or "" for r in rows]
     if not any(pr.strip() for pr in prompts):
         raise DataError(f"Every prompt in {p} is empty.")
@@ -109,7 +112,19 @@ def load_routellm_csv(
         strong=values[strong_col],
         weak_col=weak_col,
         strong_col=strong_col,
+        edge_logprob=_float_column(rows, LOGPROB_COL) if LOGPROB_COL in header else None,
     )
+
+
+def _float_column(rows: list[dict[str, str]], col: str) -> np.ndarray | None:
+    """A numeric column (blank cells become NaN), or None when it holds no number at all."""
+    out = np.full(len(rows), np.nan)
+    for i, r in enumerate(rows):
+        try:
+            out[i] = float(r.get(col) or "nan")
+        except ValueError:
+            return None
+    return out if np.isfinite(out).any() else None
 
 
 def texts_digest(texts: list[str]) -> str:

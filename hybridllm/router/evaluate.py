@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from .._exceptions import DataError
 
@@ -34,7 +35,7 @@ class Curve:
     strong: float
 
 
-def quality_curve(scores: Sequence[float], weak: Sequence[float], strong: Sequence[float]) -> Curve:
+def quality_curve(scores: ArrayLike, weak: ArrayLike, strong: ArrayLike) -> Curve:
     s = np.asarray(scores, dtype=np.float64)
     w = np.asarray(weak, dtype=np.float64)
     st = np.asarray(strong, dtype=np.float64)
@@ -82,25 +83,25 @@ def metrics_from_curve(curve: Curve) -> dict[str, float]:
 
 
 def router_metrics(
-    scores: Sequence[float], weak: Sequence[float], strong: Sequence[float]
+    scores: ArrayLike, weak: ArrayLike, strong: ArrayLike
 ) -> dict[str, float]:
     """``apgr``, ``cpt50``, ``cpt80``, ``calls_at_95`` and ``n`` for one router's scores."""
     metrics: dict[str, float] = metrics_from_curve(quality_curve(scores, weak, strong))
-    metrics["n"] = len(scores)
+    metrics["n"] = int(np.size(scores))
     return metrics
 
 
 def random_baseline(
-    weak: Sequence[float], strong: Sequence[float], *, repeats: int = RANDOM_REPEATS, seed: int = 0
+    weak: ArrayLike, strong: ArrayLike, *, repeats: int = RANDOM_REPEATS, seed: int = 0
 ) -> dict[str, float]:
     """The mean of ``repeats`` random routers' metrics."""
     rng = np.random.default_rng(seed)
-    runs = [router_metrics(rng.random(len(weak)), weak, strong) for _ in range(repeats)]
+    runs = [router_metrics(rng.random(np.size(weak)), weak, strong) for _ in range(repeats)]
     return {key: float(np.mean([r[key] for r in runs])) for key in runs[0]}
 
 
 def length_baseline(
-    prompts: Sequence[str], weak: Sequence[float], strong: Sequence[float]
+    prompts: Sequence[str], weak: ArrayLike, strong: ArrayLike
 ) -> dict[str, float]:
     """Prompt length in characters as the score (longer → strong)."""
     return router_metrics([len(p) for p in prompts], weak, strong)

@@ -1,7 +1,7 @@
 """Cheap per-request features: text statistics of the last user turn and its MiniLM embedding.
 
-Text features are a fixed, named vector (``TEXT_FEATURES``) computed with a few regexes in well under
-a millisecond. The embedding (384 floats) comes from the shared ONNX Runtime embedder; training
+Text features are a fixed, named vector (``TEXT_FEATURES``) computed with a few regexes in under a
+millisecond. The embedding (384 floats) comes from the shared ONNX Runtime embedder; training
 caches it on disk per prompt list (``data_dir()/router_features/``) because embedding ten thousand
 prompts takes minutes on two cores.
 """

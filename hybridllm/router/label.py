@@ -18,11 +18,11 @@ from pathlib import Path
 from typing import Any
 
 from .._exceptions import CloudError, DataError, EdgeError
+from .dataset import LOGPROB_COL
 
 Generate = Callable[[str], tuple[str, float | None]]  # prompt -> (answer, mean logprob or None)
 
 SYSTEM_PROMPT = "Answer the question. Think step by step, then end with 'The answer is X'."
-LOGPROB_COL = "edge_mean_logprob"
 _NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
 
 
@@ -127,17 +127,20 @@ def llama_cpp_edge(model_path: str | Path, *, max_tokens: int = 256, n_ctx: int 
     try:
         from llama_cpp import Llama
     except ImportError as exc:
-        raise EdgeError("The edge model needs llama-cpp-python: pip install llama-cpp-python") from exc
+        raise EdgeError("The edge model needs llama-cpp-python: pip install llama-cpp-python"
+                        ) from exc
     try:
         llm = Llama(model_path=str(model_path), n_ctx=n_ctx, logits_all=True, verbose=False)
     except Exception as exc:
         raise EdgeError(f"llama.cpp could not load {model_path}: {exc}") from exc
 
     def generate(prompt: str) -> tuple[str, float | None]:
-        messages = [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": prompt}]
+        messages = [{"role": "system", "content": SYSTEM_PROMPT},
+                    {"role": "user", "content": prompt}]
         try:
-            out: Any = llm.create_chat_completion(
-                messages=messages, max_tokens=max_tokens, temperature=0.0, logprobs=True
+            out: Any = llm.create_chat_completion(  # type: ignore[call-overload,misc]
+                messages=messages,  # type: ignore[arg-type]
+                max_tokens=max_tokens, temperature=0.0, logprobs=True,
             )
         except Exception as exc:
             raise EdgeError(f"llama.cpp failed while answering: {exc}") from exc

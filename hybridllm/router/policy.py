@@ -56,14 +56,18 @@ class RoutingPolicy:
         cascade_band: tuple[float, float] | None = None,
     ) -> None:
         if privacy not in PRIVACY_MODES:
-            raise ConfigError(f"privacy must be one of {', '.join(PRIVACY_MODES)}, got {privacy!r}.")
-        if isinstance(edge_context_tokens, bool) or not isinstance(edge_context_tokens, int) \
-                or edge_context_tokens < 1:
-            raise ConfigError(f"edge_context_tokens must be a positive integer, got {edge_context_tokens!r}.")
+            raise ConfigError(
+                f"privacy must be one of {', '.join(PRIVACY_MODES)}, got {privacy!r}."
+            )
+        ctx = edge_context_tokens
+        if isinstance(ctx, bool) or not isinstance(ctx, int) or ctx < 1:
+            raise ConfigError(f"edge_context_tokens must be a positive integer, got {ctx!r}.")
         if cascade_band is not None:
             lo, hi = cascade_band
             if not 0.0 <= lo < hi <= 1.0:
-                raise ConfigError(f"cascade_band must be (lo, hi) with 0 <= lo < hi <= 1, got {cascade_band!r}.")
+                raise ConfigError(
+                    f"cascade_band must be (lo, hi) with 0 <= lo < hi <= 1, got {cascade_band!r}."
+                )
         self._router = router
         self.privacy = privacy
         self.budget = budget or Budget()
@@ -122,6 +126,7 @@ class RoutingPolicy:
         if self.cascade_band is not None and self.cascade_band[0] <= score < self.cascade_band[1]:
             return decision("edge", f"borderline score {score:.3f}: edge first, cloud if unsure",
                             score, cascade=True)
-        if score >= router.threshold:
-            return decision("cloud", f"score {score:.3f} >= threshold {router.threshold:.3f}", score)
-        return decision("edge", f"score {score:.3f} < threshold {router.threshold:.3f}", score)
+        t = router.threshold
+        if score >= t:
+            return decision("cloud", f"score {score:.3f} >= threshold {t:.3f}", score)
+        return decision("edge", f"score {score:.3f} < threshold {t:.3f}", score)

@@ -1,4 +1,4 @@
-"""The difficulty router: score a request in [0, 1], compare with a threshold (RouteLLM's convention).
+"""The difficulty router: a score in [0, 1] per request against a threshold (RouteLLM's way).
 
 A router is a folder with ``router.json`` (format version, feature spec, threshold, training
 record, metrics) and ``weights.npz`` (numpy arrays only, loaded with ``allow_pickle=False``).
@@ -20,12 +20,20 @@ import numpy as np
 
 from .._exceptions import RouterError, RouterFileError
 from .._types import Message, last_user_text, normalize_messages
-from .classifier import LogisticScorer
-from .features import EMBEDDER_ID, EMBEDDING_DIM, TEXT_FEATURES, embed_one, feature_matrix
+from .classifier import GainScorer
+from .features import (
+    EMBEDDER_ID,
+    EMBEDDING_DIM,
+    TEXT_FEATURES,
+    embed_one,
+    embed_texts,
+    feature_matrix,
+)
 from .features import text_features as _text_features
 
 FORMAT = "hybridllm-router"
 FORMAT_VERSION = 1
+CLASSIFIER = "gain-logistic-knn"
 CONFIG_NAME = "router.json"
 WEIGHTS_NAME = "weights.npz"
 DEFAULT_LOGPROB_THRESHOLD = -1.0  # used by should_escalate when the router carries no calibration
@@ -35,7 +43,7 @@ DEFAULT_LOGPROB_THRESHOLD = -1.0  # used by should_escalate when the router carr
 class Router:
     """A trained scorer plus its threshold. ``score`` and ``route`` take OpenAI-style messages."""
 
-    scorer: LogisticScorer
+    scorer: GainScorer
     threshold: float
     use_embedding: bool = True
     logprob_threshold: float = DEFAULT_LOGPROB_THRESHOLD
@@ -45,6 +53,8 @@ class Router:
         if not (isinstance(self.threshold, int | float) and 0.0 <= self.threshold <= 1.0):
             raise RouterError(f"threshold must be in [0, 1], got {self.threshold!r}.")
         expected = len(TEXT_FEATURES) + (EMBEDDING_DIM if self.use_embedding else 0)
+        if self.scorer.uses_neighbors and not self.use_embedding:
+            raise RouterFileError("The router's neighbor part needs embeddings; retrain it.")
         if self.scorer.num_features != expected:
             raise RouterFileError(
                 f"The router's classifier takes {self.scorer.num_features} features but this "
@@ -55,18 +65,27 @@ class Router:
     def score_text(self, text: str, *, embedding: np.ndarray | None = None) -> float:
         """Score one prompt. Pass ``embedding`` (``[384]``) to reuse one the cache computed."""
         feats = _text_features(text)
+        emb = None
         if self.use_embedding:
             emb = embed_one(text) if embedding is None else np.asarray(embedding, np.float32)
-            feats = np.concatenate([feats, emb.reshape(-1)])
-        return float(self.scorer.predict(feats))
+            emb = emb.reshape(-1)
+            feats = np.concatenate([feats, emb])
+        return float(self.scorer.predict(feats, emb)[0])
 
-    def score(self, messages: str | Sequence[Message], *, embedding: np.ndarray | None = None) -> float:
+    def score(
+        self, messages: str | Sequence[Message], *, embedding: np.ndarray | None = None
+    ) -> float:
         return self.score_text(last_user_text(normalize_messages(messages)), embedding=embedding)
 
-    def score_texts(self, texts: Sequence[str], *, embeddings: np.ndarray | None = None) -> np.ndarray:
+    def score_texts(
+        self, texts: Sequence[str], *, embeddings: np.ndarray | None = None
+    ) -> np.ndarray:
         """Score many prompts at once (batched embedding): ``[n]`` float64."""
+        if self.use_embedding and embeddings is None:
+            embeddings = embed_texts(texts)
         x = feature_matrix(texts, use_embedding=self.use_embedding, embeddings=embeddings)
-        return np.asarray(self.scorer.predict(x), dtype=np.float64)
+        emb = embeddings if self.use_embedding else None
+        return np.asarray(self.scorer.predict(x, emb), dtype=np.float64)
 
     def route(
         self, messages: str | Sequence[Message], *, embedding: np.ndarray | None = None
@@ -85,14 +104,14 @@ class Router:
         config = {
             "format": FORMAT,
             "format_version": FORMAT_VERSION,
-            "classifier": "logistic",
+            "classifier": CLASSIFIER,
             "text_features": list(TEXT_FEATURES),
             "embedding": EMBEDDER_ID if self.use_embedding else None,
             "threshold": self.threshold,
             "logprob_threshold": self.logprob_threshold,
             **{k: v for k, v in self.info.items() if k not in _RESERVED},
         }
-        np.savez(out / WEIGHTS_NAME, **self.scorer.to_arrays())
+        np.savez(out / WEIGHTS_NAME, **self.scorer.to_arrays())  # type: ignore[arg-type]
         (out / CONFIG_NAME).write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
         return out
 
@@ -125,7 +144,7 @@ def _read_config(folder: Path) -> dict[str, Any]:
             f"{path} has format version {version!r}; this hybridllm reads version "
             f"{FORMAT_VERSION}. Retrain it with `hybridllm router train` or upgrade hybridllm."
         )
-    if config.get("classifier") != "logistic":
+    if config.get("classifier") != CLASSIFIER:
         raise RouterFileError(f"{path} names an unknown classifier {config.get('classifier')!r}.")
     if config.get("text_features") != list(TEXT_FEATURES):
         raise RouterFileError(
@@ -154,7 +173,7 @@ def load_router(path: str | Path | None = None) -> Router:
         raise RouterFileError(f"{weights} is missing; retrain or re-copy the router.") from exc
     except (OSError, ValueError, EOFError) as exc:
         raise RouterFileError(f"{weights} is corrupt ({exc}); retrain or re-copy it.") from exc
-    scorer = LogisticScorer.from_arrays(arrays, num_features=num_features)
+    scorer = GainScorer.from_arrays(arrays, num_features=num_features)
     try:
         threshold = float(config["threshold"])
         logprob_threshold = float(config.get("logprob_threshold", DEFAULT_LOGPROB_THRESHOLD))

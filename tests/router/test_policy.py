@@ -1,0 +1,114 @@
+"""Every policy rule, in order, with the reason each decision carries."""
+
+from __future__ import annotations
+
+import pytest
+
+from hybridllm._exceptions import ConfigError, InvalidRequestError
+from hybridllm.router.budget import Budget
+from hybridllm.router.policy import RoutingPolicy
+
+from .fakes import length_router
+
+SHORT = "What is 2 + 2?"
+LONG = "Explain in detail " + "the causes of the French revolution and their consequences " * 6
+
+
+def policy(**kw):
+    return RoutingPolicy(length_router(), **kw)
+
+
+def test_score_routes_short_to_edge_and_long_to_cloud():
+    p = policy()
+    short, long = p.decide(SHORT), p.decide(LONG)
+    assert short.route == "edge" and short.score is not None and short.score < 0.5
+    assert "< threshold" in short.reason
+    assert long.route == "cloud" and long.score is not None and long.score >= 0.5
+    assert ">= threshold" in long.reason
+
+
+def test_router_route_matches_threshold():
+    r = length_router()
+    assert r.route([{"role": "user", "content": SHORT}])[0] == "edge"
+    msgs = [{"role": "system", "content": "be brief"}, {"role": "user", "content": LONG}]
+    assert r.route(msgs)[0] == "cloud"
+
+
+def test_force():
+    p = policy()
+    assert p.decide(LONG, force="edge").route == "edge"
+    d = p.decide(SHORT, force="cloud")
+    assert d.route == "cloud" and d.reason == "forced cloud by the caller" and d.score is None
+    with pytest.raises(InvalidRequestError):
+        p.decide(SHORT, force="gpu")
+
+
+def test_keep_on_device_beats_force_and_score():
+    p = policy(privacy="keep_on_device")
+    d = p.decide(LONG + " my email is a.b@example.com", force="cloud")
+    assert d.route == "edge" and d.pii_kinds == ["email"] and "privacy" in d.reason
+
+
+def test_redact_sends_placeholders_to_the_cloud():
+    p = policy(privacy="redact")
+    d = p.decide(LONG + " card 4111 1111 1111 1111")
+    assert d.route == "cloud" and d.pii_kinds == ["card"]
+    assert "[CARD]" in d.messages_for_cloud[-1]["content"]
+    assert "4111" not in d.messages_for_cloud[-1]["content"]
+
+
+def test_privacy_off_ignores_pii():
+    d = policy(privacy="off").decide(LONG + " a.b@example.com")
+    assert d.route == "cloud" and d.pii_kinds == []
+    assert "a.b@example.com" in d.messages_for_cloud[-1]["content"]
+
+
+def test_offline_goes_to_device():
+    d = policy().decide(LONG, cloud_available=False)
+    assert d.route == "edge" and "cloud unavailable" in d.reason
+
+
+def test_budget_spent_goes_to_device():
+    p = policy(budget=Budget(max_cloud_calls_per_hour=1))
+    assert p.decide(LONG).route == "cloud"
+    p.record_cloud_usage(120)
+    d = p.decide(LONG)
+    assert d.route == "edge" and d.reason.startswith("budget spent")
+
+
+def test_long_prompt_goes_to_cloud():
+    p = policy(edge_context_tokens=64)
+    d = p.decide(SHORT, prompt_tokens=65)
+    assert d.route == "cloud" and "exceeds the edge context (64)" in d.reason
+    assert p.decide(SHORT, prompt_tokens=64).route == "edge"
+    assert p.decide("word " * 400).route == "cloud"  # estimated from the text
+
+
+def test_cascade_band():
+    p = policy(cascade_band=(0.3, 0.7))
+    mid = "x" * 100  # score 0.5 (the fake router's pivot)
+    d = p.decide(mid)
+    assert d.route == "edge" and d.cascade and "edge first" in d.reason
+    assert not p.decide(LONG).cascade
+
+
+def test_should_escalate_uses_the_calibrated_threshold():
+    r = length_router()
+    r.logprob_threshold = -0.8
+    p = RoutingPolicy(r)
+    assert p.should_escalate(-1.2) and not p.should_escalate(-0.3)
+    assert p.should_escalate(float("nan"))
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [{"privacy": "maybe"}, {"edge_context_tokens": 0}, {"cascade_band": (0.6, 0.4)}],
+)
+def test_bad_settings(kw):
+    with pytest.raises(ConfigError):
+        RoutingPolicy(length_router(), **kw)
+
+
+def test_bad_messages():
+    with pytest.raises(InvalidRequestError):
+        policy().decide([])

@@ -67,6 +67,7 @@ class LlamaCppBackend(Backend):
         n_threads: int | None = None,
         n_batch: int = 512,
         chat_format: str | None = None,  # "template", "completion" or None (from the model)
+        system_prompt: str | None = None,  # used when a conversation has none; "" = never
         progress: Progress | None = None,
         verbose: bool = False,
     ) -> None:
@@ -99,6 +100,12 @@ class LlamaCppBackend(Backend):
                 f"{self.model_path} has no chat template; use chat_format='completion'."
             )
         self.chat_format = chat_format
+        # A catalog model may name a default system prompt: SmolLM2-135M answers far better with
+        # one (with its template's built-in prompt, greedy decoding of "What is the capital of
+        # France?" drifts into French prose; with ours it says Paris).
+        if system_prompt is None and spec is not None:
+            system_prompt = spec.extra.get("system_prompt")
+        self.system_prompt = system_prompt or None
         self._n_vocab = self._llm.n_vocab()
         self._bos = self._piece(self._llm.token_bos())
         self._eos = self._piece(self._llm.token_eos())
@@ -114,6 +121,8 @@ class LlamaCppBackend(Backend):
 
     def render(self, messages: Messages) -> str:
         if self.chat_format == "template":
+            if self.system_prompt and not any(m["role"] == "system" for m in messages):
+                messages = [{"role": "system", "content": self.system_prompt}, *messages]
             return render_chat_template(self._template, messages, bos_token=self._bos,
                                         eos_token=self._eos)
         return render_completion_prompt(messages)

@@ -206,6 +206,11 @@ def resolve_gguf(model: str | os.PathLike[str], *, progress: Progress | None = N
     path = Path(text).expanduser()
     if path.is_file():
         check_gguf(path)
+        size = path.stat().st_size
+        for spec in load_catalog().values():  # a catalog file given by path keeps its settings
+            main = spec.main_file
+            if spec.kind == "gguf" and main.name == path.name and main.size in (None, size):
+                return spec.id, path, spec
         return path.stem, path, None
     if path.suffix == ".gguf" or os.sep in text:
         raise ModelNotFoundError(f"Model file {path} does not exist.")

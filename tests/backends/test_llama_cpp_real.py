@@ -1,0 +1,163 @@
+"""The edge backend on the real embedded models with real llama.cpp."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import pytest
+
+from hybridllm import (
+    GenerationParams,
+    HybridLLM,
+    InvalidRequestError,
+    ModelCorruptError,
+    ModelNotFoundError,
+)
+from hybridllm.backends.llama_cpp import LlamaCppBackend
+
+pytestmark = pytest.mark.real
+GREEDY = {"temperature": 0.0, "seed": 7}
+
+
+@pytest.fixture(scope="module")
+def llm(smollm2_path):
+    client = HybridLLM(edge_model=str(smollm2_path), n_ctx=2048, cache=False)
+    yield client
+    client.close()
+
+
+def test_capital_of_france(llm):
+    c = llm.chat("What is the capital of France?", max_tokens=48, **GREEDY)
+    assert "Paris" in c.text
+    assert c.route == "edge" and c.usage.prompt_tokens > 5 and c.usage.completion_tokens > 0
+    assert c.ttft_ms is not None and 0 < c.ttft_ms <= c.latency_ms
+
+
+def test_stream_equals_chat_at_temperature_zero(llm):
+    messages = [{"role": "system", "content": "You are terse."},
+                {"role": "user", "content": "Name three primary colours."}]
+    full = llm.chat(messages, max_tokens=40, **GREEDY)
+    stream = llm.stream(messages, max_tokens=40, **GREEDY)
+    pieces = [ch.text for ch in stream]
+    assert len([p for p in pieces if p]) > 3  # really token by token
+    assert "".join(pieces) == full.text == stream.completion.text
+    assert stream.completion.usage.completion_tokens == full.usage.completion_tokens
+
+
+def test_same_seed_same_sample(llm):
+    a = llm.chat("Write one sentence about cats.", max_tokens=24, temperature=0.9, seed=11)
+    b = llm.chat("Write one sentence about cats.", max_tokens=24, temperature=0.9, seed=11)
+    assert a.text == b.text
+
+
+def test_max_tokens_is_respected(llm):
+    c = llm.chat("Tell me a long story about a dragon.", max_tokens=5, **GREEDY)
+    assert c.usage.completion_tokens == 5 and c.finish_reason == "length"
+
+
+def test_stop_string_is_respected(llm):
+    free = llm.chat("Count from 1 to 10, separated by commas.", max_tokens=40, **GREEDY)
+    assert "4" in free.text, free.text
+    cut = llm.chat("Count from 1 to 10, separated by commas.", max_tokens=40, stop=["4"], **GREEDY)
+    assert "4" not in cut.text and cut.finish_reason == "stop"
+    assert free.text.startswith(cut.text)
+
+
+def test_breaking_out_of_a_stream_stops_decoding_at_once(llm):
+    backend = llm.edge
+    assert isinstance(backend, LlamaCppBackend)
+    stream = llm.stream("Write a long essay about the history of Rome.", max_tokens=200, **GREEDY)
+    received = 0
+    for chunk in stream:
+        received += bool(chunk.text)
+        if received == 3:
+            break
+    stream.close()
+    prompt_len = backend.count_tokens([{"role": "user",
+                                        "content": "Write a long essay about the history of Rome."}])
+    # llama.cpp evaluated the prompt plus a handful of tokens, not 200
+    assert backend._llm.n_tokens <= prompt_len + 8
+
+
+def test_gemma3_base_model_completes_text(gemma3_path):
+    backend = LlamaCppBackend("gemma3-270m", n_ctx=1024)
+    try:
+        assert backend.chat_format == "completion"
+        params = GenerationParams(max_tokens=12, temperature=0)
+        prompt = [{"role": "user", "content": "The capital of France is"}]
+        g = backend.generate(prompt, params)
+        # a base model continues the text: a dozen new tokens of words, and greedy is repeatable
+        assert g.usage.completion_tokens == 12 and g.usage.prompt_tokens <= 8
+        assert sum(ch.isalpha() for ch in g.text) > 10, g.text
+        assert backend.generate(prompt, params).text == g.text
+    finally:
+        backend.close()
+
+
+def test_missing_model_id():
+    with pytest.raises(ModelNotFoundError, match="models list"):
+        HybridLLM(edge_model="no-such-model", cache=False)
+
+
+def test_truncated_gguf(tmp_path, smollm2_path):
+    bad = tmp_path / "truncated.gguf"
+    with smollm2_path.open("rb") as f:
+        bad.write_bytes(f.read(3_000_000))
+    with pytest.raises(ModelCorruptError, match="truncated"):
+        HybridLLM(edge_model=str(bad), cache=False)
+
+
+def test_non_gguf_file(tmp_path):
+    bad = tmp_path / "weights.gguf"
+    bad.write_bytes(b"PK\x03\x04 this is a zip, not a model" * 10)
+    with pytest.raises(ModelCorruptError, match="not a GGUF file"):
+        HybridLLM(edge_model=str(bad), cache=False)
+
+
+def test_negative_max_tokens_and_empty_messages(llm):
+    with pytest.raises(InvalidRequestError, match="max_tokens"):
+        llm.chat("hi", max_tokens=-3)
+    with pytest.raises(InvalidRequestError, match="empty"):
+        llm.chat([])
+
+
+def run_cli(*args):
+    return subprocess.run([sys.executable, "-m", "hybridllm.cli", *args],
+                          capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.parametrize("args, word", [
+    (["ask", "hi", "--model", "no-such-model"], "Unknown model"),
+    (["ask", "hi", "--max-tokens", "-1"], "max_tokens"),
+    (["ask", "   "], "empty"),
+    (["models", "pull", "nope"], "Unknown model"),
+])
+def test_cli_errors_are_one_line_without_traceback(args, word, tmp_path):
+    if "--model" not in args and args[0] == "ask":
+        args = [*args, "--model", "smollm2-135m-instruct"]
+    out = run_cli(*args)
+    assert out.returncode == 1
+    assert "Traceback" not in out.stderr
+    lines = [ln for ln in out.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error:") and word in lines[0], out.stderr
+
+
+def test_cli_bad_file_error(tmp_path):
+    bad = tmp_path / "x.gguf"
+    bad.write_text("nope")
+    out = run_cli("ask", "hi", "--model", str(bad))
+    assert out.returncode == 1 and "not a GGUF file" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_cli_ask_json(smollm2_path):
+    import json
+
+    t0 = time.time()
+    out = run_cli("ask", "What is the capital of France?", "--json", "--temperature", "0",
+                  "--max-tokens", "32", "--model", str(smollm2_path))
+    assert out.returncode == 0, out.stderr
+    data = json.loads(out.stdout)
+    assert "Paris" in data["text"] and data["route"] == "edge"
+    assert data["usage"]["completion_tokens"] > 0 and time.time() - t0 < 120

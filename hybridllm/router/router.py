@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import zipfile
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -171,7 +172,7 @@ def load_router(path: str | Path | None = None) -> Router:
             arrays = {k: np.asarray(npz[k]) for k in npz.files}
     except FileNotFoundError as exc:
         raise RouterFileError(f"{weights} is missing; retrain or re-copy the router.") from exc
-    except (OSError, ValueError, EOFError) as exc:
+    except (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile) as exc:
         raise RouterFileError(f"{weights} is corrupt ({exc}); retrain or re-copy it.") from exc
     scorer = GainScorer.from_arrays(arrays, num_features=num_features)
     try:

@@ -1,0 +1,95 @@
+"""Router files: a round trip keeps the scores; corrupt or incompatible files fail clearly."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from hybridllm._exceptions import RouterFileError
+from hybridllm.router.router import load_router
+
+from .fakes import length_router
+
+PROMPTS = ["hi", "What is the capital of France?", "Explain " * 40]
+
+
+@pytest.fixture
+def saved(tmp_path):
+    router = length_router(0.42)
+    router.save(tmp_path / "r")
+    return router, tmp_path / "r"
+
+
+def test_round_trip(saved):
+    router, folder = saved
+    loaded = load_router(folder)
+    assert loaded.threshold == pytest.approx(0.42)
+    assert np.allclose(loaded.score_texts(PROMPTS), router.score_texts(PROMPTS))
+    assert load_router(folder / "router.json").threshold == pytest.approx(0.42)
+
+
+def test_corrupt_json(saved):
+    _, folder = saved
+    (folder / "router.json").write_text("{not json", encoding="utf-8")
+    with pytest.raises(RouterFileError, match="corrupt"):
+        load_router(folder)
+
+
+def test_corrupt_weights(saved):
+    _, folder = saved
+    (folder / "weights.npz").write_bytes(b"PK\x03\x04 truncated")
+    with pytest.raises(RouterFileError, match="corrupt"):
+        load_router(folder)
+
+
+def test_missing_weights(saved):
+    _, folder = saved
+    (folder / "weights.npz").unlink()
+    with pytest.raises(RouterFileError, match="missing"):
+        load_router(folder)
+
+
+def test_pickled_weights_are_refused(saved):
+    _, folder = saved
+    np.savez(folder / "weights.npz", mean=np.asarray([object()], dtype=object))
+    with pytest.raises(RouterFileError):
+        load_router(folder)
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "match"),
+    [
+        ("format_version", 99, "format version 99"),
+        ("format", "something-else", "not a hybridllm router"),
+        ("text_features", ["log_chars"], "other text features"),
+        ("classifier", "xgboost", "unknown classifier"),
+        ("threshold", "high", "no valid threshold"),
+    ],
+)
+def test_incompatible(saved, key, value, match):
+    _, folder = saved
+    cfg = json.loads((folder / "router.json").read_text())
+    cfg[key] = value
+    (folder / "router.json").write_text(json.dumps(cfg))
+    with pytest.raises(RouterFileError, match=match):
+        load_router(folder)
+
+
+def test_wrong_shapes(saved):
+    _, folder = saved
+    with np.load(folder / "weights.npz") as npz:
+        arrays = {k: npz[k] for k in npz.files}
+    arrays["coef"] = arrays["coef"][:, :3]
+    np.savez(folder / "weights.npz", **arrays)
+    with pytest.raises(RouterFileError, match="Retrain"):
+        load_router(folder)
+
+
+def test_missing_folder(tmp_path):
+    with pytest.raises(RouterFileError, match="does not exist"):
+        load_router(tmp_path / "nowhere")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(RouterFileError, match="No router.json"):
+        load_router(tmp_path / "empty")

@@ -1,0 +1,91 @@
+"""The shipped router on the real data: it retrains to the same metrics, its eval output has the
+documented keys, and calibration holds on held-back prompts.
+
+Embeddings of the 9,772 MMLU prompts are cached under ``data_dir()/router_features/``; the first
+run on a fresh machine computes them (a few minutes on two cores), later runs read the cache.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from hybridllm.router.calibrate import calibrate_threshold
+from hybridllm.router.dataset import load_routellm_csv
+from hybridllm.router.features import cached_embeddings
+from hybridllm.router.router import load_router
+from hybridllm.router.train import Hyper, fold_ids, train_router
+
+from .fakes import length_router
+
+
+@pytest.fixture(scope="module")
+def mmlu(shared_data):
+    data = load_routellm_csv(shared_data / "routellm" / "mmlu_responses.csv")
+    return data, cached_embeddings(data.prompts)
+
+
+@pytest.fixture(scope="module")
+def shipped():
+    return load_router()
+
+
+def test_shipped_router_metadata(shipped):
+    training = shipped.info["training"]
+    assert training["command"].startswith("hybridllm router train --data")
+    assert 0.0 < shipped.threshold < 1.0
+    cv = shipped.info["metrics"]["cv"]
+    assert cv["n"] == 9772 and cv["apgr"] > 0.6
+
+
+def test_retrain_matches_shipped(mmlu, shipped):
+    data, emb = mmlu
+    t = shipped.info["training"]
+    router = train_router(data, embeddings=emb, hyper=Hyper(c=t["c"], k=t["k"], mix=t["mix"]),
+                          num_folds=t["num_folds"])
+    for split in ("cv", "train"):
+        got, want = router.info["metrics"][split], shipped.info["metrics"][split]
+        for key in ("apgr", "cpt50", "cpt80", "calls_at_95"):
+            assert got[key] == pytest.approx(want[key], abs=0.003), (split, key)
+    assert router.threshold == pytest.approx(shipped.threshold, abs=0.005)
+
+
+def test_calibration_on_held_back_prompts(mmlu, shipped):
+    data, emb = mmlu
+    scores = shipped.score_texts(data.prompts, embeddings=emb)
+    held = fold_ids(data.prompts, 2) == 1  # split by question: calibrate on one half
+    for target in (0.1, 0.3, 0.6):
+        t = calibrate_threshold(scores[~held], target)
+        assert float(np.mean(scores[held] >= t)) == pytest.approx(target, abs=0.05)
+
+
+def test_calibration_on_other_traffic(shared_data):
+    lines = (shared_data / "routellm" / "gsm8k_train_questions.jsonl").read_text().splitlines()
+    prompts = [json.loads(x)["question"] for x in lines[:4000]]
+    router = length_router(pivot_chars=250)
+    scores = router.score_texts(prompts)
+    t = calibrate_threshold(scores[:2000], 0.3)
+    assert float(np.mean(scores[2000:] >= t)) == pytest.approx(0.3, abs=0.05)
+
+
+def test_eval_cli_json(shared_data, capsys):
+    from hybridllm.cli import main
+
+    csv_path = shared_data / "routellm" / "mmlu_responses.csv"
+    assert main(["router", "eval", "--data", str(csv_path), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    for key in ("apgr", "cpt50", "cpt80", "calls_at_95", "n"):
+        assert key in out
+    assert out["n"] == 9772 and out["trained_on_this_data"] is True
+    assert out["baselines"]["random"]["apgr"] == pytest.approx(0.5, abs=0.02)
+    assert out["apgr"] > out["baselines"]["length"]["apgr"]
+
+
+@pytest.mark.real
+def test_shipped_router_scores_with_the_real_embedder(shipped):
+    easy = [{"role": "user", "content": "What is the capital of France?"}]
+    route, score = shipped.route(easy)
+    assert route in ("edge", "cloud") and 0.0 <= score <= 1.0
+    assert shipped.score(easy) == pytest.approx(score, abs=1e-6)

@@ -173,6 +173,10 @@ def serve(args: argparse.Namespace) -> int:
         on_load_error=on_load_error,
     )
     sock = _bind(args.host, args.port)
+    host, port = sock.getsockname()[:2]
+    logging.getLogger("cloud_server").info(
+        "listening on http://%s:%s (%s)", host, port, "API key required" if api_keys else "open"
+    )
     uv_config = uvicorn.Config(
         app, log_level=args.log_level, timeout_graceful_shutdown=5, access_log=False
     )

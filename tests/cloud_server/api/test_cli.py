@@ -103,3 +103,10 @@ def test_port_in_use(smollm2_path: Path) -> None:
         port = sock.getsockname()[1]
         proc = run_cli("serve", "--model", str(smollm2_path), "--port", str(port))
     assert_one_line_error(proc, f"127.0.0.1:{port}")
+
+
+def test_model_that_fails_to_load_exits_with_one_line(tmp_path: Path) -> None:
+    bogus = tmp_path / "bogus.gguf"
+    bogus.write_text("not a gguf file")
+    proc = run_cli("serve", "--model", str(bogus), "--port", "0", "--log-level", "critical")
+    assert_one_line_error(proc, "loading model")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import re
 import shutil
 import sys
@@ -24,6 +25,7 @@ pytestmark = pytest.mark.real
 openai = pytest.importorskip("openai")
 
 KEY = "sk-real-test"
+ENV_KEY = "sk-from-env"
 MODEL = "smollm2-135m-instruct"
 MAX_NUM_SEQS = 16
 MAX_WAITING = 32
@@ -87,8 +89,9 @@ def server(smollm2_path: Path) -> Iterator[RealServer]:
         "--log-level",
         "warning",
     ]
+    env = {**os.environ, "HYBRIDLLM_CLOUD_API_KEYS": f"{ENV_KEY},sk-unused"}
     proc = subprocess.Popen(
-        args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
     )
     url = f"http://127.0.0.1:{port}"
     try:
@@ -119,9 +122,11 @@ def test_health_was_503_while_loading(server: RealServer) -> None:
     assert 503 in server.health_seen, server.health_seen
 
 
-def test_model_list(client: object) -> None:
+def test_model_list(server: RealServer, client: object) -> None:
     models = client.models.list()
     assert [m.id for m in models.data] == [MODEL]
+    from_env = openai.OpenAI(base_url=f"{server.url}/v1", api_key=ENV_KEY, max_retries=0)
+    assert [m.id for m in from_env.models.list().data] == [MODEL]
 
 
 def test_chat_completion_and_usage(client: object) -> None:

@@ -1,6 +1,6 @@
 """Serving benchmark: this cloud server versus llama-cpp-python's server, same GGUF, same load.
 
-    python -m bench.serving [--json] [--num-requests 64] [--concurrency 1 16] [--max-tokens 48]
+    python -m bench.serving [--json] [--num-requests 64] [--concurrency 1 16] [--max-tokens 32]
 
 Each server runs alone on 127.0.0.1 (one after the other, so they never share the CPU). For each
 concurrency level, ``--num-requests`` streamed chat completions (temperature 0, GSM8K questions
@@ -200,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", default="smollm2-135m-instruct", help="catalog id or .gguf path")
     parser.add_argument("--num-requests", type=int, default=64)
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 16])
-    parser.add_argument("--max-tokens", type=int, default=48)
+    parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 2)
     parser.add_argument("--servers", nargs="+", default=["hybridllm", "llama_cpp"],
                         choices=["hybridllm", "llama_cpp"])  # fmt: skip

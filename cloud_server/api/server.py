@@ -57,8 +57,10 @@ class ServerState:
         return self.engine.model_name if self.engine is not None else "unknown"
 
     def ready_serving(self) -> OpenAIServing:
-        if self.serving is None or self.engine is None or not self.engine.is_ready:
+        if self.serving is None or self.engine is None:
             raise NotReadyError("The model is still loading; retry shortly.")
+        if not self.engine.is_ready:
+            raise NotReadyError("The engine is not running; retry shortly.")
         return self.serving
 
     def check_model(self, requested: str) -> None:
@@ -76,7 +78,7 @@ async def _load_engine(app: FastAPI) -> None:
     try:
         # Building the engine loads weights: keep that off the event loop so /health answers.
         engine = await asyncio.to_thread(state.engine_factory)
-        await engine.start()  # type: ignore[attr-defined]
+        await engine.start()
         state.engine = engine
         state.serving = OpenAIServing(engine, state.model_name, app.state.metrics)
         logger.info("model %s ready (max_model_len=%s)", state.model_name, engine.max_model_len)

@@ -1,0 +1,83 @@
+"""The official openai client against `hybridllm serve` (a real subprocess, real models)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.cloud_server.api.helpers import free_port, wait_healthy_url
+
+from .conftest import ROOT
+
+pytestmark = pytest.mark.real
+
+
+@pytest.fixture(scope="module")
+def proxy(cloud, tmp_path_factory):
+    port = free_port()
+    log = tmp_path_factory.mktemp("proxy") / "proxy.log"
+    env = {**os.environ, "HYBRIDLLM_CACHE_DIR": str(log.parent), "HYBRIDLLM_N_CTX": "2048"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "hybridllm.cli", "serve", "--port", str(port),
+         "--cloud-url", cloud.url], cwd=ROOT, env=env, stdout=log.open("w"),
+        stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_healthy_url(url, 180, proc)
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+@pytest.fixture
+def client(proxy):
+    openai = pytest.importorskip("openai")
+    return openai.OpenAI(base_url=f"{proxy}/v1", api_key="unused", max_retries=0)
+
+
+def test_models(client):
+    ids = [m.id for m in client.models.list().data]
+    assert ids[0] == "hybridllm" and "smollm2-135m-instruct" in ids
+
+
+def test_chat_reports_the_route(client):
+    raw = client.chat.completions.with_raw_response.create(
+        model="hybridllm", messages=[{"role": "user", "content": "What is the capital of France?"}],
+        temperature=0, max_tokens=24)
+    r = raw.parse()
+    route = raw.headers["x-hybridllm-route"]
+    assert route in ("edge", "cloud", "cache")
+    assert "Paris" in r.choices[0].message.content
+    assert r.usage.completion_tokens > 0
+    assert r.model_extra["hybridllm"]["route"] == route
+
+
+def test_forced_cloud_and_streaming_equal_non_streaming(client):
+    body = {"model": "hybridllm", "temperature": 0, "max_tokens": 20,
+            "messages": [{"role": "user", "content": "List two fruits."}],
+            "extra_body": {"hybridllm": {"route": "cloud"}}}
+    full = client.chat.completions.create(**body)
+    assert full.model_extra["hybridllm"]["route"] == "cloud"
+    stream = client.chat.completions.create(**body, stream=True,
+                                            stream_options={"include_usage": True})
+    text, usage = "", None
+    for event in stream:
+        if event.choices:
+            text += event.choices[0].delta.content or ""
+        if event.usage:
+            usage = event.usage
+    assert text == full.choices[0].message.content
+    assert usage is not None and usage.completion_tokens == full.usage.completion_tokens
+
+
+def test_bad_request_is_an_openai_error(client):
+    openai = pytest.importorskip("openai")
+    with pytest.raises(openai.BadRequestError):
+        client.chat.completions.create(model="hybridllm", messages=[], max_tokens=5)
+    with pytest.raises(openai.BadRequestError):
+        client.chat.completions.create(model="hybridllm", max_tokens=-1,
+                                       messages=[{"role": "user", "content": "hi"}])

@@ -1,38 +1,126 @@
-"""The main job behind `make run`: answer a few sample prompts and show how each was served."""
+"""The routed demo behind `make run`.
+
+Starts `hybridllm-cloud serve` on the embedded model in the background, waits for it to be
+healthy, sends a scripted set of requests through HybridLLM (easy, hard, a paraphrased repeat, one
+with an e-mail address, one while the cloud is stopped), prints how each was served, and stops the
+server. The router's threshold is calibrated on the script's own prompts (as a user calibrates on
+their own traffic with `hybridllm router calibrate`) to send about 40% of them to the cloud.
+"""
 
 from __future__ import annotations
 
+import os
+import shutil
+import socket
+import subprocess
 import sys
+import tempfile
+import time
+from pathlib import Path
 
 from ._exceptions import HybridLLMError
 from ._progress import ProgressBar
 
-PROMPTS = [
+EASY = [
     "What is the capital of France?",
-    "Give me three tips for staying focused while studying.",
-    "Write a haiku about the sea.",
-    "What is 12 times 12?",
+    "Say hello in Spanish.",
+    "What colour is the sky on a clear day?",
+    "Name three fruits.",
 ]
+HARD = [
+    "A store sells pens at 3 for $2. How much do 27 pens cost? Explain step by step.",
+    "Which enzyme unwinds DNA during replication? A. ligase B. helicase C. primase D. polymerase",
+    "Prove that the sum of two odd integers is always even.",
+    "In contract law, what is the difference between an offer and an invitation to treat?",
+]
+PARAPHRASE = "what's the capital city of France?"
+PRIVATE = "My email is jane.doe@example.com. Can you suggest a subject line for a thank-you note?"
+WHILE_DOWN = HARD[1]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _start_cloud(port: int, log: Path) -> subprocess.Popen:
+    import httpx
+
+    exe = shutil.which("hybridllm-cloud")
+    cmd = [exe] if exe else [sys.executable, "-m", "cloud_server"]
+    proc = subprocess.Popen([*cmd, "serve", "--model", "smollm2-135m-instruct", "--host",
+                             "127.0.0.1", "--port", str(port)], stdout=log.open("w"),
+                            stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise HybridLLMError(f"the cloud server exited ({proc.returncode}); see {log}")
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
+                return proc
+        except httpx.TransportError:
+            pass
+        time.sleep(0.5)
+    proc.kill()
+    raise HybridLLMError(f"the cloud server did not become healthy in 180 s; see {log}")
+
+
+def _row(prompt: str, c: object) -> str:
+    text = " ".join(c.text.split())  # type: ignore[attr-defined]
+    return (f"{prompt[:38]:<39}{c.route:<25}{c.latency_ms:>8.0f}  "  # type: ignore[attr-defined]
+            f"{c.reason[:44]:<45}{text[:40]}")  # type: ignore[attr-defined]
 
 
 def main() -> int:
     from ._client import HybridLLM
+    from .router import load_router
+    from .router.calibrate import calibrate_threshold
 
+    work = Path(tempfile.mkdtemp(prefix="hybridllm-demo-"))
+    port = _free_port()
+    started = time.monotonic()
+    print("Starting the cloud server (hybridllm-cloud serve, SmolLM2-135M in PyTorch)...",
+          flush=True)
     try:
-        llm = HybridLLM(temperature=0.0, seed=0, max_tokens=96,
-                        progress=ProgressBar("Preparing smollm2-135m-instruct"))
+        server = _start_cloud(port, work / "cloud.log")
     except HybridLLMError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    with llm:
-        for prompt in PROMPTS:
-            c = llm.chat(prompt)
-            tps = f"{c.tokens_per_s:.0f}" if c.tokens_per_s else "-"
-            print(f"\n> {prompt}\n{c.text.strip()}")
-            print(f"  route={c.route}  model={c.model}  TTFT={c.ttft_ms:.0f} ms  tok/s={tps}  "
-                  f"tokens={c.usage.completion_tokens}")
-    return 0
+    try:
+        router = load_router()
+        threshold = calibrate_threshold([router.score(p) for p in EASY + HARD], 0.4)
+        print(f"Cloud ready in {time.monotonic() - started:.0f} s. Router threshold calibrated "
+              f"on this script's prompts: {threshold:.3f} (about 40% to the cloud).\n", flush=True)
+        llm = HybridLLM(cloud_url=f"http://127.0.0.1:{port}", cache_path=str(work / "cache.db"),
+                        threshold=threshold, temperature=0.0, max_tokens=48, seed=0,
+                        cloud_max_retries=0, progress=ProgressBar("Preparing the edge model"))
+        with llm:
+            print(f"{'PROMPT':<39}{'ROUTE':<25}{'LAT ms':>8}  {'REASON':<45}ANSWER")
+            for prompt in EASY + HARD + [PARAPHRASE, EASY[0], PRIVATE]:
+                print(_row(prompt, llm.chat(prompt)), flush=True)
+            server.kill()
+            server.wait(timeout=30)
+            print(_row(WHILE_DOWN + " (cloud stopped)", llm.chat(WHILE_DOWN, cache=False)))
+            s = llm.stats()
+        print(f"\n{s['requests']} requests: cache hit rate {s['cache_hit_rate']:.0%}, cloud "
+              f"fraction {s['cloud_fraction']:.0%}, cloud tokens {s['cloud_tokens']}, "
+              f"cost saved vs cloud-only ${s['cost_saved_vs_cloud_only_usd']:.4f}. "
+              f"Total {time.monotonic() - started:.0f} s.")
+        return 0
+    except HybridLLMError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        if server.poll() is None:
+            server.kill()
+            server.wait(timeout=30)
+        shutil.rmtree(work, ignore_errors=True)
 
 
 if __name__ == "__main__":
+    if os.environ.get("HYBRIDLLM_DEMO_LOG"):
+        import logging
+
+        logging.basicConfig(level=logging.INFO)
     sys.exit(main())

@@ -194,7 +194,9 @@ def check_gguf(path: Path) -> None:
         )
 
 
-def resolve_gguf(model: str | os.PathLike[str], *, progress: Progress | None = None) -> tuple[str, Path, ModelSpec | None]:
+def resolve_gguf(
+    model: str | os.PathLike[str], *, progress: Progress | None = None
+) -> tuple[str, Path, ModelSpec | None]:
     """Map a catalog id or a local path to ``(model name, gguf path, catalog spec or None)``."""
     text = os.fspath(model)
     if text in load_catalog():

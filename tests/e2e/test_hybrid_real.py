@@ -140,7 +140,7 @@ def test_429_burst_is_retried_per_retry_after(cloud, tmp_path):
         assert c.route == "cloud" and c.text
         posts = [(t, s) for t, s in proxy.seen if s in (429, 200)][-3:]
         assert [s for _, s in posts] == [429, 429, 200]
-        gaps = [b[0] - a[0] for a, b in zip(posts, posts[1:])]
+        gaps = [b[0] - a[0] for a, b in zip(posts, posts[1:], strict=False)]
         assert all(g >= 0.95 for g in gaps), gaps  # waited Retry-After each time
     finally:
         proxy.shutdown()
@@ -158,7 +158,7 @@ def test_answers_are_never_lost_or_duplicated_in_the_cache(cloud, tmp_path):
         for q in questions:
             hit = llm.chat(q)
             assert hit.route == "cache"
-            assert hit.text in {r.text for r, qq in zip(results, questions * 3) if qq == q}
+            assert hit.text in {r.text for r, qq in zip(results, questions * 3, strict=True) if qq == q}
 
 
 def test_async_and_sync_agree(cloud, tmp_path):

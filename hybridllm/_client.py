@@ -16,6 +16,7 @@ import time
 from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import Any
 
+from ._config import HybridLLMConfig, load_config
 from ._exceptions import (
     CloudRateLimitError,
     CloudUnavailableError,
@@ -23,7 +24,6 @@ from ._exceptions import (
     HybridLLMError,
     InvalidRequestError,
 )
-from ._config import HybridLLMConfig, load_config
 from ._stats import Stats
 from ._types import Chunk, Completion, GenerationParams, Message, Usage, normalize_messages
 from .backends.base import Backend
@@ -393,9 +393,9 @@ class HybridLLM:
 
 
 def _make_policy(cfg: HybridLLMConfig, edge: Backend) -> Any:
-    from .router.router import load_router
     from .router.budget import Budget
     from .router.policy import RoutingPolicy
+    from .router.router import load_router
 
     router = load_router(cfg.router)
     if cfg.threshold is not None:

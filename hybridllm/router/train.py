@@ -20,7 +20,7 @@ import numpy as np
 
 from .._exceptions import DataError
 from .calibrate import calibrate_logprob_threshold
-from .classifier import DEFAULT_C, DEFAULT_K, DEFAULT_MIX, GainScorer
+from .classifier import DEFAULT_C, DEFAULT_DIMS, DEFAULT_K, DEFAULT_MIX, GainScorer
 from .dataset import RoutingData, load_routellm_csv, texts_digest
 from .evaluate import router_metrics
 from .features import TEXT_FEATURES, cached_embeddings, feature_matrix
@@ -46,6 +46,7 @@ class Hyper:
     c: float = DEFAULT_C
     k: int = DEFAULT_K
     mix: float = DEFAULT_MIX
+    dims: int = DEFAULT_DIMS
 
 
 @dataclass(frozen=True)
@@ -64,7 +65,7 @@ def _gain(data: RoutingData) -> np.ndarray:
 
 
 def _fit(x: np.ndarray, gain: np.ndarray, emb: np.ndarray | None, hp: Hyper) -> GainScorer:
-    return GainScorer.fit(x, gain, embeddings=emb, c=hp.c, k=hp.k, mix=hp.mix)
+    return GainScorer.fit(x, gain, embeddings=emb, c=hp.c, k=hp.k, mix=hp.mix, dims=hp.dims)
 
 
 def cross_validate(
@@ -129,6 +130,7 @@ def train_router(
             "c": hyper.c,
             "k": hyper.k,
             "mix": hyper.mix if use_embedding else 0.0,
+            "dims": hyper.dims,
             "num_folds": num_folds,
             "num_text_features": len(TEXT_FEATURES),
             "threshold_rule": "train-score quantile sending the CV calls_at_95 fraction to cloud",

@@ -16,7 +16,8 @@ def write(tmp_path, text, name="d.csv"):
 
 
 def test_loads_and_orders_weak_strong(tmp_path):
-    p = write(tmp_path, "prompt,big,small,domain\nq1,True,False,x\nq2,True,True,y\nq3,False,False,z\n")
+    text = "prompt,big,small,domain\nq1,True,False,x\nq2,True,True,y\nq3,False,False,z\n"
+    p = write(tmp_path, text)
     d = load_routellm_csv(p)
     assert (d.weak_col, d.strong_col) == ("small", "big")  # the less accurate one is weak
     assert list(d.labels) == [1, 0, 0]

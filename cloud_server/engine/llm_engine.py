@@ -18,7 +18,7 @@ from .block_manager import BlockManager
 from .detokenizer import IncrementalDetokenizer
 from .outputs import GenerationResult, RequestOutput
 from .sampling_params import SamplingParams
-from .scheduler import Scheduler
+from .scheduler import ScheduledSeq, Scheduler
 from .sequence import Sequence
 
 _CPU_MAX_MODEL_LEN = 4096
@@ -180,6 +180,22 @@ class LLMEngine:
             num_prompt_tokens=seq.num_prompt_tokens, num_output_tokens=seq.num_output_tokens,
             num_cached_tokens=seq.num_cached_tokens,
         )
+
+    def score(self, token_ids: list[int]) -> Any:
+        """Logits at every position of ``token_ids`` (teacher forcing): ``[n, vocab]`` fp32.
+
+        Runs one prefill outside the scheduler, so call it only between steps.
+        """
+        seq = Sequence(f"score-{time.monotonic_ns()}", token_ids, SamplingParams(max_tokens=1))
+        if not token_ids or len(token_ids) > self.max_model_len:
+            raise ContextLengthError("score needs 1..max_model_len tokens", param="prompt")
+        if not self.block_manager.can_append(seq, len(token_ids)):
+            raise EngineError("not enough free KV blocks to score this sequence")
+        self.block_manager.append_slots(seq, len(token_ids))
+        try:
+            return self.runner.prompt_logits(ScheduledSeq(seq, len(token_ids)))
+        finally:
+            self.block_manager.free(seq)
 
     # -- offline -----------------------------------------------------------------------------
     def generate(

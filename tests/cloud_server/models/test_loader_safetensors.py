@@ -1,0 +1,52 @@
+"""The Hugging Face folder path, on a folder written from the SmolLM2 GGUF (no hub access)."""
+
+from __future__ import annotations
+
+import pytest
+
+pytestmark = pytest.mark.real
+
+TEXTS = [
+    "Hello world! How are you today?",
+    "The year 2024 has 366 days; 3.14159 is pi.",
+    "def f(x):\n    return x ** 2  # square",
+    "<|im_start|>user\nWhat is 2+2?<|im_end|>\n<|im_start|>assistant\n",
+    "Ünïcödé and emoji 🙂 work too.",
+]
+
+
+@pytest.fixture(scope="module")
+def engines(smollm2_path, tmp_path_factory):
+    from cloud_server.config import EngineConfig
+    from cloud_server.engine.llm_engine import LLMEngine
+    from cloud_server.models.export_hf import gguf_to_hf_folder
+
+    folder = gguf_to_hf_folder(smollm2_path, tmp_path_factory.mktemp("smollm2-hf"))
+    cfg = dict(max_model_len=256, kv_cache_memory_bytes=16 << 20)
+    return LLMEngine(EngineConfig(str(smollm2_path), **cfg)), LLMEngine(
+        EngineConfig(str(folder), **cfg))
+
+
+def test_folder_tokenizer_matches_llamacpp(engines):
+    gguf_engine, hf_engine = engines
+    for text in TEXTS:
+        ids = gguf_engine.tokenizer.encode(text)
+        assert hf_engine.tokenizer.encode(text) == ids, text
+        assert hf_engine.tokenizer.decode(ids) == gguf_engine.tokenizer.decode(ids)
+    msgs = [{"role": "user", "content": "Hi"}]
+    assert hf_engine.tokenizer.apply_chat_template(msgs) == gguf_engine.tokenizer.apply_chat_template(
+        msgs)
+    assert hf_engine.tokenizer.eos_token_ids == gguf_engine.tokenizer.eos_token_ids
+
+
+def test_folder_model_matches_gguf_model(engines):
+    import torch
+
+    from cloud_server.engine.sampling_params import SamplingParams
+
+    gguf_engine, hf_engine = engines
+    ids = gguf_engine.tokenizer.encode(TEXTS[3])
+    torch.testing.assert_close(hf_engine.score(ids), gguf_engine.score(ids), rtol=1e-4, atol=1e-4)
+    params = SamplingParams(temperature=0.0, max_tokens=12)
+    assert hf_engine.generate([TEXTS[3]], params)[0].token_ids == gguf_engine.generate(
+        [TEXTS[3]], params)[0].token_ids

@@ -115,7 +115,11 @@ class GainScorer:
                 or self.proj_mean is None:
             raise RouterError("This router has no neighbor part.")
         z = _project(np.atleast_2d(emb).astype(np.float32), self.proj_mean, self.proj)
-        sims = z @ self.refs.T  # [n, m]
+        if len(z) == 1:
+            # one request: a plain loop, since waking BLAS threads costs ~10 ms on a busy machine
+            sims = np.einsum("md,d->m", self.refs, z[0])[None, :]  # [1, m]
+        else:
+            sims = z @ self.refs.T  # [n, m]
         k = min(self.k, sims.shape[1])
         top = np.argpartition(-sims, k - 1, axis=1)[:, :k]
         return self.ref_gains[top].mean(axis=1)

@@ -1,0 +1,62 @@
+"""`hybridllm router ...` end to end on small files (text-only training, no embedder needed)."""
+
+from __future__ import annotations
+
+import csv
+import json
+
+import numpy as np
+import pytest
+
+from hybridllm.cli import main
+
+
+@pytest.fixture
+def small_csv(tmp_path):
+    # long prompts need the strong model more often: learnable from text features alone
+    rng = np.random.default_rng(0)
+    path = tmp_path / "pairs.csv"
+    with path.open("w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(["prompt", "small", "big"])
+        for i in range(400):
+            n = int(rng.integers(1, 60))
+            hard = n > 30
+            weak = rng.random() > (0.7 if hard else 0.1)
+            strong = rng.random() > 0.1
+            w.writerow([f"q{i} " + "word " * n, weak, strong])
+    return path
+
+
+def test_train_eval_calibrate(small_csv, tmp_path, capsys):
+    out = tmp_path / "r"
+    assert main(["router", "train", "--data", str(small_csv), "--out", str(out),
+                 "--no-embedding"]) == 0
+    trained = json.loads(capsys.readouterr().out)
+    assert trained["cv"]["apgr"] > 0.6 and (out / "weights.npz").is_file()
+
+    plot = tmp_path / "curve.png"
+    assert main(["router", "eval", "--data", str(small_csv), "--router", str(out), "--json",
+                 "--plot", str(plot)]) == 0
+    ev = json.loads(capsys.readouterr().out)
+    assert {"apgr", "cpt50", "cpt80", "calls_at_95", "n"} <= set(ev) and ev["n"] == 400
+    assert set(ev["baselines"]) == {"random", "length"}
+    assert plot.stat().st_size > 1000
+
+    prompts = tmp_path / "traffic.txt"
+    prompts.write_text("\n".join("hello " * (i % 50 + 1) + str(i) for i in range(400)))
+    assert main(["router", "calibrate", "--prompts", str(prompts), "--cloud-fraction", "0.3",
+                 "--router", str(out)]) == 0
+    cal = json.loads(capsys.readouterr().out)
+    assert cal["realized_cloud_fraction"] == pytest.approx(0.3, abs=0.02)
+
+
+def test_errors_are_one_line(tmp_path, capsys):
+    empty = tmp_path / "e.csv"
+    empty.write_text("")
+    assert main(["router", "train", "--data", str(empty), "--out", str(tmp_path / "o")]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error:") and "empty" in err and err.count("\n") == 1
+    assert main(["router", "eval", "--data", str(empty), "--router", str(tmp_path / "none"),
+                 "--json"]) == 1
+    assert "does not exist" in capsys.readouterr().err

@@ -1,0 +1,97 @@
+"""Labelling a model pair: grading rules, the CSV it writes, and a fake cloud over HTTP."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+
+from hybridllm._exceptions import CloudError, DataError
+from hybridllm.router import label as label_mod
+from hybridllm.router.calibrate import calibrate_logprob_threshold
+from hybridllm.router.dataset import load_routellm_csv
+from hybridllm.router.label import (
+    Question,
+    is_correct,
+    label_questions,
+    read_questions,
+    reference_answer,
+    write_labels,
+)
+
+
+@pytest.mark.parametrize(
+    ("answer", "reference", "ok"),
+    [
+        ("She has 3 + 4 = 7 apples. The answer is 7.", "7", True),
+        ("The total is 1,250 dollars", "1250", True),
+        ("First 12, then 18", "12", False),  # the last number counts
+        ("no idea", "42", False),
+        ("Paris", "paris", True),
+        ("The answer is Paris", "Paris", True),
+        ("B. insulin", "B", True),
+        ("Berlin", "Paris", False),
+    ],
+)
+def test_grading(answer, reference, ok):
+    assert is_correct(answer, reference) is ok
+
+
+def test_gsm8k_reference():
+    assert reference_answer("She pays 5 * 2 = 10.\n#### 10") == "10"
+
+
+def test_read_questions_errors(tmp_path):
+    p = tmp_path / "q.jsonl"
+    p.write_text('{"question": "x"}\n')
+    with pytest.raises(DataError, match="needs 'question'"):
+        read_questions(p)
+    p.write_text("")
+    with pytest.raises(DataError, match="no questions"):
+        read_questions(p)
+
+
+def test_label_and_train_ready_csv(tmp_path):
+    qs = [Question(f"What is {i} + {i}?", str(2 * i)) for i in range(6)]
+
+    def edge(prompt):  # right on even i, with high confidence when right
+        i = int(prompt.split()[2])
+        return (f"The answer is {2 * i if i % 2 == 0 else 0}", -0.2 if i % 2 == 0 else -2.0)
+
+    def cloud(prompt):
+        return f"The answer is {2 * int(prompt.split()[2])}", None
+
+    rows = label_questions(qs, edge, cloud)
+    out = write_labels(rows, tmp_path / "l.csv", edge_col="edge:smol", cloud_col="cloud:big")
+    data = load_routellm_csv(out, weak_col="edge:smol", strong_col="cloud:big")
+    assert list(data.weak) == [1, 0, 1, 0, 1, 0] and list(data.strong) == [1] * 6
+    assert data.edge_logprob is not None
+    t = calibrate_logprob_threshold(data.edge_logprob, data.weak)
+    assert -2.0 < t <= -0.2  # wrong answers (-2.0) escalate, right ones (-0.2) do not
+
+
+def test_openai_cloud_against_a_fake_server(monkeypatch):
+    seen = {}
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen["url"] = str(request.url)
+        seen["auth"] = request.headers.get("authorization")
+        body = json.loads(request.content)
+        assert body["temperature"] == 0.0
+        return httpx.Response(200, json={"choices": [{"message": {"content": "The answer is 4"}}]})
+
+    real_client = httpx.Client
+    monkeypatch.setattr(httpx, "Client", lambda **kw: real_client(
+        transport=httpx.MockTransport(handler), **kw))
+    gen = label_mod.openai_cloud("http://cloud:8000", api_key="k")
+    assert gen("2 + 2?") == ("The answer is 4", None)
+    assert seen["url"] == "http://cloud:8000/v1/chat/completions" and seen["auth"] == "Bearer k"
+
+
+def test_openai_cloud_errors(monkeypatch):
+    real_client = httpx.Client
+    monkeypatch.setattr(httpx, "Client", lambda **kw: real_client(
+        transport=httpx.MockTransport(lambda r: httpx.Response(500, text="boom")), **kw))
+    with pytest.raises(CloudError, match="500"):
+        label_mod.openai_cloud("http://cloud/v1")("q")

@@ -140,13 +140,13 @@ def llama_cpp_edge(model_path: str | Path, *, max_tokens: int = 256, n_ctx: int 
         try:
             out: Any = llm.create_chat_completion(  # type: ignore[call-overload,misc]
                 messages=messages,  # type: ignore[arg-type]
-                max_tokens=max_tokens, temperature=0.0, logprobs=True,
+                max_tokens=max_tokens, temperature=0.0, logprobs=True, top_logprobs=1,
             )
         except Exception as exc:
             raise EdgeError(f"llama.cpp failed while answering: {exc}") from exc
         choice = out["choices"][0]
         lps = [t.get("logprob") for t in ((choice.get("logprobs") or {}).get("content") or [])]
-        lps = [x for x in lps if isinstance(x, int | float)]
+        lps = [float(x) for x in lps if x is not None]  # llama.cpp gives numpy float32
         return choice["message"]["content"] or "", (sum(lps) / len(lps) if lps else None)
 
     return generate

@@ -95,3 +95,12 @@ def test_openai_cloud_errors(monkeypatch):
         transport=httpx.MockTransport(lambda r: httpx.Response(500, text="boom")), **kw))
     with pytest.raises(CloudError, match="500"):
         label_mod.openai_cloud("http://cloud/v1")("q")
+
+
+@pytest.mark.real
+def test_real_edge_model_answers_with_a_confidence(smollm2_path):
+    edge = label_mod.llama_cpp_edge(smollm2_path, max_tokens=12)
+    rows = label_questions([Question("What is 2 + 3?", "5")], edge,
+                           lambda p: ("The answer is 5", None))
+    assert rows[0]["cloud"] is True and isinstance(rows[0]["edge"], bool)
+    assert float(rows[0]["edge_mean_logprob"]) < 0.0

@@ -40,8 +40,7 @@ class ApiKeyChecker:
             return
         if not authorization:
             raise AuthError(
-                "You didn't provide an API key. Pass it in the Authorization header as "
-                "'Bearer YOUR_KEY'."
+                "You didn't provide an API key. Pass it in the Authorization header as 'Bearer YOUR_KEY'."
             )
         scheme, _, token = authorization.partition(" ")
         given = _digest(token.strip()) if scheme.lower() == "bearer" else b""

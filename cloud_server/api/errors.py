@@ -58,9 +58,7 @@ def error_kind(exc: BaseException) -> ErrorKind:
     return _INTERNAL
 
 
-def error_body(
-    message: str, kind: ErrorKind, *, param: str | None = None
-) -> dict[str, dict[str, Any]]:
+def error_body(message: str, kind: ErrorKind, *, param: str | None = None) -> dict[str, dict[str, Any]]:
     return {"error": {"message": message, "type": kind.type, "param": param, "code": kind.code}}
 
 
@@ -124,9 +122,7 @@ def install_error_handlers(app: FastAPI, *, on_status: Callable[[int], None] | N
         else:
             message = str(exc.detail)
         kind = ErrorKind(exc.status_code, "invalid_request_error")
-        return counted(
-            JSONResponse(error_body(message, kind), exc.status_code, headers=exc.headers)
-        )
+        return counted(JSONResponse(error_body(message, kind), exc.status_code, headers=exc.headers))
 
     async def on_unexpected(request: Request, exc: Exception) -> JSONResponse:
         return counted(error_response(exc))

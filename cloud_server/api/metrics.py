@@ -68,9 +68,7 @@ _ENGINE_SERIES: dict[str, tuple[str, str, str]] = {
 
 
 class _EngineCollector(Collector):
-    def __init__(
-        self, stats: Callable[[], dict[str, Any] | None], model: Callable[[], str]
-    ) -> None:
+    def __init__(self, stats: Callable[[], dict[str, Any] | None], model: Callable[[], str]) -> None:
         self._stats = stats
         self._model = model
 
@@ -91,9 +89,7 @@ class _EngineCollector(Collector):
 class ServerMetrics:
     """Request-level series plus the engine collector, in a registry of their own."""
 
-    def __init__(
-        self, stats: Callable[[], dict[str, Any] | None], model: Callable[[], str]
-    ) -> None:
+    def __init__(self, stats: Callable[[], dict[str, Any] | None], model: Callable[[], str]) -> None:
         self.registry = CollectorRegistry()
         self._model = model
         reg = self.registry

@@ -79,9 +79,7 @@ class _SamplingRequest(_Strict):
             param = "presence_penalty" if self.presence_penalty else "frequency_penalty"
             raise InvalidRequestError(f"{param} is not supported by this server.", param=param)
         if self.logit_bias:
-            raise InvalidRequestError(
-                "logit_bias is not supported by this server.", param="logit_bias"
-            )
+            raise InvalidRequestError("logit_bias is not supported by this server.", param="logit_bias")
         if self.stream_options is not None and not self.stream:
             raise InvalidRequestError(
                 "stream_options is only allowed when stream is true.", param="stream_options"
@@ -112,9 +110,7 @@ class ChatCompletionRequest(_SamplingRequest):
     @model_validator(mode="after")
     def _check_chat_supported(self) -> ChatCompletionRequest:
         if self.logprobs or self.top_logprobs:
-            raise InvalidRequestError(
-                "logprobs are not supported by this server.", param="logprobs"
-            )
+            raise InvalidRequestError("logprobs are not supported by this server.", param="logprobs")
         if self.tools:
             raise InvalidRequestError("tools are not supported by this server.", param="tools")
         if self.response_format and self.response_format.get("type", "text") != "text":
@@ -124,11 +120,7 @@ class ChatCompletionRequest(_SamplingRequest):
         return self
 
     def output_limit(self) -> int | None:
-        return (
-            self.max_completion_tokens
-            if self.max_completion_tokens is not None
-            else self.max_tokens
-        )
+        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
 
     def chat_messages(self) -> list[dict[str, str]]:
         # "developer" is OpenAI's new name for "system"; chat templates only know the latter.
@@ -151,9 +143,7 @@ class CompletionRequest(_SamplingRequest):
         if self.echo:
             raise InvalidRequestError("echo is not supported by this server.", param="echo")
         if self.logprobs:
-            raise InvalidRequestError(
-                "logprobs are not supported by this server.", param="logprobs"
-            )
+            raise InvalidRequestError("logprobs are not supported by this server.", param="logprobs")
         if self.best_of not in (None, 1):
             raise InvalidRequestError("Only best_of=1 is supported.", param="best_of")
         if self.suffix:

@@ -108,7 +108,7 @@ async def _parse(request: Request, model_type: type[R]) -> R:
     body = await request.body()
     try:
         data = json.loads(body)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
         raise InvalidRequestError(
             "We could not parse the JSON body of your request. Send valid JSON with "
             "'Content-Type: application/json'."

@@ -253,9 +253,7 @@ class OpenAIServing:
             yield DONE
         except ServerError as exc:
             # Headers are gone already: report in-band, as OpenAI does, then end the stream.
-            yield sse_event(
-                error_body(str(exc), error_kind(exc), param=getattr(exc, "param", None))
-            )
+            yield sse_event(error_body(str(exc), error_kind(exc), param=getattr(exc, "param", None)))
             yield DONE
         except Exception as exc:
             logger.exception("stream %s failed", prepared.request_id)

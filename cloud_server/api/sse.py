@@ -39,15 +39,11 @@ class EventStreamResponse(Response):
         # Like StreamingResponse: no body, hence no Content-Length (chunked transfer instead).
         self.status_code = 200
         self.background = None
-        self.init_headers(
-            {"Cache-Control": "no-cache", "X-Accel-Buffering": "no", **(headers or {})}
-        )
+        self.init_headers({"Cache-Control": "no-cache", "X-Accel-Buffering": "no", **(headers or {})})
         self.events = events
 
     async def _send_all(self, send: Send) -> None:
-        await send(
-            {"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers}
-        )
+        await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
         async for event in self.events:
             await send({"type": "http.response.body", "body": event.encode(), "more_body": True})
         await send({"type": "http.response.body", "body": b"", "more_body": False})

@@ -148,9 +148,7 @@ def test_chat_completion_and_usage(client: object) -> None:
 def test_streamed_chat_equals_non_streamed(client: object) -> None:
     kwargs = {"model": MODEL, "messages": MESSAGES, "temperature": 0, "max_tokens": 24}
     full = client.chat.completions.create(**kwargs)
-    stream = client.chat.completions.create(
-        **kwargs, stream=True, stream_options={"include_usage": True}
-    )
+    stream = client.chat.completions.create(**kwargs, stream=True, stream_options={"include_usage": True})
     parts, finish, usage = [], None, None
     for chunk in stream:
         if chunk.usage is not None:
@@ -223,9 +221,7 @@ def test_16_concurrent_streams_are_batched(server: RealServer) -> None:
         return "".join(text), tokens
 
     async def run() -> list[tuple[str, int]]:
-        aclient = openai.AsyncOpenAI(
-            base_url=f"{server.url}/v1", api_key=KEY, max_retries=0, timeout=120
-        )
+        aclient = openai.AsyncOpenAI(base_url=f"{server.url}/v1", api_key=KEY, max_retries=0, timeout=120)
         async with aclient:
             return await asyncio.gather(*(one(aclient) for _ in range(16)))
 
@@ -251,9 +247,7 @@ def wait_idle(server: RealServer, timeout_s: float = 20.0) -> dict[str, float]:
     while True:
         text = server.metrics()
         values = {n: metric_value(text, n, model=MODEL) for n in names}
-        idle = (
-            values[names[0]] == 0 and values[names[1]] == 0 and values[names[2]] == values[names[3]]
-        )
+        idle = values[names[0]] == 0 and values[names[1]] == 0 and values[names[2]] == values[names[3]]
         if idle or time.monotonic() > deadline:
             return values
         time.sleep(0.1)
@@ -332,10 +326,7 @@ def test_full_queue_answers_429_with_retry_after(server: RealServer) -> None:
         ) as http:
             body = {"model": MODEL, "prompt": "Count to ten:", "max_tokens": 2, "ignore_eos": True}
             return await asyncio.gather(
-                *(
-                    http.post("/v1/completions", json=body)
-                    for _ in range(MAX_NUM_SEQS + MAX_WAITING + 24)
-                )
+                *(http.post("/v1/completions", json=body) for _ in range(MAX_NUM_SEQS + MAX_WAITING + 24))
             )
 
     responses = asyncio.run(run())

@@ -50,9 +50,7 @@ def wait_pool_free(engine: FakeEngine, timeout_s: float = 5.0) -> None:
 
 
 def chat(client: httpx.Client, **body: object) -> httpx.Response:
-    return client.post(
-        "/v1/chat/completions", json={"model": "fake-model", "messages": MSGS, **body}
-    )
+    return client.post("/v1/chat/completions", json={"model": "fake-model", "messages": MSGS, **body})
 
 
 def test_chat_completion(client: httpx.Client) -> None:
@@ -112,9 +110,7 @@ def test_stream_include_usage(client: httpx.Client) -> None:
 
 
 def test_legacy_completion(client: httpx.Client) -> None:
-    r = client.post(
-        "/v1/completions", json={"model": "fake-model", "prompt": "abc", "max_tokens": 6}
-    )
+    r = client.post("/v1/completions", json={"model": "fake-model", "prompt": "abc", "max_tokens": 6})
     body = r.json()
     assert body["object"] == "text_completion"
     assert body["choices"][0]["text"] == REPLY[:6]
@@ -175,20 +171,17 @@ def test_health_and_metrics_are_open(server: ThreadServer) -> None:
         (b'{"model": "fake-model", "messages": [], "bogus": 1}', "bogus", "Unrecognized"),
         (b'{"model": "fake-model", "messages": "hi"}', "messages", "Invalid"),
         (
-            b'{"model": "fake-model", "messages": [{"role": "user", "content": "x"}], '
-            b'"temperature": 3}',
+            b'{"model": "fake-model", "messages": [{"role": "user", "content": "x"}], "temperature": 3}',
             "temperature",
             "Invalid",
         ),
         (
-            b'{"model": "fake-model", "messages": [{"role": "user", "content": "x"}], '
-            b'"max_tokens": "many"}',
+            b'{"model": "fake-model", "messages": [{"role": "user", "content": "x"}], "max_tokens": "many"}',
             "max_tokens",
             "Invalid",
         ),
         (
-            b'{"model": "fake-model", "messages": [{"role": "user", "content": "x"}], '
-            b'"max_tokens": 0}',
+            b'{"model": "fake-model", "messages": [{"role": "user", "content": "x"}], "max_tokens": 0}',
             "max_tokens",
             "Invalid",
         ),
@@ -203,11 +196,16 @@ def test_health_and_metrics_are_open(server: ThreadServer) -> None:
             "Invalid",
         ),
         (b"\xff\xfe", None, "JSON"),
+        (b"[" * 100_000, None, "JSON"),
+        (
+            b'{"model": "fake-model", "messages": [{"role": "user", "content": "x"}], '
+            b'"stream_options": {"include_usage": true}}',
+            "stream_options",
+            "stream",
+        ),
     ],
 )
-def test_invalid_requests(
-    client: httpx.Client, content: bytes, param: str | None, fragment: str
-) -> None:
+def test_invalid_requests(client: httpx.Client, content: bytes, param: str | None, fragment: str) -> None:
     r = client.post("/v1/chat/completions", content=content)
     assert r.status_code == 400, r.text
     error = r.json()["error"]
@@ -251,9 +249,7 @@ def test_queue_full_gives_429_with_retry_after(server: ThreadServer, engine: Fak
     wait_pool_free(engine)
 
 
-def test_disconnect_mid_stream_aborts_and_frees_blocks(
-    server: ThreadServer, engine: FakeEngine
-) -> None:
+def test_disconnect_mid_stream_aborts_and_frees_blocks(server: ThreadServer, engine: FakeEngine) -> None:
     wait_pool_free(engine)
     req = {
         "model": "fake-model",
@@ -273,9 +269,7 @@ def test_disconnect_mid_stream_aborts_and_frees_blocks(
     assert engine.num_running == 0
 
 
-def test_disconnect_while_queued_or_unstreamed_aborts(
-    server: ThreadServer, engine: FakeEngine
-) -> None:
+def test_disconnect_while_queued_or_unstreamed_aborts(server: ThreadServer, engine: FakeEngine) -> None:
     wait_pool_free(engine)
     body = {"model": "fake-model", "messages": MSGS, "max_tokens": 400, "ignore_eos": True}
     stop = threading.Event()

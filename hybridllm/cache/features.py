@@ -45,6 +45,10 @@ HANDCRAFTED = (
     "log_length_ratio",
     "length_min",
     "exact_match",
+    "idf_overlap",
+    "idf_max_only_query",
+    "idf_max_only_cached",
+    "idf_sum_only",
 )
 NUM_HANDCRAFTED = len(HANDCRAFTED)
 
@@ -73,9 +77,34 @@ def _jaccard(a: set, b: set) -> float:
     return len(a & b) / union if union else 1.0
 
 
-def handcrafted(query: str, cached: str, cosine: float) -> list[float]:
+class Idf:
+    """Inverse document frequency of words, from the training questions (rare words matter)."""
+
+    def __init__(self, words: Sequence[str], values: Sequence[float], default: float) -> None:
+        self.weights = dict(zip(words, (float(v) for v in values), strict=True))
+        self.default = float(default)  # for words never seen in training: as rare as it gets
+
+    @classmethod
+    def fit(cls, texts: Sequence[str], *, min_count: int = 2) -> Idf:
+        counts: dict[str, int] = {}
+        for text in texts:
+            for word in set(_WORD.findall(text.lower())):
+                counts[word] = counts.get(word, 0) + 1
+        n = len(texts)
+        kept = sorted(w for w, c in counts.items() if c >= min_count)
+        return cls(kept, [np.log(n / counts[w]) for w in kept], np.log(n))
+
+    def __call__(self, word: str) -> float:
+        return self.weights.get(word, self.default)
+
+
+def handcrafted(query: str, cached: str, cosine: float, idf: Idf | None = None) -> list[float]:
     """The :data:`HANDCRAFTED` features of one pair, in that order."""
     q, c = _Parsed(query), _Parsed(cached)
+    weight = idf or (lambda _w: 1.0)
+    only_q = [weight(w) for w in q.words - c.words]
+    only_c = [weight(w) for w in c.words - q.words]
+    union = sum(weight(w) for w in q.words | c.words) or 1.0
     len_q, len_c = max(len(q.words), 1), max(len(c.words), 1)
     words_q = _WORD.findall(query.lower())
     words_c = _WORD.findall(cached.lower())
@@ -97,11 +126,19 @@ def handcrafted(query: str, cached: str, cosine: float) -> list[float]:
         float(np.log(len_q / len_c)),
         float(np.log(min(len_q, len_c))),
         float(" ".join(words_q) == " ".join(words_c)),
+        1.0 - (sum(only_q) + sum(only_c)) / union,
+        max(only_q, default=0.0),
+        max(only_c, default=0.0),
+        sum(only_q) + sum(only_c),
     ]
 
 
 def pair_features(
-    queries: Sequence[str], cached: Sequence[str], q_vecs: np.ndarray, c_vecs: np.ndarray
+    queries: Sequence[str],
+    cached: Sequence[str],
+    q_vecs: np.ndarray,
+    c_vecs: np.ndarray,
+    idf: Idf | None = None,
 ) -> np.ndarray:
     """Features of each (query, cached) pair: ``[n, NUM_HANDCRAFTED + 2 * dim]`` float32.
 
@@ -111,7 +148,7 @@ def pair_features(
         raise ValueError("pair_features needs as many queries, cached texts and vectors")
     cosines = np.einsum("nd,nd->n", q_vecs, c_vecs)
     hand = np.array(
-        [handcrafted(q, c, float(s)) for q, c, s in zip(queries, cached, cosines, strict=True)],
+        [handcrafted(q, c, float(s), idf) for q, c, s in zip(queries, cached, cosines, strict=True)],
         dtype=np.float32,
     ).reshape(len(queries), NUM_HANDCRAFTED)
     diff = np.abs(q_vecs - c_vecs)  # [n, dim]

@@ -120,9 +120,7 @@ class SemanticCache:
             verifier = HitVerifier.load(None if verifier == "default" else verifier)
         self.verifier = verifier
         if min_similarity is None:
-            min_similarity = (
-                verifier.min_similarity if verifier is not None else COSINE_ONLY_MIN_SIMILARITY
-            )
+            min_similarity = verifier.min_similarity if verifier is not None else COSINE_ONLY_MIN_SIMILARITY
         self.min_similarity = float(min_similarity)
         self.path = Path(path) if path is not None else cache_dir() / DEFAULT_FILENAME
         self.namespace = namespace
@@ -224,9 +222,7 @@ class SemanticCache:
     def stats(self) -> dict:
         with self._lock:
             self._sync()
-            size = sum(
-                p.stat().st_size for p in (self.path, Path(f"{self.path}-wal")) if p.exists()
-            )
+            size = sum(p.stat().st_size for p in (self.path, Path(f"{self.path}-wal")) if p.exists())
             lookups = self._hits + self._misses
             return {
                 "path": str(self.path),

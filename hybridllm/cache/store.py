@@ -77,13 +77,9 @@ class CacheStore:
     # ------------------------------------------------------------------ opening
 
     def _open(self) -> sqlite3.Connection:
-        conn = sqlite3.connect(
-            str(self.path), timeout=10.0, check_same_thread=False, isolation_level=None
-        )
+        conn = sqlite3.connect(str(self.path), timeout=10.0, check_same_thread=False, isolation_level=None)
         try:
-            tables = {
-                r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")
-            }
+            tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
             if tables and "cache_meta" not in tables:
                 raise _Foreign(
                     f"{self.path} is an SQLite database but not a hybridllm cache (tables: "
@@ -219,9 +215,7 @@ class CacheStore:
         if not entry_ids:
             return 0
         with self._write():
-            cur = self._conn.executemany(
-                "DELETE FROM entries WHERE id = ?", [(i,) for i in entry_ids]
-            )
+            cur = self._conn.executemany("DELETE FROM entries WHERE id = ?", [(i,) for i in entry_ids])
             return cur.rowcount
 
     def expired_ids(self, before: float) -> list[str]:

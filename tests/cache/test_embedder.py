@@ -76,10 +76,7 @@ def test_int8_onnx_matches_fp32_pytorch(shared_data: Path, minilm_dir: Path) -> 
         batch = fp32._encode(texts[start : start + 50])
         with torch.no_grad():
             out = model(
-                *(
-                    torch.from_numpy(batch[k])
-                    for k in ("input_ids", "attention_mask", "token_type_ids")
-                )
+                *(torch.from_numpy(batch[k]) for k in ("input_ids", "attention_mask", "token_type_ids"))
             )
         ref[start : start + 50] = out.numpy()
     np.testing.assert_allclose((fp32.embed(texts) * ref).sum(1), 1.0, atol=1e-4)

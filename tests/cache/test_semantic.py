@@ -22,9 +22,7 @@ def user(text: str, *, system: str | None = None, history: list[dict] | None = N
 
 @pytest.fixture
 def cache(tmp_path: Path):
-    c = SemanticCache(
-        tmp_path / "c.sqlite3", verifier=None, min_similarity=0.9, embedder=FakeEmbedder()
-    )
+    c = SemanticCache(tmp_path / "c.sqlite3", verifier=None, min_similarity=0.9, embedder=FakeEmbedder())
     yield c
     c.close()
 
@@ -73,14 +71,11 @@ def test_context_model_and_params_key_the_entry(cache: SemanticCache) -> None:
     assert cache.get(user("How old is she?", history=conv_a), **KW).text == "66"
     assert cache.get(user("How old is she?", history=conv_a, system="Be terse"), **KW) is None
     assert (
-        cache.get(
-            user("How old is she?", history=conv_a), model="other", params_key={"temperature": 0}
-        )
+        cache.get(user("How old is she?", history=conv_a), model="other", params_key={"temperature": 0})
         is None
     )
     assert (
-        cache.get(user("How old is she?", history=conv_a), model="m", params_key={"temperature": 1})
-        is None
+        cache.get(user("How old is she?", history=conv_a), model="m", params_key={"temperature": 1}) is None
     )
 
 
@@ -91,17 +86,13 @@ def test_ttl_expiry(tmp_path: Path) -> None:
     time.sleep(0.3)
     assert cache.get(user("Short lived?"), **KW) is None
     cache.close()
-    reopened = SemanticCache(
-        tmp_path / "t.sqlite3", ttl_s=0.2, verifier=None, embedder=FakeEmbedder()
-    )
+    reopened = SemanticCache(tmp_path / "t.sqlite3", ttl_s=0.2, verifier=None, embedder=FakeEmbedder())
     assert reopened.stats()["entries"] == 0
     reopened.close()
 
 
 def test_lru_eviction_order(tmp_path: Path) -> None:
-    cache = SemanticCache(
-        tmp_path / "l.sqlite3", max_entries=3, verifier=None, embedder=FakeEmbedder()
-    )
+    cache = SemanticCache(tmp_path / "l.sqlite3", max_entries=3, verifier=None, embedder=FakeEmbedder())
     for q in ("alpha one", "beta two", "gamma three"):
         cache.put(user(q), q.upper(), **KW)
         time.sleep(0.01)
@@ -117,9 +108,7 @@ def test_lru_eviction_order(tmp_path: Path) -> None:
 def test_pii_not_stored_unless_configured(tmp_path: Path, cache: SemanticCache) -> None:
     assert cache.put(user("My SSN is 123-45-6789, file my taxes"), "ok", pii=True, **KW) is None
     assert cache.stats()["entries"] == 0
-    keep = SemanticCache(
-        tmp_path / "p.sqlite3", store_pii=True, verifier=None, embedder=FakeEmbedder()
-    )
+    keep = SemanticCache(tmp_path / "p.sqlite3", store_pii=True, verifier=None, embedder=FakeEmbedder())
     assert keep.put(user("My SSN is 123-45-6789"), "ok", pii=True, **KW) is not None
     keep.close()
 

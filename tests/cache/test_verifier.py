@@ -10,8 +10,8 @@ import pytest
 
 from hybridllm._exceptions import CacheError, DataError
 from hybridllm.cache.evaluate import evaluate_pairs, load_pairs, pair_metrics
-from hybridllm.cache.features import HANDCRAFTED, NUM_HANDCRAFTED, handcrafted, pair_features
-from hybridllm.cache.verifier import HitVerifier, default_path
+from hybridllm.cache.features import HANDCRAFTED, NUM_HANDCRAFTED, Idf, handcrafted, pair_features
+from hybridllm.cache.verifier import HitVerifier, Trees, default_path
 
 
 def _feature(query: str, cached: str, name: str) -> float:
@@ -20,23 +20,12 @@ def _feature(query: str, cached: str, name: str) -> float:
 
 def test_surface_features_catch_what_cosine_misses() -> None:
     assert (
-        _feature(
-            "Best laptop under 500 dollars?", "Best laptop under 800 dollars?", "number_mismatch"
-        )
-        == 1
+        _feature("Best laptop under 500 dollars?", "Best laptop under 800 dollars?", "number_mismatch") == 1
     )
-    assert (
-        _feature("Is coffee bad for you?", "Is coffee not bad for you?", "negation_mismatch") == 1
-    )
+    assert _feature("Is coffee bad for you?", "Is coffee not bad for you?", "negation_mismatch") == 1
     assert _feature("Why is Python slow?", "How is Python slow?", "question_word_differs") == 1
-    assert (
-        _feature("How do I move to Canada?", "How do I move to Germany?", "capitalized_only_one")
-        == 2
-    )
-    assert (
-        _feature("How do I learn Python?", "How do I learn Python fast?", "content_only_cached")
-        == 1
-    )
+    assert _feature("How do I move to Canada?", "How do I move to Germany?", "capitalized_only_one") == 2
+    assert _feature("How do I learn Python?", "How do I learn Python fast?", "content_only_cached") == 1
     assert _feature("How do I learn Python?", "how do i learn python", "exact_match") == 1
 
 
@@ -51,22 +40,37 @@ def test_pair_features_shape_and_symmetric_parts() -> None:
         pair_features(["a"], ["b", "c"], vecs[:1], vecs[1:3])
 
 
-def test_save_load_roundtrip_without_pickle(tmp_path: Path) -> None:
+def test_exported_trees_match_scikit_learn_and_roundtrip(tmp_path: Path) -> None:
+    from sklearn.ensemble import HistGradientBoostingClassifier
+
     rng = np.random.default_rng(1)
     n = NUM_HANDCRAFTED + 768
+    x = rng.standard_normal((600, n)).astype(np.float32)
+    y = (x[:, 0] + 0.5 * x[:, 3] - x[:, 500] > 0).astype(int)
+    mean, scale = x.mean(0), x.std(0)
+    w = rng.standard_normal(n).astype(np.float32) * 0.01
+    linear = (w, 0.1, mean, scale)
     verifier = HitVerifier(
-        [(rng.standard_normal((n, 8)), np.zeros(8)), (rng.standard_normal((8, 1)), np.zeros(1))],
-        mean=np.zeros(n),
-        scale=np.ones(n),
+        Trees(
+            *(np.zeros(1, dt) for dt in (np.int32, float, np.int32, np.int32, float, bool)),
+            roots=np.zeros(1, np.int32),
+            baseline=0.0,
+        ),
+        idf=Idf(["python"], [3.0], 5.0),
+        linear=linear,
         threshold=0.7,
         min_similarity=0.5,
         metrics={"test_precision": 0.96},
     )
+    tree_x = verifier.tree_inputs(x)
+    gbt = HistGradientBoostingClassifier(max_iter=30, random_state=0).fit(tree_x, y)
+    verifier.trees = Trees.from_sklearn(gbt)
+    np.testing.assert_allclose(verifier.predict_features(x), gbt.predict_proba(tree_x)[:, 1], atol=1e-6)
     path = verifier.save(tmp_path / "v.npz")
     loaded = HitVerifier.load(path)
-    x = rng.standard_normal((5, n)).astype(np.float32)
-    np.testing.assert_allclose(loaded.predict_features(x), verifier.predict_features(x), rtol=1e-5)
+    np.testing.assert_allclose(loaded.predict_features(x), verifier.predict_features(x), atol=1e-6)
     assert loaded.threshold == 0.7 and loaded.metrics == {"test_precision": 0.96}
+    assert loaded.idf("python") == 3.0 and loaded.idf("never-seen") == 5.0
     with np.load(path, allow_pickle=False) as data:  # plain arrays only, no object pickles
         assert all(data[k].dtype != object for k in data.files)
     (tmp_path / "bad.npz").write_bytes(b"not a zip")

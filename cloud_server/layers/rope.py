@@ -7,7 +7,11 @@ where x1 and x2 are the first and second halves of the head dimension.
 
 from __future__ import annotations
 
+import math
+
 import torch
+
+from ..exceptions import ModelLoadError
 
 
 class RotaryEmbedding:
@@ -22,8 +26,15 @@ class RotaryEmbedding:
         dtype: torch.dtype = torch.float32,
     ) -> None:
         inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
-        if scaling and scaling.get("rope_type", scaling.get("type")) == "linear":
-            inv_freq = inv_freq / float(scaling["factor"])
+        kind = (scaling or {}).get("rope_type", (scaling or {}).get("type"))
+        if kind == "linear":
+            inv_freq = inv_freq / float(scaling["factor"])  # type: ignore[index]
+        elif kind == "freq_factors":  # llama.cpp's rope_freqs tensor (Llama 3.1 GGUFs)
+            inv_freq = inv_freq / torch.tensor(scaling["factors"], dtype=torch.float64)  # type: ignore[index]
+        elif kind == "llama3":
+            inv_freq = _llama3_scaling(inv_freq, scaling)  # type: ignore[arg-type]
+        elif kind not in (None, "default"):
+            raise ModelLoadError(f"RoPE scaling {kind!r} is not supported (linear, llama3)")
         pos = torch.arange(max_position, dtype=torch.float64)
         angles = torch.outer(pos, inv_freq)  # [max_position, head_dim/2]
         self.cos = angles.cos().to(device=device, dtype=dtype)
@@ -35,3 +46,14 @@ class RotaryEmbedding:
         sin = self.sin[positions].unsqueeze(1)
         x1, x2 = x.chunk(2, dim=-1)  # [T, H, head_dim/2] each
         return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+
+
+def _llama3_scaling(inv_freq: torch.Tensor, cfg: dict) -> torch.Tensor:
+    """Llama 3.1: divide low frequencies by ``factor``, keep high ones, blend in between."""
+    factor, old_len = float(cfg["factor"]), float(cfg["original_max_position_embeddings"])
+    low, high = float(cfg.get("low_freq_factor", 1.0)), float(cfg.get("high_freq_factor", 4.0))
+    wavelen = 2 * math.pi / inv_freq  # [head_dim/2]
+    smooth = ((old_len / wavelen - low) / (high - low)).clamp(0.0, 1.0)
+    blended = (1 - smooth) * inv_freq / factor + smooth * inv_freq
+    out = torch.where(wavelen > old_len / low, inv_freq / factor, blended)
+    return torch.where(wavelen < old_len / high, inv_freq, out)

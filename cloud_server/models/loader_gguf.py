@@ -112,10 +112,14 @@ def load_gguf(path: str | Path) -> tuple[ModelConfig, dict[str, np.ndarray], dic
     tensors: dict[str, np.ndarray] = {}
     for t in reader.tensors:
         arr = np.asarray(dequantize(t.data, t.tensor_type), dtype=np.float32)
+        if not arr.flags.writeable:  # F32 tensors are views of the read-only memory map
+            arr = arr.copy()
         if t.name == "token_embd.weight":
             tensors["model.embed_tokens.weight"] = arr
         elif t.name == "output.weight":
             tensors["lm_head.weight"] = arr
+        elif t.name == "rope_freqs.weight":  # Llama 3.1 RoPE scaling, as per-pair divisors
+            config.rope_scaling = {"rope_type": "freq_factors", "factors": arr.tolist()}
         elif t.name == "output_norm.weight":
             tensors["model.norm.weight"] = arr
         elif t.name.startswith("blk."):

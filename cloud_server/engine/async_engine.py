@@ -24,9 +24,10 @@ logger = logging.getLogger(__name__)
 
 
 class AsyncLLMEngine:
-    def __init__(self, config: EngineConfig) -> None:
+    def __init__(self, config: EngineConfig, *, engine: Any = None) -> None:
+        """``engine``: an already loaded ``LLMEngine`` to drive (tests); else start() loads one."""
         self.config = config
-        self.engine: Any = None  # LLMEngine, built by start()
+        self.engine: Any = engine  # LLMEngine, built by start() unless given
         self._ops: deque[tuple[str, Any, asyncio.Future | None]] = deque()
         self._queues: dict[str, asyncio.Queue] = {}
         self._wakeup: asyncio.Event | None = None

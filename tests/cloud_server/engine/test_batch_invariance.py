@@ -31,13 +31,9 @@ OTHERS = [
 ]
 
 
-@pytest.fixture(scope="module")
-def engine(smollm2_path):
-    from cloud_server.config import EngineConfig
-    from cloud_server.engine.llm_engine import LLMEngine
-
-    return LLMEngine(EngineConfig(str(smollm2_path), max_model_len=512,
-                                  kv_cache_memory_bytes=128 << 20))
+@pytest.fixture
+def engine(smollm2_engine):
+    return smollm2_engine
 
 
 @pytest.fixture

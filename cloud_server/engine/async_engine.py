@@ -177,9 +177,9 @@ class AsyncLLMEngine:
                 continue
             for fut, (op, result) in done:
                 if op == "add" and isinstance(result, tuple):
-                    rid, exc = result
+                    rid, error = result
                     if rid in self._queues:
-                        self._queues[rid].put_nowait(exc)
+                        self._queues[rid].put_nowait(error)
                 elif fut is not None and not fut.done():
                     fut.set_result(None)
             for out in outputs:

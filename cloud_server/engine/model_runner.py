@@ -7,6 +7,8 @@ prefill chunks; only the last token of a sequence that reaches its end is turned
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import nn
 
@@ -28,7 +30,7 @@ class ModelRunner:
         dtype: torch.dtype,
         seed: int = 0,
     ) -> None:
-        self.model = model
+        self.model: Any = model  # a models.llama.CausalLM
         self.config = config
         self.block_size = block_size
         self.device = device

@@ -76,13 +76,15 @@ def load_model(
         from .loader_safetensors import load_safetensors_folder
         from .tokenizer import HFTokenizer
 
-        config, tensors = load_safetensors_folder(path)
+        config, tensors_pt = load_safetensors_folder(path)
+        tensors: dict[str, Any] = dict(tensors_pt)
         tokenizer: Any = HFTokenizer(path)
     else:
         from .loader_gguf import load_gguf
         from .tokenizer import GGUFTokenizer
 
-        config, tensors, _ = load_gguf(path)
+        config, tensors_np, _ = load_gguf(path)
+        tensors = dict(tensors_np)
         tokenizer = GGUFTokenizer(path)
     max_pos = min(max_position or config.max_position_embeddings, config.max_position_embeddings)
     net = build_model(config, tensors, device=device, dtype=dtype, max_position=max_pos)

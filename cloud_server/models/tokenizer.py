@@ -120,8 +120,9 @@ class HFTokenizer(_ChatTemplateMixin):
 
     def encode(self, text: str, add_special: bool = True) -> list[int]:
         ids = self._tok.encode(text, add_special_tokens=False).ids
-        if add_special and self.add_bos and (not ids or ids[0] != self.bos_token_id):
-            ids = [self.bos_token_id, *ids]
+        bos = self.bos_token_id
+        if add_special and self.add_bos and bos is not None and (not ids or ids[0] != bos):
+            ids = [bos, *ids]
         return ids
 
     def decode(self, ids: list[int]) -> str:

@@ -144,3 +144,14 @@ def test_queue_full(make_sched):
     sched.add(make_seq(2, "b"))
     with pytest.raises(QueueFullError):
         sched.add(make_seq(2, "c"))
+
+
+def test_core_bookkeeping_needs_no_torch():
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, cloud_server.engine.scheduler, cloud_server.engine.async_engine; "
+        "sys.exit('torch' in sys.modules)"
+    )
+    assert subprocess.run([sys.executable, "-c", code]).returncode == 0

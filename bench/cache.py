@@ -19,6 +19,7 @@ import os
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -104,7 +105,7 @@ def bench_lookup(embedder, sizes: list[int], queries: np.ndarray) -> dict:
 def bench_hits(embedder, rounds: int) -> dict:
     from hybridllm.cache import SemanticCache
 
-    kw = {"model": "smollm2-135m-instruct", "params_key": {"temperature": 0}}
+    kw: dict[str, Any] = {"model": "smollm2-135m-instruct", "params_key": {"temperature": 0}}
     exact, para, accepted = [], [], 0
     with tempfile.TemporaryDirectory() as tmp:
         cache = SemanticCache(Path(tmp) / "bench.sqlite3", embedder=embedder)
@@ -137,7 +138,7 @@ def bench_generate(max_tokens: int, rounds: int) -> dict:
     for _ in range(rounds):
         for _, asked in HIT_PAIRS:
             start = time.perf_counter()
-            out = llm.create_chat_completion(
+            out: Any = llm.create_chat_completion(
                 [{"role": "user", "content": asked}],
                 max_tokens=max_tokens,
                 temperature=0.0,

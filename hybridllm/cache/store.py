@@ -257,11 +257,10 @@ class _Transaction:
         self._conn.execute("BEGIN IMMEDIATE")
         return self._conn
 
-    def __exit__(self, exc_type, exc, tb) -> bool:
+    def __exit__(self, exc_type, exc, tb) -> None:
         if exc_type is None:
             self._conn.commit()
-            return False
+            return
         self._conn.rollback()
         if isinstance(exc, sqlite3.Error):
             raise CacheError(f"Writing the cache {self._path} failed: {exc}") from exc
-        return False

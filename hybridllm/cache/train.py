@@ -119,7 +119,7 @@ def choose_threshold(
     return float(sorted_probs[best])
 
 
-def _fit_linear(x: np.ndarray, y: np.ndarray, groups: np.ndarray, seed: int):
+def _fit_linear(x: np.ndarray, y: np.ndarray, groups: np.ndarray):
     """Logistic regression over all features, and its out-of-fold logits on ``x``."""
     from sklearn.linear_model import LogisticRegression
 
@@ -164,7 +164,7 @@ def train(
     y_train = np.concatenate([labels[tr], labels[tr]])
     groups = np.concatenate([np.arange(len(tr)), np.arange(len(tr))])
     say(f"linear stage on {len(x_train)} pairs x {x_train.shape[1]} features")
-    linear, oof = _fit_linear(x_train, y_train, groups, seed)
+    linear, oof = _fit_linear(x_train, y_train, groups)
     say("boosted trees over surface features + linear logit")
     gbt = HistGradientBoostingClassifier(
         max_iter=400, learning_rate=0.05, max_leaf_nodes=31, l2_regularization=1.0, random_state=seed

@@ -32,12 +32,8 @@ OTHERS = [
 
 
 @pytest.fixture
-def engine(smollm2_engine):
-    return smollm2_engine
-
-
-@pytest.fixture
-def eng(engine):
+def eng(smollm2_engine):
+    engine = smollm2_engine
     engine.block_manager.reset_prefix_cache()
     yield engine
     assert not engine.has_unfinished()
@@ -58,7 +54,8 @@ def _params():
 
 
 @pytest.fixture(scope="module")
-def reference(engine):
+def reference(smollm2_engine):
+    engine = smollm2_engine
     engine.block_manager.reset_prefix_cache()
     target, _ = _prompts(engine)
     out = engine.generate([target], _params())[0]

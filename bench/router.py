@@ -6,6 +6,8 @@
   MiniLM embedding of the last user turn, the linear part and the nearest-neighbor part.
 - ``without_embedding_p50_ms`` / ``_p99_ms``: the same decision given the prompt's embedding
   (the pipeline passes the one the semantic cache already computed), so the embedder is excluded.
+- ``short_with_embedding_p50_ms``: the whole decision for short chat prompts (under 100 chars);
+  the embedder's cost grows with the prompt's length (MMLU prompts with options are ~120 tokens).
 - ``text_only_p50_ms``: a router trained on text features only (no embedding, no neighbors).
 - ``embedding_share``: (with - without) / with, at the median.
 Prompts: MMLU and GSM8K questions from ../shared/data when present, else built-in ones.
@@ -84,6 +86,9 @@ def run(n: int) -> dict[str, float | int | str]:
     with_emb = timed(policy.decide, messages)
     pairs = list(zip(messages, embeddings, strict=True))
     without = timed(lambda mp: policy.decide(mp[0], embedding=mp[1]), pairs)
+    short = [m for m in messages if len(m[0]["content"]) < 100] or [
+        [{"role": "user", "content": p}] for p in FALLBACK]
+    short_with = timed(policy.decide, (short * 5)[:100])
     text_policy = RoutingPolicy(text_only_router(prompts), privacy="redact")
     text_only = timed(text_policy.decide, messages)
 
@@ -99,6 +104,7 @@ def run(n: int) -> dict[str, float | int | str]:
         "with_embedding_p99_ms": pct(with_emb, 99),
         "without_embedding_p50_ms": p50_without,
         "without_embedding_p99_ms": pct(without, 99),
+        "short_with_embedding_p50_ms": pct(short_with, 50),
         "text_only_p50_ms": pct(text_only, 50),
         "text_only_p99_ms": pct(text_only, 99),
         "embedding_share": round((p50_with - p50_without) / p50_with, 3) if p50_with else 0.0,

@@ -20,6 +20,13 @@ from collections.abc import Hashable
 import numpy as np
 
 
+def _matvec(matrix: np.ndarray, vec: np.ndarray) -> np.ndarray:
+    """``matrix @ vec`` on one thread. A memory-bound product gains little from BLAS threads,
+    and on a busy device their spin-waits cost more (measured on 2 loaded cores: BLAS 16 ms,
+    einsum 0.7 ms at 10k x 384), with no process-wide thread setting to change."""
+    return np.einsum("nd,d->n", matrix, vec)
+
+
 class FlatIndex:
     """Vectors with string ids; ``search`` returns the ``k`` most similar."""
 
@@ -108,11 +115,11 @@ class FlatIndex:
         query = np.asarray(query, dtype=np.float32)
         if self._proj is None or n <= self.num_candidates:
             rows = np.arange(n)
-            sims = self._vecs[:n] @ query  # [n]
+            sims = _matvec(self._vecs[:n], query)  # [n]
         else:
-            approx = self._low[:n] @ (query @ self._proj)  # [n], first stage
+            approx = _matvec(self._low[:n], query @ self._proj)  # [n], first stage
             rows = np.argpartition(-approx, self.num_candidates - 1)[: self.num_candidates]
-            sims = self._vecs[rows] @ query  # [num_candidates], exact
+            sims = _matvec(self._vecs[rows], query)  # [num_candidates], exact
         if len(rows) > k:
             best = np.argpartition(-sims, k - 1)[:k]
         else:

@@ -13,6 +13,9 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
+from fastapi import FastAPI, Request  # the [server] extra; this module is imported only to serve
+from fastapi.responses import JSONResponse, StreamingResponse
+
 from ._client import AsyncHybridLLM, HybridLLM
 from ._exceptions import (
     CloudAuthError,
@@ -31,8 +34,6 @@ IGNORED_FIELDS = {"model", "messages", "stream", "stream_options", "stop", "n", 
 
 
 def _error(status: int, message: str, etype: str, param: str | None = None) -> Any:
-    from fastapi.responses import JSONResponse
-
     return JSONResponse(status_code=status, content={
         "error": {"message": message, "type": etype, "param": param, "code": None}})
 
@@ -94,10 +95,7 @@ def _headers(route: str, reason: str | None = None) -> dict[str, str]:
     return h
 
 
-def create_app(llm: HybridLLM, *, model_name: str = "hybridllm") -> Any:
-    from fastapi import FastAPI, Request
-    from fastapi.responses import JSONResponse, StreamingResponse
-
+def create_app(llm: HybridLLM, *, model_name: str = "hybridllm") -> FastAPI:
     app = FastAPI(title="hybridllm local proxy")
     allm = AsyncHybridLLM.wrap(llm)
     created = int(time.time())

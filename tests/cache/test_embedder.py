@@ -82,3 +82,14 @@ def test_int8_onnx_matches_fp32_pytorch(shared_data: Path, minilm_dir: Path) -> 
     np.testing.assert_allclose((fp32.embed(texts) * ref).sum(1), 1.0, atol=1e-4)
     cos = (int8 * ref).sum(1)
     assert cos.min() >= 0.99, f"int8 vs fp32 PyTorch: min cosine {cos.min():.4f}"
+
+
+def test_missing_export_without_torch_says_how_to_prepare(tmp_path: Path, monkeypatch) -> None:
+    import sys
+
+    from hybridllm._exceptions import ModelError
+
+    monkeypatch.setenv("HYBRIDLLM_HOME", str(tmp_path))
+    monkeypatch.setitem(sys.modules, "torch", None)  # import torch -> ImportError
+    with pytest.raises(ModelError, match="hybridllm models prepare minilm-l6-v2"):
+        Embedder()

@@ -15,6 +15,7 @@ import numpy as np
 
 from ..exceptions import ModelLoadError
 from .config import ModelConfig, gemma3_layer_types
+from .dequant import dequantize_fast
 
 _LAYER_NAMES = {
     "attn_q": "self_attn.q_proj",
@@ -111,7 +112,9 @@ def load_gguf(path: str | Path) -> tuple[ModelConfig, dict[str, np.ndarray], dic
     names = {**_LAYER_NAMES, **_ARCH_LAYER_NAMES[config.architecture]}
     tensors: dict[str, np.ndarray] = {}
     for t in reader.tensors:
-        arr = np.asarray(dequantize(t.data, t.tensor_type), dtype=np.float32)
+        arr = dequantize_fast(t.data, t.tensor_type.name)
+        if arr is None:
+            arr = np.asarray(dequantize(t.data, t.tensor_type), dtype=np.float32)
         if not arr.flags.writeable:  # F32 tensors are views of the read-only memory map
             arr = arr.copy()
         if t.name == "token_embd.weight":

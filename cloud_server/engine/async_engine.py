@@ -180,8 +180,11 @@ class AsyncLLMEngine:
                     rid, error = result
                     if rid in self._queues:
                         self._queues[rid].put_nowait(error)
-                elif fut is not None and not fut.done():
-                    fut.set_result(None)
+                else:
+                    if isinstance(result, RequestOutput) and result.request_id in self._queues:
+                        self._queues[result.request_id].put_nowait(result)  # ends its stream
+                    if fut is not None and not fut.done():
+                        fut.set_result(None)
             for out in outputs:
                 queue = self._queues.get(out.request_id)
                 if queue is not None:

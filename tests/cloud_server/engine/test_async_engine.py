@@ -60,7 +60,8 @@ def test_leaving_early_aborts_and_frees_blocks(engine, smollm2_engine):
         await second.__anext__()
         await engine.abort("b")
         assert smollm2_engine.stats()["num_running"] == 0
-        await second.aclose()
+        reasons = [out.finish_reason async for out in second]  # queued outputs, then "abort"
+        assert reasons[-1] == "abort"
         await asyncio.sleep(0.05)
         await engine.stop()
 

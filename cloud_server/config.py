@@ -48,7 +48,7 @@ class EngineConfig:
             raise ConfigError("EngineConfig.kv_cache_memory_bytes must be at least 1 MiB")
         if self.max_model_len is not None and self.max_model_len < 2:
             raise ConfigError("EngineConfig.max_model_len must be at least 2")
-        if self.max_model_len is not None and self.max_num_batched_tokens < self.max_num_seqs:
+        if self.max_num_batched_tokens < self.max_num_seqs:  # every running seq decodes each step
             raise ConfigError("EngineConfig.max_num_batched_tokens must be >= max_num_seqs")
         if self.device is not None and self.device.split(":")[0] not in _DEVICES:
             raise ConfigError(f"EngineConfig.device must be one of {_DEVICES}, got {self.device!r}")

@@ -52,7 +52,7 @@ def run(model: str, rounds: int, max_tokens: int) -> dict:
 
     _, path, _ = resolve_gguf(model)
     threads = os.cpu_count() or 1
-    sdk = HybridLLM(edge_model=str(path), n_ctx=2048, n_threads=threads)
+    sdk = HybridLLM(edge_model=str(path), n_ctx=2048, n_threads=threads, cache=False)
     raw = Llama(model_path=str(path), n_ctx=2048, n_threads=threads, n_threads_batch=threads,
                 n_batch=512, verbose=False)
     settings = {"max_tokens": max_tokens, "temperature": 0.0, "top_p": 1.0, "seed": 0}

@@ -63,9 +63,7 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def start_server(
-    kind: str, gguf: Path, port: int, threads: int, max_num_seqs: int
-) -> subprocess.Popen:
+def start_server(kind: str, gguf: Path, port: int, threads: int, max_num_seqs: int) -> subprocess.Popen:
     if kind == "hybridllm":
         cmd = [
             sys.executable, "-m", "cloud_server", "serve", "--model", str(gguf),
@@ -193,9 +191,7 @@ def bench_server(kind: str, args: argparse.Namespace, gguf: Path, count: Any) ->
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m bench.serving", description=__doc__.split("\n")[0]
-    )
+    parser = argparse.ArgumentParser(prog="python -m bench.serving", description=__doc__.split("\n")[0])
     parser.add_argument("--json", action="store_true", help="print one JSON object only")
     parser.add_argument("--model", default="smollm2-135m-instruct", help="catalog id or .gguf path")
     parser.add_argument("--num-requests", type=int, default=64)

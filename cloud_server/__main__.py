@@ -65,9 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
     engine = serve.add_argument_group("engine")
     engine.add_argument("--max-num-seqs", type=_positive_int, default=16)
     engine.add_argument("--max-num-batched-tokens", type=_positive_int, default=512)
-    engine.add_argument(
-        "--max-waiting", type=_positive_int, default=256, help="queue bound; beyond it 429"
-    )
+    engine.add_argument("--max-waiting", type=_positive_int, default=256, help="queue bound; beyond it 429")
     engine.add_argument("--max-model-len", type=_positive_int, default=None)
     engine.add_argument("--block-size", type=_positive_int, default=16)
     engine.add_argument(
@@ -75,9 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     engine.add_argument("--no-prefix-caching", action="store_true")
     engine.add_argument("--device", default=None, help="cpu or cuda[:N] (default: auto)")
-    engine.add_argument(
-        "--dtype", default=None, help="float32, bfloat16 or float16 (default: auto)"
-    )
+    engine.add_argument("--dtype", default=None, help="float32, bfloat16 or float16 (default: auto)")
     engine.add_argument("--seed", type=int, default=0)
     engine.add_argument("--num-threads", type=_positive_int, default=None, help="torch CPU threads")
     serve.add_argument(
@@ -116,8 +112,7 @@ def _check_model(model: str) -> None:
     known = sorted(load_catalog())
     if model not in known:
         raise ModelLoadError(
-            f"model {model!r} is neither an existing file or folder nor a catalog id "
-            f"({', '.join(known)})"
+            f"model {model!r} is neither an existing file or folder nor a catalog id ({', '.join(known)})"
         )
 
 
@@ -177,9 +172,7 @@ def serve(args: argparse.Namespace) -> int:
     logging.getLogger("cloud_server").info(
         "listening on http://%s:%s (%s)", host, port, "API key required" if api_keys else "open"
     )
-    uv_config = uvicorn.Config(
-        app, log_level=args.log_level, timeout_graceful_shutdown=5, access_log=False
-    )
+    uv_config = uvicorn.Config(app, log_level=args.log_level, timeout_graceful_shutdown=5, access_log=False)
     server = uvicorn.Server(uv_config)
     try:
         server.run(sockets=[sock])

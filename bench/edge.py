@@ -60,9 +60,13 @@ def run(model: str, rounds: int, max_tokens: int) -> dict:
     def sdk_side(prompt: str):
         return (c.text for c in sdk.stream(prompt, **settings))
 
+    # the same conversation on both sides: the SDK adds the catalog's default system prompt
+    system = getattr(sdk.edge, "system_prompt", None)
+    prefix = [{"role": "system", "content": system}] if system else []
+
     def raw_side(prompt: str):
         out = raw.create_chat_completion(
-            [{"role": "user", "content": prompt}], stream=True, max_tokens=max_tokens,
+            [*prefix, {"role": "user", "content": prompt}], stream=True, max_tokens=max_tokens,
             temperature=0.0, top_p=1.0, seed=0,
         )
         return (c["choices"][0]["delta"].get("content") or "" for c in out)

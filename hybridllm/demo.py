@@ -33,7 +33,7 @@ HARD = [
     "Prove that the sum of two odd integers is always even.",
     "In contract law, what is the difference between an offer and an invitation to treat?",
 ]
-PARAPHRASE = "what's the capital city of France?"
+PARAPHRASE = "What's the capital of France?"
 PRIVATE = "My email is jane.doe@example.com. Can you suggest a subject line for a thank-you note?"
 WHILE_DOWN = HARD[1]
 

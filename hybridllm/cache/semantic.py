@@ -79,7 +79,8 @@ def _text_of(content: Any) -> str:
 
 
 def _normalize(query: str) -> str:
-    return " ".join(query.split())
+    """The exact-repeat key: case, spacing and trailing punctuation do not change a question."""
+    return " ".join(query.casefold().split()).rstrip(" ?!.")
 
 
 def bucket_key(namespace: str, model: str, params_key: dict, context: list[dict]) -> str:

@@ -94,12 +94,15 @@ class _Core:
         start = time.perf_counter()
         namespace = opts.namespace or self.namespace
         use_cache = self.cache is not None and opts.cache and opts.route is None
+        # one embedding of the question, shared by the cache lookup, the router and the store
+        vec = self._embed(msgs) if use_cache else None
+        shared: dict[str, Any] = {} if vec is None else {"embedding": vec}
         if use_cache:
-            hit = self._cache_get(msgs, params, namespace)
+            hit = self._cache_get(msgs, params, namespace, shared)
             if hit is not None:
                 yield from self._serve_hit(hit, start)
                 return
-        decision = self._decide(msgs, opts)
+        decision = self._decide(msgs, opts, shared)
         final: Completion | None = None
         for chunk in self._answer(msgs, params, decision, start):
             if chunk.completion is not None:
@@ -108,10 +111,21 @@ class _Core:
         if final is None:
             return
         if use_cache and final.text.strip():
-            self._cache_put(msgs, params, namespace, final, pii=bool(decision.pii_kinds))
+            self._cache_put(msgs, params, namespace, final, pii=bool(decision.pii_kinds),
+                            shared=shared)
         self.stats.record(final)
 
-    def _decide(self, msgs: list[Message], opts: _Options) -> _Decision:
+    def _embed(self, msgs: list[Message]) -> Any:
+        embed = getattr(self.cache, "embed_query", None)
+        if embed is None:
+            return None
+        try:
+            return embed(msgs)
+        except HybridLLMError as exc:  # a broken cache must not break answering
+            log.warning("semantic cache embedding failed: %s", exc)
+            return None
+
+    def _decide(self, msgs: list[Message], opts: _Options, shared: dict[str, Any]) -> _Decision:
         if self.cloud is None:
             if opts.route == "cloud":
                 raise ConfigError("route='cloud' needs a cloud endpoint: pass cloud_url=...")
@@ -120,7 +134,7 @@ class _Core:
             route = opts.route or "cloud"
             return _Decision(route, f"{route}: no router configured", None, msgs, [], False)
         d = self.policy.decide(msgs, force=opts.route,
-                               prompt_tokens=self.edge.count_tokens(msgs))
+                               prompt_tokens=self.edge.count_tokens(msgs), **shared)
         cascade = d.cascade if opts.cascade is None else (opts.cascade and d.route == "edge"
                                                           and d.score is not None)
         return _Decision(d.route, d.reason, d.score, d.messages_for_cloud, list(d.pii_kinds),
@@ -228,19 +242,21 @@ class _Core:
         if final is not None:
             self.stats.record(final)
 
-    def _cache_get(self, msgs: list[Message], params: GenerationParams, ns: str) -> Any:
+    def _cache_get(self, msgs: list[Message], params: GenerationParams, ns: str,
+                   shared: dict[str, Any]) -> Any:
         try:
             return self.cache.get(msgs, model=self.cache_model, params_key=params.cache_key(),
-                                  namespace=ns)
+                                  namespace=ns, **shared)
         except HybridLLMError as exc:  # a broken cache must not break answering
             log.warning("semantic cache lookup failed: %s", exc)
             return None
 
     def _cache_put(self, msgs: list[Message], params: GenerationParams, ns: str,
-                   c: Completion, *, pii: bool) -> None:
+                   c: Completion, *, pii: bool, shared: dict[str, Any]) -> None:
         try:
             self.cache.put(msgs, c.text, model=self.cache_model, params_key=params.cache_key(),
-                           namespace=ns, pii=pii, metadata={"route": c.route, "model": c.model})
+                           namespace=ns, pii=pii, metadata={"route": c.route, "model": c.model},
+                           **shared)
         except HybridLLMError as exc:
             log.warning("semantic cache store failed: %s", exc)
 

@@ -141,7 +141,8 @@ class SemanticCache:
     # ------------------------------------------------------------------ public API
 
     def get(
-        self, messages: list[dict], *, model: str, params_key: dict, namespace: str | None = None
+        self, messages: list[dict], *, model: str, params_key: dict, namespace: str | None = None,
+        embedding: np.ndarray | None = None,
     ) -> CacheHit | None:
         context, query = split_messages(messages)
         bucket = bucket_key(namespace or self.namespace, model, params_key, context)
@@ -153,7 +154,7 @@ class SemanticCache:
             if not self._index.bucket_size(bucket):  # nothing to compare: skip the embedder
                 self._misses += 1
                 return None
-        vec = self._embed(query)  # outside the lock: the slow part
+        vec = self._vector(query, embedding)  # outside the lock: the slow part
         with self._lock:
             self._sync()
             found = [
@@ -186,6 +187,7 @@ class SemanticCache:
         namespace: str | None = None,
         pii: bool = False,
         metadata: dict | None = None,
+        embedding: np.ndarray | None = None,
     ) -> str | None:
         """Cache ``text`` as the answer; returns the entry id, or None when not stored (PII)."""
         if pii and not self.store_pii:
@@ -194,7 +196,7 @@ class SemanticCache:
         context, query = split_messages(messages)
         bucket = bucket_key(ns, model, params_key, context)
         entry_id = entry_id_for(bucket, query)
-        vec = self._embed(query)
+        vec = self._vector(query, embedding)
         now = time.time()
         entry = Entry(entry_id, ns, bucket, query, str(text), vec, now, now, metadata)
         with self._lock:
@@ -251,6 +253,16 @@ class SemanticCache:
         self.close()
 
     # ------------------------------------------------------------------ internals
+
+    def embed_query(self, messages: list[dict]) -> np.ndarray:
+        """The vector of the last user turn, as get/put compute it: pass it back to them (and to
+        the router) as ``embedding=`` so one request embeds its question once."""
+        return self._embed(split_messages(messages)[1])
+
+    def _vector(self, query: str, embedding: np.ndarray | None) -> np.ndarray:
+        if embedding is None:
+            return self._embed(query)
+        return np.asarray(embedding, dtype=np.float32).reshape(-1)
 
     def _embed(self, query: str) -> np.ndarray:
         if self._embedder is None:

@@ -8,7 +8,8 @@
   past 20k vectors the index is two-stage, and ``lookup_{n}_top1_agreement`` is how often it
   returns the same best match as exact search.
 - ``hit_exact_ms`` / ``hit_paraphrase_ms``: :meth:`SemanticCache.get` end to end (SQLite,
-  embedder, index, verifier) for a repeated and for a reworded question, median.
+  embedder, index, verifier) for a repeated and for a reworded question, median, with the default
+  verifier (the cross-encoder reranker); ``hit_paraphrase_features_ms`` with ``verifier="features"``.
 - ``generate_ms``: the edge model (SmolLM2-135M in llama-cpp-python, called directly) writing
   ``max_tokens`` tokens for the same question, median; the ratios compare it with the hits.
 """
@@ -112,29 +113,32 @@ def bench_lookup(embedder, sizes: list[int], queries: np.ndarray) -> dict:
 
 
 def bench_hits(embedder, rounds: int) -> dict:
+    """Hits end to end with the default verifier (the reranker) and with ``verifier="features"``."""
     from hybridllm.cache import SemanticCache
 
     kw: dict[str, Any] = {"model": "smollm2-135m-instruct", "params_key": {"temperature": 0}}
-    exact, para, accepted = [], [], 0
-    with tempfile.TemporaryDirectory() as tmp:
-        cache = SemanticCache(Path(tmp) / "bench.sqlite3", embedder=embedder)
-        for cached, _ in HIT_PAIRS:
-            cache.put([{"role": "user", "content": cached}], "an answer " * 40, **kw)
-        for _ in range(rounds):
-            for cached, asked in HIT_PAIRS:
-                start = time.perf_counter()
-                cache.get([{"role": "user", "content": cached}], **kw)
-                exact.append(time.perf_counter() - start)
-                start = time.perf_counter()
-                hit = cache.get([{"role": "user", "content": asked}], **kw)
-                para.append(time.perf_counter() - start)
-                accepted += hit is not None
-        cache.close()
-    return {
-        "hit_exact_ms": _pct(exact, 50),
-        "hit_paraphrase_ms": _pct(para, 50),
-        "paraphrase_hits": f"{accepted}/{len(para)}",
-    }
+    out: dict[str, Any] = {}
+    for verifier, suffix in (("default", ""), ("features", "_features")):
+        exact, para, accepted = [], [], 0
+        with tempfile.TemporaryDirectory() as tmp:
+            cache = SemanticCache(Path(tmp) / "bench.sqlite3", embedder=embedder, verifier=verifier)
+            for cached, _ in HIT_PAIRS:
+                cache.put([{"role": "user", "content": cached}], "an answer " * 40, **kw)
+            for _ in range(rounds):
+                for cached, asked in HIT_PAIRS:
+                    start = time.perf_counter()
+                    cache.get([{"role": "user", "content": cached}], **kw)
+                    exact.append(time.perf_counter() - start)
+                    start = time.perf_counter()
+                    hit = cache.get([{"role": "user", "content": asked}], **kw)
+                    para.append(time.perf_counter() - start)
+                    accepted += hit is not None
+            cache.close()
+        if not suffix:
+            out["hit_exact_ms"] = _pct(exact, 50)
+        out[f"hit_paraphrase{suffix}_ms"] = _pct(para, 50)
+        out[f"paraphrase_hits{suffix}"] = f"{accepted}/{len(para)}"
+    return out
 
 
 def bench_generate(max_tokens: int, rounds: int) -> dict:

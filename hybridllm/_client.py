@@ -355,7 +355,8 @@ class HybridLLM:
                 from .cache import SemanticCache
 
                 cache = SemanticCache(cfg.cache_path, namespace=cfg.namespace,
-                                      ttl_s=cfg.cache_ttl_s, max_entries=cfg.cache_max_entries)
+                                      ttl_s=cfg.cache_ttl_s, max_entries=cfg.cache_max_entries,
+                                      verifier=cfg.cache_verifier)
         except BaseException:
             for part in parts:
                 part.close()

@@ -51,6 +51,7 @@ class HybridLLMConfig:
     namespace: str = "default"
     cache_ttl_s: float | None = 7 * 86400
     cache_max_entries: int = 10000
+    cache_verifier: str = "default"  # "default" (reranker) | "features" | "cosine" | a file path
     # default sampling
     max_tokens: int = 256
     temperature: float = 0.7

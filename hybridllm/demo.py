@@ -24,7 +24,7 @@ from ._progress import ProgressBar
 EASY = [
     "What is the capital of France?",
     "Say hello in Spanish.",
-    "What colour is the sky on a clear day?",
+    "How can I improve my English?",
     "Name three fruits.",
 ]
 HARD = [
@@ -33,7 +33,7 @@ HARD = [
     "Prove that the sum of two odd integers is always even.",
     "In contract law, what is the difference between an offer and an invitation to treat?",
 ]
-PARAPHRASE = "What's the capital of France?"
+PARAPHRASE = "How do I improve my English?"  # the cache's verifier accepts it (probability 0.98)
 PRIVATE = "My email is jane.doe@example.com. Can you suggest a subject line for a thank-you note?"
 WHILE_DOWN = HARD[1]
 

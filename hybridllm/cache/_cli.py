@@ -11,10 +11,12 @@ from typing import Any
 
 
 def prepare_embedder(progress: Callable[[int, int | None], None] | None = None) -> Path:
-    """Export and quantize MiniLM into the data dir (no-op when already done); return the folder."""
+    """Export and quantize MiniLM and the cache reranker into the data dir (no-op when already
+    done); return the embedder's folder."""
     from .export import export
+    from .reranker import ensure_exported, read_info
 
-    steps = ["export", "quantize", "done"]
+    steps = ["export", "quantize", "done", "reranker export", "reranker quantize", "reranker done"]
     state = {"step": 0}
 
     def say(message: str) -> None:
@@ -24,6 +26,7 @@ def prepare_embedder(progress: Callable[[int, int | None], None] | None = None) 
             progress(state["step"], len(steps))
 
     out = export(progress=say)
+    ensure_exported(read_info(), progress=say)
     if progress is not None:
         progress(len(steps), len(steps))
     return out
@@ -60,10 +63,12 @@ def cmd_clear(args: argparse.Namespace) -> int:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
+    from .._progress import ProgressBar
     from .evaluate import evaluate_pairs, load_pairs
 
     pairs = load_pairs(args.pairs, limit=args.limit)
-    metrics = evaluate_pairs(pairs, verifier=args.verifier or "default")
+    bar = ProgressBar("Evaluating pairs", unit="pairs", scale=1)
+    metrics = evaluate_pairs(pairs, verifier=args.verifier, progress=bar)
     if args.json:
         print(json.dumps(metrics))
     else:
@@ -94,6 +99,10 @@ def register(subparsers: Any) -> None:
     )
     p.add_argument("--pairs", type=Path, required=True, help="JSONL: text_a, text_b, label")
     p.add_argument("--limit", type=int, default=None, help="only the first N pairs")
-    p.add_argument("--verifier", default=None, help="verifier .npz (default: the shipped one)")
+    p.add_argument(
+        "--verifier",
+        default="default",
+        help="default (the shipped reranker), features, cosine, or a verifier .npz file",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=cmd_eval)

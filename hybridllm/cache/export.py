@@ -42,13 +42,11 @@ def is_exported(out_dir: Path | None = None) -> bool:
     return all((out / n).is_file() for n in (FP32_NAME, INT8_NAME, TOKENIZER_NAME))
 
 
-def build_torch_model(model_dir: Path) -> Any:
-    """The fp32 PyTorch sentence encoder (BERT + mean pooling + L2 norm), weights loaded."""
+def _bert(cfg: dict) -> Any:
+    """An untrained BERT encoder module for ``cfg`` (a Hugging Face ``config.json``)."""
     import torch
-    from safetensors.torch import load_file
     from torch import nn
 
-    cfg = json.loads((model_dir / "config.json").read_text())
     hidden = cfg["hidden_size"]
     num_heads = cfg["num_attention_heads"]
     head_dim = hidden // num_heads
@@ -88,12 +86,10 @@ def build_torch_model(model_dir: Path) -> Any:
             self.emb_norm = nn.LayerNorm(hidden, eps=eps)
             self.layers = nn.ModuleList(Layer() for _ in range(cfg["num_hidden_layers"]))
 
-        def forward(
-            self,
-            input_ids: torch.Tensor,
-            attention_mask: torch.Tensor,
-            token_type_ids: torch.Tensor,
+        def mean_pooled(
+            self, input_ids: torch.Tensor, attention_mask: torch.Tensor, token_type_ids: torch.Tensor
         ) -> torch.Tensor:
+            """``[b, hidden]``: the last layer's states averaged over real (unpadded) tokens."""
             positions = torch.arange(input_ids.shape[1], device=input_ids.device).unsqueeze(0)
             x = self.word(input_ids) + self.position(positions) + self.token_type(token_type_ids)
             x = self.emb_norm(x)  # [b, t, hidden]
@@ -101,12 +97,27 @@ def build_torch_model(model_dir: Path) -> Any:
             bias = (1.0 - mask)[:, None, None, :] * -1e4  # padded keys get no attention
             for layer in self.layers:
                 x = layer(x, bias)
-            # mean pooling over real tokens, then L2 normalization (sentence-transformers' recipe)
             summed = (x * mask.unsqueeze(-1)).sum(1)
-            pooled = summed / mask.sum(1, keepdim=True).clamp(min=1e-9)
+            return summed / mask.sum(1, keepdim=True).clamp(min=1e-9)
+
+        def forward(
+            self,
+            input_ids: torch.Tensor,
+            attention_mask: torch.Tensor,
+            token_type_ids: torch.Tensor,
+        ) -> torch.Tensor:
+            # mean pooling, then L2 normalization (sentence-transformers' recipe)
+            pooled = self.mean_pooled(input_ids, attention_mask, token_type_ids)
             return pooled / pooled.norm(dim=-1, keepdim=True).clamp(min=1e-12)
 
-    model = Encoder()
+    return Encoder()
+
+
+def build_torch_model(model_dir: Path) -> Any:
+    """The fp32 PyTorch sentence encoder (BERT + mean pooling + L2 norm), weights loaded."""
+    from safetensors.torch import load_file
+
+    model = _bert(json.loads((model_dir / "config.json").read_text()))
     model.load_state_dict(_remap(load_file(str(model_dir / "model.safetensors"))), strict=True)
     return model.eval()
 
@@ -164,17 +175,80 @@ def export(
     *, source_dir: Path | None = None, out_dir: Path | None = None, progress: Progress | None = None
 ) -> Path:
     """Export fp32 + int8 ONNX models and the tokenizer into ``out_dir``; return ``out_dir``."""
+    return _export_files(
+        out_dir or embedder_dir(),
+        "all-MiniLM-L6-v2",
+        lambda src: build_torch_model(src),
+        source_dir=source_dir,
+        progress=progress,
+    )
+
+
+def build_cross_encoder(model_dir: Path, weights: dict[str, Any]) -> Any:
+    """The fp32 PyTorch cross-encoder: MiniLM's word embeddings plus fine-tuned ``weights``.
+
+    ``weights`` maps this module's parameter names (``encoder.*``, ``head.*``) to arrays; the word
+    embeddings, frozen in training, come from the base model in ``model_dir``.
+    """
+    import torch
+    from safetensors.torch import load_file
+
+    model = _cross_encoder(json.loads((model_dir / "config.json").read_text()))
+    state = {f"encoder.{k}": v for k, v in _remap(load_file(str(model_dir / "model.safetensors"))).items()}
+    state.update({k: torch.as_tensor(v, dtype=torch.float32) for k, v in weights.items()})
+    model.load_state_dict(state, strict=True)
+    return model.eval()
+
+
+def _cross_encoder(cfg: dict) -> Any:
+    """An untrained cross-encoder: BERT, mean pooling, one linear layer -> ``[batch]`` logits."""
+    from torch import nn
+
+    class CrossEncoder(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.encoder = _bert(cfg)
+            self.head = nn.Linear(cfg["hidden_size"], 1)
+
+        def forward(self, input_ids: Any, attention_mask: Any, token_type_ids: Any) -> Any:
+            return self.head(self.encoder.mean_pooled(input_ids, attention_mask, token_type_ids)).squeeze(-1)
+
+    return CrossEncoder()
+
+
+def export_reranker(
+    weights_file: Path, *, out_dir: Path, source_dir: Path | None = None, progress: Progress | None = None
+) -> Path:
+    """Export the cache reranker in ``weights_file`` to fp32 + int8 ONNX in ``out_dir``."""
+    from .reranker import read_weights
+
+    return _export_files(
+        out_dir,
+        "the cache reranker",
+        lambda src: build_cross_encoder(src, read_weights(weights_file)),
+        source_dir=source_dir,
+        progress=progress,
+    )
+
+
+def _export_files(
+    out: Path,
+    label: str,
+    build: Callable[[Path], Any],
+    *,
+    source_dir: Path | None,
+    progress: Progress | None,
+) -> Path:
     say = progress or (lambda _msg: None)
-    out = out_dir or embedder_dir()
     with _export_lock(out):
         if is_exported(out):
-            say(f"embedder already prepared in {out}")
+            say(f"{label} already prepared in {out}")
             return out
         try:
             import torch  # noqa: F401
         except ImportError:
             raise ModelError(
-                "Exporting the embedder needs torch: pip install 'hybridllm[export]', then run "
+                f"Exporting {label} needs torch: pip install 'hybridllm[export]', then run "
                 "`hybridllm models prepare minilm-l6-v2`."
             ) from None
         if source_dir is None:
@@ -186,8 +260,8 @@ def export(
         tmp_int8 = out / f".{INT8_NAME}.{pid}.tmp"
         tmp_tok = out / f".{TOKENIZER_NAME}.{pid}.tmp"
         try:
-            say("exporting all-MiniLM-L6-v2 to ONNX (fp32)")
-            _export_onnx(build_torch_model(source_dir), tmp_fp32)
+            say(f"exporting {label} to ONNX (fp32)")
+            _export_onnx(build(source_dir), tmp_fp32)
             say("quantizing to int8 (ONNX Runtime dynamic quantization)")
             _quantize(tmp_fp32, tmp_int8)
             tmp_tok.write_bytes((source_dir / TOKENIZER_NAME).read_bytes())
@@ -196,12 +270,12 @@ def export(
                 tmp.unlink(missing_ok=True)
             if isinstance(exc, ModelError):
                 raise
-            raise ModelError(f"Exporting the embedder failed: {exc}") from exc
+            raise ModelError(f"Exporting {label} failed: {exc}") from exc
         # the tokenizer goes last: is_exported() only turns true once every file is in place
         os.replace(tmp_fp32, out / FP32_NAME)
         os.replace(tmp_int8, out / INT8_NAME)
         os.replace(tmp_tok, out / TOKENIZER_NAME)
-        say(f"embedder prepared in {out}")
+        say(f"{label} prepared in {out}")
         return out
 
 
@@ -218,12 +292,12 @@ def _export_onnx(model: Any, path: Path) -> None:
             (ids, mask, types),
             str(path),
             input_names=["input_ids", "attention_mask", "token_type_ids"],
-            output_names=["embedding"],
+            output_names=["output"],
             dynamic_axes={
                 "input_ids": axes,
                 "attention_mask": axes,
                 "token_type_ids": axes,
-                "embedding": {0: "batch"},
+                "output": {0: "batch"},
             },
             opset_version=OPSET,
             dynamo=False,

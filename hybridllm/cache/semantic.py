@@ -9,8 +9,10 @@ question: putting the same question twice replaces the answer instead of duplica
 exact repeat is found without running the embedder.
 
 A hit: the top ``top_k`` cached questions by cosine in the bucket, at or above the verifier's
-``min_similarity``, are scored by the :class:`HitVerifier`; the best one at or above its threshold
-is served. ``verifier=None`` falls back to plain cosine at ``min_similarity`` (0.95 by default).
+``min_similarity``, are scored by the verifier; the best one at or above its threshold is served.
+The default verifier is the cross-encoder reranker (:mod:`.reranker`); ``verifier="features"`` is
+the lighter feature-based :class:`HitVerifier` (numpy only, no second model, lower recall);
+``verifier=None`` falls back to plain cosine at ``min_similarity`` (0.95 by default).
 
 Entries expire ``ttl_s`` after they were written; past ``max_entries`` the least recently used
 are evicted. Several threads may share one cache; several processes may share one file (a change
@@ -33,8 +35,13 @@ from .._exceptions import ConfigError, InvalidRequestError
 from .._paths import cache_dir
 from .embedder import Embedder, get_embedder
 from .index import BucketIndex
+from .reranker import FORMAT as RERANKER_FORMAT
+from .reranker import RerankVerifier, get_rerank_verifier
 from .store import CacheStore, Entry
 from .verifier import HitVerifier
+
+Verifier = HitVerifier | RerankVerifier
+VERIFIER_CHOICES = ("default", "reranker", "features", "cosine")
 
 DEFAULT_FILENAME = "semantic_cache.sqlite3"
 COSINE_ONLY_MIN_SIMILARITY = 0.95
@@ -50,6 +57,26 @@ class CacheHit:
     verifier_prob: float | None  # None for an exact repeat or when no verifier is used
     cached_query: str = ""
     metadata: dict | None = None
+
+
+def load_verifier(spec: str | Path) -> Verifier | None:
+    """``"default"``/``"reranker"`` (the shipped cross-encoder), ``"features"`` (the shipped
+    feature verifier), ``"cosine"`` (none), or the path of a reranker or feature-verifier file."""
+    if spec in ("default", "reranker"):
+        return get_rerank_verifier()
+    if spec == "features":
+        return HitVerifier.load()
+    if spec == "cosine":
+        return None
+    path = Path(spec)
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            kind = str(data["format"]) if "format" in data.files else ""
+    except (OSError, ValueError, EOFError) as exc:
+        raise ConfigError(
+            f"Cache verifier {spec!r} is neither one of {VERIFIER_CHOICES} nor a readable file: {exc}"
+        ) from exc
+    return get_rerank_verifier(path) if kind == RERANKER_FORMAT else HitVerifier.load(path)
 
 
 def split_messages(messages: list[dict]) -> tuple[list[dict], str]:
@@ -105,7 +132,7 @@ class SemanticCache:
         namespace: str = "default",
         ttl_s: float | None = 7 * 86400,
         max_entries: int = 10000,
-        verifier: HitVerifier | None | str = "default",
+        verifier: Verifier | None | str = "default",
         store_pii: bool = False,
         embedder: Embedder | None = None,
         top_k: int = 5,
@@ -117,8 +144,8 @@ class SemanticCache:
             raise ConfigError("max_entries must be at least 1")
         if top_k < 1:
             raise ConfigError("top_k must be at least 1")
-        if isinstance(verifier, str):
-            verifier = HitVerifier.load(None if verifier == "default" else verifier)
+        if isinstance(verifier, str | Path):
+            verifier = load_verifier(verifier)
         self.verifier = verifier
         if min_similarity is None:
             min_similarity = verifier.min_similarity if verifier is not None else COSINE_ONLY_MIN_SIMILARITY
@@ -237,7 +264,7 @@ class SemanticCache:
                 "hits": self._hits,
                 "misses": self._misses,
                 "hit_rate": self._hits / lookups if lookups else 0.0,
-                "verifier": "cosine" if self.verifier is None else "mlp",
+                "verifier": "cosine" if self.verifier is None else self.verifier.kind,
                 "threshold": None if self.verifier is None else self.verifier.threshold,
                 "min_similarity": self.min_similarity,
             }

@@ -88,6 +88,8 @@ class Trees:
 class HitVerifier:
     """Scores (query, cached question) pairs; ``accept`` applies the shipped operating point."""
 
+    kind = "features"
+
     def __init__(
         self,
         trees: Trees,

@@ -101,7 +101,7 @@ def test_pair_metrics_and_bad_pairs_file(tmp_path: Path) -> None:
 
 @pytest.mark.real
 def test_shipped_verifier_on_held_out_qqp_pairs(shared_data: Path) -> None:
-    """The full protocol on test-split pairs the verifier never saw (a 2,000-pair sample)."""
+    """The feature verifier (``verifier="features"``) on unseen test-split pairs (2,000 of them)."""
     from hybridllm.cache.train import split_of_pairs
 
     pairs = load_pairs(shared_data / "paraphrase" / "qqp_pairs.jsonl")
@@ -112,7 +112,7 @@ def test_shipped_verifier_on_held_out_qqp_pairs(shared_data: Path) -> None:
         [pairs.text_b[i] for i in sample],
         [pairs.labels[i] for i in sample],
     )
-    metrics = evaluate_pairs(subset)
+    metrics = evaluate_pairs(subset, verifier="features")
     print(json.dumps(metrics))
     # ~45 hits in a sample this size: precision is loose here, the false-hit rate is not
     assert metrics["false_hit_rate"] <= 0.005, metrics

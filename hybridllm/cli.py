@@ -133,8 +133,8 @@ def cmd_models_list(args: argparse.Namespace) -> int:
         return 0
     print(f"{'ID':<24}{'KIND':<11}{'ARCH':<9}{'SIZE':>9}  {'PULLED':<7}LICENSE")
     for r in rows:
-        size = f"{r['size_mb']} MB" if r["size_mb"] else "-"
-        print(f"{r['id']:<24}{r['kind']:<11}{r['architecture']:<9}{size:>9}  "
+        shown = f"{r['size_mb']} MB" if r["size_mb"] else "-"
+        print(f"{r['id']:<24}{r['kind']:<11}{r['architecture']:<9}{shown:>9}  "
               f"{'yes' if r['pulled'] else 'no':<7}{r['license']}")
     return 0
 

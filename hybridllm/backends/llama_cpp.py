@@ -123,6 +123,7 @@ class LlamaCppBackend(Backend):
         if self.chat_format == "template":
             if self.system_prompt and not any(m["role"] == "system" for m in messages):
                 messages = [{"role": "system", "content": self.system_prompt}, *messages]
+            assert self._template is not None  # __init__ refuses template mode without one
             return render_chat_template(self._template, messages, bos_token=self._bos,
                                         eos_token=self._eos)
         return render_completion_prompt(messages)

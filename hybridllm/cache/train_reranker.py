@@ -227,19 +227,19 @@ def _write(path: Path, arrays: dict[str, np.ndarray], *, threshold: float, min_s
             "stack_scale": stack.scale,
             "features_digest": np.array(stack.features_digest),
         }
-    tmp = path.with_name(path.name + ".tmp.npz")
-    np.savez_compressed(
-        tmp,
-        format=np.array(FORMAT),
-        version=np.array(VERSION),
-        threshold=np.array(threshold),
-        min_similarity=np.array(min_similarity),
-        weights_digest=np.array(digest),
-        metric_names=np.array(names, dtype=str),
-        metric_values=np.array([float(metrics[k]) for k in names], dtype=np.float64),
+    fields: dict[str, np.ndarray] = {
+        "format": np.array(FORMAT),
+        "version": np.array(VERSION),
+        "threshold": np.array(threshold),
+        "min_similarity": np.array(min_similarity),
+        "weights_digest": np.array(digest),
+        "metric_names": np.array(names, dtype=str),
+        "metric_values": np.array([float(metrics[k]) for k in names], dtype=np.float64),
         **extra,
         **arrays,
-    )
+    }
+    tmp = path.with_name(path.name + ".tmp.npz")
+    np.savez_compressed(tmp, **fields)  # type: ignore[arg-type]
     tmp.replace(path)
 
 

@@ -184,17 +184,26 @@ def export(
     )
 
 
-def build_cross_encoder(model_dir: Path, weights: dict[str, Any]) -> Any:
-    """The fp32 PyTorch cross-encoder: MiniLM's word embeddings plus fine-tuned ``weights``.
-
-    ``weights`` maps this module's parameter names (``encoder.*``, ``head.*``) to arrays; the word
-    embeddings, frozen in training, come from the base model in ``model_dir``.
-    """
-    import torch
+def base_cross_encoder_state(model_dir: Path) -> dict[str, Any]:
+    """The base model's weights under the cross-encoder's parameter names (``encoder.*``)."""
     from safetensors.torch import load_file
 
+    return {f"encoder.{k}": v for k, v in _remap(load_file(str(model_dir / "model.safetensors"))).items()}
+
+
+def build_cross_encoder(model_dir: Path, weights_file: Path) -> Any:
+    """The fp32 PyTorch cross-encoder of a reranker file, on the base model in ``model_dir``.
+
+    The word embeddings, frozen in training, and the base of each layer matrix come from
+    ``model_dir``; the file holds the rest (see :func:`.reranker.read_weights`).
+    """
+    import torch
+
+    from .reranker import read_weights
+
     model = _cross_encoder(json.loads((model_dir / "config.json").read_text()))
-    state = {f"encoder.{k}": v for k, v in _remap(load_file(str(model_dir / "model.safetensors"))).items()}
+    state = base_cross_encoder_state(model_dir)
+    weights = read_weights(weights_file, {k: v.numpy() for k, v in state.items()})
     state.update({k: torch.as_tensor(v, dtype=torch.float32) for k, v in weights.items()})
     model.load_state_dict(state, strict=True)
     return model.eval()
@@ -220,12 +229,10 @@ def export_reranker(
     weights_file: Path, *, out_dir: Path, source_dir: Path | None = None, progress: Progress | None = None
 ) -> Path:
     """Export the cache reranker in ``weights_file`` to fp32 + int8 ONNX in ``out_dir``."""
-    from .reranker import read_weights
-
     return _export_files(
         out_dir,
         "the cache reranker",
-        lambda src: build_cross_encoder(src, read_weights(weights_file)),
+        lambda src: build_cross_encoder(src, weights_file),
         source_dir=source_dir,
         progress=progress,
     )

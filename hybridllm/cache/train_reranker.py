@@ -243,10 +243,17 @@ def _write(path: Path, arrays: dict[str, np.ndarray], *, threshold: float, min_s
     tmp.replace(path)
 
 
+def _base_weights() -> dict[str, np.ndarray]:
+    from ..models import pull
+    from .export import EMBEDDER_ID, base_cross_encoder_state
+
+    return {k: v.numpy() for k, v in base_cross_encoder_state(pull(EMBEDDER_ID)).items()}
+
+
 def _read_arrays(path: Path) -> dict[str, np.ndarray]:
     """The weight arrays of a reranker file, as stored (for recalibration)."""
     with np.load(path, allow_pickle=False) as data:
-        return {k: data[k] for k in data.files if k.startswith(("w:", "q8:", "scale:"))}
+        return {k: data[k] for k in data.files if k.startswith(("w:", "u:", "v:", "scale_u:", "scale_v:"))}
 
 
 def fit_stack(
@@ -309,9 +316,9 @@ def train(
         started = time.perf_counter()
         items = training_items(pairs, tr, extra_per_pair=extra_per_pair, seed=seed)
         say(f"training pairs: {len(tr)} labelled + {len(items) - len(tr)} implied by duplicate groups")
-        arrays = pack_weights(
-            fine_tune(items, epochs=epochs, lr=lr, batch_size=batch_size, threads=threads, seed=seed, say=say)
-        )
+        weights = fine_tune(items, epochs=epochs, lr=lr, batch_size=batch_size, threads=threads, seed=seed,
+                            say=say)
+        arrays = pack_weights(weights, _base_weights())
         metrics.update(epochs=epochs, lr=lr, batch_size=batch_size, extra_per_pair=extra_per_pair, seed=seed,
                        train_minutes=round((time.perf_counter() - started) / 60, 1))
     wd = weights_digest(arrays)

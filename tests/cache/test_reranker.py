@@ -40,21 +40,26 @@ def _write_file(path: Path, **fields: np.ndarray) -> Path:
     return path
 
 
-def test_packed_weights_round_trip_within_int8_rounding() -> None:
+def test_packed_weights_round_trip_as_low_rank_changes() -> None:
     rng = np.random.default_rng(0)
+    name = "encoder.layers.0.query.weight"
+    base = {name: rng.standard_normal((40, 30)).astype(np.float32)}
+    change = np.outer(rng.standard_normal(40), rng.standard_normal(30)).astype(np.float32)  # rank 1
     weights = {
-        "encoder.layers.0.query.weight": rng.standard_normal((8, 4)).astype(np.float32),
-        "encoder.layers.0.query.bias": rng.standard_normal(8).astype(np.float32),
+        name: base[name] + change,
+        "encoder.layers.0.query.bias": rng.standard_normal(40).astype(np.float32),
         "encoder.position.weight": rng.standard_normal((5, 4)).astype(np.float32),
         "head.weight": rng.standard_normal((1, 4)).astype(np.float32),
     }
-    arrays = pack_weights(weights)
-    assert arrays["q8:encoder.layers.0.query.weight"].dtype == np.int8  # layer matrices: int8 rows
+    arrays = pack_weights(weights, base, rank=4)
+    assert arrays[f"u:{name}"].dtype == np.int8 and arrays[f"u:{name}"].shape == (40, 4)  # int8 factors
+    assert arrays[f"v:{name}"].shape == (4, 30)
     assert "w:encoder.position.weight" in arrays and "w:head.weight" in arrays  # the rest: float32
-    back = read_weights_from(arrays)
-    w = weights["encoder.layers.0.query.weight"]
-    step = np.abs(w).max(axis=1, keepdims=True) / 127.0
-    assert np.all(np.abs(back["encoder.layers.0.query.weight"] - w) <= step / 2 + 1e-7)
+    back = read_weights_from(arrays, base)
+    # a rank-1 change survives a rank-4 factorization up to int8 rounding of its factors
+    assert np.abs(back[name] - weights[name]).max() <= 0.02 * np.abs(change).max()
+    with pytest.raises(CacheError, match="base weight"):
+        read_weights_from(arrays, None)
     for name in ("encoder.layers.0.query.bias", "encoder.position.weight", "head.weight"):
         np.testing.assert_array_equal(back[name], weights[name])
     digest = weights_digest(arrays)
@@ -62,12 +67,12 @@ def test_packed_weights_round_trip_within_int8_rounding() -> None:
     assert weights_digest(arrays) != digest
 
 
-def read_weights_from(arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+def read_weights_from(arrays: dict[str, np.ndarray], base: dict | None) -> dict[str, np.ndarray]:
     import tempfile
 
     with tempfile.TemporaryDirectory() as tmp:
         path = _write_file(Path(tmp) / "r.npz", **arrays)
-        return read_weights(path)
+        return read_weights(path, base)
 
 
 def test_reranker_file_errors_are_clear(tmp_path: Path) -> None:
@@ -124,7 +129,7 @@ def test_onnx_export_matches_pytorch_and_int8_agrees(minilm_dir: Path, shared_da
     int8 = Reranker(quantized=True, num_threads=2)
     onnx_fp32 = fp32.logits(queries, cached)
 
-    model = build_cross_encoder(minilm_dir, read_weights(default_path()))
+    model = build_cross_encoder(minilm_dir, default_path())
     tok = fp32._tokenizer
     with torch.no_grad():
         for i in range(0, 40):

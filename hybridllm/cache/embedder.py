@@ -36,6 +36,22 @@ def _ensure_exported() -> Path:
     return _export.export(out_dir=out)
 
 
+def cpu_session(ort: Any, path: Path, num_threads: int | None) -> Any:
+    """An ONNX Runtime CPU session tuned for one short input at a time.
+
+    One thread by default: a cache lookup embeds one short question, where a second thread adds
+    synchronization and, on a busy device, spin-waiting (measured on 2 loaded cores: p50 3.3 ms
+    with one thread, 11 ms with two). Batch jobs may ask for more.
+    """
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = num_threads or 1
+    opts.inter_op_num_threads = 1
+    if opts.intra_op_num_threads > 1:
+        opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    return ort.InferenceSession(str(path), sess_options=opts, providers=["CPUExecutionProvider"])
+
+
 class Embedder:
     """all-MiniLM-L6-v2 sentence embeddings: ``[n, 384]`` float32, L2-normalized.
 
@@ -53,19 +69,8 @@ class Embedder:
         except ImportError as exc:
             raise ModelError(f"The embedder needs onnxruntime and tokenizers: {exc}") from exc
         path = folder / (_export.INT8_NAME if quantized else _export.FP32_NAME)
-        opts = ort.SessionOptions()
-        # One thread by default: a cache lookup embeds one short question, where a second
-        # thread adds synchronization and, on a busy device, spin-waiting (measured on 2 loaded
-        # cores: p50 3.3 ms with one thread, 11 ms with two). Batch jobs may ask for more.
-        opts.intra_op_num_threads = num_threads or 1
-        opts.inter_op_num_threads = 1
-        if opts.intra_op_num_threads > 1:
-            opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         try:
-            self._session: Any = ort.InferenceSession(
-                str(path), sess_options=opts, providers=["CPUExecutionProvider"]
-            )
+            self._session: Any = cpu_session(ort, path, num_threads)
             tokenizer = Tokenizer.from_file(str(folder / _export.TOKENIZER_NAME))
         except Exception as exc:  # a truncated or foreign file
             raise ModelError(

@@ -3,7 +3,7 @@
     python -m bench.router [--json] [--n 300]
 
 - ``with_embedding_p50_ms`` / ``_p99_ms``: the whole decision: PII scan, text features, the int8
-  MiniLM embedding of the last user turn, the linear part and the nearest-neighbor part.
+  MiniLM embedding of the last user turn, the linear, nearest-neighbor and topic parts.
 - ``without_embedding_p50_ms`` / ``_p99_ms``: the same decision given the prompt's embedding
   (the pipeline passes the one the semantic cache already computed), so the embedder is excluded.
 - ``short_with_embedding_p50_ms``: the whole decision for short chat prompts (under 100 chars);

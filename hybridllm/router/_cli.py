@@ -23,7 +23,11 @@ def register(subparsers: Any) -> None:
     p.add_argument("--out", required=True, help="folder to write router.json and weights.npz")
     p.add_argument("--c", type=float, default=None, help="inverse L2 strength of the linear part")
     p.add_argument("--k", type=int, default=None, help="neighbors of the neighbor part")
-    p.add_argument("--mix", type=float, default=None, help="weight of the neighbor part, 0..1")
+    p.add_argument("--mix", type=float, default=None,
+                   help="weight of the neighbor part against the linear part, 0..1")
+    p.add_argument("--topics", type=int, default=None,
+                   help="k-means clusters of the topic part (0 turns it off)")
+    p.add_argument("--topic-mix", type=float, default=None, help="weight of the topic part, 0..1")
     p.add_argument("--folds", type=int, default=5)
     p.add_argument("--no-embedding", action="store_true", help="text features only")
     p.set_defaults(func=_train)
@@ -63,9 +67,12 @@ def _print(obj: dict[str, Any]) -> None:
 def _train(args: argparse.Namespace) -> int:
     from .train import Hyper, train_from_csv
 
-    given = {k: getattr(args, k) for k in ("c", "k", "mix") if getattr(args, k) is not None}
-    if not 0.0 <= given.get("mix", 0.0) <= 1.0 or given.get("k", 1) < 1 or given.get("c", 1) <= 0:
-        raise DataError("--mix must be in [0, 1], --k at least 1 and --c positive.")
+    names = ("c", "k", "mix", "topics", "topic_mix")
+    given = {k: getattr(args, k) for k in names if getattr(args, k) is not None}
+    if not (0.0 <= given.get("mix", 0.0) <= 1.0 and 0.0 <= given.get("topic_mix", 0.0) <= 1.0
+            and given.get("k", 1) >= 1 and given.get("c", 1) > 0 and given.get("topics", 0) >= 0):
+        raise DataError("--mix and --topic-mix must be in [0, 1], --k at least 1, --topics at "
+                        "least 0 and --c positive.")
     router = train_from_csv(
         args.data, args.out, weak_col=args.weak_col, strong_col=args.strong_col,
         use_embedding=not args.no_embedding, hyper=Hyper(**given), num_folds=args.folds,

@@ -33,8 +33,10 @@ from .features import (
 from .features import text_features as _text_features
 
 FORMAT = "hybridllm-router"
-FORMAT_VERSION = 1
-CLASSIFIER = "gain-logistic-knn"
+FORMAT_VERSION = 2
+READABLE_VERSIONS = (1, 2)  # version 1 routers have no topic part and still score the same
+CLASSIFIER = "gain-logistic-knn-topics"
+READABLE_CLASSIFIERS = ("gain-logistic-knn", CLASSIFIER)
 CONFIG_NAME = "router.json"
 WEIGHTS_NAME = "weights.npz"
 DEFAULT_LOGPROB_THRESHOLD = -1.0  # used by should_escalate when the router carries no calibration
@@ -54,7 +56,7 @@ class Router:
         if not (isinstance(self.threshold, int | float) and 0.0 <= self.threshold <= 1.0):
             raise RouterError(f"threshold must be in [0, 1], got {self.threshold!r}.")
         expected = len(TEXT_FEATURES) + (EMBEDDING_DIM if self.use_embedding else 0)
-        if self.scorer.uses_neighbors and not self.use_embedding:
+        if (self.scorer.uses_neighbors or self.scorer.uses_topics) and not self.use_embedding:
             raise RouterFileError("The router's neighbor part needs embeddings; retrain it.")
         if self.scorer.num_features != expected:
             raise RouterFileError(
@@ -140,12 +142,13 @@ def _read_config(folder: Path) -> dict[str, Any]:
     if not isinstance(config, dict) or config.get("format") != FORMAT:
         raise RouterFileError(f"{path} is not a hybridllm router file.")
     version = config.get("format_version")
-    if version != FORMAT_VERSION:
+    if version not in READABLE_VERSIONS:
         raise RouterFileError(
-            f"{path} has format version {version!r}; this hybridllm reads version "
-            f"{FORMAT_VERSION}. Retrain it with `hybridllm router train` or upgrade hybridllm."
+            f"{path} has format version {version!r}; this hybridllm reads versions "
+            f"{', '.join(map(str, READABLE_VERSIONS))}. Retrain it with `hybridllm router train` "
+            "or upgrade hybridllm."
         )
-    if config.get("classifier") != CLASSIFIER:
+    if config.get("classifier") not in READABLE_CLASSIFIERS:
         raise RouterFileError(f"{path} names an unknown classifier {config.get('classifier')!r}.")
     if config.get("text_features") != list(TEXT_FEATURES):
         raise RouterFileError(

@@ -20,7 +20,15 @@ import numpy as np
 
 from .._exceptions import DataError
 from .calibrate import calibrate_logprob_threshold
-from .classifier import DEFAULT_C, DEFAULT_DIMS, DEFAULT_K, DEFAULT_MIX, GainScorer
+from .classifier import (
+    DEFAULT_C,
+    DEFAULT_DIMS,
+    DEFAULT_K,
+    DEFAULT_MIX,
+    DEFAULT_TOPIC_MIX,
+    DEFAULT_TOPICS,
+    GainScorer,
+)
 from .dataset import RoutingData, load_routellm_csv, texts_digest
 from .evaluate import router_metrics
 from .features import TEXT_FEATURES, cached_embeddings, feature_matrix
@@ -47,6 +55,8 @@ class Hyper:
     k: int = DEFAULT_K
     mix: float = DEFAULT_MIX
     dims: int = DEFAULT_DIMS
+    topics: int = DEFAULT_TOPICS
+    topic_mix: float = DEFAULT_TOPIC_MIX
 
 
 @dataclass(frozen=True)
@@ -65,7 +75,8 @@ def _gain(data: RoutingData) -> np.ndarray:
 
 
 def _fit(x: np.ndarray, gain: np.ndarray, emb: np.ndarray | None, hp: Hyper) -> GainScorer:
-    return GainScorer.fit(x, gain, embeddings=emb, c=hp.c, k=hp.k, mix=hp.mix, dims=hp.dims)
+    return GainScorer.fit(x, gain, embeddings=emb, c=hp.c, k=hp.k, mix=hp.mix, dims=hp.dims,
+                          topics=hp.topics, topic_mix=hp.topic_mix)
 
 
 def cross_validate(
@@ -131,6 +142,8 @@ def train_router(
             "k": hyper.k,
             "mix": hyper.mix if use_embedding else 0.0,
             "dims": hyper.dims,
+            "topics": hyper.topics,
+            "topic_mix": scorer.topic_mix,
             "num_folds": num_folds,
             "num_text_features": len(TEXT_FEATURES),
             "threshold_rule": "train-score quantile sending the CV calls_at_95 fraction to cloud",

@@ -43,7 +43,8 @@ def test_shipped_router_metadata(shipped):
 def test_retrain_matches_shipped(mmlu, shipped):
     data, emb = mmlu
     t = shipped.info["training"]
-    router = train_router(data, embeddings=emb, hyper=Hyper(c=t["c"], k=t["k"], mix=t["mix"], dims=t["dims"]),
+    router = train_router(data, embeddings=emb, hyper=Hyper(c=t["c"], k=t["k"], mix=t["mix"], dims=t["dims"],
+                                                            topics=t["topics"], topic_mix=t["topic_mix"]),
                           num_folds=t["num_folds"])
     for split in ("cv", "train"):
         got, want = router.info["metrics"][split], shipped.info["metrics"][split]

@@ -1,0 +1,76 @@
+"""How much the router's cross-validated figures depend on the fold assignment, for the shipped
+settings and for the previous design (neighbors plus linear, no topic part), in one run.
+
+    python -m bench.router_cv [--json] [--salts 5]
+
+One 5-fold CV with the shipped folds (a hash of the prompt) plus ``--salts`` more with the hash
+salted, each fold still by question. Prints per-assignment ``calls_at_95`` and APGR, their means,
+and ``calls_ratio`` = shipped mean / previous mean (below 1: fewer cloud calls at 95% quality).
+Needs ../shared/data/routellm/mmlu_responses.csv; the embeddings come from the router's cache.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+DATA = ROOT.parent / "shared" / "data" / "routellm" / "mmlu_responses.csv"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--json", action="store_true")
+    ap.add_argument("--salts", type=int, default=5)
+    args = ap.parse_args(argv)
+    if not DATA.is_file():
+        sys.stderr.write(f"{DATA} is missing; this benchmark needs ../shared/data.\n")
+        return 2
+
+    from hybridllm.router import train
+    from hybridllm.router.dataset import load_routellm_csv
+    from hybridllm.router.features import cached_embeddings, feature_matrix
+
+    data = load_routellm_csv(DATA)
+    emb = cached_embeddings(data.prompts)
+    x = feature_matrix(data.prompts, use_embedding=True, embeddings=emb)
+    shipped_folds = train.fold_ids
+
+    def salted(salt: str):
+        def folds(prompts: list[str], num_folds: int) -> np.ndarray:
+            return np.asarray([int(hashlib.sha1((salt + p).encode()).hexdigest()[:12], 16) % num_folds
+                               for p in prompts])
+        return folds
+
+    designs = {"shipped": train.Hyper(), "previous": train.Hyper(k=100, mix=0.7, dims=64, topics=0)}
+    out: dict[str, object] = {}
+    try:
+        for name, hyper in designs.items():
+            runs = []
+            for i in range(args.salts + 1):
+                train.fold_ids = shipped_folds if i == 0 else salted(f"s{i - 1}")
+                m = train.cross_validate(data, x, emb, hyper=hyper).metrics
+                runs.append(m)
+                if not args.json:
+                    print(f"{name:9s} folds {i}: calls_at_95 {m['calls_at_95']:.4f} apgr {m['apgr']:.4f}",
+                          flush=True)
+            calls = [r["calls_at_95"] for r in runs]
+            out[name] = {"calls_at_95": calls, "calls_at_95_mean": round(float(np.mean(calls)), 4),
+                         "apgr_mean": round(float(np.mean([r["apgr"] for r in runs])), 4)}
+    finally:
+        train.fold_ids = shipped_folds
+    shipped, previous = out["shipped"], out["previous"]
+    assert isinstance(shipped, dict) and isinstance(previous, dict)
+    out["calls_ratio"] = round(shipped["calls_at_95_mean"] / previous["calls_at_95_mean"], 3)
+    out["num_assignments"] = args.salts + 1
+    print(json.dumps(out))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

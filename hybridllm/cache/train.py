@@ -195,7 +195,8 @@ def train(
     metrics.update({f"val_{k}": v for k, v in pair_metrics(val_hits, labels[va]).items()})
     for name, scores in (("verifier", p_test), ("cosine", sims_test)):
         for recall in (0.1, 0.2, 0.3, 0.4):
-            metrics[f"test_{name}_precision_at_recall_{recall}"] = _precision_at(scores, labels[te], recall)
+            key = f"test_{name}_precision_at_recall_{recall}"
+            metrics[key] = precision_at_recall(scores, labels[te], recall)
     metrics.update(threshold=verifier.threshold, seed=seed, target_precision=target_precision)
     verifier.metrics = metrics
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -204,7 +205,8 @@ def train(
     return metrics
 
 
-def _precision_at(scores: np.ndarray, labels: np.ndarray, recall: float) -> float:
+def precision_at_recall(scores: np.ndarray, labels: np.ndarray, recall: float) -> float:
+    """Precision of the top-scored pairs that hold ``recall`` of the positives."""
     order = np.argsort(-scores)
     correct = np.cumsum(labels[order])
     k = int(np.searchsorted(correct / max(labels.sum(), 1), recall))

@@ -46,7 +46,7 @@ from .reranker import (
     stack_inputs,
     weights_digest,
 )
-from .train import _precision_at, choose_threshold, embed_texts, featurize, split_of_pairs
+from .train import choose_threshold, embed_texts, featurize, precision_at_recall, split_of_pairs
 from .verifier import HitVerifier
 from .verifier import default_path as features_default_path
 
@@ -56,52 +56,10 @@ Say = Callable[[str], None]
 Item = tuple[str, str, int]  # (query, cached, label)
 
 
-def training_items(pairs: PairSet, idx: np.ndarray, *, extra_per_pair: int, seed: int) -> list[Item]:
-    """The pairs at ``idx``, plus pairs implied by them when ``extra_per_pair`` > 0.
-
-    Labelled duplicates form groups (a = b and b = c: a = c), and a pair labelled different says
-    the same of every duplicate of its two sides. Each labelled pair adds up to ``extra_per_pair``
-    such implied pairs, drawn at random, so a large group of duplicates does not swamp the data.
-    All of them come from questions of ``idx`` (one split), so nothing leaks across splits.
-    """
-    items = [(pairs.text_b[i], pairs.text_a[i], pairs.labels[i]) for i in idx]
-    if extra_per_pair <= 0:
-        return items
-    rng = random.Random(seed)
-    parent: dict[str, str] = {}
-
-    def find(x: str) -> str:
-        parent.setdefault(x, x)
-        while parent[x] != x:
-            parent[x] = parent[parent[x]]
-            x = parent[x]
-        return x
-
-    for q, c, label in items:
-        if label:
-            parent[find(q)] = find(c)
-    groups: dict[str, list[str]] = {}
-    for q, c, _ in items:
-        for text in (q, c):
-            members = groups.setdefault(find(text), [])
-            if text not in members:
-                members.append(text)
-    seen = {(q, c) for q, c, _ in items} | {(c, q) for q, c, _ in items}
-    extra: list[Item] = []
-    for q, c, label in items:
-        side_q, side_c = groups[find(q)], groups[find(c)]
-        if len(side_q) * len(side_c) <= 1:
-            continue
-        added = 0
-        for _ in range(extra_per_pair * 3):  # a few draws per wanted pair; repeats are skipped
-            a, b = rng.choice(side_q), rng.choice(side_c)
-            if a != b and (a, b) not in seen:
-                seen.update(((a, b), (b, a)))
-                extra.append((a, b, label))
-                added += 1
-                if added == extra_per_pair:
-                    break
-    return items + extra
+def training_items(pairs: PairSet, idx: np.ndarray) -> list[Item]:
+    """The labelled pairs at ``idx`` as (query, cached, label): the cache compares a new question
+    (``text_b``) with a stored one (``text_a``)."""
+    return [(pairs.text_b[i], pairs.text_a[i], pairs.labels[i]) for i in idx]
 
 
 def _batches(items: list[Item], batch_size: int, rng: random.Random) -> list[list[Item]]:
@@ -289,7 +247,6 @@ def train(
     lr: float = 4e-5,
     batch_size: int = 32,
     threads: int = 1,
-    extra_per_pair: int = 0,
     target_precision: float = 0.95,
     min_similarity: float = 0.5,
     seed: int = 0,
@@ -314,12 +271,12 @@ def train(
         metrics.update({k: old[k] for k in _TRAINING_KEYS if k in old})
     else:
         started = time.perf_counter()
-        items = training_items(pairs, tr, extra_per_pair=extra_per_pair, seed=seed)
-        say(f"training pairs: {len(tr)} labelled + {len(items) - len(tr)} implied by duplicate groups")
+        items = training_items(pairs, tr)
+        say(f"training pairs: {len(items)}")
         weights = fine_tune(items, epochs=epochs, lr=lr, batch_size=batch_size, threads=threads, seed=seed,
                             say=say)
         arrays = pack_weights(weights, _base_weights())
-        metrics.update(epochs=epochs, lr=lr, batch_size=batch_size, extra_per_pair=extra_per_pair, seed=seed,
+        metrics.update(epochs=epochs, lr=lr, batch_size=batch_size, seed=seed,
                        train_minutes=round((time.perf_counter() - started) / 60, 1))
     wd = weights_digest(arrays)
     _write(path, arrays, threshold=0.5, min_similarity=min_similarity, digest=wd, metrics=metrics)
@@ -354,7 +311,7 @@ def train(
                          ("reranker", np.where(s_test >= min_similarity, alone_test, 0.0)),
                          ("cosine", s_test)):
         for recall in (0.2, 0.4, 0.6):
-            metrics[f"test_{name}_precision_at_recall_{recall}"] = _precision_at(scores, y_test, recall)
+            metrics[f"test_{name}_precision_at_recall_{recall}"] = precision_at_recall(scores, y_test, recall)
     metrics.update(threshold=threshold, target_precision=target_precision)
     _write(path, arrays, threshold=threshold, min_similarity=min_similarity, digest=wd, metrics=metrics,
            stack=stack)
@@ -362,7 +319,7 @@ def train(
     return metrics
 
 
-_TRAINING_KEYS = ("epochs", "lr", "batch_size", "extra_per_pair", "seed", "train_minutes")
+_TRAINING_KEYS = ("epochs", "lr", "batch_size", "seed", "train_minutes")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -374,8 +331,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lr", type=float, default=4e-5)
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--threads", type=int, default=1, help="CPU threads for training and scoring")
-    parser.add_argument("--extra-per-pair", type=int, default=0,
-                        help="pairs implied by duplicate groups to add per labelled pair (0: none)")
     parser.add_argument("--target-precision", type=float, default=0.95)
     parser.add_argument("--min-similarity", type=float, default=0.5,
                         help="cosine below which a candidate is not scored")
@@ -391,7 +346,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         metrics = train(args.data, args.out, epochs=args.epochs, lr=args.lr, batch_size=args.batch_size,
-                        threads=args.threads, extra_per_pair=args.extra_per_pair,
+                        threads=args.threads,
                         target_precision=args.target_precision, min_similarity=args.min_similarity,
                         seed=args.seed, calibrate_only=args.calibrate_only, say=say)
     except (DataError, HybridLLMError) as exc:

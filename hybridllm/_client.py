@@ -148,9 +148,8 @@ class _Core:
                                       reason=f"{d.reason}; cloud circuit open", score=d.score)
                 return
             try:
-                yield from self._emit(self.cloud, d.messages_for_cloud, params, start,
-                                      route="cloud", reason=d.reason, score=d.score,
-                                      record_budget=True)
+                yield from self._emit_cloud(msgs, params, d, start, route="cloud",
+                                            reason=d.reason)
                 return
             except _NoOutput as exc:  # nothing was streamed yet: the device answers instead
                 log.info("cloud failed before answering (%s); answering on the device", exc.cause)
@@ -171,9 +170,8 @@ class _Core:
         lp = draft.mean_logprob if draft.mean_logprob is not None else float("-inf")
         if self.policy.should_escalate(lp) and self.cloud.is_available():
             try:
-                yield from self._emit(self.cloud, d.messages_for_cloud, params, start,
-                                      route="edge->cloud", score=d.score, record_budget=True,
-                                      reason=f"{d.reason}; edge confidence {lp:.2f} too low")
+                yield from self._emit_cloud(msgs, params, d, start, route="edge->cloud",
+                                            reason=f"{d.reason}; edge confidence {lp:.2f} too low")
                 return
             except _NoOutput as exc:
                 log.info("cascade: cloud failed (%s); keeping the edge answer", exc.cause)
@@ -182,14 +180,39 @@ class _Core:
                                 usage=draft.usage, finish=draft.finish_reason,
                                 ttft_ms=draft.ttft_ms)
 
+    def _emit_cloud(self, msgs: list[Message], params: GenerationParams, d: _Decision,
+                    start: float, *, route: str, reason: str) -> Iterator[Chunk]:
+        """The cloud answers; if its stream breaks mid-answer, the device finishes the answer
+        from the text already streamed (route ``"<route>->edge"``), so the caller never sees the
+        failure. Raises ``_NoOutput`` when the cloud failed before its first token."""
+        try:
+            yield from self._emit(self.cloud, d.messages_for_cloud, params, start, route=route,
+                                  reason=reason, score=d.score, record_budget=True)
+        except _PartialOutput as exc:
+            log.warning("cloud stream broke after %d characters (%s); the device finishes it",
+                        len(exc.text), exc.cause)
+            if self.policy is not None:  # the cloud's own count never arrived: ~4 chars a token
+                self.policy.record_cloud_usage(max(1, len(exc.text) // 4))
+            yield from self._emit(
+                self.edge, msgs, params, start, route=f"{route}->edge", score=d.score,
+                reason=f"{reason}; cloud stream broke after {len(exc.text)} characters "
+                       f"({exc.cause}); the device finished the answer",
+                prefix=exc.text, ttft_ms=exc.ttft_ms)
+
     def _emit(self, backend: Backend, msgs: list[Message], params: GenerationParams,
               start: float, *, route: str, reason: str, score: float | None,
-              record_budget: bool = False) -> Iterator[Chunk]:
-        ttft: float | None = None
-        parts: list[str] = []
+              record_budget: bool = False, prefix: str = "",
+              ttft_ms: float | None = None) -> Iterator[Chunk]:
+        """Stream ``backend``'s answer as chunks, then one final chunk with the completion. With
+        ``prefix`` (already sent to the caller, first token at ``ttft_ms``), the backend continues
+        that answer."""
+        ttft = ttft_ms
+        parts: list[str] = [prefix] if prefix else []
         finish, usage = "stop", Usage()
         try:
-            for delta in backend.stream(msgs, params):
+            deltas = backend.stream_continuation(msgs, prefix, params) if prefix else \
+                backend.stream(msgs, params)
+            for delta in deltas:
                 if delta.text:
                     if ttft is None:
                         ttft = (time.perf_counter() - start) * 1000
@@ -198,9 +221,14 @@ class _Core:
                 if delta.finish_reason is not None:
                     finish, usage = delta.finish_reason, delta.usage or usage
         except (CloudUnavailableError, CloudRateLimitError) as exc:
-            if parts or backend is not self.cloud:
+            if backend is not self.cloud:
                 raise
+            if parts:
+                raise _PartialOutput(exc, "".join(parts), ttft) from exc
             raise _NoOutput(exc) from exc
+        except NotImplementedError as exc:  # this edge backend cannot continue a broken answer
+            raise CloudUnavailableError(
+                f"the cloud stream broke mid-answer and {exc}; retry the request") from exc
         cost = 0.0
         if backend is self.cloud:
             cost = self.stats.cost(usage.total_tokens)
@@ -277,6 +305,16 @@ class _NoOutput(Exception):
     def __init__(self, cause: Exception) -> None:
         super().__init__(str(cause))
         self.cause = cause
+
+
+class _PartialOutput(Exception):
+    """The cloud failed after streaming ``text``: the device continues from there."""
+
+    def __init__(self, cause: Exception, text: str, ttft_ms: float | None) -> None:
+        super().__init__(str(cause))
+        self.cause = cause
+        self.text = text
+        self.ttft_ms = ttft_ms
 
 
 @dataclasses.dataclass

@@ -138,7 +138,9 @@ class Completion:
     """The answer to one request, with where it came from and how long it took."""
 
     text: str
-    route: str  # "cache", "edge", "cloud", "edge->cloud", "edge (cloud unavailable)"
+    # "cache", "edge", "cloud", "edge->cloud", "edge (cloud unavailable)", or "cloud->edge" /
+    # "edge->cloud->edge" when a cloud stream broke mid-answer and the device finished it
+    route: str
     reason: str
     model: str
     usage: Usage = field(default_factory=Usage)

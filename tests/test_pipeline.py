@@ -192,3 +192,44 @@ def test_async_gives_the_same_routes():
         return [(await a.chat(p)).route for p in ("easy a", "hard a", "hard a")]
 
     assert asyncio.run(run()) == ["edge", "cloud", "cache"]
+
+
+class BreakingCloud(FlakyCloud):
+    """Streams two words, then the connection drops."""
+
+    def stream(self, messages, params):
+        for i, delta in enumerate(super().stream(messages, params)):
+            if i == 2:
+                raise CloudUnavailableError("connection reset mid-stream")
+            yield delta
+
+
+def test_cloud_stream_breaking_mid_answer_is_finished_on_the_device():
+    edge = FakeBackend(model="edge-model", reply=lambda m: "and the rest")
+    cloud = BreakingCloud()
+    cloud.reply = lambda m: "the cloud begins here and goes on"
+    policy = FakePolicy()
+    cache = FakeCache()
+    llm = HybridLLM(edge=edge, cloud=cloud, policy=policy, cache=cache)
+    stream = llm.stream("hard question")
+    chunks = [c for c in stream if c.text]
+    c = stream.completion
+    assert [ch.route for ch in chunks] == ["cloud", "cloud", "cloud->edge", "cloud->edge", "cloud->edge"]
+    assert c.text == "the cloud and the rest" == "".join(ch.text for ch in chunks)
+    assert c.route == "cloud->edge" and "broke after 9 characters" in c.reason
+    assert edge.continued == ["the cloud"]  # the device saw what the user already has
+    assert policy.cloud_tokens > 0  # the broken call still counts against the budget
+    assert cache.puts == 1  # a finished answer is cached like any other
+
+
+def test_cloud_stream_breaking_without_a_continuing_edge_is_a_clear_error():
+    class NoContinue(FakeBackend):
+        def stream_continuation(self, messages, prefix, params):
+            return Backend.stream_continuation(self, messages, prefix, params)
+
+    from hybridllm.backends.base import Backend
+
+    llm = HybridLLM(edge=NoContinue(model="edge-model"), cloud=BreakingCloud(), policy=FakePolicy(),
+                    cache=False)
+    with pytest.raises(CloudUnavailableError, match="broke mid-answer.*cannot continue"):
+        llm.chat("hard question")

@@ -44,6 +44,12 @@ class Backend(ABC):
     def stream(self, messages: Messages, params: GenerationParams) -> Iterator[Delta]:
         """Yield text pieces as they are produced. Closing the iterator stops generation."""
 
+    def stream_continuation(self, messages: Messages, prefix: str,
+                            params: GenerationParams) -> Iterator[Delta]:
+        """Continue an assistant answer that begins with ``prefix`` (text another backend already
+        streamed); yields only the new text. Used when a cloud stream breaks mid-answer."""
+        raise NotImplementedError(f"the {self.name} backend cannot continue another answer")
+
     def generate(self, messages: Messages, params: GenerationParams) -> Generation:
         start = time.perf_counter()
         ttft: float | None = None

@@ -183,7 +183,8 @@ class CloudBackend(Backend):
             body["seed"] = params.seed
         if params.stop:
             body["stop"] = list(params.stop)
-        finish, usage = "stop", None
+        finish, usage = None, None
+        done = False
         try:
             with self._http.stream("POST", f"{ep.base_url}/chat/completions", json=body) as resp:
                 if resp.status_code != 200:
@@ -194,6 +195,7 @@ class CloudBackend(Backend):
                         continue
                     data = line[5:].strip()
                     if data == "[DONE]":
+                        done = True
                         break
                     try:
                         event = json.loads(data)
@@ -212,6 +214,10 @@ class CloudBackend(Backend):
             raise _Retryable(f"timeout talking to {ep.base_url} ({type(exc).__name__})") from exc
         except httpx.TransportError as exc:
             raise _Retryable(f"cannot reach {ep.base_url} ({type(exc).__name__})") from exc
+        if not done and finish is None:
+            # the connection closed cleanly in the middle of the answer: never pass off a
+            # truncated answer as finished
+            raise _Retryable(f"the stream from {ep.base_url} ended before the answer did")
         yield Delta("", finish_reason=finish if finish in ("stop", "length") else "stop",
                     usage=usage or Usage())
 

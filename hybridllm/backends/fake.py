@@ -23,6 +23,7 @@ class FakeBackend(Backend):
         self._context_length = context_length
         self.calls: list[Messages] = []
         self.tokens_generated = 0
+        self.continued: list[str] = []
 
     @property
     def context_length(self) -> int:
@@ -30,6 +31,14 @@ class FakeBackend(Backend):
 
     def count_tokens(self, messages: Messages) -> int:
         return sum(len(str(m["content"]).split()) + 4 for m in messages)
+
+    def stream_continuation(self, messages: Messages, prefix: str,
+                            params: GenerationParams) -> Iterator[Delta]:
+        """Continues with ``reply(messages)`` (the prefix is recorded in ``continued``)."""
+        self.continued.append(prefix)
+        for delta in self.stream(messages, params):
+            yield Delta(" " + delta.text if delta.text and not delta.text.startswith(" ")
+                        else delta.text, delta.finish_reason, delta.usage, delta.logprob)
 
     def stream(self, messages: Messages, params: GenerationParams) -> Iterator[Delta]:
         self.calls.append(messages)

@@ -128,8 +128,8 @@ class LlamaCppBackend(Backend):
                                         eos_token=self._eos)
         return render_completion_prompt(messages)
 
-    def tokenize(self, messages: Messages) -> list[int]:
-        prompt = self.render(messages)
+    def tokenize(self, messages: Messages, *, prefix: str = "") -> list[int]:
+        prompt = self.render(messages) + prefix
         add_bos = not (self._bos and prompt.startswith(self._bos))
         return list(self._llm.tokenize(prompt.encode("utf-8"), add_bos=add_bos, special=True))
 
@@ -137,11 +137,20 @@ class LlamaCppBackend(Backend):
         return len(self.tokenize(messages))
 
     def stream(self, messages: Messages, params: GenerationParams) -> Iterator[Delta]:
+        return self._stream(messages, params, "")
+
+    def stream_continuation(self, messages: Messages, prefix: str,
+                            params: GenerationParams) -> Iterator[Delta]:
+        # the rendered prompt ends with the assistant turn's opening, so the prefix reads as the
+        # start of this model's own answer; the new tokens count against max_tokens
+        return self._stream(messages, params, prefix)
+
+    def _stream(self, messages: Messages, params: GenerationParams, prefix: str) -> Iterator[Delta]:
         stops = params.stop
         if self.chat_format == "completion" and len(messages) > 1:
             stops = tuple(dict.fromkeys(stops + COMPLETION_STOPS))
         with self._lock:  # one llama.cpp context: one generation at a time
-            tokens = self.tokenize(messages)
+            tokens = self.tokenize(messages, prefix=prefix)
             if len(tokens) >= self.context_length:
                 raise InvalidRequestError(
                     f"The prompt is {len(tokens)} tokens; the edge model's context holds "

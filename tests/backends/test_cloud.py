@@ -166,3 +166,17 @@ def test_parse_retry_after():
     assert parse_retry_after("3") == 3.0
     assert parse_retry_after(None) is None and parse_retry_after("soon") is None
     assert parse_retry_after("Wed, 21 Oct 2015 07:28:00 GMT") == 0.0
+
+
+def test_a_stream_cut_off_mid_answer_is_an_error_not_a_short_answer():
+    events = [{"choices": [{"delta": {"content": t}, "finish_reason": None}]} for t in ("Hel", "lo")]
+    cut = httpx.Response(200, text="".join(f"data: {json.dumps(e)}\n\n" for e in events),
+                         headers={"content-type": "text/event-stream"})  # no finish, no [DONE]
+    pieces = []
+    with pytest.raises(CloudUnavailableError, match="broke off.*ended before the answer"):
+        for delta in backend(Script(cut), max_retries=2).stream(MSGS, P):
+            pieces.append(delta.text)
+    assert pieces == ["Hel", "lo"]  # what was streamed stays; nothing is retried or duplicated
+    # a cut before the first token is retried like any other failure
+    g = backend(Script(httpx.Response(200, text=""), sse("ok")), max_retries=1).generate(MSGS, P)
+    assert g.text == "ok"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import http.server
+import json
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -180,3 +181,57 @@ def test_async_and_sync_agree(cloud, tmp_path):
         last = chunks[-1].completion
         assert (last.route, last.text) == (sync[1].route, sync[1].text)
         assert "".join(c.text for c in chunks) == sync[1].text
+
+
+def _has_text(line: str) -> bool:
+    if not line.startswith("data:") or line.endswith("[DONE]"):
+        return False
+    choices = json.loads(line[5:]).get("choices") or [{}]
+    return bool((choices[0].get("delta") or {}).get("content"))
+
+
+class _CuttingProxy(http.server.ThreadingHTTPServer):
+    """Forwards to the cloud, but drops each streamed answer after `keep` text events."""
+
+    def __init__(self, upstream: str, keep: int) -> None:
+        self.upstream, self.keep = upstream, keep
+        self.seen: list[tuple[float, int]] = []
+        super().__init__(("127.0.0.1", 0), _CuttingHandler)
+
+
+class _CuttingHandler(_ProxyHandler):
+    def do_POST(self):
+        srv: _CuttingProxy = self.server  # type: ignore[assignment]
+        body = self.rfile.read(int(self.headers.get("content-length") or 0))
+        self.send_response(200)
+        self.send_header("content-type", "text/event-stream")
+        self.end_headers()
+        kept = 0
+        with httpx.stream("POST", srv.upstream + self.path, content=body, timeout=120,
+                          headers={"content-type": "application/json"}) as r:
+            for line in r.iter_lines():
+                self.wfile.write((line + "\n").encode())
+                if _has_text(line):
+                    kept += 1
+                    if kept == srv.keep:
+                        break
+        self.wfile.flush()  # HTTP/1.0: returning closes the connection mid-answer
+
+
+def test_cloud_stream_cut_mid_answer_is_finished_on_the_device(cloud, tmp_path):
+    proxy = _CuttingProxy(cloud.url, keep=3)
+    threading.Thread(target=proxy.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{proxy.server_address[1]}"
+        with client(url, tmp_path, threshold=0.0, cache=False, max_tokens=32) as llm:
+            stream = llm.stream("List five fruits, one per line.")
+            chunks = [ch for ch in stream if ch.text]
+            c = stream.completion
+        routes = [ch.route for ch in chunks]
+        assert routes[:3] == ["cloud"] * 3, routes
+        assert routes[3:] and set(routes[3:]) == {"cloud->edge"}, routes  # the device went on
+        assert c.route == "cloud->edge" and "stream broke after" in c.reason, c.reason
+        assert c.text == "".join(ch.text for ch in chunks)  # nothing lost, nothing repeated
+        assert c.usage.completion_tokens > 0 and c.finish_reason in ("stop", "length")
+    finally:
+        proxy.shutdown()

@@ -14,6 +14,7 @@ import os
 import socket
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any, NoReturn
 
 from cloud_server.exceptions import ModelLoadError, ServerError
@@ -56,6 +57,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.add_argument("--model", required=True, help="catalog id, .gguf file or HF folder")
     serve.add_argument("--served-model-name", help="model name in the API (default: the model's)")
+    serve.add_argument(
+        "--system-prompt", default=None, metavar="TEXT",
+        help="system message for chat requests without one (default: the catalog model's own, as "
+        "the device uses it; '' for none)",
+    )
     serve.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     serve.add_argument("--port", type=_port, default=8000, help="port to bind (default 8000)")
     serve.add_argument(
@@ -130,6 +136,19 @@ def _bind(host: str, port: int) -> socket.socket:
     return sock
 
 
+def _system_prompt(model: str, given: str | None) -> str | None:
+    """``--system-prompt`` if given, else the catalog entry's default (the one the edge uses, so
+    both sides answer alike), else none."""
+    if given is not None:
+        return given or None
+    if Path(model).exists():
+        return None
+    from hybridllm.models import load_catalog
+
+    spec = load_catalog().get(model)
+    return spec.extra.get("system_prompt") if spec is not None else None
+
+
 def serve(args: argparse.Namespace) -> int:
     import uvicorn
 
@@ -166,6 +185,7 @@ def serve(args: argparse.Namespace) -> int:
         api_keys=api_keys,
         served_model_name=args.served_model_name,
         on_load_error=on_load_error,
+        system_prompt=_system_prompt(args.model, args.system_prompt),
     )
     sock = _bind(args.host, args.port)
     host, port = sock.getsockname()[:2]

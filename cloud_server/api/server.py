@@ -45,6 +45,7 @@ class ServerState:
     engine_factory: Callable[[], Engine]
     served_model_name: str | None
     on_load_error: Callable[[BaseException], None] | None
+    system_prompt: str | None = None
     engine: Engine | None = None
     serving: OpenAIServing | None = None
     load_error: BaseException | None = None
@@ -80,7 +81,8 @@ async def _load_engine(app: FastAPI) -> None:
         engine = await asyncio.to_thread(state.engine_factory)
         await engine.start()
         state.engine = engine
-        state.serving = OpenAIServing(engine, state.model_name, app.state.metrics)
+        state.serving = OpenAIServing(engine, state.model_name, app.state.metrics,
+                                      system_prompt=state.system_prompt)
         logger.info("model %s ready (max_model_len=%s)", state.model_name, engine.max_model_len)
     except Exception as exc:  # reported by the CLI as one line, then the server exits
         state.load_error = exc
@@ -204,10 +206,12 @@ def create_app(
     api_keys: list[str] | None = None,
     served_model_name: str | None = None,
     on_load_error: Callable[[BaseException], None] | None = None,
+    system_prompt: str | None = None,
 ) -> FastAPI:
-    """The ASGI app; ``engine_factory`` builds an unstarted engine (run in a worker thread)."""
+    """The ASGI app; ``engine_factory`` builds an unstarted engine (run in a worker thread).
+    ``system_prompt`` is put first in chat requests that carry no system message."""
     app = FastAPI(title="hybridllm cloud server", lifespan=_lifespan, docs_url=None, redoc_url=None)
-    state = ServerState(engine_factory, served_model_name, on_load_error)
+    state = ServerState(engine_factory, served_model_name, on_load_error, system_prompt or None)
     app.state.server = state
 
     def engine_stats() -> dict[str, Any] | None:

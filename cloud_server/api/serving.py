@@ -127,10 +127,12 @@ def usage_of(out: Any) -> dict[str, Any]:
 
 
 class OpenAIServing:
-    def __init__(self, engine: Engine, model_name: str, metrics: ServerMetrics) -> None:
+    def __init__(self, engine: Engine, model_name: str, metrics: ServerMetrics, *,
+                 system_prompt: str | None = None) -> None:
         self.engine = engine
         self.model_name = model_name
         self.metrics = metrics
+        self.system_prompt = system_prompt
 
     # -- request preparation -------------------------------------------------------------------
 
@@ -138,7 +140,10 @@ class OpenAIServing:
         tokenizer = self.engine.tokenizer
         if isinstance(req, ChatCompletionRequest):
             kind, prefix = "chat", "chatcmpl"
-            prompt_text = tokenizer.apply_chat_template(req.chat_messages())
+            messages = req.chat_messages()
+            if self.system_prompt and not any(m["role"] == "system" for m in messages):
+                messages = [{"role": "system", "content": self.system_prompt}, *messages]
+            prompt_text = tokenizer.apply_chat_template(messages)
             prompt_ids = list(tokenizer.encode(prompt_text))
         else:
             kind, prefix = "completion", "cmpl"

@@ -110,3 +110,15 @@ def test_model_that_fails_to_load_exits_with_one_line(tmp_path: Path) -> None:
     bogus.write_text("not a gguf file")
     proc = run_cli("serve", "--model", str(bogus), "--port", "0", "--log-level", "critical")
     assert_one_line_error(proc, "loading model")
+
+
+def test_system_prompt_defaults_to_the_catalog_models_own(tmp_path: Path) -> None:
+    from cloud_server.__main__ import _system_prompt
+    from hybridllm.models import load_catalog
+
+    own = load_catalog()["smollm2-135m-instruct"].extra["system_prompt"]
+    assert own and _system_prompt("smollm2-135m-instruct", None) == own
+    assert _system_prompt("smollm2-135m-instruct", "") is None  # '' turns it off
+    assert _system_prompt("smollm2-135m-instruct", "Be brief.") == "Be brief."
+    assert _system_prompt("gemma3-270m", None) is None  # a base model has none
+    assert _system_prompt(str(tmp_path), None) is None  # a path is not a catalog id

@@ -352,3 +352,17 @@ def test_load_failure_reported() -> None:
         assert r.status_code == 503 and r.json()["status"] == "error"
     finally:
         srv.stop()
+
+
+def test_default_system_prompt_only_when_the_request_has_none() -> None:
+    engine = FakeEngine(max_num_seqs=2, max_waiting=4, max_model_len=512)
+    srv = ThreadServer(create_app(lambda: engine, system_prompt="Be brief.")).start()
+    try:
+        with httpx.Client(base_url=srv.url, timeout=30) as c:
+            plain = c.post("/v1/chat/completions", json={"model": "fake-model", "messages": MSGS})
+            own = [{"role": "developer", "content": "Mine."}, *MSGS]
+            given = c.post("/v1/chat/completions", json={"model": "fake-model", "messages": own})
+        assert plain.json()["usage"]["prompt_tokens"] == len("<system>Be brief.\n<user>Hi\n<assistant>")
+        assert given.json()["usage"]["prompt_tokens"] == len("<system>Mine.\n<user>Hi\n<assistant>")
+    finally:
+        srv.stop()

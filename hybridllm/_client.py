@@ -226,7 +226,10 @@ class _Core:
             if parts:
                 raise _PartialOutput(exc, "".join(parts), ttft) from exc
             raise _NoOutput(exc) from exc
-        except NotImplementedError as exc:  # this edge backend cannot continue a broken answer
+        except NotImplementedError as exc:
+            if not prefix:
+                raise
+            # the edge backend cannot continue the answer the cloud broke off
             raise CloudUnavailableError(
                 f"the cloud stream broke mid-answer and {exc}; retry the request") from exc
         cost = 0.0

@@ -142,7 +142,8 @@ class LlamaCppBackend(Backend):
     def stream_continuation(self, messages: Messages, prefix: str,
                             params: GenerationParams) -> Iterator[Delta]:
         # the rendered prompt ends with the assistant turn's opening, so the prefix reads as the
-        # start of this model's own answer; the new tokens count against max_tokens
+        # start of this model's own answer; up to max_tokens new tokens follow it (the prefix's
+        # tokens are not counted against max_tokens)
         return self._stream(messages, params, prefix)
 
     def _stream(self, messages: Messages, params: GenerationParams, prefix: str) -> Iterator[Delta]:

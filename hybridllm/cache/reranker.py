@@ -271,7 +271,7 @@ class Reranker:
         return out
 
     def probs(self, queries: Sequence[str], cached: Sequence[str]) -> np.ndarray:
-        return 1.0 / (1.0 + np.exp(-np.clip(self.logits(queries, cached), -30.0, 30.0)))
+        return _sigmoid(self.logits(queries, cached))
 
 
 class RerankVerifier:
@@ -306,10 +306,14 @@ class RerankVerifier:
         if self.stack is not None and self.features is not None:
             features = pair_features(queries, cached, q_vecs, c_vecs, self.features.idf)
             logits = self.stack.logit(stack_inputs(logits, features, self.features))
-        return 1.0 / (1.0 + np.exp(-np.clip(logits, -30.0, 30.0)))
+        return _sigmoid(logits)
 
     def accept(self, probs: np.ndarray, similarity: np.ndarray) -> np.ndarray:
         return (np.asarray(similarity) >= self.min_similarity) & (np.asarray(probs) >= self.threshold)
+
+
+def _sigmoid(logits: np.ndarray) -> np.ndarray:
+    return 1.0 / (1.0 + np.exp(-np.clip(logits, -30.0, 30.0)))
 
 
 def load_stacked_features(info: RerankerInfo) -> HitVerifier:

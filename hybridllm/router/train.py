@@ -40,11 +40,12 @@ SHIPPED_COMMAND = (
 )
 
 
-def fold_ids(prompts: list[str], num_folds: int) -> np.ndarray:
-    """Fold of each prompt from a hash of its text: ``[n]`` ints in ``[0, num_folds)``."""
+def fold_ids(prompts: list[str], num_folds: int, *, salt: str = "") -> np.ndarray:
+    """Fold of each prompt from a hash of its text: ``[n]`` ints in ``[0, num_folds)``. Another
+    ``salt`` gives another assignment, still by question (``bench.router_cv`` compares them)."""
     return np.asarray(
-        [int(hashlib.sha1(p.encode("utf-8", "surrogatepass")).hexdigest()[:12], 16) % num_folds
-         for p in prompts],
+        [int(hashlib.sha1((salt + p).encode("utf-8", "surrogatepass")).hexdigest()[:12], 16)
+         % num_folds for p in prompts],
         dtype=np.int64,
     )
 
@@ -81,12 +82,12 @@ def _fit(x: np.ndarray, gain: np.ndarray, emb: np.ndarray | None, hp: Hyper) -> 
 
 def cross_validate(
     data: RoutingData, x: np.ndarray, emb: np.ndarray | None, *, hyper: Hyper = Hyper(),
-    num_folds: int = DEFAULT_FOLDS,
+    num_folds: int = DEFAULT_FOLDS, fold_salt: str = "",
 ) -> CVResult:
     """Out-of-fold scores for every prompt and the router metrics on them."""
     if num_folds < 2:
         raise DataError(f"Cross-validation needs at least 2 folds, got {num_folds}.")
-    folds = fold_ids(data.prompts, num_folds)
+    folds = fold_ids(data.prompts, num_folds, salt=fold_salt)
     gain = _gain(data)
     oof = np.zeros(len(gain), dtype=np.float64)
     per_fold = []

@@ -30,11 +30,14 @@ def cache_dir() -> Path:
 
 
 def assets_dir() -> Path:
-    """The shipped catalog and small trained artifacts (the repository's ``models/`` folder)."""
-    here = Path(__file__).resolve().parent
-    for candidate in (here.parent / "models", here / "_assets"):
-        if (candidate / "catalog.json").is_file():
-            return candidate
-    raise FileNotFoundError(
-        f"The model catalog is missing (looked in {here.parent / 'models'}); reinstall hybridllm."
-    )
+    """The shipped catalog and small trained artifacts: the package data folder ``hybridllm/_data``.
+
+    Found through the package (``importlib.resources``), so it is the same folder in a checkout, an
+    editable install and a wheel. A zipped install would need ``as_file``; hybridllm is never zip-safe.
+    """
+    from importlib.resources import files
+
+    folder = Path(str(files("hybridllm") / "_data"))
+    if not (folder / "catalog.json").is_file():
+        raise FileNotFoundError(f"The model catalog is missing (looked in {folder}); reinstall hybridllm.")
+    return folder

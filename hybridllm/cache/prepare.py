@@ -27,6 +27,7 @@ from typing import Any
 from .._exceptions import ModelError
 from .._paths import data_dir
 from . import onnx_graph
+from .reranker_file import cross_encoder_weights
 
 EMBEDDER_ID = "minilm-l6-v2"
 FP32_NAME = "model.onnx"
@@ -69,8 +70,6 @@ def prepare_reranker(
     notice: Notice | None = None,
 ) -> Path:
     """The folder of a reranker file's ONNX files (see :func:`.reranker_file.read_weights`)."""
-    from .reranker_file import cross_encoder_weights
-
     def build(src: Path) -> Any:
         return onnx_graph.cross_encoder(onnx_graph.read_config(src), cross_encoder_weights(weights_file, src))
 

@@ -20,6 +20,7 @@ import numpy as np
 
 from .._exceptions import CacheError
 from .._paths import assets_dir
+from .onnx_graph import read_base_weights
 
 FORMAT = "hybridllm-cache-reranker"
 VERSION = 2  # 2: layer matrices as low-rank changes to the base model
@@ -128,8 +129,6 @@ def read_weights(path: str | Path, base: dict[str, Any] | None = None) -> dict[s
 
 def base_cross_encoder_weights(model_dir: Path) -> dict[str, np.ndarray]:
     """The base model's weights under the cross-encoder's parameter names (``encoder.*``)."""
-    from .onnx_graph import read_base_weights
-
     return {f"encoder.{k}": v for k, v in read_base_weights(model_dir).items()}
 
 

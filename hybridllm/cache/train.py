@@ -1,6 +1,6 @@
-"""Train the hit verifier on labelled question pairs and write ``models/cache_verifier.npz``.
+"""Train the hit verifier on labelled question pairs and write ``hybridllm/_data/cache_verifier.npz``.
 
-    python -m hybridllm.cache.train --data ../shared/data/paraphrase/qqp_pairs.jsonl --out models/
+    python -m hybridllm.cache.train --data ../shared/data/paraphrase/qqp_pairs.jsonl --out hybridllm/_data/
 
 Pairs are split 70/15/15 into train / validation / test by connected component of the question
 graph (two pairs that share a question land in the same split), so no test question is seen in
@@ -22,6 +22,7 @@ import time
 import zlib
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -29,7 +30,7 @@ from .._exceptions import DataError
 from .._paths import cache_dir
 from .evaluate import PairSet, load_pairs, pair_metrics
 from .features import NUM_HANDCRAFTED, Idf, pair_features
-from .verifier import DEFAULT_NAME, HitVerifier, Trees
+from .verifier import _TREE_FIELDS, DEFAULT_NAME, FORMAT, VERSION, HitVerifier, Trees
 
 SPLITS = ("train", "val", "test")
 
@@ -172,7 +173,7 @@ def train(
     tree_x = np.concatenate([x_train[:, :NUM_HANDCRAFTED], oof[:, None]], axis=1)
     gbt.fit(tree_x, y_train)
     verifier = HitVerifier(
-        Trees.from_sklearn(gbt),
+        trees_from_sklearn(gbt),
         idf=idf,
         linear=linear,
         threshold=0.5,
@@ -200,9 +201,58 @@ def train(
     metrics.update(threshold=verifier.threshold, seed=seed, target_precision=target_precision)
     verifier.metrics = metrics
     out_dir.mkdir(parents=True, exist_ok=True)
-    verifier.save(out_dir / DEFAULT_NAME)
+    save_verifier(verifier, out_dir / DEFAULT_NAME)
     say(f"wrote {out_dir / DEFAULT_NAME}")
     return metrics
+
+
+def trees_from_sklearn(model: Any) -> Trees:
+    """The node arrays of a fitted binary ``HistGradientBoostingClassifier`` (numeric features only)."""
+    parts: dict[str, list[np.ndarray]] = {k: [] for k in _TREE_FIELDS if k != "roots"}
+    roots, offset = [], 0
+    for (predictor,) in model._predictors:
+        nodes = predictor.nodes
+        roots.append(offset)
+        parts["feature"].append(nodes["feature_idx"].astype(np.int32))
+        parts["threshold"].append(nodes["num_threshold"].astype(np.float64))
+        parts["left"].append(nodes["left"].astype(np.int32) + offset)
+        parts["right"].append(nodes["right"].astype(np.int32) + offset)
+        parts["value"].append(nodes["value"].astype(np.float64))
+        parts["is_leaf"].append(nodes["is_leaf"].astype(bool))
+        offset += len(nodes)
+    return Trees(
+        **{k: np.concatenate(v) for k, v in parts.items()},
+        roots=np.asarray(roots, dtype=np.int32),
+        baseline=float(np.ravel(model._baseline_prediction)[0]),
+    )
+
+
+def save_verifier(verifier: HitVerifier, path: str | Path) -> Path:
+    """Write ``verifier`` as plain arrays (read back by :meth:`.HitVerifier.load`), atomically."""
+    path = Path(path)
+    names = sorted(verifier.metrics)
+    words = sorted(verifier.idf.weights)
+    arrays: dict[str, np.ndarray] = {
+        "format": np.array(FORMAT),
+        "version": np.array(VERSION),
+        "threshold": np.array(verifier.threshold),
+        "min_similarity": np.array(verifier.min_similarity),
+        "metric_names": np.array(names, dtype=str),
+        "metric_values": np.array([verifier.metrics[k] for k in names], dtype=np.float64),
+        "idf_words": np.array(words, dtype=str),
+        "idf_values": np.array([verifier.idf.weights[w] for w in words], dtype=np.float32),
+        "idf_default": np.array(verifier.idf.default),
+        "tree_baseline": np.array(verifier.trees.baseline),
+    }
+    for field in _TREE_FIELDS:
+        arrays[f"tree_{field}"] = getattr(verifier.trees, field)
+    if verifier.linear is not None:
+        w, b, mean, scale = verifier.linear
+        arrays.update(lin_w=w, lin_b=np.array(b), lin_mean=mean, lin_scale=scale)
+    tmp = path.with_name(path.name + ".tmp.npz")
+    np.savez_compressed(tmp, **arrays)  # type: ignore[arg-type]
+    tmp.replace(path)
+    return path
 
 
 def precision_at_recall(scores: np.ndarray, labels: np.ndarray, recall: float) -> float:
@@ -216,7 +266,7 @@ def precision_at_recall(scores: np.ndarray, labels: np.ndarray, recall: float) -
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m hybridllm.cache.train", description=__doc__)
     parser.add_argument("--data", type=Path, required=True, help="JSONL: text_a, text_b, label")
-    parser.add_argument("--out", type=Path, default=Path("models"))
+    parser.add_argument("--out", type=Path, default=Path("hybridllm/_data"))
     parser.add_argument("--target-precision", type=float, default=0.95)
     parser.add_argument("--min-similarity", type=float, default=0.5)
     parser.add_argument("--seed", type=int, default=0)

@@ -1,6 +1,7 @@
-"""Fine-tune the cache reranker on labelled question pairs; write ``models/cache_reranker.npz``.
+"""Fine-tune the cache reranker on labelled question pairs; write ``hybridllm/_data/cache_reranker.npz``.
 
-    python -m hybridllm.cache.train_reranker --data ../shared/data/paraphrase/qqp_pairs.jsonl --out models/
+    python -m hybridllm.cache.train_reranker \\
+        --data ../shared/data/paraphrase/qqp_pairs.jsonl --out hybridllm/_data/
 
 Needs the ``[export]`` extra (torch). The split is the feature verifier's (:func:`split_of_pairs`:
 70/15/15 by connected component of shared questions, so no validation or test question is seen in
@@ -34,7 +35,16 @@ from .._paths import cache_dir
 from .evaluate import PairSet, load_pairs, pair_metrics
 from .prepare import EMBEDDER_ID, reranker_dir
 from .reranker import MAX_TOKENS, Reranker, stack_inputs
-from .reranker_file import DEFAULT_NAME, DELTA_PREFIX, FORMAT, VERSION, Stack, file_digest, read_info
+from .reranker_file import (
+    DEFAULT_NAME,
+    DELTA_PREFIX,
+    FORMAT,
+    VERSION,
+    Stack,
+    base_cross_encoder_weights,
+    file_digest,
+    read_info,
+)
 from .train import choose_threshold, embed_texts, featurize, precision_at_recall, split_of_pairs
 from .verifier import HitVerifier
 from .verifier import default_path as features_default_path
@@ -234,8 +244,6 @@ def weights_digest(arrays: dict[str, np.ndarray]) -> str:
 
 def _base_weights() -> dict[str, np.ndarray]:
     from ..models import pull
-    from .reranker_file import base_cross_encoder_weights
-
     return base_cross_encoder_weights(pull(EMBEDDER_ID))
 
 
@@ -357,7 +365,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m hybridllm.cache.train_reranker", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data", type=Path, required=True, help="JSONL: text_a, text_b, label")
-    parser.add_argument("--out", type=Path, default=Path("models"), help="folder for cache_reranker.npz")
+    parser.add_argument(
+        "--out", type=Path, default=Path("hybridllm/_data"), help="folder for cache_reranker.npz"
+    )
     parser.add_argument("--epochs", type=float, default=1.0)
     parser.add_argument("--lr", type=float, default=4e-5)
     parser.add_argument("--batch-size", type=int, default=32)

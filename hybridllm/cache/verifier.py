@@ -7,10 +7,10 @@ Two stages, both plain numpy at run time:
 2. gradient-boosted trees (trained with scikit-learn's HistGradientBoosting, exported node by node)
    over the surface features and ``z`` give the probability.
 
-The file is an ``.npz`` of plain arrays, loaded with ``allow_pickle=False`` (a file can hold no
-code): the IDF table, the linear stage, the trees' node arrays, ``threshold`` (the shipped
-operating point, chosen on a validation split for precision) and ``min_similarity`` (the cosine
-below which a candidate is not scored at all).
+Run time only: training and writing the file are in :mod:`.train`. The file is an ``.npz`` of plain
+arrays, loaded with ``allow_pickle=False`` (a file can hold no code): the IDF table, the linear
+stage, the trees' node arrays, ``threshold`` (the shipped operating point, chosen on a validation
+split for precision) and ``min_similarity`` (the cosine below which a candidate is not scored at all).
 """
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
@@ -48,27 +47,6 @@ class Trees:
     is_leaf: np.ndarray  # [num_nodes] bool
     roots: np.ndarray  # [num_trees] int32
     baseline: float
-
-    @classmethod
-    def from_sklearn(cls, model: Any) -> Trees:
-        """Export a fitted binary ``HistGradientBoostingClassifier`` (numeric features only)."""
-        parts: dict[str, list[np.ndarray]] = {k: [] for k in _TREE_FIELDS if k != "roots"}
-        roots, offset = [], 0
-        for (predictor,) in model._predictors:
-            nodes = predictor.nodes
-            roots.append(offset)
-            parts["feature"].append(nodes["feature_idx"].astype(np.int32))
-            parts["threshold"].append(nodes["num_threshold"].astype(np.float64))
-            parts["left"].append(nodes["left"].astype(np.int32) + offset)
-            parts["right"].append(nodes["right"].astype(np.int32) + offset)
-            parts["value"].append(nodes["value"].astype(np.float64))
-            parts["is_leaf"].append(nodes["is_leaf"].astype(bool))
-            offset += len(nodes)
-        return cls(
-            **{k: np.concatenate(v) for k, v in parts.items()},
-            roots=np.asarray(roots, dtype=np.int32),
-            baseline=float(np.ravel(model._baseline_prediction)[0]),
-        )
 
     def raw(self, x: np.ndarray) -> np.ndarray:
         """``[n, num_features]`` -> ``[n]`` summed log-odds."""
@@ -133,34 +111,6 @@ class HitVerifier:
     def accept(self, probs: np.ndarray, similarity: np.ndarray) -> np.ndarray:
         """Which pairs count as hits at the shipped operating point."""
         return (np.asarray(similarity) >= self.min_similarity) & (np.asarray(probs) >= self.threshold)
-
-    # ------------------------------------------------------------------ files
-
-    def save(self, path: str | Path) -> Path:
-        path = Path(path)
-        names = sorted(self.metrics)
-        words = sorted(self.idf.weights)
-        arrays: dict[str, np.ndarray] = {
-            "format": np.array(FORMAT),
-            "version": np.array(VERSION),
-            "threshold": np.array(self.threshold),
-            "min_similarity": np.array(self.min_similarity),
-            "metric_names": np.array(names, dtype=str),
-            "metric_values": np.array([self.metrics[k] for k in names], dtype=np.float64),
-            "idf_words": np.array(words, dtype=str),
-            "idf_values": np.array([self.idf.weights[w] for w in words], dtype=np.float32),
-            "idf_default": np.array(self.idf.default),
-            "tree_baseline": np.array(self.trees.baseline),
-        }
-        for field in _TREE_FIELDS:
-            arrays[f"tree_{field}"] = getattr(self.trees, field)
-        if self.linear is not None:
-            w, b, mean, scale = self.linear
-            arrays.update(lin_w=w, lin_b=np.array(b), lin_mean=mean, lin_scale=scale)
-        tmp = path.with_name(path.name + ".tmp.npz")
-        np.savez_compressed(tmp, **arrays)  # type: ignore[arg-type]
-        tmp.replace(path)
-        return path
 
     @classmethod
     def load(cls, path: str | Path | None = None) -> HitVerifier:

@@ -1,4 +1,4 @@
-"""The catalog of embedded models (``models/catalog.json``)."""
+"""The catalog of embedded models (``hybridllm/_data/catalog.json``, found through the package)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The learned difficulty router and the routing policies.
 
-    router = load_router()                       # the shipped default (models/router/)
+    router = load_router()                       # the shipped default (hybridllm/_data/router/)
     router.score(messages) -> float in [0, 1]    # route = "cloud" if score >= router.threshold
     policy = RoutingPolicy(router, privacy="redact", budget=Budget(max_cloud_calls_per_hour=100))
     decision = policy.decide(messages)           # Decision(route, reason, score, ...)

@@ -36,7 +36,7 @@ from .router import DEFAULT_LOGPROB_THRESHOLD, Router
 
 DEFAULT_FOLDS = 5
 SHIPPED_COMMAND = (
-    "hybridllm router train --data ../shared/data/routellm/mmlu_responses.csv --out models/router"
+    "hybridllm router train --data ../shared/data/routellm/mmlu_responses.csv --out hybridllm/_data/router"
 )
 
 

@@ -43,6 +43,8 @@ def test_pair_features_shape_and_symmetric_parts() -> None:
 def test_exported_trees_match_scikit_learn_and_roundtrip(tmp_path: Path) -> None:
     from sklearn.ensemble import HistGradientBoostingClassifier
 
+    from hybridllm.cache.train import save_verifier, trees_from_sklearn
+
     rng = np.random.default_rng(1)
     n = NUM_HANDCRAFTED + 768
     x = rng.standard_normal((600, n)).astype(np.float32)
@@ -64,9 +66,9 @@ def test_exported_trees_match_scikit_learn_and_roundtrip(tmp_path: Path) -> None
     )
     tree_x = verifier.tree_inputs(x)
     gbt = HistGradientBoostingClassifier(max_iter=30, random_state=0).fit(tree_x, y)
-    verifier.trees = Trees.from_sklearn(gbt)
+    verifier.trees = trees_from_sklearn(gbt)
     np.testing.assert_allclose(verifier.predict_features(x), gbt.predict_proba(tree_x)[:, 1], atol=1e-6)
-    path = verifier.save(tmp_path / "v.npz")
+    path = save_verifier(verifier, tmp_path / "v.npz")
     loaded = HitVerifier.load(path)
     np.testing.assert_allclose(loaded.predict_features(x), verifier.predict_features(x), atol=1e-6)
     assert loaded.threshold == 0.7 and loaded.metrics == {"test_precision": 0.96}

@@ -1,0 +1,282 @@
+"""The on-device backend on ONNX Runtime GenAI (onnxruntime-genai), the runtime mobile apps ship.
+
+The model is a folder prepared once from the catalog's GGUF (:mod:`hybridllm.models.onnx_prepare`).
+ONNX Runtime GenAI runs the model and keeps the KV cache; we drive the token loop ourselves, as
+the llama.cpp backend does, for the same behaviour on both runtimes:
+
+- each step appends the last token (``append_tokens``) and reads the next token's logits, so the
+  first token is out right after the prompt's prefill and nothing runs after the caller stops;
+- sampling is ours (``_sample``: top-k, top-p, min-p, temperature, repeat penalty, as llama.cpp
+  orders them) with a per-request seed, and the log-probability comes from the same logits;
+- the KV cache survives between requests: a new prompt rewinds to the longest common prefix
+  (``rewind_to``), so a conversation's next turn prefills only what is new. Each step takes the
+  lock and re-syncs the cache to its own sequence, so no lock is held while the caller reads and
+  two streams from any threads interleave correctly (each step re-prefills what the other changed).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from .._exceptions import EdgeError, InvalidRequestError, ModelCorruptError
+from .._types import GenerationParams, Messages, Usage
+from ..models.onnx_store import DEFAULT_PRECISION, read_meta, resolve_onnx
+from ..models.store import Progress
+from ..prompts import PromptFormat
+from .base import Backend, Delta, register_backend
+from .llama_cpp import DEFAULT_MODEL, StopMatcher
+
+_PENALTY_WINDOW = 64  # llama.cpp's default repeat_last_n
+
+
+def _sample(row: Any, params: GenerationParams, rng: Any, recent: list[int]) -> int:
+    """Pick the next token from ``row`` ([vocab] raw logits)."""
+    import numpy as np
+
+    penalty = float(getattr(params, "repeat_penalty", 1.0) or 1.0)
+    if penalty != 1.0 and recent:
+        # llama.cpp's rule: a seen token's positive logit is divided by the penalty, a negative one
+        # multiplied, so both move towards "less likely"
+        seen = np.unique(np.asarray(recent[-_PENALTY_WINDOW:]))
+        row = row.copy()
+        row[seen] = np.where(row[seen] > 0, row[seen] / penalty, row[seen] * penalty)
+    if params.temperature == 0.0:
+        return int(row.argmax())
+    min_p = float(getattr(params, "min_p", 0.0) or 0.0)
+    vocab = row.shape[0]
+    k = params.top_k if 0 < params.top_k < vocab else vocab
+    if k == vocab and params.top_p >= 1.0 and min_p <= 0.0:
+        ids, vals = None, row.astype(np.float64)  # the whole vocabulary: no sort needed
+    else:
+        ids = np.argpartition(row, vocab - k)[vocab - k :] if k < vocab else np.arange(vocab)
+        ids = ids[np.argsort(-row[ids], kind="stable")]  # candidates, most likely first
+        vals = row[ids].astype(np.float64)
+        probs = np.exp(vals - vals[0])
+        probs /= probs.sum()
+        keep = int(np.searchsorted(np.cumsum(probs), params.top_p) + 1) if params.top_p < 1.0 else k
+        if min_p > 0.0:
+            keep = min(keep, max(1, int((probs >= min_p * probs[0]).sum())))
+        ids, vals = ids[:keep], vals[:keep]
+    # p_i = softmax(logit_i / T) over the kept candidates
+    weights = np.exp((vals - vals.max()) / params.temperature)
+    pick = int(np.searchsorted(np.cumsum(weights), rng.random() * weights.sum(), side="right"))
+    pick = min(pick, weights.shape[0] - 1)
+    return pick if ids is None else int(ids[pick])
+
+
+class OnnxBackend(Backend):
+    """Chat and completion on a prepared ONNX Runtime GenAI model folder on the CPU."""
+
+    name = "onnx"
+
+    def __init__(
+        self,
+        model: str | os.PathLike[str] = DEFAULT_MODEL,
+        *,
+        n_ctx: int = 4096,
+        n_threads: int | None = None,
+        precision: str = DEFAULT_PRECISION,
+        chat_format: str | None = None,  # "template", "completion" or None (from the model)
+        system_prompt: str | None = None,  # used when a conversation has none; "" = never
+        progress: Progress | None = None,
+        **_unused: Any,  # llama.cpp-only settings (n_batch, verbose) a shared config may pass
+    ) -> None:
+        self.model, self.model_path, spec = resolve_onnx(model, precision=precision, progress=progress)
+        try:
+            import onnxruntime_genai as og
+        except ImportError as exc:
+            raise EdgeError(
+                "The ONNX backend needs onnxruntime-genai: pip install 'hybridllm[onnx]'"
+            ) from exc
+        self._og = og
+        self.n_threads = n_threads
+        try:
+            config = og.Config(str(self.model_path))
+            if n_threads:
+                options = {"intra_op_num_threads": int(n_threads), "inter_op_num_threads": 1}
+                config.overlay(json.dumps({"model": {"decoder": {"session_options": options}}}))
+            self._model: Any = og.Model(config)
+            self._tok: Any = og.Tokenizer(self._model)
+        except RuntimeError as exc:
+            raise ModelCorruptError(
+                f"ONNX Runtime GenAI could not load {self.model_path} ({exc}). Prepare it again "
+                "with `hybridllm models prepare ID --backend onnx --force`."
+            ) from exc
+        genai = json.loads((self.model_path / "genai_config.json").read_text())["model"]
+        meta = read_meta(self.model_path)
+        template, bos, eos, add_bos = _prompt_files(self.model_path, meta)
+        if chat_format is None:
+            chat_format = (
+                (spec.chat_format if spec else None)
+                or meta.get("chat_format")
+                or ("template" if template else "completion")
+            )
+        if chat_format == "template" and not template:
+            raise ModelCorruptError(f"{self.model_path} has no chat template; use chat_format='completion'.")
+        self.chat_format = chat_format
+        if system_prompt is None:
+            system_prompt = (spec.extra.get("system_prompt") if spec else None) or meta.get("system_prompt")
+        self.system_prompt = system_prompt or None
+        self.prompt_format = PromptFormat(
+            chat_template=template if chat_format == "template" else None,
+            bos_token=bos,
+            eos_token=eos,
+            system_prompt=self.system_prompt,
+        )
+        self._add_bos = add_bos
+        self._bos_id = genai.get("bos_token_id")
+        eos_ids = genai.get("eos_token_id", [])
+        self._eos_ids = set(eos_ids if isinstance(eos_ids, list) else [eos_ids])
+        self._eos_ids.update(int(t) for t in self._tok.eos_token_ids)
+        if eos:
+            self._eos_ids.add(int(self._tok.to_token_id(eos)))
+        self._n_ctx = min(n_ctx, int(genai.get("context_length") or n_ctx))
+        self._lock = threading.Lock()
+        self._gen: Any = None  # one generator (one KV cache), made on first use
+        self._cached: list[int] = []  # the tokens the KV cache holds
+        self._last_row: Any = None  # logits after ``_cached``
+
+    @property
+    def context_length(self) -> int:
+        return self._n_ctx
+
+    def render(self, messages: Messages) -> str:
+        return self.prompt_format.render(messages)
+
+    def tokenize(self, messages: Messages, *, prefix: str = "") -> list[int]:
+        ids = [int(t) for t in self._tok.encode(self.render(messages) + prefix)]
+        if self._add_bos and self._bos_id is not None and (not ids or ids[0] != self._bos_id):
+            ids.insert(0, int(self._bos_id))
+        return ids
+
+    def count_tokens(self, messages: Messages) -> int:
+        return len(self.tokenize(messages))
+
+    def stream(self, messages: Messages, params: GenerationParams) -> Iterator[Delta]:
+        return self._stream(messages, params, "")
+
+    def stream_continuation(
+        self, messages: Messages, prefix: str, params: GenerationParams
+    ) -> Iterator[Delta]:
+        # the prompt ends with the assistant turn's opening, so the prefix reads as the start of
+        # this model's own answer; max_tokens counts only the new tokens
+        return self._stream(messages, params, prefix)
+
+    def _stream(self, messages: Messages, params: GenerationParams, prefix: str) -> Iterator[Delta]:
+        stops = tuple(dict.fromkeys(params.stop + self.prompt_format.stops(messages)))
+        tokens = self.tokenize(messages, prefix=prefix)
+        if len(tokens) >= self.context_length:
+            raise InvalidRequestError(
+                f"The prompt is {len(tokens)} tokens; the edge model's context holds "
+                f"{self.context_length}. Shorten the conversation or send it to the cloud."
+            )
+        return self._generate(tokens, params, stops)
+
+    def _logits(self, seq: list[int]) -> Any:
+        """[vocab] logits of the token after ``seq``, reusing the cache's common prefix."""
+        import numpy as np
+
+        with self._lock:
+            if self._model is None:
+                raise EdgeError("The ONNX backend is closed.")
+            cached = self._cached
+            if cached == seq and self._last_row is not None:
+                return self._last_row
+            common = 0
+            if len(cached) < len(seq) and seq[: len(cached)] == cached:
+                common = len(cached)  # the usual step: one new token after our own sequence
+            else:
+                for a, b in zip(cached, seq, strict=False):
+                    if a != b:
+                        break
+                    common += 1
+                common = min(common, len(seq) - 1)  # at least one token must run for logits
+            try:
+                if self._gen is None or common == 0:
+                    params = self._og.GeneratorParams(self._model)
+                    params.set_search_options(max_length=self._n_ctx)
+                    self._gen, common = self._og.Generator(self._model, params), 0
+                elif common < len(cached):
+                    self._gen.rewind_to(common)
+                self._cached = []  # unknown until the append below succeeds
+                self._gen.append_tokens(seq[common:])
+                row = np.array(self._gen.get_logits()[0, -1], dtype=np.float32)  # [vocab], a copy
+            except RuntimeError as exc:
+                self._gen, self._last_row = None, None
+                raise EdgeError(f"ONNX Runtime GenAI failed while generating: {exc}") from exc
+            self._cached, self._last_row = list(seq), row
+            return row
+
+    def _generate(
+        self, tokens: list[int], params: GenerationParams, stops: tuple[str, ...]
+    ) -> Iterator[Delta]:
+        import numpy as np
+
+        seed = params.seed if params.seed is not None else random.randrange(2**31)
+        rng = np.random.default_rng(seed)
+        budget = min(params.max_tokens, self.context_length - len(tokens))
+        detok = self._tok.create_stream()
+        matcher = StopMatcher(stops)
+        seq, n_out, finish = list(tokens), 0, "length"
+        while n_out < budget:
+            row = self._logits(seq)
+            token = _sample(row, params, rng, seq[len(tokens) :])
+            if token in self._eos_ids:
+                finish = "stop"
+                break
+            n_out += 1
+            logprob = None
+            if params.logprobs:
+                peak = float(row.max())  # log p(token) = logit - logsumexp(logits)
+                logprob = float(row[token] - peak - np.log(np.exp(row - peak).sum()))
+            text, hit = matcher.feed(detok.decode(token))
+            if text or logprob is not None:
+                yield Delta(text, logprob=logprob)  # the caller may stop here: nothing else runs
+            if hit:
+                finish = "stop"
+                break
+            seq.append(token)
+        tail = matcher.flush() if finish == "length" else ""
+        yield Delta(tail, finish_reason=finish, usage=Usage(len(tokens), n_out))
+
+    def close(self) -> None:
+        with self._lock:
+            self._gen, self._cached, self._last_row = None, [], None
+            self._tok = self._model = None
+
+
+def _prompt_files(folder: Path, meta: dict[str, Any]) -> tuple[str | None, str, str, bool]:
+    """(chat template, BOS text, EOS text, add BOS) from our record, else the builder's files."""
+    tok_config: dict[str, Any] = {}
+    path = folder / "tokenizer_config.json"
+    if path.is_file():
+        try:
+            tok_config = json.loads(path.read_text())
+        except ValueError:
+            tok_config = {}
+    template = meta.get("chat_template") or tok_config.get("chat_template")
+    jinja = folder / "chat_template.jinja"
+    if not template and jinja.is_file():
+        template = jinja.read_text()
+
+    def text(key: str) -> str:
+        value = meta.get(key) or tok_config.get(key) or ""
+        return str(value.get("content", "")) if isinstance(value, dict) else str(value)
+
+    add_bos = bool(meta.get("add_bos_token", tok_config.get("add_bos_token", False)))
+    return template, text("bos_token"), text("eos_token"), add_bos
+
+
+def _factory(**kwargs: Any) -> OnnxBackend:
+    return OnnxBackend(**kwargs)
+
+
+register_backend("onnx", _factory)
+
+__all__ = ["OnnxBackend"]

@@ -5,7 +5,7 @@
     print(llm.chat("What is the capital of France?").text)
 """
 
-from ._client import AsyncHybridLLM, HybridLLM, Stream
+from ._client import AsyncHybridLLM, AsyncStream, HybridLLM, Stream
 from ._exceptions import (
     BackendError,
     CacheCorruptError,
@@ -16,6 +16,7 @@ from ._exceptions import (
     CloudUnavailableError,
     ConfigError,
     DataError,
+    EdgeBusyError,
     EdgeError,
     HybridLLMError,
     InvalidRequestError,
@@ -25,14 +26,16 @@ from ._exceptions import (
     ModelPackageMissingError,
     RouterError,
     RouterFileError,
+    StreamConsumedError,
 )
-from ._types import Chunk, Completion, GenerationParams, Usage
+from ._types import Chunk, Completion, Decision, GenerationParams, Usage
 from .backends.base import Backend, Delta
 
 __version__ = "0.1.0"
 
 __all__ = [
     "AsyncHybridLLM",
+    "AsyncStream",
     "Backend",
     "BackendError",
     "CacheCorruptError",
@@ -45,7 +48,9 @@ __all__ = [
     "Completion",
     "ConfigError",
     "DataError",
+    "Decision",
     "Delta",
+    "EdgeBusyError",
     "EdgeError",
     "GenerationParams",
     "HybridLLM",
@@ -58,6 +63,7 @@ __all__ = [
     "RouterError",
     "RouterFileError",
     "Stream",
+    "StreamConsumedError",
     "Usage",
     "__version__",
 ]

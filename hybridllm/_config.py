@@ -19,21 +19,28 @@ from typing import Any
 from ._exceptions import ConfigError
 
 SECRET_FIELDS = {"cloud_api_key"}
+DEFAULT_EDGE_MODEL = "smollm2-135m-instruct"  # the one place the default model id is written
+CACHE_MIN_LOGPROB = -1.0
 PRIVACY_MODES = ("keep_on_device", "redact", "off")
+EDGE_BACKENDS = ("llama_cpp", "onnx")
 
 
 @dataclass
 class HybridLLMConfig:
     # the device
-    edge_model: str = "smollm2-135m-instruct"
+    edge_model: str = DEFAULT_EDGE_MODEL
+    edge_backend: str = "llama_cpp"  # "llama_cpp" (GGUF) or "onnx" (ONNX Runtime GenAI folder)
     n_ctx: int = 4096
     n_threads: int | None = None
+    edge_max_waiting: int = 64  # requests that may wait for the device model; more: EdgeBusyError
+    edge_wait_timeout_s: float | None = 300.0  # longest wait for the device model's turn
     # the cloud (any OpenAI-compatible endpoint; several URLs are balanced)
     cloud_url: list[str] = field(default_factory=list)
     cloud_api_key: str | None = None
     cloud_model: str | None = None
     cloud_connect_timeout_s: float = 3.0
-    cloud_read_timeout_s: float = 120.0
+    cloud_read_timeout_s: float = 120.0  # longest wait for a read, the first token's included
+    cloud_stall_timeout_s: float | None = 10.0  # longest silence between events after the first
     cloud_max_retries: int = 2
     cloud_breaker_threshold: int = 3
     cloud_breaker_cooldown_s: float = 10.0
@@ -52,10 +59,16 @@ class HybridLLMConfig:
     cache_ttl_s: float | None = 7 * 86400
     cache_max_entries: int = 10000
     cache_verifier: str = "default"  # "default" (reranker) | "features" | "cosine" | a file path
+    # answers whose mean token log-probability is below this are not stored (None: store all);
+    # calibrated with `python -m bench.cache_floor` (see README, "Semantic cache")
+    cache_min_logprob: float | None = CACHE_MIN_LOGPROB
     # default sampling
     max_tokens: int = 256
     temperature: float = 0.7
     top_p: float = 0.95
+    top_k: int = 40
+    min_p: float = 0.0
+    repeat_penalty: float = 1.0
     seed: int | None = None
 
     def __post_init__(self) -> None:
@@ -64,11 +77,17 @@ class HybridLLMConfig:
         for url in self.cloud_url:
             if not url.startswith(("http://", "https://")):
                 raise ConfigError(f"cloud_url must start with http:// or https://, got {url!r}.")
+        if self.edge_backend not in EDGE_BACKENDS:
+            raise ConfigError(f"edge_backend must be one of {EDGE_BACKENDS}, got {self.edge_backend!r}.")
         if self.privacy not in PRIVACY_MODES:
             raise ConfigError(f"privacy must be one of {PRIVACY_MODES}, got {self.privacy!r}.")
         if self.threshold is not None and not 0.0 <= self.threshold <= 1.0:
             raise ConfigError(f"threshold must be in [0, 1], got {self.threshold}.")
-        for name in ("n_ctx", "cache_max_entries", "max_tokens"):
+        for name in ("cloud_stall_timeout_s", "edge_wait_timeout_s"):
+            value = getattr(self, name)
+            if value is not None and not value > 0:
+                raise ConfigError(f"{name} must be positive or None, got {value}.")
+        for name in ("n_ctx", "cache_max_entries", "max_tokens", "edge_max_waiting"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be at least 1, got {getattr(self, name)}.")
         if self.price_per_1k_tokens < 0:

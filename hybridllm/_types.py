@@ -8,6 +8,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ._exceptions import InvalidRequestError
+from .prompts import text_of_content
 
 Message = dict[str, Any]  # OpenAI shape: {"role": "user", "content": "..."}
 Messages = list[Message]
@@ -38,13 +39,7 @@ def normalize_messages(messages: str | Sequence[Message]) -> Messages:
             raise InvalidRequestError(
                 f"messages[{i}] has role {role!r}; use one of {', '.join(ROLES)}."
             )
-        content = msg.get("content")
-        if isinstance(content, list):  # OpenAI content parts: keep the text parts
-            content = "".join(
-                p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text"
-            )
-        if not isinstance(content, str):
-            raise InvalidRequestError(f"messages[{i}]['content'] must be a string.")
+        content = text_of_content(msg.get("content"), where=f"messages[{i}]['content']")
         out.append({"role": "system" if role == "developer" else role, "content": content})
     if not any(m["role"] == "user" for m in out):
         raise InvalidRequestError("The messages hold no user turn: add {'role': 'user', ...}.")
@@ -60,15 +55,21 @@ def last_user_text(messages: Messages) -> str:
 
 @dataclass(frozen=True)
 class GenerationParams:
-    """Sampling settings of one request, validated on construction."""
+    """Sampling settings of one request, validated on construction.
+
+    ``top_k`` 0 and ``min_p`` 0 and ``repeat_penalty`` 1 turn those filters off. The cloud is sent
+    ``top_k`` always and ``min_p`` / ``repetition_penalty`` (vLLM's names) when they are not off.
+    """
 
     max_tokens: int = 256
     temperature: float = 0.7
     top_p: float = 0.95
     top_k: int = 40
+    min_p: float = 0.0
+    repeat_penalty: float = 1.0
     seed: int | None = None
     stop: tuple[str, ...] = ()
-    logprobs: bool = False  # report the log-probability of each sampled token (for the cascade)
+    logprobs: bool = False  # report the log-probability of each sampled token
 
     def __post_init__(self) -> None:
         if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int):
@@ -86,18 +87,33 @@ class GenerationParams:
             raise InvalidRequestError(f"top_p must be in (0, 1], got {self.top_p!r}.")
         if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0:
             raise InvalidRequestError(f"top_k must be an integer >= 0, got {self.top_k!r}.")
-        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
-            raise InvalidRequestError(f"seed must be an integer, got {self.seed!r}.")
+        if not _is_number(self.min_p) or not 0.0 <= self.min_p <= 1.0:
+            raise InvalidRequestError(f"min_p must be in [0, 1], got {self.min_p!r}.")
+        if not _is_number(self.repeat_penalty) or not 0.0 < self.repeat_penalty <= 10.0:
+            raise InvalidRequestError(
+                f"repeat_penalty must be in (0, 10] (1 = off), got {self.repeat_penalty!r}.")
+        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)
+                                      or not -(2**63) <= self.seed < 2**64):
+            raise InvalidRequestError(f"seed must be a 64-bit integer, got {self.seed!r}.")
         stop = self.stop
         if isinstance(stop, str):
             stop = (stop,)
         if stop is None:
             stop = ()
-        if not all(isinstance(s, str) and s for s in stop):
+        if isinstance(stop, list | tuple) and all(isinstance(s, str) and s for s in stop):
+            stop = tuple(stop)
+        else:
             raise InvalidRequestError("stop must be a string or a list of non-empty strings.")
         if len(stop) > 4:
             raise InvalidRequestError("stop takes at most 4 strings.")
-        object.__setattr__(self, "stop", tuple(stop))
+        if not isinstance(self.logprobs, bool):
+            raise InvalidRequestError(f"logprobs must be true or false, got {self.logprobs!r}.")
+        object.__setattr__(self, "stop", stop)
+
+    @property
+    def is_sampled(self) -> bool:
+        """True when the answer is a random draw (temperature > 0 and no seed)."""
+        return self.temperature > 0 and self.seed is None
 
     @classmethod
     def from_kwargs(cls, **kwargs: Any) -> GenerationParams:
@@ -110,13 +126,28 @@ class GenerationParams:
         return cls(**{k: v for k, v in kwargs.items() if v is not None})
 
     def cache_key(self) -> dict[str, Any]:
-        """The settings that change an answer (used to key the semantic cache)."""
-        return {"temperature": self.temperature, "top_p": self.top_p, "max_tokens": self.max_tokens,
-                "stop": list(self.stop)}
+        """Every setting that changes an answer (keys the semantic cache); only ``logprobs``,
+        which changes what is reported and not the text, is left out."""
+        key = {f: getattr(self, f) for f in self.__dataclass_fields__ if f != "logprobs"}
+        key["stop"] = list(self.stop)
+        return key
 
 
 def _is_number(x: Any) -> bool:
     return isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x)
+
+
+@dataclass(frozen=True)
+class Decision:
+    """Where one request goes and why: the plan step's single answer."""
+
+    route: str  # "edge" or "cloud"
+    reason: str
+    score: float | None = None  # the router's difficulty score, when it ran
+    messages_for_cloud: Messages = field(default_factory=list)  # redacted when privacy="redact"
+    pii_kinds: list[str] = field(default_factory=list)
+    cascade: bool = False  # edge first; the cloud when the edge's answer is unsure
+    forced: bool = False  # the caller chose the route
 
 
 @dataclass
@@ -150,6 +181,7 @@ class Completion:
     score: float | None = None  # the router's difficulty score, when it ran
     cache_similarity: float | None = None  # set on a cache hit
     cost_usd: float = 0.0  # estimated cloud cost of this request
+    mean_logprob: float | None = None  # mean log-probability of the edge's answer tokens, if known
 
     @property
     def tokens_per_s(self) -> float | None:

@@ -1,16 +1,29 @@
-"""The client's pipeline on the fake backend (fast); real-model tests are in backends/."""
+"""The client's surface on the fake backend (fast): streams, threads, the async client.
+The same on the real llama.cpp model is in backends/test_llama_cpp_real.py."""
 
 import asyncio
+import threading
+import time
 
 import pytest
 
-from hybridllm import AsyncHybridLLM, HybridLLM, HybridLLMError, InvalidRequestError
+from hybridllm import (
+    AsyncHybridLLM,
+    ConfigError,
+    EdgeBusyError,
+    HybridLLM,
+    HybridLLMError,
+    InvalidRequestError,
+    StreamConsumedError,
+)
 from hybridllm.backends.fake import FakeBackend
 
 
 @pytest.fixture
 def llm():
-    return HybridLLM(edge=FakeBackend(reply=lambda m: "one two three four five"), cache=False)
+    client = HybridLLM(edge=FakeBackend(reply=lambda m: "one two three four five"), cache=False)
+    yield client
+    client.close()
 
 
 def test_chat_returns_a_completion_with_trace(llm):
@@ -29,12 +42,16 @@ def test_stream_text_equals_chat_text(llm):
 
 
 def test_breaking_out_of_a_stream_stops_the_backend():
-    backend = FakeBackend(reply=lambda m: " ".join(["w"] * 100))
-    llm = HybridLLM(edge=backend, cache=False)
-    for i, _ in enumerate(llm.stream("go")):
-        if i == 2:
-            break
-    assert backend.tokens_generated <= 4
+    """A model that takes time per token (as a real one does): the reader takes 3 chunks and
+    leaves; generation stops there and does not go on afterwards."""
+    backend = FakeBackend(reply=lambda m: " ".join(["w"] * 100), delay_s=0.01)
+    with HybridLLM(edge=backend, cache=False) as llm:
+        for i, _ in enumerate(llm.stream("go")):
+            if i == 2:
+                break
+        stopped_at = backend.tokens_generated
+        time.sleep(0.3)  # 30 more tokens' time
+        assert 3 <= stopped_at <= 8 and backend.tokens_generated == stopped_at
 
 
 def test_bad_input_raises_at_the_call_not_mid_stream(llm):
@@ -42,6 +59,24 @@ def test_bad_input_raises_at_the_call_not_mid_stream(llm):
         llm.stream([])
     with pytest.raises(InvalidRequestError, match="max_tokens"):
         llm.stream("hi", max_tokens=-5)
+    with pytest.raises(InvalidRequestError, match="must be a string"):  # was a bare TypeError
+        llm.chat([{"role": "user", "content": [{"type": "text", "text": {}}]}])
+
+
+def test_route_cloud_without_a_cloud_raises_at_the_call(llm):
+    with pytest.raises(ConfigError, match="cloud_url"):
+        llm.stream("x", route="cloud")  # before: a Stream, and the error at the first next()
+
+
+def test_a_stream_is_read_once_and_is_a_context_manager(llm):
+    with llm.stream("hello") as stream:
+        assert "".join(ch.text for ch in stream) == "one two three four five"
+    with pytest.raises(StreamConsumedError, match="already read"):
+        iter(stream)
+    closed = llm.stream("hello")
+    closed.close()
+    with pytest.raises(StreamConsumedError):
+        list(closed)
 
 
 def test_closed_client_refuses(llm):
@@ -50,23 +85,111 @@ def test_closed_client_refuses(llm):
         llm.chat("hi")
 
 
+def test_eight_threads_share_one_client():
+    backend = FakeBackend(reply=lambda m: f"answer to {m[-1]['content']}", delay_s=0.002)
+    with HybridLLM(edge=backend, cache=False) as llm:
+        results: dict[int, str] = {}
+
+        def ask(i: int) -> None:
+            results[i] = llm.chat(f"q{i}").text
+
+        threads = [threading.Thread(target=ask, args=(i,)) for i in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=30)
+        assert results == {i: f"answer to q{i}" for i in range(8)}
+        assert llm.stats()["requests"] == 8
+
+
+def test_requests_wait_their_turn_in_order():
+    order: list[str] = []
+
+    def reply(msgs):
+        order.append(msgs[-1]["content"])
+        return "a b c d"
+
+    with HybridLLM(edge=FakeBackend(reply=reply, delay_s=0.02), cache=False) as llm:
+        first = llm.stream("first")
+        it = iter(first)
+        next(it)  # the first request owns the device now
+        threads = []
+        for name in ("second", "third", "fourth"):
+            threads.append(threading.Thread(target=llm.chat, args=(name,)))
+            threads[-1].start()
+            time.sleep(0.05)  # arrive in this order
+        for t in threads:
+            t.join(timeout=30)
+        first.close()
+    assert order == ["first", "second", "third", "fourth"]
+
+
+def test_a_second_stream_on_the_same_thread_does_not_deadlock(llm):
+    """Before: the edge held a lock across yield, so this blocked forever (or 15 s per thread)."""
+    open_stream = llm.stream("hello")
+    it = iter(open_stream)
+    next(it)
+    assert llm.chat("again").text == "one two three four five"
+    assert "".join(ch.text for ch in it) == " two three four five"
+
+
+def test_waiting_is_bounded_with_a_specific_error():
+    slow = FakeBackend(reply=lambda m: " ".join(["w"] * 50), delay_s=0.02)  # ~1 s an answer
+    with HybridLLM(edge=slow, cache=False, edge_wait_timeout_s=0.2, edge_max_waiting=1) as llm:
+        busy = threading.Thread(target=llm.chat, args=("long",))
+        busy.start()
+        time.sleep(0.1)
+        t0 = time.perf_counter()
+        with pytest.raises(EdgeBusyError, match="busy for 0.2 s"):
+            llm.chat("short")
+        assert time.perf_counter() - t0 < 0.9  # gave up at the timeout, not after the answer
+        waiting = threading.Thread(target=lambda: pytest.raises(EdgeBusyError, llm.chat, "w"))
+        waiting.start()
+        time.sleep(0.05)
+        with pytest.raises(EdgeBusyError, match="already wait"):
+            llm.chat("one too many")
+        busy.join(timeout=10)
+        waiting.join(timeout=10)
+
+
 def test_async_matches_sync(llm):
     async def run():
         allm = AsyncHybridLLM.wrap(llm)
         c = await allm.chat("hello")
-        chunks = [ch async for ch in allm.stream("hello")]
-        return c, chunks
+        stream = allm.stream("hello")
+        chunks = [ch async for ch in stream]
+        return c, chunks, stream.completion, allm.stats()
 
-    c, chunks = asyncio.run(run())
+    c, chunks, completion, stats = asyncio.run(run())
     assert c.text == llm.chat("hello").text == "".join(ch.text for ch in chunks)
-    assert chunks[-1].completion is not None and chunks[-1].finish_reason == "stop"
+    assert chunks[-1].completion is completion and completion.finish_reason == "stop"
+    assert stats["requests"] == 2
+
+
+def test_async_client_is_native_and_needs_no_thread_per_stream():
+    async def run():
+        async with AsyncHybridLLM(edge=FakeBackend(delay_s=0.001), cache=False) as allm:
+            with pytest.raises(InvalidRequestError):
+                allm.stream([])  # at the call
+            before = threading.active_count()
+            streams = [allm.stream(f"q{i}") for i in range(16)]
+            iters = [s.__aiter__() for s in streams]
+            firsts = await asyncio.gather(*(anext(it) for it in iters))
+            during = threading.active_count()
+            for it in iters:
+                async for _ in it:
+                    pass
+            return before, during, [f.text for f in firsts], [s.completion.text for s in streams]
+
+    before, during, firsts, texts = asyncio.run(run())
+    assert during <= before + 2  # the device thread (and at most one pool thread)
+    assert firsts == ["echo:"] * 16 and texts == [f"echo: q{i}" for i in range(16)]
 
 
 def test_async_stream_errors_propagate():
-    llm = HybridLLM(edge=FakeBackend(fail=HybridLLMError("boom")), cache=False)
-
     async def run():
-        return [ch async for ch in AsyncHybridLLM.wrap(llm).stream("x")]
+        async with AsyncHybridLLM(edge=FakeBackend(fail=HybridLLMError("boom")), cache=False) as a:
+            return [ch async for ch in a.stream("x")]
 
     with pytest.raises(HybridLLMError, match="boom"):
         asyncio.run(run())

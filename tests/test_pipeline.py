@@ -4,31 +4,43 @@ The same behaviour with the real edge model and a real cloud server is in e2e/."
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass, field
 
 import pytest
 
-from hybridllm import AsyncHybridLLM, CloudUnavailableError, ConfigError, HybridLLM
+from hybridllm import (
+    AsyncHybridLLM,
+    CloudUnavailableError,
+    ConfigError,
+    Decision,
+    HybridLLM,
+    InvalidRequestError,
+)
 from hybridllm._types import last_user_text
 from hybridllm.backends.fake import FakeBackend
 
 
 class FakeCache:
-    """Exact-match cache with the SemanticCache interface."""
+    """Exact-match cache with the SemanticCache interface (the pipeline's CachePort)."""
 
     def __init__(self):
         self.entries: dict = {}
         self.puts = 0
+        self.gets = 0
 
     def _key(self, msgs, model, params_key, namespace):
         return (namespace, model, repr(sorted(params_key.items())), repr(msgs))
 
-    def get(self, msgs, *, model, params_key, namespace=None):
+    def embed_query(self, msgs):
+        return None
+
+    def get(self, msgs, *, model, params_key, namespace=None, embedding=None):
+        self.gets += 1
         text = self.entries.get(self._key(msgs, model, params_key, namespace))
         return None if text is None else type("Hit", (), {"text": text, "similarity": 1.0,
                                                           "verifier_prob": None})()
 
-    def put(self, msgs, text, *, model, params_key, namespace=None, pii=False, metadata=None):
+    def put(self, msgs, text, *, model, params_key, namespace=None, pii=False, metadata=None,
+            embedding=None):
         if pii:
             return None
         self.puts += 1
@@ -39,39 +51,27 @@ class FakeCache:
         pass
 
 
-@dataclass
-class FakeDecision:
-    route: str
-    reason: str
-    score: float | None
-    messages_for_cloud: list
-    pii_kinds: list = field(default_factory=list)
-    cascade: bool = False
-
-
 class FakePolicy:
     """'hard' in the prompt -> cloud; 'unsure' -> cascade; an '@' -> private, kept on device."""
 
     def __init__(self, escalate=True):
         self.escalate = escalate
-        self.cloud_tokens = 0
+        self.scored = 0
 
-    def decide(self, msgs, *, force=None, prompt_tokens=None):
+    def decide(self, msgs, *, force=None, prompt_tokens=None, embedding=None):
         text = last_user_text(msgs)
         if "@" in text:
-            return FakeDecision("edge", "privacy: email", None, msgs, ["email"])
+            return Decision("edge", "privacy: email", None, msgs, ["email"])
         if force:
-            return FakeDecision(force, f"forced {force}", None, msgs)
+            return Decision(force, f"forced {force}", None, msgs, forced=True)
+        self.scored += 1
         if "unsure" in text:
-            return FakeDecision("edge", "borderline", 0.5, msgs, cascade=True)
+            return Decision("edge", "borderline", 0.5, msgs, cascade=True)
         score = 0.9 if "hard" in text else 0.1
-        return FakeDecision("cloud" if score > 0.5 else "edge", f"score {score}", score, msgs)
+        return Decision("cloud" if score > 0.5 else "edge", f"score {score}", score, msgs)
 
     def should_escalate(self, lp):
         return self.escalate
-
-    def record_cloud_usage(self, tokens):
-        self.cloud_tokens += tokens
 
 
 class FlakyCloud(FakeBackend):
@@ -88,11 +88,12 @@ class FlakyCloud(FakeBackend):
         yield from super().stream(messages, params)
 
 
-def make(policy=None, cache=None):
+def make(policy=None, cache=None, **settings):
     edge = FakeBackend(model="edge-model", reply=lambda m: "edge answer")
     cloud = FlakyCloud()
     llm = HybridLLM(edge=edge, cloud=cloud, policy=policy or FakePolicy(),
-                    cache=cache if cache is not None else FakeCache(), price_per_1k_tokens=1.0)
+                    cache=cache if cache is not None else FakeCache(), price_per_1k_tokens=1.0,
+                    **settings)
     return llm, edge, cloud
 
 
@@ -141,11 +142,16 @@ def test_private_prompt_stays_on_device_and_is_not_cached():
 
 
 def test_forced_route_skips_cache_and_router():
-    llm, edge, cloud = make()
-    assert llm.chat("easy", route="cloud").route == "cloud"
-    assert llm.chat("hard", route="edge").route == "edge"
-    with pytest.raises(Exception, match="route"):
-        llm.chat("x", route="moon")
+    cache, policy = FakeCache(), FakePolicy()
+    llm, edge, cloud = make(cache=cache, policy=policy)
+    to_cloud = llm.chat("easy", route="cloud")
+    to_edge = llm.chat("hard", route="edge")
+    assert (to_cloud.route, to_cloud.score, to_edge.route, to_edge.score) == \
+        ("cloud", None, "edge", None)
+    assert "forced" in to_cloud.reason and len(cloud.calls) == 1 and len(edge.calls) == 1
+    assert (cache.gets, cache.puts, policy.scored) == (0, 0, 0)  # neither consulted
+    with pytest.raises(InvalidRequestError, match="route must be 'edge', 'cloud'"):
+        llm.stream("x", route="moon")  # at the call
 
 
 def test_cache_hits_stream_too():
@@ -210,7 +216,7 @@ def test_cloud_stream_breaking_mid_answer_is_finished_on_the_device():
     cloud.reply = lambda m: "the cloud begins here and goes on"
     policy = FakePolicy()
     cache = FakeCache()
-    llm = HybridLLM(edge=edge, cloud=cloud, policy=policy, cache=cache)
+    llm = HybridLLM(edge=edge, cloud=cloud, policy=policy, cache=cache, max_cloud_calls_per_hour=9)
     stream = llm.stream("hard question")
     chunks = [c for c in stream if c.text]
     c = stream.completion
@@ -218,7 +224,8 @@ def test_cloud_stream_breaking_mid_answer_is_finished_on_the_device():
     assert c.text == "the cloud and the rest" == "".join(ch.text for ch in chunks)
     assert c.route == "cloud->edge" and "broke after 9 characters" in c.reason
     assert edge.continued == ["the cloud"]  # the device saw what the user already has
-    assert policy.cloud_tokens > 0  # the broken call still counts against the budget
+    assert llm.stats()["budget"]["calls_hour"] == 1  # the broken call still counts
+    assert llm.stats()["budget"]["tokens_hour"] > 0
     assert cache.puts == 1  # a finished answer is cached like any other
 
 
@@ -233,3 +240,47 @@ def test_cloud_stream_breaking_without_a_continuing_edge_is_a_clear_error():
                     cache=False)
     with pytest.raises(CloudUnavailableError, match="broke mid-answer.*cannot continue"):
         llm.chat("hard question")
+
+
+def test_budget_is_a_ledger_the_pipeline_keeps():
+    llm, edge, cloud = make(max_cloud_calls_per_hour=2)
+    routes = [llm.chat(f"hard question {i}", cache=False).route for i in range(4)]
+    assert routes == ["cloud", "cloud", "edge", "edge"] and len(cloud.calls) == 2
+    c = llm.chat("hard question 9", cache=False)
+    assert "budget spent: 2/2 cloud calls this hour" in c.reason
+    assert llm.chat("hard but forced", route="cloud", cache=False).route == "cloud"
+    assert llm.stats()["budget"]["calls_hour"] == 3
+
+
+def test_a_cloud_call_abandoned_mid_stream_is_still_on_the_ledger():
+    llm, edge, cloud = make(max_cloud_calls_per_hour=5)
+    cloud.reply = lambda m: "a long cloud answer " * 10
+    for i, _chunk in enumerate(llm.stream("hard question")):
+        if i == 1:
+            break
+    assert llm.stats()["budget"]["calls_hour"] == 1
+
+
+def test_unsure_edge_answers_are_not_cached_and_sure_ones_are():
+    cache = FakeCache()
+    edge = FakeBackend(model="edge-model", reply=lambda m: "L'Etoile, est la cite", logprob=-2.5)
+    llm = HybridLLM(edge=edge, cache=cache, cache_min_logprob=-1.0)
+    c = llm.chat("What is the capital of France?")
+    assert c.mean_logprob == pytest.approx(-2.5) and cache.puts == 0
+    assert llm.chat("What is the capital of France?").route == "edge"  # asked again, not replayed
+    edge.logprob = -0.2
+    llm.chat("What is the capital of France?")
+    assert cache.puts == 1 and llm.chat("What is the capital of France?").route == "cache"
+
+
+def test_a_cache_that_cannot_write_never_costs_the_answer(caplog):
+    class FullDisk(FakeCache):
+        def put(self, *a, **k):
+            import sqlite3
+
+            raise sqlite3.OperationalError("database or disk is full")
+
+    llm, *_ = make(cache=FullDisk())
+    answers = [llm.chat(f"easy question {i}").text for i in range(3)]
+    assert answers == ["edge answer"] * 3
+    assert sum("cannot store answers" in r.message for r in caplog.records) == 1  # logged once

@@ -40,6 +40,6 @@ def test_bad_messages_raise(messages):
 def test_messages_normalized():
     assert normalize_messages("hi") == [{"role": "user", "content": "hi"}]
     parts = [{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}]
-    assert normalize_messages(parts)[0]["content"] == "ab"
+    assert normalize_messages(parts)[0]["content"] == "a\nb"  # as vLLM joins text parts
     assert normalize_messages([{"role": "developer", "content": "s"},
                                {"role": "user", "content": "u"}])[0]["role"] == "system"

@@ -7,9 +7,10 @@ Backends register by name so configuration can pick them ("llama_cpp", "cloud", 
 
 from __future__ import annotations
 
+import asyncio
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 
 from .._types import GenerationParams, Messages, Usage
@@ -70,6 +71,24 @@ class Backend(ABC):
         return Generation("".join(parts), finish, usage, ttft,
                           (time.perf_counter() - start) * 1000, mean_lp)
 
+    async def astream(self, messages: Messages, params: GenerationParams) -> AsyncIterator[Delta]:
+        """``stream`` for async callers. This default steps the sync stream in a worker thread;
+        a backend with async I/O (the cloud) overrides it. The pipeline runs device backends on
+        their own thread (:mod:`.worker`) and does not use this for them."""
+        loop = asyncio.get_running_loop()
+        it = iter(self.stream(messages, params))
+        try:
+            while (delta := await loop.run_in_executor(None, next, it, None)) is not None:
+                yield delta
+        finally:
+            close = getattr(it, "close", None)
+            if close is not None:
+                await loop.run_in_executor(None, close)
+
+    def is_available(self) -> bool:
+        """False while the backend knows it cannot answer (the cloud's circuit is open)."""
+        return True
+
     def count_tokens(self, messages: Messages) -> int | None:
         """Prompt length in this backend's tokens, when it can tell cheaply."""
         return None
@@ -80,6 +99,10 @@ class Backend(ABC):
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release the model or the connection."""
+
+    async def aclose(self) -> None:
+        """``close`` from async code (the cloud closes its connections on the running loop)."""
+        self.close()
 
 
 BackendFactory = Callable[..., Backend]

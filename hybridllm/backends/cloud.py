@@ -3,23 +3,29 @@
 Resilience, in the order a request meets it:
 1. an endpoint is picked by least outstanding tokens among those whose circuit admits a call;
 2. connection errors, timeouts, 429 and 5xx are retried with exponential backoff and full jitter,
-   honouring ``Retry-After``; a retry may go to another endpoint;
+   honouring ``Retry-After``; a retry may go to another endpoint; a refused key (401/403) raises
+   :class:`CloudAuthError` at once and is never retried;
 3. retries happen only before the first token is passed on, so an answer is never duplicated;
-4. repeated failures open the endpoint's circuit, and the client fails fast with
+4. a stream that goes quiet for ``stall_timeout_s`` after its first token is broken off (a hung
+   server), apart from ``read_timeout_s``, which bounds the wait for the first token;
+5. repeated failures open the endpoint's circuit, and the client fails fast with
    :class:`CloudUnavailableError`, which the pipeline turns into an answer from the device.
 The API key comes from the constructor or ``HYBRIDLLM_CLOUD_API_KEY`` and is never logged.
+
+The pipeline calls :meth:`CloudBackend.astream` (httpx ``AsyncClient``, one per event loop);
+:meth:`CloudBackend.stream` drives the same code on a private loop for synchronous callers.
 """
 
 from __future__ import annotations
 
+import asyncio
 import email.utils
 import json
 import logging
 import os
 import random
-import threading
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 from .._exceptions import (
@@ -72,6 +78,7 @@ class CloudBackend(Backend):
         model: str | None = None,
         connect_timeout_s: float = 3.0,
         read_timeout_s: float = 120.0,
+        stall_timeout_s: float | None = 10.0,
         max_retries: int = 3,
         backoff_base_s: float = 0.25,
         backoff_max_s: float = 8.0,
@@ -79,14 +86,14 @@ class CloudBackend(Backend):
         breaker_cooldown_s: float = 10.0,
         transport: Any = None,
     ) -> None:
-        import httpx
-
         urls = [base_url] if isinstance(base_url, str) else list(base_url)
         if not urls or not all(isinstance(u, str) and u.startswith(("http://", "https://"))
                                for u in urls):
             raise ConfigError(f"cloud base_url must be http(s) URL(s), got {base_url!r}.")
         if max_retries < 0 or backoff_base_s < 0:
             raise ConfigError("max_retries and backoff_base_s must be >= 0.")
+        if stall_timeout_s is not None and stall_timeout_s <= 0:
+            raise ConfigError(f"stall_timeout_s must be positive or None, got {stall_timeout_s}.")
         self.endpoints = [Endpoint(_api_root(u), CircuitBreaker(
             threshold=breaker_threshold, cooldown_s=breaker_cooldown_s)) for u in urls]
         self._api_key = api_key if api_key is not None else os.environ.get("HYBRIDLLM_CLOUD_API_KEY")
@@ -94,12 +101,11 @@ class CloudBackend(Backend):
         self.max_retries = max_retries
         self.backoff_base_s = backoff_base_s
         self.backoff_max_s = backoff_max_s
-        headers = {"Authorization": f"Bearer {self._api_key}"} if self._api_key else {}
-        self._http = httpx.Client(
-            timeout=httpx.Timeout(read_timeout_s, connect=connect_timeout_s), headers=headers,
-            transport=transport,
-        )
-        self._model_lock = threading.Lock()
+        self.connect_timeout_s = connect_timeout_s
+        self.read_timeout_s = read_timeout_s
+        self.stall_timeout_s = stall_timeout_s
+        self._transport = transport
+        self._clients: dict[asyncio.AbstractEventLoop, Any] = {}
 
     def __repr__(self) -> str:  # never show the key
         key = "***" if self._api_key else None
@@ -113,21 +119,58 @@ class CloudBackend(Backend):
         """False when every endpoint's circuit is open (a half-open probe counts as available)."""
         return any(e.breaker.would_allow() for e in self.endpoints)
 
-    def _resolve_model(self, ep: Endpoint) -> str:
-        with self._model_lock:
-            if self._model:
-                return self._model
-            import httpx
+    def _client(self) -> Any:
+        """The AsyncClient of the running loop (a client's connections belong to one loop)."""
+        import httpx
 
-            try:
-                resp = self._http.get(f"{ep.base_url}/models")
-                resp.raise_for_status()
-                self._model = str(resp.json()["data"][0]["id"])
-            except (httpx.HTTPError, KeyError, IndexError, ValueError) as exc:
-                raise _Retryable(f"could not list models at {ep.base_url}: {exc}") from exc
+        loop = asyncio.get_running_loop()
+        client = self._clients.get(loop)
+        if client is None:
+            for old in [lp for lp in self._clients if lp.is_closed()]:
+                del self._clients[old]
+            headers = {"Authorization": f"Bearer {self._api_key}"} if self._api_key else {}
+            client = httpx.AsyncClient(
+                timeout=httpx.Timeout(self.read_timeout_s, connect=self.connect_timeout_s),
+                headers=headers, transport=self._transport)
+            self._clients[loop] = client
+        return client
+
+    async def _resolve_model(self, ep: Endpoint) -> str:
+        if self._model:
             return self._model
+        import httpx
+
+        try:
+            resp = await self._client().get(f"{ep.base_url}/models")
+        except httpx.HTTPError as exc:
+            raise _Retryable(f"could not list models at {ep.base_url}: {exc}") from exc
+        if resp.status_code != 200:
+            self._raise_for_status(resp)
+        try:
+            self._model = str(resp.json()["data"][0]["id"])
+        except (KeyError, IndexError, ValueError, TypeError) as exc:
+            raise _Retryable(f"could not list models at {ep.base_url}: {exc}") from exc
+        return self._model
 
     def stream(self, messages: Messages, params: GenerationParams) -> Iterator[Delta]:
+        """Synchronous streaming for callers without an event loop (the pipeline uses astream)."""
+        loop = asyncio.new_event_loop()
+        agen = self.astream(messages, params)
+        try:
+            while True:
+                try:
+                    delta = loop.run_until_complete(agen.__anext__())
+                except StopAsyncIteration:
+                    return
+                yield delta
+        finally:
+            loop.run_until_complete(agen.aclose())
+            client = self._clients.pop(loop, None)
+            if client is not None:
+                loop.run_until_complete(client.aclose())
+            loop.close()
+
+    async def astream(self, messages: Messages, params: GenerationParams) -> AsyncIterator[Delta]:
         tried: set[str] = set()
         attempt = 0
         cost = sum(len(str(m["content"])) // 4 + 4 for m in messages) + params.max_tokens
@@ -141,7 +184,7 @@ class CloudBackend(Backend):
             ep.add(cost)
             started = False
             try:
-                for delta in self._stream_once(ep, messages, params):
+                async for delta in self._stream_once(ep, messages, params):
                     started = True
                     yield delta
                 ep.breaker.record_success()
@@ -163,34 +206,55 @@ class CloudBackend(Backend):
                 if exc.retry_after is not None:
                     delay = max(delay, min(exc.retry_after, 60.0))
                 log.info("cloud attempt %d failed (%s); retrying in %.2fs", attempt, exc, delay)
-                time.sleep(delay)
-            except GeneratorExit:
+                await _sleep(delay)
+            except (CloudError, InvalidRequestError):  # the endpoint answered: not a failure
+                ep.breaker.release_probe()
+                raise
+            except (GeneratorExit, asyncio.CancelledError):
                 ep.breaker.release_probe()
                 raise
             finally:
                 ep.done(cost)
 
-    def _stream_once(self, ep: Endpoint, messages: Messages,
-                     params: GenerationParams) -> Iterator[Delta]:
-        import httpx
-
+    def request_body(self, model: str, messages: Messages, params: GenerationParams) -> dict:
         body: dict[str, Any] = {
-            "model": self._resolve_model(ep), "messages": messages, "stream": True,
+            "model": model, "messages": messages, "stream": True,
             "stream_options": {"include_usage": True}, "max_tokens": params.max_tokens,
-            "temperature": params.temperature, "top_p": params.top_p,
+            "temperature": params.temperature, "top_p": params.top_p, "top_k": params.top_k,
         }
+        if params.min_p > 0:
+            body["min_p"] = params.min_p
+        if params.repeat_penalty != 1.0:
+            body["repetition_penalty"] = params.repeat_penalty
         if params.seed is not None:
             body["seed"] = params.seed
         if params.stop:
             body["stop"] = list(params.stop)
+        return body
+
+    async def _stream_once(self, ep: Endpoint, messages: Messages,
+                           params: GenerationParams) -> AsyncIterator[Delta]:
+        import httpx
+
+        body = self.request_body(await self._resolve_model(ep), messages, params)
         finish, usage = None, None
         done = False
         try:
-            with self._http.stream("POST", f"{ep.base_url}/chat/completions", json=body) as resp:
+            async with self._client().stream("POST", f"{ep.base_url}/chat/completions",
+                                             json=body) as resp:
                 if resp.status_code != 200:
-                    resp.read()
+                    await resp.aread()
                     self._raise_for_status(resp)
-                for line in resp.iter_lines():
+                lines = resp.aiter_lines()
+                stall = None  # until the first token, only the read timeout applies
+                while True:
+                    try:
+                        line = await asyncio.wait_for(anext(lines), stall)
+                    except StopAsyncIteration:
+                        break
+                    except TimeoutError:
+                        raise _Retryable(f"the stream from {ep.base_url} stalled: no event for "
+                                         f"{stall:g} s") from None
                     if not line.startswith("data:"):
                         continue
                     data = line[5:].strip()
@@ -201,12 +265,18 @@ class CloudBackend(Backend):
                         event = json.loads(data)
                     except ValueError as exc:
                         raise _Retryable(f"malformed event from {ep.base_url}: {data[:80]!r}") from exc
+                    if not isinstance(event, dict):
+                        raise _Retryable(f"malformed event from {ep.base_url}: {data[:80]!r}")
+                    if event.get("error"):
+                        raise _Retryable(f"the cloud reported an error mid-stream: "
+                                         f"{str(event['error'])[:200]}")
                     if event.get("usage"):
                         u = event["usage"]
                         usage = Usage(int(u.get("prompt_tokens", 0)), int(u.get("completion_tokens", 0)))
                     for choice in event.get("choices") or []:
                         text = (choice.get("delta") or {}).get("content") or ""
                         if text:
+                            stall = self.stall_timeout_s
                             yield Delta(text)
                         if choice.get("finish_reason"):
                             finish = choice["finish_reason"]
@@ -232,14 +302,42 @@ class CloudBackend(Backend):
                              retry_after=parse_retry_after(resp.headers.get("retry-after")))
         if status in (401, 403):
             raise CloudAuthError(
-                f"The cloud rejected the API key (HTTP {status}); set HYBRIDLLM_CLOUD_API_KEY "
+                f"The cloud refused the API key (HTTP {status}); set HYBRIDLLM_CLOUD_API_KEY "
                 "or pass cloud_api_key=...", status_code=status)
         if status == 400:
             raise InvalidRequestError(f"The cloud rejected the request: {message}")
         raise CloudError(f"The cloud answered HTTP {status}: {message}", status_code=status)
 
+    async def aclose(self) -> None:
+        client = self._clients.pop(asyncio.get_running_loop(), None)
+        if client is not None:
+            await client.aclose()
+        self.close()
+
     def close(self) -> None:
-        self._http.close()
+        """Close every loop's client (a loop that is still running closes its own)."""
+        clients, self._clients = self._clients, {}
+        try:
+            current = asyncio.get_running_loop()
+        except RuntimeError:
+            current = None
+        for loop, client in clients.items():
+            if loop.is_closed():
+                continue
+            if loop is current:
+                loop.create_task(client.aclose())
+                continue
+            if loop.is_running():
+                try:
+                    asyncio.run_coroutine_threadsafe(client.aclose(), loop).result(timeout=5)
+                except Exception:  # noqa: BLE001 - closing is best effort
+                    pass
+            else:
+                loop.run_until_complete(client.aclose())
+
+
+async def _sleep(seconds: float) -> None:
+    await asyncio.sleep(seconds)
 
 
 def _api_root(url: str) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -16,11 +17,14 @@ class FakeBackend(Backend):
 
     def __init__(self, *, model: str = "fake-model",
                  reply: Callable[[Messages], str] | None = None, fail: Exception | None = None,
-                 context_length: int = 4096) -> None:
+                 context_length: int = 4096, delay_s: float = 0.0,
+                 logprob: float = -0.5) -> None:
         self.model = model
         self.reply = reply or (lambda msgs: f"echo: {last_user_text(msgs)}")
         self.fail = fail
         self._context_length = context_length
+        self.logprob = logprob  # reported for every token when asked
+        self.delay_s = delay_s  # seconds per token, to behave like a model that takes time
         self.calls: list[Messages] = []
         self.tokens_generated = 0
         self.continued: list[str] = []
@@ -51,9 +55,11 @@ class FakeBackend(Backend):
             if out >= params.max_tokens:
                 finish = "length"
                 break
+            if self.delay_s:
+                time.sleep(self.delay_s)
             out += 1
             self.tokens_generated += 1
-            yield Delta(word if i == 0 else " " + word, logprob=-0.5 if params.logprobs else None)
+            yield Delta(word if i == 0 else " " + word, logprob=self.logprob if params.logprobs else None)
         yield Delta("", finish_reason=finish, usage=Usage(self.count_tokens(messages), out))
 
 

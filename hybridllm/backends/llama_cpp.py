@@ -14,13 +14,14 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
-from .._exceptions import EdgeError, InvalidRequestError, ModelCorruptError
+from .._config import DEFAULT_EDGE_MODEL
+from .._exceptions import EdgeBusyError, EdgeError, InvalidRequestError, ModelCorruptError
 from .._types import GenerationParams, Messages, Usage
 from ..models.store import Progress, resolve_gguf
 from ..prompts import PromptFormat
 from .base import Backend, Delta, register_backend
 
-DEFAULT_MODEL = "smollm2-135m-instruct"
+DEFAULT_MODEL = DEFAULT_EDGE_MODEL
 
 
 class StopMatcher:
@@ -73,7 +74,7 @@ class LlamaCppBackend(Backend):
     ) -> None:
         self.model, self.model_path, spec = resolve_gguf(model, progress=progress)
         self.n_threads = n_threads or os.cpu_count() or 1
-        self._lock = threading.Lock()
+        self._busy = threading.Lock()  # a flag: never waited on
         try:
             from llama_cpp import Llama
         except ImportError as exc:  # pragma: no cover - a broken install
@@ -143,14 +144,23 @@ class LlamaCppBackend(Backend):
 
     def _stream(self, messages: Messages, params: GenerationParams, prefix: str) -> Iterator[Delta]:
         stops = tuple(dict.fromkeys(params.stop + self.prompt_format.stops(messages)))
-        with self._lock:  # one llama.cpp context: one generation at a time
-            tokens = self.tokenize(messages, prefix=prefix)
-            if len(tokens) >= self.context_length:
-                raise InvalidRequestError(
-                    f"The prompt is {len(tokens)} tokens; the edge model's context holds "
-                    f"{self.context_length}. Shorten the conversation or send it to the cloud."
-                )
+        tokens = self.tokenize(messages, prefix=prefix)
+        if len(tokens) >= self.context_length:
+            raise InvalidRequestError(
+                f"The prompt is {len(tokens)} tokens; the edge model's context holds "
+                f"{self.context_length}. Shorten the conversation or send it to the cloud."
+            )
+        # one llama.cpp context runs one generation at a time. HybridLLM queues requests on one
+        # thread (backends/worker.py); a direct caller overlapping two streams gets a clear
+        # error at once instead of a lock that a reader holds while it reads
+        if not self._busy.acquire(blocking=False):
+            raise EdgeBusyError(
+                "This LlamaCppBackend is already generating; one stream at a time. Use HybridLLM "
+                "(which queues requests) or close the other stream first.")
+        try:
             yield from self._generate(tokens, params, stops)
+        finally:
+            self._busy.release()
 
     def _generate(self, tokens: list[int], params: GenerationParams,
                   stops: tuple[str, ...]) -> Iterator[Delta]:
@@ -158,15 +168,15 @@ class LlamaCppBackend(Backend):
         from llama_cpp import llama_cpp as C
 
         llm = self._llm
-        seed = params.seed if params.seed is not None else random.randrange(2**31)
+        seed = params.seed % 2**32 if params.seed is not None else random.randrange(2**31)
         llm.set_seed(seed)
         budget = min(params.max_tokens, self.context_length - len(tokens))
         decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         matcher = StopMatcher(stops)
         n_out, finish = 0, "length"
         gen = llm.generate(
-            tokens, temp=params.temperature, top_p=params.top_p, top_k=params.top_k, min_p=0.0,
-            repeat_penalty=1.0, reset=True,
+            tokens, temp=params.temperature, top_p=params.top_p, top_k=params.top_k,
+            min_p=params.min_p, repeat_penalty=params.repeat_penalty, reset=True,
         )
         try:
             for token in gen:

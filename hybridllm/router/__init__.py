@@ -2,8 +2,9 @@
 
     router = load_router()                       # the shipped default (hybridllm/_data/router/)
     router.score(messages) -> float in [0, 1]    # route = "cloud" if score >= router.threshold
-    policy = RoutingPolicy(router, privacy="redact", budget=Budget(max_cloud_calls_per_hour=100))
+    policy = RoutingPolicy(router, privacy="redact")
     decision = policy.decide(messages)           # Decision(route, reason, score, ...)
+    budget = Budget(max_cloud_calls_per_hour=100)  # a ledger; HybridLLM keeps one per client
 
 Modules: features (text statistics + embedding), classifier (the scorer's numpy weights), router
 (score, threshold, file format), train, evaluate (RouteLLM metrics), calibrate, label, privacy,

@@ -1,8 +1,9 @@
 """A cloud budget: at most so many cloud calls or tokens per sliding hour and day.
 
-The policy asks ``exhausted()`` before sending a request to the cloud and the pipeline reports
-each cloud answer with ``record(tokens)``. Windows slide (the last 3600 s / 86400 s), so a spent
-budget comes back gradually rather than at midnight.
+A ledger the client's pipeline owns: its plan step asks ``exhausted()`` before sending a request
+to the cloud (or escalating a cascade), and its record step writes every cloud call with
+``record(tokens)``, a broken one included (its tokens estimated). Windows slide (the last
+3600 s / 86400 s), so a spent budget comes back gradually rather than at midnight.
 """
 
 from __future__ import annotations

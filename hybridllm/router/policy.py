@@ -4,40 +4,28 @@ Order (the first rule that applies decides; each decision carries its reason):
 
     1. privacy="keep_on_device" and the prompt holds personal data or secrets -> edge
     2. force="edge" | "cloud" (per call)                                      -> that route
-    3. cloud unavailable (offline, endpoint down)                             -> edge
-    4. cloud budget spent                                                     -> edge
-    5. prompt longer than the edge model's context                            -> cloud
-    6. router score >= threshold -> cloud, else edge; a score inside ``cascade_band`` -> edge
+    3. prompt longer than the edge model's context                            -> cloud
+    4. router score >= threshold -> cloud, else edge; a score inside ``cascade_band`` -> edge
        first, escalated to the cloud when the edge answer's confidence is low ("edge->cloud")
 
 With privacy="redact", cloud-bound messages have the detected items replaced by placeholders.
+The client's pipeline then applies what only it knows: the cloud budget (a ledger it keeps, see
+:mod:`.budget`) and whether the cloud is reachable.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 
 import numpy as np
 
 from .._exceptions import ConfigError, InvalidRequestError
-from .._types import Message, Messages, last_user_text, normalize_messages
-from .budget import Budget
+from .._types import Decision, Message, last_user_text, normalize_messages
 from .privacy import pii_kinds_in_messages, redact_messages
 from .router import Router, load_router
 
 PRIVACY_MODES = ("keep_on_device", "redact", "off")
 ROUTES = ("edge", "cloud")
-
-
-@dataclass(frozen=True)
-class Decision:
-    route: str  # "edge" or "cloud"
-    reason: str
-    score: float | None = None
-    messages_for_cloud: Messages = field(default_factory=list)
-    pii_kinds: list[str] = field(default_factory=list)
-    cascade: bool = False  # edge first; escalate with should_escalate(mean_logprob)
 
 
 def estimate_tokens(messages: Sequence[Message]) -> int:
@@ -51,7 +39,6 @@ class RoutingPolicy:
         router: Router | None = None,
         *,
         privacy: str = "keep_on_device",
-        budget: Budget | None = None,
         edge_context_tokens: int = 2048,
         cascade_band: tuple[float, float] | None = None,
     ) -> None:
@@ -70,7 +57,6 @@ class RoutingPolicy:
                 )
         self._router = router
         self.privacy = privacy
-        self.budget = budget or Budget()
         self.edge_context_tokens = edge_context_tokens
         self.cascade_band = cascade_band
 
@@ -80,9 +66,6 @@ class RoutingPolicy:
             self._router = load_router()
         return self._router
 
-    def record_cloud_usage(self, tokens: int = 0) -> None:
-        self.budget.record(tokens)
-
     def should_escalate(self, mean_logprob: float) -> bool:
         return self.router.should_escalate(mean_logprob)
 
@@ -91,7 +74,6 @@ class RoutingPolicy:
         messages: str | Sequence[Message],
         *,
         force: str | None = None,
-        cloud_available: bool = True,
         prompt_tokens: int | None = None,
         embedding: np.ndarray | None = None,
     ) -> Decision:
@@ -102,19 +84,14 @@ class RoutingPolicy:
         cloud_msgs = redact_messages(msgs) if kinds and self.privacy == "redact" else msgs
 
         def decision(route: str, reason: str, score: float | None = None,
-                     cascade: bool = False) -> Decision:
+                     cascade: bool = False, forced: bool = False) -> Decision:
             return Decision(route=route, reason=reason, score=score, messages_for_cloud=cloud_msgs,
-                            pii_kinds=kinds, cascade=cascade)
+                            pii_kinds=kinds, cascade=cascade, forced=forced)
 
         if kinds and self.privacy == "keep_on_device":
             return decision("edge", f"privacy: prompt contains {', '.join(kinds)}; kept on device")
         if force is not None:
-            return decision(force, f"forced {force} by the caller")
-        if not cloud_available:
-            return decision("edge", "cloud unavailable: answered on device")
-        spent = self.budget.exhausted()
-        if spent:
-            return decision("edge", spent)
+            return decision(force, f"forced {force} by the caller", forced=True)
         tokens = estimate_tokens(msgs) if prompt_tokens is None else prompt_tokens
         if tokens > self.edge_context_tokens:
             return decision(

@@ -47,6 +47,13 @@ class Script:
         return item
 
 
+def _record(slept):
+    async def sleep(seconds):
+        slept.append(seconds)
+
+    return sleep
+
+
 def backend(script, **kw):
     kw.setdefault("backoff_base_s", 0.0)
     return CloudBackend(base_url=kw.pop("base_url", "http://cloud.test"), model="m",
@@ -71,14 +78,14 @@ def test_retries_connection_errors_and_5xx_then_succeeds():
 
 def test_429_honours_retry_after(monkeypatch):
     slept = []
-    monkeypatch.setattr("hybridllm.backends.cloud.time.sleep", slept.append)
+    monkeypatch.setattr("hybridllm.backends.cloud._sleep", _record(slept))
     script = Script(httpx.Response(429, headers={"Retry-After": "2"}, json={}), sse("ok"))
     assert backend(script).generate(MSGS, P).text == "ok"
     assert slept == [2.0]
 
 
 def test_429_burst_exhausts_retries_with_rate_limit_error(monkeypatch):
-    monkeypatch.setattr("hybridllm.backends.cloud.time.sleep", lambda s: None)
+    monkeypatch.setattr("hybridllm.backends.cloud._sleep", _record([]))
     script = Script(httpx.Response(429, headers={"Retry-After": "1"}, json={}))
     with pytest.raises(CloudRateLimitError):
         backend(script, max_retries=2, breaker_threshold=10).generate(MSGS, P)
@@ -180,3 +187,54 @@ def test_a_stream_cut_off_mid_answer_is_an_error_not_a_short_answer():
     # a cut before the first token is retried like any other failure
     g = backend(Script(httpx.Response(200, text=""), sse("ok")), max_retries=1).generate(MSGS, P)
     assert g.text == "ok"
+
+
+def test_a_refused_key_while_listing_models_is_an_auth_error_sent_once():
+    """Before: GET /models answering 401 was retried as 'cloud unavailable' (issue 19, item 5)."""
+    seen = []
+
+    def handler(request):
+        seen.append(request.url.path)
+        return httpx.Response(401, json={"error": {"message": "invalid key"}})
+
+    b = CloudBackend(base_url="http://c.test", api_key="sk-wrong", max_retries=3,
+                     backoff_base_s=0, transport=httpx.MockTransport(handler))
+    with pytest.raises(CloudAuthError, match="refused the API key"):
+        b.generate(MSGS, P)
+    assert seen == ["/v1/models"] and b.endpoints[0].breaker.state == "closed"
+
+
+def test_every_sampling_setting_reaches_the_cloud():
+    script = Script(sse("ok"))
+    params = GenerationParams(max_tokens=8, temperature=0.5, top_k=7, min_p=0.1,
+                              repeat_penalty=1.3, seed=5)
+    backend(script).generate(MSGS, params)
+    sent = json.loads(script.requests[0].content)
+    assert (sent["top_k"], sent["min_p"], sent["repetition_penalty"], sent["seed"]) == (7, 0.1, 1.3, 5)
+    script = Script(sse("ok"))
+    backend(script).generate(MSGS, P)  # filters that are off are not sent
+    assert "min_p" not in json.loads(script.requests[0].content)
+
+
+class _Stalling(httpx.AsyncByteStream):
+    """Two tokens, then silence (a hung server that keeps the connection open)."""
+
+    async def __aiter__(self):
+        import asyncio
+
+        for t in ("Hel", "lo"):
+            yield f"data: {json.dumps({'choices': [{'delta': {'content': t}}]})}\n\n".encode()
+        await asyncio.sleep(30)
+
+
+def test_a_stream_that_stalls_after_its_first_token_breaks_off_within_the_stall_timeout():
+    import time
+
+    transport = httpx.MockTransport(lambda r: httpx.Response(200, stream=_Stalling()))
+    b = CloudBackend(base_url="http://c.test", model="m", read_timeout_s=60, stall_timeout_s=0.3,
+                     transport=transport)
+    pieces, t0 = [], time.perf_counter()
+    with pytest.raises(CloudUnavailableError, match="stalled: no event for 0.3 s"):
+        for delta in b.stream(MSGS, P):
+            pieces.append(delta.text)
+    assert pieces == ["Hel", "lo"] and time.perf_counter() - t0 < 5

@@ -1,0 +1,636 @@
+"""The request pipeline shared by HybridLLM and AsyncHybridLLM: one async core, four steps.
+
+    lookup   the semantic cache (the question embedded once, reused by the router and the store)
+    plan     policy + router -> one Decision with its reason; the budget ledger and the cloud's
+             circuit can turn a cloud decision into an edge one
+    execute  edge (on its own thread), cloud (httpx AsyncClient), cascade, or cloud->edge
+             continuation when a cloud stream breaks mid-answer
+    record   the cache store (confident answers only), the budget ledger, the stats
+
+Every optional part (cache, cloud, policy, budget) may be None; the edge is always there.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import re
+import time
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
+from contextlib import aclosing
+from typing import Any, Protocol
+
+from ._exceptions import (
+    CloudRateLimitError,
+    CloudUnavailableError,
+    ConfigError,
+    HybridLLMError,
+    InvalidRequestError,
+)
+from ._stats import Stats
+from ._types import (
+    Chunk,
+    Completion,
+    Decision,
+    GenerationParams,
+    Message,
+    Messages,
+    Usage,
+    normalize_messages,
+)
+from .backends.base import Backend, Delta
+from .backends.worker import EdgeWorker
+
+log = logging.getLogger("hybridllm")
+
+EDGE_FALLBACK = "edge (cloud unavailable)"
+Chunks = AsyncGenerator[Chunk, None]
+
+
+class CacheHitLike(Protocol):
+    text: str
+    similarity: float
+    verifier_prob: float | None
+
+
+class CachePort(Protocol):
+    """What the pipeline needs of a cache (:class:`hybridllm.cache.SemanticCache` is one)."""
+
+    def embed_query(self, messages: Messages) -> Any: ...
+
+    def get(
+        self,
+        messages: Messages,
+        *,
+        model: str,
+        params_key: dict,
+        namespace: str | None = None,
+        embedding: Any = None,
+    ) -> CacheHitLike | None: ...
+
+    def put(
+        self,
+        messages: Messages,
+        text: str,
+        *,
+        model: str,
+        params_key: dict,
+        namespace: str | None = None,
+        pii: bool = False,
+        metadata: dict | None = None,
+        embedding: Any = None,
+    ) -> str | None: ...
+
+    def close(self) -> None: ...
+
+
+class PolicyPort(Protocol):
+    """What the pipeline needs of a routing policy (:class:`hybridllm.router.RoutingPolicy`)."""
+
+    def decide(
+        self,
+        messages: Sequence[Message],
+        *,
+        force: str | None = None,
+        prompt_tokens: int | None = None,
+        embedding: Any = None,
+    ) -> Decision: ...
+
+    def should_escalate(self, mean_logprob: float) -> bool: ...
+
+
+class LedgerPort(Protocol):
+    """The cloud budget (:class:`hybridllm.router.Budget`)."""
+
+    def exhausted(self) -> str | None: ...
+
+    def record(self, tokens: int = 0) -> None: ...
+
+    def usage(self) -> dict[str, int]: ...
+
+
+@dataclasses.dataclass
+class Options:
+    """Per-call options that are not sampling parameters."""
+
+    route: str | None = None  # force "edge" or "cloud"
+    cache: bool = True  # look up and store in the semantic cache
+    cascade: bool | None = None  # None: as the policy says
+    namespace: str | None = None  # cache namespace (tenant or user)
+
+    @classmethod
+    def pop_from(cls, kwargs: dict[str, Any]) -> Options:
+        opts = cls(**{f.name: kwargs.pop(f.name) for f in dataclasses.fields(cls) if f.name in kwargs})
+        if opts.route not in (None, "edge", "cloud"):
+            raise InvalidRequestError(f"route must be 'edge', 'cloud' or None, got {opts.route!r}.")
+        if not isinstance(opts.cache, bool) or opts.cascade not in (None, True, False):
+            raise InvalidRequestError("cache and cascade must be True or False.")
+        if opts.namespace is not None and not isinstance(opts.namespace, str):
+            raise InvalidRequestError(f"namespace must be a string, got {opts.namespace!r}.")
+        return opts
+
+
+@dataclasses.dataclass
+class Request:
+    """A validated request: built at the call, so bad input raises there."""
+
+    messages: Messages
+    params: GenerationParams
+    options: Options
+    # tokens of each cloud call this request made (estimated for a broken one); the ledger gets
+    # them when the request ends, also when the caller stops reading early
+    cloud_calls: list[int] = dataclasses.field(default_factory=list)
+
+
+class _NoOutput(Exception):
+    """The cloud failed before streaming anything: safe to answer on the device instead."""
+
+    def __init__(self, cause: Exception) -> None:
+        super().__init__(str(cause))
+        self.cause = cause
+
+
+class _PartialOutput(Exception):
+    """The cloud failed after streaming ``text``: the device continues from there."""
+
+    def __init__(self, cause: Exception, text: str, ttft_ms: float | None) -> None:
+        super().__init__(str(cause))
+        self.cause = cause
+        self.text = text
+        self.ttft_ms = ttft_ms
+
+
+class Core:
+    def __init__(
+        self,
+        *,
+        edge: Backend,
+        cloud: Backend | None = None,
+        cache: CachePort | None = None,
+        policy: PolicyPort | None = None,
+        ledger: LedgerPort | None = None,
+        defaults: dict[str, Any] | None = None,
+        namespace: str = "default",
+        price_per_1k_tokens: float = 0.0,
+        cache_min_logprob: float | None = None,
+        edge_max_waiting: int = 64,
+        edge_wait_timeout_s: float | None = 300.0,
+    ) -> None:
+        self.edge = edge
+        self.cloud = cloud
+        self.cache = cache
+        self.policy = policy
+        self.ledger = ledger
+        self.defaults = {k: v for k, v in (defaults or {}).items() if v is not None}
+        self.namespace = namespace
+        self.cache_min_logprob = cache_min_logprob
+        self.stats = Stats(price_per_1k_tokens=price_per_1k_tokens)
+        self.cache_model = edge.model + ("|cloud" if cloud is not None else "")
+        self.edge_worker = EdgeWorker(edge, max_waiting=edge_max_waiting, wait_timeout_s=edge_wait_timeout_s)
+        self._closed = False
+        self._cache_write_failed = False
+        GenerationParams.from_kwargs(**self.defaults)  # bad defaults fail at construction
+
+    # -- validation, at the call --------------------------------------------------------------
+    def prepare(self, messages: str | Sequence[Message], params: dict[str, Any]) -> Request:
+        if self._closed:
+            raise HybridLLMError("This client is closed; create a new HybridLLM.")
+        overrides = dict(params)
+        opts = Options.pop_from(overrides)
+        if opts.route == "cloud" and self.cloud is None:
+            raise ConfigError("route='cloud' needs a cloud endpoint: pass cloud_url=...")
+        merged = {**self.defaults, **{k: v for k, v in overrides.items() if v is not None}}
+        return Request(normalize_messages(messages), GenerationParams.from_kwargs(**merged), opts)
+
+    # -- the pipeline -------------------------------------------------------------------------
+    async def run(self, req: Request) -> Chunks:
+        """Yield the answer's chunks; the last one carries the Completion."""
+        start = time.perf_counter()
+        use_cache = self.cache is not None and req.options.cache and req.options.route is None
+        try:
+            vec, hit = await self._lookup(req) if use_cache else (None, None)
+            if hit is not None:
+                final = None
+                async for chunk in self._replay_hit(hit, start):
+                    final = chunk.completion or final
+                    yield chunk
+                if final is not None:
+                    self.stats.record(final)
+                return
+            decision = await self._plan(req, vec)
+            final: Chunk | None = None
+            async with aclosing(self._execute(req, decision, start)) as chunks:
+                async for chunk in chunks:
+                    if chunk.completion is not None:
+                        final = chunk  # held back until recorded, so a caller that stops at the
+                        continue  # finish chunk still leaves stats and cache complete
+                    yield chunk
+            if final is not None and final.completion is not None:
+                await self._record(req, decision, final.completion, vec, use_cache)
+                yield final
+        finally:
+            if self.ledger is not None:
+                for tokens in req.cloud_calls:
+                    if tokens:  # a call that failed before answering cost nothing
+                        self.ledger.record(tokens)
+
+    # 1. lookup
+    async def _lookup(self, req: Request) -> tuple[Any, CacheHitLike | None]:
+        assert self.cache is not None
+        cache = self.cache
+        ns = req.options.namespace or self.namespace
+
+        def lookup() -> tuple[Any, CacheHitLike | None]:
+            try:
+                vec = cache.embed_query(req.messages)
+            except HybridLLMError as exc:  # a broken cache must not break answering
+                log.warning("semantic cache embedding failed: %s", exc)
+                return None, None
+            try:
+                return vec, cache.get(
+                    req.messages,
+                    model=self.cache_model,
+                    params_key=req.params.cache_key(),
+                    namespace=ns,
+                    embedding=vec,
+                )
+            except Exception as exc:  # noqa: BLE001 - same: answer without the cache
+                log.warning("semantic cache lookup failed: %s", exc)
+                return vec, None
+
+        return await asyncio.get_running_loop().run_in_executor(None, lookup)
+
+    # 2. plan
+    async def _plan(self, req: Request, vec: Any) -> Decision:
+        msgs, opts = req.messages, req.options
+        if self.cloud is None:
+            return Decision("edge", "edge: no cloud configured", messages_for_cloud=msgs)
+        if self.policy is None:
+            route = opts.route or "cloud"
+            d = Decision(
+                route,
+                f"{route}: no router configured",
+                messages_for_cloud=msgs,
+                forced=opts.route is not None,
+            )
+        else:
+            policy = self.policy
+            loop = asyncio.get_running_loop()
+            tokens = await loop.run_in_executor(None, self.edge.count_tokens, msgs)
+            d = await loop.run_in_executor(
+                None, lambda: policy.decide(msgs, force=opts.route, prompt_tokens=tokens, embedding=vec)
+            )
+        if opts.cascade is not None:
+            d = dataclasses.replace(
+                d, cascade=bool(opts.cascade and d.route == "edge" and d.score is not None and not d.forced)
+            )
+        if d.route == "cloud" and not d.forced and self.ledger is not None:
+            spent = self.ledger.exhausted()
+            if spent:
+                return dataclasses.replace(d, route="edge", reason=f"{d.reason}; {spent}", cascade=False)
+        return d
+
+    # 3. execute
+    async def _execute(self, req: Request, d: Decision, start: float) -> Chunks:
+        if d.route == "cloud":
+            assert self.cloud is not None
+            if not self.cloud.is_available():
+                async with aclosing(
+                    self._emit_edge(
+                        req,
+                        start,
+                        route=EDGE_FALLBACK,
+                        reason=f"{d.reason}; cloud circuit open",
+                        score=d.score,
+                    )
+                ) as source:
+                    async for chunk in source:
+                        yield chunk
+                return
+            try:
+                async with aclosing(
+                    self._emit_cloud(req, d, start, route="cloud", reason=d.reason)
+                ) as source:
+                    async for chunk in source:
+                        yield chunk
+                return
+            except _NoOutput as exc:  # nothing was streamed yet: the device answers instead
+                log.info("cloud failed before answering (%s); answering on the device", exc.cause)
+                async with aclosing(
+                    self._emit_edge(
+                        req,
+                        start,
+                        route=EDGE_FALLBACK,
+                        score=d.score,
+                        reason=f"{d.reason}; cloud failed: {exc.cause}",
+                    )
+                ) as source:
+                    async for chunk in source:
+                        yield chunk
+                return
+        if d.cascade and self.cloud is not None and self.policy is not None:
+            async with aclosing(self._cascade(req, d, start)) as source:
+                async for chunk in source:
+                    yield chunk
+            return
+        async with aclosing(
+            self._emit_edge(req, start, route="edge", reason=d.reason, score=d.score)
+        ) as source:
+            async for chunk in source:
+                yield chunk
+
+    async def _cascade(self, req: Request, d: Decision, start: float) -> Chunks:
+        """Edge first, held back; if its confidence is low, the cloud answers instead."""
+        assert self.cloud is not None and self.policy is not None
+        draft: Completion | None = None
+        async for chunk in self._emit_edge(
+            req, start, route="edge", reason=d.reason, score=d.score, logprobs=True
+        ):
+            draft = chunk.completion or draft
+        assert draft is not None
+        lp = draft.mean_logprob if draft.mean_logprob is not None else float("-inf")
+        spent = self.ledger.exhausted() if self.ledger is not None else None
+        if self.policy.should_escalate(lp) and self.cloud.is_available() and not spent:
+            try:
+                async with aclosing(
+                    self._emit_cloud(
+                        req,
+                        d,
+                        start,
+                        route="edge->cloud",
+                        reason=f"{d.reason}; edge confidence {lp:.2f} too low",
+                    )
+                ) as source:
+                    async for chunk in source:
+                        yield chunk
+                return
+            except _NoOutput as exc:
+                log.info("cascade: cloud failed (%s); keeping the edge answer", exc.cause)
+        why = (
+            f"edge confident ({lp:.2f})"
+            if not self.policy.should_escalate(lp)
+            else f"edge unsure ({lp:.2f}) but {spent or 'the cloud is unavailable'}"
+        )
+        async with aclosing(
+            self._replay(
+                draft.text,
+                draft.model,
+                start,
+                route="edge",
+                reason=f"{d.reason}; {why}",
+                score=d.score,
+                usage=draft.usage,
+                finish=draft.finish_reason,
+                ttft_ms=draft.ttft_ms,
+                mean_logprob=draft.mean_logprob,
+            )
+        ) as source:
+            async for chunk in source:
+                yield chunk
+
+    async def _emit_cloud(
+        self, req: Request, d: Decision, start: float, *, route: str, reason: str
+    ) -> Chunks:
+        """The cloud answers; if its stream breaks mid-answer, the device finishes the answer
+        from the text already streamed (route ``"<route>->edge"``), so the caller never sees the
+        failure. Raises ``_NoOutput`` when the cloud failed before its first token."""
+        assert self.cloud is not None
+        req.cloud_calls.append(0)
+        try:
+            async with aclosing(
+                self._emit(
+                    self.cloud.astream(d.messages_for_cloud, req.params),
+                    self.cloud.model,
+                    start,
+                    route=route,
+                    reason=reason,
+                    score=d.score,
+                    cloud=True,
+                    req=req,
+                )
+            ) as source:
+                async for chunk in source:
+                    yield chunk
+        except _PartialOutput as exc:
+            log.warning(
+                "cloud stream broke after %d characters (%s); the device finishes it",
+                len(exc.text),
+                exc.cause,
+            )
+            async with aclosing(
+                self._emit_edge(
+                    req,
+                    start,
+                    route=f"{route}->edge",
+                    score=d.score,
+                    prefix=exc.text,
+                    ttft_ms=exc.ttft_ms,
+                    reason=f"{reason}; cloud stream broke after {len(exc.text)} characters "
+                    f"({exc.cause}); the device finished the answer",
+                )
+            ) as source:
+                async for chunk in source:
+                    yield chunk
+
+    def _emit_edge(
+        self,
+        req: Request,
+        start: float,
+        *,
+        route: str,
+        reason: str,
+        score: float | None,
+        prefix: str = "",
+        ttft_ms: float | None = None,
+        logprobs: bool = False,
+    ) -> Chunks:
+        # log-probabilities are cheap on the device: ask for them whenever the cache may keep
+        # the answer, since an unsure answer is not stored
+        want = logprobs or (self.cache is not None and self.cache_min_logprob is not None)
+        params = dataclasses.replace(req.params, logprobs=True) if want else req.params
+        edge, msgs = self.edge, req.messages
+        if prefix:
+            deltas = self.edge_worker.stream(lambda: edge.stream_continuation(msgs, prefix, params))
+        else:
+            deltas = self.edge_worker.stream(lambda: edge.stream(msgs, params))
+        return self._emit(
+            deltas,
+            edge.model,
+            start,
+            route=route,
+            reason=reason,
+            score=score,
+            prefix=prefix,
+            ttft_ms=ttft_ms,
+            req=req,
+        )
+
+    async def _emit(
+        self,
+        deltas: AsyncIterator[Delta],
+        model: str,
+        start: float,
+        *,
+        route: str,
+        reason: str,
+        score: float | None,
+        req: Request,
+        cloud: bool = False,
+        prefix: str = "",
+        ttft_ms: float | None = None,
+    ) -> Chunks:
+        """Stream the deltas as chunks, then one final chunk with the completion. With
+        ``prefix`` (already sent to the caller, first token at ``ttft_ms``), the backend
+        continues that answer."""
+        ttft = ttft_ms
+        parts: list[str] = [prefix] if prefix else []
+        logprobs: list[float] = []
+        finish, usage = "stop", Usage()
+        try:
+            async with aclosing(deltas) as stream:  # type: ignore[type-var]  # an async generator
+                async for delta in stream:
+                    if delta.logprob is not None:
+                        logprobs.append(delta.logprob)
+                    if delta.text:
+                        if ttft is None:
+                            ttft = (time.perf_counter() - start) * 1000
+                        parts.append(delta.text)
+                        if cloud:  # until the cloud's own count arrives: ~4 characters a token
+                            req.cloud_calls[-1] += max(1, len(delta.text) // 4)
+                        yield Chunk(delta.text, route, model)
+                    if delta.finish_reason is not None:
+                        finish, usage = delta.finish_reason, delta.usage or usage
+        except (CloudUnavailableError, CloudRateLimitError) as exc:
+            if not cloud:
+                raise
+            if parts:
+                raise _PartialOutput(exc, "".join(parts), ttft) from exc
+            raise _NoOutput(exc) from exc
+        except NotImplementedError as exc:
+            if not prefix:
+                raise
+            # the edge backend cannot continue the answer the cloud broke off
+            raise CloudUnavailableError(
+                f"the cloud stream broke mid-answer and {exc}; retry the request"
+            ) from exc
+        cost = 0.0
+        if cloud:
+            cost = self.stats.cost(usage.total_tokens)
+            req.cloud_calls[-1] = usage.total_tokens
+        mean_lp = sum(logprobs) / len(logprobs) if logprobs and not prefix else None
+        completion = Completion(
+            text="".join(parts),
+            route=route,
+            reason=reason,
+            model=model,
+            usage=usage,
+            latency_ms=(time.perf_counter() - start) * 1000,
+            ttft_ms=ttft,
+            finish_reason=finish,
+            score=score,
+            cost_usd=cost,
+            mean_logprob=mean_lp,
+        )
+        yield Chunk("", route, model, finish_reason=finish, completion=completion)
+
+    async def _replay(
+        self,
+        text: str,
+        model: str,
+        start: float,
+        *,
+        route: str,
+        reason: str,
+        score: float | None = None,
+        similarity: float | None = None,
+        usage: Usage | None = None,
+        finish: str = "stop",
+        ttft_ms: float | None = None,
+        mean_logprob: float | None = None,
+    ) -> Chunks:
+        """Stream a finished answer (a cache hit, a held-back cascade draft) word by word."""
+        for piece in re.findall(r"\S*\s*", text) or [text]:
+            if piece:
+                if ttft_ms is None:
+                    ttft_ms = (time.perf_counter() - start) * 1000
+                yield Chunk(piece, route, model)
+        completion = Completion(
+            text=text,
+            route=route,
+            reason=reason,
+            model=model,
+            usage=usage or Usage(),
+            latency_ms=(time.perf_counter() - start) * 1000,
+            ttft_ms=ttft_ms,
+            finish_reason=finish,
+            score=score,
+            cache_similarity=similarity,
+            mean_logprob=mean_logprob,
+        )
+        yield Chunk("", route, model, finish_reason=finish, completion=completion)
+
+    def _replay_hit(self, hit: CacheHitLike, start: float) -> Chunks:
+        how = (
+            "exact repeat"
+            if hit.verifier_prob is None
+            else f"similarity {hit.similarity:.3f}, verifier {hit.verifier_prob:.2f}"
+        )
+        return self._replay(
+            hit.text,
+            self.cache_model,
+            start,
+            route="cache",
+            reason=f"cache hit ({how})",
+            similarity=hit.similarity,
+        )
+
+    # 4. record
+    async def _record(self, req: Request, d: Decision, c: Completion, vec: Any, use_cache: bool) -> None:
+        self.stats.record(c)
+        if not use_cache or not c.text.strip() or self.cache is None:
+            return
+        floor = self.cache_min_logprob
+        if floor is not None and c.mean_logprob is not None and c.mean_logprob < floor:
+            log.info(
+                "not caching an unsure answer (mean token log-probability %.2f < %.2f)", c.mean_logprob, floor
+            )
+            return
+        cache, ns = self.cache, req.options.namespace or self.namespace
+
+        def put() -> None:
+            try:
+                cache.put(
+                    req.messages,
+                    c.text,
+                    model=self.cache_model,
+                    params_key=req.params.cache_key(),
+                    namespace=ns,
+                    pii=bool(d.pii_kinds),
+                    metadata={"route": c.route, "model": c.model},
+                    embedding=vec,
+                )
+            except Exception as exc:  # noqa: BLE001 - a cache that cannot write never costs the answer
+                if not self._cache_write_failed:
+                    self._cache_write_failed = True
+                    log.warning(
+                        "the semantic cache cannot store answers (%s: %s); answering "
+                        "without storing (logged once)",
+                        type(exc).__name__,
+                        exc,
+                    )
+
+        await asyncio.get_running_loop().run_in_executor(None, put)
+
+    async def aclose(self) -> None:
+        if not self._closed and self.cloud is not None:
+            await self.cloud.aclose()  # its connections on this loop
+        self.close()
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self.edge_worker.close()
+            for part in (self.edge, self.cloud, self.cache):
+                if part is not None:
+                    part.close()

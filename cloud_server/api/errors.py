@@ -28,6 +28,7 @@ from cloud_server.exceptions import (
     QueueFullError,
     ServerError,
 )
+from hybridllm.wire.errors import WireError
 
 logger = logging.getLogger("cloud_server.api")
 
@@ -52,6 +53,8 @@ _INTERNAL = ErrorKind(500, "server_error")
 
 
 def error_kind(exc: BaseException) -> ErrorKind:
+    if isinstance(exc, WireError):
+        return ErrorKind(exc.status, exc.type, exc.code)
     for exc_type, kind in _KINDS:
         if isinstance(exc, exc_type):
             return kind
@@ -65,11 +68,14 @@ def error_body(message: str, kind: ErrorKind, *, param: str | None = None) -> di
 def error_response(exc: BaseException) -> JSONResponse:
     kind = error_kind(exc)
     if kind is _INTERNAL:
-        logger.error("internal error: %r", exc, exc_info=exc)
+        # The type only: an exception's text may quote the request (prompt text stays out of
+        # the logs unless debug logging is on).
+        logger.error("internal error: %s", type(exc).__name__,
+                     exc_info=exc if logger.isEnabledFor(logging.DEBUG) else None)
         message = "The server had an error while processing your request."
     else:
         message = str(exc)
-    headers = {}
+    headers: dict[str, str] = {}
     if isinstance(exc, QueueFullError):
         headers["Retry-After"] = str(max(1, math.ceil(exc.retry_after_s)))
     if isinstance(exc, AuthError):
@@ -128,6 +134,7 @@ def install_error_handlers(app: FastAPI, *, on_status: Callable[[int], None] | N
         return counted(error_response(exc))
 
     app.add_exception_handler(ServerError, on_server_error)
+    app.add_exception_handler(WireError, on_server_error)
     app.add_exception_handler(RequestValidationError, on_validation_error)
     app.add_exception_handler(StarletteHTTPException, on_http_error)
     app.add_exception_handler(Exception, on_unexpected)

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -21,13 +20,16 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from fastapi import APIRouter, Depends, FastAPI, Request
-from fastapi.responses import JSONResponse, Response
-from pydantic import BaseModel, ValidationError
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from pydantic import BaseModel
 
-from cloud_server.exceptions import InvalidRequestError, ModelNotFoundError, NotReadyError
+from cloud_server.exceptions import ModelNotFoundError, NotReadyError
+from hybridllm.wire import DEFAULT_MAX_BODY_BYTES, decode_json_object, is_large, parse_request, read_body
+from hybridllm.wire.openapi import add_schemas, error_responses, ok_response, request_body
+from hybridllm.wire.responses import ChatCompletion, Health, ModelCard, ModelList, TextCompletion
 
 from .auth import ApiKeyChecker
-from .errors import install_error_handlers, validation_error
+from .errors import install_error_handlers
 from .metrics import ServerMetrics
 from .protocol import ChatCompletionRequest, CompletionRequest
 from .serving import Engine, OpenAIServing
@@ -106,21 +108,15 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
                 await engine.stop()
 
 
-async def _parse(request: Request, model_type: type[R]) -> R:
-    body = await request.body()
-    try:
-        data = json.loads(body)
-    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
-        raise InvalidRequestError(
-            "We could not parse the JSON body of your request. Send valid JSON with "
-            "'Content-Type: application/json'."
-        ) from exc
-    if not isinstance(data, dict):
-        raise InvalidRequestError("The request body must be a JSON object.")
-    try:
-        return model_type.model_validate(data)
-    except ValidationError as exc:
-        raise validation_error(exc) from exc
+async def _parse(request: Request, model_type: type[R], max_body_bytes: int) -> R:
+    """Read, decode and validate the body; a large one is decoded in a worker thread so the
+    event loop keeps serving other requests (and /health) meanwhile."""
+    body = await read_body(request, max_body_bytes)
+
+    def decode() -> R:
+        return parse_request(model_type, decode_json_object(body))
+
+    return await asyncio.to_thread(decode) if is_large(body) else decode()
 
 
 class ClientGone(Exception):
@@ -144,8 +140,11 @@ async def _unless_disconnected(request: Request, work: Awaitable[T]) -> T:
     return task.result()
 
 
-def _build_router(app: FastAPI, checker: ApiKeyChecker) -> APIRouter:
+def _build_router(app: FastAPI, checker: ApiKeyChecker, max_body_bytes: int) -> APIRouter:
     state: ServerState = app.state.server
+    defs: dict[str, Any] = {}
+    auth = (401,) if checker.is_enabled else ()
+    post_errors = error_responses(400, *auth, 404, 413, 429, 503)
 
     async def require_key(request: Request) -> None:
         checker.check(request.headers.get("authorization"))
@@ -155,7 +154,8 @@ def _build_router(app: FastAPI, checker: ApiKeyChecker) -> APIRouter:
     async def complete(request: Request, req: ChatCompletionRequest | CompletionRequest) -> Any:
         serving = state.ready_serving()
         state.check_model(req.model)
-        prepared = serving.prepare(req)
+        # Tokenizing a long prompt takes a while: off the event loop.
+        prepared = await asyncio.to_thread(serving.prepare, req)
         try:
             generation = await _unless_disconnected(request, serving.admit(prepared))
             if prepared.stream:
@@ -165,15 +165,25 @@ def _build_router(app: FastAPI, checker: ApiKeyChecker) -> APIRouter:
             return Response(status_code=499)  # nobody reads it; nginx's "client closed request"
         return JSONResponse(body)
 
-    @v1.post("/chat/completions")
+    @v1.post(
+        "/chat/completions",
+        openapi_extra=request_body(ChatCompletionRequest, defs),
+        responses={**ok_response(ChatCompletion, streams=True), **post_errors},
+    )
     async def chat_completions(request: Request) -> Any:
-        return await complete(request, await _parse(request, ChatCompletionRequest))
+        return await complete(request, await _parse(request, ChatCompletionRequest, max_body_bytes))
 
-    @v1.post("/completions")
+    @v1.post(
+        "/completions",
+        openapi_extra=request_body(CompletionRequest, defs),
+        responses={**ok_response(TextCompletion, streams=True), **post_errors},
+    )
     async def completions(request: Request) -> Any:
-        return await complete(request, await _parse(request, CompletionRequest))
+        return await complete(request, await _parse(request, CompletionRequest, max_body_bytes))
 
-    @v1.get("/models")
+    add_schemas(app, defs)
+
+    @v1.get("/models", response_model=ModelList, responses=error_responses(*auth, 503))
     async def list_models() -> dict[str, Any]:
         state.ready_serving()
         engine = state.engine
@@ -186,7 +196,8 @@ def _build_router(app: FastAPI, checker: ApiKeyChecker) -> APIRouter:
         }
         return {"object": "list", "data": [card]}
 
-    @v1.get("/models/{model_id:path}")
+    @v1.get("/models/{model_id:path}", response_model=ModelCard,
+            responses=error_responses(*auth, 404, 503))
     async def get_model(model_id: str) -> dict[str, Any]:
         state.ready_serving()
         state.check_model(model_id)
@@ -207,9 +218,11 @@ def create_app(
     served_model_name: str | None = None,
     on_load_error: Callable[[BaseException], None] | None = None,
     system_prompt: str | None = None,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
 ) -> FastAPI:
     """The ASGI app; ``engine_factory`` builds an unstarted engine (run in a worker thread).
-    ``system_prompt`` is put first in chat requests that carry no system message."""
+    ``system_prompt`` is put first in chat requests that carry no system message; a body over
+    ``max_body_bytes`` is refused with 413 before it is read whole."""
     app = FastAPI(title="hybridllm cloud server", lifespan=_lifespan, docs_url=None, redoc_url=None)
     state = ServerState(engine_factory, served_model_name, on_load_error, system_prompt or None)
     app.state.server = state
@@ -221,7 +234,7 @@ def create_app(
     app.state.metrics = metrics
     install_error_handlers(app, on_status=metrics.record_rejection)
 
-    @app.get("/health")
+    @app.get("/health", responses={200: {"model": Health}, 503: {"model": Health}})
     async def health() -> Response:
         engine = state.engine
         if engine is not None and engine.is_ready:
@@ -229,9 +242,14 @@ def create_app(
         status = "error" if state.load_error is not None else "loading"
         return JSONResponse({"status": status}, status_code=503)
 
-    @app.get("/metrics")
+    @app.get(
+        "/metrics",
+        response_class=PlainTextResponse,
+        responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}},
+                         "description": "Prometheus text format"}},
+    )
     async def prometheus() -> Response:
         return Response(metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
-    app.include_router(_build_router(app, ApiKeyChecker(api_keys or [])))
+    app.include_router(_build_router(app, ApiKeyChecker(api_keys or []), max_body_bytes))
     return app

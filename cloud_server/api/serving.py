@@ -10,6 +10,7 @@ request if it had not finished, so its KV blocks go back to the pool.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import time
 import uuid
@@ -19,11 +20,11 @@ from typing import Any, Protocol
 
 from cloud_server.engine.sampling_params import SamplingParams
 from cloud_server.exceptions import ContextLengthError, InvalidRequestError, ServerError
+from hybridllm.wire.responses import DONE, ChunkWriter, chat_completion, error_event, text_completion
 
 from .errors import error_body, error_kind
 from .metrics import RequestTimer, ServerMetrics
 from .protocol import ChatCompletionRequest, CompletionRequest
-from .sse import DONE, sse_event
 
 logger = logging.getLogger("cloud_server.api")
 
@@ -137,6 +138,7 @@ class OpenAIServing:
     # -- request preparation -------------------------------------------------------------------
 
     def prepare(self, req: ChatCompletionRequest | CompletionRequest) -> Prepared:
+        """Tokenize and check ``req`` (CPU work: the server runs this in a worker thread)."""
         tokenizer = self.engine.tokenizer
         if isinstance(req, ChatCompletionRequest):
             kind, prefix = "chat", "chatcmpl"
@@ -153,9 +155,7 @@ class OpenAIServing:
             raise InvalidRequestError("The prompt is empty after tokenization.", param="prompt")
         max_len = int(self.engine.max_model_len)
         limit = req.output_limit()
-        param = "max_tokens"
-        if isinstance(req, ChatCompletionRequest) and req.max_completion_tokens is not None:
-            param = "max_completion_tokens"
+        param = req.limit_param()
         if len(prompt_ids) >= max_len or (limit is not None and len(prompt_ids) + limit > max_len):
             raise ContextLengthError(
                 f"This model's maximum context length is {max_len} tokens. However, you "
@@ -165,14 +165,15 @@ class OpenAIServing:
                 param="messages" if len(prompt_ids) >= max_len and kind == "chat" else param,
             )
         params = SamplingParams(
-            temperature=req.temperature,
-            top_p=req.top_p,
-            top_k=req.top_k,
+            temperature=1.0 if req.temperature is None else req.temperature,
+            top_p=1.0 if req.top_p is None else req.top_p,
+            top_k=-1 if req.top_k is None else req.top_k,
             max_tokens=limit if limit is not None else max_len - len(prompt_ids),
             stop=req.stop_list(),
             stop_token_ids=list(req.stop_token_ids or []),
             seed=req.seed,
             ignore_eos=req.ignore_eos,
+            **_extra_sampling(req),
         )
         return Prepared(
             kind=kind,
@@ -201,68 +202,55 @@ class OpenAIServing:
         last = generation.last
         if last is None:
             raise ServerError("the engine returned no output")
-        text = "".join(parts)
-        finish = last.finish_reason or "stop"
-        if prepared.kind == "chat":
-            choice: dict[str, Any] = {
-                "index": 0,
-                "message": {"role": "assistant", "content": text},
-                "logprobs": None,
-                "finish_reason": finish,
-            }
-            obj = "chat.completion"
-        else:
-            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
-            obj = "text_completion"
-        return {
-            "id": prepared.request_id,
-            "object": obj,
-            "created": prepared.created,
-            "model": self.model_name,
-            "system_fingerprint": None,
-            "choices": [choice],
-            "usage": usage_of(last),
-        }
+        build = chat_completion if prepared.kind == "chat" else text_completion
+        return build(
+            id=prepared.request_id,
+            created=prepared.created,
+            model=self.model_name,
+            text="".join(parts),
+            finish_reason=last.finish_reason or "stop",
+            usage=usage_of(last),
+        )
 
     async def stream_events(self, prepared: Prepared, generation: Generation) -> AsyncIterator[str]:
         chat = prepared.kind == "chat"
-        base: dict[str, Any] = {
-            "id": prepared.request_id,
-            "object": "chat.completion.chunk" if chat else "text_completion",
-            "created": prepared.created,
-            "model": self.model_name,
-            "system_fingerprint": None,
-        }
-        usage_null = {"usage": None} if prepared.include_usage else {}
-
-        def chunk(text: str | None, finish: str | None, role: bool = False) -> str:
-            if chat:
-                delta: dict[str, Any] = {"role": "assistant"} if role else {}
-                if text is not None:
-                    delta["content"] = text
-                choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
-            else:
-                choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
-            return sse_event({**base, "choices": [choice], **usage_null})
-
+        writer = ChunkWriter(id=prepared.request_id, created=prepared.created, model=self.model_name,
+                             chat=chat, include_usage=prepared.include_usage)
         try:
             if chat:
-                yield chunk("", None, role=True)
+                yield writer.role()
             async for out in generation.outputs():
                 if out.delta_text:
-                    yield chunk(out.delta_text, None)
+                    yield writer.text(out.delta_text)
                 if out.finished:
-                    yield chunk(None, out.finish_reason or "stop")
+                    yield writer.finish(out.finish_reason or "stop")
             if prepared.include_usage and generation.last is not None:
-                yield sse_event({**base, "choices": [], "usage": usage_of(generation.last)})
-            yield DONE
-        except ServerError as exc:
-            # Headers are gone already: report in-band, as OpenAI does, then end the stream.
-            yield sse_event(error_body(str(exc), error_kind(exc), param=getattr(exc, "param", None)))
+                yield writer.usage(usage_of(generation.last))
             yield DONE
         except Exception as exc:
-            logger.exception("stream %s failed", prepared.request_id)
-            yield sse_event(error_body("The server had an error while streaming.", error_kind(exc)))
-            yield DONE
+            # Headers are gone already: report in-band, as OpenAI does, then end the stream. A
+            # request error says what was wrong; anything else is not the client's business.
+            kind = error_kind(exc)
+            if kind.status < 500:
+                message, param = str(exc), getattr(exc, "param", None)
+            else:
+                logger.error("stream %s failed: %s", prepared.request_id, type(exc).__name__)
+                message, param = "The server had an error while streaming.", None
+            yield error_event(error_body(message, kind, param=param))
         finally:
             await generation.close()
+
+
+def _extra_sampling(req: ChatCompletionRequest | CompletionRequest) -> dict[str, Any]:
+    """vLLM's ``min_p`` and ``repetition_penalty``: passed on when the engine has them, else
+    accepted only at their neutral value (0 and 1)."""
+    known = {f.name for f in dataclasses.fields(SamplingParams)}
+    out: dict[str, Any] = {}
+    for name, neutral in (("min_p", 0.0), ("repetition_penalty", 1.0)):
+        value = getattr(req, name)
+        if value is None or value == neutral:
+            continue
+        if name not in known:
+            raise InvalidRequestError(f"{name} is not supported by this server.", param=name)
+        out[name] = value
+    return out

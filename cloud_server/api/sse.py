@@ -11,18 +11,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 from collections.abc import AsyncIterator
-from typing import Any
 
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-DONE = "data: [DONE]\n\n"
+from hybridllm.wire.responses import DONE, sse_event
 
-
-def sse_event(payload: dict[str, Any]) -> str:
-    return f"data: {json.dumps(payload, ensure_ascii=False, separators=(',', ':'))}\n\n"
+__all__ = ["DONE", "EventStreamResponse", "sse_event", "wait_for_disconnect"]
 
 
 async def wait_for_disconnect(receive: Receive) -> None:

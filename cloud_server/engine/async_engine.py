@@ -97,9 +97,17 @@ class AsyncLLMEngine:
         prompt_ids = engine.encode_prompt(prompt)
         engine.check_request(prompt_ids, params)
         pending = sum(1 for op in self._ops if op[0] == "add")
-        if len(engine.scheduler.waiting) + pending >= self.config.max_waiting:
+        # Count only what waits beyond the free batch slots: a burst fills the batch first.
+        if engine.scheduler.num_queued_beyond_slots + pending - self._free_slots_left(engine) >= \
+                self.config.max_waiting:
             raise QueueFullError(f"the waiting queue is full ({self.config.max_waiting} requests)")
         return self._stream(request_id, prompt_ids, params)
+
+    @staticmethod
+    def _free_slots_left(engine: Any) -> int:
+        """Batch slots that neither a running nor an already waiting request will take."""
+        sched = engine.scheduler
+        return max(0, sched.max_num_seqs - len(sched.running) - len(sched.waiting))
 
     async def _stream(
         self, request_id: str, prompt_ids: list[int], params: SamplingParams

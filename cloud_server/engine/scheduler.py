@@ -63,8 +63,15 @@ class Scheduler:
     def num_unfinished(self) -> int:
         return len(self.waiting) + len(self.running)
 
+    @property
+    def num_queued_beyond_slots(self) -> int:
+        """Waiting requests that the next step cannot start (a burst that fits the free batch
+        slots is not a queue; ``max_waiting`` bounds only what is left over)."""
+        free_slots = max(0, self.max_num_seqs - len(self.running))
+        return max(0, len(self.waiting) - free_slots)
+
     def add(self, seq: Sequence) -> None:
-        if len(self.waiting) >= self.max_waiting:
+        if self.num_queued_beyond_slots >= self.max_waiting:
             raise QueueFullError(f"the waiting queue is full ({self.max_waiting} requests)")
         seq.status = SequenceStatus.WAITING
         self.waiting.append(seq)

@@ -192,7 +192,7 @@ def test_health_and_metrics_are_open(server: ThreadServer) -> None:
         ),
         (
             b'{"model": "fake-model", "messages": [{"role": "wizard", "content": "x"}]}',
-            "messages.0.role",
+            "messages[0].role",
             "Invalid",
         ),
         (b"\xff\xfe", None, "JSON"),

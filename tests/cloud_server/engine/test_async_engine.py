@@ -73,7 +73,8 @@ def test_validation_errors_raise_at_call(engine):
         await engine.start()
         with pytest.raises(ContextLengthError):
             engine.generate("c", "Hi", SamplingParams(max_tokens=10_000))
-        engine.engine.scheduler.waiting.extend([None] * 4)  # simulate a full queue
+        sched = engine.engine.scheduler  # simulate a full queue: every slot taken, 4 beyond
+        sched.waiting.extend([None] * (sched.max_num_seqs + 4))
         try:
             with pytest.raises(QueueFullError):
                 engine.generate("d", "Hi", SamplingParams(max_tokens=4))

@@ -139,11 +139,12 @@ def test_abort_waiting_and_running_frees_blocks(make_sched):
 
 
 def test_queue_full(make_sched):
+    # max_num_seqs=4: a burst that fits the free batch slots is not a queue; 2 may wait beyond it
     sched = make_sched(max_waiting=2)
-    sched.add(make_seq(2, "a"))
-    sched.add(make_seq(2, "b"))
+    for name in "abcdef":
+        sched.add(make_seq(2, name))
     with pytest.raises(QueueFullError):
-        sched.add(make_seq(2, "c"))
+        sched.add(make_seq(2, "g"))
 
 
 def test_core_bookkeeping_needs_no_torch():

@@ -1,0 +1,116 @@
+"""Read a request body with a size limit, decode it as strict JSON, and vet what JSON lets through.
+
+Checks, in order, each an OpenAI-shaped 4xx:
+- size: ``Content-Length`` over the limit is refused before reading (413); a body that grows past
+  it while streaming in is refused as soon as it does (413);
+- JSON: UTF-8, no ``NaN``/``Infinity`` literals, an object at the top (400);
+- nesting deeper than ``MAX_DEPTH`` (400; the stdlib parser would raise ``RecursionError``);
+- strings holding a lone UTF-16 surrogate (``"\\ud800"`` is valid JSON but no valid text: it
+  cannot be encoded as UTF-8, so a tokenizer or a log line would fail on it later) (400).
+
+Decoding a large body costs CPU: callers run ``decode_json_object`` in a worker thread when the
+body is large (``is_large``) so the event loop keeps answering ``/health``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any, Protocol
+
+from .errors import WireError
+
+DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
+MAX_DEPTH = 32
+LARGE_BODY_BYTES = 64 * 1024
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+class _Request(Protocol):  # the part of starlette's Request used here
+    @property
+    def headers(self) -> Any: ...
+
+    def stream(self) -> Any: ...
+
+
+def too_large(limit: int) -> WireError:
+    return WireError(
+        f"The request body is larger than this server accepts ({limit} bytes).",
+        status=413,
+        code="request_too_large",
+    )
+
+
+async def read_body(request: _Request, limit: int = DEFAULT_MAX_BODY_BYTES) -> bytes:
+    """The body, or ``WireError`` 413 as soon as it is known to exceed ``limit`` bytes."""
+    declared = request.headers.get("content-length")
+    if declared is not None:
+        try:
+            if int(declared) > limit:
+                raise too_large(limit)
+        except ValueError:
+            raise WireError("Invalid Content-Length header.") from None
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise too_large(limit)
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def is_large(body: bytes) -> bool:
+    return len(body) > LARGE_BODY_BYTES
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not valid JSON")
+
+
+def decode_json_object(body: bytes) -> dict[str, Any]:
+    """Strict JSON object from ``body``; ``WireError`` (400) on anything else."""
+    try:
+        data = json.loads(body.decode("utf-8"), parse_constant=_reject_constant)
+    except RecursionError:
+        raise WireError(f"The JSON body is nested deeper than {MAX_DEPTH} levels.") from None
+    except (ValueError, UnicodeDecodeError):
+        raise WireError(
+            "We could not parse the JSON body of your request. Send valid JSON with "
+            "'Content-Type: application/json'."
+        ) from None
+    if not isinstance(data, dict):
+        raise WireError("The request body must be a JSON object.")
+    check_json_values(data)
+    return data
+
+
+def _path(parts: tuple[Any, ...]) -> str | None:
+    out = ""
+    for part in parts:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out or None
+
+
+def check_json_values(data: Any) -> None:
+    """Depth and lone-surrogate checks over decoded JSON, without recursion."""
+    stack: list[tuple[Any, tuple[Any, ...]]] = [(data, ())]
+    while stack:
+        value, where = stack.pop()
+        if len(where) > MAX_DEPTH:
+            message = f"The JSON body is nested deeper than {MAX_DEPTH} levels."
+            raise WireError(message, param=_path(where[:1]))
+        if isinstance(value, str):
+            if _SURROGATE.search(value):
+                raise WireError(
+                    "A string holds a lone UTF-16 surrogate (such as \\ud800), which is not valid "
+                    "text; send well-formed Unicode.",
+                    param=_path(where),
+                )
+        elif isinstance(value, dict):
+            for key, item in value.items():
+                if _SURROGATE.search(key):
+                    raise WireError("An object key holds a lone UTF-16 surrogate.", param=_path(where))
+                stack.append((item, (*where, key)))
+        elif isinstance(value, list):
+            stack.extend((item, (*where, i)) for i, item in enumerate(value))

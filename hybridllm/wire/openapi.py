@@ -1,0 +1,60 @@
+"""OpenAPI pieces for routes that read their JSON body by hand.
+
+The servers parse bodies themselves (size limit, strict JSON, order of checks), so FastAPI does
+not see a body parameter; these helpers put the real request schema and the error responses into
+the document, so that clients and API fuzzers see what the route actually accepts.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel
+
+from .responses import ErrorResponse
+
+REF = "#/components/schemas/{model}"
+
+ERROR_TEXT = {
+    400: "Invalid request (OpenAI error JSON)",
+    401: "Missing or wrong API key",
+    404: "Unknown model",
+    413: "Request body too large",
+    429: "Queue full; retry after the Retry-After header",
+    503: "The model is loading or the engine is not running",
+}
+
+
+def request_body(model: type[BaseModel], defs: dict[str, Any]) -> dict[str, Any]:
+    """``openapi_extra`` declaring ``model`` as the JSON body; its sub-schemas go into ``defs``."""
+    schema = model.model_json_schema(ref_template=REF)
+    defs.update(schema.pop("$defs", {}))
+    defs[model.__name__] = schema
+    ref = {"$ref": REF.format(model=model.__name__)}
+    return {"requestBody": {"required": True, "content": {"application/json": {"schema": ref}}}}
+
+
+def error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    return {s: {"model": ErrorResponse, "description": ERROR_TEXT.get(s, "Error")} for s in statuses}
+
+
+def ok_response(model: type[BaseModel], *, streams: bool) -> dict[int | str, dict[str, Any]]:
+    """200 as ``model`` JSON, and as an SSE stream when the route can stream."""
+    content: dict[str, Any] = {}
+    if streams:
+        content["text/event-stream"] = {"schema": {"type": "string"}}
+    return {200: {"model": model, "description": "Success", "content": content}}
+
+
+def add_schemas(app: Any, defs: dict[str, Any]) -> None:
+    """Merge ``defs`` into the app's generated document (once, when it is first built)."""
+    build = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            doc = build()
+            doc.setdefault("components", {}).setdefault("schemas", {}).update(defs)
+            app.openapi_schema = doc
+        return app.openapi_schema
+
+    app.openapi = openapi

@@ -1,0 +1,328 @@
+"""Request models of the OpenAI wire format, shared by the cloud server and the local proxy.
+
+What OpenAI does, this does: unknown fields are a 400 ("Unrecognized request argument"), types
+are strict (``"stream": "yes"`` is a 400, not ``True``), and parameters OpenAI knows but these
+servers cannot honour are accepted only at their neutral value (``n=1``, no logprobs, no tools,
+``response_format`` of type ``text``, zero penalties, text-only content) and a 400 that names the
+parameter otherwise, so a client never silently gets something other than what it asked for.
+
+Values the engine cannot represent are refused here too: ``seed`` outside 64 bits, ``top_p`` below
+float32's smallest normal number (it would round to 0 and drop every token), token counts past
+int32, non-finite numbers.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from .errors import WireError
+
+INT32_MAX = 2**31 - 1
+SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1  # what torch.Generator.manual_seed accepts
+FLOAT32_TINY = 1.1754943508222875e-38  # smallest normal float32
+MAX_STOP = 4
+
+TokenCount = Annotated[int, Field(ge=1, le=INT32_MAX)]
+Unit = Annotated[float, Field(allow_inf_nan=False)]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class StreamOptions(_Strict):
+    include_usage: bool = False
+
+
+class TextPart(_Strict):
+    type: Literal["text"]
+    text: str
+
+
+class ResponseFormat(_Strict):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: dict[str, Any] | None = None
+
+
+class ChatMessage(_Strict):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[TextPart] | None = None
+    name: str | None = None
+    # Echoed back by clients that replay a conversation; only text is read from them.
+    tool_calls: list[dict[str, Any]] | None = None
+    tool_call_id: str | None = None
+    refusal: str | None = None
+
+    @field_validator("content", mode="before")
+    @classmethod
+    def _text_parts_only(cls, value: Any) -> Any:
+        if isinstance(value, list):
+            for part in value:
+                kind = part.get("type") if isinstance(part, dict) else None
+                if kind is not None and kind != "text":
+                    raise ValueError(
+                        f"content parts of type {kind!r} are not supported; these models read "
+                        "text only (send 'text' parts or a string)"
+                    )
+        return value
+
+    @model_validator(mode="after")
+    def _content_required(self) -> ChatMessage:
+        if self.content is None and self.role != "assistant":
+            raise ValueError(f"a '{self.role}' message needs 'content'")
+        return self
+
+    def text(self) -> str:
+        """The text of ``content``; parts joined by newlines, as ``hybridllm.prompts`` does."""
+        if self.content is None:
+            return ""
+        if isinstance(self.content, str):
+            return self.content
+        return "\n".join(part.text for part in self.content)
+
+
+class SamplingRequest(_Strict):
+    """Fields shared by chat and legacy completions. ``None`` means "the server's default"."""
+
+    model: str
+    max_tokens: TokenCount | None = None
+    temperature: Annotated[Unit, Field(ge=0.0, le=2.0)] | None = None
+    top_p: Annotated[Unit, Field(ge=FLOAT32_TINY, le=1.0)] | None = None
+    top_k: Annotated[int, Field(ge=-1, le=INT32_MAX)] | None = None  # vLLM; -1 and 0 turn it off
+    min_p: Annotated[Unit, Field(ge=0.0, le=1.0)] | None = None  # vLLM
+    repetition_penalty: Annotated[Unit, Field(gt=0.0, le=10.0)] | None = None  # vLLM; 1 is off
+    n: Annotated[int, Field(ge=1, le=128)] = 1
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    stop: str | Annotated[list[str], Field(max_length=MAX_STOP)] | None = None
+    stop_token_ids: list[Annotated[int, Field(ge=0, le=INT32_MAX)]] | None = None  # vLLM
+    seed: Annotated[int, Field(ge=SEED_MIN, le=SEED_MAX)] | None = None
+    ignore_eos: bool = False  # vLLM, for benchmarks
+    presence_penalty: Annotated[Unit, Field(ge=-2.0, le=2.0)] | None = None
+    frequency_penalty: Annotated[Unit, Field(ge=-2.0, le=2.0)] | None = None
+    logit_bias: dict[str, Annotated[Unit, Field(ge=-100.0, le=100.0)]] | None = None
+    user: str | None = None
+
+    @field_validator("n")
+    @classmethod
+    def _one_choice(cls, value: int) -> int:
+        if value != 1:
+            raise ValueError("only n=1 is supported")
+        return value
+
+    @field_validator("presence_penalty", "frequency_penalty")
+    @classmethod
+    def _no_penalty(cls, value: float | None) -> float | None:
+        if value:
+            raise ValueError("only 0 is supported by this server")
+        return value
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _no_bias(cls, value: dict[str, float] | None) -> dict[str, float] | None:
+        if value:
+            raise ValueError("logit_bias is not supported by this server")
+        return value
+
+    @model_validator(mode="after")
+    def _stream_options_need_stream(self) -> SamplingRequest:
+        if self.stream_options is not None and not self.stream:
+            raise WireError("stream_options is only allowed when stream is true.", param="stream_options")
+        return self
+
+    def stop_list(self) -> list[str]:
+        if self.stop is None:
+            return []
+        return [self.stop] if isinstance(self.stop, str) else [s for s in self.stop if s]
+
+    def include_usage(self) -> bool:
+        return self.stream_options is not None and self.stream_options.include_usage
+
+
+class ChatCompletionRequest(SamplingRequest):
+    messages: Annotated[list[ChatMessage], Field(min_length=1)]
+    max_completion_tokens: TokenCount | None = None
+    logprobs: bool | None = None
+    top_logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: Literal["none", "auto", "required"] | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
+    response_format: ResponseFormat | None = None
+    # Accepted and ignored: nothing is stored, metadata is the caller's own.
+    store: bool | None = None
+    metadata: dict[str, str] | None = None
+
+    @field_validator("logprobs")
+    @classmethod
+    def _no_logprobs(cls, value: bool | None) -> bool | None:
+        if value:
+            raise ValueError("logprobs are not supported by this server")
+        return value
+
+    @field_validator("top_logprobs")
+    @classmethod
+    def _no_top_logprobs(cls, value: int | None) -> int | None:
+        if value:
+            raise ValueError("logprobs are not supported by this server")
+        return value
+
+    @field_validator("tools")
+    @classmethod
+    def _no_tools(cls, value: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
+        if value:
+            raise ValueError("tools (function calling) are not supported by this server")
+        return value
+
+    @field_validator("tool_choice")
+    @classmethod
+    def _no_tool_choice(cls, value: Any) -> Any:
+        if value not in (None, "none"):
+            raise ValueError("tool_choice is only allowed when tools are specified")
+        return value
+
+    @field_validator("response_format")
+    @classmethod
+    def _text_format_only(cls, value: ResponseFormat | None) -> ResponseFormat | None:
+        if value is not None and value.type != "text":
+            raise ValueError(f"response_format type '{value.type}' is not supported; only 'text' is")
+        return value
+
+    def output_limit(self) -> int | None:
+        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+    def limit_param(self) -> str:
+        return "max_completion_tokens" if self.max_completion_tokens is not None else "max_tokens"
+
+    def chat_messages(self) -> list[dict[str, str]]:
+        # "developer" is OpenAI's new name for "system"; chat templates only know the latter.
+        return [
+            {"role": "system" if m.role == "developer" else m.role, "content": m.text()}
+            for m in self.messages
+        ]
+
+
+class CompletionRequest(SamplingRequest):
+    """The legacy ``/v1/completions`` body: one prompt, text or token ids."""
+
+    prompt: (
+        str
+        | list[Annotated[int, Field(ge=0, le=INT32_MAX)]]
+        | list[str]
+        | list[list[Annotated[int, Field(ge=0, le=INT32_MAX)]]]
+    )
+    max_tokens: TokenCount | None = 16  # the legacy endpoint's own default
+    echo: bool = False
+    logprobs: Annotated[int, Field(ge=0, le=5)] | None = None
+    best_of: Annotated[int, Field(ge=1, le=20)] | None = None
+    suffix: str | None = None
+
+    @field_validator("echo")
+    @classmethod
+    def _no_echo(cls, value: bool) -> bool:
+        if value:
+            raise ValueError("echo is not supported by this server")
+        return value
+
+    @field_validator("logprobs")
+    @classmethod
+    def _no_logprobs(cls, value: int | None) -> int | None:
+        if value:
+            raise ValueError("logprobs are not supported by this server")
+        return value
+
+    @field_validator("best_of")
+    @classmethod
+    def _one_best(cls, value: int | None) -> int | None:
+        if value not in (None, 1):
+            raise ValueError("only best_of=1 is supported")
+        return value
+
+    @field_validator("suffix")
+    @classmethod
+    def _no_suffix(cls, value: str | None) -> str | None:
+        if value:
+            raise ValueError("suffix is not supported by this server")
+        return value
+
+    @field_validator("prompt")
+    @classmethod
+    def _one_prompt(cls, value: Any) -> Any:
+        if isinstance(value, list) and value and isinstance(value[0], str | list):
+            if len(value) != 1:
+                raise ValueError("batched prompts are not supported; send one prompt per request")
+            value = value[0]
+        if isinstance(value, list) and not value:
+            raise ValueError("the prompt must not be empty")
+        return value
+
+    def output_limit(self) -> int | None:
+        return self.max_tokens
+
+    def limit_param(self) -> str:
+        return "max_tokens"
+
+    def single_prompt(self) -> str | list[int]:
+        return self.prompt  # type: ignore[return-value]  # _one_prompt unwrapped it
+
+
+R = TypeVar("R", bound=BaseModel)
+
+
+def validation_error(exc: ValidationError) -> WireError:
+    """The most useful pydantic error as one readable message, with the field as ``param``."""
+    errors = exc.errors(include_url=False)
+    if not errors:
+        return WireError("Invalid request.")
+    # An unknown field is the most useful thing to report (often a typo of a known one).
+    # Else the deepest: for a union ("content": string or parts) it names the part that failed.
+    extra = [e for e in errors if e.get("type") == "extra_forbidden"]
+    first = extra[0] if extra else max(errors, key=lambda e: len(e.get("loc", ())))
+    param = _param(first.get("loc", ()))
+    kind = first.get("type")
+    if kind == "extra_forbidden":
+        return WireError(f"Unrecognized request argument supplied: {param}", param=param)
+    if kind == "missing":
+        return WireError(f"Missing required parameter: '{param}'.", param=param)
+    bound = _BOUNDS.get(str(kind))
+    ctx = first.get("ctx") or {}
+    if bound is not None and bound[1] in ctx:
+        message = f"must {bound[0]} {ctx[bound[1]]!r}"  # repr: 1.1754943508222875e-38, not 0.00...
+    else:
+        message = str(first.get("msg", "invalid")).removeprefix("Value error, ")
+    return WireError(f"Invalid value for '{param}': {message}.", param=param)
+
+
+_BOUNDS = {
+    "greater_than_equal": ("be >=", "ge"),
+    "greater_than": ("be >", "gt"),
+    "less_than_equal": ("be <=", "le"),
+    "less_than": ("be <", "lt"),
+    "too_long": ("have at most this many items:", "max_length"),
+    "too_short": ("have at least this many items:", "min_length"),
+}
+
+
+def _param(loc: tuple[Any, ...]) -> str | None:
+    """OpenAI's spelling of a location: ``messages[0].content``."""
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif not _is_union_tag(part):
+            out += f".{part}" if out else str(part)
+    return out or None
+
+
+def _is_union_tag(part: Any) -> bool:
+    # pydantic adds the union member it tried ("str", "list[TextPart]") to the location
+    return isinstance(part, str) and ("[" in part or part in {"str", "int", "float", "bool", "none"})
+
+
+def parse_request(model: type[R], data: dict[str, Any]) -> R:
+    """``model`` validated from decoded JSON; ``WireError`` (400) when it does not fit."""
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise validation_error(exc) from None

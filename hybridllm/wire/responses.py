@@ -1,0 +1,200 @@
+"""Response and chunk shapes of the OpenAI wire format, SSE framing, and their OpenAPI models.
+
+Responses are built as plain dicts (one per token when streaming; no validation on that path);
+the pydantic models below only describe them in the servers' OpenAPI documents, and the tests
+check real responses against those documents.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict
+
+DONE = "data: [DONE]\n\n"
+
+
+def sse_event(payload: dict[str, Any]) -> str:
+    """One server-sent event. ``ensure_ascii`` keeps the frame ASCII whatever the text holds."""
+    return f"data: {json.dumps(payload, separators=(',', ':'))}\n\n"
+
+
+def usage_dict(prompt_tokens: int, completion_tokens: int, cached_tokens: int | None = None) -> dict:
+    usage: dict[str, Any] = {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
+    if cached_tokens is not None:
+        usage["prompt_tokens_details"] = {"cached_tokens": cached_tokens}
+    return usage
+
+
+def chat_completion(
+    *,
+    id: str,
+    created: int,
+    model: str,
+    text: str,
+    finish_reason: str,
+    usage: dict[str, Any],
+    **extra: Any,
+) -> dict[str, Any]:
+    choice = {
+        "index": 0,
+        "message": {"role": "assistant", "content": text},
+        "logprobs": None,
+        "finish_reason": finish_reason,
+    }
+    return {
+        "id": id,
+        "object": "chat.completion",
+        "created": created,
+        "model": model,
+        "system_fingerprint": None,
+        "choices": [choice],
+        "usage": usage,
+        **extra,
+    }
+
+
+def text_completion(
+    *, id: str, created: int, model: str, text: str, finish_reason: str, usage: dict[str, Any]
+) -> dict[str, Any]:
+    choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
+    return {
+        "id": id,
+        "object": "text_completion",
+        "created": created,
+        "model": model,
+        "system_fingerprint": None,
+        "choices": [choice],
+        "usage": usage,
+    }
+
+
+class ChunkWriter:
+    """The SSE events of one streamed answer: ``role()`` first (chat), ``text()`` per delta,
+    ``finish()``, ``usage()`` when asked for, then ``DONE``."""
+
+    def __init__(self, *, id: str, created: int, model: str, chat: bool, include_usage: bool) -> None:
+        self.chat = chat
+        self.include_usage = include_usage
+        self.base: dict[str, Any] = {
+            "id": id,
+            "object": "chat.completion.chunk" if chat else "text_completion",
+            "created": created,
+            "model": model,
+            "system_fingerprint": None,
+        }
+
+    def _event(self, text: str | None, finish: str | None, role: bool = False, **extra: Any) -> str:
+        if self.chat:
+            delta: dict[str, Any] = {"role": "assistant"} if role else {}
+            if text is not None:
+                delta["content"] = text
+            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+        else:
+            choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
+        usage_null = {"usage": None} if self.include_usage else {}
+        return sse_event({**self.base, "choices": [choice], **usage_null, **extra})
+
+    def role(self) -> str:
+        return self._event("", None, role=True)
+
+    def text(self, text: str) -> str:
+        return self._event(text, None)
+
+    def finish(self, reason: str, **extra: Any) -> str:
+        return self._event(None, reason, **extra)
+
+    def usage(self, usage: dict[str, Any]) -> str:
+        return sse_event({**self.base, "choices": [], "usage": usage})
+
+
+def error_event(body: dict[str, Any]) -> str:
+    """An error reported in-band after the headers are sent (as OpenAI does), then the end."""
+    return sse_event(body) + DONE
+
+
+# -- models for the OpenAPI documents ------------------------------------------------------------
+
+
+class _Doc(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+class ErrorDetail(BaseModel):
+    message: str
+    type: str
+    param: str | None
+    code: str | int | None
+
+
+class ErrorResponse(BaseModel):
+    error: ErrorDetail
+
+
+class PromptTokensDetails(_Doc):
+    cached_tokens: int
+
+
+class Usage(_Doc):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+    prompt_tokens_details: PromptTokensDetails | None = None
+
+
+class AssistantMessage(_Doc):
+    role: Literal["assistant"]
+    content: str
+
+
+class ChatChoice(_Doc):
+    index: int
+    message: AssistantMessage
+    logprobs: None = None
+    finish_reason: str
+
+
+class ChatCompletion(_Doc):
+    id: str
+    object: Literal["chat.completion"]
+    created: int
+    model: str
+    choices: list[ChatChoice]
+    usage: Usage
+
+
+class TextChoice(_Doc):
+    index: int
+    text: str
+    logprobs: None = None
+    finish_reason: str
+
+
+class TextCompletion(_Doc):
+    id: str
+    object: Literal["text_completion"]
+    created: int
+    model: str
+    choices: list[TextChoice]
+    usage: Usage
+
+
+class ModelCard(_Doc):
+    id: str
+    object: Literal["model"]
+    created: int
+    owned_by: str
+
+
+class ModelList(_Doc):
+    object: Literal["list"]
+    data: list[ModelCard]
+
+
+class Health(_Doc):
+    status: str

@@ -1,7 +1,8 @@
 """Write a Hugging Face folder from a GGUF file (config.json, model.safetensors, tokenizer).
 
 Lets the safetensors loader be tested offline on real weights, and turns a GGUF into the layout
-production loads. Supports the Llama family with a GPT-2-style byte-level BPE vocabulary (SmolLM2).
+production loads (and ONNX Runtime GenAI's model builder reads). Supports the Llama family and
+Qwen2 with a GPT-2-style byte-level BPE vocabulary (SmolLM2, Qwen2.5).
 """
 
 from __future__ import annotations
@@ -15,20 +16,32 @@ from ..exceptions import ModelLoadError
 from .loader_gguf import load_gguf
 
 _CONTROL = 3  # llama.cpp token type of special (control) tokens
+# Qwen2's pre-tokenizer split (llama.cpp's "qwen2" pre-tokenizer; byte-level BPE after it)
+_QWEN2_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
 
 
 def _tokenizer_json(reader_fields: dict, out: Path) -> None:
-    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
 
     tokens = reader_fields["tokenizer.ggml.tokens"].contents()
     merges = [tuple(m.split(" ", 1)) for m in reader_fields["tokenizer.ggml.merges"].contents()]
     types = reader_fields["tokenizer.ggml.token_type"].contents()
     tok = Tokenizer(models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=merges))
-    # llama.cpp's "smollm" pre-tokenizer: single digits, then GPT-2's byte-level split
-    tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Digits(individual_digits=True),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
-    ])
+    if reader_fields.get("tokenizer.ggml.pre") is not None and \
+            reader_fields["tokenizer.ggml.pre"].contents() == "qwen2":
+        tok.normalizer = normalizers.NFC()
+        tok.pre_tokenizer = pre_tokenizers.Sequence([
+            pre_tokenizers.Split(Regex(_QWEN2_SPLIT), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ])
+    else:  # llama.cpp's "smollm" pre-tokenizer: single digits, then GPT-2's byte-level split
+        tok.pre_tokenizer = pre_tokenizers.Sequence([
+            pre_tokenizers.Digits(individual_digits=True),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
+        ])
     tok.decoder = decoders.ByteLevel()
     tok.add_special_tokens(
         [AddedToken(t, special=True, normalized=False)
@@ -42,8 +55,9 @@ def gguf_to_hf_folder(gguf_path: str | Path, out_dir: str | Path) -> Path:
     from safetensors.numpy import save_file
 
     config, tensors, meta = load_gguf(gguf_path)
-    if config.architecture != "llama" or meta.get("tokenizer.ggml.model") != "gpt2":
-        raise ModelLoadError("gguf_to_hf_folder supports Llama models with a GPT-2 BPE vocabulary")
+    arch = meta.get("general.architecture")
+    if arch not in ("llama", "qwen2") or meta.get("tokenizer.ggml.model") != "gpt2":
+        raise ModelLoadError("gguf_to_hf_folder supports Llama and Qwen2 models with a GPT-2 BPE vocabulary")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     hf_config = {
@@ -64,6 +78,9 @@ def gguf_to_hf_folder(gguf_path: str | Path, out_dir: str | Path) -> Path:
         "eos_token_id": int(meta.get("tokenizer.ggml.eos_token_id", 2)),
         "torch_dtype": "float32",
     }
+    if arch == "qwen2":  # Llama's layout with q/k/v biases (loaded under the same names)
+        hf_config.update(architectures=["Qwen2ForCausalLM"], model_type="qwen2",
+                         use_sliding_window=False, max_window_layers=config.num_layers)
     (out / "config.json").write_text(json.dumps(hf_config, indent=2))
     save_file({k: np.ascontiguousarray(v) for k, v in tensors.items()},
               str(out / "model.safetensors"))

@@ -8,21 +8,31 @@ from typing import TextIO
 
 
 class ProgressBar:
-    """Call with (done, total). Redraws in place on a terminal, prints every 25% otherwise."""
+    """Call with (done, total). Redraws in place on a terminal, prints every 25% otherwise.
+
+    Work that ends within ``quiet_for`` seconds shows nothing (a model copied out of its package in
+    0.2 s needs no bar); longer work shows the bar from then on, always with its final line.
+    """
 
     def __init__(self, label: str, *, unit: str = "MB", scale: float = 1e6,
-                 stream: TextIO | None = None) -> None:
+                 stream: TextIO | None = None, quiet_for: float = 1.0) -> None:
         self.label, self.unit, self.scale = label, unit, scale
         self.stream = stream or sys.stderr
         self.tty = self.stream.isatty()
         self.start = time.perf_counter()
         self._last_draw = 0.0
         self._last_quarter = -1
+        self.quiet_for = quiet_for
+        self._shown = False
         self.finished = False
 
     def __call__(self, done: int, total: int | None) -> None:
         now = time.perf_counter()
         final = total is not None and done >= total
+        if not self._shown and now - self.start < self.quiet_for:
+            self.finished = final
+            return
+        self._shown = True
         if self.tty:
             if not final and now - self._last_draw < 0.1:
                 return

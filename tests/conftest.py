@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,9 @@ def _isolated_dirs(tmp_path_factory):
     mp = pytest.MonkeyPatch()
     mp.setenv("HYBRIDLLM_HOME", str(tmp_path_factory.mktemp("hybridllm-home")))
     mp.setenv("HYBRIDLLM_CACHE_DIR", str(tmp_path_factory.mktemp("hybridllm-cache")))
+    # embeddings of whole datasets (minutes to compute) are keyed by content: kept across sessions
+    shared = Path.home() / ".cache" / "hybridllm" / "embeddings"
+    mp.setenv("HYBRIDLLM_EMBEDDINGS_DIR", os.environ.get("HYBRIDLLM_EMBEDDINGS_DIR") or str(shared))
     mp.delenv("HYBRIDLLM_CONFIG", raising=False)
     yield
     mp.undo()

@@ -83,15 +83,31 @@ class Reranker(OnnxEncoder):
 
 class RerankVerifier:
     """The cache's hit verifier: the reranker, stacked with the feature verifier when the file says
-    so (same interface as ``HitVerifier``)."""
+    so (same interface as ``HitVerifier``).
+
+    Built from a file (``reranker`` None), the ONNX model is prepared and loaded at the first
+    ``predict``, so a cache that never has a candidate to verify never pays for it. With
+    ``fallback=True`` (the shipped default), a reranker that cannot be prepared on this device
+    hands over to the feature verifier, with one line on stderr, never an error.
+    """
 
     kind = "reranker"
 
     def __init__(
-        self, reranker: Reranker, *, features: HitVerifier | None = None, threshold: float | None = None
+        self,
+        reranker: Reranker | None = None,
+        *,
+        path: str | Path | None = None,
+        features: HitVerifier | None = None,
+        threshold: float | None = None,
+        fallback: bool = False,
     ) -> None:
-        info = reranker.info
-        self.reranker = reranker
+        info = reranker.info if reranker is not None else read_info(path)
+        self.info = info
+        self._reranker = reranker
+        self._lock = threading.Lock()
+        self._fallback: HitVerifier | None = None
+        self._may_fall_back = fallback
         self.stack = info.stack
         self.features = features
         if self.stack is not None and self.features is None:
@@ -102,18 +118,55 @@ class RerankVerifier:
 
     @classmethod
     def load(cls, path: str | Path | None = None) -> RerankVerifier:
-        return cls(Reranker(path))
+        """A verifier on a reranker file: a named file is prepared now (its errors come at the call),
+        the shipped one at first use, with the feature verifier as its fallback."""
+        if path is not None:
+            return cls(Reranker(path))
+        return cls(path=None, fallback=True)
+
+    @property
+    def reranker(self) -> Reranker:
+        if self._reranker is None:
+            with self._lock:
+                if self._reranker is None:
+                    self._reranker = Reranker(self.info.path)
+        return self._reranker
 
     def predict(
         self, queries: Sequence[str], cached: Sequence[str], q_vecs: np.ndarray, c_vecs: np.ndarray
     ) -> np.ndarray:
         if len(queries) == 0:
             return np.zeros(0, dtype=np.float64)
-        logits = self.reranker.logits(queries, cached).astype(np.float64)
+        if self._fallback is None:
+            try:
+                reranker = self.reranker
+            except ModelError as exc:
+                if not self._may_fall_back:
+                    raise
+                self._fall_back(exc)
+        if self._fallback is not None:
+            probs = self._fallback.predict(queries, cached, q_vecs, c_vecs)
+            similarity = np.sum(np.asarray(q_vecs) * np.asarray(c_vecs), axis=1)
+            return np.where(similarity >= self._fallback.min_similarity, probs, 0.0)
+        logits = reranker.logits(queries, cached).astype(np.float64)
         if self.stack is not None and self.features is not None:
             features = pair_features(queries, cached, q_vecs, c_vecs, self.features.idf)
             logits = self.stack.logit(stack_inputs(logits, features, self.features))
         return _sigmoid(logits)
+
+    def _fall_back(self, exc: Exception) -> None:
+        with self._lock:
+            if self._fallback is not None:
+                return
+            fallback = self.features or HitVerifier.load()
+            print(
+                f"hybridllm: the cache reranker is unavailable here ({exc}); the semantic cache uses "
+                "the feature verifier instead.",
+                file=sys.stderr,
+            )
+            self.threshold, self.metrics = fallback.threshold, dict(fallback.metrics)
+            self.kind = fallback.kind
+            self._fallback = fallback
 
     def accept(self, probs: np.ndarray, similarity: np.ndarray) -> np.ndarray:
         return (np.asarray(similarity) >= self.min_similarity) & (np.asarray(probs) >= self.threshold)
@@ -134,35 +187,17 @@ def load_stacked_features(info: RerankerInfo) -> HitVerifier:
     return HitVerifier.load(path)
 
 
-_shared: dict[str, RerankVerifier | HitVerifier] = {}
+_shared: dict[str, RerankVerifier] = {}
 _shared_lock = threading.Lock()
 
 
-def get_rerank_verifier(path: str | Path | None = None) -> RerankVerifier | HitVerifier:
-    """A process-wide shared verifier per weights file (the ONNX session is thread-safe).
-
-    The shipped reranker (``path`` None) never fails the cache: when its ONNX model cannot be
-    prepared here, the shipped feature verifier, which needs nothing more, takes its place.
-    """
+def get_rerank_verifier(path: str | Path | None = None) -> RerankVerifier:
+    """A process-wide shared verifier per weights file (the ONNX session is thread-safe)."""
     key = str(Path(path).resolve()) if path is not None else "default"
     verifier = _shared.get(key)
     if verifier is None:
         with _shared_lock:
             verifier = _shared.get(key)
             if verifier is None:
-                verifier = _shared[key] = _load(path)
+                verifier = _shared[key] = RerankVerifier.load(path)
     return verifier
-
-
-def _load(path: str | Path | None) -> RerankVerifier | HitVerifier:
-    if path is not None:
-        return RerankVerifier.load(path)
-    try:
-        return RerankVerifier.load()
-    except ModelError as exc:
-        print(
-            f"hybridllm: the cache reranker is unavailable here ({exc}); the semantic cache uses "
-            "the feature verifier instead.",
-            file=sys.stderr,
-        )
-        return HitVerifier.load()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import os
 import re
 from collections.abc import Sequence
 from pathlib import Path
@@ -136,7 +137,13 @@ def embedder_fingerprint() -> str:
 
 
 def feature_cache_dir() -> Path:
-    return data_dir() / "router_features"
+    """Where :func:`cached_embeddings` keeps its files: ``$HYBRIDLLM_EMBEDDINGS_DIR``, else the data dir.
+
+    The files are keyed by content (embedder file hash and texts digest), so a folder may be shared
+    by data dirs: the test suite keeps one outside its empty per-session data dir.
+    """
+    override = os.environ.get("HYBRIDLLM_EMBEDDINGS_DIR")
+    return Path(override).expanduser() if override else data_dir() / "router_features"
 
 
 def cached_embeddings(texts: Sequence[str], *, cache_dir: Path | None = None) -> np.ndarray:

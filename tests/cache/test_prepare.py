@@ -88,17 +88,29 @@ def test_reranker_that_cannot_be_prepared_falls_back_to_the_feature_verifier(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
 ) -> None:
     from hybridllm._exceptions import ModelError
-    from hybridllm.cache import reranker
+    from hybridllm.cache import get_embedder, reranker
     from hybridllm.cache.verifier import HitVerifier
 
     def broken(*_args: object, **_kwargs: object) -> Path:
         raise ModelError("Preparing the cache model failed: no onnx here")
 
+    queries = ["How do I learn Python?", "How do I learn Python?"]
+    cached = ["How can I learn Python?", "What is the capital of France?"]
+    vecs = get_embedder().embed(queries[:1] + cached)
+    capsys.readouterr()  # the embedder's own first-use line, if this session had not prepared it
     monkeypatch.setattr(reranker, "prepare_reranker", broken)
     monkeypatch.setattr(reranker, "_shared", {})
     verifier = reranker.get_rerank_verifier()
-    assert isinstance(verifier, HitVerifier) and verifier.kind == "features"
+    assert capsys.readouterr().err == ""  # nothing is prepared before a candidate needs scoring
+    probs = verifier.predict(queries, cached, vecs[[0, 0]], vecs[1:])
+    features = HitVerifier.load()
+    expected = features.predict(queries, cached, vecs[[0, 0]], vecs[1:])
+    assert probs[0] == pytest.approx(expected[0]) and probs[0] >= features.threshold  # the paraphrase
+    assert probs[1] < features.threshold  # the other question
+    assert verifier.kind == "features" and verifier.threshold == features.threshold
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "uses the feature verifier instead" in err[0] and "no onnx here" in err[0]
+    verifier.predict(queries, cached, vecs[[0, 0]], vecs[1:])
+    assert capsys.readouterr().err == ""  # said once
     with pytest.raises(ModelError):  # a file the caller named is not silently replaced
-        reranker.get_rerank_verifier(reranker.default_path())
+        reranker.RerankVerifier.load(reranker.default_path())

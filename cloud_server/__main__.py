@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from cloud_server.exceptions import ModelLoadError, ServerError
+from hybridllm.wire.body import DEFAULT_MAX_BODY_BYTES
 
 PROG = "hybridllm-cloud"
 
@@ -67,11 +68,21 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--api-key", action="append", default=[], metavar="KEY", help="accepted key (repeatable)"
     )
-    serve.add_argument("--api-key-file", metavar="PATH", help="file with one accepted key a line")
+    serve.add_argument(
+        "--api-key-file", metavar="PATH",
+        help="file with one accepted key a line (preferred over --api-key, which shows in ps)",
+    )
+    serve.add_argument(
+        "--max-body-bytes", type=_positive_int, default=DEFAULT_MAX_BODY_BYTES, metavar="N",
+        help=f"largest request body accepted; beyond it 413 (default {DEFAULT_MAX_BODY_BYTES})",
+    )
     engine = serve.add_argument_group("engine")
     engine.add_argument("--max-num-seqs", type=_positive_int, default=16)
     engine.add_argument("--max-num-batched-tokens", type=_positive_int, default=512)
-    engine.add_argument("--max-waiting", type=_positive_int, default=256, help="queue bound; beyond it 429")
+    engine.add_argument(
+        "--max-waiting", type=_positive_int, default=256,
+        help="requests that may wait beyond the free batch slots; beyond that 429",
+    )
     engine.add_argument("--max-model-len", type=_positive_int, default=None)
     engine.add_argument("--block-size", type=_positive_int, default=16)
     engine.add_argument(
@@ -186,6 +197,7 @@ def serve(args: argparse.Namespace) -> int:
         served_model_name=args.served_model_name,
         on_load_error=on_load_error,
         system_prompt=_system_prompt(args.model, args.system_prompt),
+        max_body_bytes=args.max_body_bytes,
     )
     sock = _bind(args.host, args.port)
     host, port = sock.getsockname()[:2]

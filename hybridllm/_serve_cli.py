@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from typing import Any
 
 from ._exceptions import ConfigError
@@ -13,6 +14,8 @@ def _settings(args: argparse.Namespace) -> dict[str, Any]:
     out: dict[str, Any] = {}
     if getattr(args, "model", None):
         out["edge_model"] = args.model
+    if getattr(args, "backend", None):
+        out["edge_backend"] = args.backend
     if getattr(args, "cloud_url", None):
         out["cloud_url"] = args.cloud_url
     if getattr(args, "no_cache", False):
@@ -30,15 +33,21 @@ def cmd_serve(args: argparse.Namespace) -> int:
                           "pip install 'hybridllm[server]'") from exc
     from ._client import HybridLLM
     from ._progress import ProgressBar
-    from .proxy import create_app
+    from .proxy import API_KEYS_ENV, create_app
+    from .wire.auth import load_api_keys
 
+    api_keys = load_api_keys(args.api_key, args.api_key_file, env_var=API_KEYS_ENV, error=ConfigError)
+    if not api_keys and args.host not in ("127.0.0.1", "localhost", "::1"):
+        print(f"hybridllm serve: warning: no API key and listening on {args.host}: anyone who can "
+              f"reach it can use it (set {API_KEYS_ENV} or --api-key-file)", file=sys.stderr)
     llm = HybridLLM(config=args.config, progress=ProgressBar("Preparing the edge model"),
                     **_settings(args))
     cloud = ", ".join(llm.config.cloud_url) or "none (device only)"
     print(f"hybridllm serve: http://{args.host}:{args.port}/v1  edge={llm.edge.model}  "
-          f"cloud={cloud}", flush=True)
+          f"cloud={cloud}  {'API key required' if api_keys else 'open'}", flush=True)
+    app = create_app(llm, api_keys=api_keys, max_body_bytes=args.max_body_bytes)
     try:
-        uvicorn.run(create_app(llm), host=args.host, port=args.port, log_level=args.log_level)
+        uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
     finally:
         llm.close()
     return 0
@@ -58,11 +67,20 @@ def register(sub: Any) -> None:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8080)
     p.add_argument("--model", default=None, help="edge model id or .gguf path")
+    p.add_argument("--backend", choices=("llama_cpp", "onnx"), default=None,
+                   help="edge runtime: llama_cpp (default) or onnx (ONNX Runtime GenAI)")
     p.add_argument("--cloud-url", action="append", default=None,
                    help="OpenAI-compatible cloud endpoint (repeatable; balanced)")
     p.add_argument("--threshold", type=float, default=None, help="router threshold override")
     p.add_argument("--no-cache", action="store_true", help="disable the semantic cache")
     p.add_argument("--config", default=None, help="TOML settings file")
+    p.add_argument("--api-key", action="append", default=[], metavar="KEY",
+                   help="key clients must send as 'Authorization: Bearer KEY' (repeatable; shows "
+                   "in ps, so prefer --api-key-file or HYBRIDLLM_SERVE_API_KEYS)")
+    p.add_argument("--api-key-file", default=None, metavar="PATH",
+                   help="file with one accepted key a line ('#' comments)")
+    p.add_argument("--max-body-bytes", type=int, default=4 * 1024 * 1024, metavar="N",
+                   help="largest request body accepted; beyond it 413 (default 4 MiB)")
     p.add_argument("--log-level", default="warning")
     p.set_defaults(func=cmd_serve)
 

@@ -2,83 +2,133 @@
 
 Any app that speaks to OpenAI (the official clients, LangChain, curl) gets hybrid routing by
 pointing its base URL here. Each answer says how it was served: the ``x-hybridllm-route`` and
-``x-hybridllm-reason`` headers, and a ``hybridllm`` field in the JSON (and in each stream chunk).
+``x-hybridllm-reason`` headers, and a ``hybridllm`` field in the JSON (and in the last chunk).
+
+Requests are read and validated exactly as the cloud server does (``hybridllm.wire``: a body
+size limit, strict JSON, the same request model and the same OpenAI-shaped 400s), plus an optional
+``hybridllm`` object (``{"route": "edge", "cache": false, "cascade": true, "namespace": "t1"}``).
+vLLM extensions the device cannot honour (``stop_token_ids``, ``ignore_eos``) are 400s here.
+The proxy answers under whatever ``model`` name the request gives; ``/v1/models`` lists its names.
 """
 
 from __future__ import annotations
 
-import json
+import asyncio
+import logging
 import time
 import uuid
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, Literal
 
 from fastapi import FastAPI, Request  # the [server] extra; this module is imported only to serve
 from fastapi.responses import JSONResponse, StreamingResponse
+from pydantic import BaseModel, ConfigDict, field_validator
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ._client import AsyncHybridLLM, HybridLLM
 from ._exceptions import (
     CloudAuthError,
     CloudError,
+    CloudRateLimitError,
     ConfigError,
+    EdgeBusyError,
     HybridLLMError,
     InvalidRequestError,
 )
 from ._types import Chunk, Completion
+from .wire import (
+    DEFAULT_MAX_BODY_BYTES,
+    ChatCompletionRequest,
+    ChunkWriter,
+    WireError,
+    chat_completion,
+    decode_json_object,
+    error_body,
+    header_value,
+    is_large,
+    parse_request,
+    read_body,
+)
+from .wire.auth import ApiKeyChecker
+from .wire.openapi import add_schemas, error_responses, ok_response, request_body
+from .wire.responses import DONE, ChatCompletion, Health, ModelList, error_event
 
-SAMPLING_FIELDS = {"max_tokens": int, "max_completion_tokens": int, "temperature": float,
-                   "top_p": float, "seed": int}
-IGNORED_FIELDS = {"model", "messages", "stream", "stream_options", "stop", "n", "user",
-                  "presence_penalty", "frequency_penalty", "logit_bias", "response_format",
-                  "hybridllm"}
+logger = logging.getLogger("hybridllm.proxy")
+API_KEYS_ENV = "HYBRIDLLM_SERVE_API_KEYS"
 
 
-def _error(status: int, message: str, etype: str, param: str | None = None) -> Any:
-    return JSONResponse(status_code=status, content={
-        "error": {"message": message, "type": etype, "param": param, "code": None}})
+class HybridOptions(BaseModel):
+    """Routing options of one request (the proxy's own extension of the wire format)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    route: Literal["edge", "cloud"] | None = None
+    cache: bool | None = None
+    cascade: bool | None = None
+    namespace: str | None = None
 
 
-def _status_for(exc: HybridLLMError) -> tuple[int, str]:
-    if isinstance(exc, InvalidRequestError):
-        return 400, "invalid_request_error"
+class ProxyChatRequest(ChatCompletionRequest):
+    hybridllm: HybridOptions | None = None
+
+    @field_validator("stop_token_ids")
+    @classmethod
+    def _no_stop_ids(cls, value: list[int] | None) -> list[int] | None:
+        if value:
+            raise ValueError("stop_token_ids are not supported by this server; use 'stop'")
+        return value
+
+    @field_validator("ignore_eos")
+    @classmethod
+    def _no_ignore_eos(cls, value: bool) -> bool:
+        if value:
+            raise ValueError("ignore_eos is not supported by this server")
+        return value
+
+    def chat_options(self) -> dict[str, Any]:
+        """Keyword options for ``HybridLLM.chat``: sampling, then routing."""
+        opts: dict[str, Any] = {
+            "max_tokens": self.output_limit(),
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            # the wire's -1 ("off", vLLM) is the client's 0
+            "top_k": None if self.top_k is None else max(self.top_k, 0),
+            "min_p": self.min_p,
+            "repeat_penalty": self.repetition_penalty,
+            "seed": self.seed,
+            "stop": tuple(self.stop_list()) if self.stop is not None else None,
+        }
+        opts = {k: v for k, v in opts.items() if v is not None}
+        if self.hybridllm is not None:
+            opts.update(self.hybridllm.model_dump(exclude_none=True))
+        return opts
+
+
+def status_of(exc: HybridLLMError) -> tuple[int, str, str]:
+    """(HTTP status, OpenAI error type, message) for an error of the SDK."""
+    if isinstance(exc, InvalidRequestError | ConfigError):
+        return 400, "invalid_request_error", str(exc)
     if isinstance(exc, CloudAuthError):
-        return 502, "upstream_auth_error"
+        return 502, "upstream_auth_error", (
+            "The cloud refused this proxy's API key; set the key `hybridllm serve` sends to the "
+            "cloud (cloud_api_key in the config or HYBRIDLLM_CLOUD_API_KEY)."
+        )
+    if isinstance(exc, EdgeBusyError | CloudRateLimitError):
+        return 429, "requests", "The device model is busy; retry shortly."
     if isinstance(exc, CloudError):
-        return 503, "upstream_unavailable"
-    if isinstance(exc, ConfigError):
-        return 400, "invalid_request_error"
-    return 500, "server_error"
+        return 503, "upstream_unavailable", "The cloud is unavailable; retry shortly."
+    return 500, "server_error", "The server had an error while processing your request."
 
 
-def parse_request(body: Any) -> tuple[list[dict], dict[str, Any], bool, bool]:
-    """(messages, options for HybridLLM.chat, stream?, include usage in stream?)."""
-    if not isinstance(body, dict):
-        raise InvalidRequestError("The request body must be a JSON object.")
-    if "messages" not in body:
-        raise InvalidRequestError("'messages' is required.")
-    opts: dict[str, Any] = {}
-    for name, typ in SAMPLING_FIELDS.items():
-        if body.get(name) is None:
-            continue
-        value = body[name]
-        if isinstance(value, bool) or not isinstance(value, int | float) or (
-                typ is int and not isinstance(value, int)):
-            raise InvalidRequestError(f"'{name}' must be a {typ.__name__}.")
-        opts["max_tokens" if name == "max_completion_tokens" else name] = value
-    if body.get("n", 1) != 1:
-        raise InvalidRequestError("Only n=1 is supported.")
-    stop = body.get("stop")
-    if stop is not None:
-        opts["stop"] = (stop,) if isinstance(stop, str) else tuple(stop)
-    extra = body.get("hybridllm") or {}
-    if not isinstance(extra, dict):
-        raise InvalidRequestError("'hybridllm' must be an object such as {\"route\": \"edge\"}.")
-    for key in ("route", "cache", "cascade", "namespace"):
-        if key in extra:
-            opts[key] = extra[key]
-    stream_options = body.get("stream_options") or {}
-    return body["messages"], opts, bool(body.get("stream")), bool(
-        stream_options.get("include_usage"))
+def _error(status: int, message: str, etype: str, param: str | None = None,
+           code: str | None = None, headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse(error_body(message, etype, param=param, code=code), status, headers=headers)
+
+
+def _sdk_error(exc: HybridLLMError) -> JSONResponse:
+    status, etype, message = status_of(exc)
+    if status >= 500:
+        logger.error("request failed: %s", type(exc).__name__)
+    return _error(status, message, etype, headers={"Retry-After": "1"} if status == 429 else None)
 
 
 def _trace(c: Completion) -> dict[str, Any]:
@@ -89,95 +139,123 @@ def _trace(c: Completion) -> dict[str, Any]:
 
 
 def _headers(route: str, reason: str | None = None) -> dict[str, str]:
-    h = {"x-hybridllm-route": route}
+    """Route headers; the reason may quote an error, so it is made one printable ASCII line."""
+    h = {"x-hybridllm-route": header_value(route)}
     if reason:
-        h["x-hybridllm-reason"] = reason.encode("ascii", "replace").decode()[:300]
+        h["x-hybridllm-reason"] = header_value(reason)
     return h
 
 
-def create_app(llm: HybridLLM, *, model_name: str = "hybridllm") -> FastAPI:
-    app = FastAPI(title="hybridllm local proxy")
+def create_app(llm: HybridLLM, *, model_name: str = "hybridllm", api_keys: list[str] | None = None,
+               max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> FastAPI:
+    """The proxy's ASGI app. With ``api_keys``, ``/v1`` routes need ``Authorization: Bearer KEY``."""
+    app = FastAPI(title="hybridllm local proxy", docs_url=None, redoc_url=None)
     allm = AsyncHybridLLM.wrap(llm)
     created = int(time.time())
+    checker = ApiKeyChecker(api_keys or [])
+    auth = (401,) if checker.is_enabled else ()
+    defs: dict[str, Any] = {}
 
-    @app.get("/health")
+    @app.exception_handler(WireError)
+    async def on_wire_error(request: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, WireError)
+        headers = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else None
+        return JSONResponse(exc.body(), exc.status, headers=headers)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def on_http_error(request: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, StarletteHTTPException)
+        message = (f"Invalid URL ({request.method} {request.url.path})" if exc.status_code == 404
+                   else str(exc.detail))
+        return _error(exc.status_code, message, "invalid_request_error", headers=exc.headers)
+
+    @app.exception_handler(Exception)
+    async def on_unexpected(request: Request, exc: Exception) -> JSONResponse:
+        logger.error("internal error: %s", type(exc).__name__)
+        return _error(500, "The server had an error while processing your request.", "server_error")
+
+    @app.get("/health", response_model=Health)
     async def health() -> dict[str, str]:
         return {"status": "ok"}
 
-    @app.get("/stats")
-    async def stats() -> dict[str, Any]:
+    @app.get("/stats", responses=error_responses(*auth))
+    async def stats(request: Request) -> dict[str, Any]:
+        checker.check(request.headers.get("authorization"))
         return llm.stats()
 
-    @app.get("/v1/models")
-    async def models() -> dict[str, Any]:
-        ids = [model_name, llm.edge.model]
+    @app.get("/v1/models", response_model=ModelList, responses=error_responses(*auth))
+    async def models(request: Request) -> dict[str, Any]:
+        checker.check(request.headers.get("authorization"))
+        ids = list(dict.fromkeys([model_name, llm.edge.model]))
         return {"object": "list", "data": [
             {"id": i, "object": "model", "created": created, "owned_by": "hybridllm"} for i in ids]}
 
-    @app.post("/v1/chat/completions")
+    @app.post(
+        "/v1/chat/completions",
+        openapi_extra=request_body(ProxyChatRequest, defs),
+        responses={**ok_response(ChatCompletion, streams=True),
+                   **error_responses(400, *auth, 413, 429, 500, 502, 503)},
+    )
     async def chat(request: Request) -> Any:
+        checker.check(request.headers.get("authorization"))
+        body = await read_body(request, max_body_bytes)
+
+        def decode() -> ProxyChatRequest:
+            return parse_request(ProxyChatRequest, decode_json_object(body))
+
+        req = await asyncio.to_thread(decode) if is_large(body) else decode()
+        messages, opts = req.chat_messages(), req.chat_options()
         try:
-            body = json.loads(await request.body())
-        except ValueError:
-            return _error(400, "The request body is not valid JSON.", "invalid_request_error")
-        try:
-            messages, opts, stream, include_usage = parse_request(body)
-            model = body.get("model") or model_name
-            if not stream:
+            if not req.stream:
                 c = await allm.chat(messages, **opts)
-                return JSONResponse(_completion_json(c, model), headers=_headers(c.route, c.reason))
-            chunks = allm.stream(messages, **opts).__aiter__()
-            first = await chunks.__anext__()  # routing is decided: the header can say where
+                return JSONResponse(_completion_json(c, req.model), headers=_headers(c.route, c.reason))
+            stream = allm.stream(messages, **opts)
+            chunks = stream.__aiter__()
+            try:
+                first = await chunks.__anext__()  # routing is decided: the header can say where
+            except BaseException:
+                await stream.aclose()
+                raise
         except HybridLLMError as exc:
-            status, etype = _status_for(exc)
-            return _error(status, str(exc), etype)
-        return StreamingResponse(_sse(first, chunks, model, include_usage),
+            return _sdk_error(exc)
+        writer = ChunkWriter(id=f"chatcmpl-{uuid.uuid4().hex[:24]}", created=int(time.time()),
+                             model=req.model, chat=True, include_usage=req.include_usage())
+        return StreamingResponse(_sse(first, stream, chunks, writer),
                                  media_type="text/event-stream", headers=_headers(first.route))
 
+    add_schemas(app, defs)
     return app
 
 
 def _completion_json(c: Completion, model: str) -> dict[str, Any]:
-    return {
-        "id": f"chatcmpl-{uuid.uuid4().hex[:24]}", "object": "chat.completion",
-        "created": int(time.time()), "model": model,
-        "choices": [{"index": 0, "message": {"role": "assistant", "content": c.text},
-                     "finish_reason": c.finish_reason}],
-        "usage": c.usage.to_dict(), "hybridllm": _trace(c),
-    }
+    return chat_completion(
+        id=f"chatcmpl-{uuid.uuid4().hex[:24]}", created=int(time.time()), model=model,
+        text=c.text, finish_reason=c.finish_reason, usage=c.usage.to_dict(), hybridllm=_trace(c),
+    )
 
 
-async def _sse(first: Chunk, rest: AsyncIterator[Chunk], model: str,
-               include_usage: bool) -> AsyncIterator[bytes]:
-    cid = f"chatcmpl-{uuid.uuid4().hex[:24]}"
-    created = int(time.time())
-
-    def event(delta: dict[str, Any], finish: str | None, **extra: Any) -> bytes:
-        payload = {"id": cid, "object": "chat.completion.chunk", "created": created,
-                   "model": model, "choices": [{"index": 0, "delta": delta,
-                                                "finish_reason": finish}], **extra}
-        return f"data: {json.dumps(payload)}\n\n".encode()
-
-    yield event({"role": "assistant", "content": ""}, None)
+async def _sse(first: Chunk, stream: Any, rest: AsyncIterator[Chunk],
+               writer: ChunkWriter) -> AsyncIterator[str]:
+    yield writer.role()
     chunk: Chunk | None = first
     try:
         while chunk is not None:
             if chunk.text:
-                yield event({"content": chunk.text}, None)
+                yield writer.text(chunk.text)
             if chunk.completion is not None:
                 c = chunk.completion
-                yield event({}, c.finish_reason, hybridllm=_trace(c))
-                if include_usage:
-                    usage = {"id": cid, "object": "chat.completion.chunk", "created": created,
-                             "model": model, "choices": [], "usage": c.usage.to_dict()}
-                    yield f"data: {json.dumps(usage)}\n\n".encode()
-            chunk = await rest.__anext__()
-    except StopAsyncIteration:
-        pass
-    except HybridLLMError as exc:
-        status, etype = _status_for(exc)
-        err = {"error": {"message": str(exc), "type": etype, "code": status}}
-        yield f"data: {json.dumps(err)}\n\n".encode()
+                yield writer.finish(c.finish_reason, hybridllm=_trace(c))
+                if writer.include_usage:
+                    yield writer.usage(c.usage.to_dict())
+            try:
+                chunk = await rest.__anext__()
+            except StopAsyncIteration:
+                chunk = None
+        yield DONE
+    except Exception as exc:
+        # Headers are sent: report in-band, as OpenAI does; never the exception's own text.
+        status, etype, message = status_of(exc if isinstance(exc, HybridLLMError) else HybridLLMError())
+        logger.error("stream failed: %s", type(exc).__name__)
+        yield error_event(error_body(message, etype, code=status))
     finally:
-        await rest.aclose()  # type: ignore[attr-defined]
-    yield b"data: [DONE]\n\n"
+        await stream.aclose()

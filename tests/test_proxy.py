@@ -1,6 +1,13 @@
-"""The local proxy's HTTP layer on a fake backend (fast); the real one is in e2e/."""
+"""The local proxy's HTTP layer on fake backends (fast); the real one is in e2e/.
+
+Each bad request of issue 19 (items 2, 4, 5, 9) is replayed here: every one is an OpenAI-shaped
+4xx (or a clear 502 for the cloud's refusal of the proxy's own key), and none reaches a backend.
+"""
+
+from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 
 import pytest
 
@@ -8,54 +15,226 @@ pytest.importorskip("fastapi")
 from fastapi.testclient import TestClient  # noqa: E402
 
 from hybridllm import HybridLLM  # noqa: E402
+from hybridllm._types import Usage  # noqa: E402
+from hybridllm.backends.base import Delta  # noqa: E402
 from hybridllm.backends.fake import FakeBackend  # noqa: E402
-from hybridllm.proxy import create_app  # noqa: E402
+from hybridllm.proxy import _headers, create_app  # noqa: E402
+
+MSGS = [{"role": "user", "content": "hi"}]
 
 
 @pytest.fixture
-def http():
-    llm = HybridLLM(edge=FakeBackend(reply=lambda m: "one two three"), cache=False)
-    return TestClient(create_app(llm))
+def edge() -> FakeBackend:
+    return FakeBackend(reply=lambda m: "one two three")
+
+
+@pytest.fixture
+def http(edge: FakeBackend) -> Iterator[TestClient]:
+    llm = HybridLLM(edge=edge, cache=False)
+    with TestClient(create_app(llm)) as client:
+        yield client
+    llm.close()
+
+
+def post(http: TestClient, body: dict | bytes, **kw) -> object:
+    if isinstance(body, bytes):
+        return http.post("/v1/chat/completions", content=body,
+                         headers={"content-type": "application/json", **kw.pop("headers", {})}, **kw)
+    return http.post("/v1/chat/completions", json=body, **kw)
+
+
+def sse(text: str) -> list:
+    lines = [ln[6:] for ln in text.splitlines() if ln.startswith("data: ")]
+    return [x if x == "[DONE]" else json.loads(x) for x in lines]
 
 
 def test_chat_json_and_route_header(http):
-    r = http.post("/v1/chat/completions",
-                  json={"model": "x", "messages": [{"role": "user", "content": "hi"}]})
+    r = post(http, {"model": "x", "messages": MSGS})
     assert r.status_code == 200 and r.headers["x-hybridllm-route"] == "edge"
     body = r.json()
+    assert body["model"] == "x" and body["object"] == "chat.completion"
     assert body["choices"][0]["message"]["content"] == "one two three"
     assert body["hybridllm"]["route"] == "edge" and body["usage"]["completion_tokens"] == 3
 
 
 def test_stream_sse_ends_with_done_and_usage(http):
-    r = http.post("/v1/chat/completions", json={
-        "messages": [{"role": "user", "content": "hi"}], "stream": True,
-        "stream_options": {"include_usage": True}})
-    lines = [ln[6:] for ln in r.text.splitlines() if ln.startswith("data: ")]
-    assert lines[-1] == "[DONE]"
-    events = [json.loads(x) for x in lines[:-1]]
-    text = "".join(e["choices"][0]["delta"].get("content", "") for e in events if e["choices"])
+    r = post(http, {"model": "x", "messages": MSGS, "stream": True,
+                    "stream_options": {"include_usage": True}})
+    events = sse(r.text)
+    assert events[-1] == "[DONE]"
+    chunks = events[:-1]
+    text = "".join(e["choices"][0]["delta"].get("content", "") for e in chunks if e["choices"])
     assert text == "one two three"
-    assert events[-1]["usage"]["completion_tokens"] == 3
+    assert chunks[-1]["usage"]["completion_tokens"] == 3
+    assert chunks[-2]["choices"][0]["finish_reason"] == "stop" and "hybridllm" in chunks[-2]
 
 
-@pytest.mark.parametrize("body, word", [
-    (b"{not json", "not valid JSON"),
-    (b'{"messages": []}', "empty"),
-    (b'{"messages": [{"role": "user", "content": "x"}], "max_tokens": -2}', "max_tokens"),
-    (b'{"messages": [{"role": "user", "content": "x"}], "temperature": "hot"}', "temperature"),
-    (b'[1, 2]', "JSON object"),
+def test_sampling_and_routing_options_reach_the_client(http, edge):
+    seen = {}
+    original = edge.stream
+
+    def spy(messages, params):
+        seen["params"] = params
+        return original(messages, params)
+
+    edge.stream = spy
+    r = post(http, {"model": "x", "messages": MSGS, "max_completion_tokens": 2, "temperature": 0,
+                    "top_k": -1, "seed": 7, "stop": "zzz", "hybridllm": {"route": "edge"}})
+    assert r.status_code == 200, r.text
+    p = seen["params"]
+    assert (p.max_tokens, p.temperature, p.top_k, p.seed, p.stop) == (2, 0.0, 0, 7, ("zzz",))
+    assert r.json()["choices"][0]["finish_reason"] == "length"
+
+
+NESTED = (b'{"model": "x", "messages": [{"role": "user", "content": "hi"}], "x": '
+          + b"[" * 2000 + b"]" * 2000 + b"}")
+
+
+@pytest.mark.parametrize(("body", "param"), [
+    # issue 19 item 4: these were 500s as text/plain with the connection reset
+    ({"stop": 5}, "stop"),
+    ({"stop": True}, "stop"),
+    ({"stream_options": "x", "stream": True}, "stream_options"),
+    ({"messages": [{"role": "user", "content": [{"type": "text", "text": {}}]}]},
+     "messages[0].content[0].text"),
+    # item 9: accepted and silently ignored before
+    ({"response_format": {"type": "json_object"}}, "response_format"),
+    ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
+    ({"logprobs": True}, "logprobs"),
+    ({"frobnicate": 1}, "frobnicate"),
+    ({"messages": "hi"}, "messages"),
+    ({"model": 123}, "model"),
+    ({"stream": "yes"}, "stream"),
+    ({"max_tokens": 10**30}, "max_tokens"),
+    ({"messages": [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]}]}, "messages[0].content"),
+    ({"stop_token_ids": [2]}, "stop_token_ids"),
+    ({"hybridllm": {"route": "moon"}}, "hybridllm.route"),
+    ({"hybridllm": "edge"}, "hybridllm"),
+    ({"seed": 2**64}, "seed"),
+    ({"top_p": 1e-300}, "top_p"),
 ])
-def test_bad_requests_are_openai_errors(http, body, word):
-    r = http.post("/v1/chat/completions", content=body,
-                  headers={"content-type": "application/json"})
-    assert r.status_code == 400
+def test_bad_requests_are_openai_400s_and_reach_no_backend(http, edge, body, param):
+    r = post(http, {"model": "x", "messages": MSGS, **body})
+    assert r.status_code == 400, r.text
+    assert r.headers["content-type"].startswith("application/json")
     err = r.json()["error"]
-    assert err["type"] == "invalid_request_error" and word in err["message"]
+    assert err["type"] == "invalid_request_error" and err["param"] == param, err
+    assert edge.calls == []
+
+
+@pytest.mark.parametrize(("body", "word"), [
+    (b"{not json", "parse the JSON"),
+    (b'{"a": NaN}', "parse the JSON"),
+    (b"[1, 2]", "JSON object"),
+    (NESTED, "nested"),
+    # item 2: a lone surrogate crashed the proxy
+    (b'{"model": "x", "messages": [{"role": "user", "content": "hi \\ud800 there"}]}', "surrogate"),
+])
+def test_bodies_json_lets_through_are_400s(http, edge, body, word):
+    r = post(http, body)
+    assert r.status_code == 400
+    assert word in r.json()["error"]["message"]
+    assert edge.calls == []
+
+
+def test_body_over_the_limit_is_413_before_it_is_read():
+    llm = HybridLLM(edge=FakeBackend(), cache=False)
+    with TestClient(create_app(llm, max_body_bytes=1000)) as http:
+        r = post(http, {"model": "x", "messages": [{"role": "user", "content": "a" * 2000}]})
+        assert r.status_code == 413 and r.json()["error"]["code"] == "request_too_large"
+        assert post(http, {"model": "x", "messages": MSGS}).status_code == 200
+    llm.close()
+
+
+class _BreaksMidStream(FakeBackend):
+    def stream(self, messages, params):
+        yield Delta("partial", None, Usage(), None)
+        raise RuntimeError("/secret/internal/path.py line 42 exploded")
+
+
+def test_stream_errors_carry_no_internal_text():
+    llm = HybridLLM(edge=_BreaksMidStream(), cache=False)
+    with TestClient(create_app(llm)) as http:
+        r = post(http, {"model": "x", "messages": MSGS, "stream": True})
+    llm.close()
+    events = sse(r.text)
+    assert events[-1] == "[DONE]"
+    errors = [e for e in events[:-1] if "error" in e]
+    assert len(errors) == 1 and "secret" not in r.text
+    assert errors[0]["error"]["message"]
+
+
+def test_reason_header_is_one_printable_line():
+    h = _headers("edge", "router; cloud failed: 401 Unauthorized\r\nx-evil: 1\t\u00e9")
+    assert "\n" not in h["x-hybridllm-reason"] and "\r" not in h["x-hybridllm-reason"]
+    assert h["x-hybridllm-reason"].isascii() and "cloud failed: 401" in h["x-hybridllm-reason"]
+
+
+def test_wrong_cloud_key_is_a_clear_openai_error():
+    """item 5: the cloud refuses the proxy's key; the caller gets 502 JSON saying so."""
+    from cloud_server.api.server import create_app as cloud_app
+    from tests.cloud_server.api.fake_engine import FakeEngine
+    from tests.cloud_server.api.helpers import ThreadServer
+
+    srv = ThreadServer(cloud_app(lambda: FakeEngine(), api_keys=["right"])).start()
+    llm = HybridLLM(edge=FakeBackend(), cloud_url=srv.url, cloud_api_key="wrong", cache=False)
+    try:
+        with TestClient(create_app(llm)) as http:
+            for stream in (False, True):
+                r = post(http, {"model": "x", "messages": MSGS, "stream": stream,
+                                "hybridllm": {"route": "cloud"}})
+                assert r.status_code == 502, r.text
+                err = r.json()["error"]
+                assert err["type"] == "upstream_auth_error" and "API key" in err["message"]
+    finally:
+        llm.close()
+        srv.stop()
+
+
+def test_optional_api_key():
+    llm = HybridLLM(edge=FakeBackend(), cache=False)
+    with TestClient(create_app(llm, api_keys=["k1", "k2"])) as http:
+        assert http.get("/health").status_code == 200  # open, for probes
+        r = post(http, {"model": "x", "messages": MSGS})
+        assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
+        assert r.headers["www-authenticate"] == "Bearer"
+        assert post(http, {"model": "x", "messages": MSGS},
+                    headers={"authorization": "Bearer nope"}).status_code == 401
+        assert http.get("/v1/models").status_code == 401
+        assert post(http, {"model": "x", "messages": MSGS},
+                    headers={"authorization": "Bearer k2"}).status_code == 200
+    llm.close()
+
+
+def test_serve_cli_reads_keys_from_file_and_environment(tmp_path, monkeypatch):
+    import argparse
+
+    from hybridllm import _serve_cli
+    from hybridllm.proxy import API_KEYS_ENV
+    from hybridllm.wire.auth import load_api_keys
+
+    parser = argparse.ArgumentParser()
+    _serve_cli.register(parser.add_subparsers())
+    key_file = tmp_path / "keys"
+    key_file.write_text("# proxy keys\nk-file\n")
+    args = parser.parse_args(["serve", "--api-key", "k-cli", "--api-key-file", str(key_file)])
+    keys = load_api_keys(args.api_key, args.api_key_file, {API_KEYS_ENV: "k-env"}, env_var=API_KEYS_ENV)
+    assert keys == ["k-cli", "k-env", "k-file"]
 
 
 def test_models_and_stats(http):
     ids = [m["id"] for m in http.get("/v1/models").json()["data"]]
     assert ids == ["hybridllm", "fake-model"]
-    http.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}]})
+    post(http, {"model": "x", "messages": MSGS})
     assert http.get("/stats").json()["requests"] == 1
+
+
+def test_openapi_document_describes_the_body_and_errors(http):
+    doc = http.get("/openapi.json").json()
+    op = doc["paths"]["/v1/chat/completions"]["post"]
+    ref = op["requestBody"]["content"]["application/json"]["schema"]["$ref"]
+    schema = doc["components"]["schemas"][ref.rsplit("/", 1)[1]]
+    assert {"model", "messages"} <= set(schema["required"]) and schema["additionalProperties"] is False
+    assert {"400", "413"} <= set(op["responses"])
+    assert "text/event-stream" in op["responses"]["200"]["content"]

@@ -1,54 +1,20 @@
-"""API keys: where they come from and how a request's key is checked.
-
-Keys come from ``--api-key`` (repeatable), the ``HYBRIDLLM_CLOUD_API_KEYS`` environment variable
-(comma-separated) and ``--api-key-file`` (one key per line, ``#`` comments). With no key at all the
-server is open, which is only sensible on loopback.
-
-The check hashes both sides with SHA-256 and compares the digests with ``hmac.compare_digest``
-against every configured key without stopping at the first match, so the time taken depends
-neither on how much of a key matched, nor on its length, nor on which key it was.
-"""
+"""API keys of the cloud server: the shared check (``hybridllm.wire.auth``) with this server's
+exception types and environment variable, ``HYBRIDLLM_CLOUD_API_KEYS`` (comma-separated)."""
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import os
 from collections.abc import Iterable, Mapping
-from pathlib import Path
 
 from cloud_server.exceptions import AuthError, ConfigError
+from hybridllm.wire import auth as _auth
 
 API_KEYS_ENV = "HYBRIDLLM_CLOUD_API_KEYS"
 
 
-def _digest(key: str) -> bytes:
-    return hashlib.sha256(key.encode("utf-8")).digest()
-
-
-class ApiKeyChecker:
+class ApiKeyChecker(_auth.ApiKeyChecker):
     def __init__(self, keys: Iterable[str]) -> None:
-        self._digests = [_digest(k) for k in keys]
-
-    @property
-    def is_enabled(self) -> bool:
-        return bool(self._digests)
-
-    def check(self, authorization: str | None) -> None:
-        """Raise ``AuthError`` unless the ``Authorization`` header carries a configured key."""
-        if not self._digests:
-            return
-        if not authorization:
-            raise AuthError(
-                "You didn't provide an API key. Pass it in the Authorization header as 'Bearer YOUR_KEY'."
-            )
-        scheme, _, token = authorization.partition(" ")
-        given = _digest(token.strip()) if scheme.lower() == "bearer" else b""
-        matched = False
-        for digest in self._digests:
-            matched |= hmac.compare_digest(given, digest)
-        if not matched:
-            raise AuthError("Incorrect API key provided.")
+        super().__init__(keys, error=AuthError)
 
 
 def load_api_keys(
@@ -57,19 +23,4 @@ def load_api_keys(
     environ: Mapping[str, str] | None = None,
 ) -> list[str]:
     """Every key from the command line, the environment variable and the key file, deduplicated."""
-    env = os.environ if environ is None else environ
-    keys = [k.strip() for k in cli_keys]
-    keys += [k.strip() for k in env.get(API_KEYS_ENV, "").split(",")]
-    if key_file is not None:
-        path = Path(key_file)
-        try:
-            lines = path.read_text(encoding="utf-8").splitlines()
-        except OSError as exc:
-            raise ConfigError(f"cannot read API key file {path}: {exc.strerror or exc}") from exc
-        keys += [line.strip() for line in lines if not line.lstrip().startswith("#")]
-        if not any(line.strip() and not line.lstrip().startswith("#") for line in lines):
-            raise ConfigError(f"API key file {path} holds no key")
-    for key in keys:
-        if any(ch.isspace() for ch in key):
-            raise ConfigError("an API key must not contain whitespace")
-    return list(dict.fromkeys(k for k in keys if k))
+    return _auth.load_api_keys(cli_keys, key_file, environ, env_var=API_KEYS_ENV, error=ConfigError)

@@ -78,7 +78,7 @@ def error_response(exc: BaseException) -> JSONResponse:
     headers: dict[str, str] = {}
     if isinstance(exc, QueueFullError):
         headers["Retry-After"] = str(max(1, math.ceil(exc.retry_after_s)))
-    if isinstance(exc, AuthError):
+    if isinstance(exc, AuthError) or kind.status == 401:
         headers["WWW-Authenticate"] = "Bearer"
     param = getattr(exc, "param", None)
     return JSONResponse(error_body(message, kind, param=param), kind.status, headers=headers)

@@ -40,12 +40,12 @@ class LLMEngine:
         from .model_runner import ModelRunner
 
         self.config = config
-        device, dtype = _resolve_device(config)
+        device, dtype, quantization = _resolve_device(config)
         if device.type == "cpu":
             torch.set_num_threads(config.num_threads or os.cpu_count() or 1)
         cap = _CPU_MAX_MODEL_LEN if device.type == "cpu" else 32768
         loaded = load_model(config.model, device=device, dtype=dtype,
-                            max_position=config.max_model_len or cap)
+                            max_position=config.max_model_len or cap, quantization=quantization)
         self.model_name = loaded.name
         self.model_config = loaded.config
         self.tokenizer = loaded.tokenizer
@@ -74,7 +74,7 @@ class LLMEngine:
             loaded.model, loaded.config, num_blocks=num_blocks, block_size=config.block_size,
             device=device, dtype=dtype, seed=config.seed,
         )
-        self.device, self.dtype = device, dtype
+        self.device, self.dtype, self.quantization = device, dtype, quantization
         self._requests: dict[str, _Request] = {}
         self._steps = 0
         self._last_batch_num_seqs = 0
@@ -262,15 +262,18 @@ class LLMEngine:
         self.block_manager.prefix_cache_queries = self.block_manager.prefix_cache_hits = 0
 
 
-def _resolve_device(config: EngineConfig) -> tuple[Any, Any]:
+def _resolve_device(config: EngineConfig) -> tuple[Any, Any, str]:
+    """(device, activation dtype, quantization): CPU defaults to int8 weights, bf16 activations."""
     import torch
 
     name = config.device or ("cuda" if torch.cuda.is_available() else "cpu")
     device = torch.device(name)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ConfigError("device='cuda' but CUDA is not available")
-    dtype_name = config.dtype or ("bfloat16" if device.type == "cuda" else "float32")
-    return device, getattr(torch, dtype_name)
+    quantization = config.quantization or ("int8" if device.type == "cpu" else "none")
+    dtype_name = config.dtype or ("float32" if device.type == "cpu" and quantization == "none"
+                                  else "bfloat16")
+    return device, getattr(torch, dtype_name), quantization
 
 
 def _default_kv_bytes(device: Any) -> int:

@@ -1,10 +1,15 @@
-"""Fast dequantization of the common GGUF block formats in torch (gguf's numpy code is the
-fallback for the rest). Block layouts, 32 weights per block:
+"""Fast dequantization of the GGUF block formats in torch (gguf's numpy code is the fallback).
 
-    Q8_0: f16 d, int8 q[32]              w = d * q
-    Q4_0: f16 d, u8 nibbles[16]          w = d * (q - 8)
-    Q4_1: f16 d, f16 m, u8 nibbles[16]   w = d * q + m
-Nibbles: the low 4 bits of byte j are weight j, the high 4 bits weight j + 16.
+Block layouts (d, dmin: f16; "nibbles": the low 4 bits of byte j are weight j, the high 4 bits
+weight j + 16 of a 32-weight block):
+
+    Q8_0  34 B / 32 w: d, int8 q[32]                      w = d * q
+    Q4_0  18 B / 32 w: d, nibbles[16]                     w = d * (q - 8)
+    Q4_1  20 B / 32 w: d, m, nibbles[16]                  w = d * q + m
+    Q5_0  22 B / 32 w: d, u32 qh, nibbles[16]             w = d * ((q | bit_j(qh) << 4) - 16)
+    Q4_K 144 B / 256 w: d, dmin, 12 B of 6-bit (scale, min) for 8 sub-blocks of 32, 128 B q
+                                                          w = d * sc * q - dmin * m
+    Q6_K 210 B / 256 w: ql[128], qh[64], int8 sc[16], d   w = d * sc * (q6 - 32), 16 per scale
 """
 
 from __future__ import annotations
@@ -14,19 +19,57 @@ import warnings
 import numpy as np
 import torch
 
-_BLOCK_BYTES = {"Q8_0": 34, "Q4_0": 18, "Q4_1": 20}
+_BLOCK_BYTES = {"Q8_0": 34, "Q4_0": 18, "Q4_1": 20, "Q5_0": 22, "Q4_K": 144, "Q6_K": 210}
 
 
 def _f16(raw: torch.Tensor) -> torch.Tensor:  # [nb, 2] uint8 -> [nb, 1] fp32
     return raw.contiguous().view(torch.float16).float()
 
 
-def _nibbles(raw: torch.Tensor) -> torch.Tensor:  # [nb, 16] uint8 -> [nb, 32] fp32
-    return torch.cat((raw & 0x0F, raw >> 4), dim=1).float()
+def _nibbles(raw: torch.Tensor) -> torch.Tensor:  # [nb, 16] uint8 -> [nb, 32] uint8
+    return torch.cat((raw & 0x0F, raw >> 4), dim=1)
 
 
-def dequantize_fast(data: np.ndarray, type_name: str) -> np.ndarray | None:
-    """fp32 weights shaped [rows, cols] from a raw [rows, bytes] tensor, or None if unsupported."""
+def _q5_0(raw: torch.Tensor) -> torch.Tensor:  # [nb, 22] -> [nb, 32]
+    shifts = torch.arange(8, dtype=torch.uint8)
+    bits = ((raw[:, 2:6].unsqueeze(2) >> shifts) & 1).reshape(-1, 32)  # bit j of the u32 qh
+    q = _nibbles(raw[:, 6:]) | (bits << 4)  # [nb, 32] in 0..31
+    return (q.float() - 16.0) * _f16(raw[:, :2])
+
+
+def _k_scales(sc: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Q4_K's 12 bytes -> (scales, mins) [nb, 8] (llama.cpp's get_scale_min_k4)."""
+    sc = sc.to(torch.int64)
+    lo_s, lo_m = sc[:, 0:4] & 63, sc[:, 4:8] & 63  # sub-blocks 0..3
+    hi_s = (sc[:, 8:12] & 0x0F) | ((sc[:, 0:4] >> 6) << 4)  # sub-blocks 4..7
+    hi_m = (sc[:, 8:12] >> 4) | ((sc[:, 4:8] >> 6) << 4)
+    return torch.cat((lo_s, hi_s), 1).float(), torch.cat((lo_m, hi_m), 1).float()
+
+
+def _q4_k(raw: torch.Tensor) -> torch.Tensor:  # [nb, 144] -> [nb, 256]
+    d, dmin = _f16(raw[:, 0:2]), _f16(raw[:, 2:4])  # [nb, 1]
+    scales, mins = _k_scales(raw[:, 4:16])  # [nb, 8]
+    qs = raw[:, 16:].reshape(-1, 4, 32)  # 4 chunks of 64 weights: low nibbles, then high
+    q = torch.stack((qs & 0x0F, qs >> 4), dim=2).reshape(-1, 8, 32).float()  # [nb, 8, 32]
+    w = (d * scales).unsqueeze(2) * q - (dmin * mins).unsqueeze(2)
+    return w.reshape(-1, 256)
+
+
+def _q6_k(raw: torch.Tensor) -> torch.Tensor:  # [nb, 210] -> [nb, 256]
+    ql = raw[:, :128].reshape(-1, 2, 64)  # two halves of 128 weights
+    qh = raw[:, 128:192].reshape(-1, 2, 32)
+    sc = raw[:, 192:208].contiguous().view(torch.int8).float().reshape(-1, 2, 8)
+    d = _f16(raw[:, 208:210]).unsqueeze(2)  # [nb, 1, 1]
+    lo = torch.cat((ql[..., :32] & 0x0F, ql[..., 32:] & 0x0F, ql[..., :32] >> 4, ql[..., 32:] >> 4),
+                   dim=2)  # [nb, 2, 128]: quarters l, l+32, l+64, l+96
+    hi = torch.cat(((qh >> 0) & 3, (qh >> 2) & 3, (qh >> 4) & 3, (qh >> 6) & 3), dim=2)
+    q = (lo | (hi << 4)).float() - 32.0  # [nb, 2, 128] in -32..31
+    scale = (d * sc).repeat_interleave(16, dim=2)  # [nb, 2, 128]: one scale per 16 weights
+    return (scale * q).reshape(-1, 256)
+
+
+def dequantize_fast_torch(data: np.ndarray, type_name: str) -> torch.Tensor | None:
+    """fp32 weights [rows, cols] from a raw [rows, bytes] GGUF tensor, or None if unsupported."""
     size = _BLOCK_BYTES.get(type_name)
     if size is None:
         return None
@@ -37,7 +80,19 @@ def dequantize_fast(data: np.ndarray, type_name: str) -> np.ndarray | None:
     if type_name == "Q8_0":
         out = raw[:, 2:].contiguous().view(torch.int8).float() * _f16(raw[:, :2])
     elif type_name == "Q4_0":
-        out = (_nibbles(raw[:, 2:]) - 8.0) * _f16(raw[:, :2])
-    else:  # Q4_1
-        out = _nibbles(raw[:, 4:]) * _f16(raw[:, :2]) + _f16(raw[:, 2:4])
-    return out.reshape(rows, -1).numpy()  # [rows, cols]
+        out = (_nibbles(raw[:, 2:]).float() - 8.0) * _f16(raw[:, :2])
+    elif type_name == "Q4_1":
+        out = _nibbles(raw[:, 4:]).float() * _f16(raw[:, :2]) + _f16(raw[:, 2:4])
+    elif type_name == "Q5_0":
+        out = _q5_0(raw)
+    elif type_name == "Q4_K":
+        out = _q4_k(raw)
+    else:  # Q6_K
+        out = _q6_k(raw)
+    return out.reshape(rows, -1)  # [rows, cols]
+
+
+def dequantize_fast(data: np.ndarray, type_name: str) -> np.ndarray | None:
+    """numpy face of ``dequantize_fast_torch`` (fp32 [rows, cols] or None)."""
+    out = dequantize_fast_torch(data, type_name)
+    return None if out is None else out.numpy()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 
+import torch
 import torch.nn.functional as F
 from torch import nn
 
@@ -50,15 +51,14 @@ class Gemma3ForCausalLM(CausalLM):
             for t in cfg.layer_types
         ]
 
-    def setup(self, max_position: int) -> None:
-        super().setup(max_position)
+    def setup(self, max_position: int, device: torch.device, dtype: torch.dtype) -> None:
+        super().setup(max_position, device, dtype)
         # Only global layers take the checkpoint's RoPE scaling; local layers never scale.
         from ..layers.rope import RotaryEmbedding
 
-        cfg, w = self.config, self.model.embed_tokens.weight
+        cfg = self.config
         for i, t in enumerate(cfg.layer_types):
             if t == "sliding_attention" and cfg.rope_scaling:
                 self.ropes[i] = RotaryEmbedding(
-                    cfg.head_dim, cfg.rope_local_theta, max_position,
-                    device=w.device, dtype=w.dtype,
+                    cfg.head_dim, cfg.rope_local_theta, max_position, device=device, dtype=dtype
                 )

@@ -2,6 +2,7 @@
 
 Pre-norm decoder: x += o_proj(attn(norm(x))); x += down(silu(gate(norm(x))) * up(norm(x))).
 Grouped-query attention, rotate-half RoPE, optional q/k/v bias (Qwen2), optional tied head.
+q/k/v are one fused projection, and so are gate/up (one matmul each instead of three and two).
 The forward pass works on a step's flattened tokens and a paged KV cache.
 """
 
@@ -14,6 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..layers.attention import AttentionMetadata, paged_attention
+from ..layers.linear import Embedding, Linear
 from ..layers.norm import RMSNorm
 from ..layers.rope import RotaryEmbedding
 from .config import ModelConfig
@@ -22,13 +24,14 @@ from .config import ModelConfig
 class GatedMLP(nn.Module):
     def __init__(self, hidden: int, intermediate: int, act: Callable[[torch.Tensor], torch.Tensor]):
         super().__init__()
-        self.gate_proj = nn.Linear(hidden, intermediate, bias=False)
-        self.up_proj = nn.Linear(hidden, intermediate, bias=False)
-        self.down_proj = nn.Linear(intermediate, hidden, bias=False)
+        self.intermediate = intermediate
+        self.gate_up_proj = Linear(hidden, 2 * intermediate)  # rows: gate, then up
+        self.down_proj = Linear(intermediate, hidden)
         self.act = act
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [T, hidden] -> [T, hidden]
-        return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
+        gate, up = self.gate_up_proj(x).split(self.intermediate, dim=-1)  # [T, I] each
+        return self.down_proj(self.act(gate) * up)
 
 
 class Attention(nn.Module):
@@ -39,11 +42,11 @@ class Attention(nn.Module):
         self.num_heads, self.num_kv_heads, self.head_dim = (
             cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         )
-        bias = cfg.attention_bias
-        self.q_proj = nn.Linear(cfg.hidden_size, cfg.num_heads * cfg.head_dim, bias=bias)
-        self.k_proj = nn.Linear(cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim, bias=bias)
-        self.v_proj = nn.Linear(cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim, bias=bias)
-        self.o_proj = nn.Linear(cfg.num_heads * cfg.head_dim, cfg.hidden_size, bias=False)
+        self.q_size = cfg.num_heads * cfg.head_dim
+        self.kv_size = cfg.num_kv_heads * cfg.head_dim
+        self.qkv_proj = Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size,
+                               bias=cfg.attention_bias)  # rows: q, then k, then v
+        self.o_proj = Linear(self.q_size, cfg.hidden_size)
         self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if qk_norm else None
         self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if qk_norm else None
         self.scale = cfg.attn_scale
@@ -58,9 +61,10 @@ class Attention(nn.Module):
         rope: RotaryEmbedding,
     ) -> torch.Tensor:  # [T, hidden]
         t = x.shape[0]
-        q = self.q_proj(x).view(t, self.num_heads, self.head_dim)  # [T, H, D]
-        k = self.k_proj(x).view(t, self.num_kv_heads, self.head_dim)  # [T, KVH, D]
-        v = self.v_proj(x).view(t, self.num_kv_heads, self.head_dim)
+        q, k, v = self.qkv_proj(x).split((self.q_size, self.kv_size, self.kv_size), dim=-1)
+        q = q.reshape(t, self.num_heads, self.head_dim)  # [T, H, D]
+        k = k.reshape(t, self.num_kv_heads, self.head_dim)  # [T, KVH, D]
+        v = v.reshape(t, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None and self.k_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = rope(q, positions), rope(k, positions)
@@ -88,7 +92,7 @@ class _Body(nn.Module):
 
     def __init__(self, cfg: ModelConfig, layers: list[nn.Module]) -> None:
         super().__init__()
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.embed_tokens = Embedding(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList(layers)
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
@@ -102,18 +106,18 @@ class CausalLM(nn.Module):
         super().__init__()
         self.config = cfg
         self.model = _Body(cfg, layers)
-        self.lm_head = (
-            None if cfg.tie_word_embeddings
-            else nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
-        )
+        self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size)  # tied: shares the embedding
         self.ropes: list[RotaryEmbedding] = []  # one per layer, built by setup()
 
-    def setup(self, max_position: int) -> None:
-        """Build RoPE tables on the weights' device (not parameters: kept out of state dicts)."""
-        cfg, w = self.config, self.model.embed_tokens.weight
+    def setup(self, max_position: int, device: torch.device, dtype: torch.dtype) -> None:
+        """Build RoPE tables in the activation dtype (not parameters: kept out of state dicts)."""
+        cfg = self.config
+        for module in self.modules():
+            if isinstance(module, RMSNorm):
+                module.out_dtype = dtype
         self.ropes = [
             RotaryEmbedding(cfg.head_dim, base, max_position, scaling=cfg.rope_scaling,
-                            device=w.device, dtype=w.dtype)
+                            device=device, dtype=dtype)
             for base in self.rope_bases()
         ]
 
@@ -127,16 +131,17 @@ class CausalLM(nn.Module):
         kv_caches: torch.Tensor,  # [num_layers, 2, num_slots, KVH, D]
         meta: AttentionMetadata,
     ) -> torch.Tensor:  # [T, hidden], after the final norm
-        x = self.model.embed_tokens(input_ids)  # [T, hidden]
+        # The residual stream is fp32 whatever the activation dtype: each layer adds its bf16
+        # (or fp32) output to it, and the norms hand the projections their own dtype.
+        x = self.model.embed_tokens(input_ids).float()  # [T, hidden]
         if self.embed_scale != 1.0:
-            x = x * torch.tensor(self.embed_scale, dtype=x.dtype)
+            x = x * self.embed_scale
         for i, layer in enumerate(self.model.layers):
             x = layer(x, positions, kv_caches[i], meta, self.ropes[i])
         return self.model.norm(x)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:  # [N, hidden] -> [N, vocab]
-        weight = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        return (hidden @ weight.t()).float()
+        return self.lm_head(hidden).float()
 
 
 class LlamaForCausalLM(CausalLM):

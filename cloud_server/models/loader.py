@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -10,6 +11,7 @@ import torch
 from torch import nn
 
 from ..exceptions import ModelLoadError
+from ..layers.linear import QUANTIZATIONS, Embedding, Linear, quantize_rows
 from .config import ModelConfig
 
 
@@ -29,63 +31,151 @@ def resolve_model_path(model: str) -> tuple[str, Path]:
             raise ModelLoadError(f"model path {path} does not exist")
         return (path.stem if path.is_file() else path.name), path
     try:
+        from hybridllm._progress import ProgressBar
         from hybridllm.models import pull
         from hybridllm.models.catalog import get_spec
 
-        spec = get_spec(model)
-        return spec.id, Path(pull(model))
+        spec = get_spec(model)  # the first run assembles the file (a bar on stderr)
+        return spec.id, Path(pull(model, progress=ProgressBar(f"Preparing {spec.id}")))
     except ModelLoadError:
         raise
     except Exception as exc:  # the client package's own errors, mapped at the boundary
         raise ModelLoadError(f"cannot resolve model {model!r}: {exc}") from exc
 
 
+_FUSED = {  # fused layer <- its Hugging Face parts, rows in this order
+    "self_attn.qkv_proj": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
+    "mlp.gate_up_proj": ("mlp.gate_proj", "mlp.up_proj"),
+}
+_PART_OF = {part: fused for fused, parts in _FUSED.items() for part in parts}
+
+
+def _is_matrix(name: str) -> bool:
+    return name.endswith("_proj.weight") or name == "lm_head.weight"
+
+
 def build_model(
     config: ModelConfig,
-    tensors: dict[str, Any],
+    tensors: Iterable[tuple[str, Any]] | dict[str, Any],
     *,
     device: torch.device,
     dtype: torch.dtype,
     max_position: int,
+    quantization: str = "none",
 ) -> nn.Module:
+    """Build the model from HF-named fp tensors, converting each as it arrives.
+
+    Each tensor is cast (or int8-quantized, ``quantization="int8"``) on arrival, so the peak
+    memory is the final model plus one fp32 tensor; the parts of fused layers are joined by rows.
+    """
     from .gemma3 import Gemma3ForCausalLM
     from .llama import LlamaForCausalLM
 
+    if quantization not in QUANTIZATIONS:
+        raise ModelLoadError(f"quantization must be one of {QUANTIZATIONS}, got {quantization!r}")
     cls = Gemma3ForCausalLM if config.architecture == "gemma3" else LlamaForCausalLM
-    with torch.device("meta"):
-        model = cls(config)
-    state = {
-        name: (torch.from_numpy(t) if not isinstance(t, torch.Tensor) else t).to(device, dtype)
-        for name, t in tensors.items()
-    }
+    model: Any = cls(config)
+    int8 = quantization == "int8"
+    items = tensors.items() if isinstance(tensors, dict) else tensors
+    weights: dict[str, Any] = {}  # name -> tensor, or (int8, scale) for quantized matrices
+    for name, raw in items:
+        t = torch.from_numpy(raw) if not isinstance(raw, torch.Tensor) else raw
+        if int8 and (_is_matrix(name) or name == "model.embed_tokens.weight"):
+            q, scale = quantize_rows(t.to(device))
+            weights[name] = (q, scale.to(dtype))
+        else:
+            weights[name] = t.to(device, dtype)
+        del t, raw
+    if config.tie_word_embeddings:
+        weights.pop("lm_head.weight", None)
     try:
-        model.load_state_dict(state, strict=True, assign=True)
-    except RuntimeError as exc:
+        _assign(model, weights, dtype)
+    except (KeyError, ValueError, RuntimeError) as exc:
         msg = f"weights do not match the {config.architecture} layout: {exc}"
         raise ModelLoadError(msg) from exc
     model.eval().requires_grad_(False)
-    model.setup(max_position)
+    model.setup(max_position, device, dtype)
     return model
 
 
+def _assign(model: Any, weights: dict[str, Any], dtype: torch.dtype) -> None:
+    """Put every tensor in its module; fused layers take their parts' rows in order."""
+    modules = dict(model.named_modules())
+    fused: dict[str, dict[str, Any]] = {}
+    for name in list(weights):
+        module_name, _, kind = name.rpartition(".")
+        prefix, _, local = module_name.rpartition(".layers.")
+        head, _, sub = local.partition(".")  # layer index, "self_attn.q_proj"
+        if sub in _PART_OF:
+            key = f"{prefix}.layers.{head}.{_PART_OF[sub]}"
+            fused.setdefault(key, {})[f"{sub}.{kind}"] = weights.pop(name)
+    for key, parts in fused.items():
+        sub_names = _FUSED[key.split(".layers.", 1)[1].split(".", 1)[1]]
+        mats = [parts.pop(f"{p}.weight") for p in sub_names]
+        biases = [parts.pop(f"{p}.bias") for p in sub_names if f"{p}.bias" in parts]
+        if parts:
+            raise KeyError(f"unexpected tensors {sorted(parts)}")
+        _load_linear(modules[key], mats, biases or None)
+    embed = modules["model.embed_tokens"]
+    e = weights.pop("model.embed_tokens.weight")
+    if isinstance(e, tuple):
+        embed.load(e[0], scale=e[1], dtype=dtype)
+    else:
+        embed.load(e, dtype=dtype)
+    if "lm_head.weight" in weights:
+        _load_linear(modules["lm_head"], [weights.pop("lm_head.weight")], None)
+    else:
+        model.lm_head = embed.as_linear()
+    for name, t in weights.items():  # norms and the rest: plain parameters
+        module_name, _, kind = name.rpartition(".")
+        if module_name not in modules:
+            raise KeyError(f"unexpected tensor {name}")
+        module = modules[module_name]
+        if isinstance(module, Linear):
+            _load_linear(module, [t], None)
+            continue
+        old = getattr(module, kind)
+        if tuple(old.shape) != tuple(t.shape):
+            raise ValueError(f"{name}: shape {tuple(t.shape)} != {tuple(old.shape)}")
+        setattr(module, kind, nn.Parameter(t, requires_grad=False))
+    missing = [n for n, m in model.named_modules()
+               if isinstance(m, Linear | Embedding) and m.weight is None]
+    if missing:
+        raise KeyError(f"missing weights for {missing[:5]}")
+
+
+def _load_linear(module: Any, mats: list[Any], biases: list[Any] | None) -> None:
+    bias = torch.cat(biases) if biases else None
+    if isinstance(mats[0], tuple):
+        module.load(torch.cat([m[0] for m in mats]), scale=torch.cat([m[1] for m in mats]), bias=bias)
+    else:
+        module.load(torch.cat(mats) if len(mats) > 1 else mats[0], bias=bias)
+
+
 def load_model(
-    model: str, *, device: torch.device, dtype: torch.dtype, max_position: int | None = None
+    model: str,
+    *,
+    device: torch.device,
+    dtype: torch.dtype,
+    max_position: int | None = None,
+    quantization: str = "none",
 ) -> LoadedModel:
     name, path = resolve_model_path(model)
+    tensors: Any
     if path.is_dir():
         from .loader_safetensors import load_safetensors_folder
         from .tokenizer import HFTokenizer
 
-        config, tensors_pt = load_safetensors_folder(path)
-        tensors: dict[str, Any] = dict(tensors_pt)
+        config, tensors = load_safetensors_folder(path)
         tokenizer: Any = HFTokenizer(path)
     else:
-        from .loader_gguf import load_gguf
+        from .loader_gguf import iter_gguf_tensors, open_gguf
         from .tokenizer import GGUFTokenizer
 
-        config, tensors_np, _ = load_gguf(path)
-        tensors = dict(tensors_np)
+        config, reader, _ = open_gguf(path)
+        tensors = iter_gguf_tensors(reader, config)
         tokenizer = GGUFTokenizer(path)
     max_pos = min(max_position or config.max_position_embeddings, config.max_position_embeddings)
-    net = build_model(config, tensors, device=device, dtype=dtype, max_position=max_pos)
+    net = build_model(config, tensors, device=device, dtype=dtype, max_position=max_pos,
+                      quantization=quantization)
     return LoadedModel(name=name, config=config, model=net, tokenizer=tokenizer)

@@ -1,13 +1,17 @@
 """Load a GGUF file into a ModelConfig and a Hugging Face-named fp32 state dict.
 
-Weights are dequantized with the ``gguf`` package. Two layout differences from Hugging Face:
+Weights are dequantized one tensor at a time (``iter_gguf_tensors``), so a loader can convert
+each to its final form before the next is read. Layout differences from Hugging Face:
 - llama.cpp's converter permutes Llama's q/k rows so its interleaved-pair RoPE works; we undo it
-  so that every model here uses HF's rotate-half RoPE and HF tensor layouts.
+  so that every model here uses HF's rotate-half RoPE and HF tensor layouts. Qwen2 files are not
+  permuted (llama.cpp runs them with rotate-half RoPE), and become the Llama architecture with
+  q/k/v biases.
 - Gemma norms in GGUF already hold ``1 + w``: exactly the engine's convention, kept as is.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +19,7 @@ import numpy as np
 
 from ..exceptions import ModelLoadError
 from .config import ModelConfig, gemma3_layer_types
-from .dequant import dequantize_fast
+from .dequant import dequantize_fast_torch
 
 _LAYER_NAMES = {
     "attn_q": "self_attn.q_proj",
@@ -32,6 +36,7 @@ _LAYER_NAMES = {
 # The norm after attention is the pre-MLP norm in Llama but its own norm in Gemma 3.
 _ARCH_LAYER_NAMES = {
     "llama": {"ffn_norm": "post_attention_layernorm"},
+    "qwen2": {"ffn_norm": "post_attention_layernorm"},
     "gemma3": {
         "post_attention_norm": "post_attention_layernorm",
         "ffn_norm": "pre_feedforward_layernorm",
@@ -63,7 +68,8 @@ def config_from_metadata(meta: dict[str, Any], num_vocab_tokens: int) -> ModelCo
     if factor and get("rope.scaling.type", "linear") == "linear" and float(factor) != 1.0:
         scaling = {"rope_type": "linear", "factor": float(factor)}
     cfg: dict[str, Any] = dict(
-        architecture=arch,
+        architecture="llama" if arch == "qwen2" else arch,
+        attention_bias=arch == "qwen2",
         vocab_size=int(get("vocab_size", num_vocab_tokens)),
         hidden_size=hidden,
         intermediate_size=int(get("feed_forward_length")),
@@ -88,18 +94,17 @@ def config_from_metadata(meta: dict[str, Any], num_vocab_tokens: int) -> ModelCo
     return ModelConfig(**cfg)
 
 
-def unpermute_qk(w: np.ndarray, num_heads: int) -> np.ndarray:
-    """Undo llama.cpp's ``reshape(h, 2, d/2, in).swapaxes(1, 2)`` on q/k rows."""
+def unpermute_qk(w: Any, num_heads: int) -> Any:
+    """Undo llama.cpp's ``reshape(h, 2, d/2, in).swapaxes(1, 2)`` on q/k rows (numpy or torch)."""
     out_dim, in_dim = w.shape  # [num_heads * head_dim, hidden]
     head_dim = out_dim // num_heads
     return w.reshape(num_heads, head_dim // 2, 2, in_dim).swapaxes(1, 2).reshape(out_dim, in_dim)
 
 
-def load_gguf(path: str | Path) -> tuple[ModelConfig, dict[str, np.ndarray], dict[str, Any]]:
-    """Returns (config, HF-named fp32 arrays, GGUF metadata)."""
+def open_gguf(path: str | Path) -> tuple[ModelConfig, Any, dict[str, Any]]:
+    """Returns (config, gguf reader, metadata); tensors stay in the memory map until read."""
     try:
         import gguf
-        from gguf.quants import dequantize
     except ImportError as exc:  # pragma: no cover - server extra missing
         raise ModelLoadError("loading GGUF needs the 'gguf' package (hybridllm[server])") from exc
     try:
@@ -109,31 +114,53 @@ def load_gguf(path: str | Path) -> tuple[ModelConfig, dict[str, np.ndarray], dic
     meta = read_metadata(reader)
     num_tokens = len(reader.fields["tokenizer.ggml.tokens"].data)
     config = config_from_metadata(meta, num_tokens)
-    names = {**_LAYER_NAMES, **_ARCH_LAYER_NAMES[config.architecture]}
-    tensors: dict[str, np.ndarray] = {}
+    if not any(t.name == "output.weight" for t in reader.tensors):
+        config.tie_word_embeddings = True
+    return config, reader, meta
+
+
+def _dequantize(t: Any) -> Any:  # torch fp32 [rows, cols] (or [n] for 1-D tensors)
+    import torch
+    from gguf.quants import dequantize
+
+    out = dequantize_fast_torch(t.data, t.tensor_type.name)
+    if out is None:
+        arr = np.asarray(dequantize(t.data, t.tensor_type), dtype=np.float32)
+        out = torch.from_numpy(arr.copy() if not arr.flags.writeable else arr)
+    return out
+
+
+def iter_gguf_tensors(reader: Any, config: ModelConfig) -> Iterator[tuple[str, Any]]:
+    """Yield (HF name, fp32 torch tensor) one at a time; sets RoPE scaling from rope_freqs."""
+    arch = str(reader.fields["general.architecture"].contents())
+    names = {**_LAYER_NAMES, **_ARCH_LAYER_NAMES[arch]}
     for t in reader.tensors:
-        arr = dequantize_fast(t.data, t.tensor_type.name)
-        if arr is None:
-            arr = np.asarray(dequantize(t.data, t.tensor_type), dtype=np.float32)
-        if not arr.flags.writeable:  # F32 tensors are views of the read-only memory map
-            arr = arr.copy()
+        if t.name == "rope_freqs.weight":  # Llama 3.1 RoPE scaling, as per-pair divisors
+            factors = _dequantize(t).flatten().tolist()
+            config.rope_scaling = {"rope_type": "freq_factors", "factors": factors}
+            continue
         if t.name == "token_embd.weight":
-            tensors["model.embed_tokens.weight"] = arr
+            name = "model.embed_tokens.weight"
         elif t.name == "output.weight":
-            tensors["lm_head.weight"] = arr
-        elif t.name == "rope_freqs.weight":  # Llama 3.1 RoPE scaling, as per-pair divisors
-            config.rope_scaling = {"rope_type": "freq_factors", "factors": arr.tolist()}
+            name = "lm_head.weight"
         elif t.name == "output_norm.weight":
-            tensors["model.norm.weight"] = arr
+            name = "model.norm.weight"
         elif t.name.startswith("blk."):
             _, layer, base, kind = t.name.split(".", 3)
             if base not in names:
-                continue  # e.g. rope_freqs: derived from the config instead
-            if config.architecture == "llama" and base == "attn_q":
-                arr = unpermute_qk(arr, config.num_heads)
-            elif config.architecture == "llama" and base == "attn_k":
-                arr = unpermute_qk(arr, config.num_kv_heads)
-            tensors[f"model.layers.{layer}.{names[base]}.{kind}"] = arr
-    if "lm_head.weight" not in tensors:
-        config.tie_word_embeddings = True
+                continue
+            name = f"model.layers.{layer}.{names[base]}.{kind}"
+        else:
+            continue
+        arr = _dequantize(t)
+        if arch == "llama" and name.endswith(("q_proj.weight", "k_proj.weight")):
+            heads = config.num_heads if "q_proj" in name else config.num_kv_heads
+            arr = unpermute_qk(arr, heads)
+        yield name, arr
+
+
+def load_gguf(path: str | Path) -> tuple[ModelConfig, dict[str, np.ndarray], dict[str, Any]]:
+    """Returns (config, HF-named fp32 arrays, GGUF metadata): the whole model in memory."""
+    config, reader, meta = open_gguf(path)
+    tensors = {name: t.numpy() for name, t in iter_gguf_tensors(reader, config)}
     return config, tensors, meta

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import pytest
 
+from .conftest import fp32_engine
 from .llamacpp_reference import LlamaCppReference
 
 pytestmark = pytest.mark.real
@@ -43,10 +44,7 @@ PROMPTS = [
 
 
 def _engine(path):
-    from cloud_server.config import EngineConfig
-    from cloud_server.engine.llm_engine import LLMEngine
-
-    return LLMEngine(EngineConfig(str(path), max_model_len=512, kv_cache_memory_bytes=64 << 20))
+    return fp32_engine(path)  # the model code itself, in fp32 (no int8, no bf16)
 
 
 def _measure(path, chat: bool) -> tuple[float, float, float]:

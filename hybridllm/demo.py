@@ -18,6 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from ._config import DEFAULT_EDGE_MODEL
 from ._exceptions import HybridLLMError
 from ._progress import ProgressBar
 
@@ -49,7 +50,7 @@ def _start_cloud(port: int, log: Path) -> subprocess.Popen:
 
     exe = shutil.which("hybridllm-cloud")
     cmd = [exe] if exe else [sys.executable, "-m", "cloud_server"]
-    proc = subprocess.Popen([*cmd, "serve", "--model", "smollm2-135m-instruct", "--host",
+    proc = subprocess.Popen([*cmd, "serve", "--model", DEFAULT_EDGE_MODEL, "--host",
                              "127.0.0.1", "--port", str(port)], stdout=log.open("w"),
                             stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 180

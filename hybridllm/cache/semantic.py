@@ -8,6 +8,16 @@ conversations never shares an answer). The entry id is a hash of the bucket and 
 question: putting the same question twice replaces the answer instead of duplicating it, and an
 exact repeat is found without running the embedder.
 
+Sampled answers. The key holds every setting that changes an answer (temperature, top_p, top_k,
+min_p, repeat_penalty, seed, max_tokens, stop), so a seeded request is only ever served its own
+seed's draw. At temperature > 0 without a seed, HybridLLM stores the first answer the model was
+sure of and serves it to later asks with the same settings: the assistant answers a question once
+and then repeats itself, which is what a user asking the same thing twice expects; pass
+``cache=False`` (or a seed) for a fresh draw. Unsure answers are never stored: the pipeline skips
+an edge answer whose mean token log-probability is below ``cache_min_logprob`` (calibrated by
+``python -m bench.cache_floor``), which is how a sampled slip such as "L'Étoile, est la cité de la
+France." for "What is the capital of France?" stays out.
+
 A hit: the top ``top_k`` cached questions by cosine in the bucket, at or above the verifier's
 ``min_similarity``, are scored by the verifier; the best one at or above its threshold is served.
 The default verifier is the cross-encoder reranker (:mod:`.reranker`); ``verifier="features"`` is
@@ -31,8 +41,9 @@ from typing import Any
 
 import numpy as np
 
-from .._exceptions import ConfigError, InvalidRequestError
+from .._exceptions import CacheError, ConfigError, InvalidRequestError
 from .._paths import cache_dir
+from ..prompts import text_of_content
 from .embedder import Embedder, get_embedder
 from .index import BucketIndex
 from .reranker import FORMAT as RERANKER_FORMAT
@@ -98,11 +109,7 @@ def _canonical(msg: dict) -> dict:
 
 
 def _text_of(content: Any) -> str:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):  # OpenAI content parts
-        return "\n".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
-    raise InvalidRequestError("a user turn's content must be a string or a list of text parts")
+    return text_of_content(content, where="the last user turn's content")
 
 
 def _normalize(query: str) -> str:
@@ -308,7 +315,10 @@ class SemanticCache:
             self._misses += 1
             return None
         now = time.time()
-        self._store.touch(entry_id, now)
+        try:
+            self._store.touch(entry_id, now)  # recency for eviction; a hit does not need it
+        except CacheError:
+            pass
         self._hits += 1
         return CacheHit(
             text=entry.response,

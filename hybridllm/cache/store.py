@@ -247,20 +247,30 @@ class _Foreign(CacheCorruptError, sqlite3.DatabaseError):
 
 
 class _Transaction:
-    """``with conn:`` plus mapping of SQLite errors (disk full, locked) to :class:`CacheError`."""
+    """``with conn:`` plus mapping of SQLite errors (disk full, read-only, locked) to
+    :class:`CacheError`, at every step: BEGIN, the statements and COMMIT."""
 
     def __init__(self, conn: sqlite3.Connection, path: Path) -> None:
         self._conn = conn
         self._path = path
 
     def __enter__(self) -> sqlite3.Connection:
-        self._conn.execute("BEGIN IMMEDIATE")
+        try:
+            self._conn.execute("BEGIN IMMEDIATE")
+        except sqlite3.Error as exc:
+            raise CacheError(f"Writing the cache {self._path} failed: {exc}") from exc
         return self._conn
 
     def __exit__(self, exc_type, exc, tb) -> None:
         if exc_type is None:
-            self._conn.commit()
-            return
-        self._conn.rollback()
+            try:
+                self._conn.commit()
+                return
+            except sqlite3.Error as failed:
+                exc = failed
+        try:
+            self._conn.rollback()
+        except sqlite3.Error:  # nothing to roll back, or the file is gone
+            pass
         if isinstance(exc, sqlite3.Error):
             raise CacheError(f"Writing the cache {self._path} failed: {exc}") from exc

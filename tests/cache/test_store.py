@@ -117,3 +117,61 @@ def test_foreign_sqlite_database_is_refused_and_untouched(tmp_path: Path) -> Non
     with pytest.raises(CacheCorruptError, match="not a hybridllm cache"):
         SemanticCache(path, verifier=None, embedder=FakeEmbedder())
     assert path.read_bytes() == before
+
+
+FULL_DISK = textwrap.dedent(
+    """
+    import resource, signal, sys
+    sys.path.insert(0, sys.argv[2])
+    from hybridllm import HybridLLM
+    from hybridllm.backends.fake import FakeBackend
+    from hybridllm.cache import SemanticCache
+    from tests.cache.fakes import FakeEmbedder
+
+    cache = SemanticCache(sys.argv[1], verifier=None, embedder=FakeEmbedder())
+    # a tiny filesystem without root: no file of this process may grow past 96 KiB
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (96 * 1024, 96 * 1024))
+    llm = HybridLLM(edge=FakeBackend(reply=lambda m: "x" * 4000), cache=cache)
+    routes = [llm.chat(f"question {i}").route for i in range(40)]
+    print(routes.count("edge"), routes.count("cache"), len(cache.stats()["namespaces"]) >= 0)
+    again = llm.chat("question 0")
+    print(again.route)
+    """
+)
+
+
+def test_a_full_disk_never_costs_the_answer(tmp_path):
+    """Before: after a few entries every new question raised sqlite3.OperationalError ('database
+    or disk is full') from the store after the answer was generated (issue 19, item 6)."""
+    out = subprocess.run([sys.executable, "-c", FULL_DISK, str(tmp_path / "c.sqlite3"), str(ROOT)],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    counts, last = out.stdout.split("\n")[:2]
+    assert counts.split()[:2] == ["40", "0"]  # every question answered, on the device
+    assert last == "cache"  # what was stored before the disk filled is still served
+    assert out.stderr.count("cannot store answers") == 1  # one warning, not one per request
+
+
+def test_a_store_whose_writes_fail_raises_cache_error_at_every_step(tmp_path):
+    from hybridllm._exceptions import CacheError
+    from hybridllm.cache.store import _Transaction
+
+    class Conn:
+        def __init__(self, fail_at):
+            self.fail_at = fail_at
+
+        def execute(self, sql, *a):
+            if self.fail_at == "begin":
+                raise sqlite3.OperationalError("attempt to write a readonly database")
+
+        def commit(self):
+            raise sqlite3.OperationalError("database or disk is full")
+
+        def rollback(self):
+            pass
+
+    for step in ("begin", "commit"):
+        with pytest.raises(CacheError, match="readonly|disk is full"):
+            with _Transaction(Conn(step), tmp_path / "x"):
+                pass

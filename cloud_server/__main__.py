@@ -91,6 +91,10 @@ def build_parser() -> argparse.ArgumentParser:
     engine.add_argument("--no-prefix-caching", action="store_true")
     engine.add_argument("--device", default=None, help="cpu or cuda[:N] (default: auto)")
     engine.add_argument("--dtype", default=None, help="float32, bfloat16 or float16 (default: auto)")
+    engine.add_argument(
+        "--quantization", default=None, choices=["none", "int8"],
+        help="weights: int8 (weight-only, per-channel) or none (default: int8 on CPU, none on CUDA)",
+    )
     engine.add_argument("--seed", type=int, default=0)
     engine.add_argument("--num-threads", type=_positive_int, default=None, help="torch CPU threads")
     serve.add_argument(
@@ -113,6 +117,7 @@ def _engine_config(args: argparse.Namespace) -> Any:
         max_model_len=args.max_model_len,
         device=args.device,
         dtype=args.dtype,
+        quantization=args.quantization,
         seed=args.seed,
         max_waiting=args.max_waiting,
         enable_prefix_caching=not args.no_prefix_caching,

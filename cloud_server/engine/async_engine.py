@@ -2,9 +2,11 @@
 
 One background task owns the ``LLMEngine``: it applies queued adds and aborts, runs ``step`` in a
 worker thread (the event loop stays free while the model computes), and routes each output to
-its request's queue. ``generate`` validates at once (so the server can answer 400/429 before it
-starts a stream), then yields outputs as they come; leaving the loop early (``aclose``, a
-cancelled task, a dropped client) aborts the request and frees its KV blocks.
+its request's queue (an error that belongs to one request goes to that request alone; only a
+failed forward pass fails every request in flight). ``generate`` validates at once (so the
+server can answer 400/429 before it starts a stream), then yields outputs as they come; leaving
+the loop early (``aclose``, a cancelled task, a dropped client) aborts the request and frees its
+KV blocks.
 """
 
 from __future__ import annotations
@@ -195,8 +197,8 @@ class AsyncLLMEngine:
                         fut.set_result(None)
             for out in outputs:
                 queue = self._queues.get(out.request_id)
-                if queue is not None:
-                    queue.put_nowait(out)
+                if queue is not None:  # a request that failed alone ends with its own error
+                    queue.put_nowait(EngineError(out.error) if out.error is not None else out)
 
     def _fail_all(self, exc: EngineError) -> None:
         for rid in list(self._queues):

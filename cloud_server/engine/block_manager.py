@@ -142,17 +142,34 @@ class BlockManager:
                 self._block_hash[block] = h
                 self._block_tokens[block] = tokens
 
+    def trim(self, seq: Sequence) -> None:
+        """Release the blocks past ``seq.num_computed_tokens`` (rejected speculative tokens).
+
+        Tail blocks that no longer hold a computed token go back to the pool, and hashes of
+        blocks that are no longer full and computed are forgotten by the sequence (a block is
+        registered in the prefix cache only by ``commit``, after the trim, so a cached block
+        never holds a rejected token).
+        """
+        keep = self.num_blocks_for(seq.num_computed_tokens)
+        for block in reversed(seq.block_table[keep:]):
+            self._release(block)
+        del seq.block_table[keep:]
+        del seq.block_hashes[seq.num_computed_tokens // self.block_size :]
+
+    def _release(self, block: int) -> None:
+        self.ref_counts[block] -= 1
+        if self.ref_counts[block] < 0:
+            raise EngineError(f"block {block} freed twice")
+        if self.ref_counts[block] == 0:
+            if self._block_hash[block] is None:
+                self._fresh.append(block)
+            else:
+                self._evictable[block] = None
+
     def free(self, seq: Sequence) -> None:
         """Drop the sequence's references; the tail goes first so it is evicted first."""
         for block in reversed(seq.block_table):
-            self.ref_counts[block] -= 1
-            if self.ref_counts[block] < 0:
-                raise EngineError(f"block {block} freed twice")
-            if self.ref_counts[block] == 0:
-                if self._block_hash[block] is None:
-                    self._fresh.append(block)
-                else:
-                    self._evictable[block] = None
+            self._release(block)
         seq.block_table = []
         seq.block_hashes = []
         seq.num_computed_tokens = 0

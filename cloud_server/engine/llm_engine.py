@@ -131,35 +131,56 @@ class LLMEngine:
 
     # -- stepping ----------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
+        """Schedule, run the model, let the scheduler apply the results, then detokenize.
+
+        A failure of the whole forward pass is an ``EngineError`` for the step; a failure that
+        belongs to one request (its sampling settings) ends that request alone, with an error.
+        """
         sched = self.scheduler.schedule()
         if sched.is_empty:
             return []
         try:
-            sampled = self.runner.execute(sched.scheduled)
+            result = self.runner.execute(sched.scheduled)
         except Exception as exc:  # a model failure is an engine failure, not a request error
             raise EngineError(f"model step failed: {exc}") from exc
         self._record_batch(len(sched.scheduled), sched.num_tokens)
-        outputs: list[RequestOutput] = []
+        new_tokens = {sid: t for sid, t in result.tokens.items() if isinstance(t, list)}
+        outputs = [
+            self._process_tokens(self._requests[seq.request_id], tokens)
+            for seq, tokens in self.scheduler.update(sched.scheduled, new_tokens)
+        ]
         for item in sched.scheduled:
-            seq = item.seq
-            seq.num_computed_tokens += item.num_new_tokens
-            self.block_manager.commit(seq)
-            token = sampled.get(seq.seq_id)
-            if token is not None:
-                seq.append_token(token)
-                outputs.append(self._process_token(self._requests[seq.request_id], token))
+            error = result.tokens.get(item.seq.seq_id)
+            if isinstance(error, BaseException) and item.seq.request_id in self._requests:
+                outputs.append(self._fail(item.seq.request_id, error))
         self._record_kv()
         return outputs
 
-    def _process_token(self, req: _Request, token: int) -> RequestOutput:
+    def _fail(self, request_id: str, error: BaseException) -> RequestOutput:
+        req = self._requests.pop(request_id)
+        self.scheduler.finish(req.seq, "error")
+        self.runner.release(req.seq.seq_id)
+        out = self._output(req, "", [], "error")
+        out.error = f"{type(error).__name__}: {error}"
+        return out
+
+    def _process_tokens(self, req: _Request, tokens: list[int]) -> RequestOutput:
+        """Stop checks token by token over a step's new tokens (one, or several accepted)."""
         seq, p = req.seq, req.seq.params
         reason: str | None = None
-        text_ids = seq.output_token_ids
-        is_eos = token in self.tokenizer.eos_token_ids and not p.ignore_eos
-        if is_eos or token in p.stop_token_ids:
-            reason, text_ids = "stop", text_ids[:-1]
-        elif seq.num_output_tokens >= p.max_tokens or seq.num_tokens >= self.max_model_len:
-            reason = "length"
+        first = seq.num_tokens - len(tokens)  # index of the first new token
+        for j, token in enumerate(tokens):
+            end = first + j + 1  # sequence length up to and including this token
+            if (token in self.tokenizer.eos_token_ids and not p.ignore_eos) or (
+                token in p.stop_token_ids
+            ):
+                reason = "stop"
+            elif end - seq.num_prompt_tokens >= p.max_tokens or end >= self.max_model_len:
+                reason = "length"
+            if reason is not None:
+                del seq.token_ids[end:]  # tokens past the stop were never computed
+                break
+        text_ids = seq.output_token_ids[:-1] if reason == "stop" else seq.output_token_ids
         delta = req.detok.update(text_ids, final=reason is not None)
         if req.detok.stopped:
             reason = "stop"

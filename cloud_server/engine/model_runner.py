@@ -2,11 +2,15 @@
 
 Owns the KV pool ``[num_layers, 2, num_blocks * block_size, num_kv_heads, head_dim]``,
 preallocated once. Decode tokens (one per sequence) go first in the flattened batch, then
-prefill chunks; only the last token of a sequence that reaches its end is turned into logits.
+prefill chunks. Each sequence that reaches its end asks for outputs at its last
+``ScheduledSeq.num_outputs`` positions (1, or 1 + speculative lookahead tokens); those rows
+alone become logits, and one batched sampler turns them into tokens (and probabilities).
+Slots are computed from block tables with tensor ops, not per-token Python lists.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -16,6 +20,14 @@ from ..layers.attention import AttentionMetadata, PrefillSpan
 from ..layers.sampler import Sampler
 from ..models.config import ModelConfig
 from .scheduler import ScheduledSeq
+
+
+@dataclass
+class StepResult:
+    """Per sequence, the tokens sampled at each output position (or the row's own error)."""
+
+    tokens: dict[int, list[int] | BaseException]
+    probs: dict[int, torch.Tensor] | None = None  # seq_id -> [num_outputs, vocab]
 
 
 class ModelRunner:
@@ -40,9 +52,14 @@ class ModelRunner:
         )  # [L, 2, num_slots, KVH, D]
         self.sampler = Sampler(seed)
 
-    def _slots(self, block_table: list[int], start: int, end: int) -> list[int]:
+    def _slot_table(self, tables: list[list[int]], length: int) -> torch.Tensor:
+        """Slots of positions 0..length-1 for each block table: [B, length] (0 past the end)."""
         bs = self.block_size
-        return [block_table[p // bs] * bs + p % bs for p in range(start, end)]
+        width = -(-length // bs)
+        padded = [t[:width] + [0] * (width - len(t[:width])) for t in tables]
+        bt = torch.tensor(padded, dtype=torch.long)  # [B, width]
+        pos = torch.arange(length)  # [length]
+        return bt[:, pos // bs] * bs + pos % bs  # [B, length]
 
     def prepare(
         self, scheduled: list[ScheduledSeq]
@@ -52,58 +69,67 @@ class ModelRunner:
         prefill = [s for s in scheduled if s.num_new_tokens > 1]
         ids: list[int] = []
         pos: list[int] = []
-        slots: list[int] = []
+        slot_parts: list[torch.Tensor] = []
         dev = self.device
         meta = AttentionMetadata(slot_mapping=torch.empty(0, dtype=torch.long))
         if decode:
             lens = [s.seq.num_computed_tokens + 1 for s in decode]
-            max_len = max(lens)
-            gather = []
-            for s, n in zip(decode, lens, strict=True):
+            gather = self._slot_table([s.seq.block_table for s in decode], max(lens))  # [B, L]
+            lens_t = torch.tensor(lens, dtype=torch.long)  # [B]
+            for s in decode:
                 c = s.seq.num_computed_tokens
                 ids.append(s.seq.token_ids[c])
                 pos.append(c)
-                ctx_slots = self._slots(s.seq.block_table, 0, n)
-                slots.append(ctx_slots[-1])
-                gather.append(ctx_slots + [0] * (max_len - n))
+            slot_parts.append(gather.gather(1, (lens_t - 1).unsqueeze(1)).squeeze(1))  # [B]
             meta.num_decode = len(decode)
-            meta.decode_gather = torch.tensor(gather, dtype=torch.long, device=dev)  # [B, L]
-            meta.decode_lens = torch.tensor(lens, dtype=torch.long, device=dev)  # [B]
+            meta.decode_gather = gather.to(dev)
+            meta.decode_lens = lens_t.to(dev)
         for s in prefill:
             c, n = s.seq.num_computed_tokens, s.num_new_tokens
             start = len(ids)
             ids.extend(s.seq.token_ids[c : c + n])
             pos.extend(range(c, c + n))
-            ctx_slots = self._slots(s.seq.block_table, 0, c + n)
-            slots.extend(ctx_slots[c:])
-            gather_t = torch.tensor(ctx_slots, dtype=torch.long, device=dev)  # [c + n]
-            meta.prefills.append(PrefillSpan(start, start + n, gather_t, c))
-        meta.slot_mapping = torch.tensor(slots, dtype=torch.long, device=dev)  # [T]
+            ctx_slots = self._slot_table([s.seq.block_table], c + n)[0]  # [c + n]
+            slot_parts.append(ctx_slots[c:])
+            meta.prefills.append(PrefillSpan(start, start + n, ctx_slots.to(dev), c))
+        meta.slot_mapping = torch.cat(slot_parts).to(dev)  # [T]
         input_ids = torch.tensor(ids, dtype=torch.long, device=dev)  # [T]
         positions = torch.tensor(pos, dtype=torch.long, device=dev)  # [T]
         return input_ids, positions, meta, decode + prefill
 
     @torch.inference_mode()
-    def execute(self, scheduled: list[ScheduledSeq]) -> dict[int, int]:
-        """Run the step; returns {seq_id: sampled token} for sequences that reached their end."""
+    def execute(self, scheduled: list[ScheduledSeq], *, return_probs: bool = False) -> StepResult:
+        """Run the step; sample at each output position of the sequences that reach their end."""
         if not scheduled:
-            return {}
+            return StepResult({})
         input_ids, positions, meta, order = self.prepare(scheduled)
         hidden = self.model(input_ids, positions, self.kv_cache, meta)  # [T, hidden]
-        rows, sampling = [], []
+        rows: list[int] = []
+        owners: list[ScheduledSeq] = []
         offset = 0
         for s in order:
             offset += s.num_new_tokens
-            if s.samples:
-                rows.append(offset - 1)
-                sampling.append(s)
-        if not sampling:
-            return {}
-        logits = self.model.compute_logits(hidden[rows])  # [N, vocab]
-        tokens = self.sampler(
-            logits, [s.seq.seq_id for s in sampling], [s.seq.params for s in sampling]
-        )
-        return {s.seq.seq_id: t for s, t in zip(sampling, tokens, strict=True)}
+            k = s.num_outputs
+            rows.extend(range(offset - k, offset))
+            owners.extend([s] * k)
+        if not rows:
+            return StepResult({})
+        logits = self.model.compute_logits(hidden[rows])  # [R, vocab]
+        out = self.sampler(logits, [s.seq.seq_id for s in owners], [s.seq.params for s in owners],
+                           return_probs=return_probs)
+        tokens: dict[int, list[int] | BaseException] = {}
+        probs: dict[int, list[torch.Tensor]] = {}
+        for i, (s, tok) in enumerate(zip(owners, out.tokens, strict=True)):
+            sid = s.seq.seq_id
+            got = tokens.setdefault(sid, [])
+            if isinstance(tok, BaseException) or isinstance(got, BaseException):
+                tokens[sid] = tok if isinstance(tok, BaseException) else got
+            else:
+                got.append(tok)
+            if out.probs is not None:
+                probs.setdefault(sid, []).append(out.probs[i])
+        stacked = {sid: torch.stack(p) for sid, p in probs.items()} if out.probs is not None else None
+        return StepResult(tokens, stacked)
 
     @torch.inference_mode()
     def prompt_logits(self, scheduled: ScheduledSeq) -> torch.Tensor:

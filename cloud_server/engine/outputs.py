@@ -13,10 +13,11 @@ class RequestOutput:
     delta_text: str
     delta_token_ids: list[int]
     finished: bool
-    finish_reason: str | None  # "stop" | "length" | "abort" | None
+    finish_reason: str | None  # "stop" | "length" | "abort" | "error" | None
     num_prompt_tokens: int
     num_output_tokens: int
     num_cached_tokens: int
+    error: str | None = None  # why this request alone failed (finish_reason "error")
 
 
 @dataclass

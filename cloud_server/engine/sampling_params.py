@@ -27,8 +27,12 @@ class SamplingParams:
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
             self.stop = [self.stop]
-        if self.temperature < 0:
-            raise InvalidRequestError("temperature must be >= 0", param="temperature")
+        if not 0 <= self.temperature < float("inf"):  # also rejects NaN
+            raise InvalidRequestError("temperature must be a finite number >= 0", param="temperature")
+        if self.seed is not None and (
+            not isinstance(self.seed, int) or not -(2**63) <= self.seed < 2**64
+        ):  # what a 64-bit generator can take
+            raise InvalidRequestError("seed must be an integer in [-2**63, 2**64)", param="seed")
         if not 0 < self.top_p <= 1:
             raise InvalidRequestError("top_p must be in (0, 1]", param="top_p")
         if not isinstance(self.top_k, int) or self.top_k < -1:

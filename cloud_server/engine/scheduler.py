@@ -21,11 +21,17 @@ from .sequence import Sequence, SequenceStatus
 class ScheduledSeq:
     seq: Sequence
     num_new_tokens: int  # tokens to compute in this step, from seq.num_computed_tokens on
+    num_lookahead: int = 0  # of which trailing speculative tokens, verified by this step
 
     @property
     def samples(self) -> bool:
         """True when this step reaches the sequence's last token, so a new token is sampled."""
         return self.seq.num_computed_tokens + self.num_new_tokens == self.seq.num_tokens
+
+    @property
+    def num_outputs(self) -> int:
+        """Positions whose next-token output this step returns: the last one plus lookaheads."""
+        return 1 + self.num_lookahead if self.samples else 0
 
 
 @dataclass
@@ -116,6 +122,36 @@ class Scheduler:
             out.scheduled.append(ScheduledSeq(seq, n))
             budget -= n
         return out
+
+    def update(
+        self,
+        scheduled: list[ScheduledSeq],
+        new_tokens: dict[int, list[int]],
+        num_rejected: dict[int, int] | None = None,
+    ) -> list[tuple[Sequence, list[int]]]:
+        """Apply a step's results: the one place that moves sequences forward.
+
+        For each scheduled sequence: drop its rejected speculative tokens, count what is now
+        computed, give back blocks past it (``trim``), register newly full blocks in the prefix
+        cache (``commit``), then append the accepted new tokens. Returns (sequence, new tokens)
+        for every sequence that got at least one.
+        """
+        bm = self.block_manager
+        appended: list[tuple[Sequence, list[int]]] = []
+        for item in scheduled:
+            seq = item.seq
+            rejected = (num_rejected or {}).get(seq.seq_id, 0)
+            if rejected:
+                del seq.token_ids[len(seq.token_ids) - rejected :]
+            seq.num_computed_tokens = min(seq.num_computed_tokens + item.num_new_tokens,
+                                          seq.num_tokens)
+            bm.trim(seq)
+            bm.commit(seq)
+            tokens = new_tokens.get(seq.seq_id)
+            if tokens:
+                seq.token_ids.extend(tokens)
+                appended.append((seq, tokens))
+        return appended
 
     def _preempt(self, seq: Sequence, out: SchedulerOutput) -> None:
         self.running.remove(seq)

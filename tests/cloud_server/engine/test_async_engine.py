@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 from cloud_server.engine.sampling_params import SamplingParams
-from cloud_server.exceptions import ContextLengthError, QueueFullError
+from cloud_server.exceptions import ContextLengthError, EngineError, QueueFullError
 
 pytestmark = pytest.mark.real
 
@@ -68,18 +68,60 @@ def test_leaving_early_aborts_and_frees_blocks(engine, smollm2_engine):
     asyncio.run(main())
 
 
-def test_validation_errors_raise_at_call(engine):
+def test_validation_errors_raise_at_call(engine, smollm2_engine):
+    """A full waiting queue, made of real requests: one batch slot, so the rest wait."""
+    long = SamplingParams(temperature=0.0, max_tokens=200, ignore_eos=True)
+
     async def main():
         await engine.start()
         with pytest.raises(ContextLengthError):
             engine.generate("c", "Hi", SamplingParams(max_tokens=10_000))
-        sched = engine.engine.scheduler  # simulate a full queue: every slot taken, 4 beyond
-        sched.waiting.extend([None] * (sched.max_num_seqs + 4))
+        saved = smollm2_engine.scheduler.max_num_seqs
+        smollm2_engine.scheduler.max_num_seqs = 1
+        streams = [engine.generate(f"q{i}", "Count to one hundred:", long) for i in range(5)]
+        firsts = [asyncio.ensure_future(s.__anext__()) for s in streams]
         try:
+            await firsts[0]  # one runs; the other four wait in the engine's queue
+            while len(smollm2_engine.scheduler.waiting) < 4:
+                await asyncio.sleep(0.01)
             with pytest.raises(QueueFullError):
                 engine.generate("d", "Hi", SamplingParams(max_tokens=4))
         finally:
-            engine.engine.scheduler.waiting.clear()
+            smollm2_engine.scheduler.max_num_seqs = saved
+            for f in firsts:
+                f.cancel()
+            await asyncio.gather(*firsts, return_exceptions=True)
+            for i, s in enumerate(streams):
+                await s.aclose()
+                await engine.abort(f"q{i}")  # returns once its blocks are back
         await engine.stop()
 
     asyncio.run(main())
+
+
+def test_a_failure_of_one_request_ends_that_request_only(engine):
+    """A row whose sampling fails (a setting that slipped past validation) fails alone."""
+    params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+    prompt = engine.tokenizer.apply_chat_template([{"role": "user", "content": "Name a color."}])
+
+    async def collect(rid, p):
+        ids = []
+        async for out in engine.generate(rid, prompt, p):
+            ids += out.delta_token_ids
+        return ids, out.finish_reason
+
+    async def main():
+        await engine.start()
+        poisoned = SamplingParams(temperature=1.0, max_tokens=12)
+        poisoned.temperature = float("nan")
+        results = await asyncio.gather(
+            *(collect(f"ok{i}", params) for i in range(3)), collect("bad", poisoned),
+            return_exceptions=True,
+        )
+        await engine.stop()
+        return results
+
+    *good, bad = asyncio.run(main())
+    assert isinstance(bad, EngineError) and "ValueError" in str(bad)
+    for ids, reason in good:
+        assert len(ids) == 12 and reason == "length"

@@ -66,6 +66,7 @@ def reference(smollm2_engine):
 def test_batched_without_prefix_hit(eng, reference):
     target, others = _prompts(eng)
     eng.block_manager.reset_prefix_cache()
+    eng.reset_stats()  # the batch size below is this run's, whatever ran before
     outs = eng.generate(others[:8] + [target] + others[8:], _params())
     assert outs[8].num_cached_tokens == 0
     assert outs[8].token_ids == reference

@@ -60,13 +60,64 @@ def test_sampler_greedy_topk_and_seed():
 
     logits = torch.tensor([[0.0, 5.0, 1.0, 4.9], [3.0, 0.0, 0.0, 0.0]])
     s = Sampler(seed=0)
-    assert s(logits, [1, 2], [SamplingParams(temperature=0)] * 2) == [1, 0]
+    assert s(logits, [1, 2], [SamplingParams(temperature=0)] * 2).tokens == [1, 0]
     top1 = SamplingParams(temperature=1.0, top_k=1)
-    assert all(s(logits[:1], [3], [top1]) == [1] for _ in range(20))
+    assert all(s(logits[:1], [3], [top1]).tokens == [1] for _ in range(20))
     nucleus = SamplingParams(temperature=1.0, top_p=0.5)  # only token 1 is inside 50% mass
-    assert all(s(logits[:1], [4], [nucleus]) == [1] for _ in range(20))
+    assert all(s(logits[:1], [4], [nucleus]).tokens == [1] for _ in range(20))
     seeded = SamplingParams(temperature=2.0, seed=123)
-    a = [s(logits, [10, 11], [seeded, SamplingParams(temperature=2.0)])[0] for _ in range(10)]
+    a = [s(logits, [10, 11], [seeded, SamplingParams(temperature=2.0)]).tokens[0] for _ in range(10)]
     s.release(10)
-    b = [s(logits[:1], [10], [seeded])[0] for _ in range(10)]
+    b = [s(logits[:1], [10], [seeded]).tokens[0] for _ in range(10)]
     assert a == b  # same seed, same tokens, whatever the batch
+    assert len(set(a)) > 1  # and it does sample (T = 2 over two close logits)
+
+
+def test_sampler_draws_in_proportion_and_returns_probs():
+    import torch
+
+    from cloud_server.layers.sampler import Sampler
+
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.2, 1e-9]]))
+    s = Sampler(seed=1)
+    params = [SamplingParams(temperature=1.0)] * 4000
+    out = s(logits.expand(4000, 4), list(range(4000)), params, return_probs=True)
+    counts = torch.bincount(torch.tensor(out.tokens), minlength=4).float() / 4000
+    assert torch.allclose(counts, torch.tensor([0.5, 0.3, 0.2, 0.0]), atol=0.03)
+    assert out.probs is not None and torch.allclose(out.probs[0], torch.tensor([0.5, 0.3, 0.2, 0.0]),
+                                                     atol=1e-6)
+
+
+def test_sampler_tiny_top_p_keeps_the_top_token():
+    import torch
+
+    from cloud_server.layers.sampler import Sampler
+
+    logits = torch.tensor([[0.0, 5.0, 1.0, 4.9]])
+    out = Sampler()(logits, [1], [SamplingParams(temperature=1.0, top_p=1e-300)])
+    assert out.tokens == [1]
+
+
+def test_sampler_failure_of_one_row_spares_the_others():
+    import torch
+
+    from cloud_server.layers.sampler import Sampler
+
+    logits = torch.tensor([[0.0, 5.0, 1.0], [2.0, 0.0, 0.0], [0.0, 0.0, 3.0]])
+    bad = SamplingParams(temperature=1.0)
+    bad.temperature = float("nan")  # slipped past validation: this row alone must fail
+    params = [SamplingParams(temperature=0), bad, SamplingParams(temperature=1.0, top_k=1)]
+    out = Sampler()(logits, [1, 2, 3], params)
+    assert out.tokens[0] == 1 and out.tokens[2] == 2
+    assert isinstance(out.tokens[1], ValueError)
+
+
+@pytest.mark.parametrize(
+    "kwargs", [{"seed": 2**70}, {"seed": -(2**64)}, {"temperature": float("nan")},
+               {"temperature": float("inf")}, {"top_p": float("nan")}, {"top_p": 0.0}],
+)
+def test_sampling_params_reject_what_the_engine_cannot_honour(kwargs):
+    from cloud_server.exceptions import InvalidRequestError
+
+    with pytest.raises(InvalidRequestError):
+        SamplingParams(**kwargs)

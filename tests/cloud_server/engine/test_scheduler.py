@@ -20,12 +20,7 @@ def make_seq(n: int, rid: str, start: int = 0) -> Sequence:
 def run_step(sched: Scheduler, next_token: int = 7):
     """Schedule, pretend to compute, append a token to every sequence that reached its end."""
     out = sched.schedule()
-    for item in out.scheduled:
-        samples = item.samples
-        item.seq.num_computed_tokens += item.num_new_tokens
-        sched.block_manager.commit(item.seq)
-        if samples:
-            item.seq.append_token(next_token)
+    sched.update(out.scheduled, {i.seq.seq_id: [next_token] for i in out.scheduled if i.samples})
     return out
 
 
@@ -156,3 +151,60 @@ def test_core_bookkeeping_needs_no_torch():
         "sys.exit('torch' in sys.modules)"
     )
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
+
+
+def test_update_applies_a_multi_token_step_and_trims_rejected_tokens(make_sched):
+    sched = make_sched(num_blocks=16)
+    bm = sched.block_manager
+    seq = make_seq(6, "spec")
+    sched.add(seq)
+    run_step(sched, next_token=100)  # prefill 6 -> samples token 100
+    assert seq.num_tokens == 7 and seq.num_computed_tokens == 6
+    drafts = [101, 102, 103, 104, 105]
+    seq.token_ids.extend(drafts)  # a proposer's guesses: 12 tokens, 6 computed
+    out = sched.schedule()
+    [item] = out.scheduled
+    item.num_lookahead = len(drafts)
+    assert item.num_new_tokens == 6 and item.num_outputs == 6
+    assert len(seq.block_table) == 3  # room for all 12
+    # verification accepted 101 and 102, rejected 103..105, and sampled 200 after 102
+    appended = sched.update(out.scheduled, {seq.seq_id: [200]}, {seq.seq_id: 3})
+    assert appended == [(seq, [200])]
+    assert seq.token_ids[6:] == [100, 101, 102, 200]
+    assert seq.num_computed_tokens == 9  # up to 102; 200 is computed by the next step
+    assert len(seq.block_table) == 3 and len(seq.block_hashes) == 2
+    assert bm.num_used_blocks == 3
+    # a rejection that empties the last block gives it back
+    seq.token_ids.extend([300, 301, 302])
+    out = sched.schedule()
+    out.scheduled[0].num_lookahead = 3
+    sched.update(out.scheduled, {seq.seq_id: [400]}, {seq.seq_id: 3})
+    assert seq.num_computed_tokens == 10 and seq.token_ids[-2:] == [200, 400]
+    assert len(seq.block_table) == 3 and bm.num_used_blocks == 3
+    seq.token_ids.extend([500, 501, 502, 503, 504, 505])
+    out = sched.schedule()
+    assert len(seq.block_table) == 5  # 17 tokens
+    sched.update(out.scheduled, {seq.seq_id: [600]}, {seq.seq_id: 6})
+    assert seq.num_computed_tokens == 11 and len(seq.block_table) == 3
+    assert bm.num_used_blocks == 3
+    finish_all(sched)
+    assert bm.num_free_blocks == bm.num_blocks
+
+
+def test_trim_never_caches_a_block_with_rejected_tokens(make_sched):
+    sched = make_sched(num_blocks=16)
+    bm = sched.block_manager
+    seq = make_seq(3, "a")
+    sched.add(seq)
+    run_step(sched, next_token=50)  # 4 tokens, 3 computed
+    seq.token_ids.extend([60, 61, 62, 63])  # block 1 would be [61, 62, 63, x]
+    out = sched.schedule()
+    sched.update(out.scheduled, {seq.seq_id: [70]}, {seq.seq_id: 4})  # reject all four
+    assert seq.token_ids == [0, 1, 2, 50, 70] and seq.num_computed_tokens == 4
+    assert bm.num_cached_blocks == 1  # block 0 = [0, 1, 2, 50], full and accepted
+    other = Sequence("b", [0, 1, 2, 50, 60, 61, 62, 63, 9], SamplingParams(max_tokens=4))
+    sched.add(other)
+    sched.schedule()
+    assert other.num_cached_tokens == 4  # only the accepted block is found
+    finish_all(sched)
+    assert bm.num_free_blocks == bm.num_blocks

@@ -1,10 +1,22 @@
-"""The SDK's edge path against raw llama-cpp-python, same model, prompts and settings, one run.
+"""The edge runtimes side by side, same models, prompts and settings, one run.
 
-    python -m bench.edge [--json] [--model ID] [--rounds 3] [--max-tokens 64]
+    python -m bench.edge [--json] [--models smollm2-135m-instruct,qwen2.5-coder-0.5b-instruct]
+                         [--rounds 2] [--max-tokens 64] [--backends llama_cpp,onnx]
 
-Both sides stream a greedy chat answer. Runs alternate SDK / raw per prompt so that machine noise
-hits both alike; per side we report the median TTFT and the aggregate decode tokens/s (tokens
-after the first over the time after the first), and the ratios SDK / raw.
+Four sides per model, each streaming a greedy chat answer to the same conversation (the catalog's
+default system prompt + the question):
+
+    raw_llama_cpp   llama-cpp-python's create_chat_completion(stream=True) on the GGUF
+    sdk_llama_cpp   HybridLLM(edge_backend="llama_cpp").stream  (cache off, device only)
+    raw_onnx        onnxruntime-genai's own loop (generate_next_token + TokenizerStream) on the
+                    prepared int4 folder
+    sdk_onnx        HybridLLM(edge_backend="onnx").stream
+
+Runs rotate the side order per prompt so machine noise hits all alike. Per side: median TTFT and
+aggregate decode tokens/s (pieces after the first over the time after the first). Ratios:
+``onnx_over_llama_cpp`` (SDK's ONNX backend against raw llama.cpp: decode and TTFT) and each
+runtime's SDK overhead, ``1 - sdk/raw`` decode tokens/s. The ONNX folder is prepared first if it
+is missing (needs the [export] extra).
 """
 
 from __future__ import annotations
@@ -14,6 +26,7 @@ import json
 import os
 import statistics
 import time
+from collections.abc import Callable, Iterable, Iterator
 
 PROMPTS = [
     "What is the capital of France?",
@@ -25,10 +38,11 @@ PROMPTS = [
     "How do I boil an egg?",
     "Name five animals that live in the ocean.",
 ]
+DEFAULT_MODELS = "smollm2-135m-instruct,qwen2.5-coder-0.5b-instruct"
 
 
-def _measure(chunks) -> tuple[float, float, int]:
-    """(TTFT s, decode s, tokens) of a stream of text pieces (one per token)."""
+def _measure(chunks: Iterable[str]) -> tuple[float, float, int]:
+    """(TTFT s, decode s, pieces) of a stream of text pieces (about one per token)."""
     start = time.perf_counter()
     first = last = None
     n = 0
@@ -39,75 +53,126 @@ def _measure(chunks) -> tuple[float, float, int]:
         first = first or now
         last = now
         n += 1
-    if first is None:
+    if first is None or last is None:
         return float("nan"), 0.0, 0
     return first - start, last - first, n
 
 
-def run(model: str, rounds: int, max_tokens: int) -> dict:
-    from llama_cpp import Llama
+def _summary(rows: list[tuple[float, float, int]]) -> dict:
+    decode_s = sum(d for _, d, _ in rows)
+    tokens = sum(max(n - 1, 0) for _, _, n in rows)
+    return {"ttft_ms_p50": round(statistics.median(t for t, _, _ in rows) * 1000, 2),
+            "decode_tokens_per_s": round(tokens / decode_s, 1) if decode_s else 0.0,
+            "tokens": tokens}
 
+
+def _sides(model: str, backends: list[str], threads: int, max_tokens: int) -> tuple[dict, list]:
     from hybridllm import HybridLLM
-    from hybridllm.models import resolve_gguf
 
-    _, path, _ = resolve_gguf(model)
-    threads = os.cpu_count() or 1
-    sdk = HybridLLM(edge_model=str(path), n_ctx=2048, n_threads=threads, cache=False)
-    raw = Llama(model_path=str(path), n_ctx=2048, n_threads=threads, n_threads_batch=threads,
-                n_batch=512, verbose=False)
+    sides: dict[str, Callable[[str], Iterator[str]]] = {}
+    closers: list = []
     settings = {"max_tokens": max_tokens, "temperature": 0.0, "top_p": 1.0, "seed": 0}
 
-    def sdk_side(prompt: str):
-        return (c.text for c in sdk.stream(prompt, **settings))
+    def sdk_side(backend: str) -> Callable[[str], Iterator[str]]:
+        sdk = HybridLLM(edge_model=model, edge_backend=backend, n_ctx=2048, n_threads=threads,
+                        cache=False)
+        closers.append(sdk)
+        return lambda prompt: (c.text for c in sdk.stream(prompt, **settings))
 
-    # the same conversation on both sides: the SDK adds the catalog's default system prompt
-    system = getattr(sdk.edge, "system_prompt", None)
-    prefix = [{"role": "system", "content": system}] if system else []
+    if "llama_cpp" in backends:
+        from llama_cpp import Llama
 
-    def raw_side(prompt: str):
-        out = raw.create_chat_completion(
-            [*prefix, {"role": "user", "content": prompt}], stream=True, max_tokens=max_tokens,
-            temperature=0.0, top_p=1.0, seed=0,
-        )
-        return (c["choices"][0]["delta"].get("content") or "" for c in out)
+        from hybridllm.models import resolve_gguf
+        from hybridllm.prompts import default_system_prompt
 
-    results: dict[str, list[tuple[float, float, int]]] = {"sdk": [], "raw": []}
-    # warm-up: load both, fill caches
-    _measure(sdk_side(PROMPTS[0]))
-    _measure(raw_side(PROMPTS[0]))
+        _, path, _ = resolve_gguf(model)
+        raw = Llama(model_path=str(path), n_ctx=2048, n_threads=threads, n_threads_batch=threads,
+                    n_batch=512, verbose=False)
+        closers.append(raw)
+        system = default_system_prompt(model)
+        prefix = [{"role": "system", "content": system}] if system else []
+
+        def raw_llama(prompt: str) -> Iterator[str]:
+            out = raw.create_chat_completion(
+                [*prefix, {"role": "user", "content": prompt}], stream=True,
+                max_tokens=max_tokens, temperature=0.0, top_p=1.0, seed=0)
+            return (c["choices"][0]["delta"].get("content") or "" for c in out)
+
+        sides["raw_llama_cpp"] = raw_llama
+        sides["sdk_llama_cpp"] = sdk_side("llama_cpp")
+    if "onnx" in backends:
+        import onnxruntime_genai as og
+
+        sides["sdk_onnx"] = sdk_side("onnx")
+        edge = closers[-1].edge  # the prepared folder, the prompt text and the stop tokens
+        config = og.Config(str(edge.model_path))
+        config.overlay(json.dumps({"model": {"decoder": {"session_options": {
+            "intra_op_num_threads": threads, "inter_op_num_threads": 1}}}}))
+        og_model = og.Model(config)
+        og_tok = og.Tokenizer(og_model)
+        eos = set(edge._eos_ids)
+
+        def raw_onnx(prompt: str) -> Iterator[str]:
+            ids = og_tok.encode(edge.render([{"role": "user", "content": prompt}]))
+            params = og.GeneratorParams(og_model)
+            params.set_search_options(max_length=len(ids) + max_tokens, do_sample=False)
+            gen = og.Generator(og_model, params)
+            gen.append_tokens(ids)
+            stream = og_tok.create_stream()
+            for _ in range(max_tokens):
+                gen.generate_next_token()
+                token = int(gen.get_next_tokens()[0])
+                if token in eos:
+                    return
+                yield stream.decode(token)
+
+        sides["raw_onnx"] = raw_onnx
+    return sides, closers
+
+
+def run_model(model: str, backends: list[str], rounds: int, max_tokens: int, threads: int) -> dict:
+    sides, closers = _sides(model, backends, threads, max_tokens)
+    names = list(sides)
+    results: dict[str, list[tuple[float, float, int]]] = {n: [] for n in names}
+    for name in names:  # warm-up: load, fill caches
+        _measure(sides[name](PROMPTS[0]))
     for r in range(rounds):
         for i, prompt in enumerate(PROMPTS):
-            order = [("sdk", sdk_side), ("raw", raw_side)]
-            if (i + r) % 2:
-                order.reverse()
-            for name, side in order:
-                results[name].append(_measure(side(prompt)))
-    sdk.close()
-    raw.close()
+            shift = (i + r) % len(names)
+            for name in names[shift:] + names[:shift]:
+                results[name].append(_measure(sides[name](prompt)))
+    for c in closers:
+        c.close()
+    out: dict = {"model": model, **{n: _summary(rows) for n, rows in results.items()}}
 
-    def summary(rows):
-        decode_s = sum(d for _, d, _ in rows)
-        tokens = sum(max(n - 1, 0) for _, _, n in rows)
-        return {"ttft_ms_p50": round(statistics.median(t for t, _, _ in rows) * 1000, 2),
-                "decode_tokens_per_s": round(tokens / decode_s, 1), "tokens": tokens}
+    def ratio(a: str, b: str, key: str) -> float | None:
+        if a not in out or b not in out or not out[b][key]:
+            return None
+        return round(out[a][key] / out[b][key], 3)
 
-    s, w = summary(results["sdk"]), summary(results["raw"])
-    return {
-        "bench": "edge", "model": model, "threads": threads, "prompts": len(PROMPTS),
-        "rounds": rounds, "max_tokens": max_tokens, "sdk": s, "raw_llama_cpp": w,
-        "decode_tps_ratio_sdk_over_raw": round(s["decode_tokens_per_s"] / w["decode_tokens_per_s"], 3),
-        "ttft_ratio_sdk_over_raw": round(s["ttft_ms_p50"] / w["ttft_ms_p50"], 3),
-    }
+    out["onnx_over_llama_cpp"] = {
+        "decode_tps_ratio": ratio("sdk_onnx", "raw_llama_cpp", "decode_tokens_per_s"),
+        "ttft_ratio": ratio("sdk_onnx", "raw_llama_cpp", "ttft_ms_p50")}
+    for rt in ("llama_cpp", "onnx"):
+        r = ratio(f"sdk_{rt}", f"raw_{rt}", "decode_tokens_per_s")
+        out[f"sdk_overhead_{rt}"] = None if r is None else round(1 - r, 3)
+    return out
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", action="store_true")
-    ap.add_argument("--model", default="smollm2-135m-instruct")
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--models", default=DEFAULT_MODELS)
+    ap.add_argument("--backends", default="llama_cpp,onnx")
+    ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--max-tokens", type=int, default=64)
     args = ap.parse_args()
-    result = run(args.model, args.rounds, args.max_tokens)
+    threads = os.cpu_count() or 1
+    backends = [b.strip() for b in args.backends.split(",") if b.strip()]
+    models = [run_model(m.strip(), backends, args.rounds, args.max_tokens, threads)
+              for m in args.models.split(",") if m.strip()]
+    result = {"bench": "edge", "threads": threads, "prompts": len(PROMPTS), "rounds": args.rounds,
+              "max_tokens": args.max_tokens, "onnx_precision": "int4", "models": models}
     print(json.dumps(result, indent=None if args.json else 2))
 
 

@@ -22,27 +22,38 @@ _GROUPS = ("hybridllm.router._cli", "hybridllm.cache._cli", "hybridllm._serve_cl
 
 def _add_sampling(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None,
-                   help="edge model: catalog id or path to a .gguf file (default smollm2-135m-instruct)")
+                   help="edge model: catalog id or path to a .gguf file (default: edge_model from "
+                        "the config file or HYBRIDLLM_EDGE_MODEL, else the catalog's default)")
     p.add_argument("--max-tokens", type=int, default=None, help="most tokens to generate (256)")
     p.add_argument("--temperature", type=float, default=None, help="0 = greedy (default 0.7)")
     p.add_argument("--top-p", type=float, default=None, help="nucleus sampling (default 0.95)")
+    p.add_argument("--top-k", type=int, default=None, help="sample from the k likeliest (40; 0 = off)")
+    p.add_argument("--min-p", type=float, default=None, help="drop tokens below min_p x the top one")
+    p.add_argument("--repeat-penalty", type=float, default=None, help="1 = off (default)")
     p.add_argument("--seed", type=int, default=None, help="sampling seed, for repeatable answers")
     p.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
     p.add_argument("--threads", type=int, default=None, help="CPU threads (default: all cores)")
+    p.add_argument("--backend", choices=("llama_cpp", "onnx"), default=None,
+                   help="edge runtime: llama_cpp (GGUF, default) or onnx (ONNX Runtime GenAI)")
 
 
 def _sampling(args: argparse.Namespace) -> dict[str, Any]:
     return {"max_tokens": args.max_tokens, "temperature": args.temperature, "top_p": args.top_p,
+            "top_k": args.top_k, "min_p": args.min_p, "repeat_penalty": args.repeat_penalty,
             "seed": args.seed, "stop": tuple(args.stop) if args.stop else None}
 
 
 def _client(args: argparse.Namespace) -> Any:
     from ._client import HybridLLM
+    from ._config import load_config
     from ._progress import ProgressBar
 
-    model = args.model or os.environ.get("HYBRIDLLM_EDGE_MODEL") or "smollm2-135m-instruct"
-    return HybridLLM(edge_model=model, n_threads=args.threads,
-                     progress=ProgressBar(f"Preparing {model}"))
+    # --model wins; otherwise the settings' own order (environment, config.toml, the default)
+    # decides, so edge_model in config.toml is honoured
+    model = args.model or load_config().edge_model
+    backend = {"edge_backend": args.backend} if getattr(args, "backend", None) else {}
+    return HybridLLM(edge_model=args.model, n_threads=args.threads,
+                     progress=ProgressBar(f"Preparing {model}"), **backend)
 
 
 def _style(text: str, code: str, stream: Any = sys.stdout) -> str:
@@ -170,6 +181,10 @@ def cmd_models_prepare(args: argparse.Namespace) -> int:
     from .models.catalog import get_spec
 
     spec = get_spec(args.id)
+    if args.backend == "onnx":
+        from .models.onnx_prepare import cli_prepare
+
+        return cli_prepare(args.id, precision=args.precision, force=args.force)
     if spec.kind != "embedding":
         from .models.store import pull
 
@@ -219,6 +234,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_models_verify)
     p = msub.add_parser("prepare", help="pull a model and build its run-time form (ONNX export)")
     p.add_argument("id")
+    p.add_argument("--backend", choices=("llama_cpp", "onnx"), default="llama_cpp",
+                   help="onnx: build the ONNX Runtime GenAI folder (needs the [export] extra)")
+    p.add_argument("--precision", choices=("int4", "int8", "fp32"), default="int4",
+                   help="ONNX weights (default int4)")
+    p.add_argument("--force", action="store_true", help="build again even if prepared")
     p.set_defaults(func=cmd_models_prepare)
 
     for module in _GROUPS:

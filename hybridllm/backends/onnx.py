@@ -33,10 +33,11 @@ from .base import Backend, Delta, register_backend
 from .llama_cpp import DEFAULT_MODEL, StopMatcher
 
 _PENALTY_WINDOW = 64  # llama.cpp's default repeat_last_n
+_CANDIDATE_NATS = 30.0
 
 
-def _sample(row: Any, params: GenerationParams, rng: Any, recent: list[int]) -> int:
-    """Pick the next token from ``row`` ([vocab] raw logits)."""
+def _sample(row: Any, params: GenerationParams, seed: int, step: int, recent: list[int]) -> int:
+    """Pick the ``step``-th answer token from ``row`` ([vocab] raw logits)."""
     import numpy as np
 
     penalty = float(getattr(params, "repeat_penalty", 1.0) or 1.0)
@@ -49,25 +50,45 @@ def _sample(row: Any, params: GenerationParams, rng: Any, recent: list[int]) -> 
     if params.temperature == 0.0:
         return int(row.argmax())
     min_p = float(getattr(params, "min_p", 0.0) or 0.0)
-    vocab = row.shape[0]
-    k = params.top_k if 0 < params.top_k < vocab else vocab
-    if k == vocab and params.top_p >= 1.0 and min_p <= 0.0:
-        ids, vals = None, row.astype(np.float64)  # the whole vocabulary: no sort needed
-    else:
-        ids = np.argpartition(row, vocab - k)[vocab - k :] if k < vocab else np.arange(vocab)
-        ids = ids[np.argsort(-row[ids], kind="stable")]  # candidates, most likely first
-        vals = row[ids].astype(np.float64)
+    # candidates: tokens within 30 nats of the best at the larger of T and 1 (each one dropped has
+    # p < e^-30 p_max under both softmaxes below), so a sort stays cheap on a 150k vocabulary
+    peak = float(row.max())
+    ids = np.flatnonzero(row >= peak - _CANDIDATE_NATS * max(params.temperature, 1.0))
+    if 0 < params.top_k < ids.shape[0]:
+        ids = ids[np.argpartition(row[ids], ids.shape[0] - params.top_k)[-params.top_k :]]
+    # most likely first: a draw then moves to another token only when the logits really change,
+    # not when numerical noise shifts a cumulative sum taken in vocabulary order
+    ids = ids[np.argsort(-row[ids], kind="stable")]
+    vals = row[ids].astype(np.float64)
+    if params.top_p < 1.0 or min_p > 0.0:  # both judged on the untempered softmax, as llama.cpp does
         probs = np.exp(vals - vals[0])
         probs /= probs.sum()
-        keep = int(np.searchsorted(np.cumsum(probs), params.top_p) + 1) if params.top_p < 1.0 else k
+        keep = ids.shape[0]
+        if params.top_p < 1.0:
+            keep = int(np.searchsorted(np.cumsum(probs), params.top_p) + 1)
         if min_p > 0.0:
-            keep = min(keep, max(1, int((probs >= min_p * probs[0]).sum())))
-        ids, vals = ids[:keep], vals[:keep]
-    # p_i = softmax(logit_i / T) over the kept candidates
-    weights = np.exp((vals - vals.max()) / params.temperature)
-    pick = int(np.searchsorted(np.cumsum(weights), rng.random() * weights.sum(), side="right"))
-    pick = min(pick, weights.shape[0] - 1)
-    return pick if ids is None else int(ids[pick])
+            keep = min(keep, int((probs >= min_p * probs[0]).sum()))
+        ids, vals = ids[: max(keep, 1)], vals[: max(keep, 1)]
+    # p_i = softmax(logit_i / T) over the kept candidates, drawn by the Gumbel-max rule:
+    #   pick = argmax_i(logit_i / T + g_i),  g_i = -log(-log u_i),  u_i ~ U(0, 1) i.i.d.
+    # with u_i a hash of (seed, step, token id), so a seed repeats its answer even when the logits
+    # differ in the last bits (a cache reused from another request, a chunked prefill)
+    u = _uniform(ids, seed, step)
+    return int(ids[np.argmax((vals - vals[0]) / params.temperature - np.log(-np.log(u)))])
+
+
+def _uniform(ids: Any, seed: int, step: int) -> Any:
+    """One U(0, 1) number per token id, fixed by (seed, step): splitmix64 over the ids."""
+    import numpy as np
+
+    mask = (1 << 64) - 1
+    base = ((seed & mask) * 0x9E3779B97F4A7C15 + (step + 1) * 0xBF58476D1CE4E5B9) & mask
+    with np.errstate(over="ignore"):
+        x = ids.astype(np.uint64) * np.uint64(0x94D049BB133111EB) + np.uint64(base)
+        x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        x = x ^ (x >> np.uint64(31))
+    return ((x >> np.uint64(11)).astype(np.float64) + 0.5) / float(1 << 53)  # in (0, 1)
 
 
 class OnnxBackend(Backend):
@@ -185,6 +206,10 @@ class OnnxBackend(Backend):
         with self._lock:
             if self._model is None:
                 raise EdgeError("The ONNX backend is closed.")
+            # The prompt's last token always runs on its own: the int4 kernels round a chunk a
+            # little differently from a single token (logits move by up to 0.35 on SmolLM2), and a
+            # repeated request, which reuses the cache up to that token, must see the same logits
+            # as the first one did, or a seed would not repeat its answer.
             cached = self._cached
             if cached == seq and self._last_row is not None:
                 return self._last_row
@@ -205,7 +230,9 @@ class OnnxBackend(Backend):
                 elif common < len(cached):
                     self._gen.rewind_to(common)
                 self._cached = []  # unknown until the append below succeeds
-                self._gen.append_tokens(seq[common:])
+                if len(seq) - common > 1:  # the last token runs alone, see below
+                    self._gen.append_tokens(seq[common:-1])
+                self._gen.append_tokens(seq[-1:])
                 row = np.array(self._gen.get_logits()[0, -1], dtype=np.float32)  # [vocab], a copy
             except RuntimeError as exc:
                 self._gen, self._last_row = None, None
@@ -219,14 +246,13 @@ class OnnxBackend(Backend):
         import numpy as np
 
         seed = params.seed if params.seed is not None else random.randrange(2**31)
-        rng = np.random.default_rng(seed)
         budget = min(params.max_tokens, self.context_length - len(tokens))
         detok = self._tok.create_stream()
         matcher = StopMatcher(stops)
         seq, n_out, finish = list(tokens), 0, "length"
         while n_out < budget:
             row = self._logits(seq)
-            token = _sample(row, params, rng, seq[len(tokens) :])
+            token = _sample(row, params, seed, n_out, seq[len(tokens) :])
             if token in self._eos_ids:
                 finish = "stop"
                 break

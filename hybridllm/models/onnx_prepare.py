@@ -196,3 +196,16 @@ def prepare_onnx(
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return final
+
+
+def cli_prepare(model_id: str, *, precision: str = DEFAULT_PRECISION, force: bool = False) -> int:
+    """`hybridllm models prepare ID --backend onnx`: build with a progress bar, print the folder."""
+    from .._progress import ProgressBar
+
+    started = time.perf_counter()
+    bar = ProgressBar(f"Preparing {model_id} for ONNX Runtime ({precision})", unit="%", scale=1)
+    folder = prepare_onnx(model_id, precision=precision, progress=bar, force=force)
+    print(folder)
+    print(f"ready in {time.perf_counter() - started:.0f} s; copy this folder to use it elsewhere",
+          file=sys.stderr)
+    return 0

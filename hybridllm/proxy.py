@@ -22,7 +22,7 @@ from typing import Any, Literal
 
 from fastapi import FastAPI, Request  # the [server] extra; this module is imported only to serve
 from fastapi.responses import JSONResponse, StreamingResponse
-from pydantic import BaseModel, ConfigDict, field_validator
+from pydantic import BaseModel, ConfigDict, field_validator, model_validator
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ._client import AsyncHybridLLM, HybridLLM
@@ -51,6 +51,7 @@ from .wire import (
 )
 from .wire.auth import ApiKeyChecker
 from .wire.openapi import add_schemas, error_responses, ok_response, request_body
+from .wire.requests import _STREAM_RULE
 from .wire.responses import DONE, ChatCompletion, Health, ModelList, error_event
 
 logger = logging.getLogger("hybridllm.proxy")
@@ -67,8 +68,22 @@ class HybridOptions(BaseModel):
     namespace: str | None = None
 
 
+def _schema_extra(schema: dict[str, Any]) -> None:
+    schema.update(_STREAM_RULE)
+    # HybridLLM answers a user: a conversation needs at least one user turn
+    schema["properties"]["messages"]["contains"] = {"properties": {"role": {"const": "user"}}}
+
+
 class ProxyChatRequest(ChatCompletionRequest):
+    model_config = ConfigDict(json_schema_extra=_schema_extra)
     hybridllm: HybridOptions | None = None
+
+    @model_validator(mode="after")
+    def _needs_a_user_turn(self) -> ProxyChatRequest:
+        if not any(m.role == "user" for m in self.messages):
+            raise WireError("The messages hold no user turn: add {'role': 'user', 'content': ...}.",
+                            param="messages")
+        return self
 
     @field_validator("stop_token_ids")
     @classmethod
@@ -192,7 +207,8 @@ def create_app(llm: HybridLLM, *, model_name: str = "hybridllm", api_keys: list[
 
     @app.post(
         "/v1/chat/completions",
-        openapi_extra=request_body(ProxyChatRequest, defs),
+        openapi_extra=request_body(ProxyChatRequest, defs,
+                                   neutral_only={"ignore_eos": False, "stop_token_ids": []}),
         responses={**ok_response(ChatCompletion, streams=True),
                    **error_responses(400, *auth, 413, 429, 500, 502, 503)},
     )

@@ -32,7 +32,7 @@ from .auth import ApiKeyChecker
 from .errors import install_error_handlers
 from .metrics import ServerMetrics
 from .protocol import ChatCompletionRequest, CompletionRequest
-from .serving import Engine, OpenAIServing
+from .serving import Engine, OpenAIServing, unsupported_sampling
 from .sse import EventStreamResponse, wait_for_disconnect
 
 logger = logging.getLogger("cloud_server.api")
@@ -145,6 +145,7 @@ def _build_router(app: FastAPI, checker: ApiKeyChecker, max_body_bytes: int) -> 
     defs: dict[str, Any] = {}
     auth = (401,) if checker.is_enabled else ()
     post_errors = error_responses(400, *auth, 404, 413, 429, 503)
+    neutral = unsupported_sampling()
 
     async def require_key(request: Request) -> None:
         checker.check(request.headers.get("authorization"))
@@ -167,7 +168,7 @@ def _build_router(app: FastAPI, checker: ApiKeyChecker, max_body_bytes: int) -> 
 
     @v1.post(
         "/chat/completions",
-        openapi_extra=request_body(ChatCompletionRequest, defs),
+        openapi_extra=request_body(ChatCompletionRequest, defs, neutral_only=neutral),
         responses={**ok_response(ChatCompletion, streams=True), **post_errors},
     )
     async def chat_completions(request: Request) -> Any:
@@ -175,7 +176,7 @@ def _build_router(app: FastAPI, checker: ApiKeyChecker, max_body_bytes: int) -> 
 
     @v1.post(
         "/completions",
-        openapi_extra=request_body(CompletionRequest, defs),
+        openapi_extra=request_body(CompletionRequest, defs, neutral_only=neutral),
         responses={**ok_response(TextCompletion, streams=True), **post_errors},
     )
     async def completions(request: Request) -> Any:

@@ -241,6 +241,12 @@ class OpenAIServing:
             await generation.close()
 
 
+def unsupported_sampling() -> dict[str, float]:
+    """vLLM sampling fields this engine lacks, with the one (neutral) value accepted for each."""
+    known = {f.name for f in dataclasses.fields(SamplingParams)}
+    return {name: v for name, v in (("min_p", 0.0), ("repetition_penalty", 1.0)) if name not in known}
+
+
 def _extra_sampling(req: ChatCompletionRequest | CompletionRequest) -> dict[str, Any]:
     """vLLM's ``min_p`` and ``repetition_penalty``: passed on when the engine has them, else
     accepted only at their neutral value (0 and 1)."""

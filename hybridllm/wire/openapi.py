@@ -25,9 +25,17 @@ ERROR_TEXT = {
 }
 
 
-def request_body(model: type[BaseModel], defs: dict[str, Any]) -> dict[str, Any]:
-    """``openapi_extra`` declaring ``model`` as the JSON body; its sub-schemas go into ``defs``."""
+def request_body(
+    model: type[BaseModel], defs: dict[str, Any], *, neutral_only: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """``openapi_extra`` declaring ``model`` as the JSON body; its sub-schemas go into ``defs``.
+    ``neutral_only``: fields this server accepts only at the given value (say so in the schema)."""
     schema = model.model_json_schema(ref_template=REF)
+    for name, value in (neutral_only or {}).items():
+        prop = schema["properties"][name]
+        nullable = any(alt.get("type") == "null" for alt in prop.get("anyOf", ()))
+        only = {"const": value}
+        schema["properties"][name] = {"anyOf": [only, {"type": "null"}]} if nullable else only
     defs.update(schema.pop("$defs", {}))
     defs[model.__name__] = schema
     ref = {"$ref": REF.format(model=model.__name__)}
@@ -42,7 +50,9 @@ def ok_response(model: type[BaseModel], *, streams: bool) -> dict[int | str, dic
     """200 as ``model`` JSON, and as an SSE stream when the route can stream."""
     content: dict[str, Any] = {}
     if streams:
-        content["text/event-stream"] = {"schema": {"type": "string"}}
+        # each event: "data: <chunk JSON>" lines, the last one "data: [DONE]"
+        event = {"type": "object", "required": ["data"], "properties": {"data": {"type": "string"}}}
+        content["text/event-stream"] = {"schema": event}
     return {200: {"model": model, "description": "Success", "content": content}}
 
 

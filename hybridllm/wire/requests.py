@@ -15,7 +15,15 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from .errors import WireError
 
@@ -24,8 +32,29 @@ SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1  # what torch.Generator.manual_seed acc
 FLOAT32_TINY = 1.1754943508222875e-38  # smallest normal float32
 MAX_STOP = 4
 
-TokenCount = Annotated[int, Field(ge=1, le=INT32_MAX)]
+
+
+def _integral(value: Any) -> Any:
+    # JSON has one number type: 5.0 is the integer 5 (as JSON Schema's "integer" says); 5.5 is not
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+def Int(ge: int, le: int, **schema: Any) -> Any:  # noqa: N802  (a type, spelled as one)
+    """An integer in [ge, le]; the bounds come before the validator so the JSON schema has them."""
+    extra = {"json_schema_extra": schema} if schema else {}
+    return Annotated[int, Field(ge=ge, le=le, **extra), BeforeValidator(_integral)]
+
+
+TokenId = Int(0, INT32_MAX)
+TokenCount = Int(1, INT32_MAX)
 Unit = Annotated[float, Field(allow_inf_nan=False)]
+
+
+def only(**schema: Any) -> Any:
+    """Document in the JSON schema the one value accepted (checked by a validator that names the
+    parameter and says why, rather than by a bare bound)."""
+    return Field(default=None, json_schema_extra=schema)
+
 
 
 class _Strict(BaseModel):
@@ -42,11 +71,20 @@ class TextPart(_Strict):
 
 
 class ResponseFormat(_Strict):
-    type: Literal["text", "json_object", "json_schema"]
+    # OpenAI's three types are understood; only "text" is served (the document says so)
+    type: Literal["text", "json_object", "json_schema"] = Field(json_schema_extra={"enum": ["text"]})
     json_schema: dict[str, Any] | None = None
 
 
+# "content" may be left out (or null) only by an assistant message that carried tool calls
+_CONTENT_RULE = {
+    "if": {"properties": {"role": {"not": {"const": "assistant"}}}},
+    "then": {"required": ["content"], "properties": {"content": {"not": {"type": "null"}}}},
+}
+
+
 class ChatMessage(_Strict):
+    model_config = ConfigDict(json_schema_extra=_CONTENT_RULE)
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
     name: str | None = None
@@ -83,26 +121,35 @@ class ChatMessage(_Strict):
         return "\n".join(part.text for part in self.content)
 
 
+# stream_options only with "stream": true
+_STREAM_RULE = {
+    "if": {"not": {"required": ["stream"], "properties": {"stream": {"const": True}}}},
+    "then": {"properties": {"stream_options": {"type": "null"}}},
+}
+
+
 class SamplingRequest(_Strict):
     """Fields shared by chat and legacy completions. ``None`` means "the server's default"."""
+
+    model_config = ConfigDict(json_schema_extra=_STREAM_RULE)
 
     model: str
     max_tokens: TokenCount | None = None
     temperature: Annotated[Unit, Field(ge=0.0, le=2.0)] | None = None
     top_p: Annotated[Unit, Field(ge=FLOAT32_TINY, le=1.0)] | None = None
-    top_k: Annotated[int, Field(ge=-1, le=INT32_MAX)] | None = None  # vLLM; -1 and 0 turn it off
+    top_k: Int(-1, INT32_MAX) | None = None  # vLLM; -1 and 0 turn it off
     min_p: Annotated[Unit, Field(ge=0.0, le=1.0)] | None = None  # vLLM
     repetition_penalty: Annotated[Unit, Field(gt=0.0, le=10.0)] | None = None  # vLLM; 1 is off
-    n: Annotated[int, Field(ge=1, le=128)] = 1
+    n: Int(1, 128, maximum=1) = 1
     stream: bool = False
     stream_options: StreamOptions | None = None
     stop: str | Annotated[list[str], Field(max_length=MAX_STOP)] | None = None
-    stop_token_ids: list[Annotated[int, Field(ge=0, le=INT32_MAX)]] | None = None  # vLLM
-    seed: Annotated[int, Field(ge=SEED_MIN, le=SEED_MAX)] | None = None
+    stop_token_ids: list[TokenId] | None = None  # vLLM
+    seed: Int(SEED_MIN, SEED_MAX) | None = None
     ignore_eos: bool = False  # vLLM, for benchmarks
-    presence_penalty: Annotated[Unit, Field(ge=-2.0, le=2.0)] | None = None
-    frequency_penalty: Annotated[Unit, Field(ge=-2.0, le=2.0)] | None = None
-    logit_bias: dict[str, Annotated[Unit, Field(ge=-100.0, le=100.0)]] | None = None
+    presence_penalty: Annotated[Unit, Field(ge=-2.0, le=2.0)] | None = only(minimum=0, maximum=0)
+    frequency_penalty: Annotated[Unit, Field(ge=-2.0, le=2.0)] | None = only(minimum=0, maximum=0)
+    logit_bias: dict[str, Annotated[Unit, Field(ge=-100.0, le=100.0)]] | None = only(maxProperties=0)
     user: str | None = None
 
     @field_validator("n")
@@ -133,9 +180,10 @@ class SamplingRequest(_Strict):
         return self
 
     def stop_list(self) -> list[str]:
+        """The stop strings; an empty one stops nothing, so it is dropped."""
         if self.stop is None:
             return []
-        return [self.stop] if isinstance(self.stop, str) else [s for s in self.stop if s]
+        return [s for s in ([self.stop] if isinstance(self.stop, str) else self.stop) if s]
 
     def include_usage(self) -> bool:
         return self.stream_options is not None and self.stream_options.include_usage
@@ -144,10 +192,10 @@ class SamplingRequest(_Strict):
 class ChatCompletionRequest(SamplingRequest):
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
     max_completion_tokens: TokenCount | None = None
-    logprobs: bool | None = None
-    top_logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
-    tools: list[dict[str, Any]] | None = None
-    tool_choice: Literal["none", "auto", "required"] | dict[str, Any] | None = None
+    logprobs: bool | None = only(enum=[False, None])
+    top_logprobs: Int(0, 20) | None = only(maximum=0)
+    tools: list[dict[str, Any]] | None = only(maxItems=0)
+    tool_choice: Literal["none", "auto", "required"] | dict[str, Any] | None = only(enum=["none", None])
     parallel_tool_calls: bool | None = None
     response_format: ResponseFormat | None = None
     # Accepted and ignored: nothing is stored, metadata is the caller's own.
@@ -207,16 +255,16 @@ class CompletionRequest(SamplingRequest):
     """The legacy ``/v1/completions`` body: one prompt, text or token ids."""
 
     prompt: (
-        str
-        | list[Annotated[int, Field(ge=0, le=INT32_MAX)]]
-        | list[str]
-        | list[list[Annotated[int, Field(ge=0, le=INT32_MAX)]]]
+        Annotated[str, Field(min_length=1)]
+        | Annotated[list[TokenId], Field(min_length=1)]
+        | Annotated[list[Annotated[str, Field(min_length=1)]], Field(min_length=1, max_length=1)]
+        | Annotated[list[Annotated[list[TokenId], Field(min_length=1)]], Field(min_length=1, max_length=1)]
     )
     max_tokens: TokenCount | None = 16  # the legacy endpoint's own default
-    echo: bool = False
-    logprobs: Annotated[int, Field(ge=0, le=5)] | None = None
-    best_of: Annotated[int, Field(ge=1, le=20)] | None = None
-    suffix: str | None = None
+    echo: bool = Field(default=False, json_schema_extra={"enum": [False]})
+    logprobs: Int(0, 5) | None = only(maximum=0)
+    best_of: Int(1, 20) | None = only(maximum=1)
+    suffix: str | None = only(maxLength=0)
 
     @field_validator("echo")
     @classmethod
@@ -246,14 +294,12 @@ class CompletionRequest(SamplingRequest):
             raise ValueError("suffix is not supported by this server")
         return value
 
-    @field_validator("prompt")
+    @field_validator("prompt", mode="before")
     @classmethod
     def _one_prompt(cls, value: Any) -> Any:
-        if isinstance(value, list) and value and isinstance(value[0], str | list):
-            if len(value) != 1:
-                raise ValueError("batched prompts are not supported; send one prompt per request")
-            value = value[0]
-        if isinstance(value, list) and not value:
+        if isinstance(value, list) and len(value) > 1 and isinstance(value[0], str | list):
+            raise ValueError("batched prompts are not supported; send one prompt per request")
+        if value == "" or value == []:
             raise ValueError("the prompt must not be empty")
         return value
 
@@ -264,7 +310,10 @@ class CompletionRequest(SamplingRequest):
         return "max_tokens"
 
     def single_prompt(self) -> str | list[int]:
-        return self.prompt  # type: ignore[return-value]  # _one_prompt unwrapped it
+        prompt = self.prompt
+        if isinstance(prompt, list) and isinstance(prompt[0], str | list):
+            return prompt[0]  # a batch of one
+        return prompt  # type: ignore[return-value]
 
 
 R = TypeVar("R", bound=BaseModel)

@@ -46,6 +46,7 @@ def test_limits_and_stop() -> None:
     assert chat(stop="x").stop_list() == ["x"]
     assert chat(stream=True, stream_options={"include_usage": True}).include_usage()
     assert chat(temperature=1).temperature == 1.0  # an integer is a number
+    assert chat(max_tokens=5.0).max_tokens == 5  # and 5.0 is the integer 5, as in JSON Schema
     assert rejected(stop=["a", "b", "c", "d", "e"]).param == "stop"
     assert rejected(top_p=0).param == "top_p"
     assert rejected(stream_options={"include_usage": True, "extra": 1}, stream=True).param == (
@@ -100,7 +101,7 @@ def test_edge_of_the_representable_is_accepted() -> None:
     [
         ({"stream": "yes"}, "stream"),  # no coercion of strings to booleans
         ({"stream": 1}, "stream"),
-        ({"max_tokens": 5.0}, "max_tokens"),
+        ({"max_tokens": 5.5}, "max_tokens"),
         ({"max_tokens": True}, "max_tokens"),
         ({"temperature": "0.5"}, "temperature"),
         ({"stop": 5}, "stop"),

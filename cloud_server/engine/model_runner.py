@@ -1,8 +1,9 @@
 """Run one scheduled step on the model: flatten tokens, build paged-attention metadata, sample.
 
 Owns the KV pool ``[num_layers, 2, num_blocks * block_size, num_kv_heads, head_dim]``,
-preallocated once. Decode tokens (one per sequence) go first in the flattened batch, then
-prefill chunks. Each sequence that reaches its end asks for outputs at its last
+preallocated once. Decode rows go first in the flattened batch (one per decoding sequence, or
+one per position of a token with lookaheads: each attends to its own context length, in one
+batched attention call), then prefill chunks. Each sequence that reaches its end asks for outputs at its last
 ``ScheduledSeq.num_outputs`` positions (1, or 1 + speculative lookahead tokens); those rows
 alone become logits, and one batched sampler turns them into tokens (and probabilities).
 Slots are computed from block tables with tensor ops, not per-token Python lists.
@@ -65,23 +66,26 @@ class ModelRunner:
         self, scheduled: list[ScheduledSeq]
     ) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata, list[ScheduledSeq]]:
         """Returns (input_ids [T], positions [T], metadata, batch in flattened order)."""
-        decode = [s for s in scheduled if s.num_new_tokens == 1]
-        prefill = [s for s in scheduled if s.num_new_tokens > 1]
+        # Decode rows: single tokens, and tokens with lookaheads (every position an output), so
+        # a lookahead position is computed exactly as if it had been decoded on its own.
+        decode = [s for s in scheduled if s.num_new_tokens == 1 or s.num_new_tokens == s.num_outputs]
+        prefill = [s for s in scheduled if s not in decode]
         ids: list[int] = []
         pos: list[int] = []
+        tables: list[list[int]] = []
         slot_parts: list[torch.Tensor] = []
         dev = self.device
         meta = AttentionMetadata(slot_mapping=torch.empty(0, dtype=torch.long))
         if decode:
-            lens = [s.seq.num_computed_tokens + 1 for s in decode]
-            gather = self._slot_table([s.seq.block_table for s in decode], max(lens))  # [B, L]
-            lens_t = torch.tensor(lens, dtype=torch.long)  # [B]
             for s in decode:
                 c = s.seq.num_computed_tokens
-                ids.append(s.seq.token_ids[c])
-                pos.append(c)
+                ids.extend(s.seq.token_ids[c : c + s.num_new_tokens])
+                pos.extend(range(c, c + s.num_new_tokens))
+                tables.extend([s.seq.block_table] * s.num_new_tokens)
+            lens_t = torch.tensor(pos, dtype=torch.long) + 1  # [B] context incl. the row's token
+            gather = self._slot_table(tables, int(lens_t.max()))  # [B, L]
             slot_parts.append(gather.gather(1, (lens_t - 1).unsqueeze(1)).squeeze(1))  # [B]
-            meta.num_decode = len(decode)
+            meta.num_decode = len(ids)
             meta.decode_gather = gather.to(dev)
             meta.decode_lens = lens_t.to(dev)
         for s in prefill:

@@ -23,7 +23,6 @@ DEFAULT_EDGE_MODEL = "smollm2-135m-instruct"  # the one place the default model 
 CACHE_MIN_LOGPROB = -1.0
 PRIVACY_MODES = ("keep_on_device", "redact", "off")
 EDGE_BACKENDS = ("llama_cpp", "onnx")
-EDGE_BACKENDS = ("llama_cpp", "onnx")
 
 
 @dataclass
@@ -31,7 +30,6 @@ class HybridLLMConfig:
     # the device
     edge_model: str = DEFAULT_EDGE_MODEL
     edge_backend: str = "llama_cpp"  # "llama_cpp" (GGUF) or "onnx" (ONNX Runtime GenAI)
-    edge_backend: str = "llama_cpp"  # "llama_cpp" (GGUF) or "onnx" (ONNX Runtime GenAI folder)
     n_ctx: int = 4096
     n_threads: int | None = None
     edge_max_waiting: int = 64  # requests that may wait for the device model; more: EdgeBusyError
@@ -79,8 +77,6 @@ class HybridLLMConfig:
         for url in self.cloud_url:
             if not url.startswith(("http://", "https://")):
                 raise ConfigError(f"cloud_url must start with http:// or https://, got {url!r}.")
-        if self.edge_backend not in EDGE_BACKENDS:
-            raise ConfigError(f"edge_backend must be one of {EDGE_BACKENDS}, got {self.edge_backend!r}.")
         if self.edge_backend not in EDGE_BACKENDS:
             raise ConfigError(f"edge_backend must be one of {EDGE_BACKENDS}, got {self.edge_backend!r}.")
         if self.privacy not in PRIVACY_MODES:

@@ -65,13 +65,13 @@ def timed(fn, items, warmup: int = 10) -> np.ndarray:
 
 def text_only_router(prompts: list[str]):
     """A text-feature router fitted on the benchmark prompts with synthetic labels (speed only)."""
-    from hybridllm.router.classifier import GainScorer
     from hybridllm.router.features import text_feature_matrix
+    from hybridllm.router.fit import fit_gain_scorer
     from hybridllm.router.router import Router
 
     x = text_feature_matrix(prompts)
     gain = (x[:, 0] > np.median(x[:, 0])).astype(np.int64)
-    scorer = GainScorer.fit(x, gain)
+    scorer = fit_gain_scorer(x, gain)
     return Router(scorer=scorer, threshold=0.5, use_embedding=False)
 
 

@@ -34,7 +34,8 @@ def main(argv: list[str] | None = None) -> int:
 
     from hybridllm.router import train
     from hybridllm.router.dataset import load_routellm_csv
-    from hybridllm.router.features import cached_embeddings, feature_matrix
+    from hybridllm.router.embedding_cache import cached_embeddings
+    from hybridllm.router.features import feature_matrix
 
     data = load_routellm_csv(DATA)
     emb = cached_embeddings(data.prompts)

@@ -11,7 +11,8 @@ from typing import Any
 
 def prepare_embedder(progress: Callable[[int, int | None], None] | None = None) -> Path:
     """Build and quantize MiniLM and the cache reranker into the data dir (each says so in one line
-    on stderr the first time; a no-op when already done); return the embedder's folder."""
+    on stderr the first time, which is all the progress shown: ``progress`` is not drawn); a no-op
+    when already done. Prints both folders; returns the embedder's."""
     from .prepare import prepare_embedder as _prepare_embedder
     from .prepare import prepare_reranker
     from .reranker_file import read_info
@@ -19,8 +20,6 @@ def prepare_embedder(progress: Callable[[int, int | None], None] | None = None) 
     out = _prepare_embedder()
     info = read_info()
     reranker = prepare_reranker(info.path, info.weights_digest)
-    if progress is not None:
-        progress(2, 2)
     print(f"embedder: {out}\ncache reranker: {reranker}")
     return out
 

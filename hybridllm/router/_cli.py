@@ -85,6 +85,7 @@ def _train(args: argparse.Namespace) -> int:
 def evaluate_router_on(data_path: str, router_path: str | None, *, weak_col: str | None = None,
                        strong_col: str | None = None, plot: str | None = None) -> dict[str, Any]:
     from .dataset import load_routellm_csv, texts_digest
+    from .embedding_cache import cached_embeddings
     from .evaluate import (
         length_baseline,
         plot_curves,
@@ -92,7 +93,6 @@ def evaluate_router_on(data_path: str, router_path: str | None, *, weak_col: str
         random_baseline,
         router_metrics,
     )
-    from .features import cached_embeddings
     from .router import load_router
 
     router = load_router(router_path)

@@ -18,7 +18,8 @@ expectation, so the score ranks prompts by expected gain:
     score      (1 + topic_mix * g_top + (1 - topic_mix) * (mix * g_nn + (1 - mix) * g_lin)) / 2
                (g_lin alone without embeddings)
 
-Fitted with scikit-learn, stored and evaluated as numpy arrays (``.npz``, no pickle).
+Evaluated here with numpy only; fitted with scikit-learn by :mod:`.fit` (build code); stored as
+numpy arrays (``.npz``, no pickle).
 """
 
 from __future__ import annotations
@@ -68,64 +69,6 @@ class GainScorer:
     def uses_topics(self) -> bool:
         return self.centroids is not None and self.topic_mix > 0
 
-    @classmethod
-    def fit(
-        cls,
-        x: np.ndarray,
-        gain: np.ndarray,
-        *,
-        embeddings: np.ndarray | None = None,
-        c: float = DEFAULT_C,
-        k: int = DEFAULT_K,
-        mix: float = DEFAULT_MIX,
-        dims: int = DEFAULT_DIMS,
-        topics: int = DEFAULT_TOPICS,
-        topic_mix: float = DEFAULT_TOPIC_MIX,
-    ) -> GainScorer:
-        """``x`` ``[n, d]`` features, ``gain`` ``[n]`` in {-1, 0, 1}; ``embeddings`` ``[n, e]``
-        enables the neighbor part."""
-        from sklearn.linear_model import LogisticRegression
-
-        g = np.asarray(gain).astype(np.int64)
-        if x.ndim != 2 or len(x) != len(g):
-            raise RouterError(f"Features {x.shape} and labels {g.shape} do not match.")
-        if not np.any(g == 1) or np.all(g == 1):
-            raise RouterError(
-                "The data needs prompts where the strong model was needed (weak wrong, strong "
-                "right) and prompts where it was not; otherwise there is nothing to learn."
-            )
-        x64 = np.asarray(x, dtype=np.float64)
-        mean = x64.mean(axis=0)
-        scale = x64.std(axis=0)
-        scale[scale < 1e-8] = 1.0  # constant columns stay at zero after centering
-        model = LogisticRegression(C=c, max_iter=3000)
-        model.fit((x64 - mean) / scale, g)
-        coef, intercept = model.coef_, model.intercept_
-        if coef.shape[0] == 1:  # two classes: sklearn stores one row for the second class
-            coef = np.vstack([np.zeros_like(coef), coef])
-            intercept = np.concatenate([[0.0], intercept])
-        proj_mean = proj = refs = ref_gains = centroids = topic_gains = None
-        use_topics = topics > 1 and topic_mix > 0 and len(g) > topics
-        if embeddings is not None and (mix > 0 or use_topics):
-            emb = np.asarray(embeddings, dtype=np.float32)
-            proj_mean = emb.mean(axis=0)
-            _, _, vt = np.linalg.svd(emb - proj_mean, full_matrices=False)
-            proj = vt[: min(dims, vt.shape[0])].astype(np.float32)
-            # stored as float16: round here so training scores match the saved file exactly
-            refs = _project(emb, proj_mean, proj).astype(np.float16).astype(np.float32)
-            ref_gains = g.astype(np.float32)
-            if use_topics:
-                centroids, topic_gains = _fit_topics(refs, ref_gains, topics)
-        return cls(
-            mean=mean.astype(np.float32), scale=scale.astype(np.float32),
-            coef=coef.astype(np.float32), intercept=intercept.astype(np.float32),
-            classes=model.classes_.astype(np.float32), proj_mean=proj_mean, proj=proj,
-            refs=refs, ref_gains=ref_gains,
-            k=int(min(k, len(g))), mix=float(mix) if embeddings is not None else 0.0,
-            centroids=centroids, topic_gains=topic_gains,
-            topic_mix=float(topic_mix) if centroids is not None else 0.0,
-        )
-
     def linear_gain(self, x: np.ndarray) -> np.ndarray:
         z = (np.atleast_2d(x) - self.mean) / self.scale
         logits = z @ self.coef.T + self.intercept  # [n, num_classes]
@@ -137,7 +80,7 @@ class GainScorer:
     def _projected(self, emb: np.ndarray) -> np.ndarray:
         if self.proj is None or self.proj_mean is None:
             raise RouterError("This router has no embedding part.")
-        return _project(np.atleast_2d(emb).astype(np.float32), self.proj_mean, self.proj)
+        return project_embeddings(np.atleast_2d(emb).astype(np.float32), self.proj_mean, self.proj)
 
     def neighbor_gain(self, emb: np.ndarray, z: np.ndarray | None = None) -> np.ndarray:
         if self.refs is None or self.ref_gains is None:
@@ -245,26 +188,7 @@ class GainScorer:
                    centroids=centroids, topic_gains=topic_gains, topic_mix=topic_mix)
 
 
-def _fit_topics(
-    refs: np.ndarray, gains: np.ndarray, topics: int
-) -> tuple[np.ndarray, np.ndarray]:
-    """k-means restarts over the projected training prompts: centroids ``[r, t, dims]`` and each
-    cluster's shrunk mean gain ``[r, t]``."""
-    from sklearn.cluster import KMeans
-
-    prior = float(gains.mean())
-    centroids, topic_gains = [], []
-    for seed in range(TOPIC_RESTARTS):
-        km = KMeans(n_clusters=topics, n_init=1, random_state=seed).fit(refs)
-        labels = km.labels_
-        sums = np.bincount(labels, weights=gains, minlength=topics)
-        counts = np.bincount(labels, minlength=topics)
-        centroids.append(km.cluster_centers_.astype(np.float32))
-        topic_gains.append(((sums + SHRINK * prior) / (counts + SHRINK)).astype(np.float32))
-    return np.stack(centroids), np.stack(topic_gains)
-
-
-def _project(emb: np.ndarray, mean: np.ndarray, proj: np.ndarray) -> np.ndarray:
+def project_embeddings(emb: np.ndarray, mean: np.ndarray, proj: np.ndarray) -> np.ndarray:
     """Center, project onto the principal axes and renormalize: ``[n, dims]``."""
     z = (emb - mean) @ proj.T
     return z / np.maximum(np.linalg.norm(z, axis=1, keepdims=True), 1e-12)

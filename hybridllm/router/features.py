@@ -1,24 +1,17 @@
 """Cheap per-request features: text statistics of the last user turn and its MiniLM embedding.
 
 Text features are a fixed, named vector (``TEXT_FEATURES``) computed with a few regexes in under a
-millisecond. The embedding (384 floats) comes from the shared ONNX Runtime embedder; training
-caches it on disk per prompt list (``data_dir()/router_features/``) because embedding ten thousand
-prompts takes minutes on two cores.
+millisecond. The embedding (384 floats) comes from the shared ONNX Runtime embedder. Training keeps
+the embeddings of whole prompt lists on disk (:mod:`.embedding_cache`, build code).
 """
 
 from __future__ import annotations
 
-import hashlib
 import math
-import os
 import re
 from collections.abc import Sequence
-from pathlib import Path
 
 import numpy as np
-
-from .._paths import data_dir
-from .dataset import texts_digest
 
 EMBEDDING_DIM = 384
 EMBEDDER_ID = "minilm-l6-v2-int8"
@@ -124,48 +117,6 @@ def embed_one(text: str) -> np.ndarray:
     return get_embedder().embed_one(text)
 
 
-def embedder_fingerprint() -> str:
-    """A short hash of the embedder's ONNX file: cached embeddings are only reused with it."""
-    from ..cache.embedder import get_embedder
-
-    path = Path(get_embedder().path)
-    h = hashlib.sha256()
-    with path.open("rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()[:12]
-
-
-def feature_cache_dir() -> Path:
-    """Where :func:`cached_embeddings` keeps its files: ``$HYBRIDLLM_EMBEDDINGS_DIR``, else the data dir.
-
-    The files are keyed by content (embedder file hash and texts digest), so a folder may be shared
-    by data dirs: the test suite keeps one outside its empty per-session data dir.
-    """
-    override = os.environ.get("HYBRIDLLM_EMBEDDINGS_DIR")
-    return Path(override).expanduser() if override else data_dir() / "router_features"
-
-
-def cached_embeddings(texts: Sequence[str], *, cache_dir: Path | None = None) -> np.ndarray:
-    """Embeddings of ``texts``, read from or written to an ``.npz`` keyed by their content hash."""
-    folder = cache_dir or feature_cache_dir()
-    path = folder / f"{EMBEDDER_ID}-{embedder_fingerprint()}-{texts_digest(list(texts))}.npz"
-    if path.is_file():
-        try:
-            with np.load(path, allow_pickle=False) as npz:
-                cached = np.asarray(npz["embeddings"], dtype=np.float32)
-            if cached.shape == (len(texts), EMBEDDING_DIM):
-                return cached
-        except (OSError, ValueError, KeyError):
-            pass  # a partial or foreign file: recompute below
-    emb = embed_texts(texts)
-    folder.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.stem + ".tmp.npz")
-    np.savez(tmp, embeddings=emb)
-    tmp.replace(path)
-    return emb
-
-
 def feature_matrix(
     texts: Sequence[str], *, use_embedding: bool, embeddings: np.ndarray | None = None
 ) -> np.ndarray:
@@ -174,5 +125,5 @@ def feature_matrix(
     if not use_embedding:
         return feats
     if embeddings is None:
-        embeddings = cached_embeddings(texts)
+        embeddings = embed_texts(texts)
     return np.concatenate([feats, embeddings.astype(np.float32)], axis=1)

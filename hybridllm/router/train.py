@@ -30,8 +30,10 @@ from .classifier import (
     GainScorer,
 )
 from .dataset import RoutingData, load_routellm_csv, texts_digest
+from .embedding_cache import cached_embeddings
 from .evaluate import router_metrics
-from .features import TEXT_FEATURES, cached_embeddings, feature_matrix
+from .features import TEXT_FEATURES, feature_matrix
+from .fit import fit_gain_scorer
 from .router import DEFAULT_LOGPROB_THRESHOLD, Router
 
 DEFAULT_FOLDS = 5
@@ -76,7 +78,7 @@ def _gain(data: RoutingData) -> np.ndarray:
 
 
 def _fit(x: np.ndarray, gain: np.ndarray, emb: np.ndarray | None, hp: Hyper) -> GainScorer:
-    return GainScorer.fit(x, gain, embeddings=emb, c=hp.c, k=hp.k, mix=hp.mix, dims=hp.dims,
+    return fit_gain_scorer(x, gain, embeddings=emb, c=hp.c, k=hp.k, mix=hp.mix, dims=hp.dims,
                           topics=hp.topics, topic_mix=hp.topic_mix)
 
 

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from hybridllm._exceptions import CacheError, ConfigError
+from hybridllm.cache import get_embedder
 from hybridllm.cache.evaluate import PairSet, evaluate_pairs, load_pairs
 from hybridllm.cache.features import NUM_HANDCRAFTED
 from hybridllm.cache.reranker import RerankVerifier, get_rerank_verifier, load_stacked_features
@@ -92,19 +93,13 @@ def test_reranker_file_errors_are_clear(tmp_path: Path) -> None:
         load_stacked_features(read_info(stale))
 
 
-def test_shipped_reranker_file_is_safe_and_measured() -> None:
+def test_shipped_reranker_file_is_safe_and_complete() -> None:
     info = read_info(default_path())
     assert 0.0 < info.threshold < 1.0 and 0.0 <= info.min_similarity < 1.0
     with np.load(default_path(), allow_pickle=False) as data:  # plain arrays, no objects
         assert not any(data[k].dtype == object for k in data.files)
     assert info.stack is not None and len(info.stack.weights) == 2 + NUM_HANDCRAFTED
-    m = info.metrics  # measured at training time with the int8 ONNX model on the held-out test split
-    assert m["test_n"] > 8000 and m["test_precision"] >= 0.95, m
-    features = HitVerifier.load().metrics  # the feature verifier alone, same split and target
-    assert m["test_recall"] > 1.3 * features["test_recall"], (m["test_recall"], features["test_recall"])
-    for recall in (0.2, 0.4, 0.6):  # the stacked score ranks held-out pairs better than cosine
-        stacked, cosine = (m[f"test_{name}_precision_at_recall_{recall}"] for name in ("stacked", "cosine"))
-        assert stacked > cosine + 0.05, (recall, stacked, cosine)
+    # its quality is measured, not read back from the file: test_shipped_reranker_on_held_out_qqp_pairs
 
 
 @pytest.mark.real
@@ -192,9 +187,11 @@ def test_training_command_writes_a_file_the_cache_loads(
     assert info.stack is not None
     assert (tmp_path / "data" / "rerankers").is_dir()
     verifier = load_verifier(out / "cache_reranker.npz")
-    vec = np.full((1, 384), 384**-0.5, dtype=np.float32)
-    probs = verifier.predict(["How do I learn Python?"], ["How can I learn Python?"], vec, vec)
-    assert probs.shape == (1,) and 0.0 < probs[0] < 1.0
+    queries = ["How do I learn Python?", "How do I learn Python?"]
+    cached = ["How can I learn Python?", "What is the capital of France?"]
+    vecs = get_embedder().embed(queries[:1] + cached)
+    probs = verifier.predict(queries, cached, vecs[[0, 0]], vecs[1:])
+    assert probs.shape == (2,) and probs[0] > probs[1] + 0.2  # the paraphrase, well above the other
     # recalibrating keeps the weights and refits the stack
     assert main(["--data", str(data), "--out", str(out), "--calibrate-only"]) == 0
     assert read_info(out / "cache_reranker.npz").weights_digest == info.weights_digest

@@ -84,12 +84,9 @@ def test_shipped_verifier_is_safe_and_sane() -> None:
     verifier = HitVerifier.load(default_path())
     assert 0.0 < verifier.threshold < 1.0 and verifier.linear is not None
     assert len(verifier.linear[0]) == NUM_HANDCRAFTED + 768
-    m = verifier.metrics  # measured at training time on the whole held-out test split
-    assert m["test_precision"] >= 0.95 and m["test_false_hit_rate"] <= 0.005
-    # the learned verifier ranks pairs better than plain cosine at every recall level
-    for recall in (0.1, 0.2, 0.3, 0.4):
-        key = f"precision_at_recall_{recall}"
-        assert m[f"test_verifier_{key}"] > m[f"test_cosine_{key}"] + 0.02
+    with np.load(default_path(), allow_pickle=False) as data:  # plain arrays, no objects
+        assert not any(data[k].dtype == object for k in data.files)
+    # its quality is measured, not read back from the file: test_shipped_verifier_on_held_out_qqp_pairs
 
 
 def test_pair_metrics_and_bad_pairs_file(tmp_path: Path) -> None:

@@ -1,4 +1,5 @@
-"""The cache package's shape: runtime apart from build code, and no import cycle (lazy imports too)."""
+"""The cache and router packages' shape: runtime apart from build code, no import cycle (lazy imports
+too), and a device that uses the cache loads no torch, scikit-learn or onnx."""
 
 from __future__ import annotations
 
@@ -7,50 +8,64 @@ import subprocess
 import sys
 from pathlib import Path
 
-import hybridllm.cache
+import pytest
 
-PACKAGE = Path(hybridllm.cache.__file__).parent
-# what runs on a device; training, the torch reference and evaluation are build code
+import hybridllm
+
+ROOT = Path(hybridllm.__file__).parent
+# what runs on a device; training, the torch reference, evaluation, CLIs and file writers are build code
 RUNTIME = {
-    "embedder",
-    "encoder",
-    "reranker",
-    "reranker_file",
-    "verifier",
-    "features",
-    "index",
-    "store",
-    "semantic",
-    "prepare",
-    "onnx_graph",
+    "cache": {
+        "embedder",
+        "encoder",
+        "reranker",
+        "reranker_file",
+        "verifier",
+        "features",
+        "index",
+        "store",
+        "semantic",
+        "prepare",
+        "onnx_graph",
+    },
+    "router": {"router", "classifier", "features", "policy", "privacy", "budget"},
 }
-BUILD = {"export", "train", "train_reranker", "evaluate", "_cli"}
+BUILD = {
+    "cache": {"export", "train", "train_reranker", "evaluate", "_cli"},
+    "router": {"fit", "train", "embedding_cache", "calibrate", "label", "dataset", "evaluate", "_cli"},
+}
 
 
-def _graph() -> dict[str, set[str]]:
+def _graph(package: str) -> dict[str, set[str]]:
     """Module -> the sibling modules it imports anywhere in its body (lazy imports included)."""
-    modules = {p.stem for p in PACKAGE.glob("*.py")}
+    folder = ROOT / package
+    modules = {p.stem for p in folder.glob("*.py")}
     graph: dict[str, set[str]] = {}
     for name in modules:
         deps: set[str] = set()
-        for node in ast.walk(ast.parse((PACKAGE / f"{name}.py").read_text())):
+        for node in ast.walk(ast.parse((folder / f"{name}.py").read_text())):
             if isinstance(node, ast.ImportFrom) and node.level == 1:
                 deps |= {node.module.split(".")[0]} if node.module else {a.name for a in node.names}
         graph[name] = deps & modules
     return graph
 
 
-def test_every_module_is_runtime_or_build() -> None:
-    assert {p.stem for p in PACKAGE.glob("*.py")} - {"__init__"} == RUNTIME | BUILD
+@pytest.mark.parametrize("package", sorted(RUNTIME))
+def test_every_module_is_runtime_or_build(package: str) -> None:
+    modules = {p.stem for p in (ROOT / package).glob("*.py")} - {"__init__"}
+    assert modules == RUNTIME[package] | BUILD[package]
 
 
-def test_runtime_modules_never_import_build_code() -> None:
-    graph = _graph()
-    assert {name: graph[name] & BUILD for name in RUNTIME if graph[name] & BUILD} == {}
+@pytest.mark.parametrize("package", sorted(RUNTIME))
+def test_runtime_modules_never_import_build_code(package: str) -> None:
+    graph = _graph(package)
+    leaks = {name: graph[name] & BUILD[package] for name in RUNTIME[package] if graph[name] & BUILD[package]}
+    assert leaks == {}
 
 
-def test_no_import_cycle() -> None:
-    graph = _graph()
+@pytest.mark.parametrize("package", sorted(RUNTIME))
+def test_no_import_cycle(package: str) -> None:
+    graph = _graph(package)
     state: dict[str, int] = {}  # 1: on the current path, 2: done
 
     def visit(name: str, path: list[str]) -> None:

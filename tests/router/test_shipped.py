@@ -1,7 +1,7 @@
 """The shipped router on the real data: it retrains to the same metrics, its eval output has the
 documented keys, and calibration holds on held-back prompts.
 
-Embeddings of the 9,772 MMLU prompts are cached under ``data_dir()/router_features/``; the first
+Embeddings of the 9,772 MMLU prompts are cached under ``$HYBRIDLLM_EMBEDDINGS_DIR``; the first
 run on a fresh machine computes them (a few minutes on two cores), later runs read the cache.
 """
 
@@ -14,7 +14,7 @@ import pytest
 
 from hybridllm.router.calibrate import calibrate_threshold
 from hybridllm.router.dataset import load_routellm_csv
-from hybridllm.router.features import cached_embeddings
+from hybridllm.router.embedding_cache import cached_embeddings
 from hybridllm.router.router import load_router
 from hybridllm.router.train import Hyper, fold_ids, train_router
 

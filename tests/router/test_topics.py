@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 
 from hybridllm._exceptions import RouterFileError
-from hybridllm.router.classifier import TOPIC_RESTARTS, GainScorer
+from hybridllm.router.classifier import TOPIC_RESTARTS
 from hybridllm.router.features import EMBEDDING_DIM, TEXT_FEATURES, text_feature_matrix
+from hybridllm.router.fit import fit_gain_scorer
 from hybridllm.router.router import Router, load_router
 
 
@@ -32,7 +33,7 @@ def _topic_data(n_per: int = 120, n_topics: int = 4, seed: int = 0):
 
 def test_topic_gain_follows_cluster_rates():
     x, gain, emb, _ = _topic_data()
-    scorer = GainScorer.fit(x, gain, embeddings=emb, topics=4, topic_mix=1.0, k=10, mix=0.5)
+    scorer = fit_gain_scorer(x, gain, embeddings=emb, topics=4, topic_mix=1.0, k=10, mix=0.5)
     assert scorer.uses_topics and scorer.centroids is not None
     assert scorer.centroids.shape[:2] == (TOPIC_RESTARTS, 4)
     per_topic = [scorer.topic_gain(emb[t * 120:(t + 1) * 120]).mean() for t in range(4)]
@@ -45,17 +46,17 @@ def test_topic_gain_follows_cluster_rates():
 
 def test_topics_off():
     x, gain, emb, _ = _topic_data()
-    assert not GainScorer.fit(x, gain, embeddings=emb, topics=0).uses_topics
-    assert not GainScorer.fit(x, gain, embeddings=emb, topic_mix=0.0).uses_topics
+    assert not fit_gain_scorer(x, gain, embeddings=emb, topics=0).uses_topics
+    assert not fit_gain_scorer(x, gain, embeddings=emb, topic_mix=0.0).uses_topics
     # more clusters than prompts: no topic part rather than a k-means error
     few = slice(0, 480, 12)  # 40 prompts from every topic
-    assert not GainScorer.fit(x[few], gain[few], embeddings=emb[few], topics=60).uses_topics
+    assert not fit_gain_scorer(x[few], gain[few], embeddings=emb[few], topics=60).uses_topics
 
 
 @pytest.fixture
 def topic_router(tmp_path):
     x, gain, emb, _ = _topic_data()
-    scorer = GainScorer.fit(x, gain, embeddings=emb, topics=4, k=10)
+    scorer = fit_gain_scorer(x, gain, embeddings=emb, topics=4, k=10)
     router = Router(scorer=scorer, threshold=0.5, use_embedding=True)
     router.save(tmp_path / "r")
     return router, tmp_path / "r", emb
@@ -97,7 +98,7 @@ def test_broken_topic_arrays(topic_router, change):
 
 def test_version_1_file_without_topics_still_loads(tmp_path):
     x, gain, emb, _ = _topic_data()
-    scorer = GainScorer.fit(x, gain, embeddings=emb, topics=0, k=10)
+    scorer = fit_gain_scorer(x, gain, embeddings=emb, topics=0, k=10)
     router = Router(scorer=scorer, threshold=0.5, use_embedding=True)
     router.save(tmp_path / "v1")
     cfg = json.loads((tmp_path / "v1" / "router.json").read_text())

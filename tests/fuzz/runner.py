@@ -80,7 +80,8 @@ def _run(op: Any, mode: Any, report: Report, max_examples: int, prepare: Any, he
         try:
             response = case.call(headers=headers, timeout=30)
         except Exception as exc:  # a reset connection is a failure too
-            report.failures.append(f"{op.label} [{mode.value}] transport: {type(exc).__name__}: {exc}")
+            report.failures.append(f"{op.label} [{mode.value}] transport: {type(exc).__name__}: {exc}"
+                                   f"\nbody: {str(case.body)[:1500]}")
             return
         report.num_requests += 1
         report.statuses[(op.label, mode.value, response.status_code)] += 1

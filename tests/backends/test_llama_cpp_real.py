@@ -46,10 +46,62 @@ def test_stream_equals_chat_at_temperature_zero(llm):
     assert stream.completion.usage.completion_tokens == full.usage.completion_tokens
 
 
-def test_same_seed_same_sample(llm):
-    a = llm.chat("Write one sentence about cats.", max_tokens=24, temperature=0.9, seed=11)
-    b = llm.chat("Write one sentence about cats.", max_tokens=24, temperature=0.9, seed=11)
+def test_same_seed_same_sample_and_temperature_is_honoured(llm):
+    """Before, this passed with temperature ignored: now other seeds must give other samples,
+    and at temperature 0 the seed must not matter."""
+    ask = "Write one sentence about cats."
+    a = llm.chat(ask, max_tokens=24, temperature=0.9, seed=11)
+    b = llm.chat(ask, max_tokens=24, temperature=0.9, seed=11)
     assert a.text == b.text
+    samples = {llm.chat(ask, max_tokens=24, temperature=0.9, seed=s).text for s in range(12, 16)}
+    assert len(samples | {a.text}) >= 3, samples
+    greedy = {llm.chat(ask, max_tokens=24, temperature=0.0, seed=s).text for s in (1, 2, 3)}
+    assert len(greedy) == 1
+
+
+def test_top_k_min_p_and_repeat_penalty_reach_llama_cpp(llm):
+    """top_k=1, or min_p=1 (keep only tokens as likely as the best), make a hot sampler greedy;
+    a repeat penalty changes a greedy answer that repeats itself."""
+    ask = "List the days of the week."
+    greedy = llm.chat(ask, max_tokens=24, temperature=0.0).text
+    hot = {"max_tokens": 24, "temperature": 1.5}
+    assert llm.chat(ask, top_k=1, seed=1, **hot).text == greedy
+    assert llm.chat(ask, min_p=1.0, seed=2, **hot).text == greedy
+    assert llm.chat(ask, seed=3, **hot).text != greedy  # the checks above can fail
+    penalized = llm.chat(ask, max_tokens=24, temperature=0.0, repeat_penalty=1.8).text
+    assert penalized != greedy
+
+
+def test_eight_threads_share_one_client_on_the_real_model(llm):
+    import threading
+
+    results: dict[int, str] = {}
+
+    def ask(i: int) -> None:
+        results[i] = llm.chat(f"What is {i} + {i}?", max_tokens=12, **GREEDY).text
+
+    threads = [threading.Thread(target=ask, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert sorted(results) == list(range(8)) and all(results.values())
+    # each answer is the one the model gives alone: no two generations mixed in one context
+    assert results[3] == llm.chat("What is 3 + 3?", max_tokens=12, **GREEDY).text
+
+
+def test_a_second_request_while_a_stream_is_open_on_the_same_thread(llm):
+    """Before: the open stream held the model's lock across yield; a second call from the same
+    thread deadlocked (from another thread it blocked for as long as the first stream stayed open)."""
+    first = llm.stream("Name three fruits.", max_tokens=16, **GREEDY)
+    it = iter(first)
+    head = next(it).text
+    t0 = time.perf_counter()
+    second = llm.chat("Name three colours.", max_tokens=8, **GREEDY)
+    assert second.text and time.perf_counter() - t0 < 60
+    rest = "".join(ch.text for ch in it)
+    alone = llm.chat("Name three fruits.", max_tokens=16, **GREEDY).text
+    assert head + rest == alone
 
 
 def test_max_tokens_is_respected(llm):
@@ -161,3 +213,52 @@ def test_cli_ask_json(smollm2_path):
     data = json.loads(out.stdout)
     assert "Paris" in data["text"] and data["route"] == "edge"
     assert data["usage"]["completion_tokens"] > 0 and time.time() - t0 < 120
+
+
+@pytest.fixture(scope="module")
+def cached(smollm2_path, tmp_path_factory):
+    """The real edge with the real semantic cache, switched on with cache=True."""
+    path = tmp_path_factory.mktemp("cache") / "cache.sqlite3"
+    # before: cache=True raised AttributeError('bool' object has no attribute 'get') on the
+    # first chat, True being taken for an injected cache object
+    client = HybridLLM(edge_model=str(smollm2_path), n_ctx=1024, cache=True,
+                       cache_path=str(path), cache_verifier="cosine")
+    yield client
+    client.close()
+
+
+def test_cache_true_caches(cached):
+    first = cached.chat("What is the capital of France?", max_tokens=24, **GREEDY)
+    again = cached.chat("What is the capital of France?", max_tokens=24, **GREEDY)
+    assert first.route == "edge" and first.mean_logprob is not None
+    assert (again.route, again.text) == ("cache", first.text)
+
+
+def test_the_cache_key_holds_every_setting_that_changes_an_answer(cached):
+    """Before, seed and top_k were left out: a draw with one seed was served for another."""
+    ask = "Write one short sentence about the sea."
+    base = {"max_tokens": 20, "temperature": 0.9}
+    first = cached.chat(ask, seed=21, **base)
+    for other in ({"seed": 22}, {"seed": 21, "top_k": 5}, {"seed": 21, "min_p": 0.2},
+                  {"seed": 21, "repeat_penalty": 1.3}):
+        c = cached.chat(ask, **{**base, **other})
+        assert c.route == "edge", (other, c.reason)
+    if first.mean_logprob >= cached.config.cache_min_logprob:  # stored: the same draw is served
+        assert cached.chat(ask, seed=21, **base).route == "cache"
+
+
+def test_unsure_sampled_answers_are_not_kept(cached):
+    """The model's own confidence decides what is stored: a sampled answer whose mean token
+    log-probability is under the calibrated floor is answered and forgotten, a sure one is kept
+    (before: every answer was kept, and a sampled slip served for 7 days)."""
+    floor = cached.config.cache_min_logprob
+    seen = {"kept": 0, "dropped": 0}
+    asks = ["Invent a name for a new color.", "Say something surprising about glue.",
+            "Describe a dream in five words.", "What is the capital of Italy?"]
+    for i, ask in enumerate(asks):
+        c = cached.chat(ask, max_tokens=16, temperature=1.3, top_k=0, seed=None)
+        again = cached.chat(ask, max_tokens=16, temperature=1.3, top_k=0)
+        sure = c.mean_logprob >= floor
+        seen["kept" if sure else "dropped"] += 1
+        assert again.route == ("cache" if sure else "edge"), (i, c.mean_logprob, floor)
+    assert seen["dropped"] >= 1, seen  # the sampler at 1.3 with no top-k does slip

@@ -235,3 +235,51 @@ def test_cloud_stream_cut_mid_answer_is_finished_on_the_device(cloud, tmp_path):
         assert c.usage.completion_tokens > 0 and c.finish_reason in ("stop", "length")
     finally:
         proxy.shutdown()
+
+
+def test_a_hung_cloud_is_finished_by_the_device_within_the_stall_timeout(cloud, tmp_path):
+    """The cloud process is stopped (SIGSTOP: alive, connection open, silent) after its first
+    token. Before: the client waited out the 120 s read timeout. Now the stream is broken off
+    after the stall timeout and the device finishes the answer."""
+    import os
+    import signal
+
+    stall = 2.0
+    with client(cloud.url, tmp_path, cache=False, max_tokens=96, cloud_read_timeout_s=120.0,
+                cloud_stall_timeout_s=stall) as llm:
+        stream = llm.stream("Write a long story about a dragon who learns to read.", route="cloud")
+        chunks = iter(stream)
+        first = next(ch for ch in chunks if ch.text)
+        os.kill(cloud.proc.pid, signal.SIGSTOP)
+        t0 = time.perf_counter()
+        try:
+            switched_at = None
+            rest = []
+            for ch in chunks:
+                if ch.route == "cloud->edge" and switched_at is None:
+                    switched_at = time.perf_counter() - t0
+                rest.append(ch)
+        finally:
+            os.kill(cloud.proc.pid, signal.SIGCONT)
+        c = stream.completion
+    assert first.route == "cloud"
+    assert c.route == "cloud->edge" and "stalled" in c.reason, c.reason
+    # the stall timeout plus the device's prompt processing, not the 120 s read timeout
+    assert switched_at is not None and switched_at < stall + 8.0, switched_at
+    assert c.text == first.text + "".join(ch.text for ch in rest)
+
+
+def test_native_async_client_against_the_real_cloud(cloud, tmp_path):
+    async def run():
+        async with AsyncHybridLLM(cloud_url=cloud.url, cache=False, n_ctx=2048, threshold=0.0,
+                                  cloud_max_retries=0, **GREEDY) as allm:
+            answers = await asyncio.gather(*(allm.chat(f"Say hello to {n}.") for n in
+                                             ("Ann", "Bob", "Cy")))
+            stream = allm.stream("Say hello.", route="edge")
+            text = "".join([ch.text async for ch in stream])
+            return answers, stream.completion, text, allm.stats()
+
+    answers, edge_done, text, stats = asyncio.run(run())
+    assert [a.route for a in answers] == ["cloud"] * 3 and all(a.text for a in answers)
+    assert edge_done.route == "edge" and edge_done.text == text
+    assert stats["requests"] == 4 and stats["routes"]["cloud"]["requests"] == 3

@@ -99,8 +99,14 @@ def test_openai_cloud_errors(monkeypatch):
 
 @pytest.mark.real
 def test_real_edge_model_answers_with_a_confidence(smollm2_path):
+    """The real edge's label is the grade of its own answer, and its confidence is the mean
+    log-probability of that answer (a sure answer scores higher than a forced-hot one)."""
     edge = label_mod.llama_cpp_edge(smollm2_path, max_tokens=12)
-    rows = label_questions([Question("What is 2 + 3?", "5")], edge,
-                           lambda p: ("The answer is 5", None))
-    assert rows[0]["cloud"] is True and isinstance(rows[0]["edge"], bool)
-    assert float(rows[0]["edge_mean_logprob"]) < 0.0
+    text, lp = edge("What is 2 + 3?")
+    rows = label_questions([Question("What is 2 + 3?", "5"), Question("What is 2 + 3?", "6")],
+                           lambda p: (text, lp), lambda p: ("The answer is 5", None))
+    assert [r["cloud"] for r in rows] == [True, False]  # graded, not copied
+    assert [r["edge"] for r in rows] == [is_correct(text, "5"), is_correct(text, "6")]
+    assert not (rows[0]["edge"] and rows[1]["edge"])  # one answer cannot be both 5 and 6
+    assert lp is not None and -5.0 < lp < 0.0
+    assert float(rows[0]["edge_mean_logprob"]) == pytest.approx(lp, abs=1e-4)

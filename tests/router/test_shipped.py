@@ -32,12 +32,19 @@ def shipped():
     return load_router()
 
 
-def test_shipped_router_metadata(shipped):
-    training = shipped.info["training"]
-    assert training["command"].startswith("hybridllm router train --data")
-    assert 0.0 < shipped.threshold < 1.0
-    cv = shipped.info["metrics"]["cv"]
-    assert cv["n"] == 9772 and cv["apgr"] > 0.6
+def test_shipped_router_routes_mmlu_better_than_length_and_random(mmlu, shipped):
+    """Measured, not read back from router.json: the shipped router's scores on the data it was
+    trained on beat the length and random baselines, and its threshold splits the traffic."""
+    from hybridllm.router.evaluate import length_baseline, random_baseline, router_metrics
+
+    data, emb = mmlu
+    assert shipped.info["training"]["command"].startswith("hybridllm router train --data")
+    scores = shipped.score_texts(data.prompts, embeddings=emb)
+    got = router_metrics(scores, data.weak, data.strong)
+    assert got["n"] == len(data.prompts) == 9772
+    assert got["apgr"] > length_baseline(data.prompts, data.weak, data.strong)["apgr"] + 0.05
+    assert got["apgr"] > random_baseline(data.weak, data.strong)["apgr"] + 0.05
+    assert 0.05 < float(np.mean(scores >= shipped.threshold)) < 0.95
 
 
 def test_retrain_matches_shipped(mmlu, shipped):
@@ -87,7 +94,18 @@ def test_eval_cli_json(shared_data, capsys):
 
 @pytest.mark.real
 def test_shipped_router_scores_with_the_real_embedder(shipped):
+    """The real embedder's score of a hard exam question is higher than a trivia question's,
+    route() agrees with score() and the threshold, and a reused embedding scores the same."""
+    from hybridllm.router.features import embed_one
+
     easy = [{"role": "user", "content": "What is the capital of France?"}]
+    hard = [{"role": "user", "content": (
+        "Which of the following best describes the role of the Krebs cycle in cellular "
+        "respiration? A. glycolysis B. oxidation of acetyl-CoA C. fermentation "
+        "D. photosynthesis")}]
     route, score = shipped.route(easy)
-    assert route in ("edge", "cloud") and 0.0 <= score <= 1.0
-    assert shipped.score(easy) == pytest.approx(score, abs=1e-6)
+    assert route == ("cloud" if score >= shipped.threshold else "edge")
+    assert shipped.score(hard) > score
+    vec = embed_one("What is the capital of France?")
+    assert shipped.score_text("What is the capital of France?", embedding=vec) == \
+        pytest.approx(score, abs=1e-6)

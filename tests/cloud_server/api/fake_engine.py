@@ -71,6 +71,10 @@ class FakeEngine:
         self.max_batch = 0
         self.aborted: set[str] = set()
         self.live: set[str] = set()
+        # a prefix cache in miniature: whole prompts seen before count as hits
+        self.prefix_cache_queries = 0
+        self.prefix_cache_hits = 0
+        self._seen_prompts: set[tuple[int, ...]] = set()
         self._slots: asyncio.Semaphore | None = None
 
     async def start(self) -> None:
@@ -92,25 +96,37 @@ class FakeEngine:
             "num_total_blocks": self.num_total_blocks,
             "num_free_blocks": self.num_free_blocks,
             "kv_cache_usage": used / self.num_total_blocks,
-            "prefix_cache_queries": 0,
-            "prefix_cache_hits": 0,
+            "prefix_cache_queries": self.prefix_cache_queries,
+            "prefix_cache_hits": self.prefix_cache_hits,
             "num_preemptions": 0,
             "steps": 0,
             "last_batch_num_seqs": self.num_running,
             "max_batch_num_seqs": self.max_batch,
         }
 
-    async def generate(
+    def generate(
         self, request_id: str, prompt: str | list[int], params: SamplingParams
     ) -> AsyncIterator[FakeOutput]:
+        """Validate at the call, as the real engine does (ContextLengthError, QueueFullError),
+        then return the stream of outputs."""
         ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
         if len(ids) + params.max_tokens > self.max_model_len:
             raise ContextLengthError("too long", param="max_tokens")
-        if self.num_waiting >= self.max_waiting:
+        # like the real engine: only requests waiting beyond the free batch slots count
+        free_slots = max(0, self.max_num_seqs - self.num_running)
+        if self.num_waiting - free_slots >= self.max_waiting:
             raise QueueFullError("queue full", retry_after_s=2.0)
-        assert self._slots is not None
+        self.prefix_cache_queries += len(ids)  # counted in prompt tokens, as the real engine does
+        self.prefix_cache_hits += len(ids) if tuple(ids) in self._seen_prompts else 0
+        self._seen_prompts.add(tuple(ids))
         self.live.add(request_id)
-        self.num_waiting += 1
+        self.num_waiting += 1  # counted at once, so a burst of calls sees the others
+        return self._run(request_id, ids, params)
+
+    async def _run(
+        self, request_id: str, ids: list[int], params: SamplingParams
+    ) -> AsyncIterator[FakeOutput]:
+        assert self._slots is not None
         blocks = 0
         try:
             try:

@@ -291,18 +291,38 @@ def test_disconnect_while_queued_or_unstreamed_aborts(server: ThreadServer, engi
 
 
 def test_metrics_after_traffic(client: httpx.Client, server: ThreadServer) -> None:
-    chat(client, max_tokens=8)
-    text = httpx.get(f"{server.url}/metrics").text
+    """Counters move by what this test does (deltas), so it passes alone and in any order."""
     labels = {"model": "fake-model"}
-    assert metric_value(text, "hybridllm_time_to_first_token_seconds_count", **labels) >= 1
-    assert metric_value(text, "hybridllm_inter_token_latency_seconds_count", **labels) >= 7
-    assert metric_value(text, "hybridllm_e2e_request_latency_seconds_count", **labels) >= 1
-    assert metric_value(text, "hybridllm_generation_tokens_total", **labels) >= 8
-    assert metric_value(text, "hybridllm_prompt_tokens_total", **labels) > 0
+
+    def sample() -> dict[str, float]:
+        text = httpx.get(f"{server.url}/metrics").text
+        names = ["hybridllm_time_to_first_token_seconds_count", "hybridllm_e2e_request_latency_seconds_count",
+                 "hybridllm_inter_token_latency_seconds_count", "hybridllm_generation_tokens_total",
+                 "hybridllm_prompt_tokens_total", "hybridllm_prefix_cache_queries_total",
+                 "hybridllm_prefix_cache_hits_total"]
+        out = {n: metric_value(text, n, **labels) or 0.0 for n in names}
+        rejected = metric_value(text, "hybridllm_requests_rejected_total", status="400", **labels)
+        out["rejected_400"] = rejected or 0.0
+        return out
+
+    before = sample()
+    msgs = [{"role": "user", "content": f"metrics {time.monotonic_ns()}"}]  # new to this server
+    for _ in range(2):  # the same prompt twice: the second is a prefix-cache hit
+        assert chat(client, max_tokens=8, messages=msgs).status_code == 200
+    assert chat(client, max_tokens=0).status_code == 400
+    after = sample()
+    delta = {k: after[k] - before[k] for k in after}
+    assert delta["hybridllm_time_to_first_token_seconds_count"] == 2
+    assert delta["hybridllm_e2e_request_latency_seconds_count"] == 2
+    assert delta["hybridllm_inter_token_latency_seconds_count"] == 2 * 7
+    assert delta["hybridllm_generation_tokens_total"] == 16
+    prompt_len = len(f"<user>{msgs[0]['content']}\n<assistant>")
+    assert delta["hybridllm_prompt_tokens_total"] == 2 * prompt_len
+    assert delta["hybridllm_prefix_cache_queries_total"] == 2 * prompt_len
+    assert delta["hybridllm_prefix_cache_hits_total"] == prompt_len  # the repeat, whole
+    assert delta["rejected_400"] == 1
+    text = httpx.get(f"{server.url}/metrics").text
     assert metric_value(text, "hybridllm_num_requests_running", **labels) == 0
-    assert metric_value(text, "hybridllm_kv_cache_usage_ratio", **labels) == 0
-    assert metric_value(text, "hybridllm_prefix_cache_queries_total", **labels) == 0
-    assert metric_value(text, "hybridllm_requests_rejected_total", status="400", **labels) >= 1
 
 
 def test_503_until_loaded_then_200() -> None:
@@ -366,3 +386,15 @@ def test_default_system_prompt_only_when_the_request_has_none() -> None:
         assert given.json()["usage"]["prompt_tokens"] == len("<system>Mine.\n<user>Hi\n<assistant>")
     finally:
         srv.stop()
+
+
+def test_fake_engine_validates_at_the_call_like_the_real_one() -> None:
+    from cloud_server.engine.sampling_params import SamplingParams
+    from cloud_server.exceptions import ContextLengthError, QueueFullError
+
+    engine = FakeEngine(max_num_seqs=1, max_waiting=1, max_model_len=16)
+    with pytest.raises(ContextLengthError):  # raised by the call, before any iteration
+        engine.generate("r1", "x" * 20, SamplingParams(max_tokens=1))
+    engine.num_waiting = 2  # one more than the free slot plus the one that may wait
+    with pytest.raises(QueueFullError):
+        engine.generate("r2", "x", SamplingParams(max_tokens=1))

@@ -1,7 +1,7 @@
 """The edge runtimes side by side, same models, prompts and settings, one run.
 
     python -m bench.edge [--json] [--models smollm2-135m-instruct,qwen2.5-coder-0.5b-instruct]
-                         [--rounds 2] [--max-tokens 64] [--backends llama_cpp,onnx]
+                         [--rounds 2] [--max-tokens 64] [--backends llama_cpp,onnx] [--threads N]
 
 Four sides per model, each streaming a greedy chat answer to the same conversation (the catalog's
 default system prompt + the question):
@@ -166,12 +166,15 @@ def main() -> None:
     ap.add_argument("--backends", default="llama_cpp,onnx")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--threads", type=int, default=None,
+                    help="CPU threads for every side (default: all cores; 1 is fairer on a busy machine)")
     args = ap.parse_args()
-    threads = os.cpu_count() or 1
+    threads = args.threads or os.cpu_count() or 1
     backends = [b.strip() for b in args.backends.split(",") if b.strip()]
     models = [run_model(m.strip(), backends, args.rounds, args.max_tokens, threads)
               for m in args.models.split(",") if m.strip()]
-    result = {"bench": "edge", "threads": threads, "prompts": len(PROMPTS), "rounds": args.rounds,
+    result = {"bench": "edge", "threads": threads, "load_avg_1m": round(os.getloadavg()[0], 2),
+              "prompts": len(PROMPTS), "rounds": args.rounds,
               "max_tokens": args.max_tokens, "onnx_precision": "int4", "models": models}
     print(json.dumps(result, indent=None if args.json else 2))
 

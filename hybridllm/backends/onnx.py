@@ -233,7 +233,7 @@ class OnnxBackend(Backend):
                 if len(seq) - common > 1:  # the last token runs alone, see below
                     self._gen.append_tokens(seq[common:-1])
                 self._gen.append_tokens(seq[-1:])
-                row = np.array(self._gen.get_logits()[0, -1], dtype=np.float32)  # [vocab], a copy
+                row = np.asarray(self._gen.get_logits()[0, -1], dtype=np.float32)  # [vocab], a copy
             except RuntimeError as exc:
                 self._gen, self._last_row = None, None
                 raise EdgeError(f"ONNX Runtime GenAI failed while generating: {exc}") from exc

@@ -216,12 +216,19 @@ def test_a_gguf_path_is_pointed_to_llama_cpp(smollm2_path):
         OnnxBackend(str(smollm2_path))
 
 
-def test_cli_ask_with_the_onnx_backend_answers_paris(folder, capsys):
+def test_cli_ask_with_the_onnx_backend_answers_paris(folder, capsys, monkeypatch):
+    # the whole pipeline: a cloud is configured (unreachable) so the router decides, the edge
+    # answers on ONNX, the cache stores the answer and serves the repeat
     from hybridllm.cli import main
 
-    code = main(["ask", "--backend", "onnx", "--temperature", "0", "--max-tokens", "32",
-                 "What is the capital of France?"])
+    monkeypatch.setenv("HYBRIDLLM_CLOUD_URL", "http://127.0.0.1:9")
+    argv = ["ask", "--backend", "onnx", "--temperature", "0", "--max-tokens", "32",
+            "What is the capital of France?"]
+    code = main(argv)
     out = capsys.readouterr()
     assert code == 0, out.err
     assert "Paris" in out.out
     assert "edge" in out.err and MODEL in out.err  # the trace line: route edge, this model
+    assert main(argv) == 0
+    again = capsys.readouterr()
+    assert "Paris" in again.out and "cache hit" in again.err

@@ -20,7 +20,7 @@ from ._exceptions import ConfigError
 
 SECRET_FIELDS = {"cloud_api_key"}
 DEFAULT_EDGE_MODEL = "smollm2-135m-instruct"  # the one place the default model id is written
-CACHE_MIN_LOGPROB = -1.0
+CACHE_MIN_LOGPROB = -0.825  # python -m bench.cache_floor: balanced accuracy 0.775 on 120 answers
 PRIVACY_MODES = ("keep_on_device", "redact", "off")
 EDGE_BACKENDS = ("llama_cpp", "onnx")
 

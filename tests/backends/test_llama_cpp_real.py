@@ -262,3 +262,14 @@ def test_unsure_sampled_answers_are_not_kept(cached):
         seen["kept" if sure else "dropped"] += 1
         assert again.route == ("cache" if sure else "edge"), (i, c.mean_logprob, floor)
     assert seen["dropped"] >= 1, seen  # the sampler at 1.3 with no top-k does slip
+
+
+def test_the_sampled_french_answer_falls_under_the_shipped_floor(llm):
+    """The answer the issue saw served from the cache for 7 days scores, on the real model, below
+    the calibrated floor; the right answer scores above it."""
+    from bench.cache_floor import forced_mean_logprob
+    from hybridllm._config import CACHE_MIN_LOGPROB
+
+    q = "What is the capital of France?"
+    assert forced_mean_logprob(llm.edge, q, "L'Étoile, est la cité de la France.") < CACHE_MIN_LOGPROB
+    assert forced_mean_logprob(llm.edge, q, "The capital of France is Paris.") > CACHE_MIN_LOGPROB

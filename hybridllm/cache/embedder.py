@@ -12,6 +12,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from .._exceptions import ModelError
 from .encoder import OnnxEncoder
 from .prepare import prepare_embedder
 
@@ -52,15 +53,26 @@ class Embedder(OnnxEncoder):
 
 
 _shared: dict[bool, Embedder] = {}
+_failed: dict[bool, ModelError] = {}
 _shared_lock = threading.Lock()
 
 
 def get_embedder(*, quantized: bool = True) -> Embedder:
-    """The process-wide shared :class:`Embedder` (created on first call, thread-safe)."""
+    """The process-wide shared :class:`Embedder` (created on first call, thread-safe).
+
+    An embedder that cannot be prepared or loaded fails once: later calls raise the same error at
+    once, without trying (and saying so) again, until the process restarts.
+    """
     embedder = _shared.get(quantized)
     if embedder is None:
         with _shared_lock:
             embedder = _shared.get(quantized)
             if embedder is None:
-                embedder = _shared[quantized] = Embedder(quantized=quantized)
+                if quantized in _failed:
+                    raise _failed[quantized]
+                try:
+                    embedder = _shared[quantized] = Embedder(quantized=quantized)
+                except ModelError as exc:
+                    _failed[quantized] = exc
+                    raise
     return embedder

@@ -114,3 +114,23 @@ def test_reranker_that_cannot_be_prepared_falls_back_to_the_feature_verifier(
     assert capsys.readouterr().err == ""  # said once
     with pytest.raises(ModelError):  # a file the caller named is not silently replaced
         reranker.RerankVerifier.load(reranker.default_path())
+
+
+def test_an_embedder_that_cannot_be_prepared_fails_once_per_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    from hybridllm._exceptions import ModelError
+    from hybridllm.cache import embedder
+
+    calls = []
+
+    def broken(*_args: object, **_kwargs: object) -> Path:
+        calls.append(1)
+        raise ModelError("Preparing the cache model failed: no onnx here")
+
+    monkeypatch.setattr(embedder, "prepare_embedder", broken)
+    monkeypatch.setattr(embedder, "_shared", {})
+    monkeypatch.setattr(embedder, "_failed", {})
+    with pytest.raises(ModelError, match="no onnx here") as first:
+        embedder.get_embedder()
+    with pytest.raises(ModelError) as second:
+        embedder.get_embedder()
+    assert second.value is first.value and len(calls) == 1  # not tried (nor announced) again

@@ -17,7 +17,7 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from typing import Any, Literal
 
 from fastapi import FastAPI, Request  # the [server] extra; this module is imported only to serve
@@ -135,7 +135,7 @@ def status_of(exc: HybridLLMError) -> tuple[int, str, str]:
 
 
 def _error(status: int, message: str, etype: str, param: str | None = None,
-           code: str | None = None, headers: dict[str, str] | None = None) -> JSONResponse:
+           code: str | None = None, headers: Mapping[str, str] | None = None) -> JSONResponse:
     return JSONResponse(error_body(message, etype, param=param, code=code), status, headers=headers)
 
 

@@ -24,6 +24,7 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+from pydantic.config import JsonDict
 
 from .errors import WireError
 
@@ -39,14 +40,9 @@ def _integral(value: Any) -> Any:
     return int(value) if isinstance(value, float) and value.is_integer() else value
 
 
-def Int(ge: int, le: int, **schema: Any) -> Any:  # noqa: N802  (a type, spelled as one)
-    """An integer in [ge, le]; the bounds come before the validator so the JSON schema has them."""
-    extra = {"json_schema_extra": schema} if schema else {}
-    return Annotated[int, Field(ge=ge, le=le, **extra), BeforeValidator(_integral)]
-
-
-TokenId = Int(0, INT32_MAX)
-TokenCount = Int(1, INT32_MAX)
+_INTEGRAL = BeforeValidator(_integral)  # after the bounds, so the JSON schema keeps them
+TokenId = Annotated[int, Field(ge=0, le=INT32_MAX), _INTEGRAL]
+TokenCount = Annotated[int, Field(ge=1, le=INT32_MAX), _INTEGRAL]
 Unit = Annotated[float, Field(allow_inf_nan=False)]
 
 
@@ -77,7 +73,7 @@ class ResponseFormat(_Strict):
 
 
 # "content" may be left out (or null) only by an assistant message that carried tool calls
-_CONTENT_RULE = {
+_CONTENT_RULE: JsonDict = {
     "if": {"properties": {"role": {"not": {"const": "assistant"}}}},
     "then": {"required": ["content"], "properties": {"content": {"not": {"type": "null"}}}},
 }
@@ -122,7 +118,7 @@ class ChatMessage(_Strict):
 
 
 # stream_options only with "stream": true
-_STREAM_RULE = {
+_STREAM_RULE: JsonDict = {
     "if": {"not": {"required": ["stream"], "properties": {"stream": {"const": True}}}},
     "then": {"properties": {"stream_options": {"type": "null"}}},
 }
@@ -137,15 +133,15 @@ class SamplingRequest(_Strict):
     max_tokens: TokenCount | None = None
     temperature: Annotated[Unit, Field(ge=0.0, le=2.0)] | None = None
     top_p: Annotated[Unit, Field(ge=FLOAT32_TINY, le=1.0)] | None = None
-    top_k: Int(-1, INT32_MAX) | None = None  # vLLM; -1 and 0 turn it off
+    top_k: Annotated[int, Field(ge=-1, le=INT32_MAX), _INTEGRAL] | None = None  # vLLM; -1 and 0 turn it off
     min_p: Annotated[Unit, Field(ge=0.0, le=1.0)] | None = None  # vLLM
     repetition_penalty: Annotated[Unit, Field(gt=0.0, le=10.0)] | None = None  # vLLM; 1 is off
-    n: Int(1, 128, maximum=1) = 1
+    n: Annotated[int, Field(ge=1, le=128, json_schema_extra={"maximum": 1}), _INTEGRAL] = 1
     stream: bool = False
     stream_options: StreamOptions | None = None
     stop: str | Annotated[list[str], Field(max_length=MAX_STOP)] | None = None
     stop_token_ids: list[TokenId] | None = None  # vLLM
-    seed: Int(SEED_MIN, SEED_MAX) | None = None
+    seed: Annotated[int, Field(ge=SEED_MIN, le=SEED_MAX), _INTEGRAL] | None = None
     ignore_eos: bool = False  # vLLM, for benchmarks
     presence_penalty: Annotated[Unit, Field(ge=-2.0, le=2.0)] | None = only(minimum=0, maximum=0)
     frequency_penalty: Annotated[Unit, Field(ge=-2.0, le=2.0)] | None = only(minimum=0, maximum=0)
@@ -193,7 +189,7 @@ class ChatCompletionRequest(SamplingRequest):
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
     max_completion_tokens: TokenCount | None = None
     logprobs: bool | None = only(enum=[False, None])
-    top_logprobs: Int(0, 20) | None = only(maximum=0)
+    top_logprobs: Annotated[int, Field(ge=0, le=20), _INTEGRAL] | None = only(maximum=0)
     tools: list[dict[str, Any]] | None = only(maxItems=0)
     tool_choice: Literal["none", "auto", "required"] | dict[str, Any] | None = only(enum=["none", None])
     parallel_tool_calls: bool | None = None
@@ -262,8 +258,8 @@ class CompletionRequest(SamplingRequest):
     )
     max_tokens: TokenCount | None = 16  # the legacy endpoint's own default
     echo: bool = Field(default=False, json_schema_extra={"enum": [False]})
-    logprobs: Int(0, 5) | None = only(maximum=0)
-    best_of: Int(1, 20) | None = only(maximum=1)
+    logprobs: Annotated[int, Field(ge=0, le=5), _INTEGRAL] | None = only(maximum=0)
+    best_of: Annotated[int, Field(ge=1, le=20), _INTEGRAL] | None = only(maximum=1)
     suffix: str | None = only(maxLength=0)
 
     @field_validator("echo")

@@ -184,6 +184,7 @@ def _build_core(
         settings["cache"] = cache
         cache = None
     cfg = load_config(config, **settings)
+    store: CachePort | None = cache
     defaults = {
         "max_tokens": cfg.max_tokens,
         "temperature": cfg.temperature,
@@ -220,10 +221,10 @@ def _build_core(
             made.append(cloud)
         if cloud is not None and policy is None:
             policy = _make_policy(cfg, edge)
-        if cache is None and cfg.cache:
+        if store is None and cfg.cache:
             from .cache import SemanticCache
 
-            cache = SemanticCache(
+            store = SemanticCache(
                 cfg.cache_path,
                 namespace=cfg.namespace,
                 ttl_s=cfg.cache_ttl_s,
@@ -241,7 +242,7 @@ def _build_core(
         core = Core(
             edge=edge,
             cloud=cloud,
-            cache=cache,
+            cache=store,
             policy=policy,
             ledger=ledger,
             defaults=defaults,

@@ -49,9 +49,14 @@ Chunks = AsyncGenerator[Chunk, None]
 
 
 class CacheHitLike(Protocol):
-    text: str
-    similarity: float
-    verifier_prob: float | None
+    @property
+    def text(self) -> str: ...
+
+    @property
+    def similarity(self) -> float: ...
+
+    @property
+    def verifier_prob(self) -> float | None: ...
 
 
 class CachePort(Protocol):
@@ -210,24 +215,21 @@ class Core:
         use_cache = self.cache is not None and req.options.cache and req.options.route is None
         try:
             vec, hit = await self._lookup(req) if use_cache else (None, None)
-            if hit is not None:
-                final = None
-                async for chunk in self._replay_hit(hit, start):
-                    final = chunk.completion or final
-                    yield chunk
-                if final is not None:
-                    self.stats.record(final)
-                return
-            decision = await self._plan(req, vec)
+            decision = None if hit is not None else await self._plan(req, vec)
+            source = self._replay_hit(hit, start) if hit is not None else \
+                self._execute(req, decision, start)  # type: ignore[arg-type]
             final: Chunk | None = None
-            async with aclosing(self._execute(req, decision, start)) as chunks:
+            async with aclosing(source) as chunks:
                 async for chunk in chunks:
                     if chunk.completion is not None:
                         final = chunk  # held back until recorded, so a caller that stops at the
                         continue  # finish chunk still leaves stats and cache complete
                     yield chunk
             if final is not None and final.completion is not None:
-                await self._record(req, decision, final.completion, vec, use_cache)
+                if decision is None:
+                    self.stats.record(final.completion)
+                else:
+                    await self._record(req, decision, final.completion, vec, use_cache)
                 yield final
         finally:
             if self.ledger is not None:

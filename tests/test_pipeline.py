@@ -284,3 +284,14 @@ def test_a_cache_that_cannot_write_never_costs_the_answer(caplog):
     answers = [llm.chat(f"easy question {i}").text for i in range(3)]
     assert answers == ["edge answer"] * 3
     assert sum("cannot store answers" in r.message for r in caplog.records) == 1  # logged once
+
+
+def test_a_caller_that_stops_at_the_finish_chunk_leaves_stats_and_cache_complete():
+    cache = FakeCache()
+    llm, *_ = make(cache=cache)
+    for prompt in ("easy one", "easy one"):  # an answer, then a cache hit
+        for chunk in llm.stream(prompt):
+            if chunk.finish_reason:
+                break
+    assert cache.puts == 1 and llm.stats()["requests"] == 2
+    assert set(llm.stats()["routes"]) == {"edge", "cache"}

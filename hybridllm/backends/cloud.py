@@ -25,7 +25,7 @@ import logging
 import os
 import random
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncGenerator, AsyncIterator, Iterator
 from typing import Any
 
 from .._exceptions import (
@@ -155,7 +155,7 @@ class CloudBackend(Backend):
     def stream(self, messages: Messages, params: GenerationParams) -> Iterator[Delta]:
         """Synchronous streaming for callers without an event loop (the pipeline uses astream)."""
         loop = asyncio.new_event_loop()
-        agen = self.astream(messages, params)
+        agen = self._astream(messages, params)
         try:
             while True:
                 try:
@@ -170,7 +170,11 @@ class CloudBackend(Backend):
                 loop.run_until_complete(client.aclose())
             loop.close()
 
-    async def astream(self, messages: Messages, params: GenerationParams) -> AsyncIterator[Delta]:
+    def astream(self, messages: Messages, params: GenerationParams) -> AsyncIterator[Delta]:
+        return self._astream(messages, params)
+
+    async def _astream(self, messages: Messages,
+                       params: GenerationParams) -> AsyncGenerator[Delta, None]:
         tried: set[str] = set()
         attempt = 0
         cost = sum(len(str(m["content"])) // 4 + 4 for m in messages) + params.max_tokens

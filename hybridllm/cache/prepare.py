@@ -70,6 +70,7 @@ def prepare_reranker(
     notice: Notice | None = None,
 ) -> Path:
     """The folder of a reranker file's ONNX files (see :func:`.reranker_file.read_weights`)."""
+
     def build(src: Path) -> Any:
         return onnx_graph.cross_encoder(onnx_graph.read_config(src), cross_encoder_weights(weights_file, src))
 

@@ -67,20 +67,24 @@ def fit_gain_scorer(
         if use_topics:
             centroids, topic_gains = _fit_topics(refs, ref_gains, topics)
     return GainScorer(
-        mean=mean.astype(np.float32), scale=scale.astype(np.float32),
-        coef=coef.astype(np.float32), intercept=intercept.astype(np.float32),
-        classes=model.classes_.astype(np.float32), proj_mean=proj_mean, proj=proj,
-        refs=refs, ref_gains=ref_gains,
-        k=int(min(k, len(g))), mix=float(mix) if embeddings is not None else 0.0,
-        centroids=centroids, topic_gains=topic_gains,
+        mean=mean.astype(np.float32),
+        scale=scale.astype(np.float32),
+        coef=coef.astype(np.float32),
+        intercept=intercept.astype(np.float32),
+        classes=model.classes_.astype(np.float32),
+        proj_mean=proj_mean,
+        proj=proj,
+        refs=refs,
+        ref_gains=ref_gains,
+        k=int(min(k, len(g))),
+        mix=float(mix) if embeddings is not None else 0.0,
+        centroids=centroids,
+        topic_gains=topic_gains,
         topic_mix=float(topic_mix) if centroids is not None else 0.0,
     )
 
 
-
-def _fit_topics(
-    refs: np.ndarray, gains: np.ndarray, topics: int
-) -> tuple[np.ndarray, np.ndarray]:
+def _fit_topics(refs: np.ndarray, gains: np.ndarray, topics: int) -> tuple[np.ndarray, np.ndarray]:
     """k-means restarts over the projected training prompts: centroids ``[r, t, dims]`` and each
     cluster's shrunk mean gain ``[r, t]``."""
     from sklearn.cluster import KMeans

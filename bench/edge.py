@@ -27,6 +27,7 @@ import os
 import statistics
 import time
 from collections.abc import Callable, Iterable, Iterator
+from typing import Any
 
 PROMPTS = [
     "What is the capital of France?",
@@ -93,9 +94,9 @@ def _sides(model: str, backends: list[str], threads: int, max_tokens: int) -> tu
         prefix = [{"role": "system", "content": system}] if system else []
 
         def raw_llama(prompt: str) -> Iterator[str]:
-            out = raw.create_chat_completion(
-                [*prefix, {"role": "user", "content": prompt}], stream=True,
-                max_tokens=max_tokens, temperature=0.0, top_p=1.0, seed=0)
+            messages: Any = [*prefix, {"role": "user", "content": prompt}]
+            out: Any = raw.create_chat_completion(
+                messages, stream=True, max_tokens=max_tokens, temperature=0.0, top_p=1.0, seed=0)
             return (c["choices"][0]["delta"].get("content") or "" for c in out)
 
         sides["raw_llama_cpp"] = raw_llama
@@ -148,14 +149,14 @@ def run_model(model: str, backends: list[str], rounds: int, max_tokens: int, thr
     def ratio(a: str, b: str, key: str) -> float | None:
         if a not in out or b not in out or not out[b][key]:
             return None
-        return round(out[a][key] / out[b][key], 3)
+        return round(float(out[a][key]) / float(out[b][key]), 3)
 
     out["onnx_over_llama_cpp"] = {
         "decode_tps_ratio": ratio("sdk_onnx", "raw_llama_cpp", "decode_tokens_per_s"),
         "ttft_ratio": ratio("sdk_onnx", "raw_llama_cpp", "ttft_ms_p50")}
     for rt in ("llama_cpp", "onnx"):
-        r = ratio(f"sdk_{rt}", f"raw_{rt}", "decode_tokens_per_s")
-        out[f"sdk_overhead_{rt}"] = None if r is None else round(1 - r, 3)
+        rel = ratio(f"sdk_{rt}", f"raw_{rt}", "decode_tokens_per_s")
+        out[f"sdk_overhead_{rt}"] = None if rel is None else round(1 - rel, 3)
     return out
 
 

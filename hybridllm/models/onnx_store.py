@@ -115,8 +115,8 @@ def resolve_onnx(
             )
         meta = read_meta(path)
         mid = meta.get("model_id")
-        spec = get_spec(mid) if isinstance(mid, str) and mid in load_catalog() else None
-        return (spec.id if spec else path.name), path, spec
+        found = get_spec(mid) if isinstance(mid, str) and mid in load_catalog() else None
+        return (found.id if found else path.name), path, found
     if path.suffix == ".gguf" or os.sep in text:
         raise ModelNotFoundError(
             f"The ONNX backend takes a catalog id or a prepared folder, not {path}; "

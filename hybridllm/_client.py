@@ -32,9 +32,12 @@ class _LoopThread:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
+        self._closed = False
 
     def loop(self) -> asyncio.AbstractEventLoop:
         with self._lock:
+            if self._closed:
+                raise RuntimeError("the client is closed")
             if self._loop is None:
                 self._loop = asyncio.new_event_loop()
                 self._thread = threading.Thread(
@@ -44,10 +47,16 @@ class _LoopThread:
             return self._loop
 
     def submit(self, coro: Any) -> concurrent.futures.Future:
-        return asyncio.run_coroutine_threadsafe(coro, self.loop())
+        try:
+            loop = self.loop()
+        except RuntimeError:
+            coro.close()  # never started: nothing to await
+            raise
+        return asyncio.run_coroutine_threadsafe(coro, loop)
 
     def close(self) -> None:
         with self._lock:
+            self._closed = True
             loop, thread, self._loop = self._loop, self._thread, None
         if loop is None or thread is None:
             return

@@ -193,3 +193,14 @@ def test_async_stream_errors_propagate():
 
     with pytest.raises(HybridLLMError, match="boom"):
         asyncio.run(run())
+
+
+def test_closing_the_client_stops_the_device_before_freeing_it():
+    backend = FakeBackend(reply=lambda m: " ".join(["w"] * 500), delay_s=0.01)
+    llm = HybridLLM(edge=backend, cache=False)
+    it = iter(llm.stream("go"))
+    next(it)
+    llm.close()  # the worker is mid-answer: it stops at its next token, then the model is freed
+    stopped_at = backend.tokens_generated
+    time.sleep(0.1)
+    assert stopped_at < 100 and backend.tokens_generated == stopped_at

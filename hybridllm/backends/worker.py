@@ -110,6 +110,7 @@ class EdgeWorker:
         self._jobs: deque[EdgeJob] = deque()
         self._cond = threading.Condition()
         self._thread: threading.Thread | None = None
+        self._current: EdgeJob | None = None
         self._closed = False
 
     @property
@@ -148,13 +149,19 @@ class EdgeWorker:
                     self._cond.wait()
                 if not self._jobs:
                     return
-                job = self._jobs.popleft()
+                job = self._current = self._jobs.popleft()
             job.run()
+            with self._cond:
+                self._current = None
 
-    def close(self) -> None:
-        """Stop after the running job; waiting jobs are cancelled."""
+    def close(self, timeout_s: float = 30.0) -> None:
+        """Cancel every job, the running one at its next token, and wait for the thread to end,
+        so the model can be freed safely afterwards."""
         with self._cond:
             self._closed = True
-            for job in self._jobs:
+            for job in [*self._jobs, *([self._current] if self._current else [])]:
                 job.cancel()
             self._cond.notify_all()
+            thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout_s)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 
+import httpx
 import pytest
 
 pytest.importorskip("fastapi")
@@ -238,3 +239,28 @@ def test_openapi_document_describes_the_body_and_errors(http):
     assert {"model", "messages"} <= set(schema["required"]) and schema["additionalProperties"] is False
     assert {"400", "413"} <= set(op["responses"])
     assert "text/event-stream" in op["responses"]["200"]["content"]
+
+
+def test_routed_request_with_a_wrong_cloud_key_is_a_clear_error_not_an_empty_reply():
+    """item 5 as reported: the router picks the cloud and the cloud says 401. That was an empty
+    reply (the failure, quoted in the reason header, broke h11); the SDK now raises
+    CloudAuthError for a refused key, and the proxy answers a 502 that says what to fix."""
+    from cloud_server.api.server import create_app as cloud_app
+    from tests.cloud_server.api.fake_engine import FakeEngine
+    from tests.cloud_server.api.helpers import ThreadServer
+
+    srv = ThreadServer(cloud_app(lambda: FakeEngine(), api_keys=["right"])).start()
+    proxy = None
+    llm = HybridLLM(edge=FakeBackend(reply=lambda m: "edge answer"), cloud_url=srv.url,
+                    cloud_api_key="wrong", cache=False, threshold=0.0)  # every prompt goes to the cloud
+    try:
+        proxy = ThreadServer(create_app(llm)).start()
+        r = httpx.post(f"{proxy.url}/v1/chat/completions", json={"model": "x", "messages": MSGS}, timeout=60)
+        assert r.status_code == 502, r.text
+        err = r.json()["error"]
+        assert err["type"] == "upstream_auth_error" and "refused this proxy's API key" in err["message"]
+    finally:
+        if proxy is not None:
+            proxy.stop()
+        llm.close()
+        srv.stop()

@@ -122,3 +122,11 @@ def test_system_prompt_defaults_to_the_catalog_models_own(tmp_path: Path) -> Non
     assert _system_prompt("smollm2-135m-instruct", "Be brief.") == "Be brief."
     assert _system_prompt("gemma3-270m", None) is None  # a base model has none
     assert _system_prompt(str(tmp_path), None) is None  # a path is not a catalog id
+
+
+def test_max_body_bytes_flag() -> None:
+    from hybridllm.wire import DEFAULT_MAX_BODY_BYTES
+
+    assert build_parser().parse_args(["serve", "--model", "m"]).max_body_bytes == DEFAULT_MAX_BODY_BYTES
+    args = build_parser().parse_args(["serve", "--model", "m", "--max-body-bytes", "1000"])
+    assert args.max_body_bytes == 1000

@@ -11,6 +11,7 @@ import httpx
 import pytest
 
 from cloud_server.api.server import create_app
+from cloud_server.exceptions import EngineError
 
 from .fake_engine import REPLY, FakeEngine
 from .helpers import ThreadServer, metric_value, sse_payloads
@@ -398,3 +399,45 @@ def test_fake_engine_validates_at_the_call_like_the_real_one() -> None:
     engine.num_waiting = 2  # one more than the free slot plus the one that may wait
     with pytest.raises(QueueFullError):
         engine.generate("r2", "x", SamplingParams(max_tokens=1))
+
+
+class _BreaksMidStream(FakeEngine):
+    """Fails after two tokens with an error whose text is internal (and quotes the prompt)."""
+
+    def generate(self, request_id, prompt, params):  # type: ignore[no-untyped-def]
+        inner = super().generate(request_id, prompt, params)
+        text = self.tokenizer.decode(list(prompt)) if not isinstance(prompt, str) else prompt
+
+        async def broken():  # type: ignore[no-untyped-def]
+            n = 0
+            async for out in inner:
+                yield out
+                n += 1
+                if n == 2:
+                    raise EngineError(f"model step failed at /srv/secret/runner.py: {text}")
+
+        return broken()
+
+
+def test_engine_failure_mid_stream_carries_no_internal_text_and_logs_no_prompt(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    engine = _BreaksMidStream(max_model_len=512)
+    srv = ThreadServer(create_app(lambda: engine)).start()
+    secret = "my private question"
+    try:
+        with caplog.at_level("INFO"):
+            body = {"model": "fake-model", "messages": [{"role": "user", "content": secret}],
+                    "stream": True, "max_tokens": 20}
+            r = httpx.post(f"{srv.url}/v1/chat/completions", json=body, timeout=30)
+            events = sse_payloads(iter(r.text.splitlines()))
+            plain = httpx.post(f"{srv.url}/v1/chat/completions",
+                               json={**body, "stream": False}, timeout=30)
+    finally:
+        srv.stop()
+    assert events[-1] == "[DONE]"
+    error = events[-2]["error"]
+    assert error["type"] == "server_error" and "secret" not in r.text and secret not in r.text
+    assert plain.status_code == 500 and "secret" not in plain.text
+    assert secret not in caplog.text and "/srv/secret" not in caplog.text
+    assert "EngineError" in caplog.text  # the failure is logged, by type

@@ -57,12 +57,13 @@ def forced_mean_logprob(edge, question: str, answer: str) -> float:
     from llama_cpp import Llama
 
     llm = Llama(model_path=str(edge.model_path), n_ctx=512, logits_all=True, verbose=False)
-    prompt = llm.tokenize(edge.render([{"role": "user", "content": question}]).encode(),
-                          add_bos=False, special=True)
+    prompt = llm.tokenize(
+        edge.render([{"role": "user", "content": question}]).encode(), add_bos=False, special=True
+    )
     ans = llm.tokenize(answer.encode(), add_bos=False, special=False)
     llm.reset()
     llm.eval(prompt + ans)
-    rows = np.asarray(llm.scores[len(prompt) - 1: len(prompt) + len(ans) - 1], dtype=np.float64)
+    rows = np.asarray(llm.scores[len(prompt) - 1 : len(prompt) + len(ans) - 1], dtype=np.float64)
     # log_softmax(row)[token] = row[token] - logsumexp(row), per answer position
     peak = rows.max(axis=1, keepdims=True)
     lse = peak[:, 0] + np.log(np.exp(rows - peak).sum(axis=1))
@@ -89,16 +90,17 @@ def main() -> None:
     lps, ok, examples = [], [], []
     for q, want in QUESTIONS:
         for s in range(args.samples):
-            params = GenerationParams(max_tokens=args.max_tokens, temperature=args.temperature,
-                                      seed=1000 + s, logprobs=True)
+            params = GenerationParams(
+                max_tokens=args.max_tokens, temperature=args.temperature, seed=1000 + s, logprobs=True
+            )
             g = edge.generate([{"role": "user", "content": q}], params)
             lps.append(g.mean_logprob if g.mean_logprob is not None else float("-inf"))
             ok.append(want.lower() in g.text.lower())
             if q.endswith("France?"):
-                examples.append({"text": g.text.strip()[:80], "mean_logprob": round(lps[-1], 3),
-                                 "right": ok[-1]})
-    issue = forced_mean_logprob(edge, "What is the capital of France?",
-                                "L'Étoile, est la cité de la France.")
+                examples.append(
+                    {"text": g.text.strip()[:80], "mean_logprob": round(lps[-1], 3), "right": ok[-1]}
+                )
+    issue = forced_mean_logprob(edge, "What is the capital of France?", "L'Étoile, est la cité de la France.")
     edge.close()
     lp, right = np.asarray(lps), np.asarray(ok)
     floor = calibrate_logprob_threshold(lp, right)

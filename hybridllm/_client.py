@@ -209,7 +209,10 @@ def _build_core(
             from .backends.base import create_backend
 
             edge = create_backend(  # "llama_cpp" or "onnx"
-                cfg.edge_backend, model=cfg.edge_model, n_ctx=cfg.n_ctx, n_threads=cfg.n_threads,
+                cfg.edge_backend,
+                model=cfg.edge_model,
+                n_ctx=cfg.n_ctx,
+                n_threads=cfg.n_threads,
                 progress=progress,
             )
             made.append(edge)

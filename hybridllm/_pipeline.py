@@ -216,8 +216,7 @@ class Core:
         try:
             vec, hit = await self._lookup(req) if use_cache else (None, None)
             decision = None if hit is not None else await self._plan(req, vec)
-            source = self._replay_hit(hit, start) if hit is not None else \
-                self._execute(req, decision, start)  # type: ignore[arg-type]
+            source = self._replay_hit(hit, start) if hit is not None else self._execute(req, decision, start)  # type: ignore[arg-type]
             final: Chunk | None = None
             async with aclosing(source) as chunks:
                 async for chunk in chunks:

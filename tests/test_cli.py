@@ -55,11 +55,26 @@ def test_edge_model_comes_from_config_toml_unless_model_is_given(tmp_path, monke
 
 
 def test_sampling_flags_reach_the_request(recorder):
-    assert cli.main(["ask", "hi", "--json", "--top-k", "5", "--min-p", "0.1",
-                     "--repeat-penalty", "1.2", "--seed", "3"]) == 0
+    assert (
+        cli.main(
+            [
+                "ask",
+                "hi",
+                "--json",
+                "--top-k",
+                "5",
+                "--min-p",
+                "0.1",
+                "--repeat-penalty",
+                "1.2",
+                "--seed",
+                "3",
+            ]
+        )
+        == 0
+    )
     asked = recorder.asked[-1]
-    assert (asked["top_k"], asked["min_p"], asked["repeat_penalty"], asked["seed"]) == \
-        (5, 0.1, 1.2, 3)
+    assert (asked["top_k"], asked["min_p"], asked["repeat_penalty"], asked["seed"]) == (5, 0.1, 1.2, 3)
 
 
 def test_the_default_model_id_is_written_once():
@@ -69,6 +84,9 @@ def test_the_default_model_id_is_written_once():
 
     root = pathlib.Path(hybridllm.__file__).parent
     # models/ is the catalog's own code (its messages name catalog ids as examples)
-    hits = [p.relative_to(root).as_posix() for p in root.rglob("*.py")
-            if "smollm2-135m-instruct" in p.read_text() and p.parent.name != "models"]
+    hits = [
+        p.relative_to(root).as_posix()
+        for p in root.rglob("*.py")
+        if "smollm2-135m-instruct" in p.read_text() and p.parent.name != "models"
+    ]
     assert hits == ["_config.py"], hits

@@ -14,7 +14,7 @@ README = Path(__file__).resolve().parents[1] / "README.md"
 def _section() -> str:
     text = README.read_text()
     start = text.index("## The Python API")
-    return text[start:text.index("\n## ", start + 1)]
+    return text[start : text.index("\n## ", start + 1)]
 
 
 def test_every_name_the_api_section_shows_is_exported():
@@ -37,10 +37,12 @@ def test_the_fields_and_methods_it_names_exist():
     fields = re.findall(r"`(\w+)(?:\(\))?`", row)
     for name in fields:
         assert hasattr(hybridllm.Completion, name) or name in hybridllm.Completion.__dataclass_fields__, name
-    for cls, names in ((hybridllm.HybridLLM, ("chat", "stream", "stats", "close", "__enter__")),
-                       (hybridllm.AsyncHybridLLM, ("chat", "stream", "stats", "aclose", "wrap")),
-                       (hybridllm.Stream, ("close", "__enter__", "__iter__")),
-                       (hybridllm.AsyncStream, ("aclose", "__aenter__", "__aiter__"))):
+    for cls, names in (
+        (hybridllm.HybridLLM, ("chat", "stream", "stats", "close", "__enter__")),
+        (hybridllm.AsyncHybridLLM, ("chat", "stream", "stats", "aclose", "wrap")),
+        (hybridllm.Stream, ("close", "__enter__", "__iter__")),
+        (hybridllm.AsyncStream, ("aclose", "__aenter__", "__aiter__")),
+    ):
         for name in names:
             assert hasattr(cls, name), (cls, name)
 
@@ -60,6 +62,7 @@ def test_the_example_runs():
         def make(**kw):
             kw.pop("cloud_url", None)
             return cls(edge=FakeBackend(reply=lambda m: "Paris is the capital."), cache=False, **kw)
+
         return make
 
     namespace["HybridLLM"] = fake(namespace["HybridLLM"])

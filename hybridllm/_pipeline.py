@@ -402,7 +402,7 @@ class Core:
             async with aclosing(
                 self._emit(
                     self.cloud.astream(d.messages_for_cloud, req.params),
-                    self.cloud.model,
+                    self.cloud,
                     start,
                     route=route,
                     reason=reason,
@@ -457,7 +457,7 @@ class Core:
             deltas = self.edge_worker.stream(lambda: edge.stream(msgs, params))
         return self._emit(
             deltas,
-            edge.model,
+            edge,
             start,
             route=route,
             reason=reason,
@@ -470,7 +470,7 @@ class Core:
     async def _emit(
         self,
         deltas: AsyncIterator[Delta],
-        model: str,
+        backend: Backend,
         start: float,
         *,
         route: str,
@@ -499,7 +499,8 @@ class Core:
                         parts.append(delta.text)
                         if cloud:  # until the cloud's own count arrives: ~4 characters a token
                             req.cloud_calls[-1] += max(1, len(delta.text) // 4)
-                        yield Chunk(delta.text, route, model)
+                        # read per chunk: a cloud learns its model's name from the endpoint
+                        yield Chunk(delta.text, route, backend.model)
                     if delta.finish_reason is not None:
                         finish, usage = delta.finish_reason, delta.usage or usage
         except (CloudUnavailableError, CloudRateLimitError) as exc:
@@ -524,7 +525,7 @@ class Core:
             text="".join(parts),
             route=route,
             reason=reason,
-            model=model,
+            model=backend.model,
             usage=usage,
             latency_ms=(time.perf_counter() - start) * 1000,
             ttft_ms=ttft,
@@ -533,7 +534,7 @@ class Core:
             cost_usd=cost,
             mean_logprob=mean_lp,
         )
-        yield Chunk("", route, model, finish_reason=finish, completion=completion)
+        yield Chunk("", route, backend.model, finish_reason=finish, completion=completion)
 
     async def _replay(
         self,

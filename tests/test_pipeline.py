@@ -295,3 +295,24 @@ def test_a_caller_that_stops_at_the_finish_chunk_leaves_stats_and_cache_complete
                 break
     assert cache.puts == 1 and llm.stats()["requests"] == 2
     assert set(llm.stats()["routes"]) == {"edge", "cache"}
+
+
+def test_a_cloud_that_learns_its_model_name_while_answering_reports_it():
+    class Discovering(FlakyCloud):
+        @property
+        def model(self):
+            return self._name
+
+        @model.setter
+        def model(self, value):
+            self._name = value
+
+        def stream(self, messages, params):
+            self._name = "served-model"  # learned from the endpoint's /v1/models
+            yield from super().stream(messages, params)
+
+    cloud = Discovering()
+    cloud.model = "cloud"
+    llm = HybridLLM(edge=FakeBackend(), cloud=cloud, policy=FakePolicy(), cache=False)
+    c = llm.chat("hard question")
+    assert (c.route, c.model) == ("cloud", "served-model")

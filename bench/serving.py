@@ -8,7 +8,8 @@ from ../shared/data when present) are sent by that many concurrent clients. Outp
 counted by re-tokenizing every answer with llama.cpp's vocabulary, the same way for both servers,
 so neither server's own usage report is trusted. Reported per server and level: aggregate output
 tokens/s (all output tokens / wall time), p50 and p95 TTFT (request sent -> first content
-chunk), and the ratios ours / llama-cpp-python.
+chunk), each server's peak resident memory (``peak_rss_mb``, VmHWM), and the ratios
+ours / llama-cpp-python. ``--quantization`` passes our server's weight format (default: its own).
 """
 
 from __future__ import annotations
@@ -63,7 +64,8 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def start_server(kind: str, gguf: Path, port: int, threads: int, max_num_seqs: int) -> subprocess.Popen:
+def start_server(kind: str, gguf: Path, port: int, threads: int, max_num_seqs: int,
+                 quantization: str | None = None) -> subprocess.Popen:
     if kind == "hybridllm":
         cmd = [
             sys.executable, "-m", "cloud_server", "serve", "--model", str(gguf),
@@ -71,6 +73,8 @@ def start_server(kind: str, gguf: Path, port: int, threads: int, max_num_seqs: i
             "--max-num-seqs", str(max_num_seqs), "--max-model-len", "2048",
             "--num-threads", str(threads), "--log-level", "warning",
         ]  # fmt: skip
+        if quantization:
+            cmd += ["--quantization", quantization]
     else:
         cmd = [
             sys.executable, "-m", "llama_cpp.server", "--model", str(gguf),
@@ -174,7 +178,7 @@ async def run_level(
 def bench_server(kind: str, args: argparse.Namespace, gguf: Path, count: Any) -> dict[str, Any]:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    proc = start_server(kind, gguf, port, args.threads, max(args.concurrency))
+    proc = start_server(kind, gguf, port, args.threads, max(args.concurrency), args.quantization)
     try:
         load_s = wait_ready(url, proc)
         warm = load_prompts(2)
@@ -185,9 +189,22 @@ def bench_server(kind: str, args: argparse.Namespace, gguf: Path, count: Any) ->
             levels[str(c)] = asyncio.run(run_level(url, prompts, c, args.max_tokens, count))
             if not args.json:
                 print(f"{kind:>10} c={c:<3} {levels[str(c)]}", file=sys.stderr)
+        peak_rss_mb = peak_rss(proc)
     finally:
         stop_server(proc)
-    return {"startup_s": round(load_s, 2), "levels": levels}
+    return {"startup_s": round(load_s, 2), "peak_rss_mb": peak_rss_mb, "levels": levels}
+
+
+def peak_rss(proc: subprocess.Popen) -> float | None:
+    """The server process's peak resident memory (VmHWM) in MB, where /proc has it."""
+    try:
+        status = Path(f"/proc/{proc.pid}/status").read_text()
+    except OSError:
+        return None
+    for line in status.splitlines():
+        if line.startswith("VmHWM:"):
+            return round(int(line.split()[1]) / 1024, 1)
+    return None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -198,6 +215,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 16])
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 2)
+    parser.add_argument("--quantization", choices=["none", "int8"], default=None,
+                        help="our server's weights (default: the server's own choice)")
     parser.add_argument("--servers", nargs="+", default=["hybridllm", "llama_cpp"],
                         choices=["hybridllm", "llama_cpp"])  # fmt: skip
     args = parser.parse_args(argv)

@@ -31,6 +31,23 @@ class StepResult:
     probs: dict[int, torch.Tensor] | None = None  # seq_id -> [num_outputs, vocab]
 
 
+def _zeros_on_demand(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A zero tensor whose CPU pages are committed only when first written.
+
+    ``torch.zeros`` writes every byte, so an idle 1 GiB KV pool would be 1 GiB of resident
+    memory; calloc (through numpy) maps zero pages lazily. Zeros matter: padded key slots are
+    masked, but their values still meet a 0 weight, and 0 * NaN would be NaN.
+    """
+    if device.type != "cpu":
+        return torch.zeros(shape, dtype=dtype, device=device)
+    import math
+
+    import numpy as np
+
+    nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+    return torch.from_numpy(np.zeros(nbytes, dtype=np.uint8)).view(dtype).view(shape)
+
+
 class ModelRunner:
     def __init__(
         self,
@@ -47,10 +64,9 @@ class ModelRunner:
         self.config = config
         self.block_size = block_size
         self.device = device
-        self.kv_cache = torch.zeros(
-            config.num_layers, 2, num_blocks * block_size, config.num_kv_heads, config.head_dim,
-            device=device, dtype=dtype,
-        )  # [L, 2, num_slots, KVH, D]
+        shape = (config.num_layers, 2, num_blocks * block_size, config.num_kv_heads,
+                 config.head_dim)
+        self.kv_cache = _zeros_on_demand(shape, dtype, device)  # [L, 2, num_slots, KVH, D]
         self.sampler = Sampler(seed)
 
     def _slot_table(self, tables: list[list[int]], length: int) -> torch.Tensor:

@@ -13,6 +13,7 @@ from torch import nn
 from ..exceptions import ModelLoadError
 from ..layers.linear import QUANTIZATIONS, Embedding, Linear, quantize_rows
 from .config import ModelConfig
+from .loader_gguf import RowChunks
 
 
 @dataclass
@@ -78,14 +79,25 @@ def build_model(
     int8 = quantization == "int8"
     items = tensors.items() if isinstance(tensors, dict) else tensors
     weights: dict[str, Any] = {}  # name -> tensor, or (int8, scale) for quantized matrices
+    num_loaded = 0
     for name, raw in items:
-        t = torch.from_numpy(raw) if not isinstance(raw, torch.Tensor) else raw
-        if int8 and (_is_matrix(name) or name == "model.embed_tokens.weight"):
-            q, scale = quantize_rows(t.to(device))
+        quantize = int8 and (_is_matrix(name) or name == "model.embed_tokens.weight")
+        chunks = raw if isinstance(raw, RowChunks) else [raw]  # big matrices come in row bands
+        parts = []
+        for chunk in chunks:
+            t = torch.from_numpy(chunk) if not isinstance(chunk, torch.Tensor) else chunk
+            parts.append(quantize_rows(t.to(device)) if quantize else t.to(device, dtype))
+            del t, chunk
+        if quantize:
+            q = torch.cat([p[0] for p in parts]) if len(parts) > 1 else parts[0][0]
+            scale = torch.cat([p[1] for p in parts]) if len(parts) > 1 else parts[0][1]
             weights[name] = (q, scale.to(dtype))
         else:
-            weights[name] = t.to(device, dtype)
-        del t, raw
+            weights[name] = torch.cat(parts) if len(parts) > 1 else parts[0]
+        del parts, raw
+        num_loaded += 1
+        if num_loaded % 8 == 0:  # scratch memory of dequantization goes back as we go
+            _return_freed_memory()
     if config.tie_word_embeddings:
         weights.pop("lm_head.weight", None)
     try:
@@ -172,10 +184,23 @@ def load_model(
         from .loader_gguf import iter_gguf_tensors, open_gguf
         from .tokenizer import GGUFTokenizer
 
-        config, reader, _ = open_gguf(path)
-        tensors = iter_gguf_tensors(reader, config)
+        config, gguf_file, _ = open_gguf(path)
+        tensors = iter_gguf_tensors(gguf_file, config)
         tokenizer = GGUFTokenizer(path)
     max_pos = min(max_position or config.max_position_embeddings, config.max_position_embeddings)
     net = build_model(config, tensors, device=device, dtype=dtype, max_position=max_pos,
                       quantization=quantization)
+    del tensors
+    _return_freed_memory()
     return LoadedModel(name=name, config=config, model=net, tokenizer=tokenizer)
+
+
+def _return_freed_memory() -> None:
+    """Hand the loader's freed scratch memory back to the OS (glibc keeps it otherwise)."""
+    import ctypes
+    import ctypes.util
+
+    try:
+        ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc: nothing to do
+        pass

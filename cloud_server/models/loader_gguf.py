@@ -12,6 +12,7 @@ each to its final form before the next is read. Layout differences from Hugging 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -101,8 +102,32 @@ def unpermute_qk(w: Any, num_heads: int) -> Any:
     return w.reshape(num_heads, head_dim // 2, 2, in_dim).swapaxes(1, 2).reshape(out_dim, in_dim)
 
 
-def open_gguf(path: str | Path) -> tuple[ModelConfig, Any, dict[str, Any]]:
-    """Returns (config, gguf reader, metadata); tensors stay in the memory map until read."""
+@dataclass(frozen=True)
+class TensorInfo:
+    """Where one tensor lies in the file (what loading needs; the reader itself is dropped)."""
+
+    name: str
+    tensor_type: Any  # gguf.GGMLQuantizationType
+    data_offset: int
+    n_bytes: int
+    n_elements: int
+    shape: tuple[int, ...]  # as stored: [rows, row bytes] for block formats
+    dtype: Any  # numpy dtype of the stored array
+
+
+@dataclass
+class GGUFTensors:
+    path: str
+    architecture: str
+    tensors: list[TensorInfo]
+
+
+def open_gguf(path: str | Path) -> tuple[ModelConfig, GGUFTensors, dict[str, Any]]:
+    """Returns (config, tensor locations, metadata).
+
+    The reader holds the whole vocabulary as Python objects (hundreds of MB for a 150k-token
+    vocabulary), so it is dropped here, before any weight is loaded.
+    """
     try:
         import gguf
     except ImportError as exc:  # pragma: no cover - server extra missing
@@ -114,29 +139,67 @@ def open_gguf(path: str | Path) -> tuple[ModelConfig, Any, dict[str, Any]]:
     meta = read_metadata(reader)
     num_tokens = len(reader.fields["tokenizer.ggml.tokens"].data)
     config = config_from_metadata(meta, num_tokens)
-    if not any(t.name == "output.weight" for t in reader.tensors):
+    infos = [
+        TensorInfo(t.name, t.tensor_type, int(t.data_offset), int(t.n_bytes), int(t.n_elements),
+                   tuple(t.data.shape), t.data.dtype)
+        for t in reader.tensors
+    ]
+    del reader
+    if not any(t.name == "output.weight" for t in infos):
         config.tie_word_embeddings = True
-    return config, reader, meta
+    return config, GGUFTensors(str(path), str(meta["general.architecture"]), infos), meta
 
 
-def _dequantize(t: Any) -> Any:  # torch fp32 [rows, cols] (or [n] for 1-D tensors)
+_CHUNK_ELEMENTS = 1 << 24  # fp32 weights dequantized at a time: 64 MB
+
+
+def _read_raw(path: str, t: TensorInfo) -> np.ndarray:
+    """The tensor's bytes, read from the file into ordinary memory.
+
+    Reading through the reader's memory map would leave every page of the file resident in
+    this process (counted in its RSS) for as long as the map lives.
+    """
+    with open(path, "rb") as f:
+        f.seek(t.data_offset)
+        buf = f.read(t.n_bytes)
+    return np.frombuffer(buf, dtype=t.dtype).reshape(t.shape)
+
+
+def _dequantize_raw(raw: np.ndarray, tensor_type: Any) -> Any:  # torch fp32
     import torch
     from gguf.quants import dequantize
 
-    out = dequantize_fast_torch(t.data, t.tensor_type.name)
+    out = dequantize_fast_torch(raw, tensor_type.name)
     if out is None:
-        arr = np.asarray(dequantize(t.data, t.tensor_type), dtype=np.float32)
+        arr = np.asarray(dequantize(raw, tensor_type), dtype=np.float32)
         out = torch.from_numpy(arr.copy() if not arr.flags.writeable else arr)
     return out
 
 
-def iter_gguf_tensors(reader: Any, config: ModelConfig) -> Iterator[tuple[str, Any]]:
-    """Yield (HF name, fp32 torch tensor) one at a time; sets RoPE scaling from rope_freqs."""
-    arch = str(reader.fields["general.architecture"].contents())
+@dataclass
+class RowChunks:
+    """A large matrix, dequantized a band of rows at a time (iterate: fp32 [rows_i, cols])."""
+
+    raw: np.ndarray  # [rows, row bytes] as stored
+    tensor_type: Any
+    rows_per_chunk: int
+
+    def __iter__(self) -> Iterator[Any]:
+        for i in range(0, self.raw.shape[0], self.rows_per_chunk):
+            yield _dequantize_raw(self.raw[i : i + self.rows_per_chunk], self.tensor_type)
+
+
+def iter_gguf_tensors(gguf_file: GGUFTensors, config: ModelConfig) -> Iterator[tuple[str, Any]]:
+    """Yield (HF name, fp32 torch tensor or ``RowChunks``) one at a time.
+
+    Sets RoPE scaling from rope_freqs. Matrices beyond 64 MB of fp32 (embeddings, the output
+    head) come as ``RowChunks`` so that a loader can convert them band by band.
+    """
+    arch, path = gguf_file.architecture, gguf_file.path
     names = {**_LAYER_NAMES, **_ARCH_LAYER_NAMES[arch]}
-    for t in reader.tensors:
+    for t in gguf_file.tensors:
         if t.name == "rope_freqs.weight":  # Llama 3.1 RoPE scaling, as per-pair divisors
-            factors = _dequantize(t).flatten().tolist()
+            factors = _dequantize_raw(_read_raw(path, t), t.tensor_type).flatten().tolist()
             config.rope_scaling = {"rope_type": "freq_factors", "factors": factors}
             continue
         if t.name == "token_embd.weight":
@@ -152,7 +215,12 @@ def iter_gguf_tensors(reader: Any, config: ModelConfig) -> Iterator[tuple[str, A
             name = f"model.layers.{layer}.{names[base]}.{kind}"
         else:
             continue
-        arr = _dequantize(t)
+        raw = _read_raw(path, t)
+        if t.n_elements > _CHUNK_ELEMENTS and raw.ndim == 2 and "q_proj" not in name:
+            cols = t.n_elements // raw.shape[0]
+            yield name, RowChunks(raw, t.tensor_type, max(1, _CHUNK_ELEMENTS // cols))
+            continue
+        arr = _dequantize_raw(raw, t.tensor_type)
         if arch == "llama" and name.endswith(("q_proj.weight", "k_proj.weight")):
             heads = config.num_heads if "q_proj" in name else config.num_kv_heads
             arr = unpermute_qk(arr, heads)
@@ -161,6 +229,12 @@ def iter_gguf_tensors(reader: Any, config: ModelConfig) -> Iterator[tuple[str, A
 
 def load_gguf(path: str | Path) -> tuple[ModelConfig, dict[str, np.ndarray], dict[str, Any]]:
     """Returns (config, HF-named fp32 arrays, GGUF metadata): the whole model in memory."""
-    config, reader, meta = open_gguf(path)
-    tensors = {name: t.numpy() for name, t in iter_gguf_tensors(reader, config)}
+    config, gguf_file, meta = open_gguf(path)
+    tensors = {}
+    for name, t in iter_gguf_tensors(gguf_file, config):
+        if isinstance(t, RowChunks):
+            import torch
+
+            t = torch.cat(list(t))
+        tensors[name] = t.numpy()
     return config, tensors, meta

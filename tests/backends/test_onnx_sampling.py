@@ -52,8 +52,8 @@ def test_repeat_penalty_makes_seen_tokens_rarer():
 
 def test_a_seed_survives_last_bit_noise_in_the_logits():
     rng = np.random.default_rng(0)
-    row = rng.normal(0, 2, 50000).astype(np.float32)  # a flat, wide distribution: many near-ties
+    row = rng.normal(0, 2, 8000).astype(np.float32)  # a flat, wide distribution: many near-ties
     noisy = row + rng.normal(0, 1e-4, row.shape).astype(np.float32)
-    same = sum(_sample(row, _p(), s, 3, []) == _sample(noisy, _p(), s, 3, []) for s in range(300))
-    assert same >= 297
-    assert len({_sample(row, _p(), s, 3, []) for s in range(300)}) > 200  # yet seeds differ
+    same = sum(_sample(row, _p(), s, 3, []) == _sample(noisy, _p(), s, 3, []) for s in range(200))
+    assert same >= 198
+    assert len({_sample(row, _p(), s, 3, []) for s in range(200)}) > 150  # yet seeds differ

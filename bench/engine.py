@@ -14,7 +14,8 @@ absent) through the model's chat template, ``ignore_eos`` so every request write
 - ``kv_unused_at_peak``: at the step with the most KV slots allocated, the fraction of them that
   hold no computed token (blocks are taken on demand, so only each sequence's tail is unused).
 - ``single_stream_tokens_per_s`` next to ``bandwidth_bound_tokens_per_s`` = measured memory
-  bandwidth (numpy copy) / fp32 weight bytes: each decoded token must read every weight once.
+  bandwidth (numpy copy) / bytes of the weights as stored (``weight_bytes``: int8 and scales with
+  the CPU default): each decoded token must read every weight once.
 """
 
 from __future__ import annotations
@@ -46,6 +47,19 @@ def load_questions(n: int, offset: int = 0) -> list[str]:
             qs = [json.loads(line)["question"] for _, line in zip(range(offset + n), f, strict=False)]
         return qs[offset:]
     return [FALLBACK[i % len(FALLBACK)] + f" (case {i})" for i in range(offset, offset + n)]
+
+
+def stored_weight_bytes(model) -> int:
+    """Bytes of every weight, scale, bias and norm tensor as the engine holds them (shared once)."""
+    import torch
+
+    seen: dict[int, int] = {}
+    for module in model.modules():
+        for name in ("weight", "scale", "bias"):
+            t = getattr(module, name, None)
+            if isinstance(t, torch.Tensor):
+                seen[t.data_ptr()] = t.numel() * t.element_size()
+    return sum(seen.values())
 
 
 def memory_bandwidth_gbps(num_bytes: int = 256 << 20, rounds: int = 5) -> float:
@@ -144,8 +158,8 @@ def main(argv: list[str] | None = None) -> None:
     warm = [ttft(engine, chat_with_system(q), one) for q in qs[args.ttft_rounds :]]
     ttft_cold, ttft_warm = statistics.median(cold), statistics.median(warm)
 
-    # 3. bandwidth bound for fp32 weights
-    weight_bytes = sum(p.numel() * 4 for p in engine.runner.model.parameters())
+    # 3. bandwidth bound for the weights as stored (int8 + scales by default on CPU)
+    weight_bytes = stored_weight_bytes(engine.runner.model)
     bw = memory_bandwidth_gbps()
     bound = bw * 1e9 / weight_bytes
 
@@ -173,7 +187,9 @@ def main(argv: list[str] | None = None) -> None:
         "kv_unused_at_peak": round(unused, 4),
         "single_stream_tokens_per_s": round(single_tps, 2),
         "memory_bandwidth_gbps": round(bw, 2),
-        "fp32_weight_bytes": weight_bytes,
+        "quantization": engine.quantization,
+        "dtype": str(engine.dtype).removeprefix("torch."),
+        "weight_bytes": weight_bytes,
         "bandwidth_bound_tokens_per_s": round(bound, 2),
         "single_stream_fraction_of_bound": round(single_tps / bound, 3),
         "meets": {

@@ -33,8 +33,9 @@ class Linear(nn.Module):
         self.scale: torch.Tensor | None = None  # [out] in the activation dtype
         self.bias: torch.Tensor | None = None  # [out]
 
-    def load(self, weight: torch.Tensor, *, scale: torch.Tensor | None = None,
-             bias: torch.Tensor | None = None) -> None:
+    def load(
+        self, weight: torch.Tensor, *, scale: torch.Tensor | None = None, bias: torch.Tensor | None = None
+    ) -> None:
         if tuple(weight.shape) != (self.out_features, self.in_features):
             raise ValueError(f"weight {tuple(weight.shape)} != {(self.out_features, self.in_features)}")
         if self.has_bias != (bias is not None):
@@ -71,8 +72,9 @@ class Embedding(nn.Module):
         self.scale: torch.Tensor | None = None  # [vocab]
         self.dtype = torch.float32
 
-    def load(self, weight: torch.Tensor, *, scale: torch.Tensor | None = None,
-             dtype: torch.dtype = torch.float32) -> None:
+    def load(
+        self, weight: torch.Tensor, *, scale: torch.Tensor | None = None, dtype: torch.dtype = torch.float32
+    ) -> None:
         if tuple(weight.shape) != (self.num_embeddings, self.dim):
             raise ValueError(f"embedding {tuple(weight.shape)} != {(self.num_embeddings, self.dim)}")
         self.weight, self.scale, self.dtype = weight.contiguous(), scale, dtype

@@ -61,8 +61,9 @@ class Sampler:
             rows = []
             for i in range(logits.shape[0]):
                 try:
-                    tok, p = self._sample(logits[i : i + 1], seq_ids[i : i + 1], params[i : i + 1],
-                                          return_probs)
+                    tok, p = self._sample(
+                        logits[i : i + 1], seq_ids[i : i + 1], params[i : i + 1], return_probs
+                    )
                     out.append(tok[0])
                     rows.append(p)
                 except Exception as exc:  # noqa: BLE001 - handed to that row's request
@@ -70,12 +71,14 @@ class Sampler:
                     rows.append(None)
             probs = None
             if return_probs:
-                probs = torch.cat([r if r is not None else torch.zeros_like(logits[:1])
-                                   for r in rows])
+                probs = torch.cat([r if r is not None else torch.zeros_like(logits[:1]) for r in rows])
             return SamplerOutput(out, probs)
 
     def _sample(
-        self, logits: torch.Tensor, seq_ids: list[int], params: list[SamplingParams],
+        self,
+        logits: torch.Tensor,
+        seq_ids: list[int],
+        params: list[SamplingParams],
         return_probs: bool,
     ) -> tuple[list[int], torch.Tensor | None]:
         dev = logits.device

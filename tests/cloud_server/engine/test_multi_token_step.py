@@ -21,7 +21,8 @@ def test_lookahead_outputs_equal_step_by_step_decoding(smollm2_engine):
     eng = smollm2_engine
     params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
     prompt = eng.tokenizer.encode(
-        eng.tokenizer.apply_chat_template([{"role": "user", "content": "List three animals."}]))
+        eng.tokenizer.apply_chat_template([{"role": "user", "content": "List three animals."}])
+    )
     ref = eng.generate([prompt], params)[0].token_ids  # 8 greedy tokens
 
     bm, runner = eng.block_manager, eng.runner

@@ -11,8 +11,7 @@ def fp32_engine(path: Path, **overrides):
     from cloud_server.config import EngineConfig
     from cloud_server.engine.llm_engine import LLMEngine
 
-    cfg = dict(max_model_len=512, kv_cache_memory_bytes=64 << 20, quantization="none",
-               dtype="float32")
+    cfg = dict(max_model_len=512, kv_cache_memory_bytes=64 << 20, quantization="none", dtype="float32")
     return LLMEngine(EngineConfig(str(path), **{**cfg, **overrides}))
 
 

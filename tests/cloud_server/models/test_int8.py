@@ -58,5 +58,6 @@ def test_cpu_default_is_int8_with_bf16_activations(smollm2_path):
     device, dtype, quantization = _resolve_device(EngineConfig(str(smollm2_path), device="cpu"))
     assert (device.type, dtype, quantization) == ("cpu", torch.bfloat16, "int8")
     _, dtype, quantization = _resolve_device(
-        EngineConfig(str(smollm2_path), device="cpu", quantization="none"))
+        EngineConfig(str(smollm2_path), device="cpu", quantization="none")
+    )
     assert (dtype, quantization) == (torch.float32, "none")

@@ -46,8 +46,9 @@ def _hf_greedy(path, prompts: list[list[int]]) -> list[list[int]]:
             for _ in range(NUM_NEW):
                 nxt = int(step.logits[0, -1].argmax())
                 toks.append(nxt)
-                step = model(input_ids=torch.tensor([[nxt]]), past_key_values=step.past_key_values,
-                             use_cache=True)
+                step = model(
+                    input_ids=torch.tensor([[nxt]]), past_key_values=step.past_key_values, use_cache=True
+                )
             outs.append(toks)
     return outs
 

@@ -204,3 +204,16 @@ def test_closing_the_client_stops_the_device_before_freeing_it():
     stopped_at = backend.tokens_generated
     time.sleep(0.1)
     assert stopped_at < 100 and backend.tokens_generated == stopped_at
+
+
+def test_an_async_stream_is_read_once_too():
+    async def run():
+        async with AsyncHybridLLM(edge=FakeBackend(), cache=False) as allm:
+            async with allm.stream("hi") as stream:
+                text = "".join([ch.text async for ch in stream])
+            with pytest.raises(StreamConsumedError):
+                stream.__aiter__()
+            return text, stream.completion.text
+
+    text, done = asyncio.run(run())
+    assert text == done == "echo: hi"

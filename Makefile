@@ -59,7 +59,7 @@ test: $(STAMP)
 	@home=$$(mktemp -d) && cache=$$(mktemp -d) && \
 	echo "HYBRIDLLM_HOME=$$home HYBRIDLLM_CACHE_DIR=$$cache (empty)" && \
 	HYBRIDLLM_HOME=$$home HYBRIDLLM_CACHE_DIR=$$cache LLAMA_WHEEL_DIR=$(WHEEL_DIR) \
-	  $(PY) -m pytest -q tests; rc=$$?; rm -rf "$$home" "$$cache"; exit $$rc
+	  $(PY) -m pytest -q --durations=30 tests; rc=$$?; rm -rf "$$home" "$$cache"; exit $$rc
 
 lint: $(STAMP)
 	$(PY) -m ruff check hybridllm cloud_server bench tests

@@ -13,7 +13,9 @@ from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 
+from .._exceptions import InvalidRequestError
 from .._types import GenerationParams, Messages, Usage
+from ..prompts import PromptFormat
 
 
 @dataclass
@@ -104,6 +106,50 @@ class Backend(ABC):
         """``close`` from async code (the cloud closes its connections on the running loop)."""
         self.close()
 
+
+
+class DeviceBackend(Backend):
+    """A backend that renders and tokenizes the prompt itself (llama.cpp, ONNX Runtime).
+
+    Subclasses set ``prompt_format`` and give ``tokenize``, ``context_length`` and ``_run`` (the
+    token loop); the prompt, the stop strings and the context check are written here once.
+    """
+
+    prompt_format: PromptFormat
+
+    @abstractmethod
+    def tokenize(self, messages: Messages, *, prefix: str = "") -> list[int]: ...
+
+    @abstractmethod
+    def _run(self, tokens: list[int], params: GenerationParams,
+             stops: tuple[str, ...]) -> Iterator[Delta]: ...
+
+    def render(self, messages: Messages) -> str:
+        return self.prompt_format.render(messages)
+
+    def count_tokens(self, messages: Messages) -> int:
+        return len(self.tokenize(messages))
+
+    def stream(self, messages: Messages, params: GenerationParams) -> Iterator[Delta]:
+        return self._stream(messages, params, "")
+
+    def stream_continuation(self, messages: Messages, prefix: str,
+                            params: GenerationParams) -> Iterator[Delta]:
+        # the rendered prompt ends with the assistant turn's opening, so the prefix reads as the
+        # start of this model's own answer; up to max_tokens new tokens follow it (the prefix's
+        # tokens are not counted against max_tokens)
+        return self._stream(messages, params, prefix)
+
+    def _stream(self, messages: Messages, params: GenerationParams, prefix: str) -> Iterator[Delta]:
+        stops = tuple(dict.fromkeys(params.stop + self.prompt_format.stops(messages)))
+        tokens = self.tokenize(messages, prefix=prefix)
+        limit = self.context_length
+        if limit is not None and len(tokens) >= limit:
+            raise InvalidRequestError(
+                f"The prompt is {len(tokens)} tokens; the edge model's context holds "
+                f"{limit}. Shorten the conversation or send it to the cloud."
+            )
+        return self._run(tokens, params, stops)
 
 BackendFactory = Callable[..., Backend]
 _REGISTRY: dict[str, BackendFactory] = {}

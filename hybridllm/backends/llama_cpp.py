@@ -15,11 +15,11 @@ from collections.abc import Iterator
 from typing import Any
 
 from .._config import DEFAULT_EDGE_MODEL
-from .._exceptions import EdgeBusyError, EdgeError, InvalidRequestError, ModelCorruptError
+from .._exceptions import EdgeBusyError, EdgeError, ModelCorruptError
 from .._types import GenerationParams, Messages, Usage
 from ..models.store import Progress, resolve_gguf
 from ..prompts import PromptFormat
-from .base import Backend, Delta, register_backend
+from .base import Delta, DeviceBackend, register_backend
 
 DEFAULT_MODEL = DEFAULT_EDGE_MODEL
 
@@ -55,7 +55,7 @@ class StopMatcher:
         return out
 
 
-class LlamaCppBackend(Backend):
+class LlamaCppBackend(DeviceBackend):
     """Chat and completion on a GGUF model with llama.cpp on the CPU (or its GPU build)."""
 
     name = "llama_cpp"
@@ -120,36 +120,14 @@ class LlamaCppBackend(Backend):
     def context_length(self) -> int:
         return int(self._llm.n_ctx())
 
-    def render(self, messages: Messages) -> str:
-        return self.prompt_format.render(messages)
-
     def tokenize(self, messages: Messages, *, prefix: str = "") -> list[int]:
         prompt = self.render(messages) + prefix
         bos = self.prompt_format.bos_token
         add_bos = not (bos and prompt.startswith(bos))
         return list(self._llm.tokenize(prompt.encode("utf-8"), add_bos=add_bos, special=True))
 
-    def count_tokens(self, messages: Messages) -> int:
-        return len(self.tokenize(messages))
-
-    def stream(self, messages: Messages, params: GenerationParams) -> Iterator[Delta]:
-        return self._stream(messages, params, "")
-
-    def stream_continuation(self, messages: Messages, prefix: str,
-                            params: GenerationParams) -> Iterator[Delta]:
-        # the rendered prompt ends with the assistant turn's opening, so the prefix reads as the
-        # start of this model's own answer; up to max_tokens new tokens follow it (the prefix's
-        # tokens are not counted against max_tokens)
-        return self._stream(messages, params, prefix)
-
-    def _stream(self, messages: Messages, params: GenerationParams, prefix: str) -> Iterator[Delta]:
-        stops = tuple(dict.fromkeys(params.stop + self.prompt_format.stops(messages)))
-        tokens = self.tokenize(messages, prefix=prefix)
-        if len(tokens) >= self.context_length:
-            raise InvalidRequestError(
-                f"The prompt is {len(tokens)} tokens; the edge model's context holds "
-                f"{self.context_length}. Shorten the conversation or send it to the cloud."
-            )
+    def _run(self, tokens: list[int], params: GenerationParams,
+             stops: tuple[str, ...]) -> Iterator[Delta]:
         # one llama.cpp context runs one generation at a time. HybridLLM queues requests on one
         # thread (backends/worker.py); a direct caller overlapping two streams gets a clear
         # error at once instead of a lock that a reader holds while it reads

@@ -24,12 +24,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from .._exceptions import EdgeError, InvalidRequestError, ModelCorruptError
+from .._exceptions import EdgeError, ModelCorruptError
 from .._types import GenerationParams, Messages, Usage
 from ..models.onnx_store import DEFAULT_PRECISION, read_meta, resolve_onnx
 from ..models.store import Progress
 from ..prompts import PromptFormat
-from .base import Backend, Delta, register_backend
+from .base import Delta, DeviceBackend, register_backend
 from .llama_cpp import DEFAULT_MODEL, StopMatcher
 
 _PENALTY_WINDOW = 64  # llama.cpp's default repeat_last_n
@@ -91,7 +91,7 @@ def _uniform(ids: Any, seed: int, step: int) -> Any:
     return ((x >> np.uint64(11)).astype(np.float64) + 0.5) / float(1 << 53)  # in (0, 1)
 
 
-class OnnxBackend(Backend):
+class OnnxBackend(DeviceBackend):
     """Chat and completion on a prepared ONNX Runtime GenAI model folder on the CPU."""
 
     name = "onnx"
@@ -167,37 +167,12 @@ class OnnxBackend(Backend):
     def context_length(self) -> int:
         return self._n_ctx
 
-    def render(self, messages: Messages) -> str:
-        return self.prompt_format.render(messages)
-
     def tokenize(self, messages: Messages, *, prefix: str = "") -> list[int]:
         ids = [int(t) for t in self._tok.encode(self.render(messages) + prefix)]
         if self._add_bos and self._bos_id is not None and (not ids or ids[0] != self._bos_id):
             ids.insert(0, int(self._bos_id))
         return ids
 
-    def count_tokens(self, messages: Messages) -> int:
-        return len(self.tokenize(messages))
-
-    def stream(self, messages: Messages, params: GenerationParams) -> Iterator[Delta]:
-        return self._stream(messages, params, "")
-
-    def stream_continuation(
-        self, messages: Messages, prefix: str, params: GenerationParams
-    ) -> Iterator[Delta]:
-        # the prompt ends with the assistant turn's opening, so the prefix reads as the start of
-        # this model's own answer; max_tokens counts only the new tokens
-        return self._stream(messages, params, prefix)
-
-    def _stream(self, messages: Messages, params: GenerationParams, prefix: str) -> Iterator[Delta]:
-        stops = tuple(dict.fromkeys(params.stop + self.prompt_format.stops(messages)))
-        tokens = self.tokenize(messages, prefix=prefix)
-        if len(tokens) >= self.context_length:
-            raise InvalidRequestError(
-                f"The prompt is {len(tokens)} tokens; the edge model's context holds "
-                f"{self.context_length}. Shorten the conversation or send it to the cloud."
-            )
-        return self._generate(tokens, params, stops)
 
     def _logits(self, seq: list[int]) -> Any:
         """[vocab] logits of the token after ``seq``, reusing the cache's common prefix."""
@@ -240,7 +215,7 @@ class OnnxBackend(Backend):
             self._cached, self._last_row = list(seq), row
             return row
 
-    def _generate(
+    def _run(
         self, tokens: list[int], params: GenerationParams, stops: tuple[str, ...]
     ) -> Iterator[Delta]:
         import numpy as np

@@ -34,6 +34,21 @@ def cpu_session(ort: Any, path: Path, num_threads: int | None) -> Any:
     return ort.InferenceSession(str(path), sess_options=opts, providers=["CPUExecutionProvider"])
 
 
+def pad_batch(encodings: Sequence[Any]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Token ids, attention mask and token types of tokenizer encodings, right-padded with zeros to
+    the longest: three ``[batch, seq]`` int64 arrays (the graph's inputs; the trainer's too)."""
+    width = max(len(e.ids) for e in encodings)
+    ids = np.zeros((len(encodings), width), dtype=np.int64)  # [batch, seq]
+    mask = np.zeros_like(ids)
+    types = np.zeros_like(ids)
+    for row, enc in enumerate(encodings):
+        n = len(enc.ids)
+        ids[row, :n] = enc.ids
+        mask[row, :n] = 1
+        types[row, :n] = enc.type_ids
+    return ids, mask, types
+
+
 class OnnxEncoder:
     """An ONNX Runtime session on ``folder``'s graph and its tokenizer (thread-safe: sessions allow
     concurrent ``run`` calls and the tokenizer is only read after construction)."""
@@ -62,15 +77,6 @@ class OnnxEncoder:
 
     def run(self, inputs: Sequence[str] | Sequence[tuple[str, str]]) -> np.ndarray:
         """The graph's output for one batch of texts or text pairs."""
-        encodings = self._tokenizer.encode_batch(list(inputs))
-        width = max(len(e.ids) for e in encodings)
-        ids = np.zeros((len(encodings), width), dtype=np.int64)  # [batch, seq]
-        mask = np.zeros_like(ids)
-        types = np.zeros_like(ids)
-        for row, enc in enumerate(encodings):
-            n = len(enc.ids)
-            ids[row, :n] = enc.ids
-            mask[row, :n] = 1
-            types[row, :n] = enc.type_ids
+        ids, mask, types = pad_batch(self._tokenizer.encode_batch(list(inputs)))
         (out,) = self._session.run(None, {"input_ids": ids, "attention_mask": mask, "token_type_ids": types})
         return np.asarray(out, dtype=np.float32)

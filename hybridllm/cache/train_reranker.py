@@ -32,6 +32,7 @@ import numpy as np
 
 from .._exceptions import DataError, HybridLLMError
 from .._paths import cache_dir
+from .encoder import pad_batch
 from .evaluate import PairSet, load_pairs, pair_metrics
 from .prepare import EMBEDDER_ID, reranker_dir
 from .reranker import MAX_TOKENS, Reranker, stack_inputs
@@ -77,16 +78,7 @@ def _batches(items: list[Item], batch_size: int, rng: random.Random) -> list[lis
 def _tensors(tokenizer: Any, batch: list[Item]) -> tuple[Any, ...]:
     import torch
 
-    encodings = tokenizer.encode_batch([(q, c) for q, c, _ in batch])
-    width = max(len(e.ids) for e in encodings)
-    ids = np.zeros((len(batch), width), dtype=np.int64)
-    mask = np.zeros_like(ids)
-    types = np.zeros_like(ids)
-    for row, enc in enumerate(encodings):
-        n = len(enc.ids)
-        ids[row, :n] = enc.ids
-        mask[row, :n] = 1
-        types[row, :n] = enc.type_ids
+    ids, mask, types = pad_batch(tokenizer.encode_batch([(q, c) for q, c, _ in batch]))
     labels = torch.tensor([float(label) for _, _, label in batch])
     return torch.from_numpy(ids), torch.from_numpy(mask), torch.from_numpy(types), labels
 

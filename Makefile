@@ -56,10 +56,10 @@ run: $(STAMP)
 # keyed by content stays cached outside them: the llama.cpp wheel (WHEEL_DIR) and pip's cache, which
 # tests/packaging reuses to install the built wheel into a fresh torch-free venv.
 test: $(STAMP)
-	@home=$$(mktemp -d) && cache=$$(mktemp -d) && \
-	echo "HYBRIDLLM_HOME=$$home HYBRIDLLM_CACHE_DIR=$$cache (empty)" && \
+	@home=$$(mktemp -d) && cache=$$(mktemp -d) && seed=$${TEST_SEED:-$$(od -An -N2 -tu2 /dev/urandom | tr -d ' ')} && \
+	echo "HYBRIDLLM_HOME=$$home HYBRIDLLM_CACHE_DIR=$$cache (empty); random order seed $$seed (TEST_SEED=$$seed make test repeats it)" && \
 	HYBRIDLLM_HOME=$$home HYBRIDLLM_CACHE_DIR=$$cache LLAMA_WHEEL_DIR=$(WHEEL_DIR) \
-	  $(PY) -m pytest -q --durations=30 tests; rc=$$?; rm -rf "$$home" "$$cache"; exit $$rc
+	  $(PY) -m pytest -q --durations=30 -p randomly --randomly-seed=$$seed tests; rc=$$?; rm -rf "$$home" "$$cache"; exit $$rc
 
 lint: $(STAMP)
 	$(PY) -m ruff check hybridllm cloud_server bench tests

@@ -142,10 +142,11 @@ def cmd_models_list(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
-    print(f"{'ID':<24}{'KIND':<11}{'ARCH':<9}{'SIZE':>9}  {'PULLED':<7}LICENSE")
+    w = max([len("ID"), *(len(r["id"]) for r in rows)]) + 2  # the longest id sets the column
+    print(f"{'ID':<{w}}{'KIND':<11}{'ARCH':<9}{'SIZE':>9}  {'PULLED':<7}LICENSE")
     for r in rows:
         shown = f"{r['size_mb']} MB" if r["size_mb"] else "-"
-        print(f"{r['id']:<24}{r['kind']:<11}{r['architecture']:<9}{shown:>9}  "
+        print(f"{r['id']:<{w}}{r['kind']:<11}{r['architecture']:<9}{shown:>9}  "
               f"{'yes' if r['pulled'] else 'no':<7}{r['license']}")
     return 0
 
@@ -171,8 +172,9 @@ def cmd_models_verify(args: argparse.Namespace) -> int:
     from .models.store import verify
 
     results = verify(args.id)
+    w = max([len("ID"), *(len(r.id) for r in results)]) + 2
     for r in results:
-        print(f"{r.id:<24}{r.status:<9}{r.detail}")
+        print(f"{r.id:<{w}}{r.status:<9}{r.detail}")
     return 1 if any(r.status == "corrupt" for r in results) else 0
 
 

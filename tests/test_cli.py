@@ -90,3 +90,13 @@ def test_the_default_model_id_is_written_once():
         if "smollm2-135m-instruct" in p.read_text() and p.parent.name != "models"
     ]
     assert hits == ["_config.py"], hits
+
+
+def test_models_list_columns_line_up_for_long_ids(capsys):
+    # the catalog's longest id (qwen2.5-coder-1.5b-instruct) is longer than the old fixed column
+    assert cli.main(["models", "list"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) >= 5
+    # where the second column (KIND) begins on each line: after the id and its padding
+    cols = [len(line) - len(line[line.index(" ") :].lstrip()) for line in lines]
+    assert len(set(cols)) == 1, lines

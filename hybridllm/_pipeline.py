@@ -195,6 +195,7 @@ class Core:
         self.edge_worker = EdgeWorker(edge, max_waiting=edge_max_waiting, wait_timeout_s=edge_wait_timeout_s)
         self._closed = False
         self._cache_write_failed = False
+        self._cache_embed_failed = False  # an embedder that cannot load says so once, not per request
         GenerationParams.from_kwargs(**self.defaults)  # bad defaults fail at construction
 
     # -- validation, at the call --------------------------------------------------------------
@@ -246,7 +247,10 @@ class Core:
             try:
                 vec = cache.embed_query(req.messages)
             except HybridLLMError as exc:  # a broken cache must not break answering
-                log.warning("semantic cache embedding failed: %s", exc)
+                if not self._cache_embed_failed:
+                    self._cache_embed_failed = True
+                    log.warning("semantic cache embedding failed (%s); answering without the cache "
+                                "(logged once)", exc)
                 return None, None
             try:
                 return vec, cache.get(

@@ -286,6 +286,19 @@ def test_a_cache_that_cannot_write_never_costs_the_answer(caplog):
     assert sum("cannot store answers" in r.message for r in caplog.records) == 1  # logged once
 
 
+
+def test_an_embedder_that_cannot_load_costs_no_answer_and_is_logged_once(caplog):
+    from hybridllm import HybridLLMError
+
+    class NoEmbedder(FakeCache):
+        def embed_query(self, msgs):
+            raise HybridLLMError("the embedder is not prepared")
+
+    llm, *_ = make(cache=NoEmbedder())
+    answers = [llm.chat(f"easy question {i}").text for i in range(3)]
+    assert answers == ["edge answer"] * 3
+    assert sum("embedding failed" in r.message for r in caplog.records) == 1
+
 def test_a_caller_that_stops_at_the_finish_chunk_leaves_stats_and_cache_complete():
     cache = FakeCache()
     llm, *_ = make(cache=cache)

@@ -147,8 +147,12 @@ class OpenAIServing:
                 messages = [{"role": "system", "content": self.system_prompt}, *messages]
             prompt_text = tokenizer.apply_chat_template(messages)
             prompt_ids = list(tokenizer.encode(prompt_text))
+            # a base model's transcript must not run on into the user's next turn: the prompt
+            # format's own stops (the device adds the same ones, hybridllm.prompts)
+            format_stops = list(tokenizer.stop_strings(messages))
         else:
             kind, prefix = "completion", "cmpl"
+            format_stops = []
             prompt = req.single_prompt()
             prompt_ids = list(tokenizer.encode(prompt)) if isinstance(prompt, str) else list(prompt)
         if not prompt_ids:
@@ -169,7 +173,7 @@ class OpenAIServing:
             top_p=1.0 if req.top_p is None else req.top_p,
             top_k=-1 if req.top_k is None else req.top_k,
             max_tokens=limit if limit is not None else max_len - len(prompt_ids),
-            stop=req.stop_list(),
+            stop=list(dict.fromkeys(req.stop_list() + format_stops)),
             stop_token_ids=list(req.stop_token_ids or []),
             seed=req.seed,
             ignore_eos=req.ignore_eos,

@@ -441,3 +441,19 @@ def test_engine_failure_mid_stream_carries_no_internal_text_and_logs_no_prompt(
     assert plain.status_code == 500 and "secret" not in plain.text
     assert secret not in caplog.text and "/srv/secret" not in caplog.text
     assert "EngineError" in caplog.text  # the failure is logged, by type
+
+
+def test_chat_requests_get_the_prompt_formats_stops_beside_their_own():
+    # a base model's transcript format stops at the next user turn on the cloud as on the device
+    from cloud_server.api.metrics import ServerMetrics
+    from cloud_server.api.serving import OpenAIServing
+    from hybridllm.wire import ChatCompletionRequest, CompletionRequest
+
+    engine = FakeEngine()
+    serving = OpenAIServing(engine, "fake-model", ServerMetrics(lambda: None, lambda: "fake-model"))
+    chat = ChatCompletionRequest.model_validate(
+        {"model": "fake-model", "messages": [{"role": "user", "content": "hi"}], "stop": ["END"]}
+    )
+    assert serving.prepare(chat).params.stop == ["END", "\n<user>"]
+    plain = CompletionRequest.model_validate({"model": "fake-model", "prompt": "hi", "stop": "END"})
+    assert serving.prepare(plain).params.stop == ["END"]  # a raw completion has no turns

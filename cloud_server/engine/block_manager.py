@@ -57,6 +57,10 @@ class BlockManager:
     def usage(self) -> float:
         return self.num_used_blocks / self.num_blocks
 
+    def cached_block_hashes(self) -> list[int]:
+        """Hashes of the full blocks the prefix cache holds (in use or evictable), read-only."""
+        return list(self._hash_to_block)
+
     def num_blocks_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
 

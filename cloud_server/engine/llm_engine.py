@@ -276,6 +276,16 @@ class LLMEngine:
             "kv_unused_slots_at_peak": self._unused_slots_at_peak,
         }
 
+    def load_report(self) -> dict[str, Any]:
+        """Read-only load for a cluster router: outstanding tokens (prompt tokens still to
+        prefill + decode tokens still expected, up to ``max_tokens``) and the prefix block hashes
+        held. Called from outside the engine thread: copies before it counts."""
+        seqs = [*self.scheduler.running, *self.scheduler.waiting]
+        prefill = sum(max(0, s.num_prompt_tokens - s.num_computed_tokens) for s in seqs)
+        decode = sum(max(0, s.params.max_tokens - s.num_output_tokens) for s in seqs)
+        return {"outstanding_tokens": prefill + decode, "prefill_tokens": prefill,
+                "decode_tokens": decode, "prefix_hashes": self.block_manager.cached_block_hashes()}
+
     def reset_stats(self) -> None:
         self._steps = self._max_batch_num_seqs = 0
         self._peak_slots = self._unused_slots_at_peak = 0

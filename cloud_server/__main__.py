@@ -1,6 +1,7 @@
 """``hybridllm-cloud``: the cloud server's command line.
 
     hybridllm-cloud serve --model ID_OR_PATH [--host 127.0.0.1] [--port 8000] [--api-key KEY ...]
+        [--speculative-method ngram|draft --num-speculative-tokens K [--draft-model ID_OR_PATH]]
 
 Errors (a bad option, a port in use, a model that fails to load) are printed as one line on
 stderr and the exit status is non-zero; no traceback.
@@ -97,6 +98,20 @@ def build_parser() -> argparse.ArgumentParser:
     )
     engine.add_argument("--seed", type=int, default=0)
     engine.add_argument("--num-threads", type=_positive_int, default=None, help="torch CPU threads")
+    spec = serve.add_argument_group("speculative decoding (off by default)")
+    spec.add_argument(
+        "--speculative-method", default=None, choices=["ngram", "draft"],
+        help="ngram: prompt lookup (drafts copied from the prompt and output); draft: a smaller "
+        "model with the same tokenizer (--draft-model)",
+    )
+    spec.add_argument(
+        "--num-speculative-tokens", type=_positive_int, default=4, metavar="K",
+        help="most tokens proposed per sequence and step (default 4; fewer under load)",
+    )
+    spec.add_argument(
+        "--draft-model", default=None, metavar="ID_OR_PATH",
+        help="draft model for --speculative-method draft: catalog id, .gguf file or HF folder",
+    )
     serve.add_argument(
         "--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"]
     )
@@ -122,6 +137,9 @@ def _engine_config(args: argparse.Namespace) -> Any:
         max_waiting=args.max_waiting,
         enable_prefix_caching=not args.no_prefix_caching,
         num_threads=args.num_threads,
+        speculative_method=args.speculative_method,
+        num_speculative_tokens=args.num_speculative_tokens,
+        draft_model=args.draft_model,
     )
 
 
@@ -174,6 +192,8 @@ def serve(args: argparse.Namespace) -> int:
     api_keys = load_api_keys(args.api_key, args.api_key_file)
     config = _engine_config(args)
     _check_model(args.model)
+    if args.draft_model is not None:
+        _check_model(args.draft_model)
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )

@@ -9,6 +9,7 @@ from .exceptions import ConfigError
 _DEVICES = ("cpu", "cuda")
 _DTYPES = ("float32", "bfloat16", "float16")
 _QUANTIZATIONS = ("none", "int8")
+_SPEC_METHODS = ("ngram", "draft")
 
 
 @dataclass
@@ -20,6 +21,11 @@ class EngineConfig:
     load time": the KV budget from the device, ``max_model_len`` from the model (capped on CPU),
     the device (CUDA when present), the dtype and the quantization: on CPU weight-only int8 with
     bf16 activations (the fastest there; logits within cosine 0.99 of fp32), on CUDA bf16.
+
+    Speculative decoding (off by default): ``speculative_method`` ``ngram`` (prompt lookup) or
+    ``draft`` (``draft_model``, a smaller model with the same tokenizer), proposing up to
+    ``num_speculative_tokens`` tokens per step; ``spec_max_rows`` bounds the draft rows of one step
+    (the adaptive rule in ``engine/spec_decode/decoder.py``).
     """
 
     model: str
@@ -35,6 +41,10 @@ class EngineConfig:
     max_waiting: int = 256
     enable_prefix_caching: bool = True
     num_threads: int | None = None
+    speculative_method: str | None = None
+    num_speculative_tokens: int = 4
+    draft_model: str | None = None
+    spec_max_rows: int = 16
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, str) or not self.model:
@@ -61,5 +71,16 @@ class EngineConfig:
             raise ConfigError(
                 f"EngineConfig.quantization must be one of {_QUANTIZATIONS}, got {self.quantization!r}"
             )
+        if self.speculative_method is not None and self.speculative_method not in _SPEC_METHODS:
+            raise ConfigError(
+                f"EngineConfig.speculative_method must be one of {_SPEC_METHODS}, "
+                f"got {self.speculative_method!r}"
+            )
+        if not isinstance(self.num_speculative_tokens, int) or not 1 <= self.num_speculative_tokens <= 16:
+            raise ConfigError("EngineConfig.num_speculative_tokens must be an integer in [1, 16]")
+        if (self.speculative_method == "draft") != (self.draft_model is not None):
+            raise ConfigError("--draft-model goes with --speculative-method draft, and only with it")
+        if not isinstance(self.spec_max_rows, int) or self.spec_max_rows < 2:
+            raise ConfigError("EngineConfig.spec_max_rows must be an integer >= 2")
         if self.num_threads is not None and self.num_threads < 1:
             raise ConfigError("EngineConfig.num_threads must be a positive integer")

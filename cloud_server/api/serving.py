@@ -177,6 +177,8 @@ class OpenAIServing:
             stop_token_ids=list(req.stop_token_ids or []),
             seed=req.seed,
             ignore_eos=req.ignore_eos,
+            speculative_method=req.speculative_method,
+            num_speculative_tokens=req.num_speculative_tokens,
             **_extra_sampling(req),
         )
         return Prepared(

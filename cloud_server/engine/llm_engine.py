@@ -7,6 +7,7 @@ runs a list of prompts to completion for offline use, tests and benchmarks.
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from dataclasses import dataclass
@@ -21,7 +22,10 @@ from .sampling_params import SamplingParams
 from .scheduler import ScheduledSeq, Scheduler
 from .sequence import Sequence
 
+logger = logging.getLogger(__name__)
+
 _CPU_MAX_MODEL_LEN = 4096
+_SPEC_LOG_SECONDS = 10.0
 _CPU_KV_BYTES = 1 << 30
 
 
@@ -75,6 +79,8 @@ class LLMEngine:
             device=device, dtype=dtype, seed=config.seed,
         )
         self.device, self.dtype, self.quantization = device, dtype, quantization
+        self.spec = self._make_spec_decoder(num_blocks)
+        self._spec_logged = (time.monotonic(), 0)
         self._requests: dict[str, _Request] = {}
         self._steps = 0
         self._last_batch_num_seqs = 0
@@ -82,6 +88,27 @@ class LLMEngine:
         self._max_batch_num_seqs = 0
         self._peak_slots = 0
         self._unused_slots_at_peak = 0
+
+    def _make_spec_decoder(self, num_blocks: int) -> Any:
+        from .model_runner import ModelRunner
+        from .spec_decode import SpecDecoder
+        from .spec_decode.draft import DraftProposer
+
+        config, draft = self.config, None
+        if config.draft_model is not None:
+            from ..models.loader import load_model
+
+            loaded = load_model(config.draft_model, device=self.device, dtype=self.dtype,
+                                max_position=self.max_model_len, quantization=self.quantization)
+            _check_same_tokenizer(self, loaded)
+            draft = DraftProposer(ModelRunner(
+                loaded.model, loaded.config, num_blocks=num_blocks, block_size=config.block_size,
+                device=self.device, dtype=self.dtype, seed=config.seed + 1,
+            ))
+        return SpecDecoder(
+            method=config.speculative_method, num_speculative_tokens=config.num_speculative_tokens,
+            max_model_len=self.max_model_len, draft=draft, max_spec_rows=config.spec_max_rows,
+        )
 
     # -- requests ----------------------------------------------------------------------------
     def encode_prompt(self, prompt: str | list[int]) -> list[int]:
@@ -93,6 +120,11 @@ class LLMEngine:
         return ids
 
     def check_request(self, prompt_ids: list[int], params: SamplingParams) -> None:
+        if params.speculative_method == "draft" and self.spec.draft is None:
+            raise InvalidRequestError(
+                "speculative_method 'draft' needs a server started with --draft-model",
+                param="speculative_method",
+            )
         if not prompt_ids:
             raise InvalidRequestError("the prompt is empty", param="prompt")
         total = len(prompt_ids) + params.max_tokens
@@ -123,7 +155,7 @@ class LLMEngine:
         if req is None:
             return None
         self.scheduler.finish(req.seq, "abort")
-        self.runner.release(req.seq.seq_id)
+        self._release(req.seq.seq_id)
         return self._output(req, "", [], "abort")
 
     def has_unfinished(self) -> bool:
@@ -136,30 +168,60 @@ class LLMEngine:
         A failure of the whole forward pass is an ``EngineError`` for the step; a failure that
         belongs to one request (its sampling settings) ends that request alone, with an error.
         """
-        sched = self.scheduler.schedule()
+        spec = self.spec
+        sched = self.scheduler.schedule(spec.lookahead)
         if sched.is_empty:
             return []
         try:
-            result = self.runner.execute(sched.scheduled)
+            if any(item.num_spec_slots for item in sched.scheduled):
+                self.scheduler.add_drafts(sched.scheduled, spec.propose(sched.scheduled))
+            result = self.runner.execute(
+                sched.scheduled, return_probs=spec.needs_probs(sched.scheduled)
+            )
         except Exception as exc:  # a model failure is an engine failure, not a request error
+            self.scheduler.rollback(sched.scheduled)
             raise EngineError(f"model step failed: {exc}") from exc
         self._record_batch(len(sched.scheduled), sched.num_tokens)
-        new_tokens = {sid: t for sid, t in result.tokens.items() if isinstance(t, list)}
+        new_tokens, num_rejected = spec.verify(
+            sched.scheduled, result.tokens, result.probs,
+            lambda seq: self.runner.sampler.generator(seq.seq_id, seq.params, self.device),
+        )
         outputs = [
             self._process_tokens(self._requests[seq.request_id], tokens)
-            for seq, tokens in self.scheduler.update(sched.scheduled, new_tokens)
+            for seq, tokens in self.scheduler.update(sched.scheduled, new_tokens, num_rejected)
         ]
         for item in sched.scheduled:
             error = result.tokens.get(item.seq.seq_id)
             if isinstance(error, BaseException) and item.seq.request_id in self._requests:
                 outputs.append(self._fail(item.seq.request_id, error))
         self._record_kv()
+        self._log_spec()
         return outputs
+
+    def _release(self, seq_id: int) -> None:
+        self.runner.release(seq_id)
+        self.spec.release(seq_id)
+        if self.spec.draft is not None:
+            self.spec.draft.release(seq_id)
+
+    def _log_spec(self) -> None:
+        """Every ~10 s with new drafts: the mean acceptance length (1 + accepted per draft)."""
+        now, st = time.monotonic(), self.spec.stats
+        last_time, last_drafts = self._spec_logged
+        if now - last_time < _SPEC_LOG_SECONDS or st.num_drafts == last_drafts:
+            return
+        self._spec_logged = (now, st.num_drafts)
+        rate = st.num_accepted_tokens / max(1, st.num_draft_tokens)
+        logger.info(
+            "speculative decoding: mean acceptance length %.2f, acceptance rate %.1f%% "
+            "(%d drafts, %d draft tokens, %d accepted)", st.mean_acceptance_length, 100 * rate,
+            st.num_drafts, st.num_draft_tokens, st.num_accepted_tokens,
+        )
 
     def _fail(self, request_id: str, error: BaseException) -> RequestOutput:
         req = self._requests.pop(request_id)
         self.scheduler.finish(req.seq, "error")
-        self.runner.release(req.seq.seq_id)
+        self._release(req.seq.seq_id)
         out = self._output(req, "", [], "error")
         out.error = f"{type(error).__name__}: {error}"
         return out
@@ -189,7 +251,7 @@ class LLMEngine:
         if reason is not None:
             self._requests.pop(seq.request_id, None)
             self.scheduler.finish(seq, reason)
-            self.runner.release(seq.seq_id)
+            self._release(seq.seq_id)
         return self._output(req, delta, new_ids, reason)
 
     @staticmethod
@@ -274,6 +336,10 @@ class LLMEngine:
             "max_batch_num_seqs": self._max_batch_num_seqs,
             "kv_peak_allocated_slots": self._peak_slots,
             "kv_unused_slots_at_peak": self._unused_slots_at_peak,
+            "spec_decode_num_drafts": self.spec.stats.num_drafts,
+            "spec_decode_num_draft_tokens": self.spec.stats.num_draft_tokens,
+            "spec_decode_num_accepted_tokens": self.spec.stats.num_accepted_tokens,
+            "spec_decode_num_accepted_tokens_per_pos": list(self.spec.stats.accepted_per_pos),
         }
 
     def load_report(self) -> dict[str, Any]:
@@ -291,6 +357,36 @@ class LLMEngine:
         self._peak_slots = self._unused_slots_at_peak = 0
         self.scheduler.num_preemptions = 0
         self.block_manager.prefix_cache_queries = self.block_manager.prefix_cache_hits = 0
+        from .spec_decode import SpecStats
+
+        self.spec.stats = SpecStats()
+
+
+def _check_same_tokenizer(engine: LLMEngine, draft: Any) -> None:
+    """A draft model must speak the target's token ids: same vocabulary, same pieces."""
+    target = engine.tokenizer
+    size = engine.model_config.vocab_size
+    problem = None
+    if draft.config.vocab_size != size:
+        problem = f"vocabulary of {draft.config.vocab_size} tokens, the target's has {size}"
+    else:
+        sample = "def f(x):\n    return x * 2  # Überprüfung, 数字 42!"
+        if draft.tokenizer.encode(sample) != target.encode(sample) or set(
+            draft.tokenizer.eos_token_ids
+        ) != set(target.eos_token_ids):
+            problem = "a different tokenizer"
+        else:
+            ids = list(range(0, size, max(1, size // 2000)))
+            try:
+                same = [draft.tokenizer.decode([i]) for i in ids] == [target.decode([i]) for i in ids]
+            except Exception:  # noqa: BLE001 - ids past one tokenizer's end differ by definition
+                same = False
+            problem = None if same else "a different tokenizer"
+    if problem:
+        raise ConfigError(
+            f"draft model {engine.config.draft_model!r} has {problem}; speculative decoding "
+            f"needs a draft that shares the target's tokenizer"
+        )
 
 
 def _resolve_device(config: EngineConfig) -> tuple[Any, Any, str]:

@@ -23,6 +23,8 @@ class SamplingParams:
     stop_token_ids: list[int] = field(default_factory=list)
     seed: int | None = None
     ignore_eos: bool = False
+    speculative_method: str | None = None
+    num_speculative_tokens: int | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -43,6 +45,15 @@ class SamplingParams:
             raise InvalidRequestError("max_tokens must be a positive integer", param="max_tokens")
         if any(not isinstance(s, str) or not s for s in self.stop):
             raise InvalidRequestError("stop must be a list of non-empty strings", param="stop")
+        if self.speculative_method not in (None, "none", "ngram", "draft"):
+            raise InvalidRequestError(
+                "speculative_method must be 'ngram', 'draft' or 'none'", param="speculative_method"
+            )
+        k = self.num_speculative_tokens
+        if k is not None and (not isinstance(k, int) or not 0 <= k <= 16):
+            raise InvalidRequestError(
+                "num_speculative_tokens must be an integer in [0, 16]", param="num_speculative_tokens"
+            )
         if any(not isinstance(t, int) or t < 0 for t in self.stop_token_ids):
             raise InvalidRequestError("stop_token_ids must be non-negative integers", param="stop")
 

@@ -5,11 +5,17 @@ chunk of an unfinished prefill), then admits waiting sequences FCFS with chunked
 ``max_num_seqs`` sequences and ``max_num_batched_tokens`` tokens. When the pool runs out of blocks,
 the newest running sequence is preempted: its blocks are freed and it goes back to the front of the
 waiting queue, to be recomputed (prompt + outputs so far, mostly from the prefix cache) later.
+
+Speculative decoding: ``schedule(lookahead=...)`` reserves draft slots for decoding sequences
+(never at the cost of a preemption: a sequence short of blocks just decodes plainly),
+``add_drafts`` appends the proposals as the step's trailing tokens, and ``update`` drops the
+rejected ones and trims their blocks before anything is hashed into the prefix cache.
 """
 
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ..exceptions import QueueFullError
@@ -22,6 +28,7 @@ class ScheduledSeq:
     seq: Sequence
     num_new_tokens: int  # tokens to compute in this step, from seq.num_computed_tokens on
     num_lookahead: int = 0  # of which trailing speculative tokens, verified by this step
+    num_spec_slots: int = 0  # draft slots reserved by schedule(), filled by add_drafts()
 
     @property
     def samples(self) -> bool:
@@ -82,15 +89,38 @@ class Scheduler:
         seq.status = SequenceStatus.WAITING
         self.waiting.append(seq)
 
-    def schedule(self) -> SchedulerOutput:
+    def schedule(self, lookahead: Callable[[Sequence, int], int] | None = None) -> SchedulerOutput:
+        """``lookahead(seq, num_decoding)``: draft slots wanted by a decoding sequence."""
         out = SchedulerOutput()
         budget = self.max_num_batched_tokens
         bm = self.block_manager
+        num_decoding = sum(1 for s in self.running if s.num_uncomputed_tokens == 1)
+        # blocks drafts may take: what the running sequences' plain steps leave free
+        spare = 0
+        if lookahead is not None and num_decoding:
+            spare = bm.num_free_blocks - sum(
+                bm.num_new_blocks_needed(s, min(s.num_uncomputed_tokens, budget))
+                for s in self.running
+            )
         # 1. Running sequences, oldest first; preempt from the newest end when blocks run out.
         i = 0
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
             n = min(seq.num_uncomputed_tokens, budget)
+            k = 0
+            if lookahead is not None and seq.num_uncomputed_tokens == 1:
+                k = max(0, min(lookahead(seq, num_decoding), budget - 1))
+                # drafts never take a block another sequence's plain step needs: at most the
+                # slots of the sequence's own blocks plus the spare ones
+                room = (len(seq.block_table) + max(0, spare)) * bm.block_size
+                k = max(0, min(k, room - seq.num_tokens))
+                spare -= bm.num_new_blocks_needed(seq, 1 + k) - bm.num_new_blocks_needed(seq, 1)
+            if k:
+                bm.append_slots(seq, 1 + k)
+                out.scheduled.append(ScheduledSeq(seq, 1, num_spec_slots=k))
+                budget -= 1 + k
+                i += 1
+                continue
             while not bm.can_append(seq, n):
                 victim = self.running[-1]
                 self._preempt(victim, out)
@@ -123,6 +153,25 @@ class Scheduler:
             budget -= n
         return out
 
+    def add_drafts(self, scheduled: list[ScheduledSeq], drafts: dict[int, list[int]]) -> None:
+        """Append each sequence's proposals (at most its reserved slots) as lookahead tokens."""
+        for item in scheduled:
+            tokens = drafts.get(item.seq.seq_id, [])[: item.num_spec_slots]
+            if tokens:
+                item.seq.token_ids.extend(tokens)
+                item.num_new_tokens += len(tokens)
+                item.num_lookahead = len(tokens)
+
+    def rollback(self, scheduled: list[ScheduledSeq]) -> None:
+        """After a failed step: drop the drafts and the slots reserved for them."""
+        for item in scheduled:
+            if item.num_lookahead:
+                del item.seq.token_ids[item.seq.num_tokens - item.num_lookahead :]
+                item.num_new_tokens -= item.num_lookahead
+                item.num_lookahead = 0
+            if item.num_spec_slots:
+                self.block_manager.trim(item.seq)
+
     def update(
         self,
         scheduled: list[ScheduledSeq],
@@ -133,8 +182,8 @@ class Scheduler:
 
         For each scheduled sequence: drop its rejected speculative tokens, count what is now
         computed, give back blocks past it (``trim``), register newly full blocks in the prefix
-        cache (``commit``), then append the accepted new tokens. Returns (sequence, new tokens)
-        for every sequence that got at least one.
+        cache (``commit``), then append the new tokens. Returns (sequence, tokens it gained:
+        accepted drafts, then the new ones) for every sequence that got at least one.
         """
         bm = self.block_manager
         appended: list[tuple[Sequence, list[int]]] = []
@@ -143,13 +192,18 @@ class Scheduler:
             rejected = (num_rejected or {}).get(seq.seq_id, 0)
             if rejected:
                 del seq.token_ids[len(seq.token_ids) - rejected :]
+            accepted = seq.token_ids[len(seq.token_ids) - (item.num_lookahead - rejected) :] if (
+                item.num_lookahead > rejected) else []
             seq.num_computed_tokens = min(seq.num_computed_tokens + item.num_new_tokens,
                                           seq.num_tokens)
+            seq.num_draft_computed_tokens = min(seq.num_draft_computed_tokens,
+                                                seq.num_computed_tokens)
             bm.trim(seq)
             bm.commit(seq)
-            tokens = new_tokens.get(seq.seq_id)
+            tokens = accepted + list(new_tokens.get(seq.seq_id) or [])
+            if new_tokens.get(seq.seq_id):
+                seq.token_ids.extend(new_tokens[seq.seq_id])
             if tokens:
-                seq.token_ids.extend(tokens)
                 appended.append((seq, tokens))
         return appended
 

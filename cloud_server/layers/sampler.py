@@ -34,7 +34,7 @@ class Sampler:
     def release(self, seq_id: int) -> None:
         self._per_seq.pop(seq_id, None)
 
-    def _generator(self, seq_id: int, params: SamplingParams, device: torch.device) -> torch.Generator:
+    def generator(self, seq_id: int, params: SamplingParams, device: torch.device) -> torch.Generator:
         if params.seed is None:
             gen = self._shared.get(device)
             if gen is None:
@@ -112,6 +112,6 @@ class Sampler:
                 raise ValueError("the sampling settings give no valid distribution")
             noise = torch.empty_like(chosen)
             for row, i in enumerate(sampled):  # each row's own generator, before any token
-                noise[row].exponential_(generator=self._generator(seq_ids[i], params[i], dev))
+                noise[row].exponential_(generator=self.generator(seq_ids[i], params[i], dev))
             tokens[idx] = (chosen / noise).argmax(dim=-1)
         return tokens.tolist(), (probs if return_probs else None)

@@ -143,6 +143,9 @@ class SamplingRequest(_Strict):
     stop_token_ids: list[TokenId] | None = None  # vLLM
     seed: Annotated[int, Field(ge=SEED_MIN, le=SEED_MAX), _INTEGRAL] | None = None
     ignore_eos: bool = False  # vLLM, for benchmarks
+    # hybridllm cloud server: this request's speculative decoding ("none" turns it off)
+    speculative_method: Literal["ngram", "draft", "none"] | None = None
+    num_speculative_tokens: Annotated[int, Field(ge=0, le=16), _INTEGRAL] | None = None
     presence_penalty: Annotated[Unit, Field(ge=-2.0, le=2.0)] | None = only(minimum=0, maximum=0)
     frequency_penalty: Annotated[Unit, Field(ge=-2.0, le=2.0)] | None = only(minimum=0, maximum=0)
     logit_bias: dict[str, Annotated[Unit, Field(ge=-100.0, le=100.0)]] | None = only(maxProperties=0)

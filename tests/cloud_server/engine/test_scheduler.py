@@ -169,7 +169,7 @@ def test_update_applies_a_multi_token_step_and_trims_rejected_tokens(make_sched)
     assert len(seq.block_table) == 3  # room for all 12
     # verification accepted 101 and 102, rejected 103..105, and sampled 200 after 102
     appended = sched.update(out.scheduled, {seq.seq_id: [200]}, {seq.seq_id: 3})
-    assert appended == [(seq, [200])]
+    assert appended == [(seq, [101, 102, 200])]  # accepted drafts too: the stop checks see them
     assert seq.token_ids[6:] == [100, 101, 102, 200]
     assert seq.num_computed_tokens == 9  # up to 102; 200 is computed by the next step
     assert len(seq.block_table) == 3 and len(seq.block_hashes) == 2

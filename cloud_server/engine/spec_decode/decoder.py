@@ -1,0 +1,181 @@
+"""The engine's side of speculative decoding, step by step.
+
+1. ``lookahead(seq, num_decoding)``: the scheduler asks how many draft slots a decoding sequence
+   gets this step (the adaptive rule below); 0 means a plain decode.
+2. ``propose(scheduled)``: drafts for the sequences given slots (prompt lookup, or the draft
+   model run over all of them in one batch per position); the scheduler appends them.
+3. ``verify(scheduled, result)``: one target step computed every draft position as a decode row
+   (beside other sequences' decode rows and prefill chunks); the rejection rule keeps a prefix.
+
+Adaptive rule (so that speculation never costs throughput under load): every draft token is one
+more row in the target step. Rows are nearly free while a step is bound by reading the weights
+(few rows) and cost their full compute once it is not, so a step gets at most
+``max_spec_rows`` draft rows in all, split over its decoding sequences: k = min(K, (R - B) // B)
+for B decoding sequences; at B >= R / 2 speculation is off. A sequence whose acceptance rate
+(an exponential average over its own steps) falls below ``min_acceptance`` drafts only every
+``probe_every`` steps, one token, to notice when its text becomes predictable again.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..scheduler import ScheduledSeq
+from ..sequence import Sequence
+from .ngram import propose_ngram
+from .rejection import verify_greedy, verify_sampled
+
+_EMA = 0.3  # weight of the latest step in the acceptance average
+
+
+@dataclass
+class SpecStats:
+    """Counters with vLLM's meanings: a draft is one sequence's proposal in one step."""
+
+    num_drafts: int = 0
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    accepted_per_pos: list[int] = field(default_factory=list)
+
+    def record(self, num_draft: int, num_accepted: int) -> None:
+        self.num_drafts += 1
+        self.num_draft_tokens += num_draft
+        self.num_accepted_tokens += num_accepted
+        if len(self.accepted_per_pos) < num_draft:
+            self.accepted_per_pos += [0] * (num_draft - len(self.accepted_per_pos))
+        for i in range(num_accepted):
+            self.accepted_per_pos[i] += 1
+
+    @property
+    def mean_acceptance_length(self) -> float:
+        """Tokens emitted per verified draft: 1 (the target's own) + accepted drafts."""
+        return 1.0 + self.num_accepted_tokens / self.num_drafts if self.num_drafts else 0.0
+
+
+@dataclass
+class _SeqState:
+    acceptance: float = 0.7  # optimistic start: the first drafts decide
+    steps: int = 0
+
+
+class SpecDecoder:
+    def __init__(
+        self,
+        *,
+        method: str | None,
+        num_speculative_tokens: int,
+        max_model_len: int,
+        draft: Any = None,  # a DraftProposer when a draft model is loaded
+        max_spec_rows: int = 16,
+        min_acceptance: float = 0.2,
+        probe_every: int = 4,
+    ) -> None:
+        self.method = method
+        self.k = num_speculative_tokens
+        self.max_model_len = max_model_len
+        self.draft = draft
+        self.max_spec_rows = max_spec_rows
+        self.min_acceptance = min_acceptance
+        self.probe_every = probe_every
+        self.stats = SpecStats()
+        self._state: dict[int, _SeqState] = {}
+        self._ngram: dict[int, list[int]] = {}  # proposals made in lookahead(), used by propose()
+
+    def method_for(self, seq: Sequence) -> tuple[str | None, int]:
+        """The request's own choice, else the server's."""
+        p = seq.params
+        method = p.speculative_method or self.method
+        if method == "none" or method is None:
+            return None, 0
+        k = p.num_speculative_tokens if p.num_speculative_tokens is not None else self.k
+        return method, k
+
+    # -- 1. slots -----------------------------------------------------------------------------
+    def lookahead(self, seq: Sequence, num_decoding: int) -> int:
+        method, k = self.method_for(seq)
+        if method is None or k < 1:
+            return 0
+        k = min(k, (self.max_spec_rows - num_decoding) // max(1, num_decoding))
+        # never draft past max_tokens or the context window: the last position computed this step
+        # is num_tokens - 1 + k, and k accepted drafts + 1 new token must fit max_tokens
+        k = min(k, seq.params.max_tokens - seq.num_output_tokens - 1,
+                self.max_model_len - seq.num_tokens - 1)
+        if k < 1:
+            return 0
+        state = self._state.setdefault(seq.seq_id, _SeqState())
+        state.steps += 1
+        if state.acceptance < self.min_acceptance:
+            if state.steps % self.probe_every:
+                return 0
+            k = 1
+        if method == "ngram":
+            drafts = propose_ngram(seq.token_ids, k)
+            if drafts:
+                self._ngram[seq.seq_id] = drafts
+            return len(drafts)
+        return k
+
+    # -- 2. proposals ------------------------------------------------------------------------
+    def propose(self, scheduled: list[ScheduledSeq]) -> dict[int, list[int]]:
+        """Drafts for every sequence given lookahead slots (at most that many each)."""
+        out: dict[int, list[int]] = {}
+        model_items: list[ScheduledSeq] = []
+        for item in scheduled:
+            if item.num_spec_slots < 1:
+                continue
+            sid = item.seq.seq_id
+            if sid in self._ngram:
+                out[sid] = self._ngram.pop(sid)[: item.num_spec_slots]
+            else:
+                model_items.append(item)
+        self._ngram.clear()
+        self._draft_probs: dict[int, Any] = {}
+        if model_items:
+            drafts, probs = self.draft.propose(model_items)
+            out.update(drafts)
+            self._draft_probs = probs
+        return out
+
+    # -- 3. verification ---------------------------------------------------------------------
+    def verify(
+        self, scheduled: list[ScheduledSeq], tokens: dict[int, Any], probs: dict[int, Any] | None,
+        generator: Any,
+    ) -> tuple[dict[int, list[int]], dict[int, int]]:
+        """(new tokens, rejected draft count) per sequence, for ``Scheduler.update``.
+
+        ``tokens[seq_id]`` holds the target's token at each output position; for a sequence with
+        drafts the new tokens are the correction or bonus token after the accepted drafts, which
+        stay in ``token_ids``.
+        """
+        new: dict[int, list[int]] = {}
+        rejected: dict[int, int] = {}
+        for item in scheduled:
+            seq, sid = item.seq, item.seq.seq_id
+            out = tokens.get(sid)
+            if not isinstance(out, list):
+                continue
+            k = item.num_lookahead
+            if k == 0:
+                new[sid] = out
+                continue
+            drafts = seq.token_ids[seq.num_tokens - k :]
+            if seq.params.is_greedy or probs is None:
+                emitted = verify_greedy(drafts, out)
+            else:
+                q = self._draft_probs.get(sid)
+                emitted = verify_sampled(drafts, out, probs[sid], q, generator(seq))
+            accepted = len(emitted) - 1
+            self.stats.record(k, accepted)
+            state = self._state.setdefault(sid, _SeqState())
+            state.acceptance += _EMA * (accepted / k - state.acceptance)
+            new[sid] = emitted[accepted:]
+            rejected[sid] = k - accepted
+        return new, rejected
+
+    def needs_probs(self, scheduled: list[ScheduledSeq]) -> bool:
+        return any(s.num_lookahead and not s.seq.params.is_greedy for s in scheduled)
+
+    def release(self, seq_id: int) -> None:
+        self._state.pop(seq_id, None)
+        self._ngram.pop(seq_id, None)

@@ -1,0 +1,141 @@
+"""Speculative decoding on plain data: prompt lookup, the greedy rule, the scheduler's draft
+slots and rollback, the adaptive rule, config and request checks (no model)."""
+
+from __future__ import annotations
+
+import pytest
+
+from cloud_server.config import EngineConfig
+from cloud_server.engine.block_manager import BlockManager
+from cloud_server.engine.sampling_params import SamplingParams
+from cloud_server.engine.scheduler import Scheduler
+from cloud_server.engine.sequence import Sequence
+from cloud_server.engine.spec_decode import SpecDecoder
+from cloud_server.engine.spec_decode.ngram import propose_ngram
+from cloud_server.engine.spec_decode.rejection import verify_greedy
+from cloud_server.exceptions import ConfigError, InvalidRequestError
+
+
+def test_ngram_proposes_what_followed_the_latest_longest_match():
+    #        0  1  2  3  4  5  6  7  8  9
+    tokens = [5, 6, 7, 8, 9, 1, 6, 7, 3, 6, 7]  # suffix [6, 7]: latest earlier match at 6
+    assert propose_ngram(tokens, 3) == [3, 6, 7]
+    assert propose_ngram(tokens + [8], 2) == [9, 1]  # [6, 7, 8] only matches at 1
+    assert propose_ngram([1, 2, 3, 4], 3) == []  # no repeated bigram
+    assert propose_ngram(tokens, 0) == []
+
+
+def test_greedy_rule_keeps_the_agreeing_prefix_and_the_targets_token():
+    assert verify_greedy([4, 5, 6], [4, 5, 9, 1]) == [4, 5, 9]
+    assert verify_greedy([4, 5, 6], [4, 5, 6, 1]) == [4, 5, 6, 1]  # all accepted + bonus
+    assert verify_greedy([4, 5, 6], [7, 5, 6, 1]) == [7]
+
+
+def _decoding_seq(bm: BlockManager, prompt: list[int], params: SamplingParams) -> Sequence:
+    seq = Sequence("r", prompt, params)
+    bm.append_slots(seq, len(prompt))
+    seq.num_computed_tokens = len(prompt)
+    seq.token_ids.append(99)  # the sampled token, not yet computed
+    return seq
+
+
+def test_rejected_drafts_are_trimmed_and_never_hashed():
+    bm = BlockManager(8, 4)
+    sch = Scheduler(bm, max_num_seqs=4, max_num_batched_tokens=64)
+    seq = _decoding_seq(bm, [1, 2, 3], SamplingParams(max_tokens=32))  # 4 tokens, 3 computed
+    seq.status = seq.status.RUNNING
+    sch.running.append(seq)
+    out = sch.schedule(lambda s, n: 6)
+    (item,) = out.scheduled
+    assert item.num_spec_slots == 6 and len(seq.block_table) == 3  # 3 + 1 + 6 = 10 slots
+    sch.add_drafts(out.scheduled, {seq.seq_id: [11, 12, 13, 14, 15, 16, 17]})  # one too many
+    assert item.num_lookahead == 6 and item.num_new_tokens == 7 and item.samples
+    # the target accepts 11, 12 and says 20 after them: 4 drafts rejected
+    appended = sch.update(out.scheduled, {seq.seq_id: [20]}, {seq.seq_id: 4})
+    assert appended == [(seq, [11, 12, 20])]
+    assert seq.token_ids == [1, 2, 3, 99, 11, 12, 20]
+    assert seq.num_computed_tokens == 6
+    assert len(seq.block_table) == 2  # the third block held only rejected drafts
+    assert len(seq.block_hashes) == 1  # block 0 [1, 2, 3, 99] only; block 1 is not full
+    cached_tokens = [t for t in bm._block_tokens if t is not None]
+    assert cached_tokens == [(1, 2, 3, 99)]
+    sch.finish(seq, "abort")
+    assert bm.num_free_blocks == bm.num_blocks
+
+
+def test_drafts_never_preempt_and_rollback_frees_their_slots():
+    bm = BlockManager(4, 4)
+    sch = Scheduler(bm, max_num_seqs=4, max_num_batched_tokens=64)
+    params = SamplingParams(max_tokens=32)
+    a = _decoding_seq(bm, [1, 2, 3], params)  # 1 block each, 2 free
+    b = _decoding_seq(bm, [4, 5, 6], params)
+    for s in (a, b):
+        s.status = s.status.RUNNING
+        sch.running.append(s)
+    out = sch.schedule(lambda s, n: 8)  # 8 drafts need 2 more blocks: only one sequence gets them
+    assert not out.preempted
+    assert [i.num_spec_slots for i in out.scheduled] == [8, 0]
+    assert bm.num_free_blocks == 0
+    sch.add_drafts(out.scheduled, {a.seq_id: [9] * 8})
+    sch.rollback(out.scheduled)  # the step failed
+    assert a.token_ids == [1, 2, 3, 99] and len(a.block_table) == 1
+    b.token_ids.append(5)  # b needs a new block for its plain step: a may not draft into it
+    b.num_computed_tokens = 4
+    bm.commit(b)
+    out = sch.schedule(lambda s, n: 8)
+    assert not out.preempted and [i.num_spec_slots for i in out.scheduled] == [4, 0]
+    for s in (a, b):
+        sch.finish(s, "abort")
+    assert bm.num_free_blocks == bm.num_blocks
+
+
+def test_adaptive_rule_shrinks_k_with_the_batch_and_low_acceptance():
+    spec = SpecDecoder(method="ngram", num_speculative_tokens=8, max_model_len=4096,
+                       max_spec_rows=16)
+    text = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12] * 3
+    seq = Sequence("r", text, SamplingParams(max_tokens=100))
+    assert spec.lookahead(seq, 1) == 8
+    assert spec.lookahead(seq, 4) == 3  # (16 - 4) // 4
+    assert spec.lookahead(seq, 8) == 1
+    assert spec.lookahead(seq, 9) == 0  # a full batch decodes plainly
+    seq.params.max_tokens = seq.num_output_tokens + 3
+    assert spec.lookahead(seq, 1) == 2  # 2 drafts + 1 token reach max_tokens
+    seq.params.max_tokens = 100
+    spec._state[seq.seq_id].acceptance = 0.05  # drafts keep failing
+    ks = [spec.lookahead(seq, 1) for _ in range(8)]
+    assert sum(1 for k in ks if k) == 2 and max(ks) == 1  # a 1-token probe every 4th step
+    off = Sequence("r2", text, SamplingParams(max_tokens=100, speculative_method="none"))
+    assert spec.lookahead(off, 1) == 0
+    server_off = SpecDecoder(method=None, num_speculative_tokens=4, max_model_len=4096)
+    assert server_off.lookahead(seq, 1) == 0
+    per_request = Sequence("r3", text, SamplingParams(max_tokens=100, speculative_method="ngram",
+                                                      num_speculative_tokens=2))
+    assert server_off.lookahead(per_request, 1) == 2
+
+
+def test_config_and_request_errors_are_clear():
+    with pytest.raises(ConfigError, match="draft-model"):
+        EngineConfig("m", speculative_method="draft")
+    with pytest.raises(ConfigError, match="draft-model"):
+        EngineConfig("m", draft_model="small")
+    with pytest.raises(ConfigError, match="speculative_method"):
+        EngineConfig("m", speculative_method="eagle")
+    with pytest.raises(ConfigError, match="num_speculative_tokens"):
+        EngineConfig("m", speculative_method="ngram", num_speculative_tokens=0)
+    with pytest.raises(InvalidRequestError, match="speculative_method"):
+        SamplingParams(speculative_method="medusa")
+    with pytest.raises(InvalidRequestError, match="num_speculative_tokens"):
+        SamplingParams(num_speculative_tokens=17)
+
+
+def test_cli_flags_reach_the_engine_config():
+    from cloud_server.__main__ import _engine_config, build_parser
+
+    args = build_parser().parse_args(
+        ["serve", "--model", "m", "--speculative-method", "draft", "--num-speculative-tokens", "3",
+         "--draft-model", "small"]
+    )
+    config = _engine_config(args)
+    assert (config.speculative_method, config.num_speculative_tokens, config.draft_model) == (
+        "draft", 3, "small")
+    assert _engine_config(build_parser().parse_args(["serve", "--model", "m"])).speculative_method is None

@@ -1,6 +1,7 @@
 """``hybridllm-cloud``: the cloud server's command line.
 
     hybridllm-cloud serve --model ID_OR_PATH [--host 127.0.0.1] [--port 8000] [--api-key KEY ...]
+        [--replicas N [--ray-address ADDR] [--min-replicas A --max-replicas B]] [--power-watts W]
         [--speculative-method ngram|draft --num-speculative-tokens K [--draft-model ID_OR_PATH]]
 
 Errors (a bad option, a port in use, a model that fails to load) are printed as one line on
@@ -31,6 +32,20 @@ def _positive_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def _non_negative_int(text: str) -> int:
+    return 0 if text.strip() == "0" else _positive_int(text)
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
     return value
 
 
@@ -98,6 +113,31 @@ def build_parser() -> argparse.ArgumentParser:
     )
     engine.add_argument("--seed", type=int, default=0)
     engine.add_argument("--num-threads", type=_positive_int, default=None, help="torch CPU threads")
+    engine.add_argument(
+        "--power-watts", type=_positive_float, default=None, metavar="W",
+        help="power figure for the per-request energy estimate (default: measured with NVML on "
+        "a GPU or RAPL where readable, else estimated at 10 W per CPU thread / 300 W per GPU)",
+    )
+    cluster = serve.add_argument_group(
+        "cluster (Ray Serve; needs pip install 'hybridllm[cluster]')"
+    )
+    cluster.add_argument(
+        "--replicas", type=_positive_int, default=None, metavar="N",
+        help="run N engine replicas as a Ray Serve deployment behind this API, routed by "
+        "outstanding tokens and cached prefixes (without it Ray is not used)",
+    )
+    cluster.add_argument(
+        "--ray-address", default=None, metavar="ADDR",
+        help="join this Ray cluster (auto, ray://host:10001); default: start a local one",
+    )
+    cluster.add_argument(
+        "--min-replicas", type=_non_negative_int, default=None, metavar="A",
+        help="autoscale between A and --max-replicas replicas on queued tokens",
+    )
+    cluster.add_argument(
+        "--max-replicas", type=_positive_int, default=None, metavar="B",
+        help="upper bound of the autoscaled replica count",
+    )
     spec = serve.add_argument_group("speculative decoding (off by default)")
     spec.add_argument(
         "--speculative-method", default=None, choices=["ngram", "draft"],
@@ -141,6 +181,18 @@ def _engine_config(args: argparse.Namespace) -> Any:
         num_speculative_tokens=args.num_speculative_tokens,
         draft_model=args.draft_model,
     )
+
+
+def _cluster_config(args: argparse.Namespace) -> Any:
+    """A ClusterConfig when --replicas (or an autoscaling bound) is given, else None."""
+    if args.replicas is None:
+        if args.min_replicas is not None or args.max_replicas is not None or args.ray_address:
+            raise ServerError("--ray-address, --min-replicas and --max-replicas go with --replicas N")
+        return None
+    from cloud_server.config import ClusterConfig
+
+    return ClusterConfig(replicas=args.replicas, ray_address=args.ray_address,
+                         min_replicas=args.min_replicas, max_replicas=args.max_replicas)
 
 
 def _check_model(model: str) -> None:
@@ -203,6 +255,17 @@ def serve(args: argparse.Namespace) -> int:
             args.host,
         )
 
+    cluster = _cluster_config(args)
+    if cluster is not None:  # Ray is imported only here
+        from cloud_server.cluster.launch import serve_cluster
+
+        return serve_cluster(
+            config, cluster, host=args.host, port=args.port, power_watts=args.power_watts,
+            app_options={"api_keys": api_keys, "served_model_name": args.served_model_name,
+                         "system_prompt": _system_prompt(args.model, args.system_prompt),
+                         "max_body_bytes": args.max_body_bytes},
+        )
+
     def make_engine() -> Any:
         from cloud_server.engine.async_engine import AsyncLLMEngine
 
@@ -223,6 +286,7 @@ def serve(args: argparse.Namespace) -> int:
         on_load_error=on_load_error,
         system_prompt=_system_prompt(args.model, args.system_prompt),
         max_body_bytes=args.max_body_bytes,
+        power_watts=args.power_watts,
     )
     sock = _bind(args.host, args.port)
     host, port = sock.getsockname()[:2]

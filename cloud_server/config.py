@@ -84,3 +84,55 @@ class EngineConfig:
             raise ConfigError("EngineConfig.spec_max_rows must be an integer >= 2")
         if self.num_threads is not None and self.num_threads < 1:
             raise ConfigError("EngineConfig.num_threads must be a positive integer")
+
+
+@dataclass
+class ClusterConfig:
+    """Engine replicas on Ray Serve (``--replicas``; see ``cloud_server.cluster``).
+
+    ``replicas`` engine replicas, or with ``min_replicas``/``max_replicas`` an autoscaled count
+    starting at ``replicas`` and driven by queued tokens (``target_tokens_per_replica`` each).
+    ``ray_address`` joins an existing cluster (``auto``, ``ray://host:10001``); ``None`` starts a
+    local one. Each replica holds ``replica_cpus`` CPUs (its torch threads, unless given) and takes
+    up to ``max_ongoing_requests`` requests (the engine queues and batches them). The router sends
+    a request to the replica with the longest cached prefix of its prompt unless that replica's
+    outstanding tokens exceed the least loaded one's by more than
+    ``max(min_margin_tokens, imbalance_ratio * least)``; replicas report every ``stats_period_s``.
+    """
+
+    replicas: int = 1
+    ray_address: str | None = None
+    min_replicas: int | None = None
+    max_replicas: int | None = None
+    replica_cpus: float = 1.0
+    max_ongoing_requests: int = 64
+    stats_period_s: float = 0.5
+    imbalance_ratio: float = 0.5
+    min_margin_tokens: int = 512
+    target_tokens_per_replica: int = 4096
+
+    @property
+    def autoscaling(self) -> bool:
+        return self.min_replicas is not None or self.max_replicas is not None
+
+    def __post_init__(self) -> None:
+        for name in ("replicas", "max_ongoing_requests", "target_tokens_per_replica"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+        if self.autoscaling:
+            if self.min_replicas is None:
+                self.min_replicas = min(1, self.replicas)
+            if self.max_replicas is None:
+                self.max_replicas = max(self.replicas, self.min_replicas)
+            if self.min_replicas < 0 or self.max_replicas < 1:
+                raise ConfigError("--min-replicas must be >= 0 and --max-replicas >= 1")
+            if not self.min_replicas <= self.replicas <= self.max_replicas:
+                raise ConfigError(
+                    f"--replicas {self.replicas} must lie within --min-replicas {self.min_replicas} "
+                    f"and --max-replicas {self.max_replicas}"
+                )
+        if not self.replica_cpus > 0 or not self.stats_period_s > 0:
+            raise ConfigError("replica_cpus and stats_period_s must be positive")
+        if self.imbalance_ratio < 0 or self.min_margin_tokens < 0:
+            raise ConfigError("imbalance_ratio and min_margin_tokens must be >= 0")

@@ -136,6 +136,7 @@ class ServerMetrics:
             registry=reg,
         )
         reg.register(_EngineCollector(stats, model))
+        self.energy: Any = None  # cloud_server.energy.EnergyAccounting, set by create_app
 
     def request_timer(self) -> RequestTimer:
         return RequestTimer(self, self._model())

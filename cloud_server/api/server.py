@@ -82,6 +82,7 @@ async def _load_engine(app: FastAPI) -> None:
         # Building the engine loads weights: keep that off the event loop so /health answers.
         engine = await asyncio.to_thread(state.engine_factory)
         await engine.start()
+        _attach_energy_meter(app, engine)
         state.engine = engine
         state.serving = OpenAIServing(engine, state.model_name, app.state.metrics,
                                       system_prompt=state.system_prompt)
@@ -91,6 +92,21 @@ async def _load_engine(app: FastAPI) -> None:
         logger.error("loading the model failed: %s", exc)
         if state.on_load_error is not None:
             state.on_load_error(exc)
+
+
+def _attach_energy_meter(app: FastAPI, engine: Any) -> None:
+    """Measure energy here (``energy="auto"``): NVML, RAPL or an estimate, on the engine's device."""
+    accounting = app.state.metrics.energy
+    if accounting is None or app.state.energy_mode != "auto":
+        return
+    from cloud_server.energy import EnergyMeter, detect_source
+
+    inner = getattr(engine, "engine", None)
+    config = getattr(engine, "config", None)
+    source = detect_source(str(getattr(inner, "device", "cpu")), power_watts=app.state.power_watts,
+                           num_threads=getattr(config, "num_threads", None))
+    accounting.meter = EnergyMeter(source)
+    logger.info("energy per request from %s", source.name)
 
 
 @contextlib.asynccontextmanager
@@ -220,10 +236,15 @@ def create_app(
     on_load_error: Callable[[BaseException], None] | None = None,
     system_prompt: str | None = None,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    energy: str = "auto",
+    power_watts: float | None = None,
 ) -> FastAPI:
     """The ASGI app; ``engine_factory`` builds an unstarted engine (run in a worker thread).
     ``system_prompt`` is put first in chat requests that carry no system message; a body over
-    ``max_body_bytes`` is refused with 413 before it is read whole."""
+    ``max_body_bytes`` is refused with 413 before it is read whole. ``energy``: "auto" measures
+    per-request energy here (``cloud_server.energy``; ``power_watts`` forces an estimate from that
+    figure), "remote" records what the engine's outputs carry (the cluster's replicas measure),
+    "off" neither."""
     app = FastAPI(title="hybridllm cloud server", lifespan=_lifespan, docs_url=None, redoc_url=None)
     state = ServerState(engine_factory, served_model_name, on_load_error, system_prompt or None)
     app.state.server = state
@@ -233,13 +254,22 @@ def create_app(
 
     metrics = ServerMetrics(engine_stats, lambda: state.model_name)
     app.state.metrics = metrics
+    app.state.energy_mode, app.state.power_watts = energy, power_watts
+    if energy != "off":
+        from cloud_server.energy import EnergyAccounting
+
+        metrics.energy = EnergyAccounting(None, metrics.registry, lambda: state.model_name)
     install_error_handlers(app, on_status=metrics.record_rejection)
 
     @app.get("/health", responses={200: {"model": Health}, 503: {"model": Health}})
     async def health() -> Response:
         engine = state.engine
         if engine is not None and engine.is_ready:
-            return JSONResponse({"status": "ok", "model": state.model_name})
+            body: dict[str, Any] = {"status": "ok", "model": state.model_name}
+            detail = getattr(engine, "health_detail", None)  # a cluster: replicas up / wanted
+            if callable(detail):
+                body.update(detail())
+            return JSONResponse(body, status_code=503 if body["status"] == "unavailable" else 200)
         status = "error" if state.load_error is not None else "loading"
         return JSONResponse({"status": status}, status_code=503)
 

@@ -64,10 +64,13 @@ class Prepared:
 class Generation:
     """One admitted engine request: iterate its outputs; ``close`` aborts it if unfinished."""
 
-    def __init__(self, engine: Engine, prepared: Prepared, timer: RequestTimer) -> None:
+    def __init__(self, engine: Engine, prepared: Prepared, timer: RequestTimer,
+                 energy: Any = None) -> None:
         self.engine = engine
         self.request_id = prepared.request_id
         self.timer = timer
+        self._energy = energy  # cloud_server.energy.EnergyAccounting, or None
+        self._energy_key = energy.start() if energy is not None else None
         self._iter = engine.generate(prepared.request_id, prepared.prompt_ids, prepared.params)
         self._first: Any = None
         self.finished = False
@@ -99,11 +102,17 @@ class Generation:
             if out.finished:
                 self.finished = True
                 self.timer.on_finish(out.finish_reason)
+                if self._energy is not None:  # sets out.energy (usage.energy)
+                    self._energy.finish(self._energy_key, out)
+                    self._energy_key = None
             yield out
             if out.finished:
                 return
 
     async def close(self) -> None:
+        if self._energy is not None and self._energy_key is not None:
+            self._energy.cancel(self._energy_key)
+            self._energy_key = None
         with contextlib.suppress(Exception):
             aclose = getattr(self._iter, "aclose", None)
             if aclose is not None:
@@ -124,6 +133,9 @@ def usage_of(out: Any) -> dict[str, Any]:
     cached = getattr(out, "num_cached_tokens", None)
     if cached is not None:
         usage["prompt_tokens_details"] = {"cached_tokens": cached}
+    energy = getattr(out, "energy", None)  # joules, joules_per_output_token, source
+    if energy:
+        usage["energy"] = energy
     return usage
 
 
@@ -192,7 +204,8 @@ class OpenAIServing:
         )
 
     async def admit(self, prepared: Prepared) -> Generation:
-        generation = Generation(self.engine, prepared, self.metrics.request_timer())
+        generation = Generation(self.engine, prepared, self.metrics.request_timer(),
+                                energy=self.metrics.energy)
         await generation.admit()
         return generation
 

@@ -1,0 +1,192 @@
+"""The Ray Serve application: N engine replicas behind one OpenAI-compatible front end.
+
+    client --HTTP--> Serve proxy --> front end (1 replica: the FastAPI app of cloud_server.api,
+                                     chat template, tokenization, checks, SSE, /metrics, /health)
+                                        | handle.generate(prompt_ids, params, request_id)
+                                        | routed by TokenPrefixRequestRouter (router.py)
+                                        v
+                                     engine replica 1..N (AsyncLLMEngine, one model each)
+
+Each engine replica reports its load (``record_routing_stats``: outstanding tokens, prefix block
+hashes) to the router, its queued tokens to the autoscaler (``record_autoscaling_stats``), and its
+engine stats to the fleet board once a second; it measures the energy of its own requests and
+hands it back on each request's last output. Importing this module imports Ray.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import os
+import time
+from typing import Any
+
+import ray
+from ray import serve
+from ray.serve.config import RequestRouterConfig
+
+from ..config import ClusterConfig, EngineConfig
+from .autoscale import METRIC, QueuedTokensPolicy
+from .fleet import FleetBoard
+from .router import TokenPrefixRequestRouter
+
+log = logging.getLogger("cloud_server.cluster")
+APP_NAME = "hybridllm"
+ENGINE = "hybridllm-engine"
+FRONTEND = "hybridllm-frontend"
+NAMESPACE = "hybridllm"
+
+
+def board_handle(name: str) -> Any:
+    """The fleet board actor, created by whoever asks first (detached: it outlives a replica)."""
+    return ray.remote(num_cpus=0)(FleetBoard).options(
+        name=name, namespace=NAMESPACE, get_if_exists=True, lifetime="detached"
+    ).remote()
+
+
+class EngineReplica:
+    """One engine replica (a Serve deployment class)."""
+
+    async def __init__(self, engine_kwargs: dict[str, Any], board_name: str,
+                       power_watts: float | None = None) -> None:
+        from ..energy import EnergyMeter, detect_source
+        from ..engine.async_engine import AsyncLLMEngine
+
+        config = EngineConfig(**engine_kwargs)
+        self.engine = AsyncLLMEngine(config)
+        await self.engine.start()  # loads the weights in a worker thread
+        device = str(self.engine.engine.device)
+        self.meter = EnergyMeter(detect_source(device, power_watts=power_watts,
+                                               num_threads=config.num_threads))
+        self.replica = serve.get_replica_context().replica_id.unique_id
+        self._board = board_handle(board_name)
+        self._reports = 0
+        self._poster = asyncio.get_running_loop().create_task(self._post_stats())
+
+    async def _post_stats(self) -> None:
+        while True:
+            with contextlib.suppress(Exception):
+                self._board.post.remote(self.replica, {"stats": self.engine.stats(),
+                                                       "pid": os.getpid(),
+                                                       "energy_source": self.meter.name})
+            await asyncio.sleep(1.0)
+
+    def _load_report(self) -> dict[str, Any]:
+        for _ in range(5):  # the engine thread may change a list while it is read: read again
+            try:
+                report = self.engine.engine.load_report()
+                break
+            except RuntimeError:
+                continue
+        else:
+            report = {"outstanding_tokens": 0, "prefix_hashes": []}
+        self._reports += 1
+        report["reported_at"] = (self.replica, self._reports)
+        return report
+
+    # -- what Serve calls ----------------------------------------------------------------------
+    def record_routing_stats(self) -> dict[str, Any]:
+        return self._load_report()
+
+    def record_autoscaling_stats(self) -> dict[str, float]:
+        return {METRIC: float(self._load_report()["outstanding_tokens"])}
+
+    def check_health(self) -> None:
+        if not self.engine.is_ready:
+            raise RuntimeError("the engine loop stopped")
+
+    def describe(self) -> dict[str, Any]:
+        return {"model_name": self.engine.model_name, "max_model_len": self.engine.max_model_len,
+                "replica": self.replica, "pid": os.getpid(), "energy_source": self.meter.name}
+
+    async def generate(self, prompt_ids: list[int], params: dict[str, Any], request_id: str):
+        from ..energy import energy_report
+        from ..engine.sampling_params import SamplingParams
+
+        key = self.meter.begin()
+        done = False
+        try:
+            async for out in self.engine.generate(request_id, prompt_ids, SamplingParams(**params)):
+                if out.finished:
+                    out.energy = energy_report(self.meter.end(key), out.num_output_tokens,
+                                               self.meter.name)
+                    done = True
+                yield out
+        finally:
+            if not done:
+                self.meter.end(key)
+
+
+class FrontendIngress:
+    """The OpenAI front end (a Serve ingress deployment; its ASGI app is built on the replica)."""
+
+    def __init__(self, engine: Any, model: str, board_name: str, target_replicas: int,
+                 app_options: dict[str, Any]) -> None:
+        self._engine_handle = engine
+        self._model = model
+        self._board = board_handle(board_name)
+        self._target = target_replicas
+        self._options = app_options
+
+    def __serve_build_asgi_app__(self) -> Any:
+        from ..api.server import create_app
+        from .remote_engine import RemoteEngine
+
+        def make_engine() -> RemoteEngine:
+            return RemoteEngine(self._engine_handle, self._model, board=self._board,
+                                target_replicas=self._target)
+
+        return create_app(make_engine, energy="remote", **self._options)
+
+
+def build_app(engine_config: EngineConfig, cluster: ClusterConfig, *,
+              router: str = "tokens", app_options: dict[str, Any] | None = None,
+              power_watts: float | None = None, board_name: str | None = None) -> Any:
+    """The Serve application. ``router``: "tokens" (ours) or "default" (Serve's power of two
+    choices, for comparison; the replicas report the same stats either way)."""
+    if router not in ("tokens", "default"):
+        raise ValueError(f"router must be 'tokens' or 'default', got {router!r}")
+    engine_kwargs = dataclasses.asdict(engine_config)
+    if engine_kwargs.get("num_threads") is None:  # one torch thread per CPU the replica holds
+        engine_kwargs["num_threads"] = max(1, int(cluster.replica_cpus))
+    board = board_name or f"hybridllm-fleet-{os.getpid()}-{time.monotonic_ns()}"
+    router_config: dict[str, Any] = {
+        "request_routing_stats_period_s": cluster.stats_period_s,
+        "request_routing_stats_timeout_s": max(5.0, 4 * cluster.stats_period_s),
+    }
+    if router == "tokens":
+        router_config["request_router_class"] = TokenPrefixRequestRouter
+        router_config["request_router_kwargs"] = {
+            "block_size": engine_config.block_size,
+            "imbalance_ratio": cluster.imbalance_ratio,
+            "min_margin_tokens": cluster.min_margin_tokens,
+        }
+    options: dict[str, Any] = {
+        "name": ENGINE,
+        "ray_actor_options": {"num_cpus": cluster.replica_cpus},
+        "max_ongoing_requests": cluster.max_ongoing_requests,
+        "health_check_period_s": 2.0,
+        "health_check_timeout_s": 30.0,
+        "graceful_shutdown_timeout_s": 2.0,
+        "request_router_config": RequestRouterConfig(**router_config),
+    }
+    if cluster.autoscaling:
+        options["autoscaling_config"] = {
+            "min_replicas": cluster.min_replicas,
+            "max_replicas": cluster.max_replicas,
+            "initial_replicas": cluster.replicas,
+            "policy": {"policy_function": QueuedTokensPolicy,
+                       "policy_kwargs": {"target_tokens_per_replica": cluster.target_tokens_per_replica}},
+        }
+    else:
+        options["num_replicas"] = cluster.replicas
+    engine = serve.deployment(EngineReplica).options(**options)
+    frontend = serve.deployment(serve.ingress()(FrontendIngress)).options(
+        name=FRONTEND, num_replicas=1, ray_actor_options={"num_cpus": 0},
+        max_ongoing_requests=4096,
+    )
+    wanted = cluster.min_replicas if cluster.autoscaling else cluster.replicas
+    return frontend.bind(engine.bind(engine_kwargs, board, power_watts), engine_config.model,
+                         board, wanted, dict(app_options or {}))

@@ -1,0 +1,105 @@
+"""``hybridllm-cloud serve --replicas N``: start (or join) Ray, run the app, wait, clean up.
+
+Without ``--ray-address`` a local Ray instance is started and shut down on exit; with one, the app
+is deployed on that cluster and deleted on exit (the cluster keeps running).
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import socket
+import threading
+from typing import Any
+
+from ..config import ClusterConfig, EngineConfig
+from ..exceptions import ServerError
+
+log = logging.getLogger("cloud_server.cluster")
+INSTALL_HINT = "pip install 'hybridllm[cluster]'"
+
+
+def require_ray() -> None:
+    try:
+        import ray  # noqa: F401
+        from ray import serve  # noqa: F401
+    except ImportError as exc:
+        raise ServerError(f"--replicas needs Ray Serve, which is not installed: {INSTALL_HINT}") from exc
+
+
+def _check_port(host: str, port: int) -> None:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError as exc:
+            raise ServerError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from exc
+
+
+def start(engine_config: EngineConfig, cluster: ClusterConfig, *, host: str, port: int,
+          router: str = "tokens", power_watts: float | None = None,
+          app_options: dict[str, Any] | None = None, ray_init: dict[str, Any] | None = None) -> str:
+    """Start Ray (or join ``cluster.ray_address``) and run the app; returns its base URL.
+    The call returns once every replica has loaded its model."""
+    require_ray()
+    import ray
+    from ray import serve
+
+    from .app import APP_NAME, build_app
+
+    if port == 0:
+        raise ServerError("--replicas needs an explicit --port (Ray Serve's proxy binds it)")
+    if cluster.ray_address is None:
+        _check_port(host, port)
+    if not ray.is_initialized():
+        ray.init(address=cluster.ray_address, namespace="hybridllm", log_to_driver=False,
+                 **(ray_init or {}))
+    serve.start(http_options={"host": host, "port": port})
+    app = build_app(engine_config, cluster, router=router, app_options=app_options,
+                    power_watts=power_watts)
+    serve.run(app, name=APP_NAME, route_prefix="/")
+    return f"http://{host}:{port}"
+
+
+def stop(cluster: ClusterConfig) -> None:
+    """Delete the app; on a local Ray also stop Serve and Ray."""
+    import ray
+    from ray import serve
+
+    from .app import APP_NAME
+
+    if not ray.is_initialized():
+        return
+    try:
+        if cluster.ray_address is None:
+            serve.shutdown()
+        else:
+            serve.delete(APP_NAME)
+    finally:
+        if cluster.ray_address is None:
+            ray.shutdown()
+
+
+def serve_cluster(engine_config: EngineConfig, cluster: ClusterConfig, *, host: str, port: int,
+                  power_watts: float | None, app_options: dict[str, Any]) -> int:
+    require_ray()
+    done = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: done.set())
+    try:
+        url = start(engine_config, cluster, host=host, port=port, power_watts=power_watts,
+                    app_options=app_options)
+        replicas = (f"{cluster.min_replicas}..{cluster.max_replicas} (autoscaled)"
+                    if cluster.autoscaling else str(cluster.replicas))
+        log.info("listening on %s: %s engine replicas on Ray Serve (%s)", url, replicas,
+                 "API key required" if app_options.get("api_keys") else "open")
+        done.wait()
+    except KeyboardInterrupt:
+        pass
+    except ServerError:
+        raise
+    except Exception as exc:  # Ray's own errors: one line, no traceback
+        raise ServerError(f"the Ray Serve deployment failed: {type(exc).__name__}: {exc}") from exc
+    finally:
+        stop(cluster)
+    return 0

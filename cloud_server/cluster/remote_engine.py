@@ -1,0 +1,153 @@
+"""The front end's engine: the ``Engine`` protocol of ``cloud_server.api`` over a Ray Serve handle.
+
+The front end keeps the whole OpenAI layer of the single-process server (parsing, chat templates,
+tokenization, context checks, SSE, errors, metrics): only ``generate`` goes to a replica, chosen by
+the deployment's request router from the prompt's token ids. Faults:
+
+- a replica that dies (or is unreachable) before the request's first output: the request is sent
+  again, up to ``retries`` times (the router skips the dead replica once Serve reports it);
+- one that dies after the first output: the request ends with ``EngineError`` (HTTP 500, or an
+  error event in a stream), never a hang: Ray fails the stream when the actor dies;
+- an error the replica raised on purpose (queue full, context length) comes back as itself.
+
+Fleet state for ``/metrics`` and ``/health`` comes from :class:`~.fleet.FleetBoard`, where every
+replica posts its engine stats once a second.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+from ..exceptions import EngineError, NotReadyError, ServerError
+from .fleet import aggregate_stats
+
+log = logging.getLogger("cloud_server.cluster")
+
+
+def _replica_error(exc: BaseException) -> ServerError | None:
+    """The ServerError a replica raised on purpose, unwrapped from Ray's RayTaskError."""
+    if isinstance(exc, ServerError):
+        cause = getattr(exc, "cause", None)
+        return cause if isinstance(cause, ServerError) else exc
+    cause = getattr(exc, "cause", None)
+    return cause if isinstance(cause, ServerError) else None
+
+
+class RemoteEngine:
+    def __init__(self, handle: Any, model: str, *, board: Any = None, target_replicas: int = 1,
+                 retries: int = 2, stale_after_s: float = 3.0) -> None:
+        self._handle = handle
+        self._model = model
+        self._board = board
+        self.target_replicas = target_replicas
+        self.retries = retries
+        self.stale_after_s = stale_after_s
+        self.tokenizer: Any = None
+        self.model_name = model
+        self.max_model_len = 0
+        self._ready = False
+        self._fleet: dict[str, dict[str, Any]] = {}
+        self._poller: asyncio.Task | None = None
+        self.num_retried = 0
+        self.num_replica_failures = 0
+
+    # -- lifecycle -----------------------------------------------------------------------------
+    async def start(self) -> None:
+        from ..models.loader import resolve_model_path
+
+        info = await self._handle.describe.remote()
+        self.model_name, self.max_model_len = info["model_name"], int(info["max_model_len"])
+        _, path = resolve_model_path(self._model)
+        self.tokenizer = await asyncio.to_thread(_load_tokenizer, path)
+        self._ready = True
+        if self._board is not None:
+            await self._poll_once()
+            self._poller = asyncio.create_task(self._poll(), name="hybridllm-fleet-poll")
+
+    async def stop(self) -> None:
+        self._ready = False
+        if self._poller is not None:
+            self._poller.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._poller
+
+    @property
+    def is_ready(self) -> bool:
+        return self._ready
+
+    async def _poll_once(self) -> None:
+        try:
+            self._fleet = await self._board.snapshot.remote(self.stale_after_s)
+        except Exception as exc:  # noqa: BLE001 - stats are best effort
+            log.debug("fleet board unreachable: %s", exc)
+
+    async def _poll(self) -> None:
+        while True:
+            await asyncio.sleep(1.0)
+            await self._poll_once()
+
+    # -- fleet state ---------------------------------------------------------------------------
+    def stats(self) -> dict[str, Any]:
+        """Every replica's engine stats, summed (gauges of the last step: the largest)."""
+        return aggregate_stats([r.get("stats", {}) for r in self._fleet.values()])
+
+    def health_detail(self) -> dict[str, Any]:
+        """ok: every wanted replica reports; degraded: some do (still serving); unavailable."""
+        up = len(self._fleet)
+        status = "ok" if up >= self.target_replicas else "degraded" if up else "unavailable"
+        return {"status": status, "replicas": {"healthy": up, "wanted": self.target_replicas}}
+
+    # -- requests ------------------------------------------------------------------------------
+    def generate(self, request_id: str, prompt: str | list[int], params: Any) -> AsyncIterator[Any]:
+        if not self._ready:
+            raise NotReadyError("the cluster front end is still starting")
+        ids = list(self.tokenizer.encode(prompt)) if isinstance(prompt, str) else list(prompt)
+        return self._stream(request_id, ids, dataclasses.asdict(params))
+
+    async def _stream(self, request_id: str, prompt_ids: list[int],
+                      params: dict[str, Any]) -> AsyncIterator[Any]:
+        from ray.exceptions import RayError
+
+        attempt = 0
+        while True:
+            rid = request_id if attempt == 0 else f"{request_id}-retry{attempt}"
+            stream = self._handle.options(stream=True).generate.remote(prompt_ids, params, rid)
+            got_output = False
+            try:
+                async for out in stream:
+                    got_output = True
+                    yield out
+                return
+            except (ServerError, RayError) as exc:
+                own = _replica_error(exc)
+                if own is not None:
+                    raise own from None
+                self.num_replica_failures += 1
+                if got_output or attempt >= self.retries:
+                    raise EngineError(
+                        "the replica serving this request failed"
+                        + (" mid-answer" if got_output else f" ({attempt + 1} attempts)")
+                    ) from exc
+                attempt += 1
+                self.num_retried += 1
+                log.warning("request %s: replica failed before answering (%s); retrying",
+                            request_id, type(exc).__name__)
+                await asyncio.sleep(0.2 * attempt)
+            finally:
+                with contextlib.suppress(Exception):
+                    stream.cancel()  # a no-op when the stream finished; else aborts the request
+
+    async def abort(self, request_id: str) -> None:
+        """Closing the stream cancels the replica's call, which aborts the request there."""
+
+
+def _load_tokenizer(path: Any) -> Any:
+    """The model's tokenizer alone (the same the replicas load with the weights)."""
+    from ..models.tokenizer import GGUFTokenizer, HFTokenizer
+
+    return HFTokenizer(path) if path.is_dir() else GGUFTokenizer(path)

@@ -1,0 +1,83 @@
+"""The Ray Serve request router: a thin shell around :class:`~.policy.TokenAwareRouter`.
+
+Ray Serve (2.47+) lets a deployment name its own ``RequestRouter`` subclass in
+``request_router_config``; Serve calls ``choose_replicas`` with the candidate replicas and the
+pending request and tries the returned ranks in order (within a rank, the replica with the shortest
+queue). Each replica's ``record_routing_stats`` result arrives as ``RunningReplica.routing_stats``
+(2.48+). Our ranks hold one replica each: the policy's choice first, then the others by load.
+
+A request to ``generate`` carries ``(prompt_ids, params, request_id)``; any other call (``describe``)
+just goes to the least loaded replica.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ray.serve.request_router import PendingRequest, RequestRouter, RunningReplica
+
+from .policy import TokenAwareRouter, estimate_tokens, prompt_block_hashes
+
+GENERATE = "generate"
+
+
+def request_shape(pending: PendingRequest | None) -> tuple[list[int], int] | None:
+    """(prompt token ids, max_tokens) of a ``generate`` call, else None."""
+    if pending is None or getattr(pending.metadata, "call_method", None) != GENERATE:
+        return None
+    args = pending.args
+    if len(args) < 2 or not isinstance(args[0], list) or not isinstance(args[1], dict):
+        return None
+    return args[0], int(args[1].get("max_tokens", 0))
+
+
+class TokenPrefixRequestRouter(RequestRouter):
+    """Longest cached prefix unless overloaded by a margin, else fewest outstanding tokens."""
+
+    def initialize_state(self, **kwargs: Any) -> None:
+        self.block_size = int(kwargs.get("block_size", 16))
+        self.policy = TokenAwareRouter(
+            block_size=self.block_size,
+            imbalance_ratio=float(kwargs.get("imbalance_ratio", 0.5)),
+            min_margin_tokens=int(kwargs.get("min_margin_tokens", 512)),
+        )
+        self._report_stamps: dict[Any, Any] = {}
+
+    def _refresh(self) -> None:
+        self.policy.sync_replicas(self._replicas)
+        for replica_id, replica in self._replicas.items():
+            stats = replica.routing_stats or {}
+            stamp = stats.get("reported_at")
+            if stamp is not None and self._report_stamps.get(replica_id) != stamp:
+                self._report_stamps[replica_id] = stamp
+                self.policy.on_report(replica_id, stats)
+
+    async def choose_replicas(
+        self,
+        candidate_replicas: list[RunningReplica],
+        pending_request: PendingRequest | None = None,
+    ) -> list[list[RunningReplica]]:
+        if not candidate_replicas:
+            return []
+        self._refresh()
+        books = self.policy.books
+
+        def load(r: RunningReplica) -> int:
+            b = books.get(r.replica_id)
+            return b.load() if b is not None else 0
+
+        shape = request_shape(pending_request)
+        if shape is None or pending_request is None:
+            return [[r] for r in sorted(candidate_replicas, key=load)]
+        prompt_ids, max_tokens = shape
+        hashes = prompt_block_hashes(prompt_ids, self.block_size)
+        choice = self.policy.choose([r.replica_id for r in candidate_replicas], hashes)
+        tokens = estimate_tokens(len(prompt_ids), choice.matched_blocks, self.block_size, max_tokens)
+        self.policy.on_sent(choice.replica, pending_request.metadata.internal_request_id, hashes,
+                            tokens)
+        first = [r for r in candidate_replicas if r.replica_id == choice.replica]
+        rest = sorted((r for r in candidate_replicas if r.replica_id != choice.replica), key=load)
+        return [first, *[[r] for r in rest]]
+
+    def on_request_completed(self, replica_id: Any, internal_request_id: str) -> None:
+        self.policy.on_done(internal_request_id)

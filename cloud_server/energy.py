@@ -1,0 +1,215 @@
+"""Energy of the work the server does, always labelled with where the figure comes from.
+
+Sources, the first that works wins (``detect_source``):
+
+    nvml      NVIDIA GPU: the driver's total-energy counter (mJ since load, Volta and later), read
+              through ``pynvml`` (``pip install nvidia-ml-py``), on the device the engine uses
+    rapl      CPU package energy counters under /sys/class/powercap (intel-rapl:N/energy_uj, in
+              microjoules, wrapping at max_energy_range_uj); often readable by root only
+    estimate  a configured power figure times elapsed time (``--power-watts``, else
+              ``HYBRIDLLM_POWER_WATTS``, else 10 W per CPU thread / 300 W per GPU): a rough figure
+
+Per request: the energy the source reports between two events (a request starting or ending) is
+shared equally among the requests active in that interval; idle energy goes to nobody. Per token
+is the request's joules over its output tokens. The figures reach ``/metrics``
+(``hybridllm_energy_joules``, ``hybridllm_energy_per_output_token_joules``, labelled ``source``)
+and each response's ``usage.energy`` (``joules``, ``joules_per_output_token``, ``source``).
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger("cloud_server.energy")
+POWERCAP = Path("/sys/class/powercap")
+CPU_WATTS_PER_THREAD = 10.0
+GPU_WATTS = 300.0
+
+
+class EnergySource:
+    """A cumulative energy reading in joules (only differences matter)."""
+
+    name = "estimate"
+
+    def read_joules(self) -> float:
+        raise NotImplementedError
+
+
+class EstimateSource(EnergySource):
+    name = "estimate"
+
+    def __init__(self, watts: float, clock: Callable[[], float] = time.monotonic) -> None:
+        if not watts > 0:
+            raise ValueError(f"power figure must be positive watts, got {watts!r}")
+        self.watts = float(watts)
+        self._clock = clock
+
+    def read_joules(self) -> float:
+        return self.watts * self._clock()
+
+
+class RaplSource(EnergySource):
+    """Sum of the top-level RAPL domains (one per CPU package), wrap-around handled."""
+
+    name = "rapl"
+
+    def __init__(self, root: Path = POWERCAP) -> None:
+        self.domains: list[tuple[Path, float]] = []
+        for d in sorted(root.glob("intel-rapl:*")):
+            if d.name.count(":") != 1:  # intel-rapl:0:0 is a sub-domain of package 0
+                continue
+            energy = d / "energy_uj"
+            try:
+                int(energy.read_text())
+                wrap = float((d / "max_energy_range_uj").read_text())
+            except (OSError, ValueError):
+                continue
+            self.domains.append((energy, wrap))
+        if not self.domains:
+            raise OSError(f"no readable RAPL counters under {root}")
+        self._last = [int(p.read_text()) for p, _ in self.domains]
+        self._total_uj = 0.0
+        self._lock = threading.Lock()
+
+    def read_joules(self) -> float:
+        with self._lock:
+            for i, (path, wrap) in enumerate(self.domains):
+                now = int(path.read_text())
+                delta = now - self._last[i]
+                self._total_uj += delta if delta >= 0 else delta + wrap
+                self._last[i] = now
+            return self._total_uj / 1e6
+
+
+class NvmlSource(EnergySource):
+    name = "nvml"
+
+    def __init__(self, index: int = 0) -> None:
+        import pynvml  # nvidia-ml-py
+
+        pynvml.nvmlInit()
+        self._nvml = pynvml
+        self._handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+        self.read_joules()  # raises where the counter is not supported
+
+    def read_joules(self) -> float:
+        return self._nvml.nvmlDeviceGetTotalEnergyConsumption(self._handle) / 1000.0
+
+
+def default_watts(device: str, num_threads: int | None) -> float:
+    env = os.environ.get("HYBRIDLLM_POWER_WATTS")
+    if env:
+        return float(env)
+    if device.startswith("cuda"):
+        return GPU_WATTS
+    return CPU_WATTS_PER_THREAD * (num_threads or os.cpu_count() or 1)
+
+
+def detect_source(device: str = "cpu", *, power_watts: float | None = None,
+                  num_threads: int | None = None) -> EnergySource:
+    """NVML on CUDA, else RAPL where readable, else an estimate; a given power figure forces it."""
+    if power_watts is not None:
+        return EstimateSource(power_watts)
+    if device.startswith("cuda"):
+        try:
+            index = int(device.split(":")[1]) if ":" in device else 0
+            return NvmlSource(index)
+        except Exception as exc:  # noqa: BLE001 - no pynvml, no counter: fall back, say so
+            log.info("NVML energy counter unavailable (%s); trying RAPL", exc)
+    try:
+        return RaplSource()
+    except OSError:
+        pass
+    return EstimateSource(default_watts(device, num_threads))
+
+
+class EnergyMeter:
+    """Shares a source's energy among the requests active while it is spent."""
+
+    def __init__(self, source: EnergySource) -> None:
+        self.source = source
+        self._lock = threading.Lock()
+        self._ids = itertools.count()
+        self._active: dict[int, float] = {}
+        self._last = source.read_joules()
+        self.attributed_joules = 0.0
+
+    @property
+    def name(self) -> str:
+        return self.source.name
+
+    def _advance(self) -> None:
+        now = self.source.read_joules()
+        delta, self._last = max(0.0, now - self._last), now
+        if self._active and delta:
+            share = delta / len(self._active)
+            for key in self._active:
+                self._active[key] += share
+            self.attributed_joules += delta
+
+    def begin(self) -> int:
+        with self._lock:
+            self._advance()
+            key = next(self._ids)
+            self._active[key] = 0.0
+            return key
+
+    def end(self, key: int) -> float:
+        with self._lock:
+            self._advance()
+            return self._active.pop(key, 0.0)
+
+
+def energy_report(joules: float, num_output_tokens: int, source: str) -> dict[str, Any]:
+    """The ``usage.energy`` object of a response."""
+    per_token = joules / num_output_tokens if num_output_tokens else None
+    return {"joules": round(joules, 6), "source": source,
+            "joules_per_output_token": round(per_token, 6) if per_token is not None else None}
+
+
+class EnergyAccounting:
+    """Per-request energy for one app: measured here (``meter``) or handed over by a replica on
+    the last output (``out.energy``, the cluster's front end); recorded in ``/metrics``."""
+
+    _BUCKETS = (0.001, 0.003, 0.01, 0.03, 0.1, 0.3, 1, 3, 10, 30)
+
+    def __init__(self, meter: EnergyMeter | None, registry: Any, model: Callable[[], str]) -> None:
+        from prometheus_client import Counter, Histogram
+
+        self.meter = meter
+        self._model = model
+        self.joules = Counter("hybridllm_energy_joules",
+                              "Energy attributed to finished requests, by source.",
+                              ["model", "source"], registry=registry)
+        self.per_token = Histogram("hybridllm_energy_per_output_token_joules",
+                                   "Energy per output token of finished requests, by source.",
+                                   ["model", "source"], buckets=self._BUCKETS, registry=registry)
+
+    def start(self) -> int | None:
+        return self.meter.begin() if self.meter is not None else None
+
+    def cancel(self, key: int | None) -> None:
+        if key is not None and self.meter is not None:
+            self.meter.end(key)
+
+    def finish(self, key: int | None, out: Any) -> None:
+        """Set ``out.energy`` (unless a replica did) and record it."""
+        report = getattr(out, "energy", None)
+        if report is None and key is not None and self.meter is not None:
+            report = energy_report(self.meter.end(key), out.num_output_tokens, self.meter.name)
+            out.energy = report
+        elif key is not None:
+            self.cancel(key)
+        if not report:
+            return
+        model, source = self._model(), str(report.get("source", "unknown"))
+        self.joules.labels(model, source).inc(float(report.get("joules") or 0.0))
+        if report.get("joules_per_output_token") is not None:
+            self.per_token.labels(model, source).observe(float(report["joules_per_output_token"]))

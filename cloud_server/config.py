@@ -108,7 +108,7 @@ class ClusterConfig:
     max_ongoing_requests: int = 64
     stats_period_s: float = 0.5
     imbalance_ratio: float = 0.5
-    min_margin_tokens: int = 512
+    min_margin_tokens: int = 128
     target_tokens_per_replica: int = 4096
 
     @property

@@ -112,8 +112,9 @@ def default_watts(device: str, num_threads: int | None) -> float:
     return CPU_WATTS_PER_THREAD * (num_threads or os.cpu_count() or 1)
 
 
-def detect_source(device: str = "cpu", *, power_watts: float | None = None,
-                  num_threads: int | None = None) -> EnergySource:
+def detect_source(
+    device: str = "cpu", *, power_watts: float | None = None, num_threads: int | None = None
+) -> EnergySource:
     """NVML on CUDA, else RAPL where readable, else an estimate; a given power figure forces it."""
     if power_watts is not None:
         return EstimateSource(power_watts)
@@ -170,8 +171,11 @@ class EnergyMeter:
 def energy_report(joules: float, num_output_tokens: int, source: str) -> dict[str, Any]:
     """The ``usage.energy`` object of a response."""
     per_token = joules / num_output_tokens if num_output_tokens else None
-    return {"joules": round(joules, 6), "source": source,
-            "joules_per_output_token": round(per_token, 6) if per_token is not None else None}
+    return {
+        "joules": round(joules, 6),
+        "source": source,
+        "joules_per_output_token": round(per_token, 6) if per_token is not None else None,
+    }
 
 
 class EnergyAccounting:
@@ -185,12 +189,19 @@ class EnergyAccounting:
 
         self.meter = meter
         self._model = model
-        self.joules = Counter("hybridllm_energy_joules",
-                              "Energy attributed to finished requests, by source.",
-                              ["model", "source"], registry=registry)
-        self.per_token = Histogram("hybridllm_energy_per_output_token_joules",
-                                   "Energy per output token of finished requests, by source.",
-                                   ["model", "source"], buckets=self._BUCKETS, registry=registry)
+        self.joules = Counter(
+            "hybridllm_energy_joules",
+            "Energy attributed to finished requests, by source.",
+            ["model", "source"],
+            registry=registry,
+        )
+        self.per_token = Histogram(
+            "hybridllm_energy_per_output_token_joules",
+            "Energy per output token of finished requests, by source.",
+            ["model", "source"],
+            buckets=self._BUCKETS,
+            registry=registry,
+        )
 
     def start(self) -> int | None:
         return self.meter.begin() if self.meter is not None else None

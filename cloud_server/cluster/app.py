@@ -41,16 +41,19 @@ NAMESPACE = "hybridllm"
 
 def board_handle(name: str) -> Any:
     """The fleet board actor, created by whoever asks first (detached: it outlives a replica)."""
-    return ray.remote(num_cpus=0)(FleetBoard).options(
-        name=name, namespace=NAMESPACE, get_if_exists=True, lifetime="detached"
-    ).remote()
+    return (
+        ray.remote(num_cpus=0)(FleetBoard)
+        .options(name=name, namespace=NAMESPACE, get_if_exists=True, lifetime="detached")
+        .remote()
+    )
 
 
 class EngineReplica:
     """One engine replica (a Serve deployment class)."""
 
-    async def __init__(self, engine_kwargs: dict[str, Any], board_name: str,
-                       power_watts: float | None = None) -> None:
+    async def __init__(
+        self, engine_kwargs: dict[str, Any], board_name: str, power_watts: float | None = None
+    ) -> None:
         from ..energy import EnergyMeter, detect_source
         from ..engine.async_engine import AsyncLLMEngine
 
@@ -58,8 +61,9 @@ class EngineReplica:
         self.engine = AsyncLLMEngine(config)
         await self.engine.start()  # loads the weights in a worker thread
         device = str(self.engine.engine.device)
-        self.meter = EnergyMeter(detect_source(device, power_watts=power_watts,
-                                               num_threads=config.num_threads))
+        self.meter = EnergyMeter(
+            detect_source(device, power_watts=power_watts, num_threads=config.num_threads)
+        )
         self.replica = serve.get_replica_context().replica_id.unique_id
         self._board = board_handle(board_name)
         self._reports = 0
@@ -68,9 +72,10 @@ class EngineReplica:
     async def _post_stats(self) -> None:
         while True:
             with contextlib.suppress(Exception):
-                self._board.post.remote(self.replica, {"stats": self.engine.stats(),
-                                                       "pid": os.getpid(),
-                                                       "energy_source": self.meter.name})
+                self._board.post.remote(
+                    self.replica,
+                    {"stats": self.engine.stats(), "pid": os.getpid(), "energy_source": self.meter.name},
+                )
             await asyncio.sleep(1.0)
 
     def _load_report(self) -> dict[str, Any]:
@@ -98,8 +103,13 @@ class EngineReplica:
             raise RuntimeError("the engine loop stopped")
 
     def describe(self) -> dict[str, Any]:
-        return {"model_name": self.engine.model_name, "max_model_len": self.engine.max_model_len,
-                "replica": self.replica, "pid": os.getpid(), "energy_source": self.meter.name}
+        return {
+            "model_name": self.engine.model_name,
+            "max_model_len": self.engine.max_model_len,
+            "replica": self.replica,
+            "pid": os.getpid(),
+            "energy_source": self.meter.name,
+        }
 
     async def generate(self, prompt_ids: list[int], params: dict[str, Any], request_id: str):
         from ..energy import energy_report
@@ -110,8 +120,7 @@ class EngineReplica:
         try:
             async for out in self.engine.generate(request_id, prompt_ids, SamplingParams(**params)):
                 if out.finished:
-                    out.energy = energy_report(self.meter.end(key), out.num_output_tokens,
-                                               self.meter.name)
+                    out.energy = energy_report(self.meter.end(key), out.num_output_tokens, self.meter.name)
                     done = True
                 yield out
         finally:
@@ -122,8 +131,9 @@ class EngineReplica:
 class FrontendIngress:
     """The OpenAI front end (a Serve ingress deployment; its ASGI app is built on the replica)."""
 
-    def __init__(self, engine: Any, model: str, board_name: str, target_replicas: int,
-                 app_options: dict[str, Any]) -> None:
+    def __init__(
+        self, engine: Any, model: str, board_name: str, target_replicas: int, app_options: dict[str, Any]
+    ) -> None:
         self._engine_handle = engine
         self._model = model
         self._board = board_handle(board_name)
@@ -135,15 +145,22 @@ class FrontendIngress:
         from .remote_engine import RemoteEngine
 
         def make_engine() -> RemoteEngine:
-            return RemoteEngine(self._engine_handle, self._model, board=self._board,
-                                target_replicas=self._target)
+            return RemoteEngine(
+                self._engine_handle, self._model, board=self._board, target_replicas=self._target
+            )
 
         return create_app(make_engine, energy="remote", **self._options)
 
 
-def build_app(engine_config: EngineConfig, cluster: ClusterConfig, *,
-              router: str = "tokens", app_options: dict[str, Any] | None = None,
-              power_watts: float | None = None, board_name: str | None = None) -> Any:
+def build_app(
+    engine_config: EngineConfig,
+    cluster: ClusterConfig,
+    *,
+    router: str = "tokens",
+    app_options: dict[str, Any] | None = None,
+    power_watts: float | None = None,
+    board_name: str | None = None,
+) -> Any:
     """The Serve application. ``router``: "tokens" (ours) or "default" (Serve's power of two
     choices, for comparison; the replicas report the same stats either way)."""
     if router not in ("tokens", "default"):
@@ -177,16 +194,25 @@ def build_app(engine_config: EngineConfig, cluster: ClusterConfig, *,
             "min_replicas": cluster.min_replicas,
             "max_replicas": cluster.max_replicas,
             "initial_replicas": cluster.replicas,
-            "policy": {"policy_function": QueuedTokensPolicy,
-                       "policy_kwargs": {"target_tokens_per_replica": cluster.target_tokens_per_replica}},
+            "policy": {
+                "policy_function": QueuedTokensPolicy,
+                "policy_kwargs": {"target_tokens_per_replica": cluster.target_tokens_per_replica},
+            },
         }
     else:
         options["num_replicas"] = cluster.replicas
     engine = serve.deployment(EngineReplica).options(**options)
     frontend = serve.deployment(serve.ingress()(FrontendIngress)).options(
-        name=FRONTEND, num_replicas=1, ray_actor_options={"num_cpus": 0},
+        name=FRONTEND,
+        num_replicas=1,
+        ray_actor_options={"num_cpus": 0},
         max_ongoing_requests=4096,
     )
     wanted = cluster.min_replicas if cluster.autoscaling else cluster.replicas
-    return frontend.bind(engine.bind(engine_kwargs, board, power_watts), engine_config.model,
-                         board, wanted, dict(app_options or {}))
+    return frontend.bind(
+        engine.bind(engine_kwargs, board, power_watts),
+        engine_config.model,
+        board,
+        wanted,
+        dict(app_options or {}),
+    )

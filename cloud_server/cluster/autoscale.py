@@ -17,8 +17,9 @@ from typing import Any
 METRIC = "outstanding_tokens"
 
 
-def desired_replicas(total_tokens: float, target_tokens_per_replica: int, *, current: int,
-                     min_replicas: int, max_replicas: int) -> int:
+def desired_replicas(
+    total_tokens: float, target_tokens_per_replica: int, *, current: int, min_replicas: int, max_replicas: int
+) -> int:
     if target_tokens_per_replica < 1:
         raise ValueError("target_tokens_per_replica must be >= 1")
     want = math.ceil(total_tokens / target_tokens_per_replica) if total_tokens > 0 else min_replicas
@@ -34,8 +35,11 @@ class QueuedTokensPolicy:
     def __call__(self, ctx: Any) -> tuple[int, dict[str, Any]]:
         per_replica = (ctx.aggregated_metrics or {}).get(METRIC, {})
         total = float(sum(per_replica.values()))
-        n = desired_replicas(total, self.target_tokens_per_replica,
-                             current=ctx.current_num_replicas,
-                             min_replicas=ctx.capacity_adjusted_min_replicas,
-                             max_replicas=ctx.capacity_adjusted_max_replicas)
+        n = desired_replicas(
+            total,
+            self.target_tokens_per_replica,
+            current=ctx.current_num_replicas,
+            min_replicas=ctx.capacity_adjusted_min_replicas,
+            max_replicas=ctx.capacity_adjusted_max_replicas,
+        )
         return n, ctx.policy_state or {}

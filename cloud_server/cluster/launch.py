@@ -37,9 +37,18 @@ def _check_port(host: str, port: int) -> None:
             raise ServerError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from exc
 
 
-def start(engine_config: EngineConfig, cluster: ClusterConfig, *, host: str, port: int,
-          router: str = "tokens", power_watts: float | None = None,
-          app_options: dict[str, Any] | None = None, ray_init: dict[str, Any] | None = None) -> str:
+def start(
+    engine_config: EngineConfig,
+    cluster: ClusterConfig,
+    *,
+    host: str,
+    port: int,
+    router: str = "tokens",
+    power_watts: float | None = None,
+    app_options: dict[str, Any] | None = None,
+    ray_init: dict[str, Any] | None = None,
+    board_name: str | None = None,
+) -> str:
     """Start Ray (or join ``cluster.ray_address``) and run the app; returns its base URL.
     The call returns once every replica has loaded its model."""
     require_ray()
@@ -53,11 +62,16 @@ def start(engine_config: EngineConfig, cluster: ClusterConfig, *, host: str, por
     if cluster.ray_address is None:
         _check_port(host, port)
     if not ray.is_initialized():
-        ray.init(address=cluster.ray_address, namespace="hybridllm", log_to_driver=False,
-                 **(ray_init or {}))
+        ray.init(address=cluster.ray_address, namespace="hybridllm", log_to_driver=False, **(ray_init or {}))
     serve.start(http_options={"host": host, "port": port})
-    app = build_app(engine_config, cluster, router=router, app_options=app_options,
-                    power_watts=power_watts)
+    app = build_app(
+        engine_config,
+        cluster,
+        router=router,
+        app_options=app_options,
+        power_watts=power_watts,
+        board_name=board_name,
+    )
     serve.run(app, name=APP_NAME, route_prefix="/")
     return f"http://{host}:{port}"
 
@@ -81,18 +95,33 @@ def stop(cluster: ClusterConfig) -> None:
             ray.shutdown()
 
 
-def serve_cluster(engine_config: EngineConfig, cluster: ClusterConfig, *, host: str, port: int,
-                  power_watts: float | None, app_options: dict[str, Any]) -> int:
+def serve_cluster(
+    engine_config: EngineConfig,
+    cluster: ClusterConfig,
+    *,
+    host: str,
+    port: int,
+    power_watts: float | None,
+    app_options: dict[str, Any],
+) -> int:
     require_ray()
     done = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: done.set())
     try:
-        url = start(engine_config, cluster, host=host, port=port, power_watts=power_watts,
-                    app_options=app_options)
-        replicas = (f"{cluster.min_replicas}..{cluster.max_replicas} (autoscaled)"
-                    if cluster.autoscaling else str(cluster.replicas))
-        log.info("listening on %s: %s engine replicas on Ray Serve (%s)", url, replicas,
-                 "API key required" if app_options.get("api_keys") else "open")
+        url = start(
+            engine_config, cluster, host=host, port=port, power_watts=power_watts, app_options=app_options
+        )
+        replicas = (
+            f"{cluster.min_replicas}..{cluster.max_replicas} (autoscaled)"
+            if cluster.autoscaling
+            else str(cluster.replicas)
+        )
+        log.info(
+            "listening on %s: %s engine replicas on Ray Serve (%s)",
+            url,
+            replicas,
+            "API key required" if app_options.get("api_keys") else "open",
+        )
         done.wait()
     except KeyboardInterrupt:
         pass

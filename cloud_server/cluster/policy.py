@@ -12,14 +12,17 @@ hashes mean equal whole prefixes):
     match(r) = the longest i such that h_1..h_i are all held by (or were sent to) replica r
     load(r)  = max(reported outstanding tokens, tokens of the requests we sent and that are open)
     best     = argmax match(r), ties broken by the lower load
-    if match(best) > 0 and load(best) <= min_r load(r) + margin(r): send to best
-    else: send to argmin load(r)
+    least    = argmin load(r), ties broken by the longer match
+    if match(best) > 0 and load(best) <= load(least) + margin: send to best
+    else: send to least
 
-    margin = max(min_margin_tokens, imbalance_ratio * min_r load(r)).
+    margin = max(min_margin_tokens, imbalance_ratio * load(least))
+             + block_size * (match(best) - match(least))     (the prefill the cache saves)
 
 So a tenant's long system prompt keeps going to the replica that has it cached until that replica
 is busier than the least busy one by more than the margin; then the request spills to the least
-loaded replica (which then caches the prefix too).
+loaded replica (which then caches the prefix too). A short common prefix (a one-block default
+system prompt) buys little margin, so such requests spread by load.
 """
 
 from __future__ import annotations
@@ -81,7 +84,7 @@ class TokenAwareRouter:
         *,
         block_size: int = 16,
         imbalance_ratio: float = 0.5,
-        min_margin_tokens: int = 512,
+        min_margin_tokens: int = 128,
         max_sent_hashes: int = 8192,
         sent_ttl_s: float = 10.0,
         clock: Callable[[], float] = time.monotonic,
@@ -132,13 +135,14 @@ class TokenAwareRouter:
         books = [self.books.setdefault(c, ReplicaBooks()) for c in candidates]
         loads = [b.load() for b in books]
         matches = [self._match(b, prompt_hashes) for b in books]
-        min_load = min(loads)
         best = max(range(len(candidates)), key=lambda i: (matches[i], -loads[i]))
-        margin = max(self.min_margin_tokens, self.imbalance_ratio * min_load)
-        if matches[best] > 0 and loads[best] <= min_load + margin:
+        least = min(range(len(candidates)), key=lambda i: (loads[i], -matches[i]))
+        margin = max(self.min_margin_tokens, self.imbalance_ratio * loads[least]) + self.block_size * (
+            matches[best] - matches[least]
+        )
+        if matches[best] > 0 and loads[best] <= loads[least] + margin:
             self.num_prefix_choices += 1
             return Choice(candidates[best], "prefix", matches[best])
-        least = min(range(len(candidates)), key=lambda i: (loads[i], -matches[i]))
         self.num_load_choices += 1
         return Choice(candidates[least], "least-tokens", matches[least])
 
@@ -152,8 +156,9 @@ class TokenAwareRouter:
         return n
 
     # -- our own books -------------------------------------------------------------------------
-    def on_sent(self, replica: ReplicaKey, request_id: str, prompt_hashes: Sequence[int],
-                num_tokens: int) -> None:
+    def on_sent(
+        self, replica: ReplicaKey, request_id: str, prompt_hashes: Sequence[int], num_tokens: int
+    ) -> None:
         self.on_done(request_id)  # a request routed again (a retry) counts once
         books = self.books.setdefault(replica, ReplicaBooks())
         books.open_requests[request_id] = num_tokens
@@ -171,7 +176,6 @@ class TokenAwareRouter:
             self.books[replica].open_requests.pop(request_id, None)
 
 
-def estimate_tokens(num_prompt_tokens: int, matched_blocks: int, block_size: int,
-                    max_tokens: int) -> int:
+def estimate_tokens(num_prompt_tokens: int, matched_blocks: int, block_size: int, max_tokens: int) -> int:
     """A request's outstanding work in tokens: prompt tokens it must prefill plus its decode."""
     return max(0, num_prompt_tokens - matched_blocks * block_size) + max_tokens

@@ -39,8 +39,16 @@ def _replica_error(exc: BaseException) -> ServerError | None:
 
 
 class RemoteEngine:
-    def __init__(self, handle: Any, model: str, *, board: Any = None, target_replicas: int = 1,
-                 retries: int = 2, stale_after_s: float = 3.0) -> None:
+    def __init__(
+        self,
+        handle: Any,
+        model: str,
+        *,
+        board: Any = None,
+        target_replicas: int = 1,
+        retries: int = 2,
+        stale_after_s: float = 3.0,
+    ) -> None:
         self._handle = handle
         self._model = model
         self._board = board
@@ -109,8 +117,9 @@ class RemoteEngine:
         ids = list(self.tokenizer.encode(prompt)) if isinstance(prompt, str) else list(prompt)
         return self._stream(request_id, ids, dataclasses.asdict(params))
 
-    async def _stream(self, request_id: str, prompt_ids: list[int],
-                      params: dict[str, Any]) -> AsyncIterator[Any]:
+    async def _stream(
+        self, request_id: str, prompt_ids: list[int], params: dict[str, Any]
+    ) -> AsyncIterator[Any]:
         from ray.exceptions import RayError
 
         attempt = 0
@@ -135,8 +144,11 @@ class RemoteEngine:
                     ) from exc
                 attempt += 1
                 self.num_retried += 1
-                log.warning("request %s: replica failed before answering (%s); retrying",
-                            request_id, type(exc).__name__)
+                log.warning(
+                    "request %s: replica failed before answering (%s); retrying",
+                    request_id,
+                    type(exc).__name__,
+                )
                 await asyncio.sleep(0.2 * attempt)
             finally:
                 with contextlib.suppress(Exception):

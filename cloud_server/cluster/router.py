@@ -39,7 +39,7 @@ class TokenPrefixRequestRouter(RequestRouter):
         self.policy = TokenAwareRouter(
             block_size=self.block_size,
             imbalance_ratio=float(kwargs.get("imbalance_ratio", 0.5)),
-            min_margin_tokens=int(kwargs.get("min_margin_tokens", 512)),
+            min_margin_tokens=int(kwargs.get("min_margin_tokens", 128)),
         )
         self._report_stamps: dict[Any, Any] = {}
 
@@ -73,8 +73,7 @@ class TokenPrefixRequestRouter(RequestRouter):
         hashes = prompt_block_hashes(prompt_ids, self.block_size)
         choice = self.policy.choose([r.replica_id for r in candidate_replicas], hashes)
         tokens = estimate_tokens(len(prompt_ids), choice.matched_blocks, self.block_size, max_tokens)
-        self.policy.on_sent(choice.replica, pending_request.metadata.internal_request_id, hashes,
-                            tokens)
+        self.policy.on_sent(choice.replica, pending_request.metadata.internal_request_id, hashes, tokens)
         first = [r for r in candidate_replicas if r.replica_id == choice.replica]
         rest = sorted((r for r in candidate_replicas if r.replica_id != choice.replica), key=load)
         return [first, *[[r] for r in rest]]

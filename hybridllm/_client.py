@@ -1,9 +1,10 @@
 """HybridLLM and AsyncHybridLLM: one call that answers on the device or in the cloud.
 
 Both drive one async pipeline (:mod:`._pipeline`). The async client runs it on the caller's event
-loop; the sync client runs it on a private loop thread and hands chunks across. Either way the
-device model answers on its own thread, one request at a time in arrival order, and no caller
-holds a lock while it reads.
+loop; the sync client runs it on a private loop thread and hands chunks across. The device model
+answers one request at a time in arrival order, and no caller holds a lock while it reads: for
+the async client on the device's own thread; for the sync client on the caller's own thread once
+its turn comes (an :class:`InlineRun`), so a device answer crosses no thread per token.
 
 ``stream()`` validates at the call and returns a :class:`Stream` (``AsyncStream``): iterate it
 once, or use it as a context manager; ``completion`` is set once the answer is complete.
@@ -23,6 +24,7 @@ from ._exceptions import HybridLLMError, StreamConsumedError
 from ._pipeline import CachePort, Core, PolicyPort
 from ._types import Chunk, Completion, Message
 from .backends.base import Backend
+from .backends.worker import InlineRun
 
 
 class _LoopThread:
@@ -98,10 +100,15 @@ class Stream:
         self._used = True
         return self._iterate()
 
+    async def _resume(self, run: InlineRun) -> Chunk:
+        run.deliver()  # the device answer's end (or error) back into the pipeline
+        return await self._next()
+
     def _iterate(self) -> Iterator[Chunk]:
         try:
+            step = self._next()
             while True:
-                fut = self._loop.submit(self._next())
+                fut = self._loop.submit(step)
                 try:
                     chunk = fut.result()
                 except StopAsyncIteration:
@@ -109,9 +116,16 @@ class Stream:
                 except BaseException:
                     fut.cancel()  # Ctrl-C while waiting: stop the pipeline too
                     raise
+                if isinstance(chunk, InlineRun):
+                    # the device answers on this thread: its chunks come straight from the
+                    # model's token loop; leaving the loop here closes it and stops decoding
+                    yield from chunk.chunks()
+                    step = self._resume(chunk)
+                    continue
                 if chunk.completion is not None:
                     self.completion = chunk.completion
                 yield chunk
+                step = self._next()
         finally:
             self.close()
 
@@ -368,6 +382,7 @@ class HybridLLM(_Surface):
         """Stream the answer chunk by chunk. Bad input raises here, before any chunk; leaving
         the loop or closing the stream stops generation."""
         req = self._core.prepare(messages, params)
+        req.inline_edge = True  # a device answer is generated on the reading thread
         return Stream(self._core.run(req), self._loop)
 
     def close(self) -> None:

@@ -17,7 +17,7 @@ import dataclasses
 import logging
 import re
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Iterator, Sequence
 from contextlib import aclosing
 from typing import Any, Protocol
 
@@ -40,7 +40,7 @@ from ._types import (
     normalize_messages,
 )
 from .backends.base import Backend, Delta
-from .backends.worker import EdgeWorker
+from .backends.worker import EdgeWorker, InlineRun
 
 log = logging.getLogger("hybridllm")
 
@@ -146,6 +146,8 @@ class Request:
     # tokens of each cloud call this request made (estimated for a broken one); the ledger gets
     # them when the request ends, also when the caller stops reading early
     cloud_calls: list[int] = dataclasses.field(default_factory=list)
+    # the sync client reads on its own thread: an edge answer is generated there (InlineRun)
+    inline_edge: bool = False
 
 
 class _NoOutput(Exception):
@@ -221,7 +223,7 @@ class Core:
             final: Chunk | None = None
             async with aclosing(source) as chunks:
                 async for chunk in chunks:
-                    if chunk.completion is not None:
+                    if chunk.completion is not None:  # (an InlineRun has none: passed on)
                         final = chunk  # held back until recorded, so a caller that stops at the
                         continue  # finish chunk still leaves stats and cache complete
                     yield chunk
@@ -350,7 +352,7 @@ class Core:
         assert self.cloud is not None and self.policy is not None
         draft: Completion | None = None
         async for chunk in self._emit_edge(
-            req, start, route="edge", reason=d.reason, score=d.score, logprobs=True
+            req, start, route="edge", reason=d.reason, score=d.score, logprobs=True, inline=False
         ):
             draft = chunk.completion or draft
         assert draft is not None
@@ -449,18 +451,26 @@ class Core:
         prefix: str = "",
         ttft_ms: float | None = None,
         logprobs: bool = False,
+        inline: bool = True,
     ) -> Chunks:
         # log-probabilities are cheap on the device: ask for them whenever the cache may keep
         # the answer, since an unsure answer is not stored
         want = logprobs or (self.cache is not None and self.cache_min_logprob is not None)
         params = dataclasses.replace(req.params, logprobs=True) if want else req.params
         edge, msgs = self.edge, req.messages
-        if prefix:
-            deltas = self.edge_worker.stream(lambda: edge.stream_continuation(msgs, prefix, params))
-        else:
-            deltas = self.edge_worker.stream(lambda: edge.stream(msgs, params))
+
+        def make() -> Iterator[Delta]:
+            if prefix:
+                return edge.stream_continuation(msgs, prefix, params)
+            return edge.stream(msgs, params)
+
+        if inline and req.inline_edge:
+            answer = _Answer(
+                self, edge, start, route=route, reason=reason, score=score, req=req, prefix=prefix, ttft_ms=ttft_ms
+            )
+            return self._emit_inline(self.edge_worker.inline(make, answer.feed, answer.finish), prefix)
         return self._emit(
-            deltas,
+            self.edge_worker.stream(make),
             edge,
             start,
             route=route,
@@ -488,57 +498,43 @@ class Core:
         """Stream the deltas as chunks, then one final chunk with the completion. With
         ``prefix`` (already sent to the caller, first token at ``ttft_ms``), the backend
         continues that answer."""
-        ttft = ttft_ms
-        parts: list[str] = [prefix] if prefix else []
-        logprobs: list[float] = []
-        finish, usage = "stop", Usage()
+        answer = _Answer(
+            self, backend, start, route=route, reason=reason, score=score, req=req, cloud=cloud, prefix=prefix,
+            ttft_ms=ttft_ms,
+        )
         try:
             async with aclosing(deltas) as stream:  # type: ignore[type-var]  # an async generator
                 async for delta in stream:
-                    if delta.logprob is not None:
-                        logprobs.append(delta.logprob)
-                    if delta.text:
-                        if ttft is None:
-                            ttft = (time.perf_counter() - start) * 1000
-                        parts.append(delta.text)
-                        if cloud:  # until the cloud's own count arrives: ~4 characters a token
-                            req.cloud_calls[-1] += max(1, len(delta.text) // 4)
-                        # read per chunk: a cloud learns its model's name from the endpoint
-                        yield Chunk(delta.text, route, backend.model)
-                    if delta.finish_reason is not None:
-                        finish, usage = delta.finish_reason, delta.usage or usage
+                    chunk = answer.feed(delta)
+                    if chunk is not None:
+                        yield chunk
         except (CloudUnavailableError, CloudRateLimitError) as exc:
             if not cloud:
                 raise
-            if parts:
-                raise _PartialOutput(exc, "".join(parts), ttft) from exc
+            if answer.parts:
+                raise _PartialOutput(exc, "".join(answer.parts), answer.ttft) from exc
             raise _NoOutput(exc) from exc
         except NotImplementedError as exc:
             if not prefix:
                 raise
-            # the edge backend cannot continue the answer the cloud broke off
-            raise CloudUnavailableError(
-                f"the cloud stream broke mid-answer and {exc}; retry the request"
-            ) from exc
-        cost = 0.0
-        if cloud:
-            cost = self.stats.cost(usage.total_tokens)
-            req.cloud_calls[-1] = usage.total_tokens
-        mean_lp = sum(logprobs) / len(logprobs) if logprobs and not prefix else None
-        completion = Completion(
-            text="".join(parts),
-            route=route,
-            reason=reason,
-            model=backend.model,
-            usage=usage,
-            latency_ms=(time.perf_counter() - start) * 1000,
-            ttft_ms=ttft,
-            finish_reason=finish,
-            score=score,
-            cost_usd=cost,
-            mean_logprob=mean_lp,
-        )
-        yield Chunk("", route, backend.model, finish_reason=finish, completion=completion)
+            raise _cannot_continue(exc) from exc
+        yield answer.finish()
+
+    async def _emit_inline(self, run: InlineRun, prefix: str) -> Chunks:
+        """The sync client's edge path: ``run`` goes to the reading thread, which generates the
+        chunks itself and hands back the final one (or the error) in ``run.outcome``."""
+        try:
+            yield run  # type: ignore[misc]  # not a Chunk: the sync client takes it
+            try:
+                final = await run.outcome
+            except NotImplementedError as exc:
+                if not prefix:
+                    raise
+                raise _cannot_continue(exc) from exc
+            yield final
+        finally:
+            if not run.entered:  # the reader never took its turn: do not hold the device
+                run.abandon()
 
     async def _replay(
         self,
@@ -640,3 +636,76 @@ class Core:
             for part in (self.edge, self.cloud, self.cache):
                 if part is not None:
                     part.close()
+
+
+def _cannot_continue(exc: NotImplementedError) -> CloudUnavailableError:
+    # the edge backend cannot continue the answer the cloud broke off
+    return CloudUnavailableError(f"the cloud stream broke mid-answer and {exc}; retry the request")
+
+
+class _Answer:
+    """One answer being streamed: deltas in, chunks out, then the final chunk with the
+    Completion. Shared by the async path and the sync client's inline edge path."""
+
+    def __init__(
+        self,
+        core: Core,
+        backend: Backend,
+        start: float,
+        *,
+        route: str,
+        reason: str,
+        score: float | None,
+        req: Request,
+        cloud: bool = False,
+        prefix: str = "",
+        ttft_ms: float | None = None,
+    ) -> None:
+        self.core, self.backend, self.start, self.req = core, backend, start, req
+        self.route, self.reason, self.score, self.cloud, self.prefix = route, reason, score, cloud, prefix
+        self.ttft = ttft_ms
+        self.parts: list[str] = [prefix] if prefix else []
+        self.logprobs: list[float] = []
+        self.finish_reason, self.usage = "stop", Usage()
+
+    def feed(self, delta: Delta) -> Chunk | None:
+        if delta.logprob is not None:
+            self.logprobs.append(delta.logprob)
+        if delta.finish_reason is not None:
+            self.finish_reason, self.usage = delta.finish_reason, delta.usage or self.usage
+        if not delta.text:
+            return None
+        if self.ttft is None:
+            self.ttft = (time.perf_counter() - self.start) * 1000
+        self.parts.append(delta.text)
+        if self.cloud:  # until the cloud's own count arrives: ~4 characters a token
+            self.req.cloud_calls[-1] += max(1, len(delta.text) // 4)
+        # read per chunk: a cloud learns its model's name from the endpoint
+        return Chunk(delta.text, self.route, self.backend.model)
+
+    def finish(self) -> Chunk:
+        usage, cost = self.usage, 0.0
+        if self.cloud:
+            cost = self.core.stats.cost(usage.total_tokens)
+            self.req.cloud_calls[-1] = usage.total_tokens
+        mean_lp = sum(self.logprobs) / len(self.logprobs) if self.logprobs and not self.prefix else None
+        model = self.backend.model
+        completion = Completion(
+            text="".join(self.parts),
+            route=self.route,
+            reason=self.reason,
+            model=model,
+            usage=usage,
+            latency_ms=(time.perf_counter() - self.start) * 1000,
+            ttft_ms=self.ttft,
+            finish_reason=self.finish_reason,
+            score=self.score,
+            cost_usd=cost,
+            mean_logprob=mean_lp,
+            energy_j=usage.energy_j,
+            energy_source=usage.energy_source,
+            region=usage.region,
+            co2_g=usage.co2_g,
+            co2_saved_g=usage.co2_saved_g,
+        )
+        return Chunk("", self.route, model, finish_reason=self.finish_reason, completion=completion)

@@ -1,14 +1,20 @@
 """The routed demo behind `make run`.
 
-Starts `hybridllm-cloud serve` on the embedded model in the background, waits for it to be
-healthy, sends a scripted set of requests through HybridLLM (easy, hard, a paraphrased repeat, one
-with an e-mail address, one while the cloud is stopped), prints how each was served, and stops the
-server. The router's threshold is calibrated on the script's own prompts (as a user calibrates on
-their own traffic with `hybridllm router calibrate`) to send about 40% of them to the cloud.
+Starts `hybridllm-cloud serve` in the background, waits for it to be healthy, sends a scripted set
+of requests through HybridLLM (small talk, math and proofs, a paraphrased repeat, one with an
+e-mail address, one while the cloud is stopped), prints how each was served, and stops the server.
+The router runs at its shipped threshold, as an application gets it.
+
+    python -m hybridllm.demo [--cloud-model ID]     (or HYBRIDLLM_DEMO_CLOUD_MODEL=ID make run)
+
+By default the cloud serves the device's own SmolLM2-135M (it starts in seconds), so only the routes
+differ; ``--cloud-model qwen2.5-coder-1.5b-instruct`` serves Qwen2.5-Coder-1.5B-Instruct (about two
+minutes to start on a CPU, slower answers) so that the answers differ too.
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 import shutil
 import socket
@@ -36,7 +42,12 @@ HARD = [
 ]
 PARAPHRASE = "How do I improve my English?"  # the cache's verifier accepts it (probability 0.98)
 PRIVATE = "My email is jane.doe@example.com. Can you suggest a subject line for a thank-you note?"
-WHILE_DOWN = HARD[1]
+# a question the router sends to the cloud and the cache has not seen: with the cloud stopped, the
+# device must answer it instead (route EDGE_FALLBACK)
+WHILE_DOWN = (
+    "A farmer has 12 cows. Each cow gives 8 liters of milk a day and he sells milk at "
+    "$2 a liter. How much does he earn in a week?"
+)
 
 
 def _free_port() -> int:
@@ -45,15 +56,17 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _start_cloud(port: int, log: Path) -> subprocess.Popen:
+def _start_cloud(port: int, log: Path, model: str = DEFAULT_EDGE_MODEL) -> subprocess.Popen:
     import httpx
 
     exe = shutil.which("hybridllm-cloud")
     cmd = [exe] if exe else [sys.executable, "-m", "cloud_server"]
-    proc = subprocess.Popen([*cmd, "serve", "--model", DEFAULT_EDGE_MODEL, "--host",
-                             "127.0.0.1", "--port", str(port)], stdout=log.open("w"),
-                            stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 180
+    proc = subprocess.Popen(
+        [*cmd, "serve", "--model", model, "--host", "127.0.0.1", "--port", str(port)],
+        stdout=log.open("w"),
+        stderr=subprocess.STDOUT,
+    )
+    deadline = time.monotonic() + 600
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise HybridLLMError(f"the cloud server exited ({proc.returncode}); see {log}")
@@ -64,50 +77,82 @@ def _start_cloud(port: int, log: Path) -> subprocess.Popen:
             pass
         time.sleep(0.5)
     proc.kill()
-    raise HybridLLMError(f"the cloud server did not become healthy in 180 s; see {log}")
+    raise HybridLLMError(f"the cloud server did not become healthy in 600 s; see {log}")
 
 
 def _row(prompt: str, c: object) -> str:
     text = " ".join(c.text.split())  # type: ignore[attr-defined]
-    return (f"{prompt[:38]:<39}{c.route:<25}{c.latency_ms:>8.0f}  "  # type: ignore[attr-defined]
-            f"{c.reason[:44]:<45}{text[:40]}")  # type: ignore[attr-defined]
+    return (
+        f"{prompt[:38]:<39}{c.route:<25}{c.latency_ms:>8.0f}  "  # type: ignore[attr-defined]
+        f"{c.reason[:44]:<45}{text[:40]}"
+    )  # type: ignore[attr-defined]
 
 
-def main() -> int:
+def _args(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="python -m hybridllm.demo", description="the routed demo")
+    ap.add_argument(
+        "--cloud-model",
+        default=os.environ.get("HYBRIDLLM_DEMO_CLOUD_MODEL") or DEFAULT_EDGE_MODEL,
+        help="catalog id the demo's cloud server serves (default: the edge's own "
+        f"{DEFAULT_EDGE_MODEL}; qwen2.5-coder-1.5b-instruct for a stronger cloud)",
+    )
+    return ap.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
     from ._client import HybridLLM
+    from ._pipeline import EDGE_FALLBACK
     from .router import load_router
-    from .router.calibrate import calibrate_threshold
 
+    args = _args(argv)
     work = Path(tempfile.mkdtemp(prefix="hybridllm-demo-"))
     port = _free_port()
     started = time.monotonic()
-    print("Starting the cloud server (hybridllm-cloud serve, SmolLM2-135M in PyTorch)...",
-          flush=True)
+    print(
+        f"Starting the cloud server (hybridllm-cloud serve --model {args.cloud_model}, in PyTorch)...",
+        flush=True,
+    )
     try:
-        server = _start_cloud(port, work / "cloud.log")
+        server = _start_cloud(port, work / "cloud.log", args.cloud_model)
     except HybridLLMError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     try:
         router = load_router()
-        threshold = calibrate_threshold([router.score(p) for p in EASY + HARD], 0.4)
-        print(f"Cloud ready in {time.monotonic() - started:.0f} s. Router threshold calibrated "
-              f"on this script's prompts: {threshold:.3f} (about 40% to the cloud).\n", flush=True)
-        llm = HybridLLM(cloud_url=f"http://127.0.0.1:{port}", cache_path=str(work / "cache.db"),
-                        threshold=threshold, temperature=0.0, max_tokens=48, seed=0,
-                        cloud_max_retries=0, progress=ProgressBar("Preparing the edge model"))
+        print(
+            f"Cloud ready in {time.monotonic() - started:.0f} s. Router at its shipped "
+            f"threshold {router.threshold:.3f}: the score of each prompt is in REASON.\n",
+            flush=True,
+        )
+        llm = HybridLLM(
+            cloud_url=f"http://127.0.0.1:{port}",
+            cache_path=str(work / "cache.db"),
+            temperature=0.0,
+            max_tokens=48,
+            seed=0,
+            cloud_max_retries=0,
+            progress=ProgressBar("Preparing the edge model"),
+        )
         with llm:
             print(f"{'PROMPT':<39}{'ROUTE':<25}{'LAT ms':>8}  {'REASON':<45}ANSWER")
             for prompt in EASY + HARD + [PARAPHRASE, EASY[0], PRIVATE]:
                 print(_row(prompt, llm.chat(prompt)), flush=True)
             server.kill()
             server.wait(timeout=30)
-            print(_row(WHILE_DOWN + " (cloud stopped)", llm.chat(WHILE_DOWN, cache=False)))
+            down = llm.chat(WHILE_DOWN, cache=False)
+            print(_row(WHILE_DOWN + " (cloud stopped)", down))
+            if down.route != EDGE_FALLBACK:
+                print(
+                    f"note: the router sent this request to {down.route!r}, so no fallback was needed",
+                    flush=True,
+                )
             s = llm.stats()
-        print(f"\n{s['requests']} requests: cache hit rate {s['cache_hit_rate']:.0%}, cloud "
-              f"fraction {s['cloud_fraction']:.0%}, cloud tokens {s['cloud_tokens']}, "
-              f"cost saved vs cloud-only ${s['cost_saved_vs_cloud_only_usd']:.4f}. "
-              f"Total {time.monotonic() - started:.0f} s.")
+        print(
+            f"\n{s['requests']} requests: cache hit rate {s['cache_hit_rate']:.0%}, cloud "
+            f"fraction {s['cloud_fraction']:.0%}, cloud tokens {s['cloud_tokens']}, "
+            f"cost saved vs cloud-only ${s['cost_saved_vs_cloud_only_usd']:.4f}. "
+            f"Total {time.monotonic() - started:.0f} s."
+        )
         return 0
     except HybridLLMError as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -16,17 +16,32 @@ def register(subparsers: Any) -> None:
     router = subparsers.add_parser("router", help="train, evaluate and calibrate the router")
     sub = router.add_subparsers(dest="router_command", required=True)
 
-    p = sub.add_parser("train", help="train a router on a RouteLLM-format CSV")
-    p.add_argument("--data", required=True, help="CSV with 'prompt' and two True/False columns")
-    p.add_argument("--weak-col", help="the weak (edge) model's column")
-    p.add_argument("--strong-col", help="the strong (cloud) model's column")
+    p = sub.add_parser("train", help="train a router on RouteLLM-format CSVs")
+    p.add_argument(
+        "--data",
+        required=True,
+        action="append",
+        help="CSV with 'prompt' and two True/False columns; repeat it to train on "
+        "several sources (cross-validation still folds by question)",
+    )
+    p.add_argument(
+        "--weight",
+        type=float,
+        action="append",
+        default=None,
+        help="relative total weight of each --data file, in order (default: equal)",
+    )
+    p.add_argument("--weak-col", help="the weak (edge) model's column (in files that have it)")
+    p.add_argument("--strong-col", help="the strong (cloud) model's column (in files that have it)")
     p.add_argument("--out", required=True, help="folder to write router.json and weights.npz")
     p.add_argument("--c", type=float, default=None, help="inverse L2 strength of the linear part")
     p.add_argument("--k", type=int, default=None, help="neighbors of the neighbor part")
-    p.add_argument("--mix", type=float, default=None,
-                   help="weight of the neighbor part against the linear part, 0..1")
-    p.add_argument("--topics", type=int, default=None,
-                   help="k-means clusters of the topic part (0 turns it off)")
+    p.add_argument(
+        "--mix", type=float, default=None, help="weight of the neighbor part against the linear part, 0..1"
+    )
+    p.add_argument(
+        "--topics", type=int, default=None, help="k-means clusters of the topic part (0 turns it off)"
+    )
     p.add_argument("--topic-mix", type=float, default=None, help="weight of the topic part, 0..1")
     p.add_argument("--folds", type=int, default=5)
     p.add_argument("--no-embedding", action="store_true", help="text features only")
@@ -47,9 +62,25 @@ def register(subparsers: Any) -> None:
     p.add_argument("--cloud", required=True, help="OpenAI-compatible base URL")
     p.add_argument("--cloud-model", default="default")
     p.add_argument("--api-key", default=None, help="default: $HYBRIDLLM_CLOUD_API_KEY")
-    p.add_argument("--out", default="labels.csv")
-    p.add_argument("--limit", type=int, default=None)
+    p.add_argument(
+        "--out",
+        default="labels.csv",
+        help="CSV to write; if it exists, its prompts are skipped (resume) and new rows are appended",
+    )
+    p.add_argument(
+        "--answers",
+        default=None,
+        help="also append both answers per question to this JSONL (for checking grades)",
+    )
+    p.add_argument("--limit", type=int, default=None, help="label only the first N questions")
     p.add_argument("--max-tokens", type=int, default=256)
+    p.add_argument(
+        "--concurrency",
+        type=int,
+        default=8,
+        help="cloud requests in flight at once (the edge runs alongside, one at a time)",
+    )
+    p.add_argument("--timeout", type=float, default=900.0, help="seconds to wait for one cloud answer")
     p.set_defaults(func=_label)
 
     p = sub.add_parser("calibrate", help="set the threshold for a target cloud fraction")
@@ -69,21 +100,53 @@ def _train(args: argparse.Namespace) -> int:
 
     names = ("c", "k", "mix", "topics", "topic_mix")
     given = {k: getattr(args, k) for k in names if getattr(args, k) is not None}
-    if not (0.0 <= given.get("mix", 0.0) <= 1.0 and 0.0 <= given.get("topic_mix", 0.0) <= 1.0
-            and given.get("k", 1) >= 1 and given.get("c", 1) > 0 and given.get("topics", 0) >= 0):
-        raise DataError("--mix and --topic-mix must be in [0, 1], --k at least 1, --topics at "
-                        "least 0 and --c positive.")
+    if not (
+        0.0 <= given.get("mix", 0.0) <= 1.0
+        and 0.0 <= given.get("topic_mix", 0.0) <= 1.0
+        and given.get("k", 1) >= 1
+        and given.get("c", 1) > 0
+        and given.get("topics", 0) >= 0
+    ):
+        raise DataError(
+            "--mix and --topic-mix must be in [0, 1], --k at least 1, --topics at least 0 and --c positive."
+        )
+    if args.weight is not None and len(args.weight) != len(args.data):
+        raise DataError(
+            f"Give one --weight per --data file ({len(args.data)} files, "
+            f"{len(args.weight)} weights), or none for equal weights."
+        )
+    if args.weight is not None and not all(w > 0 for w in args.weight):
+        raise DataError("Every --weight must be positive.")
+    data = args.data[0] if len(args.data) == 1 else list(args.data)
     router = train_from_csv(
-        args.data, args.out, weak_col=args.weak_col, strong_col=args.strong_col,
-        use_embedding=not args.no_embedding, hyper=Hyper(**given), num_folds=args.folds,
+        data,
+        args.out,
+        weak_col=args.weak_col,
+        strong_col=args.strong_col,
+        use_embedding=not args.no_embedding,
+        hyper=Hyper(**given),
+        num_folds=args.folds,
+        weights=args.weight,
     )
-    _print({"out": str(Path(args.out)), "threshold": round(router.threshold, 6),
-            **router.info.get("metrics", {})})
+    _print(
+        {
+            "out": str(Path(args.out)),
+            "threshold": round(router.threshold, 6),
+            "logprob_threshold": round(router.logprob_threshold, 5),
+            **router.info.get("metrics", {}),
+        }
+    )
     return 0
 
 
-def evaluate_router_on(data_path: str, router_path: str | None, *, weak_col: str | None = None,
-                       strong_col: str | None = None, plot: str | None = None) -> dict[str, Any]:
+def evaluate_router_on(
+    data_path: str,
+    router_path: str | None,
+    *,
+    weak_col: str | None = None,
+    strong_col: str | None = None,
+    plot: str | None = None,
+) -> dict[str, Any]:
     from .dataset import load_routellm_csv, texts_digest
     from .embedding_cache import cached_embeddings
     from .evaluate import (
@@ -99,8 +162,9 @@ def evaluate_router_on(data_path: str, router_path: str | None, *, weak_col: str
     data = load_routellm_csv(data_path, weak_col=weak_col, strong_col=strong_col)
     embeddings = cached_embeddings(data.prompts) if router.use_embedding else None
     scores = router.score_texts(data.prompts, embeddings=embeddings)
-    result: dict[str, Any] = {k: (round(v, 4) if k != "n" else v)
-                              for k, v in router_metrics(scores, data.weak, data.strong).items()}
+    result: dict[str, Any] = {
+        k: (round(v, 4) if k != "n" else v) for k, v in router_metrics(scores, data.weak, data.strong).items()
+    }
     rnd = random_baseline(data.weak, data.strong)
     length = length_baseline(data.prompts, data.weak, data.strong)
     result["baselines"] = {
@@ -124,17 +188,19 @@ def evaluate_router_on(data_path: str, router_path: str | None, *, weak_col: str
 
 
 def _eval(args: argparse.Namespace) -> int:
-    result = evaluate_router_on(args.data, args.router, weak_col=args.weak_col,
-                                strong_col=args.strong_col, plot=args.plot)
+    result = evaluate_router_on(
+        args.data, args.router, weak_col=args.weak_col, strong_col=args.strong_col, plot=args.plot
+    )
     if args.json:
         sys.stdout.write(json.dumps(result) + "\n")
         return 0
     base = result["baselines"]
-    lines = [f"n={result['n']}  weak={result['weak_accuracy']}  strong={result['strong_accuracy']}",
-             f"{'':8}{'apgr':>8}{'cpt50':>8}{'cpt80':>8}{'calls@95':>10}"]
+    lines = [
+        f"n={result['n']}  weak={result['weak_accuracy']}  strong={result['strong_accuracy']}",
+        f"{'':8}{'apgr':>8}{'cpt50':>8}{'cpt80':>8}{'calls@95':>10}",
+    ]
     for name, m in (("router", result), ("random", base["random"]), ("length", base["length"])):
-        lines.append(f"{name:8}{m['apgr']:8.3f}{m['cpt50']:8.3f}{m['cpt80']:8.3f}"
-                     f"{m['calls_at_95']:10.3f}")
+        lines.append(f"{name:8}{m['apgr']:8.3f}{m['cpt50']:8.3f}{m['cpt80']:8.3f}{m['calls_at_95']:10.3f}")
     if result["trained_on_this_data"]:
         lines.append("note: the router was trained on this data (in-sample figures)")
     sys.stdout.write("\n".join(lines) + "\n")
@@ -142,8 +208,10 @@ def _eval(args: argparse.Namespace) -> int:
 
 
 def _label(args: argparse.Namespace) -> int:
-    from .label import label_questions, llama_cpp_edge, openai_cloud, read_questions, write_labels
+    from .label import label_to_csv, llama_cpp_edge, openai_cloud, read_questions
 
+    if args.concurrency < 1 or args.max_tokens < 1 or (args.limit is not None and args.limit < 1):
+        raise DataError("--concurrency, --max-tokens and --limit must be at least 1.")
     questions = read_questions(args.data)[: args.limit]
     edge_path = Path(args.edge)
     if not edge_path.is_file():
@@ -152,18 +220,37 @@ def _label(args: argparse.Namespace) -> int:
         edge_path = Path(pull(args.edge))
     api_key = args.api_key or os.environ.get("HYBRIDLLM_CLOUD_API_KEY")
     edge = llama_cpp_edge(edge_path, max_tokens=args.max_tokens)
-    cloud = openai_cloud(args.cloud, model=args.cloud_model, api_key=api_key,
-                         max_tokens=args.max_tokens)
-    rows = label_questions(questions, edge, cloud)
+    cloud = openai_cloud(
+        args.cloud, model=args.cloud_model, api_key=api_key, max_tokens=args.max_tokens, timeout=args.timeout
+    )
     edge_col, cloud_col = f"edge:{Path(args.edge).stem}", f"cloud:{args.cloud_model}"
-    out = write_labels(rows, args.out, edge_col=edge_col, cloud_col=cloud_col)
-    n = len(rows)
-    _print({"out": str(out), "n": n,
-            "edge_accuracy": round(sum(r["edge"] for r in rows) / n, 4),
-            "cloud_accuracy": round(sum(r["cloud"] for r in rows) / n, 4),
-            "train_with": f"hybridllm router train --data {out} --weak-col '{edge_col}' "
-                          f"--strong-col '{cloud_col}' --out DIR"})
-    return 0
+    run = label_to_csv(
+        questions,
+        edge,
+        cloud,
+        args.out,
+        edge_col=edge_col,
+        cloud_col=cloud_col,
+        concurrency=args.concurrency,
+        answers_out=args.answers,
+        progress=sys.stderr,
+    )
+    n = run.num_rows
+    _print(
+        {
+            "out": str(run.out),
+            "n": n,
+            "added": run.num_added,
+            "resumed_from": run.num_skipped,
+            "failed": run.num_failed,
+            "first_error": run.errors[0] if run.errors else None,
+            "edge_accuracy": round(run.edge_correct / n, 4) if n else None,
+            "cloud_accuracy": round(run.cloud_correct / n, 4) if n else None,
+            "train_with": f"hybridllm router train --data {run.out} --weak-col '{edge_col}' "
+            f"--strong-col '{cloud_col}' --out DIR",
+        }
+    )
+    return 0 if n else 1
 
 
 def _calibrate(args: argparse.Namespace) -> int:
@@ -179,7 +266,13 @@ def _calibrate(args: argparse.Namespace) -> int:
     scores = router.score_texts(prompts)
     router.threshold = calibrate_threshold(scores, args.cloud_fraction)
     out = router.save(args.out or args.router)
-    _print({"out": str(out), "threshold": round(router.threshold, 6), "n": len(prompts),
+    _print(
+        {
+            "out": str(out),
+            "threshold": round(router.threshold, 6),
+            "n": len(prompts),
             "target_cloud_fraction": args.cloud_fraction,
-            "realized_cloud_fraction": round(float(np.mean(scores >= router.threshold)), 4)})
+            "realized_cloud_fraction": round(float(np.mean(scores >= router.threshold)), 4),
+        }
+    )
     return 0

@@ -14,6 +14,7 @@ from .._exceptions import DataError
 
 PROMPT_COL = "prompt"
 LOGPROB_COL = "edge_mean_logprob"  # written by `hybridllm router label`
+CLOUD_TOKENS_COL = "cloud_tokens"  # written by `hybridllm router label`: the cloud answer's tokens
 _TRUE = {"true", "1", "yes", "1.0"}
 _FALSE = {"false", "0", "no", "0.0"}
 
@@ -77,7 +78,7 @@ def load_routellm_csv(
             raise DataError(f"{p} has no column {col!r} for {name}; columns: {', '.join(header)}.")
     values: dict[str, np.ndarray] = {}
     for col in header:
-        if col in (PROMPT_COL, LOGPROB_COL):
+        if col in (PROMPT_COL, LOGPROB_COL, CLOUD_TOKENS_COL):
             continue
         parsed = [_to_bool(r.get(col) or "") for r in rows]
         if all(v is not None for v in parsed):

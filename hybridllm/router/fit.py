@@ -31,9 +31,12 @@ def fit_gain_scorer(
     dims: int = DEFAULT_DIMS,
     topics: int = DEFAULT_TOPICS,
     topic_mix: float = DEFAULT_TOPIC_MIX,
+    sample_weight: np.ndarray | None = None,
 ) -> GainScorer:
     """``x`` ``[n, d]`` features, ``gain`` ``[n]`` in {-1, 0, 1}; ``embeddings`` ``[n, e]``
-    enables the neighbor part."""
+    enables the neighbor part. ``sample_weight`` ``[n]`` weighs prompts in the linear part and the
+    topic means (the neighbor part stays a plain mean: a prompt's neighbors come from its own
+    kind of traffic, whatever that source's weight)."""
     from sklearn.linear_model import LogisticRegression
 
     g = np.asarray(gain).astype(np.int64)
@@ -48,8 +51,14 @@ def fit_gain_scorer(
     mean = x64.mean(axis=0)
     scale = x64.std(axis=0)
     scale[scale < 1e-8] = 1.0  # constant columns stay at zero after centering
+    w = None
+    if sample_weight is not None:
+        w = np.asarray(sample_weight, dtype=np.float64)
+        if w.shape != g.shape or not np.all(np.isfinite(w)) or np.any(w < 0) or w.sum() <= 0:
+            raise RouterError("sample_weight needs one finite, non-negative weight per prompt.")
+        w = w * (len(w) / w.sum())  # mean 1: C keeps its meaning
     model = LogisticRegression(C=c, max_iter=3000)
-    model.fit((x64 - mean) / scale, g)
+    model.fit((x64 - mean) / scale, g, sample_weight=w)
     coef, intercept = model.coef_, model.intercept_
     if coef.shape[0] == 1:  # two classes: sklearn stores one row for the second class
         coef = np.vstack([np.zeros_like(coef), coef])
@@ -65,7 +74,7 @@ def fit_gain_scorer(
         refs = project_embeddings(emb, proj_mean, proj).astype(np.float16).astype(np.float32)
         ref_gains = g.astype(np.float32)
         if use_topics:
-            centroids, topic_gains = _fit_topics(refs, ref_gains, topics)
+            centroids, topic_gains = _fit_topics(refs, ref_gains, topics, weights=w)
     return GainScorer(
         mean=mean.astype(np.float32),
         scale=scale.astype(np.float32),
@@ -84,18 +93,21 @@ def fit_gain_scorer(
     )
 
 
-def _fit_topics(refs: np.ndarray, gains: np.ndarray, topics: int) -> tuple[np.ndarray, np.ndarray]:
+def _fit_topics(
+    refs: np.ndarray, gains: np.ndarray, topics: int, *, weights: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray]:
     """k-means restarts over the projected training prompts: centroids ``[r, t, dims]`` and each
-    cluster's shrunk mean gain ``[r, t]``."""
+    cluster's shrunk (weighted) mean gain ``[r, t]``."""
     from sklearn.cluster import KMeans
 
-    prior = float(gains.mean())
+    w = np.ones(len(gains)) if weights is None else weights
+    prior = float(np.average(gains, weights=w))
     centroids, topic_gains = [], []
     for seed in range(TOPIC_RESTARTS):
         km = KMeans(n_clusters=topics, n_init=1, random_state=seed).fit(refs)
         labels = km.labels_
-        sums = np.bincount(labels, weights=gains, minlength=topics)
-        counts = np.bincount(labels, minlength=topics)
+        sums = np.bincount(labels, weights=gains * w, minlength=topics)
+        counts = np.bincount(labels, weights=w, minlength=topics)
         centroids.append(km.cluster_centers_.astype(np.float32))
         topic_gains.append(((sums + SHRINK * prior) / (counts + SHRINK)).astype(np.float32))
     return np.stack(centroids), np.stack(topic_gains)

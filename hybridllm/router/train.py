@@ -1,4 +1,4 @@
-"""Training a router on a RouteLLM-format CSV, with cross-validation folded by question.
+"""Training a router on RouteLLM-format CSVs, with cross-validation folded by question.
 
 Label: the strong model was needed (the weak model failed where the strong one succeeded). The
 scorer (see ``classifier``) learns the per-prompt quality gain ``strong - weak``, whose positive
@@ -6,6 +6,13 @@ class is that label. Folds come from a hash of the prompt text, so copies of one
 fold and no test question is ever trained on (nor used as a neighbor). The shipped threshold is the
 score quantile that sends the cross-validated ``calls_at_95`` fraction of the training prompts to
 the cloud: on traffic like the training data, the cheapest setting keeping 95% of strong quality.
+
+Several sources (say RouteLLM's MMLU labels and your own pair's GSM8K labels) train one router:
+their rows are pooled, each source's rows weighted so that the sources weigh ``--weight`` each in
+total (equal by default: a small file of your own pair is not drowned by a large public one), folds
+still come from the prompt hash, and the metrics are reported per source as well as pooled (APGR of
+a pool of two model pairs means little). The threshold then keeps 95% of strong quality on every
+source: the lowest of the per-source thresholds given by the rule above.
 """
 
 from __future__ import annotations
@@ -46,8 +53,10 @@ def fold_ids(prompts: list[str], num_folds: int, *, salt: str = "") -> np.ndarra
     """Fold of each prompt from a hash of its text: ``[n]`` ints in ``[0, num_folds)``. Another
     ``salt`` gives another assignment, still by question (``bench.router_cv`` compares them)."""
     return np.asarray(
-        [int(hashlib.sha1((salt + p).encode("utf-8", "surrogatepass")).hexdigest()[:12], 16)
-         % num_folds for p in prompts],
+        [
+            int(hashlib.sha1((salt + p).encode("utf-8", "surrogatepass")).hexdigest()[:12], 16) % num_folds
+            for p in prompts
+        ],
         dtype=np.int64,
     )
 
@@ -77,14 +86,83 @@ def _gain(data: RoutingData) -> np.ndarray:
     return (data.strong - data.weak).astype(np.int64)
 
 
-def _fit(x: np.ndarray, gain: np.ndarray, emb: np.ndarray | None, hp: Hyper) -> GainScorer:
-    return fit_gain_scorer(x, gain, embeddings=emb, c=hp.c, k=hp.k, mix=hp.mix, dims=hp.dims,
-                          topics=hp.topics, topic_mix=hp.topic_mix)
+def _fit(
+    x: np.ndarray, gain: np.ndarray, emb: np.ndarray | None, hp: Hyper, weight: np.ndarray | None = None
+) -> GainScorer:
+    return fit_gain_scorer(
+        x,
+        gain,
+        embeddings=emb,
+        c=hp.c,
+        k=hp.k,
+        mix=hp.mix,
+        dims=hp.dims,
+        topics=hp.topics,
+        topic_mix=hp.topic_mix,
+        sample_weight=weight,
+    )
+
+
+@dataclass(frozen=True)
+class Sources:
+    """Which source each row of a pooled :class:`RoutingData` came from, and its weight."""
+
+    names: list[str]  # one per source
+    ids: np.ndarray  # [n] int index into names
+    weights: list[float]  # relative total weight of each source
+
+    def sample_weight(self) -> np.ndarray | None:
+        """``[n]`` per-row weights (mean 1) giving each source its share; None for one source."""
+        if len(self.names) < 2:
+            return None
+        counts = np.bincount(self.ids, minlength=len(self.names)).astype(np.float64)
+        share = np.asarray(self.weights, dtype=np.float64) / np.sum(self.weights)
+        per_row = share / np.maximum(counts, 1) * len(self.ids)
+        return per_row[self.ids]
+
+
+def pool(
+    parts: list[tuple[str, RoutingData]],
+    weights: list[float] | None = None,
+) -> tuple[RoutingData, Sources]:
+    """Stack labelled files into one :class:`RoutingData` (``weak``/``strong`` mean the edge and the
+    cloud side of each file's own pair) and record where each row came from."""
+    if not parts:
+        raise DataError("Pass at least one --data file.")
+    if weights is None:
+        weights = [1.0] * len(parts)
+    if len(weights) != len(parts) or not all(w > 0 for w in weights):
+        raise DataError(
+            f"Give one positive --weight per --data file ({len(parts)} files, {len(weights)} weights)."
+        )
+    if len(parts) == 1:
+        name, data = parts[0]
+        return data, Sources([name], np.zeros(len(data.prompts), np.int64), list(weights))
+    lps = [
+        d.edge_logprob if d.edge_logprob is not None else np.full(len(d.prompts), np.nan) for _, d in parts
+    ]
+    any_lp = any(d.edge_logprob is not None for _, d in parts)
+    pooled = RoutingData(
+        prompts=[p for _, d in parts for p in d.prompts],
+        weak=np.concatenate([d.weak for _, d in parts]),
+        strong=np.concatenate([d.strong for _, d in parts]),
+        weak_col=" + ".join(d.weak_col for _, d in parts),
+        strong_col=" + ".join(d.strong_col for _, d in parts),
+        edge_logprob=np.concatenate(lps) if any_lp else None,
+    )
+    ids = np.concatenate([np.full(len(d.prompts), i, np.int64) for i, (_, d) in enumerate(parts)])
+    return pooled, Sources([n for n, _ in parts], ids, list(weights))
 
 
 def cross_validate(
-    data: RoutingData, x: np.ndarray, emb: np.ndarray | None, *, hyper: Hyper = Hyper(),
-    num_folds: int = DEFAULT_FOLDS, fold_salt: str = "",
+    data: RoutingData,
+    x: np.ndarray,
+    emb: np.ndarray | None,
+    *,
+    hyper: Hyper = Hyper(),
+    num_folds: int = DEFAULT_FOLDS,
+    fold_salt: str = "",
+    sample_weight: np.ndarray | None = None,
 ) -> CVResult:
     """Out-of-fold scores for every prompt and the router metrics on them."""
     if num_folds < 2:
@@ -98,7 +176,8 @@ def cross_validate(
         if not test.any() or test.all():
             raise DataError(f"Too few distinct prompts for {num_folds}-fold cross-validation.")
         tr_emb = None if emb is None else emb[~test]
-        scorer = _fit(x[~test], gain[~test], tr_emb, hyper)
+        tr_w = None if sample_weight is None else sample_weight[~test]
+        scorer = _fit(x[~test], gain[~test], tr_emb, hyper, tr_w)
         oof[test] = scorer.predict(x[test], None if emb is None else emb[test])
         per_fold.append(_round(router_metrics(oof[test], data.weak[test], data.strong[test])))
     pooled = _round(router_metrics(oof, data.weak, data.strong))
@@ -114,27 +193,44 @@ def train_router(
     embeddings: np.ndarray | None = None,
     source: str = "",
     command: str = "",
+    sources: Sources | None = None,
 ) -> Router:
     """Cross-validate, then fit on all rows; the router's ``info`` records both."""
     started = time.perf_counter()
+    if sources is None:
+        sources = Sources([Path(source).name if source else ""], np.zeros(len(data.prompts), np.int64), [1.0])
+    weight = sources.sample_weight()
     emb = None
     if use_embedding:
         emb = cached_embeddings(data.prompts) if embeddings is None else embeddings
     x = feature_matrix(data.prompts, use_embedding=use_embedding, embeddings=emb)
-    cv = cross_validate(data, x, emb, hyper=hyper, num_folds=num_folds)
-    scorer = _fit(x, _gain(data), emb, hyper)
+    cv = cross_validate(data, x, emb, hyper=hyper, num_folds=num_folds, sample_weight=weight)
+    scorer = _fit(x, _gain(data), emb, hyper, weight)
     train_scores = np.asarray(scorer.predict(x, emb), dtype=np.float64)
-    cloud_fraction = float(cv.metrics["calls_at_95"])
-    threshold = 1.0
-    if cloud_fraction > 0:
-        threshold = float(np.quantile(train_scores, 1.0 - cloud_fraction))
+    threshold, per_source = _threshold_and_source_metrics(data, sources, cv, train_scores)
     logprob_threshold = DEFAULT_LOGPROB_THRESHOLD
+    cascade: dict[str, Any] = {
+        "logprob_threshold": logprob_threshold,
+        "rule": "default (no edge log-probabilities in the data)",
+    }
     if data.edge_logprob is not None:
-        logprob_threshold = calibrate_logprob_threshold(data.edge_logprob, data.weak)
+        has_lp = np.isfinite(data.edge_logprob)
+        lp, ok = data.edge_logprob[has_lp], data.weak[has_lp]
+        if 0 < ok.sum() < len(ok):
+            logprob_threshold = calibrate_logprob_threshold(lp, ok)
+            esc = lp < logprob_threshold
+            cascade = {
+                "logprob_threshold": round(logprob_threshold, 5),
+                "rule": "max balanced accuracy of 'mean logprob < t' for 'edge answer wrong'",
+                "n": int(len(lp)),
+                "edge_right": int(ok.sum()),
+                "escalated_when_wrong": round(float(esc[ok == 0].mean()), 4),
+                "kept_when_right": round(float((~esc[ok == 1]).mean()), 4),
+            }
     info: dict[str, Any] = {
         "training": {
             "command": command or SHIPPED_COMMAND,
-            "data": Path(source).name if source else "",
+            "data": " + ".join(sources.names),
             "data_digest": texts_digest(data.prompts),
             "n": len(data.prompts),
             "weak_col": data.weak_col,
@@ -149,7 +245,9 @@ def train_router(
             "topic_mix": scorer.topic_mix,
             "num_folds": num_folds,
             "num_text_features": len(TEXT_FEATURES),
-            "threshold_rule": "train-score quantile sending the CV calls_at_95 fraction to cloud",
+            "threshold_rule": "train-score quantile sending the CV calls_at_95 fraction to cloud"
+            + ("; the lowest over sources" if len(sources.names) > 1 else ""),
+            "cascade": cascade,
             "seconds": round(time.perf_counter() - started, 1),
         },
         "metrics": {
@@ -158,12 +256,46 @@ def train_router(
             "train": _round(router_metrics(train_scores, data.weak, data.strong)),
         },
     }
-    return Router(scorer=scorer, threshold=threshold, use_embedding=use_embedding,
-                  logprob_threshold=logprob_threshold, info=info)
+    if len(sources.names) > 1:
+        info["training"]["sources"] = [
+            {"data": name, "n": int(np.sum(sources.ids == i)), "weight": sources.weights[i]}
+            for i, name in enumerate(sources.names)
+        ]
+        info["metrics"]["cv_per_source"] = per_source
+    return Router(
+        scorer=scorer,
+        threshold=threshold,
+        use_embedding=use_embedding,
+        logprob_threshold=logprob_threshold,
+        info=info,
+    )
+
+
+def _threshold_and_source_metrics(
+    data: RoutingData,
+    sources: Sources,
+    cv: CVResult,
+    train_scores: np.ndarray,
+) -> tuple[float, dict[str, dict[str, float]]]:
+    """Per source: the train-score quantile sending its CV ``calls_at_95`` fraction to the cloud.
+    The router's threshold is the lowest of them, so every source keeps 95% of strong quality."""
+    threshold, per_source = 1.0, {}
+    for i, name in enumerate(sources.names):
+        rows = sources.ids == i
+        m = (
+            cv.metrics
+            if len(sources.names) == 1
+            else _round(router_metrics(cv.oof_scores[rows], data.weak[rows], data.strong[rows]))
+        )
+        per_source[name] = m
+        fraction = float(m["calls_at_95"])
+        if fraction > 0:
+            threshold = min(threshold, float(np.quantile(train_scores[rows], 1.0 - fraction)))
+    return threshold, per_source
 
 
 def train_from_csv(
-    path: str | Path,
+    path: str | Path | list[str | Path],
     out_dir: str | Path,
     *,
     weak_col: str | None = None,
@@ -171,20 +303,65 @@ def train_from_csv(
     use_embedding: bool = True,
     hyper: Hyper = Hyper(),
     num_folds: int = DEFAULT_FOLDS,
+    weights: list[float] | None = None,
 ) -> Router:
-    data = load_routellm_csv(path, weak_col=weak_col, strong_col=strong_col)
-    if not np.any(data.labels == 1) or np.all(data.labels == 1):
-        raise DataError(
-            f"{path}: no prompt (or every prompt) needs the strong model, so there is nothing to "
-            "learn; label more varied prompts."
+    """Train on one CSV or several (``weights``: each file's relative total weight, equal by
+    default). ``weak_col``/``strong_col`` apply to the files that have those columns; the others
+    must hold exactly two True/False columns (the less accurate one is the edge)."""
+    paths = [Path(p) for p in (path if isinstance(path, list) else [path])]
+    parts = []
+    for p in paths:
+        header = _header_of(p)
+        data = load_routellm_csv(
+            p,
+            weak_col=weak_col if weak_col in header else None,
+            strong_col=strong_col if strong_col in header else None,
         )
-    parts = ["hybridllm router train --data", str(path)]
+        if not np.any(data.labels == 1):
+            raise DataError(
+                f"{p}: no prompt needs the strong model (it is never right where the weak one is "
+                "wrong), so there is nothing to learn from it; label more varied prompts."
+            )
+        parts.append((p.name, data))
+    if len({name for name, _ in parts}) < len(parts):
+        parts = [(str(p), d) for p, (_, d) in zip(paths, parts, strict=True)]
+    data, sources = pool(parts, weights)
+    # per file: each file's embeddings are cached on their own, so adding a file reuses the others
+    emb = np.concatenate([cached_embeddings(d.prompts) for _, d in parts]) if use_embedding else None
+    if np.all(data.labels == 1):
+        raise DataError(
+            f"{', '.join(map(str, paths))}: every prompt needs the strong model, so there is "
+            "nothing to learn; label more varied prompts."
+        )
+    parts_cmd = ["hybridllm router train"]
+    for i, p in enumerate(paths):
+        parts_cmd += ["--data", str(p)]
+        if weights is not None:
+            parts_cmd += ["--weight", f"{weights[i]:g}"]
     if weak_col:
-        parts += ["--weak-col", repr(weak_col)]
+        parts_cmd += ["--weak-col", repr(weak_col)]
     if strong_col:
-        parts += ["--strong-col", repr(strong_col)]
-    parts += ["--out", str(out_dir)]
-    router = train_router(data, use_embedding=use_embedding, hyper=hyper, num_folds=num_folds,
-                          source=str(path), command=" ".join(parts))
+        parts_cmd += ["--strong-col", repr(strong_col)]
+    parts_cmd += ["--out", str(out_dir)]
+    router = train_router(
+        data,
+        use_embedding=use_embedding,
+        hyper=hyper,
+        num_folds=num_folds,
+        embeddings=emb,
+        source=str(paths[0]),
+        command=" ".join(parts_cmd),
+        sources=sources,
+    )
     router.save(out_dir)
     return router
+
+
+def _header_of(path: Path) -> list[str]:
+    import csv
+
+    try:
+        with path.open(newline="", encoding="utf-8") as fh:
+            return next(csv.reader(fh), [])
+    except (OSError, UnicodeDecodeError, csv.Error):
+        return []  # load_routellm_csv explains what is wrong with the file

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 
 import httpx
@@ -79,20 +80,117 @@ def test_openai_cloud_against_a_fake_server(monkeypatch):
         seen["auth"] = request.headers.get("authorization")
         body = json.loads(request.content)
         assert body["temperature"] == 0.0
-        return httpx.Response(200, json={"choices": [{"message": {"content": "The answer is 4"}}]})
+        return httpx.Response(
+            200,
+            json={
+                "choices": [{"message": {"content": "The answer is 4"}, "finish_reason": "stop"}],
+                "usage": {"completion_tokens": 5},
+            },
+        )
 
     real_client = httpx.Client
-    monkeypatch.setattr(httpx, "Client", lambda **kw: real_client(
-        transport=httpx.MockTransport(handler), **kw))
+    monkeypatch.setattr(
+        httpx, "Client", lambda **kw: real_client(transport=httpx.MockTransport(handler), **kw)
+    )
     gen = label_mod.openai_cloud("http://cloud:8000", api_key="k")
-    assert gen("2 + 2?") == ("The answer is 4", None)
+    assert gen("2 + 2?").text == "The answer is 4"
     assert seen["url"] == "http://cloud:8000/v1/chat/completions" and seen["auth"] == "Bearer k"
+
+
+def _sum_questions(n):
+    return [Question(f"What is {i} + {i}?", str(2 * i)) for i in range(n)]
+
+
+def _edge(prompt):  # right on even i
+    i = int(prompt.split()[2])
+    return f"The answer is {2 * i if i % 2 == 0 else 0}", -0.2 if i % 2 == 0 else -2.0
+
+
+def test_label_to_csv_sends_the_cloud_concurrently_and_resumes(tmp_path):
+    """The cloud side really runs ``concurrency`` calls at once; rows are appended as they
+    finish; a second run skips the prompts already in the file and adds only the rest."""
+    import threading
+    import time
+
+    lock, state = threading.Lock(), {"now": 0, "peak": 0, "calls": 0}
+
+    def cloud(prompt):
+        with lock:
+            state["now"] += 1
+            state["calls"] += 1
+            state["peak"] = max(state["peak"], state["now"])
+        time.sleep(0.02)
+        with lock:
+            state["now"] -= 1
+        i = int(prompt.split()[2])
+        return label_mod.Answer(f"The answer is {2 * i}", num_tokens=7, finish_reason="stop")
+
+    out, answers = tmp_path / "l.csv", tmp_path / "a.jsonl"
+    progress = io.StringIO()
+    run = label_mod.label_to_csv(
+        _sum_questions(4),
+        _edge,
+        cloud,
+        out,
+        edge_col="edge:s",
+        cloud_col="cloud:b",
+        concurrency=4,
+        answers_out=answers,
+        progress=progress,
+    )
+    assert (run.num_rows, run.num_added, run.num_skipped) == (4, 4, 0)
+    assert state["peak"] >= 2  # concurrent, not one by one
+    assert "ETA" in progress.getvalue() and "4/4" in progress.getvalue()
+    run = label_mod.label_to_csv(
+        _sum_questions(10), _edge, cloud, out, edge_col="edge:s", cloud_col="cloud:b", concurrency=4
+    )
+    assert (run.num_rows, run.num_added, run.num_skipped) == (10, 6, 4)
+    assert state["calls"] == 10  # the first four were not asked again
+    data = load_routellm_csv(out, weak_col="edge:s", strong_col="cloud:b")
+    assert sorted(data.prompts) == sorted(q.prompt for q in _sum_questions(10))
+    by_prompt = dict(zip(data.prompts, data.weak, strict=True))
+    assert [by_prompt[q.prompt] for q in _sum_questions(10)] == [1, 0] * 5
+    assert data.strong.tolist() == [1.0] * 10
+    assert [json.loads(x)["cloud_tokens"] for x in answers.read_text().splitlines()] == [7] * 4
+    with pytest.raises(DataError, match="other models"):  # never mixes two pairs in one file
+        label_mod.label_to_csv(_sum_questions(2), _edge, cloud, out, edge_col="edge:x", cloud_col="cloud:b")
+
+
+def test_label_to_csv_leaves_out_failed_questions_for_a_rerun(tmp_path):
+    calls = []
+
+    def cloud(prompt):
+        calls.append(prompt)
+        if "3 + 3" in prompt:
+            raise CloudError("overloaded", status_code=503)
+        return "The answer is 0", None
+
+    out = tmp_path / "l.csv"
+    run = label_mod.label_to_csv(
+        _sum_questions(5), _edge, cloud, out, edge_col="e", cloud_col="c", concurrency=2, retries=1
+    )
+    assert (run.num_rows, run.num_failed) == (4, 1) and "overloaded" in run.errors[0]
+    assert calls.count("What is 3 + 3?") == 2  # retried once
+    assert "What is 3 + 3?" not in out.read_text()
+
+    def down(prompt):
+        raise CloudError("connection refused")
+
+    with pytest.raises(CloudError, match="refused"):  # nothing works at all: say why
+        label_mod.label_to_csv(
+            _sum_questions(30), _edge, down, tmp_path / "m.csv", edge_col="e", cloud_col="c", retries=0
+        )
 
 
 def test_openai_cloud_errors(monkeypatch):
     real_client = httpx.Client
-    monkeypatch.setattr(httpx, "Client", lambda **kw: real_client(
-        transport=httpx.MockTransport(lambda r: httpx.Response(500, text="boom")), **kw))
+    monkeypatch.setattr(
+        httpx,
+        "Client",
+        lambda **kw: real_client(
+            transport=httpx.MockTransport(lambda r: httpx.Response(500, text="boom")), **kw
+        ),
+    )
     with pytest.raises(CloudError, match="500"):
         label_mod.openai_cloud("http://cloud/v1")("q")
 
@@ -103,8 +201,11 @@ def test_real_edge_model_answers_with_a_confidence(smollm2_path):
     log-probability of that answer (a sure answer scores higher than a forced-hot one)."""
     edge = label_mod.llama_cpp_edge(smollm2_path, max_tokens=12)
     text, lp = edge("What is 2 + 3?")
-    rows = label_questions([Question("What is 2 + 3?", "5"), Question("What is 2 + 3?", "6")],
-                           lambda p: (text, lp), lambda p: ("The answer is 5", None))
+    rows = label_questions(
+        [Question("What is 2 + 3?", "5"), Question("What is 2 + 3?", "6")],
+        lambda p: (text, lp),
+        lambda p: ("The answer is 5", None),
+    )
     assert [r["cloud"] for r in rows] == [True, False]  # graded, not copied
     assert [r["edge"] for r in rows] == [is_correct(text, "5"), is_correct(text, "6")]
     assert not (rows[0]["edge"] and rows[1]["edge"])  # one answer cannot be both 5 and 6

@@ -1,0 +1,120 @@
+"""Training on several labelled files: pooling, source weights, per-source CV, the threshold that
+keeps every source at 95% of its strong model (text-only, small files, no embedder)."""
+
+from __future__ import annotations
+
+import csv
+import json
+
+import numpy as np
+import pytest
+
+from hybridllm.cli import main
+from hybridllm.router.dataset import load_routellm_csv
+from hybridllm.router.train import pool, train_from_csv
+
+
+def _write(path, rows, cols=("small", "big")):
+    with path.open("w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(["prompt", *cols])
+        w.writerows(rows)
+    return path
+
+
+def _source(path, *, long_is_hard: bool, n: int, seed: int, tag: str, cols=("small", "big")):
+    """Prompts of 1..60 words; the weak model fails on the long (or the short) half."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for i in range(n):
+        words = int(rng.integers(1, 60))
+        hard = (words > 30) == long_is_hard
+        weak = rng.random() > (0.8 if hard else 0.05)
+        rows.append([f"{tag}{i} " + "word " * words, weak, rng.random() > 0.05])
+    return _write(path, rows, cols)
+
+
+def test_pool_weighs_each_source_by_its_share(tmp_path):
+    a = load_routellm_csv(_source(tmp_path / "a.csv", long_is_hard=True, n=300, seed=0, tag="a"))
+    b = load_routellm_csv(_source(tmp_path / "b.csv", long_is_hard=True, n=60, seed=1, tag="b"))
+    data, sources = pool([("a", a), ("b", b)])
+    assert len(data.prompts) == 360 and data.edge_logprob is None
+    w = sources.sample_weight()
+    assert w is not None and w.mean() == pytest.approx(1.0)
+    assert w[sources.ids == 0].sum() == pytest.approx(w[sources.ids == 1].sum())  # equal totals
+    _, sources = pool([("a", a), ("b", b)], [3.0, 1.0])
+    w = sources.sample_weight()
+    assert w[sources.ids == 0].sum() == pytest.approx(3 * w[sources.ids == 1].sum())
+    assert pool([("a", a)])[1].sample_weight() is None  # one source: plain, as before
+
+
+def test_the_weights_decide_which_source_wins(tmp_path):
+    """Two sources that disagree (long prompts hard in one, short ones in the other): the
+    heavier source decides which prompts score high."""
+    a = _source(tmp_path / "a.csv", long_is_hard=True, n=300, seed=0, tag="a")
+    b = _source(tmp_path / "b.csv", long_is_hard=False, n=300, seed=1, tag="b")
+    long_p, short_p = "x " + "word " * 55, "x word word"
+
+    def gap(weights):
+        r = train_from_csv([a, b], tmp_path / "r", use_embedding=False, weights=weights, num_folds=2)
+        return float(r.score_texts([long_p])[0] - r.score_texts([short_p])[0])
+
+    assert gap([10.0, 1.0]) > 0.05
+    assert gap([1.0, 10.0]) < -0.05
+
+
+def test_per_source_cv_and_a_threshold_that_serves_every_source(tmp_path, capsys):
+    """A source whose weak model is hopeless (everything needs the cloud) pulls the threshold
+    down to where that source keeps 95% of its strong quality; the metrics are per source."""
+    a = _source(tmp_path / "a.csv", long_is_hard=True, n=300, seed=0, tag="a")
+    rng = np.random.default_rng(2)
+    math = _write(
+        tmp_path / "math.csv",
+        [
+            [
+                f"m{i} compute " + "number " * int(rng.integers(35, 60)),
+                rng.random() < 0.03,
+                rng.random() < 0.7,
+            ]
+            for i in range(120)
+        ],
+        cols=("edge:s", "cloud:q"),
+    )
+    out = tmp_path / "r"
+    assert (
+        main(["router", "train", "--data", str(a), "--data", str(math), "--out", str(out), "--no-embedding"])
+        == 0
+    )
+    got = json.loads(capsys.readouterr().out)
+    assert set(got["cv_per_source"]) == {"a.csv", "math.csv"}
+    assert got["cv_per_source"]["a.csv"]["apgr"] > 0.6
+    cfg = json.loads((out / "router.json").read_text())
+    assert [s["n"] for s in cfg["training"]["sources"]] == [300, 120]
+    assert cfg["training"]["command"].count("--data") == 2
+    from hybridllm.router.router import load_router
+
+    router = load_router(out)
+    m = load_routellm_csv(math)
+    routed = np.where(router.score_texts(m.prompts) >= router.threshold, m.strong, m.weak)
+    assert routed.mean() >= 0.95 * m.strong.mean() - 0.03  # in-sample, with the CV's slack
+
+    capsys.readouterr()
+    assert (
+        main(
+            [
+                "router",
+                "train",
+                "--data",
+                str(a),
+                "--data",
+                str(math),
+                "--weight",
+                "1",
+                "--out",
+                str(out),
+                "--no-embedding",
+            ]
+        )
+        == 1
+    )
+    assert "one --weight per --data" in capsys.readouterr().err

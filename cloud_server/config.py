@@ -107,7 +107,7 @@ class ClusterConfig:
     replica_cpus: float = 1.0
     max_ongoing_requests: int = 64
     stats_period_s: float = 0.5
-    imbalance_ratio: float = 0.5
+    imbalance_ratio: float = 0.25
     min_margin_tokens: int = 128
     target_tokens_per_replica: int = 4096
 

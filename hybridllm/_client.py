@@ -243,6 +243,8 @@ def _build_core(
                 max_retries=cfg.cloud_max_retries,
                 breaker_threshold=cfg.cloud_breaker_threshold,
                 breaker_cooldown_s=cfg.cloud_breaker_cooldown_s,
+                carbon=cfg.cloud_endpoints or None,  # hybridllm.carbon: region, gCO2/kWh
+                joules_per_token=cfg.cloud_joules_per_token,
             )
             made.append(cloud)
         if cloud is not None and policy is None:

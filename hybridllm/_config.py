@@ -45,6 +45,10 @@ class HybridLLMConfig:
     cloud_breaker_threshold: int = 3
     cloud_breaker_cooldown_s: float = 10.0
     price_per_1k_tokens: float = 0.002  # USD, prompt and completion alike
+    # cloud endpoints with a region and grid carbon intensity (hybridllm.carbon): dicts
+    # {"url", "region", "carbon_intensity"} or CloudEndpoint; their URLs join cloud_url
+    cloud_endpoints: list = field(default_factory=list)
+    cloud_joules_per_token: float = 1.0  # energy estimate when a server reports none
     # the router and the policies
     router: str | None = None  # path to a router folder; None = the shipped default
     threshold: float | None = None  # None = the router's calibrated threshold
@@ -74,6 +78,14 @@ class HybridLLMConfig:
     def __post_init__(self) -> None:
         if isinstance(self.cloud_url, str):
             self.cloud_url = [u.strip() for u in self.cloud_url.split(",") if u.strip()]
+        if self.cloud_endpoints:
+            from .carbon import CloudEndpoint
+
+            self.cloud_endpoints = [CloudEndpoint.of(e) for e in self.cloud_endpoints]
+            self.cloud_url = list(self.cloud_url) + [
+                e.url for e in self.cloud_endpoints if e.url not in self.cloud_url]
+        if not self.cloud_joules_per_token > 0:
+            raise ConfigError("cloud_joules_per_token must be positive.")
         for url in self.cloud_url:
             if not url.startswith(("http://", "https://")):
                 raise ConfigError(f"cloud_url must start with http:// or https://, got {url!r}.")

@@ -123,6 +123,7 @@ class Options:
     cache: bool = True  # look up and store in the semantic cache
     cascade: bool | None = None  # None: as the policy says
     namespace: str | None = None  # cache namespace (tenant or user)
+    priority: str | None = None  # "interactive" (the fastest cloud) or "batch" (the cleanest grid)
 
     @classmethod
     def pop_from(cls, kwargs: dict[str, Any]) -> Options:
@@ -133,6 +134,9 @@ class Options:
             raise InvalidRequestError("cache and cascade must be True or False.")
         if opts.namespace is not None and not isinstance(opts.namespace, str):
             raise InvalidRequestError(f"namespace must be a string, got {opts.namespace!r}.")
+        from .carbon import check_priority
+
+        check_priority(opts.priority)
         return opts
 
 
@@ -407,7 +411,9 @@ class Core:
         try:
             async with aclosing(
                 self._emit(
-                    self.cloud.astream(d.messages_for_cloud, req.params),
+                    self.cloud.astream(d.messages_for_cloud, req.params,  # type: ignore[call-arg]
+                                       **({"priority": req.options.priority}
+                                          if req.options.priority else {})),
                     self.cloud,
                     start,
                     route=route,

@@ -32,6 +32,9 @@ class Stats:
         self.cloud_tokens = 0
         self.cloud_cost = 0.0
         self.saved_cost = 0.0
+        self.co2_g = 0.0  # hybridllm.carbon: grams of CO2 of cloud answers with a known intensity
+        self.co2_saved_g = 0.0  # ... and saved against always using the fastest endpoint
+        self.energy_j = 0.0
 
     def cost(self, tokens: int) -> float:
         return tokens / 1000 * self.price_per_1k
@@ -42,6 +45,9 @@ class Stats:
             self._latency[c.route].append(c.latency_ms)
             if c.ttft_ms is not None:
                 self._ttft[c.route].append(c.ttft_ms)
+            self.co2_g += c.co2_g or 0.0
+            self.co2_saved_g += c.co2_saved_g or 0.0
+            self.energy_j += c.energy_j or 0.0
             if "cloud" in c.route and "unavailable" not in c.route:
                 self.cloud_tokens += c.usage.total_tokens
                 self.cloud_cost += c.cost_usd
@@ -70,4 +76,7 @@ class Stats:
                 "cloud_tokens": self.cloud_tokens,
                 "cloud_cost_usd": round(self.cloud_cost, 6),
                 "cost_saved_vs_cloud_only_usd": round(self.saved_cost, 6),
+                "cloud_energy_j": round(self.energy_j, 3),
+                "co2_g": round(self.co2_g, 6),
+                "co2_saved_g": round(self.co2_saved_g, 6),
             }

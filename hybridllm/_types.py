@@ -154,6 +154,12 @@ class Decision:
 class Usage:
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    # energy and carbon of a cloud request (hybridllm.carbon); not part of the OpenAI usage object
+    energy_j: float | None = None
+    energy_source: str | None = None  # what the server measured with ("nvml", "rapl", ...) or "estimate"
+    region: str | None = None
+    co2_g: float | None = None
+    co2_saved_g: float | None = None  # vs the fastest endpoint (hybridllm.carbon)
 
     @property
     def total_tokens(self) -> int:
@@ -182,6 +188,18 @@ class Completion:
     cache_similarity: float | None = None  # set on a cache hit
     cost_usd: float = 0.0  # estimated cloud cost of this request
     mean_logprob: float | None = None  # mean log-probability of the edge's answer tokens, if known
+    # energy and carbon, when the cloud answered (hybridllm.carbon; the server's usage.energy)
+    energy_j: float | None = None
+    energy_source: str | None = None
+    region: str | None = None
+    co2_g: float | None = None
+    co2_saved_g: float | None = None  # against always using the fastest cloud endpoint
+
+    @property
+    def energy_j_per_token(self) -> float | None:
+        """Joules per completion token, when the energy is known."""
+        n = self.usage.completion_tokens
+        return self.energy_j / n if self.energy_j is not None and n else None
 
     @property
     def tokens_per_s(self) -> float | None:

@@ -179,6 +179,7 @@ def build_app(
             "block_size": engine_config.block_size,
             "imbalance_ratio": cluster.imbalance_ratio,
             "min_margin_tokens": cluster.min_margin_tokens,
+            "board_name": board,
         }
     options: dict[str, Any] = {
         "name": ENGINE,

@@ -35,6 +35,13 @@ class FleetBoard:
 
     def __init__(self) -> None:
         self._posts: dict[str, tuple[float, dict[str, Any]]] = {}
+        self._notes: dict[str, Any] = {}  # not replicas: the router's own figures
+
+    def note(self, key: str, value: Any) -> None:
+        self._notes[key] = value
+
+    def notes(self) -> dict[str, Any]:
+        return dict(self._notes)
 
     def post(self, replica: str, report: dict[str, Any]) -> None:
         self._posts[replica] = (time.monotonic(), report)

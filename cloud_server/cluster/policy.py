@@ -17,7 +17,11 @@ hashes mean equal whole prefixes):
     else: send to least
 
     margin = max(min_margin_tokens, imbalance_ratio * load(least))
-             + block_size * (match(best) - match(least))     (the prefill the cache saves)
+             + prefill_weight * block_size * (match(best) - match(least))
+
+The second term is the prefill the cache saves, weighted: a prompt token is computed with many
+others in one batched step, a decode token takes a whole step, so a saved prefill token is worth
+about a tenth of an outstanding decode token (``prefill_weight``, 0.1).
 
 So a tenant's long system prompt keeps going to the replica that has it cached until that replica
 is busier than the least busy one by more than the margin; then the request spills to the least
@@ -83,8 +87,9 @@ class TokenAwareRouter:
         self,
         *,
         block_size: int = 16,
-        imbalance_ratio: float = 0.5,
+        imbalance_ratio: float = 0.25,
         min_margin_tokens: int = 128,
+        prefill_weight: float = 0.1,
         max_sent_hashes: int = 8192,
         sent_ttl_s: float = 10.0,
         clock: Callable[[], float] = time.monotonic,
@@ -93,6 +98,7 @@ class TokenAwareRouter:
             raise ValueError("block_size >= 1, imbalance_ratio >= 0, min_margin_tokens >= 0")
         self.block_size = block_size
         self.imbalance_ratio = imbalance_ratio
+        self.prefill_weight = prefill_weight
         self.min_margin_tokens = min_margin_tokens
         self.max_sent_hashes = max_sent_hashes
         self.sent_ttl_s = sent_ttl_s
@@ -137,9 +143,8 @@ class TokenAwareRouter:
         matches = [self._match(b, prompt_hashes) for b in books]
         best = max(range(len(candidates)), key=lambda i: (matches[i], -loads[i]))
         least = min(range(len(candidates)), key=lambda i: (loads[i], -matches[i]))
-        margin = max(self.min_margin_tokens, self.imbalance_ratio * loads[least]) + self.block_size * (
-            matches[best] - matches[least]
-        )
+        saved = self.prefill_weight * self.block_size * (matches[best] - matches[least])
+        margin = max(self.min_margin_tokens, self.imbalance_ratio * loads[least]) + saved
         if matches[best] > 0 and loads[best] <= loads[least] + margin:
             self.num_prefix_choices += 1
             return Choice(candidates[best], "prefix", matches[best])

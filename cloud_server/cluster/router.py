@@ -12,6 +12,7 @@ just goes to the least loaded replica.
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from ray.serve.request_router import PendingRequest, RequestRouter, RunningReplica
@@ -38,10 +39,38 @@ class TokenPrefixRequestRouter(RequestRouter):
         self.block_size = int(kwargs.get("block_size", 16))
         self.policy = TokenAwareRouter(
             block_size=self.block_size,
-            imbalance_ratio=float(kwargs.get("imbalance_ratio", 0.5)),
+            imbalance_ratio=float(kwargs.get("imbalance_ratio", 0.25)),
             min_margin_tokens=int(kwargs.get("min_margin_tokens", 128)),
+            prefill_weight=float(kwargs.get("prefill_weight", 0.1)),
         )
         self._report_stamps: dict[Any, Any] = {}
+        self._board_name = kwargs.get("board_name")
+        self._board: Any = None
+        self._posted_at = 0.0
+
+    def _post_decisions(self) -> None:
+        """Once a second, the router's own figures go to the fleet board (bench, debugging)."""
+        now = time.monotonic()
+        if self._board_name is None or now - self._posted_at < 1.0:
+            return
+        self._posted_at = now
+        try:
+            if self._board is None:
+                import ray
+
+                self._board = ray.get_actor(self._board_name, namespace="hybridllm")
+            p = self.policy
+            self._board.note.remote(
+                "router",
+                {
+                    "prefix_choices": p.num_prefix_choices,
+                    "least_token_choices": p.num_load_choices,
+                    "open_tokens": [b.sent_tokens for b in p.books.values()],
+                    "reported_tokens": [b.reported_tokens for b in p.books.values()],
+                },
+            )
+        except Exception:  # noqa: BLE001 - figures are best effort
+            self._board = None
 
     def _refresh(self) -> None:
         self.policy.sync_replicas(self._replicas)
@@ -74,6 +103,7 @@ class TokenPrefixRequestRouter(RequestRouter):
         choice = self.policy.choose([r.replica_id for r in candidate_replicas], hashes)
         tokens = estimate_tokens(len(prompt_ids), choice.matched_blocks, self.block_size, max_tokens)
         self.policy.on_sent(choice.replica, pending_request.metadata.internal_request_id, hashes, tokens)
+        self._post_decisions()
         first = [r for r in candidate_replicas if r.replica_id == choice.replica]
         rest = sorted((r for r in candidate_replicas if r.replica_id != choice.replica), key=load)
         return [first, *[[r] for r in rest]]

@@ -85,8 +85,20 @@ class CloudBackend(Backend):
         breaker_threshold: int = 3,
         breaker_cooldown_s: float = 10.0,
         transport: Any = None,
+        carbon: list[Any] | None = None,
+        joules_per_token: float | None = None,
     ) -> None:
+        """``carbon``: endpoints with a region and grid intensity (``hybridllm.carbon``); their
+        URLs are added to ``base_url``, and requests choose by ``priority``."""
         urls = [base_url] if isinstance(base_url, str) else list(base_url)
+        placer = None
+        if carbon:
+            from ..carbon import DEFAULT_JOULES_PER_TOKEN, CarbonPlacer, CloudEndpoint
+
+            marked = [CloudEndpoint.of(e) for e in carbon]
+            urls += [e.url for e in marked if e.url not in urls]
+            placer = CarbonPlacer(marked, root=_api_root,
+                                  joules_per_token=joules_per_token or DEFAULT_JOULES_PER_TOKEN)
         if not urls or not all(isinstance(u, str) and u.startswith(("http://", "https://"))
                                for u in urls):
             raise ConfigError(f"cloud base_url must be http(s) URL(s), got {base_url!r}.")
@@ -106,6 +118,7 @@ class CloudBackend(Backend):
         self.stall_timeout_s = stall_timeout_s
         self._transport = transport
         self._clients: dict[asyncio.AbstractEventLoop, Any] = {}
+        self.placer = placer
 
     def __repr__(self) -> str:  # never show the key
         key = "***" if self._api_key else None
@@ -170,16 +183,23 @@ class CloudBackend(Backend):
                 loop.run_until_complete(client.aclose())
             loop.close()
 
-    def astream(self, messages: Messages, params: GenerationParams) -> AsyncIterator[Delta]:
-        return self._astream(messages, params)
+    def astream(self, messages: Messages, params: GenerationParams, *,
+                priority: str | None = None) -> AsyncIterator[Delta]:
+        """``priority``: "interactive" (the fastest endpoint) or "batch" (the lowest carbon
+        intensity), when endpoints carry one (``carbon=``); else balanced by outstanding tokens."""
+        return self._astream(messages, params, priority)
 
-    async def _astream(self, messages: Messages,
-                       params: GenerationParams) -> AsyncGenerator[Delta, None]:
+    async def _astream(self, messages: Messages, params: GenerationParams,
+                       priority: str | None = None) -> AsyncGenerator[Delta, None]:
         tried: set[str] = set()
         attempt = 0
         cost = sum(len(str(m["content"])) // 4 + 4 for m in messages) + params.max_tokens
+        placer = self.placer
+        fastest = placer.fastest(self.endpoints) if placer is not None else None
         while True:
-            ep = pick_endpoint(self.endpoints, tried if len(tried) < len(self.endpoints) else set())
+            exclude = tried if len(tried) < len(self.endpoints) else set()
+            ep = (placer.pick(self.endpoints, exclude, priority) if placer is not None
+                  else pick_endpoint(self.endpoints, exclude))
             if ep is None:
                 raise CloudUnavailableError(
                     "The cloud is unavailable (circuit open after repeated failures); "
@@ -187,9 +207,19 @@ class CloudBackend(Backend):
                 )
             ep.add(cost)
             started = False
+            sent = time.perf_counter()
             try:
                 async for delta in self._stream_once(ep, messages, params):
+                    if placer is not None and not started:
+                        placer.observe_ttft(ep.base_url, time.perf_counter() - sent)
                     started = True
+                    if placer is not None and delta.finish_reason is not None and delta.usage:
+                        u = delta.usage
+                        for k, v in placer.account(
+                            ep.base_url, fastest.base_url if fastest is not None else None,
+                            u.energy_j, u.energy_source, u.total_tokens,
+                        ).items():
+                            setattr(u, k, v)
                     yield delta
                 ep.breaker.record_success()
                 return
@@ -277,6 +307,10 @@ class CloudBackend(Backend):
                     if event.get("usage"):
                         u = event["usage"]
                         usage = Usage(int(u.get("prompt_tokens", 0)), int(u.get("completion_tokens", 0)))
+                        energy = u.get("energy")  # our server's extension (cloud_server.energy)
+                        if isinstance(energy, dict) and isinstance(energy.get("joules"), int | float):
+                            usage.energy_j = float(energy["joules"])
+                            usage.energy_source = str(energy.get("source") or "server")
                     for choice in event.get("choices") or []:
                         text = (choice.get("delta") or {}).get("content") or ""
                         if text:

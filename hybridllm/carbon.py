@@ -1,0 +1,176 @@
+"""Carbon-aware choice among cloud endpoints.
+
+A cloud endpoint may carry a region and the carbon intensity of its grid in gCO2/kWh, a number or
+a callable returning one (called at each choice, so a live feed can be plugged in)::
+
+    HybridLLM(cloud_endpoints=[
+        {"url": "https://eu-north.example/v1", "region": "eu-north-1", "carbon_intensity": 30},
+        CloudEndpoint("https://us-east.example/v1", region="us-east-1",
+                      carbon_intensity=lambda: grid_feed("PJM")),
+    ])
+    llm.chat("summarise these 40 tickets", priority="batch")    # deferrable: the cleanest grid
+
+Per request (``priority=``):
+
+    "interactive" (default)  the fastest healthy endpoint: the lowest smoothed time to first token
+                             seen (an endpoint not measured yet, or not for ``explore_after_s``,
+                             counts as fastest, so each gets measured again), then the fewest
+                             outstanding tokens
+    "batch"                  the healthy endpoint with the lowest intensity (unknown: last), ties
+                             broken as above
+
+"Healthy": its circuit breaker admits a call. The energy of a request is what the server reports
+(``usage.energy.joules``; our cloud server measures it) or else an estimate, ``joules_per_token``
+times the request's tokens. Its carbon is ``energy_kWh * intensity``; what it saved is the same
+energy priced at the intensity of the endpoint an interactive request would have used, minus
+its own: ``stats()["co2_saved_g"]`` sums that against always using the fastest endpoint.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ._exceptions import ConfigError, InvalidRequestError
+
+log = logging.getLogger("hybridllm.carbon")
+PRIORITIES = ("interactive", "batch")
+DEFAULT_JOULES_PER_TOKEN = 1.0  # a rough GPU-server figure, used only when a server reports none
+J_PER_KWH = 3.6e6
+
+
+@dataclass
+class CloudEndpoint:
+    url: str
+    region: str | None = None
+    carbon_intensity: float | Callable[[], float] | None = None  # gCO2/kWh
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.url, str) or not self.url.startswith(("http://", "https://")):
+            raise ConfigError(f"a cloud endpoint's url must start with http(s)://, got {self.url!r}.")
+        ci = self.carbon_intensity
+        if ci is not None and not callable(ci) and not _valid_intensity(ci):
+            raise ConfigError(f"carbon_intensity must be >= 0 gCO2/kWh or a callable, got {ci!r}.")
+
+    @classmethod
+    def of(cls, value: Any) -> CloudEndpoint:
+        """From a CloudEndpoint, a dict (``url``, ``region``, ``carbon_intensity``) or a URL."""
+        if isinstance(value, CloudEndpoint):
+            return value
+        if isinstance(value, str):
+            return cls(value)
+        if isinstance(value, dict):
+            unknown = set(value) - {"url", "region", "carbon_intensity"}
+            if unknown or "url" not in value:
+                raise ConfigError(
+                    f"a cloud endpoint takes url, region and carbon_intensity; got {sorted(value)}."
+                )
+            return cls(**value)
+        raise ConfigError(f"a cloud endpoint is a URL, a dict or a CloudEndpoint, got {value!r}.")
+
+    def intensity(self) -> float | None:
+        ci = self.carbon_intensity
+        if not callable(ci):
+            return None if ci is None else float(ci)
+        try:
+            value = ci()
+        except Exception as exc:  # noqa: BLE001 - a failing feed must not fail the request
+            log.warning("carbon intensity of %s failed (%s); treated as unknown", self.url, exc)
+            return None
+        return float(value) if _valid_intensity(value) else None
+
+
+def _valid_intensity(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and 0 <= value < 1e5
+
+
+def check_priority(priority: Any) -> str | None:
+    if priority is not None and priority not in PRIORITIES:
+        raise InvalidRequestError(f"priority must be 'interactive' or 'batch', got {priority!r}.")
+    return priority
+
+
+class CarbonPlacer:
+    """Chooses among a CloudBackend's endpoints by speed or by carbon; keeps the speed figures."""
+
+    def __init__(
+        self,
+        endpoints: Sequence[CloudEndpoint],
+        *,
+        root: Callable[[str], str],
+        joules_per_token: float = DEFAULT_JOULES_PER_TOKEN,
+        alpha: float = 0.3,
+        explore_after_s: float = 60.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if not joules_per_token > 0:
+            raise ConfigError("joules_per_token must be positive.")
+        self.by_root = {root(e.url): e for e in endpoints}
+        self.joules_per_token = joules_per_token
+        self.alpha = alpha
+        self.explore_after_s = explore_after_s
+        self._clock = clock
+        self._ttft: dict[str, tuple[float, float]] = {}  # root -> (smoothed seconds, measured at)
+        self._lock = threading.Lock()
+
+    # -- speed ---------------------------------------------------------------------------------
+    def observe_ttft(self, root: str, seconds: float) -> None:
+        with self._lock:
+            old = self._ttft.get(root)
+            value = seconds if old is None else old[0] + self.alpha * (seconds - old[0])
+            self._ttft[root] = (value, self._clock())
+
+    def _speed_key(self, ep: Any) -> tuple[float, int, int]:
+        seen = self._ttft.get(ep.base_url)
+        fresh = seen is not None and self._clock() - seen[1] < self.explore_after_s
+        return (seen[0] if fresh else 0.0, ep.outstanding_tokens, ep.requests)
+
+    def _carbon_key(self, ep: Any) -> tuple[float, tuple[float, int, int]]:
+        meta = self.by_root.get(ep.base_url)
+        ci = meta.intensity() if meta is not None else None
+        return (float("inf") if ci is None else ci, self._speed_key(ep))
+
+    # -- the choice ----------------------------------------------------------------------------
+    def order(self, endpoints: Sequence[Any], exclude: set[str], priority: str | None) -> list[Any]:
+        healthy = [e for e in endpoints if e.base_url not in exclude and e.breaker.would_allow()]
+        key = self._carbon_key if priority == "batch" else self._speed_key
+        return sorted(healthy, key=key)  # type: ignore[arg-type]
+
+    def pick(self, endpoints: Sequence[Any], exclude: set[str], priority: str | None) -> Any:
+        for ep in self.order(endpoints, exclude, priority):
+            if ep.breaker.allow():
+                return ep
+        return None
+
+    def fastest(self, endpoints: Sequence[Any]) -> Any:
+        ranked = self.order(endpoints, set(), "interactive")
+        return ranked[0] if ranked else None
+
+    # -- accounting ----------------------------------------------------------------------------
+    def account(
+        self, used: str, fastest: str | None, joules: float | None, source: str | None, tokens: int
+    ) -> dict[str, Any]:
+        """Energy, carbon and carbon saved (vs ``fastest``) of one request, for its Usage: the
+        server's figure (labelled with its source) or ``joules_per_token`` (``estimate``)."""
+        if joules is None:
+            joules, source = tokens * self.joules_per_token, "estimate"
+        source = source or "server"
+        kwh = joules / J_PER_KWH
+        meta = self.by_root.get(used)
+        ci = meta.intensity() if meta is not None else None
+        out: dict[str, Any] = {
+            "energy_j": joules,
+            "energy_source": source,
+            "region": meta.region if meta is not None else None,
+            "co2_g": None if ci is None else kwh * ci,
+            "co2_saved_g": None,
+        }
+        base = self.by_root.get(fastest) if fastest is not None else None
+        base_ci = base.intensity() if base is not None else None
+        if ci is not None and base_ci is not None:
+            out["co2_saved_g"] = kwh * (base_ci - ci)
+        return out

@@ -1,0 +1,198 @@
+"""Plain-data parts of the cluster: the autoscaling rule, the fleet board, the engine's load report,
+the front end's health and error mapping, and the CLI without Ray."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+from types import SimpleNamespace
+
+import pytest
+
+from cloud_server.cluster.autoscale import QueuedTokensPolicy, desired_replicas
+from cloud_server.cluster.fleet import FleetBoard, aggregate_stats
+from cloud_server.cluster.remote_engine import RemoteEngine, _replica_error
+from cloud_server.config import ClusterConfig
+from cloud_server.engine.block_manager import BlockManager
+from cloud_server.engine.llm_engine import LLMEngine
+from cloud_server.engine.sampling_params import SamplingParams
+from cloud_server.engine.scheduler import Scheduler
+from cloud_server.engine.sequence import Sequence
+from cloud_server.exceptions import ConfigError, EngineError, QueueFullError
+
+
+def test_desired_replicas_follow_queued_tokens_within_bounds():
+    assert desired_replicas(0, 1000, current=3, min_replicas=1, max_replicas=8) == 1
+    assert desired_replicas(2500, 1000, current=1, min_replicas=1, max_replicas=8) == 3
+    assert desired_replicas(1e9, 1000, current=1, min_replicas=1, max_replicas=8) == 8
+    ctx = SimpleNamespace(
+        aggregated_metrics={"outstanding_tokens": {"r1": 3000.0, "r2": 2000.0}},
+        current_num_replicas=2,
+        capacity_adjusted_min_replicas=1,
+        capacity_adjusted_max_replicas=4,
+        policy_state={},
+    )
+    assert QueuedTokensPolicy(target_tokens_per_replica=1000)(ctx) == (4, {})
+    ctx.aggregated_metrics = {}
+    assert QueuedTokensPolicy()(ctx)[0] == 1
+
+
+def test_fleet_board_drops_silent_replicas_and_sums_counters():
+    board = FleetBoard()
+    board.post("a", {"stats": {"steps": 3}})
+    assert board.snapshot(max_age_s=60) == {"a": {"stats": {"steps": 3}}}
+    assert board.snapshot(max_age_s=-1) == {}
+    agg = aggregate_stats(
+        [
+            {"steps": 3, "kv_cache_usage": 0.5, "prefix_cache_hits": 10},
+            {"steps": 4, "kv_cache_usage": 0.25, "prefix_cache_hits": 5},
+        ]
+    )
+    assert agg == {"steps": 7, "kv_cache_usage": 0.5, "prefix_cache_hits": 15, "num_replicas": 2}
+
+
+def test_load_report_counts_prefill_and_expected_decode_tokens():
+    engine = LLMEngine.__new__(LLMEngine)  # the bookkeeping only, no model
+    engine.block_manager = BlockManager(32, 4)
+    engine.scheduler = Scheduler(engine.block_manager, max_num_seqs=4, max_num_batched_tokens=64)
+    running = Sequence("r", list(range(10)), SamplingParams(max_tokens=20))
+    engine.scheduler.add(running)
+    engine.scheduler.schedule()  # prefills all 10 prompt tokens
+    running.num_computed_tokens = 10
+    running.token_ids += [1, 2, 3]  # three tokens decoded
+    engine.scheduler.add(Sequence("w", list(range(100, 108)), SamplingParams(max_tokens=5)))
+    report = engine.load_report()
+    assert report["prefill_tokens"] == 8  # the waiting prompt
+    assert report["decode_tokens"] == (20 - 3) + 5
+    assert report["outstanding_tokens"] == 8 + 22
+    assert isinstance(report["prefix_hashes"], list)
+
+
+def test_health_detail_and_error_mapping():
+    engine = RemoteEngine(handle=None, model="m", target_replicas=2)
+    engine._fleet = {"a": {}, "b": {}}
+    assert engine.health_detail() == {"status": "ok", "replicas": {"healthy": 2, "wanted": 2}}
+    engine._fleet = {"a": {}}
+    assert engine.health_detail()["status"] == "degraded"
+    engine._fleet = {}
+    assert engine.health_detail()["status"] == "unavailable"
+    own = QueueFullError("full")
+    assert _replica_error(SimpleNamespace(cause=own)) is None  # not a Ray/Server error type
+    wrapped = EngineError("x")
+    wrapped.cause = own  # what RayTaskError.as_instanceof_cause() carries
+    assert _replica_error(wrapped) is own
+
+
+class _DyingHandle:
+    """A deployment handle whose replica dies: before its first output, then after it."""
+
+    def __init__(self, fail_after: list[int]) -> None:
+        self.fail_after = fail_after
+        self.calls = 0
+
+    def options(self, **_):
+        return self
+
+    @property
+    def generate(self):
+        return self
+
+    def remote(self, prompt_ids, params, request_id):
+        from ray.exceptions import ActorDiedError
+
+        n = self.fail_after[min(self.calls, len(self.fail_after) - 1)]
+        self.calls += 1
+
+        class Stream:
+            def __aiter__(self):
+                return self._gen()
+
+            async def _gen(self):
+                for i in range(3):
+                    if i == n:
+                        raise ActorDiedError()
+                    yield SimpleNamespace(i=i, request_id=request_id)
+
+            def cancel(self):
+                pass
+
+        return Stream()
+
+
+@pytest.mark.parametrize("fail_after, outcome", [([0, 0, 9], 3), ([1], "error"), ([0, 0, 0], "error")])
+def test_replica_death_before_the_first_output_is_retried_after_it_is_an_error(fail_after, outcome):
+    pytest.importorskip("ray", reason="needs the [cluster] extra")
+    handle = _DyingHandle(fail_after)
+    engine = RemoteEngine(handle, "m", retries=2)
+
+    async def collect():
+        return [o async for o in engine._stream("req", [1, 2], {})]
+
+    if outcome == "error":
+        with pytest.raises(EngineError, match="replica serving this request failed"):
+            asyncio.run(collect())
+    else:
+        outs = asyncio.run(collect())
+        assert len(outs) == outcome and outs[0].request_id == "req-retry2"
+
+
+def test_cluster_config_validation():
+    assert not ClusterConfig(replicas=2).autoscaling
+    auto = ClusterConfig(replicas=2, max_replicas=4)
+    assert auto.autoscaling and (auto.min_replicas, auto.max_replicas) == (1, 4)
+    with pytest.raises(ConfigError, match="must lie within"):
+        ClusterConfig(replicas=5, min_replicas=1, max_replicas=4)
+    with pytest.raises(ConfigError):
+        ClusterConfig(replicas=0)
+
+
+def _cli(code: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+
+
+def test_without_replicas_ray_is_never_imported():
+    out = _cli(
+        "import sys, asyncio\n"
+        "from cloud_server.__main__ import build_parser, _cluster_config\n"
+        "from cloud_server.api.server import create_app\n"
+        "from tests.cloud_server.api.fake_engine import FakeEngine\n"
+        "import httpx\n"
+        "args = build_parser().parse_args(['serve', '--model', 'x'])\n"
+        "assert _cluster_config(args) is None\n"
+        "app = create_app(lambda: FakeEngine())\n"
+        "async def go():\n"
+        "    async with app.router.lifespan_context(app):\n"
+        "        for _ in range(100):\n"
+        "            await asyncio.sleep(0.02)\n"
+        "            if app.state.server.engine is not None: break\n"
+        "        t = httpx.ASGITransport(app=app)\n"
+        "        async with httpx.AsyncClient(transport=t, base_url='http://t') as c:\n"
+        "            r = await c.post('/v1/completions', json={'model': 'fake-model', 'prompt': 'ab'})\n"
+        "            assert r.status_code == 200, r.text\n"
+        "asyncio.run(go())\n"
+        "print(sorted(m for m in sys.modules if m == 'ray' or m.startswith('ray.')))\n"
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "[]"
+
+
+def test_replicas_without_ray_installed_says_how_to_install(tmp_path):
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"GGUF")
+    out = _cli(
+        "import sys; sys.modules['ray'] = None\n"  # as if Ray were not installed
+        "from cloud_server.__main__ import main\n"
+        f"sys.exit(main(['serve', '--model', {str(model)!r}, '--replicas', '2']))\n"
+    )
+    assert out.returncode == 1
+    assert "pip install 'hybridllm[cluster]'" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_cluster_flags_need_replicas(tmp_path, capsys):
+    from cloud_server.__main__ import main
+
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"GGUF")
+    assert main(["serve", "--model", str(model), "--max-replicas", "3"]) == 1
+    assert "go with --replicas" in capsys.readouterr().err

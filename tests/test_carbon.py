@@ -1,0 +1,127 @@
+"""Carbon-aware placement with two local endpoints of different stated intensity: our cloud server's
+app (a fake engine) on two ports, one fast on a dirty grid, one slow on a clean one."""
+
+from __future__ import annotations
+
+import pytest
+
+from hybridllm import HybridLLM
+from hybridllm._exceptions import ConfigError, InvalidRequestError
+from hybridllm.backends.fake import FakeBackend
+from hybridllm.carbon import J_PER_KWH, CarbonPlacer, CloudEndpoint
+from tests.cloud_server.api.fake_engine import FakeEngine
+from tests.cloud_server.api.helpers import ThreadServer
+
+pytest.importorskip("fastapi")
+
+
+@pytest.fixture(scope="module")
+def endpoints():
+    from cloud_server.api.server import create_app
+
+    fast = ThreadServer(create_app(lambda: FakeEngine(step_s=0.001))).start()
+    slow = ThreadServer(create_app(lambda: FakeEngine(step_s=0.25))).start()
+    yield fast.url, slow.url
+    fast.stop()
+    slow.stop()
+
+
+def test_batch_goes_to_the_cleanest_grid_interactive_to_the_fastest(endpoints):
+    fast_url, slow_url = endpoints
+    intensity = {"value": 50.0}
+    marked = [
+        {"url": fast_url, "region": "us-east-1", "carbon_intensity": 400},
+        CloudEndpoint(slow_url, region="eu-north-1", carbon_intensity=lambda: intensity["value"]),
+    ]
+    with HybridLLM(
+        edge=FakeBackend(), cache=False, cloud_endpoints=marked, max_tokens=8, cloud_model="fake-model"
+    ) as llm:
+        for _ in range(4):  # both endpoints get measured; then interactive sticks to the fast one
+            llm.chat("hello", route="cloud")
+        regions = [llm.chat("hello", route="cloud").region for _ in range(3)]
+        assert regions == ["us-east-1"] * 3
+        saved_before = llm.stats()["co2_saved_g"]
+        c = llm.chat("summarise", route="cloud", priority="batch")
+        assert c.region == "eu-north-1" and c.route == "cloud"
+        assert c.energy_source in ("nvml", "rapl", "estimate") and c.energy_j > 0  # the server's
+        kwh = c.energy_j / J_PER_KWH
+        assert c.co2_g == pytest.approx(kwh * 50)
+        assert c.co2_saved_g == pytest.approx(kwh * (400 - 50))
+        stats = llm.stats()
+        assert stats["co2_saved_g"] == pytest.approx(saved_before + round(c.co2_saved_g, 6), abs=1e-6)
+        assert stats["co2_g"] > 0
+        intensity["value"] = 900.0  # the clean grid turned dirty: batch follows the feed
+        assert llm.chat("summarise", route="cloud", priority="batch").region == "us-east-1"
+
+
+def test_an_unhealthy_clean_endpoint_is_skipped(endpoints):
+    fast_url, _ = endpoints
+    from tests.cloud_server.api.helpers import free_port
+
+    dead = f"http://127.0.0.1:{free_port()}"
+    marked = [
+        {"url": fast_url, "region": "dirty", "carbon_intensity": 700},
+        {"url": dead, "region": "clean", "carbon_intensity": 10},
+    ]
+    with HybridLLM(
+        edge=FakeBackend(),
+        cache=False,
+        cloud_endpoints=marked,
+        max_tokens=4,
+        cloud_model="fake-model",
+        cloud_breaker_threshold=1,
+        cloud_breaker_cooldown_s=60,
+    ) as llm:
+        first = llm.chat("x", route="cloud", priority="batch")  # the clean one fails: retried
+        assert first.region == "dirty"
+        assert llm.chat("x", route="cloud", priority="batch").region == "dirty"  # circuit open
+
+
+class _Ep:
+    def __init__(self, url: str, healthy: bool = True) -> None:
+        self.base_url, self.outstanding_tokens, self.requests = url, 0, 0
+        self.breaker = type("B", (), {"would_allow": lambda s: healthy, "allow": lambda s: healthy})()
+
+
+def test_placer_order_unknown_intensity_last_and_a_failing_feed_is_unknown():
+    def broken() -> float:
+        raise RuntimeError("feed down")
+
+    now = [0.0]
+    placer = CarbonPlacer(
+        [
+            CloudEndpoint("http://a", carbon_intensity=300),
+            CloudEndpoint("http://b", carbon_intensity=broken),
+            CloudEndpoint("http://c"),
+        ],
+        root=lambda u: u,
+        explore_after_s=10,
+        clock=lambda: now[0],
+    )
+    eps = [_Ep("http://b"), _Ep("http://c"), _Ep("http://a")]
+    assert placer.pick(eps, set(), "batch").base_url == "http://a"
+    placer.observe_ttft("http://a", 2.0)
+    placer.observe_ttft("http://b", 0.5)
+    placer.observe_ttft("http://c", 1.0)
+    assert placer.pick(eps, set(), "interactive").base_url == "http://b"
+    now[0] = 5.0
+    placer.observe_ttft("http://b", 0.5)
+    now[0] = 12.0  # a and c were last measured 12 s ago: measured again before b
+    assert placer.pick(eps, set(), "interactive").base_url in ("http://a", "http://c")
+    assert (
+        placer.pick([_Ep("http://a", healthy=False), _Ep("http://c")], set(), "batch").base_url == "http://c"
+    )
+    got = placer.account("http://a", "http://b", None, None, tokens=100)
+    assert got["energy_source"] == "estimate" and got["energy_j"] == 100.0
+    assert got["co2_g"] == pytest.approx(100 / J_PER_KWH * 300) and got["co2_saved_g"] is None
+
+
+def test_validation():
+    with pytest.raises(ConfigError):
+        CloudEndpoint("ftp://x")
+    with pytest.raises(ConfigError):
+        CloudEndpoint("http://x", carbon_intensity=-5)
+    with pytest.raises(ConfigError):
+        CloudEndpoint.of({"url": "http://x", "carbon": 5})
+    with HybridLLM(edge=FakeBackend(), cache=False) as llm, pytest.raises(InvalidRequestError):
+        llm.chat("x", priority="urgent")

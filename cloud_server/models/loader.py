@@ -69,13 +69,20 @@ def build_model(
     Each tensor is cast (or int8-quantized, ``quantization="int8"``) on arrival, so the peak
     memory is the final model plus one fp32 tensor; the parts of fused layers are joined by rows.
     """
-    from .gemma3 import Gemma3ForCausalLM
-    from .llama import LlamaForCausalLM
+    weights = convert_weights(tensors, device=device, dtype=dtype, quantization=quantization)
+    return assemble_model(config, weights, device=device, dtype=dtype, max_position=max_position)
 
+
+def convert_weights(
+    tensors: Iterable[tuple[str, Any]] | dict[str, Any],
+    *,
+    device: torch.device,
+    dtype: torch.dtype,
+    quantization: str = "none",
+) -> dict[str, Any]:
+    """HF-named fp tensors -> {name: tensor in ``dtype``, or (int8 rows, scales) for matrices}."""
     if quantization not in QUANTIZATIONS:
         raise ModelLoadError(f"quantization must be one of {QUANTIZATIONS}, got {quantization!r}")
-    cls = Gemma3ForCausalLM if config.architecture == "gemma3" else LlamaForCausalLM
-    model: Any = cls(config)
     int8 = quantization == "int8"
     items = tensors.items() if isinstance(tensors, dict) else tensors
     weights: dict[str, Any] = {}  # name -> tensor, or (int8, scale) for quantized matrices
@@ -98,6 +105,24 @@ def build_model(
         num_loaded += 1
         if num_loaded % 8 == 0:  # scratch memory of dequantization goes back as we go
             _return_freed_memory()
+    return weights
+
+
+def assemble_model(
+    config: ModelConfig,
+    weights: dict[str, Any],
+    *,
+    device: torch.device,
+    dtype: torch.dtype,
+    max_position: int,
+) -> nn.Module:
+    """Put converted weights (``convert_weights``) into a new model of ``config``'s architecture."""
+    from .gemma3 import Gemma3ForCausalLM
+    from .llama import LlamaForCausalLM
+
+    cls = Gemma3ForCausalLM if config.architecture == "gemma3" else LlamaForCausalLM
+    model: Any = cls(config)
+    weights = dict(weights)
     if config.tie_word_embeddings:
         weights.pop("lm_head.weight", None)
     try:
@@ -171,7 +196,13 @@ def load_model(
     dtype: torch.dtype,
     max_position: int | None = None,
     quantization: str = "none",
+    weight_cache: bool | None = None,
 ) -> LoadedModel:
+    """Load ``model`` (catalog id, .gguf, HF folder), converted to ``dtype``/``quantization``.
+
+    A GGUF converted to int8 on the CPU is kept in the weight cache (``weight_cache``; default on
+    unless ``HYBRIDLLM_ENGINE_WEIGHT_CACHE=0``), so later starts read it instead of converting.
+    """
     name, path = resolve_model_path(model)
     tensors: Any
     if path.is_dir():
@@ -180,17 +211,27 @@ def load_model(
 
         config, tensors = load_safetensors_folder(path)
         tokenizer: Any = HFTokenizer(path)
+        cached = None
     else:
         from .loader_gguf import iter_gguf_tensors, open_gguf
         from .tokenizer import GGUFTokenizer
+        from .weight_cache import WeightCache
 
         config, gguf_file, _ = open_gguf(path)
-        tensors = iter_gguf_tensors(gguf_file, config)
         tokenizer = GGUFTokenizer(path)
+        cached = WeightCache.for_model(path, device=device, dtype=dtype, quantization=quantization,
+                                       enabled=weight_cache)
+        weights = cached.read() if cached is not None else None
+        if weights is None:
+            tensors = iter_gguf_tensors(gguf_file, config)
     max_pos = min(max_position or config.max_position_embeddings, config.max_position_embeddings)
-    net = build_model(config, tensors, device=device, dtype=dtype, max_position=max_pos,
-                      quantization=quantization)
-    del tensors
+    if cached is None or weights is None:
+        weights = convert_weights(tensors, device=device, dtype=dtype, quantization=quantization)
+        del tensors
+        if cached is not None:
+            cached.write(weights)
+    net = assemble_model(config, weights, device=device, dtype=dtype, max_position=max_pos)
+    del weights
     _return_freed_memory()
     return LoadedModel(name=name, config=config, model=net, tokenizer=tokenizer)
 

@@ -1,0 +1,133 @@
+"""The engine's weight cache: a GGUF converted to int8 once, read back on every later start.
+
+Converting a Q4_K GGUF (dequantize, then quantize rows to int8) is most of a CPU server's start-up
+(about two minutes for Qwen2.5-Coder-1.5B on two cores); reading the converted tensors back from a
+safetensors file takes seconds. One file per (GGUF, quantization, dtype) lives in
+``<data dir>/engine-weights/``; its name carries a key of the GGUF's path, size and mtime, so an
+edited or replaced GGUF is converted again and the stale file is removed. A corrupt or unreadable
+file is logged, deleted and rebuilt; a cache that cannot be written (disk full, read-only) is
+logged and the server starts anyway. ``HYBRIDLLM_ENGINE_WEIGHT_CACHE=0`` turns it off.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+FORMAT = "hybridllm-engine-weights"
+VERSION = "1"  # bump when convert_weights changes what it produces
+_Q, _SCALE = "#int8", "#scale"  # suffixes of a quantized matrix's two tensors
+
+
+def _enabled_by_env() -> bool:
+    return os.environ.get("HYBRIDLLM_ENGINE_WEIGHT_CACHE", "1").strip().lower() not in (
+        "0",
+        "false",
+        "no",
+        "off",
+    )
+
+
+@dataclass(frozen=True)
+class WeightCache:
+    file: Path
+    key: str
+
+    @classmethod
+    def for_model(
+        cls,
+        gguf: Path,
+        *,
+        device: torch.device,
+        dtype: torch.dtype,
+        quantization: str,
+        enabled: bool | None = None,
+        root: Path | None = None,
+    ) -> WeightCache | None:
+        """The cache entry of this conversion, or None where nothing is cached.
+
+        Only the slow conversion is cached: int8 on the CPU (fp32 copies would be 4x the GGUF).
+        """
+        if enabled is None:
+            enabled = _enabled_by_env()
+        if not enabled or quantization != "int8" or device.type != "cpu":
+            return None
+        try:
+            st = gguf.stat()
+            if root is None:
+                from hybridllm._paths import data_dir
+
+                root = data_dir() / "engine-weights"
+        except (OSError, ImportError) as exc:
+            logger.warning("engine weight cache off: %s", exc)
+            return None
+        dtype_name = str(dtype).removeprefix("torch.")
+        ident = f"{VERSION}|{gguf.resolve()}|{st.st_size}|{st.st_mtime_ns}|{quantization}|{dtype_name}"
+        key = hashlib.sha256(ident.encode()).hexdigest()[:16]
+        return cls(root / f"{gguf.stem}.{quantization}-{dtype_name}.{key}.safetensors", key)
+
+    def read(self) -> dict[str, Any] | None:
+        """The converted weights, or None (absent, or corrupt: then the file is removed)."""
+        if not self.file.is_file():
+            return None
+        from safetensors import safe_open
+
+        try:
+            with safe_open(str(self.file), framework="pt", device="cpu") as fh:
+                meta = fh.metadata() or {}
+                if meta.get("format") != FORMAT or meta.get("key") != self.key:
+                    raise ValueError(f"written for another model or version ({meta.get('key')})")
+                flat = {name: fh.get_tensor(name) for name in fh.keys()}  # noqa: SIM118
+        except Exception as exc:  # safetensors raises its own error types for a damaged file
+            logger.warning("engine weight cache %s is unreadable (%s); converting again", self.file, exc)
+            self.file.unlink(missing_ok=True)
+            return None
+        weights: dict[str, Any] = {}
+        for name, t in flat.items():
+            if name.endswith(_Q):
+                base = name[: -len(_Q)]
+                weights[base] = (t, flat[base + _SCALE])
+            elif not name.endswith(_SCALE):
+                weights[name] = t
+        logger.info("engine weights read from %s", self.file)
+        return weights
+
+    def write(self, weights: dict[str, Any]) -> None:
+        """Write atomically (temporary file, then rename); a failure is logged, never raised."""
+        from safetensors.torch import save_file
+
+        flat: dict[str, torch.Tensor] = {}
+        for name, t in weights.items():
+            if isinstance(t, tuple):
+                flat[name + _Q], flat[name + _SCALE] = t[0].contiguous(), t[1].contiguous()
+            else:
+                flat[name] = t.contiguous()
+        size = sum(t.numel() * t.element_size() for t in flat.values())
+        tmp = self.file.with_name(f".{self.file.name}.{os.getpid()}.tmp")
+        try:
+            self.file.parent.mkdir(parents=True, exist_ok=True)
+            free = shutil.disk_usage(self.file.parent).free
+            if free < size * 1.1:
+                raise OSError(f"{free >> 20} MiB free, {size >> 20} MiB needed")
+            save_file(flat, str(tmp), metadata={"format": FORMAT, "key": self.key})
+            os.replace(tmp, self.file)
+        except Exception as exc:
+            tmp.unlink(missing_ok=True)
+            logger.warning(
+                "engine weight cache not written to %s (%s); the next start converts again", self.file, exc
+            )
+            return
+        stem = self.file.name.rsplit(".", 2)[0]  # the same model and conversion, an older key
+        for old in self.file.parent.glob(f"{stem}.*.safetensors"):
+            if old != self.file:
+                old.unlink(missing_ok=True)
+        logger.info("engine weights cached in %s (%d MiB)", self.file, size >> 20)

@@ -1,0 +1,101 @@
+"""The engine's int8 weight cache: written on the first load, read (not converted) on the next,
+identical weights either way; a corrupt or stale file is replaced; turned off, nothing is written."""
+
+from __future__ import annotations
+
+import pytest
+
+pytestmark = pytest.mark.real
+
+
+def _load(path, **kw):
+    import torch
+
+    from cloud_server.models.loader import load_model
+
+    return load_model(
+        str(path),
+        device=torch.device("cpu"),
+        dtype=torch.bfloat16,
+        max_position=256,
+        quantization="int8",
+        **kw,
+    )
+
+
+def _state(loaded):
+    layer = loaded.model.model.layers[3]
+    return (
+        layer.mlp.gate_up_proj.weight.clone(),
+        layer.mlp.gate_up_proj.scale.clone(),
+        layer.input_layernorm.weight.clone(),
+        loaded.model.lm_head.weight.clone(),
+    )
+
+
+def _files(home):
+    return sorted((home / "engine-weights").glob("*.safetensors"))
+
+
+def test_second_load_reads_the_cache(smollm2_path, tmp_path, monkeypatch):
+    import torch
+
+    from cloud_server.models import loader
+
+    monkeypatch.setenv("HYBRIDLLM_HOME", str(tmp_path))
+    monkeypatch.delenv("HYBRIDLLM_ENGINE_WEIGHT_CACHE", raising=False)
+    first = _state(_load(smollm2_path))
+    (written,) = _files(tmp_path)
+    assert written.name.startswith(smollm2_path.stem + ".int8-bfloat16.")
+
+    def no_conversion(*a, **k):
+        raise AssertionError("converted again although the cache holds the weights")
+
+    monkeypatch.setattr(loader, "convert_weights", no_conversion)
+    second = _state(_load(smollm2_path))
+    for a, b in zip(first, second, strict=True):
+        assert a.dtype == b.dtype and torch.equal(a, b)
+    assert first[0].dtype == torch.int8
+
+
+def test_corrupt_cache_is_rebuilt_and_stale_removed(smollm2_path, tmp_path, monkeypatch):
+    from cloud_server.models.weight_cache import WeightCache
+
+    monkeypatch.setenv("HYBRIDLLM_HOME", str(tmp_path))
+    _load(smollm2_path)
+    (good,) = _files(tmp_path)
+    size = good.stat().st_size
+    good.write_bytes(b"not a safetensors file")  # damaged on disk
+    stale = good.with_name(good.name.replace(good.name.split(".")[-2], "0" * 16))
+    stale.write_bytes(b"an older conversion")
+    loaded = _load(smollm2_path)  # logs, converts, rewrites
+    assert loaded.model.lm_head.weight is not None
+    assert _files(tmp_path) == [good] and good.stat().st_size == size
+    import torch
+
+    cache = WeightCache.for_model(
+        smollm2_path,
+        device=torch.device("cpu"),
+        dtype=torch.bfloat16,
+        quantization="int8",
+        root=tmp_path / "engine-weights",
+    )
+    assert cache is not None and cache.read() is not None
+
+
+def test_off_by_env_and_for_float_weights(smollm2_path, tmp_path, monkeypatch):
+    import torch
+
+    from cloud_server.models.weight_cache import WeightCache
+
+    monkeypatch.setenv("HYBRIDLLM_HOME", str(tmp_path))
+    monkeypatch.setenv("HYBRIDLLM_ENGINE_WEIGHT_CACHE", "0")
+    _load(smollm2_path)
+    assert _files(tmp_path) == []
+    cpu = torch.device("cpu")
+    assert (
+        WeightCache.for_model(
+            smollm2_path, device=cpu, dtype=torch.float32, quantization="none", enabled=True
+        )
+        is None
+    )

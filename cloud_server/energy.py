@@ -60,7 +60,8 @@ class RaplSource(EnergySource):
 
     name = "rapl"
 
-    def __init__(self, root: Path = POWERCAP) -> None:
+    def __init__(self, root: Path | None = None) -> None:
+        root = POWERCAP if root is None else root
         self.domains: list[tuple[Path, float]] = []
         for d in sorted(root.glob("intel-rapl:*")):
             if d.name.count(":") != 1:  # intel-rapl:0:0 is a sub-domain of package 0

@@ -217,3 +217,19 @@ def build_app(
         wanted,
         dict(app_options or {}),
     )
+
+
+def app_builder(args: dict[str, Any]) -> Any:
+    """A Serve config file's ``import_path: cloud_server.cluster.app:app_builder`` (KubeRay's
+    RayService): ``args`` hold ``model`` and any EngineConfig or ClusterConfig field, plus
+    ``served_model_name``, ``system_prompt``, ``power_watts``."""
+    engine_fields = {f.name for f in dataclasses.fields(EngineConfig)}
+    cluster_fields = {f.name for f in dataclasses.fields(ClusterConfig)}
+    app_fields = {"served_model_name", "system_prompt", "api_keys"}
+    unknown = set(args) - engine_fields - cluster_fields - app_fields - {"power_watts"}
+    if unknown:
+        raise ValueError(f"unknown app_builder args {sorted(unknown)}")
+    engine = EngineConfig(**{k: v for k, v in args.items() if k in engine_fields})
+    cluster = ClusterConfig(**{k: v for k, v in args.items() if k in cluster_fields})
+    options = {k: v for k, v in args.items() if k in app_fields}
+    return build_app(engine, cluster, app_options=options, power_watts=args.get("power_watts"))

@@ -196,3 +196,15 @@ def test_cluster_flags_need_replicas(tmp_path, capsys):
     model.write_bytes(b"GGUF")
     assert main(["serve", "--model", str(model), "--max-replicas", "3"]) == 1
     assert "go with --replicas" in capsys.readouterr().err
+
+
+def test_app_builder_for_serve_config_files():
+    pytest.importorskip("ray.serve", reason="needs the [cluster] extra")
+    from ray.serve import Application
+
+    from cloud_server.cluster.app import app_builder
+
+    app = app_builder({"model": "m.gguf", "replicas": 3, "num_threads": 2, "served_model_name": "x"})
+    assert isinstance(app, Application)
+    with pytest.raises(ValueError, match="unknown"):
+        app_builder({"model": "m.gguf", "nope": 1})

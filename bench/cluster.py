@@ -163,7 +163,9 @@ def run_phase(
     cluster = ClusterConfig(replicas=2, stats_period_s=0.5)
     board = f"bench-cluster-{router}-{os.getpid()}"
     if not ray.is_initialized():
-        ray.init(namespace="hybridllm", log_to_driver=False, include_dashboard=False, num_cpus=4)
+        from cloud_server.cluster.launch import init_ray
+
+        init_ray(None, include_dashboard=False, num_cpus=4)
         serve.start(http_options={"host": "127.0.0.1", "port": port})
     t_start = time.perf_counter()
     serve.run(

@@ -27,6 +27,22 @@ def require_ray() -> None:
         raise ServerError(f"--replicas needs Ray Serve, which is not installed: {INSTALL_HINT}") from exc
 
 
+def init_ray(address: str | None, attempts: int = 3, **kwargs: Any) -> None:
+    """``ray.init``, tried again when a local node times out starting (Ray waits 30 s for its
+    raylet, which a busy machine can miss)."""
+    import ray
+
+    for attempt in range(1, attempts + 1):
+        try:
+            ray.init(address=address, namespace="hybridllm", log_to_driver=False, **kwargs)
+            return
+        except Exception as exc:
+            if address is not None or "timed out during startup" not in str(exc) or attempt == attempts:
+                raise
+            log.warning("Ray's local node timed out starting (attempt %d); trying again", attempt)
+            ray.shutdown()
+
+
 def _check_port(host: str, port: int) -> None:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     with socket.socket(family, socket.SOCK_STREAM) as sock:
@@ -62,7 +78,7 @@ def start(
     if cluster.ray_address is None:
         _check_port(host, port)
     if not ray.is_initialized():
-        ray.init(address=cluster.ray_address, namespace="hybridllm", log_to_driver=False, **(ray_init or {}))
+        init_ray(cluster.ray_address, **(ray_init or {}))
     serve.start(http_options={"host": host, "port": port})
     app = build_app(
         engine_config,

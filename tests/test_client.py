@@ -217,3 +217,24 @@ def test_an_async_stream_is_read_once_too():
 
     text, done = asyncio.run(run())
     assert text == done == "echo: hi"
+
+
+def test_a_sync_edge_answer_is_generated_on_the_reading_thread():
+    # the sync fast path: no thread hop per token (the async client generates on the worker)
+    threads: list[int] = []
+
+    class Spy(FakeBackend):
+        def stream(self, messages, params):
+            for delta in super().stream(messages, params):
+                threads.append(threading.get_ident())
+                yield delta
+
+    with HybridLLM(edge=Spy(reply=lambda m: "one two three"), cache=False) as llm:
+        with llm.stream("hi") as s:
+            text = "".join(c.text for c in s)
+        assert text == "one two three" and s.completion is not None and s.completion.usage.completion_tokens
+        assert set(threads) == {threading.get_ident()}
+        assert llm.stats()["requests"] == 1
+        threads.clear()
+        asyncio.run(AsyncHybridLLM.wrap(llm).chat("hi again"))
+        assert threads and threading.get_ident() not in threads

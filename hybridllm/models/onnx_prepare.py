@@ -4,18 +4,17 @@
       -> Hugging Face folder, fp32   (our exporter: cloud_server.models.export_hf)
       -> ONNX model + genai_config   (ONNX Runtime GenAI's model builder, run as a subprocess)
 
-The builder takes fp16/fp32 weights, so the GGUF is dequantized first. The int4 build (the
-default) quantizes every MatMul weight, lm_head included, to MatMulNBits:
-
-- block size 32: one scale per 32 weights, as in the GGUF Q4/Q5/Q8 blocks the weights came from
-  (block 16 measured no better on SmolLM2: 67.0% vs 64.4% argmax agreement with fp32).
-- accuracy level 4: activations are quantized to int8 per block at run time so the CPU kernel uses
-  int8 dot products (VNNI/AMX), the fastest CPU path (level 1, fp32 activations: 63.4%, no gain).
-- algorithm RTN (the builder's default, symmetric): data-free and fast (10 s for SmolLM2);
-  k_quant gained 3 points of agreement (67.6%) for a 5x longer build (56 s).
-Re-quantizing weights that were already 4-bit in the GGUF compounds two roundings, so int4 agrees
-with fp32 on only about two thirds of greedy argmax positions on SmolLM2-135M; ``int8`` (same
-block size and accuracy level) agrees on 96% and runs about a third slower. Both are offered.
+The builder takes fp16/fp32 weights, so the GGUF is dequantized first. For ``int4`` (the default)
+the builder lays out the graph with MatMulNBits nodes, and then every quantized weight is replaced
+by the GGUF's own blocks (:mod:`.onnx_gguf`): 4-bit where the GGUF is 4-bit (Q4_0/Q4_1/Q4_K, block
+32, scales and zero points from the blocks, an exact side product for Q4_1/Q4_K's real-valued
+minimum), 8-bit where the GGUF stores more bits (Q5_0/Q6_K/Q8_0, exact). Why: the builder's own
+int4 (round to nearest, symmetric, block 32) re-quantizes weights that were 4-bit already, and on
+SmolLM2-135M it agreed with fp32 on only 64-69% of teacher-forced argmax positions (20 prompts);
+its output head alone in fp32 gave 73%, so the loss is spread over the body, and a second
+rounding of every weight is what costs. With the GGUF's blocks: 97.1%. Accuracy level 4 (int8
+activations, the fastest CPU kernels) is kept. ``int8`` (the builder's RTN, same block size and
+accuracy level) and ``fp32`` remain.
 
 Everything is written under a temporary name beside the final folder and renamed at the end, so an
 interrupted build never leaves a folder that looks prepared. The builder runs in a subprocess with
@@ -186,9 +185,18 @@ def prepare_onnx(
             log,
             num_matmuls,
             progress if precision != "fp32" else None,
-            (25, 95),
+            (25, 90),
         )
+        counts = None
+        if precision == "int4":
+            from .onnx_gguf import rewrite
+
+            counts = rewrite(out / "model.onnx", gguf)  # the GGUF's own blocks, see above
+            if progress:
+                progress(98, 100)
         meta = _meta(spec, precision, hf, time.perf_counter() - started)
+        if counts is not None:
+            meta["quantization"] = {**meta["quantization"], "weights": "gguf blocks", **counts}
         (out / META_FILE).write_text(json.dumps(meta, indent=2))
         if final.exists():  # a stale or forced rebuild: move the old one aside, then swap
             old = final.parent / f".{final.name}.{os.getpid()}.old"
@@ -211,6 +219,8 @@ def cli_prepare(model_id: str, *, precision: str = DEFAULT_PRECISION, force: boo
     bar = ProgressBar(f"Preparing {model_id} for ONNX Runtime ({precision})", unit="%", scale=1)
     folder = prepare_onnx(model_id, precision=precision, progress=bar, force=force)
     print(folder)
-    print(f"ready in {time.perf_counter() - started:.0f} s; copy this folder to use it elsewhere",
-          file=sys.stderr)
+    print(
+        f"ready in {time.perf_counter() - started:.0f} s; copy this folder to use it elsewhere",
+        file=sys.stderr,
+    )
     return 0

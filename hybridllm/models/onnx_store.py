@@ -25,7 +25,7 @@ from .catalog import ModelSpec, get_spec, load_catalog
 from .store import Progress
 
 META_FILE = "hybridllm.json"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: int4 weights are the GGUF's own blocks
 PRECISIONS = ("int4", "int8", "fp32")
 DEFAULT_PRECISION = "int4"
 # what the preparation imports besides the runtime: the GGUF reader and dequantizer (torch, gguf,

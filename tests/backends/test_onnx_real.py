@@ -51,6 +51,7 @@ def test_prepared_folder_is_complete_and_self_describing(folder):
     meta = json.loads((folder / "hybridllm.json").read_text())
     assert meta["model_id"] == MODEL and meta["precision"] == "int4"
     assert meta["quantization"]["block_size"] == "32" and meta["chat_template"]
+    assert meta["quantization"]["weights"] == "gguf blocks" and meta["quantization"]["matmul_4bit"] > 100
     assert not [p.name for p in folder.parent.iterdir() if p.name.endswith((".tmp", ".old", ".log"))]
 
 
@@ -78,13 +79,15 @@ def test_greedy_tokens_match_the_runtimes_own_search(edge, folder):
             ref.pop()
             break
     g = edge.generate(FRANCE, _params(max_tokens=24))
-    assert edge.tokenize(FRANCE, prefix=g.text)[len(ids):] == ref
+    assert edge.tokenize(FRANCE, prefix=g.text)[len(ids) :] == ref
     assert g.usage.completion_tokens == len(ref)
 
 
 def test_stream_is_token_by_token_and_equals_generate(edge):
-    msgs = [{"role": "system", "content": "You are terse."},
-            {"role": "user", "content": "Name three primary colours."}]
+    msgs = [
+        {"role": "system", "content": "You are terse."},
+        {"role": "user", "content": "Name three primary colours."},
+    ]
     full = edge.generate(msgs, _params(max_tokens=40))
     deltas = list(edge.stream(msgs, _params(max_tokens=40)))
     assert len([d for d in deltas if d.text]) > 3
@@ -93,8 +96,9 @@ def test_stream_is_token_by_token_and_equals_generate(edge):
 
 
 def test_max_tokens(edge):
-    g = edge.generate([{"role": "user", "content": "Tell me a long story about a dragon."}],
-                      _params(max_tokens=5))
+    g = edge.generate(
+        [{"role": "user", "content": "Tell me a long story about a dragon."}], _params(max_tokens=5)
+    )
     assert g.usage.completion_tokens == 5 and g.finish_reason == "length"
 
 
@@ -222,8 +226,16 @@ def test_cli_ask_with_the_onnx_backend_answers_paris(folder, capsys, monkeypatch
     from hybridllm.cli import main
 
     monkeypatch.setenv("HYBRIDLLM_CLOUD_URL", "http://127.0.0.1:9")
-    argv = ["ask", "--backend", "onnx", "--temperature", "0", "--max-tokens", "32",
-            "What is the capital of France?"]
+    argv = [
+        "ask",
+        "--backend",
+        "onnx",
+        "--temperature",
+        "0",
+        "--max-tokens",
+        "32",
+        "What is the capital of France?",
+    ]
     code = main(argv)
     out = capsys.readouterr()
     assert code == 0, out.err

@@ -196,7 +196,13 @@ def prepare_onnx(
                 progress(98, 100)
         meta = _meta(spec, precision, hf, time.perf_counter() - started)
         if counts is not None:
-            meta["quantization"] = {**meta["quantization"], "weights": "gguf blocks", **counts}
+            # block 32 (16 for Q6_K tensors); the builder's RTN settings did not make the weights
+            meta["quantization"] = {
+                "weights": "gguf blocks",
+                "block_size": "32",
+                "accuracy_level": "4",
+                **counts,
+            }
         (out / META_FILE).write_text(json.dumps(meta, indent=2))
         if final.exists():  # a stale or forced rebuild: move the old one aside, then swap
             old = final.parent / f".{final.name}.{os.getpid()}.old"

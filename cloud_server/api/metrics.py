@@ -64,6 +64,30 @@ _ENGINE_SERIES: dict[str, tuple[str, str, str]] = {
         "Most sequences batched in one engine step.",
         "gauge",
     ),
+    # speculative decoding, with vLLM's names (vllm:spec_decode_*) under our prefix
+    "spec_decode_num_drafts": (
+        "spec_decode_num_drafts",
+        "Drafts verified (one sequence's proposal in one step).",
+        "counter",
+    ),
+    "spec_decode_num_draft_tokens": (
+        "spec_decode_num_draft_tokens",
+        "Draft tokens proposed and verified.",
+        "counter",
+    ),
+    "spec_decode_num_accepted_tokens": (
+        "spec_decode_num_accepted_tokens",
+        "Draft tokens accepted by the target model.",
+        "counter",
+    ),
+}
+# engine.stats() key holding a list -> (metric name, help, label of the list index)
+_ENGINE_LIST_SERIES: dict[str, tuple[str, str, str]] = {
+    "spec_decode_num_accepted_tokens_per_pos": (
+        "spec_decode_num_accepted_tokens_per_pos",
+        "Draft tokens accepted at each draft position (0 = the first drafted token).",
+        "position",
+    ),
 }
 
 
@@ -83,6 +107,14 @@ class _EngineCollector(Collector):
             family_type = CounterMetricFamily if kind == "counter" else GaugeMetricFamily
             family = family_type(f"{PREFIX}_{name}", doc, labels=["model"])
             family.add_metric([model], float(stats[key]))
+            yield family
+        for key, (name, doc, label) in _ENGINE_LIST_SERIES.items():
+            values = stats.get(key)
+            if not values:
+                continue
+            family = CounterMetricFamily(f"{PREFIX}_{name}", doc, labels=["model", label])
+            for i, value in enumerate(values):
+                family.add_metric([model, str(i)], float(value))
             yield family
 
 

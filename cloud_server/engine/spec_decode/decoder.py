@@ -150,6 +150,8 @@ class SpecDecoder:
         """
         new: dict[int, list[int]] = {}
         rejected: dict[int, int] = {}
+        sampled: list[ScheduledSeq] = []
+        accepted_of: dict[int, int] = {}
         for item in scheduled:
             seq, sid = item.seq, item.seq.seq_id
             out = tokens.get(sid)
@@ -158,20 +160,58 @@ class SpecDecoder:
             k = item.num_lookahead
             if k == 0:
                 new[sid] = out
-                continue
-            drafts = seq.token_ids[seq.num_tokens - k :]
-            if seq.params.is_greedy or probs is None:
-                emitted = verify_greedy(drafts, out)
+            elif seq.params.is_greedy or probs is None:
+                emitted = verify_greedy(seq.token_ids[seq.num_tokens - k :], out)
+                accepted_of[sid] = len(emitted) - 1
+                new[sid] = emitted[-1:]
             else:
-                q = self._draft_probs.get(sid)
-                emitted = verify_sampled(drafts, out, probs[sid], q, generator(seq))
-            accepted = len(emitted) - 1
-            self.stats.record(k, accepted)
+                sampled.append(item)
+        if sampled:
+            accepted, emitted = self._verify_sampled(sampled, tokens, probs, generator)
+            for item, a, t in zip(sampled, accepted, emitted, strict=True):
+                accepted_of[item.seq.seq_id] = a
+                new[item.seq.seq_id] = [t]
+        for item in scheduled:
+            sid = item.seq.seq_id
+            if sid not in accepted_of:
+                continue
+            k, a = item.num_lookahead, accepted_of[sid]
+            self.stats.record(k, a)
             state = self._state.setdefault(sid, _SeqState())
-            state.acceptance += _EMA * (accepted / k - state.acceptance)
-            new[sid] = emitted[accepted:]
-            rejected[sid] = k - accepted
+            state.acceptance += _EMA * (a / k - state.acceptance)
+            rejected[sid] = k - a
         return new, rejected
+
+    def _verify_sampled(
+        self, items: list[ScheduledSeq], tokens: dict[int, Any], probs: Any, generator: Any
+    ) -> tuple[list[int], list[int]]:
+        """The rejection rule over every sampled sequence of the step in one batch."""
+        import torch
+
+        kmax = max(it.num_lookahead for it in items)
+        first = probs[items[0].seq.seq_id]
+        n, vocab, dev = len(items), first.shape[-1], first.device
+        drafts = torch.zeros(n, kmax, dtype=torch.long, device=dev)
+        target = torch.zeros(n, kmax + 1, vocab, dtype=first.dtype, device=dev)
+        q = None
+        if any(it.seq.seq_id in self._draft_probs for it in items):
+            q = torch.zeros(n, kmax, vocab, dtype=first.dtype, device=dev)
+        bonus, uniforms = [], []
+        for row, it in enumerate(items):
+            seq, sid, k = it.seq, it.seq.seq_id, it.num_lookahead
+            drafts[row, :k] = torch.tensor(seq.token_ids[seq.num_tokens - k :])
+            target[row, : k + 1] = probs[sid]
+            if q is not None and sid in self._draft_probs:
+                q[row, :k] = self._draft_probs[sid][:k]
+            elif q is not None:  # a prompt-lookup row beside draft-model rows: q one-hot
+                q[row, torch.arange(k), drafts[row, :k]] = 1.0
+            bonus.append(tokens[sid][k])
+            uniforms.append(torch.rand(kmax + 1, generator=generator(seq), device=dev))
+        num = torch.tensor([it.num_lookahead for it in items], device=dev)
+        accepted, emitted = verify_sampled(
+            drafts, num, target, q, torch.tensor(bonus, device=dev), torch.stack(uniforms)
+        )
+        return accepted.tolist(), emitted.tolist()
 
     def needs_probs(self, scheduled: list[ScheduledSeq]) -> bool:
         return any(s.num_lookahead and not s.seq.params.is_greedy for s in scheduled)

@@ -29,35 +29,40 @@ def verify_greedy(drafts: list[int], outputs: list[int]) -> list[int]:
 
 
 def verify_sampled(
-    drafts: list[int],
-    outputs: list[int],
-    target_probs: torch.Tensor,  # [k + 1, V] p_i, filtered and normalized
-    draft_probs: torch.Tensor | None,  # [k, V] q_i, or None for one-hot q (prompt lookup)
-    generator: torch.Generator,
-) -> list[int]:
-    """The emitted tokens (accepted drafts, then a correction or the bonus token)."""
-    k = len(drafts)
-    if k == 0:
-        return [outputs[0]]
-    dev = target_probs.device
-    d = torch.tensor(drafts, device=dev)  # [k]
-    p_d = target_probs[:k].gather(1, d.unsqueeze(1)).squeeze(1)  # [k] p_i(d_i)
-    q_d = torch.ones_like(p_d) if draft_probs is None else draft_probs.gather(1, d.unsqueeze(1)).squeeze(1)
-    u = torch.rand(k, device=dev, generator=generator)  # [k]
-    # accept while u_i < p_i(d_i) / q_i(d_i)  (u < ratio  <=>  u * q < p, no division by 0)
-    accepted = (u * q_d < p_d).tolist()
-    a = accepted.index(False) if False in accepted else k
-    if a == k:
-        return drafts + [outputs[k]]
-    p = target_probs[a].float()  # [V]
+    drafts: torch.Tensor,  # [N, K] long, row n valid in its first num_drafts[n] entries
+    num_drafts: torch.Tensor,  # [N] long, 1..K
+    target_probs: torch.Tensor,  # [N, K + 1, V] p_i, filtered and normalized
+    draft_probs: torch.Tensor | None,  # [N, K, V] q_i, or None for one-hot q (prompt lookup)
+    bonus: torch.Tensor,  # [N] long, o_{k_n} ~ p_{k_n}, drawn by the target step
+    uniforms: torch.Tensor,  # [N, K + 1] U(0, 1): K for the accept tests, 1 for a residual draw
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A batch of sequences at once: (accepted count a [N], the token emitted after them [N])."""
+    n, k = drafts.shape
+    pos = torch.arange(k, device=drafts.device)  # [K]
+    p_d = target_probs[:, :k].gather(2, drafts.unsqueeze(2)).squeeze(2)  # [N, K] p_i(d_i)
     if draft_probs is None:
-        residual = p.clone()
-        residual[drafts[a]] = 0.0  # max(p - onehot(d_a), 0)
+        q_d = torch.ones_like(p_d)
     else:
-        residual = (p - draft_probs[a].float()).clamp_min(0.0)  # max(p - q, 0)
-    if float(residual.sum()) <= 0.0:  # p == q up to rounding: a rejection there has mass 0
-        residual = p
-    # t ~ residual / sum(residual), by the exponential race argmax(r / E), E ~ Exp(1)
-    noise = torch.empty_like(residual).exponential_(generator=generator)
-    t = int((residual / noise).argmax())
-    return drafts[:a] + [t]
+        q_d = draft_probs.gather(2, drafts.unsqueeze(2)).squeeze(2)  # [N, K] q_i(d_i)
+    # accept d_i when u_i < p_i(d_i) / q_i(d_i), written u * q < p (no division by 0)
+    ok = (uniforms[:, :k] * q_d < p_d) & (pos < num_drafts.unsqueeze(1))  # [N, K]
+    accepted = ok.long().cumprod(dim=1).sum(dim=1)  # [N] a: drafts before the first rejection
+    token = bonus.clone()
+    rows = torch.nonzero(accepted < num_drafts).flatten()  # [R] rejected at position a
+    if rows.numel():
+        a = accepted[rows]
+        p = target_probs[rows, a].float()  # [R, V]
+        if draft_probs is None:
+            # max(p - onehot(d_a), 0): d_a loses its mass, nothing else changes
+            residual = p.scatter(1, drafts[rows, a].unsqueeze(1), 0.0)
+        else:
+            residual = (p - draft_probs[rows, a].float()).clamp_min(0.0)  # max(p - q, 0)
+        mass = residual.sum(dim=1, keepdim=True)  # [R, 1]
+        # p == q up to rounding: a rejection there has probability ~0; draw from p itself
+        residual = torch.where(mass > 0, residual, p)
+        cdf = residual.cumsum(dim=1)  # [R, V]
+        # t ~ residual / sum(residual) by the inverse CDF: first t with cdf_t > u * total
+        u = uniforms[rows, k].unsqueeze(1) * cdf[:, -1:]  # [R, 1]
+        t = torch.searchsorted(cdf, u, right=True).clamp_max(cdf.shape[1] - 1).squeeze(1)
+        token[rows] = t
+    return accepted, token

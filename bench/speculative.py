@@ -1,0 +1,272 @@
+"""Speculative decoding benchmark: one server with and without it, and llama-cpp-python's
+prompt-lookup drafting, on the same GGUF, measured side by side in one run.
+
+    python -m bench.speculative [--json] [--model smollm2-135m-instruct]
+        [--draft-model qwen2.5-coder-0.5b-instruct] [--num-prompts 8] [--max-tokens 96]
+
+Our server starts once with ``--speculative-method ngram`` (or ``draft`` with ``--draft-model``);
+each request picks its method with the request field ``speculative_method`` (``none`` is plain
+decoding), so "off" and "on" are the same process, weights and threads. llama-cpp-python's
+server runs twice on the same GGUF: plain, and with ``--draft_model prompt-lookup-decoding``
+(its ``LlamaPromptLookupDecoding``, ``--draft_model_num_pred_tokens`` = our K).
+
+1. Concurrency 1, greedy, input-grounded prompts (bench/data/speculative_prompts.jsonl: fix,
+   rewrite or extract from a given passage or code). Prompt by prompt, every mode runs in turn,
+   so a load change on the machine hits all modes alike. Decode tokens/s per mode =
+   sum(output tokens - 1) / sum(time from first to last streamed token).
+2. With ``--draft-model``: the same at concurrency 1 on open GSM8K questions, draft vs off.
+3. Concurrency 16: 16 grounded requests at once, off then on (our server): output tokens / wall.
+Acceptance (accepted / proposed draft tokens, mean acceptance length) comes from the server's
+/metrics counters, read around each speculative request. Output tokens are re-counted from the
+text with the GGUF's vocabulary for every server alike.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.serving import GSM8K, free_port, peak_rss, stop_server, wait_ready
+
+ROOT = Path(__file__).resolve().parents[1]
+PROMPTS = ROOT / "bench" / "data" / "speculative_prompts.jsonl"
+_SPEC = ("spec_decode_num_drafts", "spec_decode_num_draft_tokens", "spec_decode_num_accepted_tokens")
+
+
+def grounded_prompts(n: int) -> list[str]:
+    with PROMPTS.open() as f:
+        prompts = [json.loads(line)["prompt"] for line in f if line.strip()]
+    return [prompts[i % len(prompts)] for i in range(n)]
+
+
+def gsm8k_prompts(n: int) -> list[str]:
+    out = []
+    with GSM8K.open() as f:
+        for line in f:
+            out.append(json.loads(line)["question"])
+            if len(out) >= n:
+                break
+    return out
+
+
+def start(cmd: list[str]) -> subprocess.Popen:
+    log = tempfile.TemporaryFile(mode="w+")  # a file, not a pipe that could fill up
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=log, text=True)
+    proc.log = log  # type: ignore[attr-defined]
+    return proc
+
+
+def ours_cmd(args: argparse.Namespace, gguf: Path, port: int) -> list[str]:
+    cmd = [sys.executable, "-m", "cloud_server", "serve", "--model", str(gguf),
+           "--served-model-name", "bench", "--port", str(port), "--max-model-len", "2048",
+           "--max-num-seqs", "16", "--num-threads", str(args.threads), "--log-level", "warning",
+           "--num-speculative-tokens", str(args.k)]  # fmt: skip
+    if args.draft_model:
+        return cmd + ["--speculative-method", "draft", "--draft-model", args.draft_model]
+    return cmd + ["--speculative-method", "ngram"]
+
+
+def llama_cmd(args: argparse.Namespace, gguf: Path, port: int, lookup: bool) -> list[str]:
+    cmd = [sys.executable, "-m", "llama_cpp.server", "--model", str(gguf), "--model_alias",
+           "bench", "--port", str(port), "--n_ctx", "2048", "--n_threads", str(args.threads),
+           "--n_threads_batch", str(args.threads), "--verbose", "False",
+           "--interrupt_requests", "False"]  # fmt: skip
+    if lookup:
+        cmd += ["--draft_model", "prompt-lookup-decoding",
+                "--draft_model_num_pred_tokens", str(args.k)]  # fmt: skip
+    return cmd
+
+
+def spec_counters(http: Any) -> dict[str, float]:
+    text = http.get("/metrics").text
+    out = {}
+    for name in _SPEC:
+        m = re.search(rf"^hybridllm_{name}_total\{{[^}}]*\}} ([0-9.e+]+)$", text, re.M)
+        out[name] = float(m.group(1)) if m else 0.0
+    return out
+
+
+async def stream(http: Any, prompt: str, max_tokens: int, extra: dict[str, Any]) -> tuple[str, float]:
+    """(text, seconds from the first to the last content chunk)."""
+    body = {"model": "bench", "messages": [{"role": "user", "content": prompt}],
+            "max_tokens": max_tokens, "temperature": 0, "stream": True, **extra}
+    first = last = None
+    parts: list[str] = []
+    async with http.stream("POST", "/v1/chat/completions", json=body) as r:
+        if r.status_code != 200:
+            raise RuntimeError(f"HTTP {r.status_code}: {(await r.aread())[:300]!r}")
+        async for line in r.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            for choice in json.loads(line[6:]).get("choices", []):
+                text = (choice.get("delta") or {}).get("content")
+                if text:
+                    last = time.perf_counter()
+                    first = first or last
+                    parts.append(text)
+    return "".join(parts), (last - first) if first and last else 0.0
+
+
+def run_c1(modes: dict[str, tuple[str, dict]], prompts: list[str], args: argparse.Namespace,
+           count: Any, ours_url: str) -> dict[str, Any]:
+    """Every prompt through every mode in turn; decode tok/s and acceptance per mode."""
+    import httpx
+
+    acc = {m: {"tokens": 0, "seconds": 0.0, **dict.fromkeys(_SPEC, 0.0)} for m in modes}
+    texts: dict[str, list[str]] = {m: [] for m in modes}
+    metrics = httpx.Client(base_url=ours_url, timeout=30)
+
+    async def go() -> None:
+        clients = {url: httpx.AsyncClient(base_url=url, timeout=900) for url, _ in modes.values()}
+        try:
+            for prompt in prompts:
+                for mode, (url, extra) in modes.items():
+                    before = spec_counters(metrics) if url == ours_url else None
+                    text, seconds = await stream(clients[url], prompt, args.max_tokens, extra)
+                    if before is not None:
+                        after = spec_counters(metrics)
+                        for name in _SPEC:
+                            acc[mode][name] += after[name] - before[name]
+                    acc[mode]["tokens"] += max(0, count(text) - 1)
+                    acc[mode]["seconds"] += seconds
+                    texts[mode].append(text)
+        finally:
+            for c in clients.values():
+                await c.aclose()
+
+    asyncio.run(go())
+    out: dict[str, Any] = {}
+    for mode, a in acc.items():
+        row: dict[str, Any] = {"decode_tokens": a["tokens"], "decode_s": round(a["seconds"], 2),
+                               "decode_tok_s": round(a["tokens"] / max(a["seconds"], 1e-9), 2)}
+        if a["spec_decode_num_draft_tokens"]:
+            row["acceptance_rate"] = round(
+                a["spec_decode_num_accepted_tokens"] / a["spec_decode_num_draft_tokens"], 3)
+            row["mean_acceptance_length"] = round(
+                1 + a["spec_decode_num_accepted_tokens"] / a["spec_decode_num_drafts"], 2)
+            row["num_drafts"] = int(a["spec_decode_num_drafts"])
+        out[mode] = row
+    if "off" in texts:
+        for mode in texts:
+            if mode.startswith("ours_") or mode in ("ngram", "draft"):
+                out[mode]["same_text_as_off"] = sum(
+                    a == b for a, b in zip(texts[mode], texts["off"], strict=True))
+    return out
+
+
+def run_c16(url: str, prompts: list[str], args: argparse.Namespace, count: Any,
+            method: str) -> dict[str, Any]:
+    import httpx
+
+    async def go() -> tuple[int, float]:
+        limits = httpx.Limits(max_connections=16, max_keepalive_connections=16)
+        async with httpx.AsyncClient(base_url=url, timeout=1800, limits=limits) as http:
+            start_t = time.perf_counter()
+            results = await asyncio.gather(*(
+                stream(http, p, args.max_tokens, {"speculative_method": method}) for p in prompts))
+            wall = time.perf_counter() - start_t
+        return sum(count(t) for t, _ in results), wall
+
+    tokens, wall = asyncio.run(go())
+    return {"output_tokens": tokens, "wall_s": round(wall, 2), "output_tok_s": round(tokens / wall, 2)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.speculative",
+                                     description=__doc__.split("\n")[0])
+    parser.add_argument("--json", action="store_true", help="print one JSON object only")
+    parser.add_argument("--model", default="smollm2-135m-instruct", help="catalog id or .gguf")
+    parser.add_argument("--draft-model", default=None, help="also measure draft-model drafting")
+    parser.add_argument("--num-prompts", type=int, default=8)
+    parser.add_argument("--max-tokens", type=int, default=96)
+    parser.add_argument("--k", type=int, default=4, help="--num-speculative-tokens for both")
+    parser.add_argument("--threads", type=int, default=os.cpu_count() or 2)
+    parser.add_argument("--skip-llama-cpp", action="store_true")
+    parser.add_argument("--skip-c16", action="store_true")
+    args = parser.parse_args(argv)
+
+    import httpx
+    from llama_cpp import Llama
+
+    from hybridllm.models import pull
+
+    gguf = Path(args.model) if Path(args.model).is_file() else pull(args.model)
+    if args.draft_model and not Path(args.draft_model).is_file():
+        args.draft_model = str(pull(args.draft_model))
+    vocab = Llama(model_path=str(gguf), vocab_only=True, verbose=False)
+
+    def count(text: str) -> int:
+        return len(vocab.tokenize(text.encode(), add_bos=False, special=False)) if text else 0
+
+    report: dict[str, Any] = {
+        "model": gguf.name, "draft_model": Path(args.draft_model).name if args.draft_model else None,
+        "k": args.k, "num_prompts": args.num_prompts, "max_tokens": args.max_tokens,
+        "threads": args.threads, "cpu_count": os.cpu_count(),
+        "loadavg_1m_start": round(os.getloadavg()[0], 2),
+    }
+    procs: dict[str, subprocess.Popen] = {}
+    urls: dict[str, str] = {}
+    try:
+        names = ["ours"] + ([] if args.skip_llama_cpp else ["llama_cpp", "llama_cpp_lookup"])
+        for name in names:
+            port = free_port()
+            urls[name] = f"http://127.0.0.1:{port}"
+            cmd = ours_cmd(args, gguf, port) if name == "ours" else llama_cmd(
+                args, gguf, port, lookup=name == "llama_cpp_lookup")
+            procs[name] = start(cmd)
+            report[f"{name}_startup_s"] = round(wait_ready(urls[name], procs[name], 900), 1)
+        for url in urls.values():  # warm-up
+            httpx.post(f"{url}/v1/chat/completions", timeout=900, json={
+                "model": "bench", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4})
+        ours = urls["ours"]
+        method = "draft" if args.draft_model else "ngram"
+        modes = {"off": (ours, {"speculative_method": "none"})}
+        modes["ngram"] = (ours, {"speculative_method": "ngram"})
+        if args.draft_model:
+            modes["draft"] = (ours, {"speculative_method": "draft"})
+        if not args.skip_llama_cpp:
+            modes["llama_cpp"] = (urls["llama_cpp"], {})
+            modes["llama_cpp_lookup"] = (urls["llama_cpp_lookup"], {})
+        c1 = run_c1(modes, grounded_prompts(args.num_prompts), args, count, ours)
+        report["c1_grounded"] = c1
+        ratios = {f"{m}_over_off": round(c1[m]["decode_tok_s"] / c1["off"]["decode_tok_s"], 3)
+                  for m in c1 if m != "off"}
+        if not args.skip_llama_cpp:
+            ratios["llama_cpp_lookup_over_llama_cpp"] = round(
+                c1["llama_cpp_lookup"]["decode_tok_s"] / c1["llama_cpp"]["decode_tok_s"], 3)
+            ratios["ngram_over_llama_cpp_lookup"] = round(
+                c1["ngram"]["decode_tok_s"] / c1["llama_cpp_lookup"]["decode_tok_s"], 3)
+        report["loadavg_1m_after_c1"] = round(os.getloadavg()[0], 2)
+        if args.draft_model and GSM8K.is_file():
+            gsm = run_c1({"off": modes["off"], "draft": modes["draft"]},
+                         gsm8k_prompts(args.num_prompts), args, count, ours)
+            report["c1_gsm8k"] = gsm
+            ratios["gsm8k_draft_over_off"] = round(
+                gsm["draft"]["decode_tok_s"] / gsm["off"]["decode_tok_s"], 3)
+        if not args.skip_c16:
+            prompts = grounded_prompts(16)
+            off = run_c16(ours, prompts, args, count, "none")
+            on = run_c16(ours, prompts, args, count, method)
+            report["c16_grounded"] = {"off": off, method: on}
+            ratios[f"c16_{method}_over_off"] = round(on["output_tok_s"] / off["output_tok_s"], 3)
+        report["ratios"] = ratios
+        report["ours_peak_rss_mb"] = peak_rss(procs["ours"])
+    finally:
+        for proc in procs.values():
+            stop_server(proc)
+    report["loadavg_1m_end"] = round(os.getloadavg()[0], 2)
+    print(json.dumps(report, indent=None if args.json else 2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,233 @@
+"""Speculative decoding on the real SmolLM2 engine: lossless and leak-free.
+
+1. Greedy identity: 52 input-grounded prompts (four passages, so later prompts hit the prefix
+   cache) run plainly, then again in one mixed run on a KV pool small enough to force preemptions:
+   half speculate (prompt lookup), a quarter decode plainly, a quarter sample at temperature 0.8
+   with top_k=1 through the rejection path (that must also equal greedy), and 12 more speculating
+   requests are aborted mid-flight. Every finished output equals its plain one, drafts were both
+   accepted and rejected, and the pool is entirely free afterwards.
+2. The rejection rule on the model's own distributions (temperature 0.8, top-k 50, top-p 0.95):
+   6,000 verifications with two drafts, 500 sequences a batch; the first emitted token, and the
+   second one given the first draft was accepted, follow the target distribution (chi-square,
+   fixed seed, p > 0.001; the same counts against the draft's distribution give p < 1e-6, so the
+   test can tell them apart).
+3. The draft-model path (its own KV pool on the target's block tables, catch-up, preemption):
+   SmolLM2 drafting for itself must give plain greedy output with nearly every draft accepted;
+   a draft with another vocabulary is a clear start-up error.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import random
+
+import pytest
+
+pytestmark = pytest.mark.real
+
+PASSAGES = [
+    "The library opens at nine on weekdays and at ten on Saturdays. It is closed on Sundays. "
+    "Members may borrow up to six books for three weeks; children's books can be renewed twice.",
+    "def area(w, h):\n    return w * h\n\ndef perimeter(w, h):\n    return 2 * (w + h)\n\n"
+    "print(area(3, 4), perimeter(3, 4))",
+    "Maria bought 3 notebooks at 2 dollars each and a pen for 1 dollar. She paid with a ten "
+    "dollar bill and got change back from the cashier, who also gave her a receipt.",
+    "Ravens are large black birds found across the northern hemisphere. They can mimic sounds, "
+    "solve puzzles, and remember human faces for years.",
+]
+TASKS = [
+    "Repeat the text exactly.", "Copy the first sentence.", "Rewrite the text in plain words.",
+    "Fix any mistakes in the text.", "Extract every number in the text.", "Summarize the text.",
+    "Repeat the text, then say done.", "Copy the last sentence.", "List the nouns in the text.",
+    "Rewrite the text as a list.", "Quote the text.", "Extract the key facts.", "Echo the text.",
+]
+MAX_TOKENS = 24
+
+
+def _prompts(tok) -> list[list[int]]:
+    out = []
+    for passage in PASSAGES:
+        for task in TASKS:
+            text = f"Text:\n{passage}\n\nTask: {task}"
+            out.append(tok.encode(tok.apply_chat_template([{"role": "user", "content": text}])))
+    return out
+
+
+@contextlib.contextmanager
+def small_pool(eng, num_blocks: int):
+    """The engine on the first ``num_blocks`` blocks of its KV tensor: preemptions."""
+    from cloud_server.engine.block_manager import BlockManager
+    from cloud_server.engine.scheduler import Scheduler
+
+    saved = eng.block_manager, eng.scheduler
+    eng.block_manager = BlockManager(num_blocks, saved[0].block_size)
+    eng.scheduler = Scheduler(eng.block_manager, max_num_seqs=16, max_num_batched_tokens=512)
+    try:
+        yield eng
+    finally:
+        eng.block_manager, eng.scheduler = saved
+
+
+def test_greedy_identity_in_mixed_batches_with_prefix_hits_aborts_and_preemptions(
+    smollm2_engine,
+):
+    from cloud_server.engine.sampling_params import SamplingParams
+
+    prompts = _prompts(smollm2_engine.tokenizer)
+    assert len(prompts) >= 50
+    plain = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True,
+                           speculative_method="none")
+    reference = [r.token_ids for r in smollm2_engine.generate(prompts, plain)]
+    with small_pool(smollm2_engine, 40) as eng:
+        _mixed_run(eng, prompts, reference)
+
+
+def _mixed_run(eng, prompts, reference) -> None:
+    from cloud_server.engine.sampling_params import SamplingParams
+    from cloud_server.engine.spec_decode import SpecStats
+
+
+    eng.spec.stats = SpecStats()
+    kinds = ["ngram", "ngram", "none", "sampled"]
+    rng = random.Random(0)
+    live: dict[str, int] = {}
+    for i, prompt in enumerate(prompts):
+        kind = kinds[i % 4]
+        params = SamplingParams(
+            temperature=0.8 if kind == "sampled" else 0.0, top_k=1, max_tokens=MAX_TOKENS,
+            ignore_eos=True, speculative_method="none" if kind == "none" else "ngram",
+            num_speculative_tokens=rng.choice([2, 4, 6]),
+        )
+        eng.add_request(f"r{i}", prompt, params)
+        live[f"r{i}"] = i
+    doomed = {f"x{j}": 3 + 2 * j for j in range(12)}  # aborted after this many steps
+    for rid in doomed:
+        eng.add_request(rid, prompts[rng.randrange(len(prompts))], SamplingParams(
+            temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True, speculative_method="ngram"))
+    got: dict[str, list[int]] = {rid: [] for rid in live}
+    steps = 0
+    while eng.has_unfinished():
+        for out in eng.step():
+            if out.request_id in got:
+                got[out.request_id] += out.delta_token_ids
+        steps += 1
+        for rid, at in doomed.items():
+            if at == steps:
+                eng.abort(rid)
+    mismatched = [rid for rid, i in live.items() if got[rid] != reference[i]]
+    assert not mismatched, f"{len(mismatched)} outputs differ from plain decoding: {mismatched}"
+    st = eng.spec.stats
+    assert eng.scheduler.num_preemptions > 0
+    assert 0 < st.num_accepted_tokens < st.num_draft_tokens  # accepted and rejected drafts
+    assert eng.block_manager.num_free_blocks == eng.block_manager.num_blocks
+    assert sum(eng.block_manager.ref_counts) == 0
+
+
+def _filtered(eng, logits, params):
+    out = eng.runner.sampler(logits, [0] * logits.shape[0], [params] * logits.shape[0],
+                             return_probs=True)
+    return out.probs  # [n, V]
+
+
+@pytest.mark.parametrize("draft_kind", ["one_hot", "model"])
+def test_rejection_sampling_matches_the_target_distribution(smollm2_engine, draft_kind):
+    import torch
+    from scipy.stats import chisquare
+
+    from cloud_server.engine.sampling_params import SamplingParams
+    from cloud_server.engine.spec_decode.rejection import verify_sampled
+
+    eng = smollm2_engine
+    tok = eng.tokenizer
+    prompt = tok.encode(tok.apply_chat_template(
+        [{"role": "user", "content": "Write one sentence about the sea."}]))
+    params = SamplingParams(temperature=0.8, top_k=50, top_p=0.95)
+    n = len(prompt)
+    p0 = _filtered(eng, eng.score(prompt)[-1:].float(), params)[0]
+    d0 = int(p0.argsort(descending=True)[1])  # the second most likely: often rejected
+    p1 = _filtered(eng, eng.score(prompt + [d0])[-1:].float(), params)[0]
+    d1 = int(p1.argsort(descending=True)[0])
+    target = _filtered(eng, eng.score(prompt + [d0, d1])[n - 1 :].float(), params)  # [3, V]
+    if draft_kind == "one_hot":
+        q = None
+        q_first = torch.zeros_like(p0)
+        q_first[d0] = 1.0
+    else:  # a draft model's view: the same logits, hotter and wider
+        hot = SamplingParams(temperature=1.6, top_k=200)
+        q = _filtered(eng, eng.score(prompt + [d0, d1])[n - 1 : n + 1].float(), hot)  # [2, V]
+        q_first = q[0]
+    gen = torch.Generator().manual_seed(1234)
+    draws, chunk = 6000, 500
+    drafts = torch.tensor([[d0, d1]]).expand(chunk, 2)
+    num = torch.full((chunk,), 2)
+    bonus = torch.zeros(chunk, dtype=torch.long)
+    firsts, seconds = [], []
+    for _ in range(draws // chunk):  # 500 sequences verified per call, as in a step's batch
+        accepted, token = verify_sampled(
+            drafts, num, target.expand(chunk, 3, -1), None if q is None else q.expand(chunk, 2, -1),
+            bonus, torch.rand(chunk, 3, generator=gen),
+        )
+        first = torch.where(accepted == 0, token, d0)  # the first emitted token
+        firsts += first.tolist()
+        second = torch.where(accepted == 1, token, d1)[accepted >= 1]  # given d0 was accepted
+        seconds += second.tolist()
+
+    def pvalue(samples: list[int], probs: torch.Tensor) -> float:
+        probs = probs.double() / probs.double().sum()
+        expected = probs * len(samples)
+        bins = [int(i) for i in torch.nonzero(expected >= 5).flatten()]
+        counts = torch.bincount(torch.tensor(samples), minlength=probs.numel()).double()
+        obs = [float(counts[i]) for i in bins] + [len(samples) - float(counts[bins].sum())]
+        exp = [float(expected[i]) for i in bins] + [len(samples) - float(expected[bins].sum())]
+        if exp[-1] < 1e-9:
+            obs, exp = obs[:-1], exp[:-1]
+        return float(chisquare(obs, exp).pvalue)
+
+    assert len(seconds) > 300
+    assert pvalue(firsts, target[0]) > 1e-3
+    assert pvalue(seconds, target[1]) > 1e-3
+    assert pvalue(firsts, q_first) < 1e-6  # the counts are not the draft's distribution
+
+
+def test_draft_model_path_is_lossless_and_leak_free(smollm2_engine):
+    from cloud_server.engine.model_runner import ModelRunner
+    from cloud_server.engine.sampling_params import SamplingParams
+    from cloud_server.engine.spec_decode import SpecStats
+    from cloud_server.engine.spec_decode.draft import DraftProposer
+
+    eng = smollm2_engine
+    prompts = _prompts(eng.tokenizer)[::7][:6]
+    plain = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True,
+                           speculative_method="none")
+    reference = [r.token_ids for r in eng.generate(prompts, plain)]
+    with small_pool(eng, 24):  # 24 blocks: 6 requests of ~100 tokens preempt each other
+        eng.spec.draft = DraftProposer(ModelRunner(  # the same weights, a KV pool of its own
+            eng.runner.model, eng.model_config, num_blocks=24, block_size=eng.block_manager.block_size,
+            device=eng.device, dtype=eng.dtype))
+        eng.spec.stats = SpecStats()
+        try:
+            drafted = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True,
+                                     speculative_method="draft", num_speculative_tokens=3)
+            got = [r.token_ids for r in eng.generate(prompts, drafted)]
+            st = eng.spec.stats
+            assert got == reference
+            assert st.num_drafts > 0 and st.num_accepted_tokens >= 0.9 * st.num_draft_tokens
+            assert eng.scheduler.num_preemptions > 0
+            assert eng.block_manager.num_free_blocks == eng.block_manager.num_blocks
+        finally:
+            eng.spec.draft = None
+
+
+def test_a_draft_with_another_vocabulary_is_a_clear_error(smollm2_engine):
+    from types import SimpleNamespace
+
+    from cloud_server.engine.llm_engine import _check_same_tokenizer
+    from cloud_server.exceptions import ConfigError
+
+    eng = smollm2_engine
+    other = SimpleNamespace(config=SimpleNamespace(vocab_size=eng.model_config.vocab_size + 7),
+                            tokenizer=eng.tokenizer)
+    with pytest.raises(ConfigError, match="vocabulary"):
+        _check_same_tokenizer(eng, other)
+    same = SimpleNamespace(config=eng.model_config, tokenizer=eng.tokenizer)
+    _check_same_tokenizer(eng, same)  # the same tokenizer passes

@@ -165,7 +165,7 @@ def run_phase(
     if not ray.is_initialized():
         from cloud_server.cluster.launch import init_ray
 
-        init_ray(None, include_dashboard=False, num_cpus=4)
+        init_ray(None, attempts=8, include_dashboard=False, num_cpus=4)
         serve.start(http_options={"host": "127.0.0.1", "port": port})
     t_start = time.perf_counter()
     serve.run(

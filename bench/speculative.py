@@ -97,8 +97,14 @@ def spec_counters(http: Any) -> dict[str, float]:
 
 async def stream(http: Any, prompt: str, max_tokens: int, extra: dict[str, Any]) -> tuple[str, float]:
     """(text, seconds from the first to the last content chunk)."""
-    body = {"model": "bench", "messages": [{"role": "user", "content": prompt}],
-            "max_tokens": max_tokens, "temperature": 0, "stream": True, **extra}
+    body = {
+        "model": "bench",
+        "messages": [{"role": "user", "content": prompt}],
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "stream": True,
+        **extra,
+    }
     first = last = None
     parts: list[str] = []
     async with http.stream("POST", "/v1/chat/completions", json=body) as r:
@@ -116,8 +122,13 @@ async def stream(http: Any, prompt: str, max_tokens: int, extra: dict[str, Any])
     return "".join(parts), (last - first) if first and last else 0.0
 
 
-def run_c1(modes: dict[str, tuple[str, dict]], prompts: list[str], args: argparse.Namespace,
-           count: Any, ours_url: str) -> dict[str, Any]:
+def run_c1(
+    modes: dict[str, tuple[str, dict]],
+    prompts: list[str],
+    args: argparse.Namespace,
+    count: Any,
+    ours_url: str,
+) -> dict[str, Any]:
     """Every prompt through every mode in turn; decode tok/s and acceptance per mode."""
     import httpx
 
@@ -146,33 +157,41 @@ def run_c1(modes: dict[str, tuple[str, dict]], prompts: list[str], args: argpars
     asyncio.run(go())
     out: dict[str, Any] = {}
     for mode, a in acc.items():
-        row: dict[str, Any] = {"decode_tokens": a["tokens"], "decode_s": round(a["seconds"], 2),
-                               "decode_tok_s": round(a["tokens"] / max(a["seconds"], 1e-9), 2)}
+        row: dict[str, Any] = {
+            "decode_tokens": a["tokens"],
+            "decode_s": round(a["seconds"], 2),
+            "decode_tok_s": round(a["tokens"] / max(a["seconds"], 1e-9), 2),
+        }
         if a["spec_decode_num_draft_tokens"]:
             row["acceptance_rate"] = round(
-                a["spec_decode_num_accepted_tokens"] / a["spec_decode_num_draft_tokens"], 3)
+                a["spec_decode_num_accepted_tokens"] / a["spec_decode_num_draft_tokens"], 3
+            )
             row["mean_acceptance_length"] = round(
-                1 + a["spec_decode_num_accepted_tokens"] / a["spec_decode_num_drafts"], 2)
+                1 + a["spec_decode_num_accepted_tokens"] / a["spec_decode_num_drafts"], 2
+            )
             row["num_drafts"] = int(a["spec_decode_num_drafts"])
         out[mode] = row
     if "off" in texts:
         for mode in texts:
             if mode.startswith("ours_") or mode in ("ngram", "draft"):
                 out[mode]["same_text_as_off"] = sum(
-                    a == b for a, b in zip(texts[mode], texts["off"], strict=True))
+                    a == b for a, b in zip(texts[mode], texts["off"], strict=True)
+                )
     return out
 
 
-def run_c16(url: str, prompts: list[str], args: argparse.Namespace, count: Any,
-            method: str) -> dict[str, Any]:
+def run_c16(
+    url: str, prompts: list[str], args: argparse.Namespace, count: Any, method: str
+) -> dict[str, Any]:
     import httpx
 
     async def go() -> tuple[int, float]:
         limits = httpx.Limits(max_connections=16, max_keepalive_connections=16)
         async with httpx.AsyncClient(base_url=url, timeout=1800, limits=limits) as http:
             start_t = time.perf_counter()
-            results = await asyncio.gather(*(
-                stream(http, p, args.max_tokens, {"speculative_method": method}) for p in prompts))
+            results = await asyncio.gather(
+                *(stream(http, p, args.max_tokens, {"speculative_method": method}) for p in prompts)
+            )
             wall = time.perf_counter() - start_t
         return sum(count(t) for t, _ in results), wall
 
@@ -181,8 +200,7 @@ def run_c16(url: str, prompts: list[str], args: argparse.Namespace, count: Any,
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.speculative",
-                                     description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m bench.speculative", description=__doc__.split("\n")[0])
     parser.add_argument("--json", action="store_true", help="print one JSON object only")
     parser.add_argument("--model", default="smollm2-135m-instruct", help="catalog id or .gguf")
     parser.add_argument("--draft-model", default=None, help="also measure draft-model drafting")
@@ -208,9 +226,13 @@ def main(argv: list[str] | None = None) -> int:
         return len(vocab.tokenize(text.encode(), add_bos=False, special=False)) if text else 0
 
     report: dict[str, Any] = {
-        "model": gguf.name, "draft_model": Path(args.draft_model).name if args.draft_model else None,
-        "k": args.k, "num_prompts": args.num_prompts, "max_tokens": args.max_tokens,
-        "threads": args.threads, "cpu_count": os.cpu_count(),
+        "model": gguf.name,
+        "draft_model": Path(args.draft_model).name if args.draft_model else None,
+        "k": args.k,
+        "num_prompts": args.num_prompts,
+        "max_tokens": args.max_tokens,
+        "threads": args.threads,
+        "cpu_count": os.cpu_count(),
         "loadavg_1m_start": round(os.getloadavg()[0], 2),
     }
     procs: dict[str, subprocess.Popen] = {}
@@ -220,13 +242,19 @@ def main(argv: list[str] | None = None) -> int:
         for name in names:
             port = free_port()
             urls[name] = f"http://127.0.0.1:{port}"
-            cmd = ours_cmd(args, gguf, port) if name == "ours" else llama_cmd(
-                args, gguf, port, lookup=name == "llama_cpp_lookup")
+            cmd = (
+                ours_cmd(args, gguf, port)
+                if name == "ours"
+                else llama_cmd(args, gguf, port, lookup=name == "llama_cpp_lookup")
+            )
             procs[name] = start(cmd)
             report[f"{name}_startup_s"] = round(wait_ready(urls[name], procs[name], 900), 1)
         for url in urls.values():  # warm-up
-            httpx.post(f"{url}/v1/chat/completions", timeout=900, json={
-                "model": "bench", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4})
+            httpx.post(
+                f"{url}/v1/chat/completions",
+                timeout=900,
+                json={"model": "bench", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4},
+            )
         ours = urls["ours"]
         method = "draft" if args.draft_model else "ngram"
         modes = {"off": (ours, {"speculative_method": "none"})}
@@ -238,20 +266,31 @@ def main(argv: list[str] | None = None) -> int:
             modes["llama_cpp_lookup"] = (urls["llama_cpp_lookup"], {})
         c1 = run_c1(modes, grounded_prompts(args.num_prompts), args, count, ours)
         report["c1_grounded"] = c1
-        ratios = {f"{m}_over_off": round(c1[m]["decode_tok_s"] / c1["off"]["decode_tok_s"], 3)
-                  for m in c1 if m != "off"}
+        ratios = {
+            f"{m}_over_off": round(c1[m]["decode_tok_s"] / c1["off"]["decode_tok_s"], 3)
+            for m in c1
+            if m != "off"
+        }
         if not args.skip_llama_cpp:
             ratios["llama_cpp_lookup_over_llama_cpp"] = round(
-                c1["llama_cpp_lookup"]["decode_tok_s"] / c1["llama_cpp"]["decode_tok_s"], 3)
+                c1["llama_cpp_lookup"]["decode_tok_s"] / c1["llama_cpp"]["decode_tok_s"], 3
+            )
             ratios["ngram_over_llama_cpp_lookup"] = round(
-                c1["ngram"]["decode_tok_s"] / c1["llama_cpp_lookup"]["decode_tok_s"], 3)
+                c1["ngram"]["decode_tok_s"] / c1["llama_cpp_lookup"]["decode_tok_s"], 3
+            )
         report["loadavg_1m_after_c1"] = round(os.getloadavg()[0], 2)
         if args.draft_model and GSM8K.is_file():
-            gsm = run_c1({"off": modes["off"], "draft": modes["draft"]},
-                         gsm8k_prompts(args.num_prompts), args, count, ours)
+            gsm = run_c1(
+                {"off": modes["off"], "draft": modes["draft"]},
+                gsm8k_prompts(args.num_prompts),
+                args,
+                count,
+                ours,
+            )
             report["c1_gsm8k"] = gsm
             ratios["gsm8k_draft_over_off"] = round(
-                gsm["draft"]["decode_tok_s"] / gsm["off"]["decode_tok_s"], 3)
+                gsm["draft"]["decode_tok_s"] / gsm["off"]["decode_tok_s"], 3
+            )
         if not args.skip_c16:
             prompts = grounded_prompts(16)
             off = run_c16(ours, prompts, args, count, "none")

@@ -48,8 +48,13 @@ class LLMEngine:
         if device.type == "cpu":
             torch.set_num_threads(config.num_threads or os.cpu_count() or 1)
         cap = _CPU_MAX_MODEL_LEN if device.type == "cpu" else 32768
-        loaded = load_model(config.model, device=device, dtype=dtype,
-                            max_position=config.max_model_len or cap, quantization=quantization)
+        loaded = load_model(
+            config.model,
+            device=device,
+            dtype=dtype,
+            max_position=config.max_model_len or cap,
+            quantization=quantization,
+        )
         self.model_name = loaded.name
         self.model_config = loaded.config
         self.tokenizer = loaded.tokenizer
@@ -75,8 +80,13 @@ class LLMEngine:
             max_waiting=config.max_waiting,
         )
         self.runner = ModelRunner(
-            loaded.model, loaded.config, num_blocks=num_blocks, block_size=config.block_size,
-            device=device, dtype=dtype, seed=config.seed,
+            loaded.model,
+            loaded.config,
+            num_blocks=num_blocks,
+            block_size=config.block_size,
+            device=device,
+            dtype=dtype,
+            seed=config.seed,
         )
         self.device, self.dtype, self.quantization = device, dtype, quantization
         self.spec = self._make_spec_decoder(num_blocks)
@@ -98,16 +108,31 @@ class LLMEngine:
         if config.draft_model is not None:
             from ..models.loader import load_model
 
-            loaded = load_model(config.draft_model, device=self.device, dtype=self.dtype,
-                                max_position=self.max_model_len, quantization=self.quantization)
+            loaded = load_model(
+                config.draft_model,
+                device=self.device,
+                dtype=self.dtype,
+                max_position=self.max_model_len,
+                quantization=self.quantization,
+            )
             _check_same_tokenizer(self, loaded)
-            draft = DraftProposer(ModelRunner(
-                loaded.model, loaded.config, num_blocks=num_blocks, block_size=config.block_size,
-                device=self.device, dtype=self.dtype, seed=config.seed + 1,
-            ))
+            draft = DraftProposer(
+                ModelRunner(
+                    loaded.model,
+                    loaded.config,
+                    num_blocks=num_blocks,
+                    block_size=config.block_size,
+                    device=self.device,
+                    dtype=self.dtype,
+                    seed=config.seed + 1,
+                )
+            )
         return SpecDecoder(
-            method=config.speculative_method, num_speculative_tokens=config.num_speculative_tokens,
-            max_model_len=self.max_model_len, draft=draft, max_spec_rows=config.spec_max_rows,
+            method=config.speculative_method,
+            num_speculative_tokens=config.num_speculative_tokens,
+            max_model_len=self.max_model_len,
+            draft=draft,
+            max_spec_rows=config.spec_max_rows,
         )
 
     # -- requests ----------------------------------------------------------------------------
@@ -145,8 +170,7 @@ class LLMEngine:
         self.check_request(prompt_ids, params)
         seq = Sequence(request_id, prompt_ids, params)
         self.scheduler.add(seq)  # QueueFullError when the waiting queue is full
-        self._requests[request_id] = _Request(seq, IncrementalDetokenizer(self.tokenizer.decode,
-                                                                           params.stop))
+        self._requests[request_id] = _Request(seq, IncrementalDetokenizer(self.tokenizer.decode, params.stop))
         return seq
 
     def abort(self, request_id: str) -> RequestOutput | None:
@@ -175,15 +199,15 @@ class LLMEngine:
         try:
             if any(item.num_spec_slots for item in sched.scheduled):
                 self.scheduler.add_drafts(sched.scheduled, spec.propose(sched.scheduled))
-            result = self.runner.execute(
-                sched.scheduled, return_probs=spec.needs_probs(sched.scheduled)
-            )
+            result = self.runner.execute(sched.scheduled, return_probs=spec.needs_probs(sched.scheduled))
         except Exception as exc:  # a model failure is an engine failure, not a request error
             self.scheduler.rollback(sched.scheduled)
             raise EngineError(f"model step failed: {exc}") from exc
         self._record_batch(len(sched.scheduled), sched.num_tokens)
         new_tokens, num_rejected = spec.verify(
-            sched.scheduled, result.tokens, result.probs,
+            sched.scheduled,
+            result.tokens,
+            result.probs,
             lambda seq: self.runner.sampler.generator(seq.seq_id, seq.params, self.device),
         )
         outputs = [
@@ -214,8 +238,12 @@ class LLMEngine:
         rate = st.num_accepted_tokens / max(1, st.num_draft_tokens)
         logger.info(
             "speculative decoding: mean acceptance length %.2f, acceptance rate %.1f%% "
-            "(%d drafts, %d draft tokens, %d accepted)", st.mean_acceptance_length, 100 * rate,
-            st.num_drafts, st.num_draft_tokens, st.num_accepted_tokens,
+            "(%d drafts, %d draft tokens, %d accepted)",
+            st.mean_acceptance_length,
+            100 * rate,
+            st.num_drafts,
+            st.num_draft_tokens,
+            st.num_accepted_tokens,
         )
 
     def _fail(self, request_id: str, error: BaseException) -> RequestOutput:
@@ -233,9 +261,7 @@ class LLMEngine:
         first = seq.num_tokens - len(tokens)  # index of the first new token
         for j, token in enumerate(tokens):
             end = first + j + 1  # sequence length up to and including this token
-            if (token in self.tokenizer.eos_token_ids and not p.ignore_eos) or (
-                token in p.stop_token_ids
-            ):
+            if (token in self.tokenizer.eos_token_ids and not p.ignore_eos) or (token in p.stop_token_ids):
                 reason = "stop"
             elif end - seq.num_prompt_tokens >= p.max_tokens or end >= self.max_model_len:
                 reason = "length"
@@ -258,9 +284,13 @@ class LLMEngine:
     def _output(req: _Request, delta: str, ids: list[int], reason: str | None) -> RequestOutput:
         seq = req.seq
         return RequestOutput(
-            request_id=seq.request_id, delta_text=delta, delta_token_ids=ids,
-            finished=reason is not None, finish_reason=reason,
-            num_prompt_tokens=seq.num_prompt_tokens, num_output_tokens=seq.num_output_tokens,
+            request_id=seq.request_id,
+            delta_text=delta,
+            delta_token_ids=ids,
+            finished=reason is not None,
+            finish_reason=reason,
+            num_prompt_tokens=seq.num_prompt_tokens,
+            num_output_tokens=seq.num_output_tokens,
             num_cached_tokens=seq.num_cached_tokens,
         )
 
@@ -282,8 +312,9 @@ class LLMEngine:
 
     # -- offline -----------------------------------------------------------------------------
     def generate(
-        self, prompts: list[str | list[int]], params: SamplingParams | list[SamplingParams] | None
-        = None,
+        self,
+        prompts: list[str | list[int]],
+        params: SamplingParams | list[SamplingParams] | None = None,
     ) -> list[GenerationResult]:
         plist = params if isinstance(params, list) else [params or SamplingParams()] * len(prompts)
         ids = [f"gen-{time.monotonic_ns()}-{i}" for i in range(len(prompts))]
@@ -314,8 +345,7 @@ class LLMEngine:
         if allocated >= self._peak_slots:
             self._peak_slots = allocated
             self._unused_slots_at_peak = sum(
-                len(s.block_table) * bm.block_size - s.num_computed_tokens
-                for s in self.scheduler.running
+                len(s.block_table) * bm.block_size - s.num_computed_tokens for s in self.scheduler.running
             )
 
     def stats(self) -> dict[str, Any]:
@@ -349,8 +379,12 @@ class LLMEngine:
         seqs = [*self.scheduler.running, *self.scheduler.waiting]
         prefill = sum(max(0, s.num_prompt_tokens - s.num_computed_tokens) for s in seqs)
         decode = sum(max(0, s.params.max_tokens - s.num_output_tokens) for s in seqs)
-        return {"outstanding_tokens": prefill + decode, "prefill_tokens": prefill,
-                "decode_tokens": decode, "prefix_hashes": self.block_manager.cached_block_hashes()}
+        return {
+            "outstanding_tokens": prefill + decode,
+            "prefill_tokens": prefill,
+            "decode_tokens": decode,
+            "prefix_hashes": self.block_manager.cached_block_hashes(),
+        }
 
     def reset_stats(self) -> None:
         self._steps = self._max_batch_num_seqs = 0
@@ -398,8 +432,9 @@ def _resolve_device(config: EngineConfig) -> tuple[Any, Any, str]:
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ConfigError("device='cuda' but CUDA is not available")
     quantization = config.quantization or ("int8" if device.type == "cpu" else "none")
-    dtype_name = config.dtype or ("float32" if device.type == "cpu" and quantization == "none"
-                                  else "bfloat16")
+    dtype_name = config.dtype or (
+        "float32" if device.type == "cpu" and quantization == "none" else "bfloat16"
+    )
     return device, getattr(torch, dtype_name), quantization
 
 

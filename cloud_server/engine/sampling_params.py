@@ -38,9 +38,7 @@ class SamplingParams:
         if not 0 < self.top_p <= 1:
             raise InvalidRequestError("top_p must be in (0, 1]", param="top_p")
         if not isinstance(self.top_k, int) or self.top_k < -1:
-            raise InvalidRequestError(
-                "top_k must be -1, 0 (off) or a positive integer", param="top_k"
-            )
+            raise InvalidRequestError("top_k must be -1, 0 (off) or a positive integer", param="top_k")
         if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
             raise InvalidRequestError("max_tokens must be a positive integer", param="max_tokens")
         if any(not isinstance(s, str) or not s for s in self.stop):

@@ -99,8 +99,7 @@ class Scheduler:
         spare = 0
         if lookahead is not None and num_decoding:
             spare = bm.num_free_blocks - sum(
-                bm.num_new_blocks_needed(s, min(s.num_uncomputed_tokens, budget))
-                for s in self.running
+                bm.num_new_blocks_needed(s, min(s.num_uncomputed_tokens, budget)) for s in self.running
             )
         # 1. Running sequences, oldest first; preempt from the newest end when blocks run out.
         i = 0
@@ -192,12 +191,13 @@ class Scheduler:
             rejected = (num_rejected or {}).get(seq.seq_id, 0)
             if rejected:
                 del seq.token_ids[len(seq.token_ids) - rejected :]
-            accepted = seq.token_ids[len(seq.token_ids) - (item.num_lookahead - rejected) :] if (
-                item.num_lookahead > rejected) else []
-            seq.num_computed_tokens = min(seq.num_computed_tokens + item.num_new_tokens,
-                                          seq.num_tokens)
-            seq.num_draft_computed_tokens = min(seq.num_draft_computed_tokens,
-                                                seq.num_computed_tokens)
+            accepted = (
+                seq.token_ids[len(seq.token_ids) - (item.num_lookahead - rejected) :]
+                if (item.num_lookahead > rejected)
+                else []
+            )
+            seq.num_computed_tokens = min(seq.num_computed_tokens + item.num_new_tokens, seq.num_tokens)
+            seq.num_draft_computed_tokens = min(seq.num_draft_computed_tokens, seq.num_computed_tokens)
             bm.trim(seq)
             bm.commit(seq)
             tokens = accepted + list(new_tokens.get(seq.seq_id) or [])

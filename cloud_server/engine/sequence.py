@@ -25,9 +25,7 @@ class Sequence:
     ``block_hashes[i]`` is the chained hash of full block ``i`` once it is computed.
     """
 
-    def __init__(
-        self, request_id: str, prompt_token_ids: list[int], params: SamplingParams
-    ) -> None:
+    def __init__(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams) -> None:
         self.seq_id = next(_seq_counter)
         self.request_id = request_id
         self.token_ids: list[int] = list(prompt_token_ids)

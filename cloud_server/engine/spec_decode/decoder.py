@@ -93,14 +93,14 @@ class SpecDecoder:
 
     # -- 1. slots -----------------------------------------------------------------------------
     def lookahead(self, seq: Sequence, num_decoding: int) -> int:
+        self._ngram.pop(seq.seq_id, None)  # a proposal lives for one step only
         method, k = self.method_for(seq)
         if method is None or k < 1:
             return 0
         k = min(k, (self.max_spec_rows - num_decoding) // max(1, num_decoding))
         # never draft past max_tokens or the context window: the last position computed this step
         # is num_tokens - 1 + k, and k accepted drafts + 1 new token must fit max_tokens
-        k = min(k, seq.params.max_tokens - seq.num_output_tokens - 1,
-                self.max_model_len - seq.num_tokens - 1)
+        k = min(k, seq.params.max_tokens - seq.num_output_tokens - 1, self.max_model_len - seq.num_tokens - 1)
         if k < 1:
             return 0
         state = self._state.setdefault(seq.seq_id, _SeqState())
@@ -139,7 +139,10 @@ class SpecDecoder:
 
     # -- 3. verification ---------------------------------------------------------------------
     def verify(
-        self, scheduled: list[ScheduledSeq], tokens: dict[int, Any], probs: dict[int, Any] | None,
+        self,
+        scheduled: list[ScheduledSeq],
+        tokens: dict[int, Any],
+        probs: dict[int, Any] | None,
         generator: Any,
     ) -> tuple[dict[int, list[int]], dict[int, int]]:
         """(new tokens, rejected draft count) per sequence, for ``Scheduler.update``.

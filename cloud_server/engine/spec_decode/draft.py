@@ -41,9 +41,7 @@ class DraftProposer:
     def __init__(self, runner: Any) -> None:
         self.runner = runner  # a ModelRunner over the draft model, sized like the target's pool
 
-    def propose(
-        self, items: list[ScheduledSeq]
-    ) -> tuple[dict[int, list[int]], dict[int, torch.Tensor]]:
+    def propose(self, items: list[ScheduledSeq]) -> tuple[dict[int, list[int]], dict[int, torch.Tensor]]:
         """Up to ``item.num_spec_slots`` drafts per sequence, and q at each (sampled requests)."""
         views = {it.seq.seq_id: _DraftView(it.seq) for it in items}
         want = {it.seq.seq_id: it.num_spec_slots for it in items}

@@ -36,10 +36,19 @@ PASSAGES = [
     "solve puzzles, and remember human faces for years.",
 ]
 TASKS = [
-    "Repeat the text exactly.", "Copy the first sentence.", "Rewrite the text in plain words.",
-    "Fix any mistakes in the text.", "Extract every number in the text.", "Summarize the text.",
-    "Repeat the text, then say done.", "Copy the last sentence.", "List the nouns in the text.",
-    "Rewrite the text as a list.", "Quote the text.", "Extract the key facts.", "Echo the text.",
+    "Repeat the text exactly.",
+    "Copy the first sentence.",
+    "Rewrite the text in plain words.",
+    "Fix any mistakes in the text.",
+    "Extract every number in the text.",
+    "Summarize the text.",
+    "Repeat the text, then say done.",
+    "Copy the last sentence.",
+    "List the nouns in the text.",
+    "Rewrite the text as a list.",
+    "Quote the text.",
+    "Extract the key facts.",
+    "Echo the text.",
 ]
 MAX_TOKENS = 24
 
@@ -75,8 +84,7 @@ def test_greedy_identity_in_mixed_batches_with_prefix_hits_aborts_and_preemption
 
     prompts = _prompts(smollm2_engine.tokenizer)
     assert len(prompts) >= 50
-    plain = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True,
-                           speculative_method="none")
+    plain = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True, speculative_method="none")
     reference = [r.token_ids for r in smollm2_engine.generate(prompts, plain)]
     with small_pool(smollm2_engine, 40) as eng:
         _mixed_run(eng, prompts, reference)
@@ -86,34 +94,46 @@ def _mixed_run(eng, prompts, reference) -> None:
     from cloud_server.engine.sampling_params import SamplingParams
     from cloud_server.engine.spec_decode import SpecStats
 
-
     eng.spec.stats = SpecStats()
     kinds = ["ngram", "ngram", "none", "sampled"]
     rng = random.Random(0)
     live: dict[str, int] = {}
+    doomed: dict[str, int] = {}  # aborted once running with this many output tokens
     for i, prompt in enumerate(prompts):
+        if i % 4 == 0:  # a speculating request that the client drops mid-flight
+            rid = f"x{i}"
+            doomed[rid] = 2 + i % 7
+            eng.add_request(
+                rid,
+                prompts[rng.randrange(len(prompts))],
+                SamplingParams(
+                    temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True, speculative_method="ngram"
+                ),
+            )
         kind = kinds[i % 4]
         params = SamplingParams(
-            temperature=0.8 if kind == "sampled" else 0.0, top_k=1, max_tokens=MAX_TOKENS,
-            ignore_eos=True, speculative_method="none" if kind == "none" else "ngram",
+            temperature=0.8 if kind == "sampled" else 0.0,
+            top_k=1,
+            max_tokens=MAX_TOKENS,
+            ignore_eos=True,
+            speculative_method="none" if kind == "none" else "ngram",
             num_speculative_tokens=rng.choice([2, 4, 6]),
         )
         eng.add_request(f"r{i}", prompt, params)
         live[f"r{i}"] = i
-    doomed = {f"x{j}": 3 + 2 * j for j in range(12)}  # aborted after this many steps
-    for rid in doomed:
-        eng.add_request(rid, prompts[rng.randrange(len(prompts))], SamplingParams(
-            temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True, speculative_method="ngram"))
     got: dict[str, list[int]] = {rid: [] for rid in live}
-    steps = 0
+    aborted_running = 0
     while eng.has_unfinished():
         for out in eng.step():
             if out.request_id in got:
                 got[out.request_id] += out.delta_token_ids
-        steps += 1
         for rid, at in doomed.items():
-            if at == steps:
+            req = eng._requests.get(rid)
+            if req is not None and req.seq.num_output_tokens >= at:
+                aborted_running += 1
                 eng.abort(rid)
+    assert aborted_running >= 5
+    assert eng.block_manager.prefix_cache_hits > 0
     mismatched = [rid for rid, i in live.items() if got[rid] != reference[i]]
     assert not mismatched, f"{len(mismatched)} outputs differ from plain decoding: {mismatched}"
     st = eng.spec.stats
@@ -124,8 +144,7 @@ def _mixed_run(eng, prompts, reference) -> None:
 
 
 def _filtered(eng, logits, params):
-    out = eng.runner.sampler(logits, [0] * logits.shape[0], [params] * logits.shape[0],
-                             return_probs=True)
+    out = eng.runner.sampler(logits, [0] * logits.shape[0], [params] * logits.shape[0], return_probs=True)
     return out.probs  # [n, V]
 
 
@@ -139,8 +158,9 @@ def test_rejection_sampling_matches_the_target_distribution(smollm2_engine, draf
 
     eng = smollm2_engine
     tok = eng.tokenizer
-    prompt = tok.encode(tok.apply_chat_template(
-        [{"role": "user", "content": "Write one sentence about the sea."}]))
+    prompt = tok.encode(
+        tok.apply_chat_template([{"role": "user", "content": "Write one sentence about the sea."}])
+    )
     params = SamplingParams(temperature=0.8, top_k=50, top_p=0.95)
     n = len(prompt)
     p0 = _filtered(eng, eng.score(prompt)[-1:].float(), params)[0]
@@ -164,8 +184,12 @@ def test_rejection_sampling_matches_the_target_distribution(smollm2_engine, draf
     firsts, seconds = [], []
     for _ in range(draws // chunk):  # 500 sequences verified per call, as in a step's batch
         accepted, token = verify_sampled(
-            drafts, num, target.expand(chunk, 3, -1), None if q is None else q.expand(chunk, 2, -1),
-            bonus, torch.rand(chunk, 3, generator=gen),
+            drafts,
+            num,
+            target.expand(chunk, 3, -1),
+            None if q is None else q.expand(chunk, 2, -1),
+            bonus,
+            torch.rand(chunk, 3, generator=gen),
         )
         first = torch.where(accepted == 0, token, d0)  # the first emitted token
         firsts += first.tolist()
@@ -197,17 +221,28 @@ def test_draft_model_path_is_lossless_and_leak_free(smollm2_engine):
 
     eng = smollm2_engine
     prompts = _prompts(eng.tokenizer)[::7][:6]
-    plain = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True,
-                           speculative_method="none")
+    plain = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True, speculative_method="none")
     reference = [r.token_ids for r in eng.generate(prompts, plain)]
     with small_pool(eng, 24):  # 24 blocks: 6 requests of ~100 tokens preempt each other
-        eng.spec.draft = DraftProposer(ModelRunner(  # the same weights, a KV pool of its own
-            eng.runner.model, eng.model_config, num_blocks=24, block_size=eng.block_manager.block_size,
-            device=eng.device, dtype=eng.dtype))
+        eng.spec.draft = DraftProposer(
+            ModelRunner(  # the same weights, a KV pool of its own
+                eng.runner.model,
+                eng.model_config,
+                num_blocks=24,
+                block_size=eng.block_manager.block_size,
+                device=eng.device,
+                dtype=eng.dtype,
+            )
+        )
         eng.spec.stats = SpecStats()
         try:
-            drafted = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True,
-                                     speculative_method="draft", num_speculative_tokens=3)
+            drafted = SamplingParams(
+                temperature=0.0,
+                max_tokens=16,
+                ignore_eos=True,
+                speculative_method="draft",
+                num_speculative_tokens=3,
+            )
             got = [r.token_ids for r in eng.generate(prompts, drafted)]
             st = eng.spec.stats
             assert got == reference
@@ -225,8 +260,9 @@ def test_a_draft_with_another_vocabulary_is_a_clear_error(smollm2_engine):
     from cloud_server.exceptions import ConfigError
 
     eng = smollm2_engine
-    other = SimpleNamespace(config=SimpleNamespace(vocab_size=eng.model_config.vocab_size + 7),
-                            tokenizer=eng.tokenizer)
+    other = SimpleNamespace(
+        config=SimpleNamespace(vocab_size=eng.model_config.vocab_size + 7), tokenizer=eng.tokenizer
+    )
     with pytest.raises(ConfigError, match="vocabulary"):
         _check_same_tokenizer(eng, other)
     same = SimpleNamespace(config=eng.model_config, tokenizer=eng.tokenizer)

@@ -90,8 +90,7 @@ def test_drafts_never_preempt_and_rollback_frees_their_slots():
 
 
 def test_adaptive_rule_shrinks_k_with_the_batch_and_low_acceptance():
-    spec = SpecDecoder(method="ngram", num_speculative_tokens=8, max_model_len=4096,
-                       max_spec_rows=16)
+    spec = SpecDecoder(method="ngram", num_speculative_tokens=8, max_model_len=4096, max_spec_rows=16)
     text = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12] * 3
     seq = Sequence("r", text, SamplingParams(max_tokens=100))
     assert spec.lookahead(seq, 1) == 8
@@ -108,8 +107,9 @@ def test_adaptive_rule_shrinks_k_with_the_batch_and_low_acceptance():
     assert spec.lookahead(off, 1) == 0
     server_off = SpecDecoder(method=None, num_speculative_tokens=4, max_model_len=4096)
     assert server_off.lookahead(seq, 1) == 0
-    per_request = Sequence("r3", text, SamplingParams(max_tokens=100, speculative_method="ngram",
-                                                      num_speculative_tokens=2))
+    per_request = Sequence(
+        "r3", text, SamplingParams(max_tokens=100, speculative_method="ngram", num_speculative_tokens=2)
+    )
     assert server_off.lookahead(per_request, 1) == 2
 
 
@@ -132,10 +132,22 @@ def test_cli_flags_reach_the_engine_config():
     from cloud_server.__main__ import _engine_config, build_parser
 
     args = build_parser().parse_args(
-        ["serve", "--model", "m", "--speculative-method", "draft", "--num-speculative-tokens", "3",
-         "--draft-model", "small"]
+        [
+            "serve",
+            "--model",
+            "m",
+            "--speculative-method",
+            "draft",
+            "--num-speculative-tokens",
+            "3",
+            "--draft-model",
+            "small",
+        ]
     )
     config = _engine_config(args)
     assert (config.speculative_method, config.num_speculative_tokens, config.draft_model) == (
-        "draft", 3, "small")
+        "draft",
+        3,
+        "small",
+    )
     assert _engine_config(build_parser().parse_args(["serve", "--model", "m"])).speculative_method is None

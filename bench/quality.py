@@ -5,7 +5,8 @@
 The router is retrained here exactly as shipped (``hybridllm router train`` on RouteLLM's MMLU
 labels plus our pair's GSM8K labels, default settings and threshold rule), but without one fold in
 five of each file, chosen by a hash of the question (the folds ``router train`` uses, salted, so
-every copy of a question is on one side). On the held-out GSM8K questions:
+every copy of a question is on one side; the factual questions of the cascade are split the same
+way). On the held-out GSM8K questions:
 
 - ``device_only`` / ``cloud_only``: accuracy of SmolLM2-135M (edge) / Qwen2.5-Coder-1.5B (cloud).
 - ``hybrid``: accuracy when the questions scoring at or above the router's threshold go to the
@@ -36,6 +37,7 @@ SHARED = ROOT.parent / "shared" / "data"
 MMLU = SHARED / "routellm" / "mmlu_responses.csv"
 QQP = SHARED / "paraphrase" / "qqp_pairs.jsonl"
 LABELS = ROOT / "bench" / "data" / "gsm8k_smollm2-135m_vs_qwen2.5-coder-1.5b.csv"
+FACTUAL = ROOT / "bench" / "data" / "factual_smollm2-135m_vs_qwen2.5-coder-1.5b.csv"
 SALT = "bench.quality"
 NUM_FOLDS = 5  # one fold held out: 20%
 
@@ -99,9 +101,18 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     ap.add_argument("--labels", type=Path, default=LABELS, help="our pair's labelled CSV")
+    ap.add_argument(
+        "--extra",
+        type=Path,
+        action="append",
+        default=None,
+        help="more labelled files trained on (split the same way); default: the shipped "
+        "router's factual questions",
+    )
     ap.add_argument("--qqp-n", type=int, default=2000, help="QQP questions for device_fraction")
     args = ap.parse_args(argv)
-    for need in (MMLU, QQP, args.labels):
+    extra = [FACTUAL] if args.extra is None else args.extra
+    for need in (MMLU, QQP, args.labels, *extra):
         if not need.is_file():
             sys.stderr.write(
                 f"{need} is missing; this benchmark needs ../shared/data and the "
@@ -134,33 +145,42 @@ def main(argv: list[str] | None = None) -> int:
         )
 
     parts = [(MMLU.name, subset(mmlu, ~held_mmlu)), (args.labels.name, subset(ours, ~held_ours))]
+    embs = [emb_mmlu[~held_mmlu], emb_ours[~held_ours]]
+    held_lp, held_weak = [], []
+    for path in extra:
+        d = load_routellm_csv(path)
+        held = fold_ids(d.prompts, NUM_FOLDS, salt=SALT) == 0
+        parts.append((path.name, subset(d, ~held)))
+        embs.append(cached_embeddings(d.prompts)[~held])
+        if d.edge_logprob is not None:
+            held_lp.append(d.edge_logprob[held])
+            held_weak.append(d.weak[held])
     data, sources = pool(parts)
-    emb = np.concatenate([emb_mmlu[~held_mmlu], emb_ours[~held_ours]])
+    emb = np.concatenate(embs)
     router = train_router(data, embeddings=emb, sources=sources, command="bench.quality")
 
-    def score(d: Any, e: np.ndarray) -> np.ndarray:
-        x = feature_matrix(d.prompts, use_embedding=True, embeddings=e)
+    def score(prompts: list[str], e: np.ndarray) -> np.ndarray:
+        x = feature_matrix(prompts, use_embedding=True, embeddings=e)
         return np.asarray(router.scorer.predict(x, e), dtype=np.float64)
 
     t = router.threshold
     test_ours = subset(ours, held_ours)
     test_mmlu = subset(mmlu, held_mmlu)
     gsm = evaluate_split(
-        score(test_ours, emb_ours[held_ours]), t, test_ours.weak, test_ours.strong, tokens[held_ours]
+        score(test_ours.prompts, emb_ours[held_ours]), t, test_ours.weak, test_ours.strong, tokens[held_ours]
     )
-    mm = evaluate_split(score(test_mmlu, emb_mmlu[held_mmlu]), t, test_mmlu.weak, test_mmlu.strong)
+    mm = evaluate_split(score(test_mmlu.prompts, emb_mmlu[held_mmlu]), t, test_mmlu.weak, test_mmlu.strong)
     qqp = qqp_questions(args.qqp_n)
-    qqp_scores = score(
-        type(test_ours)(
-            prompts=qqp, weak=np.zeros(len(qqp)), strong=np.zeros(len(qqp)), weak_col="", strong_col=""
-        ),
-        cached_embeddings(qqp),
-    )
-    lp = test_ours.edge_logprob
+    qqp_scores = score(qqp, cached_embeddings(qqp))
+    if test_ours.edge_logprob is not None:
+        held_lp.append(test_ours.edge_logprob)
+        held_weak.append(test_ours.weak)
     cascade: dict[str, Any] = {"logprob_threshold": _r(router.logprob_threshold)}
-    if lp is not None and np.isfinite(lp).any():  # the floor on held-out edge answers
+    if held_lp:  # the floor on held-out edge answers of every labelled file of our pair
+        lp, weak = np.concatenate(held_lp), np.concatenate(held_weak)
         esc = lp < router.logprob_threshold
-        wrong = test_ours.weak == 0
+        wrong = weak == 0
+        cascade["n"] = int(len(lp))
         cascade["escalated_when_wrong"] = _r(esc[wrong].mean()) if wrong.any() else None
         cascade["kept_when_right"] = _r((~esc[~wrong]).mean()) if (~wrong).any() else None
     out = {

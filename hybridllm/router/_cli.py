@@ -29,7 +29,7 @@ def register(subparsers: Any) -> None:
         type=float,
         action="append",
         default=None,
-        help="relative total weight of each --data file, in order (default: equal)",
+        help="relative total weight of each --data file, in order (default: the square root of its rows)",
     )
     p.add_argument("--weak-col", help="the weak (edge) model's column (in files that have it)")
     p.add_argument("--strong-col", help="the strong (cloud) model's column (in files that have it)")
@@ -73,7 +73,14 @@ def register(subparsers: Any) -> None:
         help="also append both answers per question to this JSONL (for checking grades)",
     )
     p.add_argument("--limit", type=int, default=None, help="label only the first N questions")
-    p.add_argument("--max-tokens", type=int, default=256)
+    p.add_argument("--max-tokens", type=int, default=256, help="longest answer of either model")
+    p.add_argument(
+        "--edge-max-tokens",
+        type=int,
+        default=None,
+        help="longest edge answer (default: --max-tokens); one llama.cpp stream on a few cores "
+        "can cost more per question than the batched cloud",
+    )
     p.add_argument(
         "--concurrency",
         type=int,
@@ -113,7 +120,7 @@ def _train(args: argparse.Namespace) -> int:
     if args.weight is not None and len(args.weight) != len(args.data):
         raise DataError(
             f"Give one --weight per --data file ({len(args.data)} files, "
-            f"{len(args.weight)} weights), or none for equal weights."
+            f"{len(args.weight)} weights), or none for the default."
         )
     if args.weight is not None and not all(w > 0 for w in args.weight):
         raise DataError("Every --weight must be positive.")
@@ -173,8 +180,9 @@ def evaluate_router_on(
     }
     result["weak_accuracy"] = round(float(data.weak.mean()), 4)
     result["strong_accuracy"] = round(float(data.strong.mean()), 4)
-    trained_on = router.info.get("training", {}).get("data_digest")
-    result["trained_on_this_data"] = trained_on == texts_digest(data.prompts)
+    training = router.info.get("training", {})
+    digests = {training.get("data_digest")} | {s.get("data_digest") for s in training.get("sources", [])}
+    result["trained_on_this_data"] = texts_digest(data.prompts) in digests
     if plot:
         import numpy as np
 
@@ -210,8 +218,9 @@ def _eval(args: argparse.Namespace) -> int:
 def _label(args: argparse.Namespace) -> int:
     from .label import label_to_csv, llama_cpp_edge, openai_cloud, read_questions
 
-    if args.concurrency < 1 or args.max_tokens < 1 or (args.limit is not None and args.limit < 1):
-        raise DataError("--concurrency, --max-tokens and --limit must be at least 1.")
+    small = [args.concurrency, args.max_tokens, args.limit or 1, args.edge_max_tokens or 1]
+    if min(small) < 1:
+        raise DataError("--concurrency, --max-tokens, --edge-max-tokens and --limit must be at least 1.")
     questions = read_questions(args.data)[: args.limit]
     edge_path = Path(args.edge)
     if not edge_path.is_file():
@@ -219,7 +228,7 @@ def _label(args: argparse.Namespace) -> int:
 
         edge_path = Path(pull(args.edge))
     api_key = args.api_key or os.environ.get("HYBRIDLLM_CLOUD_API_KEY")
-    edge = llama_cpp_edge(edge_path, max_tokens=args.max_tokens)
+    edge = llama_cpp_edge(edge_path, max_tokens=args.edge_max_tokens or args.max_tokens)
     cloud = openai_cloud(
         args.cloud, model=args.cloud_model, api_key=api_key, max_tokens=args.max_tokens, timeout=args.timeout
     )

@@ -33,6 +33,9 @@ from hybridllm.router.label import (
         ("The answer is Paris", "Paris", True),
         ("B. insulin", "B", True),
         ("Berlin", "Paris", False),
+        ("It was painted by Leonardo da Vinci. The answer is Leonardo da Vinci.", "Leonardo", True),
+        ("Leonardo is a name. The answer is Michelangelo.", "Leonardo", False),  # the final answer counts
+        ("The answer is C. 12", "B", False),
     ],
 )
 def test_grading(answer, reference, ok):
@@ -200,7 +203,8 @@ def test_real_edge_model_answers_with_a_confidence(smollm2_path):
     """The real edge's label is the grade of its own answer, and its confidence is the mean
     log-probability of that answer (a sure answer scores higher than a forced-hot one)."""
     edge = label_mod.llama_cpp_edge(smollm2_path, max_tokens=12)
-    text, lp = edge("What is 2 + 3?")
+    answer = edge("What is 2 + 3?")
+    text, lp = answer.text, answer.mean_logprob
     rows = label_questions(
         [Question("What is 2 + 3?", "5"), Question("What is 2 + 3?", "6")],
         lambda p: (text, lp),
@@ -211,3 +215,17 @@ def test_real_edge_model_answers_with_a_confidence(smollm2_path):
     assert not (rows[0]["edge"] and rows[1]["edge"])  # one answer cannot be both 5 and 6
     assert lp is not None and -5.0 < lp < 0.0
     assert float(rows[0]["edge_mean_logprob"]) == pytest.approx(lp, abs=1e-4)
+
+
+def test_greedy_mean_logprob_reads_the_completion_rows():
+    """Row j of llama.cpp's saved logits predicts token j + 1: a 3-token prompt and a 2-token
+    greedy completion are scored by rows 2 and 3 only, each as max - logsumexp."""
+    import numpy as np
+
+    scores = np.full((6, 4), -50.0)
+    scores[2] = [0.0, 0.0, 0.0, 0.0]  # uniform: log(1/4)
+    scores[3] = [10.0, -40.0, -40.0, -40.0]  # sure: ~0
+    scores[[0, 1, 4, 5]] = [0.0, 0.0, 0.0, 0.0]  # not the completion: must not count
+    got = label_mod._greedy_mean_logprob(scores, 3, 2)
+    assert got == pytest.approx((np.log(0.25) + 0.0) / 2, abs=1e-6)
+    assert label_mod._greedy_mean_logprob(scores, 3, 0) is None

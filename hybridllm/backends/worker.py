@@ -171,7 +171,8 @@ class InlineRun:
                 return
             self._contended = self._contended or contended
             self.started.set()
-            while not self._released and not self._contended:
+            # others waiting, or close(): take the token loop over from a reader that may be idle
+            while not self._released and not self._contended and not self.cancelled.is_set():
                 self._cond.wait()
         if not self._released:
             with self._gen_lock:
@@ -188,14 +189,15 @@ class InlineRun:
     def _generate_rest(self) -> None:
         it = self._it
         try:
-            if it is None:
-                it = self._it = self._make()
-            for delta in it:
+            while not self.cancelled.is_set():
+                if it is None:
+                    it = self._it = self._make()
+                delta = next(it, None)
+                if delta is None:
+                    break
                 with self._cond:
                     self._buffer.append(delta)
                     self._cond.notify_all()
-                if self.cancelled.is_set():
-                    break
         except Exception as exc:  # the reader raises it
             with self._cond:
                 self._buffer.append(exc)

@@ -164,10 +164,15 @@ def test_rejection_sampling_matches_the_target_distribution(smollm2_engine, draf
     params = SamplingParams(temperature=0.8, top_k=50, top_p=0.95)
     n = len(prompt)
     p0 = _filtered(eng, eng.score(prompt)[-1:].float(), params)[0]
-    d0 = int(p0.argsort(descending=True)[1])  # the second most likely: often rejected
+    # prompt lookup's draft is a fixed token (q one-hot): the second most likely, often rejected;
+    # a draft model's tokens are drawn from its q, so the context for the second check is a
+    # likely one (rows whose first draft differs count for the first token only)
+    d0 = int(p0.argsort(descending=True)[1 if draft_kind == "one_hot" else 0])
     p1 = _filtered(eng, eng.score(prompt + [d0])[-1:].float(), params)[0]
     d1 = int(p1.argsort(descending=True)[0])
     target = _filtered(eng, eng.score(prompt + [d0, d1])[n - 1 :].float(), params)  # [3, V]
+    gen = torch.Generator().manual_seed(1234)
+    draws, chunk = 6000, 500
     if draft_kind == "one_hot":
         q = None
         q_first = torch.zeros_like(p0)
@@ -176,13 +181,14 @@ def test_rejection_sampling_matches_the_target_distribution(smollm2_engine, draf
         hot = SamplingParams(temperature=1.6, top_k=200)
         q = _filtered(eng, eng.score(prompt + [d0, d1])[n - 1 : n + 1].float(), hot)  # [2, V]
         q_first = q[0]
-    gen = torch.Generator().manual_seed(1234)
-    draws, chunk = 6000, 500
-    drafts = torch.tensor([[d0, d1]]).expand(chunk, 2)
     num = torch.full((chunk,), 2)
     bonus = torch.zeros(chunk, dtype=torch.long)
     firsts, seconds = [], []
     for _ in range(draws // chunk):  # 500 sequences verified per call, as in a step's batch
+        if q is None:
+            drafts = torch.tensor([[d0, d1]]).expand(chunk, 2)
+        else:  # d_i ~ q_i, as a draft model proposes
+            drafts = torch.multinomial(q, chunk, replacement=True, generator=gen).T  # [chunk, 2]
         accepted, token = verify_sampled(
             drafts,
             num,
@@ -191,10 +197,11 @@ def test_rejection_sampling_matches_the_target_distribution(smollm2_engine, draf
             bonus,
             torch.rand(chunk, 3, generator=gen),
         )
-        first = torch.where(accepted == 0, token, d0)  # the first emitted token
+        first = torch.where(accepted == 0, token, drafts[:, 0])  # the first emitted token
         firsts += first.tolist()
-        second = torch.where(accepted == 1, token, d1)[accepted >= 1]  # given d0 was accepted
-        seconds += second.tolist()
+        # the second one, where the first was d0 and accepted (the context target[1] is for)
+        second = torch.where(accepted == 1, token, drafts[:, 1])
+        seconds += second[(accepted >= 1) & (drafts[:, 0] == d0)].tolist()
 
     def pvalue(samples: list[int], probs: torch.Tensor) -> float:
         probs = probs.double() / probs.double().sum()

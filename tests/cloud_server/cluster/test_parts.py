@@ -78,7 +78,8 @@ def test_health_detail_and_error_mapping():
     engine._fleet = {}
     assert engine.health_detail()["status"] == "unavailable"
     own = QueueFullError("full")
-    assert _replica_error(SimpleNamespace(cause=own)) is None  # not a Ray/Server error type
+    assert _replica_error(SimpleNamespace(cause=own)) is own  # a RayTaskError carries its cause
+    assert _replica_error(RuntimeError("actor died")) is None  # a fault, not the replica's answer
     wrapped = EngineError("x")
     wrapped.cause = own  # what RayTaskError.as_instanceof_cause() carries
     assert _replica_error(wrapped) is own
@@ -206,5 +207,7 @@ def test_app_builder_for_serve_config_files():
 
     app = app_builder({"model": "m.gguf", "replicas": 3, "num_threads": 2, "served_model_name": "x"})
     assert isinstance(app, Application)
+    auto = app_builder({"model": "m.gguf", "replicas": 2, "min_replicas": 1, "max_replicas": 4})
+    assert isinstance(auto, Application)  # Serve validated the queued-tokens autoscaling config
     with pytest.raises(ValueError, match="unknown"):
         app_builder({"model": "m.gguf", "nope": 1})

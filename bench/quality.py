@@ -5,8 +5,8 @@
 The router is retrained here exactly as shipped (``hybridllm router train`` on RouteLLM's MMLU
 labels plus our pair's GSM8K labels, default settings and threshold rule), but without one fold in
 five of each file, chosen by a hash of the question (the folds ``router train`` uses, salted, so
-every copy of a question is on one side; the factual questions of the cascade are split the same
-way). On the held-out GSM8K questions:
+every copy of a question is on one side; the factual questions that calibrate the cascade are split
+the same way). On the held-out GSM8K questions:
 
 - ``device_only`` / ``cloud_only``: accuracy of SmolLM2-135M (edge) / Qwen2.5-Coder-1.5B (cloud).
 - ``hybrid``: accuracy when the questions scoring at or above the router's threshold go to the
@@ -106,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
         type=Path,
         action="append",
         default=None,
-        help="more labelled files trained on (split the same way); default: the shipped "
+        help="labelled files that only calibrate the cascade (split the same way); default: the shipped "
         "router's factual questions",
     )
     ap.add_argument("--qqp-n", type=int, default=2000, help="QQP questions for device_fraction")
@@ -146,18 +146,19 @@ def main(argv: list[str] | None = None) -> int:
 
     parts = [(MMLU.name, subset(mmlu, ~held_mmlu)), (args.labels.name, subset(ours, ~held_ours))]
     embs = [emb_mmlu[~held_mmlu], emb_ours[~held_ours]]
-    held_lp, held_weak = [], []
+    held_lp, held_weak, cascade_data = [], [], []
     for path in extra:
         d = load_routellm_csv(path)
         held = fold_ids(d.prompts, NUM_FOLDS, salt=SALT) == 0
-        parts.append((path.name, subset(d, ~held)))
-        embs.append(cached_embeddings(d.prompts)[~held])
+        cascade_data.append(subset(d, ~held))
         if d.edge_logprob is not None:
             held_lp.append(d.edge_logprob[held])
             held_weak.append(d.weak[held])
     data, sources = pool(parts)
     emb = np.concatenate(embs)
-    router = train_router(data, embeddings=emb, sources=sources, command="bench.quality")
+    router = train_router(
+        data, embeddings=emb, sources=sources, cascade_data=cascade_data, command="bench.quality"
+    )
 
     def score(prompts: list[str], e: np.ndarray) -> np.ndarray:
         x = feature_matrix(prompts, use_embedding=True, embeddings=e)

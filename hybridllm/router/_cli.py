@@ -29,7 +29,14 @@ def register(subparsers: Any) -> None:
         type=float,
         action="append",
         default=None,
-        help="relative total weight of each --data file, in order (default: the square root of its rows)",
+        help="relative total weight of each --data file, in order (default: equal)",
+    )
+    p.add_argument(
+        "--cascade-data",
+        action="append",
+        default=None,
+        help="labelled CSV (from `router label`) whose edge log-probabilities only calibrate the "
+        "cascade's floor, without training the scorer; repeatable",
     )
     p.add_argument("--weak-col", help="the weak (edge) model's column (in files that have it)")
     p.add_argument("--strong-col", help="the strong (cloud) model's column (in files that have it)")
@@ -134,6 +141,7 @@ def _train(args: argparse.Namespace) -> int:
         hyper=Hyper(**given),
         num_folds=args.folds,
         weights=args.weight,
+        cascade_paths=args.cascade_data,
     )
     _print(
         {

@@ -9,9 +9,11 @@ the cloud: on traffic like the training data, the cheapest setting keeping 95% o
 
 Several sources (say RouteLLM's MMLU labels and your own pair's GSM8K labels) train one router:
 their rows are pooled, each source's rows weighted so that the sources weigh ``--weight`` each in
-total (by default the square root of its row count: a small file of your own pair is not drowned
-by a large public one, nor do 30 rows weigh as much as 10,000; equal shares cost MMLU's CV APGR
-0.04 with a 30-row source), folds
+total (equal by default: a small file of your own pair is not drowned by a large public one; on
+ours, MMLU's 9,772 rows and our 168 GSM8K rows, shares 1:1 cost MMLU's CV APGR 0.009 against
+pooling by size, and shares by sqrt(rows) kept only 40% of QQP questions on the device, equal
+shares 64%). Files that should only calibrate the cascade (``--cascade-data``) do not train the
+scorer: 30 trivia rows weighed like 10,000 MMLU rows pulled every short general question up), folds
 still come from the prompt hash, and the metrics are reported per source as well as pooled (APGR of
 a pool of two model pairs means little). The threshold then keeps 95% of strong quality on every
 source: the lowest of the per-source thresholds given by the rule above.
@@ -131,9 +133,8 @@ def pool(
     cloud side of each file's own pair) and record where each row came from."""
     if not parts:
         raise DataError("Pass at least one --data file.")
-    if weights is None:  # between pooling (a big public file drowns a small file of your own pair)
-        # and equal shares (30 rows would weigh as much as 10,000): shares grow as sqrt(rows)
-        weights = [float(np.sqrt(len(d.prompts))) for _, d in parts]
+    if weights is None:  # equal shares: a big public file does not drown a small one of your pair
+        weights = [1.0] * len(parts)
     if len(weights) != len(parts) or not all(w > 0 for w in weights):
         raise DataError(
             f"Give one positive --weight per --data file ({len(parts)} files, {len(weights)} weights)."
@@ -197,6 +198,7 @@ def train_router(
     source: str = "",
     command: str = "",
     sources: Sources | None = None,
+    cascade_data: list[RoutingData] | None = None,
 ) -> Router:
     """Cross-validate, then fit on all rows; the router's ``info`` records both."""
     started = time.perf_counter()
@@ -216,9 +218,14 @@ def train_router(
         "logprob_threshold": logprob_threshold,
         "rule": "default (no edge log-probabilities in the data)",
     }
-    if data.edge_logprob is not None:
-        has_lp = np.isfinite(data.edge_logprob)
-        lp, ok = data.edge_logprob[has_lp], data.weak[has_lp]
+    # the cascade's floor: every edge answer with a log-probability, in the training files and in
+    # ``cascade_data`` (answers that calibrate the floor without training the scorer)
+    with_lp = [d for d in [data, *(cascade_data or [])] if d.edge_logprob is not None]
+    if with_lp:
+        all_lp = np.concatenate([d.edge_logprob for d in with_lp])  # type: ignore[misc]
+        all_ok = np.concatenate([d.weak for d in with_lp])
+        has_lp = np.isfinite(all_lp)
+        lp, ok = all_lp[has_lp], all_ok[has_lp]
         if 0 < ok.sum() < len(ok):
             logprob_threshold = calibrate_logprob_threshold(lp, ok)
             esc = lp < logprob_threshold
@@ -312,10 +319,12 @@ def train_from_csv(
     hyper: Hyper = Hyper(),
     num_folds: int = DEFAULT_FOLDS,
     weights: list[float] | None = None,
+    cascade_paths: list[str | Path] | None = None,
 ) -> Router:
     """Train on one CSV or several (``weights``: each file's relative total weight, equal by
     default). ``weak_col``/``strong_col`` apply to the files that have those columns; the others
-    must hold exactly two True/False columns (the less accurate one is the edge)."""
+    must hold exactly two True/False columns (the less accurate one is the edge). ``cascade_paths``:
+    labelled files whose edge log-probabilities calibrate the cascade's floor only."""
     paths = [Path(p) for p in (path if isinstance(path, list) else [path])]
     parts = []
     for p in paths:
@@ -350,6 +359,9 @@ def train_from_csv(
         parts_cmd += ["--weak-col", repr(weak_col)]
     if strong_col:
         parts_cmd += ["--strong-col", repr(strong_col)]
+    cascade = [load_routellm_csv(p) for p in cascade_paths or []]
+    for p in cascade_paths or []:
+        parts_cmd += ["--cascade-data", str(p)]
     parts_cmd += ["--out", str(out_dir)]
     router = train_router(
         data,
@@ -360,6 +372,7 @@ def train_from_csv(
         source=str(paths[0]),
         command=" ".join(parts_cmd),
         sources=sources,
+        cascade_data=cascade,
     )
     router.save(out_dir)
     return router

@@ -47,18 +47,37 @@ def test_shipped_router_routes_mmlu_better_than_length_and_random(mmlu, shipped)
     assert 0.05 < float(np.mean(scores >= shipped.threshold)) < 0.95
 
 
-def test_retrain_matches_shipped(mmlu, shipped):
-    data, emb = mmlu
+def _shipped_sources(shared_data, shipped):
+    """The labelled files the shipped router was trained on, as its training record names them."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    where = {"mmlu_responses.csv": shared_data / "routellm" / "mmlu_responses.csv"}
+    names = [s["data"] for s in shipped.info["training"].get("sources", [])] or ["mmlu_responses.csv"]
+    return [where.get(n, root / "bench" / "data" / n) for n in names]
+
+
+def test_retrain_matches_shipped(mmlu, shipped, shared_data):
+    from hybridllm.router.train import pool
+
     t = shipped.info["training"]
-    router = train_router(data, embeddings=emb, hyper=Hyper(c=t["c"], k=t["k"], mix=t["mix"], dims=t["dims"],
-                                                            topics=t["topics"], topic_mix=t["topic_mix"]),
-                          num_folds=t["num_folds"])
+    paths = _shipped_sources(shared_data, shipped)
+    parts = [(p.name, mmlu[0] if p.name == "mmlu_responses.csv" else load_routellm_csv(p)) for p in paths]
+    data, sources = pool(parts, [s["weight"] for s in t["sources"]] if "sources" in t else None)
+    emb = np.concatenate(
+        [mmlu[1] if n == "mmlu_responses.csv" else cached_embeddings(d.prompts) for n, d in parts]
+    )
+    hyper = Hyper(
+        c=t["c"], k=t["k"], mix=t["mix"], dims=t["dims"], topics=t["topics"], topic_mix=t["topic_mix"]
+    )
+    router = train_router(data, embeddings=emb, hyper=hyper, num_folds=t["num_folds"], sources=sources)
     for split in ("cv", "train"):
         got, want = router.info["metrics"][split], shipped.info["metrics"][split]
         for key in ("apgr", "cpt50", "cpt80", "calls_at_95"):
             # same machine: equal to 1e-4; the slack covers another ONNX Runtime build
             assert got[key] == pytest.approx(want[key], abs=0.01), (split, key)
     assert router.threshold == pytest.approx(shipped.threshold, abs=0.02)
+    assert router.logprob_threshold == pytest.approx(shipped.logprob_threshold, abs=0.05)
 
 
 def test_calibration_on_held_back_prompts(mmlu, shipped):
@@ -99,13 +118,32 @@ def test_shipped_router_scores_with_the_real_embedder(shipped):
     from hybridllm.router.features import embed_one
 
     easy = [{"role": "user", "content": "What is the capital of France?"}]
-    hard = [{"role": "user", "content": (
-        "Which of the following best describes the role of the Krebs cycle in cellular "
-        "respiration? A. glycolysis B. oxidation of acetyl-CoA C. fermentation "
-        "D. photosynthesis")}]
+    hard = [
+        {
+            "role": "user",
+            "content": (
+                "Which of the following best describes the role of the Krebs cycle in cellular "
+                "respiration? A. glycolysis B. oxidation of acetyl-CoA C. fermentation "
+                "D. photosynthesis"
+            ),
+        }
+    ]
     route, score = shipped.route(easy)
     assert route == ("cloud" if score >= shipped.threshold else "edge")
     assert shipped.score(hard) > score
     vec = embed_one("What is the capital of France?")
-    assert shipped.score_text("What is the capital of France?", embedding=vec) == \
-        pytest.approx(score, abs=1e-6)
+    assert shipped.score_text("What is the capital of France?", embedding=vec) == pytest.approx(
+        score, abs=1e-6
+    )
+
+
+@pytest.mark.real
+def test_shipped_router_sends_math_and_proofs_to_the_cloud_and_small_talk_to_the_device(shipped):
+    """What `make run` shows: the demo's word problems and proof score at or above the shipped
+    threshold, its small talk below (the router learned the 135M edge cannot do math)."""
+    from hybridllm import demo
+
+    for prompt in (demo.HARD[0], demo.HARD[2], demo.WHILE_DOWN):
+        assert shipped.route(prompt)[0] == "cloud", prompt
+    for prompt in demo.EASY:
+        assert shipped.route(prompt)[0] == "edge", prompt

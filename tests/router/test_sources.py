@@ -41,9 +41,8 @@ def test_pool_weighs_each_source_by_its_share(tmp_path):
     assert len(data.prompts) == 360 and data.edge_logprob is None
     w = sources.sample_weight()
     assert w is not None and w.mean() == pytest.approx(1.0)
-    # default shares grow as sqrt(rows): 300 rows weigh sqrt(5) times 60 rows in total
-    assert w[sources.ids == 0].sum() == pytest.approx(np.sqrt(5) * w[sources.ids == 1].sum())
-    assert w[sources.ids == 1][0] > w[sources.ids == 0][0]  # but each row of the small file more
+    assert w[sources.ids == 0].sum() == pytest.approx(w[sources.ids == 1].sum())  # equal shares
+    assert w[sources.ids == 1][0] == pytest.approx(5 * w[sources.ids == 0][0])
     _, sources = pool([("a", a), ("b", b)], [3.0, 1.0])
     w = sources.sample_weight()
     assert w[sources.ids == 0].sum() == pytest.approx(3 * w[sources.ids == 1].sum())

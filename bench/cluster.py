@@ -156,7 +156,7 @@ def run_phase(
     engine = EngineConfig(
         model_path,
         num_threads=1,
-        max_model_len=2048,
+        max_model_len=1024,
         max_num_seqs=8,
         kv_cache_memory_bytes=args.kv_cache_mb << 20,
     )

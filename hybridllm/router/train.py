@@ -374,6 +374,8 @@ def train_from_csv(
         sources=sources,
         cascade_data=cascade,
     )
+    if cascade_paths:
+        router.info["training"]["cascade_data"] = [Path(p).name for p in cascade_paths]
     router.save(out_dir)
     return router
 

@@ -23,6 +23,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from ._config import DEFAULT_EDGE_MODEL
 from ._exceptions import HybridLLMError
@@ -80,12 +81,9 @@ def _start_cloud(port: int, log: Path, model: str = DEFAULT_EDGE_MODEL) -> subpr
     raise HybridLLMError(f"the cloud server did not become healthy in 600 s; see {log}")
 
 
-def _row(prompt: str, c: object) -> str:
-    text = " ".join(c.text.split())  # type: ignore[attr-defined]
-    return (
-        f"{prompt[:38]:<39}{c.route:<25}{c.latency_ms:>8.0f}  "  # type: ignore[attr-defined]
-        f"{c.reason[:44]:<45}{text[:40]}"
-    )  # type: ignore[attr-defined]
+def _row(prompt: str, c: Any) -> str:  # c: a Completion
+    text = " ".join(c.text.split())
+    return f"{prompt[:38]:<39}{c.route:<25}{c.latency_ms:>8.0f}  {c.reason[:44]:<45}{text[:40]}"
 
 
 def _args(argv: list[str] | None) -> argparse.Namespace:

@@ -360,8 +360,8 @@ def train_from_csv(
     if strong_col:
         parts_cmd += ["--strong-col", repr(strong_col)]
     cascade = [load_routellm_csv(p) for p in cascade_paths or []]
-    for p in cascade_paths or []:
-        parts_cmd += ["--cascade-data", str(p)]
+    for cpath in cascade_paths or []:
+        parts_cmd += ["--cascade-data", str(cpath)]
     parts_cmd += ["--out", str(out_dir)]
     router = train_router(
         data,

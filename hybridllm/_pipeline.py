@@ -472,7 +472,8 @@ class Core:
 
         if inline and req.inline_edge:
             answer = _Answer(
-                self, edge, start, route=route, reason=reason, score=score, req=req, prefix=prefix, ttft_ms=ttft_ms
+                self, edge, start, route=route, reason=reason, score=score, req=req, prefix=prefix,
+                ttft_ms=ttft_ms,
             )
             return self._emit_inline(self.edge_worker.inline(make, answer.feed, answer.finish), prefix)
         return self._emit(
@@ -505,8 +506,8 @@ class Core:
         ``prefix`` (already sent to the caller, first token at ``ttft_ms``), the backend
         continues that answer."""
         answer = _Answer(
-            self, backend, start, route=route, reason=reason, score=score, req=req, cloud=cloud, prefix=prefix,
-            ttft_ms=ttft_ms,
+            self, backend, start, route=route, reason=reason, score=score, req=req, cloud=cloud,
+            prefix=prefix, ttft_ms=ttft_ms,
         )
         try:
             async with aclosing(deltas) as stream:  # type: ignore[type-var]  # an async generator

@@ -97,8 +97,8 @@ def test_after_preemption(eng, reference):
     preempted: set[str] = set()
     schedule = eng.scheduler.schedule
 
-    def recording_schedule():
-        out = schedule()
+    def recording_schedule(*args, **kwargs):
+        out = schedule(*args, **kwargs)
         preempted.update(s.request_id for s in out.preempted)
         return out
 

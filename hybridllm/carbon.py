@@ -127,7 +127,7 @@ class CarbonPlacer:
     def _speed_key(self, ep: Any) -> tuple[float, int, int]:
         seen = self._ttft.get(ep.base_url)
         fresh = seen is not None and self._clock() - seen[1] < self.explore_after_s
-        return (seen[0] if fresh else 0.0, ep.outstanding_tokens, ep.requests)
+        return (seen[0] if seen is not None and fresh else 0.0, ep.outstanding_tokens, ep.requests)
 
     def _carbon_key(self, ep: Any) -> tuple[float, tuple[float, int, int]]:
         meta = self.by_root.get(ep.base_url)

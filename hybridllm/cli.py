@@ -142,7 +142,7 @@ def cmd_models_list(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
-    w = max([len("ID"), *(len(r["id"]) for r in rows)]) + 2  # the longest id sets the column
+    w = max([len("ID"), *(len(str(r["id"])) for r in rows)]) + 2  # the longest id sets the column
     print(f"{'ID':<{w}}{'KIND':<11}{'ARCH':<9}{'SIZE':>9}  {'PULLED':<7}LICENSE")
     for r in rows:
         shown = f"{r['size_mb']} MB" if r["size_mb"] else "-"

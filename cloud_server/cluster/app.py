@@ -51,7 +51,7 @@ def board_handle(name: str) -> Any:
 class EngineReplica:
     """One engine replica (a Serve deployment class)."""
 
-    async def __init__(
+    async def __init__(  # type: ignore[misc]  # Ray Serve awaits an async __init__
         self, engine_kwargs: dict[str, Any], board_name: str, power_watts: float | None = None
     ) -> None:
         from ..energy import EnergyMeter, detect_source
@@ -149,7 +149,7 @@ class FrontendIngress:
                 self._engine_handle, self._model, board=self._board, target_replicas=self._target
             )
 
-        return create_app(make_engine, energy="remote", **self._options)
+        return create_app(make_engine, energy="remote", **self._options)  # type: ignore[arg-type]
 
 
 def build_app(
@@ -202,8 +202,8 @@ def build_app(
         }
     else:
         options["num_replicas"] = cluster.replicas
-    engine = serve.deployment(EngineReplica).options(**options)
-    frontend = serve.deployment(serve.ingress()(FrontendIngress)).options(
+    engine = serve.deployment(EngineReplica).options(**options)  # type: ignore[attr-defined]
+    frontend = serve.deployment(serve.ingress()(FrontendIngress)).options(  # type: ignore[attr-defined]
         name=FRONTEND,
         num_replicas=1,
         ray_actor_options={"num_cpus": 0},

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass
@@ -18,6 +19,7 @@ class RequestOutput:
     num_output_tokens: int
     num_cached_tokens: int
     error: str | None = None  # why this request alone failed (finish_reason "error")
+    energy: dict[str, Any] | None = None  # set on the last output by a cluster replica's meter
 
 
 @dataclass

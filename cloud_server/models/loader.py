@@ -90,18 +90,20 @@ def convert_weights(
     for name, raw in items:
         quantize = int8 and (_is_matrix(name) or name == "model.embed_tokens.weight")
         chunks = raw if isinstance(raw, RowChunks) else [raw]  # big matrices come in row bands
-        parts = []
+        parts: list[torch.Tensor] = []  # float row bands, or int8 rows when quantizing
+        scales: list[torch.Tensor] = []
         for chunk in chunks:
             t = torch.from_numpy(chunk) if not isinstance(chunk, torch.Tensor) else chunk
-            parts.append(quantize_rows(t.to(device)) if quantize else t.to(device, dtype))
+            if quantize:
+                q, s = quantize_rows(t.to(device))
+                parts.append(q)
+                scales.append(s)
+            else:
+                parts.append(t.to(device, dtype))
             del t, chunk
-        if quantize:
-            q = torch.cat([p[0] for p in parts]) if len(parts) > 1 else parts[0][0]
-            scale = torch.cat([p[1] for p in parts]) if len(parts) > 1 else parts[0][1]
-            weights[name] = (q, scale.to(dtype))
-        else:
-            weights[name] = torch.cat(parts) if len(parts) > 1 else parts[0]
-        del parts, raw
+        joined = torch.cat(parts) if len(parts) > 1 else parts[0]
+        weights[name] = (joined, torch.cat(scales).to(dtype)) if quantize else joined
+        del parts, scales, raw
         num_loaded += 1
         if num_loaded % 8 == 0:  # scratch memory of dequantization goes back as we go
             _return_freed_memory()

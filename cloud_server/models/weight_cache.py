@@ -86,7 +86,9 @@ class WeightCache:
                 meta = fh.metadata() or {}
                 if meta.get("format") != FORMAT or meta.get("key") != self.key:
                     raise ValueError(f"written for another model or version ({meta.get('key')})")
-                flat = {name: fh.get_tensor(name) for name in fh.keys()}  # noqa: SIM118
+                # a copy of each tensor: the file's own bytes are mapped at offsets that torch's
+                # int8 kernel cannot take (it crashed on a row 24 bytes past a 64-byte boundary)
+                flat = {name: fh.get_tensor(name).clone() for name in fh.keys()}  # noqa: SIM118
         except Exception as exc:  # safetensors raises its own error types for a damaged file
             logger.warning("engine weight cache %s is unreadable (%s); converting again", self.file, exc)
             self.file.unlink(missing_ok=True)

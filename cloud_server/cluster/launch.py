@@ -89,7 +89,35 @@ def start(
         board_name=board_name,
     )
     serve.run(app, name=APP_NAME, route_prefix="/")
-    return f"http://{host}:{port}"
+    url = f"http://{host}:{port}"
+    _wait_healthy(url)
+    return url
+
+
+def _wait_healthy(url: str, timeout_s: float = 300.0) -> None:
+    """``serve.run`` returns when the deployments are up, but the front end still builds its
+    OpenAI layer in the background (503 "still loading" meanwhile): wait for ``/health`` to say
+    ``ok``. A fleet that is only ``degraded`` by then still serves (logged); none is an error."""
+    import time
+
+    import httpx
+
+    deadline = time.monotonic() + timeout_s
+    last: Any = None
+    while time.monotonic() < deadline:
+        try:
+            resp = httpx.get(f"{url}/health", timeout=5.0)
+            last = (resp.status_code, resp.text[:200])
+            if resp.status_code == 200 and resp.json().get("status") == "ok":
+                return
+        except (httpx.HTTPError, ValueError) as exc:
+            last = exc
+        time.sleep(0.25)
+    if isinstance(last, tuple) and last[0] == 200:
+        log.warning("the cluster serves, but not every replica is up yet: %s", last[1])
+        return
+    raise ServerError(f"the cluster did not become healthy within {timeout_s:.0f} s (last /health: "
+                      f"{last}); see Ray's logs under /tmp/ray/session_latest/logs")
 
 
 def stop(cluster: ClusterConfig) -> None:

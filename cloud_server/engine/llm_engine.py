@@ -225,8 +225,6 @@ class LLMEngine:
     def _release(self, seq_id: int) -> None:
         self.runner.release(seq_id)
         self.spec.release(seq_id)
-        if self.spec.draft is not None:
-            self.spec.draft.release(seq_id)
 
     def _log_spec(self) -> None:
         """Every ~10 s with new drafts: the mean acceptance length (1 + accepted per draft)."""

@@ -213,7 +213,7 @@ def load_model(
 
         config, tensors = load_safetensors_folder(path)
         tokenizer: Any = HFTokenizer(path)
-        cached = None
+        cached, weights = None, None
     else:
         from .loader_gguf import iter_gguf_tensors, open_gguf
         from .tokenizer import GGUFTokenizer
@@ -227,7 +227,7 @@ def load_model(
         if weights is None:
             tensors = iter_gguf_tensors(gguf_file, config)
     max_pos = min(max_position or config.max_position_embeddings, config.max_position_embeddings)
-    if cached is None or weights is None:
+    if weights is None:
         weights = convert_weights(tensors, device=device, dtype=dtype, quantization=quantization)
         del tensors
         if cached is not None:

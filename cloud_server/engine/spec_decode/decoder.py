@@ -220,5 +220,8 @@ class SpecDecoder:
         return any(s.num_lookahead and not s.seq.params.is_greedy for s in scheduled)
 
     def release(self, seq_id: int) -> None:
+        """Forget a finished sequence: its acceptance state, lookup index and draft KV."""
         self._state.pop(seq_id, None)
         self._ngram.pop(seq_id, None)
+        if self.draft is not None:
+            self.draft.release(seq_id)

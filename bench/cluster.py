@@ -1,26 +1,37 @@
 """Cluster benchmark: our token/prefix request router versus Ray Serve's default router.
 
-    python -m bench.cluster [--json] [--requests 40] [--rate 0.5] [--kv-cache-mb 36]
+    python -m bench.cluster [--json] [--requests 56] [--rate 0.3] [--kv-cache-mb 32]
 
-One process, one local Ray instance, two phases on the same deployment settings: 2 engine replicas
-of SmolLM2-135M (one torch thread each), first behind Ray Serve's default router (power of two
-choices on queue length), then behind ours (``cloud_server.cluster.router``); each phase starts
-fresh replicas (cold caches) and sends the same seeded workload:
+Two phases, one per router, each in its own process with its own fresh local Ray instance and Serve
+(nothing carries over from the other phase): 2 engine replicas of SmolLM2-135M (one torch thread
+each) behind Ray Serve's default router (power of two choices on queue length), and behind ours
+(``cloud_server.cluster.router``). Each phase does the same things in the same order:
 
-- four tenants, each with its own long shared system prompt (~500 tokens), a short user question;
-- a skewed mix of answer lengths: 75% 16-token and 25% long answers (``--long-tokens``, 128 by
-  default: the issue's 256 scaled down to keep a run to a few minutes on 2 cores), forced with
-  ``ignore_eos``;
-- open-loop Poisson arrivals at ``--rate`` requests/s, streamed chat completions.
+1. start Ray and Serve, deploy, wait until ``/health`` says both replicas are up;
+2. warm-up: short unrelated requests until both replicas have run engine steps, then one short
+   request per tenant, in tenant order, one at a time (so each router has placed every tenant
+   once, as in a fleet that has been running; the measured requests then find warm caches);
+3. the measured workload, the same seeded list in both phases, open loop: requests are sent at
+   their Poisson arrival times whatever the fleet's state, so queueing shows in TTFT;
+4. the replicas' own engine counters (prefix-cache lookups and hits, preemptions, steps) are read
+   before and after step 3, from the stats each replica posts to the fleet board once a second.
 
-The KV cache of each replica (``--kv-cache-mb``) holds about two tenants' prompts beside the running
-requests, so a router that mixes all tenants on every replica evicts what it needs.
+The workload: four tenants, each with its own long shared system prompt (~500 tokens) and a short
+user question; answers forced to their length with ``ignore_eos``: 75% 16 tokens, 25% 256 tokens.
+
+Memory pressure: ``--kv-cache-mb`` sizes each replica's KV pool. The default (32 MiB = 91 blocks
+of 16 tokens, 1,456 token slots) holds the prefixes of about two tenants (2 x ~500 tokens) plus
+working space for the running answers, as a fleet serving more tenants than one replica can cache
+would. Run it with a large pool (``--kv-cache-mb 128``) for the case without that pressure.
+
+A replica that dies (its process exits, a replacement appears, or it stops reporting) and any
+failed request make the run invalid: the phase is reported with the reason and no ratio is given.
 
 Reported per router: p50/p95 TTFT (sent -> first content chunk), aggregate output tokens/s (all
 output tokens / (last finish - first send)), the fleet-wide prefix-cache hit rate (prompt tokens
-served from the cache / prompt tokens looked up, summed over replicas from their engine stats), and
-errors. Ratios, higher is better: ``p95_ttft_ratio`` = default / ours, ``prefix_hit_rate_ratio`` =
-ours / default, ``throughput_ratio`` = ours / default.
+served from the cache / prompt tokens looked up, summed over the replicas' own counters). Ratios,
+higher is better: ``p95_ttft_ratio`` = default / ours, ``prefix_hit_rate_ratio`` = ours / default,
+``throughput_ratio`` = ours / default. Progress goes to stderr.
 """
 
 from __future__ import annotations
@@ -30,13 +41,18 @@ import asyncio
 import json
 import os
 import random
+import signal
 import socket
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 MODEL = "smollm2"
+ROUTERS = ("default", "tokens")
 TENANTS = ("acme-legal", "birch-health", "cobalt-retail", "delta-travel")
 WORDS = (
     "policy customer account refund contract clause review privacy record data agent answer "
@@ -53,6 +69,10 @@ QUESTIONS = (
 )
 
 
+def say(msg: str) -> None:
+    print(f"[bench.cluster {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
 def system_prompt(tenant: str, num_words: int) -> str:
     rng = random.Random(tenant)
     rules = []
@@ -61,7 +81,8 @@ def system_prompt(tenant: str, num_words: int) -> str:
     return f"You are the assistant of {tenant}. Follow these house rules. " + " ".join(rules)
 
 
-def workload(n: int, rate: float, long_tokens: int, seed: int) -> list[dict[str, Any]]:
+def workload(n: int, rate: float, long_tokens: int, long_share: float, seed: int) -> list[dict[str, Any]]:
+    """Poisson arrivals (exponential gaps, mean 1/rate), tenant and answer length drawn per request."""
     rng = random.Random(seed)
     t, out = 0.0, []
     for i in range(n):
@@ -72,27 +93,28 @@ def workload(n: int, rate: float, long_tokens: int, seed: int) -> list[dict[str,
                 "at": t,
                 "tenant": tenant,
                 "question": f"{rng.choice(QUESTIONS)} (#{i})",
-                "max_tokens": long_tokens if rng.random() < 0.25 else 16,
+                "max_tokens": long_tokens if rng.random() < long_share else 16,
             }
         )
     return out
 
 
-async def one(
-    client: Any, url: str, req: dict[str, Any], prompts: dict[str, str], t0: float
-) -> dict[str, Any]:
-    await asyncio.sleep(max(0.0, req["at"] - (time.perf_counter() - t0)))
-    body = {
+def chat_body(system: str | None, question: str, max_tokens: int) -> dict[str, Any]:
+    messages = [{"role": "user", "content": question}]
+    if system is not None:
+        messages.insert(0, {"role": "system", "content": system})
+    return {
         "model": MODEL,
         "stream": True,
         "temperature": 0,
         "ignore_eos": True,
-        "max_tokens": req["max_tokens"],
-        "messages": [
-            {"role": "system", "content": prompts[req["tenant"]]},
-            {"role": "user", "content": req["question"]},
-        ],
+        "max_tokens": max_tokens,
+        "messages": messages,
     }
+
+
+async def one(client: Any, url: str, body: dict[str, Any], at: float, t0: float) -> dict[str, Any]:
+    await asyncio.sleep(max(0.0, at - (time.perf_counter() - t0)))
     sent = time.perf_counter()
     ttft, chunks, error = None, 0, None
     try:
@@ -105,7 +127,7 @@ async def one(
                         continue
                     event = json.loads(line[5:])
                     if event.get("error"):
-                        error = "stream error"
+                        error = f"stream error: {str(event['error'])[:120]}"
                         break
                     for c in event.get("choices") or []:
                         if (c.get("delta") or {}).get("content"):
@@ -114,47 +136,131 @@ async def one(
                                 ttft = time.perf_counter() - sent
     except Exception as exc:  # noqa: BLE001 - counted, not fatal
         error = type(exc).__name__
-    return {"ttft": ttft, "max_tokens": req["max_tokens"], "error": error, "end": time.perf_counter() - t0}
+    if error is None and ttft is None:
+        error = "no content"
+    return {
+        "ttft": ttft,
+        "max_tokens": body["max_tokens"],
+        "error": error,
+        "sent": sent - t0,
+        "end": time.perf_counter() - t0,
+    }
 
 
-def fleet_stats(board_name: str) -> dict[str, float]:
-    import ray
+# -- one phase (runs in its own process) ---------------------------------------------------------
+class Fleet:
+    """The replicas as the fleet board sees them, and whether any of them died."""
 
-    board = ray.get_actor(board_name, namespace="hybridllm")
-    snap = ray.get(board.snapshot.remote(5.0))
-    keys = ("prefix_cache_queries", "prefix_cache_hits", "num_preemptions")
-    out: dict[str, Any] = {k: float(sum(v["stats"].get(k, 0) for v in snap.values())) for k in keys}
-    out["per_replica_steps"] = sorted(v["stats"].get("steps", 0) for v in snap.values())
-    out["router"] = ray.get(board.notes.remote()).get("router")
-    return out
+    def __init__(self, board_name: str) -> None:
+        import ray
+
+        self.board = ray.get_actor(board_name, namespace="hybridllm")
+        self.pids: dict[str, int] = {}  # replica id -> pid, fixed after the warm-up
+        self.deaths: list[str] = []
+
+    async def snapshot(self, max_age_s: float = 5.0) -> dict[str, dict[str, Any]]:
+        return await self.board.snapshot.remote(max_age_s)
+
+    async def notes(self) -> dict[str, Any]:
+        return await self.board.notes.remote()
+
+    def pin(self, snap: dict[str, dict[str, Any]]) -> None:
+        self.pids = {rid: int(v["pid"]) for rid, v in snap.items()}
+
+    def check(self, snap: dict[str, dict[str, Any]]) -> None:
+        """A replica died when its process is gone, a new replica id shows up (Serve replaced
+        one), or a pinned replica stopped posting (it posts every second; 5 s is the limit)."""
+        for rid, pid in self.pids.items():
+            if not _alive(pid):
+                self._death(f"replica {rid} (pid {pid}) exited")
+            elif rid not in snap:
+                self._death(f"replica {rid} (pid {pid}) stopped reporting for 5 s")
+        for rid in snap:
+            if rid not in self.pids:
+                self._death(f"a new replica {rid} appeared (Serve replaced one)")
+
+    def _death(self, what: str) -> None:
+        if what not in self.deaths:
+            self.deaths.append(what)
+            say(f"REPLICA DEATH: {what}")
 
 
-async def drive(url: str, reqs: list[dict[str, Any]], prompts: dict[str, str]) -> list[dict]:
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+async def _warm_up(url: str, client: Any, fleet: Fleet, prompts: dict[str, str]) -> None:
+    # engine warm-up: until both replicas have run steps (first steps allocate and are slow)
+    for round_ in range(6):
+        bodies = [chat_body(None, f"Say hello, number {round_}-{i}.", 4) for i in range(4)]
+        await asyncio.gather(*(one(client, url, b, 0.0, time.perf_counter()) for b in bodies))
+        await asyncio.sleep(1.5)
+        snap = await fleet.snapshot()
+        if len(snap) >= 2 and all(v["stats"].get("steps", 0) > 0 for v in snap.values()):
+            break
+    # tenant warm-up: every tenant once, in order, one at a time (the same in both phases)
+    for tenant in TENANTS:
+        result = await one(client, url, chat_body(prompts[tenant], "Hello.", 4), 0.0, time.perf_counter())
+        if result["error"]:
+            raise RuntimeError(f"warm-up request failed: {result['error']}")
+
+
+async def _measure(
+    url: str, fleet: Fleet, reqs: list[dict[str, Any]], prompts: dict[str, str]
+) -> tuple[list[dict[str, Any]], dict, dict, dict]:
     import httpx
 
     limits = httpx.Limits(max_connections=256, max_keepalive_connections=256)
     async with httpx.AsyncClient(timeout=httpx.Timeout(600.0), limits=limits) as client:
+        say("warming up (engines, then one request per tenant)")
+        await _warm_up(url, client, fleet, prompts)
+        await asyncio.sleep(2.5)  # the replicas' next posts carry the warm-up's counters
+        before = await fleet.snapshot()
+        if len(before) != 2:
+            raise RuntimeError(f"{len(before)} replicas report after the warm-up, expected 2")
+        fleet.pin(before)
+        say(f"measuring {len(reqs)} requests over {reqs[-1]['at']:.0f} s (open loop)")
         t0 = time.perf_counter()
-        return await asyncio.gather(*(one(client, url, r, prompts, t0) for r in reqs))
+        tasks = [
+            asyncio.create_task(
+                one(client, url, chat_body(prompts[r["tenant"]], r["question"], r["max_tokens"]), r["at"], t0)
+            )
+            for r in reqs
+        ]
+        last_note, done = 0.0, 0
+        while done < len(tasks):
+            await asyncio.sleep(1.0)
+            fleet.check(await fleet.snapshot())
+            done = sum(t.done() for t in tasks)
+            if time.perf_counter() - last_note > 20:
+                last_note = time.perf_counter()
+                say(f"{done}/{len(tasks)} done, t={last_note - t0:.0f} s, load {os.getloadavg()[0]:.2f}")
+        results = [t.result() for t in tasks]
+        await asyncio.sleep(2.5)
+        after = await fleet.snapshot()
+        fleet.check(after)
+        return results, before, after, await fleet.notes()
 
 
-def run_phase(
-    router: str,
-    args: argparse.Namespace,
-    model_path: str,
-    port: int,
-    reqs: list[dict[str, Any]],
-    prompts: dict[str, str],
-) -> dict[str, Any]:
-    import httpx
+def run_phase(router: str, args: argparse.Namespace) -> dict[str, Any]:
     import ray
     from ray import serve
 
-    from cloud_server.cluster.app import APP_NAME, build_app
+    from cloud_server.cluster import launch
+    from cloud_server.cluster.app import APP_NAME, ENGINE
     from cloud_server.config import ClusterConfig, EngineConfig
+    from hybridllm.models import pull
 
+    prompts = {t: system_prompt(t, args.prompt_words) for t in TENANTS}
+    reqs = workload(args.requests, args.rate, args.long_tokens, args.long_share, args.seed)
     engine = EngineConfig(
-        model_path,
+        str(pull("smollm2-135m-instruct")),
         num_threads=1,
         max_model_len=1024,
         max_num_seqs=8,
@@ -162,122 +268,225 @@ def run_phase(
     )
     cluster = ClusterConfig(replicas=2, stats_period_s=0.5)
     board = f"bench-cluster-{router}-{os.getpid()}"
-    if not ray.is_initialized():
-        from cloud_server.cluster.launch import init_ray
-
-        init_ray(None, attempts=8, include_dashboard=False, num_cpus=4)
-        serve.start(http_options={"host": "127.0.0.1", "port": port})
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    load_start = os.getloadavg()[0]
     t_start = time.perf_counter()
-    serve.run(
-        build_app(engine, cluster, router=router, board_name=board, app_options={"served_model_name": MODEL}),
-        name=APP_NAME,
-        route_prefix="/",
-    )
-    url = f"http://127.0.0.1:{port}"
-    for i in range(2):  # first-step warm-up on each replica (prompts unrelated to the tenants)
-        httpx.post(
-            f"{url}/v1/completions",
-            timeout=120,
-            json={"model": MODEL, "prompt": f"{i} warm up", "max_tokens": 2},
+    say(f"phase {router}: starting a fresh Ray and Serve, 2 replicas")
+    try:
+        url = launch.start(
+            engine,
+            cluster,
+            host="127.0.0.1",
+            port=port,
+            router=router,
+            app_options={"served_model_name": MODEL},
+            ray_init={"attempts": 8, "include_dashboard": False, "num_cpus": 4},
+            board_name=board,
         )
-    time.sleep(1.5)
-    before = fleet_stats(board)
-    load_before = os.getloadavg()[0]
-    results = asyncio.run(drive(url, reqs, prompts))
-    time.sleep(1.5)  # the replicas' last board posts
-    after = fleet_stats(board)
-    serve.delete(APP_NAME)
-    ok = [r for r in results if r["error"] is None and r["ttft"] is not None]
+        if args.session_file:
+            node = ray._private.worker.global_worker.node
+            Path(args.session_file).write_text(node.get_session_dir_path())
+        say(f"phase {router}: replicas up after {time.perf_counter() - t_start:.0f} s")
+        fleet = Fleet(board)
+        results, before, after, notes = asyncio.run(_measure(url, fleet, reqs, prompts))
+        try:
+            states = serve.status().applications[APP_NAME].deployments[ENGINE].replica_states
+            replica_states = {str(k): v for k, v in states.items()}
+        except Exception as exc:  # noqa: BLE001 - a figure, not a check
+            replica_states = {"unknown": str(exc)}
+    finally:
+        launch.stop(cluster)
+    say(f"phase {router}: done in {time.perf_counter() - t_start:.0f} s, Ray stopped")
+
+    ok = [r for r in results if r["error"] is None]
     ttfts = sorted(r["ttft"] for r in ok)
-    queries = after["prefix_cache_queries"] - before["prefix_cache_queries"]
-    hits = after["prefix_cache_hits"] - before["prefix_cache_hits"]
-    wall = max(r["end"] for r in results) - min(q["at"] for q in reqs)
+    per_replica = {}
+    for rid in sorted(set(before) & set(after)):
+        b, a = before[rid]["stats"], after[rid]["stats"]
+        q = a["prefix_cache_queries"] - b["prefix_cache_queries"]
+        h = a["prefix_cache_hits"] - b["prefix_cache_hits"]
+        per_replica[rid] = {
+            "prefix_cache_queries": q,
+            "prefix_cache_hits": h,
+            "prefix_hit_rate": round(h / q, 4) if q else None,
+            "preemptions": a["num_preemptions"] - b["num_preemptions"],
+            "engine_steps": a["steps"] - b["steps"],
+            "kv_blocks": a["num_total_blocks"],
+        }
+    queries = sum(v["prefix_cache_queries"] for v in per_replica.values())
+    hits = sum(v["prefix_cache_hits"] for v in per_replica.values())
+    wall = max(r["end"] for r in results) - min(r["sent"] for r in results)
+    errors: dict[str, int] = {}
+    for r in results:
+        if r["error"]:
+            errors[r["error"]] = errors.get(r["error"], 0) + 1
+    invalid = list(fleet.deaths)
+    if errors:
+        invalid.append(f"{sum(errors.values())} of {len(results)} requests failed: {errors}")
     return {
         "router": router,
+        "valid": not invalid,
+        "invalid_reason": "; ".join(invalid) or None,
         "requests": len(results),
-        "errors": len(results) - len(ok),
+        "errors": sum(errors.values()),
         "ttft_p50_s": round(statistics.median(ttfts), 3) if ttfts else None,
         "ttft_p95_s": round(_pct(ttfts, 95), 3) if ttfts else None,
+        "ttft_max_s": round(ttfts[-1], 3) if ttfts else None,
         "throughput_tok_s": round(sum(r["max_tokens"] for r in ok) / wall, 2),
-        "prefix_hit_rate": round(hits / queries, 4) if queries else 0.0,
+        "prefix_hit_rate": round(hits / queries, 4) if queries else None,
         "prefix_cache_hits": int(hits),
         "prefix_cache_queries": int(queries),
-        "preemptions": int(after["num_preemptions"] - before["num_preemptions"]),
-        "engine_steps_per_replica": after["per_replica_steps"],
-        "router_decisions": after["router"],
+        "preemptions": sum(v["preemptions"] for v in per_replica.values()),
+        "per_replica": list(per_replica.values()),
+        "replica_states_at_end": replica_states,
+        "router_decisions": notes.get("router"),
         "wall_s": round(wall, 1),
         "phase_s": round(time.perf_counter() - t_start, 1),
-        "loadavg_1m": [round(load_before, 2), round(os.getloadavg()[0], 2)],
+        "loadavg_1m": [round(load_start, 2), round(os.getloadavg()[0], 2)],
     }
 
 
 def _pct(values: list[float], q: float) -> float:
-    k = max(0, min(len(values) - 1, int(round(q / 100 * len(values) + 0.5)) - 1))
-    return values[k]
+    """Nearest-rank percentile: the smallest value with at least q% of the values at or below it."""
+    k = max(0, min(len(values) - 1, -(-len(values) * q // 100) - 1))
+    return values[int(k)]
+
+
+# -- the driver: one child process per phase -----------------------------------------------------
+def _phase_in_child(router: str, argv: list[str], timeout_s: float) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory() as tmp:
+        session_file = os.path.join(tmp, "session")
+        cmd = [sys.executable, "-m", "bench.cluster", *argv, "--phase", router]
+        cmd += ["--session-file", session_file]
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, start_new_session=True)
+        try:
+            out, _ = proc.communicate(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+            _kill_session(session_file)
+            return {"router": router, "valid": False, "invalid_reason": f"phase ran past {timeout_s:.0f} s"}
+        if proc.returncode != 0:
+            _kill_session(session_file)
+            return {"router": router, "valid": False, "invalid_reason": f"phase exited {proc.returncode}"}
+        return json.loads(out.strip().splitlines()[-1])
+
+
+def _kill_session(session_file: str) -> None:
+    """Processes of a phase's Ray session that outlived it (found by its session folder)."""
+    try:
+        session = Path(session_file).read_text().strip()
+    except OSError:
+        return
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            if session.encode() in (proc / "cmdline").read_bytes():
+                os.kill(int(proc.name), signal.SIGKILL)
+                say(f"killed leftover Ray process {proc.name}")
+        except (OSError, ValueError):
+            continue
+
+
+def _prefix_tokens(prompts: dict[str, str]) -> int:
+    """Tokens a tenant's requests share (its system prompt in the chat template)."""
+    from cloud_server.cluster.remote_engine import _load_tokenizer
+    from hybridllm.models import pull
+
+    tok = _load_tokenizer(Path(pull("smollm2-135m-instruct")))
+
+    def ids(question: str) -> list[int]:
+        messages = [{"role": "system", "content": prompts[TENANTS[0]]}, {"role": "user", "content": question}]
+        return tok.encode(tok.apply_chat_template(messages))
+
+    a, b = ids(QUESTIONS[0]), ids(QUESTIONS[1])
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return n
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.cluster", description=__doc__.split("\n")[0])
     p.add_argument("--json", action="store_true", help="print one JSON object")
-    p.add_argument("--requests", type=int, default=40)
-    p.add_argument("--rate", type=float, default=0.5, help="arrivals per second (Poisson)")
-    p.add_argument("--long-tokens", type=int, default=128, help="the long answers' length")
+    p.add_argument("--requests", type=int, default=56)
+    p.add_argument("--rate", type=float, default=0.3, help="arrivals per second (Poisson, open loop)")
+    p.add_argument("--long-tokens", type=int, default=256, help="the long answers' length")
+    p.add_argument("--long-share", type=float, default=0.25, help="share of long answers")
     p.add_argument("--prompt-words", type=int, default=380, help="words in each system prompt")
-    p.add_argument("--kv-cache-mb", type=int, default=36, help="KV cache per replica")
+    p.add_argument("--kv-cache-mb", type=int, default=32, help="KV cache per replica (MiB)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--order", default="default,tokens", help="phase order")
+    p.add_argument("--phase-timeout", type=float, default=420.0, help="seconds per phase")
+    p.add_argument("--phase", choices=ROUTERS, help=argparse.SUPPRESS)  # internal: one phase
+    p.add_argument("--session-file", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     try:
-        import ray
-        from ray import serve
+        import ray  # noqa: F401
+        from ray import serve  # noqa: F401
     except ImportError:
         print("bench.cluster needs Ray Serve: pip install 'hybridllm[cluster]'", file=sys.stderr)
         return 1
-    from hybridllm.models import pull
+    if args.phase:
+        print(json.dumps(run_phase(args.phase, args)))
+        return 0
 
-    model_path = str(pull("smollm2-135m-instruct"))
+    order = [r.strip() for r in args.order.split(",")]
+    if sorted(order) != sorted(ROUTERS):
+        p.error(f"--order names both routers once: {','.join(ROUTERS)}")
     prompts = {t: system_prompt(t, args.prompt_words) for t in TENANTS}
-    reqs = workload(args.requests, args.rate, args.long_tokens, args.seed)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    reqs = workload(args.requests, args.rate, args.long_tokens, args.long_share, args.seed)
+    mean_tokens = statistics.mean(r["max_tokens"] for r in reqs)
+    child_argv = [
+        f"--requests={args.requests}", f"--rate={args.rate}", f"--long-tokens={args.long_tokens}",
+        f"--long-share={args.long_share}", f"--prompt-words={args.prompt_words}",
+        f"--kv-cache-mb={args.kv_cache_mb}", f"--seed={args.seed}",
+    ]  # fmt: skip
+    prefix = _prefix_tokens(prompts)
     phases = {}
-    try:
-        for router in ("default", "tokens"):
-            phases[router] = run_phase(router, args, model_path, port, reqs, prompts)
-            if not args.json:
-                print(json.dumps(phases[router]), file=sys.stderr)
-    finally:
-        serve.shutdown()
-        ray.shutdown()
+    for router in order:
+        phases[router] = _phase_in_child(router, child_argv, args.phase_timeout)
+        say(f"phase {router}: {json.dumps({k: v for k, v in phases[router].items() if k != 'per_replica'})}")
     d, o = phases["default"], phases["tokens"]
+    valid = bool(d.get("valid") and o.get("valid"))
+
+    def ratio(num: float | None, den: float | None) -> float | None:
+        return round(num / den, 3) if valid and num and den else None
+
+    blocks = (d.get("per_replica") or o.get("per_replica") or [{}])[0].get("kv_blocks")
     out = {
         "bench": "cluster",
+        "valid": valid,
         "replicas": 2,
-        "model": "SmolLM2-135M-Instruct (int8 weights, 1 torch thread per replica)",
+        "model": "SmolLM2-135M-Instruct (int8 weights, 1 torch thread per replica, max_num_seqs 8)",
         "workload": {
             "requests": args.requests,
-            "rate_per_s": args.rate,
+            "arrivals": f"open loop, Poisson, {args.rate}/s (seed {args.seed})",
+            "offered_output_tok_s": round(args.rate * mean_tokens, 1),
             "tenants": len(TENANTS),
-            "system_prompt_words": args.prompt_words,
-            "answers": f"75% 16 / 25% {args.long_tokens} tokens (ignore_eos)",
-            "kv_cache_mb_per_replica": args.kv_cache_mb,
-            "seed": args.seed,
+            "tenant_prefix_tokens": prefix,
+            "answers": f"{1 - args.long_share:.0%} 16 / {args.long_share:.0%} {args.long_tokens} tokens"
+            " (ignore_eos)",
+            "long_answers": sum(r["max_tokens"] == args.long_tokens for r in reqs),
+        },
+        "kv_pool_per_replica": {
+            "mib": args.kv_cache_mb,
+            "blocks": blocks,
+            "token_slots": blocks * 16 if blocks else None,
+            "tenant_prefixes_it_holds": round(blocks * 16 / prefix, 2) if blocks and prefix else None,
         },
         "default": d,
         "ours": o,
-        "p95_ttft_ratio": round(d["ttft_p95_s"] / o["ttft_p95_s"], 3)
-        if d["ttft_p95_s"] and o["ttft_p95_s"]
-        else None,
-        "prefix_hit_rate_ratio": round(o["prefix_hit_rate"] / d["prefix_hit_rate"], 3)
-        if d["prefix_hit_rate"]
-        else None,
-        "throughput_ratio": round(o["throughput_tok_s"] / d["throughput_tok_s"], 3)
-        if d["throughput_tok_s"]
-        else None,
+        "p95_ttft_ratio": ratio(d.get("ttft_p95_s"), o.get("ttft_p95_s")),
+        "prefix_hit_rate_ratio": ratio(o.get("prefix_hit_rate"), d.get("prefix_hit_rate")),
+        "throughput_ratio": ratio(o.get("throughput_tok_s"), d.get("throughput_tok_s")),
         "cpu_count": os.cpu_count(),
     }
     print(json.dumps(out, indent=None if args.json else 2))
-    return 0
+    return 0 if valid else 2
 
 
 if __name__ == "__main__":

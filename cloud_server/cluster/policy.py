@@ -11,22 +11,28 @@ hashes mean equal whole prefixes):
 
     match(r) = the longest i such that h_1..h_i are all held by (or were sent to) replica r
     load(r)  = max(reported outstanding tokens, tokens of the requests we sent and that are open)
-    best     = argmax match(r), ties broken by the lower load
-    least    = argmin load(r), ties broken by the longer match
+    held(r)  = prefix blocks replica r holds or was sent (how full its cache is)
+    best     = argmax match(r), ties broken by the lower load, then by the fewer held blocks
+    least    = argmin load(r), ties broken by the longer match, then by the fewer held blocks
     if match(best) > 0 and load(best) <= load(least) + margin: send to best
     else: send to least
 
     margin = max(min_margin_tokens, imbalance_ratio * load(least))
              + prefill_weight * block_size * (match(best) - match(least))
 
-The second term is the prefill the cache saves, weighted: a prompt token is computed with many
-others in one batched step, a decode token takes a whole step, so a saved prefill token is worth
-about a tenth of an outstanding decode token (``prefill_weight``, 0.1).
+The second term is the prefill the cache saves, weighted (``prefill_weight``, 1.0 by default):
+sending the request elsewhere costs its whole prompt's prefill there, which on a CPU replica takes
+about as long as the same number of decode tokens and delays the request's first token directly,
+and it puts the prefix into a second cache, where it evicts another tenant's prefix (whose next
+request then pays its own prefill). On a GPU, where prefill is cheap beside decode steps, a
+smaller weight spills sooner.
 
 So a tenant's long system prompt keeps going to the replica that has it cached until that replica
 is busier than the least busy one by more than the margin; then the request spills to the least
-loaded replica (which then caches the prefix too). A short common prefix (a one-block default
-system prompt) buys little margin, so such requests spread by load.
+loaded replica (which then caches the prefix too). A prompt cached nowhere (a new tenant) goes to
+the least loaded replica and, among equally loaded ones, to the one whose cache holds the fewest
+blocks, so tenants spread over the caches instead of piling into the first. A short common prefix
+(a one-block default system prompt) buys little margin, so such requests spread by load.
 """
 
 from __future__ import annotations
@@ -72,6 +78,10 @@ class ReplicaBooks:
     def holds(self, h: int) -> bool:
         return h in self.reported_hashes or h in self.sent_hashes
 
+    def num_held(self) -> int:
+        """Prefix blocks the replica reported or was sent (how full its cache is, roughly)."""
+        return len(self.reported_hashes) + sum(1 for h in self.sent_hashes if h not in self.reported_hashes)
+
 
 @dataclass(frozen=True)
 class Choice:
@@ -89,7 +99,7 @@ class TokenAwareRouter:
         block_size: int = 16,
         imbalance_ratio: float = 0.25,
         min_margin_tokens: int = 128,
-        prefill_weight: float = 0.1,
+        prefill_weight: float = 1.0,
         max_sent_hashes: int = 8192,
         sent_ttl_s: float = 10.0,
         clock: Callable[[], float] = time.monotonic,
@@ -141,8 +151,9 @@ class TokenAwareRouter:
         books = [self.books.setdefault(c, ReplicaBooks()) for c in candidates]
         loads = [b.load() for b in books]
         matches = [self._match(b, prompt_hashes) for b in books]
-        best = max(range(len(candidates)), key=lambda i: (matches[i], -loads[i]))
-        least = min(range(len(candidates)), key=lambda i: (loads[i], -matches[i]))
+        held = [b.num_held() for b in books]
+        best = max(range(len(candidates)), key=lambda i: (matches[i], -loads[i], -held[i]))
+        least = min(range(len(candidates)), key=lambda i: (loads[i], -matches[i], held[i]))
         saved = self.prefill_weight * self.block_size * (matches[best] - matches[least])
         margin = max(self.min_margin_tokens, self.imbalance_ratio * loads[least]) + saved
         if matches[best] > 0 and loads[best] <= loads[least] + margin:

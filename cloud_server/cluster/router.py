@@ -41,7 +41,7 @@ class TokenPrefixRequestRouter(RequestRouter):
             block_size=self.block_size,
             imbalance_ratio=float(kwargs.get("imbalance_ratio", 0.25)),
             min_margin_tokens=int(kwargs.get("min_margin_tokens", 128)),
-            prefill_weight=float(kwargs.get("prefill_weight", 0.1)),
+            prefill_weight=float(kwargs.get("prefill_weight", 1.0)),
         )
         self._report_stamps: dict[Any, Any] = {}
         self._board_name = kwargs.get("board_name")

@@ -75,6 +75,41 @@ def test_margin_grows_with_the_least_load():
     assert r.choose(["a", "b"], hashes(prompt)).replica == "a"
 
 
+def test_new_tenants_spread_over_the_caches_then_stick():
+    # four tenants arrive one after another on an idle fleet: equal loads, so each new prefix goes
+    # to the replica whose cache holds the fewest blocks (not always the first one)
+    r = TokenAwareRouter(block_size=BS)
+    tenants = [[t] * 3 + list(range(100 * t, 100 * t + 37)) for t in range(1, 5)]
+    placed = {}
+    for i, tenant in enumerate(tenants):
+        h = hashes(tenant + [1])
+        choice = r.choose(["a", "b"], h)
+        assert choice.reason == "least-tokens"
+        r.on_sent(choice.replica, f"w{i}", h, 10)
+        r.on_done(f"w{i}")
+        placed[i] = choice.replica
+    assert sorted(placed.values()) == ["a", "a", "b", "b"]
+    # afterwards each tenant's requests go where its prefix is, even with some load there
+    for i, tenant in enumerate(tenants):
+        r.on_sent(placed[i], f"busy{i}", [], 160)  # margin: 128 + 10 blocks x 4 tokens
+        choice = r.choose(["a", "b"], hashes(tenant + [2]))
+        assert (choice.replica, choice.reason) == (placed[i], "prefix")
+        r.on_done(f"busy{i}")
+
+
+def test_default_weight_keeps_a_long_prefix_against_a_long_answer_elsewhere():
+    # a 500-token cached prefix is worth its prefill: one 256-token answer running on its replica
+    # does not push the tenant to an idle replica that would have to prefill it (and evict)
+    r = TokenAwareRouter(block_size=16)
+    prompt = list(range(520))
+    r.on_report("a", {"outstanding_tokens": 0, "prefix_hashes": []})
+    r.on_report("b", {"outstanding_tokens": 600, "prefix_hashes": prompt_block_hashes(prompt, 16)})
+    assert r.choose(["a", "b"], prompt_block_hashes(prompt, 16)).replica == "b"
+    # far busier than the margin (128 + 32 blocks x 16 tokens = 640): it spills
+    r.on_report("b", {"outstanding_tokens": 700, "prefix_hashes": prompt_block_hashes(prompt, 16)})
+    assert r.choose(["a", "b"], prompt_block_hashes(prompt, 16)).reason == "least-tokens"
+
+
 def test_no_prefix_anywhere_goes_by_outstanding_tokens_not_requests():
     r = TokenAwareRouter(block_size=BS)
     r.on_sent("a", "essay", [], 4000)  # one long request

@@ -13,8 +13,12 @@ each) behind Ray Serve's default router (power of two choices on queue length), 
    once, as in a fleet that has been running; the measured requests then find warm caches);
 3. the measured workload, the same seeded list in both phases, open loop: requests are sent at
    their Poisson arrival times whatever the fleet's state, so queueing shows in TTFT;
-4. the replicas' own engine counters (prefix-cache lookups and hits, preemptions, steps) are read
-   before and after step 3, from the stats each replica posts to the fleet board once a second.
+4. the prefix-cache hit rate comes from the replicas themselves: each response's usage says how
+   many of its prompt tokens the replica served from its cache when it admitted the request
+   (``prompt_tokens_details.cached_tokens``); the engines' own counters (lookups, hits,
+   preemptions, steps), posted to the fleet board once a second, are read before and after step
+   3 and reported beside it (they count a lookup per admission attempt: a request waiting for
+   free blocks is looked up again every step, which inflates both lookups and hits).
 
 The workload: four tenants, each with its own long shared system prompt (~500 tokens) and a short
 user question; answers forced to their length with ``ignore_eos``: 75% 16 tokens, 25% 256 tokens.
@@ -29,7 +33,7 @@ failed request make the run invalid: the phase is reported with the reason and n
 
 Reported per router: p50/p95 TTFT (sent -> first content chunk), aggregate output tokens/s (all
 output tokens / (last finish - first send)), the fleet-wide prefix-cache hit rate (prompt tokens
-served from the cache / prompt tokens looked up, summed over the replicas' own counters). Ratios,
+the replicas served from their caches / all prompt tokens, over the measured requests). Ratios,
 higher is better: ``p95_ttft_ratio`` = default / ours, ``prefix_hit_rate_ratio`` = ours / default,
 ``throughput_ratio`` = ours / default. Progress goes to stderr.
 """
@@ -110,13 +114,14 @@ def chat_body(system: str | None, question: str, max_tokens: int) -> dict[str, A
         "ignore_eos": True,
         "max_tokens": max_tokens,
         "messages": messages,
+        "stream_options": {"include_usage": True},
     }
 
 
 async def one(client: Any, url: str, body: dict[str, Any], at: float, t0: float) -> dict[str, Any]:
     await asyncio.sleep(max(0.0, at - (time.perf_counter() - t0)))
     sent = time.perf_counter()
-    ttft, chunks, error = None, 0, None
+    ttft, chunks, error, usage = None, 0, None, None
     try:
         async with client.stream("POST", f"{url}/v1/chat/completions", json=body) as resp:
             if resp.status_code != 200:
@@ -129,6 +134,7 @@ async def one(client: Any, url: str, body: dict[str, Any], at: float, t0: float)
                     if event.get("error"):
                         error = f"stream error: {str(event['error'])[:120]}"
                         break
+                    usage = event.get("usage") or usage
                     for c in event.get("choices") or []:
                         if (c.get("delta") or {}).get("content"):
                             chunks += 1
@@ -138,9 +144,13 @@ async def one(client: Any, url: str, body: dict[str, Any], at: float, t0: float)
         error = type(exc).__name__
     if error is None and ttft is None:
         error = "no content"
+    usage = usage or {}
     return {
         "ttft": ttft,
         "max_tokens": body["max_tokens"],
+        "output_tokens": usage.get("completion_tokens"),
+        "prompt_tokens": usage.get("prompt_tokens"),
+        "cached_tokens": (usage.get("prompt_tokens_details") or {}).get("cached_tokens"),
         "error": error,
         "sent": sent - t0,
         "end": time.perf_counter() - t0,
@@ -151,10 +161,8 @@ async def one(client: Any, url: str, body: dict[str, Any], at: float, t0: float)
 class Fleet:
     """The replicas as the fleet board sees them, and whether any of them died."""
 
-    def __init__(self, board_name: str) -> None:
-        import ray
-
-        self.board = ray.get_actor(board_name, namespace="hybridllm")
+    def __init__(self, board: Any) -> None:
+        self.board = board
         self.pids: dict[str, int] = {}  # replica id -> pid, fixed after the warm-up
         self.deaths: list[str] = []
 
@@ -289,7 +297,7 @@ def run_phase(router: str, args: argparse.Namespace) -> dict[str, Any]:
             node = ray._private.worker.global_worker.node
             Path(args.session_file).write_text(node.get_session_dir_path())
         say(f"phase {router}: replicas up after {time.perf_counter() - t_start:.0f} s")
-        fleet = Fleet(board)
+        fleet = Fleet(ray.get_actor(board, namespace="hybridllm"))
         results, before, after, notes = asyncio.run(_measure(url, fleet, reqs, prompts))
         try:
             states = serve.status().applications[APP_NAME].deployments[ENGINE].replica_states
@@ -310,13 +318,20 @@ def run_phase(router: str, args: argparse.Namespace) -> dict[str, Any]:
         per_replica[rid] = {
             "prefix_cache_queries": q,
             "prefix_cache_hits": h,
-            "prefix_hit_rate": round(h / q, 4) if q else None,
+            "engine_counter_hit_rate": round(h / q, 4) if q else None,
             "preemptions": a["num_preemptions"] - b["num_preemptions"],
             "engine_steps": a["steps"] - b["steps"],
             "kv_blocks": a["num_total_blocks"],
         }
+    # engine counters count a lookup per admission attempt (a request waiting for free blocks is
+    # looked up again each step, a preempted one again on resume): reported, not the headline
     queries = sum(v["prefix_cache_queries"] for v in per_replica.values())
     hits = sum(v["prefix_cache_hits"] for v in per_replica.values())
+    # the headline: each request's prompt tokens the replica served from its cache when it
+    # admitted the request (usage.prompt_tokens_details.cached_tokens), over all prompt tokens
+    prompt_tokens = sum(r["prompt_tokens"] or 0 for r in ok)
+    cached_tokens = sum(r["cached_tokens"] or 0 for r in ok)
+    missing_usage = sum(r["prompt_tokens"] is None or r["cached_tokens"] is None for r in ok)
     wall = max(r["end"] for r in results) - min(r["sent"] for r in results)
     errors: dict[str, int] = {}
     for r in results:
@@ -325,6 +340,8 @@ def run_phase(router: str, args: argparse.Namespace) -> dict[str, Any]:
     invalid = list(fleet.deaths)
     if errors:
         invalid.append(f"{sum(errors.values())} of {len(results)} requests failed: {errors}")
+    if missing_usage:
+        invalid.append(f"{missing_usage} responses carried no usage (no hit rate for them)")
     return {
         "router": router,
         "valid": not invalid,
@@ -334,10 +351,14 @@ def run_phase(router: str, args: argparse.Namespace) -> dict[str, Any]:
         "ttft_p50_s": round(statistics.median(ttfts), 3) if ttfts else None,
         "ttft_p95_s": round(_pct(ttfts, 95), 3) if ttfts else None,
         "ttft_max_s": round(ttfts[-1], 3) if ttfts else None,
-        "throughput_tok_s": round(sum(r["max_tokens"] for r in ok) / wall, 2),
-        "prefix_hit_rate": round(hits / queries, 4) if queries else None,
-        "prefix_cache_hits": int(hits),
-        "prefix_cache_queries": int(queries),
+        "throughput_tok_s": round(sum(r["output_tokens"] or r["max_tokens"] for r in ok) / wall, 2),
+        "prefix_hit_rate": round(cached_tokens / prompt_tokens, 4) if prompt_tokens else None,
+        "prompt_tokens": prompt_tokens,
+        "cached_prompt_tokens": cached_tokens,
+        "requests_without_usage": missing_usage,
+        "engine_counter_hit_rate": round(hits / queries, 4) if queries else None,
+        "engine_counter_lookups": int(queries),
+        "engine_counter_hits": int(hits),
         "preemptions": sum(v["preemptions"] for v in per_replica.values()),
         "per_replica": list(per_replica.values()),
         "replica_states_at_end": replica_states,

@@ -9,23 +9,29 @@ seen finish, and the prompt blocks it has sent to each replica (those will be ca
 The choice, for a prompt whose full blocks hash to ``h_1..h_n`` (the engine's own chain, so equal
 hashes mean equal whole prefixes):
 
-    match(r) = the longest i such that h_1..h_i are all held by (or were sent to) replica r
-    load(r)  = max(reported outstanding tokens, tokens of the requests we sent and that are open)
-    held(r)  = prefix blocks replica r holds or was sent (how full its cache is)
-    best     = argmax match(r), ties broken by the lower load, then by the fewer held blocks
-    least    = argmin load(r), ties broken by the longer match, then by the fewer held blocks
-    if match(best) > 0 and load(best) <= load(least) + margin: send to best
-    else: send to least
+    match(r)    = the longest i such that h_1..h_i are all held by (or were sent to) replica r
+    load(r)     = max(reported outstanding tokens, tokens of the requests we sent and that are open)
+    pressure(r) = prompt tokens r still has to prefill (its report, plus the requests sent since)
+                  + decode_weight * decode tokens still expected there
+    held(r)     = prefix blocks replica r holds or was sent (how full its cache is)
+    best        = argmax match(r), ties broken by the lower load, then by the fewer held blocks
+    least       = argmin load(r), ties broken by the longer match, then by the fewer held blocks
+    if match(best) > 0 and pressure(best) <= pressure(least) + margin: send to best ("prefix")
+    elif match(best) > 0: send to least ("spill")
+    else: send to least ("least-tokens")
 
-    margin = max(min_margin_tokens, imbalance_ratio * load(least))
+    margin = max(min_margin_tokens, imbalance_ratio * pressure(least))
              + prefill_weight * block_size * (match(best) - match(least))
 
-The second term is the prefill the cache saves, weighted (``prefill_weight``, 1.0 by default):
-sending the request elsewhere costs its whole prompt's prefill there, which on a CPU replica takes
-about as long as the same number of decode tokens and delays the request's first token directly,
-and it puts the prefix into a second cache, where it evicts another tenant's prefix (whose next
-request then pays its own prefill). On a GPU, where prefill is cheap beside decode steps, a
-smaller weight spills sooner.
+Why pressure and not load for the overload test: a new request's first token waits for the prompt
+tokens queued ahead of it and for its own prefill; the decode tokens of running answers do not
+queue ahead of it (each step runs every running sequence's next token and the new prompt's chunk
+together), they only fill the batch and slow its steps, so they count at ``decode_weight`` (0.5).
+The second term of the margin is the prefill the cache saves, weighted (``prefill_weight``, 1.0):
+sending the request elsewhere costs its whole prompt's prefill there, which delays its first
+token directly, and it puts the prefix into a second cache, where it evicts another tenant's
+prefix (whose next request then pays its own prefill). Balance between replicas (where a new
+prompt goes) stays in outstanding tokens, prefill and decode alike.
 
 So a tenant's long system prompt keeps going to the replica that has it cached until that replica
 is busier than the least busy one by more than the margin; then the request spills to the least
@@ -63,17 +69,30 @@ class ReplicaBooks:
     """What the router knows about one replica."""
 
     reported_tokens: int = 0
+    reported_prefill: int = 0
+    reported_decode: int = 0
     reported_hashes: frozenset[int] = frozenset()
     reported_at: float = 0.0
-    open_requests: dict[str, int] = field(default_factory=dict)  # request id -> tokens
+    # request id -> (prompt tokens to prefill, decode tokens expected, sent at)
+    open_requests: dict[str, tuple[int, int, float]] = field(default_factory=dict)
     sent_hashes: OrderedDict[int, float] = field(default_factory=OrderedDict)  # hash -> sent at
 
     @property
     def sent_tokens(self) -> int:
-        return sum(self.open_requests.values())
+        return sum(p + d for p, d, _ in self.open_requests.values())
 
     def load(self) -> int:
         return max(self.reported_tokens, self.sent_tokens)
+
+    def pressure(self, decode_weight: float, window_s: float = 1.0) -> float:
+        """What delays a new request's first token here: prompt tokens still to prefill (as
+        reported, plus those of requests sent since the report) and, weighted, decode tokens.
+        A report is seen when the router next looks, up to a period after the replica wrote it:
+        requests sent within ``window_s`` before it count as not in it yet (at worst twice)."""
+        since = self.reported_at - window_s
+        fresh = sum(p for p, _, t in self.open_requests.values() if t >= since)
+        decode = max(self.reported_decode, sum(d for _, d, _ in self.open_requests.values()))
+        return self.reported_prefill + fresh + decode_weight * decode
 
     def holds(self, h: int) -> bool:
         return h in self.reported_hashes or h in self.sent_hashes
@@ -86,7 +105,7 @@ class ReplicaBooks:
 @dataclass(frozen=True)
 class Choice:
     replica: ReplicaKey
-    reason: str  # "prefix" or "least-tokens"
+    reason: str  # "prefix", "spill" (held elsewhere, but that replica is overloaded), "least-tokens"
     matched_blocks: int
 
 
@@ -100,6 +119,7 @@ class TokenAwareRouter:
         imbalance_ratio: float = 0.25,
         min_margin_tokens: int = 128,
         prefill_weight: float = 1.0,
+        decode_weight: float = 0.5,
         max_sent_hashes: int = 8192,
         sent_ttl_s: float = 10.0,
         clock: Callable[[], float] = time.monotonic,
@@ -109,13 +129,15 @@ class TokenAwareRouter:
         self.block_size = block_size
         self.imbalance_ratio = imbalance_ratio
         self.prefill_weight = prefill_weight
+        self.decode_weight = decode_weight
         self.min_margin_tokens = min_margin_tokens
         self.max_sent_hashes = max_sent_hashes
         self.sent_ttl_s = sent_ttl_s
         self._clock = clock
         self.books: dict[ReplicaKey, ReplicaBooks] = {}
         self._request_replica: dict[str, ReplicaKey] = {}
-        self.num_prefix_choices = 0
+        self.num_prefix_choices = 0  # per request (a request routed again counts once)
+        self.num_spill_choices = 0
         self.num_load_choices = 0
 
     # -- what the replicas say -----------------------------------------------------------------
@@ -135,6 +157,9 @@ class TokenAwareRouter:
             return
         books = self.books.setdefault(replica, ReplicaBooks())
         books.reported_tokens = int(stats.get("outstanding_tokens", 0))
+        books.reported_prefill = int(stats.get("prefill_tokens", 0))
+        decode = stats.get("decode_tokens", books.reported_tokens - books.reported_prefill)
+        books.reported_decode = int(decode)
         books.reported_hashes = frozenset(stats.get("prefix_hashes", ()))
         books.reported_at = now = self._clock()
         # a block we sent long ago that the replica no longer reports was evicted there
@@ -154,13 +179,16 @@ class TokenAwareRouter:
         held = [b.num_held() for b in books]
         best = max(range(len(candidates)), key=lambda i: (matches[i], -loads[i], -held[i]))
         least = min(range(len(candidates)), key=lambda i: (loads[i], -matches[i], held[i]))
-        saved = self.prefill_weight * self.block_size * (matches[best] - matches[least])
-        margin = max(self.min_margin_tokens, self.imbalance_ratio * loads[least]) + saved
-        if matches[best] > 0 and loads[best] <= loads[least] + margin:
-            self.num_prefix_choices += 1
+        if matches[best] == 0:
+            return Choice(candidates[least], "least-tokens", matches[least])
+        if best == least:
             return Choice(candidates[best], "prefix", matches[best])
-        self.num_load_choices += 1
-        return Choice(candidates[least], "least-tokens", matches[least])
+        p_best, p_least = books[best].pressure(self.decode_weight), books[least].pressure(self.decode_weight)
+        saved = self.prefill_weight * self.block_size * (matches[best] - matches[least])
+        margin = max(self.min_margin_tokens, self.imbalance_ratio * p_least) + saved
+        if p_best <= p_least + margin:
+            return Choice(candidates[best], "prefix", matches[best])
+        return Choice(candidates[least], "spill", matches[least])
 
     @staticmethod
     def _match(books: ReplicaBooks, prompt_hashes: Sequence[int]) -> int:
@@ -173,13 +201,30 @@ class TokenAwareRouter:
 
     # -- our own books -------------------------------------------------------------------------
     def on_sent(
-        self, replica: ReplicaKey, request_id: str, prompt_hashes: Sequence[int], num_tokens: int
+        self,
+        replica: ReplicaKey,
+        request_id: str,
+        prompt_hashes: Sequence[int],
+        num_tokens: int,
+        *,
+        prefill_tokens: int = 0,
+        reason: str | None = None,
     ) -> None:
+        """``num_tokens`` of work (of which ``prefill_tokens`` prompt tokens to prefill) sent."""
+        again = request_id in self._request_replica
         self.on_done(request_id)  # a request routed again (a retry) counts once
+        if not again and reason is not None:
+            if reason == "prefix":
+                self.num_prefix_choices += 1
+            elif reason == "spill":
+                self.num_spill_choices += 1
+            else:
+                self.num_load_choices += 1
         books = self.books.setdefault(replica, ReplicaBooks())
-        books.open_requests[request_id] = num_tokens
-        self._request_replica[request_id] = replica
         now = self._clock()
+        prefill = min(prefill_tokens, num_tokens)
+        books.open_requests[request_id] = (prefill, num_tokens - prefill, now)
+        self._request_replica[request_id] = replica
         for h in prompt_hashes:
             books.sent_hashes[h] = now
             books.sent_hashes.move_to_end(h)

@@ -42,6 +42,7 @@ class TokenPrefixRequestRouter(RequestRouter):
             imbalance_ratio=float(kwargs.get("imbalance_ratio", 0.25)),
             min_margin_tokens=int(kwargs.get("min_margin_tokens", 128)),
             prefill_weight=float(kwargs.get("prefill_weight", 1.0)),
+            decode_weight=float(kwargs.get("decode_weight", 0.5)),
         )
         self._report_stamps: dict[Any, Any] = {}
         self._board_name = kwargs.get("board_name")
@@ -64,6 +65,7 @@ class TokenPrefixRequestRouter(RequestRouter):
                 "router",
                 {
                     "prefix_choices": p.num_prefix_choices,
+                    "spill_choices": p.num_spill_choices,
                     "least_token_choices": p.num_load_choices,
                     "open_tokens": [b.sent_tokens for b in p.books.values()],
                     "reported_tokens": [b.reported_tokens for b in p.books.values()],
@@ -102,7 +104,14 @@ class TokenPrefixRequestRouter(RequestRouter):
         hashes = prompt_block_hashes(prompt_ids, self.block_size)
         choice = self.policy.choose([r.replica_id for r in candidate_replicas], hashes)
         tokens = estimate_tokens(len(prompt_ids), choice.matched_blocks, self.block_size, max_tokens)
-        self.policy.on_sent(choice.replica, pending_request.metadata.internal_request_id, hashes, tokens)
+        self.policy.on_sent(
+            choice.replica,
+            pending_request.metadata.internal_request_id,
+            hashes,
+            tokens,
+            prefill_tokens=tokens - max_tokens,
+            reason=choice.reason,
+        )
         self._post_decisions()
         first = [r for r in candidate_replicas if r.replica_id == choice.replica]
         rest = sorted((r for r in candidate_replicas if r.replica_id != choice.replica), key=load)

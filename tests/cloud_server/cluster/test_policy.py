@@ -58,20 +58,20 @@ def test_overloaded_prefix_holder_spills_to_the_least_loaded():
     r = TokenAwareRouter(block_size=BS, min_margin_tokens=10, imbalance_ratio=0.0, prefill_weight=1.0)
     r.on_report("a", {"outstanding_tokens": 0, "prefix_hashes": []})
     # margin = 10 + 4 tokens * 9 matched blocks = 46: within it, the cache wins
-    r.on_report("b", {"outstanding_tokens": 46, "prefix_hashes": hashes(prompt)})
+    r.on_report("b", {"outstanding_tokens": 46, "prefill_tokens": 46, "prefix_hashes": hashes(prompt)})
     assert r.choose(["a", "b"], hashes(prompt)).replica == "b"
-    r.on_report("b", {"outstanding_tokens": 47, "prefix_hashes": hashes(prompt)})
+    r.on_report("b", {"outstanding_tokens": 47, "prefill_tokens": 47, "prefix_hashes": hashes(prompt)})
     choice = r.choose(["a", "b"], hashes(prompt))
-    assert (choice.replica, choice.reason) == ("a", "least-tokens")
+    assert (choice.replica, choice.reason) == ("a", "spill")
 
 
 def test_margin_grows_with_the_least_load():
     prompt = list(range(8))
     r = TokenAwareRouter(block_size=BS, min_margin_tokens=0, imbalance_ratio=0.5, prefill_weight=1.0)
-    r.on_report("a", {"outstanding_tokens": 1000, "prefix_hashes": []})
-    r.on_report("b", {"outstanding_tokens": 1400, "prefix_hashes": hashes(prompt)})
+    r.on_report("a", {"outstanding_tokens": 1000, "prefill_tokens": 1000, "prefix_hashes": []})
+    r.on_report("b", {"outstanding_tokens": 1400, "prefill_tokens": 1400, "prefix_hashes": hashes(prompt)})
     assert r.choose(["a", "b"], hashes(prompt)).replica == "b"  # 1400 <= 1000 + 500 + 4
-    r.on_report("b", {"outstanding_tokens": 1600, "prefix_hashes": hashes(prompt)})
+    r.on_report("b", {"outstanding_tokens": 1600, "prefill_tokens": 1600, "prefix_hashes": hashes(prompt)})
     assert r.choose(["a", "b"], hashes(prompt)).replica == "a"
 
 
@@ -97,17 +97,41 @@ def test_new_tenants_spread_over_the_caches_then_stick():
         r.on_done(f"busy{i}")
 
 
-def test_default_weight_keeps_a_long_prefix_against_a_long_answer_elsewhere():
-    # a 500-token cached prefix is worth its prefill: one 256-token answer running on its replica
-    # does not push the tenant to an idle replica that would have to prefill it (and evict)
+def test_defaults_keep_a_long_prefix_against_running_answers_not_against_a_prefill_queue():
+    # a 500-token cached prefix is worth its prefill (margin 128 + 32 blocks x 16 tokens = 640);
+    # decode tokens of running answers count at half: they do not queue ahead of a new prompt
     r = TokenAwareRouter(block_size=16)
     prompt = list(range(520))
+    h = prompt_block_hashes(prompt, 16)
     r.on_report("a", {"outstanding_tokens": 0, "prefix_hashes": []})
-    r.on_report("b", {"outstanding_tokens": 600, "prefix_hashes": prompt_block_hashes(prompt, 16)})
-    assert r.choose(["a", "b"], prompt_block_hashes(prompt, 16)).replica == "b"
-    # far busier than the margin (128 + 32 blocks x 16 tokens = 640): it spills
-    r.on_report("b", {"outstanding_tokens": 700, "prefix_hashes": prompt_block_hashes(prompt, 16)})
-    assert r.choose(["a", "b"], prompt_block_hashes(prompt, 16)).reason == "least-tokens"
+    for decode in (600, 1200):  # two or four 256-token answers more than the idle replica
+        r.on_report("b", {"outstanding_tokens": decode, "prefill_tokens": 0, "prefix_hashes": h})
+        assert r.choose(["a", "b"], h).reason == "prefix"
+    r.on_report("b", {"outstanding_tokens": 1400, "prefill_tokens": 0, "prefix_hashes": h})
+    assert r.choose(["a", "b"], h).reason == "spill"  # 700 > 640
+    # prompts waiting to be prefilled delay the new request's first token token for token
+    r.on_report("b", {"outstanding_tokens": 900, "prefill_tokens": 400, "prefix_hashes": h})
+    assert r.choose(["a", "b"], h).reason == "spill"  # 400 + 250 > 640
+
+
+def test_prefill_we_sent_counts_until_the_replica_reports_it():
+    clock = Clock()
+    r = TokenAwareRouter(block_size=16, min_margin_tokens=0, imbalance_ratio=0.0, clock=clock)
+    prompt = list(range(100, 200))
+    h = prompt_block_hashes(prompt, 16)
+    r.on_report("a", {"outstanding_tokens": 0, "prefix_hashes": h})
+    r.on_report("b", {"outstanding_tokens": 0, "prefix_hashes": []})
+    clock.t = 1.0
+    r.on_sent("a", "miss", [], 520, prefill_tokens=500)  # another tenant's cold prompt
+    assert r.books["a"].pressure(0.5) == 500 + 0.5 * 20
+    assert r.choose(["a", "b"], h).reason == "spill"  # 510 > 0 + 6 blocks x 16
+    clock.t = 1.5  # a report seen this soon may predate the request: it still counts
+    r.on_report("a", {"outstanding_tokens": 20, "prefill_tokens": 0, "decode_tokens": 20, "prefix_hashes": h})
+    assert r.books["a"].pressure(0.5) == 500 + 10
+    clock.t = 2.5
+    r.on_report("a", {"outstanding_tokens": 20, "prefill_tokens": 0, "decode_tokens": 20, "prefix_hashes": h})
+    assert r.books["a"].pressure(0.5) == 10  # prefilled since: only its decode is left
+    assert r.choose(["a", "b"], h).reason == "prefix"
 
 
 def test_no_prefix_anywhere_goes_by_outstanding_tokens_not_requests():

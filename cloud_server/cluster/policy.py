@@ -18,6 +18,9 @@ hashes mean equal whole prefixes):
     least       = argmin load(r), ties broken by the longer match, then by the fewer held blocks
     if match(best) > 0 and pressure(best) <= pressure(least) + margin: send to best ("prefix")
     elif match(best) > 0: send to least ("spill")
+    elif the prompt's prefix was sent before to one replica more deeply than to any other (its
+         home, where memory pressure evicted it) and that replica is within the margin: send
+         there ("home"), so a tenant's requests keep their partition of the fleet
     else: send to least ("least-tokens")
 
     margin = max(min_margin_tokens, imbalance_ratio * pressure(least))
@@ -76,6 +79,9 @@ class ReplicaBooks:
     # request id -> (prompt tokens to prefill, decode tokens expected, sent at)
     open_requests: dict[str, tuple[int, int, float]] = field(default_factory=dict)
     sent_hashes: OrderedDict[int, float] = field(default_factory=OrderedDict)  # hash -> sent at
+    # every prompt block ever sent here (bounded, oldest dropped): where a tenant lives, even
+    # after its blocks were evicted
+    history: OrderedDict[int, None] = field(default_factory=OrderedDict)
 
     @property
     def sent_tokens(self) -> int:
@@ -105,7 +111,9 @@ class ReplicaBooks:
 @dataclass(frozen=True)
 class Choice:
     replica: ReplicaKey
-    reason: str  # "prefix", "spill" (held elsewhere, but that replica is overloaded), "least-tokens"
+    # "prefix"; "spill" (cached elsewhere, but that replica is overloaded); "home" (cached nowhere,
+    # sent to where this prefix went before); "least-tokens"
+    reason: str
     matched_blocks: int
 
 
@@ -121,6 +129,7 @@ class TokenAwareRouter:
         prefill_weight: float = 1.0,
         decode_weight: float = 0.5,
         max_sent_hashes: int = 8192,
+        max_history: int = 16384,
         sent_ttl_s: float = 10.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -132,12 +141,14 @@ class TokenAwareRouter:
         self.decode_weight = decode_weight
         self.min_margin_tokens = min_margin_tokens
         self.max_sent_hashes = max_sent_hashes
+        self.max_history = max_history
         self.sent_ttl_s = sent_ttl_s
         self._clock = clock
         self.books: dict[ReplicaKey, ReplicaBooks] = {}
         self._request_replica: dict[str, ReplicaKey] = {}
         self.num_prefix_choices = 0  # per request (a request routed again counts once)
         self.num_spill_choices = 0
+        self.num_home_choices = 0
         self.num_load_choices = 0
 
     # -- what the replicas say -----------------------------------------------------------------
@@ -180,21 +191,31 @@ class TokenAwareRouter:
         best = max(range(len(candidates)), key=lambda i: (matches[i], -loads[i], -held[i]))
         least = min(range(len(candidates)), key=lambda i: (loads[i], -matches[i], held[i]))
         if matches[best] == 0:
+            # cached nowhere: back to the prefix's home, the one replica it was sent to before
+            # (evicted there under memory pressure), so tenants keep their partition instead of
+            # moving into, and evicting from, another replica's cache
+            homes = [self._match(b, prompt_hashes, in_history=True) for b in books]
+            home = max(range(len(candidates)), key=lambda i: homes[i])
+            if homes[home] > 0 and sorted(homes)[-2:] != [homes[home]] * 2 and (
+                home == least or self._within_margin(books[home], books[least], homes[home])
+            ):
+                return Choice(candidates[home], "home", 0)
             return Choice(candidates[least], "least-tokens", matches[least])
-        if best == least:
-            return Choice(candidates[best], "prefix", matches[best])
-        p_best, p_least = books[best].pressure(self.decode_weight), books[least].pressure(self.decode_weight)
-        saved = self.prefill_weight * self.block_size * (matches[best] - matches[least])
-        margin = max(self.min_margin_tokens, self.imbalance_ratio * p_least) + saved
-        if p_best <= p_least + margin:
+        if best == least or self._within_margin(books[best], books[least], matches[best] - matches[least]):
             return Choice(candidates[best], "prefix", matches[best])
         return Choice(candidates[least], "spill", matches[least])
 
+    def _within_margin(self, preferred: ReplicaBooks, least: ReplicaBooks, blocks: int) -> bool:
+        """Is ``preferred`` (worth ``blocks`` prefix blocks to this request) not overloaded?"""
+        p_pref, p_least = preferred.pressure(self.decode_weight), least.pressure(self.decode_weight)
+        saved = self.prefill_weight * self.block_size * blocks
+        return p_pref <= p_least + max(self.min_margin_tokens, self.imbalance_ratio * p_least) + saved
+
     @staticmethod
-    def _match(books: ReplicaBooks, prompt_hashes: Sequence[int]) -> int:
+    def _match(books: ReplicaBooks, prompt_hashes: Sequence[int], in_history: bool = False) -> int:
         n = 0
         for h in prompt_hashes:
-            if not books.holds(h):
+            if not (h in books.history if in_history else books.holds(h)):
                 break
             n += 1
         return n
@@ -218,6 +239,8 @@ class TokenAwareRouter:
                 self.num_prefix_choices += 1
             elif reason == "spill":
                 self.num_spill_choices += 1
+            elif reason == "home":
+                self.num_home_choices += 1
             else:
                 self.num_load_choices += 1
         books = self.books.setdefault(replica, ReplicaBooks())
@@ -230,6 +253,11 @@ class TokenAwareRouter:
             books.sent_hashes.move_to_end(h)
         while len(books.sent_hashes) > self.max_sent_hashes:
             books.sent_hashes.popitem(last=False)
+        for h in prompt_hashes:
+            books.history[h] = None
+            books.history.move_to_end(h)
+        while len(books.history) > self.max_history:
+            books.history.popitem(last=False)
 
     def on_done(self, request_id: str) -> None:
         replica = self._request_replica.pop(request_id, None)

@@ -66,6 +66,7 @@ class TokenPrefixRequestRouter(RequestRouter):
                 {
                     "prefix_choices": p.num_prefix_choices,
                     "spill_choices": p.num_spill_choices,
+                    "home_choices": p.num_home_choices,
                     "least_token_choices": p.num_load_choices,
                     "open_tokens": [b.sent_tokens for b in p.books.values()],
                     "reported_tokens": [b.reported_tokens for b in p.books.values()],

@@ -211,3 +211,25 @@ def test_ray_request_router_shell_ranks_the_policy_choice_first():
     assert router.policy.books["r2"].sent_tokens == 0
     ranks = asyncio.run(router.choose_replicas(list(reps.values()), pending("d", "describe")))
     assert ranks[-1][0].replica_id == "r2"  # a non-generate call: least loaded first
+
+
+def test_a_prefix_evicted_everywhere_goes_back_to_its_home_replica():
+    clock = Clock()
+    r = TokenAwareRouter(block_size=BS, clock=clock, sent_ttl_s=5.0)
+    tenant = list(range(100, 140))
+    h = hashes(tenant + [1])
+    r.on_sent("b", "r1", h, 10)
+    r.on_done("r1")
+    clock.t = 10.0  # evicted on b (memory pressure); a is emptier and idle
+    r.on_report("a", {"outstanding_tokens": 0, "prefix_hashes": []})
+    r.on_report("b", {"outstanding_tokens": 60, "prefill_tokens": 0, "prefix_hashes": []})
+    choice = r.choose(["a", "b"], hashes(tenant + [2]))
+    assert (choice.replica, choice.reason, choice.matched_blocks) == ("b", "home", 0)
+    # the home is not kept against a real overload
+    r.on_report("b", {"outstanding_tokens": 900, "prefill_tokens": 900, "prefix_hashes": []})
+    assert r.choose(["a", "b"], hashes(tenant + [2])).reason == "least-tokens"
+    # sent to both before: no home, the least loaded replica takes it
+    r.on_sent("a", "r2", h, 10)
+    r.on_done("r2")
+    r.on_report("b", {"outstanding_tokens": 60, "prefill_tokens": 0, "prefix_hashes": []})
+    assert r.choose(["a", "b"], hashes(tenant + [3])).replica == "a"

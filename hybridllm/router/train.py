@@ -4,8 +4,12 @@ Label: the strong model was needed (the weak model failed where the strong one s
 scorer (see ``classifier``) learns the per-prompt quality gain ``strong - weak``, whose positive
 class is that label. Folds come from a hash of the prompt text, so copies of one question share a
 fold and no test question is ever trained on (nor used as a neighbor). The shipped threshold is the
-score quantile that sends the cross-validated ``calls_at_95`` fraction of the training prompts to
+quantile of the cross-validated (out-of-fold) scores that sends their ``calls_at_95`` fraction to
 the cloud: on traffic like the training data, the cheapest setting keeping 95% of strong quality.
+Out-of-fold scores, not the final scorer's scores of its own training prompts: a new prompt is
+scored like a held-out one, while a training prompt is its own neighbor and in its own topic (on
+our GSM8K labels at 195 rows the in-sample quantile kept 94% of cloud quality out of fold, the
+out-of-fold one 96%; at 561 rows both 97%).
 
 Several sources (say RouteLLM's MMLU labels and your own pair's GSM8K labels) train one router:
 their rows are pooled, each source's rows weighted so that the sources weigh ``--weight`` each in
@@ -212,7 +216,7 @@ def train_router(
     cv = cross_validate(data, x, emb, hyper=hyper, num_folds=num_folds, sample_weight=weight)
     scorer = _fit(x, _gain(data), emb, hyper, weight)
     train_scores = np.asarray(scorer.predict(x, emb), dtype=np.float64)
-    threshold, per_source = _threshold_and_source_metrics(data, sources, cv, train_scores)
+    threshold, per_source = _threshold_and_source_metrics(data, sources, cv)
     logprob_threshold = DEFAULT_LOGPROB_THRESHOLD
     cascade: dict[str, Any] = {
         "logprob_threshold": logprob_threshold,
@@ -255,7 +259,7 @@ def train_router(
             "topic_mix": scorer.topic_mix,
             "num_folds": num_folds,
             "num_text_features": len(TEXT_FEATURES),
-            "threshold_rule": "train-score quantile sending the CV calls_at_95 fraction to cloud"
+            "threshold_rule": "out-of-fold score quantile sending the CV calls_at_95 fraction to cloud"
             + ("; the lowest over sources" if len(sources.names) > 1 else ""),
             "cascade": cascade,
             "seconds": round(time.perf_counter() - started, 1),
@@ -290,9 +294,8 @@ def _threshold_and_source_metrics(
     data: RoutingData,
     sources: Sources,
     cv: CVResult,
-    train_scores: np.ndarray,
 ) -> tuple[float, dict[str, dict[str, float]]]:
-    """Per source: the train-score quantile sending its CV ``calls_at_95`` fraction to the cloud.
+    """Per source: the out-of-fold score quantile sending its CV ``calls_at_95`` fraction to the cloud.
     The router's threshold is the lowest of them, so every source keeps 95% of strong quality."""
     threshold, per_source = 1.0, {}
     for i, name in enumerate(sources.names):
@@ -305,7 +308,7 @@ def _threshold_and_source_metrics(
         per_source[name] = m
         fraction = float(m["calls_at_95"])
         if fraction > 0:
-            threshold = min(threshold, float(np.quantile(train_scores[rows], 1.0 - fraction)))
+            threshold = min(threshold, float(np.quantile(cv.oof_scores[rows], 1.0 - fraction)))
     return threshold, per_source
 
 

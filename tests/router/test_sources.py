@@ -119,3 +119,49 @@ def test_per_source_cv_and_a_threshold_that_serves_every_source(tmp_path, capsys
         == 1
     )
     assert "one --weight per --data" in capsys.readouterr().err
+
+
+def test_source_weights_reach_the_topics_but_not_the_linear_part_beside_them():
+    """With a topic part, the source shares weigh the topic means only: the linear part (400
+    features) is fitted on the rows as they are, so a small file weighed up 50x cannot teach it
+    that file's surface. Without topics the linear part is all there is and takes the weights."""
+    from hybridllm.router.features import EMBEDDING_DIM, text_feature_matrix
+    from hybridllm.router.fit import fit_gain_scorer
+
+    rng = np.random.default_rng(3)
+    emb = rng.normal(size=(400, EMBEDDING_DIM)).astype(np.float32)
+    emb[:200, 0] += 4.0  # two regions
+    emb /= np.linalg.norm(emb, axis=1, keepdims=True)
+    gain = (rng.random(400) < np.where(np.arange(400) < 200, 0.1, 0.4)).astype(np.int64)
+    x = np.concatenate([text_feature_matrix([f"q {i}" for i in range(400)]), emb], axis=1)
+    w = np.where(np.arange(400) < 200, 1.0, 20.0)  # the second region's file weighed up
+    kw = {"embeddings": emb, "topics": 2, "topic_mix": 0.5, "k": 10}
+    plain, weighted = fit_gain_scorer(x, gain, **kw), fit_gain_scorer(x, gain, sample_weight=w, **kw)
+    assert np.allclose(plain.coef, weighted.coef) and np.allclose(plain.intercept, weighted.intercept)
+    assert not np.allclose(plain.topic_gains, weighted.topic_gains)
+    no_topics = {**kw, "topics": 0}
+    assert not np.allclose(
+        fit_gain_scorer(x, gain, **no_topics).coef,
+        fit_gain_scorer(x, gain, sample_weight=w, **no_topics).coef,
+    )
+
+
+def test_threshold_is_the_out_of_fold_quantile(tmp_path):
+    """The threshold sends each source's cross-validated calls_at_95 fraction of its out-of-fold
+    scores (how unseen prompts score) to the cloud; the lowest over sources wins."""
+    from hybridllm.router.features import feature_matrix
+    from hybridllm.router.train import cross_validate, train_router
+
+    a = load_routellm_csv(_source(tmp_path / "a.csv", long_is_hard=True, n=300, seed=0, tag="a"))
+    b = load_routellm_csv(_source(tmp_path / "b.csv", long_is_hard=False, n=200, seed=1, tag="b"))
+    data, sources = pool([("a", a), ("b", b)])
+    router = train_router(data, use_embedding=False, sources=sources)
+    x = feature_matrix(data.prompts, use_embedding=False)
+    oof = cross_validate(data, x, None, sample_weight=sources.sample_weight()).oof_scores
+    per_source = router.info["metrics"]["cv_per_source"]
+    want = min(
+        float(np.quantile(oof[sources.ids == i], 1.0 - per_source[n]["calls_at_95"]))
+        for i, n in enumerate(sources.names)
+    )
+    assert router.threshold == pytest.approx(want)
+    assert "out-of-fold" in router.info["training"]["threshold_rule"]

@@ -8,9 +8,9 @@ each) behind Ray Serve's default router (power of two choices on queue length), 
 (``cloud_server.cluster.router``). Each phase does the same things in the same order:
 
 1. start Ray and Serve, deploy, wait until ``/health`` says both replicas are up;
-2. warm-up: short unrelated requests until both replicas have run engine steps, then one short
-   request per tenant, in tenant order, one at a time (so each router has placed every tenant
-   once, as in a fleet that has been running; the measured requests then find warm caches);
+2. warm-up: short unrelated requests until both replicas have run engine steps, then
+   ``--warm-rounds`` rounds (1) of one short request per tenant, in tenant order, one at a time
+   (so each router has placed every tenant, as in a fleet that has been running);
 3. the measured workload, the same seeded list in both phases, open loop: requests are sent at
    their Poisson arrival times whatever the fleet's state, so queueing shows in TTFT;
 4. the prefix-cache hit rate comes from the replicas themselves: each response's usage says how
@@ -203,7 +203,7 @@ def _alive(pid: int) -> bool:
     return True
 
 
-async def _warm_up(url: str, client: Any, fleet: Fleet, prompts: dict[str, str]) -> None:
+async def _warm_up(url: str, client: Any, fleet: Fleet, prompts: dict[str, str], rounds: int) -> None:
     # engine warm-up: until both replicas have run steps (first steps allocate and are slow)
     for round_ in range(6):
         bodies = [chat_body(None, f"Say hello, number {round_}-{i}.", 4) for i in range(4)]
@@ -212,22 +212,24 @@ async def _warm_up(url: str, client: Any, fleet: Fleet, prompts: dict[str, str])
         snap = await fleet.snapshot()
         if len(snap) >= 2 and all(v["stats"].get("steps", 0) > 0 for v in snap.values()):
             break
-    # tenant warm-up: every tenant once, in order, one at a time (the same in both phases)
-    for tenant in TENANTS:
-        result = await one(client, url, chat_body(prompts[tenant], "Hello.", 4), 0.0, time.perf_counter())
-        if result["error"]:
-            raise RuntimeError(f"warm-up request failed: {result['error']}")
+    # tenant warm-up: every tenant once per round, in order, one at a time (the same in both phases)
+    for round_ in range(rounds):
+        for tenant in TENANTS:
+            body = chat_body(prompts[tenant], f"Hello ({round_}).", 4)
+            result = await one(client, url, body, 0.0, time.perf_counter())
+            if result["error"]:
+                raise RuntimeError(f"warm-up request failed: {result['error']}")
 
 
 async def _measure(
-    url: str, fleet: Fleet, reqs: list[dict[str, Any]], prompts: dict[str, str]
+    url: str, fleet: Fleet, reqs: list[dict[str, Any]], prompts: dict[str, str], warm_rounds: int
 ) -> tuple[list[dict[str, Any]], dict, dict, dict]:
     import httpx
 
     limits = httpx.Limits(max_connections=256, max_keepalive_connections=256)
     async with httpx.AsyncClient(timeout=httpx.Timeout(600.0), limits=limits) as client:
-        say("warming up (engines, then one request per tenant)")
-        await _warm_up(url, client, fleet, prompts)
+        say(f"warming up (engines, then {warm_rounds} round(s) of one request per tenant)")
+        await _warm_up(url, client, fleet, prompts, warm_rounds)
         await asyncio.sleep(2.5)  # the replicas' next posts carry the warm-up's counters
         before = await fleet.snapshot()
         if len(before) != 2:
@@ -298,7 +300,7 @@ def run_phase(router: str, args: argparse.Namespace) -> dict[str, Any]:
             Path(args.session_file).write_text(node.get_session_dir_path())
         say(f"phase {router}: replicas up after {time.perf_counter() - t_start:.0f} s")
         fleet = Fleet(ray.get_actor(board, namespace="hybridllm"))
-        results, before, after, notes = asyncio.run(_measure(url, fleet, reqs, prompts))
+        results, before, after, notes = asyncio.run(_measure(url, fleet, reqs, prompts, args.warm_rounds))
         try:
             states = serve.status().applications[APP_NAME].deployments[ENGINE].replica_states
             replica_states = {str(k): v for k, v in states.items()}
@@ -440,6 +442,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--prompt-words", type=int, default=380, help="words in each system prompt")
     p.add_argument("--kv-cache-mb", type=int, default=32, help="KV cache per replica (MiB)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--warm-rounds", type=int, default=1, help="rounds of one warm-up request per tenant")
     p.add_argument("--order", default="default,tokens", help="phase order")
     p.add_argument("--phase-timeout", type=float, default=420.0, help="seconds per phase")
     p.add_argument("--phase", choices=ROUTERS, help=argparse.SUPPRESS)  # internal: one phase
@@ -464,7 +467,7 @@ def main(argv: list[str] | None = None) -> int:
     child_argv = [
         f"--requests={args.requests}", f"--rate={args.rate}", f"--long-tokens={args.long_tokens}",
         f"--long-share={args.long_share}", f"--prompt-words={args.prompt_words}",
-        f"--kv-cache-mb={args.kv_cache_mb}", f"--seed={args.seed}",
+        f"--kv-cache-mb={args.kv_cache_mb}", f"--seed={args.seed}", f"--warm-rounds={args.warm_rounds}",
     ]  # fmt: skip
     prefix = _prefix_tokens(prompts)
     phases = {}
@@ -492,6 +495,7 @@ def main(argv: list[str] | None = None) -> int:
             "answers": f"{1 - args.long_share:.0%} 16 / {args.long_share:.0%} {args.long_tokens} tokens"
             " (ignore_eos)",
             "long_answers": sum(r["max_tokens"] == args.long_tokens for r in reqs),
+            "warm_up": f"engines, then {args.warm_rounds} round(s) of one request per tenant",
         },
         "kv_pool_per_replica": {
             "mib": args.kv_cache_mb,

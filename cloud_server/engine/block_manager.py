@@ -19,9 +19,14 @@ from collections import OrderedDict, deque
 from ..exceptions import EngineError
 from .sequence import Sequence
 
+# the first block's parent: a fixed int, not None (Python 3.11 hashes None by its address, which
+# differs between processes; a cluster router compares its hashes with a replica's)
+_ROOT_HASH = 0x6879627269646C6C
+
 
 def chain_hash(parent_hash: int | None, token_ids: tuple[int, ...]) -> int:
-    return hash((parent_hash, token_ids))
+    """The same in every process: ints and tuples of ints hash without per-process salt."""
+    return hash((_ROOT_HASH if parent_hash is None else parent_hash, token_ids))
 
 
 class BlockManager:

@@ -43,6 +43,19 @@ def test_prompt_hashes_are_the_engines_prefix_cache_hashes():
     assert hashes([9] + list(range(1, 12)))[0] != hashes(list(range(12)))[0]
 
 
+def test_prompt_hashes_are_the_same_in_another_process():
+    # the router (front-end process) compares its hashes with those a replica process reports
+    import subprocess
+    import sys
+
+    code = (
+        "from cloud_server.cluster.policy import prompt_block_hashes;"
+        "print(prompt_block_hashes(list(range(40)), 4))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == str(hashes(list(range(40))))
+
+
 def test_longest_cached_prefix_wins_while_not_overloaded():
     r = TokenAwareRouter(block_size=BS, min_margin_tokens=10, imbalance_ratio=0.0)
     prompt = list(range(40))

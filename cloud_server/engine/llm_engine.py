@@ -100,6 +100,7 @@ class LLMEngine:
         self._unused_slots_at_peak = 0
 
     def _make_spec_decoder(self, num_blocks: int) -> Any:
+        from ..layers.linear import int8_row_block
         from .model_runner import ModelRunner
         from .spec_decode import SpecDecoder
         from .spec_decode.draft import DraftProposer
@@ -133,6 +134,7 @@ class LLMEngine:
             max_model_len=self.max_model_len,
             draft=draft,
             max_spec_rows=config.spec_max_rows,
+            row_block=int8_row_block(self.device, self.dtype, self.quantization),
         )
 
     # -- requests ----------------------------------------------------------------------------

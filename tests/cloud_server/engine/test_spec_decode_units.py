@@ -113,6 +113,30 @@ def test_adaptive_rule_shrinks_k_with_the_batch_and_low_acceptance():
     assert server_off.lookahead(per_request, 1) == 2
 
 
+def test_row_blocks_round_a_sequences_rows_down_to_whole_blocks():
+    import torch
+
+    from cloud_server.layers.linear import int8_row_block
+
+    cpu = torch.device("cpu")
+    assert int8_row_block(cpu, torch.bfloat16, "int8") == 4
+    assert int8_row_block(cpu, torch.float32, "none") == 1
+    assert int8_row_block(torch.device("cuda"), torch.bfloat16, "none") == 1
+    text = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12] * 3
+    seq = Sequence("r", text, SamplingParams(max_tokens=100))
+
+    def k_for(num_speculative_tokens, num_decoding=1):
+        spec = SpecDecoder(method="ngram", num_speculative_tokens=num_speculative_tokens,
+                           max_model_len=4096, max_spec_rows=16, row_block=4)
+        return spec.lookahead(seq, num_decoding)
+
+    # 1 + k rows: 5 -> 4, 4 stays, 3 and 2 stay (within one block), 9 -> 8, 8 stays
+    assert [k_for(k) for k in (4, 3, 2, 1, 8, 7, 6)] == [3, 3, 2, 1, 7, 7, 3]
+    assert k_for(4, num_decoding=2) == 3  # 2 sequences x 4 rows
+    plain = SpecDecoder(method="ngram", num_speculative_tokens=4, max_model_len=4096)
+    assert plain.lookahead(seq, 1) == 4  # row_block 1: no rounding
+
+
 def test_config_and_request_errors_are_clear():
     with pytest.raises(ConfigError, match="draft-model"):
         EngineConfig("m", speculative_method="draft")

@@ -269,60 +269,69 @@ def label_to_csv(
                 futures[edge_pool.submit(attempt, edge, q.prompt)] = (i, "edge")
                 futures[cloud_pool.submit(attempt, cloud, q.prompt)] = (i, "cloud")
             failed: set[int] = set()
-            for fut in as_completed(futures):
-                i, side = futures[fut]
-                try:
-                    results.setdefault(i, {})[side] = fut.result()
-                except (CloudError, EdgeError) as exc:
-                    if i not in failed:
-                        failed.add(i)
-                        run.num_failed += 1
-                        run.errors.append(f"{side}: {exc}")
-                    if run.num_failed >= 20 and run.num_added == 0:
-                        for f in futures:
-                            f.cancel()
-                        raise
-                    continue
-                got = results[i]
-                if i in failed or len(got) < 2:
-                    continue
-                row = _row(todo[i], got["edge"], got["cloud"])
-                writer.writerow(_cells(row))
-                fh.flush()
-                if answers_fh is not None:
-                    answers_fh.write(
-                        json.dumps(
-                            {
-                                "prompt": todo[i].prompt,
-                                "reference": todo[i].reference,
-                                "edge": got["edge"].text,
-                                "edge_finish": got["edge"].finish_reason,
-                                "cloud": got["cloud"].text,
-                                "cloud_finish": got["cloud"].finish_reason,
-                                "cloud_tokens": got["cloud"].num_tokens,
-                            }
+            try:
+                for fut in as_completed(futures):
+                    i, side = futures[fut]
+                    try:
+                        results.setdefault(i, {})[side] = fut.result()
+                    except (CloudError, EdgeError) as exc:
+                        if i not in failed:
+                            failed.add(i)
+                            run.num_failed += 1
+                            run.errors.append(f"{side}: {exc}")
+                        if run.num_failed >= 20 and run.num_added == 0:
+                            raise
+                        continue
+                    got = results[i]
+                    if i in failed or len(got) < 2:
+                        continue
+                    row = _row(todo[i], got["edge"], got["cloud"])
+                    writer.writerow(_cells(row))
+                    fh.flush()
+                    if answers_fh is not None:
+                        answers_fh.write(
+                            json.dumps(
+                                {
+                                    "prompt": todo[i].prompt,
+                                    "reference": todo[i].reference,
+                                    "edge": got["edge"].text,
+                                    "edge_finish": got["edge"].finish_reason,
+                                    "cloud": got["cloud"].text,
+                                    "cloud_finish": got["cloud"].finish_reason,
+                                    "cloud_tokens": got["cloud"].num_tokens,
+                                }
+                            )
+                            + "\n"
                         )
-                        + "\n"
-                    )
-                    answers_fh.flush()
-                del results[i]
-                run.num_added += 1
-                run.num_rows += 1
-                run.edge_correct += bool(row["edge"])
-                run.cloud_correct += bool(row["cloud"])
+                        answers_fh.flush()
+                    del results[i]
+                    run.num_added += 1
+                    run.num_rows += 1
+                    run.edge_correct += bool(row["edge"])
+                    run.cloud_correct += bool(row["cloud"])
+                    if progress is not None:
+                        elapsed = time.monotonic() - start
+                        left = len(todo) - run.num_added - len(failed)
+                        eta = elapsed / run.num_added * left
+                        progress.write(
+                            f"labelled {run.num_added}/{len(todo)}"
+                            f" ({run.num_rows} in file, {run.num_failed} failed)"
+                            f"  edge {run.edge_correct / run.num_rows:.3f}"
+                            f"  cloud {run.cloud_correct / run.num_rows:.3f}"
+                            f"  {run.num_added / elapsed * 60:.1f}/min"
+                            f"  elapsed {_fmt_seconds(elapsed)}  ETA {_fmt_seconds(eta)}\n"
+                        )
+                        progress.flush()
+            except BaseException:  # Ctrl-C or a fatal error: drop the queue, keep the rows written
+                pending = sum(not f.done() for f in futures)
+                for f in futures:
+                    f.cancel()
                 if progress is not None:
-                    elapsed = time.monotonic() - start
-                    left = len(todo) - run.num_added - len(failed)
-                    eta = elapsed / run.num_added * left
-                    progress.write(
-                        f"labelled {run.num_added}/{len(todo)}"
-                        f" ({run.num_rows} in file, {run.num_failed} failed)"
-                        f"  edge {run.edge_correct / run.num_rows:.3f}"
-                        f"  cloud {run.cloud_correct / run.num_rows:.3f}"
-                        f"  {run.num_added / elapsed * 60:.1f}/min"
-                        f"  elapsed {_fmt_seconds(elapsed)}  ETA {_fmt_seconds(eta)}\n"
-                    )
+                    running = sum(f.running() for f in futures)
+                    progress.write(f"stopping: {pending - running} questions dropped, waiting for the"
+                                   f" {running} in flight; rerun the same command to resume\n")
                     progress.flush()
+                raise
     finally:
         fh.close()
         if answers_fh is not None:

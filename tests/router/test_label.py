@@ -185,6 +185,42 @@ def test_label_to_csv_leaves_out_failed_questions_for_a_rerun(tmp_path):
         )
 
 
+def test_label_to_csv_stops_at_ctrl_c_and_keeps_the_rows(tmp_path):
+    """Ctrl-C drops the queued questions at once (no wait for hundreds of queued answers), keeps
+    every row already written, says how to resume, and a rerun picks up where it stopped."""
+    import time
+
+    edge_calls = []
+
+    def edge(prompt):
+        edge_calls.append(prompt)
+        if len(edge_calls) == 4:
+            raise KeyboardInterrupt
+        time.sleep(0.01)
+        return _edge(prompt)
+
+    def cloud(prompt):
+        time.sleep(0.01)
+        return "The answer is 0", None
+
+    out, progress = tmp_path / "l.csv", io.StringIO()
+    started = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        label_mod.label_to_csv(
+            _sum_questions(300), edge, cloud, out, edge_col="e", cloud_col="c", concurrency=2,
+            progress=progress,
+        )
+    assert time.monotonic() - started < 2.0  # 300 queued edge answers would take 3 s
+    assert len(edge_calls) <= 5
+    assert "rerun the same command to resume" in progress.getvalue()
+    kept = load_routellm_csv(out, weak_col="e", strong_col="c")
+    assert 1 <= len(kept.prompts) <= 3
+    run = label_mod.label_to_csv(
+        _sum_questions(300)[:10], _edge, cloud, out, edge_col="e", cloud_col="c", concurrency=2
+    )
+    assert run.num_skipped == len(kept.prompts) and run.num_rows == 10
+
+
 def test_openai_cloud_errors(monkeypatch):
     real_client = httpx.Client
     monkeypatch.setattr(

@@ -113,9 +113,12 @@ def test_seed_repeats_and_temperature_varies(edge):
 
 
 def test_top_k_one_is_greedy_at_any_temperature(edge):
-    greedy = edge.generate(FRANCE, _params(max_tokens=16)).text
-    g = edge.generate(FRANCE, GenerationParams(max_tokens=16, temperature=1.5, top_k=1, seed=3))
-    assert g.text == greedy
+    # temperature 0 takes the argmax; top_k=1 keeps one candidate and draws it at any temperature
+    greedy = list(edge.stream(FRANCE, _params(max_tokens=16, logprobs=True)))
+    sampled = list(edge.stream(FRANCE, GenerationParams(
+        max_tokens=16, temperature=1.5, top_k=1, seed=3, logprobs=True)))
+    assert [d.text for d in sampled] == [d.text for d in greedy]
+    assert [d.logprob for d in sampled] == pytest.approx([d.logprob for d in greedy], abs=1e-5)
 
 
 def test_stop_string_cuts_without_leaking_a_partial_match(edge):

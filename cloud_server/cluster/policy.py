@@ -186,7 +186,7 @@ class TokenAwareRouter:
             raise ValueError("no candidate replicas")
         books = [self.books.setdefault(c, ReplicaBooks()) for c in candidates]
         loads = [b.load() for b in books]
-        matches = [self._match(b, prompt_hashes) for b in books]
+        matches = [_leading(prompt_hashes, b.holds) for b in books]
         held = [b.num_held() for b in books]
         best = max(range(len(candidates)), key=lambda i: (matches[i], -loads[i], -held[i]))
         least = min(range(len(candidates)), key=lambda i: (loads[i], -matches[i], held[i]))
@@ -194,9 +194,9 @@ class TokenAwareRouter:
             # cached nowhere: back to the prefix's home, the one replica it was sent to before
             # (evicted there under memory pressure), so tenants keep their partition instead of
             # moving into, and evicting from, another replica's cache
-            homes = [self._match(b, prompt_hashes, in_history=True) for b in books]
+            homes = [_leading(prompt_hashes, b.history.__contains__) for b in books]
             home = max(range(len(candidates)), key=lambda i: homes[i])
-            if homes[home] > 0 and sorted(homes)[-2:] != [homes[home]] * 2 and (
+            if homes[home] > 0 and homes.count(homes[home]) == 1 and (  # one home, not a tie
                 home == least or self._within_margin(books[home], books[least], homes[home])
             ):
                 return Choice(candidates[home], "home", 0)
@@ -210,15 +210,6 @@ class TokenAwareRouter:
         p_pref, p_least = preferred.pressure(self.decode_weight), least.pressure(self.decode_weight)
         saved = self.prefill_weight * self.block_size * blocks
         return p_pref <= p_least + max(self.min_margin_tokens, self.imbalance_ratio * p_least) + saved
-
-    @staticmethod
-    def _match(books: ReplicaBooks, prompt_hashes: Sequence[int], in_history: bool = False) -> int:
-        n = 0
-        for h in prompt_hashes:
-            if not (h in books.history if in_history else books.holds(h)):
-                break
-            n += 1
-        return n
 
     # -- our own books -------------------------------------------------------------------------
     def on_sent(
@@ -268,3 +259,13 @@ class TokenAwareRouter:
 def estimate_tokens(num_prompt_tokens: int, matched_blocks: int, block_size: int, max_tokens: int) -> int:
     """A request's outstanding work in tokens: prompt tokens it must prefill plus its decode."""
     return max(0, num_prompt_tokens - matched_blocks * block_size) + max_tokens
+
+
+def _leading(prompt_hashes: Sequence[int], has: Callable[[int], bool]) -> int:
+    """How many of the prompt's blocks, from the first, ``has`` accepts (the prefix match)."""
+    n = 0
+    for h in prompt_hashes:
+        if not has(h):
+            break
+        n += 1
+    return n

@@ -108,8 +108,9 @@ def build_parser() -> argparse.ArgumentParser:
     engine.add_argument("--device", default=None, help="cpu or cuda[:N] (default: auto)")
     engine.add_argument("--dtype", default=None, help="float32, bfloat16 or float16 (default: auto)")
     engine.add_argument(
-        "--quantization", default=None, choices=["none", "int8"],
-        help="weights: int8 (weight-only, per-channel) or none (default: int8 on CPU, none on CUDA)",
+        "--quantization", default=None, choices=["none", "int8", "int4"],
+        help="weights: int8 (weight-only, per-channel), int4 (a GGUF's own 4-bit groups, int8 for "
+        "its other tensors) or none (default: int8 on CPU, none on CUDA)",
     )
     engine.add_argument("--seed", type=int, default=0)
     engine.add_argument("--num-threads", type=_positive_int, default=None, help="torch CPU threads")

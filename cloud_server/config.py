@@ -8,7 +8,7 @@ from .exceptions import ConfigError
 
 _DEVICES = ("cpu", "cuda")
 _DTYPES = ("float32", "bfloat16", "float16")
-_QUANTIZATIONS = ("none", "int8")
+_QUANTIZATIONS = ("none", "int8", "int4")
 _SPEC_METHODS = ("ngram", "draft")
 
 

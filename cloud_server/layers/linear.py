@@ -1,9 +1,14 @@
-"""Linear layers and embeddings whose weights are floats or weight-only int8.
+"""Linear layers and embeddings whose weights are floats, weight-only int8 or weight-only int4.
 
 Weight-only int8, one scale per output channel (row):
     s_r = max_c |W[r, c]| / 127,  Q[r, c] = round(W[r, c] / s_r)  in [-127, 127]
     y = x Q^T * s  (torch's CPU kernel ``_weight_int8pack_mm``; elsewhere Q is widened first)
-Rows keep their own scales, so fusing layers (q|k|v, gate|up) is a concatenation of rows.
+Weight-only int4, a GGUF 4-bit tensor's own groups of 32 weights along each row, kept as they are:
+    W[r, c] = scale[r, g] * (Q[r, c] - 8) + zero[r, g],  g = c // 32,  Q in 0..15
+    given as codes, two per byte (column 2j in the low nibble, 2j + 1 in the high one), and
+    scale_zero [out, in / 32, 2]; on the CPU ``load`` repacks them for ``_weight_int4pack_mm_for_cpu``
+    (bf16 activations), elsewhere they are widened to the activation dtype once.
+Rows keep their own scales (and groups), so fusing layers (q|k|v, gate|up) is a concatenation of rows.
 """
 
 from __future__ import annotations
@@ -12,16 +17,19 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-QUANTIZATIONS = ("none", "int8")
-_INT8_CPU_BLOCK_M = 4  # rows per block of torch's CPU int8 kernel (one weight pass per block)
+QUANTIZATIONS = ("none", "int8", "int4")
+_CPU_BLOCK_M = 4  # rows per block of torch's CPU int8 and int4 kernels (one weight pass per block)
+INT4_GROUP = 32  # weights per (scale, zero) along a row in the int4 format
+_INT4_ROWS_MULTIPLE = 16  # torch's int4 CPU packing takes a multiple of 16 output rows
 
 
 def int8_row_block(device: torch.device, dtype: torch.dtype, quantization: str) -> int:
-    """Rows the matmuls take for the price of one: 4 for int8 weights with bf16 activations on
-    CPU (``_weight_int8pack_mm`` works in blocks of 4 rows; the fifth row starts a second pass
-    over the weights), else 1 (cost grows smoothly with rows)."""
-    cpu_int8 = device.type == "cpu" and quantization == "int8" and dtype == torch.bfloat16
-    return _INT8_CPU_BLOCK_M if cpu_int8 else 1
+    """Rows the matmuls take for the price of one: 4 for int8 or int4 weights with bf16
+    activations on CPU (``_weight_int8pack_mm`` and ``_weight_int4pack_mm_for_cpu`` work in blocks
+    of 4 rows; the fifth row starts a second pass over the weights), else 1 (cost grows smoothly
+    with rows)."""
+    cpu_blocked = device.type == "cpu" and quantization in ("int8", "int4") and dtype == torch.bfloat16
+    return _CPU_BLOCK_M if cpu_blocked else 1
 
 
 def quantize_rows(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -32,24 +40,64 @@ def quantize_rows(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return q, scale
 
 
+def int4_supported(rows: int, cols: int) -> bool:
+    """Whether a [rows, cols] matrix can take the int4 format (else it goes to int8 rows)."""
+    return rows % _INT4_ROWS_MULTIPLE == 0 and cols % INT4_GROUP == 0
+
+
+def pack_int4_codes(q: torch.Tensor) -> torch.Tensor:
+    """Codes uint8 [out, in] in 0..15 -> two per byte [out, in / 2] (column 2j low, 2j + 1 high)."""
+    return q[:, 0::2] | (q[:, 1::2] << 4)
+
+
+def int4_dequantize(codes: torch.Tensor, scale_zero: torch.Tensor) -> torch.Tensor:
+    """Two-per-byte codes [out, in / 2] and scale_zero [out, in / 32, 2] -> fp32 [out, in]."""
+    q = torch.stack((codes & 0x0F, codes >> 4), dim=-1).reshape(codes.shape[0], -1, INT4_GROUP)
+    sz = scale_zero.float()
+    w = sz[..., 0:1] * (q.float() - 8.0) + sz[..., 1:2]  # w = scale * (q - 8) + zero, per group
+    return w.reshape(codes.shape[0], -1)
+
+
+def _pack_int4_for_cpu(codes: torch.Tensor, scale_zero: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(codes two per byte [out, in / 2], scale_zero [out, in / 32, 2]) -> torch's CPU int4 layout:
+    its own packing of the codes and bf16 scale_zero [in / 32, out, 2]."""
+    q = torch.stack((codes & 0x0F, codes >> 4), dim=-1).reshape(codes.shape[0], -1).to(torch.int32)
+    packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 1)
+    return packed, scale_zero.to(torch.bfloat16).transpose(0, 1).contiguous()
+
+
 class Linear(nn.Module):
     """``y = x W^T (+ b)``; weights are given later by ``load`` (the model is built on meta)."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool = False) -> None:
         super().__init__()
         self.in_features, self.out_features, self.has_bias = in_features, out_features, bias
-        self.weight: torch.Tensor | None = None  # [out, in] float, or int8 with ``scale``
-        self.scale: torch.Tensor | None = None  # [out] in the activation dtype
+        # [out, in] float; int8 with ``scale``; int4 (CPU): torch's packed codes with ``scale``
+        self.weight: torch.Tensor | None = None
+        # int8: [out] in the activation dtype; int4: scale_zero [in / 32, out, 2] bf16
+        self.scale: torch.Tensor | None = None
         self.bias: torch.Tensor | None = None  # [out]
+        self.int4 = False
 
     def load(
         self, weight: torch.Tensor, *, scale: torch.Tensor | None = None, bias: torch.Tensor | None = None
     ) -> None:
-        if tuple(weight.shape) != (self.out_features, self.in_features):
-            raise ValueError(f"weight {tuple(weight.shape)} != {(self.out_features, self.in_features)}")
+        """``weight``: float [out, in], int8 [out, in] with ``scale`` [out], or int4 codes uint8
+        [out, in / 2] with ``scale`` = scale_zero [out, in / 32, 2] (see the module's docstring)."""
+        int4 = weight.dtype == torch.uint8
+        shape = (weight.shape[0], weight.shape[1] * 2) if int4 else tuple(weight.shape)
+        if shape != (self.out_features, self.in_features):
+            raise ValueError(f"weight {shape} != {(self.out_features, self.in_features)}")
         if self.has_bias != (bias is not None):
             raise ValueError("bias given to a layer without one, or missing")
-        self.weight, self.scale, self.bias = weight.contiguous(), scale, bias
+        if int4:
+            if scale is None:
+                raise ValueError("int4 weights come with their scale_zero")
+            if weight.device.type == "cpu":
+                weight, scale = _pack_int4_for_cpu(weight, scale)
+            else:  # no int4 kernel used elsewhere: widen once to the activation dtype
+                weight, scale, int4 = int4_dequantize(weight, scale).to(scale.dtype), None, False
+        self.weight, self.scale, self.bias, self.int4 = weight.contiguous(), scale, bias, int4
 
     @property
     def is_int8(self) -> bool:
@@ -62,7 +110,11 @@ class Linear(nn.Module):
             return F.linear(x, self.weight, self.bias)
         shape = x.shape
         x2 = x.reshape(-1, self.in_features).contiguous()  # [N, in]
-        if x2.device.type == "cpu":
+        if self.int4:  # the kernel takes bf16 activations only (fp32 has no fast path)
+            xb = x2.to(torch.bfloat16)
+            y = torch.ops.aten._weight_int4pack_mm_for_cpu(xb, self.weight, INT4_GROUP, self.scale)
+            y = y.to(x2.dtype)  # [N, out]
+        elif x2.device.type == "cpu":
             y = torch.ops.aten._weight_int8pack_mm(x2, self.weight, self.scale)  # [N, out]
         else:
             y = F.linear(x2, self.weight.to(x2.dtype)) * self.scale
@@ -72,20 +124,23 @@ class Linear(nn.Module):
 
 
 class Embedding(nn.Module):
-    """Token embeddings; int8 rows carry their own scale (the same rows a tied head uses)."""
+    """Token embeddings; int8 rows carry their own scale, int4 rows their groups' scale_zero (the
+    same rows a tied head uses)."""
 
     def __init__(self, num_embeddings: int, dim: int) -> None:
         super().__init__()
         self.num_embeddings, self.dim = num_embeddings, dim
-        self.weight: torch.Tensor | None = None  # [vocab, dim] float or int8
-        self.scale: torch.Tensor | None = None  # [vocab]
+        self.weight: torch.Tensor | None = None  # [vocab, dim] float or int8; int4 [vocab, dim / 2]
+        self.scale: torch.Tensor | None = None  # [vocab]; int4: scale_zero [vocab, dim / 32, 2]
         self.dtype = torch.float32
 
     def load(
         self, weight: torch.Tensor, *, scale: torch.Tensor | None = None, dtype: torch.dtype = torch.float32
     ) -> None:
-        if tuple(weight.shape) != (self.num_embeddings, self.dim):
-            raise ValueError(f"embedding {tuple(weight.shape)} != {(self.num_embeddings, self.dim)}")
+        int4 = weight.dtype == torch.uint8
+        shape = (weight.shape[0], weight.shape[1] * 2) if int4 else tuple(weight.shape)
+        if shape != (self.num_embeddings, self.dim):
+            raise ValueError(f"embedding {shape} != {(self.num_embeddings, self.dim)}")
         self.weight, self.scale, self.dtype = weight.contiguous(), scale, dtype
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:  # [T] -> [T, dim]
@@ -94,10 +149,14 @@ class Embedding(nn.Module):
         rows = self.weight[ids]  # [T, dim]
         if self.scale is None:
             return rows
+        if rows.dtype == torch.uint8:  # int4 codes: widen this batch's rows only
+            return int4_dequantize(rows.reshape(-1, rows.shape[-1]), self.scale[ids].reshape(
+                -1, *self.scale.shape[1:])).reshape(*ids.shape, self.dim)
         return rows.float() * self.scale[ids].float().unsqueeze(-1)
 
     def as_linear(self) -> Linear:
-        """The tied output head: the same rows (and scales) as a [vocab, dim] projection."""
+        """The tied output head: the same rows (and scales) as a [vocab, dim] projection (int4
+        rows are packed again for the head's kernel: a second copy of the codes)."""
         head = Linear(self.dim, self.num_embeddings)
         if self.weight is None:
             raise RuntimeError("Embedding.load was never called")

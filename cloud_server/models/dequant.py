@@ -10,6 +10,10 @@ weight j + 16 of a 32-weight block):
     Q4_K 144 B / 256 w: d, dmin, 12 B of 6-bit (scale, min) for 8 sub-blocks of 32, 128 B q
                                                           w = d * sc * q - dmin * m
     Q6_K 210 B / 256 w: ql[128], qh[64], int8 sc[16], d   w = d * sc * (q6 - 32), 16 per scale
+
+The 4-bit formats (Q4_0, Q4_1, Q4_K) are also read without widening (``int4_groups``): 4-bit
+codes plus one (scale, zero) per 32 weights, w = scale * (q - 8) + zero, the form of torch's int4
+CPU matmul.
 """
 
 from __future__ import annotations
@@ -66,6 +70,37 @@ def _q6_k(raw: torch.Tensor) -> torch.Tensor:  # [nb, 210] -> [nb, 256]
     q = (lo | (hi << 4)).float() - 32.0  # [nb, 2, 128] in -32..31
     scale = (d * sc).repeat_interleave(16, dim=2)  # [nb, 2, 128]: one scale per 16 weights
     return (scale * q).reshape(-1, 256)
+
+
+INT4_TYPES = ("Q4_0", "Q4_1", "Q4_K")  # 4-bit codes with one scale and offset per 32 weights
+
+
+def int4_groups(data: np.ndarray, type_name: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A raw [rows, bytes] 4-bit GGUF tensor -> (codes uint8 [rows, cols] in 0..15, scale fp32
+    [rows, cols / 32], zero fp32 [rows, cols / 32]) with w = scale * (q - 8) + zero, exactly.
+
+    Q4_0: w = d (q - 8): scale d, zero 0.  Q4_1: w = d q + m: scale d, zero m + 8 d.
+    Q4_K sub-block j: w = d sc_j q - dmin m_j: scale d sc_j, zero 8 d sc_j - dmin m_j.
+    """
+    if type_name not in INT4_TYPES:
+        raise ValueError(f"{type_name} is not a 4-bit GGUF type {INT4_TYPES}")
+    rows = data.shape[0] if data.ndim > 1 else 1
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        raw = torch.from_numpy(np.ascontiguousarray(data)).reshape(-1, _BLOCK_BYTES[type_name])
+    if type_name == "Q4_K":
+        d, dmin = _f16(raw[:, 0:2]), _f16(raw[:, 2:4])  # [nb, 1]
+        sc, mn = _k_scales(raw[:, 4:16])  # [nb, 8]
+        qs = raw[:, 16:].reshape(-1, 4, 32)
+        q = torch.stack((qs & 0x0F, qs >> 4), dim=2).reshape(-1, 8, 32)  # [nb, 8 sub-blocks, 32]
+        scale = d * sc  # [nb, 8]
+        zero = 8.0 * scale - dmin * mn
+    else:
+        off = 2 if type_name == "Q4_0" else 4
+        q = _nibbles(raw[:, off:])  # [nb, 32]
+        scale = _f16(raw[:, :2])  # [nb, 1]
+        zero = torch.zeros_like(scale) if type_name == "Q4_0" else _f16(raw[:, 2:4]) + 8.0 * scale
+    return q.reshape(rows, -1), scale.reshape(rows, -1), zero.reshape(rows, -1)
 
 
 def dequantize_fast_torch(data: np.ndarray, type_name: str) -> torch.Tensor | None:

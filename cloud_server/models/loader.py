@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from ..exceptions import ModelLoadError
-from ..layers.linear import QUANTIZATIONS, Embedding, Linear, quantize_rows
+from ..layers.linear import QUANTIZATIONS, Embedding, Linear, int4_dequantize, quantize_rows
 from .config import ModelConfig
 from .loader_gguf import RowChunks
 
@@ -68,6 +68,8 @@ def build_model(
 
     Each tensor is cast (or int8-quantized, ``quantization="int8"``) on arrival, so the peak
     memory is the final model plus one fp32 tensor; the parts of fused layers are joined by rows.
+    ``quantization="int4"`` takes the matrices that come as int4 bands (``iter_gguf_tensors(...,
+    int4=True)``: the GGUF's own 4-bit groups) as they are and int8-quantizes the other matrices.
     """
     weights = convert_weights(tensors, device=device, dtype=dtype, quantization=quantization)
     return assemble_model(config, weights, device=device, dtype=dtype, max_position=max_position)
@@ -80,19 +82,26 @@ def convert_weights(
     dtype: torch.dtype,
     quantization: str = "none",
 ) -> dict[str, Any]:
-    """HF-named fp tensors -> {name: tensor in ``dtype``, or (int8 rows, scales) for matrices}."""
+    """HF-named fp tensors -> {name: tensor in ``dtype``, or for matrices (int8 rows, scales) or
+    (int4 codes uint8, scale_zero) (the formats of ``layers.linear``)}."""
     if quantization not in QUANTIZATIONS:
         raise ModelLoadError(f"quantization must be one of {QUANTIZATIONS}, got {quantization!r}")
-    int8 = quantization == "int8"
     items = tensors.items() if isinstance(tensors, dict) else tensors
-    weights: dict[str, Any] = {}  # name -> tensor, or (int8, scale) for quantized matrices
+    weights: dict[str, Any] = {}  # name -> tensor, or (int8 | int4 codes, scale) for matrices
     num_loaded = 0
     for name, raw in items:
-        quantize = int8 and (_is_matrix(name) or name == "model.embed_tokens.weight")
+        quantize = quantization != "none" and (_is_matrix(name) or name == "model.embed_tokens.weight")
         chunks = raw if isinstance(raw, RowChunks) else [raw]  # big matrices come in row bands
-        parts: list[torch.Tensor] = []  # float row bands, or int8 rows when quantizing
+        parts: list[torch.Tensor] = []  # float row bands, or int8 rows / int4 codes when quantizing
         scales: list[torch.Tensor] = []
         for chunk in chunks:
+            if isinstance(chunk, tuple):  # an int4 band: (codes, scale_zero), kept as they are
+                if not quantize:
+                    raise ModelLoadError(f"{name}: int4 bands given to a {quantization!r} conversion")
+                parts.append(chunk[0].to(device))
+                scales.append(chunk[1].to(device))
+                del chunk
+                continue
             t = torch.from_numpy(chunk) if not isinstance(chunk, torch.Tensor) else chunk
             if quantize:
                 q, s = quantize_rows(t.to(device))
@@ -185,10 +194,18 @@ def _assign(model: Any, weights: dict[str, Any], dtype: torch.dtype) -> None:
 
 def _load_linear(module: Any, mats: list[Any], biases: list[Any] | None) -> None:
     bias = torch.cat(biases) if biases else None
+    if len({m[0].dtype for m in mats if isinstance(m, tuple)}) > 1:
+        # int4 parts beside int8 ones (q|k 4-bit, v 6-bit): all int8 rows, one kernel per layer
+        mats = [_int4_to_int8(m) if m[0].dtype == torch.uint8 else m for m in mats]
     if isinstance(mats[0], tuple):
         module.load(torch.cat([m[0] for m in mats]), scale=torch.cat([m[1] for m in mats]), bias=bias)
     else:
         module.load(torch.cat(mats) if len(mats) > 1 else mats[0], bias=bias)
+
+
+def _int4_to_int8(mat: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    q, scale = quantize_rows(int4_dequantize(*mat))
+    return q, scale.to(mat[1].dtype)
 
 
 def load_model(
@@ -202,7 +219,7 @@ def load_model(
 ) -> LoadedModel:
     """Load ``model`` (catalog id, .gguf, HF folder), converted to ``dtype``/``quantization``.
 
-    A GGUF converted to int8 on the CPU is kept in the weight cache (``weight_cache``; default on
+    A GGUF converted to int8 or int4 on the CPU is kept in the weight cache (``weight_cache``; default on
     unless ``HYBRIDLLM_ENGINE_WEIGHT_CACHE=0``), so later starts read it instead of converting.
     """
     name, path = resolve_model_path(model)
@@ -225,7 +242,7 @@ def load_model(
                                        enabled=weight_cache)
         weights = cached.read() if cached is not None else None
         if weights is None:
-            tensors = iter_gguf_tensors(gguf_file, config)
+            tensors = iter_gguf_tensors(gguf_file, config, int4=quantization == "int4")
     max_pos = min(max_position or config.max_position_embeddings, config.max_position_embeddings)
     if weights is None:
         weights = convert_weights(tensors, device=device, dtype=dtype, quantization=quantization)

@@ -20,7 +20,7 @@ import numpy as np
 
 from ..exceptions import ModelLoadError
 from .config import ModelConfig, gemma3_layer_types
-from .dequant import dequantize_fast_torch
+from .dequant import INT4_TYPES, dequantize_fast_torch, int4_groups
 
 _LAYER_NAMES = {
     "attn_q": "self_attn.q_proj",
@@ -178,23 +178,43 @@ def _dequantize_raw(raw: np.ndarray, tensor_type: Any) -> Any:  # torch fp32
 
 @dataclass
 class RowChunks:
-    """A large matrix, dequantized a band of rows at a time (iterate: fp32 [rows_i, cols])."""
+    """A large matrix, dequantized a band of rows at a time (iterate: fp32 [rows_i, cols]).
+
+    With ``int4`` (a 4-bit type) the bands are not widened: each is (codes uint8 [rows_i, cols / 2]
+    two per byte, scale_zero fp32 [rows_i, cols / 32, 2]), the int4 format of ``layers.linear``.
+    """
 
     raw: np.ndarray  # [rows, row bytes] as stored
     tensor_type: Any
     rows_per_chunk: int
+    int4: bool = False
 
     def __iter__(self) -> Iterator[Any]:
+        import torch
+
+        from ..layers.linear import pack_int4_codes
+
         for i in range(0, self.raw.shape[0], self.rows_per_chunk):
-            yield _dequantize_raw(self.raw[i : i + self.rows_per_chunk], self.tensor_type)
+            band = self.raw[i : i + self.rows_per_chunk]
+            if self.int4:
+                q, scale, zero = int4_groups(band, self.tensor_type.name)
+                yield pack_int4_codes(q), torch.stack((scale, zero), dim=-1)
+            else:
+                yield _dequantize_raw(band, self.tensor_type)
 
 
-def iter_gguf_tensors(gguf_file: GGUFTensors, config: ModelConfig) -> Iterator[tuple[str, Any]]:
+def iter_gguf_tensors(
+    gguf_file: GGUFTensors, config: ModelConfig, *, int4: bool = False
+) -> Iterator[tuple[str, Any]]:
     """Yield (HF name, fp32 torch tensor or ``RowChunks``) one at a time.
 
     Sets RoPE scaling from rope_freqs. Matrices beyond 64 MB of fp32 (embeddings, the output
-    head) come as ``RowChunks`` so that a loader can convert them band by band.
+    head) come as ``RowChunks`` so that a loader can convert them band by band. With ``int4``,
+    every matrix of a 4-bit type (Q4_0, Q4_1, Q4_K) that the int4 format takes comes as int4
+    ``RowChunks``: its own codes and groups, never widened.
     """
+    from ..layers.linear import int4_supported
+
     arch, path = gguf_file.architecture, gguf_file.path
     names = {**_LAYER_NAMES, **_ARCH_LAYER_NAMES[arch]}
     for t in gguf_file.tensors:
@@ -216,13 +236,21 @@ def iter_gguf_tensors(gguf_file: GGUFTensors, config: ModelConfig) -> Iterator[t
         else:
             continue
         raw = _read_raw(path, t)
+        permuted = arch == "llama" and name.endswith(("q_proj.weight", "k_proj.weight"))
+        heads = config.num_heads if "q_proj" in name else config.num_kv_heads
+        if (int4 and t.tensor_type.name in INT4_TYPES and raw.ndim == 2 and name.endswith(".weight")
+                and int4_supported(raw.shape[0], t.n_elements // raw.shape[0])):
+            if permuted:  # a permutation of rows: the stored bytes' rows move as they are
+                raw = np.ascontiguousarray(unpermute_qk(raw, heads))
+            cols = t.n_elements // raw.shape[0]
+            yield name, RowChunks(raw, t.tensor_type, max(1, _CHUNK_ELEMENTS // cols), int4=True)
+            continue
         if t.n_elements > _CHUNK_ELEMENTS and raw.ndim == 2 and "q_proj" not in name:
             cols = t.n_elements // raw.shape[0]
             yield name, RowChunks(raw, t.tensor_type, max(1, _CHUNK_ELEMENTS // cols))
             continue
         arr = _dequantize_raw(raw, t.tensor_type)
-        if arch == "llama" and name.endswith(("q_proj.weight", "k_proj.weight")):
-            heads = config.num_heads if "q_proj" in name else config.num_kv_heads
+        if permuted:
             arr = unpermute_qk(arr, heads)
         yield name, arr
 

@@ -1,4 +1,4 @@
-"""The engine's weight cache: a GGUF converted to int8 once, read back on every later start.
+"""The engine's weight cache: a GGUF converted to int8 (or int4) once, read back on every later start.
 
 Converting a Q4_K GGUF (dequantize, then quantize rows to int8) is most of a CPU server's start-up
 (about two minutes for Qwen2.5-Coder-1.5B on two cores); reading the converted tensors back from a
@@ -25,7 +25,7 @@ logger = logging.getLogger(__name__)
 
 FORMAT = "hybridllm-engine-weights"
 VERSION = "1"  # bump when convert_weights changes what it produces
-_Q, _SCALE = "#int8", "#scale"  # suffixes of a quantized matrix's two tensors
+_Q, _Q4, _SCALE = "#int8", "#int4", "#scale"  # suffixes of a quantized matrix's two tensors
 
 
 def _enabled_by_env() -> bool:
@@ -55,11 +55,12 @@ class WeightCache:
     ) -> WeightCache | None:
         """The cache entry of this conversion, or None where nothing is cached.
 
-        Only the slow conversion is cached: int8 on the CPU (fp32 copies would be 4x the GGUF).
+        Only the slow conversion is cached: int8 or int4 on the CPU (fp32 copies would be 4x the
+        GGUF). int4 codes are kept two per byte in row order, not in torch's CPU packing.
         """
         if enabled is None:
             enabled = _enabled_by_env()
-        if not enabled or quantization != "int8" or device.type != "cpu":
+        if not enabled or quantization not in ("int8", "int4") or device.type != "cpu":
             return None
         try:
             st = gguf.stat()
@@ -95,7 +96,7 @@ class WeightCache:
             return None
         weights: dict[str, Any] = {}
         for name, t in flat.items():
-            if name.endswith(_Q):
+            if name.endswith((_Q, _Q4)):
                 base = name[: -len(_Q)]
                 weights[base] = (t, flat[base + _SCALE])
             elif not name.endswith(_SCALE):
@@ -110,7 +111,8 @@ class WeightCache:
         flat: dict[str, torch.Tensor] = {}
         for name, t in weights.items():
             if isinstance(t, tuple):
-                flat[name + _Q], flat[name + _SCALE] = t[0].contiguous(), t[1].contiguous()
+                suffix = _Q4 if t[0].dtype == torch.uint8 else _Q
+                flat[name + suffix], flat[name + _SCALE] = t[0].contiguous(), t[1].contiguous()
             else:
                 flat[name] = t.contiguous()
         size = sum(t.numel() * t.element_size() for t in flat.values())

@@ -1,6 +1,6 @@
 """Run one scheduled step on the model: flatten tokens, build paged-attention metadata, sample.
 
-Owns the KV pool ``[num_layers, 2, num_blocks * block_size, num_kv_heads, head_dim]``,
+Owns the KV pool ``[num_layers, 2, num_kv_heads, num_blocks * block_size, head_dim]``,
 preallocated once. Decode rows go first in the flattened batch (one per decoding sequence, or
 one per position of a token with lookaheads: each attends to its own context length, in one
 batched attention call), then prefill chunks. Each sequence that reaches its end asks for outputs at its last
@@ -64,9 +64,9 @@ class ModelRunner:
         self.config = config
         self.block_size = block_size
         self.device = device
-        shape = (config.num_layers, 2, num_blocks * block_size, config.num_kv_heads,
+        shape = (config.num_layers, 2, config.num_kv_heads, num_blocks * block_size,
                  config.head_dim)
-        self.kv_cache = _zeros_on_demand(shape, dtype, device)  # [L, 2, num_slots, KVH, D]
+        self.kv_cache = _zeros_on_demand(shape, dtype, device)  # [L, 2, KVH, num_slots, D]
         self.sampler = Sampler(seed)
 
     def _slot_table(self, tables: list[list[int]], length: int) -> torch.Tensor:

@@ -1,7 +1,9 @@
 """Attention over a paged KV cache.
 
-The cache of one layer is two tensors ``[num_blocks * block_size, num_kv_heads, head_dim]``;
-token position p of a sequence lives in slot ``block_table[p // bs] * bs + p % bs``.
+The cache of one layer is two tensors ``[num_kv_heads, num_blocks * block_size, head_dim]``
+(head-major: a gather of slots is ``[KVH, B, L, D]`` with every ``[L, D]`` matrix contiguous, so
+the attention matmuls read it in place instead of copying a transposed view per layer); token
+position p of a sequence lives in slot ``block_table[p // bs] * bs + p % bs``.
 A step's tokens are flattened: first one token per decoding sequence, then each prefill chunk.
 Decode tokens attend in one batched call (keys gathered and padded, padding masked);
 each prefill chunk gathers its sequence's keys and attends with a causal mask offset by the
@@ -43,7 +45,7 @@ class AttentionMetadata:
             mask = j.unsqueeze(0) < lens  # [B, L]
             if window is not None:
                 mask &= (lens - 1 - j.unsqueeze(0)) < window
-            self._masks[key] = mask[:, None, None, :]  # [B, 1, 1, L]
+            self._masks[key] = mask[:, None, :]  # [B, 1, L]
         return self._masks[key]
 
     def prefill_mask(self, i: int, window: int | None) -> torch.Tensor:
@@ -62,52 +64,58 @@ class AttentionMetadata:
 
 
 def attend(
-    q: torch.Tensor,  # [B, H, Q, D]
-    k: torch.Tensor,  # [B, KVH, L, D]
-    v: torch.Tensor,  # [B, KVH, L, D]
-    mask: torch.Tensor,  # [B or 1, 1, Q, L] True where a query may see a key
+    q: torch.Tensor,  # [KVH, B, G*Q, D]: the G query heads of a key head, Q queries each
+    k: torch.Tensor,  # [KVH, B, L, D]
+    v: torch.Tensor,  # [KVH, B, L, D]
+    mask: torch.Tensor,  # [B or 1, Q, L] True where a query may see a key
     scale: float,
-) -> torch.Tensor:  # [B, H, Q, D]
+) -> torch.Tensor:  # [KVH, B, G*Q, D]
     """Grouped-query attention written out: softmax(q k^T * scale + mask) v, scores in fp32.
 
     The G = H / KVH query heads of a key head share one matmul ([G*Q, D] x [D, L]). On CPU this
     beats torch's SDPA with a mask by 1.5-30x at decode and prefill sizes (bf16 most of all).
     """
-    b, h, nq, d = q.shape
-    kvh = k.shape[1]
-    qg = q.reshape(b, kvh, (h // kvh) * nq, d)  # heads of one KV head are contiguous
-    scores = torch.matmul(qg, k.transpose(-1, -2)).float() * scale  # [B, KVH, G*Q, L]
-    scores = scores.view(b, kvh, h // kvh, nq, -1).masked_fill(~mask.unsqueeze(1), float("-inf"))
-    probs = torch.softmax(scores, dim=-1).to(v.dtype).view(b, kvh, (h // kvh) * nq, -1)
-    return torch.matmul(probs, v).view(b, h, nq, d)
+    kvh, b, gq, _ = q.shape
+    nq = mask.shape[-2]
+    scores = torch.matmul(q, k.transpose(-1, -2)).float() * scale  # [KVH, B, G*Q, L]
+    scores = scores.view(kvh, b, gq // nq, nq, -1).masked_fill(~mask[None, :, None], float("-inf"))
+    probs = torch.softmax(scores, dim=-1).to(v.dtype).view(kvh, b, gq, -1)
+    return torch.matmul(probs, v)
 
 
 def paged_attention(
     q: torch.Tensor,  # [T, H, D]
     k: torch.Tensor,  # [T, KVH, D]
     v: torch.Tensor,  # [T, KVH, D]
-    k_cache: torch.Tensor,  # [num_slots, KVH, D]
-    v_cache: torch.Tensor,  # [num_slots, KVH, D]
+    k_cache: torch.Tensor,  # [KVH, num_slots, D]
+    v_cache: torch.Tensor,  # [KVH, num_slots, D]
     meta: AttentionMetadata,
     *,
     scale: float,
     window: int | None = None,
 ) -> torch.Tensor:  # [T, H, D]
-    k_cache.index_copy_(0, meta.slot_mapping, k)
-    v_cache.index_copy_(0, meta.slot_mapping, v)
+    k_cache.index_copy_(1, meta.slot_mapping, k.transpose(0, 1))
+    v_cache.index_copy_(1, meta.slot_mapping, v.transpose(0, 1))
+    kvh, d = k_cache.shape[0], k_cache.shape[2]
+    h = q.shape[1]
     out = torch.empty_like(q)
     b = meta.num_decode
     if b:
-        kd = k_cache[meta.decode_gather].transpose(1, 2)  # [B, KVH, L, D]
-        vd = v_cache[meta.decode_gather].transpose(1, 2)
-        qd = q[:b].unsqueeze(2)  # [B, H, 1, D]
-        od = attend(qd, kd, vd, meta.decode_mask(window), scale)  # [B, H, 1, D]
-        out[:b] = od.squeeze(2)
+        gather = meta.decode_gather  # [B, L]
+        flat = gather.view(-1)  # index_select copies whole D-rows: ~10x faster than k[:, gather]
+        kd = k_cache.index_select(1, flat).view(kvh, b, gather.shape[1], d)  # [KVH, B, L, D]
+        vd = v_cache.index_select(1, flat).view(kvh, b, gather.shape[1], d)
+        qd = q[:b].view(b, kvh, h // kvh, d).transpose(0, 1)  # [KVH, B, G, D]
+        od = attend(qd, kd, vd, meta.decode_mask(window), scale)  # [KVH, B, G, D]
+        out[:b] = od.transpose(0, 1).reshape(b, h, d)
     for i, span in enumerate(meta.prefills):
-        qp = q[span.start : span.end].transpose(0, 1).unsqueeze(0)  # [1, H, n, D]
-        kp = k_cache[span.gather].transpose(0, 1).unsqueeze(0)  # [1, KVH, ctx, D]
-        vp = v_cache[span.gather].transpose(0, 1).unsqueeze(0)
-        mask = meta.prefill_mask(i, window)[None, None]  # [1, 1, n, ctx]
-        op = attend(qp, kp, vp, mask, scale)  # [1, H, n, D]
-        out[span.start : span.end] = op[0].transpose(0, 1)
+        n = span.end - span.start
+        # [n, H, D] -> [KVH, 1, G*n, D]: the n queries of each query head, heads of a key head
+        # together (head-major, as the [H, n, D] layout of the whole chunk)
+        qp = q[span.start : span.end].transpose(0, 1).reshape(kvh, 1, (h // kvh) * n, d)
+        kp = k_cache.index_select(1, span.gather).unsqueeze(1)  # [KVH, 1, ctx, D]
+        vp = v_cache.index_select(1, span.gather).unsqueeze(1)
+        mask = meta.prefill_mask(i, window)[None]  # [1, n, ctx]
+        op = attend(qp, kp, vp, mask, scale)  # [KVH, 1, G*n, D]
+        out[span.start : span.end] = op.view(h, n, d).transpose(0, 1)
     return out

@@ -39,11 +39,22 @@ class RotaryEmbedding:
         angles = torch.outer(pos, inv_freq)  # [max_position, head_dim/2]
         self.cos = angles.cos().to(device=device, dtype=dtype)
         self.sin = angles.sin().to(device=device, dtype=dtype)
+        # The rows of the step's positions, looked up once and reused by every layer that shares
+        # this table (the same ``positions`` tensor is passed to all of them). Holding the tensor
+        # keeps its identity from being reused by a later step's tensor.
+        self._rows: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+
+    def _cos_sin(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        rows = self._rows
+        if rows is None or rows[0] is not positions:
+            cos = self.cos[positions].unsqueeze(1)  # [T, 1, head_dim/2]
+            sin = self.sin[positions].unsqueeze(1)
+            rows = self._rows = (positions, cos, sin)
+        return rows[1], rows[2]
 
     def __call__(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         # x: [T, num_heads, head_dim]; positions: [T]
-        cos = self.cos[positions].unsqueeze(1)  # [T, 1, head_dim/2]
-        sin = self.sin[positions].unsqueeze(1)
+        cos, sin = self._cos_sin(positions)
         x1, x2 = x.chunk(2, dim=-1)  # [T, H, head_dim/2] each
         return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
 

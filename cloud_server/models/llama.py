@@ -56,18 +56,22 @@ class Attention(nn.Module):
         self,
         x: torch.Tensor,  # [T, hidden]
         positions: torch.Tensor,  # [T]
-        kv_cache: torch.Tensor,  # [2, num_slots, KVH, D]
+        kv_cache: torch.Tensor,  # [2, KVH, num_slots, D]
         meta: AttentionMetadata,
         rope: RotaryEmbedding,
     ) -> torch.Tensor:  # [T, hidden]
         t = x.shape[0]
-        q, k, v = self.qkv_proj(x).split((self.q_size, self.kv_size, self.kv_size), dim=-1)
-        q = q.reshape(t, self.num_heads, self.head_dim)  # [T, H, D]
-        k = k.reshape(t, self.num_kv_heads, self.head_dim)  # [T, KVH, D]
-        v = v.reshape(t, self.num_kv_heads, self.head_dim)
+        qkv = self.qkv_proj(x)  # [T, q_size + 2 * kv_size]
+        v = qkv[:, self.q_size + self.kv_size :].reshape(t, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None and self.k_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k = rope(q, positions), rope(k, positions)
+            q, k = qkv[:, : self.q_size + self.kv_size].split((self.q_size, self.kv_size), dim=-1)
+            q = self.q_norm(q.reshape(t, self.num_heads, self.head_dim))  # [T, H, D]
+            k = self.k_norm(k.reshape(t, self.num_kv_heads, self.head_dim))  # [T, KVH, D]
+            q, k = rope(q, positions), rope(k, positions)
+        else:  # q and k rotate as one [T, H + KVH, D] tensor: elementwise, so the same values
+            qk = rope(qkv[:, : self.q_size + self.kv_size].reshape(
+                t, self.num_heads + self.num_kv_heads, self.head_dim), positions)
+            q, k = qk.split((self.num_heads, self.num_kv_heads), dim=1)
         o = paged_attention(
             q, k, v, kv_cache[0], kv_cache[1], meta, scale=self.scale, window=self.window
         )  # [T, H, D]
@@ -115,9 +119,11 @@ class CausalLM(nn.Module):
         for module in self.modules():
             if isinstance(module, RMSNorm):
                 module.out_dtype = dtype
+        tables: dict[float, RotaryEmbedding] = {}  # layers with one base share one table
         self.ropes = [
-            RotaryEmbedding(cfg.head_dim, base, max_position, scaling=cfg.rope_scaling,
-                            device=device, dtype=dtype)
+            tables.get(base) or tables.setdefault(base, RotaryEmbedding(
+                cfg.head_dim, base, max_position, scaling=cfg.rope_scaling, device=device,
+                dtype=dtype))
             for base in self.rope_bases()
         ]
 
@@ -128,7 +134,7 @@ class CausalLM(nn.Module):
         self,
         input_ids: torch.Tensor,  # [T]
         positions: torch.Tensor,  # [T]
-        kv_caches: torch.Tensor,  # [num_layers, 2, num_slots, KVH, D]
+        kv_caches: torch.Tensor,  # [num_layers, 2, KVH, num_slots, D]
         meta: AttentionMetadata,
     ) -> torch.Tensor:  # [T, hidden], after the final norm
         # The residual stream is fp32 whatever the activation dtype: each layer adds its bf16

@@ -44,19 +44,24 @@ def test_int4_groups_decode_exactly(type_name):
     torch.testing.assert_close(w, ref, rtol=1e-6, atol=1e-6 * float(ref.abs().max()))
 
 
-def _real_int4(path, tensor_name):
+def _real_int4(path, *tensor_names):
+    """[(type name, codes two per byte, scale_zero fp32, the GGUF's dequantized fp32 weights)]."""
+    import torch
+
     from cloud_server.layers.linear import pack_int4_codes
     from cloud_server.models.dequant import dequantize_fast_torch, int4_groups
     from cloud_server.models.loader_gguf import _read_raw, open_gguf
 
-    _, gguf_file, _ = open_gguf(path)
-    (info,) = [t for t in gguf_file.tensors if t.name == tensor_name]
-    raw = _read_raw(str(path), info)
-    import torch
-
-    q, scale, zero = int4_groups(raw, info.tensor_type.name)
-    ref = dequantize_fast_torch(raw, info.tensor_type.name)
-    return info.tensor_type.name, pack_int4_codes(q), torch.stack((scale, zero), dim=-1), ref
+    _, gguf_file, _ = open_gguf(path)  # seconds for a large vocabulary: once per test
+    infos = {t.name: t for t in gguf_file.tensors}
+    out = []
+    for name in tensor_names:
+        info = infos[name]
+        raw = _read_raw(str(path), info)
+        q, scale, zero = int4_groups(raw, info.tensor_type.name)
+        ref = dequantize_fast_torch(raw, info.tensor_type.name)
+        out.append((info.tensor_type.name, pack_int4_codes(q), torch.stack((scale, zero), dim=-1), ref))
+    return out
 
 
 @pytest.mark.real
@@ -69,7 +74,7 @@ def test_int4_matmul_matches_the_dequantized_weights(model, tensor, type_name, r
 
     from cloud_server.layers.linear import Linear, int4_dequantize
 
-    kind, codes, scale_zero, ref = _real_int4(request.getfixturevalue(f"{model}_path"), tensor)
+    ((kind, codes, scale_zero, ref),) = _real_int4(request.getfixturevalue(f"{model}_path"), tensor)
     assert kind == type_name
     assert torch.equal(int4_dequantize(codes, scale_zero), ref)  # exact before any rounding
     out_f, in_f = ref.shape
@@ -92,7 +97,7 @@ def test_fused_rows_and_embedding_rows(smollm2_path):
 
     from cloud_server.layers.linear import Embedding, Linear
 
-    parts = [_real_int4(smollm2_path, f"blk.2.attn_{p}.weight") for p in ("q", "k", "v")]
+    parts = _real_int4(smollm2_path, *(f"blk.2.attn_{p}.weight" for p in ("q", "k", "v")))
     x = torch.randn(3, 576, generator=torch.Generator().manual_seed(1)).to(torch.bfloat16)
     separate = []
     for _, codes, sz, ref in parts:

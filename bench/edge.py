@@ -16,7 +16,10 @@ Runs rotate the side order per prompt so machine noise hits all alike. Per side:
 aggregate decode tokens/s (pieces after the first over the time after the first). Ratios:
 ``onnx_over_llama_cpp`` (SDK's ONNX backend against raw llama.cpp: decode and TTFT) and each
 runtime's SDK overhead, ``1 - sdk/raw`` decode tokens/s. The ONNX folder is prepared first if it
-is missing (needs the [export] extra).
+is missing (needs the [export] extra). Both runtimes get the same ``--threads`` (llama.cpp's
+n_threads and n_threads_batch, ONNX Runtime's intra-op threads, one inter-op thread).
+``onnx_huge_page_mb``: how much of the ONNX backend's loaded model it moved onto 2 MB pages
+(llama.cpp reads its mmap'd GGUF through 4 kB pages, its default).
 """
 
 from __future__ import annotations
@@ -67,7 +70,9 @@ def _summary(rows: list[tuple[float, float, int]]) -> dict:
             "tokens": tokens}
 
 
-def _sides(model: str, backends: list[str], threads: int, max_tokens: int) -> tuple[dict, list]:
+def _sides(
+    model: str, backends: list[str], threads: int, max_tokens: int, info: dict
+) -> tuple[dict, list]:
     from hybridllm import HybridLLM
 
     sides: dict[str, Callable[[str], Iterator[str]]] = {}
@@ -110,6 +115,7 @@ def _sides(model: str, backends: list[str], threads: int, max_tokens: int) -> tu
         # a second og.Model of the same folder decoded 6% faster than the first one loaded
         # (SmolLM2, same code, load 1.1), which made the overhead a matter of load order.
         og_model, og_tok = edge._model, edge._tok
+        info["onnx_huge_page_mb"] = round(edge.huge_page_bytes / 2**20)
         eos = set(edge._eos_ids)
 
         def raw_onnx(prompt: str) -> Iterator[str]:
@@ -131,7 +137,8 @@ def _sides(model: str, backends: list[str], threads: int, max_tokens: int) -> tu
 
 
 def run_model(model: str, backends: list[str], rounds: int, max_tokens: int, threads: int) -> dict:
-    sides, closers = _sides(model, backends, threads, max_tokens)
+    info: dict = {}
+    sides, closers = _sides(model, backends, threads, max_tokens, info)
     names = list(sides)
     results: dict[str, list[tuple[float, float, int]]] = {n: [] for n in names}
     for name in names:  # warm-up: load, fill caches
@@ -143,7 +150,7 @@ def run_model(model: str, backends: list[str], rounds: int, max_tokens: int, thr
                 results[name].append(_measure(sides[name](prompt)))
     for c in closers:
         c.close()
-    out: dict = {"model": model, **{n: _summary(rows) for n, rows in results.items()}}
+    out: dict = {"model": model, **{n: _summary(rows) for n, rows in results.items()}, **info}
 
     def ratio(a: str, b: str, key: str) -> float | None:
         if a not in out or b not in out or not out[b][key]:

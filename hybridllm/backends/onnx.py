@@ -12,13 +12,18 @@ the llama.cpp backend does, for the same behaviour on both runtimes:
   (``rewind_to``), so a conversation's next turn prefills only what is new. Each step takes the
   lock and re-syncs the cache to its own sequence, so no lock is held while the caller reads and
   two streams from any threads interleave correctly (each step re-prefills what the other changed).
+- on Linux the memory the model load allocated (the runtime's repacked weights) is moved onto 2 MB
+  pages (``huge_pages``, see :func:`_advise_huge_pages`): each decode step reads every weight, and
+  on 4 kB pages a step took 15-20% longer (SmolLM2 and Qwen 0.5B, one thread, measured).
 """
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import random
+import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -34,6 +39,63 @@ from .llama_cpp import DEFAULT_MODEL, StopMatcher
 
 _PENALTY_WINDOW = 64  # llama.cpp's default repeat_last_n
 _CANDIDATE_NATS = 30.0
+_HUGE_PAGE = 2 << 20  # the PMD size of x86-64 and arm64 (4 kB base pages)
+_MADV_HUGEPAGE, _MADV_COLLAPSE = 14, 25  # <sys/mman.h>; MADV_COLLAPSE since Linux 6.1
+
+
+def _anon_regions() -> dict[tuple[int, int], tuple[int, bool]]:
+    """This process's private writable anonymous mappings and its heap: (start, end) -> (Rss bytes,
+    is the heap)."""
+    regions: dict[tuple[int, int], tuple[int, bool]] = {}
+    key: tuple[int, int] | None = None
+    heap = False
+    try:
+        with open("/proc/self/smaps") as smaps:
+            for line in smaps:
+                head = line.split()
+                if "-" in head[0] and len(head) >= 5:  # a mapping's header line
+                    name = head[5] if len(head) > 5 else ""
+                    key, heap = None, name == "[heap]"
+                    if head[1].startswith("rw") and head[1].endswith("p") and name in ("", "[heap]"):
+                        lo, hi = (int(x, 16) for x in head[0].split("-"))
+                        key = (lo, hi)
+                elif key is not None and head[0] == "Rss:":
+                    regions[key] = (int(head[1]) * 1024, heap)
+    except (OSError, ValueError, IndexError):
+        return {}
+    return regions
+
+
+def _advise_huge_pages(before: dict[tuple[int, int], tuple[int, bool]]) -> int:
+    """Put the mostly-filled anonymous mappings that are new since ``before``, and the heap, on
+    huge pages. (The heap always: a process that freed much memory before, as a build does, gets
+    the model's weights put into the heap's free space, which changes no mapping.)
+
+    ``madvise(MADV_HUGEPAGE)`` lets the kernel use 2 MB pages there where THP is in ``madvise`` mode
+    (the usual default), and ``MADV_COLLAPSE`` moves what is already filled in now instead of
+    waiting for khugepaged. Only mappings at least half resident are advised, so reserved but
+    untouched space (thread stacks, an arena's tail) is not filled. Returns the bytes advised; 0 off
+    Linux or where the kernel refuses (it is only a hint: nothing else changes).
+    """
+    if sys.platform != "linux":
+        return 0
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        madvise = libc.madvise
+        madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    except (OSError, AttributeError):
+        return 0
+    advised = 0
+    for (lo, hi), (rss, heap) in _anon_regions().items():
+        if ((lo, hi) in before and not heap) or rss < (hi - lo) // 2:
+            continue
+        start = -(-lo // _HUGE_PAGE) * _HUGE_PAGE  # the whole 2 MB pages inside [lo, hi)
+        end = hi // _HUGE_PAGE * _HUGE_PAGE
+        if end - start < _HUGE_PAGE or madvise(start, end - start, _MADV_HUGEPAGE) != 0:
+            continue
+        madvise(start, end - start, _MADV_COLLAPSE)  # fails before Linux 6.1: khugepaged, later
+        advised += end - start
+    return advised
 
 
 def _sample(row: Any, params: GenerationParams, seed: int, step: int, recent: list[int]) -> int:
@@ -106,6 +168,7 @@ class OnnxBackend(DeviceBackend):
         chat_format: str | None = None,  # "template", "completion" or None (from the model)
         system_prompt: str | None = None,  # used when a conversation has none; "" = never
         progress: Progress | None = None,
+        huge_pages: bool = True,  # back the loaded weights with 2 MB pages (Linux), see above
         **_unused: Any,  # llama.cpp-only settings (n_batch, verbose) a shared config may pass
     ) -> None:
         self.model, self.model_path, spec = resolve_onnx(model, precision=precision, progress=progress)
@@ -122,7 +185,9 @@ class OnnxBackend(DeviceBackend):
             if n_threads:
                 options = {"intra_op_num_threads": int(n_threads), "inter_op_num_threads": 1}
                 config.overlay(json.dumps({"model": {"decoder": {"session_options": options}}}))
+            before = _anon_regions() if huge_pages else {}
             self._model: Any = og.Model(config)
+            self.huge_page_bytes = _advise_huge_pages(before) if huge_pages else 0
             self._tok: Any = og.Tokenizer(self._model)
         except RuntimeError as exc:
             raise ModelCorruptError(

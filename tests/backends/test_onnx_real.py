@@ -55,6 +55,16 @@ def test_prepared_folder_is_complete_and_self_describing(folder):
     assert not [p.name for p in folder.parent.iterdir() if p.name.endswith((".tmp", ".old", ".log"))]
 
 
+def test_loaded_weights_are_advised_onto_huge_pages(edge):
+    import sys
+    from pathlib import Path
+
+    thp = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+    if sys.platform != "linux" or not thp.is_file() or "[never]" in thp.read_text():
+        pytest.skip("transparent huge pages are Linux-only and on here")
+    assert edge.huge_page_bytes > 50 * 2**20  # SmolLM2's repacked weights: about 170 MB
+
+
 def test_capital_of_france(edge):
     g = edge.generate(FRANCE, _params())
     assert "Paris" in g.text

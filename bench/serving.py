@@ -215,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 16])
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 2)
-    parser.add_argument("--quantization", choices=["none", "int8"], default=None,
+    parser.add_argument("--quantization", choices=["none", "int8", "int4"], default=None,
                         help="our server's weights (default: the server's own choice)")
     parser.add_argument("--servers", nargs="+", default=["hybridllm", "llama_cpp"],
                         choices=["hybridllm", "llama_cpp"])  # fmt: skip

@@ -103,7 +103,12 @@ def wait_ready(url: str, proc: subprocess.Popen, timeout_s: float = 300) -> floa
         if proc.poll() is not None:
             raise RuntimeError(f"server exited with {proc.returncode}: {server_log(proc)}")
         try:
-            if httpx.get(f"{url}/v1/models", timeout=2).status_code == 200:
+            # Our server answers /v1/models while its weights still load; /health says 200 only
+            # once it can serve (503 before). llama-cpp-python's server has no /health (404).
+            health = httpx.get(f"{url}/health", timeout=2).status_code
+            if health == 200 or (
+                health == 404 and httpx.get(f"{url}/v1/models", timeout=2).status_code == 200
+            ):
                 return time.monotonic() - start
         except httpx.TransportError:
             pass

@@ -125,3 +125,40 @@ def test_a_failure_of_one_request_ends_that_request_only(engine):
     assert isinstance(bad, EngineError) and "ValueError" in str(bad)
     for ids, reason in good:
         assert len(ids) == 12 and reason == "length"
+
+
+def test_every_step_runs_on_one_thread_while_the_shared_pool_grows(engine, smollm2_engine):
+    """torch keeps a spinning worker team per calling thread: steps must not hop between threads.
+
+    Requests prepared concurrently in asyncio's shared pool (as the server does) grow that pool;
+    the engine's steps still all run on its own single thread.
+    """
+    import threading
+    import time
+
+    step_threads: set[int] = set()
+    real_step = smollm2_engine.step
+
+    def recording_step():
+        step_threads.add(threading.get_ident())
+        return real_step()
+
+    smollm2_engine.step = recording_step
+    params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
+
+    async def one(rid):
+        await asyncio.to_thread(time.sleep, 0.05)  # occupies a pool thread, as a prepare does
+        async for _ in engine.generate(rid, "Hello there", params):
+            await asyncio.gather(*(asyncio.to_thread(time.sleep, 0.001) for _ in range(4)))
+
+    async def main():
+        await engine.start()
+        await asyncio.gather(*(one(f"t{i}") for i in range(4)))
+        await engine.stop()
+
+    try:
+        asyncio.run(main())
+    finally:
+        del smollm2_engine.step
+    assert len(step_threads) == 1
+    assert threading.get_ident() not in step_threads

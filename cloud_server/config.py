@@ -19,10 +19,11 @@ class EngineConfig:
     ``model`` is a catalog id (``smollm2-135m-instruct``), a ``.gguf`` path or a Hugging Face
     folder (``config.json``, ``*.safetensors``, ``tokenizer.json``). ``None`` means "choose at
     load time": the KV budget from the device, ``max_model_len`` from the model (capped on CPU),
-    the device (CUDA when present), the dtype and the quantization: on CPU weight-only int8 with
-    bf16 activations (the fastest there; logits within cosine 0.99 of fp32), on CUDA bf16.
+    the device (CUDA when present), the dtype and the quantization: on CPU ``"int4"`` with bf16
+    activations (the fastest there; logits within cosine 0.99 of fp32), on CUDA bf16.
     ``quantization="int4"`` keeps a GGUF's 4-bit matrices (Q4_0, Q4_1, Q4_K) as their own groups
-    of 32 and makes the other matrices int8 (CPU; widened to the activation dtype elsewhere).
+    of 32 and makes the other matrices int8 rows (CPU; widened to the activation dtype elsewhere);
+    ``"int8"`` makes every matrix weight-only int8 with one scale per output channel.
 
     Speculative decoding (off by default): ``speculative_method`` ``ngram`` (prompt lookup) or
     ``draft`` (``draft_model``, a smaller model with the same tokenizer), proposing up to

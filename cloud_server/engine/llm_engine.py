@@ -424,14 +424,14 @@ def _check_same_tokenizer(engine: LLMEngine, draft: Any) -> None:
 
 
 def _resolve_device(config: EngineConfig) -> tuple[Any, Any, str]:
-    """(device, activation dtype, quantization): CPU defaults to int8 weights, bf16 activations."""
+    """(device, activation dtype, quantization): CPU defaults to int4 weights, bf16 activations."""
     import torch
 
     name = config.device or ("cuda" if torch.cuda.is_available() else "cpu")
     device = torch.device(name)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ConfigError("device='cuda' but CUDA is not available")
-    quantization = config.quantization or ("int8" if device.type == "cpu" else "none")
+    quantization = config.quantization or ("int4" if device.type == "cpu" else "none")
     dtype_name = config.dtype or (
         "float32" if device.type == "cpu" and quantization == "none" else "bfloat16"
     )

@@ -102,6 +102,7 @@ def paged_attention(
     b = meta.num_decode
     if b:
         gather = meta.decode_gather  # [B, L]
+        assert gather is not None, "decode rows without a gather table"
         flat = gather.view(-1)  # index_select copies whole D-rows: ~10x faster than k[:, gather]
         kd = k_cache.index_select(1, flat).view(kvh, b, gather.shape[1], d)  # [KVH, B, L, D]
         vd = v_cache.index_select(1, flat).view(kvh, b, gather.shape[1], d)

@@ -55,14 +55,14 @@ def test_int8_agrees_with_fp32(model, quantization, min_agreement, request):
     assert cosine > 0.99
 
 
-def test_cpu_default_is_int8_with_bf16_activations(smollm2_path):
+def test_cpu_default_is_int4_with_bf16_activations(smollm2_path):
     import torch
 
     from cloud_server.config import EngineConfig
     from cloud_server.engine.llm_engine import _resolve_device
 
     device, dtype, quantization = _resolve_device(EngineConfig(str(smollm2_path), device="cpu"))
-    assert (device.type, dtype, quantization) == ("cpu", torch.bfloat16, "int8")
+    assert (device.type, dtype, quantization) == ("cpu", torch.bfloat16, "int4")
     _, dtype, quantization = _resolve_device(
         EngineConfig(str(smollm2_path), device="cpu", quantization="none")
     )

@@ -22,7 +22,8 @@ def engines(smollm2_path, tmp_path_factory):
     from cloud_server.models.export_hf import gguf_to_hf_folder
 
     folder = gguf_to_hf_folder(smollm2_path, tmp_path_factory.mktemp("smollm2-hf"))
-    cfg = dict(max_model_len=256, kv_cache_memory_bytes=16 << 20)
+    # int8 on both sides: a folder has no GGUF 4-bit groups to keep, so int4 would differ by design
+    cfg = dict(max_model_len=256, kv_cache_memory_bytes=16 << 20, quantization="int8")
     return LLMEngine(EngineConfig(str(smollm2_path), **cfg)), LLMEngine(
         EngineConfig(str(folder), **cfg))
 

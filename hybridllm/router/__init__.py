@@ -8,7 +8,8 @@
 
 Modules: features (text statistics + embedding), classifier (the scorer's numpy weights), router
 (score, threshold, file format), train, evaluate (RouteLLM metrics), calibrate, label, privacy,
-budget, policy, _cli (``hybridllm router ...``).
+budget, policy, mixture (several labelled files: one scorer each, blended by a gate), _cli
+(``hybridllm router ...``).
 """
 
 from __future__ import annotations

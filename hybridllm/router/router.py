@@ -31,12 +31,15 @@ from .features import (
     feature_matrix,
 )
 from .features import text_features as _text_features
+from .mixture import SourceMixture
 
 FORMAT = "hybridllm-router"
-FORMAT_VERSION = 2
-READABLE_VERSIONS = (1, 2)  # version 1 routers have no topic part and still score the same
+FORMAT_VERSION = 2  # one gain scorer; version 1 routers have no topic part and still score the same
+MIXTURE_FORMAT_VERSION = 3  # a source mixture (several training files): older versions refuse it
+READABLE_VERSIONS = (1, 2, 3)
 CLASSIFIER = "gain-logistic-knn-topics"
-READABLE_CLASSIFIERS = ("gain-logistic-knn", CLASSIFIER)
+MIXTURE_CLASSIFIER = "source-mixture"
+READABLE_CLASSIFIERS = ("gain-logistic-knn", CLASSIFIER, MIXTURE_CLASSIFIER)
 CONFIG_NAME = "router.json"
 WEIGHTS_NAME = "weights.npz"
 DEFAULT_LOGPROB_THRESHOLD = -1.0  # used by should_escalate when the router carries no calibration
@@ -46,7 +49,7 @@ DEFAULT_LOGPROB_THRESHOLD = -1.0  # used by should_escalate when the router carr
 class Router:
     """A trained scorer plus its threshold. ``score`` and ``route`` take OpenAI-style messages."""
 
-    scorer: GainScorer
+    scorer: GainScorer | SourceMixture
     threshold: float
     use_embedding: bool = True
     logprob_threshold: float = DEFAULT_LOGPROB_THRESHOLD
@@ -56,7 +59,9 @@ class Router:
         if not (isinstance(self.threshold, int | float) and 0.0 <= self.threshold <= 1.0):
             raise RouterError(f"threshold must be in [0, 1], got {self.threshold!r}.")
         expected = len(TEXT_FEATURES) + (EMBEDDING_DIM if self.use_embedding else 0)
-        if (self.scorer.uses_neighbors or self.scorer.uses_topics) and not self.use_embedding:
+        mixture = isinstance(self.scorer, SourceMixture)
+        needs_emb = mixture or self.scorer.uses_neighbors or self.scorer.uses_topics
+        if needs_emb and not self.use_embedding:
             raise RouterFileError("The router's neighbor part needs embeddings; retrain it.")
         if self.scorer.num_features != expected:
             raise RouterFileError(
@@ -104,10 +109,11 @@ class Router:
     def save(self, folder: str | Path) -> Path:
         out = Path(folder)
         out.mkdir(parents=True, exist_ok=True)
+        mixture = isinstance(self.scorer, SourceMixture)
         config = {
             "format": FORMAT,
-            "format_version": FORMAT_VERSION,
-            "classifier": CLASSIFIER,
+            "format_version": MIXTURE_FORMAT_VERSION if mixture else FORMAT_VERSION,
+            "classifier": MIXTURE_CLASSIFIER if mixture else CLASSIFIER,
             "text_features": list(TEXT_FEATURES),
             "embedding": EMBEDDER_ID if self.use_embedding else None,
             "threshold": self.threshold,
@@ -177,7 +183,11 @@ def load_router(path: str | Path | None = None) -> Router:
         raise RouterFileError(f"{weights} is missing; retrain or re-copy the router.") from exc
     except (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile) as exc:
         raise RouterFileError(f"{weights} is corrupt ({exc}); retrain or re-copy it.") from exc
-    scorer = GainScorer.from_arrays(arrays, num_features=num_features)
+    scorer: GainScorer | SourceMixture
+    if config.get("classifier") == MIXTURE_CLASSIFIER:
+        scorer = SourceMixture.from_arrays(arrays, num_features=num_features)
+    else:
+        scorer = GainScorer.from_arrays(arrays, num_features=num_features)
     try:
         threshold = float(config["threshold"])
         logprob_threshold = float(config.get("logprob_threshold", DEFAULT_LOGPROB_THRESHOLD))

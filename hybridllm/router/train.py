@@ -11,16 +11,21 @@ scored like a held-out one, while a training prompt is its own neighbor and in i
 our GSM8K labels at 195 rows the in-sample quantile kept 94% of cloud quality out of fold, the
 out-of-fold one 96%; at 561 rows both 97%).
 
-Several sources (say RouteLLM's MMLU labels and your own pair's GSM8K labels) train one router:
-their rows are pooled, each source's rows weighted so that the sources weigh ``--weight`` each in
-total (equal by default: a small file of your own pair is not drowned by a large public one; on
-ours, MMLU's 9,772 rows and our 168 GSM8K rows, shares 1:1 cost MMLU's CV APGR 0.009 against
-pooling by size, and shares by sqrt(rows) kept only 40% of QQP questions on the device, equal
-shares 64%). Files that should only calibrate the cascade (``--cascade-data``) do not train the
-scorer: 30 trivia rows weighed like 10,000 MMLU rows pulled every short general question up), folds
-still come from the prompt hash, and the metrics are reported per source as well as pooled (APGR of
-a pool of two model pairs means little). The threshold then keeps 95% of strong quality on every
-source: the lowest of the per-source thresholds given by the rule above.
+Several sources (say RouteLLM's MMLU labels and your own pair's GSM8K labels) train one router.
+With embeddings, a source mixture (:mod:`.mixture`): each file gets its own scorer, fitted on its
+rows alone, and a gate over the sentence embedding blends them by P(file | prompt), its class
+priors the files' row counts, or the ``--weight`` shares when given. Two files come from two model
+pairs that may disagree about a kind of prompt, so no file may reshape the order another gives its
+own prompts: pooled into one scorer (rows weighted to equal shares), our 627 GSM8K rows pulled
+MMLU's math questions up, where GPT-4 adds less than average over Mixtral, and MMLU's CV APGR fell
+from 0.669 (MMLU alone) to 0.648, calls at 95% rose from 0.441 to 0.471; the mixture keeps 0.663 /
+0.447. Without embeddings the rows are pooled into one linear scorer, each source weighing its
+``--weight`` share in total (equal by default). Files that should only calibrate the cascade
+(``--cascade-data``) do not train the scorer (30 trivia rows weighed like 10,000 MMLU rows pulled
+every short general question up), folds still come from the prompt hash, and the metrics are
+reported per source as well as pooled (APGR of a pool of two model pairs means little). The
+threshold then keeps 95% of strong quality on every source: the lowest of the per-source thresholds
+given by the rule above.
 """
 
 from __future__ import annotations
@@ -48,10 +53,12 @@ from .dataset import RoutingData, load_routellm_csv, texts_digest
 from .embedding_cache import cached_embeddings
 from .evaluate import router_metrics
 from .features import TEXT_FEATURES, feature_matrix
-from .fit import fit_gain_scorer
+from .fit import GATE_C, fit_gain_scorer, fit_source_mixture
+from .mixture import SourceMixture
 from .router import DEFAULT_LOGPROB_THRESHOLD, Router
 
 DEFAULT_FOLDS = 5
+Scorer = GainScorer | SourceMixture
 SHIPPED_COMMAND = (
     "hybridllm router train --data ../shared/data/routellm/mmlu_responses.csv --out hybridllm/_data/router"
 )
@@ -95,19 +102,30 @@ def _gain(data: RoutingData) -> np.ndarray:
 
 
 def _fit(
-    x: np.ndarray, gain: np.ndarray, emb: np.ndarray | None, hp: Hyper, weight: np.ndarray | None = None
-) -> GainScorer:
+    x: np.ndarray,
+    gain: np.ndarray,
+    emb: np.ndarray | None,
+    hp: Hyper,
+    sources: Sources | None = None,
+    rows: np.ndarray | None = None,
+) -> Scorer:
+    """Fit on ``rows`` (a boolean mask; all when None): one source, or several without embeddings,
+    gives one gain scorer (the sources' shares weigh it); several with embeddings, a source mixture."""
+    keep = np.ones(len(gain), dtype=bool) if rows is None else rows
+    options = {
+        "c": hp.c, "k": hp.k, "mix": hp.mix, "dims": hp.dims, "topics": hp.topics, "topic_mix": hp.topic_mix
+    }
+    if sources is not None and len(sources.names) > 1 and emb is not None:
+        return fit_source_mixture(
+            x[keep], gain[keep], sources.ids[keep], emb[keep], shares=sources.gate_shares(), **options
+        )
+    weight = None if sources is None else sources.sample_weight()
     return fit_gain_scorer(
-        x,
-        gain,
-        embeddings=emb,
-        c=hp.c,
-        k=hp.k,
-        mix=hp.mix,
-        dims=hp.dims,
-        topics=hp.topics,
-        topic_mix=hp.topic_mix,
-        sample_weight=weight,
+        x[keep],
+        gain[keep],
+        embeddings=None if emb is None else emb[keep],
+        sample_weight=None if weight is None else weight[keep],
+        **options,  # type: ignore[arg-type]
     )
 
 
@@ -118,6 +136,11 @@ class Sources:
     names: list[str]  # one per source
     ids: np.ndarray  # [n] int index into names
     weights: list[float]  # relative total weight of each source
+    given: bool = True  # False: the default (equal shares pooled, row counts in a mixture's gate)
+
+    def gate_shares(self) -> list[float] | None:
+        """The source gate's class shares: the given weights, or None (by row count)."""
+        return list(self.weights) if self.given else None
 
     def sample_weight(self) -> np.ndarray | None:
         """``[n]`` per-row weights (mean 1) giving each source its share; None for one source."""
@@ -137,6 +160,7 @@ def pool(
     cloud side of each file's own pair) and record where each row came from."""
     if not parts:
         raise DataError("Pass at least one --data file.")
+    given = weights is not None
     if weights is None:  # equal shares: a big public file does not drown a small one of your pair
         weights = [1.0] * len(parts)
     if len(weights) != len(parts) or not all(w > 0 for w in weights):
@@ -145,7 +169,7 @@ def pool(
         )
     if len(parts) == 1:
         name, data = parts[0]
-        return data, Sources([name], np.zeros(len(data.prompts), np.int64), list(weights))
+        return data, Sources([name], np.zeros(len(data.prompts), np.int64), list(weights), given)
     lps = [
         d.edge_logprob if d.edge_logprob is not None else np.full(len(d.prompts), np.nan) for _, d in parts
     ]
@@ -159,7 +183,7 @@ def pool(
         edge_logprob=np.concatenate(lps) if any_lp else None,
     )
     ids = np.concatenate([np.full(len(d.prompts), i, np.int64) for i, (_, d) in enumerate(parts)])
-    return pooled, Sources([n for n, _ in parts], ids, list(weights))
+    return pooled, Sources([n for n, _ in parts], ids, list(weights), given)
 
 
 def cross_validate(
@@ -170,9 +194,10 @@ def cross_validate(
     hyper: Hyper = Hyper(),
     num_folds: int = DEFAULT_FOLDS,
     fold_salt: str = "",
-    sample_weight: np.ndarray | None = None,
+    sources: Sources | None = None,
 ) -> CVResult:
-    """Out-of-fold scores for every prompt and the router metrics on them."""
+    """Out-of-fold scores for every prompt and the router metrics on them (``sources``: several
+    labelled files, fitted as :func:`train_router` fits them)."""
     if num_folds < 2:
         raise DataError(f"Cross-validation needs at least 2 folds, got {num_folds}.")
     folds = fold_ids(data.prompts, num_folds, salt=fold_salt)
@@ -183,9 +208,7 @@ def cross_validate(
         test = folds == f
         if not test.any() or test.all():
             raise DataError(f"Too few distinct prompts for {num_folds}-fold cross-validation.")
-        tr_emb = None if emb is None else emb[~test]
-        tr_w = None if sample_weight is None else sample_weight[~test]
-        scorer = _fit(x[~test], gain[~test], tr_emb, hyper, tr_w)
+        scorer = _fit(x, gain, emb, hyper, sources, ~test)
         oof[test] = scorer.predict(x[test], None if emb is None else emb[test])
         per_fold.append(_round(router_metrics(oof[test], data.weak[test], data.strong[test])))
     pooled = _round(router_metrics(oof, data.weak, data.strong))
@@ -208,13 +231,12 @@ def train_router(
     started = time.perf_counter()
     if sources is None:
         sources = Sources([Path(source).name if source else ""], np.zeros(len(data.prompts), np.int64), [1.0])
-    weight = sources.sample_weight()
     emb = None
     if use_embedding:
         emb = cached_embeddings(data.prompts) if embeddings is None else embeddings
     x = feature_matrix(data.prompts, use_embedding=use_embedding, embeddings=emb)
-    cv = cross_validate(data, x, emb, hyper=hyper, num_folds=num_folds, sample_weight=weight)
-    scorer = _fit(x, _gain(data), emb, hyper, weight)
+    cv = cross_validate(data, x, emb, hyper=hyper, num_folds=num_folds, sources=sources)
+    scorer = _fit(x, _gain(data), emb, hyper, sources)
     train_scores = np.asarray(scorer.predict(x, emb), dtype=np.float64)
     threshold, per_source = _threshold_and_source_metrics(data, sources, cv)
     logprob_threshold = DEFAULT_LOGPROB_THRESHOLD
@@ -256,7 +278,7 @@ def train_router(
             "mix": hyper.mix if use_embedding else 0.0,
             "dims": hyper.dims,
             "topics": hyper.topics,
-            "topic_mix": scorer.topic_mix,
+            "topic_mix": hyper.topic_mix if scorer.uses_topics else 0.0,
             "num_folds": num_folds,
             "num_text_features": len(TEXT_FEATURES),
             "threshold_rule": "out-of-fold score quantile sending the CV calls_at_95 fraction to cloud"
@@ -275,12 +297,18 @@ def train_router(
             {
                 "data": name,
                 "n": int(np.sum(sources.ids == i)),
-                "weight": sources.weights[i],
+                "weight": sources.weights[i] if sources.given else None,
                 "data_digest": texts_digest([data.prompts[j] for j in np.flatnonzero(sources.ids == i)]),
             }
             for i, name in enumerate(sources.names)
         ]
         info["metrics"]["cv_per_source"] = per_source
+        if isinstance(scorer, SourceMixture):
+            info["training"]["model"] = (
+                "source mixture: one scorer per --data file, blended by P(file | embedding) "
+                + ("with the given shares" if sources.given else "with priors by row count")
+            )
+            info["training"]["gate_c"] = GATE_C
     return Router(
         scorer=scorer,
         threshold=threshold,

@@ -28,7 +28,7 @@ RUNTIME = {
         "prepare",
         "onnx_graph",
     },
-    "router": {"router", "classifier", "features", "policy", "privacy", "budget"},
+    "router": {"router", "classifier", "mixture", "features", "policy", "privacy", "budget"},
 }
 BUILD = {
     "cache": {"export", "train", "train_reranker", "evaluate", "_cli"},

@@ -64,7 +64,8 @@ def test_retrain_matches_shipped(mmlu, shipped, shared_data):
     t = shipped.info["training"]
     paths = _shipped_sources(shared_data, shipped)
     parts = [(p.name, mmlu[0] if p.name == "mmlu_responses.csv" else load_routellm_csv(p)) for p in paths]
-    data, sources = pool(parts, [s["weight"] for s in t["sources"]] if "sources" in t else None)
+    given = [s["weight"] for s in t.get("sources", [])]
+    data, sources = pool(parts, given if given and None not in given else None)
     emb = np.concatenate(
         [mmlu[1] if n == "mmlu_responses.csv" else cached_embeddings(d.prompts) for n, d in parts]
     )

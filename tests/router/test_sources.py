@@ -157,7 +157,7 @@ def test_threshold_is_the_out_of_fold_quantile(tmp_path):
     data, sources = pool([("a", a), ("b", b)])
     router = train_router(data, use_embedding=False, sources=sources)
     x = feature_matrix(data.prompts, use_embedding=False)
-    oof = cross_validate(data, x, None, sample_weight=sources.sample_weight()).oof_scores
+    oof = cross_validate(data, x, None, sources=sources).oof_scores
     per_source = router.info["metrics"]["cv_per_source"]
     want = min(
         float(np.quantile(oof[sources.ids == i], 1.0 - per_source[n]["calls_at_95"]))

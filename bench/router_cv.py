@@ -1,11 +1,14 @@
 """How much the router's cross-validated figures depend on the fold assignment, for the shipped
 settings and for the previous design (neighbors plus linear, no topic part), in one run.
 
-    python -m bench.router_cv [--json] [--salts 5]
+    python -m bench.router_cv [--json] [--salts 5] [--sources]
 
 One 5-fold CV with the shipped folds (a hash of the prompt) plus ``--salts`` more with the hash
 salted, each fold still by question. Prints per-assignment ``calls_at_95`` and APGR, their means,
 and ``calls_ratio`` = shipped mean / previous mean (below 1: fewer cloud calls at 95% quality).
+``--sources`` adds the shipped multi-file training (MMLU plus our pair's GSM8K labels, as
+``router train`` fits them: a source mixture) and reports its figures on the MMLU rows, the
+issue's measure, and on the GSM8K rows, under the same fold assignments.
 Needs ../shared/data/routellm/mmlu_responses.csv; the embeddings come from the router's cache.
 """
 
@@ -21,12 +24,14 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT.parent / "shared" / "data" / "routellm" / "mmlu_responses.csv"
+GSM8K = ROOT / "bench" / "data" / "gsm8k_smollm2-135m_vs_qwen2.5-coder-1.5b.csv"
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--salts", type=int, default=5)
+    ap.add_argument("--sources", action="store_true", help="also MMLU + our GSM8K labels, as shipped")
     args = ap.parse_args(argv)
     if not DATA.is_file():
         sys.stderr.write(f"{DATA} is missing; this benchmark needs ../shared/data.\n")
@@ -55,9 +60,45 @@ def main(argv: list[str] | None = None) -> int:
         out[name] = {"calls_at_95": calls, "calls_at_95_mean": round(float(np.mean(calls)), 4),
                      "apgr_mean": round(float(np.mean([r["apgr"] for r in runs])), 4)}
     out["calls_ratio"] = round(out["shipped"]["calls_at_95_mean"] / out["previous"]["calls_at_95_mean"], 3)
+    if args.sources:
+        out["sources"] = _sources(args, data, emb, x)
     out["num_assignments"] = args.salts + 1
     print(json.dumps(out))
     return 0
+
+
+def _sources(args: argparse.Namespace, mmlu: Any, emb: np.ndarray, x: np.ndarray) -> dict[str, Any]:
+    """MMLU + our GSM8K labels trained as shipped; each assignment's figures on each file's rows."""
+    from hybridllm.router import train
+    from hybridllm.router.dataset import load_routellm_csv
+    from hybridllm.router.embedding_cache import cached_embeddings
+    from hybridllm.router.evaluate import router_metrics
+    from hybridllm.router.features import feature_matrix
+
+    ours = load_routellm_csv(GSM8K)
+    data, sources = train.pool([(DATA.name, mmlu), (GSM8K.name, ours)])
+    emb_ours = cached_embeddings(ours.prompts)
+    all_emb = np.concatenate([emb, emb_ours])
+    all_x = np.concatenate([x, feature_matrix(ours.prompts, use_embedding=True, embeddings=emb_ours)])
+    runs: dict[str, list[dict[str, float]]] = {"mmlu": [], "gsm8k": []}
+    for i in range(args.salts + 1):
+        salt = "" if i == 0 else f"s{i - 1}"
+        oof = train.cross_validate(data, all_x, all_emb, fold_salt=salt, sources=sources).oof_scores
+        for key, src in (("mmlu", 0), ("gsm8k", 1)):
+            rows = sources.ids == src
+            m = router_metrics(oof[rows], data.weak[rows], data.strong[rows])
+            runs[key].append({k: round(float(m[k]), 4) for k in ("apgr", "calls_at_95")})
+        if not args.json:
+            print(f"sources   folds {i}: MMLU {runs['mmlu'][-1]} GSM8K {runs['gsm8k'][-1]}", flush=True)
+    return {
+        key: {
+            "calls_at_95": [r["calls_at_95"] for r in rs],
+            "calls_at_95_mean": round(float(np.mean([r["calls_at_95"] for r in rs])), 4),
+            "apgr": [r["apgr"] for r in rs],
+            "apgr_mean": round(float(np.mean([r["apgr"] for r in rs])), 4),
+        }
+        for key, rs in runs.items()
+    }
 
 
 if __name__ == "__main__":

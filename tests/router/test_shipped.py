@@ -77,11 +77,21 @@ def test_retrain_matches_shipped(mmlu, shipped, shared_data):
     router = train_router(
         data, embeddings=emb, hyper=hyper, num_folds=t["num_folds"], sources=sources, cascade_data=cascade
     )
+    # On the machine that trained it every figure agrees to 1e-4. On another CPU, ONNX Runtime's
+    # kernels give embeddings that differ in the last bits, and scores move by up to ~0.013 (seen
+    # on an AMD EPYC: APGR within 0.001, Spearman 0.998 with the shipped scores). APGR integrates
+    # the whole cost/quality curve and barely moves; cpt50/cpt80/calls_at_95 are where that curve
+    # first crosses a level, and where it runs flat a tiny score change moves the crossing (there:
+    # cv cpt80 0.5834 vs 0.5934, train calls_at_95 0.368 vs 0.375), so they get a wider slack.
     for split in ("cv", "train"):
         got, want = router.info["metrics"][split], shipped.info["metrics"][split]
-        for key in ("apgr", "cpt50", "cpt80", "calls_at_95"):
-            # same machine: equal to 1e-4; the slack covers another ONNX Runtime build
-            assert got[key] == pytest.approx(want[key], abs=0.01), (split, key)
+        assert got["apgr"] == pytest.approx(want["apgr"], abs=0.005), (split, "apgr")
+        for key in ("cpt50", "cpt80", "calls_at_95"):
+            assert got[key] == pytest.approx(want[key], abs=0.025), (split, key)
+    ours = router.score_texts(data.prompts, embeddings=emb)
+    theirs = shipped.score_texts(data.prompts, embeddings=emb)
+    rank = lambda s: np.argsort(np.argsort(s))  # noqa: E731
+    assert float(np.corrcoef(rank(ours), rank(theirs))[0, 1]) > 0.99  # same order of every prompt
     assert router.threshold == pytest.approx(shipped.threshold, abs=0.02)
     assert router.logprob_threshold == pytest.approx(shipped.logprob_threshold, abs=0.05)
 

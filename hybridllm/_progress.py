@@ -49,11 +49,19 @@ class ProgressBar:
         self.finished = final
         self.stream.flush()
 
+    def for_steps(self, suffix: str) -> ProgressBar:
+        """A bar on the same stream for work counted in percent (a build's steps, not bytes),
+        labelled ``self.label + suffix``: a caller's download bar handed to a build."""
+        return ProgressBar(self.label + suffix, unit="%", scale=1, stream=self.stream,
+                           quiet_for=self.quiet_for)
+
     def _line(self, done: int, total: int | None, now: float) -> str:
         rate = done / self.scale / max(now - self.start, 1e-6)
         if total:
             frac = min(done / total, 1.0)
             bar = "#" * int(frac * 30)
+            if self.unit == "%":  # steps: the share done and the time so far, no amounts
+                return f"{self.label} [{bar:<30}] {frac:4.0%} {now - self.start:.0f} s"
             return (f"{self.label} [{bar:<30}] {frac:4.0%} {done / self.scale:.1f}/"
                     f"{total / self.scale:.1f} {self.unit} {rate:.0f} {self.unit}/s")
         return f"{self.label} {done / self.scale:.1f} {self.unit} {rate:.0f} {self.unit}/s"

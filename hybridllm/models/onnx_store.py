@@ -103,8 +103,11 @@ def resolve_onnx(
                 f"machine with `pip install 'hybridllm[export]'`: `{prepare_command(spec.id, precision)}`"
                 f", then copy the folder it prints to {folder} (or pass that folder as the model)."
             )
+        from .._progress import ProgressBar
         from .onnx_prepare import prepare_onnx
 
+        if isinstance(progress, ProgressBar):  # the caller's bar counts MB; the build, percent
+            progress = progress.for_steps(f" for ONNX Runtime ({precision})")
         return spec.id, prepare_onnx(spec.id, precision=precision, progress=progress), spec
     path = Path(text).expanduser()
     if path.is_dir():

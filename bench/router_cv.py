@@ -49,16 +49,13 @@ def main(argv: list[str] | None = None) -> int:
     out: dict[str, Any] = {}
     for name, hyper in designs.items():
         runs = []
-        for i in range(args.salts + 1):
-            salt = "" if i == 0 else f"s{i - 1}"  # "": the shipped assignment
+        for i, salt in enumerate(_salts(args.salts)):
             m = train.cross_validate(data, x, emb, hyper=hyper, fold_salt=salt).metrics
             runs.append(m)
             if not args.json:
                 print(f"{name:9s} folds {i}: calls_at_95 {m['calls_at_95']:.4f} apgr {m['apgr']:.4f}",
                       flush=True)
-        calls = [r["calls_at_95"] for r in runs]
-        out[name] = {"calls_at_95": calls, "calls_at_95_mean": round(float(np.mean(calls)), 4),
-                     "apgr_mean": round(float(np.mean([r["apgr"] for r in runs])), 4)}
+        out[name] = _summary(runs)
     out["calls_ratio"] = round(out["shipped"]["calls_at_95_mean"] / out["previous"]["calls_at_95_mean"], 3)
     if args.sources:
         out["sources"] = _sources(args, data, emb, x)
@@ -81,8 +78,7 @@ def _sources(args: argparse.Namespace, mmlu: Any, emb: np.ndarray, x: np.ndarray
     all_emb = np.concatenate([emb, emb_ours])
     all_x = np.concatenate([x, feature_matrix(ours.prompts, use_embedding=True, embeddings=emb_ours)])
     runs: dict[str, list[dict[str, float]]] = {"mmlu": [], "gsm8k": []}
-    for i in range(args.salts + 1):
-        salt = "" if i == 0 else f"s{i - 1}"
+    for i, salt in enumerate(_salts(args.salts)):
         oof = train.cross_validate(data, all_x, all_emb, fold_salt=salt, sources=sources).oof_scores
         for key, src in (("mmlu", 0), ("gsm8k", 1)):
             rows = sources.ids == src
@@ -90,15 +86,18 @@ def _sources(args: argparse.Namespace, mmlu: Any, emb: np.ndarray, x: np.ndarray
             runs[key].append({k: round(float(m[k]), 4) for k in ("apgr", "calls_at_95")})
         if not args.json:
             print(f"sources   folds {i}: MMLU {runs['mmlu'][-1]} GSM8K {runs['gsm8k'][-1]}", flush=True)
-    return {
-        key: {
-            "calls_at_95": [r["calls_at_95"] for r in rs],
-            "calls_at_95_mean": round(float(np.mean([r["calls_at_95"] for r in rs])), 4),
-            "apgr": [r["apgr"] for r in rs],
-            "apgr_mean": round(float(np.mean([r["apgr"] for r in rs])), 4),
-        }
-        for key, rs in runs.items()
-    }
+    return {key: {**_summary(rs), "apgr": [r["apgr"] for r in rs]} for key, rs in runs.items()}
+
+
+def _salts(n: int) -> list[str]:
+    """The fold salts: "" (the shipped assignment) and ``n`` salted ones."""
+    return [""] + [f"s{i}" for i in range(n)]
+
+
+def _summary(runs: list[dict[str, float]]) -> dict[str, Any]:
+    calls = [r["calls_at_95"] for r in runs]
+    return {"calls_at_95": calls, "calls_at_95_mean": round(float(np.mean(calls)), 4),
+            "apgr_mean": round(float(np.mean([r["apgr"] for r in runs])), 4)}
 
 
 if __name__ == "__main__":

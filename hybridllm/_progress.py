@@ -56,12 +56,13 @@ class ProgressBar:
                            quiet_for=self.quiet_for)
 
     def _line(self, done: int, total: int | None, now: float) -> str:
+        if total and self.unit == "%":  # steps: the share done and the time so far, no amounts
+            frac = min(done / total, 1.0)
+            return f"{self.label} [{'#' * int(frac * 30):<30}] {frac:4.0%} {now - self.start:.0f} s"
         rate = done / self.scale / max(now - self.start, 1e-6)
         if total:
             frac = min(done / total, 1.0)
             bar = "#" * int(frac * 30)
-            if self.unit == "%":  # steps: the share done and the time so far, no amounts
-                return f"{self.label} [{bar:<30}] {frac:4.0%} {now - self.start:.0f} s"
             return (f"{self.label} [{bar:<30}] {frac:4.0%} {done / self.scale:.1f}/"
                     f"{total / self.scale:.1f} {self.unit} {rate:.0f} {self.unit}/s")
         return f"{self.label} {done / self.scale:.1f} {self.unit} {rate:.0f} {self.unit}/s"

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from .._exceptions import ModelError, ModelNotFoundError
+from .._progress import ProgressBar
 from .catalog import get_spec
 from .onnx_store import (
     DEFAULT_PRECISION,
@@ -217,12 +218,15 @@ def prepare_onnx(
     return final
 
 
+def build_bar(bar: ProgressBar, precision: str) -> ProgressBar:
+    """The bar a build reports to (percent, not bytes), from the caller's ``Preparing ID`` bar."""
+    return bar.for_steps(f" for ONNX Runtime ({precision})")
+
+
 def cli_prepare(model_id: str, *, precision: str = DEFAULT_PRECISION, force: bool = False) -> int:
     """`hybridllm models prepare ID --backend onnx`: build with a progress bar, print the folder."""
-    from .._progress import ProgressBar
-
     started = time.perf_counter()
-    bar = ProgressBar(f"Preparing {model_id} for ONNX Runtime ({precision})", unit="%", scale=1)
+    bar = build_bar(ProgressBar(f"Preparing {model_id}"), precision)
     folder = prepare_onnx(model_id, precision=precision, progress=bar, force=force)
     print(folder)
     print(

@@ -104,10 +104,10 @@ def resolve_onnx(
                 f", then copy the folder it prints to {folder} (or pass that folder as the model)."
             )
         from .._progress import ProgressBar
-        from .onnx_prepare import prepare_onnx
+        from .onnx_prepare import build_bar, prepare_onnx
 
         if isinstance(progress, ProgressBar):  # the caller's bar counts MB; the build, percent
-            progress = progress.for_steps(f" for ONNX Runtime ({precision})")
+            progress = build_bar(progress, precision)
         return spec.id, prepare_onnx(spec.id, precision=precision, progress=progress), spec
     path = Path(text).expanduser()
     if path.is_dir():

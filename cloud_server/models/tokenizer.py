@@ -8,7 +8,11 @@ a model without one (a base model) gets a plain completion-style prompt.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
+import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +58,24 @@ class _ChatTemplateMixin:
         return tuple(self.prompt_format().stops(messages))
 
 
+# A vocabulary-only load has no training context (0), so llama.cpp warns about any context size.
+_VOCAB_ONLY_WARNING = "possible training context overflow"
+
+
+@contextlib.contextmanager
+def _without_vocab_only_warning() -> Iterator[None]:
+    """Hold back llama.cpp's context-overflow warning of a vocabulary-only load (llama-cpp-python
+    prints it to ``sys.stderr`` even with ``verbose=False``); every other line goes through."""
+    buf = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(buf):
+            yield
+    finally:
+        kept = [ln for ln in buf.getvalue().splitlines(keepends=True) if _VOCAB_ONLY_WARNING not in ln]
+        if kept:
+            sys.stderr.write("".join(kept))
+
+
 class GGUFTokenizer(_ChatTemplateMixin):
     """llama.cpp's vocabulary (``vocab_only=True``): token ids match the edge model exactly."""
 
@@ -63,7 +85,8 @@ class GGUFTokenizer(_ChatTemplateMixin):
         except ImportError as exc:  # pragma: no cover
             raise ModelLoadError("GGUF tokenizers need llama-cpp-python") from exc
         try:
-            self._llama = Llama(model_path=str(path), vocab_only=True, verbose=False)
+            with _without_vocab_only_warning():
+                self._llama = Llama(model_path=str(path), vocab_only=True, verbose=False)
         except (ValueError, RuntimeError) as exc:
             raise ModelLoadError(f"llama.cpp cannot read the vocabulary of {path}: {exc}") from exc
         meta: dict[str, Any] = self._llama.metadata

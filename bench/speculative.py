@@ -2,7 +2,8 @@
 prompt-lookup drafting, on the same GGUF, measured side by side in one run.
 
     python -m bench.speculative [--json] [--model smollm2-135m-instruct]
-        [--draft-model qwen2.5-coder-0.5b-instruct] [--num-prompts 8] [--max-tokens 96]
+        [--draft-model qwen2.5-coder-0.5b-instruct [--draft-vocab-size N]] [--num-prompts 8]
+        [--max-tokens 96]
 
 Our server starts once with ``--speculative-method ngram`` (or ``draft`` with ``--draft-model``);
 each request picks its method with the request field ``speculative_method`` (``none`` is plain
@@ -71,7 +72,10 @@ def ours_cmd(args: argparse.Namespace, gguf: Path, port: int) -> list[str]:
            "--max-num-seqs", "16", "--num-threads", str(args.threads), "--log-level", "warning",
            "--num-speculative-tokens", str(args.k)]  # fmt: skip
     if args.draft_model:
-        return cmd + ["--speculative-method", "draft", "--draft-model", args.draft_model]
+        cmd += ["--speculative-method", "draft", "--draft-model", args.draft_model]
+        if args.draft_vocab_size is not None:
+            cmd += ["--draft-vocab-size", str(args.draft_vocab_size)]
+        return cmd
     return cmd + ["--speculative-method", "ngram"]
 
 
@@ -204,6 +208,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true", help="print one JSON object only")
     parser.add_argument("--model", default="smollm2-135m-instruct", help="catalog id or .gguf")
     parser.add_argument("--draft-model", default=None, help="also measure draft-model drafting")
+    parser.add_argument("--draft-vocab-size", type=int, default=None,
+                        help="the server's --draft-vocab-size (default: the server's own, 32768)")
     parser.add_argument("--num-prompts", type=int, default=8)
     parser.add_argument("--max-tokens", type=int, default=96)
     parser.add_argument("--k", type=int, default=4, help="--num-speculative-tokens for both")
@@ -228,6 +234,7 @@ def main(argv: list[str] | None = None) -> int:
     report: dict[str, Any] = {
         "model": gguf.name,
         "draft_model": Path(args.draft_model).name if args.draft_model else None,
+        "draft_vocab_size": args.draft_vocab_size,
         "k": args.k,
         "num_prompts": args.num_prompts,
         "max_tokens": args.max_tokens,

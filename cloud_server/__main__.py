@@ -153,6 +153,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--draft-model", default=None, metavar="ID_OR_PATH",
         help="draft model for --speculative-method draft: catalog id, .gguf file or HF folder",
     )
+    spec.add_argument(
+        "--draft-vocab-size", type=_non_negative_int, default=None, metavar="N",
+        help="the draft proposes only token ids below N, a smaller output head to compute "
+        "(lossless: the target checks every token; default 32768 for larger vocabularies, 0: all)",
+    )
     serve.add_argument(
         "--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"]
     )
@@ -181,6 +186,7 @@ def _engine_config(args: argparse.Namespace) -> Any:
         speculative_method=args.speculative_method,
         num_speculative_tokens=args.num_speculative_tokens,
         draft_model=args.draft_model,
+        draft_vocab_size=args.draft_vocab_size,
     )
 
 

@@ -28,7 +28,9 @@ class EngineConfig:
     Speculative decoding (off by default): ``speculative_method`` ``ngram`` (prompt lookup) or
     ``draft`` (``draft_model``, a smaller model with the same tokenizer), proposing up to
     ``num_speculative_tokens`` tokens per step; ``spec_max_rows`` bounds the draft rows of one step
-    (the adaptive rule in ``engine/spec_decode/decoder.py``).
+    (the adaptive rule in ``engine/spec_decode/decoder.py``). ``draft_vocab_size`` N: the draft
+    model proposes only token ids below N (its output head cut to those rows; lossless, the target
+    verifies every token); ``None`` means 32768 for a larger vocabulary, 0 the whole vocabulary.
     """
 
     model: str
@@ -47,6 +49,7 @@ class EngineConfig:
     speculative_method: str | None = None
     num_speculative_tokens: int = 4
     draft_model: str | None = None
+    draft_vocab_size: int | None = None
     spec_max_rows: int = 16
 
     def __post_init__(self) -> None:
@@ -83,6 +86,10 @@ class EngineConfig:
             raise ConfigError("EngineConfig.num_speculative_tokens must be an integer in [1, 16]")
         if (self.speculative_method == "draft") != (self.draft_model is not None):
             raise ConfigError("--draft-model goes with --speculative-method draft, and only with it")
+        if self.draft_vocab_size is not None and (
+            not isinstance(self.draft_vocab_size, int) or self.draft_vocab_size < 0
+        ):
+            raise ConfigError("EngineConfig.draft_vocab_size must be an integer >= 0 (0: all tokens)")
         if not isinstance(self.spec_max_rows, int) or self.spec_max_rows < 2:
             raise ConfigError("EngineConfig.spec_max_rows must be an integer >= 2")
         if self.num_threads is not None and self.num_threads < 1:

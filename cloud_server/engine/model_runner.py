@@ -6,18 +6,20 @@ one per position of a token with lookaheads: each attends to its own context len
 batched attention call), then prefill chunks. Each sequence that reaches its end asks for outputs at its last
 ``ScheduledSeq.num_outputs`` positions (1, or 1 + speculative lookahead tokens); those rows
 alone become logits, and one batched sampler turns them into tokens (and probabilities).
-Slots are computed from block tables with tensor ops, not per-token Python lists.
+Slots are computed from block tables with tensor ops, not per-token Python lists. A draft model's
+runner may sample from the first ``vocab_limit`` token ids only (its head cut to those rows).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
 
 from ..layers.attention import AttentionMetadata, PrefillSpan
+from ..layers.linear import Linear
 from ..layers.sampler import Sampler
 from ..models.config import ModelConfig
 from .scheduler import ScheduledSeq
@@ -59,6 +61,7 @@ class ModelRunner:
         device: torch.device,
         dtype: torch.dtype,
         seed: int = 0,
+        vocab_limit: int | None = None,
     ) -> None:
         self.model: Any = model  # a models.llama.CausalLM
         self.config = config
@@ -68,6 +71,9 @@ class ModelRunner:
                  config.head_dim)
         self.kv_cache = _zeros_on_demand(shape, dtype, device)  # [L, 2, KVH, num_slots, D]
         self.sampler = Sampler(seed)
+        # a draft's cut head: tokens are sampled among ids below vocab_limit only
+        head = cast(Linear, model.lm_head)
+        self.head = head.first_rows(vocab_limit) if vocab_limit else None
 
     def _slot_table(self, tables: list[list[int]], length: int) -> torch.Tensor:
         """Slots of positions 0..length-1 for each block table: [B, length] (0 past the end)."""
@@ -134,7 +140,7 @@ class ModelRunner:
             owners.extend([s] * k)
         if not rows:
             return StepResult({})
-        logits = self.model.compute_logits(hidden[rows])  # [R, vocab]
+        logits = self.model.compute_logits(hidden[rows], head=self.head)  # [R, vocab or limit]
         out = self.sampler(logits, [s.seq.seq_id for s in owners], [s.seq.params for s in owners],
                            return_probs=return_probs)
         tokens: dict[int, list[int] | BaseException] = {}

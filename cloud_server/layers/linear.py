@@ -21,6 +21,7 @@ QUANTIZATIONS = ("none", "int8", "int4")
 _CPU_BLOCK_M = 4  # rows per block of torch's CPU int8 and int4 kernels (one weight pass per block)
 INT4_GROUP = 32  # weights per (scale, zero) along a row in the int4 format
 _INT4_ROWS_MULTIPLE = 16  # torch's int4 CPU packing takes a multiple of 16 output rows
+_INT4_PACK_ROWS = 64  # ... and lays rows out in blocks of 64 (a row prefix is a block prefix)
 
 
 def int8_row_block(device: torch.device, dtype: torch.dtype, quantization: str) -> int:
@@ -98,6 +99,26 @@ class Linear(nn.Module):
             else:  # no int4 kernel used elsewhere: widen once to the activation dtype
                 weight, scale, int4 = int4_dequantize(weight, scale).to(scale.dtype), None, False
         self.weight, self.scale, self.bias, self.int4 = weight.contiguous(), scale, bias, int4
+
+    def first_rows(self, n: int) -> Linear:
+        """A layer computing only outputs 0..n-1 (a draft's head over the first n token ids),
+        sharing this layer's weights (views, no copy; int4's small scale_zero is copied, as its
+        kernel reads it contiguous). torch's CPU int4 packing interleaves rows in blocks of 64,
+        so packed int4 weights are cut at a multiple of 64 (n rounded down)."""
+        if self.weight is None:
+            raise RuntimeError("Linear.load was never called")
+        if self.int4:
+            n -= n % _INT4_PACK_ROWS
+        n = max(1, min(n, self.out_features))
+        if n == self.out_features:
+            return self
+        head = Linear(self.in_features, n, bias=self.has_bias)
+        head.weight = self.weight[:n]
+        if self.scale is not None:  # int8 [out]; int4 scale_zero [in / 32, out, 2]
+            head.scale = self.scale[:, :n].contiguous() if self.int4 else self.scale[:n]
+        head.bias = None if self.bias is None else self.bias[:n]
+        head.int4 = self.int4
+        return head
 
     @property
     def is_int8(self) -> bool:

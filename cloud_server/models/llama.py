@@ -146,8 +146,10 @@ class CausalLM(nn.Module):
             x = layer(x, positions, kv_caches[i], meta, self.ropes[i])
         return self.model.norm(x)
 
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:  # [N, hidden] -> [N, vocab]
-        return self.lm_head(hidden).float()
+    def compute_logits(self, hidden: torch.Tensor, head: Linear | None = None) -> torch.Tensor:
+        """[N, hidden] -> [N, vocab] fp32; ``head``: another output head over these hidden
+        states (a draft's first rows of ``lm_head``, ``Linear.first_rows``)."""
+        return (head or self.lm_head)(hidden).float()
 
 
 class LlamaForCausalLM(CausalLM):

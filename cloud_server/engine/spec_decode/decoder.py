@@ -216,7 +216,8 @@ class SpecDecoder:
             drafts[row, :k] = torch.tensor(seq.token_ids[seq.num_tokens - k :])
             target[row, : k + 1] = probs[sid]
             if q is not None and sid in self._draft_probs:
-                q[row, :k] = self._draft_probs[sid][:k]
+                dq = self._draft_probs[sid][:k]  # [k, V], or [k, N] from a cut draft head
+                q[row, :k, : dq.shape[-1]] = dq  # q = 0 on the ids the draft cannot propose
             elif q is not None:  # a prompt-lookup row beside draft-model rows: q one-hot
                 q[row, torch.arange(k), drafts[row, :k]] = 1.0
             bonus.append(tokens[sid][k])

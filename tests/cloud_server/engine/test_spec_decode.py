@@ -13,8 +13,9 @@
    fixed seed, p > 0.001; the same counts against a distribution halfway to the draft's give
    p < 1e-6, so the test can tell them apart).
 3. The draft-model path (its own KV pool on the target's block tables, catch-up, preemption):
-   SmolLM2 drafting for itself must give plain greedy output with nearly every draft accepted;
-   a draft with another vocabulary is a clear start-up error.
+   SmolLM2 drafting for itself must give plain greedy output with nearly every draft accepted,
+   and still plain output with its head cut to the first 1,024 ids (many drafts rejected); a
+   draft with another vocabulary is a clear start-up error.
 """
 
 from __future__ import annotations
@@ -266,6 +267,51 @@ def test_draft_model_path_is_lossless_and_leak_free(smollm2_engine):
             assert eng.block_manager.num_free_blocks == eng.block_manager.num_blocks
         finally:
             eng.spec.draft = None
+
+
+def test_a_draft_with_a_cut_head_stays_lossless(smollm2_engine):
+    """A draft that proposes only ids below 1,024 (``vocab_limit``, the head cut to its first
+    rows): greedy output is still the plain one, the draft never proposes an id past the cut,
+    and sampled requests go through the rejection rule with q zero past it (no shape error)."""
+    from cloud_server.engine.model_runner import ModelRunner
+    from cloud_server.engine.sampling_params import SamplingParams
+    from cloud_server.engine.spec_decode import SpecStats
+    from cloud_server.engine.spec_decode.draft import DraftProposer
+
+    eng, cut = smollm2_engine, 1024
+    prompts = _prompts(eng.tokenizer)[::9][:5]
+    plain = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True, speculative_method="none")
+    reference = [r.token_ids for r in eng.generate(prompts, plain)]
+    assert any(t >= cut for r in reference for t in r)  # the cut removes tokens the target emits
+    runner = ModelRunner(eng.runner.model, eng.model_config, num_blocks=eng.block_manager.num_blocks,
+                         block_size=eng.block_manager.block_size, device=eng.device, dtype=eng.dtype,
+                         vocab_limit=cut)
+    assert runner.head is not None and runner.head.out_features == cut
+    proposer = DraftProposer(runner)
+    proposed: list[int] = []
+    propose = proposer.propose
+
+    def recording(items):
+        drafts, probs = propose(items)
+        proposed.extend(t for d in drafts.values() for t in d)
+        assert all(p.shape[-1] == cut for p in probs.values())
+        return drafts, probs
+
+    proposer.propose = recording  # type: ignore[method-assign]
+    eng.spec.draft, eng.spec.stats = proposer, SpecStats()
+    try:
+        kw = dict(max_tokens=16, ignore_eos=True, speculative_method="draft", num_speculative_tokens=3)
+        got = [r.token_ids for r in eng.generate(prompts, SamplingParams(temperature=0.0, **kw))]
+        assert got == reference
+        assert proposed and max(proposed) < cut
+        st = eng.spec.stats
+        assert 0 < st.num_accepted_tokens < st.num_draft_tokens  # some drafts fail at the cut
+        proposed.clear()
+        sampled = eng.generate(prompts, SamplingParams(temperature=0.8, top_k=50, seed=3, **kw))
+        assert [len(r.token_ids) for r in sampled] == [16] * len(prompts) and proposed
+        assert eng.block_manager.num_free_blocks == eng.block_manager.num_blocks
+    finally:
+        eng.spec.draft = None
 
 
 def test_a_draft_with_another_vocabulary_is_a_clear_error(smollm2_engine):

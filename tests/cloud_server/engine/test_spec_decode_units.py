@@ -146,6 +146,8 @@ def test_config_and_request_errors_are_clear():
         EngineConfig("m", speculative_method="eagle")
     with pytest.raises(ConfigError, match="num_speculative_tokens"):
         EngineConfig("m", speculative_method="ngram", num_speculative_tokens=0)
+    with pytest.raises(ConfigError, match="draft_vocab_size"):
+        EngineConfig("m", speculative_method="draft", draft_model="s", draft_vocab_size=-1)
     with pytest.raises(InvalidRequestError, match="speculative_method"):
         SamplingParams(speculative_method="medusa")
     with pytest.raises(InvalidRequestError, match="num_speculative_tokens"):
@@ -166,6 +168,8 @@ def test_cli_flags_reach_the_engine_config():
             "3",
             "--draft-model",
             "small",
+            "--draft-vocab-size",
+            "0",
         ]
     )
     config = _engine_config(args)
@@ -174,4 +178,34 @@ def test_cli_flags_reach_the_engine_config():
         3,
         "small",
     )
+    assert config.draft_vocab_size == 0  # 0: the whole vocabulary, not the default (None)
     assert _engine_config(build_parser().parse_args(["serve", "--model", "m"])).speculative_method is None
+
+
+@pytest.mark.parametrize("kind", ["float", "int8", "int4"])
+def test_a_cut_head_computes_the_first_rows_exactly(kind):
+    """``Linear.first_rows``: a draft head over the first n token ids gives exactly the first n
+    logits of the whole head, sharing its weights (int4: cut at a multiple of 64 rows)."""
+    import torch
+
+    from cloud_server.layers.linear import Linear, quantize_rows
+
+    torch.manual_seed(0)
+    out, inn = 320, 128
+    full = Linear(inn, out)
+    w = torch.randn(out, inn)
+    if kind == "float":
+        full.load(w)
+    elif kind == "int8":
+        q, s = quantize_rows(w)
+        full.load(q, scale=s.to(torch.bfloat16))
+    else:
+        codes = torch.randint(0, 256, (out, inn // 2), dtype=torch.uint8)
+        full.load(codes, scale=torch.randn(out, inn // 32, 2) * 0.01)
+    x = torch.randn(3, inn, dtype=torch.float32 if kind == "float" else torch.bfloat16)
+    y = full(x)
+    for n, rows in ((200, 192 if kind == "int4" else 200), (64, 64), (out, out), (10_000, out)):
+        head = full.first_rows(n)
+        assert head.out_features == rows
+        assert torch.equal(head(x), y[:, :rows])
+        assert head.weight.untyped_storage().data_ptr() == full.weight.untyped_storage().data_ptr()

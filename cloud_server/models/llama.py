@@ -149,7 +149,7 @@ class CausalLM(nn.Module):
     def compute_logits(self, hidden: torch.Tensor, head: Linear | None = None) -> torch.Tensor:
         """[N, hidden] -> [N, vocab] fp32; ``head``: another output head over these hidden
         states (a draft's first rows of ``lm_head``, ``Linear.first_rows``)."""
-        return (head or self.lm_head)(hidden).float()
+        return (self.lm_head if head is None else head)(hidden).float()
 
 
 class LlamaForCausalLM(CausalLM):

@@ -179,6 +179,8 @@ def test_cli_flags_reach_the_engine_config():
         "small",
     )
     assert config.draft_vocab_size == 0  # 0: the whole vocabulary, not the default (None)
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["serve", "--model", "m", "--draft-vocab-size", "-3"])
     assert _engine_config(build_parser().parse_args(["serve", "--model", "m"])).speculative_method is None
 
 

@@ -40,6 +40,8 @@ class BlockManager:
         self._block_hash: list[int | None] = [None] * num_blocks
         self._block_tokens: list[tuple[int, ...] | None] = [None] * num_blocks
         self._hash_to_block: dict[int, int] = {}
+        # the draft model's KV pool (same block ids) holds this block's final tokens too
+        self._draft_ready = [False] * num_blocks
         self._fresh: deque[int] = deque(range(num_blocks))  # free, holding nothing reusable
         self._evictable: OrderedDict[int, None] = OrderedDict()  # free but cached, LRU first
         self.prefix_cache_queries = 0  # prompt tokens looked up
@@ -131,6 +133,7 @@ class BlockManager:
             self._block_hash[block] = None
             self._block_tokens[block] = None
         self.ref_counts[block] = 1
+        self._draft_ready[block] = False  # new contents: the draft's old keys no longer match
         return block
 
     def commit(self, seq: Sequence) -> None:
@@ -150,6 +153,24 @@ class BlockManager:
                 self._hash_to_block[h] = block
                 self._block_hash[block] = h
                 self._block_tokens[block] = tokens
+
+    # -- the draft model's copy of the cache -------------------------------------------------
+    def mark_draft_ready(self, seq: Sequence) -> None:
+        """Record that the draft's KV pool holds the sequence's full blocks of final tokens (the
+        tokens below both its target and its draft progress), for later prefix hits."""
+        done = min(seq.num_draft_computed_tokens, seq.num_computed_tokens) // self.block_size
+        for block in seq.block_table[: min(done, len(seq.block_hashes))]:
+            self._draft_ready[block] = True
+
+    def draft_cached_tokens(self, seq: Sequence) -> int:
+        """Leading tokens of the sequence whose draft keys and values are already in the draft
+        pool (prefix-hit blocks another sequence's draft computed); at least one token is left."""
+        n = 0
+        for block in seq.block_table[: len(seq.block_hashes)]:
+            if not self._draft_ready[block]:
+                break
+            n += 1
+        return max(0, min(n * self.block_size, seq.num_computed_tokens, seq.num_tokens - 1))
 
     def trim(self, seq: Sequence) -> None:
         """Release the blocks past ``seq.num_computed_tokens`` (rejected speculative tokens).
@@ -191,5 +212,6 @@ class BlockManager:
                 self._hash_to_block.pop(h, None)
             self._block_hash[block] = None
             self._block_tokens[block] = None
+            self._draft_ready[block] = False
             self._fresh.append(block)
         self._evictable.clear()

@@ -211,7 +211,8 @@ class LLMEngine:
             return []
         try:
             if any(item.num_spec_slots for item in sched.scheduled):
-                self.scheduler.add_drafts(sched.scheduled, spec.propose(sched.scheduled))
+                drafts = spec.propose(sched.scheduled, self.block_manager)
+                self.scheduler.add_drafts(sched.scheduled, drafts)
             result = self.runner.execute(sched.scheduled, return_probs=spec.needs_probs(sched.scheduled))
         except Exception as exc:  # a model failure is an engine failure, not a request error
             self.scheduler.rollback(sched.scheduled)

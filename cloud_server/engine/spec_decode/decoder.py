@@ -128,8 +128,9 @@ class SpecDecoder:
         return k
 
     # -- 2. proposals ------------------------------------------------------------------------
-    def propose(self, scheduled: list[ScheduledSeq]) -> dict[int, list[int]]:
-        """Drafts for every sequence given lookahead slots (at most that many each)."""
+    def propose(self, scheduled: list[ScheduledSeq], blocks: Any = None) -> dict[int, list[int]]:
+        """Drafts for every sequence given lookahead slots (at most that many each); ``blocks``:
+        the engine's BlockManager, so a draft model reuses its keys of prefix-hit blocks."""
         out: dict[int, list[int]] = {}
         model_items: list[ScheduledSeq] = []
         for item in scheduled:
@@ -143,7 +144,7 @@ class SpecDecoder:
         self._ngram.clear()
         self._draft_probs: dict[int, Any] = {}
         if model_items:
-            drafts, probs = self.draft.propose(model_items)
+            drafts, probs = self.draft.propose(model_items, blocks)
             out.update(drafts)
             self._draft_probs = probs
         return out

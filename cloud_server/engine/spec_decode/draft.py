@@ -3,7 +3,8 @@
 The draft model has its own KV pool, indexed by the target's block tables (same block ids, same
 slots, another tensor), so no second block manager is needed. ``seq.num_draft_computed_tokens``
 says how far the draft's cache is filled for a sequence; the first proposal fills it with the
-whole prompt, later ones catch up on the one or two tokens the last verification added. Draft KV
+whole prompt (less the prefix-hit blocks whose draft KV is already there: ``BlockManager``
+tracks them), later ones catch up on the one or two tokens the last verification added. Draft KV
 never decides what is emitted (the target verifies every token), so a shared prefix block that
 another sequence's draft wrote holds the same keys and values and is simply rewritten.
 
@@ -41,8 +42,19 @@ class DraftProposer:
     def __init__(self, runner: Any) -> None:
         self.runner = runner  # a ModelRunner over the draft model, sized like the target's pool
 
-    def propose(self, items: list[ScheduledSeq]) -> tuple[dict[int, list[int]], dict[int, torch.Tensor]]:
-        """Up to ``item.num_spec_slots`` drafts per sequence, and q at each (sampled requests)."""
+    def propose(
+        self, items: list[ScheduledSeq], blocks: Any = None
+    ) -> tuple[dict[int, list[int]], dict[int, torch.Tensor]]:
+        """Up to ``item.num_spec_slots`` drafts per sequence, and q at each (sampled requests).
+
+        With the engine's ``blocks`` (its BlockManager), a sequence's first proposal starts after
+        the prefix-hit blocks whose draft keys another sequence's draft already computed (a shared
+        system prompt is prefilled by the draft once, as by the target), and the full blocks of
+        final tokens are recorded for the sequences that come next."""
+        if blocks is not None:
+            for it in items:
+                if it.seq.num_draft_computed_tokens == 0:
+                    it.seq.num_draft_computed_tokens = blocks.draft_cached_tokens(it.seq)
         views = {it.seq.seq_id: _DraftView(it.seq) for it in items}
         want = {it.seq.seq_id: it.num_spec_slots for it in items}
         drafts: dict[int, list[int]] = {sid: [] for sid in views}
@@ -66,6 +78,8 @@ class DraftProposer:
                     probs.setdefault(v.seq_id, []).append(result.probs[v.seq_id][-1])
         for it in items:  # the draft computed every position but its last draft's
             it.seq.num_draft_computed_tokens = views[it.seq.seq_id].num_computed_tokens
+            if blocks is not None:
+                blocks.mark_draft_ready(it.seq)
         return drafts, {sid: torch.stack(p) for sid, p in probs.items() if p}
 
     def release(self, seq_id: int) -> None:

@@ -126,3 +126,36 @@ def test_disabled_prefix_caching_never_hits():
     assert bm.allocate_prefix(b) == 0
     bm.free(b)
     assert bm.num_free_blocks == 4 and bm.num_cached_blocks == 0
+
+
+def test_draft_keys_of_prefix_hit_blocks_are_reused_until_the_block_is_rewritten(bm):
+    """The draft model's pool shares the block ids: a prefix hit on blocks whose final tokens a
+    draft already computed lets the next sequence's draft start after them; a block taken for
+    new contents (eviction, reset) no longer counts."""
+    a = make_seq(list(range(10)), "a")
+    bm.allocate_prefix(a)
+    compute(bm, a, 10)  # blocks [0..3] [4..7] [8, 9]
+    assert bm.draft_cached_tokens(a) == 0  # no draft has run yet
+    a.num_draft_computed_tokens = 6  # the draft caught up to token 6 only
+    bm.mark_draft_ready(a)
+    b = make_seq(list(range(8)) + [50, 51], "b")
+    assert bm.allocate_prefix(b) == 8
+    assert bm.draft_cached_tokens(b) == 4  # only the first block is in the draft's pool
+    a.num_draft_computed_tokens = 11  # past the target's progress: only final tokens count
+    bm.mark_draft_ready(a)
+    assert bm.draft_cached_tokens(b) == 8
+    c = make_seq(list(range(5)), "c")  # one cached block of a 5-token prompt: ready, 1 left
+    assert bm.allocate_prefix(c) == 4 and bm.draft_cached_tokens(c) == 4
+    ready = set(a.block_table[:2])
+    for s in (a, b, c):
+        bm.free(s)
+    f = make_seq(list(range(200, 224)), "f")  # 6 blocks: every never-used or uncached one
+    bm.allocate_prefix(f)
+    compute(bm, f, 24)
+    e = make_seq(list(range(100, 108)), "e")  # 2 blocks: a's cached ones, taken over
+    bm.allocate_prefix(e)
+    compute(bm, e, 8)
+    assert set(e.block_table) == ready
+    assert bm.draft_cached_tokens(e) == 0  # new contents: the draft's keys there are stale
+    for s in (e, f):
+        bm.free(s)

@@ -291,8 +291,8 @@ def test_a_draft_with_a_cut_head_stays_lossless(smollm2_engine):
     proposed: list[int] = []
     propose = proposer.propose
 
-    def recording(items):
-        drafts, probs = propose(items)
+    def recording(items, blocks=None):
+        drafts, probs = propose(items, blocks)
         proposed.extend(t for d in drafts.values() for t in d)
         assert all(p.shape[-1] == cut for p in probs.values())
         return drafts, probs
@@ -310,6 +310,50 @@ def test_a_draft_with_a_cut_head_stays_lossless(smollm2_engine):
         sampled = eng.generate(prompts, SamplingParams(temperature=0.8, top_k=50, seed=3, **kw))
         assert [len(r.token_ids) for r in sampled] == [16] * len(prompts) and proposed
         assert eng.block_manager.num_free_blocks == eng.block_manager.num_blocks
+    finally:
+        eng.spec.draft = None
+
+
+def test_a_draft_reuses_its_keys_of_a_shared_prefix(smollm2_engine):
+    """Three prompts on one passage, one after another: the draft prefills the first whole, and
+    the next ones only past the blocks they share with it (their prefix hits), and those reused
+    draft keys are right: SmolLM2 drafting for itself keeps nearly every draft, and the output is
+    the plain one."""
+    from cloud_server.engine.model_runner import ModelRunner
+    from cloud_server.engine.sampling_params import SamplingParams
+    from cloud_server.engine.spec_decode import SpecStats
+    from cloud_server.engine.spec_decode.draft import DraftProposer
+
+    eng = smollm2_engine
+    bs = eng.block_manager.block_size
+    prompts = _prompts(eng.tokenizer)[:3]  # one passage, three tasks
+    shared = next(i for i, (x, y) in enumerate(zip(prompts[0], prompts[1], strict=False)) if x != y)
+    assert shared >= 3 * bs
+    plain = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True, speculative_method="none")
+    reference = [r.token_ids for r in eng.generate(prompts, plain)]
+    eng.block_manager.reset_prefix_cache()
+    runner = ModelRunner(eng.runner.model, eng.model_config, num_blocks=eng.block_manager.num_blocks,
+                         block_size=bs, device=eng.device, dtype=eng.dtype)
+    first_chunk: list[int] = []  # tokens the draft computes at each sequence's first proposal
+    execute = runner.execute
+
+    def recording(step, **kw):
+        first_chunk.extend(s.num_new_tokens for s in step if s.num_new_tokens > 3)
+        return execute(step, **kw)
+
+    runner.execute = recording  # type: ignore[method-assign]
+    eng.spec.draft, eng.spec.stats = DraftProposer(runner), SpecStats()
+    try:
+        drafted = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True,
+                                 speculative_method="draft", num_speculative_tokens=3)
+        got = [eng.generate([p], drafted)[0].token_ids for p in prompts]
+        assert got == reference
+        st = eng.spec.stats
+        assert st.num_drafts > 0 and st.num_accepted_tokens >= 0.9 * st.num_draft_tokens
+        # first: the prompt and the first output token; next: less the shared full blocks
+        assert first_chunk[0] == len(prompts[0]) + 1
+        for p, n in zip(prompts[1:], first_chunk[1:], strict=True):
+            assert n == len(p) + 1 - (shared // bs) * bs
     finally:
         eng.spec.draft = None
 

@@ -159,7 +159,11 @@ class BlockManager:
         """Record that the draft's KV pool holds the sequence's full blocks of final tokens (the
         tokens below both its target and its draft progress), for later prefix hits."""
         done = min(seq.num_draft_computed_tokens, seq.num_computed_tokens) // self.block_size
-        for block in seq.block_table[: min(done, len(seq.block_hashes))]:
+        # called every drafting step: walk back from the newest full block to the ready ones
+        # before it (a held block is never reset, so the ready blocks of a table lead it)
+        for block in reversed(seq.block_table[: min(done, len(seq.block_hashes))]):
+            if self._draft_ready[block]:
+                break
             self._draft_ready[block] = True
 
     def draft_cached_tokens(self, seq: Sequence) -> int:

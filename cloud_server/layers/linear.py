@@ -107,9 +107,9 @@ class Linear(nn.Module):
         so packed int4 weights are cut at a multiple of 64 (n rounded down)."""
         if self.weight is None:
             raise RuntimeError("Linear.load was never called")
-        if self.int4:
-            n -= n % _INT4_PACK_ROWS
         n = max(1, min(n, self.out_features))
+        if self.int4:  # whole blocks of 64 rows, at least one
+            n = min(max(n - n % _INT4_PACK_ROWS, _INT4_PACK_ROWS), self.out_features)
         if n == self.out_features:
             return self
         head = Linear(self.in_features, n, bias=self.has_bias)

@@ -14,7 +14,10 @@ server runs twice on the same GGUF: plain, and with ``--draft_model prompt-looku
 1. Concurrency 1, greedy, input-grounded prompts (bench/data/speculative_prompts.jsonl: fix,
    rewrite or extract from a given passage or code). Prompt by prompt, every mode runs in turn,
    so a load change on the machine hits all modes alike. Decode tokens/s per mode =
-   sum(output tokens - 1) / sum(time from first to last streamed token).
+   sum(output tokens - 1) / sum(time from first to last streamed token); beside it the mean
+   time to the first token and the mean whole request. Each prompt is first sent once for one
+   token to every server, so all modes meet a warm prefix cache and their TTFTs compare: a draft
+   model prefills its own KV in the target's prefill step, which the draft mode's TTFT shows.
 2. With ``--draft-model``: the same at concurrency 1 on open GSM8K questions, draft vs off.
 3. Concurrency 16: 16 grounded requests at once, off then on (our server): output tokens / wall.
 Acceptance (accepted / proposed draft tokens, mean acceptance length) comes from the server's
@@ -99,8 +102,10 @@ def spec_counters(http: Any) -> dict[str, float]:
     return out
 
 
-async def stream(http: Any, prompt: str, max_tokens: int, extra: dict[str, Any]) -> tuple[str, float]:
-    """(text, seconds from the first to the last content chunk)."""
+async def stream(
+    http: Any, prompt: str, max_tokens: int, extra: dict[str, Any]
+) -> tuple[str, float, float]:
+    """(text, seconds from the first to the last content chunk, seconds to the first one)."""
     body = {
         "model": "bench",
         "messages": [{"role": "user", "content": prompt}],
@@ -111,6 +116,7 @@ async def stream(http: Any, prompt: str, max_tokens: int, extra: dict[str, Any])
     }
     first = last = None
     parts: list[str] = []
+    sent = time.perf_counter()
     async with http.stream("POST", "/v1/chat/completions", json=body) as r:
         if r.status_code != 200:
             raise RuntimeError(f"HTTP {r.status_code}: {(await r.aread())[:300]!r}")
@@ -123,7 +129,8 @@ async def stream(http: Any, prompt: str, max_tokens: int, extra: dict[str, Any])
                     last = time.perf_counter()
                     first = first or last
                     parts.append(text)
-    return "".join(parts), (last - first) if first and last else 0.0
+    decode = (last - first) if first and last else 0.0
+    return "".join(parts), decode, (first - sent) if first else 0.0
 
 
 def run_c1(
@@ -136,7 +143,7 @@ def run_c1(
     """Every prompt through every mode in turn; decode tok/s and acceptance per mode."""
     import httpx
 
-    acc = {m: {"tokens": 0, "seconds": 0.0, **dict.fromkeys(_SPEC, 0.0)} for m in modes}
+    acc = {m: {"tokens": 0, "seconds": 0.0, "ttft": 0.0, **dict.fromkeys(_SPEC, 0.0)} for m in modes}
     texts: dict[str, list[str]] = {m: [] for m in modes}
     metrics = httpx.Client(base_url=ours_url, timeout=30)
 
@@ -144,15 +151,21 @@ def run_c1(
         clients = {url: httpx.AsyncClient(base_url=url, timeout=900) for url, _ in modes.values()}
         try:
             for prompt in prompts:
+                # a one-token warm-up on each server first, so every mode meets a warm prefix cache
+                # and TTFTs compare (the draft's own prefill is then what the draft mode adds)
+                for url, client in clients.items():
+                    plain = {"speculative_method": "none"} if url == ours_url else {}
+                    await stream(client, prompt, 1, plain)
                 for mode, (url, extra) in modes.items():
                     before = spec_counters(metrics) if url == ours_url else None
-                    text, seconds = await stream(clients[url], prompt, args.max_tokens, extra)
+                    text, seconds, ttft = await stream(clients[url], prompt, args.max_tokens, extra)
                     if before is not None:
                         after = spec_counters(metrics)
                         for name in _SPEC:
                             acc[mode][name] += after[name] - before[name]
                     acc[mode]["tokens"] += max(0, count(text) - 1)
                     acc[mode]["seconds"] += seconds
+                    acc[mode]["ttft"] += ttft
                     texts[mode].append(text)
         finally:
             for c in clients.values():
@@ -165,6 +178,9 @@ def run_c1(
             "decode_tokens": a["tokens"],
             "decode_s": round(a["seconds"], 2),
             "decode_tok_s": round(a["tokens"] / max(a["seconds"], 1e-9), 2),
+            # time to the first token, and the whole request (TTFT + decode), means per prompt
+            "mean_ttft_s": round(a["ttft"] / len(prompts), 3),
+            "mean_request_s": round((a["ttft"] + a["seconds"]) / len(prompts), 3),
         }
         if a["spec_decode_num_draft_tokens"]:
             row["acceptance_rate"] = round(
@@ -197,7 +213,7 @@ def run_c16(
                 *(stream(http, p, args.max_tokens, {"speculative_method": method}) for p in prompts)
             )
             wall = time.perf_counter() - start_t
-        return sum(count(t) for t, _ in results), wall
+        return sum(count(t) for t, _, _ in results), wall
 
     tokens, wall = asyncio.run(go())
     return {"output_tokens": tokens, "wall_s": round(wall, 2), "output_tok_s": round(tokens / wall, 2)}

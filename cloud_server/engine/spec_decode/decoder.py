@@ -2,6 +2,7 @@
 
 1. ``lookahead(seq, num_decoding)``: the scheduler asks how many draft slots a decoding sequence
    gets this step (the adaptive rule below); 0 means a plain decode.
+   ``prefill(scheduled, ...)``: a draft model prefills alongside the target's prefill chunks.
 2. ``propose(scheduled)``: drafts for the sequences given slots (prompt lookup, or the draft
    model run over all of them in one batch per position); the scheduler appends them.
 3. ``verify(scheduled, result)``: one target step computed every draft position as a decode row
@@ -148,6 +149,38 @@ class SpecDecoder:
             out.update(drafts)
             self._draft_probs = probs
         return out
+
+    def prefill(
+        self, scheduled: list[ScheduledSeq], blocks: Any, num_running: int, budget: int
+    ) -> list[Sequence]:
+        """Run the draft model over this step's prefill chunks of the sequences that will draft
+        with it, as far as the target goes but short of the last token (the first proposal
+        computes it, so the draft never samples here); returns the sequences whose draft KV
+        advanced.
+
+        Only while speculation would be on with ``num_running`` decoding sequences (the adaptive
+        rule above): on a busy server sequences may never draft, and their first proposal
+        catches up instead. At most ``budget`` draft tokens a step (the scheduler's token budget),
+        so a long prefix that only the target had cached is caught up over several steps."""
+        if self.draft is None or (self.max_spec_rows - num_running) // max(1, num_running) < 1:
+            return []
+        chunks: list[tuple[Sequence, int]] = []
+        for item in scheduled:
+            seq, n = item.seq, item.num_new_tokens
+            method, k = self.method_for(seq)
+            middle = seq.num_computed_tokens + n < seq.num_tokens
+            if method != "draft" or k < 1 or item.num_lookahead or not (middle or n > 1):
+                continue  # decode rows and plain or prompt-lookup requests
+            start = self.draft.start(seq, blocks)
+            end = min(seq.num_computed_tokens + n, seq.num_tokens - 1, start + budget)
+            if end > start:
+                chunks.append((seq, end))
+                budget -= end - start
+            if budget <= 0:
+                break
+        if chunks:
+            self.draft.prefill(chunks)
+        return [seq for seq, _ in chunks]
 
     # -- 3. verification ---------------------------------------------------------------------
     def verify(

@@ -2,9 +2,11 @@
 
 The draft model has its own KV pool, indexed by the target's block tables (same block ids, same
 slots, another tensor), so no second block manager is needed. ``seq.num_draft_computed_tokens``
-says how far the draft's cache is filled for a sequence; the first proposal fills it with the
-whole prompt (less the prefix-hit blocks whose draft KV is already there: ``BlockManager``
-tracks them), later ones catch up on the one or two tokens the last verification added. Draft KV
+says how far the draft's cache is filled for a sequence. ``prefill`` fills it chunk by chunk in
+the steps that prefill the target (the prompt less the prefix-hit blocks whose draft KV is
+already there: ``BlockManager`` tracks them); whatever is still missing when a sequence first
+drafts (a busy server skips the early prefill, see ``SpecDecoder.prefill``) is computed by that
+proposal, and later ones catch up on the one or two tokens the last verification added. Draft KV
 never decides what is emitted (the target verifies every token), so a shared prefix block that
 another sequence's draft wrote holds the same keys and values and is simply rewritten.
 
@@ -51,10 +53,8 @@ class DraftProposer:
         the prefix-hit blocks whose draft keys another sequence's draft already computed (a shared
         system prompt is prefilled by the draft once, as by the target), and the full blocks of
         final tokens are recorded for the sequences that come next."""
-        if blocks is not None:
-            for it in items:
-                if it.seq.num_draft_computed_tokens == 0:
-                    it.seq.num_draft_computed_tokens = blocks.draft_cached_tokens(it.seq)
+        for it in items:
+            self.start(it.seq, blocks)
         views = {it.seq.seq_id: _DraftView(it.seq) for it in items}
         want = {it.seq.seq_id: it.num_spec_slots for it in items}
         drafts: dict[int, list[int]] = {sid: [] for sid in views}
@@ -81,6 +81,24 @@ class DraftProposer:
             if blocks is not None:
                 blocks.mark_draft_ready(it.seq)
         return drafts, {sid: torch.stack(p) for sid, p in probs.items() if p}
+
+    @staticmethod
+    def start(seq: Sequence, blocks: Any = None) -> int:
+        """Where the sequence's draft KV ends; a sequence new to the draft starts after the
+        prefix-hit blocks whose draft keys are already in the pool (``blocks``: the BlockManager)."""
+        if seq.num_draft_computed_tokens == 0 and blocks is not None:
+            seq.num_draft_computed_tokens = blocks.draft_cached_tokens(seq)
+        return seq.num_draft_computed_tokens
+
+    def prefill(self, chunks: list[tuple[Sequence, int]]) -> None:
+        """Fill each sequence's draft KV from ``start`` up to ``end`` (exclusive) in one batched
+        step with no outputs: ``end`` stays below ``seq.num_tokens``, so no row reaches the
+        sequence's end and nothing is sampled."""
+        views = [_DraftView(seq) for seq, _ in chunks]
+        pairs = zip(views, chunks, strict=True)
+        self.runner.execute([ScheduledSeq(v, end - v.num_computed_tokens) for v, (_, end) in pairs])  # type: ignore[arg-type]
+        for seq, end in chunks:
+            seq.num_draft_computed_tokens = end
 
     def release(self, seq_id: int) -> None:
         self.runner.release(seq_id)

@@ -318,7 +318,8 @@ def test_a_draft_reuses_its_keys_of_a_shared_prefix(smollm2_engine):
     """Three prompts on one passage, one after another: the draft prefills the first whole, and
     the next ones only past the blocks they share with it (their prefix hits), and those reused
     draft keys are right: SmolLM2 drafting for itself keeps nearly every draft, and the output is
-    the plain one."""
+    the plain one. The draft prefills in the target's prefill step (all but the last prompt
+    token), so a first proposal computes two tokens: the last prompt token and the first output."""
     from cloud_server.engine.model_runner import ModelRunner
     from cloud_server.engine.sampling_params import SamplingParams
     from cloud_server.engine.spec_decode import SpecStats
@@ -334,11 +335,12 @@ def test_a_draft_reuses_its_keys_of_a_shared_prefix(smollm2_engine):
     eng.block_manager.reset_prefix_cache()
     runner = ModelRunner(eng.runner.model, eng.model_config, num_blocks=eng.block_manager.num_blocks,
                          block_size=bs, device=eng.device, dtype=eng.dtype)
-    first_chunk: list[int] = []  # tokens the draft computes at each sequence's first proposal
+    chunks: dict[int, list[int]] = {}  # seq_id -> tokens the draft computes, step by step
     execute = runner.execute
 
     def recording(step, **kw):
-        first_chunk.extend(s.num_new_tokens for s in step if s.num_new_tokens > 3)
+        for s in step:
+            chunks.setdefault(s.seq.seq_id, []).append(s.num_new_tokens)
         return execute(step, **kw)
 
     runner.execute = recording  # type: ignore[method-assign]
@@ -350,12 +352,50 @@ def test_a_draft_reuses_its_keys_of_a_shared_prefix(smollm2_engine):
         assert got == reference
         st = eng.spec.stats
         assert st.num_drafts > 0 and st.num_accepted_tokens >= 0.9 * st.num_draft_tokens
-        # first: the prompt and the first output token; next: less the shared full blocks
-        assert first_chunk[0] == len(prompts[0]) + 1
-        for p, n in zip(prompts[1:], first_chunk[1:], strict=True):
-            assert n == len(p) + 1 - (shared // bs) * bs
+        # the prefill step: the first prompt but its last token; next: less the shared full blocks
+        # (each prompt fits one prefill chunk); then the first proposal's two tokens
+        firsts = [c[:2] for c in chunks.values()]
+        assert firsts[0] == [len(prompts[0]) - 1, 2]
+        for p, c in zip(prompts[1:], firsts[1:], strict=True):
+            assert c == [len(p) - 1 - (shared // bs) * bs, 2]
     finally:
         eng.spec.draft = None
+
+
+def test_the_draft_prefills_with_the_target_unless_the_server_is_busy(smollm2_engine):
+    """``SpecDecoder.prefill`` runs the draft over a prefill chunk (all but the prompt's last
+    token), at most ``budget`` tokens a step, and not at all with as many running sequences as
+    turn speculation off (9 of 16 draft rows); plain and prompt-lookup requests never."""
+    from cloud_server.engine.model_runner import ModelRunner
+    from cloud_server.engine.sampling_params import SamplingParams
+    from cloud_server.engine.spec_decode.draft import DraftProposer
+
+    eng = smollm2_engine
+    prompt = _prompts(eng.tokenizer)[0]
+    with small_pool(eng, 40):
+        eng.spec.draft = DraftProposer(ModelRunner(
+            eng.runner.model, eng.model_config, num_blocks=40, block_size=eng.block_manager.block_size,
+            device=eng.device, dtype=eng.dtype))
+        try:
+            for rid, method in (("d", "draft"), ("n", "ngram"), ("p", "none")):
+                eng.add_request(rid, prompt, SamplingParams(
+                    temperature=0.0, max_tokens=8, speculative_method=method, num_speculative_tokens=3))
+            sched = eng.scheduler.schedule(eng.spec.lookahead)
+            assert [s.num_new_tokens for s in sched.scheduled][0] == len(prompt)
+            seq = sched.scheduled[0].seq
+            bm = eng.block_manager
+            assert eng.spec.prefill(sched.scheduled, bm, num_running=9, budget=512) == []
+            assert [s.num_draft_computed_tokens for s in eng.scheduler.running] == [0, 0, 0]
+            assert eng.spec.prefill(sched.scheduled, bm, num_running=3, budget=40) == [seq]
+            assert seq.num_draft_computed_tokens == 40
+            assert eng.spec.prefill(sched.scheduled, bm, num_running=3, budget=512) == [seq]
+            assert [s.num_draft_computed_tokens for s in eng.scheduler.running] == [len(prompt) - 1, 0, 0]
+            assert eng.spec.prefill(sched.scheduled, bm, num_running=3, budget=512) == []  # done
+        finally:
+            for rid in ("d", "n", "p"):
+                eng.abort(rid)
+            eng.spec.draft = None
+        assert eng.block_manager.num_free_blocks == 40
 
 
 def test_a_draft_with_another_vocabulary_is_a_clear_error(smollm2_engine):

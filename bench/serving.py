@@ -212,6 +212,15 @@ def peak_rss(proc: subprocess.Popen) -> float | None:
     return None
 
 
+def token_counter(gguf: Path) -> Any:
+    """Counts the tokens of a text with the GGUF's own vocabulary (llama.cpp's, loaded quietly),
+    so every server's output is counted alike."""
+    from cloud_server.models.tokenizer import GGUFTokenizer
+
+    vocab = GGUFTokenizer(gguf)
+    return lambda text: len(vocab.encode(text, add_special=False)) if text else 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.serving", description=__doc__.split("\n")[0])
     parser.add_argument("--json", action="store_true", help="print one JSON object only")
@@ -226,15 +235,10 @@ def main(argv: list[str] | None = None) -> int:
                         choices=["hybridllm", "llama_cpp"])  # fmt: skip
     args = parser.parse_args(argv)
 
-    from llama_cpp import Llama
-
     from hybridllm.models import pull
 
     gguf = Path(args.model) if Path(args.model).is_file() else pull(args.model)
-    vocab = Llama(model_path=str(gguf), vocab_only=True, verbose=False)
-
-    def count(text: str) -> int:
-        return len(vocab.tokenize(text.encode(), add_bos=False, special=False)) if text else 0
+    count = token_counter(gguf)
 
     report: dict[str, Any] = {
         "model": gguf.name,

@@ -39,7 +39,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.serving import GSM8K, free_port, peak_rss, stop_server, wait_ready
+from bench.serving import GSM8K, free_port, peak_rss, stop_server, token_counter, wait_ready
 
 ROOT = Path(__file__).resolve().parents[1]
 PROMPTS = ROOT / "bench" / "data" / "speculative_prompts.jsonl"
@@ -235,17 +235,13 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     import httpx
-    from llama_cpp import Llama
 
     from hybridllm.models import pull
 
     gguf = Path(args.model) if Path(args.model).is_file() else pull(args.model)
     if args.draft_model and not Path(args.draft_model).is_file():
         args.draft_model = str(pull(args.draft_model))
-    vocab = Llama(model_path=str(gguf), vocab_only=True, verbose=False)
-
-    def count(text: str) -> int:
-        return len(vocab.tokenize(text.encode(), add_bos=False, special=False)) if text else 0
+    count = token_counter(gguf)
 
     report: dict[str, Any] = {
         "model": gguf.name,

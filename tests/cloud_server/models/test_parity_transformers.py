@@ -28,6 +28,7 @@ QUESTIONS = [
 
 
 def _hf_greedy(path, prompts: list[list[int]]) -> list[list[int]]:
+    import inspect
     import os
 
     import torch
@@ -38,6 +39,9 @@ def _hf_greedy(path, prompts: list[list[int]]) -> list[list[int]]:
     model = AutoModelForCausalLM.from_pretrained(
         str(path.parent), gguf_file=path.name, dtype=torch.float32
     ).eval()
+    # the KV cache's name in and out: ``cache`` from transformers 5.2x on (``past_key_values``, the
+    # older name, is deprecated there and goes in 5.40), ``past_key_values`` before
+    key = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
     outs = []
     with torch.inference_mode():
         for ids in prompts:
@@ -46,9 +50,7 @@ def _hf_greedy(path, prompts: list[list[int]]) -> list[list[int]]:
             for _ in range(NUM_NEW):
                 nxt = int(step.logits[0, -1].argmax())
                 toks.append(nxt)
-                step = model(
-                    input_ids=torch.tensor([[nxt]]), past_key_values=step.past_key_values, use_cache=True
-                )
+                step = model(input_ids=torch.tensor([[nxt]]), use_cache=True, **{key: getattr(step, key)})
             outs.append(toks)
     return outs
 

@@ -214,8 +214,8 @@ class LLMEngine:
                 drafts = spec.propose(sched.scheduled, self.block_manager)
                 self.scheduler.add_drafts(sched.scheduled, drafts)
             result = self.runner.execute(sched.scheduled, return_probs=spec.needs_probs(sched.scheduled))
-            drafted = spec.prefill(sched.scheduled, self.block_manager, len(self.scheduler.running),
-                                   self.scheduler.max_num_batched_tokens)
+            spec.prefill(sched.scheduled, self.block_manager, len(self.scheduler.running),
+                         self.scheduler.max_num_batched_tokens)
         except Exception as exc:  # a model failure is an engine failure, not a request error
             self.scheduler.rollback(sched.scheduled)
             raise EngineError(f"model step failed: {exc}") from exc
@@ -230,8 +230,9 @@ class LLMEngine:
             self._process_tokens(self._requests[seq.request_id], tokens)
             for seq, tokens in self.scheduler.update(sched.scheduled, new_tokens, num_rejected)
         ]
-        for seq in drafted:  # its full prompt blocks now hold draft keys too (freed: no table)
-            self.block_manager.mark_draft_ready(seq)
+        if spec.draft is not None:  # one place records the draft's full blocks (freed: no table)
+            for item in sched.scheduled:
+                self.block_manager.mark_draft_ready(item.seq)
         for item in sched.scheduled:
             error = result.tokens.get(item.seq.seq_id)
             if isinstance(error, BaseException) and item.seq.request_id in self._requests:

@@ -100,13 +100,17 @@ class SpecDecoder:
         k = p.num_speculative_tokens if p.num_speculative_tokens is not None else self.k
         return method, k
 
+    def _slots_each(self, num_decoding: int) -> int:
+        """Draft slots each of ``num_decoding`` sequences may take: k = (R - B) // B."""
+        return (self.max_spec_rows - num_decoding) // max(1, num_decoding)
+
     # -- 1. slots -----------------------------------------------------------------------------
     def lookahead(self, seq: Sequence, num_decoding: int) -> int:
         self._ngram.pop(seq.seq_id, None)  # a proposal lives for one step only
         method, k = self.method_for(seq)
         if method is None or k < 1:
             return 0
-        k = min(k, (self.max_spec_rows - num_decoding) // max(1, num_decoding))
+        k = min(k, self._slots_each(num_decoding))
         b = self.row_block
         if 1 + k > b:  # whole row blocks only: rows = floor((1 + k) / b) * b
             k = (1 + k) // b * b - 1
@@ -162,7 +166,7 @@ class SpecDecoder:
         rule above): on a busy server sequences may never draft, and their first proposal
         catches up instead. At most ``budget`` draft tokens a step (the scheduler's token budget),
         so a long prefix that only the target had cached is caught up over several steps."""
-        if self.draft is None or (self.max_spec_rows - num_running) // max(1, num_running) < 1:
+        if self.draft is None or self._slots_each(num_running) < 1:
             return []
         chunks: list[tuple[Sequence, int]] = []
         for item in scheduled:

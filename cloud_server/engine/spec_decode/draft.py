@@ -51,8 +51,8 @@ class DraftProposer:
 
         With the engine's ``blocks`` (its BlockManager), a sequence's first proposal starts after
         the prefix-hit blocks whose draft keys another sequence's draft already computed (a shared
-        system prompt is prefilled by the draft once, as by the target), and the full blocks of
-        final tokens are recorded for the sequences that come next."""
+        system prompt is prefilled by the draft once, as by the target); the engine records the
+        full blocks of final tokens for the sequences that come next, after the step."""
         for it in items:
             self.start(it.seq, blocks)
         views = {it.seq.seq_id: _DraftView(it.seq) for it in items}
@@ -78,8 +78,6 @@ class DraftProposer:
                     probs.setdefault(v.seq_id, []).append(result.probs[v.seq_id][-1])
         for it in items:  # the draft computed every position but its last draft's
             it.seq.num_draft_computed_tokens = views[it.seq.seq_id].num_computed_tokens
-            if blocks is not None:
-                blocks.mark_draft_ready(it.seq)
         return drafts, {sid: torch.stack(p) for sid, p in probs.items() if p}
 
     @staticmethod

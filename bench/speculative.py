@@ -3,7 +3,7 @@ prompt-lookup drafting, on the same GGUF, measured side by side in one run.
 
     python -m bench.speculative [--json] [--model smollm2-135m-instruct]
         [--draft-model qwen2.5-coder-0.5b-instruct [--draft-vocab-size N]] [--num-prompts 8]
-        [--max-tokens 96]
+        [--max-tokens 96] [--prompts short|long|FILE]
 
 Our server starts once with ``--speculative-method ngram`` (or ``draft`` with ``--draft-model``);
 each request picks its method with the request field ``speculative_method`` (``none`` is plain
@@ -11,10 +11,13 @@ decoding), so "off" and "on" are the same process, weights and threads. llama-cp
 server runs twice on the same GGUF: plain, and with ``--draft_model prompt-lookup-decoding``
 (its ``LlamaPromptLookupDecoding``, ``--draft_model_num_pred_tokens`` = our K).
 
-1. Concurrency 1, greedy, input-grounded prompts (bench/data/speculative_prompts.jsonl: fix,
-   rewrite or extract from a given passage or code). Prompt by prompt, every mode runs in turn,
-   so a load change on the machine hits all modes alike. Decode tokens/s per mode =
-   sum(output tokens - 1) / sum(time from first to last streamed token); beside it the mean
+1. Concurrency 1, greedy, input-grounded prompts (fix, rewrite or extract from a given passage or
+   code): ``--prompts short`` (bench/data/speculative_prompts.jsonl, 16 prompts of
+   50-107 tokens) or ``long`` (speculative_prompts_long.jsonl, 12 prompts of 153-294 tokens:
+   code and passages of a realistic length, a whole module to fix, an email to extract from).
+   Prompt by prompt, every mode runs in turn, so a load change on the machine hits all modes
+   alike. Decode tokens/s per mode = sum(output tokens - 1) / sum(time from first to last
+   streamed token); beside it the mean
    time to the first token and the mean whole request. Each prompt is first sent once for one
    token to every server, so all modes meet a warm prefix cache and their TTFTs compare: a draft
    model prefills its own KV in the target's prefill step, which the draft mode's TTFT shows.
@@ -42,12 +45,16 @@ from typing import Any
 from bench.serving import GSM8K, free_port, peak_rss, stop_server, token_counter, wait_ready
 
 ROOT = Path(__file__).resolve().parents[1]
-PROMPTS = ROOT / "bench" / "data" / "speculative_prompts.jsonl"
+PROMPT_SETS = {  # grounded prompts: short passages (50-107 tokens), realistic lengths (153-294)
+    "short": ROOT / "bench" / "data" / "speculative_prompts.jsonl",
+    "long": ROOT / "bench" / "data" / "speculative_prompts_long.jsonl",
+}
+PROMPTS = PROMPT_SETS["short"]
 _SPEC = ("spec_decode_num_drafts", "spec_decode_num_draft_tokens", "spec_decode_num_accepted_tokens")
 
 
-def grounded_prompts(n: int) -> list[str]:
-    with PROMPTS.open() as f:
+def grounded_prompts(n: int, path: Path = PROMPTS) -> list[str]:
+    with path.open() as f:
         prompts = [json.loads(line)["prompt"] for line in f if line.strip()]
     return [prompts[i % len(prompts)] for i in range(n)]
 
@@ -227,12 +234,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--draft-vocab-size", type=int, default=None,
                         help="the server's --draft-vocab-size (default: the server's own, 32768)")
     parser.add_argument("--num-prompts", type=int, default=8)
+    parser.add_argument("--prompts", default="short",
+                        help="grounded prompt set: short, long, or a JSON lines file (field prompt)")
     parser.add_argument("--max-tokens", type=int, default=96)
     parser.add_argument("--k", type=int, default=4, help="--num-speculative-tokens for both")
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 2)
     parser.add_argument("--skip-llama-cpp", action="store_true")
     parser.add_argument("--skip-c16", action="store_true")
     args = parser.parse_args(argv)
+    args.prompts = PROMPT_SETS.get(args.prompts) or Path(args.prompts)
+    if not args.prompts.is_file():
+        parser.error(f"--prompts: no such set or file: {args.prompts} (sets: {', '.join(PROMPT_SETS)})")
 
     import httpx
 
@@ -248,6 +260,7 @@ def main(argv: list[str] | None = None) -> int:
         "draft_model": Path(args.draft_model).name if args.draft_model else None,
         "draft_vocab_size": args.draft_vocab_size,
         "k": args.k,
+        "prompts": args.prompts.name,
         "num_prompts": args.num_prompts,
         "max_tokens": args.max_tokens,
         "threads": args.threads,
@@ -283,7 +296,7 @@ def main(argv: list[str] | None = None) -> int:
         if not args.skip_llama_cpp:
             modes["llama_cpp"] = (urls["llama_cpp"], {})
             modes["llama_cpp_lookup"] = (urls["llama_cpp_lookup"], {})
-        c1 = run_c1(modes, grounded_prompts(args.num_prompts), args, count, ours)
+        c1 = run_c1(modes, grounded_prompts(args.num_prompts, args.prompts), args, count, ours)
         report["c1_grounded"] = c1
         ratios = {
             f"{m}_over_off": round(c1[m]["decode_tok_s"] / c1["off"]["decode_tok_s"], 3)
@@ -311,7 +324,7 @@ def main(argv: list[str] | None = None) -> int:
                 gsm["draft"]["decode_tok_s"] / gsm["off"]["decode_tok_s"], 3
             )
         if not args.skip_c16:
-            prompts = grounded_prompts(16)
+            prompts = grounded_prompts(16, args.prompts)
             off = run_c16(ours, prompts, args, count, "none")
             on = run_c16(ours, prompts, args, count, method)
             report["c16_grounded"] = {"off": off, method: on}

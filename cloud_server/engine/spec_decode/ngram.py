@@ -1,5 +1,5 @@
-"""Prompt-lookup drafting: the tokens that followed the latest earlier match of the sequence's
-last n tokens (n from ``max_n`` down to ``min_n``) are proposed as its next tokens.
+"""Prompt-lookup drafting: the tokens that followed the latest earlier occurrence of the longest
+suffix of the sequence (``min_n`` to ``max_n`` tokens) are proposed as its next tokens.
 
 Input-grounded tasks (rewrite, fix, extract) copy long spans of their prompt, so the next tokens
 are often already written down a few hundred tokens back. No model runs; q is one-hot.
@@ -9,21 +9,28 @@ from __future__ import annotations
 
 
 def propose_ngram(
-    token_ids: list[int], k: int, *, min_n: int = 2, max_n: int = 4, window: int = 2048
+    token_ids: list[int], k: int, *, min_n: int = 2, max_n: int = 8, window: int = 2048
 ) -> list[int]:
-    """Up to ``k`` proposed next tokens for ``token_ids`` (empty when no n-gram matches)."""
+    """Up to ``k`` proposed next tokens for ``token_ids`` (empty when no n-gram matches).
+
+    One backward scan over the last ``window`` tokens: every earlier occurrence i of the last
+    token is a match of length n = how many tokens before it also agree with the suffix (at most
+    ``max_n``); the longest wins, the latest among equals (code repeats short n-grams such as
+    ``    return``, and a longer agreeing context picks the right copy), and it proposes what
+    followed it, ``token_ids[i + 1 : i + 1 + k]``."""
     num = len(token_ids)
     if k < 1 or num < min_n + 1:
         return []
-    lo = max(0, num - window)
-    for n in range(min(max_n, num - 1), min_n - 1, -1):
-        suffix = token_ids[num - n :]
-        first = suffix[0]
-        # the latest start i < num - n with token_ids[i : i + n] == suffix
-        for i in range(num - n - 1, lo - 1, -1):
-            if token_ids[i] == first and token_ids[i : i + n] == suffix:
-                follow = token_ids[i + n : i + n + k]
-                if follow:
-                    return follow
-                break  # a match right at the end proposes nothing; try a shorter n
-    return []
+    last = token_ids[-1]
+    best, at = 0, -1
+    for i in range(num - 2, max(0, num - 1 - window) - 1, -1):
+        if token_ids[i] != last:
+            continue
+        n = 1
+        while n < max_n and n <= i and token_ids[i - n] == token_ids[num - 1 - n]:
+            n += 1
+        if n > best:
+            best, at = n, i
+            if n == max_n:
+                break
+    return token_ids[at + 1 : at + 1 + k] if best >= min_n else []

@@ -25,6 +25,15 @@ def test_ngram_proposes_what_followed_the_latest_longest_match():
     assert propose_ngram(tokens, 0) == []
 
 
+def test_ngram_prefers_the_copy_with_the_longer_agreeing_context():
+    # two copies of the 4-gram [1, 2, 3, 4]: the later one (at 10) follows 5, the earlier one
+    # (at 2) follows [8, 9]; the suffix [8, 9, 1, 2, 3, 4] agrees on 6 tokens with the earlier one
+    tokens = [8, 9, 1, 2, 3, 4, 20, 21, 0, 5, 1, 2, 3, 4, 30, 31, 8, 9, 1, 2, 3, 4]
+    assert propose_ngram(tokens, 2) == [20, 21]
+    assert propose_ngram(tokens, 2, max_n=4) == [30, 31]  # capped at 4: the latest copy wins
+    assert propose_ngram(tokens, 2, min_n=7) == []  # no copy agrees on 7
+
+
 def test_greedy_rule_keeps_the_agreeing_prefix_and_the_targets_token():
     assert verify_greedy([4, 5, 6], [4, 5, 9, 1]) == [4, 5, 9]
     assert verify_greedy([4, 5, 6], [4, 5, 6, 1]) == [4, 5, 6, 1]  # all accepted + bonus

@@ -17,10 +17,10 @@ server runs twice on the same GGUF: plain, and with ``--draft_model prompt-looku
    code and passages of a realistic length, a whole module to fix, an email to extract from).
    Prompt by prompt, every mode runs in turn, so a load change on the machine hits all modes
    alike. Decode tokens/s per mode = sum(output tokens - 1) / sum(time from first to last
-   streamed token); beside it the mean
-   time to the first token and the mean whole request. Each prompt is first sent once for one
-   token to every server, so all modes meet a warm prefix cache and their TTFTs compare: a draft
-   model prefills its own KV in the target's prefill step, which the draft mode's TTFT shows.
+   streamed token); beside it the mean time to the first token and the mean whole request.
+   Each prompt is first sent once for one token to every server, so all modes meet a warm
+   prefix cache and their TTFTs compare: a draft model prefills its own KV in the target's
+   prefill step, which the draft mode's TTFT shows.
 2. With ``--draft-model``: the same at concurrency 1 on open GSM8K questions, draft vs off.
 3. Concurrency 16: 16 grounded requests at once, off then on (our server): output tokens / wall.
 Acceptance (accepted / proposed draft tokens, mean acceptance length) comes from the server's

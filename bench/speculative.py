@@ -49,11 +49,10 @@ PROMPT_SETS = {  # grounded prompts: short passages (50-107 tokens), realistic l
     "short": ROOT / "bench" / "data" / "speculative_prompts.jsonl",
     "long": ROOT / "bench" / "data" / "speculative_prompts_long.jsonl",
 }
-PROMPTS = PROMPT_SETS["short"]
 _SPEC = ("spec_decode_num_drafts", "spec_decode_num_draft_tokens", "spec_decode_num_accepted_tokens")
 
 
-def grounded_prompts(n: int, path: Path = PROMPTS) -> list[str]:
+def grounded_prompts(n: int, path: Path = PROMPT_SETS["short"]) -> list[str]:
     with path.open() as f:
         prompts = [json.loads(line)["prompt"] for line in f if line.strip()]
     return [prompts[i % len(prompts)] for i in range(n)]

@@ -114,7 +114,12 @@ def build_parser() -> argparse.ArgumentParser:
     engine.add_argument(
         "--quantization", default=None, choices=["none", "int8", "int4"],
         help="weights: int8 (weight-only, per-channel), int4 (a GGUF's own 4-bit groups, int8 for "
-        "its other tensors) or none (default: int8 on CPU, none on CUDA)",
+        "its other tensors) or none (default: int4 on CPU, none on CUDA)",
+    )
+    engine.add_argument(
+        "--enforce-eager", action="store_true",
+        help="CUDA: run every step eagerly (default: decode steps replay CUDA graphs, captured "
+        "on first use of each batch and context size)",
     )
     engine.add_argument("--seed", type=int, default=0)
     engine.add_argument("--num-threads", type=_positive_int, default=None, help="torch CPU threads")
@@ -191,6 +196,7 @@ def _engine_config(args: argparse.Namespace) -> Any:
         num_speculative_tokens=args.num_speculative_tokens,
         draft_model=args.draft_model,
         draft_vocab_size=args.draft_vocab_size,
+        enforce_eager=args.enforce_eager,
     )
 
 

@@ -31,6 +31,9 @@ class EngineConfig:
     (the adaptive rule in ``engine/spec_decode/decoder.py``). ``draft_vocab_size`` N: the draft
     model proposes only token ids below N (its output head cut to those rows; lossless, the target
     verifies every token); ``None`` means 32768 for a larger vocabulary, 0 the whole vocabulary.
+
+    On CUDA, decode steps replay CUDA graphs captured on first use per shape bucket
+    (``engine/cuda_graph.py``); ``enforce_eager=True`` runs every step eagerly instead.
     """
 
     model: str
@@ -51,6 +54,7 @@ class EngineConfig:
     draft_model: str | None = None
     draft_vocab_size: int | None = None
     spec_max_rows: int = 16
+    enforce_eager: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, str) or not self.model:

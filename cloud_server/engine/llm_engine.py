@@ -91,6 +91,7 @@ class LLMEngine:
             device=device,
             dtype=dtype,
             seed=config.seed,
+            **self._graph_args(config),
         )
         self.device, self.dtype, self.quantization = device, dtype, quantization
         self.spec = self._make_spec_decoder(num_blocks)
@@ -102,6 +103,13 @@ class LLMEngine:
         self._max_batch_num_seqs = 0
         self._peak_slots = 0
         self._unused_slots_at_peak = 0
+
+    def _graph_args(self, config: EngineConfig) -> dict[str, Any]:
+        """CUDA graph buckets: a step's decode rows (every running sequence plus the draft rows)
+        and its key window (the longest context)."""
+        rows = config.max_num_seqs + (config.spec_max_rows if config.speculative_method else 0)
+        return {"cuda_graphs": not config.enforce_eager, "max_decode_rows": rows,
+                "max_context": self.max_model_len + config.num_speculative_tokens + 1}
 
     def _make_spec_decoder(self, num_blocks: int) -> Any:
         from ..layers.linear import int8_row_block
@@ -137,6 +145,7 @@ class LLMEngine:
                     dtype=self.dtype,
                     seed=config.seed + 1,
                     vocab_limit=limit or None,
+                    **self._graph_args(config),
                 )
             )
         return SpecDecoder(

@@ -8,6 +8,8 @@ batched attention call), then prefill chunks. Each sequence that reaches its end
 alone become logits, and one batched sampler turns them into tokens (and probabilities).
 Slots are computed from block tables with tensor ops, not per-token Python lists. A draft model's
 runner may sample from the first ``vocab_limit`` token ids only (its head cut to those rows).
+On CUDA, decode-only steps replay CUDA graphs (``cuda_graph.DecodeGraphs``); the pool holds one
+scratch block past the block manager's blocks, where a graph's padded rows write.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from ..layers.attention import AttentionMetadata, PrefillSpan
 from ..layers.linear import Linear
 from ..layers.sampler import Sampler
 from ..models.config import ModelConfig
+from .cuda_graph import DecodeGraphs
 from .scheduler import ScheduledSeq
 
 
@@ -62,14 +65,22 @@ class ModelRunner:
         dtype: torch.dtype,
         seed: int = 0,
         vocab_limit: int | None = None,
+        cuda_graphs: bool = True,
+        max_decode_rows: int = 32,
+        max_context: int = 2048,
     ) -> None:
         self.model: Any = model  # a models.llama.CausalLM
         self.config = config
         self.block_size = block_size
         self.device = device
-        shape = (config.num_layers, 2, config.num_kv_heads, num_blocks * block_size,
+        # one scratch block past the managed ones: padded graph rows write there, nothing reads it
+        shape = (config.num_layers, 2, config.num_kv_heads, (num_blocks + 1) * block_size,
                  config.head_dim)
         self.kv_cache = _zeros_on_demand(shape, dtype, device)  # [L, 2, KVH, num_slots, D]
+        self.graphs: DecodeGraphs | None = None
+        if cuda_graphs and device.type == "cuda":
+            self.graphs = DecodeGraphs(model, self.kv_cache, num_blocks * block_size,
+                                       max_rows=max_decode_rows, max_context=max_context)
         self.sampler = Sampler(seed)
         # a draft's cut head: tokens are sampled among ids below vocab_limit only
         head = cast(Linear, model.lm_head)
@@ -129,7 +140,9 @@ class ModelRunner:
         if not scheduled:
             return StepResult({})
         input_ids, positions, meta, order = self.prepare(scheduled)
-        hidden = self.model(input_ids, positions, self.kv_cache, meta)  # [T, hidden]
+        hidden = self.graphs.forward(input_ids, positions, meta) if self.graphs else None
+        if hidden is None:
+            hidden = self.model(input_ids, positions, self.kv_cache, meta)  # [T, hidden]
         rows: list[int] = []
         owners: list[ScheduledSeq] = []
         offset = 0

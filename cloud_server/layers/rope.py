@@ -44,6 +44,10 @@ class RotaryEmbedding:
         # keeps its identity from being reused by a later step's tensor.
         self._rows: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
 
+    def forget_rows(self) -> None:
+        """Drop the cached rows (a CUDA graph's static positions change contents, not identity)."""
+        self._rows = None
+
     def _cos_sin(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         rows = self._rows
         if rows is None or rows[0] is not positions:

@@ -142,13 +142,40 @@ def _mixed_run(eng, prompts, reference) -> None:
     # by length only: bf16 logits can tie for the top token, and a tie is a coin flip there
     sampled = {f"r{i}" for i in range(len(prompts)) if kinds[i % 4] == "sampled"}
     assert all(len(got[rid]) == MAX_TOKENS for rid in sampled)
-    mismatched = [rid for rid, i in live.items() if rid not in sampled and got[rid] != reference[i]]
+    greedy = [rid for rid in live if rid not in sampled]
+    bad = _mismatches(eng, [prompts[live[r]] for r in greedy], [reference[live[r]] for r in greedy],
+                      [got[r] for r in greedy])
+    mismatched = [greedy[i] for i in bad]
     assert not mismatched, f"{len(mismatched)} outputs differ from plain decoding: {mismatched}"
     st = eng.spec.stats
     assert eng.scheduler.num_preemptions > 0
     assert 0 < st.num_accepted_tokens < st.num_draft_tokens  # accepted and rejected drafts
     assert eng.block_manager.num_free_blocks == eng.block_manager.num_blocks
     assert sum(eng.block_manager.ref_counts) == 0
+
+
+NEAR_TIE = 0.5  # logits; bf16 rounding moves a SmolLM2 logit by about 0.1
+
+
+def _near_tie(eng, prompt: list[int], plain: list[int], other: list[int]) -> bool:
+    """Greedy identity is exact on CPU, where every kernel computes a row the same way in any
+    batch. On CUDA, cuBLAS picks its bf16 GEMM kernel by the batch's shape, so a row's logits move
+    in the last bits with its neighbours: two decodings of one prompt may part where the top two
+    tokens are within rounding of each other, never elsewhere. True when ``other`` leaves
+    ``plain`` at such a near-tie: for the runner-up token, within ``NEAR_TIE`` of the top logit."""
+    i = next((j for j, (a, b) in enumerate(zip(plain, other, strict=False)) if a != b), None)
+    if i is None:
+        return len(plain) == len(other)
+    top = eng.score(prompt + plain[:i])[-1].float().topk(2)
+    return other[i] in top.indices.tolist() and float(top.values[0] - top.values[1]) < NEAR_TIE
+
+
+def _mismatches(eng, prompts, reference, got) -> list[int]:
+    """Indices whose greedy output differs from plain decoding (on CUDA: other than at a near-tie)."""
+    bad = [i for i, (r, g) in enumerate(zip(reference, got, strict=True)) if r != g]
+    if eng.device.type == "cuda":
+        bad = [i for i in bad if not _near_tie(eng, prompts[i], reference[i], got[i])]
+    return bad
 
 
 def _filtered(eng, logits, params):
@@ -171,14 +198,15 @@ def test_rejection_sampling_matches_the_target_distribution(smollm2_engine, draf
     )
     params = SamplingParams(temperature=0.8, top_k=50, top_p=0.95)
     n = len(prompt)
-    p0 = _filtered(eng, eng.score(prompt)[-1:].float(), params)[0]
+    # the rule runs on CPU tensors here (the draws below use a CPU generator), whatever the device
+    p0 = _filtered(eng, eng.score(prompt)[-1:].float(), params)[0].cpu()
     # prompt lookup's draft is a fixed token (q one-hot): the second most likely, often rejected;
     # a draft model's tokens are drawn from its q, so the context for the second check is a
     # likely one (rows whose first draft differs count for the first token only)
     d0 = int(p0.argsort(descending=True)[1 if draft_kind == "one_hot" else 0])
     p1 = _filtered(eng, eng.score(prompt + [d0])[-1:].float(), params)[0]
     d1 = int(p1.argsort(descending=True)[0])
-    target = _filtered(eng, eng.score(prompt + [d0, d1])[n - 1 :].float(), params)  # [3, V]
+    target = _filtered(eng, eng.score(prompt + [d0, d1])[n - 1 :].float(), params).cpu()  # [3, V]
     gen = torch.Generator().manual_seed(1234)
     draws, chunk = 6000, 500
     if draft_kind == "one_hot":
@@ -187,12 +215,14 @@ def test_rejection_sampling_matches_the_target_distribution(smollm2_engine, draf
         q_first[d0] = 1.0
     else:  # a draft model's view: the same logits, hotter and wider
         hot = SamplingParams(temperature=1.6, top_k=200)
-        q = _filtered(eng, eng.score(prompt + [d0, d1])[n - 1 : n + 1].float(), hot)  # [2, V]
+        q = _filtered(eng, eng.score(prompt + [d0, d1])[n - 1 : n + 1].float(), hot).cpu()  # [2, V]
         q_first = q[0]
     num = torch.full((chunk,), 2)
     bonus = torch.zeros(chunk, dtype=torch.long)
     firsts, seconds = [], []
-    for _ in range(draws // chunk):  # 500 sequences verified per call, as in a step's batch
+    # 500 sequences verified per call, as in a step's batch; 6,000 draws, more (up to 18,000) where
+    # the device's numerics leave d0 rarer, until 300 second tokens are in (the chi-square's power)
+    while len(firsts) < draws or (len(seconds) <= 300 and len(firsts) < 3 * draws):
         if q is None:
             drafts = torch.tensor([[d0, d1]]).expand(chunk, 2)
         else:  # d_i ~ q_i, as a draft model proposes
@@ -261,7 +291,7 @@ def test_draft_model_path_is_lossless_and_leak_free(smollm2_engine):
             )
             got = [r.token_ids for r in eng.generate(prompts, drafted)]
             st = eng.spec.stats
-            assert got == reference
+            assert not _mismatches(eng, prompts, reference, got)
             assert st.num_drafts > 0 and st.num_accepted_tokens >= 0.9 * st.num_draft_tokens
             assert eng.scheduler.num_preemptions > 0
             assert eng.block_manager.num_free_blocks == eng.block_manager.num_blocks
@@ -302,7 +332,7 @@ def test_a_draft_with_a_cut_head_stays_lossless(smollm2_engine):
     try:
         kw = dict(max_tokens=16, ignore_eos=True, speculative_method="draft", num_speculative_tokens=3)
         got = [r.token_ids for r in eng.generate(prompts, SamplingParams(temperature=0.0, **kw))]
-        assert got == reference
+        assert not _mismatches(eng, prompts, reference, got)
         assert proposed and max(proposed) < cut
         st = eng.spec.stats
         assert 0 < st.num_accepted_tokens < st.num_draft_tokens  # some drafts fail at the cut
@@ -349,7 +379,7 @@ def test_a_draft_reuses_its_keys_of_a_shared_prefix(smollm2_engine):
         drafted = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True,
                                  speculative_method="draft", num_speculative_tokens=3)
         got = [eng.generate([p], drafted)[0].token_ids for p in prompts]
-        assert got == reference
+        assert not _mismatches(eng, prompts, reference, got)
         st = eng.spec.stats
         assert st.num_drafts > 0 and st.num_accepted_tokens >= 0.9 * st.num_draft_tokens
         # the prefill step: the first prompt but its last token; next: less the shared full blocks

@@ -48,7 +48,11 @@ def test_int8_agrees_with_fp32(model, quantization, min_agreement, request):
     ref = request.getfixturevalue(f"{model}_fp32")
     q = fp32_engine(request.getfixturevalue(f"{model}_path"), quantization=quantization, dtype="bfloat16")
     gate_up = q.runner.model.model.layers[0].mlp.gate_up_proj
-    assert gate_up.weight.dtype.is_floating_point is False and gate_up.int4 == (quantization == "int4")
+    # int4 groups stay packed on CPU, the one device with an int4 kernel here; elsewhere they are
+    # widened once to the activation dtype (int8 rows stay int8 everywhere)
+    packed = quantization == "int8" or q.device.type == "cpu"
+    assert gate_up.weight.dtype.is_floating_point is not packed
+    assert gate_up.int4 == (quantization == "int4" and packed)
     agreement, cosine = _compare(ref, q)
     print(f"\n{model} {quantization}: argmax agreement {agreement:.4f}, mean cosine {cosine:.5f}")
     assert agreement >= min_agreement

@@ -130,3 +130,11 @@ def test_max_body_bytes_flag() -> None:
     assert build_parser().parse_args(["serve", "--model", "m"]).max_body_bytes == DEFAULT_MAX_BODY_BYTES
     args = build_parser().parse_args(["serve", "--model", "m", "--max-body-bytes", "1000"])
     assert args.max_body_bytes == 1000
+
+
+def test_enforce_eager_flag_reaches_the_engine_config() -> None:
+    from cloud_server.__main__ import _engine_config
+
+    parse = build_parser().parse_args
+    assert _engine_config(parse(["serve", "--model", "m.gguf"])).enforce_eager is False
+    assert _engine_config(parse(["serve", "--model", "m.gguf", "--enforce-eager"])).enforce_eager is True

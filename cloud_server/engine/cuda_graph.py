@@ -11,17 +11,22 @@ runner's scratch slot (outside every block the block manager hands out) and atte
 padded key columns are masked as in the eager step. Steps with a prefill chunk, more rows than
 the largest bucket or a window past ``max_context`` run eagerly.
 
-``capture=False`` runs the same padded forward without a graph (CPU tests of the padding).
+``capture=False`` runs the same padded forward without a graph (CPU tests of the padding). A
+capture that fails (out of GPU memory, an op that cannot be captured) is logged once and its
+bucket runs eagerly from then on: the step itself never fails because of a graph.
 """
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from ..layers.attention import AttentionMetadata
+
+logger = logging.getLogger(__name__)
 
 MIN_ROWS = 8  # a plain step and a verify step of up to 8 rows share one GEMM shape
 MIN_CONTEXT = 128
@@ -54,6 +59,7 @@ class DecodeGraphs:
         self.capture = capture
         self.device = kv_cache.device
         self._graphs: dict[tuple[int, int], _Graph] = {}
+        self._failed: set[tuple[int, int]] = set()  # buckets whose capture failed: eager
         self._pool: Any = None
 
     def bucket(self, rows: int, context: int) -> tuple[int, int] | None:
@@ -75,9 +81,17 @@ class DecodeGraphs:
             return None
         n, width = meta.decode_gather.shape
         key = self.bucket(n, width)
-        if key is None:
+        if key is None or key in self._failed:
             return None
-        g = self._graphs.get(key) or self._make(*key)
+        g = self._graphs.get(key)
+        if g is None:
+            try:
+                g = self._make(*key)
+            except Exception as exc:  # noqa: BLE001 - any capture failure means: run eagerly
+                self._failed.add(key)
+                logger.warning("CUDA graph capture for %d rows x %d keys failed (%s: %s); those "
+                               "steps run eagerly", key[0], key[1], type(exc).__name__, exc)
+                return None
         g.input_ids[:n].copy_(input_ids)
         g.input_ids[n:].zero_()
         g.positions[:n].copy_(positions)

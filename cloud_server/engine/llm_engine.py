@@ -105,9 +105,10 @@ class LLMEngine:
         self._unused_slots_at_peak = 0
 
     def _graph_args(self, config: EngineConfig) -> dict[str, Any]:
-        """CUDA graph buckets: a step's decode rows (every running sequence plus the draft rows)
-        and its key window (the longest context)."""
-        rows = config.max_num_seqs + (config.spec_max_rows if config.speculative_method else 0)
+        """CUDA graph buckets: a step's decode rows (every running sequence plus the draft rows: a
+        request may ask for prompt lookup on any server) and its key window (the longest context).
+        Graphs are captured on first use, so a bound that is never reached costs nothing."""
+        rows = config.max_num_seqs + config.spec_max_rows
         return {"cuda_graphs": not config.enforce_eager, "max_decode_rows": rows,
                 "max_context": self.max_model_len + config.num_speculative_tokens + 1}
 

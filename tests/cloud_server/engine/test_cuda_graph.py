@@ -60,6 +60,21 @@ def test_padded_decode_steps_match_eager_steps_and_write_only_the_scratch_block(
     assert eager.runner.kv_cache[:, :, :, scratch:].abs().sum() == 0
 
 
+def test_a_failed_capture_falls_back_to_eager_steps(smollm2_path, caplog):
+    """A capture that raises (here: no CUDA device to capture on) costs its bucket the graph, not
+    the step: the engine answers as without graphs and logs the failure once."""
+    eager, fallback = _engine(smollm2_path), _engine(smollm2_path)
+    r = fallback.runner
+    scratch = fallback.block_manager.num_blocks * fallback.config.block_size
+    r.graphs = DecodeGraphs(r.model, r.kv_cache, scratch, max_rows=32, max_context=512, capture=True)
+    if torch.cuda.is_available():
+        r.graphs._capture = lambda g: (_ for _ in ()).throw(RuntimeError("capture refused"))
+    with caplog.at_level("WARNING", logger="cloud_server.engine.cuda_graph"):
+        assert _generate(fallback) == _generate(eager)
+    failures = [rec for rec in caplog.records if "capture" in rec.getMessage()]
+    assert r.graphs.num_graphs == 0 and len(failures) == len(r.graphs._failed) >= 1
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device")
 def test_cuda_graph_decode_matches_eager_on_cuda(smollm2_path):
     eager = _engine(smollm2_path, device="cuda", enforce_eager=True)

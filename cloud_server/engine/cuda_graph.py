@@ -144,17 +144,18 @@ class DecodeGraphs:
     def _capture(self, g: _Graph) -> None:
         # Warm up on a side stream (library handles, workspaces), then record one forward. Every
         # row of the static inputs is padding here, so these runs write the scratch slot only.
-        stream = torch.cuda.Stream(self.device)
-        stream.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(stream):
-            for _ in range(2):
-                self._forget_step_caches(g)
-                self._run(g)
-        torch.cuda.current_stream(self.device).wait_stream(stream)
-        self._forget_step_caches(g)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._pool):
-            g.out = self._run(g)
+        with torch.cuda.device(self.device):  # the engine's GPU, whichever one is current
+            stream = torch.cuda.Stream()
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):
+                for _ in range(2):
+                    self._forget_step_caches(g)
+                    self._run(g)
+            torch.cuda.current_stream().wait_stream(stream)
+            self._forget_step_caches(g)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self._pool):
+                g.out = self._run(g)
         self._pool = graph.pool()
         g.graph = graph
         self._forget_step_caches(g)

@@ -73,7 +73,7 @@ class ModelRunner:
         self.config = config
         self.block_size = block_size
         self.device = device
-        # one scratch block past the managed ones: padded graph rows write there, nothing reads it
+        # one scratch block past the managed ones: only a CUDA graph's padded rows use it
         shape = (config.num_layers, 2, config.num_kv_heads, (num_blocks + 1) * block_size,
                  config.head_dim)
         self.kv_cache = _zeros_on_demand(shape, dtype, device)  # [L, 2, KVH, num_slots, D]

@@ -86,7 +86,9 @@ async def _load_engine(app: FastAPI) -> None:
         state.engine = engine
         state.serving = OpenAIServing(engine, state.model_name, app.state.metrics,
                                       system_prompt=state.system_prompt)
-        logger.info("model %s ready (max_model_len=%s)", state.model_name, engine.max_model_len)
+        where = engine.describe() if hasattr(engine, "describe") else ""
+        logger.info("model %s ready (%smax_model_len=%s)", state.model_name,
+                    f"{where}; " if where else "", engine.max_model_len)
     except Exception as exc:  # reported by the CLI as one line, then the server exits
         state.load_error = exc
         logger.error("loading the model failed: %s", exc)

@@ -96,6 +96,9 @@ class AsyncLLMEngine:
     def tokenizer(self) -> Any:
         return self._require_engine().tokenizer
 
+    def describe(self) -> str:
+        return self._require_engine().describe()
+
     def stats(self) -> dict:
         if self.engine is None:
             return {}

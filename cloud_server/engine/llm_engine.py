@@ -375,6 +375,16 @@ class LLMEngine:
                 len(s.block_table) * bm.block_size - s.num_computed_tokens for s in self.scheduler.running
             )
 
+    def describe(self) -> str:
+        """Where and how the model runs, for the server's start-up log line."""
+        dtype = str(self.dtype).removeprefix("torch.")
+        parts = [f"{self.device}", dtype, f"quantization {self.quantization}"]
+        if self.device.type == "cuda":
+            parts.append("CUDA graphs " + ("on" if self.runner.graphs is not None else "off"))
+        if self.spec.method:
+            parts.append(f"speculative {self.spec.method} k={self.spec.k}")
+        return ", ".join(parts)
+
     def stats(self) -> dict[str, Any]:
         bm, sch = self.block_manager, self.scheduler
         return {

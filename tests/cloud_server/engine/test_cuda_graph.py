@@ -84,3 +84,12 @@ def test_cuda_graph_decode_matches_eager_on_cuda(smollm2_path):
     assert graphed.runner.graphs.num_graphs >= 1
     same = sum(a == b for a, b in zip(want, got, strict=True))
     assert same == len(PROMPTS), f"{len(PROMPTS) - same} of {len(PROMPTS)} outputs differ"
+
+
+def test_the_start_up_line_says_where_the_model_runs(smollm2_engine):
+    """``describe()`` feeds the server's "model ... ready" log line: device, dtype, quantization,
+    and on CUDA whether decode steps replay graphs."""
+    text = smollm2_engine.describe()
+    dtype = str(smollm2_engine.dtype).removeprefix("torch.")
+    assert text.startswith(f"{smollm2_engine.device}, {dtype}, quantization ")
+    assert ("CUDA graphs on" in text) == (smollm2_engine.runner.graphs is not None)

@@ -1,6 +1,6 @@
 """The cloud engine on CPU: continuous batching, prefix caching, KV memory, bandwidth bound.
 
-    python -m bench.engine [--json] [--model ID] [--requests 32] [--max-tokens 64]
+    python -m bench.engine [--json] [--model ID] [--requests 32] [--max-tokens 64] [--device cpu|cuda]
 
 One run, SmolLM2-135M-Instruct, GSM8K questions from ../shared/data (built-in fallbacks when
 absent) through the model's chat template, ``ignore_eos`` so every request writes exactly
@@ -16,6 +16,8 @@ absent) through the model's chat template, ``ignore_eos`` so every request write
 - ``single_stream_tokens_per_s`` next to ``bandwidth_bound_tokens_per_s`` = measured memory
   bandwidth (numpy copy) / bytes of the weights as stored (``weight_bytes``: int8 and scales with
   the CPU default): each decoded token must read every weight once.
+``--device cuda`` runs the same on a GPU (bf16 weights, CUDA graphs; the bandwidth is then a
+device-to-device copy).
 """
 
 from __future__ import annotations
@@ -75,6 +77,22 @@ def memory_bandwidth_gbps(num_bytes: int = 256 << 20, rounds: int = 5) -> float:
     return 2 * num_bytes / best / 1e9
 
 
+def gpu_bandwidth_gbps(device, num_bytes: int = 1 << 30, rounds: int = 5) -> float:
+    """Best of a few device-to-device copies of a large buffer: read + write bytes per second."""
+    import torch
+
+    src = torch.ones(num_bytes // 4, dtype=torch.float32, device=device)
+    dst = torch.empty_like(src)
+    best = float("inf")
+    for _ in range(rounds):
+        torch.cuda.synchronize(device)
+        t = time.perf_counter()
+        dst.copy_(src)
+        torch.cuda.synchronize(device)
+        best = min(best, time.perf_counter() - t)
+    return 2 * num_bytes / best / 1e9
+
+
 def run_batch(engine, prompts: list[str], params) -> tuple[int, float]:
     t = time.perf_counter()
     results = engine.generate(prompts, params)
@@ -108,6 +126,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--concurrency", type=int, default=16)
     ap.add_argument("--sequential", type=int, default=3)
     ap.add_argument("--ttft-rounds", type=int, default=3)
+    ap.add_argument("--device", default="cpu", help="cpu (default) or cuda[:N]")
     args = ap.parse_args(argv)
 
     import torch
@@ -117,7 +136,12 @@ def main(argv: list[str] | None = None) -> None:
     from cloud_server.engine.sampling_params import SamplingParams
 
     t0 = time.perf_counter()
-    engine = LLMEngine(EngineConfig(args.model, max_num_seqs=args.concurrency, device="cpu"))
+    from cloud_server.exceptions import ServerError
+
+    try:
+        engine = LLMEngine(EngineConfig(args.model, max_num_seqs=args.concurrency, device=args.device))
+    except ServerError as exc:  # --device cuda without CUDA, a bad model: one line, no traceback
+        ap.error(str(exc))
     load_s = time.perf_counter() - t0
     tok = engine.tokenizer
     chat = [tok.apply_chat_template([{"role": "user", "content": q}])
@@ -159,12 +183,13 @@ def main(argv: list[str] | None = None) -> None:
 
     # 3. bandwidth bound for the weights as stored (int8 + scales by default on CPU)
     weight_bytes = stored_weight_bytes(engine.runner.model)
-    bw = memory_bandwidth_gbps()
+    on_gpu = engine.device.type == "cuda"
+    bw = gpu_bandwidth_gbps(engine.device) if on_gpu else memory_bandwidth_gbps()
     bound = bw * 1e9 / weight_bytes
 
     result = {
         "model": engine.model_name,
-        "device": "cpu",
+        "device": str(engine.device),
         "threads": torch.get_num_threads(),
         "load_s": round(load_s, 2),
         "num_requests": args.requests,

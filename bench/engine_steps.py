@@ -34,9 +34,13 @@ def main(argv: list[str] | None = None) -> None:
     from cloud_server.engine.sampling_params import SamplingParams
     from cloud_server.engine.scheduler import ScheduledSeq
     from cloud_server.engine.sequence import Sequence
+    from cloud_server.exceptions import ServerError
 
     t0 = time.perf_counter()
-    eng = LLMEngine(EngineConfig(args.model, max_model_len=2048, kv_cache_memory_bytes=2 << 30))
+    try:
+        eng = LLMEngine(EngineConfig(args.model, max_model_len=2048, kv_cache_memory_bytes=2 << 30))
+    except ServerError as exc:  # an unknown model, a bad file: one line, no traceback
+        ap.error(str(exc))
     load_s = time.perf_counter() - t0
     runner, bs, dev = eng.runner, eng.config.block_size, eng.device
     graphs = runner.graphs

@@ -63,32 +63,28 @@ def stored_weight_bytes(model) -> int:
     return sum(seen.values())
 
 
-def memory_bandwidth_gbps(num_bytes: int = 256 << 20, rounds: int = 5) -> float:
-    """Best of a few numpy copies of a large buffer: read + write bytes per second."""
-    import numpy as np
+def memory_bandwidth_gbps(device=None, rounds: int = 5) -> float:
+    """Best of a few copies of a large buffer, read + write bytes per second: numpy on the CPU
+    (256 MiB), a device-to-device copy on CUDA (1 GiB)."""
+    if device is not None and device.type == "cuda":
+        import torch
 
-    src = np.ones(num_bytes // 8, dtype=np.float64)
-    dst = np.empty_like(src)
+        num_bytes = 1 << 30
+        src = torch.ones(num_bytes // 4, dtype=torch.float32, device=device)
+        copy, sync = (lambda: dst.copy_(src)), (lambda: torch.cuda.synchronize(device))
+    else:
+        import numpy as np
+
+        num_bytes = 256 << 20
+        src = np.ones(num_bytes // 8, dtype=np.float64)
+        copy, sync = (lambda: np.copyto(dst, src)), (lambda: None)
+    dst = src.copy()
     best = float("inf")
     for _ in range(rounds):
+        sync()
         t = time.perf_counter()
-        np.copyto(dst, src)
-        best = min(best, time.perf_counter() - t)
-    return 2 * num_bytes / best / 1e9
-
-
-def gpu_bandwidth_gbps(device, num_bytes: int = 1 << 30, rounds: int = 5) -> float:
-    """Best of a few device-to-device copies of a large buffer: read + write bytes per second."""
-    import torch
-
-    src = torch.ones(num_bytes // 4, dtype=torch.float32, device=device)
-    dst = torch.empty_like(src)
-    best = float("inf")
-    for _ in range(rounds):
-        torch.cuda.synchronize(device)
-        t = time.perf_counter()
-        dst.copy_(src)
-        torch.cuda.synchronize(device)
+        copy()
+        sync()
         best = min(best, time.perf_counter() - t)
     return 2 * num_bytes / best / 1e9
 
@@ -183,8 +179,7 @@ def main(argv: list[str] | None = None) -> None:
 
     # 3. bandwidth bound for the weights as stored (int8 + scales by default on CPU)
     weight_bytes = stored_weight_bytes(engine.runner.model)
-    on_gpu = engine.device.type == "cuda"
-    bw = gpu_bandwidth_gbps(engine.device) if on_gpu else memory_bandwidth_gbps()
+    bw = memory_bandwidth_gbps(engine.device)
     bound = bw * 1e9 / weight_bytes
 
     result = {

@@ -137,7 +137,7 @@ class DecodeGraphs:
     def _forget_step_caches(self, g: _Graph) -> None:
         """Masks and RoPE rows are cached per step object; inside a capture they must be computed,
         not read from the warm-up run, or every replay would reuse the warm-up's values."""
-        g.meta._masks.clear()
+        g.meta.forget_masks()
         for rope in getattr(self.model, "ropes", []):
             rope.forget_rows()
 

@@ -34,6 +34,10 @@ class AttentionMetadata:
     prefills: list[PrefillSpan] = field(default_factory=list)
     _masks: dict = field(default_factory=dict)
 
+    def forget_masks(self) -> None:
+        """Drop the cached masks (a CUDA graph's static metadata changes contents, not identity)."""
+        self._masks.clear()
+
     def decode_mask(self, window: int | None) -> torch.Tensor:
         key = ("decode", window)
         if key not in self._masks:

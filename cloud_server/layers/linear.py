@@ -2,12 +2,15 @@
 
 Weight-only int8, one scale per output channel (row):
     s_r = max_c |W[r, c]| / 127,  Q[r, c] = round(W[r, c] / s_r)  in [-127, 127]
-    y = x Q^T * s  (torch's CPU kernel ``_weight_int8pack_mm``; elsewhere Q is widened first)
+    y = x Q^T * s  (on the CPU the engine's own kernel with bf16 activations (``cpu_kernels``) or
+    torch's ``_weight_int8pack_mm``; elsewhere Q is widened first)
 Weight-only int4, a GGUF 4-bit tensor's own groups of 32 weights along each row, kept as they are:
     W[r, c] = scale[r, g] * (Q[r, c] - 8) + zero[r, g],  g = c // 32,  Q in 0..15
     given as codes, two per byte (column 2j in the low nibble, 2j + 1 in the high one), and
-    scale_zero [out, in / 32, 2]; on the CPU ``load`` repacks them for ``_weight_int4pack_mm_for_cpu``
-    (bf16 activations), elsewhere they are widened to the activation dtype once.
+    scale_zero [out, in / 32, 2]; on the CPU ``load`` repacks them for the engine's own kernel
+    (``cpu_kernels``: AVX-512 BF16, codes and their groups' scale and zero in one array, bf16
+    activations, fp32 sums) or else for torch's ``_weight_int4pack_mm_for_cpu``; elsewhere they are
+    widened to the activation dtype once.
 Rows keep their own scales (and groups), so fusing layers (q|k|v, gate|up) is a concatenation of rows.
 """
 
@@ -17,18 +20,20 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .cpu_kernels import BLOCK_ROWS, int4_mm, int8_mm, pack_int4_blocks, pack_int8_blocks
+
 QUANTIZATIONS = ("none", "int8", "int4")
-_CPU_BLOCK_M = 4  # rows per block of torch's CPU int8 and int4 kernels (one weight pass per block)
+_CPU_BLOCK_M = 4  # rows per pass over the weights of the CPU int8 and int4 kernels (ours and torch's)
 INT4_GROUP = 32  # weights per (scale, zero) along a row in the int4 format
 _INT4_ROWS_MULTIPLE = 16  # torch's int4 CPU packing takes a multiple of 16 output rows
 _INT4_PACK_ROWS = 64  # ... and lays rows out in blocks of 64 (a row prefix is a block prefix)
 
 
 def int8_row_block(device: torch.device, dtype: torch.dtype, quantization: str) -> int:
-    """Rows the matmuls take for the price of one: 4 for int8 or int4 weights with bf16
-    activations on CPU (``_weight_int8pack_mm`` and ``_weight_int4pack_mm_for_cpu`` work in blocks
-    of 4 rows; the fifth row starts a second pass over the weights), else 1 (cost grows smoothly
-    with rows)."""
+    """Rows the matmuls take in one pass: 4 for int8 or int4 weights with bf16 activations on CPU
+    (the engine's kernels and torch's ``_weight_int8pack_mm`` / ``_weight_int4pack_mm_for_cpu``
+    all work in blocks of 4 rows; the fifth row starts a second pass over the weights), else 1
+    (cost grows smoothly with rows)."""
     cpu_blocked = device.type == "cpu" and quantization in ("int8", "int4") and dtype == torch.bfloat16
     return _CPU_BLOCK_M if cpu_blocked else 1
 
@@ -73,12 +78,16 @@ class Linear(nn.Module):
     def __init__(self, in_features: int, out_features: int, bias: bool = False) -> None:
         super().__init__()
         self.in_features, self.out_features, self.has_bias = in_features, out_features, bias
-        # [out, in] float; int8 with ``scale``; int4 (CPU): torch's packed codes with ``scale``
+        # [out, in] float; int8 with ``scale``; int4 (CPU): torch's packed codes with ``scale``; or
+        # (``blocks``) the engine kernels' flat arrays: int8 rows with ``scale``, or int4 codes with
+        # their scales and zeros inside (``scale`` None)
         self.weight: torch.Tensor | None = None
-        # int8: [out] in the activation dtype; int4: scale_zero [in / 32, out, 2] bf16
+        # int8: [out] in the activation dtype (fp32 for the engine kernel); int4 (torch's kernel):
+        # scale_zero [in / 32, out, 2] bf16
         self.scale: torch.Tensor | None = None
         self.bias: torch.Tensor | None = None  # [out]
         self.int4 = False
+        self.blocks = False  # in the engine kernels' format (``cpu_kernels``)
 
     def load(
         self, weight: torch.Tensor, *, scale: torch.Tensor | None = None, bias: torch.Tensor | None = None
@@ -91,33 +100,44 @@ class Linear(nn.Module):
             raise ValueError(f"weight {shape} != {(self.out_features, self.in_features)}")
         if self.has_bias != (bias is not None):
             raise ValueError("bias given to a layer without one, or missing")
+        blocks = False
+        on_cpu = weight.device.type == "cpu"
+        if weight.dtype == torch.int8 and on_cpu and scale is not None and scale.dtype == torch.bfloat16 \
+                and shape[0] % BLOCK_ROWS == 0 and shape[1] % 64 == 0 and int8_mm() is not None:
+            # bf16 activations (the scale's dtype): the engine's int8 kernel, same scales in fp32
+            weight, scale, blocks = pack_int8_blocks(weight), scale.float(), True
         if int4:
             if scale is None:
                 raise ValueError("int4 weights come with their scale_zero")
-            if weight.device.type == "cpu":
+            if on_cpu and int4_mm() is not None:
+                weight, scale, blocks = pack_int4_blocks(weight, scale), None, True
+            elif on_cpu:
                 weight, scale = _pack_int4_for_cpu(weight, scale)
             else:  # no int4 kernel used elsewhere: widen once to the activation dtype
                 weight, scale, int4 = int4_dequantize(weight, scale).to(scale.dtype), None, False
         self.weight, self.scale, self.bias, self.int4 = weight.contiguous(), scale, bias, int4
+        self.blocks = blocks
 
     def first_rows(self, n: int) -> Linear:
         """A layer computing only outputs 0..n-1 (a draft's head over the first n token ids),
         sharing this layer's weights (views, no copy; int4's small scale_zero is copied, as its
-        kernel reads it contiguous). torch's CPU int4 packing interleaves rows in blocks of 64,
-        so packed int4 weights are cut at a multiple of 64 (n rounded down)."""
+        kernel reads it contiguous). Packed int4 weights are cut at whole blocks of rows (n
+        rounded down): 64 in torch's CPU packing, 16 in the engine kernels' (int8 too)."""
         if self.weight is None:
             raise RuntimeError("Linear.load was never called")
         n = max(1, min(n, self.out_features))
-        if self.int4:  # whole blocks of 64 rows, at least one
-            n = min(max(n - n % _INT4_PACK_ROWS, _INT4_PACK_ROWS), self.out_features)
+        if self.int4 or self.blocks:  # whole blocks of rows, at least one
+            rows = BLOCK_ROWS if self.blocks else _INT4_PACK_ROWS
+            n = min(max(n - n % rows, rows), self.out_features)
         if n == self.out_features:
             return self
         head = Linear(self.in_features, n, bias=self.has_bias)
-        head.weight = self.weight[:n]
+        # the kernel's blocks of 16 rows are stored one after another: rows 0..n-1 are a prefix
+        head.weight = self.weight[: self.weight.numel() // self.out_features * n] if self.blocks else self.weight[:n]
         if self.scale is not None:  # int8 [out]; int4 scale_zero [in / 32, out, 2]
             head.scale = self.scale[:, :n].contiguous() if self.int4 else self.scale[:n]
         head.bias = None if self.bias is None else self.bias[:n]
-        head.int4 = self.int4
+        head.int4, head.blocks = self.int4, self.blocks
         return head
 
     @property
@@ -127,11 +147,17 @@ class Linear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., in] -> [..., out]
         if self.weight is None:
             raise RuntimeError("Linear.load was never called")
-        if self.scale is None:
+        if self.scale is None and not self.blocks:
             return F.linear(x, self.weight, self.bias)
         shape = x.shape
         x2 = x.reshape(-1, self.in_features).contiguous()  # [N, in]
-        if self.int4:  # the kernel takes bf16 activations only (fp32 has no fast path)
+        if self.blocks:  # bf16 activations, fp32 sums (loaded in this format only where the kernels are)
+            xb = x2.to(torch.bfloat16)
+            if self.int4:
+                y = int4_mm()(xb, self.weight, self.out_features).to(x2.dtype)  # type: ignore[misc]
+            else:
+                y = int8_mm()(xb, self.weight, self.scale).to(x2.dtype)  # type: ignore[misc]
+        elif self.int4:  # the kernel takes bf16 activations only (fp32 has no fast path)
             xb = x2.to(torch.bfloat16)
             y = torch.ops.aten._weight_int4pack_mm_for_cpu(xb, self.weight, INT4_GROUP, self.scale)
             y = y.to(x2.dtype)  # [N, out]

@@ -126,3 +126,9 @@ def test_the_installed_wheel_answers_without_torch(
     lines = out.stderr.splitlines()
     assert all(line.startswith(ALLOWED_STDERR) for line in lines), out.stderr
     assert any(line.startswith("Preparing the semantic cache reranker (once) ... done in ") for line in lines)
+
+
+def test_the_wheel_carries_the_engine_kernel_source(venv: Path) -> None:
+    # the cloud engine builds its CPU kernels from this file on first use (cloud_server/layers/cpu_kernels.py)
+    (site,) = (venv / "lib").glob("python3*/site-packages")
+    assert (site / "cloud_server" / "layers" / "cpu_kernels.cpp").is_file()

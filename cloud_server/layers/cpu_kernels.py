@@ -1,0 +1,145 @@
+"""The engine's own CPU kernels (``cpu_kernels.cpp``: weight-only int4 and int8 matmuls with bf16
+activations, whose cost stays nearly flat from one to three rows): built on first use with the system's C++
+compiler against the installed torch, kept in ``<cache dir>/kernels/``, and loaded as torch ops.
+
+Used where they pay: an x86-64 CPU with AVX-512 BF16 (AMD Zen 4 and later, Intel Cooper Lake,
+Sapphire Rapids and later). Anywhere else, or without a compiler, or with
+``HYBRIDLLM_CPU_KERNELS=0``, the engine uses torch's own kernels; a failed build is logged once
+with its reason, never raised.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+from functools import cache
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+_SOURCE = Path(__file__).with_name("cpu_kernels.cpp")
+_FLAGS = ["-O3", "-std=c++20", "-shared", "-fPIC", "-fopenmp", "-mavx512f", "-mavx512bw", "-mavx512vl",
+          "-mavx512bf16", "-w"]
+_NEEDED_CPU_FLAGS = {"avx512f", "avx512bw", "avx512vl", "avx512_bf16"}
+BLOCK_ROWS = 16  # output rows per block of the packed formats (see cpu_kernels.cpp)
+_GROUP = 32
+
+
+def _enabled_by_env() -> bool:
+    return os.environ.get("HYBRIDLLM_CPU_KERNELS", "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+def _cpu_flags() -> set[str]:
+    try:
+        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as fh:
+            for line in fh:
+                if line.startswith("flags"):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+def _build(out: Path) -> None:
+    """Compile the kernel into ``out`` (atomically: a concurrent build never sees half a file)."""
+    compiler = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
+    if not compiler:
+        raise RuntimeError("no C++ compiler (g++) on PATH")
+    torch_dir = Path(torch.__file__).parent
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=out.parent, suffix=".so.tmp")
+    os.close(fd)
+    cmd = [compiler, *_FLAGS, f"-I{torch_dir / 'include'}",
+           f"-I{torch_dir / 'include' / 'torch' / 'csrc' / 'api' / 'include'}", str(_SOURCE),
+           f"-L{torch_dir / 'lib'}", "-ltorch_cpu", "-lc10", f"-Wl,-rpath,{torch_dir / 'lib'}", "-o", tmp]
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+        if done.returncode != 0:
+            raise RuntimeError(f"{Path(compiler).name} failed: {done.stderr.strip()[-800:]}")
+        os.replace(tmp, out)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def _registered() -> bool:
+    try:
+        torch.ops.hybridllm_cpu.int4_mm  # noqa: B018 - raises where the library is not loaded
+    except (AttributeError, RuntimeError):
+        return False
+    return True
+
+
+@cache
+def _ops() -> Any | None:
+    """The loaded ops (``torch.ops.hybridllm_cpu``), or None where they are not used."""
+    if not _enabled_by_env():
+        return None
+    if sys.platform != "linux" or platform.machine() not in ("x86_64", "AMD64"):
+        return None
+    if not _NEEDED_CPU_FLAGS <= _cpu_flags():
+        return None
+    try:
+        from hybridllm._paths import cache_dir
+
+        source = _SOURCE.read_bytes()
+        key = hashlib.sha256(source + torch.__version__.encode() + " ".join(_FLAGS).encode()).hexdigest()[:16]
+        lib = cache_dir() / "kernels" / f"cpu_kernels.{key}.so"
+        if not lib.is_file():
+            logger.info("building the engine's CPU kernels into %s", lib)
+            _build(lib)
+        if not _registered():  # a second registration of the same ops aborts the process
+            torch.ops.load_library(str(lib))
+        return torch.ops.hybridllm_cpu
+    except Exception as exc:  # noqa: BLE001 - any failure means torch's own kernels, said once
+        logger.warning("the engine's CPU kernels are not used (torch's int4 and int8 kernels instead): %s", exc)
+        return None
+
+
+def int4_mm() -> Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor] | None:
+    """``int4_mm(x bf16 [M, K], packed uint8 (``pack_int4_blocks``), N) -> fp32 [M, N]``, or None
+    where the kernels are not used."""
+    ops = _ops()
+    return None if ops is None else ops.int4_mm
+
+
+def int8_mm() -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor] | None:
+    """``int8_mm(x bf16 [M, K], packed int8 (``pack_int8_blocks``), scale fp32 [N]) -> fp32 [M, N]``,
+    or None where the kernels are not used."""
+    ops = _ops()
+    return None if ops is None else ops.int8_mm
+
+
+def pack_int4_blocks(codes: torch.Tensor, scale_zero: torch.Tensor) -> torch.Tensor:
+    """(codes two per byte [N, K / 2] (column 2j low, 2j + 1 high), scale_zero [N, K / 32, 2]) ->
+    the kernel's format, flat uint8: per block of 16 rows and group of 32 columns, 8 quads of 32
+    bytes (byte 2c + e of quad j: row c, low nibble column 4j + e, high nibble 4j + 2 + e), then
+    16 bf16 scales and 16 bf16 zeros."""
+    n, k = codes.shape[0], codes.shape[1] * 2
+    if n % BLOCK_ROWS or k % _GROUP:
+        raise ValueError(f"int4 kernel format needs rows % 16 == 0 and columns % 32 == 0, got {n}x{k}")
+    blocks, groups = n // BLOCK_ROWS, k // _GROUP
+    q = torch.stack((codes & 0x0F, codes >> 4), dim=-1).reshape(blocks, BLOCK_ROWS, groups, 8, 4)
+    quads = q[..., 0:2] | (q[..., 2:4] << 4)  # [block, row c, group, quad j, e]
+    quads = quads.permute(0, 2, 3, 1, 4).reshape(blocks, groups, 256)
+    sz = scale_zero.to(torch.bfloat16).reshape(blocks, BLOCK_ROWS, groups, 2).permute(0, 2, 3, 1)
+    sz = sz.contiguous().view(torch.uint8).reshape(blocks, groups, 64)
+    return torch.cat((quads, sz), dim=2).reshape(-1).contiguous()
+
+
+def pack_int8_blocks(q: torch.Tensor) -> torch.Tensor:
+    """int8 [N, K] -> the kernel's format, flat int8: per block of 16 rows, K / 2 pairs of 32 bytes
+    (byte 2c + e of pair p: row c, column 2p + e)."""
+    n, k = q.shape
+    if n % BLOCK_ROWS or k % 64:
+        raise ValueError(f"int8 kernel format needs rows % 16 == 0 and columns % 64 == 0, got {n}x{k}")
+    return q.reshape(n // BLOCK_ROWS, BLOCK_ROWS, k // 2, 2).permute(0, 2, 1, 3).reshape(-1).contiguous()

@@ -1,0 +1,151 @@
+"""The engine's own CPU kernels (``cloud_server/layers/cpu_kernels.cpp``): weight-only int4 and int8
+matmuls with bf16 activations and fp32 sums.
+
+- Both agree with the fp32 product of the same (bf16-rounded) activations and the dequantized
+  weights to fp32 rounding (relative error < 1e-5; torch's kernels, which round their output to
+  bf16, are at about 2e-3).
+- A row's result does not depend on its batch: each row of a 1..13-row call equals, bit for bit,
+  that row computed alone, and one thread gives what two give. Speculative verification relies on
+  it (a verify row must equal the plain decode row).
+- ``Linear.first_rows`` on the kernels' formats equals the first outputs of the whole layer.
+- Without the kernels (``HYBRIDLLM_CPU_KERNELS=0``, or a failed build) layers fall back to torch's
+  formats, with one warning for a failed build.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from cloud_server.layers import cpu_kernels  # noqa: E402
+from cloud_server.layers.linear import Linear, int4_dequantize, pack_int4_codes  # noqa: E402
+
+needs_kernels = pytest.mark.skipif(cpu_kernels.int4_mm() is None,
+                                   reason="the engine's CPU kernels need x86-64 AVX-512 BF16 and g++")
+
+
+def _int4(n: int, k: int, seed: int):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randint(0, 16, (n, k), dtype=torch.uint8, generator=g)
+    sz = (torch.randn(n, k // 32, 2, generator=g) * 0.02).to(torch.bfloat16)
+    codes = pack_int4_codes(q)
+    return codes, sz, int4_dequantize(codes, sz)  # reference weights, fp32 of the bf16 scales
+
+
+def _int8(n: int, k: int, seed: int):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randint(-127, 128, (n, k), dtype=torch.int8, generator=g)
+    scale = (torch.rand(n, generator=g) * 0.01 + 1e-3).to(torch.bfloat16)
+    return q, scale, q.float() * scale.float().unsqueeze(1)
+
+
+SHAPES = [(48, 64), (576, 576), (1152, 896), (80, 1536)]  # rows not a multiple of 64, K of 2 to 48 groups
+
+
+@needs_kernels
+@pytest.mark.parametrize(("n", "k"), SHAPES)
+def test_int4_kernel_matches_the_dequantized_weights_and_is_row_invariant(n, k):
+    codes, sz, ref_w = _int4(n, k, seed=n + k)
+    w = cpu_kernels.pack_int4_blocks(codes, sz)
+    mm = cpu_kernels.int4_mm()
+    x = torch.randn(13, k, generator=torch.Generator().manual_seed(1)).to(torch.bfloat16)
+    want = x.float() @ ref_w.T
+    for m in (1, 2, 3, 4, 5, 8, 13):
+        y = mm(x[:m].contiguous(), w, n)
+        assert y.dtype == torch.float32 and y.shape == (m, n)
+        err = ((y - want[:m]).norm() / want[:m].norm()).item()
+        assert err < 1e-5, (m, err)
+        for r in range(m):  # each row as computed alone, bit for bit
+            assert torch.equal(y[r], mm(x[r : r + 1].contiguous(), w, n)[0]), (m, r)
+
+
+@needs_kernels
+@pytest.mark.parametrize(("n", "k"), SHAPES)
+def test_int8_kernel_matches_the_dequantized_weights_and_is_row_invariant(n, k):
+    q, scale, ref_w = _int8(n, k, seed=n * k)
+    w = cpu_kernels.pack_int8_blocks(q)
+    mm = cpu_kernels.int8_mm()
+    x = torch.randn(13, k, generator=torch.Generator().manual_seed(2)).to(torch.bfloat16)
+    want = x.float() @ ref_w.T
+    for m in (1, 2, 3, 4, 5, 8, 13):
+        y = mm(x[:m].contiguous(), w, scale.float())
+        err = ((y - want[:m]).norm() / want[:m].norm()).item()
+        assert err < 1e-5, (m, err)
+        for r in range(m):
+            assert torch.equal(y[r], mm(x[r : r + 1].contiguous(), w, scale.float())[0]), (m, r)
+
+
+@needs_kernels
+def test_threads_do_not_change_a_result():
+    codes, sz, _ = _int4(1152, 896, seed=3)
+    q, scale, _ = _int8(1152, 896, seed=4)
+    w4, w8 = cpu_kernels.pack_int4_blocks(codes, sz), cpu_kernels.pack_int8_blocks(q)
+    x = torch.randn(6, 896, generator=torch.Generator().manual_seed(5)).to(torch.bfloat16)
+    before = torch.get_num_threads()
+    try:
+        outs = []
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            outs.append((cpu_kernels.int4_mm()(x, w4, 1152), cpu_kernels.int8_mm()(x, w8, scale.float())))
+    finally:
+        torch.set_num_threads(before)
+    assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1])
+
+
+@needs_kernels
+def test_linear_layers_use_the_kernels_and_cut_heads_at_whole_blocks():
+    codes, sz, ref4 = _int4(256, 576, seed=6)
+    q, scale, ref8 = _int8(256, 576, seed=7)
+    x = torch.randn(3, 576, generator=torch.Generator().manual_seed(8)).to(torch.bfloat16)
+    for weight, s, ref in ((codes, sz, ref4), (q, scale, ref8)):
+        layer = Linear(576, 256)
+        layer.load(weight, scale=s)
+        assert layer.blocks
+        y = layer(x)
+        assert y.dtype == torch.bfloat16
+        want = x.float() @ ref.T
+        assert ((y.float() - want).norm() / want.norm()).item() < 4e-3  # the output's bf16 rounding
+        head = layer.first_rows(100)  # whole blocks of 16 rows: 96
+        assert head.out_features == 96 and head.weight.data_ptr() == layer.weight.data_ptr()
+        assert torch.equal(head(x), y[:, :96])
+    # fp32 activations (an int8 layer whose scale is fp32) keep torch's int8 kernel
+    layer = Linear(576, 256)
+    layer.load(q, scale=scale.float())
+    assert not layer.blocks and layer.weight.shape == (256, 576)
+
+
+def test_without_the_kernels_layers_use_torchs_formats(monkeypatch):
+    monkeypatch.setenv("HYBRIDLLM_CPU_KERNELS", "0")
+    cpu_kernels._ops.cache_clear()
+    try:
+        codes, sz, ref = _int4(128, 256, seed=9)
+        layer = Linear(256, 128)
+        layer.load(codes, scale=sz)
+        assert layer.int4 and not layer.blocks and layer.scale is not None  # torch's int4 packing
+        x = torch.randn(2, 256, generator=torch.Generator().manual_seed(10)).to(torch.bfloat16)
+        want = x.float() @ ref.T
+        assert ((layer(x).float() - want).norm() / want.norm()).item() < 5e-3
+    finally:
+        cpu_kernels._ops.cache_clear()
+
+
+def test_a_failed_build_falls_back_with_one_warning(monkeypatch, tmp_path, caplog):
+    if cpu_kernels.int4_mm() is None:
+        pytest.skip("no kernels to build on this CPU")
+    monkeypatch.setenv("HYBRIDLLM_CACHE_DIR", str(tmp_path))  # nothing built there yet
+    monkeypatch.setenv("CXX", str(tmp_path / "no-such-compiler"))
+    cpu_kernels._ops.cache_clear()
+    try:
+        with caplog.at_level(logging.WARNING, logger="cloud_server.layers.cpu_kernels"):
+            assert cpu_kernels.int4_mm() is None and cpu_kernels.int8_mm() is None
+        warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+        assert len(warnings) == 1 and "torch's int4 and int8 kernels instead" in warnings[0].getMessage()
+        q, scale, _ = _int8(64, 64, seed=11)
+        layer = Linear(64, 64)
+        layer.load(q, scale=scale)
+        assert not layer.blocks
+    finally:
+        cpu_kernels._ops.cache_clear()

@@ -30,7 +30,7 @@ def _layers(model_path: str, kernels: bool):
     from cloud_server.models import loader
 
     os.environ["HYBRIDLLM_CPU_KERNELS"] = "1" if kernels else "0"
-    cpu_kernels._ops.cache_clear()
+    cpu_kernels.reset()
     model = loader.load_model(model_path, device=torch.device("cpu"), dtype=torch.bfloat16,
                               max_position=256, quantization="int4").model
     mats = [m for m in model.modules() if isinstance(m, Linear) and m.weight is not None
@@ -71,7 +71,7 @@ def main(argv: list[str] | None = None) -> None:
         ap.error(str(exc))
     finally:
         os.environ.pop("HYBRIDLLM_CPU_KERNELS", None)
-        cpu_kernels._ops.cache_clear()
+        cpu_kernels.reset()
     weight_mb = sum(m.weight.numel() * m.weight.element_size() for m in ours) / 1e6
 
     def one_pass(mats, xs):
@@ -83,9 +83,10 @@ def main(argv: list[str] | None = None) -> None:
     gen = torch.Generator().manual_seed(0)
     with torch.inference_mode():
         for r in rows:
-            xs = {k: torch.randn(r, k, generator=gen).to(torch.bfloat16) for k in {m.in_features for m in ours}}
+            widths = {m.in_features for m in ours}
+            xs = {k: torch.randn(r, k, generator=gen).to(torch.bfloat16) for k in widths}
             times: dict[str, list[float]] = {"ours": [], "torch": []}
-            for side, mats in (("ours", ours), ("torch", theirs)):
+            for mats in (ours, theirs):
                 one_pass(mats, xs)  # warm-up
             for _ in range(args.repeats):  # alternate the sides: drifting load hits both alike
                 for side, mats in (("ours", ours), ("torch", theirs)):
@@ -99,7 +100,7 @@ def main(argv: list[str] | None = None) -> None:
             print(f"{r:>3} rows: ours {ours_ms:7.2f} ms, torch {torch_ms:7.2f} ms", file=sys.stderr)
     one = result["rows"].get("1")
     if one:
-        for r, v in result["rows"].items():
+        for v in result["rows"].values():
             v["ours_rows_over_one"] = round(v["ours_ms"] / one["ours_ms"], 2)
             v["torch_rows_over_one"] = round(v["torch_ms"] / one["torch_ms"], 2)
     del ours_model, torch_model

@@ -17,7 +17,8 @@ def data_dir() -> Path:
 
 
 def cache_dir() -> Path:
-    """The semantic cache database: $HYBRIDLLM_CACHE_DIR, else the platformdirs user cache dir."""
+    """The semantic cache database and the engine's compiled CPU kernels: $HYBRIDLLM_CACHE_DIR, else
+    the platformdirs user cache dir."""
     override = os.environ.get("HYBRIDLLM_CACHE_DIR")
     if override:
         return Path(override).expanduser()

@@ -5,7 +5,7 @@ compiler against the installed torch, kept in ``<cache dir>/kernels/``, and load
 Used where they pay: an x86-64 CPU with AVX-512 BF16 (AMD Zen 4 and later, Intel Cooper Lake,
 Sapphire Rapids and later). Anywhere else, or without a compiler, or with
 ``HYBRIDLLM_CPU_KERNELS=0``, the engine uses torch's own kernels; a failed build is logged once
-with its reason, never raised.
+with its reason, never raised. A damaged library file in the cache is built again.
 """
 
 from __future__ import annotations
@@ -18,9 +18,11 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
+from collections.abc import Callable
 from functools import cache
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -79,9 +81,17 @@ def _registered() -> bool:
     return True
 
 
+_LOCK = threading.Lock()  # one build and one registration per process, whichever thread asks first
+
+
 @cache
 def _ops() -> Any | None:
     """The loaded ops (``torch.ops.hybridllm_cpu``), or None where they are not used."""
+    with _LOCK:
+        return _load()
+
+
+def _load() -> Any | None:
     if not _enabled_by_env():
         return None
     if sys.platform != "linux" or platform.machine() not in ("x86_64", "AMD64"):
@@ -92,19 +102,28 @@ def _ops() -> Any | None:
         from hybridllm._paths import cache_dir
 
         source = _SOURCE.read_bytes()
-        key = hashlib.sha256(source + torch.__version__.encode() + " ".join(_FLAGS).encode()).hexdigest()[:16]
+        ident = source + torch.__version__.encode() + " ".join(_FLAGS).encode()
+        key = hashlib.sha256(ident).hexdigest()[:16]
         lib = cache_dir() / "kernels" / f"cpu_kernels.{key}.so"
         if not lib.is_file():
             logger.info("building the engine's CPU kernels into %s", lib)
             _build(lib)
         if not _registered():  # a second registration of the same ops aborts the process
-            torch.ops.load_library(str(lib))
+            try:
+                torch.ops.load_library(str(lib))
+            except OSError as exc:  # a damaged file in the cache: build it again, once
+                logger.warning("rebuilding the engine's CPU kernels (%s could not be loaded: %s)", lib, exc)
+                lib.unlink(missing_ok=True)
+                _build(lib)
+                torch.ops.load_library(str(lib))
         return torch.ops.hybridllm_cpu
     except Exception as exc:  # noqa: BLE001 - any failure means torch's own kernels, said once
-        logger.warning("the engine's CPU kernels are not used (torch's int4 and int8 kernels instead): %s", exc)
+        logger.warning("the engine's CPU kernels are not used (torch's int4 and int8 kernels instead): %s",
+                       exc)
         return None
 
 
+@cache
 def int4_mm() -> Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor] | None:
     """``int4_mm(x bf16 [M, K], packed uint8 (``pack_int4_blocks``), N) -> fp32 [M, N]``, or None
     where the kernels are not used."""
@@ -112,11 +131,19 @@ def int4_mm() -> Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor] | Non
     return None if ops is None else ops.int4_mm
 
 
+@cache
 def int8_mm() -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor] | None:
     """``int8_mm(x bf16 [M, K], packed int8 (``pack_int8_blocks``), scale fp32 [N]) -> fp32 [M, N]``,
     or None where the kernels are not used."""
     ops = _ops()
     return None if ops is None else ops.int8_mm
+
+
+def reset() -> None:
+    """Forget what was decided (tests, benchmarks): the next call decides again, from the
+    environment. Ops already loaded stay registered in this process."""
+    for f in (_ops, int4_mm, int8_mm):
+        f.cache_clear()
 
 
 def pack_int4_blocks(codes: torch.Tensor, scale_zero: torch.Tensor) -> torch.Tensor:

@@ -132,8 +132,9 @@ class Linear(nn.Module):
         if n == self.out_features:
             return self
         head = Linear(self.in_features, n, bias=self.has_bias)
-        # the kernel's blocks of 16 rows are stored one after another: rows 0..n-1 are a prefix
-        head.weight = self.weight[: self.weight.numel() // self.out_features * n] if self.blocks else self.weight[:n]
+        # the kernels' blocks of 16 rows are stored one after another: rows 0..n-1 are a prefix
+        per_row = self.weight.numel() // self.out_features
+        head.weight = self.weight[: per_row * n] if self.blocks else self.weight[:n]
         if self.scale is not None:  # int8 [out]; int4 scale_zero [in / 32, out, 2]
             head.scale = self.scale[:, :n].contiguous() if self.int4 else self.scale[:n]
         head.bias = None if self.bias is None else self.bias[:n]
@@ -147,24 +148,30 @@ class Linear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., in] -> [..., out]
         if self.weight is None:
             raise RuntimeError("Linear.load was never called")
-        if self.scale is None and not self.blocks:
+        scale = self.scale
+        if scale is None and not self.blocks:
             return F.linear(x, self.weight, self.bias)
         shape = x.shape
         x2 = x.reshape(-1, self.in_features).contiguous()  # [N, in]
-        if self.blocks:  # bf16 activations, fp32 sums (loaded in this format only where the kernels are)
+        if self.blocks:  # bf16 activations, fp32 sums (this format only where the kernels are)
+            mm4, mm8 = int4_mm(), int8_mm()
+            if mm4 is None or mm8 is None:
+                raise RuntimeError("weights packed for the engine's CPU kernels, which are not loaded")
             xb = x2.to(torch.bfloat16)
             if self.int4:
-                y = int4_mm()(xb, self.weight, self.out_features).to(x2.dtype)  # type: ignore[misc]
+                y = mm4(xb, self.weight, self.out_features).to(x2.dtype)
             else:
-                y = int8_mm()(xb, self.weight, self.scale).to(x2.dtype)  # type: ignore[misc]
+                assert scale is not None  # int8 rows keep their fp32 scales
+                y = mm8(xb, self.weight, scale).to(x2.dtype)
         elif self.int4:  # the kernel takes bf16 activations only (fp32 has no fast path)
             xb = x2.to(torch.bfloat16)
-            y = torch.ops.aten._weight_int4pack_mm_for_cpu(xb, self.weight, INT4_GROUP, self.scale)
+            y = torch.ops.aten._weight_int4pack_mm_for_cpu(xb, self.weight, INT4_GROUP, scale)
             y = y.to(x2.dtype)  # [N, out]
         elif x2.device.type == "cpu":
-            y = torch.ops.aten._weight_int8pack_mm(x2, self.weight, self.scale)  # [N, out]
+            y = torch.ops.aten._weight_int8pack_mm(x2, self.weight, scale)  # [N, out]
         else:
-            y = F.linear(x2, self.weight.to(x2.dtype)) * self.scale
+            assert scale is not None
+            y = F.linear(x2, self.weight.to(x2.dtype)) * scale
         if self.bias is not None:
             y = y + self.bias
         return y.reshape(*shape[:-1], self.out_features)

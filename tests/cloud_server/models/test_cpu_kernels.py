@@ -9,7 +9,7 @@ matmuls with bf16 activations and fp32 sums.
   it (a verify row must equal the plain decode row).
 - ``Linear.first_rows`` on the kernels' formats equals the first outputs of the whole layer.
 - Without the kernels (``HYBRIDLLM_CPU_KERNELS=0``, or a failed build) layers fall back to torch's
-  formats, with one warning for a failed build.
+  formats, with one warning for a failed build; a damaged library file in the cache is rebuilt.
 """
 
 from __future__ import annotations
@@ -119,7 +119,7 @@ def test_linear_layers_use_the_kernels_and_cut_heads_at_whole_blocks():
 
 def test_without_the_kernels_layers_use_torchs_formats(monkeypatch):
     monkeypatch.setenv("HYBRIDLLM_CPU_KERNELS", "0")
-    cpu_kernels._ops.cache_clear()
+    cpu_kernels.reset()
     try:
         codes, sz, ref = _int4(128, 256, seed=9)
         layer = Linear(256, 128)
@@ -129,7 +129,7 @@ def test_without_the_kernels_layers_use_torchs_formats(monkeypatch):
         want = x.float() @ ref.T
         assert ((layer(x).float() - want).norm() / want.norm()).item() < 5e-3
     finally:
-        cpu_kernels._ops.cache_clear()
+        cpu_kernels.reset()
 
 
 def test_a_failed_build_falls_back_with_one_warning(monkeypatch, tmp_path, caplog):
@@ -137,7 +137,7 @@ def test_a_failed_build_falls_back_with_one_warning(monkeypatch, tmp_path, caplo
         pytest.skip("no kernels to build on this CPU")
     monkeypatch.setenv("HYBRIDLLM_CACHE_DIR", str(tmp_path))  # nothing built there yet
     monkeypatch.setenv("CXX", str(tmp_path / "no-such-compiler"))
-    cpu_kernels._ops.cache_clear()
+    cpu_kernels.reset()
     try:
         with caplog.at_level(logging.WARNING, logger="cloud_server.layers.cpu_kernels"):
             assert cpu_kernels.int4_mm() is None and cpu_kernels.int8_mm() is None
@@ -148,4 +148,31 @@ def test_a_failed_build_falls_back_with_one_warning(monkeypatch, tmp_path, caplo
         layer.load(q, scale=scale)
         assert not layer.blocks
     finally:
-        cpu_kernels._ops.cache_clear()
+        cpu_kernels.reset()
+
+
+def test_a_damaged_kernel_file_is_built_again(monkeypatch, tmp_path, caplog):
+    if cpu_kernels.int4_mm() is None:
+        pytest.skip("no kernels to build on this CPU")
+
+    def load_library(path):  # what dlopen says of a file that is not a shared library; the ops
+        with open(path, "rb") as fh:  # are not registered a second time in this process
+            if fh.read(4) != b"\x7fELF":
+                raise OSError(f"{path}: invalid ELF header")
+
+    monkeypatch.setenv("HYBRIDLLM_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(cpu_kernels, "_registered", lambda: False)  # as in a fresh process
+    monkeypatch.setattr(torch.ops, "load_library", load_library)
+    cpu_kernels.reset()
+    try:
+        assert cpu_kernels._ops() is not None  # built into the empty cache dir
+        (lib,) = (tmp_path / "kernels").glob("cpu_kernels.*.so")
+        lib.write_bytes(b"truncated")  # damaged, by a full disk say
+        cpu_kernels.reset()
+        with caplog.at_level(logging.WARNING, logger="cloud_server.layers.cpu_kernels"):
+            assert cpu_kernels._ops() is not None
+        assert [r.getMessage() for r in caplog.records if "rebuilding" in r.getMessage()]
+        with open(lib, "rb") as fh:
+            assert fh.read(4) == b"\x7fELF"  # a real library again
+    finally:
+        cpu_kernels.reset()

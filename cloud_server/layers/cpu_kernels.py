@@ -163,10 +163,18 @@ def pack_int4_blocks(codes: torch.Tensor, scale_zero: torch.Tensor) -> torch.Ten
     return torch.cat((quads, sz), dim=2).reshape(-1).contiguous()
 
 
-def pack_int8_blocks(q: torch.Tensor) -> torch.Tensor:
+def pack_int8_blocks(q: torch.Tensor, *, in_place: bool = False) -> torch.Tensor:
     """int8 [N, K] -> the kernel's format, flat int8: per block of 16 rows, K / 2 pairs of 32 bytes
-    (byte 2c + e of pair p: row c, column 2p + e)."""
+    (byte 2c + e of pair p: row c, column 2p + e). Each block's bytes stay where they were, so
+    ``in_place`` (for a tensor nobody else holds) rearranges them in q's own memory, 64 blocks at a
+    time: loading then allocates no second copy of the matrix."""
     n, k = q.shape
     if n % BLOCK_ROWS or k % 64:
         raise ValueError(f"int8 kernel format needs rows % 16 == 0 and columns % 64 == 0, got {n}x{k}")
-    return q.reshape(n // BLOCK_ROWS, BLOCK_ROWS, k // 2, 2).permute(0, 2, 1, 3).reshape(-1).contiguous()
+    blocks = q.reshape(n // BLOCK_ROWS, BLOCK_ROWS, k // 2, 2)
+    if not (in_place and q.is_contiguous()):
+        return blocks.permute(0, 2, 1, 3).reshape(-1).contiguous()
+    for b0 in range(0, blocks.shape[0], 64):
+        chunk = blocks[b0 : b0 + 64]
+        chunk.reshape(-1).copy_(chunk.permute(0, 2, 1, 3).reshape(-1))  # reshape copies first
+    return q.reshape(-1)

@@ -90,10 +90,12 @@ class Linear(nn.Module):
         self.blocks = False  # in the engine kernels' format (``cpu_kernels``)
 
     def load(
-        self, weight: torch.Tensor, *, scale: torch.Tensor | None = None, bias: torch.Tensor | None = None
+        self, weight: torch.Tensor, *, scale: torch.Tensor | None = None, bias: torch.Tensor | None = None,
+        owned: bool = False,
     ) -> None:
         """``weight``: float [out, in], int8 [out, in] with ``scale`` [out], or int4 codes uint8
-        [out, in / 2] with ``scale`` = scale_zero [out, in / 32, 2] (see the module's docstring)."""
+        [out, in / 2] with ``scale`` = scale_zero [out, in / 32, 2] (see the module's docstring).
+        ``owned``: nobody else holds ``weight``, so int8 rows may be repacked in its own memory."""
         int4 = weight.dtype == torch.uint8
         shape = (weight.shape[0], weight.shape[1] * 2) if int4 else tuple(weight.shape)
         if shape != (self.out_features, self.in_features):
@@ -105,7 +107,7 @@ class Linear(nn.Module):
         if weight.dtype == torch.int8 and on_cpu and scale is not None and scale.dtype == torch.bfloat16 \
                 and shape[0] % BLOCK_ROWS == 0 and shape[1] % 64 == 0 and int8_mm() is not None:
             # bf16 activations (the scale's dtype): the engine's int8 kernel, same scales in fp32
-            weight, scale, blocks = pack_int8_blocks(weight), scale.float(), True
+            weight, scale, blocks = pack_int8_blocks(weight, in_place=owned), scale.float(), True
         if int4:
             if scale is None:
                 raise ValueError("int4 weights come with their scale_zero")

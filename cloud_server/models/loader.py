@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -144,7 +143,7 @@ def assemble_model(
     if config.tie_word_embeddings:
         weights.pop("lm_head.weight", None)
     try:
-        _assign(model, weights, dtype)
+        _assign(model, weights, dtype, owned=consume)
     except (KeyError, ValueError, RuntimeError) as exc:
         msg = f"weights do not match the {config.architecture} layout: {exc}"
         raise ModelLoadError(msg) from exc
@@ -153,8 +152,9 @@ def assemble_model(
     return model
 
 
-def _assign(model: Any, weights: dict[str, Any], dtype: torch.dtype) -> None:
-    """Put every tensor in its module; fused layers take their parts' rows in order."""
+def _assign(model: Any, weights: dict[str, Any], dtype: torch.dtype, owned: bool = False) -> None:
+    """Put every tensor in its module; fused layers take their parts' rows in order. ``owned``: the
+    tensors are given up (int8 rows may be repacked in their own memory)."""
     modules = dict(model.named_modules())
     fused: dict[str, dict[str, Any]] = {}
     for name in list(weights):
@@ -178,16 +178,17 @@ def _assign(model: Any, weights: dict[str, Any], dtype: torch.dtype) -> None:
     else:
         embed.load(e, dtype=dtype)
     if "lm_head.weight" in weights:
-        _load_linear(modules["lm_head"], [weights.pop("lm_head.weight")], None)
+        _load_linear(modules["lm_head"], [weights.pop("lm_head.weight")], None, owned)
     else:
         model.lm_head = embed.as_linear()
-    for name, t in weights.items():  # norms and the rest: plain parameters
+    for name in list(weights):  # norms and the rest: plain parameters
+        t = weights.pop(name)
         module_name, _, kind = name.rpartition(".")
         if module_name not in modules:
             raise KeyError(f"unexpected tensor {name}")
         module = modules[module_name]
         if isinstance(module, Linear):
-            _load_linear(module, [t], None)
+            _load_linear(module, [t], None, owned)
             continue
         old = getattr(module, kind)
         if tuple(old.shape) != tuple(t.shape):
@@ -199,13 +200,17 @@ def _assign(model: Any, weights: dict[str, Any], dtype: torch.dtype) -> None:
         raise KeyError(f"missing weights for {missing[:5]}")
 
 
-def _load_linear(module: Any, mats: list[Any], biases: list[Any] | None) -> None:
+def _load_linear(module: Any, mats: list[Any], biases: list[Any] | None, owned: bool = False) -> None:
+    """``owned``: the caller gave the tensors up (a fused layer's concatenation is always new)."""
     bias = torch.cat(biases) if biases else None
     if len({m[0].dtype for m in mats if isinstance(m, tuple)}) > 1:
         # int4 parts beside int8 ones (q|k 4-bit, v 6-bit): all int8 rows, one kernel per layer
         mats = [_int4_to_int8(m) if m[0].dtype == torch.uint8 else m for m in mats]
+    owned = owned or len(mats) > 1
     if isinstance(mats[0], tuple):
-        module.load(torch.cat([m[0] for m in mats]), scale=torch.cat([m[1] for m in mats]), bias=bias)
+        weight = torch.cat([m[0] for m in mats]) if len(mats) > 1 else mats[0][0]
+        scale = torch.cat([m[1] for m in mats]) if len(mats) > 1 else mats[0][1]
+        module.load(weight, scale=scale, bias=bias, owned=owned)
     else:
         module.load(torch.cat(mats) if len(mats) > 1 else mats[0], bias=bias)
 
@@ -251,50 +256,15 @@ def load_model(
         if weights is None:
             tensors = iter_gguf_tensors(gguf_file, config, int4=quantization == "int4")
     max_pos = min(max_position or config.max_position_embeddings, config.max_position_embeddings)
-    with _heap_for_loading():
-        if weights is None:
-            weights = convert_weights(tensors, device=device, dtype=dtype, quantization=quantization)
-            del tensors
-            if cached is not None:
-                cached.write(weights)
-        net = assemble_model(config, weights, device=device, dtype=dtype, max_position=max_pos,
-                             consume=True)
-        del weights
+    if weights is None:
+        weights = convert_weights(tensors, device=device, dtype=dtype, quantization=quantization)
+        del tensors
+        if cached is not None:
+            cached.write(weights)
+    net = assemble_model(config, weights, device=device, dtype=dtype, max_position=max_pos, consume=True)
+    del weights
     _return_freed_memory()
     return LoadedModel(name=name, config=config, model=net, tokenizer=tokenizer)
-
-
-def _libc() -> Any | None:
-    import ctypes
-    import ctypes.util
-
-    try:
-        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-    except OSError:
-        return None
-
-
-@contextlib.contextmanager
-def _heap_for_loading() -> Iterator[None]:
-    """While loading, glibc serves every allocation above 128 KiB by its own mapping, returned at
-    once when freed. Loading frees each matrix as its repacked or fused copy is made; with glibc's
-    default (a threshold that rises as mappings are freed) those frees stayed in its heap, where
-    copies of other sizes could not reuse them: the 1.5B's int8 load peaked at 3.34 GB against
-    2.47 GB this way (``ru_maxrss``). Afterwards the threshold is fixed at 32 MiB (trimming the heap
-    above 64 MiB): where the default threshold ends up once a process has freed large blocks."""
-    libc = _libc()
-    mallopt = getattr(libc, "mallopt", None) if libc is not None else None
-    if mallopt is not None:
-        mallopt(_M_MMAP_THRESHOLD, 128 << 10)
-    try:
-        yield
-    finally:
-        if mallopt is not None:
-            mallopt(_M_MMAP_THRESHOLD, 32 << 20)
-            mallopt(_M_TRIM_THRESHOLD, 64 << 20)
-
-
-_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameters (malloc.h)
 
 
 def _return_freed_memory() -> None:

@@ -176,3 +176,12 @@ def test_a_damaged_kernel_file_is_built_again(monkeypatch, tmp_path, caplog):
             assert fh.read(4) == b"\x7fELF"  # a real library again
     finally:
         cpu_kernels.reset()
+
+
+def test_int8_packing_in_place_matches_the_copy():
+    q, _, _ = _int8(16 * 130, 128, seed=12)  # 130 blocks: two chunks of 64 and a short one
+    want = cpu_kernels.pack_int8_blocks(q)
+    mine = q.clone()
+    got = cpu_kernels.pack_int8_blocks(mine, in_place=True)
+    assert torch.equal(got, want) and got.data_ptr() == mine.data_ptr()
+    assert not torch.equal(q.reshape(-1), want)  # the layout did change

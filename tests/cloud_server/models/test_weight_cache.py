@@ -106,3 +106,24 @@ def test_off_by_env_and_for_float_weights(smollm2_path, tmp_path, monkeypatch):
         )
         is None
     )
+
+
+def test_assembling_frees_each_tensor_only_when_asked(smollm2_path):
+    """``load_model`` hands its converted weights over (``consume=True``): each tensor leaves the
+    dict as it is placed, so none outlives its repacked copy; other callers keep theirs."""
+    import torch
+
+    from cloud_server.models.loader import assemble_model, convert_weights
+    from cloud_server.models.loader_gguf import iter_gguf_tensors, open_gguf
+
+    config, gguf_file, _ = open_gguf(smollm2_path)
+    cpu = torch.device("cpu")
+    weights = convert_weights(iter_gguf_tensors(gguf_file, config, int4=True), device=cpu,
+                              dtype=torch.bfloat16, quantization="int4")
+    names = set(weights)
+    kept = assemble_model(config, weights, device=cpu, dtype=torch.bfloat16, max_position=64)
+    assert set(weights) == names
+    given = assemble_model(config, weights, device=cpu, dtype=torch.bfloat16, max_position=64, consume=True)
+    assert weights == {}
+    ids = torch.tensor([1, 2, 3])
+    assert torch.equal(kept.model.embed_tokens(ids), given.model.embed_tokens(ids))

@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import math
 import os
 import shutil
 import struct
@@ -60,10 +61,11 @@ def _read_safetensors(path: Path) -> tuple[dict[str, str], dict[str, torch.Tenso
         for name, info in sorted(header.items(), key=lambda kv: kv[1]["data_offsets"][0]):
             dtype = _DTYPES[info["dtype"]]
             begin, end = info["data_offsets"]
-            t = torch.empty(info["shape"], dtype=dtype)
-            nbytes = t.numel() * t.element_size()
-            if end - begin != nbytes or start + end > size:
+            shape = [int(d) for d in info["shape"]]
+            nbytes = math.prod(shape) * dtype.itemsize  # checked before anything is allocated
+            if min(shape, default=0) < 0 or end - begin != nbytes or begin < 0 or start + end > size:
                 raise ValueError(f"{name}: {end - begin} bytes at {begin} for {nbytes}")
+            t = torch.empty(shape, dtype=dtype)
             fh.seek(start + begin)
             buf = t.reshape(-1).view(torch.uint8).numpy()  # the tensor's own bytes
             if nbytes and fh.readinto(buf.data) != nbytes:

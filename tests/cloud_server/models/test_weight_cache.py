@@ -127,3 +127,29 @@ def test_assembling_frees_each_tensor_only_when_asked(smollm2_path):
     assert weights == {}
     ids = torch.tensor([1, 2, 3])
     assert torch.equal(kept.model.embed_tokens(ids), given.model.embed_tokens(ids))
+
+
+def test_the_reader_round_trips_and_refuses_a_lying_header(tmp_path):
+    """The cache is read without mapping the file; its header is checked before any allocation."""
+    import json
+    import struct
+
+    import torch
+    from safetensors.torch import save_file
+
+    from cloud_server.models.weight_cache import _read_safetensors
+
+    path = tmp_path / "w.safetensors"
+    tensors = {"a": torch.randn(3, 5).to(torch.bfloat16), "b": torch.arange(7, dtype=torch.int8),
+               "c": torch.tensor(2.5), "d": torch.empty(0, 4)}
+    save_file(tensors, str(path), metadata={"format": "x"})
+    meta, got = _read_safetensors(path)
+    assert meta == {"format": "x"} and set(got) == set(tensors)
+    assert all(got[k].dtype == t.dtype and torch.equal(got[k], t) for k, t in tensors.items())
+    header = json.dumps({"w": {"dtype": "F32", "shape": [1 << 40, 1 << 20], "data_offsets": [0, 16]}})
+    path.write_bytes(struct.pack("<Q", len(header)) + header.encode() + bytes(16))
+    with pytest.raises(ValueError, match="16 bytes at 0"):
+        _read_safetensors(path)
+    path.write_bytes(path.read_bytes()[:-8])  # and a file cut short
+    with pytest.raises(ValueError):
+        _read_safetensors(path)

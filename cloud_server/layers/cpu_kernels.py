@@ -32,8 +32,6 @@ _SOURCE = Path(__file__).with_name("cpu_kernels.cpp")
 _FLAGS = ["-O3", "-std=c++20", "-shared", "-fPIC", "-fopenmp", "-mavx512f", "-mavx512bw", "-mavx512vl",
           "-mavx512bf16", "-w"]
 _NEEDED_CPU_FLAGS = {"avx512f", "avx512bw", "avx512vl", "avx512_bf16"}
-BLOCK_ROWS = 16  # output rows per block of the packed formats (see cpu_kernels.cpp)
-_GROUP = 32
 
 
 def _enabled_by_env() -> bool:
@@ -125,7 +123,7 @@ def _load() -> Any | None:
 
 @cache
 def int4_mm() -> Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor] | None:
-    """``int4_mm(x bf16 [M, K], packed uint8 (``pack_int4_blocks``), N) -> fp32 [M, N]``, or None
+    """``int4_mm(x bf16 [M, K], packed uint8 (``linear.pack_int4_blocks``), N) -> fp32 [M, N]``, or None
     where the kernels are not used."""
     ops = _ops()
     return None if ops is None else ops.int4_mm
@@ -133,7 +131,7 @@ def int4_mm() -> Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor] | Non
 
 @cache
 def int8_mm() -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor] | None:
-    """``int8_mm(x bf16 [M, K], packed int8 (``pack_int8_blocks``), scale fp32 [N]) -> fp32 [M, N]``,
+    """``int8_mm(x bf16 [M, K], packed int8 (``linear.pack_int8_blocks``), scale fp32 [N]) -> fp32 [M, N]``,
     or None where the kernels are not used."""
     ops = _ops()
     return None if ops is None else ops.int8_mm
@@ -144,37 +142,3 @@ def reset() -> None:
     environment. Ops already loaded stay registered in this process."""
     for f in (_ops, int4_mm, int8_mm):
         f.cache_clear()
-
-
-def pack_int4_blocks(codes: torch.Tensor, scale_zero: torch.Tensor) -> torch.Tensor:
-    """(codes two per byte [N, K / 2] (column 2j low, 2j + 1 high), scale_zero [N, K / 32, 2]) ->
-    the kernel's format, flat uint8: per block of 16 rows and group of 32 columns, 8 quads of 32
-    bytes (byte 2c + e of quad j: row c, low nibble column 4j + e, high nibble 4j + 2 + e), then
-    16 bf16 scales and 16 bf16 zeros."""
-    n, k = codes.shape[0], codes.shape[1] * 2
-    if n % BLOCK_ROWS or k % _GROUP:
-        raise ValueError(f"int4 kernel format needs rows % 16 == 0 and columns % 32 == 0, got {n}x{k}")
-    blocks, groups = n // BLOCK_ROWS, k // _GROUP
-    q = torch.stack((codes & 0x0F, codes >> 4), dim=-1).reshape(blocks, BLOCK_ROWS, groups, 8, 4)
-    quads = q[..., 0:2] | (q[..., 2:4] << 4)  # [block, row c, group, quad j, e]
-    quads = quads.permute(0, 2, 3, 1, 4).reshape(blocks, groups, 256)
-    sz = scale_zero.to(torch.bfloat16).reshape(blocks, BLOCK_ROWS, groups, 2).permute(0, 2, 3, 1)
-    sz = sz.contiguous().view(torch.uint8).reshape(blocks, groups, 64)
-    return torch.cat((quads, sz), dim=2).reshape(-1).contiguous()
-
-
-def pack_int8_blocks(q: torch.Tensor, *, in_place: bool = False) -> torch.Tensor:
-    """int8 [N, K] -> the kernel's format, flat int8: per block of 16 rows, K / 2 pairs of 32 bytes
-    (byte 2c + e of pair p: row c, column 2p + e). Each block's bytes stay where they were, so
-    ``in_place`` (for a tensor nobody else holds) rearranges them in q's own memory, 64 blocks at a
-    time: loading then allocates no second copy of the matrix."""
-    n, k = q.shape
-    if n % BLOCK_ROWS or k % 64:
-        raise ValueError(f"int8 kernel format needs rows % 16 == 0 and columns % 64 == 0, got {n}x{k}")
-    blocks = q.reshape(n // BLOCK_ROWS, BLOCK_ROWS, k // 2, 2)
-    if not (in_place and q.is_contiguous()):
-        return blocks.permute(0, 2, 1, 3).reshape(-1).contiguous()
-    for b0 in range(0, blocks.shape[0], 64):
-        chunk = blocks[b0 : b0 + 64]
-        chunk.reshape(-1).copy_(chunk.permute(0, 2, 1, 3).reshape(-1))  # reshape copies first
-    return q.reshape(-1)

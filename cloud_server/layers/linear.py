@@ -20,13 +20,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .cpu_kernels import BLOCK_ROWS, int4_mm, int8_mm, pack_int4_blocks, pack_int8_blocks
+from .cpu_kernels import int4_mm, int8_mm
 
 QUANTIZATIONS = ("none", "int8", "int4")
 _CPU_BLOCK_M = 4  # rows per pass over the weights of the CPU int8 and int4 kernels (ours and torch's)
 INT4_GROUP = 32  # weights per (scale, zero) along a row in the int4 format
 _INT4_ROWS_MULTIPLE = 16  # torch's int4 CPU packing takes a multiple of 16 output rows
 _INT4_PACK_ROWS = 64  # ... and lays rows out in blocks of 64 (a row prefix is a block prefix)
+BLOCK_ROWS = 16  # output rows per block of the engine kernels' formats (cpu_kernels.cpp)
+_INT8_BLOCK_COLS = 64  # the engine's int8 kernel reads a row 64 columns at a time
 
 
 def int8_row_block(device: torch.device, dtype: torch.dtype, quantization: str) -> int:
@@ -56,9 +58,14 @@ def pack_int4_codes(q: torch.Tensor) -> torch.Tensor:
     return q[:, 0::2] | (q[:, 1::2] << 4)
 
 
+def unpack_int4_codes(codes: torch.Tensor) -> torch.Tensor:
+    """Two-per-byte codes [out, in / 2] -> one code per byte [out, in] (the inverse of pack_int4_codes)."""
+    return torch.stack((codes & 0x0F, codes >> 4), dim=-1).reshape(codes.shape[0], -1)
+
+
 def int4_dequantize(codes: torch.Tensor, scale_zero: torch.Tensor) -> torch.Tensor:
     """Two-per-byte codes [out, in / 2] and scale_zero [out, in / 32, 2] -> fp32 [out, in]."""
-    q = torch.stack((codes & 0x0F, codes >> 4), dim=-1).reshape(codes.shape[0], -1, INT4_GROUP)
+    q = unpack_int4_codes(codes).reshape(codes.shape[0], -1, INT4_GROUP)
     sz = scale_zero.float()
     w = sz[..., 0:1] * (q.float() - 8.0) + sz[..., 1:2]  # w = scale * (q - 8) + zero, per group
     return w.reshape(codes.shape[0], -1)
@@ -67,9 +74,48 @@ def int4_dequantize(codes: torch.Tensor, scale_zero: torch.Tensor) -> torch.Tens
 def _pack_int4_for_cpu(codes: torch.Tensor, scale_zero: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(codes two per byte [out, in / 2], scale_zero [out, in / 32, 2]) -> torch's CPU int4 layout:
     its own packing of the codes and bf16 scale_zero [in / 32, out, 2]."""
-    q = torch.stack((codes & 0x0F, codes >> 4), dim=-1).reshape(codes.shape[0], -1).to(torch.int32)
+    q = unpack_int4_codes(codes).to(torch.int32)
     packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 1)
     return packed, scale_zero.to(torch.bfloat16).transpose(0, 1).contiguous()
+
+
+def int8_blocks_fit(rows: int, cols: int) -> bool:
+    """Whether a [rows, cols] int8 matrix can take the engine int8 kernel's format."""
+    return rows % BLOCK_ROWS == 0 and cols % _INT8_BLOCK_COLS == 0
+
+
+def pack_int4_blocks(codes: torch.Tensor, scale_zero: torch.Tensor) -> torch.Tensor:
+    """(codes two per byte [N, K / 2] (column 2j low, 2j + 1 high), scale_zero [N, K / 32, 2]) ->
+    the kernel's format, flat uint8: per block of 16 rows and group of 32 columns, 8 quads of 32
+    bytes (byte 2c + e of quad j: row c, low nibble column 4j + e, high nibble 4j + 2 + e), then
+    16 bf16 scales and 16 bf16 zeros."""
+    n, k = codes.shape[0], codes.shape[1] * 2
+    if n % BLOCK_ROWS or k % INT4_GROUP:
+        raise ValueError(f"int4 kernel format needs rows % 16 == 0 and columns % 32 == 0, got {n}x{k}")
+    blocks, groups = n // BLOCK_ROWS, k // INT4_GROUP
+    q = unpack_int4_codes(codes).reshape(blocks, BLOCK_ROWS, groups, 8, 4)
+    quads = q[..., 0:2] | (q[..., 2:4] << 4)  # [block, row c, group, quad j, e]
+    quads = quads.permute(0, 2, 3, 1, 4).reshape(blocks, groups, 256)
+    sz = scale_zero.to(torch.bfloat16).reshape(blocks, BLOCK_ROWS, groups, 2).permute(0, 2, 3, 1)
+    sz = sz.contiguous().view(torch.uint8).reshape(blocks, groups, 64)
+    return torch.cat((quads, sz), dim=2).reshape(-1).contiguous()
+
+
+def pack_int8_blocks(q: torch.Tensor, *, in_place: bool = False) -> torch.Tensor:
+    """int8 [N, K] -> the kernel's format, flat int8: per block of 16 rows, K / 2 pairs of 32 bytes
+    (byte 2c + e of pair p: row c, column 2p + e). Each block's bytes stay where they were, so
+    ``in_place`` (for a tensor nobody else holds) rearranges them in q's own memory, 64 blocks at a
+    time: loading then allocates no second copy of the matrix."""
+    n, k = q.shape
+    if not int8_blocks_fit(n, k):
+        raise ValueError(f"int8 kernel format needs rows % 16 == 0 and columns % 64 == 0, got {n}x{k}")
+    blocks = q.reshape(n // BLOCK_ROWS, BLOCK_ROWS, k // 2, 2)
+    if not (in_place and q.is_contiguous()):
+        return blocks.permute(0, 2, 1, 3).reshape(-1).contiguous()
+    for b0 in range(0, blocks.shape[0], 64):
+        chunk = blocks[b0 : b0 + 64]
+        chunk.reshape(-1).copy_(chunk.permute(0, 2, 1, 3).reshape(-1))  # reshape copies first
+    return q.reshape(-1)
 
 
 class Linear(nn.Module):
@@ -105,7 +151,7 @@ class Linear(nn.Module):
         blocks = False
         on_cpu = weight.device.type == "cpu"
         if weight.dtype == torch.int8 and on_cpu and scale is not None and scale.dtype == torch.bfloat16 \
-                and shape[0] % BLOCK_ROWS == 0 and shape[1] % 64 == 0 and int8_mm() is not None:
+                and int8_blocks_fit(*shape) and int8_mm() is not None:
             # bf16 activations (the scale's dtype): the engine's int8 kernel, same scales in fp32
             weight, scale, blocks = pack_int8_blocks(weight, in_place=owned), scale.float(), True
         if int4:

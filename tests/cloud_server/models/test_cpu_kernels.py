@@ -21,7 +21,13 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from cloud_server.layers import cpu_kernels  # noqa: E402
-from cloud_server.layers.linear import Linear, int4_dequantize, pack_int4_codes  # noqa: E402
+from cloud_server.layers.linear import (  # noqa: E402
+    Linear,
+    int4_dequantize,
+    pack_int4_blocks,
+    pack_int4_codes,
+    pack_int8_blocks,
+)
 
 needs_kernels = pytest.mark.skipif(cpu_kernels.int4_mm() is None,
                                    reason="the engine's CPU kernels need x86-64 AVX-512 BF16 and g++")
@@ -49,7 +55,7 @@ SHAPES = [(48, 64), (576, 576), (1152, 896), (80, 1536)]  # rows not a multiple 
 @pytest.mark.parametrize(("n", "k"), SHAPES)
 def test_int4_kernel_matches_the_dequantized_weights_and_is_row_invariant(n, k):
     codes, sz, ref_w = _int4(n, k, seed=n + k)
-    w = cpu_kernels.pack_int4_blocks(codes, sz)
+    w = pack_int4_blocks(codes, sz)
     mm = cpu_kernels.int4_mm()
     x = torch.randn(13, k, generator=torch.Generator().manual_seed(1)).to(torch.bfloat16)
     want = x.float() @ ref_w.T
@@ -66,7 +72,7 @@ def test_int4_kernel_matches_the_dequantized_weights_and_is_row_invariant(n, k):
 @pytest.mark.parametrize(("n", "k"), SHAPES)
 def test_int8_kernel_matches_the_dequantized_weights_and_is_row_invariant(n, k):
     q, scale, ref_w = _int8(n, k, seed=n * k)
-    w = cpu_kernels.pack_int8_blocks(q)
+    w = pack_int8_blocks(q)
     mm = cpu_kernels.int8_mm()
     x = torch.randn(13, k, generator=torch.Generator().manual_seed(2)).to(torch.bfloat16)
     want = x.float() @ ref_w.T
@@ -82,7 +88,7 @@ def test_int8_kernel_matches_the_dequantized_weights_and_is_row_invariant(n, k):
 def test_threads_do_not_change_a_result():
     codes, sz, _ = _int4(1152, 896, seed=3)
     q, scale, _ = _int8(1152, 896, seed=4)
-    w4, w8 = cpu_kernels.pack_int4_blocks(codes, sz), cpu_kernels.pack_int8_blocks(q)
+    w4, w8 = pack_int4_blocks(codes, sz), pack_int8_blocks(q)
     x = torch.randn(6, 896, generator=torch.Generator().manual_seed(5)).to(torch.bfloat16)
     before = torch.get_num_threads()
     try:
@@ -180,8 +186,8 @@ def test_a_damaged_kernel_file_is_built_again(monkeypatch, tmp_path, caplog):
 
 def test_int8_packing_in_place_matches_the_copy():
     q, _, _ = _int8(16 * 130, 128, seed=12)  # 130 blocks: two chunks of 64 and a short one
-    want = cpu_kernels.pack_int8_blocks(q)
+    want = pack_int8_blocks(q)
     mine = q.clone()
-    got = cpu_kernels.pack_int8_blocks(mine, in_place=True)
+    got = pack_int8_blocks(mine, in_place=True)
     assert torch.equal(got, want) and got.data_ptr() == mine.data_ptr()
     assert not torch.equal(q.reshape(-1), want)  # the layout did change

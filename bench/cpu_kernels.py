@@ -3,9 +3,10 @@
     python -m bench.cpu_kernels [--json] [--model ID_OR_GGUF] [--threads 1] [--rows 1,2,3,4,5,8,16]
 
 Loads the model's weights twice in one process, as the engine does on a CPU (int4 default: the
-GGUF's 4-bit matrices as int4 groups, the rest as int8 rows, bf16 activations): once in the
-engine's own kernel formats (``cloud_server/layers/cpu_kernels.cpp``) and once with
-``HYBRIDLLM_CPU_KERNELS=0`` (torch's ``_weight_int4pack_mm_for_cpu`` and ``_weight_int8pack_mm``).
+GGUF's 4-bit matrices as int4 groups, the rest as int8 groups of 32, bf16 activations): once in
+the engine's own kernel formats (``cloud_server/layers/cpu_kernels.cpp``) and once with
+``HYBRIDLLM_CPU_KERNELS=0`` (torch's ``_weight_int4pack_mm_for_cpu``, and ``_weight_int8pack_mm``
+with one scale per row, 1 byte a weight against the groups' 1.125).
 Then it times one pass through every quantized matrix of the model (all layers and the output
 head: what one decode step reads) at each row count, alternating the two sides, median of
 ``--repeats`` passes. ``torch_over_ours`` > 1 means ours is faster; ``*_rows_over_one`` is a row
@@ -72,7 +73,8 @@ def main(argv: list[str] | None = None) -> None:
     finally:
         os.environ.pop("HYBRIDLLM_CPU_KERNELS", None)
         cpu_kernels.reset()
-    weight_mb = sum(m.weight.numel() * m.weight.element_size() for m in ours) / 1e6
+    weight_mb = sum(t.numel() * t.element_size() for m in ours for t in (m.weight, m.scale)
+                    if t is not None) / 1e6  # what a pass reads: codes and the groups' scales
 
     def one_pass(mats, xs):
         for m in mats:

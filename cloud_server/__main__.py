@@ -113,8 +113,8 @@ def build_parser() -> argparse.ArgumentParser:
     engine.add_argument("--dtype", default=None, help="float32, bfloat16 or float16 (default: auto)")
     engine.add_argument(
         "--quantization", default=None, choices=["none", "int8", "int4"],
-        help="weights: int8 (weight-only, per-channel), int4 (a GGUF's own 4-bit groups, int8 for "
-        "its other tensors) or none (default: int4 on CPU, none on CUDA)",
+        help="weights: int8 (weight-only, groups of 32: a GGUF's own blocks), int4 (a GGUF's own "
+        "4-bit groups, int8 for its other tensors) or none (default: int4 on CPU, none on CUDA)",
     )
     engine.add_argument(
         "--enforce-eager", action="store_true",

@@ -22,8 +22,9 @@ class EngineConfig:
     the device (CUDA when present), the dtype and the quantization: on CPU ``"int4"`` with bf16
     activations (the fastest there; logits within cosine 0.99 of fp32), on CUDA bf16.
     ``quantization="int4"`` keeps a GGUF's 4-bit matrices (Q4_0, Q4_1, Q4_K) as their own groups
-    of 32 and makes the other matrices int8 rows (CPU; widened to the activation dtype elsewhere);
-    ``"int8"`` makes every matrix weight-only int8 with one scale per output channel.
+    of 32 and makes the other matrices int8 groups (CPU; widened to the activation dtype elsewhere);
+    ``"int8"`` makes every matrix weight-only int8 in groups of 32 (an fp16 scale and zero each; a
+    GGUF's blocks of 32 are taken as they are).
 
     Speculative decoding (off by default): ``speculative_method`` ``ngram`` (prompt lookup) or
     ``draft`` (``draft_model``, a smaller model with the same tokenizer), proposing up to

@@ -105,18 +105,9 @@ void rows_dispatch(int mb, const uint16_t* x, int64_t ldx, const float* xsum, in
   }
 }
 
-// x bf16 [M, K], w uint8 packed (see above) for [N, K]: y fp32 [M, N].
-at::Tensor int4_mm(const at::Tensor& x, const at::Tensor& w, int64_t n) {
-  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kBFloat16 && x.is_contiguous(), "x: bf16 [M, K]");
-  TORCH_CHECK(w.scalar_type() == at::kByte && w.is_contiguous(), "w: packed uint8");
-  const int64_t m = x.size(0), k = x.size(1);
-  TORCH_CHECK(k % kGroup == 0 && n % kBlockRows == 0, "K % 32 and N % 16 must be 0");
-  const int64_t groups = k / kGroup, blocks = n / kBlockRows;
-  TORCH_CHECK(w.numel() == blocks * groups * kGroupBytes, "w does not match [N, K]");
-  auto y = at::empty({m, n}, x.options().dtype(at::kFloat));
-  if (m == 0) return y;
-  const uint16_t* xp = reinterpret_cast<const uint16_t*>(x.data_ptr<at::BFloat16>());
-  // each row's group sums, in a fixed order (column by column)
+// each row's group sums, in a fixed order (column by column)
+std::vector<float> group_sums(const uint16_t* xp, int64_t m, int64_t k) {
+  const int64_t groups = k / kGroup;
   std::vector<float> xsum(m * groups);
   for (int64_t r = 0; r < m; ++r)
     for (int64_t g = 0; g < groups; ++g) {
@@ -129,6 +120,21 @@ at::Tensor int4_mm(const at::Tensor& x, const at::Tensor& w, int64_t n) {
       }
       xsum[r * groups + g] = s;
     }
+  return xsum;
+}
+
+// x bf16 [M, K], w uint8 packed (see above) for [N, K]: y fp32 [M, N].
+at::Tensor int4_mm(const at::Tensor& x, const at::Tensor& w, int64_t n) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kBFloat16 && x.is_contiguous(), "x: bf16 [M, K]");
+  TORCH_CHECK(w.scalar_type() == at::kByte && w.is_contiguous(), "w: packed uint8");
+  const int64_t m = x.size(0), k = x.size(1);
+  TORCH_CHECK(k % kGroup == 0 && n % kBlockRows == 0, "K % 32 and N % 16 must be 0");
+  const int64_t groups = k / kGroup, blocks = n / kBlockRows;
+  TORCH_CHECK(w.numel() == blocks * groups * kGroupBytes, "w does not match [N, K]");
+  auto y = at::empty({m, n}, x.options().dtype(at::kFloat));
+  if (m == 0) return y;
+  const uint16_t* xp = reinterpret_cast<const uint16_t*>(x.data_ptr<at::BFloat16>());
+  const std::vector<float> xsum = group_sums(xp, m, k);
   const uint8_t* wp = w.data_ptr<uint8_t>();
   float* yp = y.data_ptr<float>();
   // threads split the blocks; a block's weights meet every chunk of 4 rows while in cache
@@ -143,11 +149,17 @@ at::Tensor int4_mm(const at::Tensor& x, const at::Tensor& w, int64_t n) {
   return y;
 }
 
-// ---- int8 rows (one scale per output row), the same way --------------------------------------
-// Format (one matrix [N, K], N % 16 == 0, K % 64 == 0): per block of 16 output rows, K / 2 pairs of
-// 32 bytes: byte 2c + e of pair p is W[16b + c, 2p + e]. An int8 is exact in bf16 (|v| <= 127 needs
-// 7 bits), so y = scale * sum_k x_k W_k with every product exact and fp32 sums.
+// ---- int8 in groups of 32 (a scale and a zero per row and group), the same way ----------------
+// Format (one matrix [N, K], N % 16 == 0, K % 32 == 0), two arrays:
+//   codes: per block of 16 output rows, K / 2 pairs of 32 bytes: byte 2c + e of pair p is
+//          Q[16b + c, 2p + e] (a group is 16 pairs, 512 bytes);
+//   sz:    fp16 [N / 16, K / 32, 2, 16]: per block and group, the 16 rows' scales, then their zeros.
+// Math, per row r, group g (X = sum of the group's 32 activations):
+//   w = s q + z,   q an int8 (exact in bf16: |q| <= 128 needs 8 bits), so
+//   y += s sum_k x_k q_k + z X      (every product exact, fp32 sums)
+// GGUF blocks of 32 (Q8_0, Q5_0, Q4_0, Q4_1) are such groups exactly, with their fp16 d and m.
 
+constexpr int kGroupBytes8 = kGroup * kBlockRows;  // 512 bytes of codes per block and group
 constexpr int kPrefetch8 = 16384;  // bytes ahead (the int4 kernel's distance, in whole lines)
 
 inline __m512i widen_int8_pair(const int8_t* q) {  // 32 int8 -> 32 bf16 (exact), in order
@@ -156,70 +168,82 @@ inline __m512i widen_int8_pair(const int8_t* q) {  // 32 int8 -> 32 bf16 (exact)
   return (__m512i)_mm512_cvtne2ps_pbh(hi, lo);
 }
 
+inline __m512 load_f16x16(const uint16_t* p) {  // 16 fp16 -> 16 fp32 (exact)
+  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
+
 template <int MB>
-void tile8(const uint16_t* x, int64_t ldx, int64_t k, const int8_t* w, const float* scale, float* y,
-           int64_t ldy) {
-  // per chunk of 64 columns, one sum per row and pair position mod 4 (kept in registers), then
-  // added to the row's total: the same order whatever MB is
-  __m512 tot[MB];
-  for (int m = 0; m < MB; ++m) tot[m] = _mm512_setzero_ps();
-  for (int64_t c0 = 0; c0 < k; c0 += 64) {
+void tile8(const uint16_t* x, int64_t ldx, const float* xsum, int64_t groups, const int8_t* w,
+           const uint16_t* sz, float* y, int64_t ldy) {
+  // per group, one sum per row and pair position mod 4, then scaled into the row's total: the same
+  // order whatever MB is
+  __m512 out[MB];
+  for (int m = 0; m < MB; ++m) out[m] = _mm512_setzero_ps();
+  for (int64_t g = 0; g < groups; ++g) {
+    const int8_t* wg = w + g * kGroupBytes8;
     __m512 acc[MB][4];
     for (int m = 0; m < MB; ++m)
       for (int c = 0; c < 4; ++c) acc[m][c] = _mm512_setzero_ps();
-#pragma GCC unroll 8
-    for (int i = 0; i < 8; ++i) {  // 4 pairs, 128 bytes
-      const int64_t c = c0 + 8 * i;
-      const int8_t* wc = w + c * kBlockRows;
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; ++i) {  // 4 pairs, 128 bytes
+      const int8_t* wc = wg + 128 * i;
       _mm_prefetch(reinterpret_cast<const char*>(wc + kPrefetch8), _MM_HINT_T0);
       _mm_prefetch(reinterpret_cast<const char*>(wc + kPrefetch8 + 64), _MM_HINT_T0);
       const __m512i w0 = widen_int8_pair(wc), w1 = widen_int8_pair(wc + 32);
       const __m512i w2 = widen_int8_pair(wc + 64), w3 = widen_int8_pair(wc + 96);
       for (int m = 0; m < MB; ++m) {
-        const uint16_t* xr = x + m * ldx + c;
+        const uint16_t* xr = x + m * ldx + g * kGroup + 8 * i;
         dp_pair(acc[m][0], w0, xr);
         dp_pair(acc[m][1], w1, xr + 2);
         dp_pair(acc[m][2], w2, xr + 4);
         dp_pair(acc[m][3], w3, xr + 6);
       }
     }
-    for (int m = 0; m < MB; ++m)
-      tot[m] = _mm512_add_ps(tot[m], _mm512_add_ps(_mm512_add_ps(acc[m][0], acc[m][1]),
-                                                   _mm512_add_ps(acc[m][2], acc[m][3])));
+    const uint16_t* szg = sz + g * 2 * kBlockRows;
+    _mm_prefetch(reinterpret_cast<const char*>(szg + kPrefetch8 / 8), _MM_HINT_T0);
+    const __m512 s = load_f16x16(szg), z = load_f16x16(szg + kBlockRows);
+    for (int m = 0; m < MB; ++m) {
+      __m512 a = _mm512_add_ps(_mm512_add_ps(acc[m][0], acc[m][1]), _mm512_add_ps(acc[m][2], acc[m][3]));
+      out[m] = _mm512_fmadd_ps(s, a, out[m]);
+      out[m] = _mm512_fmadd_ps(z, _mm512_set1_ps(xsum[m * groups + g]), out[m]);
+    }
   }
-  const __m512 s = _mm512_loadu_ps(scale);
-  for (int m = 0; m < MB; ++m) _mm512_storeu_ps(y + m * ldy, _mm512_mul_ps(tot[m], s));
+  for (int m = 0; m < MB; ++m) _mm512_storeu_ps(y + m * ldy, out[m]);
 }
 
-void rows_dispatch8(int mb, const uint16_t* x, int64_t ldx, int64_t k, const int8_t* w, const float* scale,
-                    float* y, int64_t ldy) {
+void rows_dispatch8(int mb, const uint16_t* x, int64_t ldx, const float* xsum, int64_t groups, const int8_t* w,
+                    const uint16_t* sz, float* y, int64_t ldy) {
   switch (mb) {
-    case 1: return tile8<1>(x, ldx, k, w, scale, y, ldy);
-    case 2: return tile8<2>(x, ldx, k, w, scale, y, ldy);
-    case 3: return tile8<3>(x, ldx, k, w, scale, y, ldy);
-    default: return tile8<4>(x, ldx, k, w, scale, y, ldy);
+    case 1: return tile8<1>(x, ldx, xsum, groups, w, sz, y, ldy);
+    case 2: return tile8<2>(x, ldx, xsum, groups, w, sz, y, ldy);
+    case 3: return tile8<3>(x, ldx, xsum, groups, w, sz, y, ldy);
+    default: return tile8<4>(x, ldx, xsum, groups, w, sz, y, ldy);
   }
 }
 
-// x bf16 [M, K], w int8 packed (see above) for [N, K], scale fp32 [N]: y fp32 [M, N].
-at::Tensor int8_mm(const at::Tensor& x, const at::Tensor& w, const at::Tensor& scale) {
+// x bf16 [M, K], codes int8 and sz fp16 packed (see above) for [N, K]: y fp32 [M, N].
+at::Tensor int8_mm(const at::Tensor& x, const at::Tensor& w, const at::Tensor& sz) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kBFloat16 && x.is_contiguous(), "x: bf16 [M, K]");
   TORCH_CHECK(w.scalar_type() == at::kChar && w.is_contiguous(), "w: packed int8");
-  TORCH_CHECK(scale.scalar_type() == at::kFloat && scale.is_contiguous(), "scale: fp32 [N]");
-  const int64_t m = x.size(0), k = x.size(1), n = scale.numel();
-  TORCH_CHECK(k % 64 == 0 && n % kBlockRows == 0 && w.numel() == n * k, "w does not match [N, K]");
+  TORCH_CHECK(sz.scalar_type() == at::kHalf && sz.is_contiguous(), "sz: packed fp16");
+  const int64_t m = x.size(0), k = x.size(1);
+  TORCH_CHECK(k % kGroup == 0, "K % 32 must be 0");
+  const int64_t groups = k / kGroup, n = w.numel() / k;
+  TORCH_CHECK(n % kBlockRows == 0 && w.numel() == n * k && sz.numel() == n * groups * 2,
+              "w and sz do not match [N, K]");
   auto y = at::empty({m, n}, x.options().dtype(at::kFloat));
   if (m == 0) return y;
   const uint16_t* xp = reinterpret_cast<const uint16_t*>(x.data_ptr<at::BFloat16>());
+  const std::vector<float> xsum = group_sums(xp, m, k);
   const int8_t* wp = w.data_ptr<int8_t>();
-  const float* sp = scale.data_ptr<float>();
+  const uint16_t* sp = reinterpret_cast<const uint16_t*>(sz.data_ptr<at::Half>());
   float* yp = y.data_ptr<float>();
   at::parallel_for(0, n / kBlockRows, 1, [&](int64_t b0, int64_t b1) {
     for (int64_t b = b0; b < b1; ++b)
       for (int64_t r = 0; r < m; r += kMaxRows) {
         const int mb = static_cast<int>(std::min<int64_t>(kMaxRows, m - r));
-        rows_dispatch8(mb, xp + r * k, k, k, wp + b * kBlockRows * k, sp + b * kBlockRows,
-                       yp + r * n + b * kBlockRows, n);
+        rows_dispatch8(mb, xp + r * k, k, xsum.data() + r * groups, groups, wp + b * kBlockRows * k,
+                       sp + b * groups * 2 * kBlockRows, yp + r * n + b * kBlockRows, n);
       }
   });
   return y;
@@ -229,5 +253,5 @@ at::Tensor int8_mm(const at::Tensor& x, const at::Tensor& w, const at::Tensor& s
 
 TORCH_LIBRARY(hybridllm_cpu, lib) {
   lib.def("int4_mm(Tensor x, Tensor w, int n) -> Tensor", &int4_mm);
-  lib.def("int8_mm(Tensor x, Tensor w, Tensor scale) -> Tensor", &int8_mm);
+  lib.def("int8_mm(Tensor x, Tensor w, Tensor sz) -> Tensor", &int8_mm);
 }

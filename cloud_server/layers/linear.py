@@ -1,9 +1,15 @@
 """Linear layers and embeddings whose weights are floats, weight-only int8 or weight-only int4.
 
-Weight-only int8, one scale per output channel (row):
-    s_r = max_c |W[r, c]| / 127,  Q[r, c] = round(W[r, c] / s_r)  in [-127, 127]
-    y = x Q^T * s  (on the CPU the engine's own kernel with bf16 activations (``cpu_kernels``) or
-    torch's ``_weight_int8pack_mm``; elsewhere Q is widened first)
+Weight-only int8 in groups of 32 weights along each row, a scale and a zero per group:
+    W[r, c] = scale[r, g] * Q[r, c] + zero[r, g],  g = c // 32,  Q an int8
+    given as Q int8 [out, in] and scale_zero fp16 [out, in / 32, 2]. A GGUF block of 32 (Q8_0,
+    Q5_0, Q4_0, Q4_1) is such a group exactly; float weights are rounded to nearest:
+    s = max |W[r, group]| / 127 (in fp16), Q = round(W / s), zero 0 (``quantize_groups``).
+    On the CPU ``load`` repacks them for the engine's own kernel (``cpu_kernels``: bf16 activations,
+    fp32 sums); without it they become one scale per row (``quantize_rows``) for torch's
+    ``_weight_int8pack_mm``; elsewhere they are widened on each call.
+Weight-only int8 with one scale per output channel (row), where a row is not whole groups:
+    s_r = max_c |W[r, c]| / 127,  Q[r, c] = round(W[r, c] / s_r)  in [-127, 127],  y = x Q^T * s
 Weight-only int4, a GGUF 4-bit tensor's own groups of 32 weights along each row, kept as they are:
     W[r, c] = scale[r, g] * (Q[r, c] - 8) + zero[r, g],  g = c // 32,  Q in 0..15
     given as codes, two per byte (column 2j in the low nibble, 2j + 1 in the high one), and
@@ -28,7 +34,7 @@ INT4_GROUP = 32  # weights per (scale, zero) along a row in the int4 format
 _INT4_ROWS_MULTIPLE = 16  # torch's int4 CPU packing takes a multiple of 16 output rows
 _INT4_PACK_ROWS = 64  # ... and lays rows out in blocks of 64 (a row prefix is a block prefix)
 BLOCK_ROWS = 16  # output rows per block of the engine kernels' formats (cpu_kernels.cpp)
-_INT8_BLOCK_COLS = 64  # the engine's int8 kernel reads a row 64 columns at a time
+INT8_GROUP = 32  # weights per (scale, zero) along a row in the grouped int8 format
 
 
 def int8_row_block(device: torch.device, dtype: torch.dtype, quantization: str) -> int:
@@ -46,6 +52,25 @@ def quantize_rows(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     scale = w.abs().amax(dim=1).clamp(min=1e-12) / 127.0  # [out]
     q = torch.round(w / scale.unsqueeze(1)).clamp_(-127, 127).to(torch.int8)
     return q, scale
+
+
+def quantize_groups(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """fp weight [out, in] (in % 32 == 0) -> (int8 [out, in], scale_zero fp16 [out, in / 32, 2]),
+    rounded to nearest with the fp16 scale itself (zero 0)."""
+    w = w.float().reshape(w.shape[0], -1, INT8_GROUP)
+    scale = (w.abs().amax(dim=2) / 127.0).to(torch.float16)  # [out, groups]
+    if not torch.isfinite(scale).all():
+        raise ValueError("weights too large (or not finite) for fp16 group scales")
+    s = scale.float().clamp(min=torch.finfo(torch.float32).tiny).unsqueeze(2)
+    q = torch.round(w / s).clamp_(-127, 127).to(torch.int8).reshape(w.shape[0], -1)
+    return q, torch.stack((scale, torch.zeros_like(scale)), dim=-1)
+
+
+def int8_groups_dequantize(q: torch.Tensor, scale_zero: torch.Tensor) -> torch.Tensor:
+    """Grouped int8 [out, in] and scale_zero [out, in / 32, 2] -> fp32 [out, in]."""
+    sz = scale_zero.float()
+    w = q.float().reshape(q.shape[0], -1, INT8_GROUP) * sz[..., 0:1] + sz[..., 1:2]
+    return w.reshape(q.shape[0], -1)
 
 
 def int4_supported(rows: int, cols: int) -> bool:
@@ -81,7 +106,7 @@ def _pack_int4_for_cpu(codes: torch.Tensor, scale_zero: torch.Tensor) -> tuple[t
 
 def int8_blocks_fit(rows: int, cols: int) -> bool:
     """Whether a [rows, cols] int8 matrix can take the engine int8 kernel's format."""
-    return rows % BLOCK_ROWS == 0 and cols % _INT8_BLOCK_COLS == 0
+    return rows % BLOCK_ROWS == 0 and cols % INT8_GROUP == 0
 
 
 def pack_int4_blocks(codes: torch.Tensor, scale_zero: torch.Tensor) -> torch.Tensor:
@@ -101,14 +126,22 @@ def pack_int4_blocks(codes: torch.Tensor, scale_zero: torch.Tensor) -> torch.Ten
     return torch.cat((quads, sz), dim=2).reshape(-1).contiguous()
 
 
+def pack_int8_scales(scale_zero: torch.Tensor) -> torch.Tensor:
+    """scale_zero [N, K / 32, 2] -> the kernel's fp16 [N / 16, K / 32, 2, 16]: per block of 16 rows
+    and group, the rows' scales, then their zeros."""
+    n, groups = scale_zero.shape[:2]
+    sz = scale_zero.to(torch.float16).reshape(n // BLOCK_ROWS, BLOCK_ROWS, groups, 2)
+    return sz.permute(0, 2, 3, 1).contiguous()
+
+
 def pack_int8_blocks(q: torch.Tensor, *, in_place: bool = False) -> torch.Tensor:
-    """int8 [N, K] -> the kernel's format, flat int8: per block of 16 rows, K / 2 pairs of 32 bytes
+    """int8 [N, K] -> the kernel's codes, flat int8: per block of 16 rows, K / 2 pairs of 32 bytes
     (byte 2c + e of pair p: row c, column 2p + e). Each block's bytes stay where they were, so
     ``in_place`` (for a tensor nobody else holds) rearranges them in q's own memory, 64 blocks at a
     time: loading then allocates no second copy of the matrix."""
     n, k = q.shape
     if not int8_blocks_fit(n, k):
-        raise ValueError(f"int8 kernel format needs rows % 16 == 0 and columns % 64 == 0, got {n}x{k}")
+        raise ValueError(f"int8 kernel format needs rows % 16 == 0 and columns % 32 == 0, got {n}x{k}")
     blocks = q.reshape(n // BLOCK_ROWS, BLOCK_ROWS, k // 2, 2)
     if not (in_place and q.is_contiguous()):
         return blocks.permute(0, 2, 1, 3).reshape(-1).contiguous()
@@ -125,11 +158,11 @@ class Linear(nn.Module):
         super().__init__()
         self.in_features, self.out_features, self.has_bias = in_features, out_features, bias
         # [out, in] float; int8 with ``scale``; int4 (CPU): torch's packed codes with ``scale``; or
-        # (``blocks``) the engine kernels' flat arrays: int8 rows with ``scale``, or int4 codes with
-        # their scales and zeros inside (``scale`` None)
+        # (``blocks``) the engine kernels' flat arrays: int8 codes with ``scale``, or int4 codes
+        # with their scales and zeros inside (``scale`` None)
         self.weight: torch.Tensor | None = None
-        # int8: [out] in the activation dtype (fp32 for the engine kernel); int4 (torch's kernel):
-        # scale_zero [in / 32, out, 2] bf16
+        # int8: [out] (one per row), scale_zero [out, in / 32, 2] fp16 (groups), or the kernel's
+        # packed fp16 [out / 16, in / 32, 2, 16]; int4 (torch's kernel): scale_zero [in / 32, out, 2] bf16
         self.scale: torch.Tensor | None = None
         self.bias: torch.Tensor | None = None  # [out]
         self.int4 = False
@@ -139,24 +172,32 @@ class Linear(nn.Module):
         self, weight: torch.Tensor, *, scale: torch.Tensor | None = None, bias: torch.Tensor | None = None,
         owned: bool = False,
     ) -> None:
-        """``weight``: float [out, in], int8 [out, in] with ``scale`` [out], or int4 codes uint8
-        [out, in / 2] with ``scale`` = scale_zero [out, in / 32, 2] (see the module's docstring).
-        ``owned``: nobody else holds ``weight``, so int8 rows may be repacked in its own memory."""
+        """``weight``: float [out, in]; int8 [out, in] with ``scale`` [out] or scale_zero
+        [out, in / 32, 2]; or int4 codes uint8 [out, in / 2] with ``scale`` = scale_zero
+        [out, in / 32, 2] (see the module's docstring). ``owned``: nobody else holds ``weight``, so
+        int8 rows may be repacked in its own memory."""
         int4 = weight.dtype == torch.uint8
         shape = (weight.shape[0], weight.shape[1] * 2) if int4 else tuple(weight.shape)
         if shape != (self.out_features, self.in_features):
             raise ValueError(f"weight {shape} != {(self.out_features, self.in_features)}")
         if self.has_bias != (bias is not None):
             raise ValueError("bias given to a layer without one, or missing")
+        if (int4 or weight.dtype == torch.int8) and scale is None:
+            raise ValueError("int8 and int4 weights come with their scales")
         blocks = False
         on_cpu = weight.device.type == "cpu"
-        if weight.dtype == torch.int8 and on_cpu and scale is not None and scale.dtype == torch.bfloat16 \
-                and int8_blocks_fit(*shape) and int8_mm() is not None:
-            # bf16 activations (the scale's dtype): the engine's int8 kernel, same scales in fp32
-            weight, scale, blocks = pack_int8_blocks(weight, in_place=owned), scale.float(), True
+        if weight.dtype == torch.int8:
+            assert scale is not None
+            grouped = scale.dim() == 3
+            if on_cpu and int8_blocks_fit(*shape) and int8_mm() is not None:
+                if not grouped:  # one scale per row: the same scale in each of its groups, zero 0
+                    per_group = scale.reshape(-1, 1).expand(-1, shape[1] // INT8_GROUP)
+                    scale = torch.stack((per_group, torch.zeros_like(per_group)), dim=-1)
+                weight, scale, blocks = pack_int8_blocks(weight, in_place=owned), pack_int8_scales(scale), True
+            elif grouped and on_cpu:  # torch's int8 kernel takes one scale per row
+                weight, scale = quantize_rows(int8_groups_dequantize(weight, scale))
         if int4:
-            if scale is None:
-                raise ValueError("int4 weights come with their scale_zero")
+            assert scale is not None
             if on_cpu and int4_mm() is not None:
                 weight, scale, blocks = pack_int4_blocks(weight, scale), None, True
             elif on_cpu:
@@ -183,15 +224,14 @@ class Linear(nn.Module):
         # the kernels' blocks of 16 rows are stored one after another: rows 0..n-1 are a prefix
         per_row = self.weight.numel() // self.out_features
         head.weight = self.weight[: per_row * n] if self.blocks else self.weight[:n]
-        if self.scale is not None:  # int8 [out]; int4 scale_zero [in / 32, out, 2]
-            head.scale = self.scale[:, :n].contiguous() if self.int4 else self.scale[:n]
+        if self.scale is not None:  # see ``scale`` in __init__: each layout's row prefix
+            if self.int4:
+                head.scale = self.scale[:, :n].contiguous()
+            else:
+                head.scale = self.scale[: n // BLOCK_ROWS] if self.blocks else self.scale[:n]
         head.bias = None if self.bias is None else self.bias[:n]
         head.int4, head.blocks = self.int4, self.blocks
         return head
-
-    @property
-    def is_int8(self) -> bool:
-        return self.scale is not None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., in] -> [..., out]
         if self.weight is None:
@@ -209,17 +249,20 @@ class Linear(nn.Module):
             if self.int4:
                 y = mm4(xb, self.weight, self.out_features).to(x2.dtype)
             else:
-                assert scale is not None  # int8 rows keep their fp32 scales
+                assert scale is not None  # the groups' packed scales and zeros
                 y = mm8(xb, self.weight, scale).to(x2.dtype)
         elif self.int4:  # the kernel takes bf16 activations only (fp32 has no fast path)
             xb = x2.to(torch.bfloat16)
             y = torch.ops.aten._weight_int4pack_mm_for_cpu(xb, self.weight, INT4_GROUP, scale)
             y = y.to(x2.dtype)  # [N, out]
+        elif scale is not None and scale.dim() == 3:  # int8 groups off the CPU: widened per call
+            y = F.linear(x2, int8_groups_dequantize(self.weight, scale).to(x2.dtype))
         elif x2.device.type == "cpu":
-            y = torch.ops.aten._weight_int8pack_mm(x2, self.weight, scale)  # [N, out]
+            assert scale is not None
+            y = torch.ops.aten._weight_int8pack_mm(x2, self.weight, scale.to(x2.dtype))  # [N, out]
         else:
             assert scale is not None
-            y = F.linear(x2, self.weight.to(x2.dtype)) * scale
+            y = F.linear(x2, self.weight.to(x2.dtype)) * scale.to(x2.dtype)
         if self.bias is not None:
             y = y + self.bias
         return y.reshape(*shape[:-1], self.out_features)
@@ -233,7 +276,8 @@ class Embedding(nn.Module):
         super().__init__()
         self.num_embeddings, self.dim = num_embeddings, dim
         self.weight: torch.Tensor | None = None  # [vocab, dim] float or int8; int4 [vocab, dim / 2]
-        self.scale: torch.Tensor | None = None  # [vocab]; int4: scale_zero [vocab, dim / 32, 2]
+        # int8: [vocab] or scale_zero [vocab, dim / 32, 2]; int4: scale_zero [vocab, dim / 32, 2]
+        self.scale: torch.Tensor | None = None
         self.dtype = torch.float32
 
     def load(
@@ -253,6 +297,9 @@ class Embedding(nn.Module):
             return rows
         if rows.dtype == torch.uint8:  # int4 codes: widen this batch's rows only
             return int4_dequantize(rows.reshape(-1, rows.shape[-1]), self.scale[ids].reshape(
+                -1, *self.scale.shape[1:])).reshape(*ids.shape, self.dim)
+        if self.scale.dim() == 3:  # int8 groups
+            return int8_groups_dequantize(rows.reshape(-1, self.dim), self.scale[ids].reshape(
                 -1, *self.scale.shape[1:])).reshape(*ids.shape, self.dim)
         return rows.float() * self.scale[ids].float().unsqueeze(-1)
 

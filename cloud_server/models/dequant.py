@@ -13,7 +13,8 @@ weight j + 16 of a 32-weight block):
 
 The 4-bit formats (Q4_0, Q4_1, Q4_K) are also read without widening (``int4_groups``): 4-bit
 codes plus one (scale, zero) per 32 weights, w = scale * (q - 8) + zero, the form of torch's int4
-CPU matmul.
+CPU matmul. Those and Q5_0, Q8_0 are also read as int8 codes with one (scale, zero) per 32
+weights, w = scale * q + zero (``int8_groups``), the engine's grouped int8.
 """
 
 from __future__ import annotations
@@ -34,11 +35,14 @@ def _nibbles(raw: torch.Tensor) -> torch.Tensor:  # [nb, 16] uint8 -> [nb, 32] u
     return torch.cat((raw & 0x0F, raw >> 4), dim=1)
 
 
-def _q5_0(raw: torch.Tensor) -> torch.Tensor:  # [nb, 22] -> [nb, 32]
+def _q5_0_codes(raw: torch.Tensor) -> torch.Tensor:  # [nb, 22] -> [nb, 32] uint8 in 0..31
     shifts = torch.arange(8, dtype=torch.uint8)
     bits = ((raw[:, 2:6].unsqueeze(2) >> shifts) & 1).reshape(-1, 32)  # bit j of the u32 qh
-    q = _nibbles(raw[:, 6:]) | (bits << 4)  # [nb, 32] in 0..31
-    return (q.float() - 16.0) * _f16(raw[:, :2])
+    return _nibbles(raw[:, 6:]) | (bits << 4)
+
+
+def _q5_0(raw: torch.Tensor) -> torch.Tensor:  # [nb, 22] -> [nb, 32]
+    return (_q5_0_codes(raw).float() - 16.0) * _f16(raw[:, :2])
 
 
 def _k_scales(sc: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -75,13 +79,9 @@ def _q6_k(raw: torch.Tensor) -> torch.Tensor:  # [nb, 210] -> [nb, 256]
 INT4_TYPES = ("Q4_0", "Q4_1", "Q4_K")  # 4-bit codes with one scale and offset per 32 weights
 
 
-def int4_groups(data: np.ndarray, type_name: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """A raw [rows, bytes] 4-bit GGUF tensor -> (codes uint8 [rows, cols] in 0..15, scale fp32
-    [rows, cols / 32], zero fp32 [rows, cols / 32]) with w = scale * (q - 8) + zero, exactly.
-
-    Q4_0: w = d (q - 8): scale d, zero 0.  Q4_1: w = d q + m: scale d, zero m + 8 d.
-    Q4_K sub-block j: w = d sc_j q - dmin m_j: scale d sc_j, zero 8 d sc_j - dmin m_j.
-    """
+def _four_bit(data: np.ndarray, type_name: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A raw 4-bit tensor -> (codes uint8 [rows, cols] in 0..15, scale, zero fp32 [rows, cols / 32])
+    with w = scale * q + zero: Q4_0 (d, -8 d), Q4_1 (d, m), Q4_K sub-block j (d sc_j, -dmin m_j)."""
     if type_name not in INT4_TYPES:
         raise ValueError(f"{type_name} is not a 4-bit GGUF type {INT4_TYPES}")
     rows = data.shape[0] if data.ndim > 1 else 1
@@ -93,14 +93,24 @@ def int4_groups(data: np.ndarray, type_name: str) -> tuple[torch.Tensor, torch.T
         sc, mn = _k_scales(raw[:, 4:16])  # [nb, 8]
         qs = raw[:, 16:].reshape(-1, 4, 32)
         q = torch.stack((qs & 0x0F, qs >> 4), dim=2).reshape(-1, 8, 32)  # [nb, 8 sub-blocks, 32]
-        scale = d * sc  # [nb, 8]
-        zero = 8.0 * scale - dmin * mn
+        scale, zero = d * sc, -(dmin * mn)  # [nb, 8]
     else:
         off = 2 if type_name == "Q4_0" else 4
         q = _nibbles(raw[:, off:])  # [nb, 32]
         scale = _f16(raw[:, :2])  # [nb, 1]
-        zero = torch.zeros_like(scale) if type_name == "Q4_0" else _f16(raw[:, 2:4]) + 8.0 * scale
+        zero = -8.0 * scale if type_name == "Q4_0" else _f16(raw[:, 2:4])
     return q.reshape(rows, -1), scale.reshape(rows, -1), zero.reshape(rows, -1)
+
+
+def int4_groups(data: np.ndarray, type_name: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A raw [rows, bytes] 4-bit GGUF tensor -> (codes uint8 [rows, cols] in 0..15, scale fp32
+    [rows, cols / 32], zero fp32 [rows, cols / 32]) with w = scale * (q - 8) + zero, exactly.
+
+    Q4_0: w = d (q - 8): scale d, zero 0.  Q4_1: w = d q + m: scale d, zero m + 8 d.
+    Q4_K sub-block j: w = d sc_j q - dmin m_j: scale d sc_j, zero 8 d sc_j - dmin m_j.
+    """
+    q, scale, zero = _four_bit(data, type_name)
+    return q, scale, zero + 8.0 * scale
 
 
 def dequantize_fast_torch(data: np.ndarray, type_name: str) -> torch.Tensor | None:
@@ -131,3 +141,33 @@ def dequantize_fast(data: np.ndarray, type_name: str) -> np.ndarray | None:
     """numpy face of ``dequantize_fast_torch`` (fp32 [rows, cols] or None)."""
     out = dequantize_fast_torch(data, type_name)
     return None if out is None else out.numpy()
+
+
+INT8_GROUP_TYPES = ("Q8_0", "Q5_0", *INT4_TYPES)  # integer codes with one scale and offset per 32 weights
+
+
+def int8_groups(data: np.ndarray, type_name: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A raw [rows, bytes] GGUF tensor of a type in ``INT8_GROUP_TYPES`` -> (codes int8 [rows, cols],
+    scale fp32 [rows, cols / 32], zero fp32 [rows, cols / 32]) with w = scale * q + zero, exactly.
+
+    Q8_0: scale d, zero 0.  Q5_0: codes q - 16, scale d, zero 0.  Q4_0: codes q - 8, scale d,
+    zero 0.  Q4_1: scale d, zero m.  Q4_K sub-block j: scale d sc_j, zero -dmin m_j. Every scale
+    and zero is then one of the block's fp16 numbers, except Q4_K's products.
+    """
+    if type_name in INT4_TYPES:
+        q, scale, zero = _four_bit(data, type_name)
+        if type_name == "Q4_0":
+            return q.to(torch.int8) - 8, scale, torch.zeros_like(scale)
+        return q.to(torch.int8), scale, zero
+    if type_name not in INT8_GROUP_TYPES:
+        raise ValueError(f"{type_name} is not one of {INT8_GROUP_TYPES}")
+    rows = data.shape[0] if data.ndim > 1 else 1
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        raw = torch.from_numpy(np.ascontiguousarray(data)).reshape(-1, _BLOCK_BYTES[type_name])
+    scale = _f16(raw[:, :2])  # [nb, 1]
+    if type_name == "Q8_0":
+        q = raw[:, 2:].contiguous().view(torch.int8)
+    else:  # Q5_0
+        q = _q5_0_codes(raw).to(torch.int8) - 16
+    return q.reshape(rows, -1), scale.reshape(rows, -1), torch.zeros_like(scale).reshape(rows, -1)

@@ -11,7 +11,15 @@ import torch
 from torch import nn
 
 from ..exceptions import ModelLoadError
-from ..layers.linear import QUANTIZATIONS, Embedding, Linear, int4_dequantize, quantize_rows
+from ..layers.linear import (
+    INT8_GROUP,
+    QUANTIZATIONS,
+    Embedding,
+    Linear,
+    quantize_groups,
+    quantize_rows,
+    unpack_int4_codes,
+)
 from .config import ModelConfig
 from .loader_gguf import RowChunks
 
@@ -68,8 +76,8 @@ def build_model(
 
     Each tensor is cast (or int8-quantized, ``quantization="int8"``) on arrival, so the peak
     memory is the final model plus one fp32 tensor; the parts of fused layers are joined by rows.
-    ``quantization="int4"`` takes the matrices that come as int4 bands (``iter_gguf_tensors(...,
-    int4=True)``: the GGUF's own 4-bit groups) as they are and int8-quantizes the other matrices.
+    Matrices that come as int4 or int8 bands (``iter_gguf_tensors(..., quantization=...)``: a
+    GGUF's own blocks) are taken as they are; other matrices are int8-quantized.
     """
     weights = convert_weights(tensors, device=device, dtype=dtype, quantization=quantization)
     return assemble_model(config, weights, device=device, dtype=dtype, max_position=max_position)
@@ -82,8 +90,9 @@ def convert_weights(
     dtype: torch.dtype,
     quantization: str = "none",
 ) -> dict[str, Any]:
-    """HF-named fp tensors -> {name: tensor in ``dtype``, or for matrices (int8 rows, scales) or
-    (int4 codes uint8, scale_zero) (the formats of ``layers.linear``)}."""
+    """HF-named fp tensors -> {name: tensor in ``dtype``, or for matrices (int8, fp16 scale_zero of
+    its groups), (int8, scales of its rows, where a row is not whole groups) or (int4 codes uint8,
+    scale_zero) (the formats of ``layers.linear``)}."""
     if quantization not in QUANTIZATIONS:
         raise ModelLoadError(f"quantization must be one of {QUANTIZATIONS}, got {quantization!r}")
     items = tensors.items() if isinstance(tensors, dict) else tensors
@@ -95,23 +104,30 @@ def convert_weights(
         parts: list[torch.Tensor] = []  # float row bands, or int8 rows / int4 codes when quantizing
         scales: list[torch.Tensor] = []
         for chunk in chunks:
-            if isinstance(chunk, tuple):  # an int4 band: (codes, scale_zero), kept as they are
+            if isinstance(chunk, tuple):  # an int4 or int8 band: (codes, scale_zero), kept as they are
                 if not quantize:
-                    raise ModelLoadError(f"{name}: int4 bands given to a {quantization!r} conversion")
+                    raise ModelLoadError(f"{name}: quantized bands given to a {quantization!r} conversion")
                 parts.append(chunk[0].to(device))
                 scales.append(chunk[1].to(device))
                 del chunk
                 continue
             t = torch.from_numpy(chunk) if not isinstance(chunk, torch.Tensor) else chunk
             if quantize:
-                q, s = quantize_rows(t.to(device))
+                grouped = t.shape[-1] % INT8_GROUP == 0
+                q, s = quantize_groups(t.to(device)) if grouped else quantize_rows(t.to(device))
                 parts.append(q)
                 scales.append(s)
             else:
                 parts.append(t.to(device, dtype))
             del t, chunk
         joined = torch.cat(parts) if len(parts) > 1 else parts[0]
-        weights[name] = (joined, torch.cat(scales).to(dtype)) if quantize else joined
+        if quantize:
+            scale = torch.cat(scales) if len(scales) > 1 else scales[0]
+            if not (joined.dtype == torch.int8 and scale.dim() == 3):  # int8 groups keep fp16
+                scale = scale.to(dtype)
+            weights[name] = (joined, scale)
+        else:
+            weights[name] = joined
         del parts, scales, raw
         num_loaded += 1
         if num_loaded % 8 == 0:  # scratch memory of dequantization goes back as we go
@@ -204,7 +220,7 @@ def _load_linear(module: Any, mats: list[Any], biases: list[Any] | None, owned: 
     """``owned``: the caller gave the tensors up (a fused layer's concatenation is always new)."""
     bias = torch.cat(biases) if biases else None
     if len({m[0].dtype for m in mats if isinstance(m, tuple)}) > 1:
-        # int4 parts beside int8 ones (q|k 4-bit, v 6-bit): all int8 rows, one kernel per layer
+        # int4 parts beside int8 ones (q|k 4-bit, v 6-bit): all int8 groups, one kernel per layer
         mats = [_int4_to_int8(m) if m[0].dtype == torch.uint8 else m for m in mats]
     owned = owned or len(mats) > 1
     if isinstance(mats[0], tuple):
@@ -216,8 +232,9 @@ def _load_linear(module: Any, mats: list[Any], biases: list[Any] | None, owned: 
 
 
 def _int4_to_int8(mat: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-    q, scale = quantize_rows(int4_dequantize(*mat))
-    return q, scale.to(mat[1].dtype)
+    """int4 codes and groups -> the same weights as int8 groups (w = s (q - 8) + z: codes q - 8)."""
+    codes, scale_zero = mat
+    return unpack_int4_codes(codes).to(torch.int8) - 8, scale_zero.to(torch.float16)
 
 
 def load_model(
@@ -254,7 +271,7 @@ def load_model(
                                        enabled=weight_cache)
         weights = cached.read() if cached is not None else None
         if weights is None:
-            tensors = iter_gguf_tensors(gguf_file, config, int4=quantization == "int4")
+            tensors = iter_gguf_tensors(gguf_file, config, quantization=quantization)
     max_pos = min(max_position or config.max_position_embeddings, config.max_position_embeddings)
     if weights is None:
         weights = convert_weights(tensors, device=device, dtype=dtype, quantization=quantization)

@@ -20,7 +20,7 @@ import numpy as np
 
 from ..exceptions import ModelLoadError
 from .config import ModelConfig, gemma3_layer_types
-from .dequant import INT4_TYPES, dequantize_fast_torch, int4_groups
+from .dequant import INT4_TYPES, INT8_GROUP_TYPES, dequantize_fast_torch, int4_groups, int8_groups
 
 _LAYER_NAMES = {
     "attn_q": "self_attn.q_proj",
@@ -180,14 +180,16 @@ def _dequantize_raw(raw: np.ndarray, tensor_type: Any) -> Any:  # torch fp32
 class RowChunks:
     """A large matrix, dequantized a band of rows at a time (iterate: fp32 [rows_i, cols]).
 
-    With ``int4`` (a 4-bit type) the bands are not widened: each is (codes uint8 [rows_i, cols / 2]
-    two per byte, scale_zero fp32 [rows_i, cols / 32, 2]), the int4 format of ``layers.linear``.
+    ``kind="int4"`` (a 4-bit type): the bands are not widened: each is (codes uint8
+    [rows_i, cols / 2] two per byte, scale_zero fp32 [rows_i, cols / 32, 2]), the int4 format of
+    ``layers.linear``. ``kind="int8"`` (a type of ``INT8_GROUP_TYPES``): each is (codes int8
+    [rows_i, cols], scale_zero fp16 [rows_i, cols / 32, 2]), its grouped int8 format.
     """
 
     raw: np.ndarray  # [rows, row bytes] as stored
     tensor_type: Any
     rows_per_chunk: int
-    int4: bool = False
+    kind: str = "float"
 
     def __iter__(self) -> Iterator[Any]:
         import torch
@@ -196,22 +198,27 @@ class RowChunks:
 
         for i in range(0, self.raw.shape[0], self.rows_per_chunk):
             band = self.raw[i : i + self.rows_per_chunk]
-            if self.int4:
+            if self.kind == "int4":
                 q, scale, zero = int4_groups(band, self.tensor_type.name)
                 yield pack_int4_codes(q), torch.stack((scale, zero), dim=-1)
+            elif self.kind == "int8":
+                q, scale, zero = int8_groups(band, self.tensor_type.name)
+                yield q, torch.stack((scale, zero), dim=-1).to(torch.float16)
             else:
                 yield _dequantize_raw(band, self.tensor_type)
 
 
 def iter_gguf_tensors(
-    gguf_file: GGUFTensors, config: ModelConfig, *, int4: bool = False
+    gguf_file: GGUFTensors, config: ModelConfig, *, quantization: str = "none"
 ) -> Iterator[tuple[str, Any]]:
     """Yield (HF name, fp32 torch tensor or ``RowChunks``) one at a time.
 
     Sets RoPE scaling from rope_freqs. Matrices beyond 64 MB of fp32 (embeddings, the output
-    head) come as ``RowChunks`` so that a loader can convert them band by band. With ``int4``,
-    every matrix of a 4-bit type (Q4_0, Q4_1, Q4_K) that the int4 format takes comes as int4
-    ``RowChunks``: its own codes and groups, never widened.
+    head) come as ``RowChunks`` so that a loader can convert them band by band. Matrices of a
+    type made of blocks of 32 (Q8_0, Q5_0 and the 4-bit types) are never widened where they are
+    to be quantized: with ``quantization="int4"`` the 4-bit types (Q4_0, Q4_1, Q4_K) that the int4
+    format takes come as int4 ``RowChunks`` (their own codes and groups), and with ``"int8"`` or
+    ``"int4"`` the others come as int8 ``RowChunks`` (their codes and blocks as int8 groups).
     """
     from ..layers.linear import int4_supported
 
@@ -238,12 +245,20 @@ def iter_gguf_tensors(
         raw = _read_raw(path, t)
         permuted = arch == "llama" and name.endswith(("q_proj.weight", "k_proj.weight"))
         heads = config.num_heads if "q_proj" in name else config.num_kv_heads
-        if (int4 and t.tensor_type.name in INT4_TYPES and raw.ndim == 2 and name.endswith(".weight")
-                and int4_supported(raw.shape[0], t.n_elements // raw.shape[0])):
+        kind = "float"
+        quantized = name.endswith("_proj.weight") or name in ("lm_head.weight", "model.embed_tokens.weight")
+        if quantization != "none" and raw.ndim == 2 and quantized:
+            cols = t.n_elements // raw.shape[0]
+            if (quantization == "int4" and t.tensor_type.name in INT4_TYPES
+                    and int4_supported(raw.shape[0], cols)):
+                kind = "int4"
+            elif t.tensor_type.name in INT8_GROUP_TYPES:
+                kind = "int8"
+        if kind != "float":
             if permuted:  # a permutation of rows: the stored bytes' rows move as they are
                 raw = np.ascontiguousarray(unpermute_qk(raw, heads))
             cols = t.n_elements // raw.shape[0]
-            yield name, RowChunks(raw, t.tensor_type, max(1, _CHUNK_ELEMENTS // cols), int4=True)
+            yield name, RowChunks(raw, t.tensor_type, max(1, _CHUNK_ELEMENTS // cols), kind=kind)
             continue
         if t.n_elements > _CHUNK_ELEMENTS and raw.ndim == 2 and "q_proj" not in name:
             cols = t.n_elements // raw.shape[0]

@@ -27,7 +27,7 @@ import torch
 logger = logging.getLogger(__name__)
 
 FORMAT = "hybridllm-engine-weights"
-VERSION = "1"  # bump when convert_weights changes what it produces
+VERSION = "2"  # bump when convert_weights changes what it produces
 _Q, _Q4, _SCALE = "#int8", "#int4", "#scale"  # suffixes of a quantized matrix's two tensors
 
 

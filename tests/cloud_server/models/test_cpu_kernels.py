@@ -1,5 +1,5 @@
 """The engine's own CPU kernels (``cloud_server/layers/cpu_kernels.cpp``): weight-only int4 and int8
-matmuls with bf16 activations and fp32 sums.
+(groups of 32, fp16 scale and zero) matmuls with bf16 activations and fp32 sums.
 
 - Both agree with the fp32 product of the same (bf16-rounded) activations and the dequantized
   weights to fp32 rounding (relative error < 1e-5; torch's kernels, which round their output to
@@ -9,7 +9,8 @@ matmuls with bf16 activations and fp32 sums.
   it (a verify row must equal the plain decode row).
 - ``Linear.first_rows`` on the kernels' formats equals the first outputs of the whole layer.
 - Without the kernels (``HYBRIDLLM_CPU_KERNELS=0``, or a failed build) layers fall back to torch's
-  formats, with one warning for a failed build; a damaged library file in the cache is rebuilt.
+  formats (int8 groups become one scale per row), with one warning for a failed build; a damaged
+  library file in the cache is rebuilt.
 """
 
 from __future__ import annotations
@@ -24,9 +25,11 @@ from cloud_server.layers import cpu_kernels  # noqa: E402
 from cloud_server.layers.linear import (  # noqa: E402
     Linear,
     int4_dequantize,
+    int8_groups_dequantize,
     pack_int4_blocks,
     pack_int4_codes,
     pack_int8_blocks,
+    pack_int8_scales,
 )
 
 needs_kernels = pytest.mark.skipif(cpu_kernels.int4_mm() is None,
@@ -43,9 +46,9 @@ def _int4(n: int, k: int, seed: int):
 
 def _int8(n: int, k: int, seed: int):
     g = torch.Generator().manual_seed(seed)
-    q = torch.randint(-127, 128, (n, k), dtype=torch.int8, generator=g)
-    scale = (torch.rand(n, generator=g) * 0.01 + 1e-3).to(torch.bfloat16)
-    return q, scale, q.float() * scale.float().unsqueeze(1)
+    q = torch.randint(-128, 128, (n, k), dtype=torch.int8, generator=g)
+    sz = (torch.randn(n, k // 32, 2, generator=g) * 0.01).to(torch.float16)  # zeros too (Q4_1-like)
+    return q, sz, int8_groups_dequantize(q, sz)
 
 
 SHAPES = [(48, 64), (576, 576), (1152, 896), (80, 1536)]  # rows not a multiple of 64, K of 2 to 48 groups
@@ -71,31 +74,32 @@ def test_int4_kernel_matches_the_dequantized_weights_and_is_row_invariant(n, k):
 @needs_kernels
 @pytest.mark.parametrize(("n", "k"), SHAPES)
 def test_int8_kernel_matches_the_dequantized_weights_and_is_row_invariant(n, k):
-    q, scale, ref_w = _int8(n, k, seed=n * k)
-    w = pack_int8_blocks(q)
+    q, sz, ref_w = _int8(n, k, seed=n * k)
+    w, s = pack_int8_blocks(q), pack_int8_scales(sz)
     mm = cpu_kernels.int8_mm()
     x = torch.randn(13, k, generator=torch.Generator().manual_seed(2)).to(torch.bfloat16)
     want = x.float() @ ref_w.T
     for m in (1, 2, 3, 4, 5, 8, 13):
-        y = mm(x[:m].contiguous(), w, scale.float())
+        y = mm(x[:m].contiguous(), w, s)
+        assert y.dtype == torch.float32 and y.shape == (m, n)
         err = ((y - want[:m]).norm() / want[:m].norm()).item()
         assert err < 1e-5, (m, err)
         for r in range(m):
-            assert torch.equal(y[r], mm(x[r : r + 1].contiguous(), w, scale.float())[0]), (m, r)
+            assert torch.equal(y[r], mm(x[r : r + 1].contiguous(), w, s)[0]), (m, r)
 
 
 @needs_kernels
 def test_threads_do_not_change_a_result():
     codes, sz, _ = _int4(1152, 896, seed=3)
-    q, scale, _ = _int8(1152, 896, seed=4)
-    w4, w8 = pack_int4_blocks(codes, sz), pack_int8_blocks(q)
+    q, sz8, _ = _int8(1152, 896, seed=4)
+    w4, w8, s8 = pack_int4_blocks(codes, sz), pack_int8_blocks(q), pack_int8_scales(sz8)
     x = torch.randn(6, 896, generator=torch.Generator().manual_seed(5)).to(torch.bfloat16)
     before = torch.get_num_threads()
     try:
         outs = []
         for threads in (1, 2):
             torch.set_num_threads(threads)
-            outs.append((cpu_kernels.int4_mm()(x, w4, 1152), cpu_kernels.int8_mm()(x, w8, scale.float())))
+            outs.append((cpu_kernels.int4_mm()(x, w4, 1152), cpu_kernels.int8_mm()(x, w8, s8)))
     finally:
         torch.set_num_threads(before)
     assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1])
@@ -104,9 +108,12 @@ def test_threads_do_not_change_a_result():
 @needs_kernels
 def test_linear_layers_use_the_kernels_and_cut_heads_at_whole_blocks():
     codes, sz, ref4 = _int4(256, 576, seed=6)
-    q, scale, ref8 = _int8(256, 576, seed=7)
+    q, sz8, ref8 = _int8(256, 576, seed=7)
+    rows = torch.randint(-127, 128, (256, 576), dtype=torch.int8, generator=torch.Generator().manual_seed(13))
+    row_scale = torch.rand(256, generator=torch.Generator().manual_seed(14)) * 0.01 + 1e-3
+    ref_rows = rows.float() * row_scale.to(torch.float16).float().unsqueeze(1)  # fp16, as groups
     x = torch.randn(3, 576, generator=torch.Generator().manual_seed(8)).to(torch.bfloat16)
-    for weight, s, ref in ((codes, sz, ref4), (q, scale, ref8)):
+    for weight, s, ref in ((codes, sz, ref4), (q, sz8, ref8), (rows, row_scale, ref_rows)):
         layer = Linear(576, 256)
         layer.load(weight, scale=s)
         assert layer.blocks
@@ -117,10 +124,8 @@ def test_linear_layers_use_the_kernels_and_cut_heads_at_whole_blocks():
         head = layer.first_rows(100)  # whole blocks of 16 rows: 96
         assert head.out_features == 96 and head.weight.data_ptr() == layer.weight.data_ptr()
         assert torch.equal(head(x), y[:, :96])
-    # fp32 activations (an int8 layer whose scale is fp32) keep torch's int8 kernel
-    layer = Linear(576, 256)
-    layer.load(q, scale=scale.float())
-    assert not layer.blocks and layer.weight.shape == (256, 576)
+    # fp32 activations: the kernels round them to bf16, as torch's int4 kernel does
+    assert torch.equal(layer(x.float()).to(torch.bfloat16), layer(x))
 
 
 def test_without_the_kernels_layers_use_torchs_formats(monkeypatch):
@@ -134,6 +139,13 @@ def test_without_the_kernels_layers_use_torchs_formats(monkeypatch):
         x = torch.randn(2, 256, generator=torch.Generator().manual_seed(10)).to(torch.bfloat16)
         want = x.float() @ ref.T
         assert ((layer(x).float() - want).norm() / want.norm()).item() < 5e-3
+        # int8 groups: one scale per row for torch's int8 kernel (rounded again: about 1% off)
+        q, sz8, ref8 = _int8(128, 256, seed=15)
+        layer = Linear(256, 128)
+        layer.load(q, scale=sz8)
+        assert not layer.blocks and layer.weight.shape == (128, 256) and layer.scale.shape == (128,)
+        want = x.float() @ ref8.T
+        assert ((layer(x).float() - want).norm() / want.norm()).item() < 2e-2
     finally:
         cpu_kernels.reset()
 
@@ -149,9 +161,9 @@ def test_a_failed_build_falls_back_with_one_warning(monkeypatch, tmp_path, caplo
             assert cpu_kernels.int4_mm() is None and cpu_kernels.int8_mm() is None
         warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
         assert len(warnings) == 1 and "torch's int4 and int8 kernels instead" in warnings[0].getMessage()
-        q, scale, _ = _int8(64, 64, seed=11)
+        q, sz8, _ = _int8(64, 64, seed=11)
         layer = Linear(64, 64)
-        layer.load(q, scale=scale)
+        layer.load(q, scale=sz8)
         assert not layer.blocks
     finally:
         cpu_kernels.reset()

@@ -118,7 +118,7 @@ def test_assembling_frees_each_tensor_only_when_asked(smollm2_path):
 
     config, gguf_file, _ = open_gguf(smollm2_path)
     cpu = torch.device("cpu")
-    weights = convert_weights(iter_gguf_tensors(gguf_file, config, int4=True), device=cpu,
+    weights = convert_weights(iter_gguf_tensors(gguf_file, config, quantization="int4"), device=cpu,
                               dtype=torch.bfloat16, quantization="int4")
     names = set(weights)
     kept = assemble_model(config, weights, device=cpu, dtype=torch.bfloat16, max_position=64)

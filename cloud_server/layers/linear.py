@@ -193,7 +193,8 @@ class Linear(nn.Module):
                 if not grouped:  # one scale per row: the same scale in each of its groups, zero 0
                     per_group = scale.reshape(-1, 1).expand(-1, shape[1] // INT8_GROUP)
                     scale = torch.stack((per_group, torch.zeros_like(per_group)), dim=-1)
-                weight, scale, blocks = pack_int8_blocks(weight, in_place=owned), pack_int8_scales(scale), True
+                weight, scale = pack_int8_blocks(weight, in_place=owned), pack_int8_scales(scale)
+                blocks = True
             elif grouped and on_cpu:  # torch's int8 kernel takes one scale per row
                 weight, scale = quantize_rows(int8_groups_dequantize(weight, scale))
         if int4:

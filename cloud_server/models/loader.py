@@ -101,28 +101,30 @@ def convert_weights(
     for name, raw in items:
         quantize = quantization != "none" and (_is_matrix(name) or name == "model.embed_tokens.weight")
         chunks = raw if isinstance(raw, RowChunks) else [raw]  # big matrices come in row bands
-        parts: list[torch.Tensor] = []  # float row bands, or int8 rows / int4 codes when quantizing
-        scales: list[torch.Tensor] = []
+        rows = raw.raw.shape[0] if isinstance(raw, RowChunks) else None
+        parts = _Bands(rows)  # float row bands, or int8 / int4 codes when quantizing
+        scales = _Bands(rows)
         for chunk in chunks:
             if isinstance(chunk, tuple):  # an int4 or int8 band: (codes, scale_zero), kept as they are
                 if not quantize:
                     raise ModelLoadError(f"{name}: quantized bands given to a {quantization!r} conversion")
-                parts.append(chunk[0].to(device))
-                scales.append(chunk[1].to(device))
+                parts.add(chunk[0].to(device))
+                scales.add(chunk[1].to(device))
                 del chunk
                 continue
             t = torch.from_numpy(chunk) if not isinstance(chunk, torch.Tensor) else chunk
             if quantize:
                 grouped = t.shape[-1] % INT8_GROUP == 0
                 q, s = quantize_groups(t.to(device)) if grouped else quantize_rows(t.to(device))
-                parts.append(q)
-                scales.append(s)
+                parts.add(q)
+                scales.add(s)
+                del q, s
             else:
-                parts.append(t.to(device, dtype))
+                parts.add(t.to(device, dtype))
             del t, chunk
-        joined = torch.cat(parts) if len(parts) > 1 else parts[0]
+        joined = parts.joined()
         if quantize:
-            scale = torch.cat(scales) if len(scales) > 1 else scales[0]
+            scale = scales.joined()
             if not (joined.dtype == torch.int8 and scale.dim() == 3):  # int8 groups keep fp16
                 scale = scale.to(dtype)
             weights[name] = (joined, scale)
@@ -133,6 +135,32 @@ def convert_weights(
         if num_loaded % 8 == 0:  # scratch memory of dequantization goes back as we go
             _return_freed_memory()
     return weights
+
+
+class _Bands:
+    """A matrix's row bands joined as they come: into one tensor of the matrix's ``rows``,
+    allocated at the first band (no second copy at the end, as a concatenation would make), or,
+    rows unknown (one band), that band itself."""
+
+    def __init__(self, rows: int | None) -> None:
+        self.rows, self.filled = rows, 0
+        self.out: torch.Tensor | None = None
+
+    def add(self, band: torch.Tensor) -> None:
+        if self.rows is None:
+            if self.out is not None:
+                raise ValueError("several bands for a matrix of unknown rows")
+            self.out = band
+            return
+        if self.out is None:
+            self.out = torch.empty((self.rows, *band.shape[1:]), dtype=band.dtype, device=band.device)
+        self.out[self.filled : self.filled + band.shape[0]].copy_(band)
+        self.filled += band.shape[0]
+
+    def joined(self) -> torch.Tensor:
+        if self.out is None or (self.rows is not None and self.filled != self.rows):
+            raise ValueError(f"bands cover {self.filled} of {self.rows} rows")
+        return self.out
 
 
 def assemble_model(

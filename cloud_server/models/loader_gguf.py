@@ -150,7 +150,7 @@ def open_gguf(path: str | Path) -> tuple[ModelConfig, GGUFTensors, dict[str, Any
     return config, GGUFTensors(str(path), str(meta["general.architecture"]), infos), meta
 
 
-_CHUNK_ELEMENTS = 1 << 24  # fp32 weights dequantized at a time: 64 MB
+_CHUNK_ELEMENTS = 1 << 22  # weights dequantized at a time: 16 MB of fp32 (and its scratch)
 
 
 def _read_raw(path: str, t: TensorInfo) -> np.ndarray:

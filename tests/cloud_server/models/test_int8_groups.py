@@ -115,3 +115,16 @@ def test_int8_loading_keeps_the_gguf_weights(smollm2_path):
     codes, sz4 = pack_int4_codes(c), torch.stack((s, z), dim=-1).to(torch.float16)
     q8, sz8 = _int4_to_int8((codes, sz4))
     assert torch.equal(int8_groups_dequantize(q8, sz8), int4_dequantize(codes, sz4))
+
+
+def test_groups_kept_unpacked_are_widened_on_each_call():
+    """Off the CPU (CUDA) int8 groups stay as loaded and are widened per call: the same branch,
+    driven here on the CPU by placing the groups directly."""
+    g = torch.Generator().manual_seed(4)
+    q, sz = quantize_groups(torch.randn(24, 64, generator=g))
+    layer = Linear(64, 24, bias=True)
+    layer.weight, layer.scale, layer.bias = q, sz, torch.randn(24, generator=g)
+    x = torch.randn(2, 5, 64, generator=g)
+    want = x @ int8_groups_dequantize(q, sz).T + layer.bias
+    torch.testing.assert_close(layer(x), want)
+    torch.testing.assert_close(layer.first_rows(10)(x), layer(x)[..., :10])  # fp32 BLAS: not bitwise

@@ -115,7 +115,10 @@ def convert_weights(
             t = torch.from_numpy(chunk) if not isinstance(chunk, torch.Tensor) else chunk
             if quantize:
                 grouped = t.shape[-1] % INT8_GROUP == 0
-                q, s = quantize_groups(t.to(device)) if grouped else quantize_rows(t.to(device))
+                try:
+                    q, s = quantize_groups(t.to(device)) if grouped else quantize_rows(t.to(device))
+                except ValueError as exc:  # weights fp16 scales cannot hold: say which tensor
+                    raise ModelLoadError(f"{name}: {exc}; load it with quantization='none'") from exc
                 parts.add(q)
                 scales.add(s)
                 del q, s

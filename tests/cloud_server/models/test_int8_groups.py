@@ -128,3 +128,12 @@ def test_groups_kept_unpacked_are_widened_on_each_call():
     want = x @ int8_groups_dequantize(q, sz).T + layer.bias
     torch.testing.assert_close(layer(x), want)
     torch.testing.assert_close(layer.first_rows(10)(x), layer(x)[..., :10])  # fp32 BLAS: not bitwise
+
+
+def test_weights_too_large_for_groups_are_a_load_error_naming_the_tensor():
+    from cloud_server.exceptions import ModelLoadError
+    from cloud_server.models.loader import convert_weights
+
+    huge = {"model.layers.0.mlp.down_proj.weight": torch.full((16, 32), 1e7)}
+    with pytest.raises(ModelLoadError, match="down_proj.*quantization='none'"):
+        convert_weights(huge, device=torch.device("cpu"), dtype=torch.bfloat16, quantization="int8")

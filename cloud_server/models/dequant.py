@@ -27,6 +27,15 @@ import torch
 _BLOCK_BYTES = {"Q8_0": 34, "Q4_0": 18, "Q4_1": 20, "Q5_0": 22, "Q4_K": 144, "Q6_K": 210}
 
 
+def _blocks(data: np.ndarray, type_name: str) -> tuple[torch.Tensor, int]:
+    """A raw [rows, bytes] GGUF tensor -> (its blocks uint8 [nb, block bytes], rows)."""
+    rows = data.shape[0] if data.ndim > 1 else 1
+    with warnings.catch_warnings():  # a read-only buffer is fine: it is only read
+        warnings.simplefilter("ignore", UserWarning)
+        raw = torch.from_numpy(np.ascontiguousarray(data)).reshape(-1, _BLOCK_BYTES[type_name])
+    return raw, rows
+
+
 def _f16(raw: torch.Tensor) -> torch.Tensor:  # [nb, 2] uint8 -> [nb, 1] fp32
     return raw.contiguous().view(torch.float16).float()
 
@@ -84,10 +93,7 @@ def _four_bit(data: np.ndarray, type_name: str) -> tuple[torch.Tensor, torch.Ten
     with w = scale * q + zero: Q4_0 (d, -8 d), Q4_1 (d, m), Q4_K sub-block j (d sc_j, -dmin m_j)."""
     if type_name not in INT4_TYPES:
         raise ValueError(f"{type_name} is not a 4-bit GGUF type {INT4_TYPES}")
-    rows = data.shape[0] if data.ndim > 1 else 1
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)
-        raw = torch.from_numpy(np.ascontiguousarray(data)).reshape(-1, _BLOCK_BYTES[type_name])
+    raw, rows = _blocks(data, type_name)
     if type_name == "Q4_K":
         d, dmin = _f16(raw[:, 0:2]), _f16(raw[:, 2:4])  # [nb, 1]
         sc, mn = _k_scales(raw[:, 4:16])  # [nb, 8]
@@ -118,10 +124,7 @@ def dequantize_fast_torch(data: np.ndarray, type_name: str) -> torch.Tensor | No
     size = _BLOCK_BYTES.get(type_name)
     if size is None:
         return None
-    rows = data.shape[0] if data.ndim > 1 else 1
-    with warnings.catch_warnings():  # the memory map is read-only; we only read it
-        warnings.simplefilter("ignore", UserWarning)
-        raw = torch.from_numpy(np.ascontiguousarray(data)).reshape(-1, size)  # [nb, size]
+    raw, rows = _blocks(data, type_name)  # [nb, size]
     if type_name == "Q8_0":
         out = raw[:, 2:].contiguous().view(torch.int8).float() * _f16(raw[:, :2])
     elif type_name == "Q4_0":
@@ -161,10 +164,7 @@ def int8_groups(data: np.ndarray, type_name: str) -> tuple[torch.Tensor, torch.T
         return q.to(torch.int8), scale, zero
     if type_name not in INT8_GROUP_TYPES:
         raise ValueError(f"{type_name} is not one of {INT8_GROUP_TYPES}")
-    rows = data.shape[0] if data.ndim > 1 else 1
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)
-        raw = torch.from_numpy(np.ascontiguousarray(data)).reshape(-1, _BLOCK_BYTES[type_name])
+    raw, rows = _blocks(data, type_name)
     scale = _f16(raw[:, :2])  # [nb, 1]
     if type_name == "Q8_0":
         q = raw[:, 2:].contiguous().view(torch.int8)

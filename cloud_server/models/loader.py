@@ -21,7 +21,7 @@ from ..layers.linear import (
     unpack_int4_codes,
 )
 from .config import ModelConfig
-from .loader_gguf import RowChunks
+from .loader_gguf import RowChunks, is_quantized
 
 
 @dataclass
@@ -57,10 +57,6 @@ _FUSED = {  # fused layer <- its Hugging Face parts, rows in this order
     "mlp.gate_up_proj": ("mlp.gate_proj", "mlp.up_proj"),
 }
 _PART_OF = {part: fused for fused, parts in _FUSED.items() for part in parts}
-
-
-def _is_matrix(name: str) -> bool:
-    return name.endswith("_proj.weight") or name == "lm_head.weight"
 
 
 def build_model(
@@ -99,7 +95,7 @@ def convert_weights(
     weights: dict[str, Any] = {}  # name -> tensor, or (int8 | int4 codes, scale) for matrices
     num_loaded = 0
     for name, raw in items:
-        quantize = quantization != "none" and (_is_matrix(name) or name == "model.embed_tokens.weight")
+        quantize = quantization != "none" and is_quantized(name)
         chunks = raw if isinstance(raw, RowChunks) else [raw]  # big matrices come in row bands
         rows = raw.raw.shape[0] if isinstance(raw, RowChunks) else None
         parts = _Bands(rows)  # float row bands, or int8 / int4 codes when quantizing

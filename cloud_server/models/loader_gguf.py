@@ -208,6 +208,12 @@ class RowChunks:
                 yield _dequantize_raw(band, self.tensor_type)
 
 
+def is_quantized(name: str) -> bool:
+    """Whether a quantizing load quantizes the tensor of this HF name: the matrices and the
+    embedding table (norms and biases stay in the activation dtype)."""
+    return name.endswith("_proj.weight") or name in ("lm_head.weight", "model.embed_tokens.weight")
+
+
 def iter_gguf_tensors(
     gguf_file: GGUFTensors, config: ModelConfig, *, quantization: str = "none"
 ) -> Iterator[tuple[str, Any]]:
@@ -246,8 +252,7 @@ def iter_gguf_tensors(
         permuted = arch == "llama" and name.endswith(("q_proj.weight", "k_proj.weight"))
         heads = config.num_heads if "q_proj" in name else config.num_kv_heads
         kind = "float"
-        quantized = name.endswith("_proj.weight") or name in ("lm_head.weight", "model.embed_tokens.weight")
-        if quantization != "none" and raw.ndim == 2 and quantized:
+        if quantization != "none" and raw.ndim == 2 and is_quantized(name):
             cols = t.n_elements // raw.shape[0]
             if (quantization == "int4" and t.tensor_type.name in INT4_TYPES
                     and int4_supported(raw.shape[0], cols)):

@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.serving import GSM8K, free_port, peak_rss, stop_server, token_counter, wait_ready
+from cloud_server.engine.spec_decode.decoder import DEFAULT_K
 
 ROOT = Path(__file__).resolve().parents[1]
 PROMPT_SETS = {  # grounded prompts: short passages (50-107 tokens), realistic lengths (153-294)
@@ -78,8 +79,9 @@ def start(cmd: list[str]) -> subprocess.Popen:
 def ours_cmd(args: argparse.Namespace, gguf: Path, port: int) -> list[str]:
     cmd = [sys.executable, "-m", "cloud_server", "serve", "--model", str(gguf),
            "--served-model-name", "bench", "--port", str(port), "--max-model-len", "2048",
-           "--max-num-seqs", "16", "--num-threads", str(args.threads), "--log-level", "warning",
-           "--num-speculative-tokens", str(args.k)]  # fmt: skip
+           "--max-num-seqs", "16", "--num-threads", str(args.threads), "--log-level", "warning"]  # fmt: skip
+    if args.k is not None:
+        cmd += ["--num-speculative-tokens", str(args.k)]
     if args.draft_model:
         cmd += ["--speculative-method", "draft", "--draft-model", args.draft_model]
         if args.draft_vocab_size is not None:
@@ -95,7 +97,7 @@ def llama_cmd(args: argparse.Namespace, gguf: Path, port: int, lookup: bool) -> 
            "--interrupt_requests", "False"]  # fmt: skip
     if lookup:
         cmd += ["--draft_model", "prompt-lookup-decoding",
-                "--draft_model_num_pred_tokens", str(args.k)]  # fmt: skip
+                "--draft_model_num_pred_tokens", str(args.k or DEFAULT_K["ngram"])]  # fmt: skip
     return cmd
 
 
@@ -236,7 +238,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prompts", default="short",
                         help="grounded prompt set: short, long, or a JSON lines file (field prompt)")
     parser.add_argument("--max-tokens", type=int, default=96)
-    parser.add_argument("--k", type=int, default=4, help="--num-speculative-tokens for both")
+    parser.add_argument(
+        "--k", type=int, default=None,
+        help="--num-speculative-tokens of both servers (default: ours its own, 8 for prompt "
+        "lookup and 4 for a draft model; llama-cpp-python's prompt lookup 8 as well)",
+    )
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 2)
     parser.add_argument("--skip-llama-cpp", action="store_true")
     parser.add_argument("--skip-c16", action="store_true")
@@ -258,7 +264,7 @@ def main(argv: list[str] | None = None) -> int:
         "model": gguf.name,
         "draft_model": Path(args.draft_model).name if args.draft_model else None,
         "draft_vocab_size": args.draft_vocab_size,
-        "k": args.k,
+        "k": args.k or DEFAULT_K["draft" if args.draft_model else "ngram"],
         "prompts": args.prompts.name,
         "num_prompts": args.num_prompts,
         "max_tokens": args.max_tokens,

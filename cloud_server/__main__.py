@@ -155,8 +155,9 @@ def build_parser() -> argparse.ArgumentParser:
         "model with the same tokenizer (--draft-model)",
     )
     spec.add_argument(
-        "--num-speculative-tokens", type=_positive_int, default=4, metavar="K",
-        help="most tokens proposed per sequence and step (default 4; fewer under load)",
+        "--num-speculative-tokens", type=_positive_int, default=None, metavar="K",
+        help="most tokens proposed per sequence and step (default 8 for ngram, 4 for draft; "
+        "fewer under load)",
     )
     spec.add_argument(
         "--draft-model", default=None, metavar="ID_OR_PATH",

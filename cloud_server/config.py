@@ -28,7 +28,8 @@ class EngineConfig:
 
     Speculative decoding (off by default): ``speculative_method`` ``ngram`` (prompt lookup) or
     ``draft`` (``draft_model``, a smaller model with the same tokenizer), proposing up to
-    ``num_speculative_tokens`` tokens per step; ``spec_max_rows`` bounds the draft rows of one step
+    ``num_speculative_tokens`` tokens per step (``None``: 8 for ``ngram``, 4 for ``draft``);
+    ``spec_max_rows`` bounds the draft rows of one step
     (the adaptive rule in ``engine/spec_decode/decoder.py``). ``draft_vocab_size`` N: the draft
     model proposes only token ids below N (its output head cut to those rows; lossless, the target
     verifies every token); ``None`` means 32768 for a larger vocabulary, 0 the whole vocabulary.
@@ -51,7 +52,7 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     num_threads: int | None = None
     speculative_method: str | None = None
-    num_speculative_tokens: int = 4
+    num_speculative_tokens: int | None = None
     draft_model: str | None = None
     draft_vocab_size: int | None = None
     spec_max_rows: int = 16
@@ -87,7 +88,8 @@ class EngineConfig:
                 f"EngineConfig.speculative_method must be one of {_SPEC_METHODS}, "
                 f"got {self.speculative_method!r}"
             )
-        if not isinstance(self.num_speculative_tokens, int) or not 1 <= self.num_speculative_tokens <= 16:
+        k = self.num_speculative_tokens
+        if k is not None and (not isinstance(k, int) or not 1 <= k <= 16):
             raise ConfigError("EngineConfig.num_speculative_tokens must be an integer in [1, 16]")
         if (self.speculative_method == "draft") != (self.draft_model is not None):
             raise ConfigError("--draft-model goes with --speculative-method draft, and only with it")

@@ -20,7 +20,7 @@ from typing import Any, cast
 import torch
 from torch import nn
 
-from ..layers.attention import AttentionMetadata, PrefillSpan
+from ..layers.attention import AttentionMetadata, DecodeGroups, PrefillSpan
 from ..layers.linear import Linear
 from ..layers.sampler import Sampler
 from ..models.config import ModelConfig
@@ -95,6 +95,23 @@ class ModelRunner:
         pos = torch.arange(length)  # [length]
         return bt[:, pos // bs] * bs + pos % bs  # [B, length]
 
+    @staticmethod
+    def _groups(rows: list[int], lens: torch.Tensor, dev: torch.device) -> DecodeGroups:
+        """S sequences of rows[s] decode rows each (lengths ``lens``, flattened) as S groups of
+        Q = max(rows) query slots; a padding slot repeats its group's first row and sees one key."""
+        nq = max(rows)
+        index = torch.zeros(len(rows), nq, dtype=torch.long)  # [S, Q]
+        glens = torch.ones(len(rows), nq, dtype=torch.long)  # [S, Q]
+        slot = []
+        start = 0
+        for g, r in enumerate(rows):
+            index[g] = start
+            index[g, :r] = torch.arange(start, start + r)
+            glens[g, :r] = lens[start : start + r]
+            slot.extend(range(g * nq, g * nq + r))
+            start += r
+        return DecodeGroups(nq, index.view(-1).to(dev), torch.tensor(slot, device=dev), glens.to(dev))
+
     def prepare(
         self, scheduled: list[ScheduledSeq]
     ) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata, list[ScheduledSeq]]:
@@ -116,8 +133,16 @@ class ModelRunner:
                 pos.extend(range(c, c + s.num_new_tokens))
                 tables.extend([s.seq.block_table] * s.num_new_tokens)
             lens_t = torch.tensor(pos, dtype=torch.long) + 1  # [B] context incl. the row's token
-            gather = self._slot_table(tables, int(lens_t.max()))  # [B, L]
-            slot_parts.append(gather.gather(1, (lens_t - 1).unsqueeze(1)).squeeze(1))  # [B]
+            rows = [s.num_new_tokens for s in decode]
+            if max(rows) > 1 and self.graphs is None and dev.type == "cpu":
+                # drafts to verify: one gathered context per sequence, its rows as a group
+                gather = self._slot_table([s.seq.block_table for s in decode], int(lens_t.max()))
+                meta.decode_groups = self._groups(rows, lens_t, dev)
+                owner = torch.repeat_interleave(torch.arange(len(rows)), torch.tensor(rows))
+                slot_parts.append(gather[owner, lens_t - 1])  # [B]
+            else:
+                gather = self._slot_table(tables, int(lens_t.max()))  # [B, L]
+                slot_parts.append(gather.gather(1, (lens_t - 1).unsqueeze(1)).squeeze(1))  # [B]
             meta.num_decode = len(ids)
             meta.decode_gather = gather.to(dev)
             meta.decode_lens = lens_t.to(dev)

@@ -47,3 +47,75 @@ def test_lookahead_outputs_equal_step_by_step_decoding(smollm2_engine):
     finally:
         bm.free(seq)
     assert bm.num_free_blocks == bm.num_blocks
+
+
+def test_rows_verified_together_are_bit_for_bit_lone_decodes(smollm2_engine):
+    """Three sequences in one step: 6 rows (5 drafts), 1 row and 3 rows (2 drafts). On CPU the
+    drafting sequences attend as groups over one gathered context each (padded to 6 query
+    slots); every row's logits must equal, bit for bit, those a lone decode of the same position
+    gives."""
+    import torch
+
+    from cloud_server.engine.sampling_params import SamplingParams
+    from cloud_server.engine.scheduler import ScheduledSeq
+    from cloud_server.engine.sequence import Sequence
+
+    eng = smollm2_engine
+    bm, runner = eng.block_manager, eng.runner
+    params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+    questions = ["List three animals.", "What is 7 times 8?", "Name a color of the sky."]
+    prompts = [eng.tokenizer.encode(eng.tokenizer.apply_chat_template([{"role": "user", "content": q}]))
+               for q in questions]
+    rows = [6, 1, 3]
+    seen: list = []  # (logits, attention metadata) of each step
+
+    def step(items):
+        out = runner.execute(items)
+        eng.scheduler.update(items, {it.seq.seq_id: out.tokens[it.seq.seq_id][-1:] for it in items})
+        return out
+
+    def prefill(seq):
+        bm.append_slots(seq, seq.num_tokens)
+        step([ScheduledSeq(seq, seq.num_tokens)])
+
+    compute_logits, prepare = runner.model.compute_logits, runner.prepare
+    runner.model.compute_logits = lambda h, **kw: (lambda y: seen.append(y) or y)(compute_logits(h, **kw))
+    runner.prepare = lambda items: (lambda out: seen.append(out[2]) or out)(prepare(items))
+    seqs = []
+    try:
+        # lone decodes: the reference tokens and each position's logits
+        ref_tokens, ref_logits = [], []
+        for prompt, r in zip(prompts, rows, strict=True):
+            seq = Sequence("lone", prompt, params)
+            seqs.append(seq)
+            prefill(seq)
+            logits = []
+            for _ in range(r):
+                bm.append_slots(seq, 1)
+                step([ScheduledSeq(seq, 1)])
+                logits.append(seen[-1][0])
+            ref_tokens.append(seq.token_ids[len(prompt) : len(prompt) + r])
+            ref_logits.append(torch.stack(logits))
+        for seq in seqs:
+            bm.free(seq)
+        seqs = []
+        # the same positions in one step: each sequence's first token and its next r - 1 as drafts
+        items = []
+        for prompt, r, toks in zip(prompts, rows, ref_tokens, strict=True):
+            seq = Sequence("batched", prompt, params)
+            seqs.append(seq)
+            prefill(seq)
+            assert seq.token_ids[-1] == toks[0]
+            seq.token_ids.extend(toks[1:])
+            bm.append_slots(seq, r)
+            items.append(ScheduledSeq(seq, r, num_lookahead=r - 1))
+        seen.clear()
+        runner.execute(items)
+        meta, logits = seen
+        assert meta.decode_groups is not None and meta.decode_groups.queries == 6
+        assert torch.equal(logits, torch.cat(ref_logits))  # rows in step order: 6, 1, 3
+    finally:
+        runner.model.compute_logits, runner.prepare = compute_logits, prepare
+        for seq in seqs:
+            bm.free(seq)
+    assert bm.num_free_blocks == bm.num_blocks

@@ -10,7 +10,9 @@ from cloud_server.engine.block_manager import BlockManager
 from cloud_server.engine.sampling_params import SamplingParams
 from cloud_server.engine.scheduler import Scheduler
 from cloud_server.engine.sequence import Sequence
+from cloud_server.engine.scheduler import ScheduledSeq
 from cloud_server.engine.spec_decode import SpecDecoder
+from cloud_server.engine.spec_decode.decoder import DEFAULT_K, _SeqState
 from cloud_server.engine.spec_decode.ngram import propose_ngram
 from cloud_server.engine.spec_decode.rejection import verify_greedy
 from cloud_server.exceptions import ConfigError, InvalidRequestError
@@ -102,12 +104,17 @@ def test_adaptive_rule_shrinks_k_with_the_batch_and_low_acceptance():
     spec = SpecDecoder(method="ngram", num_speculative_tokens=8, max_model_len=4096, max_spec_rows=16)
     text = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12] * 3
     seq = Sequence("r", text, SamplingParams(max_tokens=100))
-    assert spec.lookahead(seq, 1) == 8
-    assert spec.lookahead(seq, 4) == 3  # (16 - 4) // 4
-    assert spec.lookahead(seq, 8) == 1
-    assert spec.lookahead(seq, 9) == 0  # a full batch decodes plainly
+
+    def lookahead(num_decoding):  # past the ramp: as after a draft accepted whole
+        spec._state.setdefault(seq.seq_id, _SeqState()).whole = True
+        return spec.lookahead(seq, num_decoding)
+
+    assert lookahead(1) == 8
+    assert lookahead(4) == 3  # (16 - 4) // 4
+    assert lookahead(8) == 1
+    assert lookahead(9) == 0  # a full batch decodes plainly
     seq.params.max_tokens = seq.num_output_tokens + 3
-    assert spec.lookahead(seq, 1) == 2  # 2 drafts + 1 token reach max_tokens
+    assert lookahead(1) == 2  # 2 drafts + 1 token reach max_tokens
     seq.params.max_tokens = 100
     spec._state[seq.seq_id].acceptance = 0.05  # drafts keep failing
     ks = [spec.lookahead(seq, 1) for _ in range(8)]
@@ -120,6 +127,35 @@ def test_adaptive_rule_shrinks_k_with_the_batch_and_low_acceptance():
         "r3", text, SamplingParams(max_tokens=100, speculative_method="ngram", num_speculative_tokens=2)
     )
     assert server_off.lookahead(per_request, 1) == 2
+
+
+def test_prompt_lookup_ramps_up_after_a_draft_passes_whole_and_back_after_a_miss():
+    spec = SpecDecoder(method="ngram", num_speculative_tokens=None, max_model_len=4096)
+    text = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12] * 3
+    seq = Sequence("r", list(text), SamplingParams(max_tokens=100))
+    sid = seq.seq_id
+
+    def step(right: int) -> int:
+        """One step: lookahead, propose, the target agrees with the first ``right`` drafts."""
+        k = spec.lookahead(seq, 1)
+        drafts = spec.propose([ScheduledSeq(seq, 1, num_spec_slots=k)])[sid]
+        seq.token_ids.extend(drafts)
+        target = drafts[:right] + [(drafts[right] + 1) % 12 + 1 if right < k else 0]
+        target += [0] * (k + 1 - len(target))
+        _, rejected = spec.verify([ScheduledSeq(seq, 1 + k, num_lookahead=k)], {sid: target}, None, None)
+        assert rejected[sid] == k - right
+        seq.token_ids[:] = text  # the same periodic text again: a match every step
+        return k
+
+    assert DEFAULT_K == {"ngram": 8, "draft": 4}
+    assert step(right=3) == 3  # one row block to start with; all 3 accepted
+    assert step(right=2) == 8  # then the server's K (8 for prompt lookup): 2 of 8 accepted
+    assert step(right=3) == 3  # a miss starts the ramp again
+    assert step(right=3) == 8
+    per_request = Sequence("r2", list(text), SamplingParams(max_tokens=100, num_speculative_tokens=2))
+    assert spec.lookahead(per_request, 1) == 2  # a request's own K below the ramp
+    draft_server = SpecDecoder(method="draft", num_speculative_tokens=None, max_model_len=4096)
+    assert draft_server.lookahead(Sequence("r3", list(text), SamplingParams(max_tokens=100)), 1) == 4
 
 
 def test_row_blocks_round_a_sequences_rows_down_to_whole_blocks():
@@ -137,12 +173,14 @@ def test_row_blocks_round_a_sequences_rows_down_to_whole_blocks():
     def k_for(num_speculative_tokens, num_decoding=1):
         spec = SpecDecoder(method="ngram", num_speculative_tokens=num_speculative_tokens,
                            max_model_len=4096, max_spec_rows=16, row_block=4)
+        spec._state[seq.seq_id] = _SeqState(whole=True)  # past the prompt-lookup ramp
         return spec.lookahead(seq, num_decoding)
 
     # 1 + k rows: 5 -> 4, 4 stays, 3 and 2 stay (within one block), 9 -> 8, 8 stays
     assert [k_for(k) for k in (4, 3, 2, 1, 8, 7, 6)] == [3, 3, 2, 1, 7, 7, 3]
     assert k_for(4, num_decoding=2) == 3  # 2 sequences x 4 rows
     plain = SpecDecoder(method="ngram", num_speculative_tokens=4, max_model_len=4096)
+    plain._state[seq.seq_id] = _SeqState(whole=True)
     assert plain.lookahead(seq, 1) == 4  # row_block 1: no rounding
 
 

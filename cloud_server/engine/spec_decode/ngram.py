@@ -9,7 +9,13 @@ from __future__ import annotations
 
 
 def propose_ngram(
-    token_ids: list[int], k: int, *, min_n: int = 2, max_n: int = 8, window: int = 2048
+    token_ids: list[int],
+    k: int,
+    *,
+    min_n: int = 2,
+    max_n: int = 8,
+    window: int = 2048,
+    fallback_k: int = 0,
 ) -> list[int]:
     """Up to ``k`` proposed next tokens for ``token_ids`` (empty when no n-gram matches).
 
@@ -17,9 +23,10 @@ def propose_ngram(
     token is a match of length n = how many tokens before it also agree with the suffix (at most
     ``max_n``); the longest wins, the latest among equals (code repeats short n-grams such as
     ``    return``, and a longer agreeing context picks the right copy), and it proposes what
-    followed it, ``token_ids[i + 1 : i + 1 + k]``."""
+    followed it, ``token_ids[i + 1 : i + 1 + k]``. Without a match of ``min_n`` tokens, the latest
+    earlier occurrence of the last token alone proposes up to ``fallback_k`` tokens (0: none)."""
     num = len(token_ids)
-    if k < 1 or num < min_n + 1:
+    if k < 1 or num < 2:
         return []
     last = token_ids[-1]
     best, at = 0, -1
@@ -33,4 +40,6 @@ def propose_ngram(
             best, at = n, i
             if n == max_n:
                 break
-    return token_ids[at + 1 : at + 1 + k] if best >= min_n else []
+    if best >= min_n:
+        return token_ids[at + 1 : at + 1 + k]
+    return token_ids[at + 1 : at + 1 + min(k, fallback_k)] if best >= 1 else []

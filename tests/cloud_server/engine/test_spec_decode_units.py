@@ -25,6 +25,9 @@ def test_ngram_proposes_what_followed_the_latest_longest_match():
     assert propose_ngram(tokens + [8], 2) == [9, 1]  # [6, 7, 8] only matches at 1
     assert propose_ngram([1, 2, 3, 4], 3) == []  # no repeated bigram
     assert propose_ngram(tokens, 0) == []
+    # no repeated bigram, but 4 occurred before: the fallback copies what followed its latest
+    assert propose_ngram([4, 9, 8, 4, 7, 6, 5, 4], 5, fallback_k=2) == [7, 6]
+    assert propose_ngram([1, 2, 3, 4], 3, fallback_k=2) == []  # 4 never occurred before
 
 
 def test_ngram_prefers_the_copy_with_the_longer_agreeing_context():

@@ -8,9 +8,8 @@ import pytest
 from cloud_server.config import EngineConfig
 from cloud_server.engine.block_manager import BlockManager
 from cloud_server.engine.sampling_params import SamplingParams
-from cloud_server.engine.scheduler import Scheduler
+from cloud_server.engine.scheduler import ScheduledSeq, Scheduler
 from cloud_server.engine.sequence import Sequence
-from cloud_server.engine.scheduler import ScheduledSeq
 from cloud_server.engine.spec_decode import SpecDecoder
 from cloud_server.engine.spec_decode.decoder import DEFAULT_K, _SeqState
 from cloud_server.engine.spec_decode.ngram import propose_ngram

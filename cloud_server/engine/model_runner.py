@@ -102,7 +102,7 @@ class ModelRunner:
         nq = max(rows)
         index = torch.zeros(len(rows), nq, dtype=torch.long)  # [S, Q]
         glens = torch.ones(len(rows), nq, dtype=torch.long)  # [S, Q]
-        slot = []
+        slot: list[int] = []
         start = 0
         for g, r in enumerate(rows):
             index[g] = start

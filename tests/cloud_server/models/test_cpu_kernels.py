@@ -62,7 +62,7 @@ def test_int4_kernel_matches_the_dequantized_weights_and_is_row_invariant(n, k):
     mm = cpu_kernels.int4_mm()
     x = torch.randn(13, k, generator=torch.Generator().manual_seed(1)).to(torch.bfloat16)
     want = x.float() @ ref_w.T
-    for m in (1, 2, 3, 4, 5, 8, 13):
+    for m in (1, 2, 3, 4, 5, 6, 7, 8, 13):
         y = mm(x[:m].contiguous(), w, n)
         assert y.dtype == torch.float32 and y.shape == (m, n)
         err = ((y - want[:m]).norm() / want[:m].norm()).item()
@@ -79,7 +79,7 @@ def test_int8_kernel_matches_the_dequantized_weights_and_is_row_invariant(n, k):
     mm = cpu_kernels.int8_mm()
     x = torch.randn(13, k, generator=torch.Generator().manual_seed(2)).to(torch.bfloat16)
     want = x.float() @ ref_w.T
-    for m in (1, 2, 3, 4, 5, 8, 13):
+    for m in (1, 2, 3, 4, 5, 6, 7, 8, 13):
         y = mm(x[:m].contiguous(), w, s)
         assert y.dtype == torch.float32 and y.shape == (m, n)
         err = ((y - want[:m]).norm() / want[:m].norm()).item()

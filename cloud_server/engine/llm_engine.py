@@ -110,6 +110,7 @@ class LLMEngine:
         Graphs are captured on first use, so a bound that is never reached costs nothing."""
         rows = config.max_num_seqs + config.spec_max_rows
         return {"cuda_graphs": not config.enforce_eager, "max_decode_rows": rows,
+                # drafts stay inside max_model_len (SpecDecoder.lookahead); 16 is the most K can be
                 "max_context": self.max_model_len + (config.num_speculative_tokens or 16) + 1}
 
     def _make_spec_decoder(self, num_blocks: int) -> Any:
@@ -382,10 +383,7 @@ class LLMEngine:
         if self.device.type == "cuda":
             parts.append("CUDA graphs " + ("on" if self.runner.graphs is not None else "off"))
         if self.spec.method:
-            from .spec_decode.decoder import DEFAULT_K
-
-            k = self.spec.k or DEFAULT_K[self.spec.method]
-            parts.append(f"speculative {self.spec.method} k={k}")
+            parts.append(f"speculative {self.spec.method} k={self.spec.server_k}")
         return ", ".join(parts)
 
     def stats(self) -> dict[str, Any]:

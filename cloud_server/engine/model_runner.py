@@ -122,7 +122,6 @@ class ModelRunner:
         prefill = [s for s in scheduled if s not in decode]
         ids: list[int] = []
         pos: list[int] = []
-        tables: list[list[int]] = []
         slot_parts: list[torch.Tensor] = []
         dev = self.device
         meta = AttentionMetadata(slot_mapping=torch.empty(0, dtype=torch.long))
@@ -131,18 +130,17 @@ class ModelRunner:
                 c = s.seq.num_computed_tokens
                 ids.extend(s.seq.token_ids[c : c + s.num_new_tokens])
                 pos.extend(range(c, c + s.num_new_tokens))
-                tables.extend([s.seq.block_table] * s.num_new_tokens)
             lens_t = torch.tensor(pos, dtype=torch.long) + 1  # [B] context incl. the row's token
             rows = [s.num_new_tokens for s in decode]
+            # one row of slots per sequence, and the sequence of each decode row
+            gather = self._slot_table([s.seq.block_table for s in decode], int(lens_t.max()))  # [S, L]
+            owner = torch.repeat_interleave(torch.arange(len(rows)), torch.tensor(rows))  # [B]
+            slot_parts.append(gather[owner, lens_t - 1])  # [B]
             if max(rows) > 1 and self.graphs is None and dev.type == "cpu":
                 # drafts to verify: one gathered context per sequence, its rows as a group
-                gather = self._slot_table([s.seq.block_table for s in decode], int(lens_t.max()))
                 meta.decode_groups = self._groups(rows, lens_t, dev)
-                owner = torch.repeat_interleave(torch.arange(len(rows)), torch.tensor(rows))
-                slot_parts.append(gather[owner, lens_t - 1])  # [B]
-            else:
-                gather = self._slot_table(tables, int(lens_t.max()))  # [B, L]
-                slot_parts.append(gather.gather(1, (lens_t - 1).unsqueeze(1)).squeeze(1))  # [B]
+            elif max(rows) > 1:
+                gather = gather[owner]  # [B, L]: a row of slots per decode row
             meta.num_decode = len(ids)
             meta.decode_gather = gather.to(dev)
             meta.decode_lens = lens_t.to(dev)

@@ -117,6 +117,11 @@ class SpecDecoder:
         k = p.num_speculative_tokens if p.num_speculative_tokens is not None else self.k
         return method, DEFAULT_K[method] if k is None else k
 
+    @property
+    def server_k(self) -> int:
+        """K for requests that do not set their own (0 when speculation is off)."""
+        return (self.k or DEFAULT_K[self.method]) if self.method else 0
+
     def _slots_each(self, num_decoding: int) -> int:
         """Draft slots each of ``num_decoding`` sequences may take: k = (R - B) // B."""
         return (self.max_spec_rows - num_decoding) // max(1, num_decoding)

@@ -10,7 +10,7 @@ with one scale per row, 1 byte a weight against the groups' 1.125).
 Then it times one pass through every quantized matrix of the model (all layers and the output
 head: what one decode step reads) at each row count, alternating the two sides, median of
 ``--repeats`` passes. ``torch_over_ours`` > 1 means ours is faster; ``*_rows_over_one`` is a row
-count's time over one row's (what a speculative verify row costs). Needs x86-64 AVX-512 BF16.
+count's time over one row's (what a speculative verify row costs). Needs x86-64 AVX-512 VNNI.
 """
 
 from __future__ import annotations
@@ -62,7 +62,7 @@ def main(argv: list[str] | None = None) -> None:
 
     torch.set_num_threads(args.threads)
     if cpu_kernels.int4_mm() is None:
-        ap.error("the engine's CPU kernels are not available here (x86-64 AVX-512 BF16 and g++ needed)")
+        ap.error("the engine's CPU kernels are not available here (x86-64 AVX-512 VNNI and g++ needed)")
     try:
         path = args.model if args.model.endswith(".gguf") else str(pull(args.model))
         print("loading the model in both formats ...", file=sys.stderr)

@@ -156,7 +156,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     spec.add_argument(
         "--num-speculative-tokens", type=_positive_int, default=None, metavar="K",
-        help="most tokens proposed per sequence and step (default 8 for ngram, 4 for draft; "
+        help="most tokens proposed per sequence and step (default 8 for ngram, 3 for draft; "
         "fewer under load)",
     )
     spec.add_argument(

@@ -28,7 +28,7 @@ class EngineConfig:
 
     Speculative decoding (off by default): ``speculative_method`` ``ngram`` (prompt lookup) or
     ``draft`` (``draft_model``, a smaller model with the same tokenizer), proposing up to
-    ``num_speculative_tokens`` tokens per step (``None``: 8 for ``ngram``, 4 for ``draft``);
+    ``num_speculative_tokens`` tokens per step (``None``: 8 for ``ngram``, 3 for ``draft``);
     ``spec_max_rows`` bounds the draft rows of one step
     (the adaptive rule in ``engine/spec_decode/decoder.py``). ``draft_vocab_size`` N: the draft
     model proposes only token ids below N (its output head cut to those rows; lossless, the target

@@ -1,9 +1,10 @@
-"""The engine's own CPU kernels (``cpu_kernels.cpp``: weight-only int4 and int8 matmuls with bf16
-activations, whose cost stays nearly flat from one to three rows): built on first use with the system's C++
-compiler against the installed torch, kept in ``<cache dir>/kernels/``, and loaded as torch ops.
+"""The engine's own CPU kernels (``cpu_kernels.cpp``: weight-only int4 and int8 matmuls whose
+activations are rounded to int8 per row and group of 32, with integer dot products, so that their
+cost stays nearly flat from one to eight rows): built on first use with the system's C++ compiler
+against the installed torch, kept in ``<cache dir>/kernels/``, and loaded as torch ops.
 
-Used where they pay: an x86-64 CPU with AVX-512 BF16 (AMD Zen 4 and later, Intel Cooper Lake,
-Sapphire Rapids and later). Anywhere else, or without a compiler, or with
+Used where they pay: an x86-64 CPU with AVX-512 VNNI (AMD Zen 4 and later, Intel Cascade Lake, Ice
+Lake, Sapphire Rapids and later). Anywhere else, or without a compiler, or with
 ``HYBRIDLLM_CPU_KERNELS=0``, the engine uses torch's own kernels; a failed build is logged once
 with its reason, never raised. A damaged library file in the cache is built again.
 """
@@ -30,8 +31,8 @@ logger = logging.getLogger(__name__)
 
 _SOURCE = Path(__file__).with_name("cpu_kernels.cpp")
 _FLAGS = ["-O3", "-std=c++20", "-shared", "-fPIC", "-fopenmp", "-mavx512f", "-mavx512bw", "-mavx512vl",
-          "-mavx512bf16", "-w"]
-_NEEDED_CPU_FLAGS = {"avx512f", "avx512bw", "avx512vl", "avx512_bf16"}
+          "-mavx512vnni", "-w"]
+_NEEDED_CPU_FLAGS = {"avx512f", "avx512bw", "avx512vl", "avx512_vnni"}
 
 
 def _enabled_by_env() -> bool:
@@ -131,7 +132,8 @@ def int4_mm() -> Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor] | Non
 
 @cache
 def int8_mm() -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor] | None:
-    """``int8_mm(x bf16 [M, K], packed int8 (``linear.pack_int8_blocks``), scale fp32 [N]) -> fp32 [M, N]``,
+    """``int8_mm(x bf16 [M, K], packed uint8 (``linear.pack_int8_blocks``), packed fp16 scales and zeros
+    (``linear.pack_int8_scales``)) -> fp32 [M, N]``,
     or None where the kernels are not used."""
     ops = _ops()
     return None if ops is None else ops.int8_mm

@@ -5,18 +5,19 @@ Weight-only int8 in groups of 32 weights along each row, a scale and a zero per 
     given as Q int8 [out, in] and scale_zero fp16 [out, in / 32, 2]. A GGUF block of 32 (Q8_0,
     Q5_0, Q4_0, Q4_1) is such a group exactly; float weights are rounded to nearest:
     s = max |W[r, group]| / 127 (in fp16), Q = round(W / s), zero 0 (``quantize_groups``).
-    On the CPU ``load`` repacks them for the engine's own kernel (``cpu_kernels``: bf16 activations,
-    fp32 sums); without it they become one scale per row (``quantize_rows``) for torch's
-    ``_weight_int8pack_mm``; elsewhere they are widened on each call.
+    On the CPU ``load`` repacks them for the engine's own kernel (``cpu_kernels``: activations
+    rounded to int8 per row and group of 32, integer dot products); without it they become one
+    scale per row (``quantize_rows``) for torch's ``_weight_int8pack_mm``; elsewhere they are
+    widened on each call.
 Weight-only int8 with one scale per output channel (row), where a row is not whole groups:
     s_r = max_c |W[r, c]| / 127,  Q[r, c] = round(W[r, c] / s_r)  in [-127, 127],  y = x Q^T * s
 Weight-only int4, a GGUF 4-bit tensor's own groups of 32 weights along each row, kept as they are:
     W[r, c] = scale[r, g] * (Q[r, c] - 8) + zero[r, g],  g = c // 32,  Q in 0..15
     given as codes, two per byte (column 2j in the low nibble, 2j + 1 in the high one), and
     scale_zero [out, in / 32, 2]; on the CPU ``load`` repacks them for the engine's own kernel
-    (``cpu_kernels``: AVX-512 BF16, codes and their groups' scale and zero in one array, bf16
-    activations, fp32 sums) or else for torch's ``_weight_int4pack_mm_for_cpu``; elsewhere they are
-    widened to the activation dtype once.
+    (``cpu_kernels``: AVX-512 VNNI, codes and their groups' scale and zero in one array,
+    activations rounded to int8 per row and group of 32, integer dot products) or else for torch's
+    ``_weight_int4pack_mm_for_cpu``; elsewhere they are widened to the activation dtype once.
 Rows keep their own scales (and groups), so fusing layers (q|k|v, gate|up) is a concatenation of rows.
 """
 
@@ -29,7 +30,8 @@ from torch import nn
 from .cpu_kernels import int4_mm, int8_mm
 
 QUANTIZATIONS = ("none", "int8", "int4")
-_CPU_BLOCK_M = 4  # rows per pass over the weights of the CPU int8 and int4 kernels (ours and torch's)
+_CPU_BLOCK_M = 4  # rows per pass over the weights of torch's CPU int8 and int4 kernels
+_KERNEL_BLOCK_M = 8  # ... and of the engine's own (cpu_kernels.cpp: kMaxRows)
 INT4_GROUP = 32  # weights per (scale, zero) along a row in the int4 format
 _INT4_ROWS_MULTIPLE = 16  # torch's int4 CPU packing takes a multiple of 16 output rows
 _INT4_PACK_ROWS = 64  # ... and lays rows out in blocks of 64 (a row prefix is a block prefix)
@@ -38,12 +40,14 @@ INT8_GROUP = 32  # weights per (scale, zero) along a row in the grouped int8 for
 
 
 def int8_row_block(device: torch.device, dtype: torch.dtype, quantization: str) -> int:
-    """Rows the matmuls take in one pass: 4 for int8 or int4 weights with bf16 activations on CPU
-    (the engine's kernels and torch's ``_weight_int8pack_mm`` / ``_weight_int4pack_mm_for_cpu``
-    all work in blocks of 4 rows; the fifth row starts a second pass over the weights), else 1
-    (cost grows smoothly with rows)."""
+    """Rows the matmuls take in one pass over the weights, for int8 or int4 weights with bf16
+    activations on CPU: 8 with the engine's kernels, 4 with torch's ``_weight_int8pack_mm`` /
+    ``_weight_int4pack_mm_for_cpu`` (the next row starts a second pass); else 1 (cost grows
+    smoothly with rows)."""
     cpu_blocked = device.type == "cpu" and quantization in ("int8", "int4") and dtype == torch.bfloat16
-    return _CPU_BLOCK_M if cpu_blocked else 1
+    if not cpu_blocked:
+        return 1
+    return _KERNEL_BLOCK_M if int4_mm() is not None else _CPU_BLOCK_M
 
 
 def quantize_rows(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -111,19 +115,19 @@ def int8_blocks_fit(rows: int, cols: int) -> bool:
 
 def pack_int4_blocks(codes: torch.Tensor, scale_zero: torch.Tensor) -> torch.Tensor:
     """(codes two per byte [N, K / 2] (column 2j low, 2j + 1 high), scale_zero [N, K / 32, 2]) ->
-    the kernel's format, flat uint8: per block of 16 rows and group of 32 columns, 8 quads of 32
-    bytes (byte 2c + e of quad j: row c, low nibble column 4j + e, high nibble 4j + 2 + e), then
+    the kernel's format, flat uint8: per block of 16 rows and group of 32 columns, 4 chunks of 64
+    bytes (byte 4c + e of chunk i: row c, low nibble column 4i + e, high nibble 16 + 4i + e), then
     16 bf16 scales and 16 bf16 zeros."""
     n, k = codes.shape[0], codes.shape[1] * 2
     if n % BLOCK_ROWS or k % INT4_GROUP:
         raise ValueError(f"int4 kernel format needs rows % 16 == 0 and columns % 32 == 0, got {n}x{k}")
     blocks, groups = n // BLOCK_ROWS, k // INT4_GROUP
-    q = unpack_int4_codes(codes).reshape(blocks, BLOCK_ROWS, groups, 8, 4)
-    quads = q[..., 0:2] | (q[..., 2:4] << 4)  # [block, row c, group, quad j, e]
-    quads = quads.permute(0, 2, 3, 1, 4).reshape(blocks, groups, 256)
+    q = unpack_int4_codes(codes).reshape(blocks, BLOCK_ROWS, groups, 2, 4, 4)  # [.., half, chunk i, e]
+    chunks = q[:, :, :, 0] | (q[:, :, :, 1] << 4)  # [block, row c, group, chunk i, e]
+    chunks = chunks.permute(0, 2, 3, 1, 4).reshape(blocks, groups, 256)
     sz = scale_zero.to(torch.bfloat16).reshape(blocks, BLOCK_ROWS, groups, 2).permute(0, 2, 3, 1)
     sz = sz.contiguous().view(torch.uint8).reshape(blocks, groups, 64)
-    return torch.cat((quads, sz), dim=2).reshape(-1).contiguous()
+    return torch.cat((chunks, sz), dim=2).reshape(-1).contiguous()
 
 
 def pack_int8_scales(scale_zero: torch.Tensor) -> torch.Tensor:
@@ -135,20 +139,24 @@ def pack_int8_scales(scale_zero: torch.Tensor) -> torch.Tensor:
 
 
 def pack_int8_blocks(q: torch.Tensor, *, in_place: bool = False) -> torch.Tensor:
-    """int8 [N, K] -> the kernel's codes, flat int8: per block of 16 rows, K / 2 pairs of 32 bytes
-    (byte 2c + e of pair p: row c, column 2p + e). Each block's bytes stay where they were, so
-    ``in_place`` (for a tensor nobody else holds) rearranges them in q's own memory, 64 blocks at a
-    time: loading then allocates no second copy of the matrix."""
+    """int8 [N, K] -> the kernel's codes, flat uint8: per block of 16 rows, K / 4 chunks of 64
+    bytes (byte 4c + e of chunk j: Q[row c, column 4j + e] + 128, the unsigned side of the kernel's
+    integer dot product). Each block's bytes stay where they were, so ``in_place`` (for a tensor
+    nobody else holds) rearranges them in q's own memory, 64 blocks at a time: loading then
+    allocates no second copy of the matrix."""
     n, k = q.shape
     if not int8_blocks_fit(n, k):
         raise ValueError(f"int8 kernel format needs rows % 16 == 0 and columns % 32 == 0, got {n}x{k}")
-    blocks = q.reshape(n // BLOCK_ROWS, BLOCK_ROWS, k // 2, 2)
+    blocks = q.reshape(n // BLOCK_ROWS, BLOCK_ROWS, k // 4, 4)
     if not (in_place and q.is_contiguous()):
-        return blocks.permute(0, 2, 1, 3).reshape(-1).contiguous()
-    for b0 in range(0, blocks.shape[0], 64):
-        chunk = blocks[b0 : b0 + 64]
-        chunk.reshape(-1).copy_(chunk.permute(0, 2, 1, 3).reshape(-1))  # reshape copies first
-    return q.reshape(-1)
+        out = blocks.permute(0, 2, 1, 3).reshape(-1).contiguous().view(torch.uint8)
+    else:
+        for b0 in range(0, blocks.shape[0], 64):
+            chunk = blocks[b0 : b0 + 64]
+            chunk.reshape(-1).copy_(chunk.permute(0, 2, 1, 3).reshape(-1))  # reshape copies first
+        out = q.reshape(-1).view(torch.uint8)
+    out ^= 0x80  # two's complement q + 128 as an unsigned byte
+    return out
 
 
 class Linear(nn.Module):

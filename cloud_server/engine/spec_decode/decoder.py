@@ -16,22 +16,21 @@ for B decoding sequences; at B >= R / 2 speculation is off. A sequence whose acc
 (an exponential average over its own steps) falls below ``min_acceptance`` drafts only every
 ``probe_every`` steps, one token, to notice when its text becomes predictable again.
 
-Row blocks: the CPU int8 matmul computes its rows in blocks of ``row_block`` (4) and pays a full
-pass over the weights per block, so 5 rows cost about twice 4 (measured one thread, bf16
-activations: SmolLM2's matmuls 11.9 ms at 4 rows, 18.5 ms at 5; the 1.5B's 164 ms vs 295 ms, and
-129 ms at 1 row). A sequence's 1 + k rows are therefore rounded down to whole blocks once they
-pass one: k = floor((1 + k) / b) * b - 1 (K = 4 verifies 4 rows, K = 8 verifies 8).
+Row blocks: the CPU int4 and int8 matmuls compute their rows in blocks of ``row_block`` (8 with
+the engine's kernels, 4 with torch's) and pay a full pass over the weights per block, so a row
+past a block costs much more than one inside it (torch's kernel, one thread, the 1.5B's matmuls:
+164 ms at 4 rows, 295 ms at 5). A sequence's 1 + k rows are therefore rounded down to whole blocks
+once they pass one: k = floor((1 + k) / b) * b - 1 (K = 8 verifies 8 rows).
 
 Prompt-lookup ramp: a match starts a copy run more often than not, and a copy run goes on past
 a few tokens, but most rows of a long draft after a wrong guess are wasted. So a sequence drafts
-at most ``_RAMP`` tokens (one row block) by prompt lookup until its previous draft was accepted
-whole, and then up to K (8 by default: two row blocks). Replaying the 1.5B's greedy outputs on
-the long prompt set under step costs measured on two threads (4 rows 1.06x a plain step, 8 rows
-1.59x): 2.03 tokens a step and 1.96x for K = 4, 2.31 and 2.06x with the ramp to 8.
-Where no 2-token match exists (48% of the 1.5B's steps there), the latest occurrence of the last
-token alone proposes up to ``_FALLBACK`` tokens: measured in process on two threads (12 long
-prompts x 192 tokens, two rounds, alternating), 1.985x against 1.933x without it for the 1.5B,
-2.375x against 2.383x (no change) for SmolLM2.
+at most ``_RAMP`` tokens by prompt lookup until its previous draft was accepted whole, and then
+up to K (8 by default). Where no 2-token match exists (48% of the 1.5B's steps on the long prompt
+set), the latest occurrence of the last token alone proposes up to ``_FALLBACK`` tokens. Both
+were chosen by replaying the 1.5B's greedy outputs under measured step costs, and measured in
+process (the README's speculative decoding section has the figures); replays under the step costs
+of the engine's int8-activation kernels (4 rows 1.13x a plain step, 8 rows 1.47x) put the ramp of
+3, K = 8 and a fallback of 3 within 1% of the best of ramps 3-7, K 5-15 and fallbacks 1-7.
 """
 
 from __future__ import annotations
@@ -48,8 +47,9 @@ _EMA = 0.3  # weight of the latest step in the acceptance average
 _RAMP = 3  # prompt-lookup drafts until a draft is accepted whole
 _FALLBACK = 3  # drafts from a one-token match, where no 2-token match exists
 # K when neither the server nor the request sets it: prompt lookup's drafts cost nothing to make
-# (and the ramp keeps them short after a miss), each draft-model token costs a draft step
-DEFAULT_K = {"ngram": 8, "draft": 4}
+# (and the ramp keeps them short after a miss), each draft-model token costs a draft step (a
+# fourth draft, accepted about a third of the time, costs more than it brings)
+DEFAULT_K = {"ngram": 8, "draft": 3}
 
 
 @dataclass

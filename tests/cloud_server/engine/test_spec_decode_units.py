@@ -149,7 +149,7 @@ def test_prompt_lookup_ramps_up_after_a_draft_passes_whole_and_back_after_a_miss
         seq.token_ids[:] = text  # the same periodic text again: a match every step
         return k
 
-    assert DEFAULT_K == {"ngram": 8, "draft": 4}
+    assert DEFAULT_K == {"ngram": 8, "draft": 3}
     assert step(right=3) == 3  # one row block to start with; all 3 accepted
     assert step(right=2) == 8  # then the server's K (8 for prompt lookup): 2 of 8 accepted
     assert step(right=3) == 3  # a miss starts the ramp again
@@ -157,16 +157,25 @@ def test_prompt_lookup_ramps_up_after_a_draft_passes_whole_and_back_after_a_miss
     per_request = Sequence("r2", list(text), SamplingParams(max_tokens=100, num_speculative_tokens=2))
     assert spec.lookahead(per_request, 1) == 2  # a request's own K below the ramp
     draft_server = SpecDecoder(method="draft", num_speculative_tokens=None, max_model_len=4096)
-    assert draft_server.lookahead(Sequence("r3", list(text), SamplingParams(max_tokens=100)), 1) == 4
+    assert draft_server.lookahead(Sequence("r3", list(text), SamplingParams(max_tokens=100)), 1) == 3
 
 
-def test_row_blocks_round_a_sequences_rows_down_to_whole_blocks():
+def test_row_blocks_round_a_sequences_rows_down_to_whole_blocks(monkeypatch):
     import torch
 
+    from cloud_server.layers import cpu_kernels
     from cloud_server.layers.linear import int8_row_block
 
     cpu = torch.device("cpu")
-    assert int8_row_block(cpu, torch.bfloat16, "int8") == 4
+    # the engine's kernels take 8 rows a pass, torch's 4
+    assert int8_row_block(cpu, torch.bfloat16, "int8") == (4 if cpu_kernels.int4_mm() is None else 8)
+    monkeypatch.setenv("HYBRIDLLM_CPU_KERNELS", "0")
+    cpu_kernels.reset()
+    try:
+        assert int8_row_block(cpu, torch.bfloat16, "int8") == 4
+    finally:
+        monkeypatch.delenv("HYBRIDLLM_CPU_KERNELS")
+        cpu_kernels.reset()
     assert int8_row_block(cpu, torch.float32, "none") == 1
     assert int8_row_block(torch.device("cuda"), torch.bfloat16, "none") == 1
     text = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12] * 3

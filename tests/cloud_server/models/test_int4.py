@@ -1,9 +1,11 @@
-"""Weight-only int4: a GGUF's own 4-bit groups, decoded exactly and multiplied by torch's CPU kernel.
+"""Weight-only int4: a GGUF's own 4-bit groups, decoded exactly and multiplied by the engine's CPU
+kernel (or torch's where it is not used).
 
 The decoding (codes, scale, zero) must give back the GGUF's dequantized weights (bit for bit on the
 real tensors, to fp32 rounding on random blocks); the
-packed matmul must match x @ W^T of those fp32 weights up to bf16 rounding (activations, output,
-scale and zero); fused layers are row concatenations; the weight cache returns the same codes.
+packed matmul must match x @ W^T of those fp32 weights up to the rounding of the activations (int8
+per group of 32 in the engine's kernel, bf16 in torch's), the output, scale and zero; fused
+layers are row concatenations; the weight cache returns the same codes.
 The agreement with fp32 on real prompts is in ``test_int8.py``.
 """
 
@@ -84,9 +86,10 @@ def test_int4_matmul_matches_the_dequantized_weights(model, tensor, type_name, r
     x = torch.randn(5, in_f, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
     y = layer(x).float()
     want = x.float() @ ref.T  # the GGUF's own weights in fp32
-    # bf16 scale/zero (8-bit mantissa) and a bf16 output: relative error about 2^-8
+    # bf16 scale/zero (8-bit mantissa), a bf16 output and int8 activations: relative error 6e-3
+    # (2^-8 with torch's kernel, bf16 activations)
     err = (y - want).norm() / want.norm()
-    assert err < 5e-3, err
+    assert err < 1e-2, err
     cos = torch.nn.functional.cosine_similarity(y, want, dim=-1)
     assert cos.min() > 0.9999
 
@@ -138,7 +141,8 @@ def test_int4_model_and_weight_cache(smollm2_path, tmp_path, monkeypatch):
     layer = first.model.layers[3]
     # the Q4_1 matrices are int4; the Q8_0 embedding (the tied head) falls back to int8 rows
     assert layer.self_attn.qkv_proj.int4 and layer.mlp.gate_up_proj.int4 and layer.self_attn.o_proj.int4
-    assert not first.lm_head.int4 and first.lm_head.weight.dtype == torch.int8
+    # int8 (with its scales; in the engine kernel's format the codes are the bytes q + 128)
+    assert not first.lm_head.int4 and first.lm_head.scale is not None
     (written,) = sorted((tmp_path / "engine-weights").glob("*.safetensors"))
     assert ".int4-bfloat16." in written.name
 
@@ -150,12 +154,19 @@ def test_int4_model_and_weight_cache(smollm2_path, tmp_path, monkeypatch):
         assert a.dtype == b.dtype and torch.equal(a, b)
 
 
-def test_int4_verify_rows_come_in_blocks_of_four():
+def test_int4_verify_rows_come_in_blocks_of_four_with_torchs_kernel(monkeypatch):
     # torch's int4 CPU kernel, like the int8 one, makes one pass over the weights per 4 rows
     # (measured: SmolLM2's head 1.7/2.6/2.7/3.0 ms for 1-4 rows, 4.7 ms for 5)
     import torch
 
+    from cloud_server.layers import cpu_kernels
     from cloud_server.layers.linear import int8_row_block
 
     cpu = torch.device("cpu")
-    assert int8_row_block(cpu, torch.bfloat16, "int4") == 4
+    monkeypatch.setenv("HYBRIDLLM_CPU_KERNELS", "0")
+    cpu_kernels.reset()
+    try:
+        assert int8_row_block(cpu, torch.bfloat16, "int4") == 4
+    finally:
+        monkeypatch.delenv("HYBRIDLLM_CPU_KERNELS")
+        cpu_kernels.reset()

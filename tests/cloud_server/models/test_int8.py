@@ -2,12 +2,20 @@
 
 For 20 prompts (half through the chat template), fp32 continues greedily for 32 tokens; both
 engines then score prompt + continuation in one prefill. At the 32 continuation positions the
-quantized engine's argmax must match fp32's at >= 97% of positions, and the logits' mean cosine
-must exceed 0.99. int8 keeps a GGUF's blocks of 32 as its groups (SmolLM2's Q4_1 and Q8_0
-exactly), so what differs from fp32 is the bf16 activations: measured 2026-11-26 on SmolLM2-135M
-(many near ties) 97.34% with bf16 activations and 99.38% with fp32 ones (cosine 0.99989 / 0.99996),
-Qwen2.5-Coder-0.5B 99.53%; int4 (4-bit groups with bf16 scales) SmolLM2 97.3%, Qwen 99.53%.
-Per-row int8 scales (before 2026-11-26) gave SmolLM2 95.5%.
+quantized engine's argmax must match fp32's at a floor per model, the logits' mean cosine must
+exceed 0.99, and the continuation's mean log-loss may rise by at most 0.03 nats.
+
+int8 keeps a GGUF's blocks of 32 as its groups (SmolLM2's Q4_1 and Q8_0 exactly), so what differs
+from fp32 is the activations: the engine's CPU kernels round a matmul's inputs to int8 per group
+of 32 (as llama.cpp does), the rest of the model runs in bf16. Measured 2026-11-26 with those
+kernels: SmolLM2-135M (many near ties) int8 92.66% (cosine 0.99616, log-loss +0.0165 nats), int8
+with fp32 activations elsewhere 92.03% (+0.0170), int4 95.78% (0.99898, +0.0108); Qwen2.5-Coder-0.5B
+int8 99.06% (0.99986, +0.0011). With bf16
+matmul inputs (the kernels before, or torch's with ``HYBRIDLLM_CPU_KERNELS=0``) SmolLM2 gave
+97.34% / 99.38% / 97.3% and Qwen 99.53%. The argmax flips are near ties: on 200 GSM8K questions
+with their answers (37,921 tokens) SmolLM2's perplexity is 6.0706 in fp32, 6.0774 with the int8
+inputs (int4 weights) and 6.0740 with bf16 inputs, and its argmax agreement with fp32 there is
+96.8% against 97.3%. Per-row int8 scales (before 2026-11-26) gave SmolLM2 95.5% with bf16 inputs.
 """
 
 from __future__ import annotations
@@ -22,12 +30,14 @@ pytestmark = pytest.mark.real
 NUM_NEW = 32
 
 
-def _compare(ref, q) -> tuple[float, float]:
+def _compare(ref, q) -> tuple[float, float, float]:
+    """(argmax agreement, mean cosine, mean log-loss of fp32's continuation under q minus under
+    fp32), at the continuation positions."""
     import torch
 
     from cloud_server.engine.sampling_params import SamplingParams
 
-    agree, cosines = [], []
+    agree, cosines, losses = [], [], []
     params = SamplingParams(temperature=0.0, max_tokens=NUM_NEW, ignore_eos=True)
     for i, text in enumerate(PROMPTS):
         if i % 2:
@@ -38,13 +48,17 @@ def _compare(ref, q) -> tuple[float, float]:
         b = q.score(ids + cont[:-1])[len(ids) - 1 :]
         agree += (a.argmax(-1) == b.argmax(-1)).tolist()
         cosines += torch.nn.functional.cosine_similarity(a, b, dim=-1).tolist()
-    return sum(agree) / len(agree), sum(cosines) / len(cosines)
+        target = torch.tensor(cont)
+        for logits, sign in ((b, 1.0), (a, -1.0)):
+            nll = torch.nn.functional.cross_entropy(logits.float(), target, reduction="none")
+            losses.append(sign * float(nll.mean()))
+    return sum(agree) / len(agree), sum(cosines) / len(cosines), sum(losses) / len(PROMPTS)
 
 
 @pytest.mark.parametrize(
     ("model", "quantization", "dtype", "min_agreement"),
-    [("qwen05", "int8", "bfloat16", 0.97), ("smollm2", "int8", "bfloat16", 0.97),
-     ("smollm2", "int8", "float32", 0.99), ("smollm2", "int4", "bfloat16", 0.97)],
+    [("qwen05", "int8", "bfloat16", 0.97), ("smollm2", "int8", "bfloat16", 0.90),
+     ("smollm2", "int8", "float32", 0.90), ("smollm2", "int4", "bfloat16", 0.93)],
 )
 def test_int8_agrees_with_fp32(model, quantization, dtype, min_agreement, request):
     ref = request.getfixturevalue(f"{model}_fp32")
@@ -55,10 +69,12 @@ def test_int8_agrees_with_fp32(model, quantization, dtype, min_agreement, reques
     packed = quantization == "int8" or q.device.type == "cpu"
     assert gate_up.weight.dtype.is_floating_point is not packed
     assert gate_up.int4 == (quantization == "int4" and packed)
-    agreement, cosine = _compare(ref, q)
-    print(f"\n{model} {quantization} {dtype}: argmax agreement {agreement:.4f}, mean cosine {cosine:.5f}")
+    agreement, cosine, extra_loss = _compare(ref, q)
+    print(f"\n{model} {quantization} {dtype}: argmax agreement {agreement:.4f}, mean cosine {cosine:.5f}, "
+          f"log-loss {extra_loss:+.4f} nats")
     assert agreement >= min_agreement
     assert cosine > 0.99
+    assert extra_loss < 0.03
 
 
 def test_cpu_default_is_int4_with_bf16_activations(smollm2_path):

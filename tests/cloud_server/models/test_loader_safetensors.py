@@ -67,7 +67,9 @@ def test_folder_model_in_int8_rounds_its_floats_to_groups(engines):
     q = LLMEngine(EngineConfig(str(folder), max_model_len=256, kv_cache_memory_bytes=16 << 20,
                                quantization="int8"))
     mats = [m for m in q.runner.model.modules() if isinstance(m, Linear)]
-    assert mats and all(m.weight.dtype == torch.int8 and m.scale is not None for m in mats)
+    # int8 with scales (in the engine kernel's format, where it is used, the codes are bytes q + 128)
+    assert mats and all(not m.int4 and not m.weight.dtype.is_floating_point and m.scale is not None
+                        for m in mats)
     ids = hf_fp32.tokenizer.encode(TEXTS[0])
     cos = torch.nn.functional.cosine_similarity(q.score(ids).float(), hf_fp32.score(ids), dim=-1)
     assert cos.min() > 0.99, cos

@@ -18,7 +18,7 @@ from ..exceptions import ConfigError, ContextLengthError, EngineError, InvalidRe
 from .block_manager import BlockManager
 from .detokenizer import IncrementalDetokenizer
 from .outputs import GenerationResult, RequestOutput
-from .sampling_params import SamplingParams
+from .sampling_params import MAX_SPECULATIVE_TOKENS, SamplingParams
 from .scheduler import ScheduledSeq, Scheduler
 from .sequence import Sequence
 
@@ -109,9 +109,10 @@ class LLMEngine:
         request may ask for prompt lookup on any server) and its key window (the longest context).
         Graphs are captured on first use, so a bound that is never reached costs nothing."""
         rows = config.max_num_seqs + config.spec_max_rows
+        # drafts stay inside max_model_len (SpecDecoder.lookahead); a request's own K is at most
+        k = config.num_speculative_tokens or MAX_SPECULATIVE_TOKENS
         return {"cuda_graphs": not config.enforce_eager, "max_decode_rows": rows,
-                # drafts stay inside max_model_len (SpecDecoder.lookahead); 16 is the most K can be
-                "max_context": self.max_model_len + (config.num_speculative_tokens or 16) + 1}
+                "max_context": self.max_model_len + k + 1}
 
     def _make_spec_decoder(self, num_blocks: int) -> Any:
         from ..layers.linear import int8_row_block

@@ -6,6 +6,8 @@ from dataclasses import dataclass, field
 
 from ..exceptions import InvalidRequestError
 
+MAX_SPECULATIVE_TOKENS = 16  # the most drafts a request may ask for (EngineConfig's bound too)
+
 
 @dataclass
 class SamplingParams:
@@ -48,9 +50,10 @@ class SamplingParams:
                 "speculative_method must be 'ngram', 'draft' or 'none'", param="speculative_method"
             )
         k = self.num_speculative_tokens
-        if k is not None and (not isinstance(k, int) or not 0 <= k <= 16):
+        if k is not None and (not isinstance(k, int) or not 0 <= k <= MAX_SPECULATIVE_TOKENS):
             raise InvalidRequestError(
-                "num_speculative_tokens must be an integer in [0, 16]", param="num_speculative_tokens"
+                f"num_speculative_tokens must be an integer in [0, {MAX_SPECULATIVE_TOKENS}]",
+                param="num_speculative_tokens",
             )
         if any(not isinstance(t, int) or t < 0 for t in self.stop_token_ids):
             raise InvalidRequestError("stop_token_ids must be non-negative integers", param="stop")

@@ -153,26 +153,21 @@ def test_linear_layers_use_the_kernels_and_cut_heads_at_whole_blocks():
     assert torch.equal(layer(x.float()).to(torch.bfloat16), layer(x))
 
 
-def test_without_the_kernels_layers_use_torchs_formats(monkeypatch):
-    monkeypatch.setenv("HYBRIDLLM_CPU_KERNELS", "0")
-    cpu_kernels.reset()
-    try:
-        codes, sz, ref = _int4(128, 256, seed=9)
-        layer = Linear(256, 128)
-        layer.load(codes, scale=sz)
-        assert layer.int4 and not layer.blocks and layer.scale is not None  # torch's int4 packing
-        x = torch.randn(2, 256, generator=torch.Generator().manual_seed(10)).to(torch.bfloat16)
-        want = x.float() @ ref.T
-        assert ((layer(x).float() - want).norm() / want.norm()).item() < 5e-3
-        # int8 groups: one scale per row for torch's int8 kernel (rounded again: about 1% off)
-        q, sz8, ref8 = _int8(128, 256, seed=15)
-        layer = Linear(256, 128)
-        layer.load(q, scale=sz8)
-        assert not layer.blocks and layer.weight.shape == (128, 256) and layer.scale.shape == (128,)
-        want = x.float() @ ref8.T
-        assert ((layer(x).float() - want).norm() / want.norm()).item() < 2e-2
-    finally:
-        cpu_kernels.reset()
+def test_without_the_kernels_layers_use_torchs_formats(torchs_kernels):
+    codes, sz, ref = _int4(128, 256, seed=9)
+    layer = Linear(256, 128)
+    layer.load(codes, scale=sz)
+    assert layer.int4 and not layer.blocks and layer.scale is not None  # torch's int4 packing
+    x = torch.randn(2, 256, generator=torch.Generator().manual_seed(10)).to(torch.bfloat16)
+    want = x.float() @ ref.T
+    assert ((layer(x).float() - want).norm() / want.norm()).item() < 5e-3
+    # int8 groups: one scale per row for torch's int8 kernel (rounded again: about 1% off)
+    q, sz8, ref8 = _int8(128, 256, seed=15)
+    layer = Linear(256, 128)
+    layer.load(q, scale=sz8)
+    assert not layer.blocks and layer.weight.shape == (128, 256) and layer.scale.shape == (128,)
+    want = x.float() @ ref8.T
+    assert ((layer(x).float() - want).norm() / want.norm()).item() < 2e-2
 
 
 def test_the_kernels_build_and_load_wherever_the_cpu_and_a_compiler_allow(monkeypatch, tmp_path, caplog):

@@ -154,19 +154,11 @@ def test_int4_model_and_weight_cache(smollm2_path, tmp_path, monkeypatch):
         assert a.dtype == b.dtype and torch.equal(a, b)
 
 
-def test_int4_verify_rows_come_in_blocks_of_four_with_torchs_kernel(monkeypatch):
+def test_int4_verify_rows_come_in_blocks_of_four_with_torchs_kernel(torchs_kernels):
     # torch's int4 CPU kernel, like the int8 one, makes one pass over the weights per 4 rows
     # (measured: SmolLM2's head 1.7/2.6/2.7/3.0 ms for 1-4 rows, 4.7 ms for 5)
     import torch
 
-    from cloud_server.layers import cpu_kernels
     from cloud_server.layers.linear import int8_row_block
 
-    cpu = torch.device("cpu")
-    monkeypatch.setenv("HYBRIDLLM_CPU_KERNELS", "0")
-    cpu_kernels.reset()
-    try:
-        assert int8_row_block(cpu, torch.bfloat16, "int4") == 4
-    finally:
-        monkeypatch.delenv("HYBRIDLLM_CPU_KERNELS")
-        cpu_kernels.reset()
+    assert int8_row_block(torch.device("cpu"), torch.bfloat16, "int4") == 4

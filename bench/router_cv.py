@@ -119,6 +119,7 @@ def _curve(data: Any, emb: np.ndarray, x: np.ndarray, *, test_rows: int = 4270) 
     for k in (5, 10, 20):
         cv = train.cross_validate(data, x, emb, num_folds=k)
         out[f"{k}fold"] = pick(cv.metrics)
+    # test sets drawn from the last CV's (20-fold) out-of-fold scores: the most training rows a fold
     sets = [rng.choice(len(gain), test_rows, replace=False) for _ in range(200)]
     ms = [router_metrics(cv.oof_scores[s], data.weak[s], data.strong[s]) for s in sets]
     a = np.array([m["apgr"] for m in ms])

@@ -53,6 +53,16 @@ def _positive_float(text: str) -> float:
     return value
 
 
+def _non_negative_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}") from None
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}")
+    return value
+
+
 def _port(text: str) -> int:
     value = _positive_int(text) if text != "0" else 0
     if value > 65535:
@@ -148,6 +158,23 @@ def build_parser() -> argparse.ArgumentParser:
         "--max-replicas", type=_positive_int, default=None, metavar="B",
         help="upper bound of the autoscaled replica count",
     )
+    cluster.add_argument(
+        "--target-tokens-per-replica", type=_positive_int, default=None, metavar="T",
+        help="autoscaling: want ceil(queued tokens of the fleet / T) replicas (default 4096)",
+    )
+    cluster.add_argument(
+        "--autoscale-window-s", type=_positive_float, default=None, metavar="S",
+        help="autoscaling: average the queued tokens over the last S seconds (default 30; "
+        "replicas push their figures every 10 s, so keep it above 10)",
+    )
+    cluster.add_argument(
+        "--upscale-delay-s", type=_non_negative_float, default=None, metavar="S",
+        help="autoscaling: add replicas once more have been wanted for S seconds (default 30)",
+    )
+    cluster.add_argument(
+        "--downscale-delay-s", type=_non_negative_float, default=None, metavar="S",
+        help="autoscaling: remove replicas once fewer have been wanted for S seconds (default 600)",
+    )
     spec = serve.add_argument_group("speculative decoding (off by default)")
     spec.add_argument(
         "--speculative-method", default=None, choices=["ngram", "draft"],
@@ -203,14 +230,23 @@ def _engine_config(args: argparse.Namespace) -> Any:
 
 def _cluster_config(args: argparse.Namespace) -> Any:
     """A ClusterConfig when --replicas (or an autoscaling bound) is given, else None."""
+    tuning = {
+        name: getattr(args, name)
+        for name in ("target_tokens_per_replica", "autoscale_window_s", "upscale_delay_s", "downscale_delay_s")
+        if getattr(args, name) is not None
+    }
     if args.replicas is None:
-        if args.min_replicas is not None or args.max_replicas is not None or args.ray_address:
-            raise ServerError("--ray-address, --min-replicas and --max-replicas go with --replicas N")
+        if args.min_replicas is not None or args.max_replicas is not None or args.ray_address or tuning:
+            raise ServerError("--ray-address, --min-replicas, --max-replicas and the autoscaling "
+                              "options go with --replicas N")
         return None
+    if tuning and args.min_replicas is None and args.max_replicas is None:
+        flags = ", ".join("--" + name.replace("_", "-") for name in tuning)
+        raise ServerError(f"{flags} tune autoscaling: add --min-replicas A and/or --max-replicas B")
     from cloud_server.config import ClusterConfig
 
     return ClusterConfig(replicas=args.replicas, ray_address=args.ray_address,
-                         min_replicas=args.min_replicas, max_replicas=args.max_replicas)
+                         min_replicas=args.min_replicas, max_replicas=args.max_replicas, **tuning)
 
 
 def _check_model(model: str) -> None:

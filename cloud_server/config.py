@@ -115,6 +115,9 @@ class ClusterConfig:
     a request to the replica with the longest cached prefix of its prompt unless that replica's
     outstanding tokens exceed the least loaded one's by more than
     ``max(min_margin_tokens, imbalance_ratio * least)``; replicas report every ``stats_period_s``.
+    Autoscaling averages the queued tokens over ``autoscale_window_s`` (Serve's
+    ``look_back_period_s``) and acts on a wanted count only after it has held for
+    ``upscale_delay_s`` (more replicas) or ``downscale_delay_s`` (fewer); the defaults are Serve's.
     """
 
     replicas: int = 1
@@ -127,6 +130,9 @@ class ClusterConfig:
     imbalance_ratio: float = 0.25
     min_margin_tokens: int = 128
     target_tokens_per_replica: int = 4096
+    upscale_delay_s: float = 30.0
+    downscale_delay_s: float = 600.0
+    autoscale_window_s: float = 30.0
 
     @property
     def autoscaling(self) -> bool:
@@ -149,6 +155,12 @@ class ClusterConfig:
                     f"--replicas {self.replicas} must lie within --min-replicas {self.min_replicas} "
                     f"and --max-replicas {self.max_replicas}"
                 )
+        for name in ("upscale_delay_s", "downscale_delay_s", "autoscale_window_s"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < float("inf"):
+                raise ConfigError(f"{name} must be a number of seconds >= 0, got {value!r}")
+        if not self.autoscale_window_s > 0:
+            raise ConfigError("autoscale_window_s must be positive")
         if not self.replica_cpus > 0 or not self.stats_period_s > 0:
             raise ConfigError("replica_cpus and stats_period_s must be positive")
         if self.imbalance_ratio < 0 or self.min_margin_tokens < 0:

@@ -152,6 +152,22 @@ class FrontendIngress:
         return create_app(make_engine, energy="remote", **self._options)  # type: ignore[arg-type]
 
 
+def autoscaling_config(cluster: ClusterConfig) -> dict[str, Any]:
+    """Serve's ``autoscaling_config`` for an autoscaled ``cluster``: our queued-tokens policy."""
+    return {
+        "min_replicas": cluster.min_replicas,
+        "max_replicas": cluster.max_replicas,
+        "initial_replicas": cluster.replicas,
+        "upscale_delay_s": cluster.upscale_delay_s,
+        "downscale_delay_s": cluster.downscale_delay_s,
+        "look_back_period_s": cluster.autoscale_window_s,
+        "policy": {
+            "policy_function": QueuedTokensPolicy,
+            "policy_kwargs": {"target_tokens_per_replica": cluster.target_tokens_per_replica},
+        },
+    }
+
+
 def build_app(
     engine_config: EngineConfig,
     cluster: ClusterConfig,
@@ -191,15 +207,7 @@ def build_app(
         "request_router_config": RequestRouterConfig(**router_config),
     }
     if cluster.autoscaling:
-        options["autoscaling_config"] = {
-            "min_replicas": cluster.min_replicas,
-            "max_replicas": cluster.max_replicas,
-            "initial_replicas": cluster.replicas,
-            "policy": {
-                "policy_function": QueuedTokensPolicy,
-                "policy_kwargs": {"target_tokens_per_replica": cluster.target_tokens_per_replica},
-            },
-        }
+        options["autoscaling_config"] = autoscaling_config(cluster)
     else:
         options["num_replicas"] = cluster.replicas
     engine = serve.deployment(EngineReplica).options(**options)  # type: ignore[attr-defined]

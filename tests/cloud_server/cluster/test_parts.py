@@ -146,6 +146,35 @@ def test_cluster_config_validation():
         ClusterConfig(replicas=5, min_replicas=1, max_replicas=4)
     with pytest.raises(ConfigError):
         ClusterConfig(replicas=0)
+    for bad in ({"upscale_delay_s": -1}, {"downscale_delay_s": float("inf")}, {"autoscale_window_s": 0},
+                {"upscale_delay_s": "5"}):
+        with pytest.raises(ConfigError):
+            ClusterConfig(replicas=1, max_replicas=2, **bad)
+
+
+def test_autoscaling_flags_reach_serves_config():
+    from cloud_server.__main__ import _cluster_config, build_parser
+
+    args = build_parser().parse_args([
+        "serve", "--model", "m.gguf", "--replicas", "1", "--max-replicas", "3",
+        "--target-tokens-per-replica", "512", "--autoscale-window-s", "12",
+        "--upscale-delay-s", "0", "--downscale-delay-s", "45",
+    ])
+    cfg = _cluster_config(args)
+    assert (cfg.min_replicas, cfg.max_replicas, cfg.target_tokens_per_replica) == (1, 3, 512)
+    assert (cfg.autoscale_window_s, cfg.upscale_delay_s, cfg.downscale_delay_s) == (12.0, 0.0, 45.0)
+    defaults = _cluster_config(build_parser().parse_args(
+        ["serve", "--model", "m.gguf", "--replicas", "1", "--max-replicas", "3"]))
+    assert (defaults.upscale_delay_s, defaults.downscale_delay_s, defaults.autoscale_window_s) == (30, 600, 30)
+    pytest.importorskip("ray.serve", reason="needs the [cluster] extra")
+    from ray.serve.config import AutoscalingConfig
+
+    from cloud_server.cluster.app import autoscaling_config
+
+    auto = AutoscalingConfig(**autoscaling_config(cfg))  # what Serve validates and applies
+    assert (auto.min_replicas, auto.max_replicas, auto.initial_replicas) == (1, 3, 1)
+    assert (auto.look_back_period_s, auto.upscale_delay_s, auto.downscale_delay_s) == (12.0, 0.0, 45.0)
+    assert auto.policy.policy_kwargs == {"target_tokens_per_replica": 512}
 
 
 def _cli(code: str) -> subprocess.CompletedProcess:
@@ -197,6 +226,11 @@ def test_cluster_flags_need_replicas(tmp_path, capsys):
     model.write_bytes(b"GGUF")
     assert main(["serve", "--model", str(model), "--max-replicas", "3"]) == 1
     assert "go with --replicas" in capsys.readouterr().err
+    assert main(["serve", "--model", str(model), "--upscale-delay-s", "3"]) == 1
+    assert "go with --replicas" in capsys.readouterr().err
+    assert main(["serve", "--model", str(model), "--replicas", "2", "--downscale-delay-s", "30"]) == 1
+    err = capsys.readouterr().err
+    assert "--downscale-delay-s tune autoscaling: add --min-replicas" in err and "Traceback" not in err
 
 
 def test_app_builder_for_serve_config_files():

@@ -232,7 +232,9 @@ def _cluster_config(args: argparse.Namespace) -> Any:
     """A ClusterConfig when --replicas (or an autoscaling bound) is given, else None."""
     tuning = {
         name: getattr(args, name)
-        for name in ("target_tokens_per_replica", "autoscale_window_s", "upscale_delay_s", "downscale_delay_s")
+        for name in (
+            "target_tokens_per_replica", "autoscale_window_s", "upscale_delay_s", "downscale_delay_s"
+        )
         if getattr(args, name) is not None
     }
     if args.replicas is None:

@@ -157,7 +157,8 @@ class ClusterConfig:
                 )
         for name in ("upscale_delay_s", "downscale_delay_s", "autoscale_window_s"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < float("inf"):
+            is_number = isinstance(value, (int, float)) and not isinstance(value, bool)
+            if not is_number or not 0 <= value < float("inf"):
                 raise ConfigError(f"{name} must be a number of seconds >= 0, got {value!r}")
         if not self.autoscale_window_s > 0:
             raise ConfigError("autoscale_window_s must be positive")

@@ -165,7 +165,8 @@ def test_autoscaling_flags_reach_serves_config():
     assert (cfg.autoscale_window_s, cfg.upscale_delay_s, cfg.downscale_delay_s) == (12.0, 0.0, 45.0)
     defaults = _cluster_config(build_parser().parse_args(
         ["serve", "--model", "m.gguf", "--replicas", "1", "--max-replicas", "3"]))
-    assert (defaults.upscale_delay_s, defaults.downscale_delay_s, defaults.autoscale_window_s) == (30, 600, 30)
+    delays = (defaults.upscale_delay_s, defaults.downscale_delay_s, defaults.autoscale_window_s)
+    assert delays == (30, 600, 30)
     pytest.importorskip("ray.serve", reason="needs the [cluster] extra")
     from ray.serve.config import AutoscalingConfig
 

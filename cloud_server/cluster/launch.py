@@ -7,6 +7,8 @@ is deployed on that cluster and deleted on exit (the cluster keeps running).
 from __future__ import annotations
 
 import logging
+import os
+import re
 import signal
 import socket
 import threading
@@ -32,15 +34,56 @@ def init_ray(address: str | None, attempts: int = 3, **kwargs: Any) -> None:
     raylet, which a busy machine can miss)."""
     import ray
 
+    if address is not None:
+        _check_reachable(address)
+    # ray.init installs its core's failure handler for SIGTERM over a Python one (it logs a stack
+    # and aborts the process halfway through our cleanup): put the Python one back afterwards
+    python_handler = signal.getsignal(signal.SIGTERM)
     for attempt in range(1, attempts + 1):
         try:
             ray.init(address=address, namespace="hybridllm", log_to_driver=False, **kwargs)
+            if callable(python_handler) and threading.current_thread() is threading.main_thread():
+                signal.signal(signal.SIGTERM, python_handler)
             return
+        except ConnectionError as exc:
+            if address is None:
+                raise
+            raise ServerError(f"{exc}. {_connect_hint(address)}") from exc
         except Exception as exc:
             if address is not None or "timed out during startup" not in str(exc) or attempt == attempts:
                 raise
             log.warning("Ray's local node timed out starting (attempt %d); trying again", attempt)
             ray.shutdown()
+
+
+def _check_reachable(address: str, timeout_s: float = 5.0) -> None:
+    """Fail in seconds, not after Ray's minutes of retries, when ``HOST:PORT`` (the head's GCS)
+    or ``ray://HOST:PORT`` takes no TCP connection. ``auto`` and other forms are left to Ray."""
+    target = address[len("ray://"):] if address.startswith("ray://") else address
+    host, sep, port = target.rpartition(":")
+    if not sep or not host or not port.isdigit():
+        return
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s):
+            pass
+    except OSError as exc:
+        raise ServerError(
+            f"nothing answers at --ray-address {address} ({exc.strerror or exc}): start the head with "
+            f"`ray start --head` (it prints the address to use) or check the host and port"
+        ) from exc
+
+
+def _connect_hint(address: str) -> str:
+    """What to check when joining ``address`` fails. Ray sends its token to an explicit address
+    only when told to (``RAY_AUTH_MODE=token``); ``auto`` finds a local cluster and its token."""
+    if os.environ.get("RAY_AUTH_MODE", "").lower() == "token":
+        return ("Check that the address is the head's GCS address (ray start --head prints it) and "
+                "that this token (RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token) is the "
+                "cluster's")
+    return ("Check that the address is the head's GCS address (ray start --head prints it). A "
+            "cluster with token authentication (the default of `ray start` when a token exists) "
+            "needs RAY_AUTH_MODE=token and its token in RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH or "
+            "~/.ray/auth_token; on a node of the cluster, --ray-address auto finds both")
 
 
 def _check_port(host: str, port: int) -> None:
@@ -88,10 +131,40 @@ def start(
         power_watts=power_watts,
         board_name=board_name,
     )
-    serve.run(app, name=APP_NAME, route_prefix="/")
+    try:
+        serve.run(app, name=APP_NAME, route_prefix="/")
+    except RuntimeError as exc:  # Serve says only which deployment failed; say why
+        reason = _replica_error(APP_NAME)
+        if reason is None:
+            raise
+        raise ServerError(f"the engine replicas could not start: {reason}") from exc
     url = f"http://{host}:{port}"
     _wait_healthy(url)
     return url
+
+
+_EXCEPTION_LINE = re.compile(r"^(?:[A-Za-z_][\w.]*\.)?(\w*(?:Error|Exception)): (.+)$")
+
+
+def _replica_error(app_name: str) -> str | None:
+    """The last exception line of a failed deployment's message (the replica's traceback), as
+    ``ConfigError: ...``; None when Serve reports no failed deployment."""
+    from ray import serve
+
+    try:
+        app = serve.status().applications.get(app_name)
+    except Exception:
+        return None
+    for deployment in (app.deployments.values() if app is not None else ()):
+        if "FAILED" not in str(deployment.status) and "UNHEALTHY" not in str(deployment.status):
+            continue
+        for line in reversed((deployment.message or "").splitlines()):
+            match = _EXCEPTION_LINE.match(line.strip())
+            if match:
+                return f"{match.group(1)}: {match.group(2)}"
+        if deployment.message:
+            return deployment.message.strip().splitlines()[-1]
+    return None
 
 
 def _wait_healthy(url: str, timeout_s: float = 300.0) -> None:
@@ -150,7 +223,11 @@ def serve_cluster(
 ) -> int:
     require_ray()
     done = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: done.set())
+
+    def on_sigterm(*_: Any) -> None:
+        done.set()
+
+    signal.signal(signal.SIGTERM, on_sigterm)
     try:
         url = start(
             engine_config, cluster, host=host, port=port, power_watts=power_watts, app_options=app_options

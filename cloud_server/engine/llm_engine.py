@@ -72,7 +72,8 @@ class LLMEngine:
         if num_blocks * config.block_size < self.max_model_len:
             raise ConfigError(
                 f"kv_cache_memory_bytes={budget} holds {num_blocks * config.block_size} tokens, "
-                f"less than one max_model_len={self.max_model_len} sequence"
+                f"less than one max_model_len={self.max_model_len} sequence: raise the KV pool "
+                f"(--kv-cache-memory-mb) or lower --max-model-len"
             )
         self.block_manager = BlockManager(
             num_blocks, config.block_size, enable_prefix_caching=config.enable_prefix_caching

@@ -246,3 +246,23 @@ def test_app_builder_for_serve_config_files():
     assert isinstance(auto, Application)  # Serve validated the queued-tokens autoscaling config
     with pytest.raises(ValueError, match="unknown"):
         app_builder({"model": "m.gguf", "nope": 1})
+
+
+def test_unreachable_ray_address_fails_in_seconds(tmp_path, capsys):
+    pytest.importorskip("ray.serve", reason="needs the [cluster] extra")
+    import socket
+    import time
+
+    from cloud_server.__main__ import main
+
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"GGUF")
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    start = time.monotonic()
+    code = main(["serve", "--model", str(model), "--replicas", "1", "--port", "8123",
+                 "--ray-address", f"127.0.0.1:{port}"])
+    assert code == 1 and time.monotonic() - start < 30  # Ray alone retries for minutes
+    err = capsys.readouterr().err
+    assert f"nothing answers at --ray-address 127.0.0.1:{port}" in err and "ray start --head" in err

@@ -1,0 +1,160 @@
+"""``hybridllm-cloud serve --replicas`` in its own process, as an operator runs it.
+
+On a local Ray instance: a replica that cannot start says why in one line (not only "failed to
+update the deployments"), and SIGTERM stops a running fleet with exit code 0. On an existing
+cluster (``ray start --head`` with token authentication): without the token the CLI stops with
+one line saying what to set; with it, the official ``openai`` client is answered, and after
+SIGTERM the app is gone while the cluster keeps running.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+pytest.importorskip("ray", reason="needs the [cluster] extra (ray[serve])")
+openai = pytest.importorskip("openai")
+pytestmark = pytest.mark.real
+
+BIN = Path(sys.executable).parent
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _serve_apps(address: str, env: dict[str, str]) -> list[str]:
+    """The Serve applications on the cluster, asked from a separate driver process."""
+    code = (
+        "import ray, json\n"
+        "from ray import serve\n"
+        f"ray.init(address={address!r}, log_to_driver=False)\n"
+        "print(json.dumps(sorted(serve.status().applications)))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def _serve_command(model, port: int, *extra: str) -> list[str]:
+    return [
+        str(BIN / "hybridllm-cloud"), "serve", "--model", str(model), "--replicas", "1",
+        "--host", "127.0.0.1", "--port", str(port), "--num-threads", "1", "--served-model-name",
+        "smollm2", *extra,
+    ]
+
+
+def _wait_ok(url: str, server: subprocess.Popen, log: Path, timeout_s: float = 240) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        assert server.poll() is None, log.read_text()[-3000:]
+        try:
+            if httpx.get(f"{url}/health", timeout=5).json().get("status") == "ok":
+                return
+        except (httpx.HTTPError, ValueError):
+            pass
+        time.sleep(0.5)
+    raise AssertionError(f"not healthy in {timeout_s:.0f} s:\n" + log.read_text()[-3000:])
+
+
+def test_local_fleet_says_why_a_replica_cannot_start_and_stops_on_sigterm(smollm2_path, tmp_path):
+    port = _free_port()
+    # a 1 MiB KV pool holds less than one sequence: the engine refuses it in every replica
+    bad = subprocess.run(
+        _serve_command(smollm2_path, port, "--kv-cache-memory-mb", "1"),
+        capture_output=True, text=True, timeout=300,
+    )
+    assert bad.returncode == 1, bad.stderr[-3000:]
+    last = bad.stderr.strip().splitlines()[-1]
+    assert last.startswith("hybridllm-cloud: error: the engine replicas could not start: ConfigError:"), last
+    assert "--kv-cache-memory-mb" in last and "Traceback" not in bad.stderr, bad.stderr[-3000:]
+
+    log_path = tmp_path / "local.log"
+    with log_path.open("w") as log:
+        server = subprocess.Popen(
+            _serve_command(smollm2_path, port, "--max-model-len", "1024", "--kv-cache-memory-mb", "48"),
+            stdout=log, stderr=subprocess.STDOUT,
+        )
+        try:
+            url = f"http://127.0.0.1:{port}"
+            _wait_ok(url, server, log_path)
+            client = openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0, timeout=60)
+            r = client.completions.create(model="smollm2", prompt="Hello", max_tokens=4)
+            assert r.usage.completion_tokens > 0
+            server.send_signal(signal.SIGTERM)
+            assert server.wait(timeout=90) == 0, log_path.read_text()[-3000:]
+        finally:
+            if server.poll() is None:
+                server.kill()
+                server.wait(timeout=30)
+    assert "Traceback" not in log_path.read_text()
+    with pytest.raises(httpx.HTTPError):  # Serve's proxy went with the local Ray
+        httpx.get(f"http://127.0.0.1:{port}/health", timeout=5)
+
+
+def test_cli_joins_an_existing_cluster_and_leaves_it_running(smollm2_path, tmp_path):
+    ray_bin = shutil.which("ray", path=str(BIN)) or shutil.which("ray")
+    assert ray_bin, "the ray CLI comes with ray[serve]"
+    gcs_port, http_port = _free_port(), _free_port()
+    address = f"127.0.0.1:{gcs_port}"
+    plain = {k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH")}
+    plain["RAY_USAGE_STATS_ENABLED"] = "0"
+    env = {**plain, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32)}
+    temp_dir = tempfile.mkdtemp(prefix="ray", dir="/tmp")  # Ray's socket paths must stay short
+    head = subprocess.run(
+        [ray_bin, "start", "--head", f"--port={gcs_port}", "--num-cpus=3", "--include-dashboard=false",
+         "--disable-usage-stats", f"--temp-dir={temp_dir}"],
+        capture_output=True, text=True, timeout=180, env=env,
+    )
+    assert head.returncode == 0, head.stdout[-2000:] + head.stderr[-2000:]
+    server = None
+    command = _serve_command(
+        smollm2_path, http_port, "--ray-address", address, "--max-model-len", "1024",
+        "--kv-cache-memory-mb", "48",
+    )
+    try:
+        refused = subprocess.run(command, capture_output=True, text=True, timeout=180, env=plain)
+        assert refused.returncode == 1, refused.stderr[-3000:]
+        last = refused.stderr.strip().splitlines()[-1]
+        assert last.startswith("hybridllm-cloud: error:") and "RAY_AUTH_MODE=token" in last, last
+        assert "Traceback" not in refused.stderr
+
+        log = (tmp_path / "serve.log").open("w")
+        server = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
+        url = f"http://127.0.0.1:{http_port}"
+        _wait_ok(url, server, tmp_path / "serve.log")
+
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0, timeout=60)
+        r = client.chat.completions.create(
+            model="smollm2", messages=[{"role": "user", "content": "Hi"}], max_tokens=8, temperature=0
+        )
+        assert r.choices[0].message.content and r.usage.completion_tokens > 0
+        assert _serve_apps(address, env) == ["hybridllm"]
+
+        server.send_signal(signal.SIGTERM)
+        assert server.wait(timeout=90) == 0, (tmp_path / "serve.log").read_text()[-3000:]
+        text = (tmp_path / "serve.log").read_text()
+        assert "Traceback" not in text, text[-3000:]
+        assert _serve_apps(address, env) == []  # the app is deleted, the cluster still answers
+    finally:
+        if server is not None:
+            if server.poll() is None:
+                server.kill()
+                server.wait(timeout=30)
+            log.close()
+        subprocess.run([ray_bin, "stop", "--force"], capture_output=True, timeout=120, env=env)
+        shutil.rmtree(temp_dir, ignore_errors=True)

@@ -18,9 +18,10 @@ server runs twice on the same GGUF: plain, and with ``--draft_model prompt-looku
    Prompt by prompt, every mode runs in turn, so a load change on the machine hits all modes
    alike. Decode tokens/s per mode = sum(output tokens - 1) / sum(time from first to last
    streamed token); beside it the mean time to the first token and the mean whole request.
-   Each prompt is first sent once for one token to every server, so all modes meet a warm
-   prefix cache and their TTFTs compare: a draft model prefills its own KV in the target's
-   prefill step, which the draft mode's TTFT shows.
+   Before the first prompt every mode answers once unmeasured (32 tokens), so no mode is
+   measured on its first steps. Each prompt is first sent once for one token to every server,
+   so all modes meet a warm prefix cache and their TTFTs compare: a draft model prefills its
+   own KV in the target's prefill step, which the draft mode's TTFT shows.
 2. With ``--draft-model``: the same at concurrency 1 on open GSM8K questions, draft vs off.
 3. Concurrency 16: 16 grounded requests at once, off then on (our server): output tokens / wall.
 Acceptance (accepted / proposed draft tokens, mean acceptance length) comes from the server's
@@ -158,6 +159,10 @@ def run_c1(
     async def go() -> None:
         clients = {url: httpx.AsyncClient(base_url=url, timeout=900) for url, _ in modes.values()}
         try:
+            # one unmeasured short answer per mode first: each mode's first steps (the draft
+            # model's first decode, first verify shapes) once ran a whole prompt at half speed
+            for _mode, (url, extra) in modes.items():
+                await stream(clients[url], prompts[0], min(32, args.max_tokens), extra)
             for prompt in prompts:
                 # a one-token warm-up on each server first, so every mode meets a warm prefix cache
                 # and TTFTs compare (the draft's own prefill is then what the draft mode adds)

@@ -6,10 +6,20 @@ blocks are taken on demand as its tokens are computed, never reserved for ``max_
 Prefix caching: once a block is full and computed, it is registered under a chained hash
 ``h_i = hash((h_{i-1}, tokens of block i))``, so equal hashes mean equal whole prefixes. A new
 sequence whose leading full blocks hash the same shares those blocks (ref count + 1) instead of
-recomputing them. A block whose ref count drops to 0 keeps its hash and contents and waits in an
-LRU list; it is reused for a prefix hit, or evicted (hash dropped) only when fresh blocks run out,
-least recently freed first. Blocks that never held a full block are handed out before any cached
-one is evicted.
+recomputing them. A block whose ref count drops to 0 keeps its hash and contents and waits in one
+of two LRU lists; it is reused for a prefix hit, or evicted (hash dropped) only when fresh blocks
+run out, least recently freed first. Blocks that never held a full block are handed out before any
+cached one is evicted.
+
+Eviction, two classes (as a radix tree frees leaves before the prefixes they hang from):
+
+    once:   cached blocks no prefix hit has used yet (answers, one-off questions)
+    reused: blocks that served at least one prefix hit (shared system prompts, few-shot headers)
+    evict:  the least recently freed "once" block; a "reused" one only when no "once" block is left
+    bound:  free "reused" blocks hold at most 4/5 of the pool; past it the least recent one goes
+            back to the newest end of "once" (so old conversations cannot fill the cache for good)
+
+So a long answer's blocks never push out a system prompt that other requests keep using.
 """
 
 from __future__ import annotations
@@ -43,14 +53,18 @@ class BlockManager:
         # the draft model's KV pool (same block ids) holds this block's final tokens too
         self._draft_ready = [False] * num_blocks
         self._fresh: deque[int] = deque(range(num_blocks))  # free, holding nothing reusable
-        self._evictable: OrderedDict[int, None] = OrderedDict()  # free but cached, LRU first
+        # free but cached, least recently freed first: blocks no hit has used, and ones one has
+        self._evictable: OrderedDict[int, None] = OrderedDict()
+        self._evictable_reused: OrderedDict[int, None] = OrderedDict()
+        self._reused = [False] * num_blocks
+        self._max_free_reused = max(1, num_blocks * 4 // 5)
         self.prefix_cache_queries = 0  # prompt tokens looked up
         self.prefix_cache_hits = 0  # of which found in the cache
 
     # -- counts ------------------------------------------------------------------------------
     @property
     def num_free_blocks(self) -> int:
-        return len(self._fresh) + len(self._evictable)
+        return len(self._fresh) + len(self._evictable) + len(self._evictable_reused)
 
     @property
     def num_used_blocks(self) -> int:
@@ -93,6 +107,7 @@ class BlockManager:
             if block is None or self._block_tokens[block] != tokens:
                 break
             self._acquire(block)
+            self._reused[block] = True
             seq.block_table.append(block)
             seq.block_hashes.append(h)
             parent = h
@@ -104,6 +119,7 @@ class BlockManager:
     def _acquire(self, block: int) -> None:
         if self.ref_counts[block] == 0:
             self._evictable.pop(block, None)
+            self._evictable_reused.pop(block, None)
         self.ref_counts[block] += 1
 
     # -- allocation --------------------------------------------------------------------------
@@ -125,14 +141,16 @@ class BlockManager:
     def _take_free_block(self) -> int:
         if self._fresh:
             block = self._fresh.popleft()
-        else:
-            block, _ = self._evictable.popitem(last=False)  # least recently freed
+        else:  # the least recently freed block no hit has used, else the least recent reused one
+            pool = self._evictable if self._evictable else self._evictable_reused
+            block, _ = pool.popitem(last=False)
             h = self._block_hash[block]
             if h is not None and self._hash_to_block.get(h) == block:
                 del self._hash_to_block[h]
             self._block_hash[block] = None
             self._block_tokens[block] = None
         self.ref_counts[block] = 1
+        self._reused[block] = False
         self._draft_ready[block] = False  # new contents: the draft's old keys no longer match
         return block
 
@@ -197,6 +215,12 @@ class BlockManager:
         if self.ref_counts[block] == 0:
             if self._block_hash[block] is None:
                 self._fresh.append(block)
+            elif self._reused[block]:
+                self._evictable_reused[block] = None
+                if len(self._evictable_reused) > self._max_free_reused:
+                    old, _ = self._evictable_reused.popitem(last=False)
+                    self._reused[old] = False
+                    self._evictable[old] = None
             else:
                 self._evictable[block] = None
 
@@ -210,12 +234,14 @@ class BlockManager:
 
     def reset_prefix_cache(self) -> None:
         """Forget every cached block that no sequence holds (for cold-cache measurements)."""
-        for block in list(self._evictable):
+        for block in [*self._evictable, *self._evictable_reused]:
             h = self._block_hash[block]
             if h is not None:
                 self._hash_to_block.pop(h, None)
             self._block_hash[block] = None
             self._block_tokens[block] = None
             self._draft_ready[block] = False
+            self._reused[block] = False
             self._fresh.append(block)
         self._evictable.clear()
+        self._evictable_reused.clear()

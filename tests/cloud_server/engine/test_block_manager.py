@@ -103,6 +103,59 @@ def test_lru_eviction_prefers_fresh_then_least_recent(bm):
         bm.free(s)
 
 
+def test_a_shared_prefix_outlives_later_one_off_blocks(bm):
+    """A system prompt that served a hit is evicted after blocks no hit used, even ones freed later
+    (plain LRU would evict the prompt first: it was freed before the long answer)."""
+    system = list(range(500, 508))  # 2 blocks
+    a = make_seq(system + [1], "a")
+    bm.allocate_prefix(a)
+    compute(bm, a, 9)
+    b = make_seq(system + [2], "b")
+    assert bm.allocate_prefix(b) == 8  # the prompt served a hit: reused
+    compute(bm, b, 1)
+    bm.free(a)
+    bm.free(b)
+    answer = make_seq(list(range(600, 616)), "answer")  # a one-off: 4 blocks, freed after the prompt
+    bm.allocate_prefix(answer)
+    compute(bm, answer, 16)
+    bm.free(answer)
+    fill = make_seq(list(range(700, 708)) + [3], "fill")  # needs 3 blocks: 2 fresh... then evicts
+    bm.allocate_prefix(fill)
+    compute(bm, fill, 9)
+    again = make_seq(system + [4], "again")
+    assert bm.allocate_prefix(again) == 8  # the prompt is still cached; the answer went first
+    for seq in (fill, again):
+        bm.free(seq)
+
+
+def test_free_reused_blocks_are_bounded():
+    """Reused blocks cannot hold the whole pool: past 4/5 of it the least recent goes back to the
+    one-off class, so a long-gone conversation is evicted before the newer shared prefixes."""
+    bm = BlockManager(12, BS)  # at most 9 free reused blocks
+    prefixes = [list(range(100 * (k + 1), 100 * (k + 1) + 4)) for k in range(10)]
+    for k, prefix in enumerate(prefixes):  # ten 1-block prefixes, each served one hit
+        first = make_seq(prefix + [1], f"p{k}")
+        bm.allocate_prefix(first)
+        compute(bm, first, 5)
+        second = make_seq(prefix + [2], f"q{k}")
+        assert bm.allocate_prefix(second) == 4
+        compute(bm, second, 1)
+        bm.free(first)
+        bm.free(second)
+        assert len(bm._evictable_reused) <= 9
+    assert len(bm._evictable_reused) == 9 and len(bm._evictable) == 1  # prefix 0, demoted
+    fresh = len(bm._fresh)
+    big = make_seq(list(range(5000, 5000 + 4 * (fresh + 1))), "big")
+    bm.allocate_prefix(big)
+    compute(bm, big, 4 * (fresh + 1))  # one block past the fresh ones: the demoted prefix 0
+    for k, prefix in enumerate(prefixes):
+        probe = make_seq(prefix + [3], f"probe{k}")
+        assert bm.allocate_prefix(probe) == (0 if k == 0 else 4), k
+        bm.free(probe)
+    bm.free(big)
+    assert bm.num_free_blocks == bm.num_blocks
+
+
 def test_out_of_blocks_and_double_free_are_errors(bm):
     a = make_seq(list(range(40)), "a")
     assert not bm.can_append(a, 40)

@@ -152,8 +152,9 @@ class FrontendIngress:
         return create_app(make_engine, energy="remote", **self._options)  # type: ignore[arg-type]
 
 
-def autoscaling_config(cluster: ClusterConfig) -> dict[str, Any]:
-    """Serve's ``autoscaling_config`` for an autoscaled ``cluster``: our queued-tokens policy."""
+def autoscaling_config(cluster: ClusterConfig, board_name: str | None = None) -> dict[str, Any]:
+    """Serve's ``autoscaling_config`` for an autoscaled ``cluster``: our queued-tokens policy,
+    which notes Serve's target on the fleet board ``board_name`` for ``/health``."""
     return {
         "min_replicas": cluster.min_replicas,
         "max_replicas": cluster.max_replicas,
@@ -163,7 +164,10 @@ def autoscaling_config(cluster: ClusterConfig) -> dict[str, Any]:
         "look_back_period_s": cluster.autoscale_window_s,
         "policy": {
             "policy_function": QueuedTokensPolicy,
-            "policy_kwargs": {"target_tokens_per_replica": cluster.target_tokens_per_replica},
+            "policy_kwargs": {
+                "target_tokens_per_replica": cluster.target_tokens_per_replica,
+                "board_name": board_name,
+            },
         },
     }
 
@@ -207,7 +211,7 @@ def build_app(
         "request_router_config": RequestRouterConfig(**router_config),
     }
     if cluster.autoscaling:
-        options["autoscaling_config"] = autoscaling_config(cluster)
+        options["autoscaling_config"] = autoscaling_config(cluster, board)
     else:
         options["num_replicas"] = cluster.replicas
     engine = serve.deployment(EngineReplica).options(**options)  # type: ignore[attr-defined]

@@ -6,15 +6,19 @@ that each holds at most ``target_tokens_per_replica`` outstanding tokens:
 
     desired = clamp(ceil(sum of outstanding tokens / target_tokens_per_replica), min, max)
 
-Serve applies its own upscale/downscale delays on top of the number returned.
+Serve applies its own upscale/downscale delays on top of the number returned. Once a second the
+policy also notes Serve's current target on the fleet board, so ``/health`` compares the replicas
+that report with the count Serve is holding, not with ``--min-replicas``.
 """
 
 from __future__ import annotations
 
 import math
+import time
 from typing import Any
 
 METRIC = "outstanding_tokens"
+TARGET_NOTE = "target_replicas"  # the fleet board's note: Serve's current target replica count
 
 
 def desired_replicas(
@@ -29,10 +33,33 @@ def desired_replicas(
 class QueuedTokensPolicy:
     """Serve's custom autoscaling policy (a class: ``policy_kwargs`` reach the constructor)."""
 
-    def __init__(self, target_tokens_per_replica: int = 4096) -> None:
+    def __init__(self, target_tokens_per_replica: int = 4096, board_name: str | None = None) -> None:
         self.target_tokens_per_replica = int(target_tokens_per_replica)
+        self._board_name = board_name
+        self._board: Any = None
+        self._noted: tuple[float, int] | None = None
+
+    def _note_target(self, target: int) -> None:
+        """Serve's target on the fleet board: on a change at once, else once a second."""
+        now = time.monotonic()
+        if self._board_name is None or (
+            self._noted is not None and self._noted[1] == target and now - self._noted[0] < 1.0
+        ):
+            return
+        self._noted = (now, target)
+        try:
+            if self._board is None:
+                import ray
+
+                self._board = ray.get_actor(self._board_name, namespace="hybridllm")
+            self._board.note.remote(TARGET_NOTE, target)
+        except Exception:  # noqa: BLE001 - the board may not exist yet; health falls back
+            self._board = None
 
     def __call__(self, ctx: Any) -> tuple[int, dict[str, Any]]:
+        target = getattr(ctx, "target_num_replicas", None)
+        if isinstance(target, int):
+            self._note_target(target)
         per_replica = (ctx.aggregated_metrics or {}).get(METRIC, {})
         total = float(sum(per_replica.values()))
         n = desired_replicas(

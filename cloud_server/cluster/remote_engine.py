@@ -24,6 +24,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from ..exceptions import EngineError, NotReadyError, ServerError
+from .autoscale import TARGET_NOTE
 from .fleet import aggregate_stats
 
 log = logging.getLogger("cloud_server.cluster")
@@ -60,6 +61,7 @@ class RemoteEngine:
         self.max_model_len = 0
         self._ready = False
         self._fleet: dict[str, dict[str, Any]] = {}
+        self._serve_target: int | None = None  # autoscaled: Serve's target, noted by the policy
         self._poller: asyncio.Task | None = None
         self.num_retried = 0
         self.num_replica_failures = 0
@@ -91,6 +93,8 @@ class RemoteEngine:
     async def _poll_once(self) -> None:
         try:
             self._fleet = await self._board.snapshot.remote(self.stale_after_s)
+            target = (await self._board.notes.remote()).get(TARGET_NOTE)
+            self._serve_target = int(target) if isinstance(target, int) and target >= 0 else None
         except Exception as exc:  # noqa: BLE001 - stats are best effort
             log.debug("fleet board unreachable: %s", exc)
 
@@ -105,10 +109,12 @@ class RemoteEngine:
         return aggregate_stats([r.get("stats", {}) for r in self._fleet.values()])
 
     def health_detail(self) -> dict[str, Any]:
-        """ok: every wanted replica reports; degraded: some do (still serving); unavailable."""
+        """ok: every wanted replica reports; degraded: some do (still serving); unavailable.
+        Wanted: Serve's current target when autoscaled (noted by the policy), else the fixed count."""
         up = len(self._fleet)
-        status = "ok" if up >= self.target_replicas else "degraded" if up else "unavailable"
-        return {"status": status, "replicas": {"healthy": up, "wanted": self.target_replicas}}
+        wanted = self._serve_target if self._serve_target is not None else self.target_replicas
+        status = "ok" if up >= wanted else "degraded" if up else "unavailable"
+        return {"status": status, "replicas": {"healthy": up, "wanted": wanted}}
 
     # -- requests ------------------------------------------------------------------------------
     def generate(self, request_id: str, prompt: str | list[int], params: Any) -> AsyncIterator[Any]:

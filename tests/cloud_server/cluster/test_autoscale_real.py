@@ -1,7 +1,8 @@
 """Autoscaling on queued tokens, for real: a local Ray cluster starts with one SmolLM2-135M replica
 (``--min-replicas 1 --max-replicas 2``), queued tokens from concurrent long answers make Serve add
-the second replica, which then serves, and an idle fleet goes back to one. Every request sent
-meanwhile completes. Serve's own delays are cut to seconds so the test runs in about a minute.
+the second replica, which then serves, and an idle fleet goes back to one; ``/health`` counts
+the replicas Serve wants at each stage. Every request sent meanwhile completes. Serve's own
+delays are cut to seconds so the test runs in about a minute.
 """
 
 from __future__ import annotations
@@ -101,7 +102,12 @@ def test_queued_tokens_scale_the_fleet_up_and_back_down(smollm2_path):
                 f.result(timeout=180)  # no request hangs
         print(f"scale-up to 2 replicas after {up_s:.1f} s of load; {len(results)} requests")
         assert results and all(r == "completed" for r in results), results
-        assert httpx.get(f"{url}/health", timeout=10).json()["status"] == "ok"
+        # /health compares the reporting replicas with Serve's current target, not --min-replicas
+        def health() -> tuple[str, dict]:
+            body = httpx.get(f"{url}/health", timeout=10).json()
+            return body["status"], body["replicas"]
+
+        _wait(lambda: health() == ("ok", {"healthy": 2, "wanted": 2}), 15, "health 2/2")
 
         # the new replica serves: requests from both routers' choices land on both replicas
         before = {k: v["stats"].get("steps", 0) for k, v in _replicas().items()}
@@ -121,6 +127,7 @@ def test_queued_tokens_scale_the_fleet_up_and_back_down(smollm2_path):
         # idle: the averaged queue falls to 0 and Serve removes a replica after its delay
         down_s = _wait(lambda: _running_replicas() == 1, 120, "scale-down")
         print(f"scale-down to 1 replica {down_s:.1f} s after the load stopped")
+        _wait(lambda: health() == ("ok", {"healthy": 1, "wanted": 1}), 15, "health 1/1")
         r = client.chat.completions.create(
             model=MODEL, messages=[{"role": "user", "content": "Hi"}], max_tokens=4
         )

@@ -38,6 +38,28 @@ def test_desired_replicas_follow_queued_tokens_within_bounds():
     assert QueuedTokensPolicy()(ctx)[0] == 1
 
 
+def test_policy_notes_serves_target_for_health():
+    notes: list[tuple[str, int]] = []
+    board = SimpleNamespace(note=SimpleNamespace(remote=lambda key, value: notes.append((key, value))))
+    policy = QueuedTokensPolicy(target_tokens_per_replica=1000, board_name="board")
+    policy._board = board
+    ctx = SimpleNamespace(
+        aggregated_metrics={}, current_num_replicas=1, target_num_replicas=2,
+        capacity_adjusted_min_replicas=1, capacity_adjusted_max_replicas=4, policy_state={},
+    )
+    policy(ctx)
+    policy(ctx)  # the same target within a second: noted once
+    ctx.target_num_replicas = 3
+    policy(ctx)  # a change: noted at once
+    assert notes == [("target_replicas", 2), ("target_replicas", 3)]
+
+    engine = RemoteEngine(handle=None, model="m", target_replicas=1)  # --min-replicas 1
+    engine._fleet = {"r1": {}}
+    assert engine.health_detail() == {"status": "ok", "replicas": {"healthy": 1, "wanted": 1}}
+    engine._serve_target = 2  # scaled to 2, one of them gone: degraded, not ok
+    assert engine.health_detail() == {"status": "degraded", "replicas": {"healthy": 1, "wanted": 2}}
+
+
 def test_fleet_board_drops_silent_replicas_and_sums_counters():
     board = FleetBoard()
     board.post("a", {"stats": {"steps": 3}})
@@ -175,7 +197,7 @@ def test_autoscaling_flags_reach_serves_config():
     auto = AutoscalingConfig(**autoscaling_config(cfg))  # what Serve validates and applies
     assert (auto.min_replicas, auto.max_replicas, auto.initial_replicas) == (1, 3, 1)
     assert (auto.look_back_period_s, auto.upscale_delay_s, auto.downscale_delay_s) == (12.0, 0.0, 45.0)
-    assert auto.policy.policy_kwargs == {"target_tokens_per_replica": 512}
+    assert auto.policy.policy_kwargs == {"target_tokens_per_replica": 512, "board_name": None}
 
 
 def _cli(code: str) -> subprocess.CompletedProcess:

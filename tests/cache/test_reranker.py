@@ -171,9 +171,16 @@ def test_training_command_writes_a_file_the_cache_loads(
     tmp_path: Path, shared_data: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A few steps of real fine-tuning on 300 QQP pairs, exported, stacked and scored by ONNX Runtime."""
+    from hybridllm.cache import embedder as embedder_module
+    from hybridllm.cache import reranker as reranker_module
     from hybridllm.cache.train_reranker import main
 
     monkeypatch.setenv("HYBRIDLLM_HOME", str(tmp_path / "data"))  # keep the prepared ONNX files here
+    # this test's own process-wide embedder: one made here points into tmp_path, which is deleted
+    # after the test, and later tests in the process would load it from there
+    monkeypatch.setattr(embedder_module, "_shared", {})
+    monkeypatch.setattr(embedder_module, "_failed", {})
+    monkeypatch.setattr(reranker_module, "_shared", {})
     pairs = load_pairs(shared_data / "paraphrase" / "qqp_pairs.jsonl", limit=300)
     data = tmp_path / "pairs.jsonl"
     data.write_text("".join(

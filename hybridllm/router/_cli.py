@@ -40,6 +40,7 @@ def register(subparsers: Any) -> None:
     )
     p.add_argument("--weak-col", help="the weak (edge) model's column (in files that have it)")
     p.add_argument("--strong-col", help="the strong (cloud) model's column (in files that have it)")
+    _score_range_arg(p)
     p.add_argument("--out", required=True, help="folder to write router.json and weights.npz")
     p.add_argument("--c", type=float, default=None, help="inverse L2 strength of the linear part")
     p.add_argument("--k", type=int, default=None, help="neighbors of the neighbor part")
@@ -57,8 +58,9 @@ def register(subparsers: Any) -> None:
     p = sub.add_parser("eval", help="RouteLLM metrics of a router on a RouteLLM-format CSV")
     p.add_argument("--data", required=True)
     p.add_argument("--router", help="router folder (default: the shipped router)")
-    p.add_argument("--weak-col")
-    p.add_argument("--strong-col")
+    p.add_argument("--weak-col", help="the weak model's column")
+    p.add_argument("--strong-col", help="the strong model's column")
+    _score_range_arg(p)
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--plot", help="write the cost/quality curves to this PNG")
     p.set_defaults(func=_eval)
@@ -142,16 +144,43 @@ def _train(args: argparse.Namespace) -> int:
         num_folds=args.folds,
         weights=args.weight,
         cascade_paths=args.cascade_data,
+        score_range=args.score_range,
     )
     _print(
         {
             "out": str(Path(args.out)),
             "threshold": round(router.threshold, 6),
             "logprob_threshold": round(router.logprob_threshold, 5),
+            **(
+                {"skipped_rows": router.info["training"]["skipped_rows"]}
+                if "skipped_rows" in router.info.get("training", {})
+                else {}
+            ),
             **router.info.get("metrics", {}),
         }
     )
     return 0
+
+
+def _score_range(text: str) -> tuple[float, float]:
+    try:
+        lo, hi = (float(v) for v in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected LO,HI such as 1,10, got {text!r}") from None
+    if not hi > lo:
+        raise argparse.ArgumentTypeError(f"LO must be below HI, got {text!r}")
+    return lo, hi
+
+
+def _score_range_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--score-range",
+        type=_score_range,
+        default=None,
+        metavar="LO,HI",
+        help="graded scores on this scale (say 1,10 for a judge's marks) are mapped to [0, 1]; "
+        "True/False columns and scores already in [0, 1] need nothing",
+    )
 
 
 def evaluate_router_on(
@@ -161,6 +190,7 @@ def evaluate_router_on(
     weak_col: str | None = None,
     strong_col: str | None = None,
     plot: str | None = None,
+    score_range: tuple[float, float] | None = None,
 ) -> dict[str, Any]:
     from .dataset import load_routellm_csv, texts_digest
     from .embedding_cache import cached_embeddings
@@ -174,7 +204,7 @@ def evaluate_router_on(
     from .router import load_router
 
     router = load_router(router_path)
-    data = load_routellm_csv(data_path, weak_col=weak_col, strong_col=strong_col)
+    data = load_routellm_csv(data_path, weak_col=weak_col, strong_col=strong_col, score_range=score_range)
     embeddings = cached_embeddings(data.prompts) if router.use_embedding else None
     scores = router.score_texts(data.prompts, embeddings=embeddings)
     result: dict[str, Any] = {
@@ -188,6 +218,8 @@ def evaluate_router_on(
     }
     result["weak_accuracy"] = round(float(data.weak.mean()), 4)
     result["strong_accuracy"] = round(float(data.strong.mean()), 4)
+    if data.skipped:
+        result["skipped_rows"] = data.skipped
     training = router.info.get("training", {})
     digests = {training.get("data_digest")} | {s.get("data_digest") for s in training.get("sources", [])}
     result["trained_on_this_data"] = texts_digest(data.prompts) in digests
@@ -205,14 +237,20 @@ def evaluate_router_on(
 
 def _eval(args: argparse.Namespace) -> int:
     result = evaluate_router_on(
-        args.data, args.router, weak_col=args.weak_col, strong_col=args.strong_col, plot=args.plot
+        args.data,
+        args.router,
+        weak_col=args.weak_col,
+        strong_col=args.strong_col,
+        plot=args.plot,
+        score_range=args.score_range,
     )
     if args.json:
         sys.stdout.write(json.dumps(result) + "\n")
         return 0
     base = result["baselines"]
     lines = [
-        f"n={result['n']}  weak={result['weak_accuracy']}  strong={result['strong_accuracy']}",
+        f"n={result['n']}  weak={result['weak_accuracy']}  strong={result['strong_accuracy']}"
+        + (f"  (left out {n} rows with a blank score)" if (n := result.get("skipped_rows")) else ""),
         f"{'':8}{'apgr':>8}{'cpt50':>8}{'cpt80':>8}{'calls@95':>10}",
     ]
     for name, m in (("router", result), ("random", base["random"]), ("length", base["length"])):

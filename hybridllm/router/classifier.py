@@ -130,7 +130,8 @@ class GainScorer:
             arrays["proj_mean"] = self.proj_mean
             arrays["proj"] = self.proj
             arrays["refs"] = self.refs.astype(np.float16)
-            arrays["ref_gains"] = self.ref_gains.astype(np.int8)
+            graded = bool(np.any(self.ref_gains % 1 != 0))
+            arrays["ref_gains"] = self.ref_gains.astype(np.float16 if graded else np.int8)
         if self.centroids is not None and self.topic_gains is not None:
             arrays["centroids"] = self.centroids
             arrays["topic_gains"] = self.topic_gains

@@ -1,4 +1,9 @@
-"""Reading RouteLLM-format CSV files: a ``prompt`` column and one True/False column per model."""
+"""Reading RouteLLM-format CSV files: a ``prompt`` column and one score column per model.
+
+A score is correctness (True/False, yes/no, 1/0) or a graded score in [0, 1] (a judge's mark, a
+pass rate, a similarity to a reference); graded scores on another scale, say a judge's 1-10, are
+mapped to [0, 1] with ``score_range=(1, 10)``. A row whose weak or strong cell is blank was not
+labelled (a failed or skipped answer): it is left out and counted in ``skipped``."""
 
 from __future__ import annotations
 
@@ -17,23 +22,31 @@ LOGPROB_COL = "edge_mean_logprob"  # written by `hybridllm router label`
 CLOUD_TOKENS_COL = "cloud_tokens"  # written by `hybridllm router label`: the cloud answer's tokens
 _TRUE = {"true", "1", "yes", "1.0"}
 _FALSE = {"false", "0", "no", "0.0"}
+_BLANK = {"", "nan", "none", "null", "na", "n/a"}
 
 
 @dataclass(frozen=True)
 class RoutingData:
-    """Prompts with the weak and the strong model's correctness (0/1 floats)."""
+    """Prompts with the weak and the strong model's scores: correctness (0/1) or graded, in [0, 1]."""
 
     prompts: list[str]
-    weak: np.ndarray  # [n] float64 in {0, 1}
-    strong: np.ndarray  # [n] float64 in {0, 1}
+    weak: np.ndarray  # [n] float64 in [0, 1] ({0, 1} for correctness)
+    strong: np.ndarray  # [n] float64 in [0, 1]
     weak_col: str
     strong_col: str
     edge_logprob: np.ndarray | None = None  # [n] mean token logprob of the weak (edge) answer
+    skipped: int = 0  # rows left out: a blank weak or strong cell
 
     @property
     def labels(self) -> np.ndarray:
-        """1 where the strong model was needed: the weak one failed and the strong one succeeded."""
-        return ((self.weak == 0) & (self.strong == 1)).astype(np.int64)
+        """1 where the strong model was needed: it scored higher than the weak one (with
+        correctness: the weak one failed and the strong one succeeded)."""
+        return (self.strong > self.weak).astype(np.int64)
+
+    @property
+    def graded(self) -> bool:
+        """Whether any score lies strictly between 0 and 1 (else both columns are correctness)."""
+        return bool(np.any((self.weak % 1) != 0) or np.any((self.strong % 1) != 0))
 
 
 def _to_bool(value: str) -> float | None:
@@ -45,13 +58,55 @@ def _to_bool(value: str) -> float | None:
     return None
 
 
+def _to_score(value: str) -> float | None:
+    """A cell as a number: True/False as 1/0, a blank as NaN; None when it is neither."""
+    v = value.strip().lower()
+    if v in _BLANK:
+        return float("nan")
+    b = _to_bool(v)
+    if b is not None:
+        return b
+    try:
+        f = float(v)
+    except ValueError:
+        return None
+    return f if np.isfinite(f) else None
+
+
+def _score_columns(header: list[str], rows: list[dict[str, str]]) -> tuple[dict[str, np.ndarray], set[str]]:
+    """Every column whose cells are all numbers or blanks (some not blank), and which of those
+    hold only True/False-like cells."""
+    values: dict[str, np.ndarray] = {}
+    boolean: set[str] = set()
+    for col in header:
+        if col in (PROMPT_COL, LOGPROB_COL, CLOUD_TOKENS_COL):
+            continue
+        cells = [r.get(col) or "" for r in rows]
+        parsed = [_to_score(c) for c in cells]
+        if any(v is None for v in parsed):
+            continue
+        arr = np.asarray(parsed, dtype=np.float64)
+        if np.isnan(arr).all():
+            continue
+        values[col] = arr
+        if all(_to_bool(c) is not None for c in cells if c.strip().lower() not in _BLANK):
+            boolean.add(col)
+    return values, boolean
+
+
 def load_routellm_csv(
-    path: str | Path, *, weak_col: str | None = None, strong_col: str | None = None
+    path: str | Path,
+    *,
+    weak_col: str | None = None,
+    strong_col: str | None = None,
+    score_range: tuple[float, float] | None = None,
 ) -> RoutingData:
     """Load a RouteLLM-format CSV.
 
-    Without ``weak_col``/``strong_col`` the file must hold exactly two True/False model columns;
-    the less accurate one is the weak model.
+    Without ``weak_col``/``strong_col`` the file must hold exactly two True/False model columns,
+    or, failing that, exactly two score columns in [0, 1]; the less accurate one is the weak model.
+    ``score_range=(lo, hi)`` maps graded scores on that scale to [0, 1] (``(s - lo) / (hi - lo)``);
+    then the two columns are the ones named, or the only two numeric columns.
     """
     p = Path(path)
     if not p.is_file():
@@ -76,23 +131,34 @@ def load_routellm_csv(
     for name, col in (("--weak-col", weak_col), ("--strong-col", strong_col)):
         if col is not None and col not in header:
             raise DataError(f"{p} has no column {col!r} for {name}; columns: {', '.join(header)}.")
-    values: dict[str, np.ndarray] = {}
-    for col in header:
-        if col in (PROMPT_COL, LOGPROB_COL, CLOUD_TOKENS_COL):
-            continue
-        parsed = [_to_bool(r.get(col) or "") for r in rows]
-        if all(v is not None for v in parsed):
-            values[col] = np.asarray(parsed, dtype=np.float64)
+    numeric, boolean = _score_columns(header, rows)
     for col in (weak_col, strong_col):
-        if col is not None and col not in values:
-            raise DataError(f"Column {col!r} of {p} is not all True/False values.")
+        if col is not None and col not in numeric:
+            raise DataError(
+                f"Column {col!r} of {p} is not all scores: True/False, numbers in [0, 1] (or on "
+                "the --score-range scale), or blank for a row that was not labelled."
+            )
+    values = _scaled(numeric, boolean, score_range)
     if weak_col is None or strong_col is None:
-        candidates = [c for c in values if c not in (weak_col, strong_col)]
+        named = weak_col or strong_col
+        if len(boolean) == 2 and (named is None or named in boolean):
+            kind, pool = "True/False", [c for c in numeric if c in boolean]
+        elif score_range is not None:
+            kind, pool = "numeric", list(numeric)
+        else:
+            kind, pool = "score", list(values)
+        candidates = [c for c in pool if c not in (weak_col, strong_col)]
         known = [c for c in (weak_col, strong_col) if c is not None]
         if len(candidates) + len(known) != 2:
             raise DataError(
-                f"{p} has {len(values)} True/False model columns ({', '.join(values) or 'none'}); "
-                "name the two models with --weak-col and --strong-col."
+                f"{p} has {len(pool)} {kind} model columns ({', '.join(pool) or 'none'}); "
+                "name the two models with --weak-col and --strong-col"
+                + (
+                    f" ({', '.join(outside)} hold numbers outside [0, 1]: give their scale with "
+                    "--score-range LO,HI)."
+                    if (outside := [c for c in numeric if c not in values])
+                    else "."
+                )
             )
         pair = known + candidates
         pair.sort(key=lambda c: values[c].mean())
@@ -104,17 +170,50 @@ def load_routellm_csv(
             strong_col = next(c for c in pair if c != weak_col)
     if weak_col is None or strong_col is None:  # unreachable: both are set above
         raise DataError(f"{p}: could not tell the weak and the strong model columns apart.")
-    prompts = [r.get(PROMPT_COL) or "" for r in rows]
+    for col in (weak_col, strong_col):
+        if col not in values:
+            lo, hi = np.nanmin(numeric[col]), np.nanmax(numeric[col])
+            raise DataError(
+                f"Column {col!r} of {p} holds scores from {lo:g} to {hi:g}, outside [0, 1]: pass "
+                "their scale with --score-range LO,HI (say 1,10 for a judge's marks)."
+            )
+    weak, strong = values[weak_col], values[strong_col]
+    labelled = ~(np.isnan(weak) | np.isnan(strong))
+    if not labelled.any():
+        raise DataError(f"No row of {p} has both a {weak_col!r} and a {strong_col!r} score.")
+    keep = np.flatnonzero(labelled)
+    prompts = [rows[i].get(PROMPT_COL) or "" for i in keep]
     if not any(pr.strip() for pr in prompts):
         raise DataError(f"Every prompt in {p} is empty.")
+    logprob = _float_column(rows, LOGPROB_COL) if LOGPROB_COL in header else None
     return RoutingData(
         prompts=prompts,
-        weak=values[weak_col],
-        strong=values[strong_col],
+        weak=weak[keep],
+        strong=strong[keep],
         weak_col=weak_col,
         strong_col=strong_col,
-        edge_logprob=_float_column(rows, LOGPROB_COL) if LOGPROB_COL in header else None,
+        edge_logprob=None if logprob is None else logprob[keep],
+        skipped=int(len(rows) - len(keep)),
     )
+
+
+def _scaled(
+    numeric: dict[str, np.ndarray], boolean: set[str], score_range: tuple[float, float] | None
+) -> dict[str, np.ndarray]:
+    """The columns usable as scores in [0, 1]: as they are, or mapped from ``score_range``
+    (True/False columns stay 0/1)."""
+    if score_range is None:
+        return {c: v for c, v in numeric.items() if np.nanmin(v) >= 0.0 and np.nanmax(v) <= 1.0}
+    lo, hi = (float(b) for b in score_range)
+    if not hi > lo:
+        raise DataError(f"--score-range needs LO < HI, got {lo:g},{hi:g}.")
+    out = {}
+    for col, v in numeric.items():
+        if col in boolean:
+            out[col] = v
+        elif np.nanmin(v) >= lo and np.nanmax(v) <= hi:
+            out[col] = (v - lo) / (hi - lo)  # a mark on [lo, hi] as a fraction of the scale
+    return out
 
 
 def _float_column(rows: list[dict[str, str]], col: str) -> np.ndarray | None:

@@ -34,7 +34,8 @@ def fit_gain_scorer(
     topic_mix: float = DEFAULT_TOPIC_MIX,
     sample_weight: np.ndarray | None = None,
 ) -> GainScorer:
-    """``x`` ``[n, d]`` features, ``gain`` ``[n]`` in {-1, 0, 1}; ``embeddings`` ``[n, e]``
+    """``x`` ``[n, d]`` features, ``gain`` ``[n]`` in {-1, 0, 1} (correctness) or in [-1, 1]
+    (graded scores: strong - weak); ``embeddings`` ``[n, e]``
     enables the neighbor part. ``sample_weight`` ``[n]`` weighs prompts in the topic means, and in
     the linear part only when there is no topic part to carry it. The neighbor part stays a plain
     mean: a prompt's neighbors come from its own kind of traffic, whatever that source's weight.
@@ -47,13 +48,14 @@ def fit_gain_scorer(
     topic means are where a source's level of gain belongs: a cluster's mean is per region."""
     from sklearn.linear_model import LogisticRegression
 
-    g = np.asarray(gain).astype(np.int64)
+    g = np.asarray(gain, dtype=np.float64)
     if x.ndim != 2 or len(x) != len(g):
         raise RouterError(f"Features {x.shape} and labels {g.shape} do not match.")
-    if not np.any(g == 1) or np.all(g == 1):
+    if not learnable(g):
         raise RouterError(
-            "The data needs prompts where the strong model was needed (weak wrong, strong "
-            "right) and prompts where it was not; otherwise there is nothing to learn."
+            "The data needs prompts where the strong model was needed (it scored higher than "
+            "the weak one) and prompts where it was needed less or not at all; otherwise there "
+            "is nothing to learn."
         )
     x64 = np.asarray(x, dtype=np.float64)
     mean = x64.mean(axis=0)
@@ -68,7 +70,8 @@ def fit_gain_scorer(
     use_topics = topics > 1 and topic_mix > 0 and len(g) > topics
     has_topics = embeddings is not None and use_topics
     model = LogisticRegression(C=c, max_iter=3000)
-    model.fit((x64 - mean) / scale, g, sample_weight=None if has_topics else w)
+    z, classes, row_w = _soft_classes((x64 - mean) / scale, g, None if has_topics else w)
+    model.fit(z, classes, sample_weight=row_w)
     coef, intercept = model.coef_, model.intercept_
     if coef.shape[0] == 1:  # two classes: sklearn stores one row for the second class
         coef = np.vstack([np.zeros_like(coef), coef])
@@ -100,6 +103,31 @@ def fit_gain_scorer(
         topic_gains=topic_gains,
         topic_mix=float(topic_mix) if centroids is not None else 0.0,
     )
+
+
+def learnable(gain: np.ndarray) -> bool:
+    """Some prompt gains from the strong model and the gains differ (else there is no order)."""
+    g = np.asarray(gain, dtype=np.float64)
+    return bool(len(g) and np.any(g > 0) and np.ptp(g) > 0)
+
+
+def _soft_classes(
+    z: np.ndarray, g: np.ndarray, w: np.ndarray | None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """The linear part's rows, classes and weights. Correctness gains are the classes themselves.
+    A graded gain g becomes two weighted rows, so the fitted class probabilities still estimate
+    the expected gain:
+        g in (0, 1]:  class +1 with weight g,  class 0 with weight 1 - g
+        g in [-1, 0): class -1 with weight -g, class 0 with weight 1 + g
+    and E[gain] = P(+1) - P(-1) reads the same as with 0/1 labels."""
+    if np.all(g % 1 == 0):
+        return z, g.astype(np.int64), w
+    base = np.ones(len(g)) if w is None else w
+    zz = np.concatenate([z, z])
+    cls = np.concatenate([np.sign(g), np.zeros(len(g))]).astype(np.int64)
+    ww = np.concatenate([np.abs(g), 1.0 - np.abs(g)]) * np.concatenate([base, base])
+    keep = ww > 0
+    return zz[keep], cls[keep], ww[keep]
 
 
 def _fit_topics(
@@ -145,7 +173,7 @@ def fit_source_mixture(
     from sklearn.linear_model import LogisticRegression
 
     ids = np.asarray(source_ids, dtype=np.int64)
-    g = np.asarray(gain).astype(np.int64)
+    g = np.asarray(gain, dtype=np.float64)
     num = int(ids.max()) + 1 if shares is None else len(shares)
     counts = np.bincount(ids, minlength=num).astype(np.float64)
     if len(ids) != len(g) or np.any(counts == 0):
@@ -153,7 +181,7 @@ def fit_source_mixture(
     experts = []
     for s in range(num):
         rows = ids == s
-        if np.any(g[rows] == 1) and not np.all(g[rows] == 1):
+        if learnable(g[rows]):
             experts.append(
                 fit_gain_scorer(
                     x[rows],

@@ -53,7 +53,7 @@ from .dataset import RoutingData, load_routellm_csv, texts_digest
 from .embedding_cache import cached_embeddings
 from .evaluate import router_metrics
 from .features import TEXT_FEATURES, feature_matrix
-from .fit import GATE_C, fit_gain_scorer, fit_source_mixture
+from .fit import GATE_C, fit_gain_scorer, fit_source_mixture, learnable
 from .mixture import SourceMixture
 from .router import DEFAULT_LOGPROB_THRESHOLD, Router
 
@@ -89,7 +89,7 @@ class Hyper:
 @dataclass(frozen=True)
 class CVResult:
     metrics: dict[str, float]  # on the pooled out-of-fold scores
-    fold_metrics: list[dict[str, float]]
+    fold_metrics: list[dict[str, Any]]  # a fold without a quality gap: {n, no_gap}
     oof_scores: np.ndarray  # [n]
 
 
@@ -98,7 +98,7 @@ def _round(metrics: dict[str, float]) -> dict[str, float]:
 
 
 def _gain(data: RoutingData) -> np.ndarray:
-    return (data.strong - data.weak).astype(np.int64)
+    return (data.strong - data.weak).astype(np.float64)
 
 
 def _fit(
@@ -210,7 +210,10 @@ def cross_validate(
             raise DataError(f"Too few distinct prompts for {num_folds}-fold cross-validation.")
         scorer = _fit(x, gain, emb, hyper, sources, ~test)
         oof[test] = scorer.predict(x[test], None if emb is None else emb[test])
-        per_fold.append(_round(router_metrics(oof[test], data.weak[test], data.strong[test])))
+        if data.strong[test].mean() > data.weak[test].mean():
+            per_fold.append(_round(router_metrics(oof[test], data.weak[test], data.strong[test])))
+        else:  # a small file's fold can hold no quality gap: no figures for it, the pooled ones stand
+            per_fold.append({"n": int(test.sum()), "no_gap": True})
     pooled = _round(router_metrics(oof, data.weak, data.strong))
     return CVResult(metrics=pooled, fold_metrics=per_fold, oof_scores=oof)
 
@@ -249,7 +252,8 @@ def train_router(
     with_lp = [d for d in [data, *(cascade_data or [])] if d.edge_logprob is not None]
     if with_lp:
         all_lp = np.concatenate([d.edge_logprob for d in with_lp])  # type: ignore[misc]
-        all_ok = np.concatenate([d.weak for d in with_lp])
+        # graded edge scores count as right from half marks up
+        all_ok = np.concatenate([(d.weak >= 0.5).astype(np.float64) for d in with_lp])
         has_lp = np.isfinite(all_lp)
         lp, ok = all_lp[has_lp], all_ok[has_lp]
         if 0 < ok.sum() < len(ok):
@@ -271,7 +275,11 @@ def train_router(
             "n": len(data.prompts),
             "weak_col": data.weak_col,
             "strong_col": data.strong_col,
-            "label": "weak wrong and strong right (gain +1); scorer target: strong - weak",
+            "label": (
+                "graded scores in [0, 1]; scorer target: strong - weak"
+                if data.graded
+                else "weak wrong and strong right (gain +1); scorer target: strong - weak"
+            ),
             "positive_rate": round(float(data.labels.mean()), 4),
             "c": hyper.c,
             "k": hyper.k,
@@ -351,10 +359,12 @@ def train_from_csv(
     num_folds: int = DEFAULT_FOLDS,
     weights: list[float] | None = None,
     cascade_paths: list[str | Path] | None = None,
+    score_range: tuple[float, float] | None = None,
 ) -> Router:
     """Train on one CSV or several (``weights``: each file's relative total weight, equal by
     default). ``weak_col``/``strong_col`` apply to the files that have those columns; the others
-    must hold exactly two True/False columns (the less accurate one is the edge). ``cascade_paths``:
+    must hold exactly two True/False (or [0, 1] score) columns, the less accurate one the edge;
+    ``score_range`` maps graded scores on another scale to [0, 1]. ``cascade_paths``:
     labelled files whose edge log-probabilities calibrate the cascade's floor only."""
     paths = [Path(p) for p in (path if isinstance(path, list) else [path])]
     parts = []
@@ -364,6 +374,7 @@ def train_from_csv(
             p,
             weak_col=weak_col if weak_col in header else None,
             strong_col=strong_col if strong_col in header else None,
+            score_range=score_range,
         )
         if not np.any(data.labels == 1):
             raise DataError(
@@ -376,7 +387,7 @@ def train_from_csv(
     data, sources = pool(parts, weights)
     # per file: each file's embeddings are cached on their own, so adding a file reuses the others
     emb = np.concatenate([cached_embeddings(d.prompts) for _, d in parts]) if use_embedding else None
-    if np.all(data.labels == 1):
+    if not learnable(_gain(data)):
         raise DataError(
             f"{', '.join(map(str, paths))}: every prompt needs the strong model, so there is "
             "nothing to learn; label more varied prompts."
@@ -390,6 +401,8 @@ def train_from_csv(
         parts_cmd += ["--weak-col", repr(weak_col)]
     if strong_col:
         parts_cmd += ["--strong-col", repr(strong_col)]
+    if score_range is not None:
+        parts_cmd += ["--score-range", f"{score_range[0]:g},{score_range[1]:g}"]
     cascade = [load_routellm_csv(p) for p in cascade_paths or []]
     for cpath in cascade_paths or []:
         parts_cmd += ["--cascade-data", str(cpath)]
@@ -407,6 +420,9 @@ def train_from_csv(
     )
     if cascade_paths:
         router.info["training"]["cascade_data"] = [Path(p).name for p in cascade_paths]
+    skipped = {name: d.skipped for name, d in parts if d.skipped}
+    if skipped:  # rows with a blank weak or strong score: not labelled, left out
+        router.info["training"]["skipped_rows"] = skipped
     router.save(out_dir)
     return router
 

@@ -52,7 +52,7 @@ def test_wrong_model_columns(tmp_path):
     with pytest.raises(DataError, match="no column 'zz'"):
         load_routellm_csv(p, weak_col="zz")
     p2 = write(tmp_path, "prompt,a,b\nq,True,maybe\n", "e.csv")
-    with pytest.raises(DataError, match="not all True/False"):
+    with pytest.raises(DataError, match="not all scores"):
         load_routellm_csv(p2, weak_col="a", strong_col="b")
 
 

@@ -60,9 +60,10 @@ class ProgressBar:
             frac = min(done / total, 1.0)
             return f"{self.label} [{'#' * int(frac * 30):<30}] {frac:4.0%} {now - self.start:.0f} s"
         rate = done / self.scale / max(now - self.start, 1e-6)
+        digits = 0 if self.scale == 1 else 1  # counted things (prompts) are whole
         if total:
             frac = min(done / total, 1.0)
             bar = "#" * int(frac * 30)
-            return (f"{self.label} [{bar:<30}] {frac:4.0%} {done / self.scale:.1f}/"
-                    f"{total / self.scale:.1f} {self.unit} {rate:.0f} {self.unit}/s")
-        return f"{self.label} {done / self.scale:.1f} {self.unit} {rate:.0f} {self.unit}/s"
+            return (f"{self.label} [{bar:<30}] {frac:4.0%} {done / self.scale:.{digits}f}/"
+                    f"{total / self.scale:.{digits}f} {self.unit} {rate:.0f} {self.unit}/s")
+        return f"{self.label} {done / self.scale:.{digits}f} {self.unit} {rate:.0f} {self.unit}/s"

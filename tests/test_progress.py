@@ -18,6 +18,12 @@ def test_download_bar_shows_amounts():
     assert lines[-1].startswith("Pulling m [") and "100% 2.0/2.0 MB" in lines[-1]
 
 
+def test_counted_things_are_whole_numbers():
+    lines = _lines(ProgressBar("embedding prompts", unit="prompts", scale=1, stream=io.StringIO(),
+                               quiet_for=0), [(256, 10399), (10399, 10399)])
+    assert "100% 10399/10399 prompts" in lines[-1] and "2% 256/10399 prompts" in lines[0]
+
+
 def test_build_bar_shows_percent_and_time_not_megabytes():
     dl = ProgressBar("Preparing m", stream=io.StringIO(), quiet_for=0)
     lines = _lines(dl.for_steps(" for ONNX Runtime (int4)"), [(0, 100), (50, 100), (100, 100)])

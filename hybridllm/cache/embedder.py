@@ -8,7 +8,7 @@ without torch (:mod:`.prepare`), and says so in one line on stderr.
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -31,8 +31,15 @@ class Embedder(OnnxEncoder):
             prepare_embedder(), quantized=quantized, num_threads=num_threads, max_tokens=MAX_TOKENS
         )
 
-    def embed(self, texts: Sequence[str], *, batch_size: int = 32) -> np.ndarray:
-        """Embed ``texts``; returns ``[len(texts), 384]`` float32 unit vectors."""
+    def embed(
+        self,
+        texts: Sequence[str],
+        *,
+        batch_size: int = 32,
+        progress: Callable[[int, int], None] | None = None,
+    ) -> np.ndarray:
+        """Embed ``texts``; returns ``[len(texts), 384]`` float32 unit vectors. ``progress(done,
+        total)`` is called after each batch."""
         if isinstance(texts, str):
             raise TypeError("embed() takes a sequence of strings; use embed_one() for one text")
         if batch_size < 1:
@@ -45,6 +52,8 @@ class Embedder(OnnxEncoder):
         for start in range(0, len(order), batch_size):
             idx = order[start : start + batch_size]
             out[idx] = self.run([texts[i] for i in idx])
+            if progress is not None:
+                progress(start + len(idx), len(texts))
         return out
 
     def embed_one(self, text: str) -> np.ndarray:

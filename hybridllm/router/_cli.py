@@ -145,6 +145,7 @@ def _train(args: argparse.Namespace) -> int:
         weights=args.weight,
         cascade_paths=args.cascade_data,
         score_range=args.score_range,
+        progress=True,
     )
     _print(
         {
@@ -205,7 +206,12 @@ def evaluate_router_on(
 
     router = load_router(router_path)
     data = load_routellm_csv(data_path, weak_col=weak_col, strong_col=strong_col, score_range=score_range)
-    embeddings = cached_embeddings(data.prompts) if router.use_embedding else None
+    embeddings = None
+    if router.use_embedding:
+        from .._progress import ProgressBar
+
+        bar = ProgressBar("embedding prompts", unit="prompts", scale=1)
+        embeddings = cached_embeddings(data.prompts, progress=bar)
     scores = router.score_texts(data.prompts, embeddings=embeddings)
     result: dict[str, Any] = {
         k: (round(v, 4) if k != "n" else v) for k, v in router_metrics(scores, data.weak, data.strong).items()

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -41,8 +41,14 @@ def feature_cache_dir() -> Path:
     return Path(override).expanduser() if override else data_dir() / "router_features"
 
 
-def cached_embeddings(texts: Sequence[str], *, cache_dir: Path | None = None) -> np.ndarray:
-    """Embeddings of ``texts``, read from or written to an ``.npz`` keyed by their content hash."""
+def cached_embeddings(
+    texts: Sequence[str],
+    *,
+    cache_dir: Path | None = None,
+    progress: Callable[[int, int], None] | None = None,
+) -> np.ndarray:
+    """Embeddings of ``texts``, read from or written to an ``.npz`` keyed by their content hash
+    (``progress(done, total)`` while embedding what is not cached)."""
     folder = cache_dir or feature_cache_dir()
     path = folder / f"{EMBEDDER_ID}-{embedder_fingerprint()}-{texts_digest(list(texts))}.npz"
     if path.is_file():
@@ -53,7 +59,7 @@ def cached_embeddings(texts: Sequence[str], *, cache_dir: Path | None = None) ->
                 return cached
         except (OSError, ValueError, KeyError):
             pass  # a partial or foreign file: recompute below
-    emb = embed_texts(texts)
+    emb = embed_texts(texts, progress=progress)
     folder.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.stem + ".tmp.npz")
     np.savez(tmp, embeddings=emb)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -104,11 +104,11 @@ def text_feature_matrix(texts: Sequence[str]) -> np.ndarray:
     return out
 
 
-def embed_texts(texts: Sequence[str]) -> np.ndarray:
-    """``[n, 384]`` float32 unit vectors from the shared embedder."""
+def embed_texts(texts: Sequence[str], progress: Callable[[int, int], None] | None = None) -> np.ndarray:
+    """``[n, 384]`` float32 unit vectors from the shared embedder (``progress(done, total)``)."""
     from ..cache.embedder import get_embedder
 
-    return get_embedder().embed(list(texts))
+    return get_embedder().embed(list(texts), progress=progress)
 
 
 def embed_one(text: str) -> np.ndarray:

@@ -33,6 +33,7 @@ from __future__ import annotations
 import hashlib
 import time
 from dataclasses import dataclass
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -195,6 +196,7 @@ def cross_validate(
     num_folds: int = DEFAULT_FOLDS,
     fold_salt: str = "",
     sources: Sources | None = None,
+    progress: Callable[[int, int], None] | None = None,
 ) -> CVResult:
     """Out-of-fold scores for every prompt and the router metrics on them (``sources``: several
     labelled files, fitted as :func:`train_router` fits them)."""
@@ -214,6 +216,8 @@ def cross_validate(
             per_fold.append(_round(router_metrics(oof[test], data.weak[test], data.strong[test])))
         else:  # a small file's fold can hold no quality gap: no figures for it, the pooled ones stand
             per_fold.append({"n": int(test.sum()), "no_gap": True})
+        if progress is not None:
+            progress(f + 1, num_folds)
     pooled = _round(router_metrics(oof, data.weak, data.strong))
     return CVResult(metrics=pooled, fold_metrics=per_fold, oof_scores=oof)
 
@@ -229,8 +233,10 @@ def train_router(
     command: str = "",
     sources: Sources | None = None,
     cascade_data: list[RoutingData] | None = None,
+    progress: Callable[[int, int], None] | None = None,
 ) -> Router:
-    """Cross-validate, then fit on all rows; the router's ``info`` records both."""
+    """Cross-validate, then fit on all rows; the router's ``info`` records both. ``progress(done,
+    total)`` counts the fits: one per fold, then the final one."""
     started = time.perf_counter()
     if sources is None:
         sources = Sources([Path(source).name if source else ""], np.zeros(len(data.prompts), np.int64), [1.0])
@@ -238,8 +244,11 @@ def train_router(
     if use_embedding:
         emb = cached_embeddings(data.prompts) if embeddings is None else embeddings
     x = feature_matrix(data.prompts, use_embedding=use_embedding, embeddings=emb)
-    cv = cross_validate(data, x, emb, hyper=hyper, num_folds=num_folds, sources=sources)
+    steps = None if progress is None else (lambda done, _: progress(done, num_folds + 1))
+    cv = cross_validate(data, x, emb, hyper=hyper, num_folds=num_folds, sources=sources, progress=steps)
     scorer = _fit(x, _gain(data), emb, hyper, sources)
+    if progress is not None:
+        progress(num_folds + 1, num_folds + 1)
     train_scores = np.asarray(scorer.predict(x, emb), dtype=np.float64)
     threshold, per_source = _threshold_and_source_metrics(data, sources, cv)
     logprob_threshold = DEFAULT_LOGPROB_THRESHOLD
@@ -360,12 +369,14 @@ def train_from_csv(
     weights: list[float] | None = None,
     cascade_paths: list[str | Path] | None = None,
     score_range: tuple[float, float] | None = None,
+    progress: bool = False,
 ) -> Router:
     """Train on one CSV or several (``weights``: each file's relative total weight, equal by
     default). ``weak_col``/``strong_col`` apply to the files that have those columns; the others
     must hold exactly two True/False (or [0, 1] score) columns, the less accurate one the edge;
     ``score_range`` maps graded scores on another scale to [0, 1]. ``cascade_paths``:
-    labelled files whose edge log-probabilities calibrate the cascade's floor only."""
+    labelled files whose edge log-probabilities calibrate the cascade's floor only. ``progress``:
+    progress bars on stderr for embedding the prompts and for the fits (work over a second)."""
     paths = [Path(p) for p in (path if isinstance(path, list) else [path])]
     parts = []
     for p in paths:
@@ -386,7 +397,17 @@ def train_from_csv(
         parts = [(str(p), d) for p, (_, d) in zip(paths, parts, strict=True)]
     data, sources = pool(parts, weights)
     # per file: each file's embeddings are cached on their own, so adding a file reuses the others
-    emb = np.concatenate([cached_embeddings(d.prompts) for _, d in parts]) if use_embedding else None
+    emb = None
+    if use_embedding:
+        embed_bar = _bar(progress, "embedding prompts", "prompts")
+        total, done_before, chunks = len(data.prompts), 0, []
+        for _, d in parts:
+            tick = None if embed_bar is None else (
+                lambda done, _n, base=done_before: embed_bar(base + done, total)  # type: ignore[misc]
+            )
+            chunks.append(cached_embeddings(d.prompts, progress=tick))
+            done_before += len(d.prompts)
+        emb = np.concatenate(chunks)
     if not learnable(_gain(data)):
         raise DataError(
             f"{', '.join(map(str, paths))}: every prompt needs the strong model, so there is "
@@ -417,6 +438,7 @@ def train_from_csv(
         command=" ".join(parts_cmd),
         sources=sources,
         cascade_data=cascade,
+        progress=_bar(progress, f"training ({num_folds}-fold CV, then all rows)", "%"),
     )
     if cascade_paths:
         router.info["training"]["cascade_data"] = [Path(p).name for p in cascade_paths]
@@ -425,6 +447,15 @@ def train_from_csv(
         router.info["training"]["skipped_rows"] = skipped
     router.save(out_dir)
     return router
+
+
+def _bar(show: bool, label: str, unit: str) -> Callable[[int, int], None] | None:
+    """A stderr progress bar counting ``unit`` ("%": steps, shown as a share), or None."""
+    if not show:
+        return None
+    from .._progress import ProgressBar
+
+    return ProgressBar(label, unit=unit, scale=1)
 
 
 def _header_of(path: Path) -> list[str]:

@@ -172,3 +172,22 @@ def test_a_fold_without_a_quality_gap_does_not_stop_training(tmp_path, capsys):
     assert cv["cv_per_fold"][3] == {"n": int(np.sum(folds == 3)), "no_gap": True}
     assert all("apgr" in m for i, m in enumerate(cv["cv_per_fold"]) if i != 3)
     assert cv["cv"]["n"] == 200 and cv["cv"]["apgr"] > 0.5
+
+
+def test_training_reports_its_progress(tmp_path, capsys):
+    """Every fit is counted (one per fold, then the final one) and embedding reports its prompts;
+    the CLI turns both into bars on stderr for work over a second."""
+    from hybridllm.cache.embedder import get_embedder
+    from hybridllm.router.dataset import RoutingData
+    from hybridllm.router.train import train_router
+
+    rows = list(_pairs(np.random.default_rng(3), n=120))
+    data = RoutingData([p for p, _, _ in rows], np.array([float(w) for _, w, _ in rows]),
+                       np.array([float(s) for _, _, s in rows]), "small", "big")
+    calls: list[tuple[int, int]] = []
+    train_router(data, use_embedding=False, num_folds=4, progress=lambda d, t: calls.append((d, t)))
+    assert calls == [(1, 5), (2, 5), (3, 5), (4, 5), (5, 5)]
+    seen: list[tuple[int, int]] = []
+    texts = [f"question {i} " + "word " * (i % 7) for i in range(70)]
+    get_embedder().embed(texts, batch_size=32, progress=lambda d, t: seen.append((d, t)))
+    assert seen == [(32, 70), (64, 70), (70, 70)]

@@ -32,8 +32,8 @@ from __future__ import annotations
 
 import hashlib
 import time
-from dataclasses import dataclass
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 

@@ -150,15 +150,16 @@ def load_routellm_csv(
         candidates = [c for c in pool if c not in (weak_col, strong_col)]
         known = [c for c in (weak_col, strong_col) if c is not None]
         if len(candidates) + len(known) != 2:
+            outside = [c for c in numeric if c not in values]
+            if len(pool) < 2 and outside:
+                raise DataError(
+                    f"{p}: {', '.join(outside)} hold numbers outside [0, 1]; if they are graded "
+                    "scores, give their scale with --score-range LO,HI (say 1,10), and name the "
+                    "models with --weak-col and --strong-col if there are more than two."
+                )
             raise DataError(
                 f"{p} has {len(pool)} {kind} model columns ({', '.join(pool) or 'none'}); "
-                "name the two models with --weak-col and --strong-col"
-                + (
-                    f" ({', '.join(outside)} hold numbers outside [0, 1]: give their scale with "
-                    "--score-range LO,HI)."
-                    if (outside := [c for c in numeric if c not in values])
-                    else "."
-                )
+                "name the two models with --weak-col and --strong-col."
             )
         pair = known + candidates
         pair.sort(key=lambda c: values[c].mean())

@@ -6,7 +6,8 @@ class is that label. Folds come from a hash of the prompt text, so copies of one
 fold and no test question is ever trained on (nor used as a neighbor). The shipped threshold is the
 quantile of the cross-validated (out-of-fold) scores that sends their ``calls_at_95`` fraction to
 the cloud: on traffic like the training data, the cheapest setting keeping 95% of strong quality.
-Out-of-fold scores, not the final scorer's scores of its own training prompts: a new prompt is
+Out-of-fold scores (fold-aligned: see :func:`align_folds`), not the final scorer's scores of its
+own training prompts: a new prompt is
 scored like a held-out one, while a training prompt is its own neighbor and in its own topic (on
 our GSM8K labels at 195 rows the in-sample quantile kept 94% of cloud quality out of fold, the
 out-of-fold one 96%; at 561 rows both 97%).
@@ -218,8 +219,28 @@ def cross_validate(
             per_fold.append({"n": int(test.sum()), "no_gap": True})
         if progress is not None:
             progress(f + 1, num_folds)
+    oof = align_folds(oof, folds, None if sources is None else sources.ids)
     pooled = _round(router_metrics(oof, data.weak, data.strong))
     return CVResult(metrics=pooled, fold_metrics=per_fold, oof_scores=oof)
+
+
+def align_folds(oof: np.ndarray, folds: np.ndarray, source_ids: np.ndarray | None = None) -> np.ndarray:
+    """Out-of-fold scores with each fold model's own level taken out, per source:
+        aligned = score - mean(scores of its fold and source) + mean(scores of its source)
+    Each fold's model sees all rows but that fold's, so its mean score moves against the fold's own
+    labels (a fold with more prompts that need the strong model leaves fewer in training); pooled,
+    those offsets rank whole folds backwards. On 80 MMLU rows the pooled APGR read 0.38 while the
+    same design scored 0.58 on 2,000 held-out rows (fold-aligned: 0.53; 600 rows: 0.59 / 0.61 /
+    0.60, 2,000 rows: 0.630 / 0.650 / 0.634). One model's ranking has no such offsets."""
+    out = np.asarray(oof, dtype=np.float64).copy()
+    ids = np.zeros(len(out), np.int64) if source_ids is None else np.asarray(source_ids)
+    for s in np.unique(ids):
+        in_s = ids == s
+        level = out[in_s].mean()
+        for f in np.unique(folds[in_s]):
+            rows = in_s & (folds == f)
+            out[rows] += level - out[rows].mean()
+    return out
 
 
 def train_router(

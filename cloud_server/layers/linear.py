@@ -288,6 +288,7 @@ class Embedding(nn.Module):
         # int8: [vocab] or scale_zero [vocab, dim / 32, 2]; int4: scale_zero [vocab, dim / 32, 2]
         self.scale: torch.Tensor | None = None
         self.dtype = torch.float32
+        self._head: Linear | None = None  # a tied int8 head whose kernel blocks hold the rows
 
     def load(
         self, weight: torch.Tensor, *, scale: torch.Tensor | None = None, dtype: torch.dtype = torch.float32
@@ -297,8 +298,16 @@ class Embedding(nn.Module):
         if shape != (self.num_embeddings, self.dim):
             raise ValueError(f"embedding {shape} != {(self.num_embeddings, self.dim)}")
         self.weight, self.scale, self.dtype = weight.contiguous(), scale, dtype
+        self._head = None
+
+    @property
+    def loaded(self) -> bool:
+        """Whether the rows are here: its own, or a tied head's blocks."""
+        return self.weight is not None or self._head is not None
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:  # [T] -> [T, dim]
+        if self._head is not None:
+            return self._rows_from_blocks(ids)
         if self.weight is None:
             raise RuntimeError("Embedding.load was never called")
         rows = self.weight[ids]  # [T, dim]
@@ -313,10 +322,31 @@ class Embedding(nn.Module):
         return rows.float() * self.scale[ids].float().unsqueeze(-1)
 
     def as_linear(self) -> Linear:
-        """The tied output head: the same rows (and scales) as a [vocab, dim] projection (int4
-        rows are packed again for the head's kernel: a second copy of the codes)."""
+        """The tied output head: the same rows (and scales) as a [vocab, dim] projection. Where the
+        head's int8 kernel repacks them into its blocks, the embedding then reads its rows from
+        those blocks and lets its own copy go (SmolLM2-135M: 28 MB; Qwen2.5-1.5B: 233 MB). int4
+        rows are packed again for the head's kernel: a second copy of the codes."""
         head = Linear(self.dim, self.num_embeddings)
         if self.weight is None:
             raise RuntimeError("Embedding.load was never called")
+        exact = self.scale is not None and self.scale.dim() == 3 and self.scale.dtype == torch.float16
         head.load(self.weight, scale=self.scale)
+        # fp16 groups pass into the blocks unchanged, so the rows read back are the same numbers
+        # (fp32 row scales would be rounded to fp16 there: those embeddings keep their own copy)
+        if exact and head.blocks and not head.int4 and head.scale is not None:
+            self._head, self.weight, self.scale = head, None, None
         return head
+
+    def _rows_from_blocks(self, ids: torch.Tensor) -> torch.Tensor:
+        """Rows ``ids`` of the tied head's int8 blocks (see :func:`pack_int8_blocks`), fp32:
+            codes  [N / 16, K / 4, 16, 4] uint8 = q + 128   row r: block r // 16, lane r % 16
+            scales [N / 16, K / 32, 2, 16] fp16 (scale, zero) per group of 32 columns
+            w = scale * q + zero, group by group (int8_groups_dequantize)."""
+        head = self._head
+        assert head is not None and head.weight is not None and head.scale is not None
+        flat = ids.reshape(-1)
+        block, lane = flat // BLOCK_ROWS, flat % BLOCK_ROWS
+        codes = head.weight.view(-1, self.dim // 4, BLOCK_ROWS, 4)[block, :, lane, :]  # [T, K / 4, 4]
+        q = (codes ^ 0x80).view(torch.int8).reshape(-1, self.dim)
+        scale_zero = head.scale[block, :, :, lane]  # [T, K / 32, 2]
+        return int8_groups_dequantize(q, scale_zero).reshape(*ids.shape, self.dim)

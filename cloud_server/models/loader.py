@@ -238,7 +238,7 @@ def _assign(model: Any, weights: dict[str, Any], dtype: torch.dtype, owned: bool
             raise ValueError(f"{name}: shape {tuple(t.shape)} != {tuple(old.shape)}")
         setattr(module, kind, nn.Parameter(t, requires_grad=False))
     missing = [n for n, m in model.named_modules()
-               if isinstance(m, Linear | Embedding) and m.weight is None]
+               if (isinstance(m, Linear) and m.weight is None) or (isinstance(m, Embedding) and not m.loaded)]
     if missing:
         raise KeyError(f"missing weights for {missing[:5]}")
 

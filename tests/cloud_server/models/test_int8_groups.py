@@ -15,6 +15,7 @@ from cloud_server.layers.linear import (  # noqa: E402
     Linear,
     int8_groups_dequantize,
     quantize_groups,
+    quantize_rows,
 )
 from cloud_server.models.dequant import dequantize_fast_torch, int8_groups  # noqa: E402
 
@@ -85,6 +86,29 @@ def test_fused_rows_embedding_rows_and_heads_keep_their_groups():
     tied = emb.as_linear()
     want = x.float() @ int8_groups_dequantize(q, sz).T
     assert ((tied(x).float() - want).norm() / want.norm()).item() < 2e-2
+    assert torch.equal(emb(ids), int8_groups_dequantize(q, sz)[ids])  # the same rows after tying
+
+
+def test_a_tied_int8_embedding_reads_its_rows_from_the_heads_blocks():
+    """Where the int8 kernel repacks the tied head, the embedding gives up its own copy of the rows
+    and reads them (exactly) from the head's blocks: one copy of the matrix, not two."""
+    from cloud_server.layers.cpu_kernels import int8_mm
+
+    if int8_mm() is None:
+        pytest.skip("no engine int8 kernel on this CPU: the head keeps torch's layout")
+    g = torch.Generator().manual_seed(5)
+    q, sz = quantize_groups(torch.randn(96, 64, generator=g))
+    emb = Embedding(96, 64)
+    emb.load(q, scale=sz)
+    head = emb.as_linear()
+    assert head.blocks and emb.weight is None and emb.scale is None
+    ids = torch.tensor([[0, 15, 16], [95, 40, 0]])
+    assert torch.equal(emb(ids), int8_groups_dequantize(q, sz)[ids])
+    rows = Embedding(96, 64)  # one fp32 scale per row: rounded to fp16 in the blocks, so kept apart
+    rq, rs = quantize_rows(torch.randn(96, 64, generator=g))
+    rows.load(rq, scale=rs)
+    rows.as_linear()
+    assert rows.weight is not None and torch.equal(rows(ids), rq[ids].float() * rs[ids].unsqueeze(-1))
 
 
 @pytest.mark.real

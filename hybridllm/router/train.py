@@ -7,10 +7,9 @@ fold and no test question is ever trained on (nor used as a neighbor). The shipp
 quantile of the cross-validated (out-of-fold) scores that sends their ``calls_at_95`` fraction to
 the cloud: on traffic like the training data, the cheapest setting keeping 95% of strong quality.
 Out-of-fold scores (fold-aligned: see :func:`align_folds`), not the final scorer's scores of its
-own training prompts: a new prompt is
-scored like a held-out one, while a training prompt is its own neighbor and in its own topic (on
-our GSM8K labels at 195 rows the in-sample quantile kept 94% of cloud quality out of fold, the
-out-of-fold one 96%; at 561 rows both 97%).
+own training prompts: a new prompt is scored like a held-out one, while a training prompt is its
+own neighbor and in its own topic (on our GSM8K labels at 195 rows the in-sample quantile kept 94%
+of cloud quality out of fold, the out-of-fold one 96%; at 561 rows both 97%).
 
 Several sources (say RouteLLM's MMLU labels and your own pair's GSM8K labels) train one router.
 With embeddings, a source mixture (:mod:`.mixture`): each file gets its own scorer, fitted on its
@@ -90,9 +89,9 @@ class Hyper:
 
 @dataclass(frozen=True)
 class CVResult:
-    metrics: dict[str, float]  # on the pooled out-of-fold scores
+    metrics: dict[str, float]  # on the pooled, fold-aligned out-of-fold scores
     fold_metrics: list[dict[str, Any]]  # a fold without a quality gap: {n, no_gap}
-    oof_scores: np.ndarray  # [n]
+    oof_scores: np.ndarray  # [n] fold-aligned (align_folds)
 
 
 def _round(metrics: dict[str, float]) -> dict[str, float]:

@@ -159,6 +159,18 @@ def pack_int8_blocks(q: torch.Tensor, *, in_place: bool = False) -> torch.Tensor
     return out
 
 
+def int8_block_rows(codes: torch.Tensor, scales: torch.Tensor, rows: torch.Tensor, k: int) -> torch.Tensor:
+    """Rows ``rows`` [T] of a matrix in the kernel's int8 format (the inverse of
+    :func:`pack_int8_blocks` and :func:`pack_int8_scales` for those rows), fp32 [T, k]:
+        codes  [N / 16, K / 4, 16, 4] uint8 = q + 128   row r: block r // 16, lane r % 16
+        scales [N / 16, K / 32, 2, 16] fp16 (scale, zero) per group of 32 columns
+        w = scale * q + zero, group by group (int8_groups_dequantize)."""
+    block, lane = rows // BLOCK_ROWS, rows % BLOCK_ROWS
+    q = codes.view(-1, k // 4, BLOCK_ROWS, 4)[block, :, lane, :]  # [T, K / 4, 4]
+    q = (q ^ 0x80).view(torch.int8).reshape(-1, k)
+    return int8_groups_dequantize(q, scales[block, :, :, lane])  # scale_zero [T, K / 32, 2]
+
+
 class Linear(nn.Module):
     """``y = x W^T (+ b)``; weights are given later by ``load`` (the model is built on meta)."""
 
@@ -324,8 +336,8 @@ class Embedding(nn.Module):
     def as_linear(self) -> Linear:
         """The tied output head: the same rows (and scales) as a [vocab, dim] projection. Where the
         head's int8 kernel repacks them into its blocks, the embedding then reads its rows from
-        those blocks and lets its own copy go (SmolLM2-135M: 28 MB; Qwen2.5-1.5B: 233 MB). int4
-        rows are packed again for the head's kernel: a second copy of the codes."""
+        those blocks and lets its own copy go (SmolLM2-135M: 28 MB). int4 rows are packed again
+        for the head's kernel: a second copy of the codes."""
         head = Linear(self.dim, self.num_embeddings)
         if self.weight is None:
             raise RuntimeError("Embedding.load was never called")
@@ -338,15 +350,8 @@ class Embedding(nn.Module):
         return head
 
     def _rows_from_blocks(self, ids: torch.Tensor) -> torch.Tensor:
-        """Rows ``ids`` of the tied head's int8 blocks (see :func:`pack_int8_blocks`), fp32:
-            codes  [N / 16, K / 4, 16, 4] uint8 = q + 128   row r: block r // 16, lane r % 16
-            scales [N / 16, K / 32, 2, 16] fp16 (scale, zero) per group of 32 columns
-            w = scale * q + zero, group by group (int8_groups_dequantize)."""
+        """Rows ``ids`` of the tied head's int8 blocks, fp32 [*ids.shape, dim]."""
         head = self._head
         assert head is not None and head.weight is not None and head.scale is not None
-        flat = ids.reshape(-1)
-        block, lane = flat // BLOCK_ROWS, flat % BLOCK_ROWS
-        codes = head.weight.view(-1, self.dim // 4, BLOCK_ROWS, 4)[block, :, lane, :]  # [T, K / 4, 4]
-        q = (codes ^ 0x80).view(torch.int8).reshape(-1, self.dim)
-        scale_zero = head.scale[block, :, :, lane]  # [T, K / 32, 2]
-        return int8_groups_dequantize(q, scale_zero).reshape(*ids.shape, self.dim)
+        rows = int8_block_rows(head.weight, head.scale, ids.reshape(-1), self.dim)
+        return rows.reshape(*ids.shape, self.dim)

@@ -419,14 +419,12 @@ def train_from_csv(
     # per file: each file's embeddings are cached on their own, so adding a file reuses the others
     emb = None
     if use_embedding:
-        embed_bar = _bar(progress, "embedding prompts", "prompts")
-        total, done_before, chunks = len(data.prompts), 0, []
-        for _, d in parts:
-            tick = None if embed_bar is None else (
-                lambda done, _n, base=done_before: embed_bar(base + done, total)  # type: ignore[misc]
-            )
+        bar = _bar(progress, "embedding prompts", "prompts")
+        chunks: list[np.ndarray] = []
+        for _, d in parts:  # one bar over all files: each file's count starts where the last ended
+            base = sum(len(c) for c in chunks)
+            tick = None if bar is None else _shifted(bar, base, len(data.prompts))
             chunks.append(cached_embeddings(d.prompts, progress=tick))
-            done_before += len(d.prompts)
         emb = np.concatenate(chunks)
     if not learnable(_gain(data)):
         raise DataError(
@@ -476,6 +474,10 @@ def _bar(show: bool, label: str, unit: str) -> Callable[[int, int], None] | None
     from .._progress import ProgressBar
 
     return ProgressBar(label, unit=unit, scale=1)
+
+
+def _shifted(bar: Callable[[int, int], None], base: int, total: int) -> Callable[[int, int], None]:
+    return lambda done, _: bar(base + done, total)
 
 
 def _header_of(path: Path) -> list[str]:

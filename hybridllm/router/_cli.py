@@ -16,13 +16,14 @@ def register(subparsers: Any) -> None:
     router = subparsers.add_parser("router", help="train, evaluate and calibrate the router")
     sub = router.add_subparsers(dest="router_command", required=True)
 
-    p = sub.add_parser("train", help="train a router on RouteLLM-format CSVs")
+    p = sub.add_parser("train", help="train a router on labelled CSV (RouteLLM's format) or JSON Lines files")
     p.add_argument(
         "--data",
         required=True,
         action="append",
-        help="CSV with 'prompt' and two True/False columns; repeat it to train on "
-        "several sources (cross-validation still folds by question)",
+        help="labelled file, CSV or JSON Lines, with a prompt column and two model score "
+        "columns (True/False or graded); repeat it to train on several sources "
+        "(cross-validation still folds by question)",
     )
     p.add_argument(
         "--weight",
@@ -40,6 +41,7 @@ def register(subparsers: Any) -> None:
     )
     p.add_argument("--weak-col", help="the weak (edge) model's column (in files that have it)")
     p.add_argument("--strong-col", help="the strong (cloud) model's column (in files that have it)")
+    _prompt_col_arg(p)
     _score_range_arg(p)
     p.add_argument("--out", required=True, help="folder to write router.json and weights.npz")
     p.add_argument("--c", type=float, default=None, help="inverse L2 strength of the linear part")
@@ -55,11 +57,12 @@ def register(subparsers: Any) -> None:
     p.add_argument("--no-embedding", action="store_true", help="text features only")
     p.set_defaults(func=_train)
 
-    p = sub.add_parser("eval", help="RouteLLM metrics of a router on a RouteLLM-format CSV")
-    p.add_argument("--data", required=True)
+    p = sub.add_parser("eval", help="RouteLLM metrics of a router on a labelled CSV or JSON Lines file")
+    p.add_argument("--data", required=True, help="labelled file, CSV or JSON Lines (as for train)")
     p.add_argument("--router", help="router folder (default: the shipped router)")
     p.add_argument("--weak-col", help="the weak model's column")
     p.add_argument("--strong-col", help="the strong model's column")
+    _prompt_col_arg(p)
     _score_range_arg(p)
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--plot", help="write the cost/quality curves to this PNG")
@@ -145,6 +148,7 @@ def _train(args: argparse.Namespace) -> int:
         weights=args.weight,
         cascade_paths=args.cascade_data,
         score_range=args.score_range,
+        prompt_col=args.prompt_col,
         progress=True,
     )
     _print(
@@ -173,6 +177,16 @@ def _score_range(text: str) -> tuple[float, float]:
     return lo, hi
 
 
+def _prompt_col_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--prompt-col",
+        default=None,
+        metavar="COL",
+        help="the prompt column (default: 'prompt', else the file's only 'question', 'query', "
+        "'input', 'instruction', 'text', 'messages', 'conversation' or 'turns' column)",
+    )
+
+
 def _score_range_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--score-range",
@@ -192,6 +206,7 @@ def evaluate_router_on(
     strong_col: str | None = None,
     plot: str | None = None,
     score_range: tuple[float, float] | None = None,
+    prompt_col: str | None = None,
 ) -> dict[str, Any]:
     from .dataset import load_routellm_csv, texts_digest
     from .embedding_cache import cached_embeddings
@@ -205,7 +220,9 @@ def evaluate_router_on(
     from .router import load_router
 
     router = load_router(router_path)
-    data = load_routellm_csv(data_path, weak_col=weak_col, strong_col=strong_col, score_range=score_range)
+    data = load_routellm_csv(
+        data_path, weak_col=weak_col, strong_col=strong_col, score_range=score_range, prompt_col=prompt_col
+    )
     embeddings = None
     if router.use_embedding:
         from .._progress import ProgressBar
@@ -249,6 +266,7 @@ def _eval(args: argparse.Namespace) -> int:
         strong_col=args.strong_col,
         plot=args.plot,
         score_range=args.score_range,
+        prompt_col=args.prompt_col,
     )
     if args.json:
         sys.stdout.write(json.dumps(result) + "\n")

@@ -36,6 +36,7 @@ DEFAULT_MIX = 0.8
 DEFAULT_DIMS = 128
 DEFAULT_TOPICS = 60
 DEFAULT_TOPIC_MIX = 0.5
+_NEIGHBOR_ROWS = 2048  # rows of a batch scored at once: 2048 x 60,000 float32 similarities, 0.5 GB
 TOPIC_RESTARTS = 5
 SHRINK = 10.0
 
@@ -86,14 +87,19 @@ class GainScorer:
         if self.refs is None or self.ref_gains is None:
             raise RouterError("This router has no neighbor part.")
         z = self._projected(emb) if z is None else z
+        k = min(self.k, len(self.refs))
         if len(z) == 1:
             # one request: a plain loop, since waking BLAS threads costs ~10 ms on a busy machine
-            sims = np.einsum("md,d->m", self.refs, z[0])[None, :]  # [1, m]
-        else:
-            sims = z @ self.refs.T  # [n, m]
-        k = min(self.k, sims.shape[1])
-        top = np.argpartition(-sims, k - 1, axis=1)[:, :k]
-        return self.ref_gains[top].mean(axis=1)
+            sims = np.einsum("md,d->m", self.refs, z[0])
+            return self.ref_gains[np.argpartition(-sims, k - 1)[:k]][None, :].mean(axis=1)
+        # a batch in slices of rows: [n, m] similarities at once would be 14 GB for a file of
+        # 60,000 prompts scored against itself (and argpartition's int64 copy twice that)
+        out = np.empty(len(z), dtype=np.float64)
+        for start in range(0, len(z), _NEIGHBOR_ROWS):
+            sims = z[start : start + _NEIGHBOR_ROWS] @ self.refs.T  # [rows, m]
+            top = np.argpartition(-sims, k - 1, axis=1)[:, :k]
+            out[start : start + len(top)] = self.ref_gains[top].mean(axis=1)
+        return out
 
     def topic_gain(self, emb: np.ndarray, z: np.ndarray | None = None) -> np.ndarray:
         if self.centroids is None or self.topic_gains is None:

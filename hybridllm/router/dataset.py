@@ -1,4 +1,11 @@
-"""Reading RouteLLM-format CSV files: a ``prompt`` column and one score column per model.
+"""Reading labelled routing files: a prompt column and one score column per model.
+
+The files are CSV (RouteLLM's format) or JSON Lines (``.jsonl``/``.ndjson``, one object per line;
+``.json``: an array of objects or JSON Lines). The prompt column is ``prompt``, or the one named
+with ``prompt_col``, or else the only one of ``question``, ``query``, ``input``, ``instruction``,
+``text``, ``messages``, ``conversation``, ``turns`` the file has. In JSON a prompt may be a
+conversation, a list of OpenAI-style messages or of user turns: the router scores the last user
+turn at run time, so that is what it is trained on.
 
 A score is correctness (True/False, yes/no, 1/0) or a graded score in [0, 1] (a judge's mark, a
 pass rate, a similarity to a reference); graded scores on another scale, say a judge's 1-10, are
@@ -9,6 +16,7 @@ from __future__ import annotations
 
 import csv
 import hashlib
+import json
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +31,9 @@ CLOUD_TOKENS_COL = "cloud_tokens"  # written by `hybridllm router label`: the cl
 _TRUE = {"true", "1", "yes", "1.0"}
 _FALSE = {"false", "0", "no", "0.0"}
 _BLANK = {"", "nan", "none", "null", "na", "n/a"}
+# columns taken as the prompt when a file has no 'prompt' column and exactly one of these
+PROMPT_ALIASES = ("question", "query", "input", "instruction", "text", "messages", "conversation", "turns")
+JSON_SUFFIXES = (".jsonl", ".ndjson", ".json")
 
 
 @dataclass(frozen=True)
@@ -36,6 +47,7 @@ class RoutingData:
     strong_col: str
     edge_logprob: np.ndarray | None = None  # [n] mean token logprob of the weak (edge) answer
     skipped: int = 0  # rows left out: a blank weak or strong cell
+    prompt_col: str = PROMPT_COL
 
     @property
     def labels(self) -> np.ndarray:
@@ -73,13 +85,15 @@ def _to_score(value: str) -> float | None:
     return f if np.isfinite(f) else None
 
 
-def _score_columns(header: list[str], rows: list[dict[str, str]]) -> tuple[dict[str, np.ndarray], set[str]]:
+def _score_columns(
+    header: list[str], rows: list[dict[str, str]], prompt_col: str = PROMPT_COL
+) -> tuple[dict[str, np.ndarray], set[str]]:
     """Every column whose cells are all numbers or blanks (some not blank), and which of those
     hold only True/False-like cells."""
     values: dict[str, np.ndarray] = {}
     boolean: set[str] = set()
     for col in header:
-        if col in (PROMPT_COL, LOGPROB_COL, CLOUD_TOKENS_COL):
+        if col in (prompt_col, LOGPROB_COL, CLOUD_TOKENS_COL):
             continue
         cells = [r.get(col) or "" for r in rows]
         parsed = [_to_score(c) for c in cells]
@@ -100,38 +114,29 @@ def load_routellm_csv(
     weak_col: str | None = None,
     strong_col: str | None = None,
     score_range: tuple[float, float] | None = None,
+    prompt_col: str | None = None,
 ) -> RoutingData:
-    """Load a RouteLLM-format CSV.
+    """Load a labelled routing file: RouteLLM-format CSV, or JSON Lines with the same fields.
 
     Without ``weak_col``/``strong_col`` the file must hold exactly two True/False model columns,
     or, failing that, exactly two score columns in [0, 1]; the less accurate one is the weak model.
     ``score_range=(lo, hi)`` maps graded scores on that scale to [0, 1] (``(s - lo) / (hi - lo)``);
-    then the two columns are the ones named, or the only two numeric columns.
+    then the two columns are the ones named, or the only two numeric columns. ``prompt_col`` names
+    the prompt column (default: ``prompt``, else the file's only column named like one).
     """
     p = Path(path)
     if not p.is_file():
-        raise DataError(f"{p} does not exist; pass a RouteLLM-format CSV with --data.")
-    csv.field_size_limit(min(sys.maxsize, 2**31 - 1))
-    try:
-        with p.open(newline="", encoding="utf-8") as fh:
-            reader = csv.DictReader(fh)
-            header = list(reader.fieldnames or [])
-            rows = list(reader)
-    except (UnicodeDecodeError, csv.Error) as exc:
-        raise DataError(f"{p} is not a readable UTF-8 CSV file ({exc}).") from exc
+        raise DataError(f"{p} does not exist; pass a RouteLLM-format CSV or a JSON Lines file with --data.")
+    header, rows = _read_table(p, prompt_col=prompt_col)
     if not header:
         raise DataError(f"{p} is empty; it needs a header with 'prompt' and two model columns.")
-    if PROMPT_COL not in header:
-        raise DataError(
-            f"{p} has no '{PROMPT_COL}' column (columns: {', '.join(header)}); "
-            "RouteLLM-format files have 'prompt' plus one True/False column per model."
-        )
+    prompt_col = _prompt_column(p, header, prompt_col)
     if not rows:
         raise DataError(f"{p} has a header but no rows; add labelled prompts.")
     for name, col in (("--weak-col", weak_col), ("--strong-col", strong_col)):
         if col is not None and col not in header:
             raise DataError(f"{p} has no column {col!r} for {name}; columns: {', '.join(header)}.")
-    numeric, boolean = _score_columns(header, rows)
+    numeric, boolean = _score_columns(header, rows, prompt_col)
     for col in (weak_col, strong_col):
         if col is not None and col not in numeric:
             raise DataError(
@@ -183,9 +188,9 @@ def load_routellm_csv(
     if not labelled.any():
         raise DataError(f"No row of {p} has both a {weak_col!r} and a {strong_col!r} score.")
     keep = np.flatnonzero(labelled)
-    prompts = [rows[i].get(PROMPT_COL) or "" for i in keep]
+    prompts = [rows[i].get(prompt_col) or "" for i in keep]
     if not any(pr.strip() for pr in prompts):
-        raise DataError(f"Every prompt in {p} is empty.")
+        raise DataError(f"Every prompt in {p} (column {prompt_col!r}) is empty.")
     logprob = _float_column(rows, LOGPROB_COL) if LOGPROB_COL in header else None
     return RoutingData(
         prompts=prompts,
@@ -195,6 +200,135 @@ def load_routellm_csv(
         strong_col=strong_col,
         edge_logprob=None if logprob is None else logprob[keep],
         skipped=int(len(rows) - len(keep)),
+        prompt_col=prompt_col,
+    )
+
+
+def file_columns(path: str | Path) -> list[str]:
+    """The columns of a labelled file, or [] when it cannot be read (the loader says why)."""
+    try:
+        return _read_table(Path(path), header_only=True)[0]
+    except (DataError, OSError):
+        return []
+
+
+def _read_table(
+    path: Path, *, prompt_col: str | None = None, header_only: bool = False
+) -> tuple[list[str], list[dict[str, str]]]:
+    """The file's columns and its rows as text cells (JSON values written as the CSV would hold
+    them: true as "True", null as blank, a conversation as its last user turn)."""
+    if path.suffix.lower() not in JSON_SUFFIXES:
+        csv.field_size_limit(min(sys.maxsize, 2**31 - 1))
+        try:
+            with path.open(newline="", encoding="utf-8") as fh:
+                reader = csv.DictReader(fh)
+                header = list(reader.fieldnames or [])
+                return header, ([] if header_only else list(reader))
+        except (UnicodeDecodeError, csv.Error) as exc:
+            raise DataError(f"{path} is not a readable UTF-8 CSV file ({exc}).") from exc
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise DataError(f"{path} is not UTF-8 text ({exc}).") from exc
+    records = _json_records(path, text)
+    header: list[str] = []
+    seen: set[str] = set()
+    for rec in records:
+        for key in rec:
+            if key not in seen:
+                seen.add(key)
+                header.append(key)
+    if header_only:
+        return header, []
+    prompt_col = _prompt_column(path, header, prompt_col, strict=False)
+    rows = []
+    for i, rec in enumerate(records):
+        row = {}
+        for key, value in rec.items():
+            row[key] = _prompt_cell(path, i, value) if key == prompt_col else _json_cell(value)
+        rows.append(row)
+    return header, rows
+
+
+def _json_records(path: Path, text: str) -> list[dict]:
+    stripped = text.lstrip()
+    if path.suffix.lower() == ".json" and stripped.startswith("["):
+        try:
+            records = json.loads(stripped)
+        except json.JSONDecodeError as exc:
+            raise DataError(f"{path} is not valid JSON ({exc}).") from exc
+        lines = [(i + 1, r) for i, r in enumerate(records)]
+        what = "item"
+    else:
+        lines = []
+        for n, line in enumerate(text.splitlines(), start=1):
+            if not line.strip():
+                continue
+            try:
+                lines.append((n, json.loads(line)))
+            except json.JSONDecodeError as exc:
+                raise DataError(
+                    f"{path} line {n} is not valid JSON ({exc.msg}); JSON Lines holds one object a line."
+                ) from exc
+        what = "line"
+    for n, rec in lines:
+        if not isinstance(rec, dict):
+            raise DataError(
+                f"{path} {what} {n} is a {type(rec).__name__}, not an object with a prompt and scores."
+            )
+    return [rec for _, rec in lines]
+
+
+def _json_cell(value: object) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return "True" if value else "False"
+    if isinstance(value, int | float):
+        return repr(value)
+    if isinstance(value, str):
+        return value
+    return json.dumps(value)  # a list or an object: never a score
+
+
+def _prompt_cell(path: Path, index: int, value: object) -> str:
+    """A JSON prompt: a string, or a conversation (messages or user turns) as its last user turn."""
+    if value is None or isinstance(value, str):
+        return value or ""
+    if isinstance(value, list) and all(isinstance(t, str) for t in value):
+        return value[-1] if value else ""  # user turns, as RouteLLM's conversation prompts hold them
+    if isinstance(value, list):
+        from .._exceptions import InvalidRequestError
+        from .._types import last_user_text, normalize_messages
+
+        try:
+            return last_user_text(normalize_messages(value))
+        except InvalidRequestError as exc:
+            raise DataError(
+                f"{path} record {index + 1}: the prompt is a list but not a conversation ({exc})"
+            ) from exc
+    raise DataError(
+        f"{path} record {index + 1}: the prompt is a {type(value).__name__}; give a string, a list of "
+        "user turns, or a list of {'role', 'content'} messages."
+    )
+
+
+def _prompt_column(path: Path, header: list[str], given: str | None, *, strict: bool = True) -> str:
+    if given is not None:
+        if given not in header and strict:
+            raise DataError(f"{path} has no column {given!r} for --prompt-col; columns: {', '.join(header)}.")
+        return given
+    if PROMPT_COL in header:
+        return PROMPT_COL
+    aliases = [c for c in header if c.lower() in PROMPT_ALIASES]
+    if len(aliases) == 1:
+        return aliases[0]
+    if not strict:
+        return PROMPT_COL
+    raise DataError(
+        f"{path} has no '{PROMPT_COL}' column (columns: {', '.join(header)}); name the prompt "
+        "column with --prompt-col, or use RouteLLM's format: 'prompt' plus one True/False column "
+        "per model."
     )
 
 

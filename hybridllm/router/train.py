@@ -50,7 +50,7 @@ from .classifier import (
     DEFAULT_TOPICS,
     GainScorer,
 )
-from .dataset import RoutingData, load_routellm_csv, texts_digest
+from .dataset import RoutingData, file_columns, load_routellm_csv, texts_digest
 from .embedding_cache import cached_embeddings
 from .evaluate import router_metrics
 from .features import TEXT_FEATURES, feature_matrix
@@ -389,23 +389,26 @@ def train_from_csv(
     weights: list[float] | None = None,
     cascade_paths: list[str | Path] | None = None,
     score_range: tuple[float, float] | None = None,
+    prompt_col: str | None = None,
     progress: bool = False,
 ) -> Router:
     """Train on one CSV or several (``weights``: each file's relative total weight, equal by
     default). ``weak_col``/``strong_col`` apply to the files that have those columns; the others
     must hold exactly two True/False (or [0, 1] score) columns, the less accurate one the edge;
-    ``score_range`` maps graded scores on another scale to [0, 1]. ``cascade_paths``:
+    ``score_range`` maps graded scores on another scale to [0, 1]; ``prompt_col`` names the prompt
+    column in the files that have it (see :func:`load_routellm_csv`). ``cascade_paths``:
     labelled files whose edge log-probabilities calibrate the cascade's floor only. ``progress``:
     progress bars on stderr for embedding the prompts and for the fits (work over a second)."""
     paths = [Path(p) for p in (path if isinstance(path, list) else [path])]
     parts = []
     for p in paths:
-        header = _header_of(p)
+        header = file_columns(p)
         data = load_routellm_csv(
             p,
             weak_col=weak_col if weak_col in header else None,
             strong_col=strong_col if strong_col in header else None,
             score_range=score_range,
+            prompt_col=prompt_col if prompt_col in header else None,
         )
         if not np.any(data.labels == 1):
             raise DataError(
@@ -442,6 +445,8 @@ def train_from_csv(
         parts_cmd += ["--strong-col", repr(strong_col)]
     if score_range is not None:
         parts_cmd += ["--score-range", f"{score_range[0]:g},{score_range[1]:g}"]
+    if prompt_col:
+        parts_cmd += ["--prompt-col", repr(prompt_col)]
     cascade = [load_routellm_csv(p) for p in cascade_paths or []]
     for cpath in cascade_paths or []:
         parts_cmd += ["--cascade-data", str(cpath)]
@@ -478,13 +483,3 @@ def _bar(show: bool, label: str, unit: str) -> Callable[[int, int], None] | None
 
 def _shifted(bar: Callable[[int, int], None], base: int, total: int) -> Callable[[int, int], None]:
     return lambda done, _: bar(base + done, total)
-
-
-def _header_of(path: Path) -> list[str]:
-    import csv
-
-    try:
-        with path.open(newline="", encoding="utf-8") as fh:
-            return next(csv.reader(fh), [])
-    except (OSError, UnicodeDecodeError, csv.Error):
-        return []  # load_routellm_csv explains what is wrong with the file

@@ -41,8 +41,11 @@ def test_header_only(tmp_path):
 
 
 def test_no_prompt_column(tmp_path):
-    with pytest.raises(DataError, match="no 'prompt' column"):
-        load_routellm_csv(write(tmp_path, "question,a,b\nq,True,False\n"))
+    with pytest.raises(DataError, match="no 'prompt' column.*--prompt-col"):
+        load_routellm_csv(write(tmp_path, "body,a,b\nq,True,False\n"))
+    # two columns that could each be the prompt: the file has to say which
+    with pytest.raises(DataError, match="--prompt-col"):
+        load_routellm_csv(write(tmp_path, "question,input,a,b\nq,i,True,False\n", "two.csv"))
 
 
 def test_wrong_model_columns(tmp_path):

@@ -222,8 +222,8 @@ def _read_table(
         try:
             with path.open(newline="", encoding="utf-8") as fh:
                 reader = csv.DictReader(fh)
-                header = list(reader.fieldnames or [])
-                return header, ([] if header_only else list(reader))
+                columns = list(reader.fieldnames or [])
+                return columns, ([] if header_only else list(reader))
         except (UnicodeDecodeError, csv.Error) as exc:
             raise DataError(f"{path} is not a readable UTF-8 CSV file ({exc}).") from exc
     try:

@@ -43,6 +43,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("--strong-col", help="the strong (cloud) model's column (in files that have it)")
     _prompt_col_arg(p)
     _score_range_arg(p)
+    _reference_arg(p)
     p.add_argument("--out", required=True, help="folder to write router.json and weights.npz")
     p.add_argument("--c", type=float, default=None, help="inverse L2 strength of the linear part")
     p.add_argument("--k", type=int, default=None, help="neighbors of the neighbor part")
@@ -64,6 +65,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("--strong-col", help="the strong model's column")
     _prompt_col_arg(p)
     _score_range_arg(p)
+    _reference_arg(p)
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--plot", help="write the cost/quality curves to this PNG")
     p.set_defaults(func=_eval)
@@ -149,6 +151,7 @@ def _train(args: argparse.Namespace) -> int:
         cascade_paths=args.cascade_data,
         score_range=args.score_range,
         prompt_col=args.prompt_col,
+        reference_strong=args.reference_strong,
         progress=True,
     )
     _print(
@@ -187,6 +190,15 @@ def _prompt_col_arg(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _reference_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--reference-strong",
+        action="store_true",
+        help="a file with one model column grades the weak model against the strong model's "
+        "answers as the reference (a judge's marks): the strong model scores the top of the scale",
+    )
+
+
 def _score_range_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--score-range",
@@ -207,6 +219,7 @@ def evaluate_router_on(
     plot: str | None = None,
     score_range: tuple[float, float] | None = None,
     prompt_col: str | None = None,
+    reference_strong: bool = False,
 ) -> dict[str, Any]:
     from .dataset import load_routellm_csv, texts_digest
     from .embedding_cache import cached_embeddings
@@ -221,7 +234,12 @@ def evaluate_router_on(
 
     router = load_router(router_path)
     data = load_routellm_csv(
-        data_path, weak_col=weak_col, strong_col=strong_col, score_range=score_range, prompt_col=prompt_col
+        data_path,
+        weak_col=weak_col,
+        strong_col=strong_col,
+        score_range=score_range,
+        prompt_col=prompt_col,
+        reference_strong=reference_strong,
     )
     embeddings = None
     if router.use_embedding:
@@ -267,6 +285,7 @@ def _eval(args: argparse.Namespace) -> int:
         plot=args.plot,
         score_range=args.score_range,
         prompt_col=args.prompt_col,
+        reference_strong=args.reference_strong,
     )
     if args.json:
         sys.stdout.write(json.dumps(result) + "\n")

@@ -34,6 +34,10 @@ _BLANK = {"", "nan", "none", "null", "na", "n/a"}
 # columns taken as the prompt when a file has no 'prompt' column and exactly one of these
 PROMPT_ALIASES = ("question", "query", "input", "instruction", "text", "messages", "conversation", "turns")
 JSON_SUFFIXES = (".jsonl", ".ndjson", ".json")
+TSV_SUFFIXES = (".tsv", ".tab")
+# formats that need a library the SDK does not depend on: converted first, with a hint
+BINARY_SUFFIXES = (".parquet", ".arrow", ".feather", ".xlsx", ".xls", ".pkl", ".pickle")
+REFERENCE_COL = "(reference)"  # the strong side of a file that grades only the weak model
 
 
 @dataclass(frozen=True)
@@ -115,6 +119,7 @@ def load_routellm_csv(
     strong_col: str | None = None,
     score_range: tuple[float, float] | None = None,
     prompt_col: str | None = None,
+    reference_strong: bool = False,
 ) -> RoutingData:
     """Load a labelled routing file: RouteLLM-format CSV, or JSON Lines with the same fields.
 
@@ -123,6 +128,10 @@ def load_routellm_csv(
     ``score_range=(lo, hi)`` maps graded scores on that scale to [0, 1] (``(s - lo) / (hi - lo)``);
     then the two columns are the ones named, or the only two numeric columns. ``prompt_col`` names
     the prompt column (default: ``prompt``, else the file's only column named like one).
+    ``reference_strong``: a file with one model column grades the weak model against the strong
+    model's answers as the reference (RouteLLM's GPT-4-judged data: 1-5 marks of Mixtral's
+    answers); the strong model then scores the top of the scale on every prompt (``strong_col``
+    is ``"(reference)"``). Files with two model columns load as without it.
     """
     p = Path(path)
     if not p.is_file():
@@ -154,7 +163,13 @@ def load_routellm_csv(
             kind, pool = "score", list(values)
         candidates = [c for c in pool if c not in (weak_col, strong_col)]
         known = [c for c in (weak_col, strong_col) if c is not None]
-        if len(candidates) + len(known) != 2:
+        one = len(candidates) + len(known) == 1
+        if one and reference_strong and strong_col is None:
+            # the file grades the weak model only, against the strong model's answer as the
+            # reference (a judge's marks): the strong model scores the top of the scale
+            weak_col, strong_col = (known + candidates)[0], REFERENCE_COL
+            values[REFERENCE_COL] = np.ones(len(rows))
+        elif len(candidates) + len(known) != 2:
             outside = [c for c in numeric if c not in values]
             if len(pool) < 2 and outside:
                 raise DataError(
@@ -162,18 +177,25 @@ def load_routellm_csv(
                     "scores, give their scale with --score-range LO,HI (say 1,10), and name the "
                     "models with --weak-col and --strong-col if there are more than two."
                 )
+            if one and not reference_strong:
+                raise DataError(
+                    f"{p} has one {kind} model column ({', '.join(known + candidates)}); if it "
+                    "grades the weak model against the strong model's answers as the reference "
+                    "(a judge's marks), pass --reference-strong; else add the other model's column."
+                )
             raise DataError(
                 f"{p} has {len(pool)} {kind} model columns ({', '.join(pool) or 'none'}); "
                 "name the two models with --weak-col and --strong-col."
             )
-        pair = known + candidates
-        pair.sort(key=lambda c: values[c].mean())
-        if weak_col is None and strong_col is None:
-            weak_col, strong_col = pair
-        elif weak_col is None:
-            weak_col = next(c for c in pair if c != strong_col)
         else:
-            strong_col = next(c for c in pair if c != weak_col)
+            pair = known + candidates
+            pair.sort(key=lambda c: values[c].mean())
+            if weak_col is None and strong_col is None:
+                weak_col, strong_col = pair
+            elif weak_col is None:
+                weak_col = next(c for c in pair if c != strong_col)
+            else:
+                strong_col = next(c for c in pair if c != weak_col)
     if weak_col is None or strong_col is None:  # unreachable: both are set above
         raise DataError(f"{p}: could not tell the weak and the strong model columns apart.")
     for col in (weak_col, strong_col):
@@ -217,19 +239,30 @@ def _read_table(
 ) -> tuple[list[str], list[dict[str, str]]]:
     """The file's columns and its rows as text cells (JSON values written as the CSV would hold
     them: true as "True", null as blank, a conversation as its last user turn)."""
-    if path.suffix.lower() not in JSON_SUFFIXES:
+    suffix = path.suffix.lower()
+    if suffix in BINARY_SUFFIXES:
+        raise DataError(
+            f"{path} is a {suffix[1:]} file; write it as CSV or JSON Lines first (pandas: "
+            "df.to_csv('labels.csv', index=False) or df.to_json('labels.jsonl', orient='records', "
+            "lines=True))."
+        )
+    if suffix not in JSON_SUFFIXES:
         csv.field_size_limit(min(sys.maxsize, 2**31 - 1))
-        try:
-            with path.open(newline="", encoding="utf-8") as fh:
-                reader = csv.DictReader(fh)
+        try:  # utf-8-sig: a byte-order mark (Excel, some pandas writers) is not part of the header
+            with path.open(newline="", encoding="utf-8-sig") as fh:
+                reader = csv.DictReader(fh, delimiter="\t" if suffix in TSV_SUFFIXES else ",")
                 columns = list(reader.fieldnames or [])
                 return columns, ([] if header_only else list(reader))
         except (UnicodeDecodeError, csv.Error) as exc:
             raise DataError(f"{path} is not a readable UTF-8 CSV file ({exc}).") from exc
+        except OSError as exc:
+            raise DataError(f"{path} cannot be read ({exc.strerror or exc}).") from exc
     try:
-        text = path.read_text(encoding="utf-8")
+        text = path.read_text(encoding="utf-8-sig")
     except UnicodeDecodeError as exc:
         raise DataError(f"{path} is not UTF-8 text ({exc}).") from exc
+    except OSError as exc:
+        raise DataError(f"{path} cannot be read ({exc.strerror or exc}).") from exc
     records = _json_records(path, text)
     header: list[str] = []
     seen: set[str] = set()

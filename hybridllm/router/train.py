@@ -390,13 +390,15 @@ def train_from_csv(
     cascade_paths: list[str | Path] | None = None,
     score_range: tuple[float, float] | None = None,
     prompt_col: str | None = None,
+    reference_strong: bool = False,
     progress: bool = False,
 ) -> Router:
     """Train on one CSV or several (``weights``: each file's relative total weight, equal by
     default). ``weak_col``/``strong_col`` apply to the files that have those columns; the others
     must hold exactly two True/False (or [0, 1] score) columns, the less accurate one the edge;
     ``score_range`` maps graded scores on another scale to [0, 1]; ``prompt_col`` names the prompt
-    column in the files that have it (see :func:`load_routellm_csv`). ``cascade_paths``:
+    column in the files that have it; ``reference_strong``: a file with one model column grades
+    the weak model against the strong one's answers (see :func:`load_routellm_csv`). ``cascade_paths``:
     labelled files whose edge log-probabilities calibrate the cascade's floor only. ``progress``:
     progress bars on stderr for embedding the prompts and for the fits (work over a second)."""
     paths = [Path(p) for p in (path if isinstance(path, list) else [path])]
@@ -409,6 +411,7 @@ def train_from_csv(
             strong_col=strong_col if strong_col in header else None,
             score_range=score_range,
             prompt_col=prompt_col if prompt_col in header else None,
+            reference_strong=reference_strong,
         )
         if not np.any(data.labels == 1):
             raise DataError(
@@ -447,6 +450,8 @@ def train_from_csv(
         parts_cmd += ["--score-range", f"{score_range[0]:g},{score_range[1]:g}"]
     if prompt_col:
         parts_cmd += ["--prompt-col", repr(prompt_col)]
+    if reference_strong:
+        parts_cmd += ["--reference-strong"]
     cascade = [load_routellm_csv(p) for p in cascade_paths or []]
     for cpath in cascade_paths or []:
         parts_cmd += ["--cascade-data", str(cpath)]

@@ -196,3 +196,76 @@ def test_cli_trains_and_evaluates_json_lines_as_the_csv(tmp_path, capsys):
     bad = _jsonl(tmp_path / "bad.jsonl", [{"body": p, "small": w, "big": s} for p, w, s in rows])
     assert main(["router", "eval", "--data", str(bad), "--router", str(tmp_path / "plain")]) == 1
     assert "--prompt-col" in capsys.readouterr().err
+
+
+def test_byte_order_mark_tab_separated_and_binary_files(tmp_path):
+    ref = load_routellm_csv(_write(tmp_path / "d.csv", CSV))
+    bom = tmp_path / "bom.csv"
+    bom.write_bytes(b"\xef\xbb\xbf" + CSV.encode())  # as Excel writes UTF-8 CSV
+    _same(load_routellm_csv(bom), ref)
+    tsv = tmp_path / "d.tsv"
+    tsv.write_text(CSV.replace(",", "\t").replace("\t\t", "\t\t"), encoding="utf-8")
+    _same(load_routellm_csv(tsv), ref)
+    jbom = tmp_path / "bom.jsonl"
+    jbom.write_bytes(b"\xef\xbb\xbf" + "\n".join(json.dumps(r) for r in RECORDS).encode())
+    _same(load_routellm_csv(jbom), ref)
+    (tmp_path / "d.parquet").write_bytes(b"PAR1\x00\x00PAR1")
+    with pytest.raises(DataError, match="parquet file; write it as CSV or JSON Lines"):
+        load_routellm_csv(tmp_path / "d.parquet")
+
+
+def test_one_model_graded_against_the_strong_reference(tmp_path):
+    """A judge's 1-5 marks of the weak model's answers, with the strong model's as the reference
+    (RouteLLM's GPT-4-judged data): the strong side scores the top of the scale."""
+    path = _write(tmp_path / "judge.csv", 'prompt,mixtral_score\n"a",5\n"b",1\n"c",3\n"d",\n')
+    with pytest.raises(DataError, match="one numeric model column.*--reference-strong"):
+        load_routellm_csv(path, score_range=(1, 5))
+    d = load_routellm_csv(path, score_range=(1, 5), reference_strong=True)
+    assert (d.weak_col, d.strong_col, d.skipped) == ("mixtral_score", "(reference)", 1)
+    np.testing.assert_allclose(d.weak, [1.0, 0.0, 0.5])
+    np.testing.assert_array_equal(d.strong, [1.0, 1.0, 1.0])
+    assert list(d.labels) == [0, 1, 1]
+    # a file with both models' columns loads as it does without the option
+    two = _write(tmp_path / "d.csv", CSV)
+    _same(load_routellm_csv(two, reference_strong=True), load_routellm_csv(two))
+    # True/False correctness of the weak model alone
+    tf = _write(tmp_path / "tf.csv", 'prompt,ok\n"a",True\n"b",False\n')
+    d = load_routellm_csv(tf, reference_strong=True)
+    assert list(d.weak) == [1.0, 0.0] and list(d.strong) == [1.0, 1.0]
+
+
+def test_cli_trains_on_judge_marks_of_the_weak_model(tmp_path, capsys):
+    import csv
+
+    from hybridllm.cli import main
+
+    rng = np.random.default_rng(2)
+    path = tmp_path / "judged.csv"
+    with path.open("w", newline="", encoding="utf-8") as fh:
+        w = csv.writer(fh)
+        w.writerow(["prompt", "mixtral_score"])
+        for p, weak, _ in _labelled():  # long prompts get low marks
+            w.writerow([p, int(rng.integers(4, 6)) if weak else int(rng.integers(1, 3))])
+    out = tmp_path / "r"
+    args = [
+        "router",
+        "train",
+        "--data",
+        str(path),
+        "--out",
+        str(out),
+        "--no-embedding",
+        "--score-range",
+        "1,5",
+    ]
+    assert main(args) == 1
+    assert "--reference-strong" in capsys.readouterr().err
+    assert main([*args, "--reference-strong"]) == 0
+    trained = json.loads(capsys.readouterr().out)
+    assert trained["cv"]["apgr"] > 0.55  # random: 0.5; a gain of the wrong sign reads below it
+    info = json.loads((out / "router.json").read_text())["training"]
+    assert "--reference-strong" in info["command"] and "--score-range 1,5" in info["command"]
+    ev_args = ["router", "eval", "--data", str(path), "--router", str(out), "--json", "--score-range", "1,5"]
+    assert main([*ev_args, "--reference-strong"]) == 0
+    ev = json.loads(capsys.readouterr().out)
+    assert ev["strong_accuracy"] == 1.0 and ev["apgr"] > ev["baselines"]["random"]["apgr"]

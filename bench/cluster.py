@@ -1,6 +1,6 @@
 """Cluster benchmark: our token/prefix request router versus Ray Serve's default router.
 
-    python -m bench.cluster [--json] [--requests 56] [--rate 0.3] [--kv-cache-mb 32]
+    python -m bench.cluster [--json] [--requests 56] [--rate 0.3] [--kv-cache-mb 32] [--trace FILE]
 
 Two phases, one per router, each in its own process with its own fresh local Ray instance and Serve
 (nothing carries over from the other phase): 2 engine replicas of SmolLM2-135M (one torch thread
@@ -368,6 +368,11 @@ def run_phase(router: str, args: argparse.Namespace) -> dict[str, Any]:
         "wall_s": round(wall, 1),
         "phase_s": round(time.perf_counter() - t_start, 1),
         "loadavg_1m": [round(load_start, 2), round(os.getloadavg()[0], 2)],
+        # one record per measured request, in arrival order (written by --trace, not printed)
+        "trace": [
+            {"tenant": q["tenant"], **{k: (round(v, 3) if isinstance(v, float) else v) for k, v in r.items()}}
+            for q, r in zip(reqs, results, strict=True)
+        ],
     }
 
 
@@ -445,6 +450,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--warm-rounds", type=int, default=1, help="rounds of one warm-up request per tenant")
     p.add_argument("--order", default="default,tokens", help="phase order")
     p.add_argument("--phase-timeout", type=float, default=420.0, help="seconds per phase")
+    p.add_argument(
+        "--trace",
+        metavar="FILE",
+        help="also write every measured request (router, tenant, answer length, sent, TTFT, cached "
+        "prompt tokens, error) to this JSON Lines file",
+    )
     p.add_argument("--phase", choices=ROUTERS, help=argparse.SUPPRESS)  # internal: one phase
     p.add_argument("--session-file", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -471,8 +482,14 @@ def main(argv: list[str] | None = None) -> int:
     ]  # fmt: skip
     prefix = _prefix_tokens(prompts)
     phases = {}
+    if args.trace:
+        Path(args.trace).write_text("", encoding="utf-8")
     for router in order:
         phases[router] = _phase_in_child(router, child_argv, args.phase_timeout)
+        trace = phases[router].pop("trace", [])
+        if args.trace:
+            with open(args.trace, "a", encoding="utf-8") as fh:
+                fh.writelines(json.dumps({"router": router, **r}) + "\n" for r in trace)
         say(f"phase {router}: {json.dumps({k: v for k, v in phases[router].items() if k != 'per_replica'})}")
     d, o = phases["default"], phases["tokens"]
     valid = bool(d.get("valid") and o.get("valid"))

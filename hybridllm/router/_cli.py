@@ -159,6 +159,7 @@ def _train(args: argparse.Namespace) -> int:
             "out": str(Path(args.out)),
             "threshold": round(router.threshold, 6),
             "logprob_threshold": round(router.logprob_threshold, 5),
+            "columns": router.info["training"]["columns"],
             **(
                 {"skipped_rows": router.info["training"]["skipped_rows"]}
                 if "skipped_rows" in router.info.get("training", {})

@@ -470,6 +470,10 @@ def train_from_csv(
     )
     if cascade_paths:
         router.info["training"]["cascade_data"] = [Path(p).name for p in cascade_paths]
+    # which columns each file was read with (auto-detected ones included), for the output
+    router.info["training"]["columns"] = {
+        name: {"prompt": d.prompt_col, "weak": d.weak_col, "strong": d.strong_col} for name, d in parts
+    }
     skipped = {name: d.skipped for name, d in parts if d.skipped}
     if skipped:  # rows with a blank weak or strong score: not labelled, left out
         router.info["training"]["skipped_rows"] = skipped

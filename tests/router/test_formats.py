@@ -187,6 +187,7 @@ def test_cli_trains_and_evaluates_json_lines_as_the_csv(tmp_path, capsys):
         outs.append(json.loads(capsys.readouterr().out))
     assert outs[0]["cv"] == outs[1]["cv"] and outs[0]["threshold"] == outs[1]["threshold"]
     assert outs[0]["cv"]["apgr"] > 0.6
+    assert outs[1]["columns"] == {"chats.jsonl": {"prompt": "conversation", "weak": "small", "strong": "big"}}
     info = json.loads((tmp_path / "chats" / "router.json").read_text())["training"]
     assert "--prompt-col 'conversation'" in info["command"]
     # 'conversation' is one of the names taken as the prompt without --prompt-col
@@ -263,6 +264,8 @@ def test_cli_trains_on_judge_marks_of_the_weak_model(tmp_path, capsys):
     assert main([*args, "--reference-strong"]) == 0
     trained = json.loads(capsys.readouterr().out)
     assert trained["cv"]["apgr"] > 0.55  # random: 0.5; a gain of the wrong sign reads below it
+    columns = {"prompt": "prompt", "weak": "mixtral_score", "strong": "(reference)"}
+    assert trained["columns"] == {"judged.csv": columns}
     info = json.loads((out / "router.json").read_text())["training"]
     assert "--reference-strong" in info["command"] and "--score-range 1,5" in info["command"]
     ev_args = ["router", "eval", "--data", str(path), "--router", str(out), "--json", "--score-range", "1,5"]

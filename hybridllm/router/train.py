@@ -402,9 +402,15 @@ def train_from_csv(
     labelled files whose edge log-probabilities calibrate the cascade's floor only. ``progress``:
     progress bars on stderr for embedding the prompts and for the fits (work over a second)."""
     paths = [Path(p) for p in (path if isinstance(path, list) else [path])]
+    headers = [file_columns(p) for p in paths]
+    for flag, col in (("--weak-col", weak_col), ("--strong-col", strong_col), ("--prompt-col", prompt_col)):
+        if col and all(h and col not in h for h in headers):  # an unreadable file says so below
+            raise DataError(
+                f"No --data file has the column {col!r} given with {flag}; their columns: "
+                + "; ".join(f"{p.name}: {', '.join(h)}" for p, h in zip(paths, headers, strict=True))
+            )
     parts = []
-    for p in paths:
-        header = file_columns(p)
+    for p, header in zip(paths, headers, strict=True):
         data = load_routellm_csv(
             p,
             weak_col=weak_col if weak_col in header else None,

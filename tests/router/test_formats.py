@@ -272,3 +272,14 @@ def test_cli_trains_on_judge_marks_of_the_weak_model(tmp_path, capsys):
     assert main([*ev_args, "--reference-strong"]) == 0
     ev = json.loads(capsys.readouterr().out)
     assert ev["strong_accuracy"] == 1.0 and ev["apgr"] > ev["baselines"]["random"]["apgr"]
+
+
+def test_a_named_column_that_no_file_has_is_an_error(tmp_path):
+    from hybridllm.router.train import train_from_csv
+
+    a = _write(tmp_path / "a.csv", CSV)
+    b = _jsonl(tmp_path / "b.jsonl", RECORDS)
+    for option in ("prompt_col", "weak_col", "strong_col"):
+        want = "No --data file has the column 'Prompt'.*a.csv: prompt, small, big"
+        with pytest.raises(DataError, match=want):
+            train_from_csv([a, b], tmp_path / "out", use_embedding=False, **{option: "Prompt"})

@@ -23,7 +23,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .._exceptions import DataError
+from .._exceptions import DataError, InvalidRequestError
+from .._types import last_user_text, normalize_messages
 
 PROMPT_COL = "prompt"
 LOGPROB_COL = "edge_mean_logprob"  # written by `hybridllm router label`
@@ -331,9 +332,6 @@ def _prompt_cell(path: Path, index: int, value: object) -> str:
     if isinstance(value, list) and all(isinstance(t, str) for t in value):
         return value[-1] if value else ""  # user turns, as RouteLLM's conversation prompts hold them
     if isinstance(value, list):
-        from .._exceptions import InvalidRequestError
-        from .._types import last_user_text, normalize_messages
-
         try:
             return last_user_text(normalize_messages(value))
         except InvalidRequestError as exc:

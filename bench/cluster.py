@@ -46,7 +46,6 @@ import json
 import os
 import random
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -278,9 +277,7 @@ def run_phase(router: str, args: argparse.Namespace) -> dict[str, Any]:
     )
     cluster = ClusterConfig(replicas=2, stats_period_s=0.5)
     board = f"bench-cluster-{router}-{os.getpid()}"
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = launch.free_port()  # not an ephemeral one, which Ray's own processes may take first
     load_start = os.getloadavg()[0]
     t_start = time.perf_counter()
     say(f"phase {router}: starting a fresh Ray and Serve, 2 replicas")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+import random
 import re
 import signal
 import socket
@@ -84,6 +85,29 @@ def _connect_hint(address: str) -> str:
             "cluster with token authentication (the default of `ray start` when a token exists) "
             "needs RAY_AUTH_MODE=token and its token in RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH or "
             "~/.ray/auth_token; on a node of the cluster, --ray-address auto finds both")
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port free now, below the OS's ephemeral range (and above Ray's worker ports, 10002-19999).
+
+    A port picked by binding port 0 is an ephemeral one, and while a cluster starts Ray's own
+    processes take ephemeral ports: one of them can take it before Serve's proxy binds it ("Failed
+    to bind to address"). Ports between 20000 and the ephemeral range are handed out to nobody."""
+    low, high = 20000, 32768
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range", encoding="ascii") as fh:
+            high = min(high, int(fh.read().split()[0]))
+    except (OSError, ValueError, IndexError):
+        pass  # not Linux: 32768 is below the ephemeral ranges of macOS and Windows (49152)
+    rng = random.SystemRandom()
+    for _ in range(200):
+        port = rng.randrange(low, max(high, low + 1))
+        try:
+            _check_port(host, port)
+        except ServerError:
+            continue
+        return port
+    raise ServerError(f"no free port between {low} and {high} on {host}")
 
 
 def _check_port(host: str, port: int) -> None:

@@ -8,7 +8,6 @@ delays are cut to seconds so the test runs in about a minute.
 from __future__ import annotations
 
 import concurrent.futures
-import socket
 import threading
 import time
 
@@ -17,6 +16,9 @@ import pytest
 
 ray = pytest.importorskip("ray", reason="needs the [cluster] extra (ray[serve])")
 openai = pytest.importorskip("openai")
+
+from cloud_server.cluster.launch import free_port  # noqa: E402 - after the skips
+
 pytestmark = [
     pytest.mark.real,
     pytest.mark.filterwarnings("ignore::DeprecationWarning"),
@@ -24,12 +26,6 @@ pytestmark = [
 
 MODEL = "smollm2"
 BOARD = "hybridllm-fleet-autoscale-test"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _replicas() -> dict[str, dict]:
@@ -68,7 +64,7 @@ def test_queued_tokens_scale_the_fleet_up_and_back_down(smollm2_path):
         replicas=1, min_replicas=1, max_replicas=2, target_tokens_per_replica=256,
         upscale_delay_s=0.0, downscale_delay_s=2.0, autoscale_window_s=11.0, stats_period_s=0.5,
     )
-    port = _free_port()
+    port = free_port()
     try:
         url = launch.start(
             engine, cfg, host="127.0.0.1", port=port, board_name=BOARD,

@@ -14,7 +14,6 @@ import os
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -26,15 +25,12 @@ import pytest
 
 pytest.importorskip("ray", reason="needs the [cluster] extra (ray[serve])")
 openai = pytest.importorskip("openai")
+
+from cloud_server.cluster.launch import free_port  # noqa: E402 - after the skips
+
 pytestmark = pytest.mark.real
 
 BIN = Path(sys.executable).parent
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _serve_apps(address: str, env: dict[str, str]) -> list[str]:
@@ -72,7 +68,7 @@ def _wait_ok(url: str, server: subprocess.Popen, log: Path, timeout_s: float = 2
 
 
 def test_local_fleet_says_why_a_replica_cannot_start_and_stops_on_sigterm(smollm2_path, tmp_path):
-    port = _free_port()
+    port = free_port()
     # a 1 MiB KV pool holds less than one sequence: the engine refuses it in every replica
     bad = subprocess.run(
         _serve_command(smollm2_path, port, "--kv-cache-memory-mb", "1"),
@@ -111,7 +107,7 @@ def test_local_fleet_says_why_a_replica_cannot_start_and_stops_on_sigterm(smollm
 def test_cli_joins_an_existing_cluster_and_leaves_it_running(smollm2_path, tmp_path):
     ray_bin = shutil.which("ray", path=str(BIN)) or shutil.which("ray")
     assert ray_bin, "the ray CLI comes with ray[serve]"
-    gcs_port, http_port = _free_port(), _free_port()
+    gcs_port, http_port = free_port(), free_port()
     address = f"127.0.0.1:{gcs_port}"
     plain = {k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH")}
     plain["RAY_USAGE_STATS_ENABLED"] = "0"

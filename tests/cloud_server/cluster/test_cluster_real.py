@@ -9,7 +9,6 @@ from __future__ import annotations
 import concurrent.futures
 import os
 import signal
-import socket
 import time
 
 import httpx
@@ -17,6 +16,9 @@ import pytest
 
 ray = pytest.importorskip("ray", reason="needs the [cluster] extra (ray[serve])")
 openai = pytest.importorskip("openai")
+
+from cloud_server.cluster.launch import free_port  # noqa: E402 - after the skips
+
 pytestmark = [
     pytest.mark.real,
     pytest.mark.filterwarnings("ignore::DeprecationWarning"),
@@ -24,12 +26,6 @@ pytestmark = [
 
 MODEL = "smollm2"
 BOARD = "hybridllm-fleet-test"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +37,7 @@ def cluster(smollm2_path):
         str(smollm2_path), num_threads=1, max_model_len=1024, kv_cache_memory_bytes=48 << 20, max_num_seqs=8
     )
     cfg = ClusterConfig(replicas=2, stats_period_s=0.5)
-    port = _free_port()
+    port = free_port()
     try:
         url = launch.start(
             engine,

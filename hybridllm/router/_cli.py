@@ -44,6 +44,7 @@ def register(subparsers: Any) -> None:
     _prompt_col_arg(p)
     _score_range_arg(p)
     _reference_arg(p)
+    _tier_args(p)
     p.add_argument("--out", required=True, help="folder to write router.json and weights.npz")
     p.add_argument("--c", type=float, default=None, help="inverse L2 strength of the linear part")
     p.add_argument("--k", type=int, default=None, help="neighbors of the neighbor part")
@@ -66,6 +67,7 @@ def register(subparsers: Any) -> None:
     _prompt_col_arg(p)
     _score_range_arg(p)
     _reference_arg(p)
+    _tier_args(p)
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--plot", help="write the cost/quality curves to this PNG")
     p.set_defaults(func=_eval)
@@ -105,7 +107,12 @@ def register(subparsers: Any) -> None:
     p.set_defaults(func=_label)
 
     p = sub.add_parser("calibrate", help="set the threshold for a target cloud fraction")
-    p.add_argument("--prompts", required=True, help=".jsonl, .csv or one prompt per line")
+    p.add_argument(
+        "--prompts",
+        required=True,
+        help="JSON Lines (strings or objects), CSV/TSV with a prompt column, or one prompt a line",
+    )
+    _prompt_col_arg(p)
     p.add_argument("--cloud-fraction", type=float, required=True)
     p.add_argument("--router", help="router folder (default: the shipped router)")
     p.add_argument("--out", help="folder for the calibrated router (default: --router)")
@@ -152,6 +159,8 @@ def _train(args: argparse.Namespace) -> int:
         score_range=args.score_range,
         prompt_col=args.prompt_col,
         reference_strong=args.reference_strong,
+        strong_models=args.strong_models,
+        weak_models=args.weak_models,
         progress=True,
     )
     _print(
@@ -200,6 +209,19 @@ def _reference_arg(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _tier_args(p: argparse.ArgumentParser) -> None:
+    for side in ("strong", "weak"):
+        p.add_argument(
+            f"--{side}-models",
+            action="append",
+            default=None,
+            metavar="NAMES",
+            help=f"in files of pairwise judgements (a 'winner' column, arena-style): the {side} "
+            "tier's models, names or globs such as 'gpt-4*', comma-separated or repeated; rows "
+            "between a strong and a weak model are kept",
+        )
+
+
 def _score_range_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--score-range",
@@ -221,6 +243,8 @@ def evaluate_router_on(
     score_range: tuple[float, float] | None = None,
     prompt_col: str | None = None,
     reference_strong: bool = False,
+    strong_models: list[str] | None = None,
+    weak_models: list[str] | None = None,
 ) -> dict[str, Any]:
     from .dataset import load_routellm_csv, texts_digest
     from .embedding_cache import cached_embeddings
@@ -241,6 +265,8 @@ def evaluate_router_on(
         score_range=score_range,
         prompt_col=prompt_col,
         reference_strong=reference_strong,
+        strong_models=strong_models,
+        weak_models=weak_models,
     )
     embeddings = None
     if router.use_embedding:
@@ -287,6 +313,8 @@ def _eval(args: argparse.Namespace) -> int:
         score_range=args.score_range,
         prompt_col=args.prompt_col,
         reference_strong=args.reference_strong,
+        strong_models=args.strong_models,
+        weak_models=args.weak_models,
     )
     if args.json:
         sys.stdout.write(json.dumps(result) + "\n")
@@ -361,7 +389,7 @@ def _calibrate(args: argparse.Namespace) -> int:
     if args.out is None and args.router is None:
         raise DataError("Pass --out DIR for the calibrated router (the shipped one is read-only).")
     router = load_router(args.router)
-    prompts = read_prompts(args.prompts)
+    prompts = read_prompts(args.prompts, args.prompt_col)
     scores = router.score_texts(prompts)
     router.threshold = calibrate_threshold(scores, args.cloud_fraction)
     out = router.save(args.out or args.router)

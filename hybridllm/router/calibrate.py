@@ -11,14 +11,13 @@ as a predictor of "the edge answer is wrong" on labelled answers.
 
 from __future__ import annotations
 
-import csv
-import json
-from pathlib import Path
-
 import numpy as np
 from numpy.typing import ArrayLike
 
 from .._exceptions import DataError
+from .dataset import read_prompts
+
+__all__ = ["calibrate_logprob_threshold", "calibrate_threshold", "read_prompts"]
 
 
 def calibrate_threshold(scores: ArrayLike, cloud_fraction: float) -> float:
@@ -55,52 +54,3 @@ def calibrate_logprob_threshold(mean_logprobs: ArrayLike, correct: ArrayLike) ->
         if balanced > best:
             best_t, best = float(t), float(balanced)
     return best_t
-
-
-def _prompt_of(record: object) -> str:
-    if isinstance(record, str):
-        return record
-    if isinstance(record, dict):
-        for key in ("prompt", "question", "text", "input"):
-            if isinstance(record.get(key), str):
-                return str(record[key])
-        msgs = record.get("messages")
-        if isinstance(msgs, list):
-            users = [m.get("content") for m in msgs
-                     if isinstance(m, dict) and m.get("role") == "user"]
-            if users and isinstance(users[-1], str):
-                return users[-1]
-    raise DataError(
-        "Each prompt record needs a 'prompt', 'question', 'text' or 'messages' field."
-    )
-
-
-def read_prompts(path: str | Path) -> list[str]:
-    """Prompts from ``.jsonl`` (prompt/question/text/messages), ``.csv`` (prompt) or text lines."""
-    p = Path(path)
-    if not p.is_file():
-        raise DataError(f"{p} does not exist; pass a file of prompts with --prompts.")
-    try:
-        raw = p.read_text(encoding="utf-8")
-    except UnicodeDecodeError as exc:
-        raise DataError(f"{p} is not UTF-8 text.") from exc
-    if p.suffix == ".jsonl":
-        prompts = []
-        for i, line in enumerate(raw.splitlines(), 1):
-            if not line.strip():
-                continue
-            try:
-                prompts.append(_prompt_of(json.loads(line)))
-            except json.JSONDecodeError as exc:
-                raise DataError(f"{p} line {i} is not JSON ({exc.msg}).") from exc
-    elif p.suffix == ".csv":
-        rows = list(csv.DictReader(raw.splitlines()))
-        if rows and "prompt" not in rows[0]:
-            raise DataError(f"{p} has no 'prompt' column.")
-        prompts = [r["prompt"] for r in rows]
-    else:
-        prompts = [line for line in raw.splitlines() if line.strip()]
-    prompts = [t for t in prompts if t.strip()]
-    if not prompts:
-        raise DataError(f"{p} holds no prompts.")
-    return prompts

@@ -25,6 +25,7 @@ import numpy as np
 
 from .._exceptions import DataError, InvalidRequestError
 from .._types import last_user_text, normalize_messages
+from .preference import is_preference, judged_scores, tiers_from
 
 PROMPT_COL = "prompt"
 LOGPROB_COL = "edge_mean_logprob"  # written by `hybridllm router label`
@@ -33,7 +34,17 @@ _TRUE = {"true", "1", "yes", "1.0"}
 _FALSE = {"false", "0", "no", "0.0"}
 _BLANK = {"", "nan", "none", "null", "na", "n/a"}
 # columns taken as the prompt when a file has no 'prompt' column and exactly one of these
-PROMPT_ALIASES = ("question", "query", "input", "instruction", "text", "messages", "conversation", "turns")
+PROMPT_ALIASES = (
+    "question",
+    "query",
+    "input",
+    "instruction",
+    "text",
+    "messages",
+    "conversation",
+    "turns",
+    "conversation_a",  # arena-style judgements: both sides hold the same user turns
+)
 JSON_SUFFIXES = (".jsonl", ".ndjson", ".json")
 TSV_SUFFIXES = (".tsv", ".tab")
 # formats that need a library the SDK does not depend on: converted first, with a hint
@@ -121,6 +132,8 @@ def load_routellm_csv(
     score_range: tuple[float, float] | None = None,
     prompt_col: str | None = None,
     reference_strong: bool = False,
+    strong_models: list[str] | None = None,
+    weak_models: list[str] | None = None,
 ) -> RoutingData:
     """Load a labelled routing file: RouteLLM-format CSV, or JSON Lines with the same fields.
 
@@ -133,6 +146,9 @@ def load_routellm_csv(
     model's answers as the reference (RouteLLM's GPT-4-judged data: 1-5 marks of Mixtral's
     answers); the strong model then scores the top of the scale on every prompt (``strong_col``
     is ``"(reference)"``). Files with two model columns load as without it.
+    A file of pairwise judgements (a ``winner`` column, or ``winner_model_a``/``winner_model_b``)
+    is read with ``strong_models``/``weak_models``, the two tiers' model names or globs (see
+    :mod:`hybridllm.router.preference`); then ``weak_col``/``strong_col`` name the models found.
     """
     p = Path(path)
     if not p.is_file():
@@ -143,6 +159,8 @@ def load_routellm_csv(
     prompt_col = _prompt_column(p, header, prompt_col)
     if not rows:
         raise DataError(f"{p} has a header but no rows; add labelled prompts.")
+    if is_preference(header):
+        return _load_judgements(p, header, rows, prompt_col, weak_col, strong_col, strong_models, weak_models)
     for name, col in (("--weak-col", weak_col), ("--strong-col", strong_col)):
         if col is not None and col not in header:
             raise DataError(f"{p} has no column {col!r} for {name}; columns: {', '.join(header)}.")
@@ -211,9 +229,7 @@ def load_routellm_csv(
     if not labelled.any():
         raise DataError(f"No row of {p} has both a {weak_col!r} and a {strong_col!r} score.")
     keep = np.flatnonzero(labelled)
-    prompts = [rows[i].get(prompt_col) or "" for i in keep]
-    if not any(pr.strip() for pr in prompts):
-        raise DataError(f"Every prompt in {p} (column {prompt_col!r}) is empty.")
+    prompts = _prompts(p, rows, keep, prompt_col)
     logprob = _float_column(rows, LOGPROB_COL) if LOGPROB_COL in header else None
     return RoutingData(
         prompts=prompts,
@@ -225,6 +241,58 @@ def load_routellm_csv(
         skipped=int(len(rows) - len(keep)),
         prompt_col=prompt_col,
     )
+
+
+def _load_judgements(
+    p: Path,
+    header: list[str],
+    rows: list[dict[str, str]],
+    prompt_col: str,
+    weak_col: str | None,
+    strong_col: str | None,
+    strong_models: list[str] | None,
+    weak_models: list[str] | None,
+) -> RoutingData:
+    if weak_col or strong_col:
+        raise DataError(
+            f"{p} holds pairwise judgements, not a score column per model: name the models' tiers "
+            "with --strong-models and --weak-models instead of --weak-col and --strong-col."
+        )
+    j = judged_scores(p, header, rows, tiers_from(strong_models), tiers_from(weak_models))
+    return RoutingData(
+        prompts=_prompts(p, rows, j.keep, prompt_col),
+        weak=j.weak,
+        strong=j.strong,
+        weak_col=j.weak_name,
+        strong_col=j.strong_name,
+        skipped=j.left_out,
+        prompt_col=prompt_col,
+    )
+
+
+def _prompts(p: Path, rows: list[dict[str, str]], keep: np.ndarray, prompt_col: str) -> list[str]:
+    json_file = p.suffix.lower() in JSON_SUFFIXES
+    prompts = [_text_prompt(p, int(i), rows[i].get(prompt_col) or "", json_file) for i in keep]
+    if not any(pr.strip() for pr in prompts):
+        raise DataError(f"Every prompt in {p} (column {prompt_col!r}) is empty.")
+    return prompts
+
+
+def _text_prompt(p: Path, i: int, cell: str, json_file: bool) -> str:
+    """A CSV cell that holds a JSON list of turns or messages (as arena exports write the
+    prompt, '["first turn", "second turn"]') is that conversation's last user turn."""
+    if json_file or not cell.startswith("[") or not cell.rstrip().endswith("]"):
+        return cell
+    try:
+        value = json.loads(cell)
+    except json.JSONDecodeError:
+        return cell
+    if not isinstance(value, list) or not value:
+        return cell
+    try:
+        return _prompt_cell(p, i, value)
+    except DataError:
+        return cell  # a list, but not a conversation: the text as written
 
 
 def file_columns(path: str | Path) -> list[str]:
@@ -284,7 +352,8 @@ def _read_table(
     return header, rows
 
 
-def _json_records(path: Path, text: str) -> list[dict]:
+def _json_records(path: Path, text: str, *, strings: bool = False) -> list:
+    """The objects of a JSON array or JSON Lines file (``strings``: bare strings too)."""
     stripped = text.lstrip()
     if path.suffix.lower() == ".json" and stripped.startswith("["):
         try:
@@ -306,7 +375,7 @@ def _json_records(path: Path, text: str) -> list[dict]:
                 ) from exc
         what = "line"
     for n, rec in lines:
-        if not isinstance(rec, dict):
+        if not isinstance(rec, dict) and not (strings and isinstance(rec, str)):
             raise DataError(
                 f"{path} {what} {n} is a {type(rec).__name__}, not an object with a prompt and scores."
             )
@@ -391,6 +460,48 @@ def _float_column(rows: list[dict[str, str]], col: str) -> np.ndarray | None:
         except ValueError:
             return None
     return out if np.isfinite(out).any() else None
+
+
+def read_prompts(path: str | Path, prompt_col: str | None = None) -> list[str]:
+    """Unlabelled prompts (for calibration): JSON Lines or a JSON array (each item a string, or an
+    object whose prompt is read as in a labelled file: ``prompt_col``, else ``prompt``, else the
+    first of the usual names it has), CSV or TSV (the prompt column as in a labelled file), or any
+    other text file, one prompt a line. Blank prompts are dropped."""
+    p = Path(path)
+    if not p.is_file():
+        raise DataError(f"{p} does not exist; pass a file of prompts with --prompts.")
+    suffix = p.suffix.lower()
+    if suffix in JSON_SUFFIXES:
+        try:
+            text = p.read_text(encoding="utf-8-sig")
+        except UnicodeDecodeError as exc:
+            raise DataError(f"{p} is not UTF-8 text ({exc}).") from exc
+        prompts = []
+        for i, rec in enumerate(_json_records(p, text, strings=True)):
+            if isinstance(rec, str):
+                prompts.append(rec)
+                continue
+            keys = [k for k in (prompt_col or PROMPT_COL, *PROMPT_ALIASES) if k in rec]
+            if not keys or (prompt_col and keys[0] != prompt_col):
+                wanted = repr(prompt_col) if prompt_col else f"'{PROMPT_COL}', {', '.join(PROMPT_ALIASES)}"
+                raise DataError(
+                    f"{p} record {i + 1} has no {wanted} field (fields: {', '.join(rec) or 'none'}); "
+                    "name the prompt field with --prompt-col."
+                )
+            prompts.append(_prompt_cell(p, i, rec[keys[0]]))
+    elif suffix in TSV_SUFFIXES or suffix == ".csv" or suffix in BINARY_SUFFIXES:
+        header, rows = _read_table(p)
+        col = _prompt_column(p, header, prompt_col)
+        prompts = [_text_prompt(p, i, r.get(col) or "", False) for i, r in enumerate(rows)]
+    else:
+        try:
+            prompts = p.read_text(encoding="utf-8-sig").splitlines()
+        except UnicodeDecodeError as exc:
+            raise DataError(f"{p} is not UTF-8 text ({exc}).") from exc
+    prompts = [t for t in prompts if t.strip()]
+    if not prompts:
+        raise DataError(f"{p} holds no prompts.")
+    return prompts
 
 
 def texts_digest(texts: list[str]) -> str:

@@ -56,6 +56,7 @@ from .evaluate import router_metrics
 from .features import TEXT_FEATURES, feature_matrix
 from .fit import GATE_C, fit_gain_scorer, fit_source_mixture, learnable
 from .mixture import SourceMixture
+from .preference import is_preference
 from .router import DEFAULT_LOGPROB_THRESHOLD, Router
 
 DEFAULT_FOLDS = 5
@@ -391,6 +392,8 @@ def train_from_csv(
     score_range: tuple[float, float] | None = None,
     prompt_col: str | None = None,
     reference_strong: bool = False,
+    strong_models: list[str] | None = None,
+    weak_models: list[str] | None = None,
     progress: bool = False,
 ) -> Router:
     """Train on one CSV or several (``weights``: each file's relative total weight, equal by
@@ -398,7 +401,8 @@ def train_from_csv(
     must hold exactly two True/False (or [0, 1] score) columns, the less accurate one the edge;
     ``score_range`` maps graded scores on another scale to [0, 1]; ``prompt_col`` names the prompt
     column in the files that have it; ``reference_strong``: a file with one model column grades
-    the weak model against the strong one's answers (see :func:`load_routellm_csv`). ``cascade_paths``:
+    the weak model against the strong one's answers (see :func:`load_routellm_csv`);
+    ``strong_models``/``weak_models``: the two tiers of files of pairwise judgements. ``cascade_paths``:
     labelled files whose edge log-probabilities calibrate the cascade's floor only. ``progress``:
     progress bars on stderr for embedding the prompts and for the fits (work over a second)."""
     paths = [Path(p) for p in (path if isinstance(path, list) else [path])]
@@ -409,6 +413,12 @@ def train_from_csv(
                 f"No --data file has the column {col!r} given with {flag}; their columns: "
                 + "; ".join(f"{p.name}: {', '.join(h)}" for p, h in zip(paths, headers, strict=True))
             )
+    if (strong_models or weak_models) and not any(is_preference(h) for h in headers if h):
+        raise DataError(
+            "--strong-models and --weak-models apply to files of pairwise judgements (a 'winner' "
+            "column, or winner_model_a and winner_model_b), and no --data file has one; name score "
+            "columns with --weak-col and --strong-col."
+        )
     parts = []
     for p, header in zip(paths, headers, strict=True):
         data = load_routellm_csv(
@@ -418,6 +428,8 @@ def train_from_csv(
             score_range=score_range,
             prompt_col=prompt_col if prompt_col in header else None,
             reference_strong=reference_strong,
+            strong_models=strong_models,
+            weak_models=weak_models,
         )
         if not np.any(data.labels == 1):
             raise DataError(
@@ -458,6 +470,9 @@ def train_from_csv(
         parts_cmd += ["--prompt-col", repr(prompt_col)]
     if reference_strong:
         parts_cmd += ["--reference-strong"]
+    for flag, tier in (("--strong-models", strong_models), ("--weak-models", weak_models)):
+        for names in tier or []:
+            parts_cmd += [flag, repr(names)]
     cascade = [load_routellm_csv(p) for p in cascade_paths or []]
     for cpath in cascade_paths or []:
         parts_cmd += ["--cascade-data", str(cpath)]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from hybridllm._exceptions import DataError
@@ -67,5 +69,23 @@ def test_read_prompts_formats(tmp_path):
     assert read_prompts(write(tmp_path, "one\ntwo\n", "p.txt")) == ["one", "two"]
     with pytest.raises(DataError, match="no prompts"):
         read_prompts(write(tmp_path, "\n", "e.txt"))
-    with pytest.raises(DataError, match="not JSON"):
+    with pytest.raises(DataError, match="line 1 is not valid JSON"):
         read_prompts(write(tmp_path, "{oops\n", "b.jsonl"))
+
+
+def test_read_prompts_reads_what_the_labelled_files_hold(tmp_path):
+    """Calibration prompts are read the way training files are: the same prompt columns, the
+    same conversations, TSV and a byte-order mark."""
+    mixed = '"bare string"\n{"query": "q"}\n{"turns": ["first", "second"]}\n'
+    parts = {"messages": [{"role": "system", "content": "s"},
+                          {"role": "user", "content": [{"type": "text", "text": "parts"}]}]}
+    assert read_prompts(write(tmp_path, mixed + json.dumps(parts) + "\n", "m.jsonl")) == [
+        "bare string", "q", "second", "parts"]
+    assert read_prompts(write(tmp_path, '[{"body": "x"}, "y"]', "a.json"), "body") == ["x", "y"]
+    with pytest.raises(DataError, match="record 1 has no 'prompt'.*--prompt-col"):
+        read_prompts(write(tmp_path, '{"body": "x"}\n', "n.jsonl"))
+    assert read_prompts(write(tmp_path, "id,question\n1,a\n2,\n3,c\n", "q.csv")) == ["a", "c"]
+    assert read_prompts(write(tmp_path, "\ufeffprompt\tn\nhi\t1\n", "t.tsv")) == ["hi"]
+    assert read_prompts(write(tmp_path, 'body\n"[""one"", ""two""]"\n', "b.csv"), "body") == ["two"]
+    with pytest.raises(DataError, match="--prompt-col"):
+        read_prompts(write(tmp_path, "body\nx\n", "c.csv"))

@@ -32,7 +32,17 @@ RUNTIME = {
 }
 BUILD = {
     "cache": {"export", "train", "train_reranker", "evaluate", "_cli"},
-    "router": {"fit", "train", "embedding_cache", "calibrate", "label", "dataset", "evaluate", "_cli"},
+    "router": {
+        "fit",
+        "train",
+        "embedding_cache",
+        "calibrate",
+        "label",
+        "dataset",
+        "preference",
+        "evaluate",
+        "_cli",
+    },
 }
 
 

@@ -390,7 +390,14 @@ def _calibrate(args: argparse.Namespace) -> int:
         raise DataError("Pass --out DIR for the calibrated router (the shipped one is read-only).")
     router = load_router(args.router)
     prompts = read_prompts(args.prompts, args.prompt_col)
-    scores = router.score_texts(prompts)
+    embeddings = None
+    if router.use_embedding:  # with progress: ten thousand prompts take over a minute on two cores
+        from .._progress import ProgressBar
+        from .features import embed_texts
+
+        # not through the embeddings cache: these are the user's own requests, kept nowhere
+        embeddings = embed_texts(prompts, progress=ProgressBar("embedding prompts", unit="prompts", scale=1))
+    scores = router.score_texts(prompts, embeddings=embeddings)
     router.threshold = calibrate_threshold(scores, args.cloud_fraction)
     out = router.save(args.out or args.router)
     _print(

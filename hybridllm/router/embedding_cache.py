@@ -1,14 +1,17 @@
 """Embeddings of whole prompt lists kept on disk for training and evaluation (build code).
 
 Embedding ten thousand prompts takes minutes on two cores, so :func:`cached_embeddings` writes them
-to an ``.npz`` keyed by content: the embedder's ONNX file hash and the texts' digest. The folder is
-``$HYBRIDLLM_EMBEDDINGS_DIR``, else ``data_dir()/router_features/``.
+to an ``.npz`` keyed by content: the embedder's ONNX file hash and the texts' digest. Each file also
+holds a hash of every text, so a list that grew (labels appended by ``router label --out`` resuming,
+a file with a few rows edited, a subset of another file) embeds only the texts no file holds. The
+folder is ``$HYBRIDLLM_EMBEDDINGS_DIR``, else ``data_dir()/router_features/``.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import zipfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -48,20 +51,73 @@ def cached_embeddings(
     progress: Callable[[int, int], None] | None = None,
 ) -> np.ndarray:
     """Embeddings of ``texts``, read from or written to an ``.npz`` keyed by their content hash
-    (``progress(done, total)`` while embedding what is not cached)."""
+    (``progress(done, total)`` while embedding what no cached file holds)."""
     folder = cache_dir or feature_cache_dir()
-    path = folder / f"{EMBEDDER_ID}-{embedder_fingerprint()}-{texts_digest(list(texts))}.npz"
-    if path.is_file():
-        try:
-            with np.load(path, allow_pickle=False) as npz:
-                cached = np.asarray(npz["embeddings"], dtype=np.float32)
-            if cached.shape == (len(texts), EMBEDDING_DIM):
-                return cached
-        except (OSError, ValueError, KeyError):
-            pass  # a partial or foreign file: recompute below
-    emb = embed_texts(texts, progress=progress)
+    # "single": each text embedded alone, as at run time (files from batched embedding are not read)
+    prefix = f"{EMBEDDER_ID}-{embedder_fingerprint()}-single-"
+    path = folder / f"{prefix}{texts_digest(list(texts))}.npz"
+    cached = _read(path)
+    if cached is not None and cached[0].shape == (len(texts), EMBEDDING_DIM):
+        return cached[0]
+    keys = _text_keys(texts)
+    emb = np.zeros((len(texts), EMBEDDING_DIM), dtype=np.float32)
+    missing = _fill_from_other_files(folder, prefix, keys, emb)
+    if len(missing):
+        emb[missing] = embed_texts([texts[i] for i in missing], progress=progress)
     folder.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.stem + ".tmp.npz")
-    np.savez(tmp, embeddings=emb)
+    tmp = path.with_name(f"{path.stem}.{os.getpid()}.tmp.npz")  # two processes never share one
+    np.savez(tmp, embeddings=emb, keys=keys)
     tmp.replace(path)
     return emb
+
+
+def _text_keys(texts: Sequence[str]) -> np.ndarray:
+    """``[n]`` 16-byte hashes of the texts (``S16``: saved without pickle)."""
+    return np.array(
+        [hashlib.sha256(t.encode("utf-8", "surrogatepass")).digest()[:16] for t in texts], dtype="S16"
+    )
+
+
+def _read(path: Path) -> tuple[np.ndarray, np.ndarray | None] | None:
+    """A cache file's embeddings and text hashes (None for files written before them), or None
+    when it is missing, partial or foreign."""
+    if not path.is_file():
+        return None
+    try:
+        with np.load(path, allow_pickle=False) as npz:
+            emb = np.asarray(npz["embeddings"], dtype=np.float32)
+            keys = np.asarray(npz["keys"]) if "keys" in npz.files else None
+    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile):
+        return None
+    if emb.ndim != 2 or emb.shape[1] != EMBEDDING_DIM or (keys is not None and len(keys) != len(emb)):
+        return None
+    return emb, keys
+
+
+def _fill_from_other_files(folder: Path, prefix: str, keys: np.ndarray, emb: np.ndarray) -> np.ndarray:
+    """Copy into ``emb`` the rows other cache files of this embedder hold (newest file first);
+    return the indices still missing."""
+    want: dict[bytes, list[int]] = {}
+    for i, k in enumerate(keys.tolist()):
+        want.setdefault(k, []).append(i)
+    found = folder.glob(f"{prefix}*.npz") if folder.is_dir() else []
+    # newest first; a ".tmp.npz" is another process's file still being written
+    files = sorted((f for f in found if not f.name.endswith(".tmp.npz")), key=_mtime, reverse=True)
+    for f in files:
+        if not want:
+            break
+        got = _read(f)
+        if got is None or got[1] is None:
+            continue
+        for row, k in enumerate(got[1].tolist()):
+            rows = want.pop(k, None)
+            if rows is not None:
+                emb[rows] = got[0][row]
+    return np.array(sorted(i for rows in want.values() for i in rows), dtype=np.int64)
+
+
+def _mtime(path: Path) -> float:
+    try:
+        return path.stat().st_mtime
+    except OSError:  # removed meanwhile: read last (and skipped)
+        return 0.0

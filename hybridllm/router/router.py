@@ -88,7 +88,8 @@ class Router:
     def score_texts(
         self, texts: Sequence[str], *, embeddings: np.ndarray | None = None
     ) -> np.ndarray:
-        """Score many prompts at once (batched embedding): ``[n]`` float64."""
+        """Score many prompts at once: ``[n]`` float64, each as :meth:`score_text` scores it (the
+        prompts are embedded one at a time, as at run time; see :meth:`Embedder.embed`)."""
         if self.use_embedding and embeddings is None:
             embeddings = embed_texts(texts)
         x = feature_matrix(texts, use_embedding=self.use_embedding, embeddings=embeddings)

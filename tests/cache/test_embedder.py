@@ -53,6 +53,16 @@ def test_shape_norm_and_order() -> None:
     assert emb.embed([]).shape == (0, 384)
 
 
+def test_default_embedding_is_the_run_time_one() -> None:
+    """Training and calibration embed lists with ``embed``; the router and the cache embed one
+    prompt with ``embed_one`` at run time. The int8 model's vectors depend on the batch, so the
+    default must embed each text alone: the same vector, to the bit."""
+    emb = get_embedder()
+    texts = [t for t in TEXTS if t] + ["a much longer question " * 20]
+    singles = np.stack([emb.embed_one(t) for t in texts])
+    np.testing.assert_array_equal(emb.embed(texts), singles)
+
+
 def test_shared_instance_is_one_object_across_threads() -> None:
     seen: list[Embedder] = []
     threads = [threading.Thread(target=lambda: seen.append(get_embedder())) for _ in range(4)]

@@ -162,3 +162,13 @@ def test_shipped_router_sends_the_demos_word_problem_to_the_cloud(shipped):
 
     assert shipped.route(demo.WHILE_DOWN)[0] == "cloud"
     assert shipped.route("What is the capital of France?")[0] == "edge"
+
+
+def test_batch_scores_are_the_run_time_scores(shipped, shared_data):
+    """``score_texts`` (train, eval, calibrate) and ``score`` (each request) give one prompt the
+    same score: a threshold calibrated on a file is the one live traffic meets."""
+    lines = (shared_data / "routellm" / "gsm8k_train_questions.jsonl").read_text().splitlines()
+    prompts = [json.loads(x)["question"] for x in lines[:40]] + ["hi", "What is the capital of France?"]
+    batch = shipped.score_texts(prompts)
+    one = np.array([shipped.score(p) for p in prompts])
+    np.testing.assert_allclose(batch, one, rtol=0, atol=1e-6)  # float32 BLAS: batch vs one row

@@ -1,0 +1,75 @@
+"""The embeddings cache: a list it has seen whole is read back; a list that grew embeds only its
+new texts; broken files are recomputed, never trusted."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from hybridllm.router import embedding_cache
+from hybridllm.router.features import EMBEDDING_DIM
+
+
+def _vectors(texts):
+    out = np.zeros((len(texts), EMBEDDING_DIM), dtype=np.float32)
+    for i, t in enumerate(texts):
+        out[i, sum(t.encode()) % EMBEDDING_DIM] = 1.0
+        out[i, len(t) % EMBEDDING_DIM] += 2.0
+    return out
+
+
+def _fake(monkeypatch):
+    """A deterministic embedder (``_vectors``) that records what it was asked to embed."""
+    calls: list[list[str]] = []
+
+    def embed(texts, progress=None):
+        calls.append(list(texts))
+        if progress is not None:
+            progress(len(texts), len(texts))
+        return _vectors(texts)
+
+    monkeypatch.setattr(embedding_cache, "embed_texts", embed)
+    monkeypatch.setattr(embedding_cache, "embedder_fingerprint", lambda: "f" * 12)
+    return _vectors, calls
+
+
+def test_a_grown_list_embeds_only_its_new_texts(tmp_path, monkeypatch):
+    embed, calls = _fake(monkeypatch)
+    first = [f"question {i}" for i in range(50)]
+    a = embedding_cache.cached_embeddings(first, cache_dir=tmp_path)
+    assert calls == [first]
+    np.testing.assert_array_equal(a, embed(first))
+    calls.clear()
+    # the same list: read back whole
+    np.testing.assert_array_equal(embedding_cache.cached_embeddings(first, cache_dir=tmp_path), a)
+    assert calls == []
+    # rows appended (a resumed labelling run), one edited, one repeated, the order changed
+    grown = ["new one", *reversed(first[1:]), "question 0 (edited)", "new two", "question 7"]
+    progress = []
+    b = embedding_cache.cached_embeddings(grown, cache_dir=tmp_path, progress=lambda d, t: progress.append(t))
+    assert calls == [["new one", "question 0 (edited)", "new two"]]
+    assert progress == [3]
+    calls.clear()
+    np.testing.assert_array_equal(b, embed(grown))
+    # a subset of both lists: nothing to embed
+    subset = ["new two", "question 3"]
+    got = embedding_cache.cached_embeddings(subset, cache_dir=tmp_path)
+    np.testing.assert_array_equal(got, embed(subset))
+    assert calls == []
+
+
+def test_broken_or_old_files_are_recomputed(tmp_path, monkeypatch):
+    embed, calls = _fake(monkeypatch)
+    texts = ["a", "b", "c"]
+    embedding_cache.cached_embeddings(texts, cache_dir=tmp_path)
+    (path,) = tmp_path.glob("*.npz")
+    path.write_bytes(b"not an npz")  # a partial write or another program's file
+    calls.clear()
+    np.testing.assert_array_equal(embedding_cache.cached_embeddings(texts, cache_dir=tmp_path), embed(texts))
+    assert calls == [texts]
+    # a file written before per-text hashes: still read whole, never used for other lists
+    np.savez(path, embeddings=embed(texts))
+    calls.clear()
+    np.testing.assert_array_equal(embedding_cache.cached_embeddings(texts, cache_dir=tmp_path), embed(texts))
+    assert calls == []
+    embedding_cache.cached_embeddings(["a", "d"], cache_dir=tmp_path)
+    assert calls == [["a", "d"]]

@@ -148,7 +148,7 @@ def load_routellm_csv(
     is ``"(reference)"``). Files with two model columns load as without it.
     A file of pairwise judgements (a ``winner`` column, or ``winner_model_a``/``winner_model_b``)
     is read with ``strong_models``/``weak_models``, the two tiers' model names or globs (see
-    :mod:`hybridllm.router.preference`); then ``weak_col``/``strong_col`` name the models found.
+    :mod:`hybridllm.router.preference`), unless ``weak_col``/``strong_col`` name score columns.
     """
     p = Path(path)
     if not p.is_file():
@@ -159,8 +159,8 @@ def load_routellm_csv(
     prompt_col = _prompt_column(p, header, prompt_col)
     if not rows:
         raise DataError(f"{p} has a header but no rows; add labelled prompts.")
-    if is_preference(header):
-        return _load_judgements(p, header, rows, prompt_col, weak_col, strong_col, strong_models, weak_models)
+    if is_preference(header) and not (weak_col or strong_col):  # named score columns win
+        return _load_judgements(p, header, rows, prompt_col, strong_models, weak_models)
     for name, col in (("--weak-col", weak_col), ("--strong-col", strong_col)):
         if col is not None and col not in header:
             raise DataError(f"{p} has no column {col!r} for {name}; columns: {', '.join(header)}.")
@@ -248,16 +248,9 @@ def _load_judgements(
     header: list[str],
     rows: list[dict[str, str]],
     prompt_col: str,
-    weak_col: str | None,
-    strong_col: str | None,
     strong_models: list[str] | None,
     weak_models: list[str] | None,
 ) -> RoutingData:
-    if weak_col or strong_col:
-        raise DataError(
-            f"{p} holds pairwise judgements, not a score column per model: name the models' tiers "
-            "with --strong-models and --weak-models instead of --weak-col and --strong-col."
-        )
     j = judged_scores(p, header, rows, tiers_from(strong_models), tiers_from(weak_models))
     return RoutingData(
         prompts=_prompts(p, rows, j.keep, prompt_col),

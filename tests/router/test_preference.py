@@ -149,8 +149,10 @@ def test_judgement_errors_say_what_to_do(tmp_path):
         load_routellm_csv(path, strong_models=["gpt-4*"], weak_models=["*-0613"])
     with pytest.raises(DataError, match="No judgement .* is between"):
         load_routellm_csv(path, strong_models=["claude*"], weak_models=["mixtral*"])
-    with pytest.raises(DataError, match="instead of --weak-col"):
-        load_routellm_csv(path, weak_col="model_a", **TIERS)
+    # a file with both: named score columns are read as scores, the judgements left aside
+    both = _jsonl(tmp_path / "both.jsonl", [{**b, "w": 0.5, "s": 1.0} for b in battles])
+    d = load_routellm_csv(both, weak_col="w", strong_col="s")
+    assert (d.weak_col, d.strong_col, len(d.prompts)) == ("w", "s", len(battles))
     odd = _jsonl(tmp_path / "odd.jsonl", [{**battles[0], "winner": "gpt-5"}])
     with pytest.raises(DataError, match="row 1: the winner 'gpt-5' is neither side"):
         load_routellm_csv(odd, **TIERS)

@@ -87,7 +87,8 @@ def judged_scores(
         raise DataError(
             f"{path} holds pairwise judgements ({_shape(header)}) between {len(models)} models; say "
             "which are strong and which weak with --strong-models and --weak-models (names or "
-            f"globs, comma-separated). Most judged: {_most(models)}."
+            "globs, comma-separated), or, to train on score columns it also has, name them with "
+            f"--weak-col and --strong-col. Most judged: {_most(models)}."
         )
     tier: dict[str, str] = {}
     for m in models:

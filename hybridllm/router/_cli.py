@@ -210,14 +210,14 @@ def _reference_arg(p: argparse.ArgumentParser) -> None:
 
 
 def _tier_args(p: argparse.ArgumentParser) -> None:
-    for side in ("strong", "weak"):
+    for side, example in (("strong", "gpt-4*"), ("weak", "mixtral*")):
         p.add_argument(
             f"--{side}-models",
             action="append",
             default=None,
             metavar="NAMES",
             help=f"in files of pairwise judgements (a 'winner' column, arena-style): the {side} "
-            "tier's models, names or globs such as 'gpt-4*', comma-separated or repeated; rows "
+            f"tier's models, names or globs such as '{example}', comma-separated or repeated; rows "
             "between a strong and a weak model are kept",
         )
 

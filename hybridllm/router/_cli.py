@@ -55,7 +55,9 @@ def register(subparsers: Any) -> None:
         "--topics", type=int, default=None, help="k-means clusters of the topic part (0 turns it off)"
     )
     p.add_argument("--topic-mix", type=float, default=None, help="weight of the topic part, 0..1")
-    p.add_argument("--folds", type=int, default=5)
+    p.add_argument(
+        "--folds", type=int, default=5, help="cross-validation folds, by question (default: 5)"
+    )
     p.add_argument("--no-embedding", action="store_true", help="text features only")
     p.set_defaults(func=_train)
 
@@ -113,7 +115,12 @@ def register(subparsers: Any) -> None:
         help="JSON Lines (strings or objects), CSV/TSV with a prompt column, or one prompt a line",
     )
     _prompt_col_arg(p)
-    p.add_argument("--cloud-fraction", type=float, required=True)
+    p.add_argument(
+        "--cloud-fraction",
+        type=float,
+        required=True,
+        help="share of these prompts to send to the cloud, 0..1; the threshold is set to that quantile",
+    )
     p.add_argument("--router", help="router folder (default: the shipped router)")
     p.add_argument("--out", help="folder for the calibrated router (default: --router)")
     p.set_defaults(func=_calibrate)

@@ -3,8 +3,9 @@
 Embedding ten thousand prompts takes minutes on two cores, so :func:`cached_embeddings` writes them
 to an ``.npz`` keyed by content: the embedder's ONNX file hash and the texts' digest. Each file also
 holds a hash of every text, so a list that grew (labels appended by ``router label --out`` resuming,
-a file with a few rows edited, a subset of another file) embeds only the texts no file holds. The
-folder is ``$HYBRIDLLM_EMBEDDINGS_DIR``, else ``data_dir()/router_features/``.
+a file with a few rows edited, a subset of another file) embeds only the texts no file holds, and a
+file whose texts are all in the new one is removed. The folder is ``$HYBRIDLLM_EMBEDDINGS_DIR``,
+else ``data_dir()/router_features/``.
 """
 
 from __future__ import annotations
@@ -61,13 +62,15 @@ def cached_embeddings(
         return cached[0]
     keys = _text_keys(texts)
     emb = np.zeros((len(texts), EMBEDDING_DIM), dtype=np.float32)
-    missing = _fill_from_other_files(folder, prefix, keys, emb)
+    missing, covered = _fill_from_other_files(folder, prefix, keys, emb)
     if len(missing):
         emb[missing] = embed_texts([texts[i] for i in missing], progress=progress)
     folder.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f"{path.stem}.{os.getpid()}.tmp.npz")  # two processes never share one
     np.savez(tmp, embeddings=emb, keys=keys)
     tmp.replace(path)
+    for old in covered:  # every vector of theirs is in the new file: a list that grew keeps one file
+        old.unlink(missing_ok=True)
     return emb
 
 
@@ -94,26 +97,33 @@ def _read(path: Path) -> tuple[np.ndarray, np.ndarray | None] | None:
     return emb, keys
 
 
-def _fill_from_other_files(folder: Path, prefix: str, keys: np.ndarray, emb: np.ndarray) -> np.ndarray:
+def _fill_from_other_files(
+    folder: Path, prefix: str, keys: np.ndarray, emb: np.ndarray
+) -> tuple[np.ndarray, list[Path]]:
     """Copy into ``emb`` the rows other cache files of this embedder hold (newest file first);
-    return the indices still missing."""
+    return the indices still missing, and the files read whose texts are all in ``keys``."""
     want: dict[bytes, list[int]] = {}
     for i, k in enumerate(keys.tolist()):
         want.setdefault(k, []).append(i)
     found = folder.glob(f"{prefix}*.npz") if folder.is_dir() else []
     # newest first; a ".tmp.npz" is another process's file still being written
     files = sorted((f for f in found if not f.name.endswith(".tmp.npz")), key=_mtime, reverse=True)
+    wanted = set(want)
+    covered = []
     for f in files:
         if not want:
             break
         got = _read(f)
         if got is None or got[1] is None:
             continue
-        for row, k in enumerate(got[1].tolist()):
+        theirs = got[1].tolist()
+        for row, k in enumerate(theirs):
             rows = want.pop(k, None)
             if rows is not None:
                 emb[rows] = got[0][row]
-    return np.array(sorted(i for rows in want.values() for i in rows), dtype=np.int64)
+        if wanted.issuperset(theirs):
+            covered.append(f)
+    return np.array(sorted(i for rows in want.values() for i in rows), dtype=np.int64), covered
 
 
 def _mtime(path: Path) -> float:

@@ -50,6 +50,13 @@ def test_a_grown_list_embeds_only_its_new_texts(tmp_path, monkeypatch):
     assert progress == [3]
     calls.clear()
     np.testing.assert_array_equal(b, embed(grown))
+    assert len(list(tmp_path.glob("*.npz"))) == 2  # "question 0" is only in the first file
+    # rows appended to the grown list: its file is replaced, not joined by a third
+    appended = [*grown, "new three"]
+    got = embedding_cache.cached_embeddings(appended, cache_dir=tmp_path)
+    np.testing.assert_array_equal(got, embed(appended))
+    assert calls == [["new three"]] and len(list(tmp_path.glob("*.npz"))) == 2
+    calls.clear()
     # a subset of both lists: nothing to embed
     subset = ["new two", "question 3"]
     got = embedding_cache.cached_embeddings(subset, cache_dir=tmp_path)

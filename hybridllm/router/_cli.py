@@ -253,6 +253,8 @@ def evaluate_router_on(
     strong_models: list[str] | None = None,
     weak_models: list[str] | None = None,
 ) -> dict[str, Any]:
+    import numpy as np
+
     from .dataset import load_routellm_csv, texts_digest
     from .embedding_cache import cached_embeddings
     from .evaluate import (
@@ -293,14 +295,23 @@ def evaluate_router_on(
     }
     result["weak_accuracy"] = round(float(data.weak.mean()), 4)
     result["strong_accuracy"] = round(float(data.strong.mean()), 4)
+    # what the router does at its own threshold on traffic like this file: the share sent to the
+    # strong model and the quality of that mix, also as a share of always using the strong model
+    cloud = scores >= router.threshold
+    quality = float(np.where(cloud, data.strong, data.weak).mean())
+    result["at_threshold"] = {
+        "threshold": round(float(router.threshold), 6),
+        "cloud_fraction": round(float(cloud.mean()), 4),
+        "quality": round(quality, 4),
+        # router_metrics above refused data where the strong model is not better: its mean is > 0
+        "quality_over_strong": round(quality / float(data.strong.mean()), 4),
+    }
     if data.skipped:
         result["skipped_rows"] = data.skipped
     training = router.info.get("training", {})
     digests = {training.get("data_digest")} | {s.get("data_digest") for s in training.get("sources", [])}
     result["trained_on_this_data"] = texts_digest(data.prompts) in digests
     if plot:
-        import numpy as np
-
         curves = {
             "router": quality_curve(scores, data.weak, data.strong),
             "length": quality_curve([len(p) for p in data.prompts], data.weak, data.strong),
@@ -334,6 +345,11 @@ def _eval(args: argparse.Namespace) -> int:
     ]
     for name, m in (("router", result), ("random", base["random"]), ("length", base["length"])):
         lines.append(f"{name:8}{m['apgr']:8.3f}{m['cpt50']:8.3f}{m['cpt80']:8.3f}{m['calls_at_95']:10.3f}")
+    at = result["at_threshold"]
+    lines.append(
+        f"at the router's threshold {at['threshold']:.4f}: {at['cloud_fraction']:.1%} to the strong model, "
+        f"quality {at['quality']:.4f} ({at['quality_over_strong']:.1%} of strong-only)"
+    )
     if result["trained_on_this_data"]:
         lines.append("note: the router was trained on this data (in-sample figures)")
     sys.stdout.write("\n".join(lines) + "\n")

@@ -42,6 +42,20 @@ def test_train_eval_calibrate(small_csv, tmp_path, capsys):
     assert {"apgr", "cpt50", "cpt80", "calls_at_95", "n"} <= set(ev) and ev["n"] == 400
     assert set(ev["baselines"]) == {"random", "length"}
     assert plot.stat().st_size > 1000
+    # at the router's own threshold: the share sent to the strong model and the mix's quality
+    from hybridllm.router.dataset import load_routellm_csv
+    from hybridllm.router.router import load_router
+
+    router, data = load_router(out), load_routellm_csv(small_csv)
+    cloud = router.score_texts(data.prompts) >= router.threshold
+    mixed = np.where(cloud, data.strong, data.weak).mean()
+    at = ev["at_threshold"]
+    assert at["threshold"] == pytest.approx(router.threshold, abs=1e-6)
+    assert at["cloud_fraction"] == pytest.approx(cloud.mean(), abs=1e-4) and 0 < at["cloud_fraction"] < 1
+    assert at["quality"] == pytest.approx(mixed, abs=1e-4)
+    assert at["quality_over_strong"] == pytest.approx(mixed / data.strong.mean(), abs=1e-4)
+    assert main(["router", "eval", "--data", str(small_csv), "--router", str(out)]) == 0
+    assert "to the strong model, quality" in capsys.readouterr().out
 
     prompts = tmp_path / "traffic.txt"
     prompts.write_text("\n".join("hello " * (i % 50 + 1) + str(i) for i in range(400)))

@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ._exceptions import InvalidRequestError
-from .prompts import text_of_content
+from .prompts import checked_text, text_of_content
 
 Message = dict[str, Any]  # OpenAI shape: {"role": "user", "content": "..."}
 Messages = list[Message]
@@ -21,7 +21,7 @@ def normalize_messages(messages: str | Sequence[Message]) -> Messages:
     if isinstance(messages, str):
         if not messages.strip():
             raise InvalidRequestError("The prompt is empty: pass a non-empty string or messages.")
-        return [{"role": "user", "content": messages}]
+        return [{"role": "user", "content": checked_text(messages, "The prompt")}]
     if not isinstance(messages, Sequence) or isinstance(messages, bytes):
         raise InvalidRequestError(
             "messages must be a string or a list of {'role': ..., 'content': ...} dicts."

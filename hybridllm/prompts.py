@@ -19,6 +19,7 @@ an answer the cloud broke off, and what makes "both sides answer alike" hold.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -40,10 +41,33 @@ __all__ = [
 ]
 
 
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def valid_text(text: str) -> str:
+    """``text`` with every lone surrogate replaced by U+FFFD. JSON may escape half an emoji
+    ("\\ud83d"), and Python decodes it as is; such a string cannot be encoded as UTF-8, which the
+    tokenizers and llama.cpp need (a UnicodeEncodeError or TypeError otherwise). For bulk text
+    (training files, the embedder's callers); a request's messages are refused instead."""
+    return _LONE_SURROGATE.sub("\ufffd", text) if _LONE_SURROGATE.search(text) else text
+
+
+def checked_text(text: str, where: str) -> str:
+    """``text``, or InvalidRequestError when it holds a lone surrogate (as the HTTP servers refuse
+    such a string in a JSON body)."""
+    if _LONE_SURROGATE.search(text):
+        raise InvalidRequestError(
+            f"{where} holds a lone UTF-16 surrogate (such as \\ud83d, half of an emoji), which is "
+            "not valid text; pass well-formed Unicode."
+        )
+    return text
+
+
 def text_of_content(content: Any, *, where: str = "content") -> str:
-    """The text of a message's ``content``: a string, or OpenAI content parts (text only)."""
+    """The text of a message's ``content``: a string, or OpenAI content parts (text only); text
+    that is not valid Unicode is refused (:func:`checked_text`)."""
     if isinstance(content, str):
-        return content
+        return checked_text(content, where)
     if isinstance(content, list):
         texts = []
         for j, part in enumerate(content):
@@ -61,7 +85,7 @@ def text_of_content(content: Any, *, where: str = "content") -> str:
                 raise InvalidRequestError(
                     f"{where}[{j}]['text'] must be a string, got {type(text).__name__}."
                 )
-            texts.append(text)
+            texts.append(checked_text(text, f"{where}[{j}]['text']"))
         return "\n".join(texts)
     raise InvalidRequestError(f"{where} must be a string or a list of text parts.")
 

@@ -43,3 +43,17 @@ def test_messages_normalized():
     assert normalize_messages(parts)[0]["content"] == "a\nb"  # as vLLM joins text parts
     assert normalize_messages([{"role": "developer", "content": "s"},
                                {"role": "user", "content": "u"}])[0]["role"] == "system"
+
+
+def test_half_an_emoji_is_refused_as_the_servers_refuse_it():
+    """A lone surrogate (JSON's "\\ud83d" without its pair) cannot be encoded for the tokenizers or
+    llama.cpp: the request gets an InvalidRequestError naming where, not a UnicodeEncodeError."""
+    from hybridllm._exceptions import InvalidRequestError
+    from hybridllm._types import normalize_messages
+
+    with pytest.raises(InvalidRequestError, match="The prompt holds a lone UTF-16 surrogate"):
+        normalize_messages("hi \ud83d")
+    parts = [{"role": "user", "content": [{"type": "text", "text": "x \udc00"}]}]
+    with pytest.raises(InvalidRequestError, match=r"messages\[0\]\['content'\]\[0\]\['text'\] holds a lone"):
+        normalize_messages(parts)
+    assert normalize_messages("hi \U0001f600")[0]["content"] == "hi \U0001f600"  # a whole emoji is fine

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from .._exceptions import ModelError
+from ..prompts import valid_text
 from .prepare import FP32_NAME, INT8_NAME, TOKENIZER_NAME
 
 
@@ -77,6 +78,8 @@ class OnnxEncoder:
 
     def run(self, inputs: Sequence[str] | Sequence[tuple[str, str]]) -> np.ndarray:
         """The graph's output for one batch of texts or text pairs."""
-        ids, mask, types = pad_batch(self._tokenizer.encode_batch(list(inputs)))
+        # a direct caller may pass any str: half an emoji would make the tokenizer raise TypeError
+        texts = [valid_text(x) if isinstance(x, str) else tuple(map(valid_text, x)) for x in inputs]
+        ids, mask, types = pad_batch(self._tokenizer.encode_batch(texts))
         (out,) = self._session.run(None, {"input_ids": ids, "attention_mask": mask, "token_type_ids": types})
         return np.asarray(out, dtype=np.float32)

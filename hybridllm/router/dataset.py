@@ -14,6 +14,7 @@ labelled (a failed or skipped answer): it is left out and counted in ``skipped``
 
 from __future__ import annotations
 
+import ast
 import csv
 import hashlib
 import json
@@ -25,6 +26,7 @@ import numpy as np
 
 from .._exceptions import DataError, InvalidRequestError
 from .._types import last_user_text, normalize_messages
+from ..prompts import valid_text
 from .preference import is_preference, judged_scores, tiers_from
 
 PROMPT_COL = "prompt"
@@ -159,7 +161,8 @@ def load_routellm_csv(
     prompt_col = _prompt_column(p, header, prompt_col)
     if not rows:
         raise DataError(f"{p} has a header but no rows; add labelled prompts.")
-    if is_preference(header) and not (weak_col or strong_col):  # named score columns win
+    tiers_given = bool(tiers_from(strong_models) or tiers_from(weak_models))
+    if is_preference(header, tiers_given) and not (weak_col or strong_col):  # named score columns win
         return _load_judgements(p, header, rows, prompt_col, strong_models, weak_models)
     for name, col in (("--weak-col", weak_col), ("--strong-col", strong_col)):
         if col is not None and col not in header:
@@ -202,9 +205,15 @@ def load_routellm_csv(
                     "grades the weak model against the strong model's answers as the reference "
                     "(a judge's marks), pass --reference-strong; else add the other model's column."
                 )
+            judged = (
+                " If its 'winner' column holds judgements, name the tiers with --strong-models and "
+                "--weak-models."
+                if "winner" in header
+                else ""
+            )
             raise DataError(
                 f"{p} has {len(pool)} {kind} model columns ({', '.join(pool) or 'none'}); "
-                "name the two models with --weak-col and --strong-col."
+                "name the two models with --weak-col and --strong-col." + judged
             )
         else:
             pair = known + candidates
@@ -279,13 +288,24 @@ def _text_prompt(p: Path, i: int, cell: str, json_file: bool) -> str:
     try:
         value = json.loads(cell)
     except json.JSONDecodeError:
-        return cell
+        value = _python_literal(cell)
     if not isinstance(value, list) or not value:
         return cell
     try:
         return _prompt_cell(p, i, value)
     except DataError:
         return cell  # a list, but not a conversation: the text as written
+
+
+def _python_literal(cell: str) -> object:
+    """A list written as Python prints it (pandas' ``to_csv`` of a column of message lists:
+    ``[{'role': 'user', 'content': 'hi'}]``), or None. Literals only: nothing is executed."""
+    if len(cell) > 1_000_000:
+        return None
+    try:
+        return ast.literal_eval(cell)
+    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+        return None
 
 
 def file_columns(path: str | Path) -> list[str]:
@@ -391,6 +411,7 @@ def _prompt_cell(path: Path, index: int, value: object) -> str:
     """A JSON prompt: a string, or a conversation (messages or user turns) as its last user turn."""
     if value is None or isinstance(value, str):
         return value or ""
+    value = _valid_strings(value)  # half an emoji in one turn should not refuse the whole file
     if isinstance(value, list) and all(isinstance(t, str) for t in value):
         return value[-1] if value else ""  # user turns, as RouteLLM's conversation prompts hold them
     if isinstance(value, list):
@@ -404,6 +425,16 @@ def _prompt_cell(path: Path, index: int, value: object) -> str:
         f"{path} record {index + 1}: the prompt is a {type(value).__name__}; give a string, a list of "
         "user turns, or a list of {'role', 'content'} messages."
     )
+
+
+def _valid_strings(value: object) -> object:
+    if isinstance(value, str):
+        return valid_text(value)
+    if isinstance(value, list):
+        return [_valid_strings(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _valid_strings(v) for k, v in value.items()}
+    return value
 
 
 def _prompt_column(path: Path, header: list[str], given: str | None, *, strict: bool = True) -> str:

@@ -10,6 +10,7 @@ else ``data_dir()/router_features/``.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import zipfile
@@ -55,22 +56,27 @@ def cached_embeddings(
     (``progress(done, total)`` while embedding what no cached file holds)."""
     folder = cache_dir or feature_cache_dir()
     # "single": each text embedded alone, as at run time (files from batched embedding are not read)
-    prefix = f"{EMBEDDER_ID}-{embedder_fingerprint()}-single-"
+    fingerprint = embedder_fingerprint()
+    prefix = f"{EMBEDDER_ID}-{fingerprint}-single-"
     path = folder / f"{prefix}{texts_digest(list(texts))}.npz"
     cached = _read(path)
     if cached is not None and cached[0].shape == (len(texts), EMBEDDING_DIM):
         return cached[0]
     keys = _text_keys(texts)
     emb = np.zeros((len(texts), EMBEDDING_DIM), dtype=np.float32)
-    missing, covered = _fill_from_other_files(folder, prefix, keys, emb)
+    missing, covered = _fill_from_other_files(folder, prefix, keys, emb, skip=path)
     if len(missing):
         emb[missing] = embed_texts([texts[i] for i in missing], progress=progress)
     folder.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f"{path.stem}.{os.getpid()}.tmp.npz")  # two processes never share one
     np.savez(tmp, embeddings=emb, keys=keys)
     tmp.replace(path)
-    for old in covered:  # every vector of theirs is in the new file: a list that grew keeps one file
-        old.unlink(missing_ok=True)
+    stale = [f for f in folder.glob(f"{EMBEDDER_ID}-{fingerprint}-*.npz") if not f.name.startswith(prefix)]
+    # every vector of ``covered`` is in the new file (a list that grew keeps one file); ``stale``
+    # files hold batched vectors, never read again
+    for old in [*covered, *stale]:
+        with contextlib.suppress(OSError):  # another user's file in a shared folder: left alone
+            old.unlink(missing_ok=True)
     return emb
 
 
@@ -98,7 +104,7 @@ def _read(path: Path) -> tuple[np.ndarray, np.ndarray | None] | None:
 
 
 def _fill_from_other_files(
-    folder: Path, prefix: str, keys: np.ndarray, emb: np.ndarray
+    folder: Path, prefix: str, keys: np.ndarray, emb: np.ndarray, *, skip: Path
 ) -> tuple[np.ndarray, list[Path]]:
     """Copy into ``emb`` the rows other cache files of this embedder hold (newest file first);
     return the indices still missing, and the files read whose texts are all in ``keys``."""
@@ -106,8 +112,10 @@ def _fill_from_other_files(
     for i, k in enumerate(keys.tolist()):
         want.setdefault(k, []).append(i)
     found = folder.glob(f"{prefix}*.npz") if folder.is_dir() else []
-    # newest first; a ".tmp.npz" is another process's file still being written
-    files = sorted((f for f in found if not f.name.endswith(".tmp.npz")), key=_mtime, reverse=True)
+    # newest first; not a ".tmp.npz" (another process's file still being written), nor ``skip``,
+    # the file about to be written (another process may have written it meanwhile)
+    others = (f for f in found if not f.name.endswith(".tmp.npz") and f != skip)
+    files = sorted(others, key=_mtime, reverse=True)
     wanted = set(want)
     covered = []
     for f in files:

@@ -51,9 +51,13 @@ _OUTCOMES = {
 _BLANK = {"", "nan", "none", "null", "na", "n/a"}
 
 
-def is_preference(header: list[str]) -> bool:
-    """Whether a file holds pairwise judgements rather than one score column per model."""
-    return WINNER_COL in header or (FLAG_COLS[0] in header and FLAG_COLS[1] in header)
+def is_preference(header: list[str], tiers_given: bool = False) -> bool:
+    """Whether a file holds pairwise judgements rather than one score column per model: indicator
+    columns, or a ``winner`` column beside ``model_a``/``model_b`` (a ``winner`` column alone is
+    read as judgements only when the tiers are given: a score file may carry one as a note)."""
+    if FLAG_COLS[0] in header and FLAG_COLS[1] in header:
+        return True
+    return WINNER_COL in header and (tiers_given or all(c in header for c in SIDE_COLS))
 
 
 @dataclass(frozen=True)
@@ -80,8 +84,8 @@ def judged_scores(
     models = Counter(
         m
         for r in rows
-        for m in (r.get(c) for c in named)
-        if m and m.strip().lower() not in _BLANK and m.strip().lower() not in _OUTCOMES
+        for m in (_name(r.get(c)) for c in named)
+        if m.lower() not in _BLANK and m.lower() not in _OUTCOMES
     )
     if not strong or not weak:
         raise DataError(
@@ -96,20 +100,32 @@ def judged_scores(
         if s and w:
             raise DataError(f"{path}: model {m!r} matches both --strong-models and --weak-models.")
         if s or w:
-            tier[m] = "strong" if s else "weak"
+            tier[m.lower()] = "strong" if s else "weak"  # names match as the tier globs do, any case
+    if not sides:  # one fixed pair: a winner names one model of each tier, never two of one
+        for t in ("strong", "weak"):
+            ms = sorted(m for m, v in tier.items() if v == t)
+            if len(ms) > 1:
+                raise DataError(
+                    f"{path} has no model_a and model_b columns, so it must judge one fixed pair, but "
+                    f"its winners name {len(ms)} {t} models ({', '.join(ms[:4])}); add model_a and "
+                    "model_b columns naming each row's two models."
+                )
     weak_s, strong_s, keep = [], [], []
     for i, r in enumerate(rows):
         outcome = _outcome(path, i, r, header)
         if outcome is None:
             continue
         if sides:
-            a, b = (r.get(c) or "" for c in SIDE_COLS)
-            ta, tb = tier.get(a), tier.get(b)
+            a, b = (_name(r.get(c)) for c in SIDE_COLS)
+            ta, tb = tier.get(a.lower()), tier.get(b.lower())
             if {ta, tb} != {"strong", "weak"}:
                 continue
             strong_side = _A if ta == "strong" else _B
             if outcome not in (_TIE, _BAD, _A, _B):  # the winner named by model
-                outcome = _A if outcome == a else _B if outcome == b else _unknown(path, i, outcome, a, b)
+                won = outcome.lower()
+                if won not in (a.lower(), b.lower()):
+                    _unknown(path, i, outcome, a, b)
+                outcome = _A if won == a.lower() else _B
         else:
             if outcome in (_A, _B):
                 raise DataError(
@@ -118,9 +134,9 @@ def judged_scores(
                     "model's name."
                 )
             if outcome not in (_TIE, _BAD):
-                if outcome not in tier:
+                if outcome.lower() not in tier:
                     continue
-                outcome = _A if tier[outcome] == "strong" else _B
+                outcome = _A if tier[outcome.lower()] == "strong" else _B
             strong_side = _A
         if outcome == _TIE:
             st, wk = 1.0, 1.0
@@ -140,8 +156,8 @@ def judged_scores(
         weak=np.asarray(weak_s),
         strong=np.asarray(strong_s),
         keep=np.asarray(keep, dtype=np.int64),
-        weak_name=_names(m for m, t in tier.items() if t == "weak"),
-        strong_name=_names(m for m, t in tier.items() if t == "strong"),
+        weak_name=_names({m for m in models if tier.get(m.lower()) == "weak"}),
+        strong_name=_names({m for m in models if tier.get(m.lower()) == "strong"}),
         left_out=len(rows) - len(keep),
     )
 
@@ -170,6 +186,11 @@ def _unknown(path: Path, i: int, outcome: str, a: str, b: str) -> NoReturn:
         f"{path} row {i + 1}: the winner {outcome!r} is neither side ({a!r}, {b!r}) nor one of "
         "model_a, model_b, tie, tie (bothbad)."
     )
+
+
+def _name(cell: str | None) -> str:
+    """A model name as written, without the spaces around it."""
+    return (cell or "").strip()
 
 
 def _matches(model: str, patterns: list[str]) -> bool:

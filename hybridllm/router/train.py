@@ -413,7 +413,7 @@ def train_from_csv(
                 f"No --data file has the column {col!r} given with {flag}; their columns: "
                 + "; ".join(f"{p.name}: {', '.join(h)}" for p, h in zip(paths, headers, strict=True))
             )
-    if (strong_models or weak_models) and not any(is_preference(h) for h in headers if h):
+    if (strong_models or weak_models) and not any(is_preference(h, tiers_given=True) for h in headers if h):
         raise DataError(
             "--strong-models and --weak-models apply to files of pairwise judgements (a 'winner' "
             "column, or winner_model_a and winner_model_b), and no --data file has one; name score "

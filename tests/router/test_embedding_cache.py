@@ -80,3 +80,22 @@ def test_broken_or_old_files_are_recomputed(tmp_path, monkeypatch):
     assert calls == []
     embedding_cache.cached_embeddings(["a", "d"], cache_dir=tmp_path)
     assert calls == [["a", "d"]]
+
+
+def test_the_file_being_written_and_batched_files(tmp_path, monkeypatch):
+    """The file about to be written is never counted as covered (another process may have just
+    written it; removing it after our own write would lose it), and files of batched vectors
+    (names without '-single-') are removed once a new file is written."""
+    _, calls = _fake(monkeypatch)
+    texts = ["a", "b"]
+    embedding_cache.cached_embeddings(texts, cache_dir=tmp_path)
+    (path,) = tmp_path.glob("*.npz")
+    emb = np.zeros((2, EMBEDDING_DIM), dtype=np.float32)
+    missing, covered = embedding_cache._fill_from_other_files(
+        tmp_path, path.name[: -len("x" * 20 + ".npz")], embedding_cache._text_keys(texts), emb, skip=path
+    )
+    assert covered == [] and list(missing) == [0, 1]
+    old = tmp_path / f"{embedding_cache.EMBEDDER_ID}-{'f' * 12}-{'0' * 20}.npz"
+    np.savez(old, embeddings=_vectors(["z"]))
+    embedding_cache.cached_embeddings(["c"], cache_dir=tmp_path)
+    assert not old.exists() and path.exists()

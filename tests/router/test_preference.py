@@ -13,6 +13,7 @@ from hybridllm._exceptions import DataError
 from hybridllm.router.dataset import load_routellm_csv
 
 TIERS = {"strong_models": ["gpt-4*"], "weak_models": ["Mixtral-8x7B,llama-2-70b*"]}
+PAIR = {"strong_models": ["gpt-4"], "weak_models": ["mixtral"]}
 
 
 def _rows(n=240, seed=0):
@@ -188,3 +189,58 @@ def test_cli_trains_and_evaluates_judgements_as_the_score_file(tmp_path, capsys)
     args = ["router", "train", "--data", str(plain), "--out", str(tmp_path / "x"), "--no-embedding", *tiers]
     assert main(args) == 1
     assert "no --data file has one" in capsys.readouterr().err
+
+
+def test_names_match_as_the_tiers_do_and_a_note_column_is_not_judgements(tmp_path):
+    """Model names are compared without surrounding spaces and in any case, as the tier globs
+    are; a score file whose 'winner' column is a note loads by its scores without tiers."""
+    fixed = _write_csv(
+        tmp_path / "f.csv", ["prompt", "winner"], [["q1", "gpt-4"], ["q2", "mixtral "], ["q3", " GPT-4"]]
+    )
+    d = load_routellm_csv(fixed, strong_models=["gpt-4"], weak_models=["mixtral"])
+    assert d.skipped == 0 and list(d.strong) == [1, 0, 1] and list(d.weak) == [0, 1, 0]
+    sides = _jsonl(
+        tmp_path / "s.jsonl",
+        [
+            {"prompt": "q1", "model_a": "gpt-4 ", "model_b": "Mixtral", "winner": "GPT-4"},
+            {"prompt": "q2", "model_a": "mixtral", "model_b": "gpt-4", "winner": " mixtral "},
+        ],
+    )
+    d = load_routellm_csv(sides, strong_models=["gpt-4"], weak_models=["mixtral"])
+    assert list(d.strong) == [1, 0] and list(d.weak) == [0, 1]
+    # without model columns a file judges one pair: two strong models among the winners is refused
+    two = _write_csv(tmp_path / "two.csv", ["prompt", "winner"], [["q1", "gpt-4"], ["q2", "gpt-4-turbo"]])
+    with pytest.raises(DataError, match="must judge one fixed pair.*2 strong models"):
+        load_routellm_csv(two, strong_models=["gpt-4*"], weak_models=["mixtral"])
+    note = _write_csv(
+        tmp_path / "note.csv", ["prompt", "mixtral", "gpt4", "winner"], [["q1", "False", "True", "gpt4"],
+                                                                         ["q2", "True", "True", "tie"]]
+    )
+    d = load_routellm_csv(note)
+    assert (d.weak_col, d.strong_col) == ("mixtral", "gpt4")
+
+
+def test_conversation_cells_as_pandas_writes_them_and_broken_emoji(tmp_path):
+    """A CSV conversation cell in Python's list syntax (pandas' to_csv of a column of message lists)
+    is read as a conversation, never as text holding the judged answers; half an emoji in a JSON
+    escape is replaced, and the prompt embeds."""
+    from hybridllm.router.features import embed_texts
+
+    turns = [("user", "first question"), ("assistant", "ANSWER A"), ("user", "follow-up")]
+    conv = repr([{"content": text, "role": role} for role, text in turns])
+    path = _write_csv(
+        tmp_path / "pd.csv",
+        ["conversation_a", "model_a", "model_b", "winner"],
+        [[conv, "gpt-4", "mixtral", "model_a"], [json.dumps(["bad \ud83d"]), "gpt-4", "mixtral", "tie"]],
+    )
+    d = load_routellm_csv(path, **PAIR)
+    assert d.prompts[0] == "follow-up" and "ANSWER" not in d.prompts[0]
+    assert d.prompts[1] == "bad \ufffd"
+    # a prompt string as written (a CSV cell) keeps it; the embedder reads it as U+FFFD
+    np.testing.assert_array_equal(embed_texts(["bad \ud83d"]), embed_texts(["bad \ufffd"]))
+    chats = _jsonl(
+        tmp_path / "c.jsonl",
+        [{"messages": [{"role": "user", "content": "x \ud83d"}], "model_a": "gpt-4", "model_b": "mixtral",
+          "winner": "tie"}],
+    )
+    assert load_routellm_csv(chats, **PAIR).prompts == ["x \ufffd"]

@@ -340,7 +340,7 @@ def _eval(args: argparse.Namespace) -> int:
     base = result["baselines"]
     lines = [
         f"n={result['n']}  weak={result['weak_accuracy']}  strong={result['strong_accuracy']}"
-        + (f"  (left out {n} rows with a blank score)" if (n := result.get("skipped_rows")) else ""),
+        + (f"  (left out {n} rows: a blank score, or a judgement outside the tiers)" if (n := result.get("skipped_rows")) else ""),
         f"{'':8}{'apgr':>8}{'cpt50':>8}{'cpt80':>8}{'calls@95':>10}",
     ]
     for name, m in (("router", result), ("random", base["random"]), ("length", base["length"])):

@@ -338,9 +338,10 @@ def _eval(args: argparse.Namespace) -> int:
         sys.stdout.write(json.dumps(result) + "\n")
         return 0
     base = result["baselines"]
+    n = result.get("skipped_rows")
+    left = f"  (left out {n} rows: a blank score, or a judgement outside the tiers)" if n else ""
     lines = [
-        f"n={result['n']}  weak={result['weak_accuracy']}  strong={result['strong_accuracy']}"
-        + (f"  (left out {n} rows: a blank score, or a judgement outside the tiers)" if (n := result.get("skipped_rows")) else ""),
+        f"n={result['n']}  weak={result['weak_accuracy']}  strong={result['strong_accuracy']}" + left,
         f"{'':8}{'apgr':>8}{'cpt50':>8}{'cpt80':>8}{'calls@95':>10}",
     ]
     for name, m in (("router", result), ("random", base["random"]), ("length", base["length"])):

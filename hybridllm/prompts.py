@@ -41,7 +41,7 @@ __all__ = [
 ]
 
 
-_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def valid_text(text: str) -> str:
@@ -49,13 +49,13 @@ def valid_text(text: str) -> str:
     ("\\ud83d"), and Python decodes it as is; such a string cannot be encoded as UTF-8, which the
     tokenizers and llama.cpp need (a UnicodeEncodeError or TypeError otherwise). For bulk text
     (training files, the embedder's callers); a request's messages are refused instead."""
-    return _LONE_SURROGATE.sub("\ufffd", text) if _LONE_SURROGATE.search(text) else text
+    return LONE_SURROGATE.sub("\ufffd", text) if LONE_SURROGATE.search(text) else text
 
 
 def checked_text(text: str, where: str) -> str:
     """``text``, or InvalidRequestError when it holds a lone surrogate (as the HTTP servers refuse
     such a string in a JSON body)."""
-    if _LONE_SURROGATE.search(text):
+    if LONE_SURROGATE.search(text):
         raise InvalidRequestError(
             f"{where} holds a lone UTF-16 surrogate (such as \\ud83d, half of an emoji), which is "
             "not valid text; pass well-formed Unicode."

@@ -15,15 +15,14 @@ body is large (``is_large``) so the event loop keeps answering ``/health``.
 from __future__ import annotations
 
 import json
-import re
 from typing import Any, Protocol
 
+from ..prompts import LONE_SURROGATE
 from .errors import WireError
 
 DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
 MAX_DEPTH = 32
 LARGE_BODY_BYTES = 64 * 1024
-_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 class _Request(Protocol):  # the part of starlette's Request used here
@@ -101,7 +100,7 @@ def check_json_values(data: Any) -> None:
             message = f"The JSON body is nested deeper than {MAX_DEPTH} levels."
             raise WireError(message, param=_path(where[:1]))
         if isinstance(value, str):
-            if _SURROGATE.search(value):
+            if LONE_SURROGATE.search(value):
                 raise WireError(
                     "A string holds a lone UTF-16 surrogate (such as \\ud800), which is not valid "
                     "text; send well-formed Unicode.",
@@ -109,7 +108,7 @@ def check_json_values(data: Any) -> None:
                 )
         elif isinstance(value, dict):
             for key, item in value.items():
-                if _SURROGATE.search(key):
+                if LONE_SURROGATE.search(key):
                     raise WireError("An object key holds a lone UTF-16 surrogate.", param=_path(where))
                 stack.append((item, (*where, key)))
         elif isinstance(value, list):

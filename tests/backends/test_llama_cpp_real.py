@@ -273,3 +273,51 @@ def test_the_sampled_french_answer_falls_under_the_shipped_floor(llm):
     q = "What is the capital of France?"
     assert forced_mean_logprob(llm.edge, q, "L'Étoile, est la cité de la France.") < CACHE_MIN_LOGPROB
     assert forced_mean_logprob(llm.edge, q, "The capital of France is Paris.") > CACHE_MIN_LOGPROB
+
+
+_EXIT_MID_ANSWER = """
+import atexit, sys, threading, time
+decoding, chunks = threading.Event(), [0]
+def still_decoding():  # registered before hybridllm's exit hook, so it runs after it
+    seen = chunks[0]
+    time.sleep(0.5)  # SmolLM2 decodes about 15 tokens in this time on two cores
+    # a stopped answer still delivers the token being decoded and its last (empty) chunk
+    print("decoding at teardown:", chunks[0] - seen > 2, flush=True)
+atexit.register(still_decoding)
+from hybridllm import AsyncHybridLLM, HybridLLM
+model, prompt = sys.argv[1], "Write a long story about a dragon."
+def answer():
+    try:
+        if sys.argv[2] == "sync":  # the sync client generates on the reading thread
+            for _ in HybridLLM(edge_model=model, n_ctx=1024, cache=False).stream(prompt, max_tokens=400):
+                chunks[0] += 1
+                decoding.set()
+        else:  # the async client's answers come from the device's worker thread
+            import asyncio
+            async def main():
+                llm = AsyncHybridLLM(edge_model=model, n_ctx=1024, cache=False)
+                async with llm.stream(prompt, max_tokens=400) as s:
+                    async for _ in s:
+                        chunks[0] += 1
+                        decoding.set()
+            asyncio.run(main())
+    except Exception:
+        pass
+threading.Thread(target=answer, daemon=True).start()
+decoding.wait(60)  # the main thread ends while the device decodes; the client is never closed
+print("decoding at exit:", decoding.is_set(), flush=True)
+"""
+
+
+@pytest.mark.parametrize("path", ["sync", "worker"])
+def test_an_application_quitting_mid_answer_stops_the_device_first(smollm2_path, tmp_path, path):
+    """An app that ends while the device model decodes (client never closed): the generation is
+    stopped before the interpreter tears down llama.cpp under it. Without the exit hook the 400
+    tokens were still decoding at teardown, and about one exit in ten was a segmentation fault."""
+    script = tmp_path / "app.py"
+    script.write_text(_EXIT_MID_ANSWER)
+    out = subprocess.run([sys.executable, str(script), str(smollm2_path), path],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "decoding at exit: True" in out.stdout, (out.stdout, out.stderr[-2000:])
+    assert "decoding at teardown: False" in out.stdout, (out.stdout, out.stderr[-2000:])

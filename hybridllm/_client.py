@@ -39,7 +39,7 @@ class _LoopThread:
     def loop(self) -> asyncio.AbstractEventLoop:
         with self._lock:
             if self._closed:
-                raise RuntimeError("the client is closed")
+                raise HybridLLMError("This client is closed; create a new HybridLLM.")
             if self._loop is None:
                 self._loop = asyncio.new_event_loop()
                 self._thread = threading.Thread(
@@ -51,7 +51,7 @@ class _LoopThread:
     def submit(self, coro: Any) -> concurrent.futures.Future:
         try:
             loop = self.loop()
-        except RuntimeError:
+        except HybridLLMError:
             coro.close()  # never started: nothing to await
             raise
         return asyncio.run_coroutine_threadsafe(coro, loop)
@@ -143,7 +143,7 @@ class Stream:
         self._closed = True
         try:
             self._loop.submit(self._aclose()).result(timeout=60)
-        except (RuntimeError, concurrent.futures.TimeoutError, asyncio.CancelledError):
+        except (HybridLLMError, RuntimeError, concurrent.futures.TimeoutError, asyncio.CancelledError):
             pass  # the client's loop is gone or stuck: nothing more to stop
 
     def __enter__(self) -> Stream:

@@ -102,6 +102,9 @@ class HybridLLMConfig:
         for name in ("n_ctx", "cache_max_entries", "max_tokens", "edge_max_waiting"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be at least 1, got {getattr(self, name)}.")
+        if self.n_threads is not None and self.n_threads < 1:
+            raise ConfigError(
+                f"n_threads must be at least 1 (leave it out for all cores), got {self.n_threads}.")
         if self.price_per_1k_tokens < 0:
             raise ConfigError("price_per_1k_tokens must be >= 0.")
 
@@ -156,12 +159,16 @@ def load_config(config: str | os.PathLike[str] | None = None, **overrides: Any) 
     path = config_file_path(config)
     if path is not None:
         try:
-            data = tomllib.loads(path.read_text())
+            data = tomllib.loads(path.read_text(encoding="utf-8"))
         except FileNotFoundError:
             raise ConfigError(f"Config file {path} does not exist.") from None
-        except tomllib.TOMLDecodeError as exc:
+        except OSError as exc:  # a folder, no permission
+            raise ConfigError(f"Cannot read config file {path}: {exc.strerror or exc}.") from exc
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
             raise ConfigError(f"Config file {path} is not valid TOML: {exc}.") from exc
         data = data.get("hybridllm", data)
+        if not isinstance(data, dict):
+            raise ConfigError(f"Config file {path}: [hybridllm] must be a table of settings.")
         bad = set(data) - set(fields)
         if bad:
             raise ConfigError(f"Config file {path} has unknown setting(s) {sorted(bad)}.")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import socket
 import sys
 from typing import Any
 
@@ -25,12 +26,44 @@ def _settings(args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
+def _int_in(low: int, high: int | None, text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < low or (high is not None and value > high):
+        raise argparse.ArgumentTypeError(f"must be in {low}..{high}, got {value}" if high
+                                         else f"must be at least {low}, got {value}")
+    return value
+
+
+def _port(text: str) -> int:
+    return _int_in(1, 65535, text)
+
+
+def _at_least_one(text: str) -> int:
+    return _int_in(1, None, text)
+
+
+def _check_can_listen(host: str, port: int) -> None:
+    """Fail before the model loads, with one line, where uvicorn would fail after (or hang)."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+        family, kind, proto, _, address = infos[0]
+        with socket.socket(family, kind, proto) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+            sock.bind(address)
+    except OSError as exc:
+        raise ConfigError(f"Cannot listen on {host}:{port}: {exc.strerror or exc}.") from exc
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     try:
         import uvicorn
     except ImportError as exc:
         raise ConfigError("`hybridllm serve` needs FastAPI and uvicorn: "
                           "pip install 'hybridllm[server]'") from exc
+    _check_can_listen(args.host, args.port)
     from ._client import HybridLLM
     from ._progress import ProgressBar
     from .proxy import API_KEYS_ENV, create_app
@@ -65,7 +98,7 @@ def cmd_config_show(args: argparse.Namespace) -> int:
 def register(sub: Any) -> None:
     p = sub.add_parser("serve", help="OpenAI-compatible server on the device, routed by HybridLLM")
     p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8080)
+    p.add_argument("--port", type=_port, default=8080)
     p.add_argument("--model", default=None, help="edge model id or .gguf path")
     p.add_argument("--backend", choices=("llama_cpp", "onnx"), default=None,
                    help="edge runtime: llama_cpp (default) or onnx (ONNX Runtime GenAI)")
@@ -79,9 +112,11 @@ def register(sub: Any) -> None:
                    "in ps, so prefer --api-key-file or HYBRIDLLM_SERVE_API_KEYS)")
     p.add_argument("--api-key-file", default=None, metavar="PATH",
                    help="file with one accepted key a line ('#' comments)")
-    p.add_argument("--max-body-bytes", type=int, default=4 * 1024 * 1024, metavar="N",
+    p.add_argument("--max-body-bytes", type=_at_least_one, default=4 * 1024 * 1024, metavar="N",
                    help="largest request body accepted; beyond it 413 (default 4 MiB)")
-    p.add_argument("--log-level", default="warning")
+    p.add_argument("--log-level", default="warning",
+                   choices=("critical", "error", "warning", "info", "debug", "trace"),
+                   help="uvicorn's log level (default warning)")
     p.set_defaults(func=cmd_serve)
 
     cfg = sub.add_parser("config", help="show the effective settings")

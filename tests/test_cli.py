@@ -100,3 +100,63 @@ def test_models_list_columns_line_up_for_long_ids(capsys):
     # where the second column (KIND) begins on each line: after the id and its padding
     cols = [len(line) - len(line[line.index(" ") :].lstrip()) for line in lines]
     assert len(set(cols)) == 1, lines
+
+
+def test_threads_below_one_are_refused(recorder, capsys):
+    """Before: --threads -3 (or n_threads=-3) went to llama.cpp as it was."""
+    assert cli.main(["ask", "hi", "--json", "--threads", "-3"]) == 1
+    assert "n_threads must be at least 1" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("action", ["stats", "clear"])
+def test_cache_commands_on_a_missing_path_say_so_and_create_nothing(tmp_path, capsys, action):
+    """Before: a mistyped --path made a new empty cache there (folders included) and reported
+    '0 entries' / 'removed 0 entries'; a folder given as --path was moved aside as 'corrupt'."""
+    missing = tmp_path / "typo" / "cache.sqlite3"
+    assert cli.main(["cache", action, "--path", str(missing)]) == 1
+    assert "no cache database" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
+    assert cli.main(["cache", action, "--path", str(tmp_path)]) == 1
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("flags", [["--port", "99999"], ["--port", "0"], ["--max-body-bytes", "-1"],
+                                   ["--log-level", "loud"]])
+def test_serve_refuses_bad_values_as_usage_errors(flags, capsys):
+    """Before: --port 99999 loaded the model and then hung; --max-body-bytes -1 answered every
+    request 413; --log-level loud loaded the model, then died with 'internal error: KeyError'."""
+    with pytest.raises(SystemExit) as exit_:
+        cli.build_parser().parse_args(["serve", *flags])
+    assert exit_.value.code == 2 and flags[0] in capsys.readouterr().err
+
+
+def test_serve_on_a_busy_port_says_so_before_loading_the_model(monkeypatch, capsys):
+    """Before: the model loaded, the banner claimed the address, then uvicorn exited with status 3."""
+    import socket
+
+    pytest.importorskip("uvicorn")
+
+    def no_model(**kw):
+        raise AssertionError("the model was loaded")
+
+    monkeypatch.setattr("hybridllm._client.HybridLLM", no_model)
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        assert cli.main(["serve", "--port", str(port), "--no-cache"]) == 1
+    assert f"Cannot listen on 127.0.0.1:{port}" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("content", [b"hybridllm = 5\n", b"\xff\xfe", None])
+def test_config_files_that_cannot_be_read_are_one_line_errors(tmp_path, capsys, content):
+    """Before: a non-table [hybridllm], a file that is not UTF-8 and a folder given as --config
+    gave 'internal error: TypeError / UnicodeDecodeError / IsADirectoryError'."""
+    path = tmp_path / "config.toml"
+    if content is None:
+        path.mkdir()
+    else:
+        path.write_bytes(content)
+    assert cli.main(["config", "show", "--config", str(path)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "internal error" not in err and str(path) in err

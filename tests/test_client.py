@@ -238,3 +238,15 @@ def test_a_sync_edge_answer_is_generated_on_the_reading_thread():
         threads.clear()
         asyncio.run(AsyncHybridLLM.wrap(llm).chat("hi again"))
         assert threads and threading.get_ident() not in threads
+
+
+def test_a_stream_read_after_its_client_closed_raises_a_hybridllm_error():
+    """Before: a bare RuntimeError('the client is closed'), which `except HybridLLMError` missed."""
+    llm = HybridLLM(edge=FakeBackend(reply=lambda m: "a b c"), cache=False)
+    stream = llm.stream("hi")
+    llm.close()
+    llm.close()  # twice is fine
+    with pytest.raises(HybridLLMError, match="closed"):
+        list(stream)
+    with pytest.raises(HybridLLMError, match="closed"):
+        llm.chat("hi")

@@ -26,6 +26,7 @@ import os
 import random
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Iterator
+from contextlib import AsyncExitStack, aclosing
 from typing import Any
 
 from .._exceptions import (
@@ -274,12 +275,15 @@ class CloudBackend(Backend):
         finish, usage = None, None
         done = False
         try:
-            async with self._client().stream("POST", f"{ep.base_url}/chat/completions",
-                                             json=body) as resp:
+            async with self._client().stream(
+                    "POST", f"{ep.base_url}/chat/completions", json=body) as resp, AsyncExitStack() as stack:
                 if resp.status_code != 200:
                     await resp.aread()
                     self._raise_for_status(resp)
-                lines = resp.aiter_lines()
+                # closed here, on this loop: left to the garbage collector, a stream broken off
+                # mid-answer finalized after the loop had stopped ("Task was destroyed but it
+                # is pending!" on stderr)
+                lines = await stack.enter_async_context(aclosing(resp.aiter_lines()))
                 stall = None  # until the first token, only the read timeout applies
                 while True:
                     try:
@@ -297,27 +301,17 @@ class CloudBackend(Backend):
                         break
                     try:
                         event = json.loads(data)
-                    except ValueError as exc:
+                        if event.get("error"):
+                            raise _Retryable(f"the cloud reported an error mid-stream: "
+                                             f"{str(event['error'])[:200]}")
+                        texts, ended, counted = _read_event(event)
+                    except (ValueError, TypeError, AttributeError) as exc:  # not the OpenAI shape
                         raise _Retryable(f"malformed event from {ep.base_url}: {data[:80]!r}") from exc
-                    if not isinstance(event, dict):
-                        raise _Retryable(f"malformed event from {ep.base_url}: {data[:80]!r}")
-                    if event.get("error"):
-                        raise _Retryable(f"the cloud reported an error mid-stream: "
-                                         f"{str(event['error'])[:200]}")
-                    if event.get("usage"):
-                        u = event["usage"]
-                        usage = Usage(int(u.get("prompt_tokens", 0)), int(u.get("completion_tokens", 0)))
-                        energy = u.get("energy")  # our server's extension (cloud_server.energy)
-                        if isinstance(energy, dict) and isinstance(energy.get("joules"), int | float):
-                            usage.energy_j = float(energy["joules"])
-                            usage.energy_source = str(energy.get("source") or "server")
-                    for choice in event.get("choices") or []:
-                        text = (choice.get("delta") or {}).get("content") or ""
-                        if text:
-                            stall = self.stall_timeout_s
-                            yield Delta(text)
-                        if choice.get("finish_reason"):
-                            finish = choice["finish_reason"]
+                    usage = counted or usage
+                    finish = ended or finish
+                    for text in texts:
+                        stall = self.stall_timeout_s
+                        yield Delta(text)
         except httpx.TimeoutException as exc:
             raise _Retryable(f"timeout talking to {ep.base_url} ({type(exc).__name__})") from exc
         except httpx.TransportError as exc:
@@ -344,7 +338,12 @@ class CloudBackend(Backend):
                 "or pass cloud_api_key=...", status_code=status)
         if status == 400:
             raise InvalidRequestError(f"The cloud rejected the request: {message}")
-        raise CloudError(f"The cloud answered HTTP {status}: {message}", status_code=status)
+        try:
+            where = f" at {resp.request.url}"
+        except RuntimeError:  # a response built without its request
+            where = ""
+        raise CloudError(f"The cloud{where} answered HTTP {status}: {message} (is cloud_url the base "
+                         "URL of an OpenAI-compatible server?)", status_code=status)
 
     async def aclose(self) -> None:
         client = self._clients.pop(asyncio.get_running_loop(), None)
@@ -372,6 +371,29 @@ class CloudBackend(Backend):
                     pass
             else:
                 loop.run_until_complete(client.aclose())
+
+
+def _read_event(event: dict) -> tuple[list[str], str | None, Usage | None]:
+    """(texts, finish reason, usage) of one stream event; TypeError, ValueError or AttributeError
+    when it is not shaped as OpenAI's chunk."""
+    usage = None
+    if event.get("usage"):
+        u = event["usage"]
+        usage = Usage(int(u.get("prompt_tokens", 0)), int(u.get("completion_tokens", 0)))
+        energy = u.get("energy")  # our server's extension (cloud_server.energy)
+        if isinstance(energy, dict) and isinstance(energy.get("joules"), int | float):
+            usage.energy_j = float(energy["joules"])
+            usage.energy_source = str(energy.get("source") or "server")
+    texts, finish = [], None
+    for choice in event.get("choices") or []:
+        text = (choice.get("delta") or {}).get("content") or ""
+        if not isinstance(text, str):
+            raise TypeError(f"content is {type(text).__name__}, not text")
+        if text:
+            texts.append(text)
+        if choice.get("finish_reason"):
+            finish = str(choice["finish_reason"])
+    return texts, finish, usage
 
 
 async def _sleep(seconds: float) -> None:

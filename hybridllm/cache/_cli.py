@@ -25,8 +25,11 @@ def prepare_embedder(progress: Callable[[int, int | None], None] | None = None) 
 
 
 def _open(args: argparse.Namespace) -> Any:
+    from .._exceptions import CacheError
     from .semantic import SemanticCache
 
+    if args.path is not None and not args.path.is_file():  # a typo must not make a new, empty cache
+        raise CacheError(f"There is no cache database at {args.path}.")
     # stats/clear never embed or verify: no model load for them
     return SemanticCache(args.path, verifier=None)
 

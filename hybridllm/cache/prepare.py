@@ -86,13 +86,22 @@ def stderr_notice(line: str) -> None:
 
 @contextlib.contextmanager
 def _prepare_lock(out: Path) -> Iterator[None]:
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        fh = open(out / ".prepare.lock", "w")  # noqa: SIM115 - closed below
+    except OSError as exc:  # a read-only data dir: a ModelError, so the cache steps aside
+        raise ModelError(
+            f"Cannot write the cache model into {out} ({exc.strerror or exc}); point "
+            "HYBRIDLLM_HOME at a writable folder, or run `hybridllm models prepare minilm-l6-v2` "
+            "once with write access."
+        ) from exc
     try:
         import fcntl
     except ImportError:  # Windows: per-pid temporary names keep concurrent writers apart
-        yield
+        with fh:
+            yield
         return
-    with open(out / ".prepare.lock", "w") as fh:
+    with fh:
         fcntl.flock(fh, fcntl.LOCK_EX)
         try:
             yield

@@ -66,9 +66,21 @@ class CacheStore:
     def __init__(self, path: str | Path, *, dim: int) -> None:
         self.path = Path(path)
         self.dim = dim
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        if self.path.is_dir():  # never moved aside as if it were a corrupt database
+            raise CacheCorruptError(
+                f"The cache path {self.path} is a folder; pass the path of a database file "
+                "(it is created if missing)."
+            )
         try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
             self._conn = self._open()
+        except (OSError, sqlite3.OperationalError) as exc:
+            # cannot create, open or lock the file (read-only folder, locked, I/O error): the file
+            # is not known to be corrupt, so it is left as it is
+            raise CacheCorruptError(
+                f"Cannot open the cache {self.path} ({exc}). Point HYBRIDLLM_CACHE_DIR (or "
+                "cache_path) at a writable folder, or turn the cache off (cache=False, HYBRIDLLM_CACHE=0)."
+            ) from exc
         except sqlite3.DatabaseError as exc:
             if isinstance(exc, CacheCorruptError):
                 raise
@@ -119,7 +131,10 @@ class CacheStore:
             raise
 
     def _rebuild(self, exc: Exception) -> sqlite3.Connection:
-        aside = self.path.with_name(f"{self.path.name}.corrupt-{int(time.time())}")
+        stamp = f"{self.path.name}.corrupt-{int(time.time())}"
+        aside, n = self.path.with_name(stamp), 1
+        while any(Path(str(aside) + s).exists() for s in ("", "-wal", "-shm")):
+            aside, n = self.path.with_name(f"{stamp}-{n}"), n + 1  # never over an earlier one
         for suffix in ("", "-wal", "-shm"):
             src = Path(str(self.path) + suffix)
             if src.exists():

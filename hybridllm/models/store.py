@@ -7,6 +7,7 @@ place, so a crash or a full disk never leaves a half file that a later run takes
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib
 import importlib.metadata
@@ -16,7 +17,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from .._exceptions import ModelCorruptError, ModelNotFoundError, ModelPackageMissingError
+from .._exceptions import ModelCorruptError, ModelError, ModelNotFoundError, ModelPackageMissingError
 from .._paths import data_dir
 from .catalog import FileSpec, ModelSpec, get_spec, load_catalog
 
@@ -95,6 +96,16 @@ def _source_parts(spec: ModelSpec, file: FileSpec) -> list[Path]:
 
 
 def _copy_verified(parts: list[Path], dest: Path, file: FileSpec, progress: Progress | None) -> None:
+    try:
+        _copy_parts(parts, dest, file, progress)
+    except OSError as exc:  # a read-only or missing data dir, a full disk
+        raise ModelError(
+            f"Cannot copy {file.name} into {dest.parent} ({exc.strerror or exc}). Point "
+            "HYBRIDLLM_HOME at a writable folder with enough free space."
+        ) from exc
+
+
+def _copy_parts(parts: list[Path], dest: Path, file: FileSpec, progress: Progress | None) -> None:
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = dest.with_name(f".{dest.name}.{os.getpid()}.tmp")
     total = sum(p.stat().st_size for p in parts)
@@ -194,9 +205,11 @@ def verify(model_id: str | None = None) -> list[VerifyResult]:
                 missing.append(file.name)
             elif sha256_file(path) != file.sha256:
                 bad.append(file.name)
-                _marker(path).unlink(missing_ok=True)
+                with contextlib.suppress(OSError):  # a read-only data dir is still verified
+                    _marker(path).unlink(missing_ok=True)
             else:
-                _write_marker(path, file.sha256)
+                with contextlib.suppress(OSError):
+                    _write_marker(path, file.sha256)
         if bad:
             results.append(VerifyResult(mid, "corrupt", f"checksum mismatch: {', '.join(bad)}; "
                                         f"run `hybridllm models pull {mid} --force`"))

@@ -238,3 +238,70 @@ def test_a_stream_that_stalls_after_its_first_token_breaks_off_within_the_stall_
         for delta in b.stream(MSGS, P):
             pieces.append(delta.text)
     assert pieces == ["Hel", "lo"] and time.perf_counter() - t0 < 5
+
+
+@pytest.mark.parametrize("event", [
+    {"choices": [{"delta": "oops"}]},
+    {"choices": ["oops"]},
+    {"choices": {"a": 1}},
+    {"choices": [{"delta": {"content": 5}}]},
+    {"choices": [{"delta": {"content": "hi"}}], "usage": "x"},
+    {"choices": [{"delta": {"content": "hi"}}], "usage": {"prompt_tokens": "abc"}},
+    [1, 2],
+])
+def test_an_event_of_the_wrong_shape_is_a_cloud_failure_not_a_crash(event):
+    """Before: AttributeError / TypeError / ValueError from the parser reached the caller, so
+    HybridLLM neither fell back to the device nor said what was wrong."""
+    body = f"data: {json.dumps(event)}\n\ndata: [DONE]\n\n"
+    script = Script(httpx.Response(200, text=body, headers={"content-type": "text/event-stream"}))
+    with pytest.raises(CloudUnavailableError, match="malformed event"):
+        backend(script, max_retries=0).generate(MSGS, P)
+
+
+def test_a_garbage_cloud_answer_falls_back_to_the_device():
+    from hybridllm import HybridLLM
+    from hybridllm.backends.fake import FakeBackend
+
+    body = 'data: {"choices": [{"delta": "oops"}]}\n\ndata: [DONE]\n\n'
+    cloud = backend(Script(httpx.Response(200, text=body)), max_retries=0)
+    with HybridLLM(edge=FakeBackend(reply=lambda m: "from the device"), cloud=cloud, cache=False) as llm:
+        c = llm.chat("hi", route="cloud")
+    assert (c.text, c.route) == ("from the device", "edge (cloud unavailable)")
+
+
+def test_a_stream_broken_off_mid_answer_closes_its_line_reader_at_once(monkeypatch):
+    """Before: the reader was left to the garbage collector, whose clean-up task could outlive the
+    client's loop and print 'Task was destroyed but it is pending!' on stderr."""
+    import asyncio
+
+    closed = []
+    lines = httpx.Response.aiter_lines
+
+    async def tracked(self):
+        try:
+            async for line in lines(self):
+                yield line
+        finally:
+            closed.append(True)
+
+    monkeypatch.setattr(httpx.Response, "aiter_lines", tracked)
+    body = 'data: {"choices": [{"delta": {"content": "hi"}}]}\n\ndata: garbage{\n\n'
+    cloud = backend(Script(httpx.Response(200, text=body)), max_retries=0)
+
+    async def read() -> list:
+        with pytest.raises(CloudUnavailableError, match="broke off"):
+            async for _ in cloud.astream(MSGS, P):
+                pass
+        return list(closed)  # before any task scheduled by a finalizer could run
+
+    assert asyncio.run(read()) == [True]
+
+
+def test_an_unexpected_status_names_the_url_that_gave_it():
+    """Before: 'The cloud answered HTTP 404: nope', with no word of which endpoint (of several)."""
+    from hybridllm import CloudError
+
+    cloud = CloudBackend(base_url="http://cloud.test/notapi", transport=httpx.MockTransport(
+        lambda request: httpx.Response(404, text="nope")))
+    with pytest.raises(CloudError, match=r"http://cloud.test/notapi/v1/models answered HTTP 404"):
+        cloud.generate(MSGS, P)

@@ -134,3 +134,15 @@ def test_an_embedder_that_cannot_be_prepared_fails_once_per_process(monkeypatch:
     with pytest.raises(ModelError) as second:
         embedder.get_embedder()
     assert second.value is first.value and len(calls) == 1  # not tried (nor announced) again
+
+
+def test_a_data_dir_that_cannot_be_written_is_a_model_error(tmp_path: Path, minilm_dir: Path) -> None:
+    """Before: the raw FileExistsError / PermissionError escaped the cache's lookup (which steps
+    aside only on a HybridLLMError) and failed the whole request in a read-only HYBRIDLLM_HOME."""
+    from hybridllm._exceptions import ModelError
+    from hybridllm.cache.prepare import prepare_embedder
+
+    blocker = tmp_path / "home"
+    blocker.write_text("not a folder")
+    with pytest.raises(ModelError, match="HYBRIDLLM_HOME"):
+        prepare_embedder(source_dir=minilm_dir, out_dir=blocker / "embedders" / "minilm-l6-v2")

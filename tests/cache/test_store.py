@@ -175,3 +175,61 @@ def test_a_store_whose_writes_fail_raises_cache_error_at_every_step(tmp_path):
         with pytest.raises(CacheError, match="readonly|disk is full"):
             with _Transaction(Conn(step), tmp_path / "x"):
                 pass
+
+
+def test_a_folder_given_as_the_cache_path_is_refused_and_never_moved(tmp_path: Path) -> None:
+    """Before: sqlite could not open the folder, the store took that for corruption and renamed
+    the user's folder to '<folder>.corrupt-<time>', then put a database in its place."""
+    folder = tmp_path / "notes"
+    folder.mkdir()
+    (folder / "keep.txt").write_text("mine")
+    with pytest.raises(CacheCorruptError, match="is a folder"):
+        SemanticCache(folder, verifier=None, embedder=FakeEmbedder())
+    assert (folder / "keep.txt").read_text() == "mine"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes"]
+
+
+def test_a_database_that_cannot_be_opened_is_not_taken_for_a_corrupt_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before: 'database is locked', 'unable to open database file' (a read-only folder) and the
+    like moved a good cache aside as corrupt, or let a raw PermissionError out."""
+    from hybridllm.cache.store import CacheStore
+
+    path = tmp_path / "c.sqlite3"
+    cache = SemanticCache(path, verifier=None, embedder=FakeEmbedder())
+    cache.put([{"role": "user", "content": "kept"}], "yes", **KW)
+    cache.close()
+
+    def cannot_open(self: CacheStore) -> sqlite3.Connection:
+        raise sqlite3.OperationalError("unable to open database file")
+
+    monkeypatch.setattr(CacheStore, "_open", cannot_open)
+    with pytest.raises(CacheCorruptError, match="writable folder"):
+        SemanticCache(path, verifier=None, embedder=FakeEmbedder())
+    monkeypatch.undo()
+    assert not list(tmp_path.glob("*.corrupt-*"))
+    cache = SemanticCache(path, verifier=None, embedder=FakeEmbedder())
+    assert cache.get([{"role": "user", "content": "kept"}], **KW).text == "yes"
+    cache.close()
+
+
+def test_a_cache_dir_that_cannot_be_created_is_a_cache_error(tmp_path: Path) -> None:
+    """Before: FileExistsError / PermissionError reached the user as an 'internal error'."""
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    with pytest.raises(CacheCorruptError, match="writable folder"):
+        SemanticCache(blocker / "cache.sqlite3", verifier=None, embedder=FakeEmbedder())
+
+
+def test_two_corrupt_files_in_one_second_are_both_kept_aside(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before: the second was renamed onto the first '<file>.corrupt-<time>', losing it."""
+    monkeypatch.setattr(time, "time", lambda: 1_800_000_000.0)
+    path = tmp_path / "bad.sqlite3"
+    for _ in range(2):
+        path.write_bytes(os.urandom(8192))
+        with pytest.warns(RuntimeWarning, match="corrupt"):
+            SemanticCache(path, verifier=None, embedder=FakeEmbedder()).close()
+    assert len(list(tmp_path.glob("bad.sqlite3.corrupt-*"))) == 2

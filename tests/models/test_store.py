@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from hybridllm import ModelCorruptError, ModelNotFoundError, ModelPackageMissingError
+from hybridllm import ModelCorruptError, ModelError, ModelNotFoundError, ModelPackageMissingError
 from hybridllm.models import catalog, store
 
 
@@ -115,3 +115,25 @@ def test_a_reordered_part_list_fails_the_checksum(home, monkeypatch):
     with pytest.raises(ModelCorruptError, match="sha256"):
         store.pull("qwen2.5-coder-0.5b-instruct")
     assert not store.is_materialized("qwen2.5-coder-0.5b-instruct")
+
+
+def test_a_data_dir_that_cannot_be_written_is_a_model_error(tmp_path, monkeypatch):
+    """Before: FileExistsError / NotADirectoryError / PermissionError (a read-only or mistyped
+    HYBRIDLLM_HOME, a full disk) reached the user as an 'internal error'."""
+    blocker = tmp_path / "home"
+    blocker.write_text("not a folder")
+    monkeypatch.setenv("HYBRIDLLM_HOME", str(blocker))
+    with pytest.raises(ModelError, match="HYBRIDLLM_HOME"):
+        store.pull("smollm2-135m-instruct")
+    assert blocker.read_text() == "not a folder"
+
+
+def test_verify_works_in_a_read_only_data_dir(home, monkeypatch):
+    """Verifying reads; the marker it refreshes is a convenience that a read-only dir may refuse."""
+    store.pull("smollm2-135m-instruct")
+
+    def refuse(*_args, **_kwargs):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(store, "_write_marker", refuse)
+    assert store.verify("smollm2-135m-instruct")[0].status == "ok"

@@ -70,8 +70,9 @@ class Generation:
         self.request_id = prepared.request_id
         self.timer = timer
         self._energy = energy  # cloud_server.energy.EnergyAccounting, or None
-        self._energy_key = energy.start() if energy is not None else None
+        # generate() validates at the call (429, 400): a refused request takes no energy share
         self._iter = engine.generate(prepared.request_id, prepared.prompt_ids, prepared.params)
+        self._energy_key = energy.start() if energy is not None else None
         self._first: Any = None
         self.finished = False
         self.last: Any = None
@@ -178,7 +179,8 @@ class OpenAIServing:
                 f"requested {len(prompt_ids) + (limit or 0)} tokens ({len(prompt_ids)} in the "
                 f"prompt, {limit or 0} for the completion). Please reduce the prompt or the "
                 f"completion length.",
-                param="messages" if len(prompt_ids) >= max_len and kind == "chat" else param,
+                # the prompt alone too long: no max_tokens would help, so name the prompt
+                param=("messages" if kind == "chat" else "prompt") if len(prompt_ids) >= max_len else param,
             )
         params = SamplingParams(
             temperature=1.0 if req.temperature is None else req.temperature,

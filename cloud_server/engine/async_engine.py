@@ -183,10 +183,13 @@ class AsyncLLMEngine:
             done.append((fut, (op, result)))
         return done
 
-    def _step_once(self) -> tuple[list, list[RequestOutput]]:
+    def _step_once(self) -> tuple[list, list[RequestOutput], Exception | None]:
         done = self._apply_ops()
-        outputs = self.engine.step() if self.engine.has_unfinished() else []
-        return done, outputs
+        try:
+            outputs = self.engine.step() if self.engine.has_unfinished() else []
+        except Exception as exc:  # the ops were applied all the same: their callers still wait
+            return done, [], exc
+        return done, outputs, None
 
     async def _run(self) -> None:
         wakeup = self._wakeup
@@ -198,11 +201,12 @@ class AsyncLLMEngine:
                 await wakeup.wait()
                 continue
             try:
-                done, outputs = await self._in_engine_thread(self._step_once)
+                done, outputs, failure = await self._in_engine_thread(self._step_once)
             except Exception as exc:
-                logger.exception("engine step failed")
-                self._fail_all(exc if isinstance(exc, EngineError) else EngineError(str(exc)))
-                continue
+                done, outputs, failure = [], [], exc
+            if failure is not None:
+                logger.error("engine step failed", exc_info=failure)
+                self._fail_all(failure if isinstance(failure, EngineError) else EngineError(str(failure)))
             for fut, (op, result) in done:
                 if op == "add" and isinstance(result, tuple):
                     rid, error = result

@@ -56,7 +56,7 @@ class SamplingParams:
                 param="num_speculative_tokens",
             )
         if any(not isinstance(t, int) or t < 0 for t in self.stop_token_ids):
-            raise InvalidRequestError("stop_token_ids must be non-negative integers", param="stop")
+            raise InvalidRequestError("stop_token_ids must be non-negative integers", param="stop_token_ids")
 
     @property
     def is_greedy(self) -> bool:

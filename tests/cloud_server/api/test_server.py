@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import concurrent.futures
+import logging
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -222,9 +224,16 @@ def test_context_length_errors(client: httpx.Client) -> None:
     r = chat(client, max_tokens=10_000)
     assert r.status_code == 400
     assert r.json()["error"]["code"] == "context_length_exceeded"
+    assert r.json()["error"]["param"] == "max_tokens"
     r = client.post("/v1/completions", json={"model": "fake-model", "prompt": "x" * 600})
     assert r.status_code == 400
     assert r.json()["error"]["code"] == "context_length_exceeded"
+    # the prompt alone is too long: naming max_tokens would send a client after the wrong field
+    assert r.json()["error"]["param"] == "prompt"
+    r = client.post("/v1/completions", json={"model": "fake-model", "prompt": "x" * 400, "max_tokens": 200})
+    assert r.json()["error"]["param"] == "max_tokens"
+    r = chat(client, messages=[{"role": "user", "content": "x" * 600}], max_tokens=1)
+    assert r.json()["error"]["param"] == "messages"
 
 
 def test_unknown_model_and_route(client: httpx.Client) -> None:
@@ -251,6 +260,24 @@ def test_queue_full_gives_429_with_retry_after(server: ThreadServer, engine: Fak
     assert limited[0].json()["error"]["type"] == "requests"
     assert limited[0].json()["error"]["code"] == "rate_limit_exceeded"
     wait_pool_free(engine)
+
+
+def test_refused_requests_take_no_share_of_the_energy(server: ThreadServer, engine: FakeEngine) -> None:
+    """A 429 must not stay on the energy meter's books: every later request's energy would be
+    divided among it and the refused ones, for the life of the server."""
+    meter = server.server.config.app.state.metrics.energy.meter
+    assert meter is not None
+
+    def one(i: int) -> int:
+        body = {"model": "fake-model", "messages": MSGS, "max_tokens": 60, "ignore_eos": True}
+        r = httpx.post(f"{server.url}/v1/chat/completions", json=body, headers=AUTH, timeout=30)
+        return r.status_code
+
+    with concurrent.futures.ThreadPoolExecutor(24) as pool:
+        statuses = list(pool.map(one, range(24)))
+    assert 429 in statuses and 200 in statuses, statuses
+    wait_pool_free(engine)
+    assert meter._active == {}  # every admitted request ended, so nobody shares the power now
 
 
 def test_disconnect_mid_stream_aborts_and_frees_blocks(server: ThreadServer, engine: FakeEngine) -> None:
@@ -292,6 +319,32 @@ def test_disconnect_while_queued_or_unstreamed_aborts(server: ThreadServer, engi
         t.join()
     wait_pool_free(engine)
     assert engine.num_waiting == 0
+
+
+def test_client_that_hangs_up_mid_body_is_no_server_error(
+    server: ThreadServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A dropped upload is the client's doing: no 500 in /metrics, no error in the log."""
+
+    def count_500() -> float:
+        text = httpx.get(f"{server.url}/metrics").text
+        return metric_value(text, "hybridllm_requests_rejected_total", status="500") or 0.0
+
+    before = count_500()
+    head = (
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: test\r\n"
+        f"Authorization: Bearer {KEY}\r\nContent-Type: application/json\r\n"
+        "Content-Length: 1000\r\n\r\n"
+    )
+    with caplog.at_level(logging.ERROR, logger="cloud_server"):
+        with socket.create_connection(("127.0.0.1", server.port)) as sock:
+            sock.sendall(head.encode() + b'{"model": "fake-model", "messages": [')
+            time.sleep(0.2)
+        deadline = time.monotonic() + 1.0
+        while time.monotonic() < deadline and count_500() == before:
+            time.sleep(0.05)
+    assert count_500() == before
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.text
 
 
 def test_metrics_after_traffic(client: httpx.Client, server: ThreadServer) -> None:

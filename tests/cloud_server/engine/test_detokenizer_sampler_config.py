@@ -121,3 +121,15 @@ def test_sampling_params_reject_what_the_engine_cannot_honour(kwargs):
 
     with pytest.raises(InvalidRequestError):
         SamplingParams(**kwargs)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "param"),
+    [({"stop_token_ids": [-1]}, "stop_token_ids"), ({"stop": [""]}, "stop"), ({"top_k": -2}, "top_k")],
+)
+def test_sampling_params_errors_name_the_field(kwargs, param):
+    from cloud_server.exceptions import InvalidRequestError
+
+    with pytest.raises(InvalidRequestError) as info:
+        SamplingParams(**kwargs)
+    assert info.value.param == param  # the HTTP error's "param"

@@ -324,9 +324,12 @@ def validation_error(exc: ValidationError) -> WireError:
     if not errors:
         return WireError("Invalid request.")
     # An unknown field is the most useful thing to report (often a typo of a known one).
-    # Else the deepest: for a union ("content": string or parts) it names the part that failed.
+    # Else the deepest: for a union ("content": string or parts) it names the part that failed;
+    # and one about the value before one saying it is of another union branch's type ("stop": a
+    # list of 5 strings is too long, not "should be a valid string").
     extra = [e for e in errors if e.get("type") == "extra_forbidden"]
-    first = extra[0] if extra else max(errors, key=lambda e: len(e.get("loc", ())))
+    first = extra[0] if extra else max(errors, key=lambda e: (
+        len(e.get("loc", ())), not str(e.get("type", "")).endswith("_type")))
     param = _param(first.get("loc", ()))
     kind = first.get("type")
     if kind == "extra_forbidden":

@@ -21,9 +21,10 @@ from collections.abc import AsyncIterator, Mapping
 from typing import Any, Literal
 
 from fastapi import FastAPI, Request  # the [server] extra; this module is imported only to serve
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, field_validator, model_validator
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from ._client import AsyncHybridLLM, HybridLLM
 from ._exceptions import (
@@ -183,6 +184,11 @@ def create_app(llm: HybridLLM, *, model_name: str = "hybridllm", api_keys: list[
         message = (f"Invalid URL ({request.method} {request.url.path})" if exc.status_code == 404
                    else str(exc.detail))
         return _error(exc.status_code, message, "invalid_request_error", headers=exc.headers)
+
+    @app.exception_handler(ClientDisconnect)
+    async def on_client_gone(request: Request, exc: Exception) -> Response:
+        # the client hung up while sending its body: nobody reads this, and it is no server error
+        return Response(status_code=499)  # nginx's "client closed request", as the cloud server
 
     @app.exception_handler(Exception)
     async def on_unexpected(request: Request, exc: Exception) -> JSONResponse:

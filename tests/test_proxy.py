@@ -264,3 +264,32 @@ def test_routed_request_with_a_wrong_cloud_key_is_a_clear_error_not_an_empty_rep
             proxy.stop()
         llm.close()
         srv.stop()
+
+
+def test_a_client_hanging_up_mid_body_is_no_server_error(edge, caplog):
+    """A dropped upload is the client's doing: not a 500, nothing logged as an error, no backend."""
+    import asyncio
+    import logging
+
+    llm = HybridLLM(edge=edge, cache=False)
+    app = create_app(llm)
+    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
+             "scheme": "http", "path": "/v1/chat/completions", "raw_path": b"/v1/chat/completions",
+             "query_string": b"", "root_path": "", "client": ("127.0.0.1", 1), "server": ("test", 80),
+             "headers": [(b"content-type", b"application/json"), (b"content-length", b"1000")]}
+    incoming = [{"type": "http.request", "body": b'{"model": "x", "messages": [', "more_body": True},
+                {"type": "http.disconnect"}]
+    sent: list[dict] = []
+
+    async def receive() -> dict:
+        return incoming.pop(0) if incoming else {"type": "http.disconnect"}
+
+    async def send(message: dict) -> None:
+        sent.append(message)
+
+    with caplog.at_level(logging.ERROR):
+        asyncio.run(app(scope, receive, send))
+    llm.close()
+    status = next(m["status"] for m in sent if m["type"] == "http.response.start")
+    assert status != 500 and not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.text
+    assert not edge.calls

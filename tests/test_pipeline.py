@@ -173,15 +173,21 @@ def test_a_broken_stream_is_not_cached():
 
 def test_stats_per_route_and_savings():
     llm, *_ = make()
-    llm.chat("easy one")
-    llm.chat("hard one")
-    llm.chat("hard one")
+    answers = [llm.chat("easy one"), llm.chat("hard one"), llm.chat("hard one")]
     s = llm.stats()
     assert s["requests"] == 3
     assert set(s["routes"]) == {"edge", "cloud", "cache"}
     assert s["cache_hit_rate"] == pytest.approx(1 / 3)
     assert s["cloud_fraction"] == pytest.approx(1 / 3)
-    assert s["cloud_tokens"] > 0 and s["cost_saved_vs_cloud_only_usd"] > 0
+    # recomputed from the answers: cloud tokens are the cloud answer's; the saving prices every
+    # answer the cloud did not produce at the cloud's rate (1.0 per 1k tokens here)
+    cloud = [c for c in answers if c.route == "cloud"]
+    others = [c for c in answers if c.route != "cloud"]
+    assert len(cloud) == 1 and cloud[0].usage.total_tokens > 0
+    assert s["cloud_tokens"] == cloud[0].usage.total_tokens
+    assert s["cloud_cost_usd"] == pytest.approx(cloud[0].usage.total_tokens / 1000)
+    saved = sum(c.usage.total_tokens for c in others) / 1000
+    assert saved > 0 and s["cost_saved_vs_cloud_only_usd"] == pytest.approx(saved)
 
 
 def test_route_cloud_without_cloud_is_a_config_error():

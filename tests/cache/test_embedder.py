@@ -63,14 +63,26 @@ def test_default_embedding_is_the_run_time_one() -> None:
     np.testing.assert_array_equal(emb.embed(texts), singles)
 
 
-def test_shared_instance_is_one_object_across_threads() -> None:
+def test_shared_instance_is_one_object_across_threads(monkeypatch: pytest.MonkeyPatch) -> None:
+    from hybridllm.cache import embedder as embedder_module
+
+    # no shared instance yet: the four threads race to create the first one (an instance made by
+    # an earlier test would be handed out whatever the locking does)
+    monkeypatch.setattr(embedder_module, "_shared", {})
+    monkeypatch.setattr(embedder_module, "_failed", {})
+    start = threading.Barrier(4)
     seen: list[Embedder] = []
-    threads = [threading.Thread(target=lambda: seen.append(get_embedder())) for _ in range(4)]
+
+    def first_call() -> None:
+        start.wait()
+        seen.append(get_embedder())
+
+    threads = [threading.Thread(target=first_call) for _ in range(4)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    assert len({id(e) for e in seen}) == 1
+    assert len(seen) == 4 and len({id(e) for e in seen}) == 1
 
 
 def test_int8_onnx_matches_fp32_pytorch(shared_data: Path, minilm_dir: Path) -> None:

@@ -63,6 +63,12 @@ def test_train_eval_calibrate(small_csv, tmp_path, capsys):
                  "--router", str(out)]) == 0
     cal = json.loads(capsys.readouterr().out)
     assert cal["realized_cloud_fraction"] == pytest.approx(0.3, abs=0.02)
+    # the calibrated threshold is the one saved: the router read back sends ~30% of that traffic
+    calibrated = load_router(out)
+    assert calibrated.threshold == pytest.approx(cal["threshold"], abs=1e-6)
+    traffic = prompts.read_text().splitlines()
+    sent = float(np.mean(calibrated.score_texts(traffic) >= calibrated.threshold))
+    assert sent == pytest.approx(0.3, abs=0.02)
 
 
 def test_errors_are_one_line(tmp_path, capsys):

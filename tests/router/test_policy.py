@@ -77,7 +77,11 @@ def test_long_prompt_goes_to_cloud():
     d = p.decide(SHORT, prompt_tokens=65)
     assert d.route == "cloud" and "exceeds the edge context (64)" in d.reason
     assert p.decide(SHORT, prompt_tokens=64).route == "edge"
-    assert p.decide("word " * 400).route == "cloud"  # estimated from the text
+    # estimated from the text (the length router alone would send it to the cloud too: the reason
+    # says which rule decided)
+    estimated = p.decide("word " * 400)
+    assert estimated.route == "cloud" and "exceeds the edge context (64)" in estimated.reason
+    assert estimated.score is None
 
 
 def test_cascade_band():

@@ -51,11 +51,32 @@ def test_missing_weights(saved):
         load_router(folder)
 
 
+_UNPICKLED: list[str] = []
+
+
+def _record_unpickling() -> float:
+    _UNPICKLED.append("ran")
+    return 0.0
+
+
+class _Payload:
+    """A pickle whose loading runs code (here: it only records that it ran)."""
+
+    def __reduce__(self):
+        return (_record_unpickling, ())
+
+
 def test_pickled_weights_are_refused(saved):
     _, folder = saved
-    np.savez(folder / "weights.npz", mean=np.asarray([object()], dtype=object))
-    with pytest.raises(RouterFileError):
+    with np.load(folder / "weights.npz") as npz:
+        arrays = {k: npz[k] for k in npz.files}
+    # a complete file, every array present: only the pickle in one of them can make it fail
+    arrays["mean"] = np.asarray([_Payload() for _ in arrays["mean"]], dtype=object)
+    np.savez(folder / "weights.npz", **arrays)
+    _UNPICKLED.clear()
+    with pytest.raises(RouterFileError, match="corrupt.*allow_pickle"):
         load_router(folder)
+    assert _UNPICKLED == []  # refused before unpickling, not after running it
 
 
 @pytest.mark.parametrize(

@@ -89,7 +89,23 @@ def test_cuda_graph_decode_matches_eager_on_cuda(smollm2_path):
 def test_the_start_up_line_says_where_the_model_runs(smollm2_engine):
     """``describe()`` feeds the server's "model ... ready" log line: device, dtype, quantization,
     and on CUDA whether decode steps replay graphs."""
+    from types import SimpleNamespace
+
+    from cloud_server.engine.llm_engine import LLMEngine
+
     text = smollm2_engine.describe()
     dtype = str(smollm2_engine.dtype).removeprefix("torch.")
     assert text.startswith(f"{smollm2_engine.device}, {dtype}, quantization ")
     assert ("CUDA graphs on" in text) == (smollm2_engine.runner.graphs is not None)
+    # the CUDA wording, checked without a CUDA device: the same engine as seen on "cuda", with and
+    # without graphs (this engine runs on CPU, where the line names no graphs at all)
+    for graphs, want in ((None, "CUDA graphs off"), (object(), "CUDA graphs on")):
+        on_cuda = SimpleNamespace(
+            device=torch.device("cuda"), dtype=smollm2_engine.dtype,
+            quantization=smollm2_engine.quantization, runner=SimpleNamespace(graphs=graphs),
+            spec=smollm2_engine.spec,
+        )
+        line = LLMEngine.describe(on_cuda)  # type: ignore[arg-type]
+        assert line.startswith(f"cuda, {dtype}, quantization ") and want in line, line
+    if smollm2_engine.device.type == "cpu":
+        assert "CUDA graphs" not in text

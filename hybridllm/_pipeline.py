@@ -232,8 +232,8 @@ class Core:
                         continue  # finish chunk still leaves stats and cache complete
                     yield chunk
             if final is not None and final.completion is not None:
-                if decision is None:
-                    self.stats.record(final.completion)
+                if decision is None:  # a cache hit: it saved the call that made the answer it replays
+                    self.stats.record(final.completion, avoided_tokens=_tokens_of(hit))
                 else:
                     await self._record(req, decision, final.completion, vec, use_cache)
                 yield final
@@ -616,7 +616,7 @@ class Core:
                     params_key=req.params.cache_key(),
                     namespace=ns,
                     pii=bool(d.pii_kinds),
-                    metadata={"route": c.route, "model": c.model},
+                    metadata={"route": c.route, "model": c.model, "tokens": c.usage.total_tokens},
                     embedding=vec,
                 )
             except Exception as exc:  # noqa: BLE001 - a cache that cannot write never costs the answer
@@ -716,3 +716,10 @@ class _Answer:
             co2_saved_g=usage.co2_saved_g,
         )
         return Chunk("", self.route, model, finish_reason=self.finish_reason, completion=completion)
+
+
+def _tokens_of(hit: Any) -> int:
+    """The tokens (prompt and completion) of the call that made a cached answer, as stored with it;
+    0 for entries written before they were stored."""
+    tokens = (getattr(hit, "metadata", None) or {}).get("tokens")
+    return tokens if isinstance(tokens, int) and not isinstance(tokens, bool) and tokens > 0 else 0

@@ -1,6 +1,7 @@
 """Running statistics of a client: requests per route, cache hit rate, cloud fraction, latency and
 TTFT percentiles per route, cloud tokens and cost, and the cost saved versus sending everything to
-the cloud (every answer not produced by the cloud, priced at the cloud's rate)."""
+the cloud (every answer not produced by the cloud, priced at the cloud's rate; a cache hit at the
+tokens of the call that made the answer it replays, stored with the cache entry)."""
 
 from __future__ import annotations
 
@@ -39,7 +40,8 @@ class Stats:
     def cost(self, tokens: int) -> float:
         return tokens / 1000 * self.price_per_1k
 
-    def record(self, c: Completion) -> None:
+    def record(self, c: Completion, *, avoided_tokens: int = 0) -> None:
+        """``avoided_tokens``: for a cache hit, the tokens of the call that made its answer."""
         with self._lock:
             self._count[c.route] += 1
             self._latency[c.route].append(c.latency_ms)
@@ -52,7 +54,7 @@ class Stats:
                 self.cloud_tokens += c.usage.total_tokens
                 self.cloud_cost += c.cost_usd
             else:
-                self.saved_cost += self.cost(c.usage.total_tokens)
+                self.saved_cost += self.cost(c.usage.total_tokens or avoided_tokens)
 
     def snapshot(self) -> dict[str, Any]:
         with self._lock:

@@ -35,16 +35,16 @@ class FakeCache:
 
     def get(self, msgs, *, model, params_key, namespace=None, embedding=None):
         self.gets += 1
-        text = self.entries.get(self._key(msgs, model, params_key, namespace))
+        text, metadata = self.entries.get(self._key(msgs, model, params_key, namespace), (None, None))
         return None if text is None else type("Hit", (), {"text": text, "similarity": 1.0,
-                                                          "verifier_prob": None})()
+                                                          "verifier_prob": None, "metadata": metadata})()
 
     def put(self, msgs, text, *, model, params_key, namespace=None, pii=False, metadata=None,
             embedding=None):
         if pii:
             return None
         self.puts += 1
-        self.entries[self._key(msgs, model, params_key, namespace)] = text
+        self.entries[self._key(msgs, model, params_key, namespace)] = (text, metadata)
         return "id"
 
     def close(self):
@@ -180,14 +180,16 @@ def test_stats_per_route_and_savings():
     assert s["cache_hit_rate"] == pytest.approx(1 / 3)
     assert s["cloud_fraction"] == pytest.approx(1 / 3)
     # recomputed from the answers: cloud tokens are the cloud answer's; the saving prices every
-    # answer the cloud did not produce at the cloud's rate (1.0 per 1k tokens here)
-    cloud = [c for c in answers if c.route == "cloud"]
-    others = [c for c in answers if c.route != "cloud"]
-    assert len(cloud) == 1 and cloud[0].usage.total_tokens > 0
-    assert s["cloud_tokens"] == cloud[0].usage.total_tokens
-    assert s["cloud_cost_usd"] == pytest.approx(cloud[0].usage.total_tokens / 1000)
-    saved = sum(c.usage.total_tokens for c in others) / 1000
-    assert saved > 0 and s["cost_saved_vs_cloud_only_usd"] == pytest.approx(saved)
+    # answer the cloud did not produce at the cloud's rate (1.0 per 1k tokens here): the edge
+    # answer's tokens, and for the cache hit (0 tokens of its own) those of the cloud call whose
+    # answer it replays
+    edge, cloud, hit = answers
+    assert (edge.route, cloud.route, hit.route) == ("edge", "cloud", "cache")
+    assert cloud.usage.total_tokens > 0 and hit.usage.total_tokens == 0 and hit.text == cloud.text
+    assert s["cloud_tokens"] == cloud.usage.total_tokens
+    assert s["cloud_cost_usd"] == pytest.approx(cloud.usage.total_tokens / 1000)
+    saved = (edge.usage.total_tokens + cloud.usage.total_tokens) / 1000
+    assert edge.usage.total_tokens > 0 and s["cost_saved_vs_cloud_only_usd"] == pytest.approx(saved)
 
 
 def test_route_cloud_without_cloud_is_a_config_error():

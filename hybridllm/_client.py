@@ -26,15 +26,22 @@ from ._types import Chunk, Completion, Message
 from .backends.base import Backend
 from .backends.worker import InlineRun
 
+CLOSED_MID_ANSWER = "The client was closed before this answer was complete."
+
 
 class _LoopThread:
-    """A private event loop on a daemon thread, started on first use."""
+    """A private event loop on a daemon thread, started on first use. ``close`` cancels what is
+    still running on it, so a thread waiting for a step gets an error instead of waiting for ever."""
 
     def __init__(self) -> None:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
         self._closed = False
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
 
     def loop(self) -> asyncio.AbstractEventLoop:
         with self._lock:
@@ -65,10 +72,22 @@ class _LoopThread:
         if threading.current_thread() is thread:
             loop.call_soon(loop.stop)
             return
+        try:  # steps still running end as cancelled, and their waiting readers with them
+            asyncio.run_coroutine_threadsafe(_cancel_all(), loop).result(timeout=10)
+        except (concurrent.futures.TimeoutError, RuntimeError):
+            pass
         loop.call_soon_threadsafe(loop.stop)
         thread.join(timeout=10)
         if not loop.is_running():
             loop.close()
+
+
+async def _cancel_all() -> None:
+    tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+    for task in tasks:
+        task.cancel()
+    if tasks:
+        await asyncio.wait(tasks, timeout=5)
 
 
 class Stream:
@@ -107,12 +126,23 @@ class Stream:
     def _iterate(self) -> Iterator[Chunk]:
         try:
             step = self._next()
+            started = False
             while True:
-                fut = self._loop.submit(step)
+                try:
+                    fut = self._loop.submit(step)
+                except HybridLLMError:
+                    if started:  # closed between two steps of this answer
+                        raise HybridLLMError(CLOSED_MID_ANSWER) from None
+                    raise
+                started = True
                 try:
                     chunk = fut.result()
                 except StopAsyncIteration:
                     return
+                except concurrent.futures.CancelledError:
+                    if self._loop.closed:  # close() from another thread, mid-answer
+                        raise HybridLLMError(CLOSED_MID_ANSWER) from None
+                    raise
                 except BaseException:
                     fut.cancel()  # Ctrl-C while waiting: stop the pipeline too
                     raise

@@ -2,6 +2,7 @@
 The same on the real llama.cpp model is in backends/test_llama_cpp_real.py."""
 
 import asyncio
+import re
 import threading
 import time
 
@@ -66,6 +67,18 @@ def test_bad_input_raises_at_the_call_not_mid_stream(llm):
 def test_route_cloud_without_a_cloud_raises_at_the_call(llm):
     with pytest.raises(ConfigError, match="cloud_url"):
         llm.stream("x", route="cloud")  # before: a Stream, and the error at the first next()
+
+
+def test_a_bad_default_in_the_config_file_fails_when_the_client_is_built(tmp_path):
+    """Before: HybridLLM(config=...) with temperature = 9 raised an InvalidRequestError (a request
+    error) that did not name the file."""
+    path = tmp_path / "config.toml"
+    path.write_text("[hybridllm]\ntemperature = 9\n")
+    with pytest.raises(ConfigError) as err:
+        HybridLLM(config=str(path), edge=FakeBackend(reply=lambda m: "ok"), cache=False)
+    assert str(err.value) == f"Config file {path}: temperature must be between 0 and 2, got 9."
+    with pytest.raises(ConfigError, match="top_p must be in"):  # constructor arguments alike
+        HybridLLM(top_p=0, edge=FakeBackend(reply=lambda m: "ok"), cache=False)
 
 
 def test_a_stream_is_read_once_and_is_a_context_manager(llm):
@@ -250,3 +263,48 @@ def test_a_stream_read_after_its_client_closed_raises_a_hybridllm_error():
         list(stream)
     with pytest.raises(HybridLLMError, match="closed"):
         llm.chat("hi")
+
+
+def test_an_answer_cut_off_by_close_is_an_error_not_a_shorter_answer():
+    """close() from another thread (or the interpreter's exit) while the device answers: the
+    reader gets an error, never a truncated text passed off as finished (finish_reason 'stop'),
+    and never waits for ever (the sync reader used to wait for a step on the stopped loop)."""
+    cut = "closed (before this answer was complete|while the device model was answering)"
+
+    def slow() -> FakeBackend:
+        return FakeBackend(reply=lambda m: " ".join(["w"] * 500), delay_s=0.01)
+
+    for path in ("chat", "stream"):  # the sync client: the answer is generated on the reader's thread
+        llm = HybridLLM(edge=slow(), cache=False)
+        got: dict[str, object] = {}
+
+        def read(llm: HybridLLM = llm, got: dict[str, object] = got, path: str = path) -> None:
+            try:
+                got["answer"] = (llm.chat("go") if path == "chat"
+                                 else "".join(c.text for c in llm.stream("go")))
+            except HybridLLMError as exc:
+                got["error"] = exc
+
+        reader = threading.Thread(target=read, daemon=True)
+        reader.start()
+        time.sleep(0.2)
+        llm.close()
+        reader.join(10)
+        assert not reader.is_alive(), f"{path}: the reader still waits after close()"
+        assert "answer" not in got and re.search(cut, str(got["error"])), (path, got)
+
+    async def run() -> None:  # the async client: generated on the device's worker thread
+        allm = AsyncHybridLLM(edge=slow(), cache=False)
+
+        async def close_soon() -> None:
+            await asyncio.sleep(0.2)
+            await allm.aclose()
+
+        closing = asyncio.create_task(close_soon())
+        with pytest.raises(HybridLLMError, match=cut):
+            await asyncio.wait_for(allm.chat("go"), 10)
+        await closing
+
+    asyncio.run(run())
+    with HybridLLM(edge=FakeBackend(reply=lambda m: "a b c"), cache=False) as done:  # a whole one
+        assert done.chat("go").finish_reason == "stop"

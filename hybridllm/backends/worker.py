@@ -34,6 +34,9 @@ from .base import Backend, Delta
 
 _STARTED = object()
 _END = object()
+# what a reader gets when close() (or the interpreter's exit) stopped its answer half way: an
+# error, never a shorter answer passed off as finished
+CLOSED_MID_ANSWER = "The client was closed while the device model was answering; the answer is incomplete."
 EXIT_WAIT_S = 10.0  # at exit, how long a running generation may take to stop (its current step)
 _LIVE: weakref.WeakSet[EdgeWorker] = weakref.WeakSet()  # workers whose thread was started
 
@@ -73,12 +76,16 @@ class EdgeJob:
         self.started.set()
         self._post(_STARTED)
         it: Iterator[Delta] | None = None
+        finished = False
         try:
             it = self._make()
             for delta in it:
                 self._post(delta)
+                finished = delta.finish_reason is not None
                 if self.cancelled.is_set():
                     break
+            if self.cancelled.is_set() and not finished:  # a reader still there was cut off
+                self._post(EdgeError(CLOSED_MID_ANSWER))
         except Exception as exc:  # handed to the reader, raised there
             self._post(exc)
         finally:
@@ -259,12 +266,16 @@ class InlineRun:
                 )
             if self.cancelled.is_set():
                 raise EdgeError("The device model is closed.")
+            finished = False
             while (delta := self._next_delta()) is not None:
+                finished = delta.finish_reason is not None
                 chunk = self._feed(delta)
                 if chunk is not None:
                     yield chunk
                 if self.cancelled.is_set():
                     break
+            if self.cancelled.is_set() and not finished:  # close() stopped it half way
+                raise EdgeError(CLOSED_MID_ANSWER)
             self._result = self._finish()
         except Exception as exc:  # handed to the pipeline, raised there (as on the worker path)
             self._error = exc

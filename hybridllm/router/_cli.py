@@ -30,7 +30,8 @@ def register(subparsers: Any) -> None:
         type=float,
         action="append",
         default=None,
-        help="relative total weight of each --data file, in order (default: equal)",
+        help="relative share of each --data file, in order, in the source gate (default: by row "
+        "count); with --no-embedding, its total weight in one pooled scorer (default: equal)",
     )
     p.add_argument(
         "--cascade-data",
@@ -78,7 +79,11 @@ def register(subparsers: Any) -> None:
     p.add_argument("--data", required=True, help="JSONL with question and answer per line")
     p.add_argument("--edge", required=True, help="catalog id or GGUF path of the edge model")
     p.add_argument("--cloud", required=True, help="OpenAI-compatible base URL")
-    p.add_argument("--cloud-model", default="default")
+    p.add_argument(
+        "--cloud-model",
+        default="default",
+        help="model name sent to the cloud; the CSV's cloud column is cloud:NAME (default: default)",
+    )
     p.add_argument("--api-key", default=None, help="default: $HYBRIDLLM_CLOUD_API_KEY")
     p.add_argument(
         "--out",
@@ -152,6 +157,7 @@ def _train(args: argparse.Namespace) -> int:
         )
     if args.weight is not None and not all(w > 0 for w in args.weight):
         raise DataError("Every --weight must be positive.")
+    _check_out_folder(args.out)
     data = args.data[0] if len(args.data) == 1 else list(args.data)
     router = train_from_csv(
         data,
@@ -185,6 +191,12 @@ def _train(args: argparse.Namespace) -> int:
         }
     )
     return 0
+
+
+def _check_out_folder(out: str) -> None:
+    """Refuse an --out that is a file before the training or embedding, not after it."""
+    if Path(out).exists() and not Path(out).is_dir():
+        raise DataError(f"--out {out} is a file; pass a folder for the router.")
 
 
 def _score_range(text: str) -> tuple[float, float]:
@@ -360,9 +372,12 @@ def _eval(args: argparse.Namespace) -> int:
 def _label(args: argparse.Namespace) -> int:
     from .label import label_to_csv, llama_cpp_edge, openai_cloud, read_questions
 
-    small = [args.concurrency, args.max_tokens, args.limit or 1, args.edge_max_tokens or 1]
+    given = [args.limit, args.edge_max_tokens]  # 0 is given, not the default: `or 1` let it through
+    small = [args.concurrency, args.max_tokens, *(1 if v is None else v for v in given)]
     if min(small) < 1:
         raise DataError("--concurrency, --max-tokens, --edge-max-tokens and --limit must be at least 1.")
+    if not args.timeout > 0:
+        raise DataError(f"--timeout must be a positive number of seconds, got {args.timeout}.")
     questions = read_questions(args.data)[: args.limit]
     edge_path = Path(args.edge)
     if not edge_path.is_file():
@@ -374,7 +389,11 @@ def _label(args: argparse.Namespace) -> int:
     cloud = openai_cloud(
         args.cloud, model=args.cloud_model, api_key=api_key, max_tokens=args.max_tokens, timeout=args.timeout
     )
-    edge_col, cloud_col = f"edge:{Path(args.edge).stem}", f"cloud:{args.cloud_model}"
+    # a GGUF file's name without .gguf; a catalog id whole (Path.stem cut qwen2.5-coder-0.5b-instruct
+    # to qwen2.5-coder-0)
+    edge_name = Path(args.edge).name
+    edge_name = edge_name[: -len(".gguf")] if edge_name.lower().endswith(".gguf") else edge_name
+    edge_col, cloud_col = f"edge:{edge_name}", f"cloud:{args.cloud_model}"
     run = label_to_csv(
         questions,
         edge,
@@ -412,6 +431,10 @@ def _calibrate(args: argparse.Namespace) -> int:
 
     if args.out is None and args.router is None:
         raise DataError("Pass --out DIR for the calibrated router (the shipped one is read-only).")
+    if not 0.0 <= args.cloud_fraction <= 1.0:  # before minutes of embedding, not after
+        raise DataError(f"--cloud-fraction must be between 0 and 1, got {args.cloud_fraction}.")
+    if args.out is not None:
+        _check_out_folder(args.out)
     router = load_router(args.router)
     prompts = read_prompts(args.prompts, args.prompt_col)
     embeddings = None
@@ -423,7 +446,10 @@ def _calibrate(args: argparse.Namespace) -> int:
         embeddings = embed_texts(prompts, progress=ProgressBar("embedding prompts", unit="prompts", scale=1))
     scores = router.score_texts(prompts, embeddings=embeddings)
     router.threshold = calibrate_threshold(scores, args.cloud_fraction)
-    out = router.save(args.out or args.router)
+    out_dir = Path(args.out or args.router)
+    if args.out is None and out_dir.is_file():  # --router named its router.json, as load_router takes
+        out_dir = out_dir.parent
+    out = router.save(out_dir)
     _print(
         {
             "out": str(out),

@@ -153,6 +153,8 @@ def load_routellm_csv(
     :mod:`hybridllm.router.preference`), unless ``weak_col``/``strong_col`` name score columns.
     """
     p = Path(path)
+    if weak_col is not None and weak_col == strong_col:
+        raise DataError(f"--weak-col and --strong-col both name {weak_col!r}; name the two models' columns.")
     if not p.is_file():
         raise DataError(f"{p} does not exist; pass a RouteLLM-format CSV or a JSON Lines file with --data.")
     header, rows = _read_table(p, prompt_col=prompt_col)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import warnings
 import zipfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -67,10 +68,21 @@ def cached_embeddings(
     missing, covered = _fill_from_other_files(folder, prefix, keys, emb, skip=path)
     if len(missing):
         emb[missing] = embed_texts([texts[i] for i in missing], progress=progress)
-    folder.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f"{path.stem}.{os.getpid()}.tmp.npz")  # two processes never share one
-    np.savez(tmp, embeddings=emb, keys=keys)
-    tmp.replace(path)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        np.savez(tmp, embeddings=emb, keys=keys)
+        tmp.replace(path)
+    except OSError as exc:  # a full disk, a read-only folder: the vectors are right, only not kept
+        warnings.warn(
+            f"Could not keep the prompt embeddings in {folder} ({exc}); the next run embeds them again.",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+        return emb
+    finally:  # also on Ctrl-C: no partial file left (readers skip them, but they fill the disk)
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
     stale = [f for f in folder.glob(f"{EMBEDDER_ID}-{fingerprint}-*.npz") if not f.name.startswith(prefix)]
     # every vector of ``covered`` is in the new file (a list that grew keeps one file); ``stale``
     # files hold batched vectors, never read again

@@ -15,7 +15,7 @@ import json
 import re
 import sys
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,6 +43,8 @@ SYSTEM_PROMPT = (
     "Solve the problem. Show the calculation in at most four short lines of plain "
     "text (no LaTeX), then end with 'The answer is X'."
 )
+# questions failing one after another, no row written between: the endpoint is down, stop
+MAX_FAILED_IN_A_ROW = 20
 _NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
 
 
@@ -94,8 +96,12 @@ def read_questions(path: str | Path) -> list[Question]:
     p = Path(path)
     if not p.is_file():
         raise DataError(f"{p} does not exist; pass a JSONL file of questions with --data.")
+    try:  # utf-8-sig: a byte-order mark, as some editors write, is not part of line 1
+        text = p.read_text(encoding="utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise DataError(f"{p} is not UTF-8 text ({exc}).") from exc
     out = []
-    for i, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1):
+    for i, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
         try:
@@ -105,7 +111,7 @@ def read_questions(path: str | Path) -> list[Question]:
         prompt = rec.get("question") or rec.get("prompt") if isinstance(rec, dict) else None
         # GSM8K: ``final`` is the bare number of ``answer``'s ``#### N`` line
         ref = rec.get("final") or rec.get("answer", rec.get("reference")) if isinstance(rec, dict) else None
-        if not isinstance(prompt, str) or ref is None:
+        if not isinstance(prompt, str) or ref is None or not str(ref).strip():  # blank: all graded wrong
             raise DataError(f"{p} line {i} needs 'question' (or 'prompt') and 'answer' (or 'reference').")
         out.append(Question(prompt=prompt, reference=reference_answer(str(ref))))
     if not out:
@@ -171,29 +177,70 @@ class LabelRun:
 
 
 def _read_done(path: Path, header: list[str], run: LabelRun) -> set[str]:
-    """Prompts already labelled in ``path`` (resuming); the header must match this run's."""
+    """Prompts already labelled in ``path`` (resuming); the header must match this run's.
+
+    A last row cut off mid-write (a killed run: no line end, or a quoted prompt never closed) is
+    removed from the file to be labelled again; appended to, it would swallow the rows after it."""
     if not path.is_file() or path.stat().st_size == 0:
         return set()
     csv.field_size_limit(min(sys.maxsize, 2**31 - 1))
-    with path.open(newline="", encoding="utf-8") as fh:
-        reader = csv.reader(fh)
-        found = next(reader, None)
-        if found is None:
-            return set()
-        if found[:3] != header[:3]:
-            raise DataError(
-                f"{path} already holds labels for other models ({', '.join(found[1:3])}); "
-                "pass another --out, or the same --edge and --cloud-model to resume it."
-            )
-        done = set()
-        for cells in reader:
-            if len(cells) < 3:
-                continue
-            done.add(cells[0])
-            run.num_rows += 1
-            run.edge_correct += cells[1] == "True"
-            run.cloud_correct += cells[2] == "True"
+    raw: list[str] = []  # the lines of the record the reader is on
+
+    def lines(fh: TextIO) -> Iterator[str]:
+        for line in fh:
+            raw.append(line)
+            yield line
+
+    done: set[str] = set()
+    try:
+        with path.open(newline="", encoding="utf-8") as fh:
+            reader = csv.reader(lines(fh))
+            found = next(reader, None)
+            if found is None:
+                return set()
+            if found[:3] != header[:3]:
+                raise DataError(
+                    f"{path} already holds labels for other models ({', '.join(found[1:3])}); "
+                    "pass another --out, or the same --edge and --cloud-model to resume it."
+                )
+            text = "".join(raw)
+            end = len(text.encode("utf-8"))  # bytes up to the end of the last whole row
+            ended = text.endswith(("\n", "\r"))
+            raw.clear()
+            for cells in reader:
+                text = "".join(raw)
+                raw.clear()
+                if text.count('"') % 2 or not (text.endswith(("\n", "\r")) or len(cells) >= len(found)):
+                    break  # half-written, so the last: the reader ran to the end of the file
+                end += len(text.encode("utf-8"))
+                ended = text.endswith(("\n", "\r"))
+                if len(cells) < 3:
+                    continue
+                done.add(cells[0])
+                run.num_rows += 1
+                run.edge_correct += cells[1] == "True"
+                run.cloud_correct += cells[2] == "True"
+    except UnicodeDecodeError as exc:
+        raise DataError(f"{path} is not a UTF-8 CSV file ({exc}); pass another --out.") from exc
+    if end < path.stat().st_size or not ended:
+        with path.open("r+b") as raw_fh:
+            raw_fh.truncate(end)
+            if not ended:  # a whole last row without its line end: the next row starts below it
+                raw_fh.seek(end)
+                raw_fh.write(b"\r\n")
     return done
+
+
+def _append_lines(path: Path) -> TextIO:
+    """``path`` opened to append JSON lines, a half-written last line (a killed run) cut off: the
+    next line would run into it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.is_file() and path.stat().st_size:
+        with path.open("r+b") as fh:
+            data = fh.read()
+            if not data.endswith(b"\n"):
+                fh.truncate(data.rfind(b"\n") + 1)
+    return path.open("a", encoding="utf-8")
 
 
 def _fmt_seconds(s: float) -> str:
@@ -220,11 +267,14 @@ def label_to_csv(
     together); the edge side runs in one thread alongside, since a local model on a few cores gains
     nothing from parallel calls. Prompts already in ``out`` are skipped, so a stopped run resumes.
     A question whose call still fails after ``retries`` retries is left out (a rerun tries it
-    again); if no question at all succeeds the first error is raised.
+    again); when every question failed, or ``MAX_FAILED_IN_A_ROW`` did without a row between (the
+    cloud went down mid-run: the edge would grind through the rest for nothing), the error is raised.
     """
     if concurrency < 1:
         raise DataError("--concurrency must be at least 1.")
     path = Path(out)
+    if path.is_dir():
+        raise DataError(f"{path} is a folder; pass the CSV file to write with --out.")
     header = _header(edge_col, cloud_col)
     run = LabelRun(out=path)
     done = _read_done(path, header, run)
@@ -252,7 +302,7 @@ def label_to_csv(
     path.parent.mkdir(parents=True, exist_ok=True)
     new_file = not path.is_file() or path.stat().st_size == 0
     fh = path.open("a", newline="", encoding="utf-8")
-    answers_fh = Path(answers_out).open("a", encoding="utf-8") if answers_out else None
+    answers_fh = _append_lines(Path(answers_out)) if answers_out else None
     writer = csv.writer(fh)
     if new_file:
         writer.writerow(header)
@@ -269,6 +319,7 @@ def label_to_csv(
                 futures[edge_pool.submit(attempt, edge, q.prompt)] = (i, "edge")
                 futures[cloud_pool.submit(attempt, cloud, q.prompt)] = (i, "cloud")
             failed: set[int] = set()
+            failed_in_a_row = 0  # questions failed since the last row written
             try:
                 for fut in as_completed(futures):
                     i, side = futures[fut]
@@ -279,7 +330,8 @@ def label_to_csv(
                             failed.add(i)
                             run.num_failed += 1
                             run.errors.append(f"{side}: {exc}")
-                        if run.num_failed >= 20 and run.num_added == 0:
+                            failed_in_a_row += 1
+                        if failed_in_a_row >= MAX_FAILED_IN_A_ROW or len(failed) == len(todo):
                             raise
                         continue
                     got = results[i]
@@ -305,6 +357,7 @@ def label_to_csv(
                         )
                         answers_fh.flush()
                     del results[i]
+                    failed_in_a_row = 0
                     run.num_added += 1
                     run.num_rows += 1
                     run.edge_correct += bool(row["edge"])
@@ -323,13 +376,13 @@ def label_to_csv(
                         )
                         progress.flush()
             except BaseException:  # Ctrl-C or a fatal error: drop the queue, keep the rows written
-                pending = sum(not f.done() for f in futures)
                 for f in futures:
                     f.cancel()
                 if progress is not None:
+                    dropped = len({futures[f][0] for f in futures if f.cancelled()})
                     running = sum(f.running() for f in futures)
-                    progress.write(f"stopping: {pending - running} questions dropped, waiting for the"
-                                   f" {running} in flight; rerun the same command to resume\n")
+                    progress.write(f"stopping: {dropped} questions dropped, waiting for the {running}"
+                                   " answers in flight; rerun the same command to resume\n")
                     progress.flush()
                 raise
     finally:

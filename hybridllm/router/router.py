@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import uuid
 import zipfile
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -108,8 +110,14 @@ class Router:
 
     # files ---------------------------------------------------------------------------------
     def save(self, folder: str | Path) -> Path:
+        """Write ``router.json`` and ``weights.npz`` into ``folder``. Each is written beside its
+        place and renamed over it, so a crash leaves the router that was there whole; both carry
+        one ``save_id``, so a crash between the two renames is refused, never loaded as half of each."""
         out = Path(folder)
+        if out.exists() and not out.is_dir():
+            raise RouterFileError(f"{out} is a file; pass a folder for the router.")
         out.mkdir(parents=True, exist_ok=True)
+        save_id = uuid.uuid4().hex
         mixture = isinstance(self.scorer, SourceMixture)
         config = {
             "format": FORMAT,
@@ -119,15 +127,24 @@ class Router:
             "embedding": EMBEDDER_ID if self.use_embedding else None,
             "threshold": self.threshold,
             "logprob_threshold": self.logprob_threshold,
+            "save_id": save_id,
             **{k: v for k, v in self.info.items() if k not in _RESERVED},
         }
-        np.savez(out / WEIGHTS_NAME, **self.scorer.to_arrays())  # type: ignore[arg-type]
-        (out / CONFIG_NAME).write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
+        weights, cfg = (out / f".{name}.{os.getpid()}.tmp" for name in (WEIGHTS_NAME, CONFIG_NAME))
+        try:
+            with weights.open("wb") as fh:
+                np.savez(fh, save_id=np.array(save_id), **self.scorer.to_arrays())  # type: ignore[arg-type]
+            cfg.write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
+            weights.replace(out / WEIGHTS_NAME)
+            cfg.replace(out / CONFIG_NAME)
+        finally:
+            weights.unlink(missing_ok=True)
+            cfg.unlink(missing_ok=True)
         return out
 
 
 _RESERVED = {"format", "format_version", "classifier", "text_features", "embedding", "threshold",
-             "logprob_threshold"}
+             "logprob_threshold", "save_id"}
 
 
 def default_router_dir() -> Path:
@@ -184,6 +201,12 @@ def load_router(path: str | Path | None = None) -> Router:
         raise RouterFileError(f"{weights} is missing; retrain or re-copy the router.") from exc
     except (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile) as exc:
         raise RouterFileError(f"{weights} is corrupt ({exc}); retrain or re-copy it.") from exc
+    save_id = arrays.pop("save_id", None)  # none in files written before it
+    if config.get("save_id") != (None if save_id is None else str(save_id)):
+        raise RouterFileError(
+            f"{folder}: {CONFIG_NAME} and {WEIGHTS_NAME} are from two different saves (one was "
+            "interrupted); retrain or re-copy the router."
+        )
     scorer: GainScorer | SourceMixture
     if config.get("classifier") == MIXTURE_CLASSIFIER:
         scorer = SourceMixture.from_arrays(arrays, num_features=num_features)

@@ -93,3 +93,81 @@ def test_train_with_embeddings_and_score(small_csv, tmp_path, capsys):
     assert router.use_embedding and router.scorer.uses_neighbors
     short, long = router.score("q1 word"), router.score("q2 " + "word " * 55)
     assert 0.0 <= short < long <= 1.0
+
+
+def test_calibrate_in_place_through_router_json(tmp_path, capsys):
+    """`--router DIR/router.json` loads (load_router takes the file), so it also saves there,
+    into DIR, instead of failing after embedding every prompt; a --cloud-fraction out of [0, 1]
+    is refused before anything is loaded or embedded."""
+    from hybridllm.router.router import load_router
+
+    from .fakes import length_router
+
+    length_router(0.5).save(tmp_path / "r")
+    prompts = tmp_path / "traffic.txt"
+    prompts.write_text("\n".join("hello " * (i % 50 + 1) for i in range(100)))
+    assert main(["router", "calibrate", "--prompts", str(prompts), "--cloud-fraction", "0.2",
+                 "--router", str(tmp_path / "r" / "router.json")]) == 0
+    cal = json.loads(capsys.readouterr().out)
+    assert cal["out"] == str(tmp_path / "r")
+    assert load_router(tmp_path / "r").threshold == pytest.approx(cal["threshold"], abs=1e-6) != 0.5
+    assert main(["router", "calibrate", "--prompts", str(prompts), "--cloud-fraction", "30",
+                 "--router", str(tmp_path / "nowhere")]) == 1
+    assert "--cloud-fraction must be between 0 and 1" in capsys.readouterr().err
+
+
+def test_bad_column_and_out_options_are_refused_first(small_csv, tmp_path, capsys):
+    """An --out that is a file is refused before training or embedding (it failed at the save,
+    after all the work); one column named as both models is refused as such, not reported as data
+    in which no prompt needs the strong model."""
+    afile = tmp_path / "afile"
+    afile.write_text("")
+    missing = str(tmp_path / "missing.csv")
+    assert main(["router", "train", "--data", missing, "--out", str(afile), "--no-embedding"]) == 1
+    assert "--out" in capsys.readouterr().err
+    assert main(["router", "calibrate", "--prompts", missing, "--cloud-fraction", "0.3",
+                 "--router", str(tmp_path / "nowhere"), "--out", str(afile)]) == 1
+    assert "--out" in capsys.readouterr().err
+    assert main(["router", "train", "--data", str(small_csv), "--weak-col", "big", "--strong-col", "big",
+                 "--out", str(tmp_path / "r"), "--no-embedding"]) == 1
+    err = capsys.readouterr().err
+    assert "both name 'big'" in err and err.count("\n") == 1
+
+
+@pytest.mark.parametrize(
+    ("option", "value"), [("--limit", "0"), ("--edge-max-tokens", "0"), ("--timeout", "0")]
+)
+def test_label_options_out_of_range(tmp_path, capsys, option, value):
+    """Refused before any model loads: `--limit 0` labelled nothing and exited 1 with a JSON
+    n of 0, `--edge-max-tokens 0` silently used --max-tokens, `--timeout 0` failed every call."""
+    questions = tmp_path / "q.jsonl"
+    questions.write_text('{"question": "2 + 2?", "answer": "4"}\n')
+    edge = tmp_path / "missing.gguf"  # never reached: loading it would be an EdgeError
+    assert main(["router", "label", "--data", str(questions), "--edge", str(edge), "--cloud",
+                 "http://127.0.0.1:1", "--out", str(tmp_path / "l.csv"), option, value]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and option in err and err.count("\n") == 1
+
+
+@pytest.mark.parametrize(
+    ("edge", "column"),
+    [
+        ("qwen2.5-coder-0.5b-instruct", "edge:qwen2.5-coder-0.5b-instruct"),  # was edge:qwen2.5-coder-0
+        ("smollm2-135m-instruct", "edge:smollm2-135m-instruct"),
+        ("SmolLM2-135M-Instruct.Q4_1.gguf", "edge:SmolLM2-135M-Instruct.Q4_1"),
+    ],
+)
+def test_label_names_the_edge_column_after_the_model(tmp_path, monkeypatch, capsys, edge, column):
+    import hybridllm.models
+    from hybridllm.router import label as label_mod
+
+    monkeypatch.setattr(hybridllm.models, "pull", lambda model_id: tmp_path / "model.gguf")
+    monkeypatch.setattr(label_mod, "llama_cpp_edge", lambda path, **kw: lambda p: ("The answer is 4", -0.1))
+    monkeypatch.setattr(label_mod, "openai_cloud", lambda url, **kw: lambda p: ("The answer is 4", None))
+    questions = tmp_path / "q.jsonl"
+    questions.write_text('{"question": "2 + 2?", "answer": "4"}\n')
+    out = tmp_path / "l.csv"
+    assert main(["router", "label", "--data", str(questions), "--edge", edge, "--cloud",
+                 "http://127.0.0.1:1", "--cloud-model", "big-1.5b", "--out", str(out)]) == 0
+    assert out.read_text().splitlines()[0].split(",")[1:3] == [column, "cloud:big-1.5b"]
+    assert f"--weak-col '{column}'" in json.loads(capsys.readouterr().out)["train_with"]

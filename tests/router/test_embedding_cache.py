@@ -4,6 +4,7 @@ new texts; broken files are recomputed, never trusted."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from hybridllm.router import embedding_cache
 from hybridllm.router.features import EMBEDDING_DIM
@@ -99,3 +100,21 @@ def test_the_file_being_written_and_batched_files(tmp_path, monkeypatch):
     np.savez(old, embeddings=_vectors(["z"]))
     embedding_cache.cached_embeddings(["c"], cache_dir=tmp_path)
     assert not old.exists() and path.exists()
+
+
+def test_a_cache_that_cannot_be_written_still_gives_the_vectors(tmp_path, monkeypatch):
+    """A full disk or a read-only cache folder costs the cache, not the training run that just
+    spent minutes embedding (it ended in an OSError), and leaves no partial file behind."""
+    embed, _ = _fake(monkeypatch)
+    real_savez = np.savez
+
+    def disk_full(file, **arrays):
+        real_savez(file, **arrays)  # written, then the disk fills
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(embedding_cache.np, "savez", disk_full)
+    texts = [f"question {i}" for i in range(5)]
+    with pytest.warns(RuntimeWarning, match="No space left"):
+        got = embedding_cache.cached_embeddings(texts, cache_dir=tmp_path)
+    np.testing.assert_array_equal(got, embed(texts))
+    assert list(tmp_path.iterdir()) == []

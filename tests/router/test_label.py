@@ -213,6 +213,8 @@ def test_label_to_csv_stops_at_ctrl_c_and_keeps_the_rows(tmp_path):
     assert time.monotonic() - started < 2.0  # 300 queued edge answers would take 3 s
     assert len(edge_calls) <= 5
     assert "rerun the same command to resume" in progress.getvalue()
+    dropped = int(progress.getvalue().split("stopping: ")[1].split()[0])
+    assert 290 <= dropped <= 300  # questions, not answers (two per question)
     kept = load_routellm_csv(out, weak_col="e", strong_col="c")
     assert 1 <= len(kept.prompts) <= 3
     run = label_mod.label_to_csv(
@@ -265,3 +267,89 @@ def test_greedy_mean_logprob_reads_the_completion_rows():
     got = label_mod._greedy_mean_logprob(scores, 3, 2)
     assert got == pytest.approx((np.log(0.25) + 0.0) / 2, abs=1e-6)
     assert label_mod._greedy_mean_logprob(scores, 3, 0) is None
+
+
+@pytest.mark.parametrize(
+    "tail",
+    [
+        "What is 5 + 5?,Tr",  # killed mid-row: appended to, it ran into the next row
+        '"What is 5 + 5?\nand, more',  # a quoted prompt never closed swallowed every later row
+        "What is 5 + 5?,True,False,-0.20000,3",  # a whole row, only its line end missing: kept
+    ],
+)
+def test_label_to_csv_resumes_past_a_half_written_last_row(tmp_path, tail):
+    def cloud(prompt):
+        return "The answer is 0", None
+
+    out = tmp_path / "l.csv"
+    label_mod.label_to_csv(_sum_questions(5), _edge, cloud, out, edge_col="e", cloud_col="c")
+    with out.open("a", newline="", encoding="utf-8") as fh:
+        fh.write(tail)
+    run = label_mod.label_to_csv(_sum_questions(8), _edge, cloud, out, edge_col="e", cloud_col="c")
+    whole = tail.count(",") == 4
+    assert (run.num_skipped, run.num_added, run.num_rows) == ((6, 2, 8) if whole else (5, 3, 8))
+    data = load_routellm_csv(out, weak_col="e", strong_col="c")
+    assert sorted(data.prompts) == sorted(q.prompt for q in _sum_questions(8))
+    assert len(data.prompts) == 8
+
+
+def test_label_to_csv_stops_when_the_cloud_goes_down_mid_run(tmp_path):
+    """A cloud that dies after some rows stops the run with its error (rows kept, a rerun
+    resumes), instead of asking it, and the edge, every remaining question for nothing; a run in
+    which every question failed raises too, even when the file holds rows from an earlier run."""
+    import time
+
+    cloud_calls = []
+    out = tmp_path / "l.csv"
+
+    def cloud(prompt):  # down once the file holds 5 rows
+        cloud_calls.append(prompt)
+        time.sleep(0.002)
+        if out.read_text(encoding="utf-8").count("\n") > 5:
+            raise CloudError("Cannot reach http://cloud/v1/chat/completions")
+        return "The answer is 0", None
+
+    with pytest.raises(CloudError, match="Cannot reach"):
+        label_mod.label_to_csv(
+            _sum_questions(300), _edge, cloud, out, edge_col="e", cloud_col="c", concurrency=1
+        )
+    kept = load_routellm_csv(out, weak_col="e", strong_col="c")
+    assert 5 <= len(kept.prompts) <= 10
+    # then 20 questions of 3 tries each, not the other 290 (the edge answering each of them)
+    assert len(cloud_calls) <= len(kept.prompts) + 3 * 20 + 3
+    with pytest.raises(CloudError, match="Cannot reach"):  # 3 questions, all failed: not a success
+        label_mod.label_to_csv(_sum_questions(300)[-3:], _edge, cloud, out, edge_col="e", cloud_col="c")
+
+
+def test_read_questions_odd_files(tmp_path):
+    """A byte-order mark and CRLF line ends read as any JSON Lines file does; a file that is not
+    UTF-8, or a blank reference (every answer would be graded wrong), is a clear DataError."""
+    p = tmp_path / "q.jsonl"
+    p.write_bytes(b'\xef\xbb\xbf{"question": "2 + 2?", "answer": "4"}\r\n{"prompt": "Capital of Peru?", '
+                  b'"reference": "Lima"}\r\n')
+    assert read_questions(p) == [Question("2 + 2?", "4"), Question("Capital of Peru?", "Lima")]
+    p.write_bytes(b'{"question": "caf\xe9?", "answer": "x"}\n')
+    with pytest.raises(DataError, match="not UTF-8"):
+        read_questions(p)
+    p.write_text('{"question": "2 + 2?", "answer": "4"}\n{"question": "3 + 3?", "answer": " "}\n')
+    with pytest.raises(DataError, match="line 2 needs"):
+        read_questions(p)
+
+
+def test_label_to_csv_answers_file_and_out_folder(tmp_path):
+    """A half-written last line of --answers (a killed run) is cut off instead of running into
+    the next answer; an --out that is a folder is a DataError, not an IsADirectoryError."""
+    def cloud(prompt):
+        return "The answer is 0", None
+
+    out, answers = tmp_path / "l.csv", tmp_path / "sub" / "a.jsonl"
+    label_mod.label_to_csv(_sum_questions(2), _edge, cloud, out, edge_col="e", cloud_col="c",
+                           answers_out=answers)
+    with answers.open("a", encoding="utf-8") as fh:
+        fh.write('{"prompt": "What is 2 + 2?", "refer')
+    label_mod.label_to_csv(_sum_questions(4), _edge, cloud, out, edge_col="e", cloud_col="c",
+                           answers_out=answers)
+    lines = [json.loads(line) for line in answers.read_text(encoding="utf-8").splitlines()]
+    assert [a["prompt"] for a in lines] == [q.prompt for q in _sum_questions(4)]
+    with pytest.raises(DataError, match="is a folder"):
+        label_mod.label_to_csv(_sum_questions(2), _edge, cloud, tmp_path, edge_col="e", cloud_col="c")

@@ -114,3 +114,41 @@ def test_missing_folder(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(RouterFileError, match="No router.json"):
         load_router(tmp_path / "empty")
+
+
+@pytest.mark.parametrize("fail_at", ["write_text", "replace"])
+def test_a_save_cut_short_never_loads_half(saved, monkeypatch, fail_at):
+    """A crash while a router is saved over another (`router calibrate` in place, `train --out`
+    an existing folder): cut while writing, the old router still loads whole; cut between the two
+    renames, the folder is refused, never the new weights under the old threshold."""
+    from pathlib import Path
+
+    old, folder = saved
+    new = length_router(0.9, pivot_chars=10)  # other weights, other threshold
+    calls = []
+    real = getattr(Path, fail_at)
+
+    def cut(self, *args, **kwargs):
+        calls.append(self)
+        if fail_at == "write_text" or len(calls) == 2:  # router.json's write, or its rename
+            raise OSError("No space left on device")
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, fail_at, cut)
+    with pytest.raises(OSError, match="No space"):
+        new.save(folder)
+    monkeypatch.undo()
+    assert sorted(p.name for p in folder.iterdir()) == ["router.json", "weights.npz"]  # no temp left
+    if fail_at == "replace":
+        with pytest.raises(RouterFileError, match="two different saves"):
+            load_router(folder)
+        return
+    loaded = load_router(folder)
+    assert loaded.threshold == pytest.approx(0.42)
+    assert np.allclose(loaded.score_texts(PROMPTS), old.score_texts(PROMPTS))
+
+
+def test_save_into_a_file_is_refused(tmp_path):
+    (tmp_path / "r").write_text("")
+    with pytest.raises(RouterFileError, match="is a file"):
+        length_router().save(tmp_path / "r")

@@ -1,11 +1,13 @@
 """``hybridllm-cloud``: the cloud server's command line.
 
     hybridllm-cloud serve --model ID_OR_PATH [--host 127.0.0.1] [--port 8000] [--api-key KEY ...]
+        [--shutdown-timeout S]
         [--replicas N [--ray-address ADDR] [--min-replicas A --max-replicas B]] [--power-watts W]
         [--speculative-method ngram|draft --num-speculative-tokens K [--draft-model ID_OR_PATH]]
 
 Errors (a bad option, a port in use, a model that fails to load) are printed as one line on
-stderr and the exit status is non-zero; no traceback.
+stderr and the exit status is non-zero; no traceback. SIGTERM or Ctrl-C shuts the server down
+gracefully (``cloud_server/api/shutdown.py``) and the exit status is 0.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from cloud_server.exceptions import ModelLoadError, ServerError
 from hybridllm.wire.body import DEFAULT_MAX_BODY_BYTES
 
 PROG = "hybridllm-cloud"
+DEFAULT_SHUTDOWN_TIMEOUT_S = 5.0
 
 
 def _int_at_least(text: str, low: int, what: str) -> int:
@@ -105,6 +108,11 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--max-body-bytes", type=_positive_int, default=DEFAULT_MAX_BODY_BYTES, metavar="N",
         help=f"largest request body accepted; beyond it 413 (default {DEFAULT_MAX_BODY_BYTES})",
+    )
+    serve.add_argument(
+        "--shutdown-timeout", type=_non_negative_float, default=None, metavar="S",
+        help=f"on SIGTERM or Ctrl-C, refuse new requests (503) and give those in flight S seconds "
+        f"to finish before ending them (default {DEFAULT_SHUTDOWN_TIMEOUT_S:g}; 0: end them at once)",
     )
     engine = serve.add_argument_group("engine")
     engine.add_argument("--max-num-seqs", type=_positive_int, default=16)
@@ -296,6 +304,7 @@ def serve(args: argparse.Namespace) -> int:
 
     from cloud_server.api.auth import load_api_keys
     from cloud_server.api.server import create_app
+    from cloud_server.api.shutdown import GracefulServer
 
     api_keys = load_api_keys(args.api_key, args.api_key_file)
     config = _engine_config(args)
@@ -312,6 +321,8 @@ def serve(args: argparse.Namespace) -> int:
         )
 
     cluster = _cluster_config(args)
+    if cluster is not None and args.shutdown_timeout is not None:
+        raise ServerError("--shutdown-timeout applies to the single-process server, not to --replicas")
     if cluster is not None:  # Ray is imported only here
         from cloud_server.cluster.launch import serve_cluster
 
@@ -328,7 +339,7 @@ def serve(args: argparse.Namespace) -> int:
         return AsyncLLMEngine(config)
 
     failure: list[BaseException] = []
-    server: uvicorn.Server | None = None
+    server: GracefulServer | None = None
 
     def on_load_error(exc: BaseException) -> None:
         failure.append(exc)
@@ -349,8 +360,11 @@ def serve(args: argparse.Namespace) -> int:
     logging.getLogger("cloud_server").info(
         "listening on http://%s:%s (%s)", host, port, "API key required" if api_keys else "open"
     )
+    # uvicorn's own timeout comes after the drain (GracefulServer): only a client that stopped
+    # reading could still hold a connection open by then
     uv_config = uvicorn.Config(app, log_level=args.log_level, timeout_graceful_shutdown=5, access_log=False)
-    server = uvicorn.Server(uv_config)
+    grace_s = DEFAULT_SHUTDOWN_TIMEOUT_S if args.shutdown_timeout is None else args.shutdown_timeout
+    server = GracefulServer(uv_config, app.state.server.drain, grace_s)
     try:
         server.run(sockets=[sock])
     finally:

@@ -9,6 +9,7 @@
     ├── ModelNotFoundError     the request names a model this server does not serve (HTTP 404)
     ├── QueueFullError         the waiting queue is full (HTTP 429, Retry-After)
     ├── NotReadyError          the model is still loading (HTTP 503)
+    ├── ShuttingDownError      the server is shutting down (HTTP 503)
     └── EngineError            the engine failed while running (HTTP 500)
 
 The HTTP layer maps these types to OpenAI error JSON; it never matches message text.
@@ -54,6 +55,10 @@ class QueueFullError(ServerError):
 
 
 class NotReadyError(ServerError):
+    pass
+
+
+class ShuttingDownError(ServerError):
     pass
 
 

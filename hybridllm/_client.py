@@ -45,23 +45,27 @@ class _LoopThread:
 
     def loop(self) -> asyncio.AbstractEventLoop:
         with self._lock:
-            if self._closed:
-                raise HybridLLMError("This client is closed; create a new HybridLLM.")
-            if self._loop is None:
-                self._loop = asyncio.new_event_loop()
-                self._thread = threading.Thread(
-                    target=self._loop.run_forever, name="hybridllm-loop", daemon=True
-                )
-                self._thread.start()
-            return self._loop
+            return self._running_loop()
+
+    def _running_loop(self) -> asyncio.AbstractEventLoop:  # under the lock
+        if self._closed:
+            raise HybridLLMError("This client is closed; create a new HybridLLM.")
+        if self._loop is None:
+            self._loop = asyncio.new_event_loop()
+            self._thread = threading.Thread(target=self._loop.run_forever, name="hybridllm-loop", daemon=True)
+            self._thread.start()
+        return self._loop
 
     def submit(self, coro: Any) -> concurrent.futures.Future:
-        try:
-            loop = self.loop()
-        except HybridLLMError:
-            coro.close()  # never started: nothing to await
-            raise
-        return asyncio.run_coroutine_threadsafe(coro, loop)
+        # under the lock: a step is either on the loop before close() cancels what runs there, or
+        # refused; never scheduled on a loop that stops before running it (its reader would wait)
+        with self._lock:
+            try:
+                loop = self._running_loop()
+            except HybridLLMError:
+                coro.close()  # never started: nothing to await
+                raise
+            return asyncio.run_coroutine_threadsafe(coro, loop)
 
     def close(self) -> None:
         with self._lock:

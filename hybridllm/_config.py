@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ._exceptions import ConfigError
+from ._exceptions import ConfigError, InvalidRequestError
+from ._types import GenerationParams
 
 SECRET_FIELDS = {"cloud_api_key"}
 DEFAULT_EDGE_MODEL = "smollm2-135m-instruct"  # the one place the default model id is written
@@ -99,7 +100,7 @@ class HybridLLMConfig:
             value = getattr(self, name)
             if value is not None and not value > 0:
                 raise ConfigError(f"{name} must be positive or None, got {value}.")
-        for name in ("n_ctx", "cache_max_entries", "max_tokens", "edge_max_waiting"):
+        for name in ("n_ctx", "cache_max_entries", "edge_max_waiting"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be at least 1, got {getattr(self, name)}.")
         if self.n_threads is not None and self.n_threads < 1:
@@ -107,6 +108,17 @@ class HybridLLMConfig:
                 f"n_threads must be at least 1 (leave it out for all cores), got {self.n_threads}.")
         if self.price_per_1k_tokens < 0:
             raise ConfigError("price_per_1k_tokens must be >= 0.")
+        self.sampling_defaults()
+
+    def sampling_defaults(self) -> GenerationParams:
+        """The default sampling settings, checked by the request's own rules (the same ranges),
+        so a bad default fails when the settings are loaded rather than at the first request."""
+        try:
+            return GenerationParams(
+                max_tokens=self.max_tokens, temperature=self.temperature, top_p=self.top_p,
+                top_k=self.top_k, min_p=self.min_p, repeat_penalty=self.repeat_penalty, seed=self.seed)
+        except InvalidRequestError as exc:
+            raise ConfigError(str(exc)) from None
 
     def public_dict(self) -> dict[str, Any]:
         """The settings with secrets masked, for `hybridllm config show` and logs."""
@@ -137,6 +149,38 @@ def _coerce(name: str, raw: str, typ: Any) -> Any:
         return raw
     except ValueError:
         raise ConfigError(f"HYBRIDLLM_{name.upper()}={raw!r} is not a valid {text}.") from None
+
+
+def _type_problem(name: str, value: Any, annotation: Any) -> str | None:
+    """Why a value read from a TOML file does not fit a setting's type, or None when it does."""
+    kinds = {part.strip() for part in str(annotation).split("|")}
+    if value is None and "None" in kinds:
+        return None
+    if "bool" in kinds:
+        fits, wanted = isinstance(value, bool), "true or false"
+    elif "int" in kinds:
+        fits, wanted = isinstance(value, int) and not isinstance(value, bool), "an integer"
+    elif "float" in kinds:
+        fits, wanted = isinstance(value, int | float) and not isinstance(value, bool), "a number"
+    elif "list[str]" in kinds:  # a comma-separated string is accepted too (see __post_init__)
+        fits = isinstance(value, str) or (
+            isinstance(value, list) and all(isinstance(v, str) for v in value))
+        wanted = "a string or a list of strings"
+    elif "list" in kinds:
+        fits, wanted = isinstance(value, list), "a list"
+    elif "str" in kinds:
+        fits, wanted = isinstance(value, str), "a string"
+    else:
+        return None
+    return None if fits else f"{name} must be {wanted}, got {value!r}."
+
+
+def _check_source(source: str, values: dict[str, Any]) -> None:
+    """Check the settings one source gives on their own, so an error names where it came from."""
+    try:
+        HybridLLMConfig(**values)
+    except (ConfigError, TypeError) as exc:
+        raise ConfigError(f"{source}: {exc}") from None
 
 
 def config_file_path(explicit: str | os.PathLike[str] | None) -> Path | None:
@@ -172,11 +216,17 @@ def load_config(config: str | os.PathLike[str] | None = None, **overrides: Any) 
         bad = set(data) - set(fields)
         if bad:
             raise ConfigError(f"Config file {path} has unknown setting(s) {sorted(bad)}.")
+        for name, value in data.items():
+            problem = _type_problem(name, value, fields[name].type)
+            if problem:
+                raise ConfigError(f"Config file {path}: {problem}")
+        _check_source(f"Config file {path}", data)
         values.update(data)
     for name, f in fields.items():
         env = os.environ.get(f"HYBRIDLLM_{name.upper()}")
         if env is not None:
             values[name] = _coerce(name, env, f.type)
+            _check_source(f"HYBRIDLLM_{name.upper()}={env!r}", {name: values[name]})
     values.update({k: v for k, v in overrides.items() if v is not None})
     try:
         return HybridLLMConfig(**values)

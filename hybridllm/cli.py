@@ -20,17 +20,43 @@ from ._exceptions import HybridLLMError
 _GROUPS = ("hybridllm.router._cli", "hybridllm.cache._cli", "hybridllm._serve_cli")
 
 
+def _sampling_value(name: str, convert: Callable[[str], Any]) -> Callable[[str], Any]:
+    """An argparse type: ``convert`` the text, then check it by the request's own rules, so a bad
+    value is a usage error before any model is copied or loaded."""
+
+    def parse(text: str) -> Any:
+        from ._exceptions import InvalidRequestError
+        from ._types import GenerationParams
+
+        value = convert(text)  # a ValueError: argparse says "invalid int value: 'x'"
+        try:
+            GenerationParams(**{name: value})
+        except InvalidRequestError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+        return value
+
+    parse.__name__ = getattr(convert, "__name__", name)
+    return parse
+
+
 def _add_sampling(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None,
                    help="edge model: catalog id or path to a .gguf file (default: edge_model from "
                         "the config file or HYBRIDLLM_EDGE_MODEL, else the catalog's default)")
-    p.add_argument("--max-tokens", type=int, default=None, help="most tokens to generate (256)")
-    p.add_argument("--temperature", type=float, default=None, help="0 = greedy (default 0.7)")
-    p.add_argument("--top-p", type=float, default=None, help="nucleus sampling (default 0.95)")
-    p.add_argument("--top-k", type=int, default=None, help="sample from the k likeliest (40; 0 = off)")
-    p.add_argument("--min-p", type=float, default=None, help="drop tokens below min_p x the top one")
-    p.add_argument("--repeat-penalty", type=float, default=None, help="1 = off (default)")
-    p.add_argument("--seed", type=int, default=None, help="sampling seed, for repeatable answers")
+    p.add_argument("--max-tokens", type=_sampling_value("max_tokens", int), default=None,
+                   help="most tokens to generate (256)")
+    p.add_argument("--temperature", type=_sampling_value("temperature", float), default=None,
+                   help="0 = greedy (default 0.7)")
+    p.add_argument("--top-p", type=_sampling_value("top_p", float), default=None,
+                   help="nucleus sampling (default 0.95)")
+    p.add_argument("--top-k", type=_sampling_value("top_k", int), default=None,
+                   help="sample from the k likeliest (40; 0 = off)")
+    p.add_argument("--min-p", type=_sampling_value("min_p", float), default=None,
+                   help="drop tokens below min_p x the top one")
+    p.add_argument("--repeat-penalty", type=_sampling_value("repeat_penalty", float), default=None,
+                   help="1 = off (default)")
+    p.add_argument("--seed", type=_sampling_value("seed", int), default=None,
+                   help="sampling seed, for repeatable answers")
     p.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
     p.add_argument("--threads", type=int, default=None, help="CPU threads (default: all cores)")
     p.add_argument("--backend", choices=("llama_cpp", "onnx"), default=None,
@@ -38,9 +64,14 @@ def _add_sampling(p: argparse.ArgumentParser) -> None:
 
 
 def _sampling(args: argparse.Namespace) -> dict[str, Any]:
-    return {"max_tokens": args.max_tokens, "temperature": args.temperature, "top_p": args.top_p,
-            "top_k": args.top_k, "min_p": args.min_p, "repeat_penalty": args.repeat_penalty,
-            "seed": args.seed, "stop": tuple(args.stop) if args.stop else None}
+    """The sampling options, checked together (the --stop strings too) before anything loads."""
+    from ._types import GenerationParams
+
+    options = {"max_tokens": args.max_tokens, "temperature": args.temperature, "top_p": args.top_p,
+               "top_k": args.top_k, "min_p": args.min_p, "repeat_penalty": args.repeat_penalty,
+               "seed": args.seed, "stop": tuple(args.stop) if args.stop else None}
+    GenerationParams.from_kwargs(**options)
+    return options
 
 
 def _client(args: argparse.Namespace) -> Any:
@@ -68,11 +99,12 @@ def trace_line(c: Any) -> str:
 
 
 def cmd_ask(args: argparse.Namespace) -> int:
+    sampling = _sampling(args)
     with _client(args) as llm:
         if args.json:
-            print(json.dumps(llm.chat(args.prompt, **_sampling(args)).to_dict()))
+            print(json.dumps(llm.chat(args.prompt, **sampling).to_dict()))
             return 0
-        stream = llm.stream(args.prompt, **_sampling(args))
+        stream = llm.stream(args.prompt, **sampling)
         for chunk in stream:
             print(chunk.text, end="", flush=True)
         print()
@@ -85,6 +117,7 @@ CHAT_HELP = "/reset clears the conversation, /exit (or Ctrl-D) quits, /help show
 
 
 def cmd_chat(args: argparse.Namespace) -> int:
+    sampling = _sampling(args)
     with _client(args) as llm:
         history: list[dict[str, str]] = []
         if args.system:
@@ -111,7 +144,7 @@ def cmd_chat(args: argparse.Namespace) -> int:
                 continue
             history.append({"role": "user", "content": text})
             try:
-                stream = llm.stream(history, **_sampling(args))
+                stream = llm.stream(history, **sampling)
                 for chunk in stream:
                     print(chunk.text, end="", flush=True)
             except KeyboardInterrupt:  # stop this answer, keep the session

@@ -160,3 +160,46 @@ def test_config_files_that_cannot_be_read_are_one_line_errors(tmp_path, capsys, 
     assert cli.main(["config", "show", "--config", str(path)]) == 1
     err = capsys.readouterr().err
     assert err.startswith("error: ") and "internal error" not in err and str(path) in err
+
+
+@pytest.mark.parametrize(("content", "problem"), [
+    ("temperature = 9", "temperature must be between 0 and 2, got 9"),
+    ("top_p = 0", "top_p must be in (0, 1], got 0"),
+    ("[hybridllm]\nmax_tokens = -1", "max_tokens must be at least 1, got -1"),
+    ("cloud_url = 5", "cloud_url must be a string or a list of strings, got 5"),
+    ("cache = 1", "cache must be true or false, got 1"),
+])
+def test_bad_values_in_a_config_file_fail_at_load_naming_the_file(tmp_path, capsys, content, problem):
+    """Before: sampling defaults out of range were shown by `config show` and failed only at the
+    first request, as an InvalidRequestError without the file; cloud_url = 5 gave "Invalid
+    settings: 'int' object is not iterable"."""
+    path = tmp_path / "config.toml"
+    path.write_text(content + "\n")
+    assert cli.main(["config", "show", "--config", str(path)]) == 1
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert err.startswith(f"error: Config file {path}: {problem}"), err
+    assert len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize(("flags", "problem"), [
+    (["--temperature", "5"], "temperature must be between 0 and 2, got 5.0"),
+    (["--top-p", "0"], "top_p must be in (0, 1], got 0.0"),
+    (["--max-tokens", "-1"], "max_tokens must be at least 1, got -1"),
+    (["--repeat-penalty", "0"], "repeat_penalty must be in (0, 10]"),
+])
+def test_bad_sampling_options_are_usage_errors_before_anything_loads(monkeypatch, capsys, flags, problem):
+    """Before: `hybridllm ask --temperature 5 hi` copied and loaded the model, then refused."""
+    def no_model(**kw):
+        raise AssertionError("the client was built")
+
+    monkeypatch.setattr("hybridllm._client.HybridLLM", no_model)
+    for command in (["ask", *flags, "hi"], ["chat", *flags]):
+        with pytest.raises(SystemExit) as exit_:
+            cli.main(command)
+        assert exit_.value.code == 2
+        err = capsys.readouterr().err
+        assert f"argument {flags[0]}: {problem}" in err, err
+    stops = [arg for i in range(5) for arg in ("--stop", f"s{i}")]
+    assert cli.main(["ask", *stops, "hi"]) == 1  # the options together: checked before loading too
+    assert "stop takes at most 4 strings" in capsys.readouterr().err

@@ -28,6 +28,7 @@ from cloud_server.exceptions import (
     NotReadyError,
     QueueFullError,
     ServerError,
+    ShuttingDownError,
 )
 from hybridllm.wire.errors import WireError
 
@@ -49,6 +50,7 @@ _KINDS: list[tuple[type[ServerError], ErrorKind]] = [
     (ModelNotFoundError, ErrorKind(404, "invalid_request_error", "model_not_found")),
     (QueueFullError, ErrorKind(429, "requests", "rate_limit_exceeded")),
     (NotReadyError, ErrorKind(503, "server_error", "model_not_ready")),
+    (ShuttingDownError, ErrorKind(503, "server_error", "server_shutting_down")),
 ]
 _INTERNAL = ErrorKind(500, "server_error")
 

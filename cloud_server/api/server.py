@@ -6,7 +6,9 @@
 The app starts answering at once; the engine is built and started in a background task, and until
 it is ready ``/health`` and the ``/v1`` routes answer 503. Request bodies are parsed by hand rather
 than by FastAPI's body injection so that the order of checks is fixed: key (401), JSON (400),
-fields (400), engine ready (503), model (404), context window (400), queue (429).
+fields (400), engine ready (503), model (404), context window (400), queue (429). On shutdown
+(``shutdown.py``) admission closes first (503), and what is still running at the end of the grace
+period ends with 503 or, for a stream, an in-band error event and ``[DONE]``.
 """
 
 from __future__ import annotations
@@ -23,16 +25,17 @@ from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from pydantic import BaseModel
 
-from cloud_server.exceptions import ModelNotFoundError, NotReadyError
+from cloud_server.exceptions import ModelNotFoundError, NotReadyError, ShuttingDownError
 from hybridllm.wire import DEFAULT_MAX_BODY_BYTES, decode_json_object, is_large, parse_request, read_body
 from hybridllm.wire.openapi import add_schemas, error_responses, ok_response, request_body
-from hybridllm.wire.responses import ChatCompletion, Health, ModelCard, ModelList, TextCompletion
+from hybridllm.wire.responses import ChatCompletion, Health, ModelCard, ModelList, TextCompletion, error_event
 
 from .auth import ApiKeyChecker
-from .errors import install_error_handlers
+from .errors import error_body, error_kind, install_error_handlers
 from .metrics import ServerMetrics
 from .protocol import ChatCompletionRequest, CompletionRequest
 from .serving import Engine, OpenAIServing, unsupported_sampling
+from .shutdown import SHUTTING_DOWN, Drain, TrackRequests
 from .sse import EventStreamResponse, wait_for_disconnect
 
 logger = logging.getLogger("cloud_server.api")
@@ -51,6 +54,7 @@ class ServerState:
     engine: Engine | None = None
     serving: OpenAIServing | None = None
     load_error: BaseException | None = None
+    drain: Drain = field(default_factory=Drain)
     created: int = field(default_factory=lambda: int(time.time()))
 
     @property
@@ -60,6 +64,7 @@ class ServerState:
         return self.engine.model_name if self.engine is not None else "unknown"
 
     def ready_serving(self) -> OpenAIServing:
+        self.drain.check_open()
         if self.serving is None or self.engine is None:
             raise NotReadyError("The model is still loading; retry shortly.")
         if not self.engine.is_ready:
@@ -141,21 +146,33 @@ class ClientGone(Exception):
     """The client disconnected before its response was ready; its request was aborted."""
 
 
-async def _unless_disconnected(request: Request, work: Awaitable[T]) -> T:
-    """Run ``work``; if the client disconnects first, cancel it (which aborts its request)."""
+async def _unless_interrupted(request: Request, work: Awaitable[T], stop: asyncio.Event) -> T:
+    """Run ``work``; cancel it (which aborts its request) if first the client disconnects (then
+    ClientGone) or ``stop`` is set, the shutdown's grace period over (then ShuttingDownError)."""
     task = asyncio.ensure_future(work)
     watcher = asyncio.ensure_future(wait_for_disconnect(request.receive))
+    stopper = asyncio.ensure_future(stop.wait())
     try:
-        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait({task, watcher, stopper}, return_when=asyncio.FIRST_COMPLETED)
+        is_gone = watcher.done()
     finally:
         watcher.cancel()
+        stopper.cancel()
         if not task.done():
             task.cancel()
     if task.cancelled() or not task.done():
         with contextlib.suppress(asyncio.CancelledError):
             await task
+        if not is_gone:
+            raise ShuttingDownError(SHUTTING_DOWN)
         raise ClientGone
     return task.result()
+
+
+def _shutdown_events() -> str:
+    """The in-band end of a stream cut by the shutdown: an OpenAI error event, then [DONE]."""
+    exc = ShuttingDownError(SHUTTING_DOWN)
+    return error_event(error_body(str(exc), error_kind(exc)))
 
 
 def _build_router(app: FastAPI, checker: ApiKeyChecker, max_body_bytes: int) -> APIRouter:
@@ -175,11 +192,13 @@ def _build_router(app: FastAPI, checker: ApiKeyChecker, max_body_bytes: int) -> 
         state.check_model(req.model)
         # Tokenizing a long prompt takes a while: off the event loop.
         prepared = await asyncio.to_thread(serving.prepare, req)
+        stop = state.drain.expired
         try:
-            generation = await _unless_disconnected(request, serving.admit(prepared))
+            generation = await _unless_interrupted(request, serving.admit(prepared), stop)
             if prepared.stream:
-                return EventStreamResponse(serving.stream_events(prepared, generation))
-            body = await _unless_disconnected(request, serving.full_response(prepared, generation))
+                return EventStreamResponse(serving.stream_events(prepared, generation), stop=stop,
+                                           last_events=_shutdown_events())
+            body = await _unless_interrupted(request, serving.full_response(prepared, generation), stop)
         except ClientGone:
             return Response(status_code=499)  # nobody reads it; nginx's "client closed request"
         return JSONResponse(body)
@@ -265,6 +284,8 @@ def create_app(
 
     @app.get("/health", responses={200: {"model": Health}, 503: {"model": Health}})
     async def health() -> Response:
+        if state.drain.is_closing:  # a load balancer stops sending here
+            return JSONResponse({"status": "shutting_down"}, status_code=503)
         engine = state.engine
         if engine is not None and engine.is_ready:
             body: dict[str, Any] = {"status": "ok", "model": state.model_name}
@@ -285,4 +306,5 @@ def create_app(
         return Response(metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
     app.include_router(_build_router(app, ApiKeyChecker(api_keys or []), max_body_bytes))
+    app.add_middleware(TrackRequests, drain=state.drain)
     return app

@@ -4,7 +4,8 @@ Starlette's ``StreamingResponse`` only notices a vanished client when a write fa
 a request still waiting in the engine's queue may be much later. Here a watcher task reads the
 ASGI ``receive`` channel; on ``http.disconnect`` it cancels the sending task, whose async
 generator is then closed at once, so its ``finally`` aborts the engine request and frees its
-KV blocks without waiting for the next token.
+KV blocks without waiting for the next token. A ``stop`` event (the end of the shutdown grace
+period) cancels the sending task the same way, then ``last_events`` end the stream in-band.
 """
 
 from __future__ import annotations
@@ -31,15 +32,20 @@ async def wait_for_disconnect(receive: Receive) -> None:
 class EventStreamResponse(Response):
     media_type = "text/event-stream"
 
-    def __init__(self, events: AsyncIterator[str], headers: dict[str, str] | None = None) -> None:
+    def __init__(self, events: AsyncIterator[str], headers: dict[str, str] | None = None, *,
+                 stop: asyncio.Event | None = None, last_events: str = "") -> None:
         # Like StreamingResponse: no body, hence no Content-Length (chunked transfer instead).
         self.status_code = 200
         self.background = None
         self.init_headers({"Cache-Control": "no-cache", "X-Accel-Buffering": "no", **(headers or {})})
         self.events = events
+        self.stop = stop
+        self.last_events = last_events
+        self.is_started = False
 
     async def _send_all(self, send: Send) -> None:
         await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+        self.is_started = True
         async for event in self.events:
             await send({"type": "http.response.body", "body": event.encode(), "more_body": True})
         await send({"type": "http.response.body", "body": b"", "more_body": False})
@@ -47,16 +53,25 @@ class EventStreamResponse(Response):
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         sender = asyncio.ensure_future(self._send_all(send))
         watcher = asyncio.ensure_future(wait_for_disconnect(receive))
+        stopper = asyncio.ensure_future(self.stop.wait() if self.stop is not None else asyncio.Future())
         try:
-            await asyncio.wait({sender, watcher}, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait({sender, watcher, stopper}, return_when=asyncio.FIRST_COMPLETED)
         finally:
-            for task in (sender, watcher):
+            for task in (sender, watcher, stopper):
                 task.cancel()
             # A failed write (OSError from the server) also means the client is gone.
             with contextlib.suppress(asyncio.CancelledError, OSError):
                 await sender
-            with contextlib.suppress(asyncio.CancelledError):
-                await watcher
+            for task in (watcher, stopper):
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
             aclose = getattr(self.events, "aclose", None)
             if aclose is not None:
                 await aclose()
+        # Stopped while the client still reads: an in-band end. A cancelled send() wrote nothing
+        # (uvicorn waits for the transport before it writes), so the last event is whole.
+        stopped = stopper.done() and not stopper.cancelled()
+        if stopped and sender.cancelled() and watcher.cancelled() and self.is_started:
+            with contextlib.suppress(OSError):
+                await send({"type": "http.response.body", "body": self.last_events.encode(),
+                            "more_body": False})

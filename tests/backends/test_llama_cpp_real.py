@@ -182,7 +182,8 @@ def run_cli(*args):
 
 @pytest.mark.parametrize("args, word", [
     (["ask", "hi", "--model", "no-such-model"], "Unknown model"),
-    (["ask", "hi", "--max-tokens", "-1"], "max_tokens"),
+    (["ask", "hi", *[a for i in range(5) for a in ("--stop", f"s{i}")]], "stop"),  # (a bad
+    # single value such as --max-tokens -1 is an argparse usage error, exit 2: tests/test_cli.py)
     (["ask", "   "], "empty"),
     (["models", "pull", "nope"], "Unknown model"),
 ])

@@ -138,3 +138,14 @@ def test_enforce_eager_flag_reaches_the_engine_config() -> None:
     parse = build_parser().parse_args
     assert _engine_config(parse(["serve", "--model", "m.gguf"])).enforce_eager is False
     assert _engine_config(parse(["serve", "--model", "m.gguf", "--enforce-eager"])).enforce_eager is True
+
+
+def test_shutdown_timeout_flag(smollm2_path: Path) -> None:
+    parse = build_parser().parse_args
+    assert parse(["serve", "--model", "m"]).shutdown_timeout is None  # the default grace, 5 s
+    assert parse(["serve", "--model", "m", "--shutdown-timeout", "0"]).shutdown_timeout == 0.0
+    proc = run_cli("serve", "--model", "m", "--shutdown-timeout", "-1")
+    assert proc.returncode == 2 and "--shutdown-timeout" in proc.stderr
+    # Ray Serve drains a fleet by its own rules: refused, not silently ignored
+    proc = run_cli("serve", "--model", str(smollm2_path), "--replicas", "2", "--shutdown-timeout", "3")
+    assert_one_line_error(proc, "--shutdown-timeout applies to the single-process server")

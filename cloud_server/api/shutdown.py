@@ -1,0 +1,121 @@
+"""Graceful shutdown: close admission, let requests in flight finish, then end the rest cleanly.
+
+    SIGTERM / Ctrl-C -> Drain.run: is_closing; /health and new /v1 requests answer 503
+                        (server_shutting_down); the listener stays open meanwhile, so callers and load
+                        balancers get that answer rather than a refused connection
+                     -> wait up to the grace period (--shutdown-timeout) for the /v1 requests in flight
+                     -> expired: the rest end now, their engine requests aborted: a stream with an
+                        in-band error event and [DONE], a non-streamed request with 503; one log line
+                     -> uvicorn closes the connections, the lifespan stops the engine; exit status 0
+
+A second Ctrl-C cuts the wait short (the engine is still stopped cleanly; a third forces the exit).
+uvicorn alone closes the listener at once, then cancels whatever still runs after its timeout: cut-off
+streams, a plain-text 500 and a traceback in the log.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import threading
+from collections.abc import Callable, Iterator
+
+import uvicorn
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from cloud_server.exceptions import ShuttingDownError
+
+logger = logging.getLogger("cloud_server.api")
+
+SHUTTING_DOWN = "The server is shutting down; retry the request on another server."
+
+
+class Drain:
+    """Shutdown state the routes share: ``is_closing`` refuses new work, ``expired`` ends the rest."""
+
+    def __init__(self) -> None:
+        self.is_closing = False
+        self.expired = asyncio.Event()
+        self.num_active = 0
+
+    @contextlib.contextmanager
+    def track(self) -> Iterator[None]:
+        self.num_active += 1
+        try:
+            yield
+        finally:
+            self.num_active -= 1
+
+    def check_open(self) -> None:
+        if self.is_closing:
+            raise ShuttingDownError(SHUTTING_DOWN)
+
+    async def run(self, grace_s: float, *, skip_wait: Callable[[], bool] = lambda: False,
+                  settle_s: float = 5.0) -> int:
+        """Close admission, wait up to ``grace_s`` for the requests in flight, then end the rest and
+        give them up to ``settle_s`` to send their last bytes; returns how many were ended."""
+        self.is_closing = True
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + grace_s
+        if self.num_active and grace_s > 0:
+            logger.info("shutting down: new requests refused, waiting up to %gs for %d in flight",
+                        grace_s, self.num_active)
+        while self.num_active and not skip_wait() and loop.time() < deadline:
+            await asyncio.sleep(0.05)
+        num_ended = self.num_active
+        if num_ended:
+            when = "the grace period cut short" if skip_wait() else f"the {grace_s:g}s grace period"
+            logger.warning("shutting down: ending %d request(s) still running after %s", num_ended, when)
+        self.expired.set()
+        deadline = loop.time() + settle_s
+        while self.num_active and loop.time() < deadline:
+            await asyncio.sleep(0.05)
+        return num_ended
+
+
+class TrackRequests:
+    """ASGI middleware: counts the /v1 requests in flight, from the first byte to the last."""
+
+    def __init__(self, app: ASGIApp, drain: Drain) -> None:
+        self.app = app
+        self.drain = drain
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or not scope["path"].startswith("/v1/"):
+            await self.app(scope, receive, send)
+            return
+        with self.drain.track():
+            await self.app(scope, receive, send)
+
+
+class GracefulServer(uvicorn.Server):
+    """uvicorn's server, draining ``drain`` for ``grace_s`` seconds before its own shutdown."""
+
+    def __init__(self, config: uvicorn.Config, drain: Drain, grace_s: float) -> None:
+        super().__init__(config)
+        self.drain = drain
+        self.grace_s = grace_s
+
+    async def shutdown(self, sockets: list | None = None) -> None:
+        await self.drain.run(self.grace_s, skip_wait=lambda: self.force_exit)
+        # Every request has ended: uvicorn's shutdown is short now, so let it run whole after a
+        # second Ctrl-C too (forced, it skips stopping the engine and logs a traceback for that).
+        self.force_exit = False
+        await super().shutdown(sockets=sockets)
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        # uvicorn's own re-raises the signal after the shutdown, so the process would die by it
+        # (status -15, or 130 for Ctrl-C): a shutdown that was asked for and done is a success.
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        handled = (signal.SIGINT, signal.SIGTERM)
+        previous = {sig: signal.signal(sig, self.handle_exit) for sig in handled}
+        try:
+            yield
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)

@@ -150,6 +150,10 @@ class ClusterConfig:
                 self.max_replicas = max(self.replicas, self.min_replicas)
             if self.min_replicas < 0 or self.max_replicas < 1:
                 raise ConfigError("--min-replicas must be >= 0 and --max-replicas >= 1")
+            if self.min_replicas > self.max_replicas:
+                raise ConfigError(
+                    f"--min-replicas {self.min_replicas} is above --max-replicas {self.max_replicas}"
+                )
             if not self.min_replicas <= self.replicas <= self.max_replicas:
                 raise ConfigError(
                     f"--replicas {self.replicas} must lie within --min-replicas {self.min_replicas} "

@@ -28,6 +28,7 @@ from ray import serve
 from ray.serve.config import RequestRouterConfig
 
 from ..config import ClusterConfig, EngineConfig
+from ..exceptions import ConfigError
 from .autoscale import METRIC, QueuedTokensPolicy
 from .fleet import FleetBoard
 from .router import TokenPrefixRequestRouter
@@ -37,6 +38,7 @@ APP_NAME = "hybridllm"
 ENGINE = "hybridllm-engine"
 FRONTEND = "hybridllm-frontend"
 NAMESPACE = "hybridllm"
+GRACEFUL_SHUTDOWN_S = 20.0  # a replica being removed finishes its answers within this, then is killed
 
 
 def board_handle(name: str) -> Any:
@@ -152,6 +154,18 @@ class FrontendIngress:
         return create_app(make_engine, energy="remote", **self._options)  # type: ignore[arg-type]
 
 
+def replica_num_gpus(engine_config: EngineConfig) -> int:
+    """GPUs each engine replica asks Ray for: one with ``device="cuda"`` (Ray then makes only
+    that GPU visible to it, and places replicas by free GPUs), none on CPU or the default device."""
+    device = engine_config.device or ""
+    if device.startswith("cuda:"):
+        raise ConfigError(
+            f"--device {device} names one GPU; with --replicas use --device cuda (Ray gives each "
+            "replica a GPU of its own)"
+        )
+    return 1 if device == "cuda" else 0
+
+
 def autoscaling_config(cluster: ClusterConfig, board_name: str | None = None) -> dict[str, Any]:
     """Serve's ``autoscaling_config`` for an autoscaled ``cluster``: our queued-tokens policy,
     which notes Serve's target on the fleet board ``board_name`` for ``/health``."""
@@ -201,13 +215,17 @@ def build_app(
             "min_margin_tokens": cluster.min_margin_tokens,
             "board_name": board,
         }
+    actor_options: dict[str, Any] = {"num_cpus": cluster.replica_cpus}
+    if num_gpus := replica_num_gpus(engine_config):
+        actor_options["num_gpus"] = num_gpus
     options: dict[str, Any] = {
         "name": ENGINE,
-        "ray_actor_options": {"num_cpus": cluster.replica_cpus},
+        "ray_actor_options": actor_options,
         "max_ongoing_requests": cluster.max_ongoing_requests,
         "health_check_period_s": 2.0,
         "health_check_timeout_s": 30.0,
-        "graceful_shutdown_timeout_s": 2.0,
+        # a replica the autoscaler removes gets this long to finish its answers (Serve's default)
+        "graceful_shutdown_timeout_s": GRACEFUL_SHUTDOWN_S,
         "request_router_config": RequestRouterConfig(**router_config),
     }
     if cluster.autoscaling:
@@ -221,12 +239,11 @@ def build_app(
         ray_actor_options={"num_cpus": 0},
         max_ongoing_requests=4096,
     )
-    wanted = cluster.min_replicas if cluster.autoscaling else cluster.replicas
     return frontend.bind(
         engine.bind(engine_kwargs, board, power_watts),
         engine_config.model,
         board,
-        wanted,
+        cluster.replicas,  # Serve's first target (autoscaled: until the policy notes its own)
         dict(app_options or {}),
     )
 
@@ -234,10 +251,10 @@ def build_app(
 def app_builder(args: dict[str, Any]) -> Any:
     """A Serve config file's ``import_path: cloud_server.cluster.app:app_builder`` (KubeRay's
     RayService): ``args`` hold ``model`` and any EngineConfig or ClusterConfig field, plus
-    ``served_model_name``, ``system_prompt``, ``power_watts``."""
+    ``served_model_name``, ``system_prompt``, ``api_keys``, ``max_body_bytes``, ``power_watts``."""
     engine_fields = {f.name for f in dataclasses.fields(EngineConfig)}
     cluster_fields = {f.name for f in dataclasses.fields(ClusterConfig)}
-    app_fields = {"served_model_name", "system_prompt", "api_keys"}
+    app_fields = {"served_model_name", "system_prompt", "api_keys", "max_body_bytes"}
     unknown = set(args) - engine_fields - cluster_fields - app_fields - {"power_watts"}
     if unknown:
         raise ValueError(f"unknown app_builder args {sorted(unknown)}")

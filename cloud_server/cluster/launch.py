@@ -6,6 +6,7 @@ is deployed on that cluster and deleted on exit (the cluster keeps running).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import random
@@ -13,6 +14,7 @@ import re
 import signal
 import socket
 import threading
+import time
 from typing import Any
 
 from ..config import ClusterConfig, EngineConfig
@@ -49,7 +51,7 @@ def init_ray(address: str | None, attempts: int = 3, **kwargs: Any) -> None:
         except ConnectionError as exc:
             if address is None:
                 raise
-            raise ServerError(f"{exc}. {_connect_hint(address)}") from exc
+            raise ServerError(f"{str(exc).rstrip('.')}. {_connect_hint(address)}") from exc
         except Exception as exc:
             if address is not None or "timed out during startup" not in str(exc) or attempt == attempts:
                 raise
@@ -77,6 +79,9 @@ def _check_reachable(address: str, timeout_s: float = 5.0) -> None:
 def _connect_hint(address: str) -> str:
     """What to check when joining ``address`` fails. Ray sends its token to an explicit address
     only when told to (``RAY_AUTH_MODE=token``); ``auto`` finds a local cluster and its token."""
+    if address == "auto":
+        return ("--ray-address auto joins a cluster that runs on this machine (`ray start --head` "
+                "starts one); without --ray-address a local Ray instance is started for this command")
     if os.environ.get("RAY_AUTH_MODE", "").lower() == "token":
         return ("Check that the address is the head's GCS address (ray start --head prints it) and "
                 "that this token (RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token) is the "
@@ -138,14 +143,17 @@ def start(
     import ray
     from ray import serve
 
-    from .app import APP_NAME, build_app
+    from .app import APP_NAME, build_app, replica_num_gpus
 
     if port == 0:
         raise ServerError("--replicas needs an explicit --port (Ray Serve's proxy binds it)")
+    num_gpus = replica_num_gpus(engine_config)  # a bad --device before Ray starts
     if cluster.ray_address is None:
         _check_port(host, port)
     if not ray.is_initialized():
         init_ray(cluster.ray_address, **(ray_init or {}))
+        if cluster.ray_address is None:
+            check_capacity(cluster, ray.cluster_resources(), num_gpus=num_gpus)
     serve.start(http_options={"host": host, "port": port})
     app = build_app(
         engine_config,
@@ -165,6 +173,28 @@ def start(
     url = f"http://{host}:{port}"
     _wait_healthy(url)
     return url
+
+
+def check_capacity(cluster: ClusterConfig, resources: dict[str, float], *, num_gpus: int = 0) -> None:
+    """Refuse replicas that a local Ray cannot place: it never grows, and Serve would wait for the
+    CPUs (or GPUs) for ever, ``serve.run`` with it, saying nothing. On a cluster Ray's autoscaler
+    may add nodes, so this is checked for a local instance only. ``num_gpus``: per replica."""
+    need = {"CPU": cluster.replica_cpus}
+    if num_gpus:
+        need["GPU"] = float(num_gpus)
+    for name, per_replica in need.items():
+        have = float(resources.get(name, 0.0))
+        fits = int(have // per_replica)
+        if fits < cluster.replicas:
+            fewer = f"ask for at most {fits} replicas, or " if fits else ""
+            raise ServerError(
+                f"--replicas {cluster.replicas} needs {cluster.replicas * per_replica:g} {name}s "
+                f"({per_replica:g} per replica) and the local Ray instance has {have:g}: {fewer}join "
+                f"a cluster that has them with --ray-address"
+            )
+        if cluster.autoscaling and cluster.max_replicas is not None and fits < cluster.max_replicas:
+            log.warning("--max-replicas %d: the local Ray instance has %g %ss, room for %d replicas",
+                        cluster.max_replicas, have, name, fits)
 
 
 _EXCEPTION_LINE = re.compile(r"^(?:[A-Za-z_][\w.]*\.)?(\w*(?:Error|Exception)): (.+)$")
@@ -195,8 +225,6 @@ def _wait_healthy(url: str, timeout_s: float = 300.0) -> None:
     """``serve.run`` returns when the deployments are up, but the front end still builds its
     OpenAI layer in the background (503 "still loading" meanwhile): wait for ``/health`` to say
     ``ok``. A fleet that is only ``degraded`` by then still serves (logged); none is an error."""
-    import time
-
     import httpx
 
     deadline = time.monotonic() + timeout_s
@@ -217,20 +245,31 @@ def _wait_healthy(url: str, timeout_s: float = 300.0) -> None:
                       f"{last}); see Ray's logs under /tmp/ray/session_latest/logs")
 
 
-def stop(cluster: ClusterConfig) -> None:
-    """Delete the app on an existing cluster; a local Ray is stopped whole (Serve, replicas and
-    all). ``serve.shutdown()`` first would add nothing there but Ray's own "graceful_shutdown
-    failed ... killed by ray.kill" line on every exit, and 3 s."""
+def stop(cluster: ClusterConfig, board_name: str | None = None, *, drain: bool = True) -> None:
+    """Delete the app, which drains it: Serve sends no new request to its replicas and gives those
+    in flight up to ``GRACEFUL_SHUTDOWN_S`` to finish. On an existing cluster its fleet board
+    ``board_name`` (a detached actor) goes too; a local Ray is then stopped whole (at once when
+    not ``drain``: a fleet that never served has nothing in flight). Not ``serve.shutdown()``: it
+    adds Ray's own "graceful_shutdown failed ... killed by ray.kill" line."""
     import ray
     from ray import serve
 
-    from .app import APP_NAME
+    from .app import APP_NAME, NAMESPACE
 
     if not ray.is_initialized():
         return
     try:
-        if cluster.ray_address is not None:
-            serve.delete(APP_NAME)
+        if cluster.ray_address is None:
+            if drain:
+                with contextlib.suppress(Exception):
+                    serve.delete(APP_NAME)
+        else:
+            try:
+                serve.delete(APP_NAME)
+            finally:
+                if board_name is not None:
+                    with contextlib.suppress(ValueError):  # never created (no replica started)
+                        ray.kill(ray.get_actor(board_name, namespace=NAMESPACE))
     finally:
         if cluster.ray_address is None:
             ray.shutdown()
@@ -247,15 +286,23 @@ def serve_cluster(
 ) -> int:
     require_ray()
     done = threading.Event()
+    starting = [True]
+    url = None
+    board = f"hybridllm-fleet-{os.getpid()}-{time.monotonic_ns()}"  # deleted with the app
 
     def on_sigterm(*_: Any) -> None:
         done.set()
+        if starting[0]:  # loading models or waiting for Ray: stop there, as Ctrl-C does
+            starting[0] = False
+            raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, on_sigterm)
     try:
         url = start(
-            engine_config, cluster, host=host, port=port, power_watts=power_watts, app_options=app_options
+            engine_config, cluster, host=host, port=port, power_watts=power_watts,
+            app_options=app_options, board_name=board,
         )
+        starting[0] = False
         replicas = (
             f"{cluster.min_replicas}..{cluster.max_replicas} (autoscaled)"
             if cluster.autoscaling
@@ -275,5 +322,5 @@ def serve_cluster(
     except Exception as exc:  # Ray's own errors: one line, no traceback
         raise ServerError(f"the Ray Serve deployment failed: {type(exc).__name__}: {exc}") from exc
     finally:
-        stop(cluster)
+        stop(cluster, board, drain=url is not None)
     return 0

@@ -109,11 +109,16 @@ class RemoteEngine:
         return aggregate_stats([r.get("stats", {}) for r in self._fleet.values()])
 
     def health_detail(self) -> dict[str, Any]:
-        """ok: every wanted replica reports; degraded: some do (still serving); unavailable.
+        """ok: every wanted replica reports; degraded: some do (still serving); idle: scaled to
+        zero (``--min-replicas 0``), so the next request waits for a replica to load its model;
+        unavailable: none reports while some are wanted (the only one that is not HTTP 200).
         Wanted: Serve's current target when autoscaled (noted by the policy), else the fixed count."""
         up = len(self._fleet)
         wanted = self._serve_target if self._serve_target is not None else self.target_replicas
-        status = "ok" if up >= wanted else "degraded" if up else "unavailable"
+        if up == 0:
+            status = "idle" if wanted == 0 else "unavailable"
+        else:
+            status = "ok" if up >= wanted else "degraded"
         return {"status": status, "replicas": {"healthy": up, "wanted": wanted}}
 
     # -- requests ------------------------------------------------------------------------------

@@ -45,6 +45,7 @@ class TokenPrefixRequestRouter(RequestRouter):
             decode_weight=float(kwargs.get("decode_weight", 0.5)),
         )
         self._report_stamps: dict[Any, Any] = {}
+        self._watched: set[str] = set()  # requests whose pending future we watch for a cancel
         self._board_name = kwargs.get("board_name")
         self._board: Any = None
         self._posted_at = 0.0
@@ -113,6 +114,7 @@ class TokenPrefixRequestRouter(RequestRouter):
             prefill_tokens=tokens - max_tokens,
             reason=choice.reason,
         )
+        self._watch(pending_request)
         self._post_decisions()
         first = [r for r in candidate_replicas if r.replica_id == choice.replica]
         rest = sorted((r for r in candidate_replicas if r.replica_id != choice.replica), key=load)
@@ -120,3 +122,20 @@ class TokenPrefixRequestRouter(RequestRouter):
 
     def on_request_completed(self, replica_id: Any, internal_request_id: str) -> None:
         self.policy.on_done(internal_request_id)
+
+    def _watch(self, pending: PendingRequest) -> None:
+        """Serve calls ``on_request_completed`` only for a request it sent to a replica; one
+        cancelled while it waits for a free replica (its client gave up) would stay on our books
+        as load for ever: drop it when its pending future is cancelled."""
+        rid = pending.metadata.internal_request_id
+        future = getattr(pending, "future", None)
+        if future is None or rid in self._watched:
+            return
+        self._watched.add(rid)
+
+        def on_future_done(fut: Any) -> None:
+            self._watched.discard(rid)
+            if fut.cancelled():
+                self.policy.on_done(rid)
+
+        future.add_done_callback(on_future_done)

@@ -1,10 +1,11 @@
 """``hybridllm-cloud serve --replicas`` in its own process, as an operator runs it.
 
 On a local Ray instance: a replica that cannot start says why in one line (not only "failed to
-update the deployments"), and SIGTERM stops a running fleet with exit code 0. On an existing
-cluster (``ray start --head`` with token authentication): without the token the CLI stops with
-one line saying what to set; with it, the official ``openai`` client is answered, and after
-SIGTERM the app is gone while the cluster keeps running.
+update the deployments"), and SIGTERM stops a running fleet with exit code 0 once the answer it
+was streaming has ended whole. On an existing cluster (``ray start --head`` with token
+authentication): without the token the CLI stops with one line saying what to set; with it, the
+official ``openai`` client is answered, and after SIGTERM the app and its fleet board are gone
+while the cluster keeps running.
 """
 
 from __future__ import annotations
@@ -34,12 +35,15 @@ BIN = Path(sys.executable).parent
 
 
 def _serve_apps(address: str, env: dict[str, str]) -> list[str]:
-    """The Serve applications on the cluster, asked from a separate driver process."""
+    """The Serve applications on the cluster and our named actors (the fleet board), asked from
+    a separate driver process."""
     code = (
         "import ray, json\n"
         "from ray import serve\n"
         f"ray.init(address={address!r}, log_to_driver=False)\n"
-        "print(json.dumps(sorted(serve.status().applications)))\n"
+        "ours = [a['name'] for a in ray.util.list_named_actors(all_namespaces=True)\n"
+        "        if a['namespace'] == 'hybridllm']\n"
+        "print(json.dumps(sorted(serve.status().applications) + sorted(ours)))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
     assert out.returncode == 0, out.stderr[-2000:]
@@ -91,7 +95,22 @@ def test_local_fleet_says_why_a_replica_cannot_start_and_stops_on_sigterm(smollm
             client = openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0, timeout=60)
             r = client.completions.create(model="smollm2", prompt="Hello", max_tokens=4)
             assert r.usage.completion_tokens > 0
+            # SIGTERM with an answer streaming: Serve drains the app, the answer ends whole. The
+            # proxy may serve before serve.run has returned; SIGTERM before that stops at once
+            deadline = time.monotonic() + 60
+            while "listening on" not in log_path.read_text() and time.monotonic() < deadline:
+                time.sleep(0.2)
+            stream = client.completions.create(
+                model="smollm2", prompt="Once upon a time", max_tokens=48, stream=True,
+                extra_body={"ignore_eos": True},
+            )
+            chunks = iter(stream)
+            texts, finish = [next(chunks).choices[0].text], None
             server.send_signal(signal.SIGTERM)
+            for chunk in chunks:
+                texts.append(chunk.choices[0].text if chunk.choices else "")
+                finish = (chunk.choices[0].finish_reason if chunk.choices else None) or finish
+            assert finish == "length" and len(texts) >= 40, (finish, len(texts))
             assert server.wait(timeout=90) == 0, log_path.read_text()[-3000:]
         finally:
             if server.poll() is None:
@@ -141,13 +160,15 @@ def test_cli_joins_an_existing_cluster_and_leaves_it_running(smollm2_path, tmp_p
             model="smollm2", messages=[{"role": "user", "content": "Hi"}], max_tokens=8, temperature=0
         )
         assert r.choices[0].message.content and r.usage.completion_tokens > 0
-        assert _serve_apps(address, env) == ["hybridllm"]
+        apps = _serve_apps(address, env)
+        assert apps[0] == "hybridllm" and [a.split("-")[:2] for a in apps[1:]] == [["hybridllm", "fleet"]]
 
         server.send_signal(signal.SIGTERM)
         assert server.wait(timeout=90) == 0, (tmp_path / "serve.log").read_text()[-3000:]
         text = (tmp_path / "serve.log").read_text()
         assert "Traceback" not in text, text[-3000:]
-        assert _serve_apps(address, env) == []  # the app is deleted, the cluster still answers
+        # the app and its fleet board (a detached actor) are deleted, the cluster still answers
+        assert _serve_apps(address, env) == []
     finally:
         if server is not None:
             if server.poll() is None:

@@ -13,13 +13,13 @@ import pytest
 from cloud_server.cluster.autoscale import QueuedTokensPolicy, desired_replicas
 from cloud_server.cluster.fleet import FleetBoard, aggregate_stats
 from cloud_server.cluster.remote_engine import RemoteEngine, _replica_error
-from cloud_server.config import ClusterConfig
+from cloud_server.config import ClusterConfig, EngineConfig
 from cloud_server.engine.block_manager import BlockManager
 from cloud_server.engine.llm_engine import LLMEngine
 from cloud_server.engine.sampling_params import SamplingParams
 from cloud_server.engine.scheduler import Scheduler
 from cloud_server.engine.sequence import Sequence
-from cloud_server.exceptions import ConfigError, EngineError, QueueFullError
+from cloud_server.exceptions import ConfigError, EngineError, QueueFullError, ServerError
 
 
 def test_desired_replicas_follow_queued_tokens_within_bounds():
@@ -166,6 +166,8 @@ def test_cluster_config_validation():
     assert auto.autoscaling and (auto.min_replicas, auto.max_replicas) == (1, 4)
     with pytest.raises(ConfigError, match="must lie within"):
         ClusterConfig(replicas=5, min_replicas=1, max_replicas=4)
+    with pytest.raises(ConfigError, match="--min-replicas 3 is above --max-replicas 2"):
+        ClusterConfig(replicas=3, min_replicas=3, max_replicas=2)  # not "--replicas 3 must lie within"
     with pytest.raises(ConfigError):
         ClusterConfig(replicas=0)
     for bad in ({"upscale_delay_s": -1}, {"downscale_delay_s": float("inf")}, {"autoscale_window_s": 0},
@@ -262,8 +264,10 @@ def test_app_builder_for_serve_config_files():
 
     from cloud_server.cluster.app import app_builder
 
-    app = app_builder({"model": "m.gguf", "replicas": 3, "num_threads": 2, "served_model_name": "x"})
+    app = app_builder({"model": "m.gguf", "replicas": 3, "num_threads": 2, "served_model_name": "x",
+                       "max_body_bytes": 1 << 20})  # every option of the CLI's front end
     assert isinstance(app, Application)
+    assert app._bound_deployment.init_args[4] == {"served_model_name": "x", "max_body_bytes": 1 << 20}
     auto = app_builder({"model": "m.gguf", "replicas": 2, "min_replicas": 1, "max_replicas": 4})
     assert isinstance(auto, Application)  # Serve validated the queued-tokens autoscaling config
     with pytest.raises(ValueError, match="unknown"):
@@ -288,3 +292,133 @@ def test_unreachable_ray_address_fails_in_seconds(tmp_path, capsys):
     assert code == 1 and time.monotonic() - start < 30  # Ray alone retries for minutes
     err = capsys.readouterr().err
     assert f"nothing answers at --ray-address 127.0.0.1:{port}" in err and "ray start --head" in err
+
+
+def test_health_scaled_to_zero_is_idle_not_ok():
+    # --min-replicas 0: Serve holds no replica, so the next request waits for one to load its
+    # model; "ok" would hide that cold start, 503 would make a readiness probe pull the server
+    engine = RemoteEngine(handle=None, model="m", target_replicas=1)
+    engine._serve_target, engine._fleet = 0, {}
+    assert engine.health_detail() == {"status": "idle", "replicas": {"healthy": 0, "wanted": 0}}
+    engine._serve_target = 1  # a request came: Serve starts a replica, which loads meanwhile
+    assert engine.health_detail()["status"] == "unavailable"
+    engine._fleet = {"r1": {}}
+    assert engine.health_detail()["status"] == "ok"
+
+
+def _engine_deployment(app):
+    """The engine deployment bound into build_app's application (the front end's first arg)."""
+    return app._bound_deployment.init_args[0]._bound_deployment
+
+
+def test_an_autoscaled_fleet_wants_its_initial_replicas_until_serve_says_otherwise():
+    pytest.importorskip("ray.serve", reason="needs the [cluster] extra")
+    from cloud_server.cluster.app import build_app
+
+    app = build_app(EngineConfig("m.gguf"), ClusterConfig(replicas=2, min_replicas=0, max_replicas=4))
+    assert app._bound_deployment.init_args[3] == 2  # Serve starts 2: one up is degraded, not ok
+
+
+def test_cuda_replicas_each_ask_ray_for_a_gpu_of_their_own():
+    # without a GPU in ray_actor_options Ray places replicas by CPU and shows each every GPU:
+    # all of them would share cuda:0
+    pytest.importorskip("ray.serve", reason="needs the [cluster] extra")
+    from cloud_server.cluster.app import build_app
+
+    cuda = _engine_deployment(build_app(EngineConfig("m.gguf", device="cuda"), ClusterConfig(replicas=2)))
+    assert cuda.ray_actor_options == {"num_cpus": 1.0, "num_gpus": 1}
+    cpu = _engine_deployment(build_app(EngineConfig("m.gguf", device="cpu"), ClusterConfig(replicas=2)))
+    assert "num_gpus" not in cpu.ray_actor_options
+    with pytest.raises(ConfigError, match="use --device cuda"):
+        build_app(EngineConfig("m.gguf", device="cuda:1"), ClusterConfig(replicas=2))
+
+
+def test_a_replica_the_autoscaler_removes_has_time_to_finish_its_answers():
+    # Serve kills a replica it scales down graceful_shutdown_timeout_s after it stops sending it
+    # requests; at 2 s every answer still streaming there was cut off mid-answer
+    pytest.importorskip("ray.serve", reason="needs the [cluster] extra")
+    from cloud_server.cluster.app import build_app
+
+    app = build_app(EngineConfig("m.gguf"), ClusterConfig(replicas=1, max_replicas=4))
+    assert _engine_deployment(app)._deployment_config.graceful_shutdown_timeout_s >= 20
+
+
+def test_a_local_ray_too_small_for_the_replicas_is_refused_not_waited_for(monkeypatch):
+    # a local Ray never grows: Serve would wait for the third CPU for ever inside serve.run,
+    # silently (Ray's logs do not reach the terminal)
+    pytest.importorskip("ray.serve", reason="needs the [cluster] extra")
+    import ray
+    from ray import serve
+
+    from cloud_server.cluster import launch
+
+    def never(*_args, **_kwargs):
+        raise AssertionError("serve.start reached: the fleet would wait for CPUs for ever")
+
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(launch, "init_ray", lambda address, **_: None)
+    monkeypatch.setattr(ray, "cluster_resources", lambda: {"CPU": 2.0})
+    monkeypatch.setattr(serve, "start", never)
+    port = launch.free_port()
+    with pytest.raises(ServerError, match=r"--replicas 3 needs 3 CPUs .* has 2: ask for at most 2"):
+        launch.start(EngineConfig("m.gguf"), ClusterConfig(replicas=3), host="127.0.0.1", port=port)
+    with pytest.raises(ServerError, match="needs 2 GPUs .* has 0: join a cluster"):
+        launch.start(EngineConfig("m.gguf", device="cuda"), ClusterConfig(replicas=2), host="127.0.0.1",
+                     port=port)
+    launch.check_capacity(ClusterConfig(replicas=2), {"CPU": 2.0})  # fits
+    def no_ray(*_args, **_kwargs):
+        raise AssertionError("Ray started before the bad --device was refused")
+
+    monkeypatch.setattr(launch, "init_ray", no_ray)
+    with pytest.raises(ConfigError, match="use --device cuda"):
+        launch.start(EngineConfig("m.gguf", device="cuda:1"), ClusterConfig(replicas=1), host="127.0.0.1",
+                     port=port)
+
+
+def test_ray_address_auto_without_a_local_cluster_says_how_to_start_one():
+    from cloud_server.cluster.launch import _connect_hint
+
+    hint = _connect_hint("auto")
+    assert "ray start --head" in hint and "without --ray-address a local Ray instance" in hint
+    assert "RAY_AUTH_MODE=token" in _connect_hint("10.0.0.1:6379")
+
+
+def test_stop_on_an_existing_cluster_deletes_the_app_and_its_fleet_board(monkeypatch):
+    # the board is a detached actor: left alone it outlived every CLI run on the cluster
+    pytest.importorskip("ray.serve", reason="needs the [cluster] extra")
+    import ray
+    from ray import serve
+
+    from cloud_server.cluster import launch
+
+    done: list[tuple] = []
+    monkeypatch.setattr(ray, "is_initialized", lambda: True)
+    monkeypatch.setattr(serve, "delete", lambda name: done.append(("delete", name)))
+    monkeypatch.setattr(ray, "get_actor", lambda name, namespace: (name, namespace))
+    monkeypatch.setattr(ray, "kill", lambda actor: done.append(("kill", actor)))
+    monkeypatch.setattr(ray, "shutdown", lambda: done.append(("shutdown",)))
+    launch.stop(ClusterConfig(replicas=1, ray_address="auto"), "board-1")
+    assert done == [("delete", "hybridllm"), ("kill", ("board-1", "hybridllm"))]
+
+
+def test_sigterm_while_the_fleet_starts_stops_it_at_once(tmp_path):
+    # loading the models (minutes for a large one) or waiting for Ray: SIGTERM used to be noted
+    # and acted on only once the fleet was up, or never when it could not come up
+    code = (
+        "import os, signal, sys, threading, time\n"
+        "from cloud_server.cluster import launch\n"
+        "from cloud_server.config import ClusterConfig, EngineConfig\n"
+        "stopped = []\n"
+        "launch.require_ray = lambda: None\n"
+        "launch.start = lambda *a, **k: time.sleep(60)\n"
+        "launch.stop = lambda cluster, board=None, drain=True: stopped.append((board is not None, drain))\n"
+        "threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGTERM)).start()\n"
+        "t = time.monotonic()\n"
+        "code = launch.serve_cluster(EngineConfig('m.gguf'), ClusterConfig(replicas=1), host='127.0.0.1',\n"
+        "                            port=8000, power_watts=None, app_options={})\n"
+        "print(code, stopped, time.monotonic() - t < 30)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    # exit status 0, the board named for stop, nothing to drain, and well before start's 60 s
+    assert out.stdout.strip() == "0 [(True, False)] True", out.stdout + out.stderr[-2000:]

@@ -246,3 +246,31 @@ def test_a_prefix_evicted_everywhere_goes_back_to_its_home_replica():
     r.on_done("r2")
     r.on_report("b", {"outstanding_tokens": 60, "prefill_tokens": 0, "prefix_hashes": []})
     assert r.choose(["a", "b"], hashes(tenant + [3])).replica == "a"
+
+
+def test_a_request_cancelled_before_it_reaches_a_replica_leaves_no_load_behind():
+    # Serve calls choose_replicas for a request that then waits (every replica at
+    # max_ongoing_requests); a client that gives up cancels it before it is sent anywhere, and
+    # Serve never calls on_request_completed for it: its tokens must not stay on the books
+    pytest.importorskip("ray.serve", reason="needs the [cluster] extra")
+    from cloud_server.cluster.router import TokenPrefixRequestRouter
+
+    router = TokenPrefixRequestRouter.__new__(TokenPrefixRequestRouter)
+    router.initialize_state(block_size=BS)
+    reps = [SimpleNamespace(replica_id=r, routing_stats={}) for r in ("r1", "r2")]
+    router._replicas = {r.replica_id: r for r in reps}
+
+    async def go() -> tuple[int, int]:
+        future = asyncio.get_running_loop().create_future()
+        meta = SimpleNamespace(call_method="generate", internal_request_id="gone")
+        pending = SimpleNamespace(metadata=meta, args=[list(range(30)), {"max_tokens": 500}, "gone"],
+                                  future=future)
+        for _ in range(3):  # routed again while it waits (Serve's backoff loop)
+            await router.choose_replicas(reps, pending)
+        queued = sum(b.sent_tokens for b in router.policy.books.values())
+        future.cancel()
+        await asyncio.sleep(0)  # done callbacks run on the next loop turn
+        return queued, sum(b.sent_tokens for b in router.policy.books.values())
+
+    queued, left = asyncio.run(go())
+    assert queued > 500 and left == 0  # counted once while it waited, gone once cancelled

@@ -67,19 +67,28 @@ class _LoopThread:
                 raise
             return asyncio.run_coroutine_threadsafe(coro, loop)
 
-    def close(self) -> None:
+    def close(self, before_stop: Any = None) -> None:
+        """Refuse new steps, cancel the running ones (their waiting readers raise), call
+        ``before_stop`` (closing the parts: nothing of theirs runs any more, and the loop still
+        runs for what their closing needs), then stop the loop."""
         with self._lock:
             self._closed = True
             loop, thread, self._loop = self._loop, self._thread, None
         if loop is None or thread is None:
+            if before_stop is not None:
+                before_stop()
             return
         if threading.current_thread() is thread:
+            if before_stop is not None:
+                before_stop()
             loop.call_soon(loop.stop)
             return
         try:  # steps still running end as cancelled, and their waiting readers with them
             asyncio.run_coroutine_threadsafe(_cancel_all(), loop).result(timeout=10)
         except (concurrent.futures.TimeoutError, RuntimeError):
             pass
+        if before_stop is not None:
+            before_stop()
         loop.call_soon_threadsafe(loop.stop)
         thread.join(timeout=10)
         if not loop.is_running():
@@ -177,7 +186,8 @@ class Stream:
         self._closed = True
         try:
             self._loop.submit(self._aclose()).result(timeout=60)
-        except (HybridLLMError, RuntimeError, concurrent.futures.TimeoutError, asyncio.CancelledError):
+        except (HybridLLMError, RuntimeError, concurrent.futures.TimeoutError, asyncio.CancelledError,
+                concurrent.futures.CancelledError):  # (the client's close() cancelled this close)
             pass  # the client's loop is gone or stuck: nothing more to stop
 
     def __enter__(self) -> Stream:
@@ -422,8 +432,7 @@ class HybridLLM(_Surface):
         return Stream(self._core.run(req), self._loop)
 
     def close(self) -> None:
-        self._core.close()
-        self._loop.close()
+        self._loop.close(before_stop=self._core.close)
 
     def __enter__(self) -> HybridLLM:
         return self

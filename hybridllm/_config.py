@@ -200,6 +200,10 @@ def load_config(config: str | os.PathLike[str] | None = None, **overrides: Any) 
     if unknown:
         raise ConfigError(f"Unknown setting(s) {sorted(unknown)}; see `hybridllm config show`.")
     values: dict[str, Any] = {}
+    # a source's values are checked on their own (so an error names the source), those a later
+    # source overrides excepted: arguments override the environment, which overrides the file
+    given = {k for k, v in overrides.items() if v is not None}
+    from_env = {n for n in fields if os.environ.get(f"HYBRIDLLM_{n.upper()}") is not None}
     path = config_file_path(config)
     if path is not None:
         try:
@@ -220,13 +224,14 @@ def load_config(config: str | os.PathLike[str] | None = None, **overrides: Any) 
             problem = _type_problem(name, value, fields[name].type)
             if problem:
                 raise ConfigError(f"Config file {path}: {problem}")
-        _check_source(f"Config file {path}", data)
+        _check_source(f"Config file {path}", {k: v for k, v in data.items() if k not in given | from_env})
         values.update(data)
     for name, f in fields.items():
         env = os.environ.get(f"HYBRIDLLM_{name.upper()}")
         if env is not None:
             values[name] = _coerce(name, env, f.type)
-            _check_source(f"HYBRIDLLM_{name.upper()}={env!r}", {name: values[name]})
+            if name not in given:
+                _check_source(f"HYBRIDLLM_{name.upper()}={env!r}", {name: values[name]})
     values.update({k: v for k, v in overrides.items() if v is not None})
     try:
         return HybridLLMConfig(**values)

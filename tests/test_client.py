@@ -81,6 +81,21 @@ def test_a_bad_default_in_the_config_file_fails_when_the_client_is_built(tmp_pat
         HybridLLM(top_p=0, edge=FakeBackend(reply=lambda m: "ok"), cache=False)
 
 
+def test_a_bad_value_that_a_later_source_overrides_is_not_an_error(tmp_path, monkeypatch):
+    """Arguments override the environment, which overrides the file: a bad value there that is
+    overridden is never used, so it is no error (a bad one that is used still is)."""
+    path = tmp_path / "config.toml"
+    path.write_text("[hybridllm]\ntemperature = 9\ntop_p = 0\n")
+    monkeypatch.setenv("HYBRIDLLM_TOP_P", "0.9")
+    monkeypatch.setenv("HYBRIDLLM_MIN_P", "5")
+    llm = HybridLLM(config=str(path), temperature=0.2, min_p=0.1, edge=FakeBackend(reply=lambda m: "ok"),
+                    cache=False)
+    assert (llm.config.temperature, llm.config.top_p, llm.config.min_p) == (0.2, 0.9, 0.1)
+    llm.close()
+    with pytest.raises(ConfigError, match="HYBRIDLLM_MIN_P"):
+        HybridLLM(config=str(path), temperature=0.2, edge=FakeBackend(reply=lambda m: "ok"), cache=False)
+
+
 def test_a_stream_is_read_once_and_is_a_context_manager(llm):
     with llm.stream("hello") as stream:
         assert "".join(ch.text for ch in stream) == "one two three four five"
@@ -268,14 +283,16 @@ def test_a_stream_read_after_its_client_closed_raises_a_hybridllm_error():
 def test_an_answer_cut_off_by_close_is_an_error_not_a_shorter_answer():
     """close() from another thread (or the interpreter's exit) while the device answers: the
     reader gets an error, never a truncated text passed off as finished (finish_reason 'stop'),
-    and never waits for ever (the sync reader used to wait for a step on the stopped loop)."""
+    and never waits for ever (the sync reader used to wait for a step on the stopped loop); a
+    request still waiting its turn is told the device closed (it used to wait edge_wait_timeout_s)."""
     cut = "closed (before this answer was complete|while the device model was answering)"
 
-    def slow() -> FakeBackend:
-        return FakeBackend(reply=lambda m: " ".join(["w"] * 500), delay_s=0.01)
+    def slow(started: threading.Event) -> FakeBackend:  # reply() is called as generation starts
+        return FakeBackend(reply=lambda m: (started.set(), " ".join(["w"] * 500))[1], delay_s=0.01)
 
     for path in ("chat", "stream"):  # the sync client: the answer is generated on the reader's thread
-        llm = HybridLLM(edge=slow(), cache=False)
+        started = threading.Event()
+        llm = HybridLLM(edge=slow(started), cache=False)
         got: dict[str, object] = {}
 
         def read(llm: HybridLLM = llm, got: dict[str, object] = got, path: str = path) -> None:
@@ -287,24 +304,67 @@ def test_an_answer_cut_off_by_close_is_an_error_not_a_shorter_answer():
 
         reader = threading.Thread(target=read, daemon=True)
         reader.start()
-        time.sleep(0.2)
+        assert started.wait(10)
         llm.close()
         reader.join(10)
         assert not reader.is_alive(), f"{path}: the reader still waits after close()"
         assert "answer" not in got and re.search(cut, str(got["error"])), (path, got)
 
     async def run() -> None:  # the async client: generated on the device's worker thread
-        allm = AsyncHybridLLM(edge=slow(), cache=False)
-
-        async def close_soon() -> None:
-            await asyncio.sleep(0.2)
-            await allm.aclose()
-
-        closing = asyncio.create_task(close_soon())
+        started = threading.Event()
+        allm = AsyncHybridLLM(edge=slow(started), cache=False, edge_wait_timeout_s=60)
+        answering = asyncio.ensure_future(allm.chat("go"))
+        waiting = asyncio.ensure_future(allm.chat("go on"))  # queued behind it
+        while not started.is_set():
+            await asyncio.sleep(0.01)
+        await allm.aclose()
+        done, _ = await asyncio.wait({answering, waiting}, timeout=10)
+        assert len(done) == 2, "a request still waits after aclose()"
         with pytest.raises(HybridLLMError, match=cut):
-            await asyncio.wait_for(allm.chat("go"), 10)
-        await closing
+            answering.result()
+        with pytest.raises(HybridLLMError, match="device model is closed"):
+            waiting.result()
 
     asyncio.run(run())
     with HybridLLM(edge=FakeBackend(reply=lambda m: "a b c"), cache=False) as done:  # a whole one
         assert done.chat("go").finish_reason == "stop"
+
+
+def test_closing_a_stream_while_the_client_closes_raises_nothing_foreign():
+    """A reader closing its stream while another thread closes the client: its close was
+    cancelled with the client's tasks, and concurrent.futures' CancelledError (not asyncio's)
+    escaped Stream.close() to the user."""
+    from hybridllm._types import Usage
+    from hybridllm.backends.base import Delta
+
+    class SlowToCloseCloud(FakeBackend):
+        async def astream(self, messages, params):
+            try:
+                for i in range(1000):
+                    await asyncio.sleep(0.01)
+                    yield Delta(f" w{i}")
+                yield Delta("", finish_reason="stop", usage=Usage(1, 1))
+            finally:
+                await asyncio.sleep(1.0)  # a connection torn down politely
+
+    llm = HybridLLM(edge=FakeBackend(reply=lambda m: "edge"), cloud=SlowToCloseCloud(model="c"), cache=False)
+    reading, got = threading.Event(), {}
+
+    def read() -> None:
+        try:
+            with llm.stream("hi", route="cloud") as s:
+                for i, _ in enumerate(s):
+                    reading.set()
+                    if i == 5:
+                        s.close()  # takes a second: the client closes meanwhile
+                        break
+        except BaseException as exc:  # noqa: BLE001 - what the user would see
+            got["error"] = exc
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    assert reading.wait(10)
+    time.sleep(0.3)
+    llm.close()
+    reader.join(15)
+    assert not reader.is_alive() and "error" not in got, got

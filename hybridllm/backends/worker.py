@@ -70,7 +70,9 @@ class EdgeJob:
 
     def run(self) -> None:
         """On the worker thread: generate into the buffer until done or cancelled."""
-        if self.cancelled.is_set():
+        if self.cancelled.is_set():  # closed (or the reader left) while it waited its turn
+            self._post(EdgeError("The device model is closed."))
+            self._post(_END)
             self.done.set()
             return
         self.started.set()

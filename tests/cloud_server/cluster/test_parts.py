@@ -375,12 +375,17 @@ def test_a_local_ray_too_small_for_the_replicas_is_refused_not_waited_for(monkey
                      port=port)
 
 
-def test_ray_address_auto_without_a_local_cluster_says_how_to_start_one():
+def test_ray_address_auto_without_a_local_cluster_says_how_to_start_one(monkeypatch):
     from cloud_server.cluster.launch import _connect_hint
 
     hint = _connect_hint("auto")
     assert "ray start --head" in hint and "without --ray-address a local Ray instance" in hint
+    # an explicit address: the token hint depends on RAY_AUTH_MODE (a real Ray test earlier in the
+    # same process may have set it)
+    monkeypatch.delenv("RAY_AUTH_MODE", raising=False)
     assert "RAY_AUTH_MODE=token" in _connect_hint("10.0.0.1:6379")
+    monkeypatch.setenv("RAY_AUTH_MODE", "token")
+    assert "RAY_AUTH_TOKEN" in _connect_hint("10.0.0.1:6379")
 
 
 def test_stop_on_an_existing_cluster_deletes_the_app_and_its_fleet_board(monkeypatch):

@@ -74,21 +74,19 @@ class _LoopThread:
         with self._lock:
             self._closed = True
             loop, thread, self._loop = self._loop, self._thread, None
-        if loop is None or thread is None:
-            if before_stop is not None:
-                before_stop()
-            return
-        if threading.current_thread() is thread:
-            if before_stop is not None:
-                before_stop()
-            loop.call_soon(loop.stop)
-            return
-        try:  # steps still running end as cancelled, and their waiting readers with them
-            asyncio.run_coroutine_threadsafe(_cancel_all(), loop).result(timeout=10)
-        except (concurrent.futures.TimeoutError, RuntimeError):
-            pass
+        on_loop = thread is not None and threading.current_thread() is thread
+        if loop is not None and thread is not None and not on_loop:
+            try:  # steps still running end as cancelled, and their waiting readers with them
+                asyncio.run_coroutine_threadsafe(_cancel_all(), loop).result(timeout=10)
+            except (concurrent.futures.TimeoutError, RuntimeError):
+                pass
         if before_stop is not None:
             before_stop()
+        if loop is None or thread is None:
+            return
+        if on_loop:
+            loop.call_soon(loop.stop)
+            return
         loop.call_soon_threadsafe(loop.stop)
         thread.join(timeout=10)
         if not loop.is_running():

@@ -108,13 +108,13 @@ class HybridLLMConfig:
                 f"n_threads must be at least 1 (leave it out for all cores), got {self.n_threads}.")
         if self.price_per_1k_tokens < 0:
             raise ConfigError("price_per_1k_tokens must be >= 0.")
-        self.sampling_defaults()
+        self._check_sampling_defaults()
 
-    def sampling_defaults(self) -> GenerationParams:
+    def _check_sampling_defaults(self) -> None:
         """The default sampling settings, checked by the request's own rules (the same ranges),
         so a bad default fails when the settings are loaded rather than at the first request."""
         try:
-            return GenerationParams(
+            GenerationParams(
                 max_tokens=self.max_tokens, temperature=self.temperature, top_p=self.top_p,
                 top_k=self.top_k, min_p=self.min_p, repeat_penalty=self.repeat_penalty, seed=self.seed)
         except InvalidRequestError as exc:

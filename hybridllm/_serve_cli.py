@@ -45,16 +45,23 @@ def _at_least_one(text: str) -> int:
     return _int_in(1, None, text)
 
 
-def _check_can_listen(host: str, port: int) -> None:
-    """Fail before the model loads, with one line, where uvicorn would fail after (or hang)."""
+def _listen(host: str, port: int) -> socket.socket:
+    """The listening socket, bound before the model loads (one line where uvicorn would fail only
+    after it, or hang) and handed to uvicorn, so the port is bound once."""
     try:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
         family, kind, proto, _, address = infos[0]
-        with socket.socket(family, kind, proto) as sock:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
-            sock.bind(address)
+        sock = socket.socket(family, kind, proto)
     except OSError as exc:
         raise ConfigError(f"Cannot listen on {host}:{port}: {exc.strerror or exc}.") from exc
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+        sock.bind(address)
+        sock.listen(2048)
+    except OSError as exc:
+        sock.close()
+        raise ConfigError(f"Cannot listen on {host}:{port}: {exc.strerror or exc}.") from exc
+    return sock
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -63,7 +70,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     except ImportError as exc:
         raise ConfigError("`hybridllm serve` needs FastAPI and uvicorn: "
                           "pip install 'hybridllm[server]'") from exc
-    _check_can_listen(args.host, args.port)
+    sock = _listen(args.host, args.port)
     from ._client import HybridLLM
     from ._progress import ProgressBar
     from .proxy import API_KEYS_ENV, create_app
@@ -80,8 +87,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
           f"cloud={cloud}  {'API key required' if api_keys else 'open'}", flush=True)
     app = create_app(llm, api_keys=api_keys, max_body_bytes=args.max_body_bytes)
     try:
-        uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
+        uvicorn.Server(uvicorn.Config(app, log_level=args.log_level)).run(sockets=[sock])
     finally:
+        sock.close()
         llm.close()
     return 0
 

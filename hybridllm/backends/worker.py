@@ -36,6 +36,7 @@ _STARTED = object()
 _END = object()
 # what a reader gets when close() (or the interpreter's exit) stopped its answer half way: an
 # error, never a shorter answer passed off as finished
+DEVICE_CLOSED = "The device model is closed."
 CLOSED_MID_ANSWER = "The client was closed while the device model was answering; the answer is incomplete."
 EXIT_WAIT_S = 10.0  # at exit, how long a running generation may take to stop (its current step)
 _LIVE: weakref.WeakSet[EdgeWorker] = weakref.WeakSet()  # workers whose thread was started
@@ -71,7 +72,7 @@ class EdgeJob:
     def run(self) -> None:
         """On the worker thread: generate into the buffer until done or cancelled."""
         if self.cancelled.is_set():  # closed (or the reader left) while it waited its turn
-            self._post(EdgeError("The device model is closed."))
+            self._post(EdgeError(DEVICE_CLOSED))
             self._post(_END)
             self.done.set()
             return
@@ -267,7 +268,7 @@ class InlineRun:
                     "request(s) were ahead of this one); retry later or raise edge_wait_timeout_s."
                 )
             if self.cancelled.is_set():
-                raise EdgeError("The device model is closed.")
+                raise EdgeError(DEVICE_CLOSED)
             finished = False
             while (delta := self._next_delta()) is not None:
                 finished = delta.finish_reason is not None
@@ -338,7 +339,7 @@ class EdgeWorker:
     def _enqueue(self, job: EdgeJob | InlineRun) -> int:
         with self._cond:
             if self._closed:
-                raise EdgeError("The device model is closed.")
+                raise EdgeError(DEVICE_CLOSED)
             self._jobs = deque(j for j in self._jobs if not j.cancelled.is_set())
             ahead = len(self._jobs)
             if ahead >= self.max_waiting:

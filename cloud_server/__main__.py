@@ -7,7 +7,7 @@
 
 Errors (a bad option, a port in use, a model that fails to load) are printed as one line on
 stderr and the exit status is non-zero; no traceback. SIGTERM or Ctrl-C shuts the server down
-gracefully (``cloud_server/api/shutdown.py``) and the exit status is 0.
+gracefully (``hybridllm/wire/shutdown.py``) and the exit status is 0.
 """
 
 from __future__ import annotations
@@ -15,62 +15,24 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import socket
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
 from cloud_server.exceptions import ModelLoadError, ServerError
+from hybridllm._cli_options import (
+    listen,
+    non_negative_float,
+    non_negative_int,
+    port,
+    positive_float,
+    positive_int,
+)
 from hybridllm.wire.body import DEFAULT_MAX_BODY_BYTES
 
 PROG = "hybridllm-cloud"
 DEFAULT_SHUTDOWN_TIMEOUT_S = 5.0
-
-
-def _int_at_least(text: str, low: int, what: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = low - 1
-    if value < low:
-        raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
-    return value
-
-
-def _positive_int(text: str) -> int:
-    return _int_at_least(text, 1, "a positive integer")
-
-
-def _non_negative_int(text: str) -> int:
-    return _int_at_least(text, 0, "an integer >= 0")
-
-
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
-    if not value > 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
-    return value
-
-
-def _non_negative_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}") from None
-    if not 0 <= value < float("inf"):
-        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}")
-    return value
-
-
-def _port(text: str) -> int:
-    value = _positive_int(text) if text != "0" else 0
-    if value > 65535:
-        raise argparse.ArgumentTypeError(f"port must be in 0-65535, got {text!r}")
-    return value
 
 
 class _Parser(argparse.ArgumentParser):
@@ -97,7 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
         "the device uses it; '' for none)",
     )
     serve.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
-    serve.add_argument("--port", type=_port, default=8000, help="port to bind (default 8000)")
+    serve.add_argument("--port", type=port, default=8000, help="port to bind (default 8000)")
     serve.add_argument(
         "--api-key", action="append", default=[], metavar="KEY", help="accepted key (repeatable)"
     )
@@ -106,25 +68,25 @@ def build_parser() -> argparse.ArgumentParser:
         help="file with one accepted key a line (preferred over --api-key, which shows in ps)",
     )
     serve.add_argument(
-        "--max-body-bytes", type=_positive_int, default=DEFAULT_MAX_BODY_BYTES, metavar="N",
+        "--max-body-bytes", type=positive_int, default=DEFAULT_MAX_BODY_BYTES, metavar="N",
         help=f"largest request body accepted; beyond it 413 (default {DEFAULT_MAX_BODY_BYTES})",
     )
     serve.add_argument(
-        "--shutdown-timeout", type=_non_negative_float, default=None, metavar="S",
+        "--shutdown-timeout", type=non_negative_float, default=None, metavar="S",
         help=f"on SIGTERM or Ctrl-C, refuse new requests (503) and give those in flight S seconds "
         f"to finish before ending them (default {DEFAULT_SHUTDOWN_TIMEOUT_S:g}; 0: end them at once)",
     )
     engine = serve.add_argument_group("engine")
-    engine.add_argument("--max-num-seqs", type=_positive_int, default=16)
-    engine.add_argument("--max-num-batched-tokens", type=_positive_int, default=512)
+    engine.add_argument("--max-num-seqs", type=positive_int, default=16)
+    engine.add_argument("--max-num-batched-tokens", type=positive_int, default=512)
     engine.add_argument(
-        "--max-waiting", type=_positive_int, default=256,
+        "--max-waiting", type=positive_int, default=256,
         help="requests that may wait beyond the free batch slots; beyond that 429",
     )
-    engine.add_argument("--max-model-len", type=_positive_int, default=None)
-    engine.add_argument("--block-size", type=_positive_int, default=16)
+    engine.add_argument("--max-model-len", type=positive_int, default=None)
+    engine.add_argument("--block-size", type=positive_int, default=16)
     engine.add_argument(
-        "--kv-cache-memory-mb", type=_positive_int, default=None, help="KV pool budget in MiB"
+        "--kv-cache-memory-mb", type=positive_int, default=None, help="KV pool budget in MiB"
     )
     engine.add_argument("--no-prefix-caching", action="store_true")
     engine.add_argument("--device", default=None, help="cpu or cuda[:N] (default: auto)")
@@ -140,9 +102,9 @@ def build_parser() -> argparse.ArgumentParser:
         "on first use of each batch and context size)",
     )
     engine.add_argument("--seed", type=int, default=0)
-    engine.add_argument("--num-threads", type=_positive_int, default=None, help="torch CPU threads")
+    engine.add_argument("--num-threads", type=positive_int, default=None, help="torch CPU threads")
     engine.add_argument(
-        "--power-watts", type=_positive_float, default=None, metavar="W",
+        "--power-watts", type=positive_float, default=None, metavar="W",
         help="power figure for the per-request energy estimate (default: measured with NVML on "
         "a GPU or RAPL where readable, else estimated at 10 W per CPU thread / 300 W per GPU)",
     )
@@ -150,7 +112,7 @@ def build_parser() -> argparse.ArgumentParser:
         "cluster (Ray Serve; needs pip install 'hybridllm[cluster]')"
     )
     cluster.add_argument(
-        "--replicas", type=_positive_int, default=None, metavar="N",
+        "--replicas", type=positive_int, default=None, metavar="N",
         help="run N engine replicas as a Ray Serve deployment behind this API, routed by "
         "outstanding tokens and cached prefixes (without it Ray is not used)",
     )
@@ -159,28 +121,28 @@ def build_parser() -> argparse.ArgumentParser:
         help="join this Ray cluster (auto, ray://host:10001); default: start a local one",
     )
     cluster.add_argument(
-        "--min-replicas", type=_non_negative_int, default=None, metavar="A",
+        "--min-replicas", type=non_negative_int, default=None, metavar="A",
         help="autoscale between A and --max-replicas replicas on queued tokens",
     )
     cluster.add_argument(
-        "--max-replicas", type=_positive_int, default=None, metavar="B",
+        "--max-replicas", type=positive_int, default=None, metavar="B",
         help="upper bound of the autoscaled replica count",
     )
     cluster.add_argument(
-        "--target-tokens-per-replica", type=_positive_int, default=None, metavar="T",
+        "--target-tokens-per-replica", type=positive_int, default=None, metavar="T",
         help="autoscaling: want ceil(queued tokens of the fleet / T) replicas (default 4096)",
     )
     cluster.add_argument(
-        "--autoscale-window-s", type=_positive_float, default=None, metavar="S",
+        "--autoscale-window-s", type=positive_float, default=None, metavar="S",
         help="autoscaling: average the queued tokens over the last S seconds (default 30; "
         "replicas push their figures every 10 s, so keep it above 10)",
     )
     cluster.add_argument(
-        "--upscale-delay-s", type=_non_negative_float, default=None, metavar="S",
+        "--upscale-delay-s", type=non_negative_float, default=None, metavar="S",
         help="autoscaling: add replicas once more have been wanted for S seconds (default 30)",
     )
     cluster.add_argument(
-        "--downscale-delay-s", type=_non_negative_float, default=None, metavar="S",
+        "--downscale-delay-s", type=non_negative_float, default=None, metavar="S",
         help="autoscaling: remove replicas once fewer have been wanted for S seconds (default 600)",
     )
     spec = serve.add_argument_group("speculative decoding (off by default)")
@@ -190,7 +152,7 @@ def build_parser() -> argparse.ArgumentParser:
         "model with the same tokenizer (--draft-model)",
     )
     spec.add_argument(
-        "--num-speculative-tokens", type=_positive_int, default=None, metavar="K",
+        "--num-speculative-tokens", type=positive_int, default=None, metavar="K",
         help="most tokens proposed per sequence and step (default 8 for ngram, 3 for draft; "
         "fewer under load)",
     )
@@ -199,7 +161,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="draft model for --speculative-method draft: catalog id, .gguf file or HF folder",
     )
     spec.add_argument(
-        "--draft-vocab-size", type=_non_negative_int, default=None, metavar="N",
+        "--draft-vocab-size", type=non_negative_int, default=None, metavar="N",
         help="the draft proposes only token ids below N, a smaller output head to compute "
         "(lossless: the target checks every token; default 32768 for larger vocabularies, 0: all)",
     )
@@ -272,20 +234,6 @@ def _check_model(model: str) -> None:
         )
 
 
-def _bind(host: str, port: int) -> socket.socket:
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind((host, port))
-    except OSError as exc:
-        sock.close()
-        raise ServerError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from exc
-    sock.listen(2048)
-    sock.set_inheritable(True)
-    return sock
-
-
 def _system_prompt(model: str, given: str | None) -> str | None:
     """``--system-prompt`` if given, else the catalog entry's default (the one the edge uses, so
     both sides answer alike), else none."""
@@ -304,7 +252,7 @@ def serve(args: argparse.Namespace) -> int:
 
     from cloud_server.api.auth import load_api_keys
     from cloud_server.api.server import create_app
-    from cloud_server.api.shutdown import GracefulServer
+    from hybridllm.wire.shutdown import GracefulServer
 
     api_keys = load_api_keys(args.api_key, args.api_key_file)
     config = _engine_config(args)
@@ -355,7 +303,7 @@ def serve(args: argparse.Namespace) -> int:
         max_body_bytes=args.max_body_bytes,
         power_watts=args.power_watts,
     )
-    sock = _bind(args.host, args.port)
+    sock = listen(args.host, args.port, ServerError)
     host, port = sock.getsockname()[:2]
     logging.getLogger("cloud_server").info(
         "listening on http://%s:%s (%s)", host, port, "API key required" if api_keys else "open"

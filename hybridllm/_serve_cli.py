@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import socket
 import sys
 from typing import Any
 
+from ._cli_options import listen, non_negative_float, port, positive_int
 from ._exceptions import ConfigError
+
+DEFAULT_SHUTDOWN_TIMEOUT_S = 5.0
 
 
 def _settings(args: argparse.Namespace) -> dict[str, Any]:
@@ -26,42 +28,8 @@ def _settings(args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
-def _int_in(low: int, high: int | None, text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if value < low or (high is not None and value > high):
-        raise argparse.ArgumentTypeError(f"must be in {low}..{high}, got {value}" if high
-                                         else f"must be at least {low}, got {value}")
-    return value
-
-
-def _port(text: str) -> int:
-    return _int_in(1, 65535, text)
-
-
-def _at_least_one(text: str) -> int:
-    return _int_in(1, None, text)
-
-
-def _listen(host: str, port: int) -> socket.socket:
-    """The listening socket, bound before the model loads (one line where uvicorn would fail only
-    after it, or hang) and handed to uvicorn, so the port is bound once."""
-    try:
-        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
-        family, kind, proto, _, address = infos[0]
-        sock = socket.socket(family, kind, proto)
-    except OSError as exc:
-        raise ConfigError(f"Cannot listen on {host}:{port}: {exc.strerror or exc}.") from exc
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
-        sock.bind(address)
-        sock.listen(2048)
-    except OSError as exc:
-        sock.close()
-        raise ConfigError(f"Cannot listen on {host}:{port}: {exc.strerror or exc}.") from exc
-    return sock
+def _url_host(host: str) -> str:
+    return f"[{host}]" if ":" in host else host
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -70,11 +38,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
     except ImportError as exc:
         raise ConfigError("`hybridllm serve` needs FastAPI and uvicorn: "
                           "pip install 'hybridllm[server]'") from exc
-    sock = _listen(args.host, args.port)
+    sock = listen(args.host, args.port, ConfigError)
+    host, bound_port = sock.getsockname()[:2]
     from ._client import HybridLLM
     from ._progress import ProgressBar
     from .proxy import API_KEYS_ENV, create_app
     from .wire.auth import load_api_keys
+    from .wire.shutdown import GracefulServer
 
     api_keys = load_api_keys(args.api_key, args.api_key_file, env_var=API_KEYS_ENV, error=ConfigError)
     if not api_keys and args.host not in ("127.0.0.1", "localhost", "::1"):
@@ -83,11 +53,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
     llm = HybridLLM(config=args.config, progress=ProgressBar("Preparing the edge model"),
                     **_settings(args))
     cloud = ", ".join(llm.config.cloud_url) or "none (device only)"
-    print(f"hybridllm serve: http://{args.host}:{args.port}/v1  edge={llm.edge.model}  "
+    print(f"hybridllm serve: http://{_url_host(host)}:{bound_port}/v1  edge={llm.edge.model}  "
           f"cloud={cloud}  {'API key required' if api_keys else 'open'}", flush=True)
     app = create_app(llm, api_keys=api_keys, max_body_bytes=args.max_body_bytes)
+    # SIGTERM / Ctrl-C: new requests 503, the ones in flight get --shutdown-timeout, the rest end
+    # cleanly (wire/shutdown.py); uvicorn's own timeout after it is for clients that stopped reading
+    config = uvicorn.Config(app, log_level=args.log_level, timeout_graceful_shutdown=5)
     try:
-        uvicorn.Server(uvicorn.Config(app, log_level=args.log_level)).run(sockets=[sock])
+        GracefulServer(config, app.state.drain, args.shutdown_timeout).run(sockets=[sock])
     finally:
         sock.close()
         llm.close()
@@ -106,7 +79,7 @@ def cmd_config_show(args: argparse.Namespace) -> int:
 def register(sub: Any) -> None:
     p = sub.add_parser("serve", help="OpenAI-compatible server on the device, routed by HybridLLM")
     p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=_port, default=8080)
+    p.add_argument("--port", type=port, default=8080, help="port to bind (default 8080; 0: any free one)")
     p.add_argument("--model", default=None, help="edge model id or .gguf path")
     p.add_argument("--backend", choices=("llama_cpp", "onnx"), default=None,
                    help="edge runtime: llama_cpp (default) or onnx (ONNX Runtime GenAI)")
@@ -120,8 +93,12 @@ def register(sub: Any) -> None:
                    "in ps, so prefer --api-key-file or HYBRIDLLM_SERVE_API_KEYS)")
     p.add_argument("--api-key-file", default=None, metavar="PATH",
                    help="file with one accepted key a line ('#' comments)")
-    p.add_argument("--max-body-bytes", type=_at_least_one, default=4 * 1024 * 1024, metavar="N",
+    p.add_argument("--max-body-bytes", type=positive_int, default=4 * 1024 * 1024, metavar="N",
                    help="largest request body accepted; beyond it 413 (default 4 MiB)")
+    p.add_argument("--shutdown-timeout", type=non_negative_float, default=DEFAULT_SHUTDOWN_TIMEOUT_S,
+                   metavar="S",
+                   help="on SIGTERM or Ctrl-C, seconds the answers in flight get to finish before they "
+                   f"are ended (default {DEFAULT_SHUTDOWN_TIMEOUT_S:g}; 0: end them at once)")
     p.add_argument("--log-level", default="warning",
                    choices=("critical", "error", "warning", "info", "debug", "trace"),
                    help="uvicorn's log level (default warning)")

@@ -9,6 +9,8 @@ size limit, strict JSON, the same request model and the same OpenAI-shaped 400s)
 ``hybridllm`` object (``{"route": "edge", "cache": false, "cascade": true, "namespace": "t1"}``).
 vLLM extensions the device cannot honour (``stop_token_ids``, ``ignore_eos``) are 400s here.
 The proxy answers under whatever ``model`` name the request gives; ``/v1/models`` lists its names.
+A client that hangs up cancels its answer on the device at once, and a shutdown drains as the cloud
+server's does (``wire/shutdown.py``): new requests 503, the ones in flight get the grace period.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from collections.abc import AsyncIterator, Mapping
 from typing import Any, Literal
 
 from fastapi import FastAPI, Request  # the [server] extra; this module is imported only to serve
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, field_validator, model_validator
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
@@ -54,6 +56,8 @@ from .wire.auth import ApiKeyChecker
 from .wire.openapi import add_schemas, error_responses, ok_response, request_body
 from .wire.requests import _STREAM_RULE
 from .wire.responses import DONE, ChatCompletion, Health, ModelList, error_event
+from .wire.shutdown import SHUTTING_DOWN, ClientGone, Drain, TrackRequests, unless_interrupted
+from .wire.sse import EventStreamResponse
 
 logger = logging.getLogger("hybridllm.proxy")
 API_KEYS_ENV = "HYBRIDLLM_SERVE_API_KEYS"
@@ -164,8 +168,10 @@ def _headers(route: str, reason: str | None = None) -> dict[str, str]:
 
 def create_app(llm: HybridLLM, *, model_name: str = "hybridllm", api_keys: list[str] | None = None,
                max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> FastAPI:
-    """The proxy's ASGI app. With ``api_keys``, ``/v1`` routes need ``Authorization: Bearer KEY``."""
+    """The proxy's ASGI app. With ``api_keys``, ``/v1`` routes need ``Authorization: Bearer KEY``.
+    ``app.state.drain`` is its shutdown state (``wire.shutdown.GracefulServer`` drains it)."""
     app = FastAPI(title="hybridllm local proxy", docs_url=None, redoc_url=None)
+    drain = app.state.drain = Drain()
     allm = AsyncHybridLLM.wrap(llm)
     created = int(time.time())
     checker = ApiKeyChecker(api_keys or [])
@@ -195,9 +201,11 @@ def create_app(llm: HybridLLM, *, model_name: str = "hybridllm", api_keys: list[
         logger.error("internal error: %s", type(exc).__name__)
         return _error(500, "The server had an error while processing your request.", "server_error")
 
-    @app.get("/health", response_model=Health)
-    async def health() -> dict[str, str]:
-        return {"status": "ok"}
+    @app.get("/health", responses={200: {"model": Health}, 503: {"model": Health}})
+    async def health() -> JSONResponse:
+        if drain.is_closing:  # a supervisor or load balancer stops sending here
+            return JSONResponse({"status": "shutting_down"}, status_code=503)
+        return JSONResponse({"status": "ok"})
 
     @app.get("/stats", responses=error_responses(*auth))
     async def stats(request: Request) -> dict[str, Any]:
@@ -220,6 +228,7 @@ def create_app(llm: HybridLLM, *, model_name: str = "hybridllm", api_keys: list[
     )
     async def chat(request: Request) -> Any:
         checker.check(request.headers.get("authorization"))
+        drain.check_open()
         body = await read_body(request, max_body_bytes)
 
         def decode() -> ProxyChatRequest:
@@ -229,24 +238,33 @@ def create_app(llm: HybridLLM, *, model_name: str = "hybridllm", api_keys: list[
         messages, opts = req.chat_messages(), req.chat_options()
         try:
             if not req.stream:
-                c = await allm.chat(messages, **opts)
+                c = await unless_interrupted(request, allm.chat(messages, **opts), drain)
                 return JSONResponse(_completion_json(c, req.model), headers=_headers(c.route, c.reason))
             stream = allm.stream(messages, **opts)
             chunks = stream.__aiter__()
-            try:
-                first = await chunks.__anext__()  # routing is decided: the header can say where
+            try:  # routing is decided with the first chunk: the header can say where
+                first = await unless_interrupted(request, chunks.__anext__(), drain)
             except BaseException:
                 await stream.aclose()
                 raise
         except HybridLLMError as exc:
             return _sdk_error(exc)
+        except ClientGone:
+            return Response(status_code=499)  # nobody reads it; nginx's "client closed request"
         writer = ChunkWriter(id=f"chatcmpl-{uuid.uuid4().hex[:24]}", created=int(time.time()),
                              model=req.model, chat=True, include_usage=req.include_usage())
-        return StreamingResponse(_sse(first, stream, chunks, writer),
-                                 media_type="text/event-stream", headers=_headers(first.route))
+        # the response cancels the stream (and the device's work) when the client hangs up or the
+        # shutdown's grace period ends; then the client reads an in-band error and [DONE]
+        return EventStreamResponse(_sse(first, stream, chunks, writer), _headers(first.route),
+                                   stop=drain.expired, last_events=_SHUTDOWN_EVENTS)
+
+    app.add_middleware(TrackRequests, drain=drain)
 
     add_schemas(app, defs)
     return app
+
+
+_SHUTDOWN_EVENTS = error_event(error_body(SHUTTING_DOWN, "server_error", code="server_shutting_down"))
 
 
 def _completion_json(c: Completion, model: str) -> dict[str, Any]:

@@ -120,8 +120,9 @@ def test_cache_commands_on_a_missing_path_say_so_and_create_nothing(tmp_path, ca
     assert list(tmp_path.iterdir()) == []
 
 
-@pytest.mark.parametrize("flags", [["--port", "99999"], ["--port", "0"], ["--max-body-bytes", "-1"],
-                                   ["--log-level", "loud"]])
+@pytest.mark.parametrize("flags", [["--port", "99999"], ["--port", "-1"], ["--max-body-bytes", "-1"],
+                                   ["--log-level", "loud"], ["--shutdown-timeout", "-1"],
+                                   ["--shutdown-timeout", "nan"]])
 def test_serve_refuses_bad_values_as_usage_errors(flags, capsys):
     """Before: --port 99999 loaded the model and then hung; --max-body-bytes -1 answered every
     request 413; --log-level loud loaded the model, then died with 'internal error: KeyError'."""

@@ -7,7 +7,8 @@ Each bad request of issue 19 (items 2, 4, 5, 9) is replayed here: every one is a
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
@@ -293,3 +294,117 @@ def test_a_client_hanging_up_mid_body_is_no_server_error(edge, caplog):
     status = next(m["status"] for m in sent if m["type"] == "http.response.start")
     assert status != 500 and not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.text
     assert not edge.calls
+
+
+def _serve(llm: HybridLLM, grace_s: float):
+    """The proxy on a real socket in a thread, as `hybridllm serve` runs it (GracefulServer)."""
+    import threading
+
+    import uvicorn
+
+    from hybridllm.wire.shutdown import GracefulServer
+    from tests.cloud_server.api.helpers import free_port, wait_healthy_url
+
+    app = create_app(llm)
+    port = free_port()
+    server = GracefulServer(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"),
+                            app.state.drain, grace_s)
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{port}"
+    wait_healthy_url(url, 10)
+    return server, thread, url
+
+
+def _words(n: int) -> Callable[[object], str]:
+    return lambda messages: " ".join(["word"] * n)
+
+
+def test_shutdown_refuses_new_requests_and_ends_a_long_stream_in_band():
+    """Before: the listener closed at once (new requests: connection refused) and a stream longer
+    than the shutdown ran to its end or was cut off mid-body; the device kept generating."""
+    import threading
+    import time
+
+    edge = FakeBackend(reply=_words(400), delay_s=0.02)  # 8 s of tokens
+    llm = HybridLLM(edge=edge, cache=False)
+    server, thread, url = _serve(llm, grace_s=1.0)
+    lines: list[str] = []
+    started = threading.Event()
+
+    def read() -> None:
+        with httpx.stream("POST", f"{url}/v1/chat/completions", timeout=30,
+                          json={"model": "x", "messages": MSGS, "stream": True}) as response:
+            for line in response.iter_lines():
+                lines.append(line)
+                if '"content"' in line:
+                    started.set()
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    try:
+        assert started.wait(10)
+        server.should_exit = True  # what SIGTERM's handler sets
+        time.sleep(0.3)  # uvicorn's main loop looks every 0.1 s
+        health = httpx.get(f"{url}/health", timeout=5)
+        assert (health.status_code, health.json()) == (503, {"status": "shutting_down"})
+        late = httpx.post(f"{url}/v1/chat/completions", json={"model": "x", "messages": MSGS}, timeout=5)
+        assert (late.status_code, late.json()["error"]["code"]) == (503, "server_shutting_down")
+        reader.join(timeout=10)
+        thread.join(timeout=10)
+        assert not reader.is_alive() and not thread.is_alive()
+    finally:
+        llm.close()
+    events = sse("\n".join(lines))
+    assert events[-1] == "[DONE]" and events[-2]["error"]["code"] == "server_shutting_down"
+    assert any(e != "[DONE]" and e.get("choices") and e["choices"][0]["delta"].get("content")
+               for e in events), "text streamed before the end"
+    stopped_at = edge.tokens_generated
+    time.sleep(0.3)
+    assert edge.tokens_generated == stopped_at < 400, "the device stopped with the stream"
+
+
+def test_shutdown_lets_a_short_answer_finish_within_the_grace_period():
+    import time
+
+    edge = FakeBackend(reply=_words(40), delay_s=0.02)  # 0.8 s
+    llm = HybridLLM(edge=edge, cache=False)
+    server, thread, url = _serve(llm, grace_s=5.0)
+    try:
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            answer = pool.submit(httpx.post, f"{url}/v1/chat/completions", timeout=30,
+                                 json={"model": "x", "messages": MSGS})
+            deadline = time.monotonic() + 10
+            while not edge.tokens_generated and time.monotonic() < deadline:
+                time.sleep(0.01)
+            server.should_exit = True  # while the answer is being generated
+            response = answer.result(timeout=10)
+        thread.join(timeout=10)
+        assert not thread.is_alive()
+    finally:
+        llm.close()
+    assert response.status_code == 200, response.text
+    assert response.json()["choices"][0]["message"]["content"] == " ".join(["word"] * 40)
+
+
+def test_a_client_hanging_up_stops_the_device_answer():
+    """Before: a non-streamed request whose client gave up kept the device generating to the end."""
+    import time
+
+    edge = FakeBackend(reply=_words(400), delay_s=0.02)  # 8 s of tokens
+    llm = HybridLLM(edge=edge, cache=False)
+    server, thread, url = _serve(llm, grace_s=1.0)
+    try:
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(f"{url}/v1/chat/completions", json={"model": "x", "messages": MSGS}, timeout=0.5)
+        time.sleep(0.5)
+        stopped_at = edge.tokens_generated
+        time.sleep(0.5)
+        assert edge.tokens_generated == stopped_at < 100
+        again = httpx.post(f"{url}/v1/chat/completions", timeout=30,
+                           json={"model": "x", "messages": MSGS, "max_tokens": 3})
+        assert again.status_code == 200 and again.json()["choices"][0]["finish_reason"] == "length"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+        llm.close()

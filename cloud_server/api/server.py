@@ -7,8 +7,8 @@ The app starts answering at once; the engine is built and started in a backgroun
 it is ready ``/health`` and the ``/v1`` routes answer 503. Request bodies are parsed by hand rather
 than by FastAPI's body injection so that the order of checks is fixed: key (401), JSON (400),
 fields (400), engine ready (503), model (404), context window (400), queue (429). On shutdown
-(``shutdown.py``) admission closes first (503), and what is still running at the end of the grace
-period ends with 503 or, for a stream, an in-band error event and ``[DONE]``.
+(``hybridllm/wire/shutdown.py``) admission closes first (503), and what is still running at the
+end of the grace period ends with 503 or, for a stream, an in-band error event and ``[DONE]``.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -29,17 +29,16 @@ from cloud_server.exceptions import ModelNotFoundError, NotReadyError, ShuttingD
 from hybridllm.wire import DEFAULT_MAX_BODY_BYTES, decode_json_object, is_large, parse_request, read_body
 from hybridllm.wire.openapi import add_schemas, error_responses, ok_response, request_body
 from hybridllm.wire.responses import ChatCompletion, Health, ModelCard, ModelList, TextCompletion, error_event
+from hybridllm.wire.shutdown import SHUTTING_DOWN, ClientGone, Drain, TrackRequests, unless_interrupted
+from hybridllm.wire.sse import EventStreamResponse
 
 from .auth import ApiKeyChecker
 from .errors import error_body, error_kind, install_error_handlers
 from .metrics import ServerMetrics
 from .protocol import ChatCompletionRequest, CompletionRequest
 from .serving import Engine, OpenAIServing, unsupported_sampling
-from .shutdown import SHUTTING_DOWN, Drain, TrackRequests
-from .sse import EventStreamResponse, wait_for_disconnect
 
 logger = logging.getLogger("cloud_server.api")
-T = TypeVar("T")
 R = TypeVar("R", bound=BaseModel)
 
 
@@ -54,7 +53,7 @@ class ServerState:
     engine: Engine | None = None
     serving: OpenAIServing | None = None
     load_error: BaseException | None = None
-    drain: Drain = field(default_factory=Drain)
+    drain: Drain = field(default_factory=lambda: Drain(_shutting_down))
     created: int = field(default_factory=lambda: int(time.time()))
 
     @property
@@ -142,36 +141,13 @@ async def _parse(request: Request, model_type: type[R], max_body_bytes: int) -> 
     return await asyncio.to_thread(decode) if is_large(body) else decode()
 
 
-class ClientGone(Exception):
-    """The client disconnected before its response was ready; its request was aborted."""
-
-
-async def _unless_interrupted(request: Request, work: Awaitable[T], stop: asyncio.Event) -> T:
-    """Run ``work``; cancel it (which aborts its request) if first the client disconnects (then
-    ClientGone) or ``stop`` is set, the shutdown's grace period over (then ShuttingDownError)."""
-    task = asyncio.ensure_future(work)
-    watcher = asyncio.ensure_future(wait_for_disconnect(request.receive))
-    stopper = asyncio.ensure_future(stop.wait())
-    try:
-        await asyncio.wait({task, watcher, stopper}, return_when=asyncio.FIRST_COMPLETED)
-        is_gone = watcher.done()
-    finally:
-        watcher.cancel()
-        stopper.cancel()
-        if not task.done():
-            task.cancel()
-    if task.cancelled() or not task.done():
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
-        if not is_gone:
-            raise ShuttingDownError(SHUTTING_DOWN)
-        raise ClientGone
-    return task.result()
+def _shutting_down() -> ShuttingDownError:
+    return ShuttingDownError(SHUTTING_DOWN)
 
 
 def _shutdown_events() -> str:
     """The in-band end of a stream cut by the shutdown: an OpenAI error event, then [DONE]."""
-    exc = ShuttingDownError(SHUTTING_DOWN)
+    exc = _shutting_down()
     return error_event(error_body(str(exc), error_kind(exc)))
 
 
@@ -192,13 +168,13 @@ def _build_router(app: FastAPI, checker: ApiKeyChecker, max_body_bytes: int) -> 
         state.check_model(req.model)
         # Tokenizing a long prompt takes a while: off the event loop.
         prepared = await asyncio.to_thread(serving.prepare, req)
-        stop = state.drain.expired
+        drain = state.drain
         try:
-            generation = await _unless_interrupted(request, serving.admit(prepared), stop)
+            generation = await unless_interrupted(request, serving.admit(prepared), drain)
             if prepared.stream:
-                return EventStreamResponse(serving.stream_events(prepared, generation), stop=stop,
+                return EventStreamResponse(serving.stream_events(prepared, generation), stop=drain.expired,
                                            last_events=_shutdown_events())
-            body = await _unless_interrupted(request, serving.full_response(prepared, generation), stop)
+            body = await unless_interrupted(request, serving.full_response(prepared, generation), drain)
         except ClientGone:
             return Response(status_code=499)  # nobody reads it; nginx's "client closed request"
         return JSONResponse(body)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -81,3 +82,53 @@ def test_bad_request_is_an_openai_error(client):
     with pytest.raises(openai.BadRequestError):
         client.chat.completions.create(model="hybridllm", max_tokens=-1,
                                        messages=[{"role": "user", "content": "hi"}])
+
+
+def test_sigterm_ends_a_long_device_stream_in_band_and_exits_0(tmp_path):
+    """`hybridllm serve --port 0 --shutdown-timeout 0` on the real device model alone: the banner
+    names the port the system chose; SIGTERM mid-answer ends the stream with an OpenAI error event
+    and [DONE] (before: uvicorn waited for the whole answer, then the process died by the signal,
+    status -15), and the process exits 0 with no traceback."""
+    import re
+    import signal
+    import time
+
+    import httpx
+
+    env = {**os.environ, "HYBRIDLLM_CACHE_DIR": str(tmp_path), "HYBRIDLLM_N_CTX": "2048"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "hybridllm.cli", "serve", "--port", "0", "--no-cache",
+         "--shutdown-timeout", "0", "--log-level", "info"],
+        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        assert proc.stdout is not None
+        banner = ""
+        deadline = time.monotonic() + 180
+        while "hybridllm serve: http" not in banner and time.monotonic() < deadline:
+            line = proc.stdout.readline()
+            assert line, f"the server ended before its banner:\n{banner}"
+            banner += line
+        port = int(re.search(r"http://127\.0\.0\.1:(\d+)/v1", banner).group(1))
+        assert port != 0
+        url = f"http://127.0.0.1:{port}"
+        wait_healthy_url(url, 60, proc)
+        body = {"model": "hybridllm", "stream": True, "max_tokens": 1000, "temperature": 0,
+                "messages": [{"role": "user", "content": "Write a long story about a lighthouse."}],
+                "hybridllm": {"route": "edge"}}
+        lines: list[str] = []
+        with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, timeout=120) as response:
+            assert response.status_code == 200
+            for line in response.iter_lines():
+                lines.append(line)
+                if len(lines) == 8:  # text is streaming
+                    proc.send_signal(signal.SIGTERM)
+        output = proc.communicate(timeout=60)[0]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=30)
+    data = [ln[6:] for ln in lines if ln.startswith("data: ")]
+    assert data[-1] == "[DONE]", lines[-5:]
+    assert json.loads(data[-2])["error"]["code"] == "server_shutting_down", data[-3:]
+    assert proc.returncode == 0, output
+    assert "Traceback" not in output and "CancelledError" not in output, output

@@ -79,7 +79,7 @@ def test_the_drain_in_process_on_the_fake_engine() -> None:
     import uvicorn
 
     from cloud_server.api.server import create_app
-    from cloud_server.api.shutdown import GracefulServer
+    from hybridllm.wire.shutdown import GracefulServer
 
     from .fake_engine import FakeEngine
 

@@ -1,4 +1,5 @@
-"""Graceful shutdown: close admission, let requests in flight finish, then end the rest cleanly.
+"""Graceful shutdown, as both servers do it: close admission, let requests in flight finish, then
+end the rest cleanly.
 
     SIGTERM / Ctrl-C -> Drain.run: is_closing; /health and new /v1 requests answer 503
                         (server_shutting_down); the listener stays open meanwhile, so callers and load
@@ -6,7 +7,8 @@
                      -> wait up to the grace period (--shutdown-timeout) for the /v1 requests in flight
                      -> expired: the rest end now, their engine requests aborted: a stream with an
                         in-band error event and [DONE], a non-streamed request with 503; one log line
-                     -> uvicorn closes the connections, the lifespan stops the engine; exit status 0
+                     -> uvicorn closes the connections, the lifespan stops the engine (or the proxy
+                        closes its HybridLLM); exit status 0
 
 A second Ctrl-C cuts the wait short (the engine is still stopped cleanly; a third forces the exit).
 uvicorn alone closes the listener at once, then cancels whatever still runs after its timeout: cut-off
@@ -20,25 +22,40 @@ import contextlib
 import logging
 import signal
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
+from typing import TypeVar
 
 import uvicorn
+from starlette.requests import Request
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from cloud_server.exceptions import ShuttingDownError
+from .errors import WireError
+from .sse import wait_for_disconnect
 
-logger = logging.getLogger("cloud_server.api")
+logger = logging.getLogger("hybridllm.wire")
+T = TypeVar("T")
 
 SHUTTING_DOWN = "The server is shutting down; retry the request on another server."
 
 
-class Drain:
-    """Shutdown state the routes share: ``is_closing`` refuses new work, ``expired`` ends the rest."""
+def shutting_down() -> Exception:
+    """The refusal of a request that comes (or is still running) too late: 503."""
+    return WireError(SHUTTING_DOWN, status=503, type="server_error", code="server_shutting_down")
 
-    def __init__(self) -> None:
+
+class ClientGone(Exception):
+    """The client disconnected before its response was ready; its work was cancelled."""
+
+
+class Drain:
+    """Shutdown state the routes share: ``is_closing`` refuses new work, ``expired`` ends the rest.
+    ``error`` makes the exception a refused or ended request raises (a server's own 503 type)."""
+
+    def __init__(self, error: Callable[[], Exception] = shutting_down) -> None:
         self.is_closing = False
         self.expired = asyncio.Event()
         self.num_active = 0
+        self.error = error
 
     @contextlib.contextmanager
     def track(self) -> Iterator[None]:
@@ -50,7 +67,7 @@ class Drain:
 
     def check_open(self) -> None:
         if self.is_closing:
-            raise ShuttingDownError(SHUTTING_DOWN)
+            raise self.error()
 
     async def run(self, grace_s: float, *, skip_wait: Callable[[], bool] = lambda: False,
                   settle_s: float = 5.0) -> int:
@@ -73,6 +90,29 @@ class Drain:
         while self.num_active and loop.time() < deadline:
             await asyncio.sleep(0.05)
         return num_ended
+
+
+async def unless_interrupted(request: Request, work: Awaitable[T], drain: Drain) -> T:
+    """Run ``work``; cancel it (which aborts its request) if first the client disconnects (then
+    ClientGone) or the shutdown's grace period ends (then ``drain.error()``)."""
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(wait_for_disconnect(request.receive))
+    stopper = asyncio.ensure_future(drain.expired.wait())
+    try:
+        await asyncio.wait({task, watcher, stopper}, return_when=asyncio.FIRST_COMPLETED)
+        is_gone = watcher.done()
+    finally:
+        watcher.cancel()
+        stopper.cancel()
+        if not task.done():
+            task.cancel()
+    if task.cancelled() or not task.done():
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        if not is_gone:
+            raise drain.error()
+        raise ClientGone
+    return task.result()
 
 
 class TrackRequests:

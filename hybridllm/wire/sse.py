@@ -1,8 +1,8 @@
 """Server-sent events that stop the producer when the client goes away.
 
 Starlette's ``StreamingResponse`` only notices a vanished client when a write fails, which for
-a request still waiting in the engine's queue may be much later. Here a watcher task reads the
-ASGI ``receive`` channel; on ``http.disconnect`` it cancels the sending task, whose async
+a request still waiting in the engine's (or the device's) queue may be much later. Here a watcher
+task reads the ASGI ``receive`` channel; on ``http.disconnect`` it cancels the sending task, whose async
 generator is then closed at once, so its ``finally`` aborts the engine request and frees its
 KV blocks without waiting for the next token. A ``stop`` event (the end of the shutdown grace
 period) cancels the sending task the same way, then ``last_events`` end the stream in-band.
@@ -17,9 +17,7 @@ from collections.abc import AsyncIterator
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from hybridllm.wire.responses import DONE, sse_event
-
-__all__ = ["DONE", "EventStreamResponse", "sse_event", "wait_for_disconnect"]
+__all__ = ["EventStreamResponse", "wait_for_disconnect"]
 
 
 async def wait_for_disconnect(receive: Receive) -> None:

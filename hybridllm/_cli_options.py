@@ -1,0 +1,75 @@
+"""Command-line pieces both servers share (``hybridllm serve``, ``hybridllm-cloud serve``): option
+types that refuse a bad value in one line before anything loads, and the listening socket, bound
+once, before the model loads, and handed to uvicorn. Standard library only: the ``hybridllm``
+command imports it on the light install too."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import socket
+
+MAX_PORT = 65535
+
+
+def _number(text: str, kind: type[int] | type[float], what: str) -> int | float:
+    try:
+        return kind(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
+
+
+def positive_int(text: str) -> int:
+    value = int(_number(text, int, "a positive integer"))
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def non_negative_int(text: str) -> int:
+    value = int(_number(text, int, "an integer >= 0"))
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    value = float(_number(text, float, "a positive number"))
+    if not (value > 0 and math.isfinite(value)):
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
+    return value
+
+
+def non_negative_float(text: str) -> float:
+    value = float(_number(text, float, "a number >= 0"))
+    if not (value >= 0 and math.isfinite(value)):
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}")
+    return value
+
+
+def port(text: str) -> int:
+    """A TCP port; 0 asks the system for a free one (the server prints which)."""
+    value = non_negative_int(text)
+    if value > MAX_PORT:
+        raise argparse.ArgumentTypeError(f"port must be in 0-{MAX_PORT}, got {text!r}")
+    return value
+
+
+def listen(host: str, port: int, error: type[Exception]) -> socket.socket:
+    """A socket listening on ``host:port``, or ``error`` with the reason (address in use, no such
+    host, no permission) in one line."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+        sock = socket.socket(family, kind, proto)
+    except OSError as exc:
+        raise error(f"Cannot listen on {host}:{port}: {exc.strerror or exc}.") from exc
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+        sock.bind(address)
+        sock.listen(2048)
+    except OSError as exc:
+        sock.close()
+        raise error(f"Cannot listen on {host}:{port}: {exc.strerror or exc}.") from exc
+    sock.set_inheritable(True)
+    return sock

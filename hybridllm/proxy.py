@@ -23,7 +23,7 @@ from collections.abc import AsyncIterator, Mapping
 from typing import Any, Literal
 
 from fastapi import FastAPI, Request  # the [server] extra; this module is imported only to serve
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, field_validator, model_validator
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
@@ -57,7 +57,7 @@ from .wire.openapi import add_schemas, error_responses, ok_response, request_bod
 from .wire.requests import _STREAM_RULE
 from .wire.responses import DONE, ChatCompletion, Health, ModelList, error_event
 from .wire.shutdown import SHUTTING_DOWN, ClientGone, Drain, TrackRequests, unless_interrupted
-from .wire.sse import EventStreamResponse
+from .wire.sse import EventStreamResponse, client_gone, on_client_disconnect
 
 logger = logging.getLogger("hybridllm.proxy")
 API_KEYS_ENV = "HYBRIDLLM_SERVE_API_KEYS"
@@ -191,11 +191,6 @@ def create_app(llm: HybridLLM, *, model_name: str = "hybridllm", api_keys: list[
                    else str(exc.detail))
         return _error(exc.status_code, message, "invalid_request_error", headers=exc.headers)
 
-    @app.exception_handler(ClientDisconnect)
-    async def on_client_gone(request: Request, exc: Exception) -> Response:
-        # the client hung up while sending its body: nobody reads this, and it is no server error
-        return Response(status_code=499)  # nginx's "client closed request", as the cloud server
-
     @app.exception_handler(Exception)
     async def on_unexpected(request: Request, exc: Exception) -> JSONResponse:
         logger.error("internal error: %s", type(exc).__name__)
@@ -250,7 +245,7 @@ def create_app(llm: HybridLLM, *, model_name: str = "hybridllm", api_keys: list[
         except HybridLLMError as exc:
             return _sdk_error(exc)
         except ClientGone:
-            return Response(status_code=499)  # nobody reads it; nginx's "client closed request"
+            return client_gone()
         writer = ChunkWriter(id=f"chatcmpl-{uuid.uuid4().hex[:24]}", created=int(time.time()),
                              model=req.model, chat=True, include_usage=req.include_usage())
         # the response cancels the stream (and the device's work) when the client hangs up or the
@@ -258,6 +253,7 @@ def create_app(llm: HybridLLM, *, model_name: str = "hybridllm", api_keys: list[
         return EventStreamResponse(_sse(first, stream, chunks, writer), _headers(first.route),
                                    stop=drain.expired, last_events=_SHUTDOWN_EVENTS)
 
+    app.add_exception_handler(ClientDisconnect, on_client_disconnect)
     app.add_middleware(TrackRequests, drain=drain)
 
     add_schemas(app, defs)

@@ -15,7 +15,7 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
@@ -31,6 +31,7 @@ from cloud_server.exceptions import (
     ShuttingDownError,
 )
 from hybridllm.wire.errors import WireError
+from hybridllm.wire.sse import on_client_disconnect
 
 logger = logging.getLogger("cloud_server.api")
 
@@ -136,14 +137,9 @@ def install_error_handlers(app: FastAPI, *, on_status: Callable[[int], None] | N
     async def on_unexpected(request: Request, exc: Exception) -> JSONResponse:
         return counted(error_response(exc))
 
-    async def on_client_gone(request: Request, exc: Exception) -> Response:
-        # The client hung up while sending its body: nobody reads this, and it is no server error
-        # (the catch-all handler would log a 500 and uvicorn a traceback).
-        return Response(status_code=499)  # nginx's "client closed request"
-
     app.add_exception_handler(ServerError, on_server_error)
     app.add_exception_handler(WireError, on_server_error)
     app.add_exception_handler(RequestValidationError, on_validation_error)
     app.add_exception_handler(StarletteHTTPException, on_http_error)
-    app.add_exception_handler(ClientDisconnect, on_client_gone)
+    app.add_exception_handler(ClientDisconnect, on_client_disconnect)
     app.add_exception_handler(Exception, on_unexpected)

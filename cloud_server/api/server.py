@@ -30,7 +30,7 @@ from hybridllm.wire import DEFAULT_MAX_BODY_BYTES, decode_json_object, is_large,
 from hybridllm.wire.openapi import add_schemas, error_responses, ok_response, request_body
 from hybridllm.wire.responses import ChatCompletion, Health, ModelCard, ModelList, TextCompletion, error_event
 from hybridllm.wire.shutdown import SHUTTING_DOWN, ClientGone, Drain, TrackRequests, unless_interrupted
-from hybridllm.wire.sse import EventStreamResponse
+from hybridllm.wire.sse import EventStreamResponse, client_gone
 
 from .auth import ApiKeyChecker
 from .errors import error_body, error_kind, install_error_handlers
@@ -176,7 +176,7 @@ def _build_router(app: FastAPI, checker: ApiKeyChecker, max_body_bytes: int) -> 
                                            last_events=_shutdown_events())
             body = await unless_interrupted(request, serving.full_response(prepared, generation), drain)
         except ClientGone:
-            return Response(status_code=499)  # nobody reads it; nginx's "client closed request"
+            return client_gone()
         return JSONResponse(body)
 
     @v1.post(

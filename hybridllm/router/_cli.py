@@ -267,7 +267,7 @@ def evaluate_router_on(
 ) -> dict[str, Any]:
     import numpy as np
 
-    from .dataset import load_routellm_csv, texts_digest
+    from .dataset import file_columns, load_routellm_csv, prompt_hashes, texts_digest
     from .embedding_cache import cached_embeddings
     from .evaluate import (
         length_baseline,
@@ -279,6 +279,11 @@ def evaluate_router_on(
     from .router import load_router
 
     router = load_router(router_path)
+    if weak_col is None and strong_col is None and not (strong_models or weak_models):
+        # the roles the router was trained with, where this file has those columns: decided again
+        # by accuracy, a held-out file whose strong model does worse there swapped them and scored
+        # the router backwards
+        weak_col, strong_col = _trained_roles(router.info, file_columns(data_path))
     data = load_routellm_csv(
         data_path,
         weak_col=weak_col,
@@ -291,10 +296,9 @@ def evaluate_router_on(
     )
     embeddings = None
     if router.use_embedding:
-        from .._progress import ProgressBar
+        from ._eta import EtaBar
 
-        bar = ProgressBar("embedding prompts", unit="prompts", scale=1)
-        embeddings = cached_embeddings(data.prompts, progress=bar)
+        embeddings = cached_embeddings(data.prompts, progress=EtaBar("embedding prompts"))
     scores = router.score_texts(data.prompts, embeddings=embeddings)
     result: dict[str, Any] = {
         k: (round(v, 4) if k != "n" else v) for k, v in router_metrics(scores, data.weak, data.strong).items()
@@ -305,6 +309,7 @@ def evaluate_router_on(
         "random": {k: round(v, 4) for k, v in rnd.items() if k != "n"},
         "length": {k: round(v, 4) for k, v in length.items() if k != "n"},
     }
+    result["columns"] = {"prompt": data.prompt_col, "weak": data.weak_col, "strong": data.strong_col}
     result["weak_accuracy"] = round(float(data.weak.mean()), 4)
     result["strong_accuracy"] = round(float(data.strong.mean()), 4)
     # what the router does at its own threshold on traffic like this file: the share sent to the
@@ -323,6 +328,24 @@ def evaluate_router_on(
     training = router.info.get("training", {})
     digests = {training.get("data_digest")} | {s.get("data_digest") for s in training.get("sources", [])}
     result["trained_on_this_data"] = texts_digest(data.prompts) in digests
+    if router.train_hashes is not None:
+        # a held-out file that shares questions with the training data (a copy, or the same
+        # question with other spacing or case) reads better than new traffic would: the router's
+        # neighbors include the question itself. Count them and give the figures without them.
+        seen = np.isin(prompt_hashes(data.prompts), router.train_hashes)
+        result["seen_in_training"] = int(seen.sum())
+        result["trained_on_this_data"] = bool(result["trained_on_this_data"] or seen.all())
+        unseen = ~seen
+        if seen.any() and unseen.any():
+            w, st = data.weak[unseen], data.strong[unseen]
+            result["unseen"] = (
+                {
+                    k: (round(v, 4) if k != "n" else v)
+                    for k, v in router_metrics(scores[unseen], w, st).items()
+                }
+                if st.mean() > w.mean()
+                else {"n": int(unseen.sum()), "no_gap": True}
+            )
     if plot:
         curves = {
             "router": quality_curve(scores, data.weak, data.strong),
@@ -331,6 +354,18 @@ def evaluate_router_on(
         }
         result["plot"] = str(plot_curves(curves, plot, title=Path(data_path).name))
     return result
+
+
+def _trained_roles(info: dict[str, Any], header: list[str]) -> tuple[str | None, str | None]:
+    """The (weak, strong) columns of a training file of the router that ``header`` has both of,
+    else (None, None)."""
+    training = info.get("training", {})
+    pairs = [(c.get("weak"), c.get("strong")) for c in training.get("columns", {}).values()]
+    pairs.append((training.get("weak_col"), training.get("strong_col")))  # routers without `columns`
+    for weak, strong in pairs:
+        if weak in header and strong in header and weak != strong:
+            return weak, strong
+    return None, None
 
 
 def _eval(args: argparse.Namespace) -> int:
@@ -353,7 +388,8 @@ def _eval(args: argparse.Namespace) -> int:
     n = result.get("skipped_rows")
     left = f"  (left out {n} rows: a blank score, or a judgement outside the tiers)" if n else ""
     lines = [
-        f"n={result['n']}  weak={result['weak_accuracy']}  strong={result['strong_accuracy']}" + left,
+        f"n={result['n']}  weak={result['weak_accuracy']} ({result['columns']['weak']})  "
+        f"strong={result['strong_accuracy']} ({result['columns']['strong']})" + left,
         f"{'':8}{'apgr':>8}{'cpt50':>8}{'cpt80':>8}{'calls@95':>10}",
     ]
     for name, m in (("router", result), ("random", base["random"]), ("length", base["length"])):
@@ -365,6 +401,19 @@ def _eval(args: argparse.Namespace) -> int:
     )
     if result["trained_on_this_data"]:
         lines.append("note: the router was trained on this data (in-sample figures)")
+    elif result.get("seen_in_training"):
+        u = result.get("unseen", {})
+        figures = (
+            f"apgr {u['apgr']:.3f}, cpt50 {u['cpt50']:.3f}, cpt80 {u['cpt80']:.3f}, "
+            f"calls@95 {u['calls_at_95']:.3f}"
+            if "apgr" in u
+            else "no quality gap there"
+        )
+        lines.append(
+            f"note: {result['seen_in_training']} of {result['n']} prompts were in the router's training "
+            f"data (figures on them may read better than on new prompts); on the {u.get('n')} others: "
+            f"{figures}"
+        )
     sys.stdout.write("\n".join(lines) + "\n")
     return 0
 
@@ -439,11 +488,11 @@ def _calibrate(args: argparse.Namespace) -> int:
     prompts = read_prompts(args.prompts, args.prompt_col)
     embeddings = None
     if router.use_embedding:  # with progress: ten thousand prompts take over a minute on two cores
-        from .._progress import ProgressBar
+        from ._eta import EtaBar
         from .features import embed_texts
 
         # not through the embeddings cache: these are the user's own requests, kept nowhere
-        embeddings = embed_texts(prompts, progress=ProgressBar("embedding prompts", unit="prompts", scale=1))
+        embeddings = embed_texts(prompts, progress=EtaBar("embedding prompts"))
     scores = router.score_texts(prompts, embeddings=embeddings)
     router.threshold = calibrate_threshold(scores, args.cloud_fraction)
     out_dir = Path(args.out or args.router)

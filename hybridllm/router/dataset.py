@@ -18,6 +18,7 @@ import ast
 import csv
 import hashlib
 import json
+import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,8 +33,9 @@ from .preference import is_preference, judged_scores, tiers_from
 PROMPT_COL = "prompt"
 LOGPROB_COL = "edge_mean_logprob"  # written by `hybridllm router label`
 CLOUD_TOKENS_COL = "cloud_tokens"  # written by `hybridllm router label`: the cloud answer's tokens
-_TRUE = {"true", "1", "yes", "1.0"}
-_FALSE = {"false", "0", "no", "0.0"}
+# correctness as graders write it: a judge's "correct"/"incorrect", a test run's "pass"/"fail"
+_TRUE = {"true", "1", "yes", "1.0", "correct", "right", "pass", "passed"}
+_FALSE = {"false", "0", "no", "0.0", "incorrect", "wrong", "fail", "failed"}
 _BLANK = {"", "nan", "none", "null", "na", "n/a"}
 # columns taken as the prompt when a file has no 'prompt' column and exactly one of these
 PROMPT_ALIASES = (
@@ -213,15 +215,21 @@ def load_routellm_csv(
                 if "winner" in header
                 else ""
             )
+            if not pool:
+                others = [c for c in header if c != prompt_col]
+                raise DataError(
+                    f"{p} has no model score columns: none of {', '.join(others) or 'its columns'} holds "
+                    "only True/False (yes/no, 1/0, correct/incorrect, pass/fail), numbers or blanks. "
+                    "Write each model's correctness or score in a column of its own." + judged
+                )
             raise DataError(
-                f"{p} has {len(pool)} {kind} model columns ({', '.join(pool) or 'none'}); "
+                f"{p} has {len(pool)} {kind} model columns ({', '.join(pool)}); "
                 "name the two models with --weak-col and --strong-col." + judged
             )
         else:
             pair = known + candidates
-            pair.sort(key=lambda c: values[c].mean())
             if weak_col is None and strong_col is None:
-                weak_col, strong_col = pair
+                weak_col, strong_col = _pick_roles(p, pair, values)
             elif weak_col is None:
                 weak_col = next(c for c in pair if c != strong_col)
             else:
@@ -252,6 +260,47 @@ def load_routellm_csv(
         skipped=int(len(rows) - len(keep)),
         prompt_col=prompt_col,
     )
+
+
+# words in a column's name that say which side it is: ``router label`` writes ``edge:<model>`` and
+# ``cloud:<model>``; hand-made files often say ``weak``/``strong`` or ``edge``/``cloud``
+AMBIGUOUS_MIN_ROWS = 50  # below it the noise estimate itself is too rough to refuse on
+_WEAK_WORDS = {"weak", "edge", "device", "local"}
+_STRONG_WORDS = {"strong", "cloud", "remote", "server"}
+
+
+def _side_from_name(col: str) -> str | None:
+    words = set(re.split(r"[^a-z0-9]+", col.lower()))
+    weak, strong = bool(words & _WEAK_WORDS), bool(words & _STRONG_WORDS)
+    return "weak" if weak and not strong else "strong" if strong and not weak else None
+
+
+def _pick_roles(p: Path, pair: list[str], values: dict[str, np.ndarray]) -> tuple[str, str]:
+    """The weak and the strong column of two unnamed model columns: by their names when those say
+    it (``edge:``/``cloud:``, weak/strong), else the less accurate one is weak. On a file of
+    ``AMBIGUOUS_MIN_ROWS`` rows or more, accuracies too close to tell apart (within two standard
+    errors of the mean gain) are refused: a wrong guess trains a router that sends the cloud the
+    prompts the edge answers better (MMLU's five math and physics subjects: Mixtral 0.407, GPT-4
+    0.399 on 727 rows, and GPT-4 became the weak model). Smaller files keep the accuracy rule."""
+    sides = [_side_from_name(c) for c in pair]
+    if sorted(s or "" for s in sides) == ["strong", "weak"]:
+        weak, strong = pair if sides[0] == "weak" else pair[::-1]
+        return weak, strong
+    a, b = values[pair[0]], values[pair[1]]
+    both = ~(np.isnan(a) | np.isnan(b))
+    gain = (b - a)[both]
+    weak, strong = sorted(pair, key=lambda c: values[c][both].mean())
+    n = len(gain)
+    se = float(np.std(gain, ddof=1) / np.sqrt(n)) if n > 1 else float("inf")
+    # se 0: every row has one gain (all equal, or one class); the callers say what that means
+    if n >= AMBIGUOUS_MIN_ROWS and se > 0 and not abs(float(gain.mean())) > 2 * se:
+        acc = ", ".join(f"{c!r} {values[c][both].mean():.3f}" for c in pair)
+        raise DataError(
+            f"{p}: cannot tell which model is the strong one: their mean scores ({acc} on {n} rows "
+            "with both) differ by less than the noise of that many rows. Name them with --weak-col "
+            "(the edge, cheap model) and --strong-col (the cloud model)."
+        )
+    return weak, strong
 
 
 def _load_judgements(
@@ -334,7 +383,9 @@ def _read_table(
         csv.field_size_limit(min(sys.maxsize, 2**31 - 1))
         try:  # utf-8-sig: a byte-order mark (Excel, some pandas writers) is not part of the header
             with path.open(newline="", encoding="utf-8-sig") as fh:
-                reader = csv.DictReader(fh, delimiter="\t" if suffix in TSV_SUFFIXES else ",")
+                delimiter = "\t" if suffix in TSV_SUFFIXES else _comma_or_semicolon(fh.readline())
+                fh.seek(0)
+                reader = csv.DictReader(fh, delimiter=delimiter)
                 columns = list(reader.fieldnames or [])
                 return columns, ([] if header_only else list(reader))
         except (UnicodeDecodeError, csv.Error) as exc:
@@ -365,6 +416,12 @@ def _read_table(
             row[key] = _prompt_cell(path, i, value) if key == prompt_col else _json_cell(value)
         rows.append(row)
     return header, rows
+
+
+def _comma_or_semicolon(first_line: str) -> str:
+    """A CSV's delimiter: ';' when its header has semicolons and no comma (Excel's CSV where the
+    decimal separator is a comma), else ','."""
+    return ";" if ";" in first_line and "," not in first_line else ","
 
 
 def _json_records(path: Path, text: str, *, strings: bool = False) -> list:
@@ -446,7 +503,8 @@ def _prompt_column(path: Path, header: list[str], given: str | None, *, strict: 
         return given
     if PROMPT_COL in header:
         return PROMPT_COL
-    aliases = [c for c in header if c.lower() in PROMPT_ALIASES]
+    aliases = [c for c in header if c.strip().lower() == PROMPT_COL]  # 'Prompt', as a spreadsheet heads it
+    aliases = aliases or [c for c in header if c.lower() in PROMPT_ALIASES]
     if len(aliases) == 1:
         return aliases[0]
     if not strict:
@@ -537,3 +595,13 @@ def texts_digest(texts: list[str]) -> str:
         h.update(t.encode("utf-8", "surrogatepass"))
         h.update(b"\x00")
     return h.hexdigest()[:20]
+
+
+def prompt_hashes(texts: list[str]) -> np.ndarray:
+    """``[n]`` uint64 hashes of prompts, case and whitespace folded ("What is 2+2?" and
+    "what is  2+2? " are one question): which of a held-out file's prompts a router was trained on."""
+    out = np.empty(len(texts), dtype=np.uint64)
+    for i, t in enumerate(texts):
+        key = " ".join(t.split()).casefold().encode("utf-8", "surrogatepass")
+        out[i] = int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "little")
+    return out

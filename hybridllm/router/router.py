@@ -44,6 +44,7 @@ MIXTURE_CLASSIFIER = "source-mixture"
 READABLE_CLASSIFIERS = ("gain-logistic-knn", CLASSIFIER, MIXTURE_CLASSIFIER)
 CONFIG_NAME = "router.json"
 WEIGHTS_NAME = "weights.npz"
+TRAIN_HASHES = "train_prompt_hashes"  # in weights.npz; older readers ignore arrays they do not know
 DEFAULT_LOGPROB_THRESHOLD = -1.0  # used by should_escalate when the router carries no calibration
 
 
@@ -56,6 +57,9 @@ class Router:
     use_embedding: bool = True
     logprob_threshold: float = DEFAULT_LOGPROB_THRESHOLD
     info: dict[str, Any] = field(default_factory=dict)
+    # hashes of the training prompts (:func:`.dataset.prompt_hashes`, sorted): `router eval` counts a
+    # held-out file's prompts the router was trained on; None in routers saved before them
+    train_hashes: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         if not (isinstance(self.threshold, int | float) and 0.0 <= self.threshold <= 1.0):
@@ -133,7 +137,9 @@ class Router:
         weights, cfg = (out / f".{name}.{os.getpid()}.tmp" for name in (WEIGHTS_NAME, CONFIG_NAME))
         try:
             with weights.open("wb") as fh:
-                np.savez(fh, save_id=np.array(save_id), **self.scorer.to_arrays())  # type: ignore[arg-type]
+                hashes = self.train_hashes
+                extra = {} if hashes is None else {TRAIN_HASHES: np.asarray(hashes, np.uint64)}
+                np.savez(fh, save_id=np.array(save_id), **extra, **self.scorer.to_arrays())  # type: ignore[arg-type]
             cfg.write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
             weights.replace(out / WEIGHTS_NAME)
             cfg.replace(out / CONFIG_NAME)
@@ -202,6 +208,9 @@ def load_router(path: str | Path | None = None) -> Router:
     except (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile) as exc:
         raise RouterFileError(f"{weights} is corrupt ({exc}); retrain or re-copy it.") from exc
     save_id = arrays.pop("save_id", None)  # none in files written before it
+    train_hashes = arrays.pop(TRAIN_HASHES, None)  # none in files written before it
+    if train_hashes is not None and (train_hashes.dtype != np.uint64 or train_hashes.ndim != 1):
+        train_hashes = None  # only `router eval`'s overlap count uses it: never refuse a router over it
     if config.get("save_id") != (None if save_id is None else str(save_id)):
         raise RouterFileError(
             f"{folder}: {CONFIG_NAME} and {WEIGHTS_NAME} are from two different saves (one was "
@@ -220,7 +229,7 @@ def load_router(path: str | Path | None = None) -> Router:
     info = {k: v for k, v in config.items() if k not in _RESERVED}
     try:
         return Router(scorer=scorer, threshold=threshold, use_embedding=use_embedding,
-                      logprob_threshold=logprob_threshold, info=info)
+                      logprob_threshold=logprob_threshold, info=info, train_hashes=train_hashes)
     except RouterError as exc:
         if isinstance(exc, RouterFileError):
             raise

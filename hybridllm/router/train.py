@@ -50,7 +50,7 @@ from .classifier import (
     DEFAULT_TOPICS,
     GainScorer,
 )
-from .dataset import RoutingData, file_columns, load_routellm_csv, texts_digest
+from .dataset import RoutingData, file_columns, load_routellm_csv, prompt_hashes, texts_digest
 from .embedding_cache import cached_embeddings
 from .evaluate import router_metrics
 from .features import TEXT_FEATURES, feature_matrix
@@ -68,14 +68,16 @@ SHIPPED_COMMAND = (
 
 def fold_ids(prompts: list[str], num_folds: int, *, salt: str = "") -> np.ndarray:
     """Fold of each prompt from a hash of its text: ``[n]`` ints in ``[0, num_folds)``. Another
-    ``salt`` gives another assignment, still by question (``bench.router_cv`` compares them)."""
-    return np.asarray(
-        [
-            int(hashlib.sha1((salt + p).encode("utf-8", "surrogatepass")).hexdigest()[:12], 16) % num_folds
-            for p in prompts
-        ],
-        dtype=np.int64,
-    )
+    ``salt`` gives another assignment, still by question (``bench.router_cv`` compares them).
+    Copies of a question that differ only in case or spacing ("Hi", "hi ") take the fold of its
+    first copy: in two folds, the held-out one had its own twin among the training neighbors.
+    A prompt without such twins keeps the fold of its own text (the shipped files have none)."""
+    out = np.empty(len(prompts), dtype=np.int64)
+    first: dict[str, int] = {}
+    for i, p in enumerate(prompts):
+        fold = int(hashlib.sha1((salt + p).encode("utf-8", "surrogatepass")).hexdigest()[:12], 16) % num_folds
+        out[i] = first.setdefault(" ".join(p.split()).casefold(), fold)
+    return out
 
 
 @dataclass(frozen=True)
@@ -210,7 +212,13 @@ def cross_validate(
     for f in range(num_folds):
         test = folds == f
         if not test.any() or test.all():
-            raise DataError(f"Too few distinct prompts for {num_folds}-fold cross-validation.")
+            distinct = len(set(data.prompts))
+            raise DataError(
+                f"Too few distinct prompts ({distinct}) for {num_folds}-fold cross-validation: folds "
+                f"come from a hash of each prompt, and fold {f + 1} got "
+                f"{'none' if not test.any() else 'all'} of them. Label more prompts, or pass "
+                "fewer --folds (at least 2)."
+            )
         scorer = _fit(x, gain, emb, hyper, sources, ~test)
         oof[test] = scorer.predict(x[test], None if emb is None else emb[test])
         if data.strong[test].mean() > data.weak[test].mean():
@@ -353,6 +361,7 @@ def train_router(
         use_embedding=use_embedding,
         logprob_threshold=logprob_threshold,
         info=info,
+        train_hashes=np.unique(prompt_hashes(data.prompts)),
     )
 
 
@@ -436,6 +445,13 @@ def train_from_csv(
                 f"{p}: no prompt needs the strong model (it is never right where the weak one is "
                 "wrong), so there is nothing to learn from it; label more varied prompts."
             )
+        if not data.strong.mean() > data.weak.mean():  # before minutes of embedding, not after
+            raise DataError(
+                f"{p}: the strong model {data.strong_col!r} ({data.strong.mean():.3f}) is not more "
+                f"accurate than the weak one {data.weak_col!r} ({data.weak.mean():.3f}), so sending "
+                "prompts to it cannot gain quality on average and RouteLLM's figures are undefined; "
+                "check that --weak-col and --strong-col are not swapped."
+            )
         parts.append((p.name, data))
     if len({name for name, _ in parts}) < len(parts):
         parts = [(str(p), d) for p, (_, d) in zip(paths, parts, strict=True)]
@@ -507,8 +523,9 @@ def _bar(show: bool, label: str, unit: str) -> Callable[[int, int], None] | None
     if not show:
         return None
     from .._progress import ProgressBar
+    from ._eta import EtaBar
 
-    return ProgressBar(label, unit=unit, scale=1)
+    return ProgressBar(label, unit=unit, scale=1) if unit == "%" else EtaBar(label, unit=unit)
 
 
 def _shifted(bar: Callable[[int, int], None], base: int, total: int) -> Callable[[int, int], None]:

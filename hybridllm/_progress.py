@@ -1,4 +1,5 @@
-"""A small progress bar for long work in the CLI (materializing models, exporting, labelling)."""
+"""A small progress bar for long work in the CLI (materializing models, exporting, embedding,
+labelling): the amount done, the rate and the time left."""
 
 from __future__ import annotations
 
@@ -12,6 +13,10 @@ class ProgressBar:
 
     Work that ends within ``quiet_for`` seconds shows nothing (a model copied out of its package in
     0.2 s needs no bar); longer work shows the bar from then on, always with its final line.
+
+    The rate, and the time left from it, count from the first call: a bar that starts part way
+    (prompts embedded by an earlier run, a resumed download) does not take what was already there
+    for speed.
     """
 
     def __init__(self, label: str, *, unit: str = "MB", scale: float = 1e6,
@@ -25,9 +30,13 @@ class ProgressBar:
         self.quiet_for = quiet_for
         self._shown = False
         self.finished = False
+        self._first: tuple[float, int] | None = None  # (time, done) of the first call
+        self._width = 0
 
     def __call__(self, done: int, total: int | None) -> None:
         now = time.perf_counter()
+        if self._first is None:
+            self._first = (now, done)
         final = total is not None and done >= total
         if not self._shown and now - self.start < self.quiet_for:
             self.finished = final
@@ -37,7 +46,10 @@ class ProgressBar:
             if not final and now - self._last_draw < 0.1:
                 return
             self._last_draw = now
-            self.stream.write("\r" + self._line(done, total, now))
+            # redrawn in place: pad over the end of a longer line drawn before
+            line = self._line(done, total, now)
+            self._width = max(self._width, len(line))
+            self.stream.write("\r" + line.ljust(self._width))
             if final:
                 self.stream.write("\n")
         else:
@@ -56,14 +68,27 @@ class ProgressBar:
                            quiet_for=self.quiet_for)
 
     def _line(self, done: int, total: int | None, now: float) -> str:
+        t0, d0 = self._first or (self.start, 0)
+        # rate = (done - done at the first call) / (time since then); left = (total - done) / rate
+        rate = (done - d0) / max(now - t0, 1e-6)
+        left = f", {_duration((total - done) / rate)} left" if total and 0 < rate and done < total else ""
         if total and self.unit == "%":  # steps: the share done and the time so far, no amounts
             frac = min(done / total, 1.0)
-            return f"{self.label} [{'#' * int(frac * 30):<30}] {frac:4.0%} {now - self.start:.0f} s"
-        rate = done / self.scale / max(now - self.start, 1e-6)
+            return f"{self.label} [{'#' * int(frac * 30):<30}] {frac:4.0%} {now - self.start:.0f} s{left}"
         digits = 0 if self.scale == 1 else 1  # counted things (prompts) are whole
+        speed = f"{rate / self.scale:.0f} {self.unit}/s"
         if total:
             frac = min(done / total, 1.0)
             bar = "#" * int(frac * 30)
             return (f"{self.label} [{bar:<30}] {frac:4.0%} {done / self.scale:.{digits}f}/"
-                    f"{total / self.scale:.{digits}f} {self.unit} {rate:.0f} {self.unit}/s")
-        return f"{self.label} {done / self.scale:.{digits}f} {self.unit} {rate:.0f} {self.unit}/s"
+                    f"{total / self.scale:.{digits}f} {self.unit} {speed}{left}")
+        return f"{self.label} {done / self.scale:.{digits}f} {self.unit} {speed}"
+
+
+def _duration(seconds: float) -> str:
+    s = int(round(seconds))
+    if s < 60:
+        return f"{s} s"
+    if s < 3600:
+        return f"{s // 60} min {s % 60:02d} s"
+    return f"{s // 3600} h {s % 3600 // 60:02d} min"

@@ -296,9 +296,10 @@ def evaluate_router_on(
     )
     embeddings = None
     if router.use_embedding:
-        from ._eta import EtaBar
+        from .._progress import ProgressBar
 
-        embeddings = cached_embeddings(data.prompts, progress=EtaBar("embedding prompts"))
+        embeddings = cached_embeddings(data.prompts, progress=ProgressBar("embedding prompts", unit="prompts",
+                                                                          scale=1))
     scores = router.score_texts(data.prompts, embeddings=embeddings)
     result: dict[str, Any] = {
         k: (round(v, 4) if k != "n" else v) for k, v in router_metrics(scores, data.weak, data.strong).items()
@@ -488,11 +489,11 @@ def _calibrate(args: argparse.Namespace) -> int:
     prompts = read_prompts(args.prompts, args.prompt_col)
     embeddings = None
     if router.use_embedding:  # with progress: ten thousand prompts take over a minute on two cores
-        from ._eta import EtaBar
+        from .._progress import ProgressBar
         from .features import embed_texts
 
         # not through the embeddings cache: these are the user's own requests, kept nowhere
-        embeddings = embed_texts(prompts, progress=EtaBar("embedding prompts"))
+        embeddings = embed_texts(prompts, progress=ProgressBar("embedding prompts", unit="prompts", scale=1))
     scores = router.score_texts(prompts, embeddings=embeddings)
     router.threshold = calibrate_threshold(scores, args.cloud_fraction)
     out_dir = Path(args.out or args.router)

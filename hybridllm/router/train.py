@@ -523,9 +523,8 @@ def _bar(show: bool, label: str, unit: str) -> Callable[[int, int], None] | None
     if not show:
         return None
     from .._progress import ProgressBar
-    from ._eta import EtaBar
 
-    return ProgressBar(label, unit=unit, scale=1) if unit == "%" else EtaBar(label, unit=unit)
+    return ProgressBar(label, unit=unit, scale=1)
 
 
 def _shifted(bar: Callable[[int, int], None], base: int, total: int) -> Callable[[int, int], None]:

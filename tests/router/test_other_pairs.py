@@ -247,12 +247,12 @@ def test_embedding_progress_says_how_long_is_left(monkeypatch):
     import io
     import time
 
-    from hybridllm.router import _eta
+    from hybridllm._progress import ProgressBar
 
     clock = {"t": 100.0}
     monkeypatch.setattr(time, "perf_counter", lambda: clock["t"])
     out = io.StringIO()
-    bar = _eta.EtaBar("embedding prompts", stream=out, quiet_for=0.0)
+    bar = ProgressBar("embedding prompts", unit="prompts", scale=1, stream=out, quiet_for=0.0)
     bar(600, 1600)
     clock["t"] += 100.0
     bar(1000, 1600)  # 400 prompts in 100 s: 600 left take 150 s

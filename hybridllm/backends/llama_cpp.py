@@ -118,7 +118,12 @@ class LlamaCppBackend(DeviceBackend):
 
     @property
     def context_length(self) -> int:
-        return int(self._llm.n_ctx())
+        # llama.cpp pads its context to a multiple of 256, but llama-cpp-python keeps the tokens in
+        # a buffer of the size asked for: a prompt past that size failed inside eval (a numpy
+        # ValueError) instead of being refused, and a generation ran past it
+        asked = int(self._llm.context_params.n_ctx)
+        padded = int(self._llm.n_ctx())
+        return min(asked, padded) if asked > 0 else padded
 
     def tokenize(self, messages: Messages, *, prefix: str = "") -> list[int]:
         prompt = self.render(messages) + prefix
@@ -146,7 +151,9 @@ class LlamaCppBackend(DeviceBackend):
         from llama_cpp import llama_cpp as C
 
         llm = self._llm
-        seed = params.seed % 2**32 if params.seed is not None else random.randrange(2**31)
+        # llama.cpp takes a 32-bit seed and reads 0xFFFFFFFF (what -1 wraps to) as "draw a random
+        # one": folding modulo 2**32 - 1 keeps every seed, -1 included, repeatable as on ONNX
+        seed = params.seed % (2**32 - 1) if params.seed is not None else random.randrange(2**31)
         llm.set_seed(seed)
         budget = min(params.max_tokens, self.context_length - len(tokens))
         decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
@@ -180,11 +187,11 @@ class LlamaCppBackend(DeviceBackend):
             raise EdgeError(f"llama.cpp failed while generating: {exc}") from exc
         finally:
             gen.close()  # stops decoding at once when the caller breaks out
-        if finish == "length":
-            tail, _ = matcher.feed(decoder.decode(b"", final=True))
-            tail += matcher.flush()
-        else:
-            tail = ""
+        # the bytes of a character cut by max_tokens (or by the end of the answer) are dropped, never
+        # sent as U+FFFD, so the deltas join to the final text as the characters they are; text held
+        # back as the start of a stop string that never came is the answer's own (after a stop
+        # string, nothing is held)
+        tail = matcher.flush()
         yield Delta(tail, finish_reason=finish, usage=Usage(len(tokens), n_out))
 
     def close(self) -> None:

@@ -222,6 +222,10 @@ class OnnxBackend(DeviceBackend):
         self._eos_ids.update(int(t) for t in self._tok.eos_token_ids)
         if eos:
             self._eos_ids.add(int(self._tok.to_token_id(eos)))
+        # and every end-of-text token llama.cpp ends on by name: the builder's genai_config names
+        # one, but a chat model may end with another (SmolLM2 and Qwen: <|endoftext|> as well as
+        # <|im_end|>); without them ONNX went on writing past the end where llama.cpp stopped
+        self._eos_ids.update(_named_eog_ids(self.model_path))
         self._n_ctx = min(n_ctx, int(genai.get("context_length") or n_ctx))
         self._lock = threading.Lock()
         self._gen: Any = None  # one generator (one KV cache), made on first use
@@ -308,13 +312,31 @@ class OnnxBackend(DeviceBackend):
                 finish = "stop"
                 break
             seq.append(token)
-        tail = matcher.flush() if finish == "length" else ""
+        # text held back as the start of a stop string that never came is the answer's own, also
+        # when the model ends right after it (after a stop string, nothing is held)
+        tail = matcher.flush()
         yield Delta(tail, finish_reason=finish, usage=Usage(len(tokens), n_out))
 
     def close(self) -> None:
         with self._lock:
             self._gen, self._cached, self._last_row = None, [], None
             self._tok = self._model = None
+
+
+# the token texts llama.cpp's vocabulary loader marks end-of-generation by name (llama-vocab.cpp)
+_EOG_NAMES = frozenset({
+    "<|endoftext|>", "<|im_end|>", "<|eot_id|>", "<|eom_id|>", "<|end|>", "<end_of_turn>", "<EOT>",
+    "_<EOT>", "<|end\u2581of\u2581sentence|>", "<end_of_utterance>",
+})
+
+
+def _named_eog_ids(folder: Path) -> set[int]:
+    """Ids of the special tokens in ``folder``'s tokenizer.json named in :data:`_EOG_NAMES`."""
+    try:
+        added = json.loads((folder / "tokenizer.json").read_text()).get("added_tokens") or []
+        return {int(t["id"]) for t in added if t.get("special") and t.get("content") in _EOG_NAMES}
+    except (OSError, ValueError, TypeError, KeyError, AttributeError):
+        return set()
 
 
 def _prompt_files(folder: Path, meta: dict[str, Any]) -> tuple[str | None, str, str, bool]:

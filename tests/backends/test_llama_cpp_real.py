@@ -19,6 +19,7 @@ from hybridllm.backends.llama_cpp import LlamaCppBackend
 
 pytestmark = pytest.mark.real
 GREEDY = {"temperature": 0.0, "seed": 7}
+FRANCE = [{"role": "user", "content": "What is the capital of France?"}]
 
 
 @pytest.fixture(scope="module")
@@ -166,6 +167,74 @@ def test_non_gguf_file(tmp_path):
     bad.write_bytes(b"PK\x03\x04 this is a zip, not a model" * 10)
     with pytest.raises(ModelCorruptError, match="not a GGUF file"):
         HybridLLM(edge_model=str(bad), cache=False)
+
+
+EMOJI = [{"role": "user", "content": "Reply only with emojis: 🎉🔥😀🚀"}]
+
+
+def test_a_character_cut_by_max_tokens_is_dropped_not_replaced(llm):
+    """SmolLM2 writes each emoji as 3 byte tokens. When max_tokens ends the answer inside one, the
+    answer ends before that character, as llama.cpp's server and OpenAI do (before: a trailing
+    U+FFFD), and the streamed pieces join to exactly the final text."""
+    backend = llm.edge
+    full = backend.generate(EMOJI, GenerationParams(max_tokens=12, **GREEDY)).text
+    assert sum(ord(ch) > 0xFFFF for ch in full) >= 3, full  # the prompt does get emojis
+    texts = [""]
+    for n in range(1, 10):
+        params = GenerationParams(max_tokens=n, **GREEDY)
+        g = backend.generate(EMOJI, params)
+        deltas = list(backend.stream(EMOJI, params))
+        assert "\ufffd" not in g.text and full.startswith(g.text), (n, g.text, full)
+        assert "".join(d.text for d in deltas) == g.text, (n, [d.text for d in deltas])
+        assert g.finish_reason == "length" and g.usage.completion_tokens == n
+        texts.append(g.text)
+    # a token that ended no character added no text: those lengths really did end inside one
+    assert sum(a == b for a, b in zip(texts, texts[1:], strict=False)) >= 3, texts
+    # the client's stream and chat agree too
+    pieces = [ch.text for ch in llm.stream(EMOJI, max_tokens=5, **GREEDY)]
+    assert "\ufffd" not in "".join(pieces) and "".join(pieces) == llm.chat(EMOJI, max_tokens=5, **GREEDY).text
+
+
+def test_text_held_for_a_stop_string_is_kept_when_the_model_ends(llm):
+    """A stop string that starts with the answer's last character holds that character back; when
+    the model ends there (EOS), the stop string never came and the character is the answer's own
+    (before: it was lost, "...Paris." came back as "...Paris")."""
+    backend = llm.edge
+    full = backend.generate(FRANCE, GenerationParams(max_tokens=48, **GREEDY))
+    assert full.finish_reason == "stop" and full.text.endswith(".")  # ended by EOS, not the limit
+    params = GenerationParams(max_tokens=48, stop=(".\u2603", "zz"), **GREEDY)
+    held = backend.generate(FRANCE, params)
+    assert held.text == full.text and held.finish_reason == "stop"
+    assert held.usage == full.usage
+    assert "".join(d.text for d in backend.stream(FRANCE, params)) == full.text
+
+
+def test_a_prompt_past_a_context_size_that_is_not_a_multiple_of_256_is_refused(smollm2_path):
+    """llama.cpp pads n_ctx=200 to 256, but llama-cpp-python's token buffer holds 200: a 230-token
+    prompt passed the check against 256 and failed inside llama-cpp-python with a numpy
+    ValueError, and a short prompt generated past 200 tokens."""
+    backend = LlamaCppBackend(str(smollm2_path), n_ctx=200, n_threads=1)
+    try:
+        assert backend.context_length == 200
+        long = [{"role": "user", "content": "word " * 200}]
+        assert 200 < backend.count_tokens(long) < 256
+        with pytest.raises(InvalidRequestError, match="context holds 200"):
+            list(backend.stream(long, GenerationParams(max_tokens=8, **GREEDY)))
+        story = [{"role": "user", "content": "Tell me a long story about a dragon."}]
+        g = backend.generate(story, GenerationParams(max_tokens=400, **GREEDY))
+        assert g.finish_reason == "length" and g.usage.prompt_tokens + g.usage.completion_tokens == 200
+    finally:
+        backend.close()
+
+
+def test_seed_minus_one_repeats_like_any_other_seed(llm):
+    """Any seed makes a sampled answer repeatable (the cache relies on it; ONNX does it). -1 wrapped
+    to 0xFFFFFFFF, which llama.cpp reads as "pick a random seed": each call drew a new answer."""
+    ask = "Write one sentence about cats."
+    for seed in (-1, 2**32 - 1):
+        params = GenerationParams(max_tokens=16, temperature=1.0, top_k=0, top_p=1.0, seed=seed)
+        answers = {llm.edge.generate([{"role": "user", "content": ask}], params).text for _ in range(3)}
+        assert len(answers) == 1, (seed, answers)
 
 
 def test_negative_max_tokens_and_empty_messages(llm):

@@ -140,6 +140,56 @@ def test_stop_string_cuts_without_leaking_a_partial_match(edge):
     assert not any("P" in p for p in pieces)  # "Par" was held back, never sent
 
 
+def test_text_held_for_a_stop_string_is_kept_when_the_model_ends(edge):
+    """A stop string that starts with the answer's last character holds that character back; the
+    model then ends (EOS), the stop string never came, so the character is the answer's own
+    (before: it was lost, "...Paris." came back as "...Paris")."""
+    full = edge.generate(FRANCE, _params())
+    assert full.finish_reason == "stop" and full.text.endswith(".")  # ended by EOS, not the limit
+    params = _params(stop=(".\u2603", "zz"))
+    held = edge.generate(FRANCE, params)
+    assert held.text == full.text and held.finish_reason == "stop" and held.usage == full.usage
+    assert "".join(d.text for d in edge.stream(FRANCE, params)) == full.text
+
+
+def test_an_endoftext_token_ends_the_answer_as_on_llama_cpp(edge, smollm2_path, monkeypatch):
+    """SmolLM2's genai_config names <|im_end|> only; llama.cpp also ends on <|endoftext|> (and Qwen
+    writes either). When the model drew <|endoftext|>, ONNX went on writing past it."""
+    from llama_cpp import llama_cpp as C
+
+    from hybridllm.backends import onnx
+    from hybridllm.backends.llama_cpp import LlamaCppBackend
+
+    ref = LlamaCppBackend(str(smollm2_path), n_ctx=256, n_threads=1)
+    try:
+        endoftext = int(ref._llm.tokenize(b"<|endoftext|>", add_bos=False, special=True)[0])
+        assert C.llama_vocab_is_eog(ref._llm._model.vocab, endoftext)
+    finally:
+        ref.close()
+    first3 = edge.generate(FRANCE, _params(max_tokens=3))
+    real_sample = onnx._sample
+    monkeypatch.setattr(onnx, "_sample", lambda row, params, seed, step, recent: (
+        endoftext if step == 3 else real_sample(row, params, seed, step, recent)))
+    g = edge.generate(FRANCE, _params())
+    assert (g.text, g.finish_reason, g.usage.completion_tokens) == (first3.text, "stop", 3)
+
+
+def test_a_character_cut_by_max_tokens_is_dropped_not_replaced(edge):
+    """SmolLM2 writes each emoji as 3 byte tokens; an answer cut inside one ends before it (no
+    U+FFFD), and the streamed pieces join to exactly the final text, as on llama.cpp."""
+    emoji = [{"role": "user", "content": "Reply only with emojis: 🎉🔥😀🚀"}]
+    full = edge.generate(emoji, _params(max_tokens=12)).text
+    assert sum(ord(ch) > 0xFFFF for ch in full) >= 3, full
+    texts = [""]
+    for n in range(1, 10):
+        g = edge.generate(emoji, _params(max_tokens=n))
+        streamed = "".join(d.text for d in edge.stream(emoji, _params(max_tokens=n)))
+        assert "\ufffd" not in g.text and full.startswith(g.text) and streamed == g.text, (n, g.text)
+        assert g.finish_reason == "length" and g.usage.completion_tokens == n
+        texts.append(g.text)
+    assert sum(a == b for a, b in zip(texts, texts[1:], strict=False)) >= 3, texts  # cut inside ones
+
+
 def test_logprobs_are_the_models_own(edge):
     g = edge.generate(FRANCE, _params(logprobs=True))
     lps = [d.logprob for d in edge.stream(FRANCE, _params(logprobs=True)) if d.logprob is not None]

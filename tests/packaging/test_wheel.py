@@ -15,6 +15,7 @@ import shutil
 import subprocess
 import sys
 import tomllib
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -42,8 +43,8 @@ def _run(args: list[str], *, cwd: Path, env: dict[str, str] | None = None, timeo
 
 
 @pytest.fixture(scope="module")
-def venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A fresh virtual environment holding the wheel and the light client install only."""
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The wheel, built as a user builds it (a few seconds)."""
     work = tmp_path_factory.mktemp("wheel")
     src = work / "src"  # a copy, so no stale build/ folder of the checkout leaks into the wheel
     shutil.copytree(
@@ -58,7 +59,14 @@ def venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
         [*pip, "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(work / "dist"), str(src)],
         cwd=work,
     )
-    (wheel,) = (work / "dist").glob("hybridllm-*.whl")
+    (built,) = (work / "dist").glob("hybridllm-*.whl")
+    return built
+
+
+@pytest.fixture(scope="module")
+def venv(wheel: Path) -> Path:
+    """A fresh virtual environment holding the wheel and the light client install only."""
+    work = wheel.parent.parent
     env_dir = work / "venv"
     _run([sys.executable, "-m", "venv", str(env_dir)], cwd=work)
     vpip = [str(env_dir / "bin" / "python"), "-m", "pip", "install", "-q"]
@@ -73,6 +81,26 @@ def venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
     ]
     _run([*vpip, "--no-deps", *pkgs], cwd=work)
     return env_dir
+
+
+def test_the_wheel_carries_every_file_the_code_reads_from_its_package(wheel: Path) -> None:
+    """Every file of ``hybridllm/_data`` in the checkout, and by name each one the code opens
+    there: one missing (the catalog, once) breaks every installed client."""
+    from hybridllm.cache import reranker_file, verifier
+    from hybridllm.router import router
+
+    names = set(zipfile.ZipFile(wheel).namelist())
+    data = ROOT / "hybridllm" / "_data"
+    shipped = {p.relative_to(ROOT).as_posix() for p in data.rglob("*") if p.is_file()}
+    read = {
+        "hybridllm/_data/catalog.json",
+        f"hybridllm/_data/{verifier.DEFAULT_NAME}",
+        f"hybridllm/_data/{reranker_file.DEFAULT_NAME}",
+        f"hybridllm/_data/router/{router.CONFIG_NAME}",
+        f"hybridllm/_data/router/{router.WEIGHTS_NAME}",
+        "cloud_server/layers/cpu_kernels.cpp",  # the cloud engine compiles its CPU kernels from it
+    }
+    assert sorted((shipped | read) - names) == []
 
 
 @pytest.fixture(scope="module")
@@ -126,6 +154,37 @@ def test_the_installed_wheel_answers_without_torch(
     lines = out.stderr.splitlines()
     assert all(line.startswith(ALLOWED_STDERR) for line in lines), out.stderr
     assert any(line.startswith("Preparing the semantic cache reranker (once) ... done in ") for line in lines)
+
+
+def test_the_installed_wheel_imports_cleanly_and_routes_without_torch(
+    venv: Path, user_env: dict[str, str], tmp_path: Path
+) -> None:
+    """The light client's router (the shipped weights, scikit-learn-free scoring) from the wheel, and
+    an import that raises no warning, as the README promises."""
+    code = (
+        "import sys\n"
+        "import hybridllm\n"
+        "from hybridllm.router import load_router\n"
+        "router = load_router()\n"
+        "print(0 < router.threshold < 1, 'torch' in sys.modules)\n"
+    )
+    out = _run([str(venv / "bin" / "python"), "-W", "error", "-c", code], cwd=tmp_path, env=user_env)
+    assert out.stdout.split() == ["True", "False"], out.stdout + out.stderr
+    assert out.stderr == "", out.stderr
+
+
+def test_the_cloud_command_without_its_extra_says_what_to_install(
+    venv: Path, user_env: dict[str, str], tmp_path: Path
+) -> None:
+    """Before: `hybridllm-cloud serve` in the light install died with an import traceback
+    (ModuleNotFoundError: pydantic)."""
+    cloud = str(venv / "bin" / "hybridllm-cloud")
+    done = subprocess.run([cloud, "serve", "--model", "smollm2-135m-instruct"], cwd=tmp_path, env=user_env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1, done.stderr
+    assert done.stderr.startswith("hybridllm-cloud: error: the cloud server needs the [server] extra")
+    assert "pip install 'hybridllm[server]'" in done.stderr
+    assert "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr
 
 
 def test_the_wheel_carries_the_engine_kernel_source(venv: Path) -> None:

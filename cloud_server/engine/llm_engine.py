@@ -285,23 +285,30 @@ class LLMEngine:
         return out
 
     def _process_tokens(self, req: _Request, tokens: list[int]) -> RequestOutput:
-        """Stop checks token by token over a step's new tokens (one, or several accepted)."""
+        """Stop checks token by token over a step's new tokens (one, or several accepted), stop
+        strings included: a request ends at the token that completes its stop, wherever that falls
+        in an accepted draft run, so speculation returns and counts the same tokens as without."""
         seq, p = req.seq, req.seq.params
         reason: str | None = None
+        delta = ""
         first = seq.num_tokens - len(tokens)  # index of the first new token
+        # text token by token only where a stop string ends inside a multi-token run
+        each = len(tokens) > 1 and req.detok.finds_stop(seq.output_token_ids)
         for j, token in enumerate(tokens):
             end = first + j + 1  # sequence length up to and including this token
             if (token in self.tokenizer.eos_token_ids and not p.ignore_eos) or (token in p.stop_token_ids):
                 reason = "stop"
             elif end - seq.num_prompt_tokens >= p.max_tokens or end >= self.max_model_len:
                 reason = "length"
+            if reason is not None or each or j == len(tokens) - 1:
+                text_end = end - 1 if reason == "stop" else end  # a stop token's text is not sent
+                text_ids = seq.token_ids[seq.num_prompt_tokens : text_end]
+                delta += req.detok.update(text_ids, final=reason is not None)
+                if req.detok.stopped:
+                    reason = "stop"
             if reason is not None:
-                del seq.token_ids[end:]  # tokens past the stop were never computed
+                del seq.token_ids[end:]  # tokens past the stop are not the answer's
                 break
-        text_ids = seq.output_token_ids[:-1] if reason == "stop" else seq.output_token_ids
-        delta = req.detok.update(text_ids, final=reason is not None)
-        if req.detok.stopped:
-            reason = "stop"
         new_ids = seq.output_token_ids[req.num_sent_tokens :]
         req.num_sent_tokens = seq.num_output_tokens
         if reason is not None:

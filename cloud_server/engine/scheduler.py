@@ -138,7 +138,7 @@ class Scheduler:
             seq = self.waiting[0]
             if not seq.block_table:
                 cached = bm.allocate_prefix(seq)
-                if seq.num_output_tokens == 0:
+                if seq.num_preemptions == 0:  # a comeback finds its own blocks: not a hit
                     seq.num_cached_tokens = cached
             n = min(seq.num_uncomputed_tokens, budget)
             if not bm.can_append(seq, n):

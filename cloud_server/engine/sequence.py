@@ -37,6 +37,7 @@ class Sequence:
         self.num_computed_tokens = 0
         self.num_draft_computed_tokens = 0  # leading tokens in the draft model's KV pool
         self.num_cached_tokens = 0  # prompt tokens served by the prefix cache (first schedule)
+        self.num_preemptions = 0
         self.finish_reason: str | None = None
         self.arrival_time = time.monotonic()
 
@@ -69,6 +70,7 @@ class Sequence:
         self.block_hashes = []
         self.num_computed_tokens = 0
         self.num_draft_computed_tokens = 0
+        self.num_preemptions += 1
         self.status = SequenceStatus.WAITING
 
     def __repr__(self) -> str:

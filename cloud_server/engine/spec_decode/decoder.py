@@ -232,9 +232,11 @@ class SpecDecoder:
         for item in scheduled:
             seq, sid = item.seq, item.seq.seq_id
             out = tokens.get(sid)
-            if not isinstance(out, list):
-                continue
             k = item.num_lookahead
+            if not isinstance(out, list):  # the row failed: none of its drafts was verified
+                if k:
+                    rejected[sid] = k
+                continue
             if k == 0:
                 new[sid] = out
             elif seq.params.is_greedy or probs is None:
@@ -285,7 +287,12 @@ class SpecDecoder:
             elif q is not None:  # a prompt-lookup row beside draft-model rows: q one-hot
                 q[row, torch.arange(k), drafts[row, :k]] = 1.0
             bonus.append(tokens[sid][k])
-            uniforms.append(torch.rand(kmax + 1, generator=generator(seq), device=dev))
+            # k + 1 draws of its own (k accept tests, then the residual draw in the last column),
+            # not kmax + 1: a seeded request's draws must not depend on the others' drafts
+            u = torch.rand(k + 1, generator=generator(seq), device=dev)
+            row_u = torch.zeros(kmax + 1, device=dev)
+            row_u[:k], row_u[kmax] = u[:k], u[k]
+            uniforms.append(row_u)
         num = torch.tensor([it.num_lookahead for it in items], device=dev)
         accepted, emitted = verify_sampled(
             drafts, num, target, q, torch.tensor(bonus, device=dev), torch.stack(uniforms)

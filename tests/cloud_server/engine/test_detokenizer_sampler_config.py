@@ -32,6 +32,24 @@ def test_detokenizer_stop_string_is_cut_and_never_sent():
     assert d.stopped and sent == "Hello " and d.text == "Hello "
 
 
+def test_detokenizer_drops_a_character_cut_at_the_end():
+    """max_tokens (or a stop token) can end the output inside a UTF-8 character: its bytes decode
+    to U+FFFD, which is dropped, never sent (vLLM does the same); the deltas join to the text."""
+    d = IncrementalDetokenizer(decode, [])
+    sent = d.update([1, 2]) + d.update([1, 2, 5])
+    assert sent == "Hello"  # the text before an incomplete character still goes out
+    sent += d.update([1, 2, 5, 3, 5], final=True)
+    assert sent == d.text == "Hello\ufffd wor"  # a U+FFFD mid-text is the model's own
+    with_stop = IncrementalDetokenizer(decode, ["xyz"])
+    assert with_stop.update([1, 2, 5], final=True) == with_stop.text == "Hello"
+
+
+def test_detokenizer_finds_a_stop_string_before_an_incomplete_character():
+    d = IncrementalDetokenizer(decode, ["lo"])
+    assert d.update([1]) == "He"  # "l" held back: it may begin the stop string
+    assert d.update([1, 2, 5]) == "l" and d.stopped and d.text == "Hel"
+
+
 def test_sampling_params_validation():
     with pytest.raises(InvalidRequestError):
         SamplingParams(temperature=-1)

@@ -208,3 +208,21 @@ def test_trim_never_caches_a_block_with_rejected_tokens(make_sched):
     assert other.num_cached_tokens == 4  # only the accepted block is found
     finish_all(sched)
     assert bm.num_free_blocks == bm.num_blocks
+
+
+def test_cached_tokens_count_only_the_first_schedule(make_sched):
+    """A request preempted in the middle of its prefill finds its own first chunk in the prefix
+    cache when it comes back: that is not a prefix hit to report (usage's cached tokens)."""
+    sched = make_sched(num_blocks=6, max_tokens=8)
+    a, b = make_seq(8, "a"), make_seq(16, "b", 100)
+    sched.add(a)
+    sched.add(b)
+    run_step(sched)  # a's prompt
+    run_step(sched)  # a decodes, b's first 7 prompt tokens (block 0 full and cached)
+    assert b.num_computed_tokens == 7 and b.num_cached_tokens == 0
+    out = run_step(sched)  # b's next chunk needs 2 more blocks: b is preempted
+    assert out.preempted == [b]
+    sched.finish(a, "stop")
+    out = run_step(sched)
+    assert out.scheduled[0].seq is b and b.num_computed_tokens > 4  # its block 0 came back
+    assert b.num_cached_tokens == 0

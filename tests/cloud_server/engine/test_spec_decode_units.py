@@ -264,3 +264,56 @@ def test_a_cut_head_computes_the_first_rows_exactly(kind):
         assert head.out_features == rows
         assert torch.equal(head(x), y[:, :rows])
         assert head.weight.untyped_storage().data_ptr() == full.weight.untyped_storage().data_ptr()
+
+
+def test_a_seeded_requests_verification_draws_do_not_depend_on_its_batch():
+    """The rejection rule's uniforms come from a seeded request's own generator: it must draw
+    the same numbers (and leave its generator in the same state) whether or not a sequence with
+    more drafts shares the step."""
+    import torch
+
+    vocab = 8
+    spec = SpecDecoder(method="ngram", num_speculative_tokens=None, max_model_len=64)
+    spec.propose([])  # prompt-lookup drafts: no draft-model probabilities this step
+
+    def item(k: int, seed: int) -> ScheduledSeq:
+        seq = Sequence("r", [1, 2, 3], SamplingParams(temperature=1.0, seed=seed))
+        seq.token_ids += [4] + [5] * k  # the last token, then k drafts (p = 1/8 each)
+        return ScheduledSeq(seq, 1 + k, num_lookahead=k)
+
+    def verify(items, gens):
+        probs = {it.seq.seq_id: torch.full((it.num_lookahead + 1, vocab), 1 / vocab) for it in items}
+        tokens = {it.seq.seq_id: [6] * (it.num_lookahead + 1) for it in items}
+        new, rejected = spec.verify(items, tokens, probs, lambda seq: gens[seq.params.seed])
+        return new, rejected
+
+    for seed in range(20):
+        alone, batched = item(2, seed), item(2, seed)
+        gens = {seed: torch.Generator().manual_seed(seed)}
+        new_alone, rej_alone = verify([alone], gens)
+        after_alone = torch.rand(1, generator=gens[seed])
+        gens = {seed: torch.Generator().manual_seed(seed), 1000: torch.Generator().manual_seed(1000)}
+        other = item(6, 1000)
+        new_b, rej_b = verify([batched, other], gens)
+        assert new_b[batched.seq.seq_id] == new_alone[alone.seq.seq_id]
+        assert rej_b[batched.seq.seq_id] == rej_alone[alone.seq.seq_id]
+        assert torch.equal(torch.rand(1, generator=gens[seed]), after_alone)
+
+
+def test_a_failed_row_keeps_none_of_its_unverified_drafts():
+    """A row whose sampling failed (its request ends with an error) verified nothing: its drafts
+    must be dropped, not appended as accepted tokens (which could even finish the request)."""
+    bm = BlockManager(8, 4)
+    sch = Scheduler(bm, max_num_seqs=4, max_num_batched_tokens=64)
+    seq = _decoding_seq(bm, [1, 2, 3], SamplingParams(max_tokens=32))
+    seq.status = seq.status.RUNNING
+    sch.running.append(seq)
+    out = sch.schedule(lambda s, n: 3)
+    sch.add_drafts(out.scheduled, {seq.seq_id: [11, 12, 13]})
+    spec = SpecDecoder(method="ngram", num_speculative_tokens=None, max_model_len=64)
+    new, rejected = spec.verify(out.scheduled, {seq.seq_id: ValueError("bad row")}, None, None)
+    assert new == {} and rejected == {seq.seq_id: 3}
+    assert sch.update(out.scheduled, new, rejected) == []
+    assert seq.token_ids == [1, 2, 3, 99] and seq.num_computed_tokens == 4
+    sch.finish(seq, "error")
+    assert bm.num_free_blocks == bm.num_blocks

@@ -24,36 +24,122 @@ def prepare_embedder(progress: Callable[[int, int | None], None] | None = None) 
     return out
 
 
-def _open(args: argparse.Namespace) -> Any:
+def _settings(args: argparse.Namespace) -> tuple[Path, Any]:
+    """The cache file these commands act on and the settings the client would use with it:
+    ``--path``, else ``cache_path`` from the environment or config file (as ``HybridLLM`` reads
+    it), else the default file in the user cache dir."""
+    from .._config import load_config
     from .._exceptions import CacheError
-    from .semantic import SemanticCache
+    from .._paths import cache_dir
+    from .semantic import DEFAULT_FILENAME
 
-    if args.path is not None and not args.path.is_file():  # a typo must not make a new, empty cache
-        raise CacheError(f"There is no cache database at {args.path}.")
-    # stats/clear never embed or verify: no model load for them
-    return SemanticCache(args.path, verifier=None)
+    cfg = load_config()
+    if args.path is not None:
+        path = args.path
+    elif cfg.cache_path:
+        path = Path(cfg.cache_path).expanduser()
+    else:
+        path = cache_dir() / DEFAULT_FILENAME
+    if path.is_dir():
+        raise CacheError(f"{path} is a folder; pass the path of a cache database file.")
+    if args.path is not None and not path.is_file():  # a typo must not make a new, empty cache
+        raise CacheError(f"There is no cache database at {path}.")
+    return path, cfg
+
+
+def _verifier_info(spec: str) -> tuple[str, float | None, float | None]:
+    """(kind, threshold, min_similarity) of the configured verifier, read from its file: no
+    model is loaded. A verifier that cannot be read is reported, not fatal, for stats."""
+    from .._exceptions import HybridLLMError
+    from .semantic import COSINE_ONLY_MIN_SIMILARITY, load_verifier
+
+    try:
+        verifier = load_verifier(spec)
+    except HybridLLMError as exc:
+        return f"{spec} (unreadable: {exc})", None, None
+    if verifier is None:
+        return "cosine", None, COSINE_ONLY_MIN_SIMILARITY
+    return verifier.kind, verifier.threshold, verifier.min_similarity
+
+
+def _stats(path: Path, cfg: Any) -> dict:
+    import time
+
+    from .store import CacheStore
+
+    verifier, threshold, min_similarity = _verifier_info(cfg.cache_verifier)
+    stats: dict[str, Any] = {"path": str(path), "entries": 0, "expired": 0, "namespaces": {},
+                             "size_bytes": 0, "total_hits": 0, "total_misses": 0}
+    if path.exists():
+        store = CacheStore(path, dim=None)  # whatever dimension the file holds; nothing embedded
+        try:
+            ttl = cfg.cache_ttl_s
+            stats["namespaces"] = store.namespaces(not_before=time.time() - ttl if ttl else None)
+            stats["entries"] = sum(stats["namespaces"].values())
+            stats["expired"] = store.count() - stats["entries"]
+            stats["total_hits"], stats["total_misses"] = store.lookup_counts()
+        finally:
+            store.close()
+        stats["size_bytes"] = sum(p.stat().st_size for p in (path, Path(f"{path}-wal")) if p.exists())
+    lookups = stats["total_hits"] + stats["total_misses"]
+    stats.update({
+        "total_hit_rate": stats["total_hits"] / lookups if lookups else 0.0,
+        "max_entries": cfg.cache_max_entries,
+        "ttl_s": cfg.cache_ttl_s,
+        "verifier": verifier,
+        "threshold": threshold,
+        "min_similarity": min_similarity,
+    })
+    return stats
 
 
 def cmd_stats(args: argparse.Namespace) -> int:
-    with _open(args) as cache:
-        stats = cache.stats()
+    path, cfg = _settings(args)
+    stats = _stats(path, cfg)
     if args.json:
         print(json.dumps(stats))
         return 0
+    if not path.exists():
+        print(f"no cache database at {path} yet: nothing has been cached")
     print(f"path:        {stats['path']}")
-    print(f"entries:     {stats['entries']} (max {stats['max_entries']})")
-    print(f"size:        {stats['size_bytes'] / 1e6:.1f} MB")
-    print(f"ttl:         {stats['ttl_s']} s")
+    expired = f", {stats['expired']} expired" if stats.get("expired") else ""
+    print(f"entries:     {stats['entries']} (max {stats['max_entries']}{expired})")
+    size = stats["size_bytes"]
+    print(f"size:        {size / 1e6:.1f} MB" if size >= 1e6 else f"size:        {size / 1e3:.0f} kB")
+    print(f"ttl:         {stats['ttl_s']} s" if stats["ttl_s"] else "ttl:         none")
+    print(f"lookups:     {stats['total_hits']} hits, {stats['total_misses']} misses "
+          f"(hit rate {stats['total_hit_rate']:.1%})")
+    threshold = "" if stats["threshold"] is None else f", threshold {stats['threshold']:.3f}"
+    similarity = "" if stats["min_similarity"] is None else f", min similarity {stats['min_similarity']:.2f}"
+    print(f"verifier:    {stats['verifier']}{threshold}{similarity}")
     for ns, n in stats["namespaces"].items():
         print(f"  {ns:<24}{n}")
     return 0
 
 
 def cmd_clear(args: argparse.Namespace) -> int:
-    with _open(args) as cache:
-        removed = cache.clear(args.namespace)
-    where = f"namespace {args.namespace!r}" if args.namespace else "all namespaces"
-    print(f"removed {removed} entries from {where}")
+    from .._exceptions import CacheError
+    from .store import CacheStore
+
+    if args.namespace is not None and not args.namespace:
+        raise CacheError("--namespace must not be empty; leave it out to clear every namespace.")
+    path, _ = _settings(args)
+    if not path.exists():
+        print(f"no cache database at {path}: nothing to clear")
+        return 0
+    store = CacheStore(path, dim=None)
+    try:
+        known = store.namespaces()
+        removed = len(store.clear(args.namespace))
+    finally:
+        store.close()
+    if args.namespace is None:
+        print(f"removed {removed} entries from all namespaces of {path}")
+    elif args.namespace in known:
+        print(f"removed {removed} entries from namespace {args.namespace!r} of {path}")
+    else:
+        have = ", ".join(repr(n) for n in known) or "none"
+        print(f"removed nothing: {path} has no namespace {args.namespace!r} (it has: {have})")
     return 0
 
 
@@ -74,17 +160,25 @@ def cmd_eval(args: argparse.Namespace) -> int:
     return 0
 
 
+def positive_int(text: str) -> int:
+    value = int(text)  # a ValueError: argparse says "invalid positive_int value"
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
 def register(subparsers: Any) -> None:
     cache = subparsers.add_parser("cache", help="inspect, clear and evaluate the semantic cache")
     sub = cache.add_subparsers(dest="cache_command", metavar="ACTION", required=True)
 
-    p = sub.add_parser("stats", help="entries, namespaces and size of the cache")
-    p.add_argument("--path", type=Path, default=None, help="cache database (default: user cache)")
+    default = "cache_path from the config, else the user cache dir"
+    p = sub.add_parser("stats", help="entries, namespaces, size, lookups and verifier of the cache")
+    p.add_argument("--path", type=Path, default=None, help=f"cache database (default: {default})")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_stats)
 
     p = sub.add_parser("clear", help="delete cached answers")
-    p.add_argument("--path", type=Path, default=None, help="cache database (default: user cache)")
+    p.add_argument("--path", type=Path, default=None, help=f"cache database (default: {default})")
     p.add_argument("--namespace", default=None, help="only this namespace (default: all)")
     p.set_defaults(func=cmd_clear)
 
@@ -93,7 +187,7 @@ def register(subparsers: Any) -> None:
         help="precision/recall on labelled pairs (caches text_a, asks text_b)",
     )
     p.add_argument("--pairs", type=Path, required=True, help="JSONL: text_a, text_b, label")
-    p.add_argument("--limit", type=int, default=None, help="only the first N pairs")
+    p.add_argument("--limit", type=positive_int, default=None, help="only the first N pairs")
     p.add_argument(
         "--verifier",
         default="default",

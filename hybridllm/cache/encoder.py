@@ -74,7 +74,20 @@ class OnnxEncoder:
         tokenizer.no_padding()  # each batch is padded to its own longest input in run()
         tokenizer.enable_truncation(max_tokens)  # pairs: longest-first across the two texts
         self._tokenizer = tokenizer
+        self.max_tokens = max_tokens
         self.quantized = quantized
+
+    def fits(self, *texts: str) -> bool:
+        """Whether the graph reads each of ``texts`` whole (the tokenizer cuts what is longer)."""
+        # a word piece covers about one character at the least (lower-casing may turn one into
+        # two): a text this short always fits, without tokenizing it
+        longer = [valid_text(t) for t in texts if len(t) > (self.max_tokens - 2) // 2]
+        return not any(e.overflowing for e in self._tokenizer.encode_batch(longer))
+
+    def fits_pairs(self, pairs: Sequence[tuple[str, str]]) -> np.ndarray:
+        """``[n]`` bool: whether the graph reads each pair whole."""
+        encodings = self._tokenizer.encode_batch([(valid_text(a), valid_text(b)) for a, b in pairs])
+        return np.array([not e.overflowing for e in encodings], dtype=bool)
 
     def run(self, inputs: Sequence[str] | Sequence[tuple[str, str]]) -> np.ndarray:
         """The graph's output for one batch of texts or text pairs."""

@@ -152,7 +152,10 @@ class RerankVerifier:
         if self.stack is not None and self.features is not None:
             features = pair_features(queries, cached, q_vecs, c_vecs, self.features.idf)
             logits = self.stack.logit(stack_inputs(logits, features, self.features))
-        return _sigmoid(logits)
+        # a pair longer than the reranker reads (MAX_TOKENS together) was judged on its heads
+        # only: what differs may lie in the part it never saw
+        whole = reranker.fits_pairs(list(zip(queries, cached, strict=True)))
+        return np.where(whole, _sigmoid(logits), 0.0)
 
     def _fall_back(self, exc: Exception) -> None:
         with self._lock:

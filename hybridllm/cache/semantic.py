@@ -24,9 +24,15 @@ The default verifier is the cross-encoder reranker (:mod:`.reranker`); ``verifie
 the lighter feature-based :class:`HitVerifier` (numpy only, no second model, lower recall);
 ``verifier=None`` falls back to plain cosine at ``min_similarity`` (0.95 by default).
 
+Whatever the verifier says, :mod:`.guards` refuses what the models cannot see: code and formulas
+are served only on an exact repeat, different numbers or a negation on one side never hit, and
+a text longer than the embedder (or the reranker) reads is matched only exactly, since its unread
+tail may hold the question.
+
 Entries expire ``ttl_s`` after they were written; past ``max_entries`` the least recently used
 are evicted. Several threads may share one cache; several processes may share one file (a change
-committed by another process is picked up on the next call).
+committed by another process is picked up on the next call, by reading the store's change log).
+An empty question is never stored nor looked up.
 """
 
 from __future__ import annotations
@@ -43,8 +49,9 @@ import numpy as np
 
 from .._exceptions import CacheError, ConfigError, InvalidRequestError
 from .._paths import cache_dir
-from ..prompts import text_of_content
+from ..prompts import text_of_content, valid_text
 from .embedder import Embedder, get_embedder
+from .guards import conflict, exact_key
 from .index import BucketIndex
 from .reranker import FORMAT as RERANKER_FORMAT
 from .reranker import RerankVerifier, get_rerank_verifier
@@ -112,11 +119,6 @@ def _text_of(content: Any) -> str:
     return text_of_content(content, where="the last user turn's content")
 
 
-def _normalize(query: str) -> str:
-    """The exact-repeat key: case, spacing and trailing punctuation do not change a question."""
-    return " ".join(query.casefold().split()).rstrip(" ?!.")
-
-
 def bucket_key(namespace: str, model: str, params_key: dict, context: list[dict]) -> str:
     blob = json.dumps(
         {"ns": namespace, "model": model, "params": params_key, "context": context},
@@ -124,11 +126,19 @@ def bucket_key(namespace: str, model: str, params_key: dict, context: list[dict]
         ensure_ascii=False,
         default=str,
     )
-    return hashlib.sha256(blob.encode()).hexdigest()
+    # surrogatepass: an earlier turn holding half an emoji keys its own bucket instead of raising
+    return hashlib.sha256(blob.encode("utf-8", "surrogatepass")).hexdigest()
 
 
 def entry_id_for(bucket: str, query: str) -> str:
-    return hashlib.sha256(f"{bucket}\x00{_normalize(query)}".encode()).hexdigest()[:32]
+    key = f"{bucket}\x00{exact_key(query)}"
+    return hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()[:32]
+
+
+def _fits(model: object, *texts: str) -> bool:
+    """Whether the embedder reads ``texts`` whole; True for one that cannot tell (a caller's own)."""
+    fits = getattr(model, "fits", None)
+    return True if fits is None else bool(fits(*texts))
 
 
 class SemanticCache:
@@ -151,13 +161,16 @@ class SemanticCache:
             raise ConfigError("max_entries must be at least 1")
         if top_k < 1:
             raise ConfigError("top_k must be at least 1")
+        if not isinstance(namespace, str) or not namespace:
+            raise ConfigError(f"namespace must be a non-empty string, got {namespace!r}")
         if isinstance(verifier, str | Path):
             verifier = load_verifier(verifier)
         self.verifier = verifier
         if min_similarity is None:
             min_similarity = verifier.min_similarity if verifier is not None else COSINE_ONLY_MIN_SIMILARITY
         self.min_similarity = float(min_similarity)
-        self.path = Path(path) if path is not None else cache_dir() / DEFAULT_FILENAME
+        # "~/..." from a config file means the home folder, as `hybridllm cache` reads it
+        self.path = Path(path).expanduser() if path is not None else cache_dir() / DEFAULT_FILENAME
         self.namespace = namespace
         self.ttl_s = ttl_s
         self.max_entries = max_entries
@@ -169,7 +182,10 @@ class SemanticCache:
         self._index = BucketIndex(self._store.dim)
         self._entries: dict[str, tuple[str, str, float]] = {}  # id -> (bucket, query, created_at)
         self._hits = self._misses = 0
+        self._unsaved = [0, 0]  # hits and misses not yet added to the file's counters
         self._last_purge = 0.0
+        self._seq = 0  # the last change of the store's log reflected in the index
+        self._seen_version = -1
         self._reload()
 
     # ------------------------------------------------------------------ public API
@@ -179,15 +195,15 @@ class SemanticCache:
         embedding: np.ndarray | None = None,
     ) -> CacheHit | None:
         context, query = split_messages(messages)
-        bucket = bucket_key(namespace or self.namespace, model, params_key, context)
+        bucket = bucket_key(self._namespace(namespace), model, params_key, context)
         exact = entry_id_for(bucket, query)
         with self._lock:
             self._sync()
             if exact in self._entries and self._alive(exact):
                 return self._serve(exact, 1.0, None)
-            if not self._index.bucket_size(bucket):  # nothing to compare: skip the embedder
-                self._misses += 1
-                return None
+            # nothing to compare, or nothing to ask: skip the embedder
+            if not self._index.bucket_size(bucket) or not query.strip():
+                return self._miss()
         vec = self._vector(query, embedding)  # outside the lock: the slow part
         with self._lock:
             self._sync()
@@ -195,10 +211,15 @@ class SemanticCache:
                 (eid, sim)
                 for eid, sim in self._index.search(bucket, vec, self.top_k)
                 if sim >= self.min_similarity and self._alive(eid)
+                and conflict(query, self._entries[eid][1]) is None
             ]
+            # a text longer than the embedder reads was compared by its head only: such a query
+            # or cached question is served on an exact repeat only (above)
+            if found and not _fits(self._embedder, query):
+                found = []
+            found = [(eid, sim) for eid, sim in found if _fits(self._embedder, self._entries[eid][1])]
             if not found:
-                self._misses += 1
-                return None
+                return self._miss()
             if self.verifier is None:
                 return self._serve(found[0][0], found[0][1], None)
             cached = [self._entries[eid][1] for eid, _ in found]
@@ -207,8 +228,7 @@ class SemanticCache:
             probs = self.verifier.predict([query] * len(found), cached, q_vecs, c_vecs)
             best = int(np.argmax(probs))
             if probs[best] < self.verifier.threshold:
-                self._misses += 1
-                return None
+                return self._miss()
             return self._serve(found[best][0], found[best][1], float(probs[best]))
 
     def put(
@@ -223,19 +243,33 @@ class SemanticCache:
         metadata: dict | None = None,
         embedding: np.ndarray | None = None,
     ) -> str | None:
-        """Cache ``text`` as the answer; returns the entry id, or None when not stored (PII)."""
-        if pii and not self.store_pii:
-            return None
-        ns = namespace or self.namespace
+        """Cache ``text`` as the answer; returns the entry id, or None when not stored (PII, or an
+        empty question)."""
+        if not isinstance(text, str):
+            raise InvalidRequestError(f"the answer to cache must be a string, got {type(text).__name__}")
+        ns = self._namespace(namespace)
         context, query = split_messages(messages)
+        if (pii and not self.store_pii) or not query.strip():
+            return None
         bucket = bucket_key(ns, model, params_key, context)
         entry_id = entry_id_for(bucket, query)
         vec = self._vector(query, embedding)
+        if vec.shape != (self._store.dim,):
+            raise InvalidRequestError(
+                f"the embedding has shape {vec.shape}; this cache holds {self._store.dim}-dim vectors"
+            )
+        try:
+            json.dumps(metadata)
+        except (TypeError, ValueError) as exc:
+            raise InvalidRequestError(f"metadata must be JSON-serializable: {exc}") from exc
         now = time.time()
-        entry = Entry(entry_id, ns, bucket, query, str(text), vec, now, now, metadata)
+        # an answer holding half an emoji (a stream cut between the two halves of a surrogate
+        # pair) cannot be stored as UTF-8: U+FFFD in its place, as a decoder would write
+        entry = Entry(entry_id, ns, bucket, query, valid_text(text), vec, now, now, metadata)
         with self._lock:
             self._sync()
-            self._store.upsert(entry)
+            self._store.upsert(entry, counts=self._take_counts())
+            self._seen()
             self._index.add(bucket, entry_id, vec)
             self._entries[entry_id] = (bucket, query, now)
             self._enforce_bounds(now)
@@ -245,32 +279,50 @@ class SemanticCache:
         with self._lock:
             self._sync()
             removed = self._store.delete([entry_id]) > 0
+            self._seen()
             self._forget([entry_id])
             return removed
 
     def clear(self, namespace: str | None = None) -> int:
-        """Delete every entry of ``namespace`` (all namespaces when None); returns the count."""
+        """Delete every entry of ``namespace`` (all namespaces, and the file's hit and miss
+        counts, when None); returns the count."""
+        if namespace is not None:
+            namespace = self._namespace(namespace)
         with self._lock:
             self._sync()
             ids = self._store.clear(namespace)
+            self._seen()
             self._forget(ids)
+            if namespace is None:
+                self._unsaved = [0, 0]
             return len(ids)
 
     def stats(self) -> dict:
+        """Live entries (expired ones not counted) per namespace, file size, and lookups: ``hits``
+        and ``misses`` of this object, ``total_hits`` and ``total_misses`` of every process that
+        used the file since it was created or cleared."""
         with self._lock:
             self._sync()
             size = sum(p.stat().st_size for p in (self.path, Path(f"{self.path}-wal")) if p.exists())
             lookups = self._hits + self._misses
+            not_before = time.time() - self.ttl_s if self.ttl_s is not None else None
+            namespaces = self._store.namespaces(not_before=not_before)
+            saved_hits, saved_misses = self._store.lookup_counts()
+            total_hits, total_misses = saved_hits + self._unsaved[0], saved_misses + self._unsaved[1]
+            total = total_hits + total_misses
             return {
                 "path": str(self.path),
-                "entries": len(self._entries),
-                "namespaces": self._store.namespaces(),
+                "entries": sum(namespaces.values()),
+                "namespaces": namespaces,
                 "max_entries": self.max_entries,
                 "ttl_s": self.ttl_s,
                 "size_bytes": size,
                 "hits": self._hits,
                 "misses": self._misses,
                 "hit_rate": self._hits / lookups if lookups else 0.0,
+                "total_hits": total_hits,
+                "total_misses": total_misses,
+                "total_hit_rate": total_hits / total if total else 0.0,
                 "verifier": "cosine" if self.verifier is None else self.verifier.kind,
                 "threshold": None if self.verifier is None else self.verifier.threshold,
                 "min_similarity": self.min_similarity,
@@ -278,6 +330,11 @@ class SemanticCache:
 
     def close(self) -> None:
         with self._lock:
+            if any(self._unsaved):
+                try:
+                    self._store.add_counts(*self._take_counts())
+                except CacheError:  # a read-only or full file: the counts are only statistics
+                    pass
             self._store.close()
 
     def __enter__(self) -> SemanticCache:
@@ -303,6 +360,34 @@ class SemanticCache:
             self._embedder = get_embedder()
         return self._embedder.embed_one(query)
 
+    def _namespace(self, namespace: str | None) -> str:
+        if namespace is None:
+            return self.namespace
+        if not isinstance(namespace, str) or not namespace:
+            # "" must not mean the default namespace: a tenant named "" would read its answers
+            raise InvalidRequestError(f"namespace must be a non-empty string, got {namespace!r}")
+        return namespace
+
+    def _miss(self) -> CacheHit | None:
+        """Count a miss; returns None, what ``get`` returns for one."""
+        self._misses += 1
+        self._unsaved[1] += 1
+        return None
+
+    def _take_counts(self) -> tuple[int, int]:
+        """The unsaved hit and miss counts, handed to a write that adds them to the file. They
+        are taken before the write: a write that fails loses them, which only statistics notice."""
+        counts = (self._unsaved[0], self._unsaved[1])
+        self._unsaved = [0, 0]
+        return counts
+
+    def _seen(self) -> None:
+        """After our own write: when its changes directly follow the last one we reflect, no
+        other process wrote in between, and the log need not be read back (else it is, later)."""
+        first, last = self._store.last_logged
+        if first == self._seq + 1:
+            self._seq = last
+
     def _alive(self, entry_id: str) -> bool:
         if self.ttl_s is None:
             return True
@@ -312,14 +397,14 @@ class SemanticCache:
         entry = self._store.get(entry_id)
         if entry is None:  # deleted by another process since the last sync
             self._forget([entry_id])
-            self._misses += 1
-            return None
+            return self._miss()
         now = time.time()
-        try:
-            self._store.touch(entry_id, now)  # recency for eviction; a hit does not need it
+        self._hits += 1
+        self._unsaved[0] += 1
+        try:  # recency for eviction, and the lookup counts; a hit does not need either
+            self._store.touch(entry_id, now, counts=self._take_counts())
         except CacheError:
             pass
-        self._hits += 1
         return CacheHit(
             text=entry.response,
             similarity=similarity,
@@ -339,24 +424,45 @@ class SemanticCache:
         if self.ttl_s is not None and now - self._last_purge >= _PURGE_EVERY_S:
             expired = self._store.expired_ids(now - self.ttl_s)
             self._store.delete(expired)
+            self._seen()
             self._forget(expired)
             self._last_purge = now
-        excess = len(self._entries) - self.max_entries
+        excess = self._store.count() - self.max_entries  # the file's, other processes' entries too
         if excess > 0:
             victims = self._store.lru_ids(excess)
             self._store.delete(victims)
+            self._seen()
             self._forget(victims)
 
     def _reload(self) -> None:
+        self._seen_version = self._store.data_version()
+        self._seq = self._store.last_change()  # before the entries: a change in between is re-read
         self._index.clear()
         self._entries = {}
         not_before = time.time() - self.ttl_s if self.ttl_s is not None else None
         for entry in self._store.iter_entries(not_before=not_before):
-            self._index.add(entry.bucket, entry.id, entry.embedding)
-            self._entries[entry.id] = (entry.bucket, entry.query, entry.created_at)
-        self._seen_version = self._store.data_version()
+            self._add(entry)
+
+    def _add(self, entry: Entry) -> None:
+        self._index.add(entry.bucket, entry.id, entry.embedding)
+        self._entries[entry.id] = (entry.bucket, entry.query, entry.created_at)
 
     def _sync(self) -> None:
-        """Reload when another process committed since we last looked."""
-        if self._store.data_version() != self._seen_version:
+        """Catch up with what other processes committed since we last looked: the entries their
+        writes named in the store's change log (everything, when the log cannot tell)."""
+        version = self._store.data_version()
+        if version == self._seen_version:
+            return
+        self._seen_version = version
+        ids, latest = self._store.changes_since(self._seq)
+        if ids is None:
             self._reload()
+            return
+        self._seq = latest
+        if not ids:  # only recency or counts were written
+            return
+        self._forget(ids)
+        not_before = time.time() - self.ttl_s if self.ttl_s is not None else None
+        for entry in self._store.get_many(ids):
+            if not_before is None or entry.created_at >= not_before:
+                self._add(entry)

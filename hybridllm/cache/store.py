@@ -7,8 +7,19 @@ power cut. A half-written transaction is rolled back by SQLite on the next open.
 A file that is not a usable SQLite database (garbage, truncated, failing its integrity check) is
 moved aside to ``<name>.corrupt-<time>`` and a fresh cache is created with a warning: the cache
 only holds answers that can be generated again, and a rebuild cannot loop because the new file
-is valid. A valid SQLite database that is not a hybridllm cache (no ``cache_meta`` table, or a
-newer schema) is never touched: opening it raises :class:`CacheCorruptError`.
+is valid; so is a hybridllm cache whose tables do not have the columns this version reads. A
+valid SQLite database that is not a hybridllm cache (no ``cache_meta`` table, or a newer schema)
+is never touched: opening it raises :class:`CacheCorruptError`.
+
+Sharing one file between processes. Every write that adds, replaces or removes entries also appends
+their ids to the ``changes`` log in the same transaction, so another process catches up by reading
+the rows named since the last sequence number it saw, instead of reloading every entry (which took
+about 0.2 s per lookup at 10,000 entries when two processes served hits from one file: each hit's
+recency write made the other reload). Recency writes (a hit) change no entry and are not logged.
+The log keeps the last ``_KEEP_CHANGES`` ids; a reader further behind, or a bulk change (clear),
+reloads everything. The table is an addition to schema version 1: an older hybridllm that opens the
+file ignores it (its writes are then seen by newer readers only at their next start; a stale view
+only costs misses, since a hit re-reads its entry).
 """
 
 from __future__ import annotations
@@ -44,7 +55,17 @@ CREATE TABLE IF NOT EXISTS entries (
 CREATE INDEX IF NOT EXISTS entries_namespace ON entries(namespace);
 CREATE INDEX IF NOT EXISTS entries_last_used ON entries(last_used);
 CREATE INDEX IF NOT EXISTS entries_created_at ON entries(created_at);
+CREATE TABLE IF NOT EXISTS changes (seq INTEGER PRIMARY KEY AUTOINCREMENT, entry_id TEXT NOT NULL);
 """
+_COLUMNS = {
+    "cache_meta": ["key", "value"],
+    "entries": ["id", "namespace", "bucket", "query", "response", "embedding", "created_at",
+                "last_used", "metadata"],
+    "changes": ["seq", "entry_id"],
+}
+_KEEP_CHANGES = 10000  # ids kept in the change log
+_RELOAD_MARK = "*"  # a change-log id that means: reload every entry
+_MAX_LOGGED = 1000  # a change of more entries is logged as one reload mark
 
 
 @dataclass(frozen=True)
@@ -63,9 +84,13 @@ class Entry:
 class CacheStore:
     """SQLite rows of cached answers. Not thread-safe by itself: the caller holds a lock."""
 
-    def __init__(self, path: str | Path, *, dim: int) -> None:
+    def __init__(self, path: str | Path, *, dim: int | None) -> None:
+        """``dim`` None: the dimension the file holds (384 for a new file), for tools that read
+        or clear a cache without embedding anything."""
         self.path = Path(path)
-        self.dim = dim
+        self._want_dim = dim
+        self.dim = dim if dim is not None else 384
+        self.last_logged = (0, 0)  # the first and last change numbers of our latest logged write
         if self.path.is_dir():  # never moved aside as if it were a corrupt database
             raise CacheCorruptError(
                 f"The cache path {self.path} is a folder; pass the path of a database file "
@@ -91,6 +116,8 @@ class CacheStore:
     def _open(self) -> sqlite3.Connection:
         conn = sqlite3.connect(str(self.path), timeout=10.0, check_same_thread=False, isolation_level=None)
         try:
+            # every check that can refuse the file reads only: a file that is not ours is never
+            # written (WAL mode rewrites the header, the schema adds tables)
             tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
             if tables and "cache_meta" not in tables:
                 raise _Foreign(
@@ -99,36 +126,66 @@ class CacheStore:
                 )
             if (row := conn.execute("PRAGMA quick_check").fetchone()) and row[0] != "ok":
                 raise sqlite3.DatabaseError(f"integrity check failed: {row[0]}")
-            # only now, once the file is known to be ours or new: WAL rewrites the header
+            meta = self._read_meta(conn) if tables else {}
+            if meta:
+                self._check_dim(int(meta["dim"]))
+            for table in tables & set(_COLUMNS) - {"cache_meta"}:
+                found = [r[1] for r in conn.execute(f"PRAGMA table_info({table})")]
+                if found != _COLUMNS[table]:  # ours, in a shape this version cannot read
+                    raise sqlite3.DatabaseError(
+                        f"its {table} table has the columns {found}, this version reads {_COLUMNS[table]}"
+                    )
             conn.execute("PRAGMA journal_mode=WAL")
             conn.execute("PRAGMA synchronous=NORMAL")
-            conn.executescript(_SCHEMA)
-            with _Transaction(conn, self.path):
-                meta = dict(conn.execute("SELECT key, value FROM cache_meta"))
-                if not meta:
-                    conn.executemany(
-                        "INSERT INTO cache_meta VALUES (?, ?)",
-                        [
-                            ("format", FORMAT),
-                            ("version", str(SCHEMA_VERSION)),
-                            ("dim", str(self.dim)),
-                        ],
-                    )
-                    meta = {"format": FORMAT, "version": str(SCHEMA_VERSION), "dim": str(self.dim)}
-            if meta.get("format") != FORMAT or int(meta.get("version", -1)) > SCHEMA_VERSION:
-                raise _Foreign(
-                    f"{self.path} was written by another program or a newer hybridllm "
-                    f"({meta.get('format')!r} version {meta.get('version')}); left untouched."
-                )
-            if int(meta.get("dim", self.dim)) != self.dim:
-                raise _Foreign(
-                    f"{self.path} holds {meta['dim']}-dim embeddings, this cache uses {self.dim}; "
-                    "clear it with `hybridllm cache clear` or pass another path."
-                )
+            conn.executescript(f"BEGIN IMMEDIATE;\n{_SCHEMA}\nCOMMIT;")  # one commit: a small WAL
+            if not meta:  # a new file (or one cut off before its first commit ended)
+                with _Transaction(conn, self.path):
+                    meta = self._read_meta(conn)
+                    if not meta:  # not written by another process meanwhile
+                        meta = {"format": FORMAT, "version": str(SCHEMA_VERSION), "dim": str(self.dim)}
+                        conn.executemany("INSERT INTO cache_meta VALUES (?, ?)", list(meta.items()))
+                self._check_dim(int(meta["dim"]))
             return conn
         except BaseException:
             conn.close()
             raise
+
+    def _check_dim(self, dim: int) -> None:
+        if self._want_dim is None:
+            self.dim = dim
+        elif dim != self.dim:
+            raise _Foreign(
+                f"{self.path} holds {dim}-dim embeddings, this cache uses {self.dim} (another "
+                "embedder); it was left untouched. Pass another path, or empty the file with "
+                f"`hybridllm cache clear --path {self.path}`."
+            )
+
+    def _read_meta(self, conn: sqlite3.Connection) -> dict[str, str]:
+        """``cache_meta`` as a dict, once it is known to be a hybridllm cache this version reads."""
+        columns = [r[1] for r in conn.execute("PRAGMA table_info(cache_meta)")]
+        if columns != _COLUMNS["cache_meta"]:
+            raise _Foreign(
+                f"{self.path} is an SQLite database but not a hybridllm cache (its cache_meta table "
+                f"has the columns {columns}); it was left untouched. Pass another path."
+            )
+        meta = dict(conn.execute("SELECT key, value FROM cache_meta"))
+        if not meta:
+            return meta
+        if meta.get("format") != FORMAT:
+            raise _Foreign(
+                f"{self.path} was written by another program (format {meta.get('format')!r}); it "
+                "was left untouched. Pass another path."
+            )
+        try:
+            version, _ = int(meta.get("version", "")), int(meta.get("dim", ""))
+        except ValueError:  # ours, but its own bookkeeping is garbage: rebuilt like a torn file
+            raise sqlite3.DatabaseError(f"its cache_meta holds {meta}") from None
+        if version > SCHEMA_VERSION:
+            raise _Foreign(
+                f"{self.path} was written by a newer hybridllm (schema version {version}, this one "
+                f"reads {SCHEMA_VERSION}); it was left untouched. Upgrade, or pass another path."
+            )
+        return meta
 
     def _rebuild(self, exc: Exception) -> sqlite3.Connection:
         stamp = f"{self.path.name}.corrupt-{int(time.time())}"
@@ -158,6 +215,37 @@ class CacheStore:
     def data_version(self) -> int:
         """Changes when another connection (another process) commits."""
         return int(self._conn.execute("PRAGMA data_version").fetchone()[0])
+
+    def last_change(self) -> int:
+        """The sequence number of the latest logged change (0 when none)."""
+        return int(self._conn.execute("SELECT COALESCE(MAX(seq), 0) FROM changes").fetchone()[0])
+
+    def changes_since(self, seq: int) -> tuple[list[str] | None, int]:
+        """(ids of entries added, replaced or removed after change ``seq``, the latest change's
+        number); the ids are None when the log cannot tell (trimmed past ``seq``, or a bulk
+        change): then reload every entry."""
+        rows = self._conn.execute(
+            "SELECT seq, entry_id FROM changes WHERE seq >= ? ORDER BY seq", (max(seq, 1),)
+        ).fetchall()
+        if not rows:
+            latest = self.last_change()
+            return ([], seq) if latest == seq else (None, latest)
+        latest = int(rows[-1][0])
+        # the log must still hold change ``seq`` (the first, 1, when ``seq`` is 0): the changes
+        # right after it may have been trimmed otherwise
+        if int(rows[0][0]) != max(seq, 1):
+            return None, latest
+        ids = list(dict.fromkeys(r[1] for r in rows if r[0] > seq))
+        return (None if _RELOAD_MARK in ids else ids), latest
+
+    def get_many(self, entry_ids: list[str]) -> list[Entry]:
+        out: list[Entry] = []
+        for start in range(0, len(entry_ids), 500):  # under SQLite's limit of bound variables
+            chunk = entry_ids[start : start + 500]
+            marks = ",".join("?" * len(chunk))
+            rows = self._conn.execute(f"SELECT * FROM entries WHERE id IN ({marks})", chunk)
+            out.extend(self._entry(r) for r in rows)
+        return out
 
     def iter_entries(self, *, not_before: float | None = None) -> Iterator[Entry]:
         sql = "SELECT * FROM entries"
@@ -194,19 +282,31 @@ class CacheStore:
         sql = "SELECT COUNT(*) FROM entries WHERE namespace = ?"
         return int(self._conn.execute(sql, (namespace,)).fetchone()[0])
 
-    def namespaces(self) -> dict[str, int]:
-        sql = "SELECT namespace, COUNT(*) FROM entries GROUP BY namespace ORDER BY namespace"
-        return {ns: int(n) for ns, n in self._conn.execute(sql)}
+    def namespaces(self, *, not_before: float | None = None) -> dict[str, int]:
+        """Entries per namespace (written at or after ``not_before`` only, when given)."""
+        where, args = ("WHERE created_at >= ?", (not_before,)) if not_before is not None else ("", ())
+        sql = f"SELECT namespace, COUNT(*) FROM entries {where} GROUP BY namespace ORDER BY namespace"
+        return {ns: int(n) for ns, n in self._conn.execute(sql, args)}
+
+    def lookup_counts(self) -> tuple[int, int]:
+        """The hits and misses counted in the file."""
+        rows = dict(self._conn.execute("SELECT key, value FROM cache_meta WHERE key IN ('hits', 'misses')"))
+        try:
+            return int(rows.get("hits", 0)), int(rows.get("misses", 0))
+        except ValueError:
+            return 0, 0
 
     # ------------------------------------------------------------------ writes
 
-    def upsert(self, entry: Entry) -> None:
+    def upsert(self, entry: Entry, *, counts: tuple[int, int] = (0, 0)) -> None:
+        """Insert or replace (and add ``counts``, hits and misses, to the file's)."""
         blob = np.ascontiguousarray(entry.embedding, dtype=np.float32).tobytes()
         meta = json.dumps(entry.metadata) if entry.metadata is not None else None
         with self._write():
             self._conn.execute(
                 "INSERT INTO entries VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT(id) DO UPDATE "
-                "SET response = excluded.response, embedding = excluded.embedding, "
+                "SET query = excluded.query, response = excluded.response, "
+                "embedding = excluded.embedding, "
                 "created_at = excluded.created_at, last_used = excluded.last_used, "
                 "metadata = excluded.metadata",
                 (
@@ -221,16 +321,34 @@ class CacheStore:
                     meta,
                 ),
             )
+            self._log([entry.id])
+            self._add_counts(*counts)
 
-    def touch(self, entry_id: str, when: float) -> None:
+    def touch(self, entry_id: str, when: float, *, counts: tuple[int, int] = (0, 0)) -> None:
+        """Mark a hit's recency (and add ``counts``); not a change other processes need to read."""
         with self._write():
             self._conn.execute("UPDATE entries SET last_used = ? WHERE id = ?", (when, entry_id))
+            self._add_counts(*counts)
+
+    def add_counts(self, hits: int, misses: int) -> None:
+        with self._write():
+            self._add_counts(hits, misses)
+
+    def _add_counts(self, hits: int, misses: int) -> None:
+        for key, n in (("hits", hits), ("misses", misses)):
+            if n:
+                self._conn.execute(
+                    "INSERT INTO cache_meta VALUES (?, ?) ON CONFLICT(key) DO UPDATE "
+                    "SET value = CAST(value AS INTEGER) + excluded.value",
+                    (key, n),
+                )
 
     def delete(self, entry_ids: list[str]) -> int:
         if not entry_ids:
             return 0
         with self._write():
             cur = self._conn.executemany("DELETE FROM entries WHERE id = ?", [(i,) for i in entry_ids])
+            self._log(entry_ids)
             return cur.rowcount
 
     def expired_ids(self, before: float) -> list[str]:
@@ -247,13 +365,28 @@ class CacheStore:
             if namespace is None:
                 ids = [r[0] for r in self._conn.execute("SELECT id FROM entries")]
                 self._conn.execute("DELETE FROM entries")
+                self._conn.execute("DELETE FROM cache_meta WHERE key IN ('hits', 'misses')")
             else:
                 sql = "SELECT id FROM entries WHERE namespace = ?"
                 ids = [r[0] for r in self._conn.execute(sql, (namespace,))]
                 self._conn.execute("DELETE FROM entries WHERE namespace = ?", (namespace,))
+            self._log(ids)
         return ids
 
+    def _log(self, entry_ids: list[str]) -> None:
+        """Append to the change log (inside the caller's transaction) and trim it."""
+        if not entry_ids:
+            return
+        if len(entry_ids) > _MAX_LOGGED:
+            entry_ids = [_RELOAD_MARK]
+        self._conn.executemany("INSERT INTO changes (entry_id) VALUES (?)", [(i,) for i in entry_ids])
+        last = int(self._conn.execute("SELECT MAX(seq) FROM changes").fetchone()[0])
+        # a primary-key range: one b-tree seek, nothing to scan when there is nothing to trim
+        self._conn.execute("DELETE FROM changes WHERE seq <= ?", (last - _KEEP_CHANGES,))
+        self.last_logged = (last - len(entry_ids) + 1, last)
+
     def _write(self) -> _Transaction:
+        self.last_logged = (0, 0)  # until this write logs changes of its own
         return _Transaction(self._conn, self.path)
 
 

@@ -107,3 +107,27 @@ def test_int8_onnx_matches_fp32_pytorch(shared_data: Path, minilm_dir: Path) -> 
     np.testing.assert_allclose((fp32.embed(texts) * ref).sum(1), 1.0, atol=1e-4)
     cos = (int8 * ref).sum(1)
     assert cos.min() >= 0.99, f"int8 vs fp32 PyTorch: min cosine {cos.min():.4f}"
+
+
+def test_long_prompts_are_matched_only_exactly_by_the_real_models(tmp_path: Path) -> None:
+    """Before: a document followed by two different questions, past the embedder's 256 tokens,
+    embedded to cosine 1.0; the feature verifier and plain cosine then served one question's
+    answer for the other."""
+    from hybridllm.cache import SemanticCache
+    from hybridllm.cache.reranker import get_rerank_verifier
+
+    embedder = get_embedder()
+    doc = ("The quarterly report covers revenue, costs, hiring, the new office in Lyon, supplier "
+           "contracts, the product roadmap and customer feedback from the spring survey. ") * 12
+    first, second = doc + "Question: who wrote this report?", doc + "Question: how much did revenue grow?"
+    assert float(embedder.embed_one(first) @ embedder.embed_one(second)) > 0.999  # the head only
+    assert embedder.fits("How do I learn Python?") and not embedder.fits("short", first)
+    reranker = get_rerank_verifier().reranker
+    assert reranker.fits_pairs([("How do I learn Python?", "How can I learn Python?"),
+                                (doc[:400], doc[:400])]).tolist() == [True, False]
+    for verifier in ("features", "cosine"):
+        with SemanticCache(tmp_path / f"{verifier}.sqlite3", verifier=verifier) as cache:
+            cache.put([{"role": "user", "content": first}], "the author", model="m", params_key={})
+            assert cache.get([{"role": "user", "content": second}], model="m", params_key={}) is None
+            hit = cache.get([{"role": "user", "content": first}], model="m", params_key={})
+            assert hit is not None and hit.text == "the author"

@@ -203,3 +203,39 @@ def test_training_command_writes_a_file_the_cache_loads(
     assert main(["--data", str(data), "--out", str(out), "--calibrate-only"]) == 0
     assert read_info(out / "cache_reranker.npz").weights_digest == info.weights_digest
     assert main(["--data", str(tmp_path / "missing.jsonl"), "--out", str(out)]) == 2
+
+
+HARD_NEGATIVES = [
+    ("Is it safe to eat raw chicken?", "Is it unsafe to eat raw chicken?"),
+    ("Is ibuprofen safe during pregnancy?", "Is ibuprofen not safe during pregnancy?"),
+    ("Should I take aspirin with alcohol?", "Should I not take aspirin with alcohol?"),
+    ("Convert 5 km to miles", "Convert 5 miles to km"),
+    ("Flights from Paris to London", "Flights from London to Paris"),
+    ("Is a dolphin bigger than a shark?", "Is a shark bigger than a dolphin?"),
+    ("How do I convert Celsius to Fahrenheit?", "How do I convert Fahrenheit to Celsius?"),
+    ("Is 17 a prime number?", "Is seventeen a prime number?"),
+    ("What is 5!", "What is 5?"),
+    ("What does this print?\nfor i in range(3):\n    print(i)\nprint('done')",
+     "What does this print?\nfor i in range(3):\n    print(i)\n    print('done')"),
+    ("Is x = 1 or X = 1 valid Python?", "is x = 1 or x = 1 valid python?"),
+]
+
+
+@pytest.mark.real
+@pytest.mark.parametrize("verifier", ["default", "features", "cosine"])
+def test_no_verifier_serves_the_hard_negatives(tmp_path: Path, verifier: str) -> None:
+    """Before: the reranker served "unsafe" for "safe" (p 0.96), the feature verifier "a shark
+    bigger than a dolphin" for the reverse, plain cosine all of them, and all three the last three
+    (as exact repeats: case, whitespace and a trailing "!" were normalized away)."""
+    with SemanticCache(tmp_path / "c.sqlite3", verifier=verifier) as cache:
+        for i, (cached, asked) in enumerate(HARD_NEGATIVES):
+            ns = f"pair-{i}"
+            cache.put([{"role": "user", "content": cached}], "A", model="m", params_key={}, namespace=ns)
+            hit = cache.get([{"role": "user", "content": asked}], model="m", params_key={}, namespace=ns)
+            assert hit is None, (cached, asked, hit)
+        # what stays a hit: the same question in other words, or another case and spacing
+        asked = "What is the best way to learn Python?"
+        cache.put([{"role": "user", "content": asked}], "B", model="m", params_key={})
+        for again in ("what is the best way to learn python", "What's the best way to learn Python?"):
+            hit = cache.get([{"role": "user", "content": again}], model="m", params_key={})
+            assert hit is not None and hit.text == "B", again

@@ -6,6 +6,7 @@ import threading
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from hybridllm._exceptions import ConfigError, InvalidRequestError
@@ -176,3 +177,169 @@ def test_bad_input_and_settings(tmp_path: Path) -> None:
         SemanticCache(tmp_path / "x.sqlite3", max_entries=0, verifier=None, embedder=FakeEmbedder())
     ctx, query = split_messages(user("last", history=[{"role": "user", "content": "first"}]))
     assert query == "last" and ctx == [{"role": "user", "content": "first"}]
+
+
+# ---------------------------------------------------------------------- hard negatives
+
+
+@pytest.mark.parametrize(
+    ("cached", "asked"),
+    [
+        ("What is 5!", "What is 5?"),  # the same words: an exact repeat before
+        ("What does this print?\nfor i in range(3):\n    print(i)\nprint('done')",
+         "What does this print?\nfor i in range(3):\n    print(i)\n    print('done')"),
+        ("Is x = 1 or X = 1 valid Python?", "is x = 1 or x = 1 valid python?"),
+        ("Flights from Paris to London", "Flights from London to Paris"),  # cosine 1.0 to the fake
+        ("convert 5 km to miles", "convert 50 km to miles"),
+        ("Is it safe to take ibuprofen?", "Is it not safe to take ibuprofen?"),
+    ],
+)
+def test_a_different_question_is_never_served_even_at_cosine_one(
+    tmp_path: Path, cached: str, asked: str
+) -> None:
+    """Before: the first three were one entry (case, all whitespace and a trailing '!' were
+    normalized away), the next ones hit at plain cosine: models blind to case, layout, order or a
+    single word cannot vouch for them."""
+    cache = SemanticCache(tmp_path / "h.sqlite3", verifier=None, min_similarity=0.5, embedder=FakeEmbedder())
+    cache.put(user(cached), "the cached answer", **KW)
+    assert cache.get(user(asked), **KW) is None
+    assert cache.get(user(cached), **KW).text == "the cached answer"
+    cache.put(user(asked), "its own answer", **KW)  # two entries, each served its own answer
+    assert cache.get(user(asked), **KW).text == "its own answer"
+    assert cache.get(user(cached), **KW).text == "the cached answer"
+    cache.close()
+
+
+class WindowEmbedder(FakeEmbedder):
+    """Reads only the first ``window`` words, as MiniLM reads only its first 256 tokens."""
+
+    window = 8
+
+    def embed_one(self, text: str) -> np.ndarray:
+        return super().embed_one(" ".join(text.split()[: self.window]))
+
+    def fits(self, *texts: str) -> bool:
+        return all(len(t.split()) <= self.window for t in texts)
+
+
+def test_a_long_prompt_is_matched_only_exactly(tmp_path: Path) -> None:
+    """Before: two prompts that share their head (a document, then two different questions)
+    embedded to cosine 1.0 and the first one's answer was served for the second."""
+    doc = "Here is our quarterly report on revenue costs and hiring."
+    cache = SemanticCache(tmp_path / "w.sqlite3", verifier=None, embedder=WindowEmbedder())
+    cache.put(user(doc + " Who wrote it?"), "Ada", **KW)
+    assert cache.get(user(doc + " How much did revenue grow?"), **KW) is None
+    assert cache.get(user(doc + " Who wrote it?"), **KW).text == "Ada"  # an exact repeat
+    cache.put(user("short question here"), "short", **KW)  # texts the model reads whole still match
+    assert cache.get(user("Short question here!"), **KW).text == "short"
+    assert cache.get(user("question short here"), **KW).text == "short"  # cosine 1.0, not exact
+    cache.close()
+
+
+def test_the_reranker_refuses_pairs_longer_than_it_reads() -> None:
+    from hybridllm.cache.reranker import RerankVerifier
+
+    class Reranker:
+        info = None
+
+        def logits(self, queries, cached):
+            return np.full(len(queries), 10.0)
+
+        def fits_pairs(self, pairs):
+            return np.array([len(a) + len(b) < 40 for a, b in pairs])
+
+    verifier = RerankVerifier.__new__(RerankVerifier)
+    verifier._reranker, verifier._fallback, verifier.stack, verifier.features = Reranker(), None, None, None
+    vecs = np.ones((2, 4), dtype=np.float32) / 2
+    probs = verifier.predict(["short one", "x" * 30], ["short two", "y" * 30], vecs, vecs)
+    assert probs[0] > 0.99 and probs[1] == 0.0
+
+
+# ---------------------------------------------------------------------- input checks
+
+
+def test_namespaces_must_be_named(cache: SemanticCache) -> None:
+    """Before: namespace="" meant the default namespace, so a tenant whose id was empty read the
+    default tenant's answers; a number was silently turned into a name."""
+    cache.put(user("What is my balance?"), "default: 10", **KW)
+    for bad in ("", 5):
+        with pytest.raises(InvalidRequestError, match="namespace"):
+            cache.get(user("What is my balance?"), namespace=bad, **KW)
+        with pytest.raises(InvalidRequestError, match="namespace"):
+            cache.put(user("What is my balance?"), "x", namespace=bad, **KW)
+    with pytest.raises(InvalidRequestError, match="namespace"):
+        cache.clear(namespace="")
+    with pytest.raises(ConfigError, match="namespace"):
+        SemanticCache(cache.path, namespace="", verifier=None, embedder=FakeEmbedder())
+    assert cache.get(user("What is my balance?"), **KW).text == "default: 10"
+
+
+def test_answers_and_metadata_are_checked(cache: SemanticCache) -> None:
+    """Before: put(..., None) cached the answer "None"; bad metadata raised a bare TypeError."""
+    with pytest.raises(InvalidRequestError, match="string"):
+        cache.put(user("Q?"), None, **KW)  # type: ignore[arg-type]
+    with pytest.raises(InvalidRequestError, match="JSON"):
+        cache.put(user("Q?"), "a", metadata={"when": object()}, **KW)
+    with pytest.raises(InvalidRequestError, match="384"):
+        cache.put(user("Q?"), "a", embedding=np.ones(3), **KW)
+    assert cache.stats()["entries"] == 0
+
+
+def test_an_empty_question_is_neither_stored_nor_looked_up(cache: SemanticCache) -> None:
+    """Before: "" was stored, and "?" or "   " were then served its answer as exact repeats."""
+    assert cache.put(user(""), "an answer to nothing", **KW) is None
+    assert cache.get(user("   "), **KW) is None and cache.get(user("?"), **KW) is None
+    assert cache.stats()["entries"] == 0
+
+
+def test_an_earlier_turn_with_half_an_emoji_keys_its_own_bucket(cache: SemanticCache) -> None:
+    """Before: UnicodeEncodeError from hashing the context (only the last turn was checked)."""
+    broken = [{"role": "system", "content": "be brief \ud83d"}]
+    cache.put(user("Hello there", history=broken), "hi", **KW)
+    assert cache.get(user("Hello there", history=broken), **KW).text == "hi"
+    assert cache.get(user("Hello there", history=[{"role": "system", "content": "be brief"}]), **KW) is None
+
+
+# ---------------------------------------------------------------------- stats and bounds
+
+
+def test_stats_count_live_entries_and_every_lookup_of_the_file(tmp_path: Path) -> None:
+    """Before: expired entries counted in 'entries' until a put purged them (and 'namespaces'
+    disagreed with it), and hits and misses lived only as long as the object, so `hybridllm cache
+    stats` (a new process) always said 0 of each."""
+    path = tmp_path / "s.sqlite3"
+    cache = SemanticCache(path, ttl_s=0.3, verifier=None, embedder=FakeEmbedder())
+    cache.put(user("short lived"), "a", **KW)
+    cache.put(user("also short lived"), "b", namespace="other", **KW)
+    assert cache.get(user("short lived"), **KW) is not None
+    assert cache.get(user("never cached"), **KW) is None
+    time.sleep(0.4)
+    stats = cache.stats()
+    assert stats["entries"] == 0 and stats["namespaces"] == {}
+    assert (stats["hits"], stats["misses"], stats["total_hits"], stats["total_misses"]) == (1, 1, 1, 1)
+    cache.close()
+    again = SemanticCache(path, ttl_s=None, verifier=None, embedder=FakeEmbedder())
+    assert again.get(user("short lived"), **KW) is not None
+    stats = again.stats()
+    assert stats["entries"] == 2 and (stats["hits"], stats["total_hits"], stats["total_misses"]) == (1, 2, 1)
+    assert again.clear() == 2 and again.stats()["total_hits"] == 0  # a full clear starts over
+    again.close()
+
+
+def test_max_entries_counts_what_other_processes_wrote(tmp_path: Path) -> None:
+    path = tmp_path / "m.sqlite3"
+    big = SemanticCache(path, max_entries=100, verifier=None, embedder=FakeEmbedder())
+    small = SemanticCache(path, max_entries=3, verifier=None, embedder=FakeEmbedder())
+    for i in range(5):
+        big.put(user(f"question {i} from big"), "b", **KW)
+    small.put(user("from small"), "s", **KW)
+    assert small.stats()["entries"] == 3 and big.stats()["entries"] == 3
+    assert small.get(user("from small"), **KW) is not None
+    big.close()
+    small.close()
+
+
+def test_an_answer_with_half_an_emoji_is_stored(cache: SemanticCache) -> None:
+    """Before: UnicodeEncodeError from SQLite, so the answer was lost to the cache."""
+    cache.put(user("Party?"), "yes \ud83c", **KW)
+    assert cache.get(user("Party?"), **KW).text == "yes \ufffd"

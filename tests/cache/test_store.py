@@ -233,3 +233,210 @@ def test_two_corrupt_files_in_one_second_are_both_kept_aside(
         with pytest.warns(RuntimeWarning, match="corrupt"):
             SemanticCache(path, verifier=None, embedder=FakeEmbedder()).close()
     assert len(list(tmp_path.glob("bad.sqlite3.corrupt-*"))) == 2
+
+
+# ---------------------------------------------------------------------- two processes, one file
+
+
+def _count_reloads(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    calls = [0]
+    real = SemanticCache._reload
+
+    def counted(self: SemanticCache) -> None:
+        calls[0] += 1
+        real(self)
+
+    monkeypatch.setattr(SemanticCache, "_reload", counted)
+    return calls
+
+
+def _ask(text: str) -> list[dict]:
+    return [{"role": "user", "content": text}]
+
+
+def test_another_process_s_writes_are_read_from_the_change_log_not_by_reloading(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before: every commit by another connection (each hit's recency write included) made this one
+    reload every entry; two processes serving hits from a 10,000-entry file spent about 0.3 s of
+    each lookup reloading."""
+    from hybridllm.cache import store
+
+    path = tmp_path / "shared.sqlite3"
+    one = SemanticCache(path, verifier=None, embedder=FakeEmbedder())
+    two = SemanticCache(path, verifier=None, embedder=FakeEmbedder())
+    for i in range(50):
+        one.put(_ask(f"question {i}"), f"answer {i}", **KW)
+    reloads = _count_reloads(monkeypatch)
+    assert two.get(_ask("question 7"), **KW).text == "answer 7"  # 50 new entries, read by id
+    assert one.get(_ask("question 8"), **KW) is not None  # one's hit writes recency...
+    assert two.get(_ask("question 9"), **KW) is not None  # ...which two need not read
+    one.put(_ask("question 7"), "answer 7, again", **KW)  # replaced
+    one.delete(one.get(_ask("question 9"), **KW).entry_id)  # removed
+    assert two.get(_ask("question 7"), **KW).text == "answer 7, again"
+    assert two.get(_ask("question 9"), **KW) is None
+    assert two.stats()["entries"] == 49
+    assert one.clear(namespace="default") == 49
+    assert two.get(_ask("question 1"), **KW) is None and two.stats()["entries"] == 0
+    assert reloads[0] == 0
+    monkeypatch.setattr(store, "_MAX_LOGGED", 10)  # a bulk change is one mark: reload everything
+    for i in range(20):
+        one.put(_ask(f"question {i}"), f"answer {i}", **KW)
+    assert two.get(_ask("question 19"), **KW).text == "answer 19" and reloads[0] == 0
+    one.clear()
+    assert two.get(_ask("question 19"), **KW) is None and reloads[0] == 1
+    one.close()
+    two.close()
+
+
+def test_a_reader_behind_the_trimmed_change_log_reloads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from hybridllm.cache import store
+
+    monkeypatch.setattr(store, "_KEEP_CHANGES", 5)
+    path = tmp_path / "trim.sqlite3"
+    one = SemanticCache(path, verifier=None, embedder=FakeEmbedder())
+    two = SemanticCache(path, verifier=None, embedder=FakeEmbedder())
+    one.put(_ask("first"), "1", **KW)
+    assert two.get(_ask("first"), **KW).text == "1"
+    for i in range(20):  # far more changes than the log keeps
+        one.put(_ask(f"later {i}"), str(i), **KW)
+    one.delete(one.get(_ask("first"), **KW).entry_id)
+    reloads = _count_reloads(monkeypatch)
+    assert two.get(_ask("first"), **KW) is None and two.get(_ask("later 3"), **KW).text == "3"
+    assert reloads[0] == 1 and two.stats()["entries"] == 20
+    one.close()
+    two.close()
+
+
+PROCESS = textwrap.dedent(
+    """
+    import sys
+    sys.path.insert(0, sys.argv[2])
+    from hybridllm.cache import SemanticCache
+    from tests.cache.fakes import FakeEmbedder
+
+    me = sys.argv[3]
+    cache = SemanticCache(sys.argv[1], verifier=None, embedder=FakeEmbedder(), max_entries=10**6)
+    for i in range(150):
+        cache.put([{"role": "user", "content": f"{me} asks {i}"}], f"{me}-{i}", model="m", params_key={})
+        hit = cache.get([{"role": "user", "content": f"{me} asks {i}"}], model="m", params_key={})
+        assert hit is not None and hit.text == f"{me}-{i}", (i, hit)
+        if i % 10 == 0:  # the others' answers: each served its own, never a neighbour's
+            for other in ("a", "b", "c"):
+                hit = cache.get([{"role": "user", "content": f"{other} asks 0"}], model="m", params_key={})
+                assert hit is None or hit.text == f"{other}-0", hit
+    print(cache.stats()["entries"])
+    """
+)
+
+
+def test_three_processes_write_and_read_one_file_at_once(tmp_path: Path) -> None:
+    path = tmp_path / "busy.sqlite3"
+    procs = [
+        subprocess.Popen([sys.executable, "-c", PROCESS, str(path), str(ROOT), me],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for me in ("a", "b", "c")
+    ]
+    for proc in procs:
+        out, err = proc.communicate(timeout=120)
+        assert proc.returncode == 0, err[-2000:]
+    cache = SemanticCache(path, verifier=None, embedder=FakeEmbedder(), max_entries=10**6)
+    assert cache.stats()["entries"] == 450 and cache.stats()["total_hits"] >= 450
+    assert cache.get(_ask("b asks 149"), **KW).text == "b-149"
+    cache.close()
+
+
+# ---------------------------------------------------------------------- files of other shapes
+
+
+def test_a_cache_file_of_an_older_shape_is_rebuilt_and_a_newer_one_refused(tmp_path: Path) -> None:
+    """Before: a hybridllm cache whose tables lacked a column this version reads opened, then every
+    lookup failed with a raw IndexError or sqlite3 error; a garbled version raised ValueError."""
+    old = tmp_path / "old.sqlite3"
+    conn = sqlite3.connect(old)
+    conn.executescript(
+        "CREATE TABLE cache_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);"
+        "INSERT INTO cache_meta VALUES ('format', 'hybridllm-semantic-cache'), ('version', '0'),"
+        " ('dim', '384');"
+        "CREATE TABLE entries (id TEXT PRIMARY KEY, query TEXT, response TEXT);"
+        "INSERT INTO entries VALUES ('x', 'q', 'a');"
+    )
+    conn.commit()
+    conn.close()
+    with pytest.warns(RuntimeWarning, match="columns"):
+        cache = SemanticCache(old, verifier=None, embedder=FakeEmbedder())
+    cache.put(_ask("works"), "yes", **KW)
+    assert cache.get(_ask("works"), **KW).text == "yes"
+    cache.close()
+    assert list(tmp_path.glob("old.sqlite3.corrupt-*"))
+
+    garbled = tmp_path / "garbled.sqlite3"
+    SemanticCache(garbled, verifier=None, embedder=FakeEmbedder()).close()
+    conn = sqlite3.connect(garbled)
+    conn.execute("UPDATE cache_meta SET value = 'one' WHERE key = 'version'")
+    conn.commit()
+    conn.close()
+    with pytest.warns(RuntimeWarning, match="corrupt"):
+        SemanticCache(garbled, verifier=None, embedder=FakeEmbedder()).close()
+
+    newer = tmp_path / "newer.sqlite3"
+    SemanticCache(newer, verifier=None, embedder=FakeEmbedder()).close()
+    conn = sqlite3.connect(newer)
+    conn.execute("UPDATE cache_meta SET value = '99' WHERE key = 'version'")
+    conn.commit()
+    conn.close()
+    before = newer.read_bytes()
+    with pytest.raises(CacheCorruptError, match="newer hybridllm"):
+        SemanticCache(newer, verifier=None, embedder=FakeEmbedder())
+    assert newer.read_bytes() == before
+
+
+def test_a_file_of_another_dimension_is_refused_with_advice_that_works(tmp_path: Path) -> None:
+    """Before: the error said to run `hybridllm cache clear`, which opened the file the same way
+    and failed with the same error."""
+    from hybridllm.cache.store import CacheStore
+
+    class Wide(FakeEmbedder):
+        dim = 768
+
+    path = tmp_path / "wide.sqlite3"
+    wide = SemanticCache(path, verifier=None, embedder=Wide())
+    wide.put(_ask("wide question"), "w", **KW)
+    wide.close()
+    before = path.read_bytes()
+    with pytest.raises(CacheCorruptError, match="768-dim") as err:
+        SemanticCache(path, verifier=None, embedder=FakeEmbedder())
+    assert "--path" in str(err.value) and path.read_bytes() == before
+    store = CacheStore(path, dim=None)  # what the advice runs: the file's own dimension
+    assert store.dim == 768 and len(store.clear()) == 1
+    store.close()
+
+
+def test_asking_again_in_other_words_updates_the_stored_question(tmp_path: Path) -> None:
+    """Before: a re-put under the same key kept the first wording in the file while memory held
+    the new one, so the verifier compared against a text the file did not have."""
+    path = tmp_path / "q.sqlite3"
+    cache = SemanticCache(path, verifier=None, embedder=FakeEmbedder())
+    cache.put(_ask("How do I learn Python?"), "first", **KW)
+    cache.put(_ask("how do i learn python"), "second", **KW)
+    cache.close()
+    cache = SemanticCache(path, verifier=None, embedder=FakeEmbedder())
+    hit = cache.get(_ask("HOW DO I LEARN PYTHON"), **KW)
+    assert hit.text == "second" and hit.cached_query == "how do i learn python"
+    cache.close()
+
+
+def test_another_program_s_cache_meta_table_is_never_written(tmp_path: Path) -> None:
+    """Before: the format was checked after WAL mode and our tables had been put into the file."""
+    path = tmp_path / "app.db"
+    conn = sqlite3.connect(path)
+    conn.execute("CREATE TABLE cache_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
+    conn.execute("INSERT INTO cache_meta VALUES ('format', 'someone-elses-cache')")
+    conn.commit()
+    conn.close()
+    before = path.read_bytes()
+    with pytest.raises(CacheCorruptError, match="another program"):
+        SemanticCache(path, verifier=None, embedder=FakeEmbedder())
+    assert path.read_bytes() == before and not Path(f"{path}-wal").exists()

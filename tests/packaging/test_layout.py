@@ -27,6 +27,7 @@ RUNTIME = {
         "semantic",
         "prepare",
         "onnx_graph",
+        "guards",
     },
     "router": {"router", "classifier", "mixture", "features", "policy", "privacy", "budget"},
 }

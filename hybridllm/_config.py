@@ -94,6 +94,8 @@ class HybridLLMConfig:
             raise ConfigError(f"edge_backend must be one of {EDGE_BACKENDS}, got {self.edge_backend!r}.")
         if self.privacy not in PRIVACY_MODES:
             raise ConfigError(f"privacy must be one of {PRIVACY_MODES}, got {self.privacy!r}.")
+        if not (isinstance(self.namespace, str) and self.namespace):
+            raise ConfigError(f"namespace must be a non-empty string, got {self.namespace!r}.")
         if self.threshold is not None and not 0.0 <= self.threshold <= 1.0:
             raise ConfigError(f"threshold must be in [0, 1], got {self.threshold}.")
         for name in ("cloud_stall_timeout_s", "edge_wait_timeout_s"):

@@ -53,3 +53,15 @@ def assets_dir() -> Path:
             "package you installed it from)."
         )
     return folder
+
+
+def shipped_file(name: str) -> Path:
+    """A file hybridllm ships in ``_data`` (the cache verifier, the reranker), or
+    :class:`BrokenInstallError` when the install lacks it."""
+    path = assets_dir() / name
+    if not path.is_file():
+        raise BrokenInstallError(
+            f"This hybridllm install is incomplete: {path} is missing. Reinstall hybridllm "
+            "(`pip install --force-reinstall --no-deps` the wheel or package you installed it from)."
+        )
+    return path

@@ -132,8 +132,9 @@ class Options:
             raise InvalidRequestError(f"route must be 'edge', 'cloud' or None, got {opts.route!r}.")
         if not isinstance(opts.cache, bool) or opts.cascade not in (None, True, False):
             raise InvalidRequestError("cache and cascade must be True or False.")
-        if opts.namespace is not None and not isinstance(opts.namespace, str):
-            raise InvalidRequestError(f"namespace must be a string, got {opts.namespace!r}.")
+        if opts.namespace is not None and not (isinstance(opts.namespace, str) and opts.namespace):
+            # "" is not the default namespace: a tenant named "" would read the default's answers
+            raise InvalidRequestError(f"namespace must be a non-empty string, got {opts.namespace!r}.")
         from .carbon import check_priority
 
         check_priority(opts.priority)
@@ -197,7 +198,10 @@ class Core:
         self.namespace = namespace
         self.cache_min_logprob = cache_min_logprob
         self.stats = Stats(price_per_1k_tokens=price_per_1k_tokens)
-        self.cache_model = edge.model + ("|cloud" if cloud is not None else "")
+        # an answer is keyed by the models that can make it: the configured cloud model too, so
+        # answers of another cloud model are not served after cloud_model changes
+        cloud_name = "" if cloud is None or cloud.model == "cloud" else f":{cloud.model}"
+        self.cache_model = edge.model + ("|cloud" + cloud_name if cloud is not None else "")
         self.edge_worker = EdgeWorker(edge, max_waiting=edge_max_waiting, wait_timeout_s=edge_wait_timeout_s)
         self._closed = False
         self._cache_write_failed = False
@@ -250,6 +254,17 @@ class Core:
         ns = req.options.namespace or self.namespace
 
         def lookup() -> tuple[Any, CacheHitLike | None]:
+            # an exact repeat first, without the embedder (a cache may not offer it: optional)
+            exact = getattr(cache, "get_exact", None)
+            if exact is not None:
+                try:
+                    hit = exact(req.messages, model=self.cache_model, params_key=req.params.cache_key(),
+                                namespace=ns)
+                except Exception as exc:  # noqa: BLE001 - answer without the cache
+                    log.warning("semantic cache lookup failed: %s", exc)
+                    return None, None
+                if hit is not None:
+                    return None, hit
             try:
                 vec = cache.embed_query(req.messages)
             except HybridLLMError as exc:  # a broken cache must not break answering

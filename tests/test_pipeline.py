@@ -337,3 +337,58 @@ def test_a_cloud_that_learns_its_model_name_while_answering_reports_it():
     llm = HybridLLM(edge=FakeBackend(), cloud=cloud, policy=FakePolicy(), cache=False)
     c = llm.chat("hard question")
     assert (c.route, c.model) == ("cloud", "served-model")
+
+
+def _real_cache(path):
+    from hybridllm.cache import SemanticCache
+    from tests.cache.fakes import FakeEmbedder
+
+    embedder = FakeEmbedder()
+    return SemanticCache(path, verifier=None, embedder=embedder), embedder
+
+
+def test_an_exact_repeat_is_served_before_and_without_the_embedder(tmp_path):
+    """Before: HybridLLM embedded every question before its cache lookup, so an exact repeat
+    cost an embedding, and one whose embedder failed went unanswered by the cache."""
+    cache, embedder = _real_cache(tmp_path / "c.sqlite3")
+    llm, edge, _ = make(cache=cache)
+    first = llm.chat("easy question")
+    calls = embedder.calls
+    again = llm.chat("easy question")
+    assert (first.route, again.route, again.text) == ("edge", "cache", "edge answer")
+    assert embedder.calls == calls
+
+    def broken(text):
+        raise RuntimeError("the embedder cannot load")
+
+    embedder.embed_one = broken
+    assert llm.chat("easy question").route == "cache"
+    llm.close()
+
+
+def test_answers_of_another_cloud_model_are_not_served(tmp_path):
+    """Before: the cache key named the edge model and '|cloud' only, so after cloud_model changed
+    the previous cloud model's answers were served as the new one's."""
+    path = tmp_path / "c.sqlite3"
+    for model, expect in (("cloud-a", "cloud"), ("cloud-a", "cache"), ("cloud-b", "cloud")):
+        cache, _ = _real_cache(path)
+        cloud = FlakyCloud()
+        cloud.model = model
+        llm = HybridLLM(edge=FakeBackend(model="edge-model"), cloud=cloud, policy=FakePolicy(),
+                        cache=cache)
+        assert llm.chat("hard question").route == expect, model
+        llm.close()
+
+
+def test_an_empty_namespace_is_refused_not_read_as_the_default(tmp_path):
+    """Before: namespace='' on a call fell back to the default namespace: a tenant named '' read
+    (and wrote) the default tenant's answers."""
+    cache, _ = _real_cache(tmp_path / "c.sqlite3")
+    llm, *_ = make(cache=cache)
+    llm.chat("easy question")
+    with pytest.raises(InvalidRequestError, match="namespace"):
+        llm.chat("easy question", namespace="")
+    assert llm.chat("easy question", namespace="t1").route == "edge"
+    llm.close()
+    with pytest.raises(ConfigError, match="namespace"):
+        HybridLLM(edge=FakeBackend(), cache=False, namespace="")

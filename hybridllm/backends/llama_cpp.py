@@ -89,8 +89,9 @@ class LlamaCppBackend(DeviceBackend):
         except (ValueError, RuntimeError, OSError) as exc:
             raise ModelCorruptError(
                 f"llama.cpp could not load {self.model_path} ({exc}). The file is truncated, "
-                "corrupt or of an unsupported architecture: re-pull it with "
-                "`hybridllm models pull ID --force`, or pass another .gguf file."
+                "corrupt or of an unsupported architecture: "
+                + (f"re-pull it with `hybridllm models pull {spec.id} --force`, " if spec else "")
+                + "or pass another .gguf file."
             ) from exc
         meta = self._llm.metadata
         self._template = meta.get("tokenizer.chat_template")

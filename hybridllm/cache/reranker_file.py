@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from .._exceptions import CacheError
-from .._paths import assets_dir
+from .._paths import assets_dir, shipped_file
 from .onnx_graph import read_base_weights
 
 FORMAT = "hybridllm-cache-reranker"
@@ -64,7 +64,7 @@ def file_digest(path: Path) -> str:
 
 
 def read_info(path: str | Path | None = None) -> RerankerInfo:
-    path = Path(path) if path is not None else default_path()
+    path = Path(path) if path is not None else shipped_file(DEFAULT_NAME)
     try:
         with np.load(path, allow_pickle=False) as data:
             missing = [k for k in _INFO_KEYS if k not in data.files]

@@ -231,6 +231,21 @@ class SemanticCache:
                 return self._miss()
             return self._serve(found[best][0], found[best][1], float(probs[best]))
 
+    def get_exact(
+        self, messages: list[dict], *, model: str, params_key: dict, namespace: str | None = None
+    ) -> CacheHit | None:
+        """Only an exact repeat, what :meth:`get` serves first, without the embedder; a miss is
+        not counted (the caller goes on to :meth:`get`). ``HybridLLM`` asks this first, so an exact
+        repeat is served before the question is embedded, and even when the embedder fails."""
+        context, query = split_messages(messages)
+        bucket = bucket_key(self._namespace(namespace), model, params_key, context)
+        exact = entry_id_for(bucket, query)
+        with self._lock:
+            self._sync()
+            if exact in self._entries and self._alive(exact):
+                return self._serve(exact, 1.0, None)
+        return None
+
     def put(
         self,
         messages: list[dict],

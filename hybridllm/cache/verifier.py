@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from .._exceptions import CacheError
-from .._paths import assets_dir
+from .._paths import assets_dir, shipped_file
 from .features import NUM_HANDCRAFTED, Idf, pair_features
 
 FORMAT = "hybridllm-cache-verifier"
@@ -114,7 +114,7 @@ class HitVerifier:
 
     @classmethod
     def load(cls, path: str | Path | None = None) -> HitVerifier:
-        path = Path(path) if path is not None else default_path()
+        path = Path(path) if path is not None else shipped_file(DEFAULT_NAME)
         try:
             with np.load(path, allow_pickle=False) as data:
                 if str(data["format"]) != FORMAT or int(data["version"]) != VERSION:

@@ -139,3 +139,17 @@ def test_cli_eval_prints_one_json_object(tmp_path: Path, capsys: pytest.CaptureF
     assert {"precision", "recall", "false_hit_rate"} <= set(out)
     assert out["recall"] >= 0.5  # the identical pair is always a hit
     assert main(["cache", "eval", "--pairs", str(tmp_path / "missing.jsonl"), "--json"]) == 1
+
+
+@pytest.mark.parametrize("which", ["verifier", "reranker"])
+def test_a_missing_shipped_file_says_the_install_is_incomplete(tmp_path, monkeypatch, which):
+    """Before: a wheel without cache_verifier.npz / cache_reranker.npz was an 'internal error'."""
+    import hybridllm._paths as paths
+    from hybridllm import HybridLLMError
+    from hybridllm.cache.reranker_file import read_info
+
+    (tmp_path / "catalog.json").write_text("{}")
+    monkeypatch.setattr(paths, "assets_dir", lambda: tmp_path)
+    load = HitVerifier.load if which == "verifier" else read_info
+    with pytest.raises(HybridLLMError, match="install is incomplete"):
+        load()

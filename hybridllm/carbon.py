@@ -1,7 +1,8 @@
 """Carbon-aware choice among cloud endpoints.
 
 A cloud endpoint may carry a region and the carbon intensity of its grid in gCO2/kWh, a number or
-a callable returning one (called at each choice, so a live feed can be plugged in)::
+a callable returning one (asked once per request, so a live feed can be plugged in; the figure
+that placed a request also accounts it)::
 
     HybridLLM(cloud_endpoints=[
         {"url": "https://eu-north.example/v1", "region": "eu-north-1", "carbon_intensity": 30},
@@ -29,6 +30,7 @@ its own: ``stats()["co2_saved_g"]`` sums that against always using the fastest e
 from __future__ import annotations
 
 import logging
+import numbers
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -81,11 +83,16 @@ class CloudEndpoint:
         except Exception as exc:  # noqa: BLE001 - a failing feed must not fail the request
             log.warning("carbon intensity of %s failed (%s); treated as unknown", self.url, exc)
             return None
-        return float(value) if _valid_intensity(value) else None
+        if _valid_intensity(value):
+            return float(value)
+        log.warning("carbon intensity of %s is %r, not a number of gCO2/kWh in [0, 1e5); treated as "
+                    "unknown", self.url, value)
+        return None
 
 
 def _valid_intensity(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and 0 <= value < 1e5
+    """A number (numpy's too) of gCO2/kWh in [0, 1e5); not NaN, not a bool."""
+    return isinstance(value, numbers.Real) and not isinstance(value, bool) and 0 <= value < 1e5
 
 
 def check_priority(priority: Any) -> str | None:
@@ -109,7 +116,12 @@ class CarbonPlacer:
     ) -> None:
         if not joules_per_token > 0:
             raise ConfigError("joules_per_token must be positive.")
-        self.by_root = {root(e.url): e for e in endpoints}
+        self.by_root: dict[str, CloudEndpoint] = {}
+        for e in endpoints:
+            if root(e.url) in self.by_root:
+                raise ConfigError(f"the cloud endpoint {root(e.url)} is listed twice in cloud_endpoints "
+                                  f"({self.by_root[root(e.url)].url!r}, {e.url!r}); keep one.")
+            self.by_root[root(e.url)] = e
         self.joules_per_token = joules_per_token
         self.alpha = alpha
         self.explore_after_s = explore_after_s
@@ -129,19 +141,33 @@ class CarbonPlacer:
         fresh = seen is not None and self._clock() - seen[1] < self.explore_after_s
         return (seen[0] if seen is not None and fresh else 0.0, ep.outstanding_tokens, ep.requests)
 
-    def _carbon_key(self, ep: Any) -> tuple[float, tuple[float, int, int]]:
-        meta = self.by_root.get(ep.base_url)
+    def intensity(self, root: str | None, seen: dict[str, float | None] | None = None) -> float | None:
+        """The intensity of the endpoint at ``root``; with ``seen`` (one request's), its feed is
+        asked once per request, so a request is placed and accounted with the same figure."""
+        if seen is not None and root in seen:
+            return seen[root]
+        meta = self.by_root.get(root) if root is not None else None
         ci = meta.intensity() if meta is not None else None
+        if seen is not None and root is not None:
+            seen[root] = ci
+        return ci
+
+    def _carbon_key(self, ep: Any, seen: dict[str, float | None] | None = None
+                    ) -> tuple[float, tuple[float, int, int]]:
+        ci = self.intensity(ep.base_url, seen)
         return (float("inf") if ci is None else ci, self._speed_key(ep))
 
     # -- the choice ----------------------------------------------------------------------------
-    def order(self, endpoints: Sequence[Any], exclude: set[str], priority: str | None) -> list[Any]:
+    def order(self, endpoints: Sequence[Any], exclude: set[str], priority: str | None,
+              seen: dict[str, float | None] | None = None) -> list[Any]:
         healthy = [e for e in endpoints if e.base_url not in exclude and e.breaker.would_allow()]
-        key = self._carbon_key if priority == "batch" else self._speed_key
-        return sorted(healthy, key=key)  # type: ignore[arg-type]
+        if priority == "batch":
+            return sorted(healthy, key=lambda e: self._carbon_key(e, seen))
+        return sorted(healthy, key=self._speed_key)
 
-    def pick(self, endpoints: Sequence[Any], exclude: set[str], priority: str | None) -> Any:
-        for ep in self.order(endpoints, exclude, priority):
+    def pick(self, endpoints: Sequence[Any], exclude: set[str], priority: str | None,
+             seen: dict[str, float | None] | None = None) -> Any:
+        for ep in self.order(endpoints, exclude, priority, seen):
             if ep.breaker.allow():
                 return ep
         return None
@@ -152,7 +178,8 @@ class CarbonPlacer:
 
     # -- accounting ----------------------------------------------------------------------------
     def account(
-        self, used: str, fastest: str | None, joules: float | None, source: str | None, tokens: int
+        self, used: str, fastest: str | None, joules: float | None, source: str | None, tokens: int,
+        seen: dict[str, float | None] | None = None,
     ) -> dict[str, Any]:
         """Energy, carbon and carbon saved (vs ``fastest``) of one request, for its Usage: the
         server's figure (labelled with its source) or ``joules_per_token`` (``estimate``)."""
@@ -161,7 +188,7 @@ class CarbonPlacer:
         source = source or "server"
         kwh = joules / J_PER_KWH
         meta = self.by_root.get(used)
-        ci = meta.intensity() if meta is not None else None
+        ci = self.intensity(used, seen)
         out: dict[str, Any] = {
             "energy_j": joules,
             "energy_source": source,
@@ -169,8 +196,7 @@ class CarbonPlacer:
             "co2_g": None if ci is None else kwh * ci,
             "co2_saved_g": None,
         }
-        base = self.by_root.get(fastest) if fastest is not None else None
-        base_ci = base.intensity() if base is not None else None
+        base_ci = self.intensity(fastest, seen)
         if ci is not None and base_ci is not None:
             out["co2_saved_g"] = kwh * (base_ci - ci)
         return out

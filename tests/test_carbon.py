@@ -125,3 +125,61 @@ def test_validation():
         CloudEndpoint.of({"url": "http://x", "carbon": 5})
     with HybridLLM(edge=FakeBackend(), cache=False) as llm, pytest.raises(InvalidRequestError):
         llm.chat("x", priority="urgent")
+
+
+def test_a_feed_is_asked_once_per_request_and_the_request_is_accounted_with_the_figure_it_was_placed_by(
+    endpoints,
+):
+    """Before: the feed was asked again after the answer (twice per request, plus once per choice), so
+    a feed that failed (or moved) meanwhile gave co2_g None (or figures of another intensity)."""
+    fast_url, slow_url = endpoints
+    calls = {"clean": 0, "dirty": 0}
+
+    def feed(name: str, value: float):
+        def read() -> float:
+            calls[name] += 1
+            if calls[name] > 1:
+                raise RuntimeError("feed timed out")
+            return value
+
+        return read
+
+    marked = [
+        CloudEndpoint(fast_url, region="dirty", carbon_intensity=feed("dirty", 600.0)),
+        CloudEndpoint(slow_url, region="clean", carbon_intensity=feed("clean", 20.0)),
+    ]
+    with HybridLLM(
+        edge=FakeBackend(), cache=False, cloud_endpoints=marked, max_tokens=4, cloud_model="fake-model"
+    ) as llm:
+        llm.cloud.placer.observe_ttft(llm.cloud.placer.fastest(llm.cloud.endpoints).base_url, 0.0)
+        c = llm.chat("summarise", route="cloud", priority="batch")
+    assert calls == {"clean": 1, "dirty": 1}
+    kwh = c.energy_j / J_PER_KWH
+    assert c.region == "clean" and c.co2_g == pytest.approx(kwh * 20.0)
+    assert c.co2_saved_g == pytest.approx(kwh * (600.0 - 20.0))
+
+
+def test_one_server_named_twice_is_one_endpoint_and_two_intensities_for_it_are_refused():
+    """Before: "http://h" and "http://h/v1" were two endpoints with two breakers (the server got twice
+    its share), and two intensities for one server silently kept the last."""
+    from hybridllm.backends.cloud import CloudBackend
+
+    cloud = CloudBackend(base_url=["http://h.test", "http://h.test/v1/"], model="m",
+                         carbon=[{"url": "http://h.test/v1", "carbon_intensity": 5}])
+    assert [e.base_url for e in cloud.endpoints] == ["http://h.test/v1"]
+    with pytest.raises(ConfigError, match="listed twice"):
+        CloudBackend(base_url="http://g.test", carbon=[
+            {"url": "http://h.test/v1", "carbon_intensity": 5},
+            {"url": "http://h.test/", "carbon_intensity": 500},
+        ])
+
+
+def test_feed_values_numpy_numbers_count_and_bad_ones_are_unknown_with_a_warning(caplog):
+    import numpy as np
+
+    assert CloudEndpoint("http://x", carbon_intensity=np.int64(30)).intensity() == 30.0
+    assert CloudEndpoint("http://x", carbon_intensity=lambda: np.float32(12.5)).intensity() == 12.5
+    for bad in (float("nan"), -1.0, None, "30", float("inf")):
+        caplog.clear()
+        assert CloudEndpoint("http://x", carbon_intensity=lambda v=bad: v).intensity() is None
+        assert "treated as unknown" in caplog.text, bad

@@ -2,8 +2,10 @@
 
 Resilience, in the order a request meets it:
 1. an endpoint is picked by least outstanding tokens among those whose circuit admits a call;
-2. connection errors, timeouts, 429 and 5xx are retried with exponential backoff and full jitter,
-   honouring ``Retry-After``; a retry may go to another endpoint; a refused key (401/403) raises
+2. connection errors, timeouts, 408, 409, 429 and 5xx are retried with exponential backoff and full
+   jitter (none before an endpoint that has not failed yet), honouring ``Retry-After`` up to
+   ``backoff_max_s``; an endpoint that asks for longer gets no request until then (with no other,
+   the request fails at once and the device answers); a refused key (401/403) raises
    :class:`CloudAuthError` at once and is never retried;
 3. retries happen only before the first token is passed on, so an answer is never duplicated;
 4. a stream that goes quiet for ``stall_timeout_s`` after its first token is broken off (a hung
@@ -19,9 +21,11 @@ The pipeline calls :meth:`CloudBackend.astream` (httpx ``AsyncClient``, one per 
 from __future__ import annotations
 
 import asyncio
+import datetime
 import email.utils
 import json
 import logging
+import math
 import os
 import random
 import time
@@ -42,7 +46,9 @@ from .base import Backend, Delta, register_backend
 from .circuit import CircuitBreaker, Endpoint, pick_endpoint
 
 log = logging.getLogger("hybridllm.cloud")
-RETRY_STATUS = {429, 500, 502, 503, 504}
+COOL_MAX_S = 300.0  # the longest an endpoint is left alone on its Retry-After (then asked again)
+MODELS_TIMEOUT_S = 10.0  # the longest wait for GET /v1/models (model discovery)
+RETRY_STATUS = {408, 409, 429}  # and every 5xx: a proxy's 520-524 (Cloudflare) or 529 (overloaded) too
 
 
 class _Retryable(Exception):
@@ -58,13 +64,16 @@ def parse_retry_after(value: str | None) -> float | None:
     if not value:
         return None
     try:
-        return max(0.0, float(value))
+        seconds = float(value)
+        return max(0.0, seconds) if math.isfinite(seconds) else None
     except ValueError:
         pass
     try:
         when = email.utils.parsedate_to_datetime(value)
     except (TypeError, ValueError):
         return None
+    if when.tzinfo is None:  # "-0000" parses naive; HTTP dates are GMT, not the machine's zone
+        when = when.replace(tzinfo=datetime.UTC)
     return max(0.0, when.timestamp() - time.time())
 
 
@@ -97,12 +106,14 @@ class CloudBackend(Backend):
             from ..carbon import DEFAULT_JOULES_PER_TOKEN, CarbonPlacer, CloudEndpoint
 
             marked = [CloudEndpoint.of(e) for e in carbon]
-            urls += [e.url for e in marked if e.url not in urls]
+            urls += [e.url for e in marked]
             placer = CarbonPlacer(marked, root=_api_root,
                                   joules_per_token=joules_per_token or DEFAULT_JOULES_PER_TOKEN)
         if not urls or not all(isinstance(u, str) and u.startswith(("http://", "https://"))
                                for u in urls):
             raise ConfigError(f"cloud base_url must be http(s) URL(s), got {base_url!r}.")
+        # one server named twice ("http://h", "http://h/v1/") is one endpoint: one breaker, one share
+        urls = list({_api_root(u): u for u in reversed(urls)}.values())[::-1]
         if max_retries < 0 or backoff_base_s < 0:
             raise ConfigError("max_retries and backoff_base_s must be >= 0.")
         if stall_timeout_s is not None and stall_timeout_s <= 0:
@@ -120,6 +131,8 @@ class CloudBackend(Backend):
         self._transport = transport
         self._clients: dict[asyncio.AbstractEventLoop, Any] = {}
         self.placer = placer
+        # base URL -> (monotonic time its Retry-After ends, the status that asked for it)
+        self._cool_until: dict[str, tuple[float, int | None]] = {}
 
     def __repr__(self) -> str:  # never show the key
         key = "***" if self._api_key else None
@@ -130,8 +143,12 @@ class CloudBackend(Backend):
         return self._model or "cloud"
 
     def is_available(self) -> bool:
-        """False when every endpoint's circuit is open (a half-open probe counts as available)."""
-        return any(e.breaker.would_allow() for e in self.endpoints)
+        """False when every endpoint's circuit is open (a half-open probe counts as available) or
+        it asked (Retry-After) to be left alone longer than ``backoff_max_s``."""
+        cooling, now = self._cooling(), time.monotonic()
+        return any(e.breaker.would_allow()
+                   and cooling.get(e.base_url, (now, None))[0] - now <= self.backoff_max_s
+                   for e in self.endpoints)
 
     def _client(self) -> Any:
         """The AsyncClient of the running loop (a client's connections belong to one loop)."""
@@ -154,10 +171,16 @@ class CloudBackend(Backend):
             return self._model
         import httpx
 
-        try:
-            resp = await self._client().get(f"{ep.base_url}/models")
+        try:  # a cheap call: a server slow to answer it is not waited on for the whole read timeout
+            resp = await self._client().get(f"{ep.base_url}/models", timeout=httpx.Timeout(
+                min(self.read_timeout_s, MODELS_TIMEOUT_S), connect=self.connect_timeout_s))
         except httpx.HTTPError as exc:
-            raise _Retryable(f"could not list models at {ep.base_url}: {exc}") from exc
+            raise _Retryable(f"could not list models at {ep.base_url}: "
+                             f"{str(exc) or type(exc).__name__}") from exc
+        if resp.status_code == 404:
+            raise CloudError(f"The cloud at {ep.base_url}/models answered HTTP 404: is cloud_url the base "
+                             "URL of an OpenAI-compatible server? If it is, it does not list its models: "
+                             "set cloud_model (HYBRIDLLM_CLOUD_MODEL).", status_code=404)
         if resp.status_code != 200:
             self._raise_for_status(resp)
         try:
@@ -182,6 +205,12 @@ class CloudBackend(Backend):
             client = self._clients.pop(loop, None)
             if client is not None:
                 loop.run_until_complete(client.aclose())
+            # httpx's inner line readers, dropped when a stream broke off, are closed by tasks the
+            # loop must still run: closed unrun, they print "Task was destroyed but it is pending!"
+            pending = asyncio.all_tasks(loop)
+            if pending:
+                loop.run_until_complete(asyncio.wait(pending, timeout=5))
+            loop.run_until_complete(loop.shutdown_asyncgens())
             loop.close()
 
     def astream(self, messages: Messages, params: GenerationParams, *,
@@ -197,10 +226,22 @@ class CloudBackend(Backend):
         cost = sum(len(str(m["content"])) // 4 + 4 for m in messages) + params.max_tokens
         placer = self.placer
         fastest = placer.fastest(self.endpoints) if placer is not None else None
+        seen: dict[str, float | None] = {}  # each intensity feed is asked once per request
         while True:
             exclude = tried if len(tried) < len(self.endpoints) else set()
-            ep = (placer.pick(self.endpoints, exclude, priority) if placer is not None
-                  else pick_endpoint(self.endpoints, exclude))
+            cooling = self._cooling()
+            ep = self._pick(exclude | set(cooling), priority, seen)
+            if ep is None and cooling:  # only endpoints that asked to wait (Retry-After) are left
+                url = min(cooling, key=lambda u: cooling[u][0])
+                left, status = cooling[url][0] - time.monotonic(), cooling[url][1]
+                if left > self.backoff_max_s:  # not worth blocking the app: the device answers
+                    err = CloudRateLimitError if status == 429 else CloudUnavailableError
+                    raise err(f"The cloud asked to wait: {url} answered HTTP {status} with Retry-After; "
+                              f"it gets no request for {left:.0f} s more, and answers come from the "
+                              "device meanwhile.", status_code=status)
+                if attempt == 0:
+                    await _sleep(max(0.0, left))
+                ep = self._pick(exclude, priority, seen)
             if ep is None:
                 raise CloudUnavailableError(
                     "The cloud is unavailable (circuit open after repeated failures); "
@@ -210,18 +251,22 @@ class CloudBackend(Backend):
             started = False
             sent = time.perf_counter()
             try:
-                async for delta in self._stream_once(ep, messages, params):
-                    if placer is not None and not started:
-                        placer.observe_ttft(ep.base_url, time.perf_counter() - sent)
-                    started = True
-                    if placer is not None and delta.finish_reason is not None and delta.usage:
-                        u = delta.usage
-                        for k, v in placer.account(
-                            ep.base_url, fastest.base_url if fastest is not None else None,
-                            u.energy_j, u.energy_source, u.total_tokens,
-                        ).items():
-                            setattr(u, k, v)
-                    yield delta
+                # closed here, not by the garbage collector later: breaking off a stream frees its
+                # connection before aclose() returns
+                deltas = self._stream_once(ep, messages, params)
+                async with aclosing(deltas):  # type: ignore[type-var]  # an async generator
+                    async for delta in deltas:
+                        if placer is not None and not started:
+                            placer.observe_ttft(ep.base_url, time.perf_counter() - sent)
+                        started = True
+                        if placer is not None and delta.finish_reason is not None and delta.usage:
+                            u = delta.usage
+                            for k, v in placer.account(
+                                ep.base_url, fastest.base_url if fastest is not None else None,
+                                u.energy_j, u.energy_source, u.total_tokens, seen,
+                            ).items():
+                                setattr(u, k, v)
+                        yield delta
                 ep.breaker.record_success()
                 return
             except _Retryable as exc:
@@ -232,14 +277,20 @@ class CloudBackend(Backend):
                 ep.breaker.record_failure()
                 tried.add(ep.base_url)
                 attempt += 1
+                if exc.retry_after is not None:  # later requests go elsewhere until it ends
+                    self._cool_until[ep.base_url] = (
+                        time.monotonic() + min(exc.retry_after, COOL_MAX_S), exc.status)
                 if attempt > self.max_retries:
                     err = CloudRateLimitError if exc.status == 429 else CloudUnavailableError
                     raise err(f"The cloud failed after {attempt} attempts: {exc}",
                               status_code=exc.status) from exc
-                delay = min(self.backoff_max_s, self.backoff_base_s * 2 ** (attempt - 1))
-                delay = random.uniform(0, delay)  # full jitter
-                if exc.retry_after is not None:
-                    delay = max(delay, min(exc.retry_after, 60.0))
+                if self._another_ready(tried) or (exc.retry_after or 0.0) > self.backoff_max_s:
+                    delay = 0.0  # another endpoint has not failed, or this one is not waited for
+                else:
+                    delay = min(self.backoff_max_s, self.backoff_base_s * 2 ** (attempt - 1))
+                    delay = random.uniform(0, delay)  # full jitter
+                    if exc.retry_after is not None and exc.retry_after <= self.backoff_max_s:
+                        delay = max(delay, exc.retry_after)  # a longer one is not waited for (above)
                 log.info("cloud attempt %d failed (%s); retrying in %.2fs", attempt, exc, delay)
                 await _sleep(delay)
             except (CloudError, InvalidRequestError):  # the endpoint answered: not a failure
@@ -250,6 +301,25 @@ class CloudBackend(Backend):
                 raise
             finally:
                 ep.done(cost)
+
+    def _pick(self, exclude: set[str], priority: str | None,
+              seen: dict[str, float | None]) -> Endpoint | None:
+        if self.placer is not None:
+            return self.placer.pick(self.endpoints, exclude, priority, seen)
+        return pick_endpoint(self.endpoints, exclude)
+
+    def _cooling(self) -> dict[str, tuple[float, int | None]]:
+        """The endpoints whose Retry-After has not ended yet (the ended ones are forgotten)."""
+        now, snapshot = time.monotonic(), dict(self._cool_until)  # one copy: other threads may add
+        for url in [u for u, (until, _) in snapshot.items() if until <= now]:
+            self._cool_until.pop(url, None)
+            del snapshot[url]
+        return snapshot
+
+    def _another_ready(self, tried: set[str]) -> bool:
+        cooling = self._cooling()
+        return any(e.base_url not in tried and e.base_url not in cooling and e.breaker.would_allow()
+                   for e in self.endpoints)
 
     def request_body(self, model: str, messages: Messages, params: GenerationParams) -> dict:
         body: dict[str, Any] = {
@@ -280,6 +350,18 @@ class CloudBackend(Backend):
                 if resp.status_code != 200:
                     await resp.aread()
                     self._raise_for_status(resp)
+                ctype = resp.headers.get("content-type", "").split(";")[0].strip().lower()
+                if ctype == "application/json":  # a server that ignores "stream": true
+                    await resp.aread()
+                    text, final = _read_completion(resp, ep.base_url)
+                    if text.text:
+                        yield text
+                    yield final
+                    return
+                if ctype == "text/html":
+                    raise _Retryable(f"{ep.base_url} answered a web page (text/html), not an event "
+                                     "stream: is cloud_url the base URL of an OpenAI-compatible server? "
+                                     "(a network's sign-in page does this too)")
                 # closed here, on this loop: left to the garbage collector, a stream broken off
                 # mid-answer finalized after the loop had stopped ("Task was destroyed but it
                 # is pending!" on stderr)
@@ -329,7 +411,7 @@ class CloudBackend(Backend):
             message = resp.json()["error"]["message"]
         except (ValueError, KeyError, TypeError):
             message = resp.text[:200]
-        if status in RETRY_STATUS:
+        if status in RETRY_STATUS or status >= 500:
             raise _Retryable(f"HTTP {status}: {message}", status=status,
                              retry_after=parse_retry_after(resp.headers.get("retry-after")))
         if status in (401, 403):
@@ -394,6 +476,24 @@ def _read_event(event: dict) -> tuple[list[str], str | None, Usage | None]:
         if choice.get("finish_reason"):
             finish = str(choice["finish_reason"])
     return texts, finish, usage
+
+
+def _read_completion(resp: Any, where: str) -> tuple[Delta, Delta]:
+    """The text and the final delta of a whole (non-streamed) chat completion."""
+    try:
+        body = resp.json()
+        if body.get("error"):
+            raise _Retryable(f"the cloud reported an error: {str(body['error'])[:200]}")
+        choice = body["choices"][0]
+        text = (choice.get("message") or {}).get("content") or ""
+        if not isinstance(text, str):
+            raise TypeError(f"content is {type(text).__name__}, not text")
+        _, _, usage = _read_event({"usage": body.get("usage")})
+    except (ValueError, TypeError, AttributeError, KeyError, IndexError) as exc:
+        raise _Retryable(f"malformed answer from {where}: {resp.text[:80]!r}") from exc
+    finish = choice.get("finish_reason")
+    return Delta(text), Delta("", finish_reason=finish if finish in ("stop", "length") else "stop",
+                              usage=usage or Usage())
 
 
 async def _sleep(seconds: float) -> None:

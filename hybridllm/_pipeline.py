@@ -327,7 +327,7 @@ class Core:
                         req,
                         start,
                         route=EDGE_FALLBACK,
-                        reason=f"{d.reason}; cloud circuit open",
+                        reason=f"{d.reason}; cloud unavailable (circuit open, or its Retry-After not over)",
                         score=d.score,
                     )
                 ) as source:

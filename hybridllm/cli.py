@@ -10,6 +10,7 @@ import argparse
 import importlib
 import json
 import os
+import re
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -18,6 +19,10 @@ from ._exceptions import HybridLLMError
 
 # Command groups that live beside the code they drive; each module has register(subparsers).
 _GROUPS = ("hybridllm.router._cli", "hybridllm.cache._cli", "hybridllm._serve_cli")
+
+
+class _UsageError(HybridLLMError):
+    """A command line that cannot work, found after parsing: exit status 2, like argparse's own."""
 
 
 def _sampling_value(name: str, convert: Callable[[str], Any]) -> Callable[[str], Any]:
@@ -87,8 +92,40 @@ def _client(args: argparse.Namespace) -> Any:
                      progress=ProgressBar(f"Preparing {model}"), **backend)
 
 
-def _style(text: str, code: str, stream: Any = sys.stdout) -> str:
-    return f"\x1b[{code}m{text}\x1b[0m" if stream.isatty() else text
+def _style(text: str, code: str, stream: Any = None) -> str:
+    """``text`` in an ANSI style when ``stream`` (default stdout) is a terminal that takes colour:
+    never into a pipe or file, nor under NO_COLOR (https://no-color.org) or TERM=dumb."""
+    stream = sys.stdout if stream is None else stream
+    try:
+        tty = stream.isatty()
+    except (AttributeError, ValueError):  # a closed or stand-in stream
+        tty = False
+    if not tty or os.environ.get("NO_COLOR") or os.environ.get("TERM") == "dumb":
+        return text
+    return f"\x1b[{code}m{text}\x1b[0m"
+
+
+def _note(text: str) -> None:
+    """A status line for the person at the terminal: dim, on stderr, so stdout holds only answers."""
+    print(_style(text, "2", sys.stderr), file=sys.stderr, flush=True)
+
+
+def _text(value: str) -> str:
+    """Text from argv or stdin as well-formed Unicode: bytes that are not UTF-8 (which Python keeps
+    as lone surrogates) become U+FFFD instead of failing the request."""
+    try:
+        return value.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+    except UnicodeEncodeError:  # a lone surrogate that stands for no byte
+        return value.encode("utf-8", "replace").decode("utf-8")
+
+
+def _decode_stdin_leniently() -> None:
+    reconfigure = getattr(sys.stdin, "reconfigure", None)
+    if reconfigure is not None:
+        try:
+            reconfigure(errors="surrogateescape")  # _text() then turns the bad bytes into U+FFFD
+        except (ValueError, OSError):
+            pass
 
 
 def trace_line(c: Any) -> str:
@@ -98,68 +135,151 @@ def trace_line(c: Any) -> str:
             f"{c.reason}]")
 
 
+def _prompt(args: argparse.Namespace) -> str:
+    """The prompt: the argument, or stdin when it is ``-`` or left out (``echo q | hybridllm ask``)."""
+    if args.prompt is not None and args.prompt != "-":
+        return _text(args.prompt)
+    if sys.stdin is None or sys.stdin.isatty():
+        raise _UsageError("ask needs a prompt: hybridllm ask \"PROMPT\", or pipe it in "
+                          "(echo PROMPT | hybridllm ask).")
+    _decode_stdin_leniently()
+    text = _text(sys.stdin.read()).strip()
+    if not text:
+        raise _UsageError("the prompt read from stdin is empty.")
+    return text
+
+
+def _messages(args: argparse.Namespace, prompt: str) -> Any:
+    if not args.system:
+        return prompt
+    return [{"role": "system", "content": _text(args.system)}, {"role": "user", "content": prompt}]
+
+
 def cmd_ask(args: argparse.Namespace) -> int:
     sampling = _sampling(args)
+    messages = _messages(args, _prompt(args))
     with _client(args) as llm:
         if args.json:
-            print(json.dumps(llm.chat(args.prompt, **sampling).to_dict()))
+            print(json.dumps(llm.chat(messages, **sampling).to_dict()))
             return 0
-        stream = llm.stream(args.prompt, **sampling)
+        stream = llm.stream(messages, **sampling)
         for chunk in stream:
             print(chunk.text, end="", flush=True)
         print()
         if stream.completion is not None:
-            print(_style(trace_line(stream.completion), "2"), file=sys.stderr)
+            _note(trace_line(stream.completion))
     return 0
 
 
-CHAT_HELP = "/reset clears the conversation, /exit (or Ctrl-D) quits, /help shows this."
+CHAT_HELP = ("/reset clears the conversation, /exit (or Ctrl-D) quits, /help shows this; "
+             "Ctrl-C stops an answer.")
+_COMMAND = re.compile(r"/[A-Za-z?]+")
+
+
+def _fit(llm: Any, history: list[dict[str, str]], base: int, max_tokens: int | None) -> int:
+    """Drop the oldest turns (never the system prompt nor the new question) until the conversation
+    leaves room for the answer in the device model's context; how many messages went. With a cloud
+    configured the router sends a long conversation there instead, so nothing is dropped."""
+    if llm.cloud is not None:
+        return 0
+    edge = llm.edge
+    limit = getattr(edge, "context_length", None)
+    if not limit or not callable(getattr(edge, "tokenize", None)):
+        return 0
+    room = min(max_tokens or llm.config.max_tokens, limit // 2)
+    dropped = 0
+    while len(history) - base > 1 and len(edge.tokenize(history)) + room > limit:
+        del history[base]  # the oldest user turn, then its answer
+        if len(history) - base > 1 and history[base]["role"] == "assistant":
+            del history[base]
+            dropped += 1
+        dropped += 1
+    return dropped
 
 
 def cmd_chat(args: argparse.Namespace) -> int:
     sampling = _sampling(args)
+    interactive = sys.stdin is not None and sys.stdin.isatty()
+    _decode_stdin_leniently()
     with _client(args) as llm:
         history: list[dict[str, str]] = []
         if args.system:
-            history.append({"role": "system", "content": args.system})
+            history.append({"role": "system", "content": _text(args.system)})
         base = len(history)
-        print(_style(f"hybridllm chat with {llm.edge.model}. {CHAT_HELP}", "2"))
+        failed = False
+        prompt = _style("you> ", "1")
+        if interactive:
+            try:
+                import readline  # noqa: F401 - line editing and the arrow keys' history for input()
+            except ImportError:
+                pass
+            else:  # readline must be told which bytes of the prompt take no room on the line
+                prompt = re.sub(r"(\x1b\[[0-9;]*m)", "\x01\\1\x02", prompt)
+            _note(f"hybridllm chat with {llm.edge.model}. {CHAT_HELP}")
+        interrupted = False  # Ctrl-C at the prompt: a second one in a row quits
         while True:
             try:
-                line = input(_style("you> ", "1"))
+                line = input(prompt) if interactive else input()
             except EOFError:
+                if interactive:
+                    print()
+                return 1 if failed else 0
+            except KeyboardInterrupt:
+                if interrupted or not interactive:
+                    raise
+                interrupted = True
                 print()
-                return 0
-            text = line.strip()
+                _note("(press Ctrl-C again, Ctrl-D or type /exit to quit)")
+                continue
+            interrupted = False
+            text = _text(line).strip()
             if not text:
                 continue
-            if text in ("/exit", "/quit"):
-                return 0
-            if text == "/reset":
-                del history[base:]
-                print(_style("(conversation cleared)", "2"))
-                continue
-            if text == "/help":
-                print(CHAT_HELP)
+            if _COMMAND.fullmatch(text.split()[0]):
+                command = text.split()[0].lower()
+                if command in ("/exit", "/quit", "/bye"):
+                    return 1 if failed else 0
+                if command == "/reset":
+                    del history[base:]
+                    _note("(conversation cleared)")
+                elif command in ("/help", "/?"):
+                    print(CHAT_HELP)
+                else:
+                    _note(f"unknown command {command}; {CHAT_HELP}")
                 continue
             history.append({"role": "user", "content": text})
+            dropped = _fit(llm, history, base, sampling["max_tokens"])
+            if dropped:
+                _note(f"(the conversation outgrew the model's context: dropped its {dropped} oldest "
+                      "messages; /reset starts afresh)")
+            parts: list[str] = []
             try:
                 stream = llm.stream(history, **sampling)
                 for chunk in stream:
+                    parts.append(chunk.text)
                     print(chunk.text, end="", flush=True)
             except KeyboardInterrupt:  # stop this answer, keep the session
-                print(_style("\n(stopped)", "2"))
-                history.pop()
+                print(flush=True)
+                if not parts:
+                    history.pop()
+                    _note("(stopped before the answer began; the question is not kept)")
+                    continue
+                # the conversation goes on from what was shown: the question and the part answered
+                history.append({"role": "assistant", "content": "".join(parts)})
+                _note("(stopped; the partial answer stays in the conversation, /reset clears it)")
                 continue
             except HybridLLMError as exc:
-                print(f"\nerror: {exc}", file=sys.stderr)
+                if parts:
+                    print(flush=True)
+                print(f"error: {exc}", file=sys.stderr, flush=True)
                 history.pop()
+                failed = not interactive  # a script learns of it from the exit status
                 continue
             print()
             done = stream.completion
             if done is not None:
                 history.append({"role": "assistant", "content": done.text})
-                print(_style(trace_line(done), "2"))
+                _note(trace_line(done))
 
 
 def cmd_models_list(args: argparse.Namespace) -> int:
@@ -247,9 +367,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_chat)
 
     p = sub.add_parser("ask", help="answer one prompt and exit")
-    p.add_argument("prompt")
+    p.add_argument("prompt", nargs="?", default=None,
+                   help="the question; - or left out: read it from stdin")
     p.add_argument("--json", action="store_true", help="print the Completion as one JSON object")
     _add_sampling(p)
+    p.add_argument("--system", default=None, help="system prompt")
     p.set_defaults(func=cmd_ask)
 
     models = sub.add_parser("models", help="list, pull, verify the embedded models")
@@ -293,6 +415,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     try:
         return int(args.func(args) or 0)
+    except _UsageError as exc:
+        print(f"{parser.prog} {args.command}: error: {exc}", file=sys.stderr)
+        return 2
     except HybridLLMError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

@@ -204,3 +204,246 @@ def test_bad_sampling_options_are_usage_errors_before_anything_loads(monkeypatch
     stops = [arg for i in range(5) for arg in ("--stop", f"s{i}")]
     assert cli.main(["ask", *stops, "hi"]) == 1  # the options together: checked before loading too
     assert "stop takes at most 4 strings" in capsys.readouterr().err
+
+
+# --- chat and ask: the terminal, pipes, Ctrl-C, the context window -------------------------------
+
+
+class FakeEdge:
+    model = "fake-edge"
+
+    def __init__(self, context_length=4096):
+        self.context_length = context_length
+
+    def tokenize(self, messages):
+        return [0] * sum(len(m["content"].split()) + 4 for m in messages)
+
+
+class FakeStream:
+    def __init__(self, pieces, interrupt_after=None):
+        self.pieces, self.interrupt_after, self.completion = pieces, interrupt_after, None
+
+    def __iter__(self):
+        from hybridllm import Chunk, Completion
+
+        for i, piece in enumerate(self.pieces):
+            if i == self.interrupt_after:
+                raise KeyboardInterrupt
+            yield Chunk(text=piece, route="edge", model="fake")
+        self.completion = Completion(text="".join(self.pieces), route="edge", reason="why", model="fake")
+
+
+class ChatFake:
+    """Stands in for HybridLLM in chat/ask: records each conversation it was sent."""
+
+    sent: list = []
+    answers: list = []
+    edge = FakeEdge()
+
+    def __init__(self, **kw):
+        from types import SimpleNamespace
+
+        self.cloud = None
+        self.config = SimpleNamespace(max_tokens=256)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        pass
+
+    def stream(self, messages, **params):
+        from hybridllm import InvalidRequestError
+
+        ChatFake.sent.append(messages if isinstance(messages, str) else [dict(m) for m in messages])
+        answer = ChatFake.answers.pop(0) if ChatFake.answers else FakeStream(["an ", "answer"])
+        if isinstance(answer, Exception):
+            raise answer
+        assert not isinstance(answer, InvalidRequestError)
+        return answer
+
+    def chat(self, messages, **params):
+        from hybridllm import Completion
+
+        ChatFake.sent.append(messages)
+        return Completion(text='say "hi"\n\u00e9\U0001f600', route="edge", reason="r", model="m")
+
+
+class Terminal:
+    """A stand-in stream that says it is a terminal (or not)."""
+
+    def __init__(self, tty, lines=()):
+        import io
+
+        self.tty, self.buffer = tty, io.StringIO("".join(f"{line}\n" for line in lines))
+
+    def isatty(self):
+        return self.tty
+
+    def readline(self):
+        return self.buffer.readline()
+
+    def read(self):
+        return self.buffer.read()
+
+    def write(self, text):
+        return len(text)  # what a terminal shows is not checked here
+
+    def flush(self):
+        pass
+
+
+@pytest.fixture
+def fake(monkeypatch):
+    ChatFake.sent, ChatFake.answers, ChatFake.edge = [], [], FakeEdge()
+    monkeypatch.setattr("hybridllm._client.HybridLLM", ChatFake)
+    monkeypatch.delenv("NO_COLOR", raising=False)
+    monkeypatch.setenv("TERM", "xterm")
+    return ChatFake
+
+
+def scripted_input(monkeypatch, script):
+    """Makes input() return each line of script in turn (an exception in it is raised); EOF after."""
+    lines = list(script)
+
+    def fake_input(prompt=""):
+        if not lines:
+            raise EOFError
+        line = lines.pop(0)
+        if isinstance(line, BaseException):
+            raise line
+        return line
+
+    monkeypatch.setattr("builtins.input", fake_input)
+    monkeypatch.setattr("sys.stdin", Terminal(True))
+
+
+def test_piped_chat_writes_only_answers_to_stdout(fake, monkeypatch, capsys):
+    """Before: `echo q | hybridllm chat > out` wrote the banner, 'you> ' prompts and the trace
+    line into out, between the answers."""
+    monkeypatch.setattr("sys.stdin", Terminal(False, ["first question", "second question"]))
+    assert cli.main(["chat"]) == 0
+    out, err = capsys.readouterr()
+    assert out == "an answer\nan answer\n"
+    assert "[edge · fake · TTFT - · - tok/s · 0 tokens · why]" in err and "\x1b[" not in err
+    assert [m["content"] for m in fake.sent[-1]] == ["first question", "an answer", "second question"]
+
+
+def test_piped_chat_that_failed_exits_1(fake, monkeypatch, capsys):
+    from hybridllm import EdgeError
+
+    fake.answers = [EdgeError("the model broke")]
+    monkeypatch.setattr("sys.stdin", Terminal(False, ["q", "q again"]))
+    assert cli.main(["chat"]) == 1
+    out, err = capsys.readouterr()
+    assert "error: the model broke" in err and out.endswith("an answer\n")
+    assert [m["content"] for m in fake.sent[-1]] == ["q again"]  # the failed turn left no trace
+
+
+def test_status_lines_follow_their_own_stream_and_no_color(fake, monkeypatch, capsys):
+    """Before: the colour of stderr's trace line was decided by whether stdout was a terminal, and
+    NO_COLOR was ignored."""
+    assert cli._style("x", "2", Terminal(True)) == "\x1b[2mx\x1b[0m"
+    assert cli._style("x", "2", Terminal(False)) == "x"
+    monkeypatch.setenv("NO_COLOR", "1")
+    assert cli._style("x", "2", Terminal(True)) == "x"
+    monkeypatch.delenv("NO_COLOR")
+    monkeypatch.setattr("sys.stdout", Terminal(True))  # stdout a terminal, stderr captured
+    cli._note("status")
+    assert capsys.readouterr().err == "status\n"
+
+
+def test_unknown_slash_commands_are_not_sent_to_the_model(fake, monkeypatch, capsys):
+    """Before: a mistyped /rest went to the model as a question."""
+    scripted_input(monkeypatch, ["/rest", "/usr/bin holds what?", "/HELP"])
+    assert cli.main(["chat"]) == 0
+    out, err = capsys.readouterr()
+    assert "unknown command /rest" in err
+    assert len(fake.sent) == 1 and fake.sent[0][-1]["content"] == "/usr/bin holds what?"
+    assert cli.CHAT_HELP in out
+
+
+def test_ctrl_c_stops_the_answer_and_keeps_what_was_shown(fake, monkeypatch, capsys):
+    """Ctrl-C mid-answer keeps the session; the question and the part of the answer on the screen
+    stay in the conversation (before: both were dropped, unannounced)."""
+    fake.answers = [FakeStream(["Once ", "upon ", "a time"], interrupt_after=2),
+                    FakeStream(["never"], interrupt_after=0)]
+    scripted_input(monkeypatch, ["tell a story", "stop at once", "go on"])
+    assert cli.main(["chat"]) == 0
+    err = capsys.readouterr().err
+    assert "partial answer stays" in err and "the question is not kept" in err
+    assert fake.sent[-1] == [{"role": "user", "content": "tell a story"},
+                             {"role": "assistant", "content": "Once upon "},
+                             {"role": "user", "content": "go on"}]
+
+
+def test_ctrl_c_at_the_prompt_asks_for_a_second_one(fake, monkeypatch, capsys):
+    """Before: one Ctrl-C at the prompt (to clear a half-typed line) ended the whole conversation."""
+    scripted_input(monkeypatch, [KeyboardInterrupt(), "question", KeyboardInterrupt(), KeyboardInterrupt()])
+    assert cli.main(["chat"]) == 130
+    assert "press Ctrl-C again" in capsys.readouterr().err
+    assert len(fake.sent) == 1
+
+
+def test_a_conversation_past_the_context_drops_its_oldest_turns(fake, monkeypatch, capsys):
+    """Before: the turn that no longer fitted failed ("The prompt is N tokens ...") and so did every
+    turn after it; the one before had its answer cut silently by the full context."""
+    fake.edge = FakeEdge(context_length=80)
+    words = " ".join(["word"] * 10)
+    scripted_input(monkeypatch, [f"q{i} {words}" for i in range(6)])
+    assert cli.main(["chat", "--system", "be brief", "--max-tokens", "20"]) == 0
+    assert len(fake.sent) == 6
+    for sent in fake.sent:
+        assert len(fake.edge.tokenize(sent)) + 20 <= 80
+        assert sent[0] == {"role": "system", "content": "be brief"}
+    assert [m["content"].split()[0] for m in fake.sent[-1][1:]] == ["q4", "an", "q5"]
+    assert "dropped its 2 oldest messages" in capsys.readouterr().err
+
+
+def test_text_that_is_not_utf8_is_replaced_not_refused(fake, monkeypatch, capsys):
+    """Before: `hybridllm ask $'caf\\xe9'` (Latin-1 bytes) failed with 'holds a lone UTF-16
+    surrogate ... half of an emoji'."""
+    assert cli.main(["ask", "caf\udce9 au lait"]) == 0
+    assert fake.sent[-1] == "caf\ufffd au lait"
+    assert cli._text("\ud83d!") == "?!"
+
+
+def test_ask_reads_stdin_and_takes_system(fake, monkeypatch, capsys):
+    """Before: `echo q | hybridllm ask` and `hybridllm ask q --system S` were usage errors."""
+    monkeypatch.setattr("sys.stdin", Terminal(False, ["what is", "this?"]))
+    assert cli.main(["ask", "--system", "be brief"]) == 0
+    assert fake.sent[-1] == [{"role": "system", "content": "be brief"},
+                             {"role": "user", "content": "what is\nthis?"}]
+    assert capsys.readouterr().out == "an answer\n"
+    monkeypatch.setattr("sys.stdin", Terminal(True))
+    assert cli.main(["ask"]) == 2
+    assert "ask needs a prompt" in capsys.readouterr().err
+
+
+def test_ask_json_is_one_parseable_object(fake, capsys):
+    import json
+
+    assert cli.main(["ask", "hi", "--json"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("\n") == 1 and json.loads(out)["text"] == 'say "hi"\n\u00e9\U0001f600'
+
+
+def test_the_interactive_prompt_has_line_editing(fake, monkeypatch, capsys):
+    """Before: readline was never loaded, so the arrow keys printed ^[[A instead of recalling a line,
+    and the prompt's colour codes were not marked for it (long lines wrapped in the wrong place)."""
+    import sys
+
+    pytest.importorskip("readline")
+    monkeypatch.delitem(sys.modules, "readline", raising=False)
+    prompts = []
+
+    def fake_input(prompt=""):
+        prompts.append(prompt)
+        raise EOFError
+
+    monkeypatch.setattr("builtins.input", fake_input)
+    monkeypatch.setattr("sys.stdin", Terminal(True))
+    monkeypatch.setattr("sys.stdout", Terminal(True))
+    assert cli.main(["chat"]) == 0
+    assert "readline" in sys.modules
+    assert prompts == ["\x01\x1b[1m\x02you> \x01\x1b[0m\x02"]

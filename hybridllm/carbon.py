@@ -92,7 +92,7 @@ class CloudEndpoint:
 
 def _valid_intensity(value: Any) -> bool:
     """A number (numpy's too) of gCO2/kWh in [0, 1e5); not NaN, not a bool."""
-    return isinstance(value, numbers.Real) and not isinstance(value, bool) and 0 <= value < 1e5
+    return isinstance(value, numbers.Real) and not isinstance(value, bool) and 0 <= float(value) < 1e5
 
 
 def check_priority(priority: Any) -> str | None:

@@ -353,9 +353,9 @@ class CloudBackend(Backend):
                 ctype = resp.headers.get("content-type", "").split(";")[0].strip().lower()
                 if ctype == "application/json":  # a server that ignores "stream": true
                     await resp.aread()
-                    text, final = _read_completion(resp, ep.base_url)
-                    if text.text:
-                        yield text
+                    whole, final = _read_completion(resp, ep.base_url)
+                    if whole.text:
+                        yield whole
                     yield final
                     return
                 if ctype == "text/html":

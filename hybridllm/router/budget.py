@@ -73,17 +73,45 @@ class Budget:
             }
 
     def exhausted(self) -> str | None:
-        """Why the cloud budget is spent (a reason string), or None while there is room."""
+        """Why the cloud budget is spent (a reason string that says when there is room again), or
+        None while there is room."""
         if not self.is_limited:
             return None
-        used = self.usage()
+        with self._lock:
+            now = self.clock()
+            self._trim(now)
+            events = list(self._events)
+        hour = [(ts, t) for ts, t in events if ts > now - HOUR]
         checks = (
-            ("calls_hour", self.max_cloud_calls_per_hour, "cloud calls this hour"),
-            ("calls_day", self.max_cloud_calls_per_day, "cloud calls today"),
-            ("tokens_hour", self.max_cloud_tokens_per_hour, "cloud tokens this hour"),
-            ("tokens_day", self.max_cloud_tokens_per_day, "cloud tokens today"),
+            (hour, HOUR, False, self.max_cloud_calls_per_hour, "cloud calls this hour"),
+            (events, DAY, False, self.max_cloud_calls_per_day, "cloud calls today"),
+            (hour, HOUR, True, self.max_cloud_tokens_per_hour, "cloud tokens this hour"),
+            (events, DAY, True, self.max_cloud_tokens_per_day, "cloud tokens today"),
         )
-        for key, limit, label in checks:
-            if limit is not None and used[key] >= limit:
-                return f"budget spent: {used[key]}/{limit} {label}"
+        for window, span, tokens, limit, label in checks:
+            if limit is None:
+                continue
+            used = sum(t for _, t in window) if tokens else len(window)
+            if used >= limit:
+                when = _room_again(window, span, tokens, limit, used, now)
+                return f"budget spent: {used}/{limit} {label}{when}"
         return None
+
+
+def _room_again(window: list[tuple[float, int]], span: float, tokens: bool, limit: int, used: int,
+                now: float) -> str:
+    """When enough of the oldest calls leave the sliding window for the next call to fit."""
+    for ts, t in window:  # oldest first
+        used -= t if tokens else 1
+        if used < limit:
+            wait = max(0.0, ts + span - now)
+            return f" (sliding window: room again in {_duration(wait)})"
+    return ""  # a limit of 0: never
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 60:
+        return f"{max(1, round(seconds))} s"
+    if seconds < 3600:
+        return f"{round(seconds / 60)} min"
+    return f"{seconds / 3600:.1f} h"

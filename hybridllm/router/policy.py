@@ -8,7 +8,9 @@ Order (the first rule that applies decides; each decision carries its reason):
     4. router score >= threshold -> cloud, else edge; a score inside ``cascade_band`` -> edge
        first, escalated to the cloud when the edge answer's confidence is low ("edge->cloud")
 
-With privacy="redact", cloud-bound messages have the detected items replaced by placeholders.
+Every message is scanned (system, assistant and tool turns too), and a value split across two
+turns is found. With privacy="redact", cloud-bound messages have the detected items replaced by
+placeholders, and a cloud decision's reason says so.
 The client's pipeline then applies what only it knows: the cloud budget (a ledger it keeps, see
 :mod:`.budget`) and whether the cloud is reachable.
 """
@@ -85,6 +87,8 @@ class RoutingPolicy:
 
         def decision(route: str, reason: str, score: float | None = None,
                      cascade: bool = False, forced: bool = False) -> Decision:
+            if cloud_msgs is not msgs and (route == "cloud" or cascade):
+                reason = f"{reason}; {', '.join(kinds)} redacted for the cloud"
             return Decision(route=route, reason=reason, score=score, messages_for_cloud=cloud_msgs,
                             pii_kinds=kinds, cascade=cascade, forced=forced)
 

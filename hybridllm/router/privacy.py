@@ -4,15 +4,22 @@ Each detector is a regex for the shape plus, where the format has one, its check
 look-alikes (order numbers, version strings, random 16-digit numbers) are not flagged:
 
     card       13-19 digits, a known issuer prefix, and the Luhn check
-    iban       country code, 2 check digits, BBAN; moved-digits number mod 97 == 1 (ISO 13616)
+    iban       country code, 2 check digits, BBAN, any case, spaces or dashes; moved-digits
+               number mod 97 == 1 (ISO 13616)
     national_id  US SSN (area not 000/666/9xx, group not 00, serial not 0000), UK NINO
-    phone      +country code, (NNN) NNN-NNNN / NNN-NNN-NNNN, or 0N NN NN NN NN
-    email      local@domain.tld
-    secret     well-known API-key prefixes, private-key blocks, JWTs, key=value assignments
+    phone      +country code, (NNN) NNN-NNNN / NNN-NNN-NNNN / NNN NNN NNNN, 0N NN NN NN NN, UK
+               national numbers, or any number right after a phone word ("call me on ...")
+    email      local@domain.tld (Unicode too), or spelled out: "a [at] b [dot] com"
+    secret     well-known API-key prefixes, private-key blocks, JWTs, Authorization headers and
+               bearer tokens, credentials in URLs, and key=value / "password: ..." assignments
+
+Names and street addresses need a language model (Presidio's NER) and are not detected. Messages
+are scanned one by one and joined, so a value split across two consecutive turns is found too.
 """
 
 from __future__ import annotations
 
+import bisect
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -76,40 +83,98 @@ def iban_ok(compact: str) -> bool:
     return int(number) % 97 == 1
 
 
+# Every unbounded run below starts where a run of its characters starts (a lookbehind for the same
+# class) or is bounded, so that a scan is linear in the prompt: a 1 MB prompt takes well under a
+# second whatever it holds (an unanchored e-mail pattern took minutes on "1-1-1-...").
 _CARD = re.compile(r"(?<![\d-])\d(?:[ -]?\d){12,18}(?![\d-])")
-_IBAN = re.compile(r"\b[A-Z]{2}\d{2}(?: ?[A-Z0-9]{4}){2,7}(?: ?[A-Z0-9]{1,3})?\b")
+# ISO 13616 paper format groups by four with spaces; dashes and lower case are seen in the wild
+_IBAN = re.compile(
+    r"(?<![\w-])[A-Z]{2}\d{2}(?:[ -]?[A-Z0-9]{4}){2,7}(?:[ -]?[A-Z0-9]{1,3})?(?![\w-])", re.IGNORECASE
+)
 _SSN = re.compile(r"(?<![\d-])(?!000|666|9\d\d)\d{3}([- ])(?!00)\d{2}\1(?!0000)\d{4}(?![\d-])")
 _SSN_KEYWORD = re.compile(
-    r"\b(?:ssn|social security(?: number| no\.?)?)\s*(?:#|:|is)?\s*"
+    r"\b(?:ssn|social security(?: number| no\.?)?)[ \t]{0,3}(?:#|:|is)?[ \t]{0,3}"
     r"(?P<num>(?!000|666|9\d\d)\d{3}(?!00)\d{2}(?!0000)\d{4})\b", re.IGNORECASE
 )
 _NINO = re.compile(
-    r"\b(?!BG|GB|NK|KN|TN|NT|ZZ)[A-CEGHJ-PR-TW-Z][A-CEGHJ-NPR-TW-Z] ?\d{2} ?\d{2} ?\d{2} ?[A-D]\b"
+    r"\b(?!BG|GB|NK|KN|TN|NT|ZZ)[A-CEGHJ-PR-TW-Z][A-CEGHJ-NPR-TW-Z] ?\d{2} ?\d{2} ?\d{2} ?[A-D]\b",
+    re.IGNORECASE,
 )
+# Unicode letters and digits (IDN addresses: jürgen@müller.de), any case; RFC 5321's lengths
 _EMAIL = re.compile(
-    r"\b[A-Za-z0-9][A-Za-z0-9._%+-]*@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*\.[A-Za-z]{2,}\b"
+    r"(?<![\w.%+'-])[\w%+'-][\w.%+'-]{0,63}@(?:[^\W_][\w-]{0,62}\.){1,8}"
+    r"(?:[^\W\d_]{2,63}|xn--[\w-]{2,59})(?![\w-])"
+)
+# Spelled-out addresses: "jane.doe [at] example [dot] com", "jane dot doe at example dot com".
+# A plain " at " needs a spelled " dot " and a common top-level domain, and a local part that is
+# not a verb or pronoun ("look at example dot com" is a sentence, not an address).
+_AT = r"(?:[ \t]{0,3}[\[({<][ \t]?at[ \t]?[\])}>][ \t]{0,3}|[ \t]{1,3}at[ \t]{1,3})"
+_DOT = r"(?:[ \t]{0,3}[\[({<][ \t]?dot[ \t]?[\])}>][ \t]{0,3}|[ \t]{1,3}dot[ \t]{1,3})"
+_EMAIL_SPELLED = re.compile(
+    rf"(?<![\w.+-])(?!(?:look|looking|looked|sign|signed|log|logged|me|us|them|him|her|it|is|are|was|"
+    rf"be|here|there|find|found|go|visit|available|online|live|hosted|up|out|in|on|site|page|"
+    rf"website|arrive|arrived|stop|stay|meet)\b)"
+    rf"[\w+-]{{1,64}}(?:(?:\.|{_DOT})[\w+-]{{1,64}}){{0,3}}"
+    rf"(?:[ \t]{{0,3}}[\[({{<][ \t]?at[ \t]?[\])}}>][ \t]{{0,3}}"
+    rf"(?:[^\W_][\w-]{{0,62}}(?:\.|{_DOT})){{1,4}}[^\W\d_]{{2,24}}"
+    rf"|[ \t]{{1,3}}at[ \t]{{1,3}}(?!(?:the|a|an|this|that|my|your|our|least|most|all|home|work|"
+    rf"night|first|last|once)\b)(?:[^\W_][\w-]{{0,62}}{_DOT}){{1,4}}"
+    rf"(?:com|org|net|edu|gov|mil|int|io|co|uk|de|fr|es|it|nl|be|ch|at|se|no|dk|fi|ie|pl|pt|ca|au|"
+    rf"nz|jp|cn|in|br|ru|us|eu|info|biz|me|ai|dev|app))(?![\w-])",
+    re.IGNORECASE,
 )
 _PHONE = re.compile(
     r"(?<![\w+])(?:"
     r"\+\d{1,3}[ .-]?(?:\(\d{1,4}\)[ .-]?)?\d{1,4}(?:[ .-]?\d{2,4}){1,4}"  # +44 20 7946 0958
-    r"|\(\d{3}\) ?\d{3}[ .-]\d{4}"  # (555) 123-4567
-    r"|\d{3}([.-])\d{3}\1\d{4}"  # 555-123-4567, 555.123.4567
-    r"|0\d([ .])\d{2}\2\d{2}\2\d{2}\2\d{2}"  # 06 12 34 56 78
+    r"|(?:1[ .-]?)?\(\d{3}\) ?\d{3}[ .-]\d{4}"  # (555) 123-4567
+    r"|(?:1([ .-]))?\d{3}([ .-])\d{3}\2\d{4}"  # 555-123-4567, 555.123.4567, 555 123 4567
+    r"|0\d([ .])\d{2}\3\d{2}\3\d{2}\3\d{2}"  # 06 12 34 56 78
+    r"|0\d{2} \d{4} \d{4}|0\d{3} \d{3} \d{4}|0\d{4} \d{3} ?\d{3}"  # UK: 020 7946 0958, 07700 900123
     r")(?![\w-])"
 )
+# a number right after a phone word, in any format: "call me on 5551234567", "tel. 030 1234567"
+_PHONE_KEYWORD = re.compile(
+    r"\b(?:phone|telephone|tel|mobile|cell ?phone|call me|text me|ring me|sms|whatsapp|fax)"
+    r"(?:[ \t]{0,3}(?:no|number|nr|#))?\.?[ \t]{0,3}(?::|is|at|on)?[ \t]{0,3}"
+    r"(?P<num>\+?\(?\d[\d ().-]{6,22}\d)(?![\w-])",
+    re.IGNORECASE,
+)
+_PRIVATE_KEY = re.compile(r"-----BEGIN [A-Z0-9 ]{0,40}PRIVATE KEY(?: BLOCK)?-----")
+_PRIVATE_KEY_END = re.compile(r"-----END [A-Z0-9 ]{0,40}PRIVATE KEY(?: BLOCK)?-----")
 _SECRET = re.compile(
-    r"-----BEGIN [A-Z ]*PRIVATE KEY-----[\s\S]*?(?:-----END [A-Z ]*PRIVATE KEY-----|$)"
-    r"|\b(?:sk|rk|pk)-(?:proj-|live-|test-|ant-)?[A-Za-z0-9_-]{20,}"
+    r"(?<![\w-])(?:sk|rk|pk)-(?:proj-|live-|test-|ant-)?[A-Za-z0-9_-]{20,}"
+    r"|(?<![\w-])[rsp]k_(?:live|test)_[A-Za-z0-9]{16,}"  # Stripe
     r"|\b(?:AKIA|ASIA)[0-9A-Z]{16}\b"
     r"|\bgh[pousr]_[A-Za-z0-9]{30,}\b|\bgithub_pat_[A-Za-z0-9_]{30,}"
-    r"|\bxox[abprs]-[A-Za-z0-9-]{10,}"
-    r"|\bAIza[0-9A-Za-z_-]{35}"
-    r"|\beyJ[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}"
+    r"|(?<![\w-])glpat-[A-Za-z0-9_-]{20,}"  # GitLab
+    r"|\bhf_[A-Za-z0-9]{30,}|\bnpm_[A-Za-z0-9]{36}"  # Hugging Face, npm
+    r"|(?<![\w-])xox[abeprs]-[A-Za-z0-9-]{10,}|(?<![\w-])xapp-\d-[A-Za-z0-9-]{10,}"  # Slack
+    r"|\bSG\.[\w-]{22}\.[\w-]{43}"  # SendGrid
+    r"|\bAIza[0-9A-Za-z_-]{35}|\bya29\.[\w-]{20,}"  # Google
+    r"|(?<![\w-])eyJ[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}"  # JWT
+    # credentials in a URL: postgres://admin:s3cret@db.example.com
+    r"|(?<=://)[^\s/:@]{1,256}:[^\s/@]{1,256}(?=@)"
+    # an Authorization header's credentials, whatever their shape
+    r"|(?<=Authorization:)[ \t]{0,3}(?:Bearer|Basic|Token|Bot)?[ \t]{0,3}[A-Za-z0-9._~+/=-]{8,}"
 )
+_BEARER = re.compile(r"\bbearer[ \t]{1,3}(?P<v>[A-Za-z0-9._~+/-]{16,}=*)", re.IGNORECASE)
+_PASSWORD_KEYS = ("password", "passwd", "passphrase", "pwd")
+# a name that ends in a secret's name (DB_PASSWORD, OPENAI_API_KEY, aws_secret_access_key), then
+# ":", "=", ":=", "=>" (or, after a password, "is"), then the value, quoted or not
 _ASSIGNMENT = re.compile(
-    r"\b(?:api[_-]?key|secret(?:[_-]?key)?|access[_-]?token|auth[_-]?token|token|password|passwd|"
-    r"pwd|client[_-]?secret)\b[\"']?\s*[:=]\s*[\"']?([^\s\"',;]{8,})",
+    r"(?<![\w-])(?:[A-Za-z0-9]{1,40}[_.-]){0,4}"
+    r"(?P<key>api[_ -]?key|apikey|secret(?:[_-]?(?:access[_-]?)?key)?|access[_-]?(?:key|token)|"
+    r"auth[_-]?token|refresh[_-]?token|token|password|passwd|passphrase|pwd|client[_-]?secret|"
+    r"private[_-]?key)(?![\w-])[\"']?"
+    r"(?P<sep>[ \t]{0,3}(?::=|=>|[:=])[ \t]{0,3}|[ \t]{1,3}is[ \t]{1,3})"
+    r"(?P<q>[\"'`]?)(?P<v>[^\s\"'`,;]{4,512})",
     re.IGNORECASE,
+)
+# what fills a secret's place in code and docs without being one
+_NOT_A_VALUE = re.compile(
+    r"<.*>|\$\{?\w+\}?|\*+|\.{3,}|[A-Z][A-Z0-9_]*|[A-Za-z_]+(?:\.[A-Za-z_]+)+"
+    r"|(?i:x{4,}|(?:your|my)[_-]?\w*|str|string|bytes|int|none|null|nil|true|false|required|"
+    r"optional(?:\[.*)?|secretstr|hidden|redacted|changeme|example|placeholder)"
 )
 
 
@@ -127,7 +192,17 @@ def _cards(text: str) -> list[tuple[int, int]]:
 
 
 def _ibans(text: str) -> list[tuple[int, int]]:
-    return [m.span() for m in _IBAN.finditer(text) if iban_ok(m.group().replace(" ", ""))]
+    out = []
+    for m in _IBAN.finditer(text):
+        # the pattern may have taken a word after the IBAN as one more group of four ("BE68 5390
+        # 0754 7034 with"): drop groups from the end until the checksum holds
+        groups = list(re.finditer(r"[A-Za-z0-9]+", m.group()))
+        for n in range(len(groups), 0, -1):
+            compact = "".join(g.group() for g in groups[:n]).upper()
+            if iban_ok(compact):
+                out.append((m.start(), m.start() + groups[n - 1].end()))
+                break
+    return out
 
 
 def _national_ids(text: str) -> list[tuple[int, int]]:
@@ -135,17 +210,62 @@ def _national_ids(text: str) -> list[tuple[int, int]]:
     return spans + [m.span("num") for m in _SSN_KEYWORD.finditer(text)]
 
 
+def _emails(text: str) -> list[tuple[int, int]]:
+    spans = [m.span() for m in _EMAIL.finditer(text)]
+    if re.search(r"(?i)\bat\b", text):  # the spelled-out form only where it can be
+        spans += [m.span() for m in _EMAIL_SPELLED.finditer(text)]
+    return spans
+
+
 def _phones(text: str) -> list[tuple[int, int]]:
-    return [m.span() for m in _PHONE.finditer(text) if 8 <= len(_digits(m.group())) <= 15]
+    spans = [m.span() for m in _PHONE.finditer(text) if 8 <= len(_digits(m.group())) <= 15]
+    return spans + [
+        m.span("num") for m in _PHONE_KEYWORD.finditer(text) if 7 <= len(_digits(m.group("num"))) <= 15
+    ]
+
+
+def _private_keys(text: str) -> list[tuple[int, int]]:
+    """From each BEGIN ... PRIVATE KEY line to its END line, or to the end of a pasted fragment."""
+    spans, pos = [], 0
+    while (begin := _PRIVATE_KEY.search(text, pos)) is not None:
+        end = _PRIVATE_KEY_END.search(text, begin.end())
+        stop = end.end() if end is not None else len(text)
+        spans.append((begin.start(), stop))
+        pos = stop
+    return spans
+
+
+def _secret_value(key: str, sep: str, quoted: bool, value: str, at_line_end: bool) -> bool:
+    if "(" in value or "[" in value or "{" in value or _NOT_A_VALUE.fullmatch(value):
+        return False
+    letters, digits = any(c.isalpha() for c in value), any(c.isdigit() for c in value)
+    if len(value) >= 8 and letters and digits:  # "token = tokenizer.encode" has no digit
+        return True
+    if key.lower() not in _PASSWORD_KEYS:
+        return False
+    symbols = any(not c.isalnum() and c not in "_." for c in value)
+    if sep.strip().lower() == "is":  # "my password is hunter2", not "the password is incorrect"
+        return quoted or digits or symbols
+    if quoted or digits or symbols:
+        return True
+    # an unquoted word: a password when it ends the line ("password: hunter"), unless it is a
+    # variable in code ("password = pwd")
+    code_variable = sep.strip() == "=" and key.islower() and re.fullmatch(r"[a-z_][a-z0-9_]*", value)
+    return at_line_end and not code_variable
 
 
 def _secrets(text: str) -> list[tuple[int, int]]:
-    spans = [m.span() for m in _SECRET.finditer(text)]
+    spans = [m.span() for m in _SECRET.finditer(text)] + _private_keys(text)
+    for m in _BEARER.finditer(text):
+        value = m.group("v")
+        if any(c.isdigit() for c in value) and any(c.isalpha() for c in value):
+            spans.append(m.span("v"))
     for m in _ASSIGNMENT.finditer(text):
-        value = m.group(1)
-        # a real secret mixes letters and digits; "token = tokenizer.encode" does not
-        if any(c.isdigit() for c in value) and any(c.isalpha() for c in value) and "(" not in value:
-            spans.append(m.span(1))
+        value, quoted = m.group("v"), bool(m.group("q"))
+        rest = text[m.end("v") : m.end("v") + 2]
+        at_line_end = rest[:1] in ("", "\n", "\r") or (quoted and rest[1:2] in ("", "\n", "\r"))
+        if _secret_value(m.group("key"), m.group("sep"), quoted, value, at_line_end):
+            spans.append(m.span("v"))
     return spans
 
 
@@ -154,30 +274,43 @@ _DETECTORS: dict[str, Callable[[str], list[tuple[int, int]]]] = {
     "iban": _ibans,
     "card": _cards,
     "national_id": _national_ids,
-    "email": lambda t: [m.span() for m in _EMAIL.finditer(t)],
+    "email": _emails,
     "phone": _phones,
 }
 
 
 def detect_pii(text: str, *, kinds: Sequence[str] = PII_KINDS) -> list[PIIMatch]:
-    """Non-overlapping matches in text order; on overlap the earlier kind in ``PII_KINDS`` wins."""
+    """Non-overlapping matches in text order. Matches that overlap are merged into one that covers
+    them all, of the earliest of their kinds in ``PII_KINDS`` (so a redaction leaves no part of
+    either: "postgres://admin:s3cret@db.example.com" is a secret up to the host's end)."""
     unknown = set(kinds) - set(PII_KINDS)
     if unknown:
         raise ValueError(f"Unknown PII kind(s) {sorted(unknown)}; known: {', '.join(PII_KINDS)}.")
-    taken: list[PIIMatch] = []
-    for kind in PII_KINDS:
-        if kind not in kinds:
-            continue
-        for start, end in _DETECTORS[kind](text):
-            if all(end <= t.start or start >= t.end for t in taken):
-                taken.append(PIIMatch(kind, start, end, text[start:end]))
-    return sorted(taken, key=lambda m: m.start)
+    spans = sorted(
+        (start, end, rank)
+        for rank, kind in enumerate(PII_KINDS)
+        if kind in kinds
+        for start, end in _DETECTORS[kind](text)
+        if end > start
+    )
+    merged: list[list[int]] = []
+    for start, end, rank in spans:
+        if merged and start < merged[-1][1]:
+            last = merged[-1]
+            last[1], last[2] = max(last[1], end), min(last[2], rank)
+        else:
+            merged.append([start, end, rank])
+    return [PIIMatch(PII_KINDS[rank], start, end, text[start:end]) for start, end, rank in merged]
 
 
 def redact_pii(text: str, *, kinds: Sequence[str] = PII_KINDS) -> str:
     """``text`` with every detected item replaced by a placeholder such as ``[EMAIL]``."""
+    return _redact(text, detect_pii(text, kinds=kinds))
+
+
+def _redact(text: str, matches: Sequence[PIIMatch]) -> str:
     out, last = [], 0
-    for m in detect_pii(text, kinds=kinds):
+    for m in matches:
         out.append(text[last : m.start])
         out.append(PLACEHOLDER[m.kind])
         last = m.end
@@ -185,10 +318,52 @@ def redact_pii(text: str, *, kinds: Sequence[str] = PII_KINDS) -> str:
     return "".join(out)
 
 
+def _matches_in_messages(messages: Sequence[Message]) -> list[list[PIIMatch]]:
+    """Each message's matches, where a value may also run from one message into the next (the
+    cloud reads the turns together: "my card is 4111 1111" then "1111 1111"), or a turn may hold
+    a keyword whose number is in the next: each message gets its part of such a match."""
+    texts = [str(msg.get("content", "")) for msg in messages]
+    found = [detect_pii(t) for t in texts]
+    if len(texts) < 2:
+        return found
+    starts, pos = [], 0
+    for t in texts:
+        starts.append(pos)
+        pos += len(t) + 1  # joined by one space
+    for m in detect_pii(" ".join(texts)):
+        i = bisect.bisect_right(starts, m.start) - 1
+        for j in range(i, len(texts)):
+            lo, hi = max(m.start - starts[j], 0), min(m.end - starts[j], len(texts[j]))
+            if hi > lo:
+                found[j].append(PIIMatch(m.kind, lo, hi, texts[j][lo:hi]))
+            if m.end <= starts[j] + len(texts[j]):
+                break
+    return [_merged(ms, t) for ms, t in zip(found, texts, strict=True)]
+
+
+def _merged(matches: list[PIIMatch], text: str) -> list[PIIMatch]:
+    rank = {k: i for i, k in enumerate(PII_KINDS)}
+    out: list[PIIMatch] = []
+    for m in sorted(matches, key=lambda m: (m.start, m.end)):
+        if out and m.start < out[-1].end:
+            last = out[-1]
+            end = max(last.end, m.end)
+            kind = min(last.kind, m.kind, key=rank.__getitem__)
+            out[-1] = PIIMatch(kind, last.start, end, text[last.start : end])
+        else:
+            out.append(m)
+    return out
+
+
 def pii_kinds_in_messages(messages: Sequence[Message]) -> list[str]:
-    found = {m.kind for msg in messages for m in detect_pii(str(msg.get("content", "")))}
+    """The kinds found in any message: system, assistant and tool turns too, not only the user's."""
+    found = {m.kind for ms in _matches_in_messages(messages) for m in ms}
     return [k for k in PII_KINDS if k in found]
 
 
 def redact_messages(messages: Sequence[Message]) -> list[Message]:
-    return [{**msg, "content": redact_pii(str(msg.get("content", "")))} for msg in messages]
+    """Every message with each detected item replaced by its placeholder."""
+    return [
+        {**msg, "content": _redact(str(msg.get("content", "")), ms)}
+        for msg, ms in zip(messages, _matches_in_messages(messages), strict=True)
+    ]

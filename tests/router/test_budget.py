@@ -42,3 +42,27 @@ def test_unlimited_and_validation():
         Budget(max_cloud_calls_per_hour=-1)
     with pytest.raises(ConfigError):
         Budget(max_cloud_tokens_per_day=1.5)  # type: ignore[arg-type]
+
+
+def test_a_spent_budget_says_when_there_is_room_again():
+    clock = Clock()
+    b = Budget(max_cloud_calls_per_hour=2, clock=clock)
+    b.record(10)
+    clock.t += 600
+    b.record(10)
+    assert b.exhausted() == "budget spent: 2/2 cloud calls this hour (sliding window: room again in 50 min)"
+    clock.t += 3000  # the first call has left the window
+    assert b.exhausted() is None
+    tokens = Budget(max_cloud_tokens_per_day=1000, clock=clock)
+    tokens.record(10)
+    clock.t += 3600
+    tokens.record(10)
+    tokens.record(990)
+    # 1010 tokens: one more fits once the first two calls (20 tokens) have left the day; the
+    # second leaves 86,400 s from now
+    assert tokens.exhausted() == ("budget spent: 1010/1000 cloud tokens today "
+                                  "(sliding window: room again in 24.0 h)")
+    clock.t += 3600  # an hour on, the wait is an hour shorter
+    assert tokens.exhausted() == ("budget spent: 1010/1000 cloud tokens today "
+                                  "(sliding window: room again in 23.0 h)")
+    assert Budget(max_cloud_calls_per_hour=0).exhausted() == "budget spent: 0/0 cloud calls this hour"

@@ -112,3 +112,49 @@ def test_bad_settings(kw):
 def test_bad_messages():
     with pytest.raises(InvalidRequestError):
         policy().decide([])
+
+
+def test_pii_in_an_earlier_or_system_turn_keeps_the_prompt_on_the_device():
+    msgs = [{"role": "system", "content": "Customer: AB 12 34 56 C"},
+            {"role": "assistant", "content": "Hello"}, {"role": "user", "content": LONG}]
+    d = policy().decide(msgs, force="cloud")
+    assert d.route == "edge" and d.pii_kinds == ["national_id"] and "kept on device" in d.reason
+
+
+def test_redact_sends_no_detected_value_in_any_turn_and_says_so():
+    msgs = [{"role": "system", "content": "Support for jane@example.com"},
+            {"role": "user", "content": "my card is 4111 1111"},
+            {"role": "user", "content": "1111 1111. " + LONG}]
+    d = policy(privacy="redact").decide(msgs)
+    assert d.route == "cloud" and d.pii_kinds == ["card", "email"]
+    assert "card, email redacted for the cloud" in d.reason
+    sent = " ".join(m["content"] for m in d.messages_for_cloud)
+    assert "jane@example.com" not in sent and "4111" not in sent and "1111" not in sent
+    assert [m["content"] for m in msgs][0] == "Support for jane@example.com"  # the caller's copy
+    edge = policy(privacy="redact").decide("card 4111 1111 1111 1111?")
+    assert edge.route == "edge" and "redacted" not in edge.reason
+
+
+def test_the_readme_router_example_uses_real_parameters():
+    """The Router section's example builds a policy and a client with parameters that exist."""
+    import ast
+    import re
+    from pathlib import Path
+
+    from hybridllm._config import HybridLLMConfig
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    section = readme[readme.index("## Router"):]
+    code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    import inspect
+
+    accepted = {
+        "RoutingPolicy": set(inspect.signature(RoutingPolicy).parameters),
+        "HybridLLM": set(HybridLLMConfig.__dataclass_fields__) | {"edge", "cloud", "cache", "policy"},
+    }
+    calls = [n for n in ast.walk(ast.parse(code)) if isinstance(n, ast.Call)
+             and isinstance(n.func, ast.Name) and n.func.id in accepted]
+    assert {c.func.id for c in calls} == set(accepted)
+    for call in calls:
+        for kw in call.keywords:
+            assert kw.arg in accepted[call.func.id], (call.func.id, kw.arg)

@@ -2,9 +2,18 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
-from hybridllm.router.privacy import detect_pii, iban_ok, luhn_ok, redact_pii
+from hybridllm.router.privacy import (
+    detect_pii,
+    iban_ok,
+    luhn_ok,
+    pii_kinds_in_messages,
+    redact_messages,
+    redact_pii,
+)
 
 
 def kinds(text: str) -> list[str]:
@@ -79,3 +88,132 @@ def test_checksums():
 def test_unknown_kind_is_rejected():
     with pytest.raises(ValueError, match="Unknown PII kind"):
         detect_pii("x", kinds=["dna"])
+
+
+@pytest.mark.parametrize(
+    ("text", "kind", "value"),
+    [
+        # e-mail: any case, international (IDN) addresses, an apostrophe, spelled out
+        ("mail JOHN.DOE@GMAIL.COM now", "email", "JOHN.DOE@GMAIL.COM"),
+        ("schreib an jürgen@müller.de", "email", "jürgen@müller.de"),
+        ("mail o'brien@example.com", "email", "o'brien@example.com"),
+        ("reach john.doe [at] gmail [dot] com", "email", "john.doe [at] gmail [dot] com"),
+        ("reach john(at)gmail.com", "email", "john(at)gmail.com"),
+        ("it is john dot doe at gmail dot com", "email", "john dot doe at gmail dot com"),
+        # phones in more formats
+        ("call 555 123 4567", "phone", "555 123 4567"),
+        ("call 1-800-555-0199", "phone", "1-800-555-0199"),
+        ("ring 020 7946 0958", "phone", "020 7946 0958"),
+        ("mobile 07700 900123", "phone", "07700 900123"),
+        ("call me on 5551234567", "phone", "5551234567"),
+        # IBAN in lower case, with dashes, and a 4-character last group before a word
+        ("pay gb82 west 1234 5698 7654 32", "iban", "gb82 west 1234 5698 7654 32"),
+        ("pay GB82-WEST-1234-5698-7654-32", "iban", "GB82-WEST-1234-5698-7654-32"),
+        ("pay BE68 5390 0754 7034 with care", "iban", "BE68 5390 0754 7034"),
+        ("IBAN NL91ABNA0417164300", "iban", "NL91ABNA0417164300"),
+        ("nino ab123456c", "national_id", "ab123456c"),
+        # secrets: passwords of any shape, names that end in a secret's name, more key formats
+        ("password: hunter2", "secret", "hunter2"),
+        ("password: correcthorsebatterystaple", "secret", "correcthorsebatterystaple"),
+        ("my password is Tr0ub4dor&3 ok", "secret", "Tr0ub4dor&3"),
+        ("DB_PASSWORD=supersecretvalue", "secret", "supersecretvalue"),
+        ("aws_secret_access_key = wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY", "secret",
+         "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY"),
+        ("api key: 0123456789abcdef0123456789abcdef", "secret", "0123456789abcdef0123456789abcdef"),
+        ("use Bearer abc123def456ghi789 here", "secret", "abc123def456ghi789"),
+        ("postgres://admin:s3cretpass@db.example.com:5432/app", "secret",
+         "admin:s3cretpass@db.example.com"),
+        ("GitLab glpat-abcdefghij1234567890", "secret", "glpat-abcdefghij1234567890"),
+        ("Stripe sk_live_51H8abcdefghijklmnopqrstu", "secret", "sk_live_51H8abcdefghijklmnopqrstu"),
+        ("HF hf_abcdefghijklmnopqrstuvwxyzABCDEFGH", "secret", "hf_abcdefghijklmnopqrstuvwxyzABCDEFGH"),
+        ("key:\n-----BEGIN OPENSSH PRIVATE KEY-----\nb3BlbnNzaC1rZXktdjE", "secret",
+         "-----BEGIN OPENSSH PRIVATE KEY-----\nb3BlbnNzaC1rZXktdjE"),  # pasted without its END line
+    ],
+)
+def test_detects_the_shapes_users_write(text, kind, value):
+    found = detect_pii(text)
+    assert [(m.kind, m.text) for m in found] == [(kind, value)]
+
+
+def test_an_authorization_header_is_a_secret_whatever_its_scheme():
+    text = "curl -H 'Authorization: Basic dXNlcjpwYXNz' https://api.example.com"
+    assert kinds(text) == ["secret"] and "dXNlcjpwYXNz" not in redact_pii(text)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "the year 1999 and the 1990s",
+        "version 10.2.3.4",
+        "order 123-456-7890-12",
+        "on 2024-01-15 at 10:30",
+        "ISBN 978-0-306-40615-7",
+        "look at example dot com",
+        "look at the dot com bubble",
+        "sign in at google dot com",
+        "meet me at the station",
+        "password = pwd",
+        "    password: str\n",
+        "password = self.password",
+        'api_key="YOUR_API_KEY"',
+        "api_key = os.environ['OPENAI_API_KEY']",
+        "secret_key = get_secret()",
+        "the password is incorrect",
+        "Bearer bonds are risky",
+        "the cell 12345678 in the sheet",
+        "phone has 128 GB",
+    ],
+)
+def test_more_look_alikes_are_not_flagged(text):
+    assert kinds(text) == []
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "1-" * 150_000,  # an unanchored e-mail pattern rescanned this from every digit (minutes)
+        "x@y.com " * 40_000,  # 40,000 matches: merging them pairwise was quadratic
+        "password: " * 30_000,
+        "Authorization:" * 20_000,
+        "ssn" + " " * 300_000,
+        "-----BEGIN RSA PRIVATE KEY-----\n" * 10_000,
+        "a at b dot " * 30_000,
+    ],
+)
+def test_a_huge_prompt_is_scanned_in_linear_time(text):
+    t0 = time.perf_counter()
+    detect_pii(text)
+    assert time.perf_counter() - t0 < 3.0
+
+
+def test_every_turn_is_scanned_and_redacted():
+    msgs = [
+        {"role": "system", "content": "The customer is jane@example.com."},
+        {"role": "user", "content": "What is my balance?"},
+        {"role": "assistant", "content": "Card 4111 1111 1111 1111 shows 12 EUR."},
+        {"role": "tool", "content": "lookup(+44 20 7946 0958) -> ok"},
+        {"role": "user", "content": "And SSN 123-45-6789?"},
+    ]
+    assert pii_kinds_in_messages(msgs) == ["card", "national_id", "email", "phone"]
+    red = redact_messages(msgs)
+    assert [m["role"] for m in red] == [m["role"] for m in msgs]
+    sent = " ".join(m["content"] for m in red)
+    for value in ("jane@example.com", "4111", "7946", "123-45-6789"):
+        assert value not in sent
+    assert red[0]["content"] == "The customer is [EMAIL]."
+
+
+def test_a_value_split_across_two_turns_is_found_and_redacted_in_both():
+    msgs = [{"role": "user", "content": "my card is 4111 1111"},
+            {"role": "user", "content": "1111 1111, what is the limit?"}]
+    assert detect_pii(msgs[0]["content"]) == [] and detect_pii(msgs[1]["content"]) == []
+    assert pii_kinds_in_messages(msgs) == ["card"]
+    red = redact_messages(msgs)
+    assert [m["content"] for m in red] == ["my card is [CARD]", "[CARD], what is the limit?"]
+    ssn = [{"role": "user", "content": "my SSN is"}, {"role": "user", "content": "123456789"}]
+    assert pii_kinds_in_messages(ssn) == ["national_id"]
+
+
+def test_overlapping_matches_leave_no_part_of_either():
+    text = "connect to postgres://admin:s3cretpass@db.example.com:5432/app"
+    assert redact_pii(text) == "connect to postgres://[SECRET]:5432/app"

@@ -231,6 +231,14 @@ def create_app(llm: HybridLLM, *, model_name: str = "hybridllm", api_keys: list[
 
         req = await asyncio.to_thread(decode) if is_large(body) else decode()
         messages, opts = req.chat_messages(), req.chat_options()
+        # A library caller that forces the cloud spends its own budget; an HTTP client must not
+        # spend past the operator's (max_cloud_calls_per_hour, ...): refused, never sent
+        ledger = llm._core.ledger
+        spent = ledger.exhausted() if opts.get("route") == "cloud" and ledger is not None else None
+        if spent:
+            return _error(429, f"This server's cloud budget is spent ({spent}); retry later, or "
+                          "leave out hybridllm.route='cloud' to be answered on the device.",
+                          "requests", code="cloud_budget_spent", headers={"Retry-After": "60"})
         try:
             if not req.stream:
                 c = await unless_interrupted(request, allm.chat(messages, **opts), drain)

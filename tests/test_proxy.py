@@ -408,3 +408,29 @@ def test_a_client_hanging_up_stops_the_device_answer():
         server.should_exit = True
         thread.join(timeout=10)
         llm.close()
+
+
+def test_a_client_forcing_the_cloud_cannot_spend_past_the_servers_budget():
+    """Before: {"hybridllm": {"route": "cloud"}} skipped the budget (a library caller's forced
+    route does), so any HTTP client could spend past max_cloud_calls_per_hour."""
+    from hybridllm import Decision
+
+    class Scored:  # the learned router's part: every question is hard
+        def decide(self, messages, *, force=None, prompt_tokens=None, embedding=None):
+            if force:
+                return Decision(force, f"forced {force}", None, messages, forced=True)
+            return Decision("cloud", "score 0.9", 0.9, messages)
+
+    cloud = FakeBackend(model="cloud-model", reply=lambda m: "cloud answer")
+    llm = HybridLLM(edge=FakeBackend(reply=lambda m: "edge answer"), cloud=cloud, policy=Scored(),
+                    cache=False, max_cloud_calls_per_hour=1)
+    forced = {"model": "x", "messages": MSGS, "hybridllm": {"route": "cloud"}}
+    with TestClient(create_app(llm)) as http:
+        assert post(http, forced).headers["x-hybridllm-route"] == "cloud"
+        refused = post(http, forced)
+        assert refused.status_code == 429 and refused.headers["retry-after"]
+        assert refused.json()["error"]["code"] == "cloud_budget_spent"
+        routed = post(http, {"model": "x", "messages": MSGS})
+        assert routed.status_code == 200 and routed.headers["x-hybridllm-route"] == "edge"
+    llm.close()
+    assert len(cloud.calls) == 1

@@ -196,11 +196,9 @@ class SemanticCache:
     ) -> CacheHit | None:
         context, query = split_messages(messages)
         bucket = bucket_key(self._namespace(namespace), model, params_key, context)
-        exact = entry_id_for(bucket, query)
         with self._lock:
-            self._sync()
-            if exact in self._entries and self._alive(exact):
-                return self._serve(exact, 1.0, None)
+            if (hit := self._exact_hit(bucket, query)) is not None:
+                return hit
             # nothing to compare, or nothing to ask: skip the embedder
             if not self._index.bucket_size(bucket) or not query.strip():
                 return self._miss()
@@ -239,11 +237,16 @@ class SemanticCache:
         repeat is served before the question is embedded, and even when the embedder fails."""
         context, query = split_messages(messages)
         bucket = bucket_key(self._namespace(namespace), model, params_key, context)
-        exact = entry_id_for(bucket, query)
         with self._lock:
-            self._sync()
-            if exact in self._entries and self._alive(exact):
-                return self._serve(exact, 1.0, None)
+            return self._exact_hit(bucket, query)
+
+    def _exact_hit(self, bucket: str, query: str) -> CacheHit | None:
+        """The entry of this very question, served; None when there is none (no miss counted).
+        The caller holds the lock."""
+        self._sync()
+        exact = entry_id_for(bucket, query)
+        if exact in self._entries and self._alive(exact):
+            return self._serve(exact, 1.0, None)
         return None
 
     def put(

@@ -293,6 +293,12 @@ def detect_pii(text: str, *, kinds: Sequence[str] = PII_KINDS) -> list[PIIMatch]
         for start, end in _DETECTORS[kind](text)
         if end > start
     )
+    return _merged(spans, text)
+
+
+def _merged(spans: Sequence[tuple[int, int, int]], text: str) -> list[PIIMatch]:
+    """``(start, end, rank)`` spans sorted by start, overlapping ones merged into one span of the
+    lowest rank (the earliest kind in ``PII_KINDS``): one pass."""
     merged: list[list[int]] = []
     for start, end, rank in spans:
         if merged and start < merged[-1][1]:
@@ -338,21 +344,9 @@ def _matches_in_messages(messages: Sequence[Message]) -> list[list[PIIMatch]]:
                 found[j].append(PIIMatch(m.kind, lo, hi, texts[j][lo:hi]))
             if m.end <= starts[j] + len(texts[j]):
                 break
-    return [_merged(ms, t) for ms, t in zip(found, texts, strict=True)]
-
-
-def _merged(matches: list[PIIMatch], text: str) -> list[PIIMatch]:
     rank = {k: i for i, k in enumerate(PII_KINDS)}
-    out: list[PIIMatch] = []
-    for m in sorted(matches, key=lambda m: (m.start, m.end)):
-        if out and m.start < out[-1].end:
-            last = out[-1]
-            end = max(last.end, m.end)
-            kind = min(last.kind, m.kind, key=rank.__getitem__)
-            out[-1] = PIIMatch(kind, last.start, end, text[last.start : end])
-        else:
-            out.append(m)
-    return out
+    return [_merged(sorted((m.start, m.end, rank[m.kind]) for m in ms), t)
+            for ms, t in zip(found, texts, strict=True)]
 
 
 def pii_kinds_in_messages(messages: Sequence[Message]) -> list[str]:

@@ -13,14 +13,22 @@ an answer the cloud broke off, and what makes "both sides answer alike" hold.
   through as is ("The capital of France is" completes naturally); a longer conversation becomes a
   transcript ending in ``"Assistant:"``, with ``"\\nUser:"`` as a stop string.
 
+- **Control tokens come from the template only** (:func:`tokenize_prompt`): the text of a message
+  (any field: content, role, name) and the assistant ``prefix`` is tokenized as plain text, so a
+  user who writes ``<|im_end|>`` or ``<|endoftext|>`` gets those characters, never the control token
+  (a forged system turn or an early end of the prompt); only the markers the template itself writes
+  become special tokens.
+
     fmt = PromptFormat(chat_template=tpl, bos_token="<s>", eos_token="</s>", system_prompt=None)
     prompt = fmt.render(messages); stops = fmt.stops(messages)
+    ids = tokenize_prompt(fmt, messages, special_ids={"<|im_end|>": 2}, encode_plain=encode)
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+import secrets
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from functools import lru_cache
@@ -35,9 +43,13 @@ __all__ = [
     "COMPLETION_STOPS",
     "PromptFormat",
     "default_system_prompt",
+    "llama_special_ids",
     "render_chat_template",
     "render_completion_prompt",
+    "prompt_segments",
     "text_of_content",
+    "tokenize_prompt",
+    "tokenizers_plain",
 ]
 
 
@@ -189,21 +201,170 @@ class PromptFormat:
     def render(self, messages: Sequence[dict[str, Any]], *, add_generation_prompt: bool = True) -> str:
         if not self.chat_template:
             return render_completion_prompt(messages)
-        msgs = list(messages)
-        if self.system_prompt and not any(
-            isinstance(m, dict) and m.get("role") in ("system", "developer") for m in msgs
-        ):
-            msgs = [{"role": "system", "content": self.system_prompt}, *msgs]
         return render_chat_template(
             self.chat_template,
-            msgs,
+            self._with_system(messages),
             bos_token=self.bos_token,
             eos_token=self.eos_token,
             add_generation_prompt=add_generation_prompt,
         )
+
+    def _with_system(self, messages: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+        """``messages`` with the default system prompt first when a template conversation has none."""
+        msgs = list(messages)
+        if self.chat_template and self.system_prompt and not any(
+            isinstance(m, dict) and m.get("role") in ("system", "developer") for m in msgs
+        ):
+            msgs = [{"role": "system", "content": self.system_prompt}, *msgs]
+        return msgs
 
     def stops(self, messages: Sequence[dict[str, Any]]) -> tuple[str, ...]:
         """Extra stop strings this format needs (a base model must not write the user's turn)."""
         if not self.chat_template and len(messages) > 1:
             return COMPLETION_STOPS
         return ()
+
+
+# -- tokenizing a prompt: only the template's own markers become control tokens -----------------
+
+# a placeholder: private-use characters (no template trims them) around a random hex nonce
+_HOLE = "\ue000{nonce}.{index}\ue001"
+
+
+@lru_cache(maxsize=16)
+def _special_pattern(specials: frozenset[str]) -> re.Pattern[str] | None:
+    """A regex finding any of ``specials``, the longest where two start at one place (as the
+    tokenizers match them). Built as a trie (``<unused0>`` ... ``<unused6241>`` share one branch)
+    so each place in the text costs the length of the longest match, not one try per token."""
+    trie: dict[str, Any] = {}
+    for text in specials:
+        if text:
+            node = trie
+            for ch in text:
+                node = node.setdefault(ch, {})
+            node[""] = {}  # a token ends here
+
+    def emit(node: dict[str, Any]) -> str:
+        alts = [re.escape(ch) + emit(child) for ch, child in sorted(node.items()) if ch]
+        body = alts[0] if len(alts) == 1 else "(?:" + "|".join(alts) + ")"
+        if "" not in node:
+            return body
+        return f"(?:{body})?" if alts else ""  # greedy: the longer token first, else end here
+
+    return re.compile(emit(trie)) if trie else None
+
+
+def prompt_segments(
+    fmt: PromptFormat,
+    messages: Sequence[dict[str, Any]],
+    specials: Collection[str],
+    *,
+    prefix: str = "",
+    add_generation_prompt: bool = True,
+) -> list[tuple[str, bool]]:
+    """The prompt as ``(text, is_control_token)`` pieces, in order, that join to
+    ``fmt.render(messages) + prefix``.
+
+    A control-token piece is one of ``specials`` (the vocabulary's control-token texts) written by
+    the template itself; everything else is plain text to tokenize without special parsing. Text
+    between two control tokens stays one piece even where template text meets a message's text,
+    so an ordinary conversation cuts exactly where the tokenizer itself cuts a whole rendered prompt
+    (at every control token) and gives the same ids; only control-token text inside a message
+    changes, into plain text.
+
+    How: each control-token text inside a message (every string field, content parts joined) is
+    swapped for a placeholder unique to this call before rendering, and swapped back as plain text
+    after, so the template sees the same messages and decides the same way (an empty content is
+    still empty, ``| trim`` still trims).
+    """
+    find = _special_pattern(frozenset(specials))
+    if find is None:
+        return [(fmt.render(messages, add_generation_prompt=add_generation_prompt) + prefix, False)]
+    nonce = secrets.token_hex(8)
+    held: list[str] = []
+
+    def hide(match: re.Match[str]) -> str:
+        held.append(match.group(0))
+        return _HOLE.format(nonce=nonce, index=len(held) - 1)
+
+    hidden = [
+        {k: (find.sub(hide, v) if isinstance(v, str) else v) for k, v in msg.items()}
+        for msg in _plain(fmt._with_system(messages))
+    ]
+    rendered = fmt.render(hidden, add_generation_prompt=add_generation_prompt)
+    # re.split with one group: [text, hole index, text, hole index, ..., text]
+    parts = re.split(_HOLE.format(nonce=nonce, index="([0-9]+)").replace(".", r"\."), rendered)
+    out: list[tuple[str, bool]] = []
+    plain: list[str] = []
+    for i, part in enumerate(parts):
+        if i % 2:  # a message's control-token text, back as plain text
+            plain.append(held[int(part)])
+            continue
+        start = 0
+        for match in find.finditer(part):  # the template's own control tokens
+            plain.append(part[start : match.start()])
+            if "".join(plain):
+                out.append(("".join(plain), False))
+            plain, start = [], match.end()
+            out.append((match.group(0), True))
+        plain.append(part[start:])
+    plain.append(prefix)
+    if "".join(plain):
+        out.append(("".join(plain), False))
+    return out
+
+
+def tokenize_prompt(
+    fmt: PromptFormat,
+    messages: Sequence[dict[str, Any]],
+    *,
+    special_ids: Mapping[str, int],
+    encode_plain: Callable[[str], Sequence[int]],
+    prefix: str = "",
+    add_generation_prompt: bool = True,
+) -> list[int]:
+    """The prompt's token ids (no BOS added: the caller adds it as its tokenizer would).
+
+    ``special_ids`` maps each control-token text of the vocabulary to its id; ``encode_plain``
+    tokenizes text with no special-token parsing (llama.cpp ``special=False``, a ``tokenizers``
+    copy with ``encode_special_tokens=True``). See :func:`prompt_segments`.
+    """
+    ids: list[int] = []
+    for text, control in prompt_segments(
+        fmt, messages, special_ids, prefix=prefix, add_generation_prompt=add_generation_prompt
+    ):
+        ids.extend([special_ids[text]] if control else encode_plain(text))
+    return ids
+
+
+def llama_special_ids(llm: Any) -> dict[str, int]:
+    """Text -> id of each token a llama.cpp vocabulary parses only with ``special=True`` (control
+    tokens and the unknown token; user-defined tokens are parsed either way). ``llm`` is a
+    ``llama_cpp.Llama``; one pass over the vocabulary's attributes (0.1 s for 262k tokens)."""
+    from llama_cpp import llama_cpp as C
+
+    model = llm._model
+    mask = C.LLAMA_TOKEN_ATTR_CONTROL | C.LLAMA_TOKEN_ATTR_UNKNOWN
+    out: dict[str, int] = {}
+    for tid in range(llm.n_vocab()):
+        if C.llama_vocab_get_attr(model.vocab, tid) & mask:
+            text = C.llama_vocab_get_text(model.vocab, tid).decode("utf-8", errors="replace")
+            if text:
+                out.setdefault(text, tid)
+    return out
+
+
+def tokenizers_plain(path: Any) -> tuple[dict[str, int], Callable[[str], list[int]]]:
+    """(text -> id of each special added token, an encoder that reads them as plain text) for a
+    Hugging Face ``tokenizer.json``. The encoder is its own ``tokenizers`` copy with
+    ``encode_special_tokens`` set (non-special added tokens are still matched, as before)."""
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(path))
+    tok.encode_special_tokens = True
+    specials = {t.content: i for i, t in tok.get_added_tokens_decoder().items() if t.special and t.content}
+
+    def encode(text: str) -> list[int]:
+        return list(tok.encode(text, add_special_tokens=False).ids)
+
+    return specials, encode

@@ -158,8 +158,11 @@ class OpenAIServing:
             messages = req.chat_messages()
             if self.system_prompt and not any(m["role"] == "system" for m in messages):
                 messages = [{"role": "system", "content": self.system_prompt}, *messages]
-            prompt_text = tokenizer.apply_chat_template(messages)
-            prompt_ids = list(tokenizer.encode(prompt_text))
+            # a message's text is plain text: only the template's markers become control tokens
+            # (both real tokenizers, cloud_server.models.tokenizer; a test's fake may lack it)
+            encode_chat = getattr(tokenizer, "encode_chat", None)
+            prompt_ids = list(encode_chat(messages) if encode_chat is not None
+                              else tokenizer.encode(tokenizer.apply_chat_template(messages)))
             # a base model's transcript must not run on into the user's next turn: the prompt
             # format's own stops (the device adds the same ones, hybridllm.prompts)
             format_stops = list(tokenizer.stop_strings(messages))

@@ -1,9 +1,14 @@
 """Tokenizers: llama.cpp's own vocabulary for GGUF files, ``tokenizers`` for HF folders.
 
-Both expose ``encode(text, add_special=True)``, ``decode(ids)``, ``apply_chat_template(messages)``
-and ``eos_token_ids``. Chat templates come from the model's own metadata (GGUF
-``tokenizer.chat_template`` or ``tokenizer_config.json``) and are rendered with a sandboxed Jinja;
-a model without one (a base model) gets a plain completion-style prompt.
+Both expose ``encode(text, add_special=True)``, ``decode(ids)``, ``apply_chat_template(messages)``,
+``encode_chat(messages)`` and ``eos_token_ids``. Chat templates come from the model's own metadata
+(GGUF ``tokenizer.chat_template`` or ``tokenizer_config.json``) and are rendered with a sandboxed
+Jinja; a model without one (a base model) gets a plain completion-style prompt.
+
+``encode_chat`` is how a conversation becomes ids: only the template's own markers become control
+tokens, a message's text is read as plain text (``hybridllm.prompts.tokenize_prompt``), so a user
+cannot forge a turn by writing ``<|im_end|>``. ``encode`` parses control tokens: it is for a raw
+completion prompt, which the caller writes whole.
 """
 
 from __future__ import annotations
@@ -38,6 +43,8 @@ class _ChatTemplateMixin:
     chat_template: str | None
     bos_token: str
     eos_token: str
+    bos_token_id: Any  # an int (GGUF: -1 for none), or None (a folder that names none)
+    add_bos: bool
     system_prompt: str | None = None
 
     def prompt_format(self) -> Any:
@@ -52,6 +59,28 @@ class _ChatTemplateMixin:
             return self.prompt_format().render(messages, add_generation_prompt=add_generation_prompt)
         except PromptError as exc:
             raise InvalidRequestError(str(exc), param="messages") from exc
+
+    def encode_chat(self, messages: list[dict], *, add_generation_prompt: bool = True) -> list[int]:
+        """The prompt ids of ``messages``; control-token text inside a message stays plain text."""
+        from hybridllm._exceptions import InvalidRequestError as PromptError
+        from hybridllm.prompts import tokenize_prompt
+
+        try:
+            ids = tokenize_prompt(self.prompt_format(), messages, special_ids=self._special_ids(),
+                                  encode_plain=self._encode_plain,
+                                  add_generation_prompt=add_generation_prompt)
+        except PromptError as exc:
+            raise InvalidRequestError(str(exc), param="messages") from exc
+        bos = self.bos_token_id
+        if self.add_bos and bos is not None and bos >= 0 and ids[:1] != [bos]:
+            ids.insert(0, bos)
+        return ids
+
+    def _special_ids(self) -> dict[str, int]:
+        raise NotImplementedError
+
+    def _encode_plain(self, text: str) -> list[int]:
+        raise NotImplementedError
 
     def stop_strings(self, messages: list[dict]) -> tuple[str, ...]:
         """Stop strings the prompt format needs (a base model must not write the user's turn)."""
@@ -101,6 +130,7 @@ class GGUFTokenizer(_ChatTemplateMixin):
             if key in meta:
                 ids.add(int(meta[key]))
         self.eos_token_ids = sorted(i for i in ids if 0 <= i < self.vocab_size)
+        self._specials: dict[str, int] | None = None
 
     def _piece(self, token_id: int) -> str:
         if token_id < 0:
@@ -112,6 +142,16 @@ class GGUFTokenizer(_ChatTemplateMixin):
         if add_special and self.add_bos and (not ids or ids[0] != self.bos_token_id):
             ids = [self.bos_token_id, *ids]
         return ids
+
+    def _special_ids(self) -> dict[str, int]:
+        if self._specials is None:  # one pass over the vocabulary, on first use
+            from hybridllm.prompts import llama_special_ids
+
+            self._specials = llama_special_ids(self._llama)
+        return self._specials
+
+    def _encode_plain(self, text: str) -> list[int]:
+        return list(self._llama.tokenize(text.encode("utf-8"), add_bos=False, special=False))
 
     def decode(self, ids: list[int]) -> str:
         return self._llama.detokenize(list(ids)).decode("utf-8", errors="replace")
@@ -128,6 +168,9 @@ class HFTokenizer(_ChatTemplateMixin):
             self._tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
         except Exception as exc:  # tokenizers raises plain Exceptions
             raise ModelLoadError(f"cannot read {folder / 'tokenizer.json'}: {exc}") from exc
+        from hybridllm.prompts import tokenizers_plain
+
+        self._specials, self._plain = tokenizers_plain(folder / "tokenizer.json")
         cfg = _read_json(folder / "tokenizer_config.json")
         gen = _read_json(folder / "generation_config.json")
         self.chat_template = cfg.get("chat_template")
@@ -154,6 +197,12 @@ class HFTokenizer(_ChatTemplateMixin):
 
     def decode(self, ids: list[int]) -> str:
         return self._tok.decode(list(ids), skip_special_tokens=True)
+
+    def _special_ids(self) -> dict[str, int]:
+        return self._specials
+
+    def _encode_plain(self, text: str) -> list[int]:
+        return self._plain(text)
 
 
 def _read_json(path: Path) -> dict:

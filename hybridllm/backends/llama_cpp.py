@@ -18,7 +18,7 @@ from .._config import DEFAULT_EDGE_MODEL
 from .._exceptions import EdgeBusyError, EdgeError, ModelCorruptError
 from .._types import GenerationParams, Messages, Usage
 from ..models.store import Progress, resolve_gguf
-from ..prompts import PromptFormat
+from ..prompts import PromptFormat, llama_special_ids, tokenize_prompt
 from .base import Delta, DeviceBackend, register_backend
 
 DEFAULT_MODEL = DEFAULT_EDGE_MODEL
@@ -107,6 +107,7 @@ class LlamaCppBackend(DeviceBackend):
             system_prompt = spec.extra.get("system_prompt")
         self.system_prompt = system_prompt or None
         self._n_vocab = self._llm.n_vocab()
+        self._special_ids: dict[str, int] | None = None
         self.prompt_format = PromptFormat(
             chat_template=self._template if chat_format == "template" else None,
             bos_token=self._piece(self._llm.token_bos()),
@@ -127,10 +128,19 @@ class LlamaCppBackend(DeviceBackend):
         return min(asked, padded) if asked > 0 else padded
 
     def tokenize(self, messages: Messages, *, prefix: str = "") -> list[int]:
-        prompt = self.render(messages) + prefix
-        bos = self.prompt_format.bos_token
-        add_bos = not (bos and prompt.startswith(bos))
-        return list(self._llm.tokenize(prompt.encode("utf-8"), add_bos=add_bos, special=True))
+        # only the template's own markers become control tokens; every message's text and the
+        # prefix are read as plain text (hybridllm.prompts.tokenize_prompt)
+        if self._special_ids is None:  # one pass over the vocabulary, on first use
+            self._special_ids = llama_special_ids(self._llm)
+        ids = tokenize_prompt(self.prompt_format, messages, prefix=prefix,
+                              special_ids=self._special_ids, encode_plain=self._encode_plain)
+        bos = self._llm.token_bos()
+        if self._llm._model.add_bos_token() and bos >= 0 and ids[:1] != [bos]:
+            ids.insert(0, bos)  # as llama.cpp's add_special would, unless the template wrote it
+        return ids
+
+    def _encode_plain(self, text: str) -> list[int]:
+        return list(self._llm.tokenize(text.encode("utf-8"), add_bos=False, special=False))
 
     def _run(self, tokens: list[int], params: GenerationParams,
              stops: tuple[str, ...]) -> Iterator[Delta]:

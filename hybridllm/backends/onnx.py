@@ -33,7 +33,7 @@ from .._exceptions import EdgeError, ModelCorruptError
 from .._types import GenerationParams, Messages, Usage
 from ..models.onnx_store import DEFAULT_PRECISION, read_meta, resolve_onnx
 from ..models.store import Progress
-from ..prompts import PromptFormat
+from ..prompts import PromptFormat, tokenize_prompt, tokenizers_plain
 from .base import Delta, DeviceBackend, register_backend
 from .llama_cpp import DEFAULT_MODEL, StopMatcher
 
@@ -194,6 +194,13 @@ class OnnxBackend(DeviceBackend):
                 f"ONNX Runtime GenAI could not load {self.model_path} ({exc}). Prepare it again "
                 "with `hybridllm models prepare ID --backend onnx --force`."
             ) from exc
+        try:
+            self._special_ids, self._encode_plain = tokenizers_plain(self.model_path / "tokenizer.json")
+        except Exception as exc:  # tokenizers raises plain Exceptions
+            raise ModelCorruptError(
+                f"{self.model_path} has no readable tokenizer.json ({exc}). Prepare it again "
+                "with `hybridllm models prepare ID --backend onnx --force`."
+            ) from exc
         genai = json.loads((self.model_path / "genai_config.json").read_text())["model"]
         meta = read_meta(self.model_path)
         template, bos, eos, add_bos = _prompt_files(self.model_path, meta)
@@ -237,7 +244,12 @@ class OnnxBackend(DeviceBackend):
         return self._n_ctx
 
     def tokenize(self, messages: Messages, *, prefix: str = "") -> list[int]:
-        ids = [int(t) for t in self._tok.encode(self.render(messages) + prefix)]
+        # only the template's own markers become control tokens; every message's text and the
+        # prefix are read as plain text (hybridllm.prompts.tokenize_prompt). The runtime's own
+        # tokenizer cannot leave special tokens unparsed, so the folder's tokenizer.json is read
+        # with ``tokenizers`` (the same ids for ordinary prompts: tests/backends/test_special_tokens)
+        ids = tokenize_prompt(self.prompt_format, messages, prefix=prefix,
+                              special_ids=self._special_ids, encode_plain=self._encode_plain)
         if self._add_bos and self._bos_id is not None and (not ids or ids[0] != self._bos_id):
             ids.insert(0, int(self._bos_id))
         return ids

@@ -322,8 +322,8 @@ def run_phase(router: str, args: argparse.Namespace) -> dict[str, Any]:
             "engine_steps": a["steps"] - b["steps"],
             "kv_blocks": a["num_total_blocks"],
         }
-    # engine counters count a lookup per admission attempt (a request waiting for free blocks is
-    # looked up again each step, a preempted one again on resume): reported, not the headline
+    # engine counters count each request's prompt once, at its first admission (as cached_tokens
+    # does); runs from before 2026-11-27 counted every admission attempt: reported, not the headline
     queries = sum(v["prefix_cache_queries"] for v in per_replica.values())
     hits = sum(v["prefix_cache_hits"] for v in per_replica.values())
     # the headline: each request's prompt tokens the replica served from its cache when it

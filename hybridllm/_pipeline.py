@@ -273,6 +273,9 @@ class Core:
                     log.warning("semantic cache embedding failed (%s); answering without the cache "
                                 "(logged once)", exc)
                 return None, None
+            # a cache that offers get_exact takes exact_checked= in get (SemanticCache): the exact
+            # repeat was just looked up above, so get does not read it again
+            skip: dict[str, Any] = {"exact_checked": True} if exact is not None else {}
             try:
                 return vec, cache.get(
                     req.messages,
@@ -280,6 +283,7 @@ class Core:
                     params_key=req.params.cache_key(),
                     namespace=ns,
                     embedding=vec,
+                    **skip,
                 )
             except Exception as exc:  # noqa: BLE001 - same: answer without the cache
                 log.warning("semantic cache lookup failed: %s", exc)

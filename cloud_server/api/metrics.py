@@ -43,12 +43,12 @@ _ENGINE_SERIES: dict[str, tuple[str, str, str]] = {
     ),
     "prefix_cache_queries": (
         "prefix_cache_queries",
-        "Prompt tokens looked up in the prefix cache.",
+        "Prompt tokens looked up in the prefix cache (each request once, at its first admission).",
         "counter",
     ),
     "prefix_cache_hits": (
         "prefix_cache_hits",
-        "Prompt tokens found in the prefix cache.",
+        "Prompt tokens found in the prefix cache (the sum of the responses' cached_tokens).",
         "counter",
     ),
     "num_preemptions": ("num_preemptions", "Sequences preempted for lack of KV blocks.", "counter"),

@@ -58,8 +58,10 @@ class BlockManager:
         self._evictable_reused: OrderedDict[int, None] = OrderedDict()
         self._reused = [False] * num_blocks
         self._max_free_reused = max(1, num_blocks * 4 // 5)
-        self.prefix_cache_queries = 0  # prompt tokens looked up
-        self.prefix_cache_hits = 0  # of which found in the cache
+        # prompt tokens looked up, and of which found in the cache: once per request (see
+        # count_prefix_lookup), so they agree with the requests' own cached-token counts
+        self.prefix_cache_queries = 0
+        self.prefix_cache_hits = 0
 
     # -- counts ------------------------------------------------------------------------------
     @property
@@ -86,18 +88,21 @@ class BlockManager:
         return -(-num_tokens // self.block_size)
 
     # -- prefix cache ------------------------------------------------------------------------
-    def allocate_prefix(self, seq: Sequence) -> int:
+    def allocate_prefix(self, seq: Sequence, *, count: bool = True) -> int:
         """Give a sequence with no blocks the cached blocks of its longest cached prefix.
 
         At least one token is left to compute, so the step that follows yields logits and never
         writes into a shared block. Returns the number of tokens served from the cache.
+        ``count=False``: leave the counters alone; the scheduler, which may look a request up
+        again every step while it waits for blocks, counts it once itself (count_prefix_lookup).
         """
         if seq.block_table:
             raise EngineError(f"{seq!r} already has blocks")
         bs = self.block_size
         num_lookup = (seq.num_tokens - 1) // bs  # full blocks, leaving the last token to compute
-        self.prefix_cache_queries += seq.num_tokens
         if not self.enable_prefix_caching:
+            if count:
+                self.count_prefix_lookup(seq.num_tokens, 0)
             return 0
         parent: int | None = None
         for i in range(num_lookup):
@@ -113,8 +118,14 @@ class BlockManager:
             parent = h
         num_cached = len(seq.block_table) * bs
         seq.num_computed_tokens = num_cached
-        self.prefix_cache_hits += num_cached
+        if count:
+            self.count_prefix_lookup(seq.num_tokens, num_cached)
         return num_cached
+
+    def count_prefix_lookup(self, num_tokens: int, num_cached: int) -> None:
+        """Record one request's lookup: ``num_tokens`` prompt tokens, ``num_cached`` of them hits."""
+        self.prefix_cache_queries += num_tokens
+        self.prefix_cache_hits += num_cached
 
     def _acquire(self, block: int) -> None:
         if self.ref_counts[block] == 0:

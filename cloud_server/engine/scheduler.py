@@ -137,7 +137,7 @@ class Scheduler:
                 break
             seq = self.waiting[0]
             if not seq.block_table:
-                cached = bm.allocate_prefix(seq)
+                cached = bm.allocate_prefix(seq, count=False)
                 if seq.num_preemptions == 0:  # a comeback finds its own blocks: not a hit
                     seq.num_cached_tokens = cached
             n = min(seq.num_uncomputed_tokens, budget)
@@ -146,6 +146,11 @@ class Scheduler:
                 break
             bm.append_slots(seq, n)
             self.waiting.popleft()
+            if seq.num_preemptions == 0:
+                # the prefix-cache counters take each request once, at its first admission: the
+                # lookups of the steps it waited for blocks, and of a comeback, are not counted,
+                # so they agree with its num_cached_tokens (usage.prompt_tokens_details)
+                bm.count_prefix_lookup(seq.num_prompt_tokens, seq.num_cached_tokens)
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
             out.scheduled.append(ScheduledSeq(seq, n))

@@ -135,6 +135,18 @@ def entry_id_for(bucket: str, query: str) -> str:
     return hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()[:32]
 
 
+@dataclass(slots=True)
+class _Known:
+    """What the index side keeps of an entry (its answer stays in the file)."""
+
+    bucket: str
+    query: str
+    created_at: float
+    # whether the embedder reads the question whole: asked on the entry's first lookup as a
+    # candidate, then kept (None until then); a replaced or re-read entry is a new _Known
+    fits: bool | None = None
+
+
 def _fits(model: object, *texts: str) -> bool:
     """Whether the embedder reads ``texts`` whole; True for one that cannot tell (a caller's own)."""
     fits = getattr(model, "fits", None)
@@ -180,7 +192,7 @@ class SemanticCache:
         self._lock = threading.RLock()
         self._store = CacheStore(self.path, dim=embedder.dim if embedder else 384)
         self._index = BucketIndex(self._store.dim)
-        self._entries: dict[str, tuple[str, str, float]] = {}  # id -> (bucket, query, created_at)
+        self._entries: dict[str, _Known] = {}
         self._hits = self._misses = 0
         self._unsaved = [0, 0]  # hits and misses not yet added to the file's counters
         self._last_purge = 0.0
@@ -192,12 +204,18 @@ class SemanticCache:
 
     def get(
         self, messages: list[dict], *, model: str, params_key: dict, namespace: str | None = None,
-        embedding: np.ndarray | None = None,
+        embedding: np.ndarray | None = None, exact_checked: bool = False,
     ) -> CacheHit | None:
+        """The cached answer for ``messages``, or None (a miss, counted). An exact repeat first,
+        then the nearest cached questions, verified. ``embedding``: the question's vector from
+        :meth:`embed_query`, when the caller has it. ``exact_checked=True``: the caller has just
+        asked :meth:`get_exact` for the same messages and got None, so the exact repeat is not
+        looked up a second time (an exact repeat written by another thread or process in between
+        is still found among the nearest questions, and verified as any other)."""
         context, query = split_messages(messages)
         bucket = bucket_key(self._namespace(namespace), model, params_key, context)
         with self._lock:
-            if (hit := self._exact_hit(bucket, query)) is not None:
+            if not exact_checked and (hit := self._exact_hit(bucket, query)) is not None:
                 return hit
             # nothing to compare, or nothing to ask: skip the embedder
             if not self._index.bucket_size(bucket) or not query.strip():
@@ -209,18 +227,18 @@ class SemanticCache:
                 (eid, sim)
                 for eid, sim in self._index.search(bucket, vec, self.top_k)
                 if sim >= self.min_similarity and self._alive(eid)
-                and conflict(query, self._entries[eid][1]) is None
+                and conflict(query, self._entries[eid].query) is None
             ]
             # a text longer than the embedder reads was compared by its head only: such a query
             # or cached question is served on an exact repeat only (above)
             if found and not _fits(self._embedder, query):
                 found = []
-            found = [(eid, sim) for eid, sim in found if _fits(self._embedder, self._entries[eid][1])]
+            found = [(eid, sim) for eid, sim in found if self._fits_whole(self._entries[eid])]
             if not found:
                 return self._miss()
             if self.verifier is None:
                 return self._serve(found[0][0], found[0][1], None)
-            cached = [self._entries[eid][1] for eid, _ in found]
+            cached = [self._entries[eid].query for eid, _ in found]
             c_vecs = np.stack([self._index.vector(eid) for eid, _ in found])  # [k, dim]
             q_vecs = np.broadcast_to(vec, c_vecs.shape)
             probs = self.verifier.predict([query] * len(found), cached, q_vecs, c_vecs)
@@ -289,7 +307,7 @@ class SemanticCache:
             self._store.upsert(entry, counts=self._take_counts())
             self._seen()
             self._index.add(bucket, entry_id, vec)
-            self._entries[entry_id] = (bucket, query, now)
+            self._entries[entry_id] = _Known(bucket, query, now)
             self._enforce_bounds(now)
         return entry_id
 
@@ -406,10 +424,19 @@ class SemanticCache:
         if first == self._seq + 1:
             self._seq = last
 
+    def _fits_whole(self, known: _Known) -> bool:
+        """Whether the embedder reads a cached question whole, found out once per entry: a long
+        question is tokenized on its first lookup as a candidate, not on every one."""
+        if known.fits is None:
+            if getattr(self._embedder, "fits", None) is None:
+                return True  # no embedder yet (the caller passed vectors), or one that cannot tell
+            known.fits = _fits(self._embedder, known.query)
+        return known.fits
+
     def _alive(self, entry_id: str) -> bool:
         if self.ttl_s is None:
             return True
-        return self._entries[entry_id][2] >= time.time() - self.ttl_s
+        return self._entries[entry_id].created_at >= time.time() - self.ttl_s
 
     def _serve(self, entry_id: str, similarity: float, prob: float | None) -> CacheHit | None:
         entry = self._store.get(entry_id)
@@ -463,7 +490,7 @@ class SemanticCache:
 
     def _add(self, entry: Entry) -> None:
         self._index.add(entry.bucket, entry.id, entry.embedding)
-        self._entries[entry.id] = (entry.bucket, entry.query, entry.created_at)
+        self._entries[entry.id] = _Known(entry.bucket, entry.query, entry.created_at)
 
     def _sync(self) -> None:
         """Catch up with what other processes committed since we last looked: the entries their

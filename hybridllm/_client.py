@@ -8,14 +8,23 @@ its turn comes (an :class:`InlineRun`), so a device answer crosses no thread per
 
 ``stream()`` validates at the call and returns a :class:`Stream` (``AsyncStream``): iterate it
 once, or use it as a context manager; ``completion`` is set once the answer is complete.
+
+A client's threads and device model live until ``close()`` (``aclose()``). A stream keeps its
+client alive while it is read; a client dropped without closing is closed when it is collected,
+with a ResourceWarning; sync clients still open at interpreter exit are closed then (before
+teardown, when the private loop thread can still run: a stream left open at exit used to wait
+60 s for that thread).
 """
 
 from __future__ import annotations
 
 import asyncio
+import atexit
 import concurrent.futures
 import dataclasses
 import threading
+import warnings
+import weakref
 from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import Any
 
@@ -27,6 +36,11 @@ from .backends.base import Backend
 from .backends.worker import InlineRun
 
 CLOSED_MID_ANSWER = "The client was closed before this answer was complete."
+EXECUTOR_WAIT_S = 30.0  # at close, the longest wait for a running cache lookup or router call
+NOT_CLOSED = (
+    "{name} was garbage-collected without {close}(); its device model and threads were released "
+    "now. Call {close}() when done, or use `{with_} {name}(...) as llm:`."
+)
 
 
 class _LoopThread:
@@ -42,6 +56,9 @@ class _LoopThread:
     @property
     def closed(self) -> bool:
         return self._closed
+
+    def on_loop_thread(self) -> bool:
+        return self._thread is not None and threading.current_thread() is self._thread
 
     def loop(self) -> asyncio.AbstractEventLoop:
         with self._lock:
@@ -80,6 +97,12 @@ class _LoopThread:
                 asyncio.run_coroutine_threadsafe(_cancel_all(), loop).result(timeout=10)
             except (concurrent.futures.TimeoutError, RuntimeError):
                 pass
+            try:  # then the pool threads' jobs (a cache lookup, the router) end: the parts are
+                # closed only when nothing of theirs runs, and no pool thread outlives close()
+                asyncio.run_coroutine_threadsafe(loop.shutdown_default_executor(), loop).result(
+                    timeout=EXECUTOR_WAIT_S)
+            except (concurrent.futures.TimeoutError, RuntimeError):
+                pass
         if before_stop is not None:
             before_stop()
         if loop is None or thread is None:
@@ -109,9 +132,10 @@ class Stream:
     ...         print(chunk.text, end="")
     """
 
-    def __init__(self, chunks: AsyncIterator[Chunk], loop: _LoopThread) -> None:
+    def __init__(self, chunks: AsyncIterator[Chunk], loop: _LoopThread, owner: object = None) -> None:
         self._chunks = chunks
         self._loop = loop
+        self._owner = owner  # the client: not collected (and closed) while its stream is read
         self._task: asyncio.Task | None = None
         self._used = False
         self._closed = False
@@ -198,8 +222,9 @@ class Stream:
 class AsyncStream:
     """The async :class:`Stream`: ``async for`` once, or ``async with``; ``completion`` after."""
 
-    def __init__(self, chunks: AsyncIterator[Chunk]) -> None:
+    def __init__(self, chunks: AsyncIterator[Chunk], owner: object = None) -> None:
         self._chunks = chunks
+        self._owner = owner  # the client: not collected (and closed) while its stream is read
         self._used = False
         self._closed = False
         self.completion: Completion | None = None
@@ -407,6 +432,10 @@ class HybridLLM(_Surface):
     def __init__(self, **options: Any) -> None:
         super().__init__(**options)
         self._loop = _LoopThread()
+        # the finalizer holds the parts, never the client (that would keep it alive for ever)
+        self._finalizer = weakref.finalize(self, _close_collected, self._loop, self._core, "HybridLLM")
+        self._finalizer.atexit = False  # at exit: _close_open_clients, with no warning
+        _OPEN_CLIENTS.add(self)
 
     def chat(self, messages: str | Sequence[Message], **params: Any) -> Completion:
         """Answer ``messages`` (a string or OpenAI-style messages) and return the Completion.
@@ -427,9 +456,12 @@ class HybridLLM(_Surface):
         the loop or closing the stream stops generation."""
         req = self._core.prepare(messages, params)
         req.inline_edge = True  # a device answer is generated on the reading thread
-        return Stream(self._core.run(req), self._loop)
+        return Stream(self._core.run(req), self._loop, owner=self)
 
     def close(self) -> None:
+        """Stop what is running, free the device model, end the client's threads."""
+        self._finalizer.detach()
+        _OPEN_CLIENTS.discard(self)
         self._loop.close(before_stop=self._core.close)
 
     def __enter__(self) -> HybridLLM:
@@ -443,11 +475,21 @@ class AsyncHybridLLM(_Surface):
     """The async client: the same pipeline on the caller's event loop (the cloud over httpx's
     AsyncClient, the device model on its own thread), the same surface as :class:`HybridLLM`."""
 
+    def __init__(self, **options: Any) -> None:
+        super().__init__(**options)
+        self._owner: HybridLLM | None = None
+        self._finalizer: weakref.finalize[Any, Any] | None = weakref.finalize(
+            self, _close_collected, None, self._core, "AsyncHybridLLM")
+        self._finalizer.atexit = False  # at exit the device worker stops itself (backends.worker)
+
     @classmethod
     def wrap(cls, client: HybridLLM) -> AsyncHybridLLM:
-        """An async view of ``client``: the same parts, cache and stats."""
+        """An async view of ``client``: the same parts, cache and stats. It keeps ``client`` alive
+        and never closes it: close ``client`` when done."""
         self = cls.__new__(cls)
         self.config, self._core = client.config, client._core
+        self._owner = client
+        self._finalizer = None
         return self
 
     async def chat(self, messages: str | Sequence[Message], **params: Any) -> Completion:
@@ -461,9 +503,11 @@ class AsyncHybridLLM(_Surface):
     def stream(self, messages: str | Sequence[Message], **params: Any) -> AsyncStream:
         """An :class:`AsyncStream` of chunks; bad input raises here, at the call."""
         req = self._core.prepare(messages, params)
-        return AsyncStream(self._core.run(req))
+        return AsyncStream(self._core.run(req), owner=self)
 
     async def aclose(self) -> None:
+        if self._finalizer is not None:
+            self._finalizer.detach()
         await self._core.aclose()
 
     async def __aenter__(self) -> AsyncHybridLLM:
@@ -471,3 +515,38 @@ class AsyncHybridLLM(_Surface):
 
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
+
+
+_OPEN_CLIENTS: weakref.WeakSet[HybridLLM] = weakref.WeakSet()
+
+
+@atexit.register  # registered after backends.worker's handler, so it runs before it (LIFO)
+def _close_open_clients() -> None:
+    """Close the sync clients still open at exit while their loop threads can still run. Later,
+    in teardown, daemon threads are frozen: a stream closed then (a generator collected with the
+    module's globals) would wait for its loop thread until its timeout."""
+    for client in list(_OPEN_CLIENTS):
+        try:
+            client.close()
+        except Exception:  # noqa: BLE001 - one client's failure must not keep the others open
+            pass
+
+
+def _close_collected(loop: _LoopThread | None, core: Core, name: str) -> None:
+    """A client collected without close(): release its parts, then say so (ResourceWarning)."""
+
+    def release() -> None:
+        if loop is not None:
+            loop.close(before_stop=core.close)
+        else:
+            core.close()
+
+    if (loop is not None and loop.on_loop_thread()) or core.edge_worker.on_worker_thread():
+        # collected on one of its own threads (a cycle collected mid-answer): the model must not be
+        # freed under that thread's feet, so close from a thread that can wait for it to stop
+        threading.Thread(target=release, name="hybridllm-close", daemon=True).start()
+    else:
+        release()
+    with_ = "async with" if loop is None else "with"
+    close = "aclose" if loop is None else "close"
+    warnings.warn(NOT_CLOSED.format(name=name, close=close, with_=with_), ResourceWarning, stacklevel=1)

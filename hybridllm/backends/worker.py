@@ -327,6 +327,10 @@ class EdgeWorker:
         self._current: EdgeJob | InlineRun | None = None
         self._closed = False
 
+    def on_worker_thread(self) -> bool:
+        """Whether the caller runs on this worker's own thread (there, ``close`` cannot wait)."""
+        return self._thread is not None and threading.current_thread() is self._thread
+
     @property
     def num_waiting(self) -> int:
         with self._cond:

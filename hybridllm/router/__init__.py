@@ -10,14 +10,32 @@ Modules: features (text statistics + embedding), classifier (the scorer's numpy 
 (score, threshold, file format), train, evaluate (RouteLLM metrics), calibrate, label, privacy,
 budget, policy, mixture (several labelled files: one scorer each, blended by a gate), _cli
 (``hybridllm router ...``).
+
+The names below are imported on first use (PEP 562), so importing one light submodule (the
+client's pipeline imports ``privacy``) does not load numpy and the scorer with it.
 """
 
 from __future__ import annotations
 
-from .budget import Budget
-from .policy import Decision, RoutingPolicy
-from .privacy import PII_KINDS, detect_pii, redact_pii
-from .router import Router, load_router
+import typing as _typing
+
+if _typing.TYPE_CHECKING:
+    from .budget import Budget
+    from .policy import Decision, RoutingPolicy
+    from .privacy import PII_KINDS, detect_pii, redact_pii
+    from .router import Router, load_router
+
+# public name -> the submodule that defines it
+_LAZY = {
+    "Budget": "budget",
+    "Decision": "policy",
+    "RoutingPolicy": "policy",
+    "PII_KINDS": "privacy",
+    "detect_pii": "privacy",
+    "redact_pii": "privacy",
+    "Router": "router",
+    "load_router": "router",
+}
 
 __all__ = [
     "PII_KINDS",
@@ -29,3 +47,18 @@ __all__ = [
     "load_router",
     "redact_pii",
 ]
+
+
+def __getattr__(name: str) -> _typing.Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    from importlib import import_module
+
+    value = getattr(import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value  # later look-ups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -7,6 +7,8 @@ with ``raise ... from exc``. Each message says what went wrong and what to do ab
     HybridLLMError
     ├── ConfigError                 a setting is invalid or missing
     ├── InvalidRequestError         bad messages or sampling parameters
+    │   └── ContextWindowExceededError  the prompt does not fit the device model's context, and
+    │                                   the cloud cannot take it (none, unavailable, privacy, budget)
     ├── StreamConsumedError         a stream iterated a second time (or after close)
     ├── ModelError
     │   ├── ModelNotFoundError      unknown model id or missing file
@@ -37,6 +39,7 @@ __all__ = [
     "CloudRateLimitError",
     "CloudUnavailableError",
     "ConfigError",
+    "ContextWindowExceededError",
     "DataError",
     "EdgeBusyError",
     "EdgeError",
@@ -62,6 +65,19 @@ class ConfigError(HybridLLMError):
 
 class InvalidRequestError(HybridLLMError, ValueError):
     """The messages or the sampling parameters of a request are invalid."""
+
+
+class ContextWindowExceededError(InvalidRequestError):
+    """The prompt does not fit the device model's context (its tokens plus one for the answer),
+    and the cloud cannot take it: none is configured, it is unavailable, privacy keeps the prompt
+    on the device, or the cloud budget is spent. ``prompt_tokens`` and ``context_length`` (n_ctx)
+    give the numbers; the message says what to do."""
+
+    def __init__(self, message: str, *, prompt_tokens: int | None = None,
+                 context_length: int | None = None) -> None:
+        super().__init__(message)
+        self.prompt_tokens = prompt_tokens
+        self.context_length = context_length
 
 
 class StreamConsumedError(HybridLLMError, RuntimeError):

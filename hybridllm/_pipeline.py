@@ -19,12 +19,13 @@ import re
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Iterator, Sequence
 from contextlib import aclosing
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ._exceptions import (
     CloudRateLimitError,
     CloudUnavailableError,
     ConfigError,
+    ContextWindowExceededError,
     HybridLLMError,
     InvalidRequestError,
 )
@@ -41,6 +42,9 @@ from ._types import (
 )
 from .backends.base import Backend, Delta
 from .backends.worker import EdgeWorker, InlineRun
+
+if TYPE_CHECKING:
+    from .router.privacy import Restorer
 
 log = logging.getLogger("hybridllm")
 
@@ -106,9 +110,16 @@ class PolicyPort(Protocol):
 
 
 class LedgerPort(Protocol):
-    """The cloud budget (:class:`hybridllm.router.Budget`)."""
+    """The cloud budget (:class:`hybridllm.router.Budget`): reserve-then-settle, so that it holds
+    under concurrency."""
 
     def exhausted(self) -> str | None: ...
+
+    def reserve(self, tokens: int = 0) -> tuple[Any, str | None]: ...
+
+    def settle(self, reservation: Any, tokens: int) -> None: ...
+
+    def release(self, reservation: Any) -> None: ...
 
     def record(self, tokens: int = 0) -> None: ...
 
@@ -153,6 +164,20 @@ class Request:
     cloud_calls: list[int] = dataclasses.field(default_factory=list)
     # the sync client reads on its own thread: an edge answer is generated there (InlineRun)
     inline_edge: bool = False
+    # the prompt in the device's tokens, counted once in the plan step (None: the edge cannot
+    # tell), and the device's context (n_ctx): the context check, the router and the budget's
+    # estimate all read them
+    prompt_tokens: int | None = None
+    context_length: int | None = None
+    # the budget's room held for this request's cloud call, settled or released when it ends
+    reservation: Any = None
+
+    @property
+    def fits_edge(self) -> bool:
+        """The prompt and at least one answer token fit the device's context. ``max_tokens`` does
+        not count: a device answer stops with finish_reason "length" where the context ends."""
+        n, limit = self.prompt_tokens, self.context_length
+        return n is None or limit is None or n + 1 <= limit
 
 
 class _NoOutput(Exception):
@@ -242,10 +267,25 @@ class Core:
                     await self._record(req, decision, final.completion, vec, use_cache)
                 yield final
         finally:
-            if self.ledger is not None:
-                for tokens in req.cloud_calls:
-                    if tokens:  # a call that failed before answering cost nothing
-                        self.ledger.record(tokens)
+            self._settle(req)
+
+    def _settle(self, req: Request) -> None:
+        """The ledger learns what this request's cloud calls cost, whichever way it ended (an
+        answer, an error, a caller that stopped reading, a cancelled task): its reservation is
+        settled with the first call's tokens, or released when no call answered."""
+        held, req.reservation = req.reservation, None
+        if self.ledger is None:
+            return
+        # a call that failed before answering cost nothing
+        calls = [tokens for tokens in req.cloud_calls if tokens]
+        req.cloud_calls.clear()
+        if held is not None:
+            if calls:
+                self.ledger.settle(held, calls.pop(0))
+            else:
+                self.ledger.release(held)
+        for tokens in calls:  # calls made without a reservation (a forced cloud route)
+            self.ledger.record(tokens)
 
     # 1. lookup
     async def _lookup(self, req: Request) -> tuple[Any, CacheHitLike | None]:
@@ -294,8 +334,13 @@ class Core:
     # 2. plan
     async def _plan(self, req: Request, vec: Any) -> Decision:
         msgs, opts = req.messages, req.options
-        if self.cloud is None:
+        if self.cloud is None:  # the device's own check refuses a prompt past its context
             return Decision("edge", "edge: no cloud configured", messages_for_cloud=msgs)
+        loop = asyncio.get_running_loop()
+        # counted once, with the device's tokenizer: the context check, the router and the
+        # budget's estimate read this one count
+        req.prompt_tokens = await loop.run_in_executor(None, self.edge.count_tokens, msgs)
+        req.context_length = self.edge.context_length
         if self.policy is None:
             route = opts.route or "cloud"
             d = Decision(
@@ -305,27 +350,63 @@ class Core:
                 forced=opts.route is not None,
             )
         else:
-            policy = self.policy
-            loop = asyncio.get_running_loop()
-            tokens = await loop.run_in_executor(None, self.edge.count_tokens, msgs)
+            policy, tokens = self.policy, req.prompt_tokens
             d = await loop.run_in_executor(
                 None, lambda: policy.decide(msgs, force=opts.route, prompt_tokens=tokens, embedding=vec)
             )
-        if opts.cascade is not None:
+        if not req.fits_edge:
+            d = self._beyond_the_edge(req, d)
+        elif opts.cascade is not None:
             d = dataclasses.replace(
                 d, cascade=bool(opts.cascade and d.route == "edge" and d.score is not None and not d.forced)
             )
         if d.route == "cloud" and not d.forced and self.ledger is not None:
-            spent = self.ledger.exhausted()
+            # one step under the ledger's lock: of concurrent requests, only as many as fit pass
+            req.reservation, spent = self.ledger.reserve(self._estimate(req))
             if spent:
+                if not req.fits_edge:
+                    raise _too_long(req, f"the cloud {spent}", "or retry once the budget has room")
                 return dataclasses.replace(d, route="edge", reason=f"{d.reason}; {spent}", cascade=False)
         return d
+
+    def _beyond_the_edge(self, req: Request, d: Decision) -> Decision:
+        """A prompt the device cannot hold goes to the cloud, whatever the router thought, unless
+        the caller forced the device or privacy keeps it there: then a clear error."""
+        if d.route == "cloud" and d.forced:
+            return d
+        if d.route == "edge" and d.forced:
+            raise _too_long(req, "route='edge' keeps it on the device",
+                            "or leave out route='edge' so that the cloud answers it")
+        if d.private:
+            raise _too_long(req, f"privacy keeps it on the device ({d.reason})",
+                            "or set privacy='redact' to send it to the cloud with the personal data "
+                            "replaced")
+        n, limit = req.prompt_tokens, req.context_length
+        reason = f"too long for the device: {n} prompt tokens, n_ctx {limit}"
+        if d.pii_kinds and d.messages_for_cloud != req.messages:
+            reason += f"; {', '.join(d.pii_kinds)} redacted for the cloud"
+        return dataclasses.replace(d, route="cloud", reason=reason, cascade=False)
+
+    def _estimate(self, req: Request) -> int:
+        """What a reservation holds: the prompt plus a whole answer of max_tokens, the most the
+        call can cost; the cloud's own count replaces it when the call ends."""
+        return self._prompt_tokens(req) + req.params.max_tokens
+
+    def _prompt_tokens(self, req: Request) -> int:
+        if req.prompt_tokens is not None:
+            return req.prompt_tokens
+        from .router.policy import estimate_tokens  # an edge without a tokenizer: ~4 characters a token
+
+        return estimate_tokens(req.messages)
 
     # 3. execute
     async def _execute(self, req: Request, d: Decision, start: float) -> Chunks:
         if d.route == "cloud":
             assert self.cloud is not None
             if not self.cloud.is_available():
+                if not req.fits_edge:  # the device cannot stand in
+                    raise _too_long(req, "the cloud is unavailable (circuit open, or its Retry-After "
+                                    "not over)", "or retry once the cloud is back")
                 async with aclosing(
                     self._emit_edge(
                         req,
@@ -340,12 +421,23 @@ class Core:
                 return
             try:
                 async with aclosing(
-                    self._emit_cloud(req, d, start, route="cloud", reason=d.reason)
+                    self._metered(req, self._emit_cloud(req, d, start, route="cloud", reason=d.reason),
+                                  "cloud")
                 ) as source:
                     async for chunk in source:
                         yield chunk
                 return
+            except ContextWindowExceededError as exc:
+                if req.fits_edge:
+                    raise
+                # the cloud's stream broke mid-answer and the device cannot hold the prompt to
+                # finish it
+                raise _too_long(req, "the cloud's stream broke off mid-answer",
+                                "or retry once the cloud is back") from exc
             except _NoOutput as exc:  # nothing was streamed yet: the device answers instead
+                if not req.fits_edge:
+                    raise _too_long(req, f"the cloud failed ({exc.cause})",
+                                    "or retry once the cloud is back") from exc.cause
                 log.info("cloud failed before answering (%s); answering on the device", exc.cause)
                 async with aclosing(
                     self._emit_edge(
@@ -380,16 +472,23 @@ class Core:
             draft = chunk.completion or draft
         assert draft is not None
         lp = draft.mean_logprob if draft.mean_logprob is not None else float("-inf")
-        spent = self.ledger.exhausted() if self.ledger is not None else None
-        if self.policy.should_escalate(lp) and self.cloud.is_available() and not spent:
+        escalate, spent = self.policy.should_escalate(lp), None
+        available = escalate and self.cloud.is_available()
+        if available and self.ledger is not None:  # held only when the cloud is really asked
+            req.reservation, spent = self.ledger.reserve(self._estimate(req))
+        if available and not spent:
             try:
                 async with aclosing(
-                    self._emit_cloud(
+                    self._metered(
                         req,
-                        d,
-                        start,
-                        route="edge->cloud",
-                        reason=f"{d.reason}; edge confidence {lp:.2f} too low",
+                        self._emit_cloud(
+                            req,
+                            d,
+                            start,
+                            route="edge->cloud",
+                            reason=f"{d.reason}; edge confidence {lp:.2f} too low",
+                        ),
+                        "edge->cloud",
                     )
                 ) as source:
                     async for chunk in source:
@@ -399,7 +498,7 @@ class Core:
                 log.info("cascade: cloud failed (%s); keeping the edge answer", exc.cause)
         why = (
             f"edge confident ({lp:.2f})"
-            if not self.policy.should_escalate(lp)
+            if not escalate
             else f"edge unsure ({lp:.2f}) but {spent or 'the cloud is unavailable'}"
         )
         async with aclosing(
@@ -419,6 +518,26 @@ class Core:
             async for chunk in source:
                 yield chunk
 
+    async def _metered(self, req: Request, source: Chunks, route: str) -> Chunks:
+        """Pass a cloud call's chunks on, and see that the ledger gets its full cost: a call that
+        ends without the cloud's own count (its stream broke and the device finished the answer,
+        the caller stopped reading, or a server that reports no usage) costs its prompt plus the
+        text it streamed (~4 characters a token), not the streamed text alone."""
+        calls, streamed, counted = len(req.cloud_calls), 0, False
+        try:
+            async with aclosing(source) as chunks:
+                async for chunk in chunks:
+                    # the cloud's own chunks: not the device's continuation (nor the sync client's
+                    # InlineRun that carries it)
+                    if getattr(chunk, "route", None) == route:
+                        streamed += max(1, len(chunk.text) // 4) if chunk.text else 0
+                        counted = counted or (chunk.completion is not None and
+                                              chunk.completion.usage.total_tokens > 0)
+                    yield chunk
+        finally:
+            if len(req.cloud_calls) > calls and streamed and not counted:
+                req.cloud_calls[calls] = self._prompt_tokens(req) + streamed
+
     async def _emit_cloud(
         self, req: Request, d: Decision, start: float, *, route: str, reason: str
     ) -> Chunks:
@@ -427,6 +546,11 @@ class Core:
         failure. Raises ``_NoOutput`` when the cloud failed before its first token."""
         assert self.cloud is not None
         req.cloud_calls.append(0)
+        restorer = None
+        if d.placeholders:  # privacy="redact": the answer's placeholders are restored before anyone reads it
+            from .router.privacy import Restorer
+
+            restorer = Restorer(d.placeholders)
         try:
             async with aclosing(
                 self._emit(
@@ -440,6 +564,7 @@ class Core:
                     score=d.score,
                     cloud=True,
                     req=req,
+                    restorer=restorer,
                 )
             ) as source:
                 async for chunk in source:
@@ -520,13 +645,14 @@ class Core:
         cloud: bool = False,
         prefix: str = "",
         ttft_ms: float | None = None,
+        restorer: Restorer | None = None,
     ) -> Chunks:
         """Stream the deltas as chunks, then one final chunk with the completion. With
         ``prefix`` (already sent to the caller, first token at ``ttft_ms``), the backend
-        continues that answer."""
+        continues that answer; with ``restorer``, the placeholders in the text are put back."""
         answer = _Answer(
             self, backend, start, route=route, reason=reason, score=score, req=req, cloud=cloud,
-            prefix=prefix, ttft_ms=ttft_ms,
+            prefix=prefix, ttft_ms=ttft_ms, restorer=restorer,
         )
         try:
             async with aclosing(deltas) as stream:  # type: ignore[type-var]  # an async generator
@@ -537,6 +663,9 @@ class Core:
         except (CloudUnavailableError, CloudRateLimitError) as exc:
             if not cloud:
                 raise
+            held = answer.flush()  # a held-back piece was streamed by the cloud: the caller gets it
+            if held is not None:
+                yield held
             if answer.parts:
                 raise _PartialOutput(exc, "".join(answer.parts), answer.ttft) from exc
             raise _NoOutput(exc) from exc
@@ -544,6 +673,9 @@ class Core:
             if not prefix:
                 raise
             raise _cannot_continue(exc) from exc
+        held = answer.flush()
+        if held is not None:
+            yield held
         yield answer.finish()
 
     async def _emit_inline(self, run: InlineRun, prefix: str) -> Chunks:
@@ -664,6 +796,17 @@ class Core:
                     part.close()
 
 
+def _too_long(req: Request, why: str, what: str) -> ContextWindowExceededError:
+    n, limit = req.prompt_tokens, req.context_length
+    return ContextWindowExceededError(
+        f"The prompt is {n} tokens; the device model's context holds {limit} (n_ctx), at least one "
+        f"of them for the answer; and {why}. Shorten the conversation (drop its oldest turns), "
+        f"raise n_ctx if the model allows it, {what}.",
+        prompt_tokens=n,
+        context_length=limit,
+    )
+
+
 def _cannot_continue(exc: NotImplementedError) -> CloudUnavailableError:
     # the edge backend cannot continue the answer the cloud broke off
     return CloudUnavailableError(f"the cloud stream broke mid-answer and {exc}; retry the request")
@@ -686,10 +829,12 @@ class _Answer:
         cloud: bool = False,
         prefix: str = "",
         ttft_ms: float | None = None,
+        restorer: Restorer | None = None,
     ) -> None:
         self.core, self.backend, self.start, self.req = core, backend, start, req
         self.route, self.reason, self.score, self.cloud, self.prefix = route, reason, score, cloud, prefix
         self.ttft = ttft_ms
+        self.restorer = restorer  # the text is restored as it streams: parts hold what the user sees
         self.parts: list[str] = [prefix] if prefix else []
         self.logprobs: list[float] = []
         self.finish_reason, self.usage = "stop", Usage()
@@ -701,13 +846,26 @@ class _Answer:
             self.finish_reason, self.usage = delta.finish_reason, delta.usage or self.usage
         if not delta.text:
             return None
-        if self.ttft is None:
-            self.ttft = (time.perf_counter() - self.start) * 1000
-        self.parts.append(delta.text)
         if self.cloud:  # until the cloud's own count arrives: ~4 characters a token
             self.req.cloud_calls[-1] += max(1, len(delta.text) // 4)
+        text = self.restorer.feed(delta.text) if self.restorer is not None else delta.text
+        if not text:  # all of it held back: it may be the start of a placeholder
+            return None
+        if self.ttft is None:  # the first text the caller sees
+            self.ttft = (time.perf_counter() - self.start) * 1000
+        self.parts.append(text)
         # read per chunk: a cloud learns its model's name from the endpoint
-        return Chunk(delta.text, self.route, self.backend.model)
+        return Chunk(text, self.route, self.backend.model)
+
+    def flush(self) -> Chunk | None:
+        """The text the restorer still holds (the stream ended or broke), as one last chunk."""
+        text = self.restorer.flush() if self.restorer is not None else ""
+        if not text:
+            return None
+        if self.ttft is None:
+            self.ttft = (time.perf_counter() - self.start) * 1000
+        self.parts.append(text)
+        return Chunk(text, self.route, self.backend.model)
 
     def finish(self) -> Chunk:
         usage, cost = self.usage, 0.0

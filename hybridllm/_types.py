@@ -148,6 +148,10 @@ class Decision:
     pii_kinds: list[str] = field(default_factory=list)
     cascade: bool = False  # edge first; the cloud when the edge's answer is unsure
     forced: bool = False  # the caller chose the route
+    private: bool = False  # privacy keeps the prompt on the device: never sent to the cloud
+    # privacy="redact": placeholder ("[EMAIL_1]") -> the value it stands for, to restore the cloud's
+    # answer on the device; never sent, and kept out of repr so that a logged decision holds no value
+    placeholders: dict[str, str] = field(default_factory=dict, repr=False, compare=False)
 
 
 @dataclass

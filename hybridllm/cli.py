@@ -15,7 +15,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ._exceptions import HybridLLMError
+from ._exceptions import ContextWindowExceededError, HybridLLMError
 
 # Command groups that live beside the code they drive; each module has register(subparsers).
 _GROUPS = ("hybridllm.router._cli", "hybridllm.cache._cli", "hybridllm._serve_cli")
@@ -176,11 +176,13 @@ CHAT_HELP = ("/reset clears the conversation, /exit (or Ctrl-D) quits, /help sho
 _COMMAND = re.compile(r"/[A-Za-z?]+")
 
 
-def _fit(llm: Any, history: list[dict[str, str]], base: int, max_tokens: int | None) -> int:
+def _fit(llm: Any, history: list[dict[str, str]], base: int, max_tokens: int | None, *,
+         cloud_failed: bool = False) -> int:
     """Drop the oldest turns (never the system prompt nor the new question) until the conversation
     leaves room for the answer in the device model's context; how many messages went. With a cloud
-    configured the router sends a long conversation there instead, so nothing is dropped."""
-    if llm.cloud is not None:
+    configured a long conversation goes there whole, so nothing is dropped unless the cloud could
+    not take it (``cloud_failed``): then the device answers what fits."""
+    if llm.cloud is not None and not cloud_failed:
         return 0
     edge = llm.edge
     limit = getattr(edge, "context_length", None)
@@ -195,6 +197,16 @@ def _fit(llm: Any, history: list[dict[str, str]], base: int, max_tokens: int | N
             dropped += 1
         dropped += 1
     return dropped
+
+
+def _answer(llm: Any, history: list[dict[str, str]], sampling: dict[str, Any], parts: list[str],
+            **options: Any) -> Any:
+    """Stream one answer to stdout, collecting its text in ``parts``; the finished stream."""
+    stream = llm.stream(history, **sampling, **options)
+    for chunk in stream:
+        parts.append(chunk.text)
+        print(chunk.text, end="", flush=True)
+    return stream
 
 
 def cmd_chat(args: argparse.Namespace) -> int:
@@ -254,10 +266,21 @@ def cmd_chat(args: argparse.Namespace) -> int:
                       "messages; /reset starts afresh)")
             parts: list[str] = []
             try:
-                stream = llm.stream(history, **sampling)
-                for chunk in stream:
-                    parts.append(chunk.text)
-                    print(chunk.text, end="", flush=True)
+                try:
+                    stream = _answer(llm, history, sampling, parts)
+                except ContextWindowExceededError:
+                    # too long for the device, and the cloud could not take it (unavailable, failed,
+                    # budget spent, privacy): the device answers the most recent turns instead
+                    dropped = _fit(llm, history, base, sampling["max_tokens"], cloud_failed=True)
+                    if not dropped:
+                        raise
+                    if parts:  # the cloud's broken-off start: the device's answer replaces it
+                        print(flush=True)
+                        parts.clear()
+                    _note(f"(the conversation is too long for the device model and the cloud could not "
+                          f"take it: dropped its {dropped} oldest messages and the device answers; "
+                          "/reset starts afresh)")
+                    stream = _answer(llm, history, sampling, parts, route="edge")
             except KeyboardInterrupt:  # stop this answer, keep the session
                 print(flush=True)
                 if not parts:

@@ -34,6 +34,7 @@ from ._exceptions import (
     CloudError,
     CloudRateLimitError,
     ConfigError,
+    ContextWindowExceededError,
     EdgeBusyError,
     HybridLLMError,
     InvalidRequestError,
@@ -139,6 +140,13 @@ def status_of(exc: HybridLLMError) -> tuple[int, str, str]:
     return 500, "server_error", "The server had an error while processing your request."
 
 
+def code_of(exc: BaseException) -> str | None:
+    """OpenAI's error ``code`` for an error of the SDK that has one."""
+    if isinstance(exc, ContextWindowExceededError):
+        return "context_length_exceeded"  # the code OpenAI's clients (and LiteLLM) look for
+    return None
+
+
 def _error(status: int, message: str, etype: str, param: str | None = None,
            code: str | None = None, headers: Mapping[str, str] | None = None) -> JSONResponse:
     return JSONResponse(error_body(message, etype, param=param, code=code), status, headers=headers)
@@ -148,7 +156,8 @@ def _sdk_error(exc: HybridLLMError) -> JSONResponse:
     status, etype, message = status_of(exc)
     if status >= 500:
         logger.error("request failed: %s", type(exc).__name__)
-    return _error(status, message, etype, headers={"Retry-After": "1"} if status == 429 else None)
+    return _error(status, message, etype, code=code_of(exc),
+                  headers={"Retry-After": "1"} if status == 429 else None)
 
 
 def _trace(c: Completion) -> dict[str, Any]:
@@ -300,6 +309,6 @@ async def _sse(first: Chunk, stream: Any, rest: AsyncIterator[Chunk],
         # Headers are sent: report in-band, as OpenAI does; never the exception's own text.
         status, etype, message = status_of(exc if isinstance(exc, HybridLLMError) else HybridLLMError())
         logger.error("stream failed: %s", type(exc).__name__)
-        yield error_event(error_body(message, etype, code=status))
+        yield error_event(error_body(message, etype, code=code_of(exc) or status))
     finally:
         await stream.aclose()

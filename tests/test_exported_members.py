@@ -29,3 +29,38 @@ def test_import_does_no_heavy_work():
     code = f"import sys, hybridllm; print(sorted(m for m in {heavy} if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_the_error_tree_is_pinned():
+    """Every public error and its parent, as drawn in hybridllm/_exceptions.py and the README."""
+    tree = {
+        "ConfigError": "HybridLLMError",
+        "InvalidRequestError": "HybridLLMError",
+        "ContextWindowExceededError": "InvalidRequestError",
+        "StreamConsumedError": "HybridLLMError",
+        "ModelError": "HybridLLMError",
+        "ModelNotFoundError": "ModelError",
+        "ModelPackageMissingError": "ModelError",
+        "ModelCorruptError": "ModelError",
+        "BackendError": "HybridLLMError",
+        "EdgeError": "BackendError",
+        "EdgeBusyError": "EdgeError",
+        "CloudError": "BackendError",
+        "CloudUnavailableError": "CloudError",
+        "CloudRateLimitError": "CloudError",
+        "CloudAuthError": "CloudError",
+        "RouterError": "HybridLLMError",
+        "RouterFileError": "RouterError",
+        "CacheError": "HybridLLMError",
+        "CacheCorruptError": "CacheError",
+        "DataError": "HybridLLMError",
+    }
+    errors = {n for n in hybridllm.__all__ if isinstance(getattr(hybridllm, n), type)
+              and issubclass(getattr(hybridllm, n), Exception)}
+    assert errors == set(tree) | {"HybridLLMError"}
+    for name, parent in tree.items():
+        assert getattr(hybridllm, name).__mro__[1] is getattr(hybridllm, parent), name
+    from hybridllm import _exceptions
+
+    for name in tree:  # the drawn tree names each one
+        assert name in (_exceptions.__doc__ or ""), name

@@ -13,7 +13,7 @@ from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 
-from .._exceptions import InvalidRequestError
+from .._exceptions import ContextWindowExceededError
 from .._types import GenerationParams, Messages, Usage
 from ..prompts import PromptFormat
 
@@ -144,10 +144,14 @@ class DeviceBackend(Backend):
         stops = tuple(dict.fromkeys(params.stop + self.prompt_format.stops(messages)))
         tokens = self.tokenize(messages, prefix=prefix)
         limit = self.context_length
-        if limit is not None and len(tokens) >= limit:
-            raise InvalidRequestError(
-                f"The prompt is {len(tokens)} tokens; the edge model's context holds "
-                f"{limit}. Shorten the conversation or send it to the cloud."
+        if limit is not None and len(tokens) >= limit:  # no room left for one answer token
+            raise ContextWindowExceededError(
+                f"The prompt is {len(tokens)} tokens; the device model's context holds {limit} "
+                "(n_ctx), at least one of them for the answer. Shorten the conversation (drop its "
+                "oldest turns), raise n_ctx if the model allows it, or configure a cloud "
+                "(cloud_url=...) to take long prompts.",
+                prompt_tokens=len(tokens),
+                context_length=limit,
             )
         return self._run(tokens, params, stops)
 

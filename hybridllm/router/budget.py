@@ -1,9 +1,13 @@
 """A cloud budget: at most so many cloud calls or tokens per sliding hour and day.
 
-A ledger the client's pipeline owns: its plan step asks ``exhausted()`` before sending a request
-to the cloud (or escalating a cascade), and its record step writes every cloud call with
-``record(tokens)``, a broken one included (its tokens estimated). Windows slide (the last
-3600 s / 86400 s), so a spent budget comes back gradually rather than at midnight.
+A ledger the client's pipeline owns, kept by reserve-then-settle so that it holds under
+concurrency: the plan step ``reserve(tokens)``s room for one call and its estimated tokens in one
+step under the lock (or learns why there is none), and once the request ends it ``settle``s the
+reservation with the tokens the call really used, or ``release``s it when no cloud call was made
+(the cloud failed before answering, the device answered, an error, a cancelled request). A
+reservation counts as used while it is held, so with one call left, of N concurrent requests one
+goes to the cloud. Windows slide (the last 3600 s / 86400 s), so a spent budget comes back
+gradually rather than at midnight.
 """
 
 from __future__ import annotations
@@ -13,11 +17,21 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from itertools import count
 
 from .._exceptions import ConfigError
 
 HOUR = 3600.0
 DAY = 86400.0
+
+
+@dataclass(frozen=True)
+class Reservation:
+    """Room held for one cloud call: the call and ``tokens`` (its estimate) count as used until the
+    reservation is settled or released."""
+
+    id: int
+    tokens: int
 
 
 @dataclass
@@ -29,6 +43,9 @@ class Budget:
     clock: Callable[[], float] = time.monotonic
     _events: deque[tuple[float, int]] = field(default_factory=deque, init=False, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
+    # reservations held now: id -> estimated tokens (in flight: inside every window)
+    _held: dict[int, int] = field(default_factory=dict, init=False, repr=False)
+    _ids: count = field(default_factory=count, init=False, repr=False)
 
     def __post_init__(self) -> None:
         for name in ("max_cloud_calls_per_hour", "max_cloud_calls_per_day",
@@ -48,19 +65,50 @@ class Budget:
         return any(v is not None for v in limits)
 
     def record(self, tokens: int = 0) -> None:
-        """Count one cloud call that used ``tokens`` (prompt plus completion)."""
-        if tokens < 0:
-            raise ConfigError(f"tokens must be >= 0, got {tokens}.")
+        """Count one cloud call that used ``tokens`` (prompt plus completion), without a
+        reservation (a call made outside the pipeline's plan step)."""
+        _check_tokens(tokens)
         with self._lock:
-            self._events.append((self.clock(), int(tokens)))
-            self._trim(self.clock())
+            now = self.clock()
+            self._events.append((now, int(tokens)))
+            self._trim(now)
+
+    def reserve(self, tokens: int = 0) -> tuple[Reservation | None, str | None]:
+        """Hold room for one cloud call of about ``tokens`` (prompt plus completion, estimated):
+        ``(reservation, None)``, or ``(None, why)`` when the budget is spent (nothing held). The
+        check and the hold are one step under the lock, so concurrent callers cannot all pass."""
+        _check_tokens(tokens)
+        with self._lock:
+            now = self.clock()
+            self._trim(now)
+            spent = self._spent(now)
+            if spent:
+                return None, spent
+            held = Reservation(next(self._ids), int(tokens))
+            self._held[held.id] = held.tokens
+            return held, None
+
+    def settle(self, reservation: Reservation, tokens: int) -> None:
+        """The reserved call was made and used ``tokens``: the estimate gives way to the count."""
+        _check_tokens(tokens)
+        with self._lock:
+            self._held.pop(reservation.id, None)
+            now = self.clock()
+            self._events.append((now, int(tokens)))
+            self._trim(now)
+
+    def release(self, reservation: Reservation) -> None:
+        """No cloud call was made after all: free the room. Releasing twice is harmless."""
+        with self._lock:
+            self._held.pop(reservation.id, None)
 
     def _trim(self, now: float) -> None:
         while self._events and self._events[0][0] <= now - DAY:
             self._events.popleft()
 
     def usage(self) -> dict[str, int]:
-        """Calls and tokens in the last hour and the last day."""
+        """Calls and tokens in the last hour and the last day (settled calls; ``calls_in_flight``
+        are the reservations held now)."""
         with self._lock:
             now = self.clock()
             self._trim(now)
@@ -70,18 +118,25 @@ class Budget:
                 "calls_day": len(self._events),
                 "tokens_hour": sum(hour),
                 "tokens_day": sum(t for _, t in self._events),
+                "calls_in_flight": len(self._held),
             }
 
     def exhausted(self) -> str | None:
         """Why the cloud budget is spent (a reason string that says when there is room again), or
-        None while there is room."""
+        None while there is room. Reservations held count as used."""
         if not self.is_limited:
             return None
         with self._lock:
             now = self.clock()
             self._trim(now)
-            events = list(self._events)
+            return self._spent(now)
+
+    def _spent(self, now: float) -> str | None:  # under the lock
+        if not self.is_limited:
+            return None
+        events = list(self._events)
         hour = [(ts, t) for ts, t in events if ts > now - HOUR]
+        held_calls, held_tokens = len(self._held), sum(self._held.values())
         checks = (
             (hour, HOUR, False, self.max_cloud_calls_per_hour, "cloud calls this hour"),
             (events, DAY, False, self.max_cloud_calls_per_day, "cloud calls today"),
@@ -91,11 +146,20 @@ class Budget:
         for window, span, tokens, limit, label in checks:
             if limit is None:
                 continue
-            used = sum(t for _, t in window) if tokens else len(window)
+            # a call may start while what is used (settled plus held) is under the limit; the
+            # last one that starts may go past it by its own size
+            held = held_tokens if tokens else held_calls
+            used = (sum(t for _, t in window) if tokens else len(window)) + held
             if used >= limit:
+                flight = f" ({held_calls} in flight)" if held_calls else ""
                 when = _room_again(window, span, tokens, limit, used, now)
-                return f"budget spent: {used}/{limit} {label}{when}"
+                return f"budget spent: {used}/{limit} {label}{flight}{when}"
         return None
+
+
+def _check_tokens(tokens: int) -> None:
+    if tokens < 0:
+        raise ConfigError(f"tokens must be >= 0, got {tokens}.")
 
 
 def _room_again(window: list[tuple[float, int]], span: float, tokens: bool, limit: int, used: int,

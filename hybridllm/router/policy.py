@@ -9,8 +9,10 @@ Order (the first rule that applies decides; each decision carries its reason):
        first, escalated to the cloud when the edge answer's confidence is low ("edge->cloud")
 
 Every message is scanned (system, assistant and tool turns too), and a value split across two
-turns is found. With privacy="redact", cloud-bound messages have the detected items replaced by
-placeholders, and a cloud decision's reason says so.
+turns is found. With privacy="redact", cloud-bound messages have each distinct detected value
+replaced by a numbered placeholder (``[EMAIL_1]``, ``[EMAIL_2]``), a cloud decision's reason says
+so, and the decision keeps the map back (``placeholders``, never sent) so that the pipeline can
+restore the values in the cloud's answer.
 The client's pipeline then applies what only it knows: the cloud budget (a ledger it keeps, see
 :mod:`.budget`) and whether the cloud is reachable.
 """
@@ -23,7 +25,7 @@ import numpy as np
 
 from .._exceptions import ConfigError, InvalidRequestError
 from .._types import Decision, Message, last_user_text, normalize_messages
-from .privacy import pii_kinds_in_messages, redact_messages
+from .privacy import pii_kinds_in_messages, pseudonymize_messages
 from .router import Router, load_router
 
 PRIVACY_MODES = ("keep_on_device", "redact", "off")
@@ -83,17 +85,21 @@ class RoutingPolicy:
         if force is not None and force not in ROUTES:
             raise InvalidRequestError(f"force must be 'edge', 'cloud' or None, got {force!r}.")
         kinds = pii_kinds_in_messages(msgs) if self.privacy != "off" else []
-        cloud_msgs = redact_messages(msgs) if kinds and self.privacy == "redact" else msgs
+        cloud_msgs, placeholders = (
+            pseudonymize_messages(msgs) if kinds and self.privacy == "redact" else (msgs, {})
+        )
 
         def decision(route: str, reason: str, score: float | None = None,
-                     cascade: bool = False, forced: bool = False) -> Decision:
+                     cascade: bool = False, forced: bool = False, private: bool = False) -> Decision:
             if cloud_msgs is not msgs and (route == "cloud" or cascade):
                 reason = f"{reason}; {', '.join(kinds)} redacted for the cloud"
             return Decision(route=route, reason=reason, score=score, messages_for_cloud=cloud_msgs,
-                            pii_kinds=kinds, cascade=cascade, forced=forced)
+                            pii_kinds=kinds, cascade=cascade, forced=forced, placeholders=placeholders,
+                            private=private)
 
         if kinds and self.privacy == "keep_on_device":
-            return decision("edge", f"privacy: prompt contains {', '.join(kinds)}; kept on device")
+            return decision("edge", f"privacy: prompt contains {', '.join(kinds)}; kept on device",
+                            private=True)
         if force is not None:
             return decision(force, f"forced {force} by the caller", forced=True)
         tokens = estimate_tokens(msgs) if prompt_tokens is None else prompt_tokens

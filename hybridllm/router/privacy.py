@@ -15,6 +15,13 @@ look-alikes (order numbers, version strings, random 16-digit numbers) are not fl
 
 Names and street addresses need a language model (Presidio's NER) and are not detected. Messages
 are scanned one by one and joined, so a value split across two consecutive turns is found too.
+
+Two ways to take values out:
+
+    redact_pii / redact_messages   one-way: every value of a kind becomes the same ``[EMAIL]``
+    pseudonymize_messages          reversible: each distinct value gets its own numbered
+                                   placeholder (``[EMAIL_1]``, ``[EMAIL_2]``) and the map back,
+                                   which :class:`Restorer` applies to the cloud's answer
 """
 
 from __future__ import annotations
@@ -310,7 +317,8 @@ def _merged(spans: Sequence[tuple[int, int, int]], text: str) -> list[PIIMatch]:
 
 
 def redact_pii(text: str, *, kinds: Sequence[str] = PII_KINDS) -> str:
-    """``text`` with every detected item replaced by a placeholder such as ``[EMAIL]``."""
+    """``text`` with every detected item replaced by its kind's placeholder such as ``[EMAIL]``
+    (one-way: two different addresses both become ``[EMAIL]``; for logs and stores)."""
     return _redact(text, detect_pii(text, kinds=kinds))
 
 
@@ -361,3 +369,120 @@ def redact_messages(messages: Sequence[Message]) -> list[Message]:
         {**msg, "content": _redact(str(msg.get("content", "")), ms)}
         for msg, ms in zip(messages, _matches_in_messages(messages), strict=True)
     ]
+
+
+# -- reversible redaction: numbered placeholders, restored in the answer ---------------------------
+
+
+def _identity(kind: str, value: str) -> str:
+    """What makes two matches the same value: an address in any case, a number in any grouping
+    ("555-123-4567" and "555 123 4567"), a secret character for character."""
+    if kind == "email":
+        return value.casefold()
+    if kind in ("phone", "card", "iban", "national_id"):
+        return "".join(ch for ch in value.upper() if ch.isalnum())
+    return value
+
+
+def pseudonymize_messages(messages: Sequence[Message]) -> tuple[list[Message], dict[str, str]]:
+    """Every message with each detected item replaced by a numbered placeholder, and the map from
+    placeholder (``"[EMAIL_1]"``) to the value it stands for, to keep on the device.
+
+    One value gets one placeholder in every turn it appears in, numbered per kind in order of first
+    appearance. A number whose name is anywhere in the prompt already, in any case and with or
+    without brackets (the user wrote ``[EMAIL_1]`` or ``email_1``), is skipped, so the cloud's echo
+    of the user's own text is never taken for a placeholder."""
+    per_message = _matches_in_messages(messages)
+    prompt = "\n".join(str(msg.get("content", "")) for msg in messages).casefold()
+    names: dict[tuple[str, str], str] = {}
+    last = dict.fromkeys(PII_KINDS, 0)
+    values: dict[str, str] = {}
+    out: list[Message] = []
+    for msg, matches in zip(messages, per_message, strict=True):
+        text = str(msg.get("content", ""))
+        parts, pos = [], 0
+        for m in matches:
+            key = (m.kind, _identity(m.kind, m.text))
+            if key not in names:
+                label, n = PLACEHOLDER[m.kind][1:-1], last[m.kind] + 1
+                while f"{label}_{n}".casefold() in prompt:
+                    n += 1
+                last[m.kind] = n
+                names[key] = f"[{label}_{n}]"
+                values[names[key]] = m.text
+            parts += [text[pos : m.start], names[key]]
+            pos = m.end
+        parts.append(text[pos:])
+        out.append({**msg, "content": "".join(parts)} if matches else msg)
+    return out, values
+
+
+class Restorer:
+    """Puts the values back into an answer written against numbered placeholders.
+
+    Restored forms: the placeholder itself (``[EMAIL_1]``) and its bare name as a whole word
+    (``EMAIL_1``, as in ``<EMAIL_1>`` or ``(EMAIL_1)``), in any letter case. Anything else the model
+    may make of it (``EMAIL 1``, ``[EMAIL-1]``, ``the first email``) is left as written.
+
+    ``restore(text)`` does a whole answer. For a stream, ``feed(piece)`` returns what is safe to show
+    now: the end of a piece that may be the start of a placeholder (``"write to [EMA"``, or a bare
+    ``EMAIL_1`` that may yet become ``EMAIL_12``) is held back until the next piece tells, and
+    ``flush()`` returns what is held at the end of the stream."""
+
+    def __init__(self, placeholders: dict[str, str]) -> None:
+        self._values = {name.strip("[]").casefold(): value for name, value in placeholders.items()}
+        names = sorted(self._values, key=len, reverse=True)  # EMAIL_12 before EMAIL_1
+        alt = "|".join(re.escape(n) for n in names)
+        self._pattern = re.compile(rf"\[({alt})\]|(?<!\w)({alt})(?!\w)", re.IGNORECASE) if names else None
+        self._bracketed = [f"[{n}]" for n in names]
+        self._longest = max((len(b) for b in self._bracketed), default=0)
+        self._held = ""
+        self._before = ""  # the last character shown: whether a bare name may start right after it
+
+    def __repr__(self) -> str:  # the values stay out of logs
+        return f"Restorer({len(self._values)} placeholders)"
+
+    def restore(self, text: str) -> str:
+        return self._sub(text, 0, len(text))
+
+    def _sub(self, text: str, start: int, end: int) -> str:
+        """``text[start:end]`` restored; characters before ``start`` are context only."""
+        if self._pattern is None:
+            return text[start:end]
+        out, pos = [], start
+        for m in self._pattern.finditer(text, start, end):
+            out += [text[pos : m.start()], self._values[(m.group(1) or m.group(2)).casefold()]]
+            pos = m.end()
+        out.append(text[pos:end])
+        return "".join(out)
+
+    def _may_start(self, text: str, i: int) -> bool:
+        """Whether ``text[i:]`` may grow into a placeholder: a proper prefix of ``[NAME]``, or a
+        prefix of a bare ``NAME`` (a whole one too: the next character decides) after a non-word."""
+        tail = text[i:].casefold()
+        if tail[0] == "[":
+            return any(b.startswith(tail) and b != tail for b in self._bracketed)
+        if i > 0 and (text[i - 1].isalnum() or text[i - 1] == "_"):
+            return False
+        return any(n.startswith(tail) for n in self._values)
+
+    def feed(self, piece: str) -> str:
+        if self._pattern is None:
+            return piece
+        text = self._before + self._held + piece
+        start = len(self._before)
+        cut = len(text)
+        for i in range(max(start, len(text) - self._longest + 1), len(text)):
+            if self._may_start(text, i):
+                cut = i
+                break
+        shown = self._sub(text, start, cut)
+        self._held = text[cut:]
+        self._before = text[cut - 1] if cut > 0 else self._before
+        return shown
+
+    def flush(self) -> str:
+        text, self._held = self._before + self._held, ""
+        shown = self._sub(text, len(self._before), len(text))
+        self._before = text[-1:] or self._before
+        return shown

@@ -52,8 +52,18 @@ def test_redact_sends_placeholders_to_the_cloud():
     p = policy(privacy="redact")
     d = p.decide(LONG + " card 4111 1111 1111 1111")
     assert d.route == "cloud" and d.pii_kinds == ["card"]
-    assert "[CARD]" in d.messages_for_cloud[-1]["content"]
+    assert d.messages_for_cloud[-1]["content"].endswith(" card [CARD_1]")
     assert "4111" not in d.messages_for_cloud[-1]["content"]
+    assert d.placeholders == {"[CARD_1]": "4111 1111 1111 1111"}  # kept on the device, to restore
+    assert "4111" not in repr(d)
+
+
+def test_redact_numbers_distinct_values_so_the_cloud_can_tell_them_apart():
+    d = policy(privacy="redact").decide(LONG + " Write to ann@example.com and cc bo@example.org.")
+    assert d.messages_for_cloud[-1]["content"].endswith("Write to [EMAIL_1] and cc [EMAIL_2].")
+    assert d.placeholders == {"[EMAIL_1]": "ann@example.com", "[EMAIL_2]": "bo@example.org"}
+    for privacy in ("keep_on_device", "off"):
+        assert policy(privacy=privacy).decide(LONG + " ann@example.com").placeholders == {}
 
 
 def test_privacy_off_ignores_pii():

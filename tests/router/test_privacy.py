@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import random
 import time
 
 import pytest
 
 from hybridllm.router.privacy import (
+    Restorer,
     detect_pii,
     iban_ok,
     luhn_ok,
     pii_kinds_in_messages,
+    pseudonymize_messages,
     redact_messages,
     redact_pii,
 )
@@ -217,3 +220,101 @@ def test_a_value_split_across_two_turns_is_found_and_redacted_in_both():
 def test_overlapping_matches_leave_no_part_of_either():
     text = "connect to postgres://admin:s3cretpass@db.example.com:5432/app"
     assert redact_pii(text) == "connect to postgres://[SECRET]:5432/app"
+
+
+def user(text: str) -> list[dict]:
+    return [{"role": "user", "content": text}]
+
+
+def test_pseudonymize_numbers_each_distinct_value_and_maps_it_back():
+    msgs = [{"role": "system", "content": "Account of jane@example.com, card 4111 1111 1111 1111."},
+            {"role": "user",
+             "content": "Mail Jane@Example.com and bob@example.org; card 4111-1111-1111-1111."}]
+    sent, values = pseudonymize_messages(msgs)
+    assert [m["content"] for m in sent] == [
+        "Account of [EMAIL_1], card [CARD_1].",
+        "Mail [EMAIL_1] and [EMAIL_2]; card [CARD_1].",  # the same address and card in another form
+    ]
+    assert values == {"[EMAIL_1]": "jane@example.com", "[CARD_1]": "4111 1111 1111 1111",
+                      "[EMAIL_2]": "bob@example.org"}
+    assert [m["role"] for m in sent] == ["system", "user"] and msgs[1]["content"].startswith("Mail Jane")
+
+
+def test_pseudonymize_keeps_the_numbers_as_a_conversation_grows():
+    # the next request resends the earlier turns (with the restored answer): same numbers again
+    first = user("Draft a note to ann@example.com.")
+    grown = [*first, {"role": "assistant", "content": "Dear ann@example.com, ..."},
+             {"role": "user", "content": "Now cc cy@example.com and ann@example.com."}]
+    sent, values = pseudonymize_messages(grown)
+    assert pseudonymize_messages(first)[1] == {"[EMAIL_1]": "ann@example.com"}
+    assert [m["content"] for m in sent] == ["Draft a note to [EMAIL_1].", "Dear [EMAIL_1], ...",
+                                            "Now cc [EMAIL_2] and [EMAIL_1]."]
+    assert values == {"[EMAIL_1]": "ann@example.com", "[EMAIL_2]": "cy@example.com"}
+
+
+def test_pseudonymize_skips_names_the_prompt_already_holds():
+    sent, values = pseudonymize_messages(user("Keep [EMAIL_1] and Email_2 as they are; a@example.com"))
+    assert sent[0]["content"] == "Keep [EMAIL_1] and Email_2 as they are; [EMAIL_3]"
+    assert values == {"[EMAIL_3]": "a@example.com"}
+
+
+def test_pseudonymize_a_value_split_across_turns_gets_a_placeholder_per_part():
+    msgs = [{"role": "user", "content": "my card is 4111 1111"},
+            {"role": "user", "content": "1111 1111, what is the limit?"}]
+    sent, values = pseudonymize_messages(msgs)
+    assert [m["content"] for m in sent] == ["my card is [CARD_1]", "[CARD_2], what is the limit?"]
+    assert Restorer(values).restore("[CARD_1] [CARD_2]") == "4111 1111 1111 1111"
+
+
+def test_pseudonymize_without_pii_returns_the_messages_and_no_map():
+    msgs = user("What is 2 + 2?")
+    assert pseudonymize_messages(msgs) == (msgs, {})
+
+
+VALUES = {"[EMAIL_1]": "jane@example.com", "[EMAIL_12]": "x@example.org", "[PHONE_1]": "415-555-2671"}
+
+
+@pytest.mark.parametrize(
+    ("answer", "restored"),
+    [
+        ("Write to [EMAIL_1].", "Write to jane@example.com."),
+        ("[email_1] or [Email_1]", "jane@example.com or jane@example.com"),
+        ("Dear <EMAIL_1>, call PHONE_1.", "Dear <jane@example.com>, call 415-555-2671."),
+        ("EMAIL_12 is not EMAIL_1", "x@example.org is not jane@example.com"),
+        # what is not one of ours, or only looks like part of one, is left as written
+        *[(s, s) for s in ("[EMAIL_2]", "MY_EMAIL_1", "EMAIL_1x", "EMAIL 1", "[EMAIL-1]")],
+    ],
+)
+def test_restorer_puts_the_values_back(answer, restored):
+    assert Restorer(VALUES).restore(answer) == restored
+
+
+def test_restorer_gives_the_same_text_however_a_stream_is_cut():
+    answer = "To [EMAIL_1] (cc EMAIL_12), ring PHONE_1 or [phone_1]; not [EMAIL_2] nor [EMAIL_1x] E"
+    whole = Restorer(VALUES).restore(answer)
+    rng = random.Random(7)
+    for _ in range(500):
+        cuts = sorted(rng.sample(range(1, len(answer)), rng.randint(1, 12)))
+        pieces = [answer[i:j] for i, j in zip([0, *cuts], [*cuts, len(answer)], strict=True)]
+        r = Restorer(VALUES)
+        shown = [r.feed(p) for p in pieces] + [r.flush()]
+        assert "".join(shown) == whole, pieces
+        # (a piece shown before its end arrived would have left a placeholder in the joined text)
+
+
+def test_restorer_holds_back_only_a_possible_placeholder():
+    r = Restorer(VALUES)
+    assert r.feed("Write to [EMA") == "Write to "
+    assert r.feed("IL_1] today, ") == "jane@example.com today, "
+    assert r.feed("EMAIL_1") == ""  # may yet become EMAIL_12
+    assert r.feed("2.") == "x@example.org."
+    assert r.feed("a [b") == "a [b"  # "[b" cannot grow into a placeholder
+    assert r.feed("EMAIL_1") == "EMAIL_1"  # "bEMAIL_1" is one word, not a name
+    assert r.feed(" EMAIL_1") == " "
+    assert r.flush() == "jane@example.com" and r.flush() == ""
+
+
+def test_restorer_keeps_its_values_out_of_repr_and_does_nothing_without_a_map():
+    assert "jane" not in repr(Restorer(VALUES))
+    empty = Restorer({})
+    assert empty.feed("[EMAIL_1] as is") == "[EMAIL_1] as is" and empty.flush() == ""

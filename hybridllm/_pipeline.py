@@ -180,6 +180,15 @@ class Request:
         return n is None or limit is None or n + 1 <= limit
 
 
+class ForcedCloudOverBudgetError(HybridLLMError):
+    """A forced cloud route met a spent budget where forced routes are held to it
+    (``Core.budget_binds_forced_cloud``): refused, sent nowhere."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
 class _NoOutput(Exception):
     """The cloud failed before streaming anything: safe to answer on the device instead."""
 
@@ -228,6 +237,9 @@ class Core:
         cloud_name = "" if cloud is None or cloud.model == "cloud" else f":{cloud.model}"
         self.cache_model = edge.model + ("|cloud" + cloud_name if cloud is not None else "")
         self.edge_worker = EdgeWorker(edge, max_waiting=edge_max_waiting, wait_timeout_s=edge_wait_timeout_s)
+        # a forced cloud route skips the budget for a library caller (its own money) and is held
+        # to it where callers are not the budget's owner (hybridllm serve's HTTP clients)
+        self.budget_binds_forced_cloud = False
         self._closed = False
         self._cache_write_failed = False
         self._cache_embed_failed = False  # an embedder that cannot load says so once, not per request
@@ -360,9 +372,12 @@ class Core:
             d = dataclasses.replace(
                 d, cascade=bool(opts.cascade and d.route == "edge" and d.score is not None and not d.forced)
             )
-        if d.route == "cloud" and not d.forced and self.ledger is not None:
+        binds = not d.forced or self.budget_binds_forced_cloud
+        if d.route == "cloud" and binds and self.ledger is not None:
             # one step under the ledger's lock: of concurrent requests, only as many as fit pass
             req.reservation, spent = self.ledger.reserve(self._estimate(req))
+            if spent and d.forced:  # the caller chose the cloud: refused, not moved to the device
+                raise ForcedCloudOverBudgetError(spent)
             if spent:
                 if not req.fits_edge:
                     raise _too_long(req, f"the cloud {spent}", "or retry once the budget has room")

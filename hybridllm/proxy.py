@@ -39,6 +39,7 @@ from ._exceptions import (
     HybridLLMError,
     InvalidRequestError,
 )
+from ._pipeline import ForcedCloudOverBudgetError
 from ._types import Chunk, Completion
 from .wire import (
     DEFAULT_MAX_BODY_BYTES,
@@ -182,6 +183,10 @@ def create_app(llm: HybridLLM, *, model_name: str = "hybridllm", api_keys: list[
     app = FastAPI(title="hybridllm local proxy", docs_url=None, redoc_url=None)
     drain = app.state.drain = Drain()
     allm = AsyncHybridLLM.wrap(llm)
+    # a library caller that forces the cloud spends its own budget; an HTTP client must not spend
+    # past the operator's (max_cloud_calls_per_hour, ...): refused with 429, never sent, and held
+    # by the same reservation as routed requests, so concurrent forced requests cannot overshoot
+    llm._core.budget_binds_forced_cloud = True
     created = int(time.time())
     checker = ApiKeyChecker(api_keys or [])
     auth = (401,) if checker.is_enabled else ()
@@ -240,14 +245,6 @@ def create_app(llm: HybridLLM, *, model_name: str = "hybridllm", api_keys: list[
 
         req = await asyncio.to_thread(decode) if is_large(body) else decode()
         messages, opts = req.chat_messages(), req.chat_options()
-        # A library caller that forces the cloud spends its own budget; an HTTP client must not
-        # spend past the operator's (max_cloud_calls_per_hour, ...): refused, never sent
-        ledger = llm._core.ledger
-        spent = ledger.exhausted() if opts.get("route") == "cloud" and ledger is not None else None
-        if spent:
-            return _error(429, f"This server's cloud budget is spent ({spent}); retry later, or "
-                          "leave out hybridllm.route='cloud' to be answered on the device.",
-                          "requests", code="cloud_budget_spent", headers={"Retry-After": "60"})
         try:
             if not req.stream:
                 c = await unless_interrupted(request, allm.chat(messages, **opts), drain)
@@ -259,6 +256,10 @@ def create_app(llm: HybridLLM, *, model_name: str = "hybridllm", api_keys: list[
             except BaseException:
                 await stream.aclose()
                 raise
+        except ForcedCloudOverBudgetError as exc:
+            return _error(429, f"This server's cloud budget is spent ({exc.reason}); retry later, or "
+                          "leave out hybridllm.route='cloud' to be answered on the device.",
+                          "requests", code="cloud_budget_spent", headers={"Retry-After": "60"})
         except HybridLLMError as exc:
             return _sdk_error(exc)
         except ClientGone:

@@ -434,3 +434,42 @@ def test_a_client_forcing_the_cloud_cannot_spend_past_the_servers_budget():
         assert routed.status_code == 200 and routed.headers["x-hybridllm-route"] == "edge"
     llm.close()
     assert len(cloud.calls) == 1
+
+
+def test_concurrent_clients_forcing_the_cloud_share_the_last_budget_call():
+    """Before: the proxy asked exhausted() and then sent the request, so clients forcing the cloud
+    at once all passed a budget with one call left (8 of 8 reached the cloud). A forced route is
+    now held by the same reservation as a routed one: one is sent, the rest get 429."""
+    import concurrent.futures
+    import threading
+
+    from hybridllm import Decision
+
+    class Forced:
+        def decide(self, messages, *, force=None, prompt_tokens=None, embedding=None):
+            return Decision(force or "edge", f"forced {force}", None, messages, forced=bool(force))
+
+    release = threading.Event()
+
+    class SlowCloud(FakeBackend):  # holds its answer until every other request is in
+        def stream(self, messages, params):
+            release.wait(10)
+            yield from super().stream(messages, params)
+
+    cloud = SlowCloud(model="cloud-model", reply=lambda m: "cloud answer")
+    llm = HybridLLM(edge=FakeBackend(reply=lambda m: "edge answer"), cloud=cloud, policy=Forced(),
+                    cache=False, max_cloud_calls_per_hour=1)
+    forced = {"model": "x", "messages": MSGS, "hybridllm": {"route": "cloud"}}
+    with TestClient(create_app(llm)) as http, concurrent.futures.ThreadPoolExecutor(8) as pool:
+        futures = [pool.submit(post, http, forced) for _ in range(8)]
+        done = []
+        for f in concurrent.futures.as_completed(futures):
+            done.append(f.result())
+            if len(done) == 7:
+                release.set()
+        release.set()
+    llm.close()
+    statuses = sorted(r.status_code for r in done)
+    assert statuses == [200] + [429] * 7
+    assert all(r.json()["error"]["code"] == "cloud_budget_spent" for r in done if r.status_code == 429)
+    assert len(cloud.calls) == 1

@@ -1,11 +1,14 @@
 """The request pipeline shared by HybridLLM and AsyncHybridLLM: one async core, four steps.
 
     lookup   the semantic cache (the question embedded once, reused by the router and the store)
-    plan     policy + router -> one Decision with its reason; the budget ledger and the cloud's
-             circuit can turn a cloud decision into an edge one
+    plan     the prompt counted once with the device's tokenizer; policy + router -> one Decision
+             with its reason; a prompt the device cannot hold goes to the cloud (or fails with
+             ContextWindowExceededError); a cloud call reserves its room in the budget ledger, and
+             a spent budget or an open circuit turns a cloud decision into an edge one
     execute  edge (on its own thread), cloud (httpx AsyncClient), cascade, or cloud->edge
              continuation when a cloud stream breaks mid-answer
-    record   the cache store (confident answers only), the budget ledger, the stats
+    record   the cache store (confident answers only), the stats; the ledger's reservation is
+             settled with the call's real tokens, or released when no call answered
 
 Every optional part (cache, cloud, policy, budget) may be None; the edge is always there.
 """

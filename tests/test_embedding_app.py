@@ -419,3 +419,18 @@ def test_real_model_shared_by_four_threads_and_used_in_an_event_loop(smollm2_pat
             return llm.chat("What is the capital of France?", max_tokens=16, temperature=0).text
 
         assert "Paris" in asyncio.run(cell())
+
+
+def test_a_windowed_app_without_stderr_gets_no_error_from_first_run_notices(monkeypatch, capsys):
+    """pythonw and frozen GUI builds run with sys.stderr None: the first run's notices (the cache
+    model being prepared, a reranker that cannot load) wrote to it and raised AttributeError in
+    the app's first answer, or went to stdout."""
+    from hybridllm.cache import prepare, reranker
+
+    monkeypatch.setattr(sys, "stderr", None)
+    prepare.stderr_notice("Preparing the cache model ...\n")  # AttributeError before
+    v = reranker.RerankVerifier.__new__(reranker.RerankVerifier)
+    v._lock, v._fallback, v.features = threading.Lock(), None, None
+    v._fall_back(RuntimeError("no onnx here"))  # printed to stdout before
+    assert v.kind == "features"
+    assert capsys.readouterr().out == ""

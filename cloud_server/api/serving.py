@@ -159,10 +159,8 @@ class OpenAIServing:
             if self.system_prompt and not any(m["role"] == "system" for m in messages):
                 messages = [{"role": "system", "content": self.system_prompt}, *messages]
             # a message's text is plain text: only the template's markers become control tokens
-            # (both real tokenizers, cloud_server.models.tokenizer; a test's fake may lack it)
-            encode_chat = getattr(tokenizer, "encode_chat", None)
-            prompt_ids = list(encode_chat(messages) if encode_chat is not None
-                              else tokenizer.encode(tokenizer.apply_chat_template(messages)))
+            # (cloud_server.models.tokenizer)
+            prompt_ids = list(tokenizer.encode_chat(messages))
             # a base model's transcript must not run on into the user's next turn: the prompt
             # format's own stops (the device adds the same ones, hybridllm.prompts)
             format_stops = list(tokenizer.stop_strings(messages))

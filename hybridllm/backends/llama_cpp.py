@@ -134,9 +134,11 @@ class LlamaCppBackend(DeviceBackend):
             self._special_ids = llama_special_ids(self._llm)
         ids = tokenize_prompt(self.prompt_format, messages, prefix=prefix,
                               special_ids=self._special_ids, encode_plain=self._encode_plain)
-        bos = self._llm.token_bos()
-        if self._llm._model.add_bos_token() and bos >= 0 and ids[:1] != [bos]:
-            ids.insert(0, bos)  # as llama.cpp's add_special would, unless the template wrote it
+        # what llama.cpp's add_special puts first for this model (BOS or nothing), unless the
+        # template wrote it already
+        start = list(self._llm.tokenize(b"", add_bos=True, special=False))
+        if start and ids[: len(start)] != start:
+            ids[:0] = start
         return ids
 
     def _encode_plain(self, text: str) -> list[int]:

@@ -79,7 +79,11 @@ def prepare_reranker(
 
 
 def stderr_notice(line: str) -> None:
-    """The default notice: part of one line on stderr (a line ends with a newline in ``line``)."""
+    """The default notice: part of one line on stderr (a line ends with a newline in ``line``).
+    A windowed app (pythonw, a frozen GUI build) has no stderr: the notice is dropped, never an
+    AttributeError in the app's first answer."""
+    if sys.stderr is None:
+        return
     sys.stderr.write(line)
     sys.stderr.flush()
 

@@ -18,7 +18,6 @@ cannot be done, the default verifier falls back to the feature verifier with one
 
 from __future__ import annotations
 
-import sys
 import threading
 from collections.abc import Sequence
 from pathlib import Path
@@ -28,7 +27,7 @@ import numpy as np
 from .._exceptions import CacheError, ModelError
 from .encoder import OnnxEncoder
 from .features import NUM_HANDCRAFTED, pair_features
-from .prepare import prepare_reranker
+from .prepare import prepare_reranker, stderr_notice
 from .reranker_file import (  # noqa: F401  (re-exported: the file format's names)
     DEFAULT_NAME,
     FORMAT,
@@ -162,10 +161,9 @@ class RerankVerifier:
             if self._fallback is not None:
                 return
             fallback = self.features or HitVerifier.load()
-            print(
+            stderr_notice(
                 f"hybridllm: the cache reranker is unavailable here ({exc}); the semantic cache uses "
-                "the feature verifier instead.",
-                file=sys.stderr,
+                "the feature verifier instead.\n"
             )
             self.threshold, self.metrics = fallback.threshold, dict(fallback.metrics)
             self.kind = fallback.kind

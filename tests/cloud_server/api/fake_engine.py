@@ -31,6 +31,9 @@ class CharTokenizer:
         turns = "".join(f"<{m['role']}>{m['content']}\n" for m in messages)
         return turns + "<assistant>"
 
+    def encode_chat(self, messages: list[dict[str, str]]) -> list[int]:
+        return self.encode(self.apply_chat_template(messages))
+
     def stop_strings(self, messages: list[dict[str, str]]) -> tuple[str, ...]:
         return ("\n<user>",)  # as a base-model transcript's format would
 

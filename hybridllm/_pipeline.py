@@ -243,6 +243,7 @@ class Core:
         # a forced cloud route skips the budget for a library caller (its own money) and is held
         # to it where callers are not the budget's owner (hybridllm serve's HTTP clients)
         self.budget_binds_forced_cloud = False
+        self.close_timeout_s = 30.0  # how long close() waits for the device's current step
         self._closed = False
         self._cache_write_failed = False
         self._cache_embed_failed = False  # an embedder that cannot load says so once, not per request
@@ -808,8 +809,14 @@ class Core:
     def close(self) -> None:
         if not self._closed:
             self._closed = True
-            self.edge_worker.close()
-            for part in (self.edge, self.cloud, self.cache):
+            edge: Backend | None = self.edge
+            if not self.edge_worker.close(timeout_s=self.close_timeout_s):
+                # freeing a llama.cpp / ONNX Runtime model under the thread still running it
+                # would crash the process: it stays loaded until that step ends and the process exits
+                log.warning("the device model was still generating %.0f s after close(); it is left "
+                            "loaded instead of being freed under the running step", self.close_timeout_s)
+                edge = None
+            for part in (edge, self.cloud, self.cache):
                 if part is not None:
                     part.close()
 

@@ -434,3 +434,49 @@ def test_a_windowed_app_without_stderr_gets_no_error_from_first_run_notices(monk
     v._fall_back(RuntimeError("no onnx here"))  # printed to stdout before
     assert v.kind == "features"
     assert capsys.readouterr().out == ""
+
+
+def test_close_never_frees_the_model_under_a_step_that_does_not_stop(caplog):
+    """close() waited 30 s for the device thread and then freed the model even when the thread was
+    still inside a step (a long native call that cannot see the cancel): a llama.cpp or ONNX
+    Runtime model freed under a running step crashes the process. It now stays loaded, with a
+    warning."""
+    import logging
+
+    from hybridllm import HybridLLM
+    from hybridllm._types import Usage
+    from hybridllm.backends.base import Delta
+    from hybridllm.backends.fake import FakeBackend
+
+    inside, release, closed = threading.Event(), threading.Event(), []
+
+    class Stuck(FakeBackend):
+        def stream(self, messages, params):
+            yield Delta("one")
+            inside.set()
+            release.wait(20)  # one step that does not look at the cancel
+            yield Delta(" two")
+            yield Delta("", finish_reason="stop", usage=Usage(1, 2))
+
+        def close(self):
+            closed.append(True)
+
+    llm = HybridLLM(edge=Stuck(), cache=False)
+    llm._core.close_timeout_s = 0.3
+    def read() -> None:  # the sync client generates as its reader reads (on the device thread)
+        try:
+            for _ in llm.stream("hi"):
+                pass
+        except Exception:  # noqa: BLE001 - closed under it: an error, as documented
+            pass
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    assert inside.wait(10)
+    try:
+        with caplog.at_level(logging.WARNING, logger="hybridllm"):
+            llm.close()
+        assert closed == [], "the model was freed under the running step"
+        assert "left loaded" in caplog.text
+    finally:
+        release.set()

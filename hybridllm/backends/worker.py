@@ -391,9 +391,10 @@ class EdgeWorker:
             with self._cond:
                 self._current = None
 
-    def close(self, timeout_s: float = 30.0) -> None:
+    def close(self, timeout_s: float = 30.0) -> bool:
         """Cancel every job, the running one at its next token, and wait for the thread to end,
-        so the model can be freed safely afterwards."""
+        so the model can be freed safely afterwards. False when the thread is still running after
+        ``timeout_s`` (one token took longer): the model must not be freed under it."""
         with self._cond:
             self._closed = True
             for job in [*self._jobs, *([self._current] if self._current else [])]:
@@ -402,3 +403,5 @@ class EdgeWorker:
             thread = self._thread
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout_s)
+            return not thread.is_alive()
+        return True

@@ -1,6 +1,6 @@
 """A circuit breaker per cloud endpoint, and token-aware balancing across endpoints.
 
-closed --(threshold consecutive failures)--> open --(cooldown elapsed)--> half-open
+closed --(threshold consecutive failures, or one trip())--> open --(cooldown elapsed)--> half-open
 half-open lets exactly one probe through: success closes the circuit, failure opens it again.
 While open, calls fail fast (the client answers on the device instead of waiting on timeouts).
 """
@@ -64,6 +64,14 @@ class CircuitBreaker:
             self._failures += 1
             if self._probing or self._failures >= self.threshold:
                 self._opened_at = self._clock()
+            self._probing = False
+
+    def trip(self) -> None:
+        """Open at once, whatever the count: the endpoint cannot serve at all (unreachable, or not
+        an OpenAI-compatible API), so repeating the call would only make the caller wait."""
+        with self._lock:
+            self._failures = max(self._failures + 1, self.threshold)
+            self._opened_at = self._clock()
             self._probing = False
 
     def release_probe(self) -> None:

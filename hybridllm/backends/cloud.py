@@ -2,15 +2,28 @@
 
 Resilience, in the order a request meets it:
 1. an endpoint is picked by least outstanding tokens among those whose circuit admits a call;
-2. connection errors, timeouts, 408, 409, 429 and 5xx are retried with exponential backoff and full
-   jitter (none before an endpoint that has not failed yet), honouring ``Retry-After`` up to
-   ``backoff_max_s``; an endpoint that asks for longer gets no request until then (with no other,
-   the request fails at once and the device answers); a refused key (401/403) raises
-   :class:`CloudAuthError` at once and is never retried;
-3. retries happen only before the first token is passed on, so an answer is never duplicated;
-4. a stream that goes quiet for ``stall_timeout_s`` after its first token is broken off (a hung
+2. an endpoint that cannot serve at all opens its circuit at once and is not asked again by this
+   request (no retry, no backoff wait): the next endpoint is tried, and with none left the request
+   fails at once with :class:`CloudUnavailableError` and the device answers. That is a connection
+   refused, timed out or unresolvable (TCP already retransmits a lost SYN within the connect
+   timeout, so a second try mostly doubles the wait of an app that is offline), and an answer
+   that is not from an OpenAI-compatible API: a redirect (never followed: a captive portal's sign-in
+   page, or http -> https: set ``base_url`` to where it points), 404, 405, 410, 415 or any other 4xx
+   not named here, and a web page (text/html) instead of an event stream. Each such status is
+   logged as a warning once per endpoint;
+3. other connection errors, read timeouts, 408, 409, 429 and 5xx are retried with exponential
+   backoff and full jitter (none before an endpoint that has not failed yet), honouring
+   ``Retry-After`` up to ``backoff_max_s``; an endpoint that asks for longer gets no request until
+   then (with no other, the request fails at once and the device answers);
+4. a refusal of this request alone is not retried and leaves the circuit as it is:
+   400 ``context_length_exceeded`` (the cloud's context window) and 413 / 422 (too large, or a body
+   the server cannot process) raise :class:`CloudUnavailableError`, so the device answers when the
+   prompt fits it; any other 400 is the caller's (:class:`InvalidRequestError`), and a refused key
+   (401/403) raises :class:`CloudAuthError`;
+5. retries happen only before the first token is passed on, so an answer is never duplicated;
+6. a stream that goes quiet for ``stall_timeout_s`` after its first token is broken off (a hung
    server), apart from ``read_timeout_s``, which bounds the wait for the first token;
-5. repeated failures open the endpoint's circuit, and the client fails fast with
+7. repeated failures open the endpoint's circuit, and the client fails fast with
    :class:`CloudUnavailableError`, which the pipeline turns into an answer from the device.
 The API key comes from the constructor or ``HYBRIDLLM_CLOUD_API_KEY`` and is never logged.
 
@@ -28,6 +41,7 @@ import logging
 import math
 import os
 import random
+import re
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Iterator
 from contextlib import AsyncExitStack, aclosing
@@ -49,6 +63,10 @@ log = logging.getLogger("hybridllm.cloud")
 COOL_MAX_S = 300.0  # the longest an endpoint is left alone on its Retry-After (then asked again)
 MODELS_TIMEOUT_S = 10.0  # the longest wait for GET /v1/models (model discovery)
 RETRY_STATUS = {408, 409, 429}  # and every 5xx: a proxy's 520-524 (Cloudflare) or 529 (overloaded) too
+REQUEST_REFUSED = {413, 422}  # this request only (too large, a body it cannot process): not the endpoint
+# the cloud's context-window refusal: OpenAI's (and our server's) code, or the wording of servers
+# that send none (vLLM: "maximum context length", others: "context window", "prompt is too long")
+CONTEXT_WORDS = re.compile(r"context[ _-]?(length|window)|prompt is too long", re.IGNORECASE)
 
 
 class _Retryable(Exception):
@@ -57,6 +75,11 @@ class _Retryable(Exception):
         super().__init__(message)
         self.status = status
         self.retry_after = retry_after
+
+
+class _EndpointDown(_Retryable):
+    """The endpoint cannot serve at all (unreachable, or not an OpenAI-compatible API): its circuit
+    opens at once and the request moves on to another endpoint, or to the device."""
 
 
 def parse_retry_after(value: str | None) -> float | None:
@@ -133,6 +156,7 @@ class CloudBackend(Backend):
         self.placer = placer
         # base URL -> (monotonic time its Retry-After ends, the status that asked for it)
         self._cool_until: dict[str, tuple[float, int | None]] = {}
+        self._warned: set[tuple[str, int]] = set()  # (endpoint, status) already logged as a warning
 
     def __repr__(self) -> str:  # never show the key
         key = "***" if self._api_key else None
@@ -160,9 +184,11 @@ class CloudBackend(Backend):
             for old in [lp for lp in self._clients if lp.is_closed()]:
                 del self._clients[old]
             headers = {"Authorization": f"Bearer {self._api_key}"} if self._api_key else {}
+            # redirects are not followed: a POST would be re-sent (the prompt, the key) to wherever a
+            # captive portal or a proxy points; the status says where, and base_url is fixed once
             client = httpx.AsyncClient(
                 timeout=httpx.Timeout(self.read_timeout_s, connect=self.connect_timeout_s),
-                headers=headers, transport=self._transport)
+                headers=headers, transport=self._transport, follow_redirects=False)
             self._clients[loop] = client
         return client
 
@@ -174,15 +200,17 @@ class CloudBackend(Backend):
         try:  # a cheap call: a server slow to answer it is not waited on for the whole read timeout
             resp = await self._client().get(f"{ep.base_url}/models", timeout=httpx.Timeout(
                 min(self.read_timeout_s, MODELS_TIMEOUT_S), connect=self.connect_timeout_s))
+        except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+            raise self._unreachable(ep, exc) from exc
         except httpx.HTTPError as exc:
             raise _Retryable(f"could not list models at {ep.base_url}: "
                              f"{str(exc) or type(exc).__name__}") from exc
         if resp.status_code == 404:
-            raise CloudError(f"The cloud at {ep.base_url}/models answered HTTP 404: is cloud_url the base "
-                             "URL of an OpenAI-compatible server? If it is, it does not list its models: "
-                             "set cloud_model (HYBRIDLLM_CLOUD_MODEL).", status_code=404)
+            raise _EndpointDown(f"The cloud at {ep.base_url}/models answered HTTP 404: is cloud_url the "
+                                "base URL of an OpenAI-compatible server? If it is, it does not list its "
+                                "models: set cloud_model (HYBRIDLLM_CLOUD_MODEL).", status=404)
         if resp.status_code != 200:
-            self._raise_for_status(resp)
+            self._raise_for_status(resp, listing=True)
         try:
             self._model = str(resp.json()["data"][0]["id"])
         except (KeyError, IndexError, ValueError, TypeError) as exc:
@@ -222,13 +250,15 @@ class CloudBackend(Backend):
     async def _astream(self, messages: Messages, params: GenerationParams,
                        priority: str | None = None) -> AsyncGenerator[Delta, None]:
         tried: set[str] = set()
+        down: set[str] = set()  # endpoints that cannot serve: this request does not ask them again
+        last: _Retryable | None = None
         attempt = 0
         cost = sum(len(str(m["content"])) // 4 + 4 for m in messages) + params.max_tokens
         placer = self.placer
         fastest = placer.fastest(self.endpoints) if placer is not None else None
         seen: dict[str, float | None] = {}  # each intensity feed is asked once per request
         while True:
-            exclude = tried if len(tried) < len(self.endpoints) else set()
+            exclude = (tried if len(tried) < len(self.endpoints) else set()) | down
             cooling = self._cooling()
             ep = self._pick(exclude | set(cooling), priority, seen)
             if ep is None and cooling:  # only endpoints that asked to wait (Retry-After) are left
@@ -242,6 +272,11 @@ class CloudBackend(Backend):
                 if attempt == 0:
                     await _sleep(max(0.0, left))
                 ep = self._pick(exclude, priority, seen)
+            if ep is None and isinstance(last, _EndpointDown):  # no endpoint left that can serve
+                raise CloudUnavailableError(
+                    f"{str(last).rstrip('.')}; it is not asked again for "
+                    f"{self.endpoints[0].breaker.cooldown_s:g} s, and answers come from the device "
+                    "meanwhile", status_code=last.status) from last
             if ep is None:
                 raise CloudUnavailableError(
                     "The cloud is unavailable (circuit open after repeated failures); "
@@ -274,8 +309,21 @@ class CloudBackend(Backend):
                     ep.breaker.record_failure()
                     raise CloudUnavailableError(f"The cloud stream broke off: {exc}") from exc
                 ep.failures += 1
-                ep.breaker.record_failure()
                 tried.add(ep.base_url)
+                last = exc
+                if isinstance(exc, _EndpointDown):  # not retried: another endpoint, else the device
+                    ep.breaker.trip()
+                    down.add(ep.base_url)
+                    if exc.status is not None:
+                        self._warn_once(ep.base_url, exc.status, str(exc))
+                    log.info("cloud endpoint %s cannot serve (%s); its circuit is open", ep.base_url, exc)
+                    usable = [e for e in self.endpoints if e.base_url not in down and e.breaker.would_allow()]
+                    if attempt and usable and not self._another_ready(tried):
+                        # the next to ask failed earlier in this request: its backoff still applies
+                        await _sleep(random.uniform(0, min(self.backoff_max_s,
+                                                           self.backoff_base_s * 2 ** (attempt - 1))))
+                    continue
+                ep.breaker.record_failure()
                 attempt += 1
                 if exc.retry_after is not None:  # later requests go elsewhere until it ends
                     self._cool_until[ep.base_url] = (
@@ -349,7 +397,7 @@ class CloudBackend(Backend):
                     "POST", f"{ep.base_url}/chat/completions", json=body) as resp, AsyncExitStack() as stack:
                 if resp.status_code != 200:
                     await resp.aread()
-                    self._raise_for_status(resp)
+                    self._raise_for_status(resp, ep.base_url)
                 ctype = resp.headers.get("content-type", "").split(";")[0].strip().lower()
                 if ctype == "application/json":  # a server that ignores "stream": true
                     await resp.aread()
@@ -359,9 +407,9 @@ class CloudBackend(Backend):
                     yield final
                     return
                 if ctype == "text/html":
-                    raise _Retryable(f"{ep.base_url} answered a web page (text/html), not an event "
-                                     "stream: is cloud_url the base URL of an OpenAI-compatible server? "
-                                     "(a network's sign-in page does this too)")
+                    raise _EndpointDown(f"{ep.base_url} answered a web page (text/html), not an event "
+                                        "stream: is cloud_url the base URL of an OpenAI-compatible "
+                                        "server? (a network's sign-in page does this too)", status=200)
                 # closed here, on this loop: left to the garbage collector, a stream broken off
                 # mid-answer finalized after the loop had stopped ("Task was destroyed but it
                 # is pending!" on stderr)
@@ -394,6 +442,8 @@ class CloudBackend(Backend):
                     for text in texts:
                         stall = self.stall_timeout_s
                         yield Delta(text)
+        except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+            raise self._unreachable(ep, exc) from exc
         except httpx.TimeoutException as exc:
             raise _Retryable(f"timeout talking to {ep.base_url} ({type(exc).__name__})") from exc
         except httpx.TransportError as exc:
@@ -405,12 +455,29 @@ class CloudBackend(Backend):
         yield Delta("", finish_reason=finish if finish in ("stop", "length") else "stop",
                     usage=usage or Usage())
 
-    def _raise_for_status(self, resp: Any) -> None:
+    def _unreachable(self, ep: Endpoint, exc: Exception) -> _EndpointDown:
+        """A connection that could not be made (refused, timed out, a name that does not resolve)."""
+        import httpx
+
+        if isinstance(exc, httpx.ConnectTimeout):
+            why = f"no connection within {self.connect_timeout_s:g} s (ConnectTimeout)"
+        else:
+            why = f"{str(exc)[:120] or 'the connection failed'} ({type(exc).__name__})"
+        return _EndpointDown(f"The cloud at {ep.base_url} cannot be reached: {why}")
+
+    def _warn_once(self, url: str, status: int, message: str) -> None:
+        """A status that says the endpoint is misconfigured: a warning the first time per endpoint,
+        so it stays visible though the device answers."""
+        if (url, status) in self._warned:
+            return
+        self._warned.add((url, status))
+        log.warning("%s; the device answers instead (logged once for %s)", message, url)
+
+    def _raise_for_status(self, resp: Any, url: str = "", *, listing: bool = False) -> None:
+        """Raise what a non-200 answer means (see the module's docstring). ``listing``: the answer
+        to GET /models, which carries no request of the caller's to refuse."""
         status = resp.status_code
-        try:
-            message = resp.json()["error"]["message"]
-        except (ValueError, KeyError, TypeError):
-            message = resp.text[:200]
+        message, code = _error_of(resp)
         if status in RETRY_STATUS or status >= 500:
             raise _Retryable(f"HTTP {status}: {message}", status=status,
                              retry_after=parse_retry_after(resp.headers.get("retry-after")))
@@ -418,14 +485,27 @@ class CloudBackend(Backend):
             raise CloudAuthError(
                 f"The cloud refused the API key (HTTP {status}); set HYBRIDLLM_CLOUD_API_KEY "
                 "or pass cloud_api_key=...", status_code=status)
-        if status == 400:
-            raise InvalidRequestError(f"The cloud rejected the request: {message}")
         try:
-            where = f" at {resp.request.url}"
+            where = str(resp.request.url)
         except RuntimeError:  # a response built without its request
-            where = ""
-        raise CloudError(f"The cloud{where} answered HTTP {status}: {message} (is cloud_url the base "
-                         "URL of an OpenAI-compatible server?)", status_code=status)
+            where = url
+        if not listing and status == 400 and (code == "context_length_exceeded"
+                                              or CONTEXT_WORDS.search(message)):
+            raise CloudUnavailableError(f"the cloud's context window cannot take this prompt (HTTP 400 "
+                                        f"context_length_exceeded: {message})", status_code=400)
+        if not listing and status == 400:
+            raise InvalidRequestError(f"The cloud rejected the request (HTTP 400): {message}")
+        if not listing and status in REQUEST_REFUSED:
+            what = "too large" if status == 413 else "not processable"
+            text = f"The cloud at {where} answered HTTP {status} (request {what}): {message}"
+            self._warn_once(url or where, status, text)
+            raise CloudUnavailableError(text, status_code=status)
+        if 300 <= status < 400:
+            raise _EndpointDown(f"The cloud at {where} answered HTTP {status}, a redirect to "
+                                f"{resp.headers.get('location') or 'nowhere'}: set cloud_url to the "
+                                "address it points to (redirects are not followed)", status=status)
+        raise _EndpointDown(f"The cloud at {where} answered HTTP {status}: {message} (is cloud_url the "
+                            "base URL of an OpenAI-compatible server?)", status=status)
 
     async def aclose(self) -> None:
         client = self._clients.pop(asyncio.get_running_loop(), None)
@@ -453,6 +533,20 @@ class CloudBackend(Backend):
                     pass
             else:
                 loop.run_until_complete(client.aclose())
+
+
+def _error_of(resp: Any) -> tuple[str, str]:
+    """(message, code) of an error answer: OpenAI's ``{"error": {"message", "code"}}``, else its
+    text (a proxy's page, FastAPI's ``{"detail": ...}``)."""
+    try:
+        error = resp.json().get("error")
+    except (ValueError, AttributeError):  # not JSON, or JSON that is not an object
+        error = None
+    if isinstance(error, dict):
+        return str(error.get("message") or error)[:300], str(error.get("code") or "")
+    if isinstance(error, str):
+        return error[:300], ""
+    return " ".join(resp.text[:200].split()), ""
 
 
 def _read_event(event: dict) -> tuple[list[str], str | None, Usage | None]:

@@ -70,8 +70,9 @@ def test_streams_text_and_usage():
     assert script.requests[0].url.path == "/v1/chat/completions"
 
 
-def test_retries_connection_errors_and_5xx_then_succeeds():
-    script = Script(httpx.ConnectError("refused"), httpx.Response(503, json={}), sse("ok"))
+def test_retries_dropped_connections_and_5xx_then_succeeds():
+    script = Script(httpx.RemoteProtocolError("server disconnected"), httpx.Response(503, json={}),
+                    sse("ok"))
     assert backend(script, max_retries=3).generate(MSGS, P).text == "ok"
     assert len(script.requests) == 3
 
@@ -104,7 +105,7 @@ def test_auth_error_is_not_retried_and_key_is_never_shown():
 
 def test_breaker_opens_then_fails_fast_then_half_open_probe_recovers():
     now = [0.0]
-    script = Script(httpx.ConnectError("down"))
+    script = Script(httpx.ReadTimeout("slow"))  # a failure that counts (a refused connection trips at once)
     b = backend(script, max_retries=0, breaker_threshold=2, breaker_cooldown_s=5)
     b.endpoints[0].breaker._clock = lambda: now[0]
     for _ in range(2):

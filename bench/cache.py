@@ -10,6 +10,8 @@
 - ``hit_exact_ms`` / ``hit_paraphrase_ms``: :meth:`SemanticCache.get` end to end (SQLite,
   embedder, index, verifier) for a repeated and for a reworded question, median, with the default
   verifier (the cross-encoder reranker); ``hit_paraphrase_features_ms`` with ``verifier="features"``.
+  ``verify{,_features}_ms``: the verifier's part of that paraphrase lookup (median), and
+  ``verify{,_features}_share`` its fraction of the lookup: what a lighter verifier could save.
 - ``generate_ms``: the edge model (SmolLM2-135M in llama-cpp-python, called directly) writing
   ``max_tokens`` tokens for the same question, median; the ratios compare it with the hits.
 """
@@ -119,26 +121,52 @@ def bench_hits(embedder, rounds: int) -> dict:
     kw: dict[str, Any] = {"model": "smollm2-135m-instruct", "params_key": {"temperature": 0}}
     out: dict[str, Any] = {}
     for verifier, suffix in (("default", ""), ("features", "_features")):
-        exact, para, accepted = [], [], 0
+        exact, para, verify, accepted = [], [], [], 0
         with tempfile.TemporaryDirectory() as tmp:
             cache = SemanticCache(Path(tmp) / "bench.sqlite3", embedder=embedder, verifier=verifier)
             for cached, _ in HIT_PAIRS:
                 cache.put([{"role": "user", "content": cached}], "an answer " * 40, **kw)
-            for _ in range(rounds):
-                for cached, asked in HIT_PAIRS:
-                    start = time.perf_counter()
-                    cache.get([{"role": "user", "content": cached}], **kw)
-                    exact.append(time.perf_counter() - start)
-                    start = time.perf_counter()
-                    hit = cache.get([{"role": "user", "content": asked}], **kw)
-                    para.append(time.perf_counter() - start)
-                    accepted += hit is not None
+            spent = _time_calls(cache.verifier, "predict")
+            try:
+                for _ in range(rounds):
+                    for cached, asked in HIT_PAIRS:
+                        start = time.perf_counter()
+                        cache.get([{"role": "user", "content": cached}], **kw)
+                        exact.append(time.perf_counter() - start)
+                        spent.clear()
+                        start = time.perf_counter()
+                        hit = cache.get([{"role": "user", "content": asked}], **kw)
+                        para.append(time.perf_counter() - start)
+                        verify.append(sum(spent))
+                        accepted += hit is not None
+            finally:
+                delattr(cache.verifier, "predict")  # the shared verifier's own method again
             cache.close()
         if not suffix:
             out["hit_exact_ms"] = _pct(exact, 50)
         out[f"hit_paraphrase{suffix}_ms"] = _pct(para, 50)
+        out[f"verify{suffix}_ms"] = _pct(verify, 50)
+        # per lookup, then the median: the verifier's fraction of the lookup it ran in
+        out[f"verify{suffix}_share"] = float(np.median(np.asarray(verify) / np.asarray(para)))
         out[f"paraphrase_hits{suffix}"] = f"{accepted}/{len(para)}"
     return out
+
+
+def _time_calls(obj: Any, name: str) -> list[float]:
+    """Wrap ``obj.name`` (on the instance) so that each call's seconds are appended to the list
+    returned; ``delattr(obj, name)`` restores the method."""
+    spent: list[float] = []
+    method = getattr(obj, name)
+
+    def timed(*args: Any, **kwargs: Any) -> Any:
+        start = time.perf_counter()
+        try:
+            return method(*args, **kwargs)
+        finally:
+            spent.append(time.perf_counter() - start)
+
+    setattr(obj, name, timed)
+    return spent
 
 
 def bench_generate(max_tokens: int, rounds: int) -> dict:

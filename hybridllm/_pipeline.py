@@ -71,6 +71,13 @@ class CachePort(Protocol):
 
     def embed_query(self, messages: Messages) -> Any: ...
 
+    def get_exact(
+        self, messages: Messages, *, model: str, params_key: dict, namespace: str | None = None
+    ) -> CacheHitLike | None:
+        """An exact repeat only, without the embedder; a miss is not counted. Optional: the
+        lookup asks for it with ``getattr`` and goes straight to ``get`` for a cache without it."""
+        ...
+
     def get(
         self,
         messages: Messages,
@@ -79,7 +86,11 @@ class CachePort(Protocol):
         params_key: dict,
         namespace: str | None = None,
         embedding: Any = None,
-    ) -> CacheHitLike | None: ...
+        exact_checked: bool = False,
+    ) -> CacheHitLike | None:
+        """``exact_checked=True`` (passed only to a cache that has ``get_exact``): ``get_exact``
+        just missed for these messages, so ``get`` need not look for the exact repeat again."""
+        ...
 
     def put(
         self,

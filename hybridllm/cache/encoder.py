@@ -7,6 +7,7 @@ only ``onnxruntime``, ``tokenizers`` and numpy.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,10 @@ import numpy as np
 from .._exceptions import ModelError
 from ..prompts import valid_text
 from .prepare import FP32_NAME, INT8_NAME, TOKENIZER_NAME
+
+# long texts whose length check the latest runs answered: the cache asks about its query right
+# after embedding it, and a request's texts are few at a time (see ``OnnxEncoder.fits``)
+FIT_MEMO_SIZE = 16
 
 
 def cpu_session(ort: Any, path: Path, num_threads: int | None) -> Any:
@@ -76,23 +81,58 @@ class OnnxEncoder:
         self._tokenizer = tokenizer
         self.max_tokens = max_tokens
         self.quantized = quantized
-
-    def fits(self, *texts: str) -> bool:
-        """Whether the graph reads each of ``texts`` whole (the tokenizer cuts what is longer)."""
         # a word piece covers about one character at the least (lower-casing may turn one into
         # two): a text this short always fits, without tokenizing it
-        longer = [valid_text(t) for t in texts if len(t) > (self.max_tokens - 2) // 2]
-        return not any(e.overflowing for e in self._tokenizer.encode_batch(longer))
+        self._always_fits = (max_tokens - 2) // 2
+        self._fit_memo: dict[str, bool] = {}  # long text -> read whole, from its last run
+        self._memo_lock = threading.Lock()
+
+    def encode(self, inputs: Sequence[str] | Sequence[tuple[str, str]]) -> list[Any]:
+        """Tokenizer encodings of texts or text pairs, cut to ``max_tokens`` (``overflowing`` says
+        what was cut). Tokenize once, then feed :meth:`run_encoded` and read the length check."""
+        # a direct caller may pass any str: half an emoji would make the tokenizer raise TypeError
+        texts = [valid_text(x) if isinstance(x, str) else tuple(map(valid_text, x)) for x in inputs]
+        return self._tokenizer.encode_batch(texts) if texts else []
+
+    def fits(self, *texts: str) -> bool:
+        """Whether the graph reads each of ``texts`` whole (the tokenizer cuts what is longer).
+        A long text run through the graph lately is answered from that run, not tokenized again."""
+        longer = [t for t in texts if len(t) > self._always_fits]
+        known = [self._fit_memo.get(t) for t in longer]
+        if False in known:
+            return False
+        unknown = [t for t, k in zip(longer, known, strict=True) if k is None]
+        return not any(e.overflowing for e in self.encode(unknown))
 
     def fits_pairs(self, pairs: Sequence[tuple[str, str]]) -> np.ndarray:
         """``[n]`` bool: whether the graph reads each pair whole."""
-        encodings = self._tokenizer.encode_batch([(valid_text(a), valid_text(b)) for a, b in pairs])
-        return np.array([not e.overflowing for e in encodings], dtype=bool)
+        return np.array([not e.overflowing for e in self.encode(pairs)], dtype=bool)
 
     def run(self, inputs: Sequence[str] | Sequence[tuple[str, str]]) -> np.ndarray:
         """The graph's output for one batch of texts or text pairs."""
-        # a direct caller may pass any str: half an emoji would make the tokenizer raise TypeError
-        texts = [valid_text(x) if isinstance(x, str) else tuple(map(valid_text, x)) for x in inputs]
-        ids, mask, types = pad_batch(self._tokenizer.encode_batch(texts))
+        encodings = self.encode(inputs)
+        self._remember(inputs, encodings)
+        return self.run_encoded(encodings)
+
+    def run_encoded(self, encodings: Sequence[Any]) -> np.ndarray:
+        """The graph's output for one batch of :meth:`encode`'s encodings, padded together."""
+        ids, mask, types = pad_batch(encodings)
         (out,) = self._session.run(None, {"input_ids": ids, "attention_mask": mask, "token_type_ids": types})
         return np.asarray(out, dtype=np.float32)
+
+    def _remember(self, inputs: Sequence[Any], encodings: Sequence[Any]) -> None:
+        """Keep whether each long text of a run was read whole, for :meth:`fits` (the latest
+        ``FIT_MEMO_SIZE``; an answer never goes stale: it depends on the text only)."""
+        seen = [
+            (text, not enc.overflowing)
+            for text, enc in zip(inputs, encodings, strict=True)
+            if isinstance(text, str) and len(text) > self._always_fits
+        ]
+        if not seen:
+            return
+        with self._memo_lock:
+            for text, whole in seen:
+                self._fit_memo.pop(text, None)  # re-inserted last: the newest stay
+                self._fit_memo[text] = whole
+            while len(self._fit_memo) > FIT_MEMO_SIZE:
+                del self._fit_memo[next(iter(self._fit_memo))]

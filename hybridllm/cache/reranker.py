@@ -67,14 +67,26 @@ class Reranker(OnnxEncoder):
 
     def logits(self, queries: Sequence[str], cached: Sequence[str], *, batch_size: int = 64) -> np.ndarray:
         """``[n]`` float32 logits that ``queries[i]`` asks the same thing as ``cached[i]``."""
+        return self.logits_and_fits(queries, cached, batch_size=batch_size)[0]
+
+    def logits_and_fits(
+        self, queries: Sequence[str], cached: Sequence[str], *, batch_size: int = 64
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`logits`, and ``[n]`` bool: whether the reranker read each pair whole (as
+        ``fits_pairs``), both from one tokenizer pass per pair."""
         if len(queries) != len(cached):
             raise ValueError("queries and cached must have the same length")
         out = np.empty(len(queries), dtype=np.float32)
+        whole = np.empty(len(queries), dtype=bool)
+        # batches of similar length pad little (the int8 graph scales activations per batch, so a
+        # batch's members also decide each logit's rounding: keep this order to keep the logits)
         order = sorted(range(len(queries)), key=lambda i: len(queries[i]) + len(cached[i]))
         for start in range(0, len(order), batch_size):
             idx = order[start : start + batch_size]
-            out[idx] = self.run([(queries[i], cached[i]) for i in idx]).reshape(-1)
-        return out
+            encodings = self.encode([(queries[i], cached[i]) for i in idx])
+            whole[idx] = [not e.overflowing for e in encodings]
+            out[idx] = self.run_encoded(encodings).reshape(-1)
+        return out, whole
 
     def probs(self, queries: Sequence[str], cached: Sequence[str]) -> np.ndarray:
         return _sigmoid(self.logits(queries, cached))
@@ -147,13 +159,13 @@ class RerankVerifier:
             probs = self._fallback.predict(queries, cached, q_vecs, c_vecs)
             similarity = np.sum(np.asarray(q_vecs) * np.asarray(c_vecs), axis=1)
             return np.where(similarity >= self._fallback.min_similarity, probs, 0.0)
-        logits = reranker.logits(queries, cached).astype(np.float64)
+        # a pair longer than the reranker reads (MAX_TOKENS together) was judged on its heads
+        # only: what differs may lie in the part it never saw
+        raw, whole = reranker.logits_and_fits(queries, cached)
+        logits = raw.astype(np.float64)
         if self.stack is not None and self.features is not None:
             features = pair_features(queries, cached, q_vecs, c_vecs, self.features.idf)
             logits = self.stack.logit(stack_inputs(logits, features, self.features))
-        # a pair longer than the reranker reads (MAX_TOKENS together) was judged on its heads
-        # only: what differs may lie in the part it never saw
-        whole = reranker.fits_pairs(list(zip(queries, cached, strict=True)))
         return np.where(whole, _sigmoid(logits), 0.0)
 
     def _fall_back(self, exc: Exception) -> None:

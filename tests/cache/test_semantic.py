@@ -242,11 +242,9 @@ def test_the_reranker_refuses_pairs_longer_than_it_reads() -> None:
     class Reranker:
         info = None
 
-        def logits(self, queries, cached):
-            return np.full(len(queries), 10.0)
-
-        def fits_pairs(self, pairs):
-            return np.array([len(a) + len(b) < 40 for a, b in pairs])
+        def logits_and_fits(self, queries, cached):
+            fits = np.array([len(a) + len(b) < 40 for a, b in zip(queries, cached, strict=True)])
+            return np.full(len(queries), 10.0), fits
 
     verifier = RerankVerifier.__new__(RerankVerifier)
     verifier._reranker, verifier._fallback, verifier.stack, verifier.features = Reranker(), None, None, None

@@ -291,6 +291,7 @@ class Core:
                 if decision is None:  # a cache hit: it saved the call that made the answer it replays
                     self.stats.record(final.completion, avoided_tokens=_tokens_of(hit))
                 else:
+                    _price_continuation(self.stats, req, final.completion)
                     await self._record(req, decision, final.completion, vec, use_cache)
                 yield final
         finally:
@@ -552,21 +553,22 @@ class Core:
         """Pass a cloud call's chunks on, and see that the ledger gets its full cost: a call that
         ends without the cloud's own count (its stream broke and the device finished the answer,
         the caller stopped reading, or a server that reports no usage) costs its prompt plus the
-        text it streamed (~4 characters a token), not the streamed text alone."""
-        calls, streamed, counted = len(req.cloud_calls), 0, False
+        text it streamed (~4 characters a token, counted as the cloud sent it: placeholders, not
+        the values restored in their place), not the streamed text alone."""
+        calls, counted = len(req.cloud_calls), False
         try:
             async with aclosing(source) as chunks:
                 async for chunk in chunks:
                     # the cloud's own chunks: not the device's continuation (nor the sync client's
                     # InlineRun that carries it)
                     if getattr(chunk, "route", None) == route:
-                        streamed += max(1, len(chunk.text) // 4) if chunk.text else 0
                         counted = counted or (chunk.completion is not None and
                                               chunk.completion.usage.total_tokens > 0)
                     yield chunk
         finally:
-            if len(req.cloud_calls) > calls and streamed and not counted:
-                req.cloud_calls[calls] = self._prompt_tokens(req) + streamed
+            # the call's entry holds the estimate of what it streamed (_Answer.feed)
+            if len(req.cloud_calls) > calls and req.cloud_calls[calls] and not counted:
+                req.cloud_calls[calls] += self._prompt_tokens(req)
 
     async def _emit_cloud(
         self, req: Request, d: Decision, start: float, *, route: str, reason: str
@@ -617,8 +619,22 @@ class Core:
                     f"({exc.cause}); the device finished the answer",
                 )
             ) as source:
-                async for chunk in source:
-                    yield chunk
+                try:
+                    async for chunk in source:
+                        yield chunk
+                except ContextWindowExceededError as full:
+                    if not req.fits_edge:
+                        raise  # the prompt alone is too long: _execute says so
+                    # the prompt fits; the answer the cloud streamed does not fit beside it: a
+                    # failure of the cloud, not of the request (not context_length_exceeded, which
+                    # tells a client to shorten a conversation that was fine)
+                    raise CloudUnavailableError(
+                        f"the cloud stream broke after {len(exc.text)} characters ({exc.cause}) "
+                        f"and the device cannot finish the answer: the prompt ({req.prompt_tokens} "
+                        f"tokens) and the answer so far ({full.prompt_tokens} tokens together) "
+                        f"leave no room in its context (n_ctx {full.context_length}); retry the "
+                        "request"
+                    ) from full
 
     def _emit_edge(
         self,
@@ -907,7 +923,8 @@ class _Answer:
         usage, cost = self.usage, 0.0
         if self.cloud:
             cost = self.core.stats.cost(usage.total_tokens)
-            self.req.cloud_calls[-1] = usage.total_tokens
+            if usage.total_tokens:  # the cloud's own count; without one the estimate stays
+                self.req.cloud_calls[-1] = usage.total_tokens
         mean_lp = sum(self.logprobs) / len(self.logprobs) if self.logprobs and not self.prefix else None
         model = self.backend.model
         completion = Completion(
@@ -929,6 +946,15 @@ class _Answer:
             co2_saved_g=usage.co2_saved_g,
         )
         return Chunk("", self.route, model, finish_reason=self.finish_reason, completion=completion)
+
+
+def _price_continuation(stats: Stats, req: Request, c: Completion) -> None:
+    """A cloud answer the device finished (route ``...->edge``) costs what its cloud call cost, as
+    the ledger counts it (its prompt plus what it streamed): not 0 because the device wrote the
+    end. ``req.cloud_calls`` holds the call's tokens once its chunks are all read."""
+    tokens = sum(req.cloud_calls)
+    if c.route.endswith("->edge") and not c.cost_usd and tokens:
+        c.cost_usd = stats.cost(tokens)
 
 
 def _tokens_of(hit: Any) -> int:

@@ -452,8 +452,7 @@ class Core:
                 return
             try:
                 async with aclosing(
-                    self._metered(req, self._emit_cloud(req, d, start, route="cloud", reason=d.reason),
-                                  "cloud")
+                    self._emit_cloud(req, d, start, route="cloud", reason=d.reason)
                 ) as source:
                     async for chunk in source:
                         yield chunk
@@ -510,16 +509,12 @@ class Core:
         if available and not spent:
             try:
                 async with aclosing(
-                    self._metered(
+                    self._emit_cloud(
                         req,
-                        self._emit_cloud(
-                            req,
-                            d,
-                            start,
-                            route="edge->cloud",
-                            reason=f"{d.reason}; edge confidence {lp:.2f} too low",
-                        ),
-                        "edge->cloud",
+                        d,
+                        start,
+                        route="edge->cloud",
+                        reason=f"{d.reason}; edge confidence {lp:.2f} too low",
                     )
                 ) as source:
                     async for chunk in source:
@@ -575,7 +570,17 @@ class Core:
     ) -> Chunks:
         """The cloud answers; if its stream breaks mid-answer, the device finishes the answer
         from the text already streamed (route ``"<route>->edge"``), so the caller never sees the
-        failure. Raises ``_NoOutput`` when the cloud failed before its first token."""
+        failure. Raises ``_NoOutput`` when the cloud failed before its first token. Every cloud
+        call is metered here, once, whichever caller made it."""
+        async with aclosing(
+            self._metered(req, self._cloud_answer(req, d, start, route=route, reason=reason), route)
+        ) as source:
+            async for chunk in source:
+                yield chunk
+
+    async def _cloud_answer(
+        self, req: Request, d: Decision, start: float, *, route: str, reason: str
+    ) -> Chunks:
         assert self.cloud is not None
         req.cloud_calls.append(0)
         restorer = None

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import typing as _typing
 
+from .._lazy import lazy_names as _lazy_names
+
 if _typing.TYPE_CHECKING:
     from .budget import Budget
     from .policy import Decision, RoutingPolicy
@@ -49,16 +51,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> _typing.Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    from importlib import import_module
-
-    value = getattr(import_module(f"{__name__}.{module}"), name)
-    globals()[name] = value  # later look-ups skip this function
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = _lazy_names(__name__, globals(), _LAZY, __all__)

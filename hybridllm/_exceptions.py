@@ -8,7 +8,8 @@ with ``raise ... from exc``. Each message says what went wrong and what to do ab
     ├── ConfigError                 a setting is invalid or missing
     ├── InvalidRequestError         bad messages or sampling parameters
     │   └── ContextWindowExceededError  the prompt does not fit the device model's context, and
-    │                                   the cloud cannot take it (none, unavailable, privacy, budget)
+    │                                   no cloud may take it (none, privacy, route='edge', or the
+    │                                   cloud's own window refuses it too)
     ├── StreamConsumedError         a stream iterated a second time (or after close)
     ├── ModelError
     │   ├── ModelNotFoundError      unknown model id or missing file
@@ -20,6 +21,8 @@ with ``raise ... from exc``. Each message says what went wrong and what to do ab
     │   └── CloudError              the cloud endpoint
     │       ├── CloudUnavailableError  connection failed, timed out, circuit open
     │       ├── CloudRateLimitError    429 after the retries
+    │       │   └── CloudBudgetSpentError  the client's cloud budget is spent and the device cannot
+    │       │                              stand in (retry later)
     │       └── CloudAuthError         401 / 403
     ├── RouterError
     │   └── RouterFileError         a router file that is corrupt or from an incompatible version
@@ -35,6 +38,7 @@ __all__ = [
     "CacheCorruptError",
     "CacheError",
     "CloudAuthError",
+    "CloudBudgetSpentError",
     "CloudError",
     "CloudRateLimitError",
     "CloudUnavailableError",
@@ -69,9 +73,12 @@ class InvalidRequestError(HybridLLMError, ValueError):
 
 class ContextWindowExceededError(InvalidRequestError):
     """The prompt does not fit the device model's context (its tokens plus one for the answer),
-    and the cloud cannot take it: none is configured, it is unavailable, privacy keeps the prompt
-    on the device, or the cloud budget is spent. ``prompt_tokens`` and ``context_length`` (n_ctx)
-    give the numbers; the message says what to do."""
+    and no cloud may take it: none is configured, privacy keeps the prompt on the device, the
+    caller forced the device, or the cloud's own window refuses it too. Only a shorter prompt
+    helps. (A prompt that waits for a cloud that is down or a budget that is spent raises
+    :class:`CloudUnavailableError` or :class:`CloudBudgetSpentError`: retrying later helps.)
+    ``prompt_tokens`` and ``context_length`` (n_ctx) give the numbers; the message says what to
+    do."""
 
     def __init__(self, message: str, *, prompt_tokens: int | None = None,
                  context_length: int | None = None) -> None:
@@ -116,11 +123,15 @@ class EdgeBusyError(EdgeError):
 
 
 class CloudError(BackendError):
-    """The cloud endpoint failed."""
+    """The cloud endpoint failed. ``prompt_tokens`` and ``context_length`` are set when the prompt
+    does not fit the device model's context, so the device could not answer in the cloud's place."""
 
-    def __init__(self, message: str, *, status_code: int | None = None) -> None:
+    def __init__(self, message: str, *, status_code: int | None = None, prompt_tokens: int | None = None,
+                 context_length: int | None = None) -> None:
         super().__init__(message)
         self.status_code = status_code
+        self.prompt_tokens = prompt_tokens
+        self.context_length = context_length
 
 
 class CloudUnavailableError(CloudError):
@@ -129,6 +140,18 @@ class CloudUnavailableError(CloudError):
 
 class CloudRateLimitError(CloudError):
     """The cloud kept answering 429 after the retries."""
+
+
+class CloudBudgetSpentError(CloudRateLimitError):
+    """The client's cloud budget (``max_cloud_calls_per_hour``, ...) is spent and the request may
+    not go to the device instead (its prompt is past the device model's context, or the caller
+    forced the cloud where the budget binds it). ``reason`` is the budget's own sentence, with
+    when there is room again; retry then (``hybridllm serve``: 429 ``cloud_budget_spent``)."""
+
+    def __init__(self, message: str, *, reason: str, prompt_tokens: int | None = None,
+                 context_length: int | None = None) -> None:
+        super().__init__(message, prompt_tokens=prompt_tokens, context_length=context_length)
+        self.reason = reason
 
 
 class CloudAuthError(CloudError):

@@ -2,9 +2,11 @@
 
     lookup   the semantic cache (the question embedded once, reused by the router and the store)
     plan     the prompt counted once with the device's tokenizer; policy + router -> one Decision
-             with its reason; a prompt the device cannot hold goes to the cloud (or fails with
-             ContextWindowExceededError); a cloud call reserves its room in the budget ledger, and
-             a spent budget or an open circuit turns a cloud decision into an edge one
+             with its reason; a prompt the device cannot hold goes to the cloud (or fails: with
+             ContextWindowExceededError where no cloud may take it, with CloudBudgetSpentError or
+             CloudUnavailableError where it cannot now); a cloud call reserves its room in the
+             budget ledger, and a spent budget or an open circuit turns a cloud decision into an
+             edge one
     execute  edge (on its own thread), cloud (httpx AsyncClient), cascade, or cloud->edge
              continuation when a cloud stream breaks mid-answer
     record   the cache store (confident answers only), the stats; the ledger's reservation is
@@ -25,6 +27,8 @@ from contextlib import aclosing
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ._exceptions import (
+    CloudBudgetSpentError,
+    CloudError,
     CloudRateLimitError,
     CloudUnavailableError,
     ConfigError,
@@ -173,9 +177,9 @@ class Request:
     messages: Messages
     params: GenerationParams
     options: Options
-    # tokens of each cloud call this request made (estimated for a broken one); the ledger gets
-    # them when the request ends, also when the caller stops reading early
-    cloud_calls: list[int] = dataclasses.field(default_factory=list)
+    # each cloud call this request made: the ledger, the cost and the stats read them when the
+    # request ends, also when the caller stops reading early
+    cloud_calls: list[_CloudCall] = dataclasses.field(default_factory=list)
     # the sync client reads on its own thread: an edge answer is generated there (InlineRun)
     inline_edge: bool = False
     # the prompt in the device's tokens, counted once in the plan step (None: the edge cannot
@@ -183,7 +187,8 @@ class Request:
     # estimate all read them
     prompt_tokens: int | None = None
     context_length: int | None = None
-    # the budget's room held for this request's cloud call, settled or released when it ends
+    # the budget's room held for this request's cloud call until the call starts (then the
+    # call's own record holds it); released when the request ends without one
     reservation: Any = None
 
     @property
@@ -194,13 +199,37 @@ class Request:
         return n is None or limit is None or n + 1 <= limit
 
 
-class ForcedCloudOverBudgetError(HybridLLMError):
+@dataclasses.dataclass
+class _CloudCall:
+    """One cloud call's accounting, filled in as the call runs and read once the request ends: by
+    the ledger (``Core._settle``), the answer's ``cost_usd`` and ``usage`` and the stats
+    (``_account``)."""
+
+    prompt: int  # the prompt in the device's tokens (~4 characters a token without a tokenizer)
+    reservation: Any = None  # the budget's room held for this call (None: none, a forced route)
+    streamed: int = 0  # what streamed, ~4 characters a token, as the cloud sent it (placeholders)
+    usage: Usage | None = None  # the cloud's own count, when it arrived
+    hung_up: bool = False  # the caller closed the stream or cancelled while the call ran
+
+    def cost(self) -> Usage:
+        """What the call cost: the cloud's own count; without one (the stream broke, the caller
+        hung up, a server that reports no usage) the prompt plus what streamed, since the cloud
+        read the whole prompt before its first token; nothing for a call that failed before
+        streaming anything. A call the caller hung up on before its first token costs its
+        prompt: the request was sent, and the cloud did the prefill."""
+        if self.usage is not None and self.usage.total_tokens:
+            return Usage(self.usage.prompt_tokens, self.usage.completion_tokens)
+        if self.streamed or self.hung_up:
+            return Usage(self.prompt, self.streamed)
+        return Usage()
+
+
+class ForcedCloudOverBudgetError(CloudBudgetSpentError):
     """A forced cloud route met a spent budget where forced routes are held to it
     (``Core.budget_binds_forced_cloud``): refused, sent nowhere."""
 
     def __init__(self, reason: str) -> None:
-        super().__init__(reason)
-        self.reason = reason
+        super().__init__(reason, reason=reason)
 
 
 class _NoOutput(Exception):
@@ -291,29 +320,33 @@ class Core:
                 if decision is None:  # a cache hit: it saved the call that made the answer it replays
                     self.stats.record(final.completion, avoided_tokens=_tokens_of(hit))
                 else:
-                    _price_continuation(self.stats, req, final.completion)
-                    await self._record(req, decision, final.completion, vec, use_cache)
+                    cloud_tokens = _account(self.stats, req, final.completion)
+                    await self._record(req, decision, final.completion, vec, use_cache, cloud_tokens)
                 yield final
         finally:
             self._settle(req)
 
     def _settle(self, req: Request) -> None:
         """The ledger learns what this request's cloud calls cost, whichever way it ended (an
-        answer, an error, a caller that stopped reading, a cancelled task): its reservation is
-        settled with the first call's tokens, or released when no call answered."""
+        answer, an error, a caller that stopped reading, a cancelled task): a call's reservation
+        is settled with its cost (``_CloudCall.cost``), or released when it cost nothing; room
+        held for a call that never started is released."""
         held, req.reservation = req.reservation, None
+        calls = list(req.cloud_calls)
+        req.cloud_calls.clear()
         if self.ledger is None:
             return
-        # a call that failed before answering cost nothing
-        calls = [tokens for tokens in req.cloud_calls if tokens]
-        req.cloud_calls.clear()
         if held is not None:
-            if calls:
-                self.ledger.settle(held, calls.pop(0))
-            else:
-                self.ledger.release(held)
-        for tokens in calls:  # calls made without a reservation (a forced cloud route)
-            self.ledger.record(tokens)
+            self.ledger.release(held)
+        for call in calls:
+            tokens = call.cost().total_tokens
+            if call.reservation is None:
+                if tokens:  # a call made without a reservation (a forced cloud route)
+                    self.ledger.record(tokens)
+            elif tokens:
+                self.ledger.settle(call.reservation, tokens)
+            else:  # it failed before answering: it cost nothing
+                self.ledger.release(call.reservation)
 
     # 1. lookup
     async def _lookup(self, req: Request) -> tuple[Any, CacheHitLike | None]:
@@ -395,8 +428,9 @@ class Core:
             if spent and d.forced:  # the caller chose the cloud: refused, not moved to the device
                 raise ForcedCloudOverBudgetError(spent)
             if spent:
-                if not req.fits_edge:
-                    raise _too_long(req, f"the cloud {spent}", "or retry once the budget has room")
+                if not req.fits_edge:  # the device cannot stand in: wait for the budget
+                    raise _waits_for_cloud(req, f"the cloud {spent}", "once the budget has room",
+                                           spent=spent)
                 return dataclasses.replace(d, route="edge", reason=f"{d.reason}; {spent}", cascade=False)
         return d
 
@@ -435,15 +469,17 @@ class Core:
         if d.route == "cloud":
             assert self.cloud is not None
             if not self.cloud.is_available():
+                # what the cloud last did ("circuit open after: HTTP 404 from http://h/v1/..."), if it says
+                said = getattr(self.cloud, "unavailable_reason", None)
+                why = said() if said is not None else "circuit open, or its Retry-After not over"
                 if not req.fits_edge:  # the device cannot stand in
-                    raise _too_long(req, "the cloud is unavailable (circuit open, or its Retry-After "
-                                    "not over)", "or retry once the cloud is back")
+                    raise _waits_for_cloud(req, f"the cloud is unavailable ({why})", "once the cloud is back")
                 async with aclosing(
                     self._emit_edge(
                         req,
                         start,
                         route=EDGE_FALLBACK,
-                        reason=f"{d.reason}; cloud unavailable (circuit open, or its Retry-After not over)",
+                        reason=f"{d.reason}; cloud unavailable ({why})",
                         score=d.score,
                     )
                 ) as source:
@@ -462,12 +498,16 @@ class Core:
                     raise
                 # the cloud's stream broke mid-answer and the device cannot hold the prompt to
                 # finish it
-                raise _too_long(req, "the cloud's stream broke off mid-answer",
-                                "or retry once the cloud is back") from exc
+                raise _waits_for_cloud(req, "the cloud's stream broke off mid-answer",
+                                       "once the cloud is back") from exc
             except _NoOutput as exc:  # nothing was streamed yet: the device answers instead
+                if not req.fits_edge and getattr(exc.cause, "status_code", None) in _REFUSED:
+                    # the cloud's own window (or size limit) refuses it too: only a shorter prompt helps
+                    raise _too_long(req, f"the cloud failed ({exc.cause}): it refuses it too",
+                                    "or use a cloud model with a longer context") from exc.cause
                 if not req.fits_edge:
-                    raise _too_long(req, f"the cloud failed ({exc.cause})",
-                                    "or retry once the cloud is back") from exc.cause
+                    raise _waits_for_cloud(req, f"the cloud failed ({exc.cause})",
+                                           "once the cloud is back") from exc.cause
                 log.info("cloud failed before answering (%s); answering on the device", exc.cause)
                 async with aclosing(
                     self._emit_edge(
@@ -544,45 +584,18 @@ class Core:
             async for chunk in source:
                 yield chunk
 
-    async def _metered(self, req: Request, source: Chunks, route: str) -> Chunks:
-        """Pass a cloud call's chunks on, and see that the ledger gets its full cost: a call that
-        ends without the cloud's own count (its stream broke and the device finished the answer,
-        the caller stopped reading, or a server that reports no usage) costs its prompt plus the
-        text it streamed (~4 characters a token, counted as the cloud sent it: placeholders, not
-        the values restored in their place), not the streamed text alone."""
-        calls, counted = len(req.cloud_calls), False
-        try:
-            async with aclosing(source) as chunks:
-                async for chunk in chunks:
-                    # the cloud's own chunks: not the device's continuation (nor the sync client's
-                    # InlineRun that carries it)
-                    if getattr(chunk, "route", None) == route:
-                        counted = counted or (chunk.completion is not None and
-                                              chunk.completion.usage.total_tokens > 0)
-                    yield chunk
-        finally:
-            # the call's entry holds the estimate of what it streamed (_Answer.feed)
-            if len(req.cloud_calls) > calls and req.cloud_calls[calls] and not counted:
-                req.cloud_calls[calls] += self._prompt_tokens(req)
-
     async def _emit_cloud(
         self, req: Request, d: Decision, start: float, *, route: str, reason: str
     ) -> Chunks:
         """The cloud answers; if its stream breaks mid-answer, the device finishes the answer
         from the text already streamed (route ``"<route>->edge"``), so the caller never sees the
         failure. Raises ``_NoOutput`` when the cloud failed before its first token. Every cloud
-        call is metered here, once, whichever caller made it."""
-        async with aclosing(
-            self._metered(req, self._cloud_answer(req, d, start, route=route, reason=reason), route)
-        ) as source:
-            async for chunk in source:
-                yield chunk
-
-    async def _cloud_answer(
-        self, req: Request, d: Decision, start: float, *, route: str, reason: str
-    ) -> Chunks:
+        call gets its record (``_CloudCall``) here, once, whichever caller made it; the record
+        takes over the request's reservation."""
         assert self.cloud is not None
-        req.cloud_calls.append(0)
+        call = _CloudCall(self._prompt_tokens(req), reservation=req.reservation)
+        req.reservation = None
+        req.cloud_calls.append(call)
         restorer = None
         if d.placeholders:  # privacy="redact": the answer's placeholders are restored before anyone reads it
             from .router.privacy import Restorer
@@ -599,13 +612,16 @@ class Core:
                     route=route,
                     reason=reason,
                     score=d.score,
-                    cloud=True,
+                    call=call,
                     req=req,
                     restorer=restorer,
                 )
             ) as source:
                 async for chunk in source:
                     yield chunk
+        except (GeneratorExit, asyncio.CancelledError):
+            call.hung_up = True  # the caller stopped the call: the cloud had the prompt by then
+            raise
         except _PartialOutput as exc:
             log.warning(
                 "cloud stream broke after %d characters (%s); the device finishes it",
@@ -622,6 +638,9 @@ class Core:
                     ttft_ms=exc.ttft_ms,
                     reason=f"{reason}; cloud stream broke after {len(exc.text)} characters "
                     f"({exc.cause}); the device finished the answer",
+                    # the device writes on through the same restorer: a placeholder it repeats
+                    # from the answer so far is restored too
+                    restorer=restorer,
                 )
             ) as source:
                 try:
@@ -653,6 +672,7 @@ class Core:
         ttft_ms: float | None = None,
         logprobs: bool = False,
         inline: bool = True,
+        restorer: Restorer | None = None,
     ) -> Chunks:
         # log-probabilities are cheap on the device: ask for them whenever the cache may keep
         # the answer, since an unsure answer is not stored
@@ -667,8 +687,8 @@ class Core:
 
         if inline and req.inline_edge:
             answer = _Answer(
-                self, edge, start, route=route, reason=reason, score=score, req=req, prefix=prefix,
-                ttft_ms=ttft_ms,
+                edge, start, route=route, reason=reason, score=score, prefix=prefix, ttft_ms=ttft_ms,
+                restorer=restorer,
             )
             return self._emit_inline(self.edge_worker.inline(make, answer.feed, answer.finish), prefix)
         return self._emit(
@@ -681,6 +701,7 @@ class Core:
             prefix=prefix,
             ttft_ms=ttft_ms,
             req=req,
+            restorer=restorer,
         )
 
     async def _emit(
@@ -693,17 +714,18 @@ class Core:
         reason: str,
         score: float | None,
         req: Request,
-        cloud: bool = False,
+        call: _CloudCall | None = None,
         prefix: str = "",
         ttft_ms: float | None = None,
         restorer: Restorer | None = None,
     ) -> Chunks:
         """Stream the deltas as chunks, then one final chunk with the completion. With
-        ``prefix`` (already sent to the caller, first token at ``ttft_ms``), the backend
-        continues that answer; with ``restorer``, the placeholders in the text are put back."""
+        ``call``, the deltas are a cloud call's, accounted in it; with ``prefix`` (already sent
+        to the caller, first token at ``ttft_ms``), the backend continues that answer; with
+        ``restorer``, the placeholders in the text are put back."""
         answer = _Answer(
-            self, backend, start, route=route, reason=reason, score=score, req=req, cloud=cloud,
-            prefix=prefix, ttft_ms=ttft_ms, restorer=restorer,
+            backend, start, route=route, reason=reason, score=score, call=call, prefix=prefix,
+            ttft_ms=ttft_ms, restorer=restorer,
         )
         try:
             async with aclosing(deltas) as stream:  # type: ignore[type-var]  # an async generator
@@ -712,9 +734,11 @@ class Core:
                     if chunk is not None:
                         yield chunk
         except (CloudUnavailableError, CloudRateLimitError) as exc:
-            if not cloud:
+            if call is None:
                 raise
-            held = answer.flush()  # a held-back piece was streamed by the cloud: the caller gets it
+            # a held-back piece that is a whole placeholder was streamed by the cloud: the caller
+            # gets it; half of one ("[EMA") never reaches the caller, the device writes on instead
+            held = answer.cut()
             if held is not None:
                 yield held
             if answer.parts:
@@ -797,8 +821,9 @@ class Core:
         )
 
     # 4. record
-    async def _record(self, req: Request, d: Decision, c: Completion, vec: Any, use_cache: bool) -> None:
-        self.stats.record(c)
+    async def _record(self, req: Request, d: Decision, c: Completion, vec: Any, use_cache: bool,
+                      cloud_tokens: int = 0) -> None:
+        self.stats.record(c, cloud_tokens=cloud_tokens)
         if not use_cache or not c.text.strip() or self.cache is None:
             return
         floor = self.cache_min_logprob
@@ -864,6 +889,22 @@ def _too_long(req: Request, why: str, what: str) -> ContextWindowExceededError:
     )
 
 
+def _waits_for_cloud(req: Request, why: str, when: str, *, spent: str | None = None) -> CloudError:
+    """A prompt past the device model's context whose cloud cannot take it now (down, failing, its
+    budget spent): a request to retry, not a prompt to shorten (not ContextWindowExceededError,
+    which tells an OpenAI client to trim a conversation that the cloud takes once it can)."""
+    n, limit = req.prompt_tokens, req.context_length
+    message = (f"The prompt is {n} tokens, past the device model's context ({limit}, n_ctx), so only "
+               f"the cloud can answer it; and {why}. Retry {when}; or shorten the conversation "
+               "(drop its oldest turns) for the device to answer it.")
+    if spent is not None:
+        return CloudBudgetSpentError(message, reason=spent, prompt_tokens=n, context_length=limit)
+    return CloudUnavailableError(message, prompt_tokens=n, context_length=limit)
+
+
+_REFUSED = (400, 413, 422)  # the cloud refused this request itself (its window, too large): not a retry
+
+
 def _cannot_continue(exc: NotImplementedError) -> CloudUnavailableError:
     # the edge backend cannot continue the answer the cloud broke off
     return CloudUnavailableError(f"the cloud stream broke mid-answer and {exc}; retry the request")
@@ -871,25 +912,24 @@ def _cannot_continue(exc: NotImplementedError) -> CloudUnavailableError:
 
 class _Answer:
     """One answer being streamed: deltas in, chunks out, then the final chunk with the
-    Completion. Shared by the async path and the sync client's inline edge path."""
+    Completion. Shared by the async path and the sync client's inline edge path. A cloud answer's
+    ``call`` records what streamed and the cloud's own count."""
 
     def __init__(
         self,
-        core: Core,
         backend: Backend,
         start: float,
         *,
         route: str,
         reason: str,
         score: float | None,
-        req: Request,
-        cloud: bool = False,
+        call: _CloudCall | None = None,
         prefix: str = "",
         ttft_ms: float | None = None,
         restorer: Restorer | None = None,
     ) -> None:
-        self.core, self.backend, self.start, self.req = core, backend, start, req
-        self.route, self.reason, self.score, self.cloud, self.prefix = route, reason, score, cloud, prefix
+        self.backend, self.start, self.call = backend, start, call
+        self.route, self.reason, self.score, self.prefix = route, reason, score, prefix
         self.ttft = ttft_ms
         self.restorer = restorer  # the text is restored as it streams: parts hold what the user sees
         self.parts: list[str] = [prefix] if prefix else []
@@ -901,10 +941,12 @@ class _Answer:
             self.logprobs.append(delta.logprob)
         if delta.finish_reason is not None:
             self.finish_reason, self.usage = delta.finish_reason, delta.usage or self.usage
+            if self.call is not None and delta.usage is not None:
+                self.call.usage = delta.usage
         if not delta.text:
             return None
-        if self.cloud:  # until the cloud's own count arrives: ~4 characters a token
-            self.req.cloud_calls[-1] += max(1, len(delta.text) // 4)
+        if self.call is not None:  # until the cloud's own count arrives: ~4 characters a token
+            self.call.streamed += max(1, len(delta.text) // 4)
         text = self.restorer.feed(delta.text) if self.restorer is not None else delta.text
         if not text:  # all of it held back: it may be the start of a placeholder
             return None
@@ -915,8 +957,14 @@ class _Answer:
         return Chunk(text, self.route, self.backend.model)
 
     def flush(self) -> Chunk | None:
-        """The text the restorer still holds (the stream ended or broke), as one last chunk."""
-        text = self.restorer.flush() if self.restorer is not None else ""
+        """The text the restorer still holds (the stream ended), as one last chunk."""
+        return self._shown(self.restorer.flush() if self.restorer is not None else "")
+
+    def cut(self) -> Chunk | None:
+        """The stream broke: what the restorer holds, if it is whole (``Restorer.cut``)."""
+        return self._shown(self.restorer.cut() if self.restorer is not None else "")
+
+    def _shown(self, text: str) -> Chunk | None:
         if not text:
             return None
         if self.ttft is None:
@@ -925,11 +973,10 @@ class _Answer:
         return Chunk(text, self.route, self.backend.model)
 
     def finish(self) -> Chunk:
-        usage, cost = self.usage, 0.0
-        if self.cloud:
-            cost = self.core.stats.cost(usage.total_tokens)
-            if usage.total_tokens:  # the cloud's own count; without one the estimate stays
-                self.req.cloud_calls[-1] = usage.total_tokens
+        # the sync client's inline path does not flush: what the restorer holds ends the answer
+        held = self.flush()
+        tail = held.text if held is not None else ""
+        usage = self.usage
         mean_lp = sum(self.logprobs) / len(self.logprobs) if self.logprobs and not self.prefix else None
         model = self.backend.model
         completion = Completion(
@@ -942,7 +989,6 @@ class _Answer:
             ttft_ms=self.ttft,
             finish_reason=self.finish_reason,
             score=self.score,
-            cost_usd=cost,
             mean_logprob=mean_lp,
             energy_j=usage.energy_j,
             energy_source=usage.energy_source,
@@ -950,16 +996,27 @@ class _Answer:
             co2_g=usage.co2_g,
             co2_saved_g=usage.co2_saved_g,
         )
-        return Chunk("", self.route, model, finish_reason=self.finish_reason, completion=completion)
+        return Chunk(tail, self.route, model, finish_reason=self.finish_reason, completion=completion)
 
 
-def _price_continuation(stats: Stats, req: Request, c: Completion) -> None:
-    """A cloud answer the device finished (route ``...->edge``) costs what its cloud call cost, as
-    the ledger counts it (its prompt plus what it streamed): not 0 because the device wrote the
-    end. ``req.cloud_calls`` holds the call's tokens once its chunks are all read."""
-    tokens = sum(req.cloud_calls)
-    if c.route.endswith("->edge") and not c.cost_usd and tokens:
-        c.cost_usd = stats.cost(tokens)
+def _account(stats: Stats, req: Request, c: Completion) -> int:
+    """What the request's cloud calls cost (``_CloudCall.cost``, what the ledger counts) goes into
+    the answer: its ``cost_usd``, and for an answer the device finished (route ``...->edge``) its
+    ``usage``, the whole answer the caller got: the prompt once, and as completion the cloud's
+    part plus the device's (the device's own count had the prompt and the cloud's part as its
+    prompt). Returns the cloud tokens, for the stats (the device's part is not among them)."""
+    cloud = Usage()
+    for call in req.cloud_calls:
+        part = call.cost()
+        cloud.prompt_tokens += part.prompt_tokens
+        cloud.completion_tokens += part.completion_tokens
+    if cloud.total_tokens:
+        c.cost_usd = stats.cost(cloud.total_tokens)
+        if c.route.endswith("->edge"):
+            device = c.usage.completion_tokens
+            c.usage = dataclasses.replace(c.usage, prompt_tokens=cloud.prompt_tokens,
+                                          completion_tokens=cloud.completion_tokens + device)
+    return cloud.total_tokens
 
 
 def _tokens_of(hit: Any) -> int:

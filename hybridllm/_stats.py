@@ -1,7 +1,9 @@
 """Running statistics of a client: requests per route, cache hit rate, cloud fraction, latency and
-TTFT percentiles per route, cloud tokens and cost, and the cost saved versus sending everything to
-the cloud (every answer not produced by the cloud, priced at the cloud's rate; a cache hit at the
-tokens of the call that made the answer it replays, stored with the cache entry)."""
+TTFT percentiles per route, cloud tokens and cost (what the cloud calls cost, as the budget counts
+them: not the tokens a device wrote to finish a broken cloud answer), and the cost saved versus
+sending everything to the cloud (every answer not produced by the cloud, priced at the cloud's
+rate; a cache hit at the tokens of the call that made the answer it replays, stored with the
+cache entry)."""
 
 from __future__ import annotations
 
@@ -40,8 +42,10 @@ class Stats:
     def cost(self, tokens: int) -> float:
         return tokens / 1000 * self.price_per_1k
 
-    def record(self, c: Completion, *, avoided_tokens: int = 0) -> None:
-        """``avoided_tokens``: for a cache hit, the tokens of the call that made its answer."""
+    def record(self, c: Completion, *, avoided_tokens: int = 0, cloud_tokens: int | None = None) -> None:
+        """``avoided_tokens``: for a cache hit, the tokens of the call that made its answer.
+        ``cloud_tokens``: what the answer's cloud calls cost (the pipeline's count: for an answer
+        the device finished, the cloud's part alone); None: the answer's usage."""
         with self._lock:
             self._count[c.route] += 1
             self._latency[c.route].append(c.latency_ms)
@@ -50,10 +54,13 @@ class Stats:
             self.co2_g += c.co2_g or 0.0
             self.co2_saved_g += c.co2_saved_g or 0.0
             self.energy_j += c.energy_j or 0.0
-            if "cloud" in c.route and "unavailable" not in c.route:
-                self.cloud_tokens += c.usage.total_tokens
-                self.cloud_cost += c.cost_usd
-            else:
+            answered = "cloud" in c.route and "unavailable" not in c.route  # the cloud wrote (some of) it
+            if cloud_tokens is None:
+                cloud_tokens = c.usage.total_tokens if answered else 0
+            # every cloud call's cost, also one that broke before the device answered instead
+            self.cloud_tokens += cloud_tokens
+            self.cloud_cost += c.cost_usd
+            if not answered:
                 self.saved_cost += self.cost(c.usage.total_tokens or avoided_tokens)
 
     def snapshot(self) -> dict[str, Any]:

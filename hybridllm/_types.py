@@ -58,7 +58,10 @@ class GenerationParams:
     """Sampling settings of one request, validated on construction.
 
     ``top_k`` 0 and ``min_p`` 0 and ``repeat_penalty`` 1 turn those filters off. The cloud is sent
-    ``top_k`` always and ``min_p`` / ``repetition_penalty`` (vLLM's names) when they are not off.
+    ``top_k``, ``min_p`` and ``repetition_penalty`` (vLLM's names) when they are not off (a missing
+    one is off to our server and to vLLM; the default ``top_k`` 40 is sent), and an endpoint that
+    rejects one as unknown (a hosted API: HTTP 400 "Unrecognized request argument supplied: top_k")
+    is sent the request again without it, and never that field again.
     """
 
     max_tokens: int = 256

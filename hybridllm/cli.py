@@ -15,7 +15,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ._exceptions import ContextWindowExceededError, HybridLLMError
+from ._exceptions import CloudError, ContextWindowExceededError, HybridLLMError
 
 # Command groups that live beside the code they drive; each module has register(subparsers).
 _GROUPS = ("hybridllm.router._cli", "hybridllm.cache._cli", "hybridllm._serve_cli")
@@ -268,10 +268,14 @@ def cmd_chat(args: argparse.Namespace) -> int:
             try:
                 try:
                     stream = _answer(llm, history, sampling, parts)
-                except ContextWindowExceededError:
+                except (ContextWindowExceededError, CloudError) as exc:
                     # too long for the device, and the cloud could not take it (unavailable, failed,
-                    # budget spent, privacy): the device answers the most recent turns instead
-                    dropped = _fit(llm, history, base, sampling["max_tokens"], cloud_failed=True)
+                    # budget spent: a CloudError with the prompt's numbers; privacy): the device
+                    # answers the most recent turns instead
+                    too_long = not isinstance(exc, CloudError) or exc.context_length is not None
+                    dropped = 0
+                    if too_long:
+                        dropped = _fit(llm, history, base, sampling["max_tokens"], cloud_failed=True)
                     if not dropped:
                         raise
                     if parts:  # the cloud's broken-off start: the device's answer replaces it

@@ -31,6 +31,7 @@ from starlette.requests import ClientDisconnect
 from ._client import AsyncHybridLLM, HybridLLM
 from ._exceptions import (
     CloudAuthError,
+    CloudBudgetSpentError,
     CloudError,
     CloudRateLimitError,
     ConfigError,
@@ -134,9 +135,20 @@ def status_of(exc: HybridLLMError) -> tuple[int, str, str]:
             "The cloud refused this proxy's API key; set the key `hybridllm serve` sends to the "
             "cloud (cloud_api_key in the config or HYBRIDLLM_CLOUD_API_KEY)."
         )
-    if isinstance(exc, EdgeBusyError | CloudRateLimitError):
+    if isinstance(exc, CloudBudgetSpentError):
+        # the budget's sentence (when there is room again) and the prompt's numbers: the operator's
+        # own limits, nothing of the upstream
+        return 429, "requests", str(exc)
+    if isinstance(exc, EdgeBusyError):
         return 429, "requests", "The device model is busy; retry shortly."
+    if isinstance(exc, CloudRateLimitError):
+        return 429, "requests", "The cloud is rate-limiting this server; retry shortly."
     if isinstance(exc, CloudError):
+        if exc.prompt_tokens is not None:  # the device could not answer in the cloud's place
+            return 503, "upstream_unavailable", (
+                f"The cloud is unavailable, and the prompt ({exc.prompt_tokens} tokens) is past the "
+                f"device model's context ({exc.context_length}, n_ctx), so the device cannot answer it "
+                "instead; retry shortly.")
         return 503, "upstream_unavailable", "The cloud is unavailable; retry shortly."
     return 500, "server_error", "The server had an error while processing your request."
 
@@ -145,6 +157,8 @@ def code_of(exc: BaseException) -> str | None:
     """OpenAI's error ``code`` for an error of the SDK that has one."""
     if isinstance(exc, ContextWindowExceededError):
         return "context_length_exceeded"  # the code OpenAI's clients (and LiteLLM) look for
+    if isinstance(exc, CloudBudgetSpentError):
+        return "cloud_budget_spent"  # a 429: wait and retry, the prompt is fine
     return None
 
 
@@ -157,8 +171,10 @@ def _sdk_error(exc: HybridLLMError) -> JSONResponse:
     status, etype, message = status_of(exc)
     if status >= 500:
         logger.error("request failed: %s", type(exc).__name__)
+    # a spent budget has room again in minutes (its message says when), not in a second
+    wait = "60" if isinstance(exc, CloudBudgetSpentError) else "1"
     return _error(status, message, etype, code=code_of(exc),
-                  headers={"Retry-After": "1"} if status == 429 else None)
+                  headers={"Retry-After": wait} if status == 429 else None)
 
 
 def _trace(c: Completion) -> dict[str, Any]:

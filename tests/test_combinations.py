@@ -13,6 +13,7 @@ import pytest
 
 from hybridllm import (
     AsyncHybridLLM,
+    CloudBudgetSpentError,
     CloudUnavailableError,
     ContextWindowExceededError,
     Decision,
@@ -108,10 +109,11 @@ def test_the_proxy_reports_that_broken_stream_in_band_as_the_cloud_unavailable()
 
 
 def test_a_prompt_too_long_for_the_device_still_says_so_when_the_stream_breaks():
-    # what the old path did right stays: a prompt the device cannot hold at all
+    # a prompt the device cannot hold at all: the numbers, and a retry (the cloud takes it)
     llm = HybridLLM(edge=WordDevice(), cloud=BreakingCloud(["a b"]), policy=CloudRouter(), cache=False)
-    with pytest.raises(ContextWindowExceededError, match="stream broke off mid-answer"):
+    with pytest.raises(CloudUnavailableError, match="stream broke off mid-answer") as info:
         llm.chat("word " * 40)
+    assert (info.value.prompt_tokens, info.value.context_length) == (44, 32)
     llm.close()
 
 
@@ -275,9 +277,9 @@ def test_last_budget_call_with_a_long_prompt_and_a_broken_stream():
     # fails clearly instead of reaching a device that cannot hold it
     llm = HybridLLM(edge=WordDevice(), cloud=BreakingCloud(["a b"]), policy=CloudRouter(),
                     cache=False, max_cloud_calls_per_hour=1)
-    with pytest.raises(ContextWindowExceededError, match="stream broke off"):
+    with pytest.raises(CloudUnavailableError, match="stream broke off"):
         llm.chat("word " * 40)
-    with pytest.raises(ContextWindowExceededError, match="budget spent: 1/1"):
+    with pytest.raises(CloudBudgetSpentError, match="budget spent: 1/1"):
         llm.chat("word " * 40)
     assert budget(llm)["calls_in_flight"] == 0 and budget(llm)["calls_hour"] == 1
     llm.close()

@@ -48,6 +48,7 @@ def test_the_error_tree_is_pinned():
         "CloudError": "BackendError",
         "CloudUnavailableError": "CloudError",
         "CloudRateLimitError": "CloudError",
+        "CloudBudgetSpentError": "CloudRateLimitError",
         "CloudAuthError": "CloudError",
         "RouterError": "HybridLLMError",
         "RouterFileError": "RouterError",

@@ -3,6 +3,10 @@
 closed --(threshold consecutive failures, or one trip())--> open --(cooldown elapsed)--> half-open
 half-open lets exactly one probe through: success closes the circuit, failure opens it again.
 While open, calls fail fast (the client answers on the device instead of waiting on timeouts).
+
+Each failed probe doubles the cooldown, up to ``max_cooldown_s`` (5 minutes by default), and a
+success brings it back to ``cooldown_s``: an endpoint that stays down (a laptop offline for hours,
+each probe one connect timeout) is probed ever more rarely instead of every ``cooldown_s`` for ever.
 """
 
 from __future__ import annotations
@@ -12,12 +16,17 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+MAX_COOLDOWN_S = 300.0  # the longest wait between probes of an endpoint that stays down
+
 
 class CircuitBreaker:
     def __init__(self, *, threshold: int = 3, cooldown_s: float = 10.0,
+                 max_cooldown_s: float = MAX_COOLDOWN_S,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.threshold = threshold
-        self.cooldown_s = cooldown_s
+        self.base_cooldown_s = cooldown_s
+        self.max_cooldown_s = max(cooldown_s, max_cooldown_s)  # never below the configured wait
+        self.cooldown_s = cooldown_s  # the wait now: doubled by each failed probe, reset by a success
         self._clock = clock
         self._lock = threading.Lock()
         self._failures = 0
@@ -58,21 +67,28 @@ class CircuitBreaker:
             self._failures = 0
             self._opened_at = None
             self._probing = False
+            self.cooldown_s = self.base_cooldown_s
 
     def record_failure(self) -> None:
         with self._lock:
             self._failures += 1
             if self._probing or self._failures >= self.threshold:
-                self._opened_at = self._clock()
-            self._probing = False
+                self._open()
+
+    def _open(self) -> None:
+        """Open now (the lock is held). A failed probe doubles the wait before the next one:
+        cooldown_s * 2^(failed probes in a row), capped at max_cooldown_s."""
+        if self._probing:
+            self.cooldown_s = min(self.max_cooldown_s, self.cooldown_s * 2)
+        self._opened_at = self._clock()
+        self._probing = False
 
     def trip(self) -> None:
         """Open at once, whatever the count: the endpoint cannot serve at all (unreachable, or not
         an OpenAI-compatible API), so repeating the call would only make the caller wait."""
         with self._lock:
             self._failures = max(self._failures + 1, self.threshold)
-            self._opened_at = self._clock()
-            self._probing = False
+            self._open()
 
     def release_probe(self) -> None:
         """A probe that ended without a verdict (e.g. the caller stopped reading)."""
@@ -87,6 +103,7 @@ class Endpoint:
     outstanding_tokens: int = 0
     requests: int = 0
     failures: int = 0
+    last_failure: str | None = None  # the short cause of the latest failure ("HTTP 404 from ...")
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def add(self, tokens: int) -> None:

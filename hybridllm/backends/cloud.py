@@ -15,16 +15,22 @@ Resilience, in the order a request meets it:
    backoff and full jitter (none before an endpoint that has not failed yet), honouring
    ``Retry-After`` up to ``backoff_max_s``; an endpoint that asks for longer gets no request until
    then (with no other, the request fails at once and the device answers);
-4. a refusal of this request alone is not retried and leaves the circuit as it is:
+4. a sampling field the endpoint does not know (``top_k``, ``min_p``, ``repetition_penalty``:
+   vLLM's and our server's, not OpenAI's; a hosted API answers 400 "Unrecognized request argument
+   supplied: top_k") is dropped and the request sent again at once, and that endpoint is never
+   sent it again (a warning says so, once): not a failure, and no retry is spent on it;
+5. a refusal of this request alone is not retried and leaves the circuit as it is:
    400 ``context_length_exceeded`` (the cloud's context window) and 413 / 422 (too large, or a body
    the server cannot process) raise :class:`CloudUnavailableError`, so the device answers when the
    prompt fits it; any other 400 is the caller's (:class:`InvalidRequestError`), and a refused key
    (401/403) raises :class:`CloudAuthError`;
-5. retries happen only before the first token is passed on, so an answer is never duplicated;
-6. a stream that goes quiet for ``stall_timeout_s`` after its first token is broken off (a hung
+6. retries happen only before the first token is passed on, so an answer is never duplicated;
+7. a stream that goes quiet for ``stall_timeout_s`` after its first token is broken off (a hung
    server), apart from ``read_timeout_s``, which bounds the wait for the first token;
-7. repeated failures open the endpoint's circuit, and the client fails fast with
-   :class:`CloudUnavailableError`, which the pipeline turns into an answer from the device.
+8. repeated failures open the endpoint's circuit, and the client fails fast with
+   :class:`CloudUnavailableError`, which the pipeline turns into an answer from the device; the
+   error says what the cloud last did ("circuit open after: HTTP 404 from http://h/v1/..."). Each
+   failed probe doubles the wait before the next, up to ``breaker_max_cooldown_s``.
 The API key comes from the constructor or ``HYBRIDLLM_CLOUD_API_KEY`` and is never logged.
 
 The pipeline calls :meth:`CloudBackend.astream` (httpx ``AsyncClient``, one per event loop);
@@ -57,7 +63,7 @@ from .._exceptions import (
 )
 from .._types import GenerationParams, Messages, Usage
 from .base import Backend, Delta, register_backend
-from .circuit import CircuitBreaker, Endpoint, pick_endpoint
+from .circuit import MAX_COOLDOWN_S, CircuitBreaker, Endpoint, pick_endpoint
 
 log = logging.getLogger("hybridllm.cloud")
 COOL_MAX_S = 300.0  # the longest an endpoint is left alone on its Retry-After (then asked again)
@@ -67,14 +73,22 @@ REQUEST_REFUSED = {413, 422}  # this request only (too large, a body it cannot p
 # the cloud's context-window refusal: OpenAI's (and our server's) code, or the wording of servers
 # that send none (vLLM: "maximum context length", others: "context window", "prompt is too long")
 CONTEXT_WORDS = re.compile(r"context[ _-]?(length|window)|prompt is too long", re.IGNORECASE)
+# sampling fields outside OpenAI's API (vLLM's, our server's): dropped for an endpoint that rejects them
+OPTIONAL_FIELDS = ("top_k", "min_p", "repetition_penalty")
+# how servers reject a field they do not know: OpenAI "Unrecognized request argument supplied: top_k",
+# pydantic "Extra inputs are not permitted", Google "Unknown name", our server "min_p is not supported"
+UNKNOWN_WORDS = re.compile(r"unrecogni[sz]ed|unknown|unsupported|not supported|not permitted|not allowed"
+                           r"|extra|unexpected|additional propert", re.IGNORECASE)
 
 
 class _Retryable(Exception):
     def __init__(self, message: str, *, status: int | None = None,
-                 retry_after: float | None = None) -> None:
+                 retry_after: float | None = None, cause: str | None = None) -> None:
         super().__init__(message)
         self.status = status
         self.retry_after = retry_after
+        # what the cloud did, in a few words, for the reasons given while its circuit stays open
+        self.cause = cause or (message if len(message) <= 160 else message[:157] + "...")
 
 
 class _EndpointDown(_Retryable):
@@ -117,6 +131,7 @@ class CloudBackend(Backend):
         backoff_max_s: float = 8.0,
         breaker_threshold: int = 3,
         breaker_cooldown_s: float = 10.0,
+        breaker_max_cooldown_s: float = MAX_COOLDOWN_S,
         transport: Any = None,
         carbon: list[Any] | None = None,
         joules_per_token: float | None = None,
@@ -142,7 +157,8 @@ class CloudBackend(Backend):
         if stall_timeout_s is not None and stall_timeout_s <= 0:
             raise ConfigError(f"stall_timeout_s must be positive or None, got {stall_timeout_s}.")
         self.endpoints = [Endpoint(_api_root(u), CircuitBreaker(
-            threshold=breaker_threshold, cooldown_s=breaker_cooldown_s)) for u in urls]
+            threshold=breaker_threshold, cooldown_s=breaker_cooldown_s,
+            max_cooldown_s=breaker_max_cooldown_s)) for u in urls]
         self._api_key = api_key if api_key is not None else os.environ.get("HYBRIDLLM_CLOUD_API_KEY")
         self._model = model
         self.max_retries = max_retries
@@ -157,6 +173,8 @@ class CloudBackend(Backend):
         # base URL -> (monotonic time its Retry-After ends, the status that asked for it)
         self._cool_until: dict[str, tuple[float, int | None]] = {}
         self._warned: set[tuple[str, int]] = set()  # (endpoint, status) already logged as a warning
+        # base URL -> the OPTIONAL_FIELDS it rejected as unknown: never sent to it again
+        self._omit: dict[str, frozenset[str]] = {}
 
     def __repr__(self) -> str:  # never show the key
         key = "***" if self._api_key else None
@@ -173,6 +191,20 @@ class CloudBackend(Backend):
         return any(e.breaker.would_allow()
                    and cooling.get(e.base_url, (now, None))[0] - now <= self.backoff_max_s
                    for e in self.endpoints)
+
+    def unavailable_reason(self) -> str:
+        """Why the endpoints take no request now, in a few words for a completion's reason: each
+        open circuit with the failure that opened it, or the Retry-After being waited out."""
+        cooling, now = self._cooling(), time.monotonic()
+        why = []
+        for e in self.endpoints:
+            if not e.breaker.would_allow():
+                why.append(f"circuit open after: {e.last_failure or 'repeated failures'}")
+            elif e.base_url in cooling:
+                until, status = cooling[e.base_url]
+                why.append(f"Retry-After not over: HTTP {status} from {e.base_url}, "
+                           f"{max(0.0, until - now):.0f} s left")
+        return "; ".join(dict.fromkeys(why)) or "circuit open"
 
     def _client(self) -> Any:
         """The AsyncClient of the running loop (a client's connections belong to one loop)."""
@@ -208,7 +240,8 @@ class CloudBackend(Backend):
         if resp.status_code == 404:
             raise _EndpointDown(f"The cloud at {ep.base_url}/models answered HTTP 404: is cloud_url the "
                                 "base URL of an OpenAI-compatible server? If it is, it does not list its "
-                                "models: set cloud_model (HYBRIDLLM_CLOUD_MODEL).", status=404)
+                                "models: set cloud_model (HYBRIDLLM_CLOUD_MODEL).", status=404,
+                                cause=f"HTTP 404 from {ep.base_url}/models")
         if resp.status_code != 200:
             self._raise_for_status(resp, listing=True)
         try:
@@ -252,6 +285,7 @@ class CloudBackend(Backend):
         tried: set[str] = set()
         down: set[str] = set()  # endpoints that cannot serve: this request does not ask them again
         last: _Retryable | None = None
+        last_ep: Endpoint | None = None
         attempt = 0
         cost = sum(len(str(m["content"])) // 4 + 4 for m in messages) + params.max_tokens
         placer = self.placer
@@ -273,13 +307,13 @@ class CloudBackend(Backend):
                     await _sleep(max(0.0, left))
                 ep = self._pick(exclude, priority, seen)
             if ep is None and isinstance(last, _EndpointDown):  # no endpoint left that can serve
+                wait = (last_ep or self.endpoints[0]).breaker.cooldown_s
                 raise CloudUnavailableError(
-                    f"{str(last).rstrip('.')}; it is not asked again for "
-                    f"{self.endpoints[0].breaker.cooldown_s:g} s, and answers come from the device "
-                    "meanwhile", status_code=last.status) from last
+                    f"{str(last).rstrip('.')}; it is not asked again for {wait:g} s, and answers "
+                    "come from the device meanwhile", status_code=last.status) from last
             if ep is None:
                 raise CloudUnavailableError(
-                    "The cloud is unavailable (circuit open after repeated failures); "
+                    f"The cloud is unavailable ({self.unavailable_reason()}); "
                     "answers come from the device until it recovers."
                 )
             ep.add(cost)
@@ -305,12 +339,13 @@ class CloudBackend(Backend):
                 ep.breaker.record_success()
                 return
             except _Retryable as exc:
+                ep.last_failure = exc.cause
                 if started:  # cannot retry mid-answer without duplicating text
                     ep.breaker.record_failure()
                     raise CloudUnavailableError(f"The cloud stream broke off: {exc}") from exc
                 ep.failures += 1
                 tried.add(ep.base_url)
-                last = exc
+                last, last_ep = exc, ep
                 if isinstance(exc, _EndpointDown):  # not retried: another endpoint, else the device
                     ep.breaker.trip()
                     down.add(ep.base_url)
@@ -369,12 +404,18 @@ class CloudBackend(Backend):
         return any(e.base_url not in tried and e.base_url not in cooling and e.breaker.would_allow()
                    for e in self.endpoints)
 
-    def request_body(self, model: str, messages: Messages, params: GenerationParams) -> dict:
+    def request_body(self, model: str, messages: Messages, params: GenerationParams,
+                     omit: frozenset[str] = frozenset()) -> dict:
+        """The chat completion request. vLLM's sampling fields go only when they are not off (our
+        server and vLLM take a missing one as off), and never the ``omit`` ones (fields this
+        endpoint rejected as unknown)."""
         body: dict[str, Any] = {
             "model": model, "messages": messages, "stream": True,
             "stream_options": {"include_usage": True}, "max_tokens": params.max_tokens,
-            "temperature": params.temperature, "top_p": params.top_p, "top_k": params.top_k,
+            "temperature": params.temperature, "top_p": params.top_p,
         }
+        if params.top_k > 0:  # 0 is off; the default (40) is sent, as the device samples with it
+            body["top_k"] = params.top_k
         if params.min_p > 0:
             body["min_p"] = params.min_p
         if params.repeat_penalty != 1.0:
@@ -383,21 +424,41 @@ class CloudBackend(Backend):
             body["seed"] = params.seed
         if params.stop:
             body["stop"] = list(params.stop)
+        for name in omit:
+            body.pop(name, None)
         return body
+
+    async def _post(self, ep: Endpoint, model: str, messages: Messages, params: GenerationParams,
+                    stack: AsyncExitStack) -> Any:
+        """POST the request and return the answer once it is 200 (else raise what it means). A 400
+        or 422 that names sampling fields as unknown is sent again at once without them, and they
+        are dropped for this endpoint from then on: each field at most once, so this ends."""
+        while True:
+            body = self.request_body(model, messages, params, self._omit.get(ep.base_url, frozenset()))
+            resp = await stack.enter_async_context(
+                self._client().stream("POST", f"{ep.base_url}/chat/completions", json=body))
+            if resp.status_code == 200:
+                return resp
+            await resp.aread()
+            unknown = _unknown_fields(resp, body)
+            if not unknown:
+                self._raise_for_status(resp, ep.base_url)
+            await resp.aclose()  # its connection goes back to the pool for the next try
+            self._omit[ep.base_url] = self._omit.get(ep.base_url, frozenset()) | unknown
+            log.warning("The cloud at %s does not accept %s (HTTP %d: %s); it is sent requests "
+                        "without it from now on, so it samples without that filter", ep.base_url,
+                        ", ".join(sorted(unknown)), resp.status_code, _error_of(resp)[0][:120])
 
     async def _stream_once(self, ep: Endpoint, messages: Messages,
                            params: GenerationParams) -> AsyncIterator[Delta]:
         import httpx
 
-        body = self.request_body(await self._resolve_model(ep), messages, params)
+        model = await self._resolve_model(ep)
         finish, usage = None, None
         done = False
         try:
-            async with self._client().stream(
-                    "POST", f"{ep.base_url}/chat/completions", json=body) as resp, AsyncExitStack() as stack:
-                if resp.status_code != 200:
-                    await resp.aread()
-                    self._raise_for_status(resp, ep.base_url)
+            async with AsyncExitStack() as stack:
+                resp = await self._post(ep, model, messages, params, stack)
                 ctype = resp.headers.get("content-type", "").split(";")[0].strip().lower()
                 if ctype == "application/json":  # a server that ignores "stream": true
                     await resp.aread()
@@ -409,7 +470,8 @@ class CloudBackend(Backend):
                 if ctype == "text/html":
                     raise _EndpointDown(f"{ep.base_url} answered a web page (text/html), not an event "
                                         "stream: is cloud_url the base URL of an OpenAI-compatible "
-                                        "server? (a network's sign-in page does this too)", status=200)
+                                        "server? (a network's sign-in page does this too)", status=200,
+                                        cause=f"a web page (text/html) from {ep.base_url}")
                 # closed here, on this loop: left to the garbage collector, a stream broken off
                 # mid-answer finalized after the loop had stopped ("Task was destroyed but it
                 # is pending!" on stderr)
@@ -463,7 +525,8 @@ class CloudBackend(Backend):
             why = f"no connection within {self.connect_timeout_s:g} s (ConnectTimeout)"
         else:
             why = f"{str(exc)[:120] or 'the connection failed'} ({type(exc).__name__})"
-        return _EndpointDown(f"The cloud at {ep.base_url} cannot be reached: {why}")
+        return _EndpointDown(f"The cloud at {ep.base_url} cannot be reached: {why}",
+                             cause=f"{why} to {ep.base_url}")
 
     def _warn_once(self, url: str, status: int, message: str) -> None:
         """A status that says the endpoint is misconfigured: a warning the first time per endpoint,
@@ -478,17 +541,18 @@ class CloudBackend(Backend):
         to GET /models, which carries no request of the caller's to refuse."""
         status = resp.status_code
         message, code = _error_of(resp)
+        try:
+            where = str(resp.request.url)
+        except RuntimeError:  # a response built without its request
+            where = url
+        cause = f"HTTP {status} from {where}"
         if status in RETRY_STATUS or status >= 500:
-            raise _Retryable(f"HTTP {status}: {message}", status=status,
+            raise _Retryable(f"HTTP {status}: {message}", status=status, cause=cause,
                              retry_after=parse_retry_after(resp.headers.get("retry-after")))
         if status in (401, 403):
             raise CloudAuthError(
                 f"The cloud refused the API key (HTTP {status}); set HYBRIDLLM_CLOUD_API_KEY "
                 "or pass cloud_api_key=...", status_code=status)
-        try:
-            where = str(resp.request.url)
-        except RuntimeError:  # a response built without its request
-            where = url
         if not listing and status == 400 and (code == "context_length_exceeded"
                                               or CONTEXT_WORDS.search(message)):
             raise CloudUnavailableError(f"the cloud's context window cannot take this prompt (HTTP 400 "
@@ -503,9 +567,10 @@ class CloudBackend(Backend):
         if 300 <= status < 400:
             raise _EndpointDown(f"The cloud at {where} answered HTTP {status}, a redirect to "
                                 f"{resp.headers.get('location') or 'nowhere'}: set cloud_url to the "
-                                "address it points to (redirects are not followed)", status=status)
+                                "address it points to (redirects are not followed)", status=status,
+                                cause=f"{cause}, a redirect")
         raise _EndpointDown(f"The cloud at {where} answered HTTP {status}: {message} (is cloud_url the "
-                            "base URL of an OpenAI-compatible server?)", status=status)
+                            "base URL of an OpenAI-compatible server?)", status=status, cause=cause)
 
     async def aclose(self) -> None:
         client = self._clients.pop(asyncio.get_running_loop(), None)
@@ -547,6 +612,24 @@ def _error_of(resp: Any) -> tuple[str, str]:
     if isinstance(error, str):
         return error[:300], ""
     return " ".join(resp.text[:200].split()), ""
+
+
+def _unknown_fields(resp: Any, body: dict) -> frozenset[str]:
+    """The OPTIONAL_FIELDS of ``body`` that a 400 or 422 rejects as unknown to the server; empty
+    for any other refusal (a bad value of a known field stays the caller's error)."""
+    if resp.status_code not in (400, 422):
+        return frozenset()
+    message, _ = _error_of(resp)
+    try:
+        error = resp.json().get("error")
+        param = str(error.get("param") or "") if isinstance(error, dict) else ""
+    except (ValueError, AttributeError):
+        param = ""
+    text = f"{message} {param} {resp.text[:2000]}"
+    if not UNKNOWN_WORDS.search(text):
+        return frozenset()
+    return frozenset(name for name in OPTIONAL_FIELDS
+                     if name in body and re.search(rf"(?<![A-Za-z0-9_]){name}(?![A-Za-z0-9_])", text))
 
 
 def _read_event(event: dict) -> tuple[list[str], str | None, Usage | None]:

@@ -4,7 +4,8 @@ A ledger the client's pipeline owns, kept by reserve-then-settle so that it hold
 concurrency: the plan step ``reserve(tokens)``s room for one call and its estimated tokens in one
 step under the lock (or learns why there is none), and once the request ends it ``settle``s the
 reservation with the tokens the call really used, or ``release``s it when no cloud call was made
-(the cloud failed before answering, the device answered, an error, a cancelled request). A
+(the cloud failed before answering, the device answered, an error, a request cancelled before its
+call: one cancelled while it ran counts its prompt, since the cloud read it). A
 reservation counts as used while it is held, so with one call left, of N concurrent requests one
 goes to the cloud. Windows slide (the last 3600 s / 86400 s), so a spent budget comes back
 gradually rather than at midnight.

@@ -486,3 +486,15 @@ class Restorer:
         shown = self._sub(text, len(self._before), len(text))
         self._before = text[-1:] or self._before
         return shown
+
+    def cut(self) -> str:
+        """The stream broke off: a held piece that is already a whole placeholder (a bare
+        ``EMAIL_1`` that might have become ``EMAIL_12``) is restored and returned; one that only
+        might have become a placeholder (``[EMA``) is dropped, since no one may see half a
+        placeholder. Whoever continues the answer writes on from the text shown, and may go on
+        feeding this restorer."""
+        held, self._held = self._held, ""
+        if not held or self._pattern is None or self._pattern.fullmatch(held) is None:
+            return ""
+        self._before = held[-1]
+        return self._sub(held, 0, len(held))

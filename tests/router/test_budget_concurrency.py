@@ -138,8 +138,9 @@ def test_a_cancelled_request_releases_its_reservation():
         cloud.wait_s = 0.0
         return await allm.chat("hard question")
 
-    assert asyncio.run(run()).route == "cloud"  # the cancelled one left the call unspent
-    assert llm.stats()["budget"]["calls_hour"] == 1
+    # the cancelled call was sent (the cloud read its prompt): it counts, and holds nothing more
+    assert asyncio.run(run()).route == "edge"
+    assert llm.stats()["budget"]["calls_hour"] == 1 and llm.stats()["budget"]["calls_in_flight"] == 0
 
 
 def test_a_cascade_reserves_only_when_it_escalates():

@@ -56,11 +56,15 @@ def forced_mean_logprob(edge, question: str, answer: str) -> float:
     forcing, raw logits as the edge reports them)."""
     from llama_cpp import Llama
 
+    # the ids the edge itself feeds (hybridllm.prompts.tokenize_prompt): the question and the
+    # answer (a continuation prefix) are text, only the template's markers are control tokens
+    messages = [{"role": "user", "content": question}]
+    prompt, whole = edge.tokenize(messages), edge.tokenize(messages, prefix=answer)
+    if whole[: len(prompt)] != prompt:
+        raise SystemExit(f"the answer {answer!r} merges into the prompt's last tokens; end the "
+                         "prompt or start the answer differently")
+    ans = whole[len(prompt) :]
     llm = Llama(model_path=str(edge.model_path), n_ctx=512, logits_all=True, verbose=False)
-    prompt = llm.tokenize(
-        edge.render([{"role": "user", "content": question}]).encode(), add_bos=False, special=True
-    )
-    ans = llm.tokenize(answer.encode(), add_bos=False, special=False)
     llm.reset()
     llm.eval(prompt + ans)
     rows = np.asarray(llm.scores[len(prompt) - 1 : len(prompt) + len(ans) - 1], dtype=np.float64)

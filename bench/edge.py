@@ -119,7 +119,9 @@ def _sides(
         eos = set(edge._eos_ids)
 
         def raw_onnx(prompt: str) -> Iterator[str]:
-            ids = og_tok.encode(edge.render([{"role": "user", "content": prompt}]))
+            # the prompt ids the SDK feeds (hybridllm.prompts.tokenize_prompt: the template's
+            # markers are control tokens, the message is text), so both sides read one prompt
+            ids = edge.tokenize([{"role": "user", "content": prompt}])
             params = og.GeneratorParams(og_model)
             params.set_search_options(max_length=len(ids) + max_tokens, do_sample=False)
             gen = og.Generator(og_model, params)

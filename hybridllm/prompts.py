@@ -17,7 +17,10 @@ an answer the cloud broke off, and what makes "both sides answer alike" hold.
   (any field: content, role, name) and the assistant ``prefix`` is tokenized as plain text, so a
   user who writes ``<|im_end|>`` or ``<|endoftext|>`` gets those characters, never the control token
   (a forged system turn or an early end of the prompt); only the markers the template itself writes
-  become special tokens.
+  become special tokens. Added tokens that are not flagged special but exist only as markers (Qwen's
+  ``<tool_call>``: outside the base vocabulary, yet matched by llama.cpp even with ``special=False``
+  and by ``tokenizers`` in any text) are markers too: in a message they get the ids of their
+  characters, as the base vocabulary reads them (:func:`llama_plain`, :func:`tokenizers_plain`).
 
     fmt = PromptFormat(chat_template=tpl, bos_token="<s>", eos_token="</s>", system_prompt=None)
     prompt = fmt.render(messages); stops = fmt.stops(messages)
@@ -28,6 +31,7 @@ from __future__ import annotations
 
 import re
 import secrets
+import unicodedata
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -43,6 +47,8 @@ __all__ = [
     "COMPLETION_STOPS",
     "PromptFormat",
     "default_system_prompt",
+    "encode_around",
+    "llama_plain",
     "llama_special_ids",
     "render_chat_template",
     "render_completion_prompt",
@@ -337,34 +343,128 @@ def tokenize_prompt(
     return ids
 
 
-def llama_special_ids(llm: Any) -> dict[str, int]:
-    """Text -> id of each token a llama.cpp vocabulary parses only with ``special=True`` (control
-    tokens and the unknown token; user-defined tokens are parsed either way). ``llm`` is a
-    ``llama_cpp.Llama``; one pass over the vocabulary's attributes (0.1 s for 262k tokens)."""
+def _cut_inside(text: str, start: int, end: int) -> int:
+    """A place strictly inside ``text[start:end]`` where a BPE pre-tokenizer cuts the text anyway:
+    right after a letter that something other than a letter, digit, combining mark or apostrophe
+    follows. Every pre-tokenizer regex these vocabularies use (GPT-2, Qwen2, Llama 3) ends a piece
+    where a run of letters ends (a contraction such as ``'s`` may still join it, hence no cut before
+    an apostrophe), and BPE merges never cross a piece, so tokenizing the two sides apart gives the
+    ids of the whole. A marker with no such place is cut after its first character (its ids may
+    then differ a little from prose, but are never the marker's id)."""
+    for i in range(start + 1, end):
+        before, after = text[i - 1], text[i]
+        if before.isalpha() and not (after.isalnum() or after in "'\u2019"
+                                     or unicodedata.category(after).startswith("M")):
+            return i
+    return start + 1
+
+
+def encode_around(
+    text: str, markers: Collection[str], encode: Callable[[str], Sequence[int]]
+) -> list[int]:
+    """``encode(text)``, where ``encode`` matches each of ``markers`` as its one token whatever it
+    is told (llama.cpp's user-defined tokens), with every marker in ``text`` read as its characters:
+    the text is cut inside each marker (:func:`_cut_inside`) and the pieces encoded apart. Text
+    without a marker is encoded whole, so its ids are what they were. A marker of one character
+    cannot be cut and stays its token."""
+    find = _special_pattern(frozenset(m for m in markers if len(m) > 1))
+    if find is None:
+        return list(encode(text))
+    pieces: list[str] = []
+
+    def cut(rest: str) -> None:
+        while (match := find.search(rest)) is not None:
+            at = _cut_inside(rest, match.start(), match.end())
+            cut(rest[:at])  # holds at most a shorter marker that starts where this one does
+            rest = rest[at:]  # may hold a marker that overlapped this one's end
+        pieces.append(rest)
+
+    cut(text)
+    return [i for piece in pieces if piece for i in encode(piece)]
+
+
+def _llama_markers(llm: Any) -> tuple[dict[str, int], frozenset[str]]:
+    """(text -> id of each marker token, the texts of those llama.cpp matches even with
+    ``special=False``). Markers: control and unknown tokens (parsed only with ``special=True``)
+    and, in a BPE vocabulary, user-defined tokens: there they are the added tokens of the
+    original tokenizer that were not flagged special (Qwen2.5: ``<tool_call>``, ``</tool_call>``),
+    which the base vocabulary never produces. In a SentencePiece vocabulary user-defined pieces
+    are part of how the model reads ordinary text (Gemma 3: ``\\n\\n``, runs of spaces, ``<table>``,
+    which sentencepiece itself matches in any text), so they stay as they are."""
     from llama_cpp import llama_cpp as C
 
-    model = llm._model
+    vocab = llm._model.vocab
     mask = C.LLAMA_TOKEN_ATTR_CONTROL | C.LLAMA_TOKEN_ATTR_UNKNOWN
+    bpe = C.llama_vocab_type(vocab) == C.LLAMA_VOCAB_TYPE_BPE
+    user = C.LLAMA_TOKEN_ATTR_USER_DEFINED if bpe else 0
     out: dict[str, int] = {}
+    always: set[str] = set()
     for tid in range(llm.n_vocab()):
-        if C.llama_vocab_get_attr(model.vocab, tid) & mask:
-            text = C.llama_vocab_get_text(model.vocab, tid).decode("utf-8", errors="replace")
+        attr = C.llama_vocab_get_attr(vocab, tid)
+        if attr & (mask | user):
+            text = C.llama_vocab_get_text(vocab, tid).decode("utf-8", errors="replace")
             if text:
                 out.setdefault(text, tid)
-    return out
+                if not attr & mask:
+                    always.add(text)
+    return out, frozenset(always)
+
+
+def llama_special_ids(llm: Any) -> dict[str, int]:
+    """Text -> id of each marker token of a llama.cpp vocabulary (see :func:`_llama_markers`).
+    ``llm`` is a ``llama_cpp.Llama``; one pass over the vocabulary (0.1 s for 262k tokens)."""
+    return _llama_markers(llm)[0]
+
+
+def llama_plain(llm: Any) -> tuple[dict[str, int], Callable[[str], list[int]]]:
+    """(text -> id of each marker token, an encoder that reads every marker as plain text) for a
+    ``llama_cpp.Llama``: the pair :func:`tokenize_prompt` takes. The encoder is llama.cpp's
+    ``special=False`` tokenizer, with user-defined markers cut apart (:func:`encode_around`)."""
+    specials, always = _llama_markers(llm)
+
+    def tokenize(text: str) -> list[int]:
+        return list(llm.tokenize(text.encode("utf-8"), add_bos=False, special=False))
+
+    def encode(text: str) -> list[int]:
+        return encode_around(text, always, tokenize) if always else tokenize(text)
+
+    return specials, encode
 
 
 def tokenizers_plain(path: Any) -> tuple[dict[str, int], Callable[[str], list[int]]]:
-    """(text -> id of each special added token, an encoder that reads them as plain text) for a
-    Hugging Face ``tokenizer.json``. The encoder is its own ``tokenizers`` copy with
-    ``encode_special_tokens`` set (non-special added tokens are still matched, as before)."""
+    """(text -> id of each marker token, an encoder that reads them as plain text) for a Hugging
+    Face ``tokenizer.json``. Markers: the special added tokens, and the added tokens not flagged
+    special that the base vocabulary does not read as that one token (Qwen2.5 leaves
+    ``<tool_call>``, ``<|fim_prefix|>`` ... unflagged, and ``tokenizers`` matches them in any
+    text). The encoder is a copy of the tokenizer without those markers and with
+    ``encode_special_tokens`` set; an unflagged token the base vocabulary itself yields for its
+    text (ordinary text, such as an HTML tag a vocabulary holds whole) is kept."""
+    import json
+    from pathlib import Path
+
     from tokenizers import Tokenizer
 
-    tok = Tokenizer.from_file(str(path))
-    tok.encode_special_tokens = True
-    specials = {t.content: i for i, t in tok.get_added_tokens_decoder().items() if t.special and t.content}
+    data = json.loads(Path(path).read_text(encoding="utf-8"))
+    added = [t for t in data.get("added_tokens") or [] if t.get("content")]
+
+    def build(keep: list[dict[str, Any]]) -> Any:
+        tok = Tokenizer.from_str(json.dumps({**data, "added_tokens": keep}))
+        tok.encode_special_tokens = True
+        return tok
+
+    flagged = [t for t in added if t.get("special")]
+    markers: set[str] = set()
+    if len(flagged) == len(added):
+        plain = build(data.get("added_tokens") or [])  # the tokenizer as it is
+    else:  # unflagged ones: which does the base vocabulary not yield for their text?
+        base = build(flagged)
+        markers = {t["content"] for t in added if not t.get("special")
+                   and base.encode(t["content"], add_special_tokens=False).ids != [t["id"]]}
+        kept = [t for t in added if t.get("special") or t["content"] not in markers]
+        plain = base if len(kept) == len(flagged) else build(kept)
+    specials = {t["content"]: int(t["id"]) for t in added if t.get("special") or t["content"] in markers}
 
     def encode(text: str) -> list[int]:
-        return list(tok.encode(text, add_special_tokens=False).ids)
+        return list(plain.encode(text, add_special_tokens=False).ids)
 
     return specials, encode

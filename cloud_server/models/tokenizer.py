@@ -7,8 +7,9 @@ Jinja; a model without one (a base model) gets a plain completion-style prompt.
 
 ``encode_chat`` is how a conversation becomes ids: only the template's own markers become control
 tokens, a message's text is read as plain text (``hybridllm.prompts.tokenize_prompt``), so a user
-cannot forge a turn by writing ``<|im_end|>``. ``encode`` parses control tokens: it is for a raw
-completion prompt, which the caller writes whole.
+cannot forge a turn by writing ``<|im_end|>``, nor get an added marker such as Qwen's ``<tool_call>``
+as its one token. ``encode`` parses control tokens: it is for a raw completion prompt, which the
+caller writes whole.
 """
 
 from __future__ import annotations
@@ -130,7 +131,7 @@ class GGUFTokenizer(_ChatTemplateMixin):
             if key in meta:
                 ids.add(int(meta[key]))
         self.eos_token_ids = sorted(i for i in ids if 0 <= i < self.vocab_size)
-        self._specials: dict[str, int] | None = None
+        self._plain: tuple[dict[str, int], Any] | None = None
 
     def _piece(self, token_id: int) -> str:
         if token_id < 0:
@@ -143,15 +144,18 @@ class GGUFTokenizer(_ChatTemplateMixin):
             ids = [self.bos_token_id, *ids]
         return ids
 
-    def _special_ids(self) -> dict[str, int]:
-        if self._specials is None:  # one pass over the vocabulary, on first use
-            from hybridllm.prompts import llama_special_ids
+    def _plain_pair(self) -> tuple[dict[str, int], Any]:
+        if self._plain is None:  # one pass over the vocabulary, on first use
+            from hybridllm.prompts import llama_plain
 
-            self._specials = llama_special_ids(self._llama)
-        return self._specials
+            self._plain = llama_plain(self._llama)
+        return self._plain
+
+    def _special_ids(self) -> dict[str, int]:
+        return self._plain_pair()[0]
 
     def _encode_plain(self, text: str) -> list[int]:
-        return list(self._llama.tokenize(text.encode("utf-8"), add_bos=False, special=False))
+        return list(self._plain_pair()[1](text))
 
     def decode(self, ids: list[int]) -> str:
         return self._llama.detokenize(list(ids)).decode("utf-8", errors="replace")

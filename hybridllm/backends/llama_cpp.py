@@ -11,14 +11,14 @@ import codecs
 import os
 import random
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from .._config import DEFAULT_EDGE_MODEL
 from .._exceptions import EdgeBusyError, EdgeError, ModelCorruptError
 from .._types import GenerationParams, Messages, Usage
 from ..models.store import Progress, resolve_gguf
-from ..prompts import PromptFormat, llama_special_ids, tokenize_prompt
+from ..prompts import PromptFormat, llama_plain, tokenize_prompt
 from .base import Delta, DeviceBackend, register_backend
 
 DEFAULT_MODEL = DEFAULT_EDGE_MODEL
@@ -107,7 +107,7 @@ class LlamaCppBackend(DeviceBackend):
             system_prompt = spec.extra.get("system_prompt")
         self.system_prompt = system_prompt or None
         self._n_vocab = self._llm.n_vocab()
-        self._special_ids: dict[str, int] | None = None
+        self._plain: tuple[dict[str, int], Callable[[str], list[int]]] | None = None
         self.prompt_format = PromptFormat(
             chat_template=self._template if chat_format == "template" else None,
             bos_token=self._piece(self._llm.token_bos()),
@@ -129,20 +129,19 @@ class LlamaCppBackend(DeviceBackend):
 
     def tokenize(self, messages: Messages, *, prefix: str = "") -> list[int]:
         # only the template's own markers become control tokens; every message's text and the
-        # prefix are read as plain text (hybridllm.prompts.tokenize_prompt)
-        if self._special_ids is None:  # one pass over the vocabulary, on first use
-            self._special_ids = llama_special_ids(self._llm)
+        # prefix are read as plain text, added markers such as <tool_call> too
+        # (hybridllm.prompts.tokenize_prompt, llama_plain)
+        if self._plain is None:  # one pass over the vocabulary, on first use
+            self._plain = llama_plain(self._llm)
+        special_ids, encode_plain = self._plain
         ids = tokenize_prompt(self.prompt_format, messages, prefix=prefix,
-                              special_ids=self._special_ids, encode_plain=self._encode_plain)
+                              special_ids=special_ids, encode_plain=encode_plain)
         # what llama.cpp's add_special puts first for this model (BOS or nothing), unless the
         # template wrote it already
         start = list(self._llm.tokenize(b"", add_bos=True, special=False))
         if start and ids[: len(start)] != start:
             ids[:0] = start
         return ids
-
-    def _encode_plain(self, text: str) -> list[int]:
-        return list(self._llm.tokenize(text.encode("utf-8"), add_bos=False, special=False))
 
     def _run(self, tokens: list[int], params: GenerationParams,
              stops: tuple[str, ...]) -> Iterator[Delta]:

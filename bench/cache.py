@@ -1,6 +1,7 @@
 """The semantic cache on the device: embedding, lookup, and a hit against generating an answer.
 
     python -m bench.cache [--json] [--max-tokens 64] [--sizes 10000,100000]
+        [--parts embed,lookup,hits,verified,generate] [--verified-size 10000] [--verified-queries 400]
 
 - ``embed_p50_ms`` / ``embed_p99_ms``: one question through the int8 ONNX embedder.
 - ``lookup_{n}_p50_ms`` / ``_p99_ms``: index search in one bucket of ``n`` cached vectors,
@@ -12,6 +13,16 @@
   verifier (the cross-encoder reranker); ``hit_paraphrase_features_ms`` with ``verifier="features"``.
   ``verify{,_features}_ms``: the verifier's part of that paraphrase lookup (median), and
   ``verify{,_features}_share`` its fraction of the lookup: what a lighter verifier could save.
+- ``verified_{n}_*``: :meth:`SemanticCache.get` end to end at ``n`` cached QQP questions in one
+  bucket (``--verified-size``), asked the other question of held-out (test split) QQP pairs, each
+  lookup timed both with the verifier's shortcut (``at_least``: a lookup whose candidates provably
+  cannot reach the threshold skips the reranker graph) and without it (``_before``), interleaved
+  query by query. ``miss``/``hit``: p50 and p95 by what the lookup returned; ``_before_over_after``
+  the ratios; ``decisions_changed``: lookups whose served entry (or miss) differs between the two
+  (0 expected); ``precision``/``recall``: a hit is correct when it serves the pair's own question
+  and the pair is labelled a duplicate; ``graph_skipped``: the share of lookups with candidates
+  that did not run the reranker graph. The cached questions' vectors are computed once (one
+  question at a time, as at run time) and kept under ``cache_dir()/bench/``.
 - ``generate_ms``: the edge model (SmolLM2-135M in llama-cpp-python, called directly) writing
   ``max_tokens`` tokens for the same question, median; the ratios compare it with the hits.
 """
@@ -156,7 +167,117 @@ def _time_calls(obj: Any, name: str) -> list[float]:
     """Wrap ``obj.name`` (on the instance) so that each call's seconds are appended to the list
     returned; ``delattr(obj, name)`` restores the method."""
     spent: list[float] = []
-    method = getattr(obj, name)
+    setattr(obj, name, _timed(getattr(obj, name), spent))
+    return spent
+
+
+def _verified_set(n: int, num_queries: int) -> tuple[list[str], list[tuple[str, str, int]]]:
+    """(``n`` distinct cached questions, ``num_queries`` (asked, its pair's question, label)): the
+    asked questions are the ``text_b`` of QQP test-split pairs whose ``text_a`` is cached."""
+    from hybridllm.cache.evaluate import load_pairs
+    from hybridllm.cache.guards import exact_key
+    from hybridllm.cache.train import split_of_pairs
+
+    pairs = load_pairs(PAIRS)
+    test = split_of_pairs(pairs) == 2
+    order = [i for i in range(len(pairs)) if test[i]] + [i for i in range(len(pairs)) if not test[i]]
+    entries: dict[str, str] = {}  # exact key -> question
+    for i in order:
+        for text in (pairs.text_a[i],) if test[i] else (pairs.text_a[i], pairs.text_b[i]):
+            if len(entries) < n:
+                entries.setdefault(exact_key(text), text)
+    asked = [
+        (pairs.text_b[i], pairs.text_a[i], pairs.labels[i])
+        for i in range(len(pairs))
+        if test[i] and entries.get(exact_key(pairs.text_a[i])) == pairs.text_a[i]
+        and exact_key(pairs.text_b[i]) not in entries
+    ]
+    return list(entries.values()), asked[:num_queries]
+
+
+def bench_verified(embedder, n: int, num_queries: int, rounds: int) -> dict:
+    """The default verifier's lookups at ``n`` entries, with its shortcut and without (``_before``),
+    interleaved lookup by lookup (which goes first alternates), on one cache."""
+    import hashlib
+
+    from hybridllm._paths import cache_dir
+    from hybridllm.cache import RerankVerifier, SemanticCache
+    from hybridllm.cache.train import embed_texts
+
+    questions, asked = _verified_set(n, num_queries)
+    digest = hashlib.sha256("\n".join(questions).encode()).hexdigest()[:16]
+    cache_file = cache_dir() / "bench" / f"qqp-{digest}.npz"
+    vecs = embed_texts(questions, cache_file=cache_file, say=lambda _line: None)
+    kw: dict[str, Any] = {"model": "smollm2-135m-instruct", "params_key": {"temperature": 0}}
+    modes = ("", "_before")
+    times: dict[str, list[float]] = {m: [] for m in modes}
+    verify: dict[str, list[float]] = {m: [] for m in modes}
+    served: dict[str, list[str | None]] = {m: [] for m in modes}
+    skipped: list[bool] = []  # per lookup that reached the verifier: the graph did not run
+    with tempfile.TemporaryDirectory() as tmp:
+        cache = SemanticCache(Path(tmp) / "bench.sqlite3", embedder=embedder, ttl_s=None, max_entries=n + 1)
+        for question in questions:
+            cache.put([{"role": "user", "content": question}], "an answer", embedding=vecs[question], **kw)
+        verifier = cache.verifier
+        assert isinstance(verifier, RerankVerifier), "the default verifier is the reranker"
+        shortcut = verifier.predict
+
+        def every_pair(*args: Any, at_least: float | None = None) -> Any:
+            return shortcut(*args)  # the lookup before the shortcut: every candidate scored
+
+        spent: list[float] = []
+        predict = {"": _timed(shortcut, spent), "_before": _timed(every_pair, spent)}
+        for q, _, _ in asked[:10]:  # warm up
+            cache.get([{"role": "user", "content": q}], **kw)
+        graph = _time_calls(verifier.reranker, "run_batches")
+        try:
+            for r in range(rounds):
+                for j, (q, _, _) in enumerate(asked):
+                    for mode in modes if (r + j) % 2 == 0 else modes[::-1]:
+                        verifier.predict = predict[mode]  # type: ignore[method-assign]
+                        spent.clear()
+                        graph.clear()
+                        start = time.perf_counter()
+                        hit = cache.get([{"role": "user", "content": q}], **kw)
+                        times[mode].append(time.perf_counter() - start)
+                        verify[mode].append(sum(spent))
+                        if r == 0:
+                            served[mode].append(hit.cached_query if hit else None)
+                            if mode == "" and spent:
+                                skipped.append(not graph)
+        finally:
+            delattr(verifier, "predict")
+            delattr(verifier.reranker, "run_batches")
+            cache.close()
+    out: dict[str, Any] = {}
+    is_hit = np.array([s is not None for s in served[""]] * rounds)
+    positives = sum(label for _, _, label in asked)
+    for mode in modes:
+        t = np.asarray(times[mode])
+        for kind, mask in (("miss", ~is_hit), ("hit", is_hit)):
+            if mask.any():
+                out[f"verified_{n}_{kind}{mode}_p50_ms"] = _pct(list(t[mask]), 50)
+                out[f"verified_{n}_{kind}{mode}_p95_ms"] = _pct(list(t[mask]), 95)
+        out[f"verified_{n}_verify{mode}_ms"] = _pct(verify[mode], 50)
+        num_hits = sum(s is not None for s in served[mode])
+        # correct: the pair's own question served, for a pair labelled a duplicate
+        right = sum(s == a and bool(label) for s, (_, a, label) in zip(served[mode], asked, strict=True))
+        out[f"verified_{n}_hits{mode}"] = f"{num_hits}/{len(asked)}"
+        out[f"verified_{n}_precision{mode}"] = right / num_hits if num_hits else 1.0
+        out[f"verified_{n}_recall{mode}"] = right / positives if positives else 0.0
+    for kind in ("miss", "hit"):
+        for q in ("p50", "p95"):
+            after = out.get(f"verified_{n}_{kind}_{q}_ms")
+            if after:
+                before = out[f"verified_{n}_{kind}_before_{q}_ms"]
+                out[f"verified_{n}_{kind}_{q}_before_over_after"] = before / after
+    out[f"verified_{n}_decisions_changed"] = sum(a != b for a, b in zip(*served.values(), strict=True))
+    out[f"verified_{n}_graph_skipped"] = float(np.mean(skipped)) if skipped else 0.0
+    return out
+
+
+def _timed(method: Any, spent: list[float]) -> Any:
+    """``method``, appending each call's seconds to ``spent``."""
 
     def timed(*args: Any, **kwargs: Any) -> Any:
         start = time.perf_counter()
@@ -165,8 +286,7 @@ def _time_calls(obj: Any, name: str) -> list[float]:
         finally:
             spent.append(time.perf_counter() - start)
 
-    setattr(obj, name, timed)
-    return spent
+    return timed
 
 
 def bench_generate(max_tokens: int, rounds: int) -> dict:
@@ -189,19 +309,37 @@ def bench_generate(max_tokens: int, rounds: int) -> dict:
     return {"generate_ms": _pct(times, 50), "generate_tokens": int(np.median(tokens))}
 
 
-def run(*, sizes: list[int], max_tokens: int, rounds: int) -> dict:
+PARTS = ("embed", "lookup", "hits", "verified", "generate")
+
+
+def run(
+    *,
+    sizes: list[int],
+    max_tokens: int,
+    rounds: int,
+    verified_size: int = 10000,
+    verified_queries: int = 400,
+    parts: tuple[str, ...] = PARTS,
+) -> dict:
     from hybridllm.cache import get_embedder
 
     embedder = get_embedder()
     questions = _questions(300)
     result: dict = {"cpu_count": os.cpu_count()}
-    result.update(bench_embed(embedder, questions))
-    queries = np.stack([embedder.embed_one(q) for q in questions[:200]])
-    result.update(bench_lookup(embedder, sizes, queries))
-    result.update(bench_hits(embedder, rounds))
-    result.update(bench_generate(max_tokens, rounds))
-    result["generate_over_hit_exact"] = result["generate_ms"] / result["hit_exact_ms"]
-    result["generate_over_hit_paraphrase"] = result["generate_ms"] / result["hit_paraphrase_ms"]
+    if "embed" in parts:
+        result.update(bench_embed(embedder, questions))
+    if "lookup" in parts:
+        queries = np.stack([embedder.embed_one(q) for q in questions[:200]])
+        result.update(bench_lookup(embedder, sizes, queries))
+    if "hits" in parts:
+        result.update(bench_hits(embedder, rounds))
+    if "verified" in parts and PAIRS.is_file():
+        result.update(bench_verified(embedder, verified_size, verified_queries, rounds))
+    if "generate" in parts:
+        result.update(bench_generate(max_tokens, rounds))
+        if "hits" in parts:
+            result["generate_over_hit_exact"] = result["generate_ms"] / result["hit_exact_ms"]
+            result["generate_over_hit_paraphrase"] = result["generate_ms"] / result["hit_paraphrase_ms"]
     return result
 
 
@@ -211,9 +349,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--sizes", default="10000,100000")
+    parser.add_argument("--verified-size", type=int, default=10000, help="entries for verified_*")
+    parser.add_argument("--verified-queries", type=int, default=400, help="lookups for verified_*")
+    parser.add_argument("--parts", default=",".join(PARTS), help=f"which to run, of {','.join(PARTS)}")
     args = parser.parse_args(argv)
     sizes = [int(s) for s in args.sizes.split(",") if s]
-    result = run(sizes=sizes, max_tokens=args.max_tokens, rounds=args.rounds)
+    parts = tuple(p for p in args.parts.split(",") if p)
+    if unknown := sorted(set(parts) - set(PARTS)):
+        parser.error(f"unknown --parts {', '.join(unknown)}; choose from {', '.join(PARTS)}")
+    result = run(
+        sizes=sizes,
+        max_tokens=args.max_tokens,
+        rounds=args.rounds,
+        verified_size=args.verified_size,
+        verified_queries=args.verified_queries,
+        parts=parts,
+    )
     if args.json:
         print(json.dumps(result))
     else:

@@ -56,15 +56,17 @@ NUM_HANDCRAFTED = len(HANDCRAFTED)
 class _Parsed:
     """The surface facts of one text, computed once per text."""
 
-    __slots__ = ("words", "content", "bigrams", "trigrams", "numbers", "neg", "caps", "qword")
+    __slots__ = ("words", "first", "squashed", "content", "bigrams", "trigrams", "numbers", "neg", "caps",
+                 "qword")
 
     def __init__(self, text: str) -> None:
         lower = text.lower()
         words = _WORD.findall(lower)
         self.words = set(words)
+        self.first = words[:1]
         self.content = {w for w in words if w not in STOPWORDS}
         self.bigrams = set(zip(words, words[1:], strict=False))
-        squashed = " ".join(words)
+        self.squashed = squashed = " ".join(words)
         self.trigrams = {squashed[i : i + 3] for i in range(max(len(squashed) - 2, 0))}
         self.numbers = set(_NUMBER.findall(text))
         self.neg = any(w in NEGATIONS or w.endswith("n't") for w in words)
@@ -100,14 +102,15 @@ class Idf:
 
 def handcrafted(query: str, cached: str, cosine: float, idf: Idf | None = None) -> list[float]:
     """The :data:`HANDCRAFTED` features of one pair, in that order."""
-    q, c = _Parsed(query), _Parsed(cached)
+    return _handcrafted(_Parsed(query), _Parsed(cached), cosine, idf)
+
+
+def _handcrafted(q: _Parsed, c: _Parsed, cosine: float, idf: Idf | None) -> list[float]:
     weight = idf or (lambda _w: 1.0)
     only_q = [weight(w) for w in q.words - c.words]
     only_c = [weight(w) for w in c.words - q.words]
     union = sum(weight(w) for w in q.words | c.words) or 1.0
     len_q, len_c = max(len(q.words), 1), max(len(c.words), 1)
-    words_q = _WORD.findall(query.lower())
-    words_c = _WORD.findall(cached.lower())
     return [
         cosine,
         _jaccard(q.words, c.words),
@@ -122,10 +125,10 @@ def handcrafted(query: str, cached: str, cosine: float, idf: Idf | None = None) 
         float(len(q.caps ^ c.caps)),
         _jaccard(q.caps, c.caps),
         float(q.qword != c.qword),
-        float(words_q[:1] != words_c[:1]),
+        float(q.first != c.first),
         float(np.log(len_q / len_c)),
         float(np.log(min(len_q, len_c))),
-        float(" ".join(words_q) == " ".join(words_c)),
+        float(q.squashed == c.squashed),
         1.0 - (sum(only_q) + sum(only_c)) / union,
         max(only_q, default=0.0),
         max(only_c, default=0.0),
@@ -147,8 +150,20 @@ def pair_features(
     if not (len(queries) == len(cached) == len(q_vecs) == len(c_vecs)):
         raise ValueError("pair_features needs as many queries, cached texts and vectors")
     cosines = np.einsum("nd,nd->n", q_vecs, c_vecs)
+    # each distinct text parsed once: a lookup pairs one query with every candidate
+    parsed: dict[str, _Parsed] = {}
+
+    def parse(text: str) -> _Parsed:
+        found = parsed.get(text)
+        if found is None:
+            found = parsed[text] = _Parsed(text)
+        return found
+
     hand = np.array(
-        [handcrafted(q, c, float(s), idf) for q, c, s in zip(queries, cached, cosines, strict=True)],
+        [
+            _handcrafted(parse(q), parse(c), float(s), idf)
+            for q, c, s in zip(queries, cached, cosines, strict=True)
+        ],
         dtype=np.float32,
     ).reshape(len(queries), NUM_HANDCRAFTED)
     diff = np.abs(q_vecs - c_vecs)  # [n, dim]

@@ -18,15 +18,18 @@ cannot be done, the default verifier falls back to the feature verifier with one
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from .._exceptions import CacheError, ModelError
 from .encoder import OnnxEncoder
 from .features import NUM_HANDCRAFTED, pair_features
+from .logit_bound import logit_range
 from .prepare import prepare_reranker, stderr_notice
 from .reranker_file import (  # noqa: F401  (re-exported: the file format's names)
     DEFAULT_NAME,
@@ -74,10 +77,18 @@ class Reranker(OnnxEncoder):
     ) -> tuple[np.ndarray, np.ndarray]:
         """:meth:`logits`, and ``[n]`` bool: whether the reranker read each pair whole (as
         ``fits_pairs``), both from one tokenizer pass per pair."""
+        batches, whole = self.encode_pairs(queries, cached, batch_size=batch_size)
+        return self.run_batches(batches, len(queries)), whole
+
+    def encode_pairs(
+        self, queries: Sequence[str], cached: Sequence[str], *, batch_size: int = 64
+    ) -> tuple[list[tuple[list[int], list[Any]]], np.ndarray]:
+        """The pairs tokenized in the batches :meth:`logits_and_fits` runs: ``[(pair indices,
+        encodings)]``, and ``[n]`` bool, whether the reranker reads each pair whole."""
         if len(queries) != len(cached):
             raise ValueError("queries and cached must have the same length")
-        out = np.empty(len(queries), dtype=np.float32)
         whole = np.empty(len(queries), dtype=bool)
+        batches: list[tuple[list[int], list[Any]]] = []
         # batches of similar length pad little (the int8 graph scales activations per batch, so a
         # batch's members also decide each logit's rounding: keep this order to keep the logits)
         order = sorted(range(len(queries)), key=lambda i: len(queries[i]) + len(cached[i]))
@@ -85,8 +96,21 @@ class Reranker(OnnxEncoder):
             idx = order[start : start + batch_size]
             encodings = self.encode([(queries[i], cached[i]) for i in idx])
             whole[idx] = [not e.overflowing for e in encodings]
+            batches.append((idx, encodings))
+        return batches, whole
+
+    def run_batches(self, batches: Sequence[tuple[list[int], list[Any]]], n: int) -> np.ndarray:
+        """``[n]`` float32 logits of :meth:`encode_pairs`' batches, in the pairs' order."""
+        out = np.empty(n, dtype=np.float32)
+        for idx, encodings in batches:
             out[idx] = self.run_encoded(encodings).reshape(-1)
-        return out, whole
+        return out
+
+    @functools.cached_property
+    def logit_range(self) -> tuple[float, float] | None:
+        """The lowest and highest logit the graph can give any pair (:mod:`.logit_bound`), or None
+        when its shape does not say."""
+        return logit_range(self.path)
 
     def probs(self, queries: Sequence[str], cached: Sequence[str]) -> np.ndarray:
         return _sigmoid(self.logits(queries, cached))
@@ -144,8 +168,22 @@ class RerankVerifier:
         return self._reranker
 
     def predict(
-        self, queries: Sequence[str], cached: Sequence[str], q_vecs: np.ndarray, c_vecs: np.ndarray
+        self,
+        queries: Sequence[str],
+        cached: Sequence[str],
+        q_vecs: np.ndarray,
+        c_vecs: np.ndarray,
+        *,
+        at_least: float | None = None,
     ) -> np.ndarray:
+        """Probabilities that each (query, cached) pair asks the same thing.
+
+        ``at_least``: the probability the caller needs (its threshold). When no pair can reach it,
+        every pair scores 0.0 and the reranker graph is not run: a pair longer than the reranker
+        reads scores 0.0 anyway, and the reranker's logit range (:mod:`.logit_bound`) with the
+        pair's other stack inputs caps what the others can score. When one pair can, every pair is
+        scored as without ``at_least`` (the int8 graph's batch decides each logit's rounding, so the
+        batch stays whole and the probabilities are the same bit for bit)."""
         if len(queries) == 0:
             return np.zeros(0, dtype=np.float64)
         if self._fallback is None:
@@ -159,14 +197,54 @@ class RerankVerifier:
             probs = self._fallback.predict(queries, cached, q_vecs, c_vecs)
             similarity = np.sum(np.asarray(q_vecs) * np.asarray(c_vecs), axis=1)
             return np.where(similarity >= self._fallback.min_similarity, probs, 0.0)
-        # a pair longer than the reranker reads (MAX_TOKENS together) was judged on its heads
-        # only: what differs may lie in the part it never saw
-        raw, whole = reranker.logits_and_fits(queries, cached)
-        logits = raw.astype(np.float64)
+        # the stack's inputs but the reranker's logit (column 0, filled in by _stack_logit): the
+        # feature verifier's trees run once, for the bound below and for the scores
+        inputs = None
         if self.stack is not None and self.features is not None:
             features = pair_features(queries, cached, q_vecs, c_vecs, self.features.idf)
-            logits = self.stack.logit(stack_inputs(logits, features, self.features))
+            inputs = stack_inputs(np.zeros(len(queries)), features, self.features)
+        if at_least is None:
+            raw, whole = reranker.logits_and_fits(queries, cached)
+        else:
+            batches, whole = reranker.encode_pairs(queries, cached)
+            if not self._may_reach(at_least, whole, inputs, reranker.logit_range):
+                return np.zeros(len(queries), dtype=np.float64)
+            raw = reranker.run_batches(batches, len(queries))
+        logits = raw.astype(np.float64)
+        if inputs is not None:
+            logits = self._stack_logit(inputs, logits)
+        # a pair longer than the reranker reads (MAX_TOKENS together) was judged on its heads
+        # only: what differs may lie in the part it never saw
         return np.where(whole, _sigmoid(logits), 0.0)
+
+    def _stack_logit(self, inputs: np.ndarray, reranker_logits: np.ndarray) -> np.ndarray:
+        """The stacked logit of ``inputs`` (from ``stack_inputs``) with these reranker logits."""
+        assert self.stack is not None
+        inputs[:, 0] = reranker_logits
+        return self.stack.logit(inputs)
+
+    def _may_reach(
+        self,
+        at_least: float,
+        whole: np.ndarray,
+        inputs: np.ndarray | None,
+        logit_range: tuple[float, float] | None,
+    ) -> bool:
+        """Whether any pair read whole could score ``at_least``, whatever logit the graph gives it
+        (a pair not read whole scores 0.0)."""
+        if not whole.any():
+            return False
+        if logit_range is None:
+            return True
+        low, high = logit_range
+        if inputs is None:
+            best = np.full(len(whole), high)
+        else:
+            # the stack is linear in the reranker's logit: its best score is at one end of the range
+            assert self.stack is not None
+            rising = self.stack.weights[0] / self.stack.scale[0] >= 0
+            best = self._stack_logit(inputs, np.full(len(whole), high if rising else low))
+        return bool((whole & (_sigmoid(best) >= at_least)).any())
 
     def _fall_back(self, exc: Exception) -> None:
         with self._lock:

@@ -22,7 +22,9 @@ A hit: the top ``top_k`` cached questions by cosine in the bucket, at or above t
 ``min_similarity``, are scored by the verifier; the best one at or above its threshold is served.
 The default verifier is the cross-encoder reranker (:mod:`.reranker`); ``verifier="features"`` is
 the lighter feature-based :class:`HitVerifier` (numpy only, no second model, lower recall);
-``verifier=None`` falls back to plain cosine at ``min_similarity`` (0.95 by default).
+``verifier=None`` falls back to plain cosine at ``min_similarity`` (0.95 by default). The verifier
+is told the threshold (``at_least``): the reranker skips its graph when no candidate can reach it,
+which changes no decision.
 
 Whatever the verifier says, :mod:`.guards` refuses what the models cannot see: code and formulas
 are served only on an exact repeat, different numbers or a negation on one side never hit, and
@@ -241,7 +243,10 @@ class SemanticCache:
             cached = [self._entries[eid].query for eid, _ in found]
             c_vecs = np.stack([self._index.vector(eid) for eid, _ in found])  # [k, dim]
             q_vecs = np.broadcast_to(vec, c_vecs.shape)
-            probs = self.verifier.predict([query] * len(found), cached, q_vecs, c_vecs)
+            # at_least: candidates that provably score below the threshold skip the reranker graph
+            probs = self.verifier.predict(
+                [query] * len(found), cached, q_vecs, c_vecs, at_least=self.verifier.threshold
+            )
             best = int(np.argmax(probs))
             if probs[best] < self.verifier.threshold:
                 return self._miss()

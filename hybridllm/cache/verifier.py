@@ -101,9 +101,17 @@ class HitVerifier:
         return 1.0 / (1.0 + np.exp(-raw))
 
     def predict(
-        self, queries: Sequence[str], cached: Sequence[str], q_vecs: np.ndarray, c_vecs: np.ndarray
+        self,
+        queries: Sequence[str],
+        cached: Sequence[str],
+        q_vecs: np.ndarray,
+        c_vecs: np.ndarray,
+        *,
+        at_least: float | None = None,
     ) -> np.ndarray:
-        """Probabilities for each (query, cached) pair given their unit vectors."""
+        """Probabilities for each (query, cached) pair given their unit vectors. ``at_least`` (the
+        probability the caller needs) changes nothing here: every pair is scored, with no graph to
+        skip (:class:`~.reranker.RerankVerifier` takes it too)."""
         if len(queries) == 0:
             return np.zeros(0, dtype=np.float64)
         return self.predict_features(pair_features(queries, cached, q_vecs, c_vecs, self.idf))

@@ -15,10 +15,15 @@ Resilience, in the order a request meets it:
    backoff and full jitter (none before an endpoint that has not failed yet), honouring
    ``Retry-After`` up to ``backoff_max_s``; an endpoint that asks for longer gets no request until
    then (with no other, the request fails at once and the device answers);
-4. a sampling field the endpoint does not know (``top_k``, ``min_p``, ``repetition_penalty``:
-   vLLM's and our server's, not OpenAI's; a hosted API answers 400 "Unrecognized request argument
-   supplied: top_k") is dropped and the request sent again at once, and that endpoint is never
-   sent it again (a warning says so, once): not a failure, and no retry is spent on it;
+4. a field the endpoint does not take is left out (or renamed) and the request sent again at once,
+   and that endpoint is never sent it again for that model (a warning says so, once): not a
+   failure, and no retry is spent on it. That is a field it does not know (``top_k``, ``min_p``,
+   ``repetition_penalty``: vLLM's and our server's, not OpenAI's, a hosted API answers 400
+   "Unrecognized request argument supplied: top_k"; ``stream_options``, which older servers and
+   Azure API versions lack: the cloud's token count then never arrives and the pipeline estimates
+   it), ``max_tokens`` refused by a model that wants ``max_completion_tokens`` (OpenAI's reasoning
+   models), and a ``temperature`` or ``top_p`` such a model takes only at its default (left out:
+   it samples at the server's default);
 5. a refusal of this request alone is not retried and leaves the circuit as it is:
    400 ``context_length_exceeded`` (the cloud's context window) and 413 / 422 (too large, or a body
    the server cannot process) raise :class:`CloudUnavailableError`, so the device answers when the
@@ -73,12 +78,27 @@ REQUEST_REFUSED = {413, 422}  # this request only (too large, a body it cannot p
 # the cloud's context-window refusal: OpenAI's (and our server's) code, or the wording of servers
 # that send none (vLLM: "maximum context length", others: "context window", "prompt is too long")
 CONTEXT_WORDS = re.compile(r"context[ _-]?(length|window)|prompt is too long", re.IGNORECASE)
-# sampling fields outside OpenAI's API (vLLM's, our server's): dropped for an endpoint that rejects them
-OPTIONAL_FIELDS = ("top_k", "min_p", "repetition_penalty")
+# fields a server may not know at all, left out for an endpoint that rejects them as unknown: the
+# sampling fields outside OpenAI's API (vLLM's, our server's), and stream_options (newer than older
+# servers and Azure API versions; without it the cloud sends no token count and the pipeline estimates)
+OPTIONAL_FIELDS = ("top_k", "min_p", "repetition_penalty", "stream_options")
+# fields of OpenAI's API that a model may refuse (its reasoning models): "Unsupported parameter:
+# 'max_tokens' ... Use 'max_completion_tokens' instead", and "Unsupported value: 'temperature' does
+# not support 0.7 with this model. Only the default (1) value is supported." (top_p alike)
+MODEL_FIELDS = ("max_tokens", "temperature", "top_p")
+RENAMED = {"max_tokens": "max_completion_tokens"}  # a refused field that goes on under its new name
+# what the request loses, for the warning, by the field it no longer sends
+LOSES = {"stream_options": "the cloud reports no token count, so each answer's tokens are estimated "
+                           "(the prompt plus about 4 characters a token)",
+         "max_tokens": "the answer's length limit goes as max_completion_tokens",
+         "temperature": "it samples at the server's default temperature, not the request's",
+         "top_p": "it samples at the server's default top_p, not the request's"}
 # how servers reject a field they do not know: OpenAI "Unrecognized request argument supplied: top_k",
 # pydantic "Extra inputs are not permitted", Google "Unknown name", our server "min_p is not supported"
 UNKNOWN_WORDS = re.compile(r"unrecogni[sz]ed|unknown|unsupported|not supported|not permitted|not allowed"
                            r"|extra|unexpected|additional propert", re.IGNORECASE)
+# how a model refuses a field of OpenAI's API (narrower: "not allowed" may be a bad value's wording)
+UNSUPPORTED_WORDS = re.compile(r"unsupported|not supported|unrecogni[sz]ed|unknown", re.IGNORECASE)
 
 
 class _Retryable(Exception):
@@ -173,8 +193,9 @@ class CloudBackend(Backend):
         # base URL -> (monotonic time its Retry-After ends, the status that asked for it)
         self._cool_until: dict[str, tuple[float, int | None]] = {}
         self._warned: set[tuple[str, int]] = set()  # (endpoint, status) already logged as a warning
-        # base URL -> the OPTIONAL_FIELDS it rejected as unknown: never sent to it again
-        self._omit: dict[str, frozenset[str]] = {}
+        # (base URL, model) -> the fields it refused (OPTIONAL_FIELDS, MODEL_FIELDS): not sent to it
+        # again (RENAMED ones go under their new name)
+        self._refused: dict[tuple[str, str], frozenset[str]] = {}
 
     def __repr__(self) -> str:  # never show the key
         key = "***" if self._api_key else None
@@ -408,7 +429,7 @@ class CloudBackend(Backend):
                      omit: frozenset[str] = frozenset()) -> dict:
         """The chat completion request. vLLM's sampling fields go only when they are not off (our
         server and vLLM take a missing one as off), and never the ``omit`` ones (fields this
-        endpoint rejected as unknown)."""
+        endpoint refused): left out, or sent under their new name (``RENAMED``)."""
         body: dict[str, Any] = {
             "model": model, "messages": messages, "stream": True,
             "stream_options": {"include_usage": True}, "max_tokens": params.max_tokens,
@@ -425,29 +446,41 @@ class CloudBackend(Backend):
         if params.stop:
             body["stop"] = list(params.stop)
         for name in omit:
-            body.pop(name, None)
+            value = body.pop(name, None)
+            if name in RENAMED and value is not None:
+                body[RENAMED[name]] = value
         return body
 
     async def _post(self, ep: Endpoint, model: str, messages: Messages, params: GenerationParams,
                     stack: AsyncExitStack) -> Any:
         """POST the request and return the answer once it is 200 (else raise what it means). A 400
-        or 422 that names sampling fields as unknown is sent again at once without them, and they
-        are dropped for this endpoint from then on: each field at most once, so this ends."""
+        or 422 that refuses fields we can do without (``_refused_fields``) is sent again at once
+        without them, and they are not sent to this endpoint for this model from then on. Each
+        round must refuse a field not refused before, and there are few, so this ends."""
+        key = (ep.base_url, model)
         while True:
-            body = self.request_body(model, messages, params, self._omit.get(ep.base_url, frozenset()))
+            refused = self._refused.get(key, frozenset())
+            body = self.request_body(model, messages, params, refused)
             resp = await stack.enter_async_context(
                 self._client().stream("POST", f"{ep.base_url}/chat/completions", json=body))
             if resp.status_code == 200:
                 return resp
             await resp.aread()
-            unknown = _unknown_fields(resp, body)
-            if not unknown:
+            new = _refused_fields(resp, body) - refused
+            if not new:
                 self._raise_for_status(resp, ep.base_url)
             await resp.aclose()  # its connection goes back to the pool for the next try
-            self._omit[ep.base_url] = self._omit.get(ep.base_url, frozenset()) | unknown
-            log.warning("The cloud at %s does not accept %s (HTTP %d: %s); it is sent requests "
-                        "without it from now on, so it samples without that filter", ep.base_url,
-                        ", ".join(sorted(unknown)), resp.status_code, _error_of(resp)[0][:120])
+            learned = new - self._refused.get(key, frozenset())  # another request may have learned it
+            self._refused[key] = self._refused.get(key, frozenset()) | new
+            if learned:
+                sent = ", ".join(f"{n} {body[n]}" if n in ("temperature", "top_p") else n
+                                 for n in sorted(learned))
+                loses = "; ".join(dict.fromkeys(LOSES.get(n, "it samples without that filter")
+                                                for n in sorted(learned)))
+                log.warning("The cloud at %s (model %s) does not accept %s (HTTP %d: %s); it is sent "
+                            "requests without %s from now on: %s", ep.base_url, model, sent,
+                            resp.status_code, _error_of(resp)[0][:160],
+                            "them" if len(learned) > 1 else "it", loses)
 
     async def _stream_once(self, ep: Endpoint, messages: Messages,
                            params: GenerationParams) -> AsyncIterator[Delta]:
@@ -614,9 +647,12 @@ def _error_of(resp: Any) -> tuple[str, str]:
     return " ".join(resp.text[:200].split()), ""
 
 
-def _unknown_fields(resp: Any, body: dict) -> frozenset[str]:
-    """The OPTIONAL_FIELDS of ``body`` that a 400 or 422 rejects as unknown to the server; empty
-    for any other refusal (a bad value of a known field stays the caller's error)."""
+def _refused_fields(resp: Any, body: dict) -> frozenset[str]:
+    """The fields of ``body`` that a 400 or 422 refuses and that the request can do without: an
+    OPTIONAL_FIELDS one the server does not know (named anywhere in the answer: a 422 may list
+    several), or a MODEL_FIELDS one the model does not take (named by the error's ``param`` or its
+    message, as unsupported). Empty for any other refusal: a bad value of a field it takes ("Invalid
+    value for 'temperature'") stays the caller's error."""
     if resp.status_code not in (400, 422):
         return frozenset()
     message, _ = _error_of(resp)
@@ -625,11 +661,20 @@ def _unknown_fields(resp: Any, body: dict) -> frozenset[str]:
         param = str(error.get("param") or "") if isinstance(error, dict) else ""
     except (ValueError, AttributeError):
         param = ""
+    refused = set()
     text = f"{message} {param} {resp.text[:2000]}"
-    if not UNKNOWN_WORDS.search(text):
-        return frozenset()
-    return frozenset(name for name in OPTIONAL_FIELDS
-                     if name in body and re.search(rf"(?<![A-Za-z0-9_]){name}(?![A-Za-z0-9_])", text))
+    if UNKNOWN_WORDS.search(text):
+        refused |= {name for name in OPTIONAL_FIELDS if name in body and _names(text, name)}
+    if UNSUPPORTED_WORDS.search(message):  # "Unsupported parameter", "Unsupported value"
+        refused |= {name for name in MODEL_FIELDS
+                    if name in body and (param == name or (not param and _names(message, name)))}
+    return frozenset(refused)
+
+
+def _names(text: str, name: str) -> bool:
+    """``text`` names the field ``name`` (a whole word: top_p is not top_k, nor max_tokens in
+    max_completion_tokens)."""
+    return re.search(rf"(?<![A-Za-z0-9_]){name}(?![A-Za-z0-9_])", text) is not None
 
 
 def _read_event(event: dict) -> tuple[list[str], str | None, Usage | None]:

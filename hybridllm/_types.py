@@ -61,7 +61,9 @@ class GenerationParams:
     ``top_k``, ``min_p`` and ``repetition_penalty`` (vLLM's names) when they are not off (a missing
     one is off to our server and to vLLM; the default ``top_k`` 40 is sent), and an endpoint that
     rejects one as unknown (a hosted API: HTTP 400 "Unrecognized request argument supplied: top_k")
-    is sent the request again without it, and never that field again.
+    is sent the request again without it, and never that field again (likewise ``max_tokens``, sent
+    as ``max_completion_tokens``, and a ``temperature`` / ``top_p`` a hosted model takes only at its
+    default: ``hybridllm.backends.cloud``, point 4).
     """
 
     max_tokens: int = 256

@@ -29,6 +29,7 @@ an answer the cloud broke off, and what makes "both sides answer alike" hold.
 
 from __future__ import annotations
 
+import json
 import re
 import secrets
 import unicodedata
@@ -233,8 +234,10 @@ class PromptFormat:
 
 # -- tokenizing a prompt: only the template's own markers become control tokens -----------------
 
-# a placeholder: private-use characters (no template trims them) around a random hex nonce
-_HOLE = "\ue000{nonce}.{index}\ue001"
+# a placeholder: a random nonce between two printable symbols, which no template trims and
+# Python's repr (a list written with {{ }}) keeps as they are; | tojson escapes them (ensure_ascii)
+_OPEN, _CLOSE = "\u27e6", "\u27e7"
+_HOLE = _OPEN + "{nonce}.{index}" + _CLOSE
 
 
 @lru_cache(maxsize=16)
@@ -278,34 +281,57 @@ def prompt_segments(
     (at every control token) and gives the same ids; only control-token text inside a message
     changes, into plain text.
 
-    How: each control-token text inside a message (every string field, content parts joined) is
+    How: each control-token text inside a message (every string in it, however deep: content
+    parts joined, a tool call's function name and arguments, the keys of an arguments object) is
     swapped for a placeholder unique to this call before rendering, and swapped back as plain text
     after, so the template sees the same messages and decides the same way (an empty content is
-    still empty, ``| trim`` still trims).
+    still empty, ``| trim`` still trims). A placeholder the template wrote through ``| tojson``
+    comes back escaped, and is swapped back for the marker as ``| tojson`` writes it
+    (``\\u003c|im_end|\\u003e``), so the text is the template's own (save that ``| tojson``,
+    which sorts an object's keys, may place a key that starts with a marker elsewhere); one the
+    template cut or rewrote otherwise is refused (:class:`InvalidRequestError`), never passed on.
     """
     find = _special_pattern(frozenset(specials))
     if find is None:
         return [(fmt.render(messages, add_generation_prompt=add_generation_prompt) + prefix, False)]
-    nonce = secrets.token_hex(8)
+    nonce = f"{secrets.randbelow(10**16):016d}"  # digits: no case filter changes them
     held: list[str] = []
 
     def hide(match: re.Match[str]) -> str:
         held.append(match.group(0))
         return _HOLE.format(nonce=nonce, index=len(held) - 1)
 
-    hidden = [
-        {k: (find.sub(hide, v) if isinstance(v, str) else v) for k, v in msg.items()}
-        for msg in _plain(fmt._with_system(messages))
-    ]
-    rendered = fmt.render(hidden, add_generation_prompt=add_generation_prompt)
-    # re.split with one group: [text, hole index, text, hole index, ..., text]
-    parts = re.split(_HOLE.format(nonce=nonce, index="([0-9]+)").replace(".", r"\."), rendered)
+    def hidden(value: Any) -> Any:
+        """``value`` with the markers in every string it holds (keys too) swapped out."""
+        if isinstance(value, str):
+            return find.sub(hide, value)
+        if isinstance(value, dict):
+            return {hidden(k): hidden(v) for k, v in value.items()}
+        if isinstance(value, (list, tuple)):
+            return [hidden(v) for v in value]
+        return value
+
+    rendered = fmt.render(
+        [hidden(msg) for msg in _plain(fmt._with_system(messages))],
+        add_generation_prompt=add_generation_prompt,
+    )
+    # a hole as written, or as | tojson writes it (its two symbols as \\uXXXX escapes)
+    hole = _HOLE.format(nonce=nonce, index="([0-9]+)").replace(".", r"\.")
+    escaped = hole
+    for ch in (_OPEN, _CLOSE):
+        escaped = escaped.replace(ch, re.escape(json.dumps(ch)[1:-1]))
+    # re.split with two groups: [text, index or None, index or None, text, ..., text]
+    parts = re.split(f"{hole}|{escaped}", rendered)
     out: list[tuple[str, bool]] = []
     plain: list[str] = []
+    suspect = False  # a hole's symbol left over: the message's own, or a hole the template cut
     for i, part in enumerate(parts):
-        if i % 2:  # a message's control-token text, back as plain text
-            plain.append(held[int(part)])
+        if i % 3 == 1:  # a message's control-token text, back as plain text
+            plain.append(held[int(part)] if part is not None else _tojson_inner(held[int(parts[i + 1])]))
             continue
+        if i % 3 == 2:
+            continue
+        suspect = suspect or _OPEN in part or _CLOSE in part
         start = 0
         for match in find.finditer(part):  # the template's own control tokens
             plain.append(part[start : match.start()])
@@ -317,7 +343,22 @@ def prompt_segments(
     plain.append(prefix)
     if "".join(plain):
         out.append(("".join(plain), False))
+    if suspect and "".join(text for text, _ in out) != fmt.render(
+        messages, add_generation_prompt=add_generation_prompt
+    ) + prefix:  # the template cut a hole or rewrote it: its marker cannot be told apart
+        raise InvalidRequestError(
+            "A message holds control-token text (such as <|im_end|>) in a field the model's chat "
+            "template cuts or rewrites, so it cannot be kept as plain text; remove that text from "
+            "the message."
+        )
     return out
+
+
+def _tojson_inner(text: str) -> str:
+    """``text`` as Jinja's ``| tojson`` writes it inside a JSON string (without the quotes)."""
+    from jinja2.utils import htmlsafe_json_dumps
+
+    return str(htmlsafe_json_dumps(text))[1:-1]
 
 
 def tokenize_prompt(

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -16,6 +17,9 @@ from ..exceptions import ModelLoadError
 from .loader_gguf import load_gguf
 
 _CONTROL = 3  # llama.cpp token type of special (control) tokens
+# llama.cpp token type of user-defined tokens: the original tokenizer's added tokens that were not
+# flagged special (Qwen2.5's <tool_call>, </tool_call>), which the merges never build
+_USER_DEFINED = 4
 # Qwen2's pre-tokenizer split (llama.cpp's "qwen2" pre-tokenizer; byte-level BPE after it)
 _QWEN2_SPLIT = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
@@ -47,11 +51,17 @@ def _tokenizer_json(reader_fields: dict, out: Path) -> None:
         [AddedToken(t, special=True, normalized=False)
          for t, kind in zip(tokens, types, strict=True) if kind == _CONTROL]
     )
+    # user-defined tokens stay added tokens, unflagged as in the original tokenizer.json: without
+    # them the template's own <tool_call> became 5 plain ids here but 1 id on the GGUF (and a raw
+    # prompt's too). A message's text still reads them as characters (prompts.tokenizers_plain).
+    tok.add_tokens(
+        [AddedToken(t, special=False, normalized=False)
+         for t, kind in zip(tokens, types, strict=True) if kind == _USER_DEFINED]
+    )
     tok.save(str(out / "tokenizer.json"))
 
 
 def gguf_to_hf_folder(gguf_path: str | Path, out_dir: str | Path) -> Path:
-    import gguf
     from safetensors.numpy import save_file
 
     config, tensors, meta = load_gguf(gguf_path)
@@ -84,14 +94,29 @@ def gguf_to_hf_folder(gguf_path: str | Path, out_dir: str | Path) -> Path:
     (out / "config.json").write_text(json.dumps(hf_config, indent=2))
     save_file({k: np.ascontiguousarray(v) for k, v in tensors.items()},
               str(out / "model.safetensors"))
-    reader = gguf.GGUFReader(str(gguf_path))
-    _tokenizer_json(reader.fields, out)
-    tokens = reader.fields["tokenizer.ggml.tokens"].contents()
+    write_tokenizer(gguf_path, out)
+    return out
+
+
+def write_tokenizer(gguf_path: str | Path, out_dir: str | Path) -> Path:
+    """The tokenizer files of :func:`gguf_to_hf_folder` alone (tokenizer.json and
+    tokenizer_config.json: seconds, where Qwen2.5's weights take a minute)."""
+    import gguf
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    fields = gguf.GGUFReader(str(gguf_path)).fields
+    _tokenizer_json(fields, out)
+
+    def value(key: str, default: Any = None) -> Any:
+        return fields[key].contents() if fields.get(key) is not None else default
+
+    tokens = fields["tokenizer.ggml.tokens"].contents()
     tok_config = {
-        "bos_token": tokens[hf_config["bos_token_id"]],
-        "eos_token": tokens[hf_config["eos_token_id"]],
-        "add_bos_token": str(meta.get("tokenizer.ggml.add_bos_token", False)).lower() == "true",
-        "chat_template": meta.get("tokenizer.chat_template"),
+        "bos_token": tokens[int(value("tokenizer.ggml.bos_token_id", 1))],
+        "eos_token": tokens[int(value("tokenizer.ggml.eos_token_id", 2))],
+        "add_bos_token": str(value("tokenizer.ggml.add_bos_token", False)).lower() == "true",
+        "chat_template": value("tokenizer.chat_template"),
     }
     (out / "tokenizer_config.json").write_text(json.dumps(tok_config, indent=2))
     return out

@@ -305,6 +305,7 @@ class Core:
         """Yield the answer's chunks; the last one carries the Completion."""
         start = time.perf_counter()
         use_cache = self.cache is not None and req.options.cache and req.options.route is None
+        answered = False  # the stats have the answer, with its cloud calls' cost
         try:
             vec, hit = await self._lookup(req) if use_cache else (None, None)
             decision = None if hit is not None else await self._plan(req, vec)
@@ -321,19 +322,24 @@ class Core:
                     self.stats.record(final.completion, avoided_tokens=_tokens_of(hit))
                 else:
                     cloud_tokens = _account(self.stats, req, final.completion)
+                    answered = True  # _record's first step: the stats take the answer
                     await self._record(req, decision, final.completion, vec, use_cache, cloud_tokens)
                 yield final
         finally:
-            self._settle(req)
+            self._settle(req, answered=answered)
 
-    def _settle(self, req: Request) -> None:
+    def _settle(self, req: Request, *, answered: bool = False) -> None:
         """The ledger learns what this request's cloud calls cost, whichever way it ended (an
         answer, an error, a caller that stopped reading, a cancelled task): a call's reservation
         is settled with its cost (``_CloudCall.cost``), or released when it cost nothing; room
-        held for a call that never started is released."""
+        held for a call that never started is released. A request that ended without an answer
+        the stats took (``answered``) gives them its calls' cost here, so that ``cloud_tokens``
+        and ``cloud_cost_usd`` stay what the ledger counts."""
         held, req.reservation = req.reservation, None
         calls = list(req.cloud_calls)
         req.cloud_calls.clear()
+        if not answered:
+            self.stats.record_cloud_cost(sum(call.cost().total_tokens for call in calls))
         if self.ledger is None:
             return
         if held is not None:

@@ -1,9 +1,9 @@
 """Running statistics of a client: requests per route, cache hit rate, cloud fraction, latency and
 TTFT percentiles per route, cloud tokens and cost (what the cloud calls cost, as the budget counts
 them: not the tokens a device wrote to finish a broken cloud answer), and the cost saved versus
-sending everything to the cloud (every answer not produced by the cloud, priced at the cloud's
-rate; a cache hit at the tokens of the call that made the answer it replays, stored with the
-cache entry)."""
+sending everything to the cloud (every token the cloud did not write, priced at the cloud's rate:
+an answer not produced by the cloud, the device's part of a cloud answer it finished, and a cache
+hit at the tokens of the call that made the answer it replays, stored with the cache entry)."""
 
 from __future__ import annotations
 
@@ -62,6 +62,19 @@ class Stats:
             self.cloud_cost += c.cost_usd
             if not answered:
                 self.saved_cost += self.cost(c.usage.total_tokens or avoided_tokens)
+            elif c.route.endswith("->edge"):
+                # the device wrote the end of a broken cloud answer: a cloud-only client would have
+                # paid for those tokens too. The answer's usage is the whole answer (the prompt once,
+                # the cloud's part and the device's); less what the cloud calls cost: the device's
+                self.saved_cost += self.cost(max(0, c.usage.total_tokens - cloud_tokens))
+
+    def record_cloud_cost(self, tokens: int) -> None:
+        """Cloud calls of a request that ended without an answer (the caller stopped reading or
+        cancelled, an error after the call): they cost ``tokens`` all the same."""
+        if tokens:
+            with self._lock:
+                self.cloud_tokens += tokens
+                self.cloud_cost += self.cost(tokens)
 
     def snapshot(self) -> dict[str, Any]:
         with self._lock:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 import uuid
 from collections.abc import AsyncIterator, Mapping
@@ -167,14 +168,22 @@ def _error(status: int, message: str, etype: str, param: str | None = None,
     return JSONResponse(error_body(message, etype, param=param, code=code), status, headers=headers)
 
 
-def _sdk_error(exc: HybridLLMError) -> JSONResponse:
+def _sdk_error(exc: HybridLLMError, llm: HybridLLM) -> JSONResponse:
     status, etype, message = status_of(exc)
     if status >= 500:
         logger.error("request failed: %s", type(exc).__name__)
-    # a spent budget has room again in minutes (its message says when), not in a second
-    wait = "60" if isinstance(exc, CloudBudgetSpentError) else "1"
+    wait = budget_retry_after(llm) if isinstance(exc, CloudBudgetSpentError) else "1"
     return _error(status, message, etype, code=code_of(exc),
                   headers={"Retry-After": wait} if status == 429 else None)
+
+
+def budget_retry_after(llm: HybridLLM) -> str:
+    """Retry-After for a spent budget: when its sliding windows have room for the next call again
+    (``Budget.retry_after_s``), in whole seconds rounded up, at least 1; an hour for a budget that
+    never has room (a limit of 0)."""
+    when = getattr(llm._core.ledger, "retry_after_s", None)  # a ledger of our Budget says
+    wait = when() if when is not None else None
+    return str(3600 if wait is None else max(1, math.ceil(wait)))
 
 
 def _trace(c: Completion) -> dict[str, Any]:
@@ -275,9 +284,10 @@ def create_app(llm: HybridLLM, *, model_name: str = "hybridllm", api_keys: list[
         except ForcedCloudOverBudgetError as exc:
             return _error(429, f"This server's cloud budget is spent ({exc.reason}); retry later, or "
                           "leave out hybridllm.route='cloud' to be answered on the device.",
-                          "requests", code="cloud_budget_spent", headers={"Retry-After": "60"})
+                          "requests", code="cloud_budget_spent",
+                          headers={"Retry-After": budget_retry_after(llm)})
         except HybridLLMError as exc:
-            return _sdk_error(exc)
+            return _sdk_error(exc, llm)
         except ClientGone:
             return client_gone()
         writer = ChunkWriter(id=f"chatcmpl-{uuid.uuid4().hex[:24]}", created=int(time.time()),

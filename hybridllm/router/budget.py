@@ -132,6 +132,36 @@ class Budget:
             self._trim(now)
             return self._spent(now)
 
+    def retry_after_s(self) -> float | None:
+        """Seconds until the next call may fit under every limit (``hybridllm serve``'s
+        Retry-After for a spent budget): 0.0 when one fits now, None when none ever will (a limit
+        of 0). A reservation held counts as a call settled now, with no tokens: its estimate is
+        the most it can use (``max_tokens`` of answer), and its own count, known once it ends in
+        a few seconds, is usually far less, so the soonest time is given rather than one a day
+        late; a retry then learns the later time if the calls in flight used more."""
+        with self._lock:
+            now = self.clock()
+            self._trim(now)
+            # oldest first: the settled calls, then the ones in flight
+            events = list(self._events) + [(now, 0) for _ in self._held]
+            hour = [(ts, t) for ts, t in events if ts > now - HOUR]
+            checks = (
+                (hour, HOUR, False, self.max_cloud_calls_per_hour),
+                (events, DAY, False, self.max_cloud_calls_per_day),
+                (hour, HOUR, True, self.max_cloud_tokens_per_hour),
+                (events, DAY, True, self.max_cloud_tokens_per_day),
+            )
+            wait = 0.0
+            for window, span, tokens, limit in checks:
+                if limit is None:
+                    continue
+                # every spent limit must have room again: the longest wait of them
+                one = _wait(window, span, tokens, limit, now)
+                if one is None:
+                    return None
+                wait = max(wait, one)
+            return wait
+
     def _spent(self, now: float) -> str | None:  # under the lock
         if not self.is_limited:
             return None
@@ -172,6 +202,20 @@ def _room_again(window: list[tuple[float, int]], span: float, tokens: bool, limi
             wait = max(0.0, ts + span - now)
             return f" (sliding window: room again in {_duration(wait)})"
     return ""  # a limit of 0: never
+
+
+def _wait(window: list[tuple[float, int]], span: float, tokens: bool, limit: int,
+          now: float) -> float | None:
+    """Seconds until what ``window`` (oldest first) uses is under ``limit``, as its oldest calls
+    leave it (each ``span`` after it was made); 0.0 if it is now, None if never (a limit of 0)."""
+    used = sum(t for _, t in window) if tokens else len(window)
+    if used < limit:
+        return 0.0
+    for ts, t in window:
+        used -= t if tokens else 1
+        if used < limit:
+            return max(0.0, ts + span - now)
+    return None
 
 
 def _duration(seconds: float) -> str:

@@ -1007,7 +1007,8 @@ class _Answer:
 
 def _account(stats: Stats, req: Request, c: Completion) -> int:
     """What the request's cloud calls cost (``_CloudCall.cost``, what the ledger counts) goes into
-    the answer: its ``cost_usd``, and for an answer the device finished (route ``...->edge``) its
+    the answer: its ``cost_usd``; for an answer from a cloud that sent no count, its ``usage``
+    (the estimate); and for an answer the device finished (route ``...->edge``) its
     ``usage``, the whole answer the caller got: the prompt once, and as completion the cloud's
     part plus the device's (the device's own count had the prompt and the cloud's part as its
     prompt). Returns the cloud tokens, for the stats (the device's part is not among them)."""
@@ -1022,6 +1023,9 @@ def _account(stats: Stats, req: Request, c: Completion) -> int:
             device = c.usage.completion_tokens
             c.usage = dataclasses.replace(c.usage, prompt_tokens=cloud.prompt_tokens,
                                           completion_tokens=cloud.completion_tokens + device)
+        elif not c.usage.total_tokens:  # a cloud that sent no count: the estimate the ledger has
+            c.usage = dataclasses.replace(c.usage, prompt_tokens=cloud.prompt_tokens,
+                                          completion_tokens=cloud.completion_tokens)
     return cloud.total_tokens
 
 

@@ -239,3 +239,16 @@ def test_a_server_that_takes_stream_options_still_reports_its_own_count(server, 
     answer = cloud.generate(MSGS, params)
     assert (answer.usage.prompt_tokens, answer.usage.completion_tokens) == (11, 5)
     assert all(b["stream_options"] == {"include_usage": True} for _, b in hits)
+
+
+def test_an_answer_from_a_cloud_that_sends_no_count_has_the_estimated_usage(server, hits):
+    """Without stream_options the cloud's count never comes: the answer's usage is the estimate the
+    budget and the stats count (the prompt, the device's count, plus what streamed), not 0/0."""
+    device = FakeBackend(reply=lambda m: "from the device")
+    with HybridLLM(edge=device, cloud_url=_url(server, "azure-old"), cloud_model="gpt-4",
+                   cache=False) as llm:
+        answer = llm.chat("hi", route="cloud")
+        stats = llm.stats()
+    prompt = device.count_tokens([{"role": "user", "content": "hi"}])
+    assert (answer.usage.prompt_tokens, answer.usage.completion_tokens) == (prompt, len(ANSWER) // 4)
+    assert answer.usage.total_tokens == stats["cloud_tokens"]

@@ -173,8 +173,17 @@ def _sdk_error(exc: HybridLLMError, llm: HybridLLM) -> JSONResponse:
     if status >= 500:
         logger.error("request failed: %s", type(exc).__name__)
     wait = budget_retry_after(llm) if isinstance(exc, CloudBudgetSpentError) else "1"
+    if status == 503 and isinstance(exc, CloudError):
+        wait = cloud_retry_after(llm)
     return _error(status, message, etype, code=code_of(exc),
-                  headers={"Retry-After": wait} if status == 429 else None)
+                  headers={"Retry-After": wait} if status in (429, 503) else None)
+
+
+def cloud_retry_after(llm: HybridLLM) -> str:
+    """Retry-After for a cloud that cannot answer now: when an endpoint's circuit lets a request
+    through again (``CloudBackend.retry_after_s``), in whole seconds rounded up, at least 1."""
+    when = getattr(llm._core.cloud, "retry_after_s", None)
+    return str(max(1, math.ceil(when() if when is not None else 1)))
 
 
 def budget_retry_after(llm: HybridLLM) -> str:

@@ -62,6 +62,17 @@ class CircuitBreaker:
             state = self._state()
             return state == "closed" or (state == "half-open" and not self._probing)
 
+    def seconds_until_allowed(self) -> float:
+        """How long until a request may go out: 0 when closed or a probe is free; the rest of the
+        cooldown when open; one more cooldown when a probe is out (its verdict is not known)."""
+        with self._lock:
+            if self._opened_at is None:
+                return 0.0
+            left = self._opened_at + self.cooldown_s - self._clock()
+            if left > 0:
+                return left
+            return self.cooldown_s if self._probing else 0.0
+
     def record_success(self) -> None:
         with self._lock:
             self._failures = 0

@@ -213,6 +213,13 @@ class CloudBackend(Backend):
                    and cooling.get(e.base_url, (now, None))[0] - now <= self.backoff_max_s
                    for e in self.endpoints)
 
+    def retry_after_s(self) -> float:
+        """Seconds until some endpoint takes a request again (its circuit's cooldown over, and its
+        Retry-After): the soonest of them; 0.0 when one takes it now."""
+        cooling, now = self._cooling(), time.monotonic()
+        return min((max(e.breaker.seconds_until_allowed(), cooling.get(e.base_url, (now, None))[0] - now)
+                    for e in self.endpoints), default=0.0)
+
     def unavailable_reason(self) -> str:
         """Why the endpoints take no request now, in a few words for a completion's reason: each
         open circuit with the failure that opened it, or the Retry-After being waited out."""

@@ -36,6 +36,8 @@ from .backends.base import Backend
 from .backends.worker import InlineRun
 
 CLOSED_MID_ANSWER = "The client was closed before this answer was complete."
+STREAM_CLOSED_MID_ANSWER = ("The stream was closed (close() from another thread) before its answer was "
+                            "complete.")
 EXECUTOR_WAIT_S = 30.0  # at close, the longest wait for a running cache lookup or router call
 NOT_CLOSED = (
     "{name} was garbage-collected without {close}(); its device model and threads were released "
@@ -139,6 +141,7 @@ class Stream:
         self._task: asyncio.Task | None = None
         self._used = False
         self._closed = False
+        self._inline: InlineRun | None = None  # the device answer the reader's thread is generating
         self.completion: Completion | None = None
 
     async def _next(self) -> Chunk:
@@ -173,10 +176,15 @@ class Stream:
                 try:
                     chunk = fut.result()
                 except StopAsyncIteration:
+                    if self._closed and self.completion is None:  # close() from another thread
+                        raise StreamConsumedError(STREAM_CLOSED_MID_ANSWER) from None
                     return
-                except concurrent.futures.CancelledError:
-                    if self._loop.closed:  # close() from another thread, mid-answer
+                except (concurrent.futures.CancelledError, Exception):
+                    if self._loop.closed:  # the client's close() from another thread, mid-answer
                         raise HybridLLMError(CLOSED_MID_ANSWER) from None
+                    if self._closed:  # this stream's close() from another thread, mid-answer
+                        raise StreamConsumedError(STREAM_CLOSED_MID_ANSWER) from None
+                    fut.cancel()
                     raise
                 except BaseException:
                     fut.cancel()  # Ctrl-C while waiting: stop the pipeline too
@@ -184,15 +192,27 @@ class Stream:
                 if isinstance(chunk, InlineRun):
                     # the device answers on this thread: its chunks come straight from the
                     # model's token loop; leaving the loop here closes it and stops decoding
-                    yield from chunk.chunks()
+                    self._inline = chunk
+                    try:
+                        yield from chunk.chunks()
+                    finally:
+                        self._inline = None
+                    self._check_open()
                     step = self._resume(chunk)
                     continue
                 if chunk.completion is not None:
                     self.completion = chunk.completion
                 yield chunk
+                self._check_open()
                 step = self._next()
         finally:
             self.close()
+
+    def _check_open(self) -> None:
+        """Between two chunks: a close() from another thread ends the reader with an error, not
+        with a shorter answer passed off as finished."""
+        if self._closed and self.completion is None:
+            raise StreamConsumedError(STREAM_CLOSED_MID_ANSWER)
 
     async def _aclose(self) -> None:
         task = self._task
@@ -206,6 +226,9 @@ class Stream:
         if self._closed:
             return
         self._closed = True
+        run = self._inline
+        if run is not None:  # the device answers on the reader's thread: it stops at its next token
+            run.cancel()
         try:
             self._loop.submit(self._aclose()).result(timeout=60)
         except (HybridLLMError, RuntimeError, concurrent.futures.TimeoutError, asyncio.CancelledError,

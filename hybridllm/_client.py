@@ -250,6 +250,7 @@ class AsyncStream:
         self._owner = owner  # the client: not collected (and closed) while its stream is read
         self._used = False
         self._closed = False
+        self._step: asyncio.Future[Chunk] | None = None  # the chunk the reader waits for
         self.completion: Completion | None = None
 
     def __aiter__(self) -> AsyncIterator[Chunk]:
@@ -262,16 +263,43 @@ class AsyncStream:
 
     async def _iterate(self) -> AsyncIterator[Chunk]:
         try:
-            async for chunk in self._chunks:
+            while True:
+                if self._closed:  # aclose() from another task, between two chunks
+                    if self.completion is None:
+                        raise StreamConsumedError(STREAM_CLOSED_MID_ANSWER)
+                    return
+                # each chunk is awaited as its own task, so that aclose() from another task can
+                # stop the one the reader waits for (an async generator cannot be closed while
+                # it runs: "aclose(): asynchronous generator is already running")
+                self._step = step = asyncio.ensure_future(self._anext())
+                try:
+                    chunk = await step
+                except StopAsyncIteration:
+                    return
+                except asyncio.CancelledError:
+                    task = asyncio.current_task()
+                    if self._closed and step.cancelled() and not (task is not None and task.cancelling()):
+                        raise StreamConsumedError(STREAM_CLOSED_MID_ANSWER) from None
+                    raise  # the reader's own task was cancelled
+                finally:
+                    self._step = None
                 if chunk.completion is not None:
                     self.completion = chunk.completion
                 yield chunk
         finally:
             await self.aclose()
 
+    async def _anext(self) -> Chunk:
+        return await anext(self._chunks)
+
     async def aclose(self) -> None:
+        """Stop generating; from another task, the reader gets ``StreamConsumedError``."""
         if not self._closed:
             self._closed = True
+            step = self._step
+            if step is not None and not step.done():  # a reader in another task waits for a chunk
+                step.cancel()
+                await asyncio.wait([step])
             await self._chunks.aclose()  # type: ignore[attr-defined]
 
     async def __aenter__(self) -> AsyncStream:

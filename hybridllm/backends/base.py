@@ -8,6 +8,7 @@ Backends register by name so configuration can pick them ("llama_cpp", "cloud", 
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -79,13 +80,23 @@ class Backend(ABC):
         their own thread (:mod:`.worker`) and does not use this for them."""
         loop = asyncio.get_running_loop()
         it = iter(self.stream(messages, params))
+        # a cancelled wait leaves next() running on its thread: close() must wait for it to return
+        # (closing a generator while it runs raises "generator already executing")
+        busy = threading.Lock()
+
+        def step() -> Delta | None:
+            with busy:
+                return next(it, None)
+
+        def close() -> None:
+            with busy:
+                getattr(it, "close", lambda: None)()
+
         try:
-            while (delta := await loop.run_in_executor(None, next, it, None)) is not None:
+            while (delta := await loop.run_in_executor(None, step)) is not None:
                 yield delta
         finally:
-            close = getattr(it, "close", None)
-            if close is not None:
-                await loop.run_in_executor(None, close)
+            await loop.run_in_executor(None, close)
 
     def is_available(self) -> bool:
         """False while the backend knows it cannot answer (the cloud's circuit is open)."""

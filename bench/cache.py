@@ -15,14 +15,18 @@
   ``verify{,_features}_share`` its fraction of the lookup: what a lighter verifier could save.
 - ``verified_{n}_*``: :meth:`SemanticCache.get` end to end at ``n`` cached QQP questions in one
   bucket (``--verified-size``), asked the other question of held-out (test split) QQP pairs, each
-  lookup timed both with the verifier's shortcut (``at_least``: a lookup whose candidates provably
-  cannot reach the threshold skips the reranker graph) and without it (``_before``), interleaved
-  query by query. ``miss``/``hit``: p50 and p95 by what the lookup returned; ``_before_over_after``
-  the ratios; ``decisions_changed``: lookups whose served entry (or miss) differs between the two
-  (0 expected); ``precision``/``recall``: a hit is correct when it serves the pair's own question
-  and the pair is labelled a duplicate; ``graph_skipped``: the share of lookups with candidates
-  that did not run the reranker graph. The cached questions' vectors are computed once (one
-  question at a time, as at run time) and kept under ``cache_dir()/bench/``.
+  lookup timed both with the default verifier, which runs the reranker graph on one pair at a time
+  (a pair's score depends on that pair alone, as when ``hybridllm cache eval`` scores it), and with
+  all candidates in one batch (``_batched``, the default before 2026-11-27: the int8 graph's
+  activation scale then comes from every candidate), interleaved query by query (which goes first
+  alternates); both skip what the logit range rules out (``at_least``). ``miss``/``hit``: p50 and
+  p95 by what the default lookup returned; ``_batched_over_pair`` the ratios;
+  ``decisions_changed``: lookups whose served entry (or miss) differs between the two;
+  ``precision``/``recall``: a hit is correct when it serves the pair's own question and the pair
+  is labelled a duplicate; ``graph_skipped``: the share of lookups with candidates that ran no
+  graph; ``pairs_scored{,_batched}``: the share of candidates that went through the graph. The
+  cached questions' vectors are computed once (one question at a time, as at run time) and kept
+  under ``cache_dir()/bench/``.
 - ``generate_ms``: the edge model (SmolLM2-135M in llama-cpp-python, called directly) writing
   ``max_tokens`` tokens for the same question, median; the ratios compare it with the hits.
 """
@@ -196,8 +200,9 @@ def _verified_set(n: int, num_queries: int) -> tuple[list[str], list[tuple[str, 
 
 
 def bench_verified(embedder, n: int, num_queries: int, rounds: int) -> dict:
-    """The default verifier's lookups at ``n`` entries, with its shortcut and without (``_before``),
-    interleaved lookup by lookup (which goes first alternates), on one cache."""
+    """The default verifier's lookups at ``n`` entries, one pair per graph run and all candidates in
+    one batch (``_batched``), interleaved lookup by lookup (which goes first alternates), on one
+    cache."""
     import hashlib
 
     from hybridllm._paths import cache_dir
@@ -209,43 +214,45 @@ def bench_verified(embedder, n: int, num_queries: int, rounds: int) -> dict:
     cache_file = cache_dir() / "bench" / f"qqp-{digest}.npz"
     vecs = embed_texts(questions, cache_file=cache_file, say=lambda _line: None)
     kw: dict[str, Any] = {"model": "smollm2-135m-instruct", "params_key": {"temperature": 0}}
-    modes = ("", "_before")
+    modes = {"": 1, "_batched": 64}  # suffix -> pairs per graph run
     times: dict[str, list[float]] = {m: [] for m in modes}
     verify: dict[str, list[float]] = {m: [] for m in modes}
     served: dict[str, list[str | None]] = {m: [] for m in modes}
-    skipped: list[bool] = []  # per lookup that reached the verifier: the graph did not run
+    scored: dict[str, list[int]] = {m: [] for m in modes}  # per lookup verified: pairs run
+    candidates: list[int] = []  # per lookup verified: pairs the verifier was given
+    skipped: list[bool] = []  # per lookup verified: the graph did not run
     with tempfile.TemporaryDirectory() as tmp:
         cache = SemanticCache(Path(tmp) / "bench.sqlite3", embedder=embedder, ttl_s=None, max_entries=n + 1)
         for question in questions:
             cache.put([{"role": "user", "content": question}], "an answer", embedding=vecs[question], **kw)
         verifier = cache.verifier
         assert isinstance(verifier, RerankVerifier), "the default verifier is the reranker"
-        shortcut = verifier.predict
-
-        def every_pair(*args: Any, at_least: float | None = None) -> Any:
-            return shortcut(*args)  # the lookup before the shortcut: every candidate scored
-
-        spent: list[float] = []
-        predict = {"": _timed(shortcut, spent), "_before": _timed(every_pair, spent)}
+        spent = _time_calls(verifier, "predict")
+        given = _count_calls(verifier, "predict", lambda args: len(args[0]))
+        runs = _count_calls(verifier.reranker, "run_batches", lambda args: sum(len(i) for i, _ in args[0]))
         for q, _, _ in asked[:10]:  # warm up
             cache.get([{"role": "user", "content": q}], **kw)
-        graph = _time_calls(verifier.reranker, "run_batches")
         try:
             for r in range(rounds):
                 for j, (q, _, _) in enumerate(asked):
-                    for mode in modes if (r + j) % 2 == 0 else modes[::-1]:
-                        verifier.predict = predict[mode]  # type: ignore[method-assign]
+                    for mode in list(modes) if (r + j) % 2 == 0 else list(modes)[::-1]:
+                        verifier.batch_size = modes[mode]
                         spent.clear()
-                        graph.clear()
+                        given.clear()
+                        runs.clear()
                         start = time.perf_counter()
                         hit = cache.get([{"role": "user", "content": q}], **kw)
                         times[mode].append(time.perf_counter() - start)
                         verify[mode].append(sum(spent))
                         if r == 0:
                             served[mode].append(hit.cached_query if hit else None)
-                            if mode == "" and spent:
-                                skipped.append(not graph)
+                            if given:
+                                scored[mode].append(sum(runs))
+                                if mode == "":
+                                    candidates.append(sum(given))
+                                    skipped.append(not runs)
         finally:
+            verifier.batch_size = modes[""]
             delattr(verifier, "predict")
             delattr(verifier.reranker, "run_batches")
             cache.close()
@@ -265,15 +272,30 @@ def bench_verified(embedder, n: int, num_queries: int, rounds: int) -> dict:
         out[f"verified_{n}_hits{mode}"] = f"{num_hits}/{len(asked)}"
         out[f"verified_{n}_precision{mode}"] = right / num_hits if num_hits else 1.0
         out[f"verified_{n}_recall{mode}"] = right / positives if positives else 0.0
+        out[f"verified_{n}_pairs_scored{mode}"] = sum(scored[mode]) / max(1, sum(candidates))
     for kind in ("miss", "hit"):
         for q in ("p50", "p95"):
-            after = out.get(f"verified_{n}_{kind}_{q}_ms")
-            if after:
-                before = out[f"verified_{n}_{kind}_before_{q}_ms"]
-                out[f"verified_{n}_{kind}_{q}_before_over_after"] = before / after
+            pair = out.get(f"verified_{n}_{kind}_{q}_ms")
+            if pair:
+                batched = out[f"verified_{n}_{kind}_batched_{q}_ms"]
+                out[f"verified_{n}_{kind}_{q}_batched_over_pair"] = batched / pair
     out[f"verified_{n}_decisions_changed"] = sum(a != b for a, b in zip(*served.values(), strict=True))
     out[f"verified_{n}_graph_skipped"] = float(np.mean(skipped)) if skipped else 0.0
     return out
+
+
+def _count_calls(obj: Any, name: str, count: Any) -> list[int]:
+    """Wrap ``obj.name`` (on the instance) so that ``count(args)`` of each call is appended to the
+    list returned; ``delattr(obj, name)`` restores the method."""
+    seen: list[int] = []
+    method = getattr(obj, name)
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        seen.append(count(args))
+        return method(*args, **kwargs)
+
+    setattr(obj, name, counted)
+    return seen
 
 
 def _timed(method: Any, spent: list[float]) -> Any:

@@ -68,12 +68,17 @@ class Reranker(OnnxEncoder):
         folder = prepare_reranker(self.info.path, self.info.weights_digest)
         super().__init__(folder, quantized=quantized, num_threads=num_threads, max_tokens=MAX_TOKENS)
 
-    def logits(self, queries: Sequence[str], cached: Sequence[str], *, batch_size: int = 64) -> np.ndarray:
-        """``[n]`` float32 logits that ``queries[i]`` asks the same thing as ``cached[i]``."""
+    def logits(self, queries: Sequence[str], cached: Sequence[str], *, batch_size: int = 1) -> np.ndarray:
+        """``[n]`` float32 logits that ``queries[i]`` asks the same thing as ``cached[i]``.
+
+        One pair per graph run by default, so a pair's logit depends on that pair alone: the int8
+        graph quantizes its activations with one scale over the whole batch, padding included, so
+        in a batch each logit also depends on the other pairs (up to 0.8 apart on QQP lookups of 5
+        candidates). ``batch_size`` > 1 trades that for speed where many cores make batches pay."""
         return self.logits_and_fits(queries, cached, batch_size=batch_size)[0]
 
     def logits_and_fits(
-        self, queries: Sequence[str], cached: Sequence[str], *, batch_size: int = 64
+        self, queries: Sequence[str], cached: Sequence[str], *, batch_size: int = 1
     ) -> tuple[np.ndarray, np.ndarray]:
         """:meth:`logits`, and ``[n]`` bool: whether the reranker read each pair whole (as
         ``fits_pairs``), both from one tokenizer pass per pair."""
@@ -81,22 +86,23 @@ class Reranker(OnnxEncoder):
         return self.run_batches(batches, len(queries)), whole
 
     def encode_pairs(
-        self, queries: Sequence[str], cached: Sequence[str], *, batch_size: int = 64
+        self, queries: Sequence[str], cached: Sequence[str], *, batch_size: int = 1
     ) -> tuple[list[tuple[list[int], list[Any]]], np.ndarray]:
         """The pairs tokenized in the batches :meth:`logits_and_fits` runs: ``[(pair indices,
         encodings)]``, and ``[n]`` bool, whether the reranker reads each pair whole."""
         if len(queries) != len(cached):
             raise ValueError("queries and cached must have the same length")
-        whole = np.empty(len(queries), dtype=bool)
-        batches: list[tuple[list[int], list[Any]]] = []
         # batches of similar length pad little (the int8 graph scales activations per batch, so a
         # batch's members also decide each logit's rounding: keep this order to keep the logits)
         order = sorted(range(len(queries)), key=lambda i: len(queries[i]) + len(cached[i]))
-        for start in range(0, len(order), batch_size):
-            idx = order[start : start + batch_size]
-            encodings = self.encode([(queries[i], cached[i]) for i in idx])
-            whole[idx] = [not e.overflowing for e in encodings]
-            batches.append((idx, encodings))
+        encoded = self.encode([(queries[i], cached[i]) for i in order])  # one tokenizer call
+        whole = np.empty(len(queries), dtype=bool)
+        whole[order] = [not e.overflowing for e in encoded]
+        size = max(1, batch_size)
+        batches = [
+            (order[start : start + size], encoded[start : start + size])
+            for start in range(0, len(order), size)
+        ]
         return batches, whole
 
     def run_batches(self, batches: Sequence[tuple[list[int], list[Any]]], n: int) -> np.ndarray:
@@ -127,6 +133,9 @@ class RerankVerifier:
     """
 
     kind = "reranker"
+    # pairs per graph run: 1 makes a pair's score a function of the pair alone (as ``hybridllm
+    # cache eval`` scores it), whatever other candidates the lookup found
+    batch_size = 1
 
     def __init__(
         self,
@@ -136,8 +145,10 @@ class RerankVerifier:
         features: HitVerifier | None = None,
         threshold: float | None = None,
         fallback: bool = False,
+        batch_size: int = 1,
     ) -> None:
         info = reranker.info if reranker is not None else read_info(path)
+        self.batch_size = batch_size
         self.info = info
         self._reranker = reranker
         self._lock = threading.Lock()
@@ -178,12 +189,15 @@ class RerankVerifier:
     ) -> np.ndarray:
         """Probabilities that each (query, cached) pair asks the same thing.
 
-        ``at_least``: the probability the caller needs (its threshold). When no pair can reach it,
-        every pair scores 0.0 and the reranker graph is not run: a pair longer than the reranker
+        ``at_least``: the probability the caller needs (its threshold). A graph run none of whose
+        pairs can reach it is skipped and its pairs score 0.0: a pair longer than the reranker
         reads scores 0.0 anyway, and the reranker's logit range (:mod:`.logit_bound`) with the
-        pair's other stack inputs caps what the others can score. When one pair can, every pair is
-        scored as without ``at_least`` (the int8 graph's batch decides each logit's rounding, so the
-        batch stays whole and the probabilities are the same bit for bit)."""
+        pair's other stack inputs caps what the others can score. With one pair per run (the
+        default ``batch_size``) that skips each such pair; the pairs scored get the probability
+        they get without ``at_least``, bit for bit (a run's logits depend on its own pairs only).
+
+        Each pair's probability depends on that pair alone with ``batch_size`` 1: the int8 graph
+        quantizes its activations per run, so in a larger batch the other pairs move its logit."""
         if len(queries) == 0:
             return np.zeros(0, dtype=np.float64)
         if self._fallback is None:
@@ -204,24 +218,33 @@ class RerankVerifier:
             features = pair_features(queries, cached, q_vecs, c_vecs, self.features.idf)
             inputs = stack_inputs(np.zeros(len(queries)), features, self.features)
         if at_least is None:
-            raw, whole = reranker.logits_and_fits(queries, cached)
+            raw, whole = reranker.logits_and_fits(queries, cached, batch_size=self.batch_size)
+            scored = whole
         else:
-            batches, whole = reranker.encode_pairs(queries, cached)
-            if not self._may_reach(at_least, whole, inputs, reranker.logit_range):
+            batches, whole = reranker.encode_pairs(queries, cached, batch_size=self.batch_size)
+            may = self._may_reach(at_least, whole, inputs, reranker.logit_range)
+            batches = [(idx, enc) for idx, enc in batches if may[idx].any()]
+            if not batches:
                 return np.zeros(len(queries), dtype=np.float64)
-            raw = reranker.run_batches(batches, len(queries))
+            scored = np.zeros(len(queries), dtype=bool)  # the pairs of the runs kept
+            for idx, _ in batches:
+                scored[idx] = True
+            raw = np.where(scored, reranker.run_batches(batches, len(queries)), 0.0)
         logits = raw.astype(np.float64)
         if inputs is not None:
             logits = self._stack_logit(inputs, logits)
         # a pair longer than the reranker reads (MAX_TOKENS together) was judged on its heads
-        # only: what differs may lie in the part it never saw
-        return np.where(whole, _sigmoid(logits), 0.0)
+        # only: what differs may lie in the part it never saw; a pair not scored cannot pass
+        return np.where(whole & scored, _sigmoid(logits), 0.0)
 
     def _stack_logit(self, inputs: np.ndarray, reranker_logits: np.ndarray) -> np.ndarray:
         """The stacked logit of ``inputs`` (from ``stack_inputs``) with these reranker logits."""
-        assert self.stack is not None
+        stack = self.stack
+        assert stack is not None
         inputs[:, 0] = reranker_logits
-        return self.stack.logit(inputs)
+        # Stack.logit row by row (einsum: BLAS's matrix-vector rounding varies with the number of
+        # rows), so a pair's score is the same whatever pairs are scored with it
+        return np.einsum("ni,i->n", (inputs - stack.mean) / stack.scale, stack.weights) + stack.bias
 
     def _may_reach(
         self,
@@ -229,13 +252,11 @@ class RerankVerifier:
         whole: np.ndarray,
         inputs: np.ndarray | None,
         logit_range: tuple[float, float] | None,
-    ) -> bool:
-        """Whether any pair read whole could score ``at_least``, whatever logit the graph gives it
-        (a pair not read whole scores 0.0)."""
-        if not whole.any():
-            return False
-        if logit_range is None:
-            return True
+    ) -> np.ndarray:
+        """``[n]`` bool: whether each pair read whole could score ``at_least``, whatever logit the
+        graph gives it (a pair not read whole scores 0.0)."""
+        if not whole.any() or logit_range is None:
+            return whole.copy()
         low, high = logit_range
         if inputs is None:
             best = np.full(len(whole), high)
@@ -244,7 +265,7 @@ class RerankVerifier:
             assert self.stack is not None
             rising = self.stack.weights[0] / self.stack.scale[0] >= 0
             best = self._stack_logit(inputs, np.full(len(whole), high if rising else low))
-        return bool((whole & (_sigmoid(best) >= at_least)).any())
+        return whole & (_sigmoid(best) >= at_least)
 
     def _fall_back(self, exc: Exception) -> None:
         with self._lock:

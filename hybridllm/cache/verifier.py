@@ -60,7 +60,9 @@ class Trees:
             go_left = x[rows, self.feature[node]] <= self.threshold[node]
             step = np.where(go_left, self.left[node], self.right[node])
             node = np.where(leaf, node, step)
-        return self.baseline + self.value[node].sum(axis=0)
+        # [n, num_trees], summed along each row: the same order of additions for a pair whatever
+        # the number of pairs (a sum down the columns of [num_trees, n] takes another order at n = 1)
+        return self.baseline + self.value[np.ascontiguousarray(node.T)].sum(axis=1)
 
 
 class HitVerifier:
@@ -92,7 +94,9 @@ class HitVerifier:
         if self.linear is None:
             return hand
         w, b, mean, scale = self.linear
-        z = ((features - mean) / scale) @ w + b  # [n]
+        # row by row (einsum, not BLAS's matrix-vector product, whose rounding varies with the
+        # number of rows): a pair's input does not depend on the pairs scored with it
+        z = np.einsum("nf,f->n", (features - mean) / scale, w) + b  # [n]
         return np.concatenate([hand, z[:, None]], axis=1)
 
     def predict_features(self, features: np.ndarray) -> np.ndarray:

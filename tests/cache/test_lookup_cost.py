@@ -156,7 +156,9 @@ def ranged(minilm_dir: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[RerankVer
     OnnxEncoder.__init__(reranker, minilm_dir, quantized=True, num_threads=None, max_tokens=MAX_TOKENS)
     reranker.info = read_info()
     reranker.__dict__["logit_range"] = (-1.0, 3.0)
-    verifier = RerankVerifier(reranker)
+    # one batch per lookup: these tests count graph runs of batched scoring (per-pair scoring, the
+    # default, is in test_batch_invariance.py)
+    verifier = RerankVerifier(reranker, batch_size=64)
     assert verifier.stack is not None
     return verifier, graph
 

@@ -242,7 +242,7 @@ def test_the_reranker_refuses_pairs_longer_than_it_reads() -> None:
     class Reranker:
         info = None
 
-        def logits_and_fits(self, queries, cached):
+        def logits_and_fits(self, queries, cached, batch_size=1):
             fits = np.array([len(a) + len(b) < 40 for a, b in zip(queries, cached, strict=True)])
             return np.full(len(queries), 10.0), fits
 

@@ -168,8 +168,9 @@ def qwen_edge():
 
 @pytest.fixture(scope="module")
 def qwen_export(tmp_path_factory):
-    """The tokenizer.json the project exports from the GGUF (control tokens only): the base
-    vocabulary, which reads ``<tool_call>`` as characters."""
+    """The tokenizer.json the project exports from the GGUF (control tokens flagged special,
+    ``<tool_call>`` as an unflagged added token, which ``tokenizers_plain`` reads as characters in
+    message text)."""
     import gguf
 
     from cloud_server.models.export_hf import _tokenizer_json

@@ -23,8 +23,9 @@ A hit: the top ``top_k`` cached questions by cosine in the bucket, at or above t
 The default verifier is the cross-encoder reranker (:mod:`.reranker`); ``verifier="features"`` is
 the lighter feature-based :class:`HitVerifier` (numpy only, no second model, lower recall);
 ``verifier=None`` falls back to plain cosine at ``min_similarity`` (0.95 by default). The verifier
-is told the threshold (``at_least``): the reranker skips its graph when no candidate can reach it,
-which changes no decision.
+is told the threshold (``at_least``): the reranker scores each candidate in its own graph run (its
+score depends on the pair alone) and skips the run of one that cannot reach the threshold whatever
+logit the graph gives, which changes no decision.
 
 Whatever the verifier says, :mod:`.guards` refuses what the models cannot see: code and formulas
 are served only on an exact repeat, different numbers or a negation on one side never hit, and

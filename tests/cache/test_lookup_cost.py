@@ -4,8 +4,9 @@ Before: every candidate above the cosine prefilter went through the reranker gra
 lookup at 10,000 entries), even when the stack's other inputs (the feature verifier's logit and the
 surface features) held its score below the threshold whatever logit the graph could give. The
 graph's logit range is read off its last LayerNorm and head (:mod:`hybridllm.cache.logit_bound`).
-When one candidate can reach it, the whole batch runs as before: the int8 graph scales activations
-per batch, so dropping the others would move the remaining logits.
+These tests score in batches (``batch_size=64``): when one candidate can reach it, the whole batch
+runs. The default is now one pair per run, where each run is skipped on its own
+(``test_batch_invariance``).
 
 Also: ``pair_features`` parsed the query once per candidate.
 """

@@ -16,6 +16,7 @@ and renamed into place, and a process that waited on the lock re-checks whether 
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import sys
@@ -33,6 +34,9 @@ EMBEDDER_ID = "minilm-l6-v2"
 FP32_NAME = "model.onnx"
 INT8_NAME = "model.int8.onnx"
 TOKENIZER_NAME = "tokenizer.json"
+# a reranker folder's logit range per graph file (:mod:`.logit_bound`), read off the graphs with
+# ``onnx`` once, as the folder is prepared, so that using the cache never loads ``onnx``
+LOGIT_RANGE_NAME = "logit_range.json"
 
 Notice = Callable[[str], None]  # one line of progress for a person
 
@@ -74,8 +78,34 @@ def prepare_reranker(
     def build(src: Path) -> Any:
         return onnx_graph.cross_encoder(onnx_graph.read_config(src), cross_encoder_weights(weights_file, src))
 
-    out = out_dir or reranker_dir(weights_digest)
-    return _prepare(out, "reranker", build, source_dir=source_dir, notice=notice)
+    out = _prepare(out_dir or reranker_dir(weights_digest), "reranker", build, source_dir=source_dir,
+                   notice=notice)
+    logit_ranges(out)  # a folder prepared before the ranges were written gets them now, once
+    return out
+
+
+def logit_ranges(folder: Path) -> dict[str, tuple[float, float]]:
+    """Graph file name -> the lowest and highest logit that reranker graph can give any pair, from
+    ``LOGIT_RANGE_NAME`` beside it; computed (``onnx``) and written there when missing or
+    unreadable. A graph whose shape does not say has no entry (every pair is then scored). A
+    folder that cannot be written to gets the ranges computed again by the next process."""
+    path = folder / LOGIT_RANGE_NAME
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        return {str(k): (float(v[0]), float(v[1])) for k, v in data.items()}
+    except (OSError, ValueError, TypeError, IndexError, AttributeError):
+        pass  # missing (prepared before), or damaged: read off the graphs again
+    from .logit_bound import logit_range
+
+    ranges = {name: r for name in (FP32_NAME, INT8_NAME)
+              if (folder / name).is_file() and (r := logit_range(folder / name)) is not None}
+    tmp = folder / f".{LOGIT_RANGE_NAME}.{os.getpid()}.tmp"
+    try:
+        tmp.write_text(json.dumps({k: list(v) for k, v in ranges.items()}), encoding="utf-8")
+        os.replace(tmp, path)
+    except OSError:
+        tmp.unlink(missing_ok=True)
+    return ranges
 
 
 def stderr_notice(line: str) -> None:

@@ -29,8 +29,7 @@ import numpy as np
 from .._exceptions import CacheError, ModelError
 from .encoder import OnnxEncoder
 from .features import NUM_HANDCRAFTED, pair_features
-from .logit_bound import logit_range
-from .prepare import prepare_reranker, stderr_notice
+from .prepare import logit_ranges, prepare_reranker, stderr_notice
 from .reranker_file import (  # noqa: F401  (re-exported: the file format's names)
     DEFAULT_NAME,
     FORMAT,
@@ -114,9 +113,9 @@ class Reranker(OnnxEncoder):
 
     @functools.cached_property
     def logit_range(self) -> tuple[float, float] | None:
-        """The lowest and highest logit the graph can give any pair (:mod:`.logit_bound`), or None
-        when its shape does not say."""
-        return logit_range(self.path)
+        """The lowest and highest logit the graph can give any pair (:mod:`.logit_bound`, kept in
+        the folder by :func:`.prepare.logit_ranges`), or None when its shape does not say."""
+        return logit_ranges(Path(self.path).parent).get(Path(self.path).name)
 
     def probs(self, queries: Sequence[str], cached: Sequence[str]) -> np.ndarray:
         return _sigmoid(self.logits(queries, cached))

@@ -27,6 +27,7 @@ RUNTIME = {
         "semantic",
         "prepare",
         "onnx_graph",
+        "logit_bound",
         "guards",
     },
     "router": {"router", "classifier", "mixture", "features", "policy", "privacy", "budget"},
@@ -107,7 +108,10 @@ def test_using_the_cache_loads_no_torch_sklearn_or_onnx() -> None:
         "from hybridllm.cache.reranker import get_rerank_verifier\n"
         "q, c = ['How do I learn Python?'], ['How can I learn Python?']\n"
         "vecs = get_embedder().embed(q + c)\n"
-        "p = get_rerank_verifier().predict(q, c, vecs[:1], vecs[1:])\n"
+        "v = get_rerank_verifier()\n"
+        "p = v.predict(q, c, vecs[:1], vecs[1:])\n"
+        "skip = v.predict(q, ['What is the capital of France?'], vecs[:1], vecs[1:], at_least=0.5)\n"
+        "assert v._reranker is not None and v._reranker.logit_range is not None\n"
         "heavy = ('torch', 'sklearn', 'onnx', 'safetensors')\n"
         "print(float(p[0]) > 0.5, sorted(m for m in heavy if m in sys.modules))\n"
     )

@@ -172,27 +172,22 @@ def _sdk_error(exc: HybridLLMError, llm: HybridLLM) -> JSONResponse:
     status, etype, message = status_of(exc)
     if status >= 500:
         logger.error("request failed: %s", type(exc).__name__)
-    wait = budget_retry_after(llm) if isinstance(exc, CloudBudgetSpentError) else "1"
-    if status == 503 and isinstance(exc, CloudError):
-        wait = cloud_retry_after(llm)
+    wait = "1"
+    if isinstance(exc, CloudBudgetSpentError):  # an hour for a budget that never has room (a limit of 0)
+        wait = retry_after(llm._core.ledger, never=3600)
+    elif status == 503 and isinstance(exc, CloudError):  # when an endpoint's circuit lets one through
+        wait = retry_after(llm._core.cloud, never=1)
     return _error(status, message, etype, code=code_of(exc),
                   headers={"Retry-After": wait} if status in (429, 503) else None)
 
 
-def cloud_retry_after(llm: HybridLLM) -> str:
-    """Retry-After for a cloud that cannot answer now: when an endpoint's circuit lets a request
-    through again (``CloudBackend.retry_after_s``), in whole seconds rounded up, at least 1."""
-    when = getattr(llm._core.cloud, "retry_after_s", None)
-    return str(max(1, math.ceil(when() if when is not None else 1)))
-
-
-def budget_retry_after(llm: HybridLLM) -> str:
-    """Retry-After for a spent budget: when its sliding windows have room for the next call again
-    (``Budget.retry_after_s``), in whole seconds rounded up, at least 1; an hour for a budget that
-    never has room (a limit of 0)."""
-    when = getattr(llm._core.ledger, "retry_after_s", None)  # a ledger of our Budget says
+def retry_after(part: Any, *, never: int) -> str:
+    """Retry-After from ``part.retry_after_s()`` (the budget ledger: when its sliding windows have
+    room again; the cloud backend: when an endpoint's circuit lets a request through), in whole
+    seconds rounded up, at least 1; ``never`` when it says None or cannot say."""
+    when = getattr(part, "retry_after_s", None)
     wait = when() if when is not None else None
-    return str(3600 if wait is None else max(1, math.ceil(wait)))
+    return str(never if wait is None else max(1, math.ceil(wait)))
 
 
 def _trace(c: Completion) -> dict[str, Any]:
@@ -294,7 +289,7 @@ def create_app(llm: HybridLLM, *, model_name: str = "hybridllm", api_keys: list[
             return _error(429, f"This server's cloud budget is spent ({exc.reason}); retry later, or "
                           "leave out hybridllm.route='cloud' to be answered on the device.",
                           "requests", code="cloud_budget_spent",
-                          headers={"Retry-After": budget_retry_after(llm)})
+                          headers={"Retry-After": retry_after(llm._core.ledger, never=3600)})
         except HybridLLMError as exc:
             return _sdk_error(exc, llm)
         except ClientGone:

@@ -144,46 +144,40 @@ class Budget:
             self._trim(now)
             # oldest first: the settled calls, then the ones in flight
             events = list(self._events) + [(now, 0) for _ in self._held]
-            hour = [(ts, t) for ts, t in events if ts > now - HOUR]
-            checks = (
-                (hour, HOUR, False, self.max_cloud_calls_per_hour),
-                (events, DAY, False, self.max_cloud_calls_per_day),
-                (hour, HOUR, True, self.max_cloud_tokens_per_hour),
-                (events, DAY, True, self.max_cloud_tokens_per_day),
-            )
             wait = 0.0
-            for window, span, tokens, limit in checks:
-                if limit is None:
-                    continue
+            for window, span, tokens, limit, _ in self._limits(events, now):
                 # every spent limit must have room again: the longest wait of them
-                one = _wait(window, span, tokens, limit, now)
+                one = _until_room(window, span, tokens, limit, _used(window, tokens), now)
                 if one is None:
                     return None
                 wait = max(wait, one)
             return wait
 
-    def _spent(self, now: float) -> str | None:  # under the lock
-        if not self.is_limited:
-            return None
-        events = list(self._events)
+    def _limits(self, events: list[tuple[float, int]],
+                now: float) -> list[tuple[list[tuple[float, int]], float, bool, int, str]]:
+        """(the window's calls, its span, whether it counts tokens, the limit, its label) of each
+        limit that is set; ``events`` oldest first."""
         hour = [(ts, t) for ts, t in events if ts > now - HOUR]
-        held_calls, held_tokens = len(self._held), sum(self._held.values())
         checks = (
             (hour, HOUR, False, self.max_cloud_calls_per_hour, "cloud calls this hour"),
             (events, DAY, False, self.max_cloud_calls_per_day, "cloud calls today"),
             (hour, HOUR, True, self.max_cloud_tokens_per_hour, "cloud tokens this hour"),
             (events, DAY, True, self.max_cloud_tokens_per_day, "cloud tokens today"),
         )
-        for window, span, tokens, limit, label in checks:
-            if limit is None:
-                continue
+        return [(w, span, tok, limit, label) for w, span, tok, limit, label in checks if limit is not None]
+
+    def _spent(self, now: float) -> str | None:  # under the lock
+        if not self.is_limited:
+            return None
+        held_calls, held_tokens = len(self._held), sum(self._held.values())
+        for window, span, tokens, limit, label in self._limits(list(self._events), now):
             # a call may start while what is used (settled plus held) is under the limit; the
             # last one that starts may go past it by its own size
-            held = held_tokens if tokens else held_calls
-            used = (sum(t for _, t in window) if tokens else len(window)) + held
+            used = _used(window, tokens) + (held_tokens if tokens else held_calls)
             if used >= limit:
                 flight = f" ({held_calls} in flight)" if held_calls else ""
-                when = _room_again(window, span, tokens, limit, used, now)
+                wait = _until_room(window, span, tokens, limit, used, now)
+                when = "" if wait is None else f" (sliding window: room again in {_duration(wait)})"
                 return f"budget spent: {used}/{limit} {label}{flight}{when}"
         return None
 
@@ -193,22 +187,14 @@ def _check_tokens(tokens: int) -> None:
         raise ConfigError(f"tokens must be >= 0, got {tokens}.")
 
 
-def _room_again(window: list[tuple[float, int]], span: float, tokens: bool, limit: int, used: int,
-                now: float) -> str:
-    """When enough of the oldest calls leave the sliding window for the next call to fit."""
-    for ts, t in window:  # oldest first
-        used -= t if tokens else 1
-        if used < limit:
-            wait = max(0.0, ts + span - now)
-            return f" (sliding window: room again in {_duration(wait)})"
-    return ""  # a limit of 0: never
+def _used(window: list[tuple[float, int]], tokens: bool) -> int:
+    return sum(t for _, t in window) if tokens else len(window)
 
 
-def _wait(window: list[tuple[float, int]], span: float, tokens: bool, limit: int,
-          now: float) -> float | None:
-    """Seconds until what ``window`` (oldest first) uses is under ``limit``, as its oldest calls
-    leave it (each ``span`` after it was made); 0.0 if it is now, None if never (a limit of 0)."""
-    used = sum(t for _, t in window) if tokens else len(window)
+def _until_room(window: list[tuple[float, int]], span: float, tokens: bool, limit: int, used: int,
+                now: float) -> float | None:
+    """Seconds until ``used`` is under ``limit`` as the oldest calls of ``window`` (oldest first)
+    leave it, each ``span`` after it was made: 0.0 if it is now, None if never (a limit of 0)."""
     if used < limit:
         return 0.0
     for ts, t in window:

@@ -13,6 +13,7 @@ gradually rather than at midnight.
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections import deque
@@ -170,6 +171,7 @@ class Budget:
         if not self.is_limited:
             return None
         held_calls, held_tokens = len(self._held), sum(self._held.values())
+        spent: list[tuple[float, str]] = []  # (seconds until room, reason) of each spent limit
         for window, span, tokens, limit, label in self._limits(list(self._events), now):
             # a call may start while what is used (settled plus held) is under the limit; the
             # last one that starts may go past it by its own size
@@ -178,8 +180,14 @@ class Budget:
                 flight = f" ({held_calls} in flight)" if held_calls else ""
                 wait = _until_room(window, span, tokens, limit, used, now)
                 when = "" if wait is None else f" (sliding window: room again in {_duration(wait)})"
-                return f"budget spent: {used}/{limit} {label}{flight}{when}"
-        return None
+                spent.append((math.inf if wait is None else wait, f"{used}/{limit} {label}{flight}{when}"))
+        if not spent:
+            return None
+        # a call needs room under every limit, so the reason is the limit with the longest wait
+        # (the time it gives is when a call fits again); any other spent limit is named after it
+        spent.sort(key=lambda item: -item[0])
+        also = "".join(f"; also {reason}" for _, reason in spent[1:])
+        return f"budget spent: {spent[0][1]}{also}"
 
 
 def _check_tokens(tokens: int) -> None:

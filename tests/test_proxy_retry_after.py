@@ -28,6 +28,7 @@ def test_a_down_cloud_gives_its_cooldown_as_retry_after():
 
     cloud = CloudBackend(base_url=f"http://127.0.0.1:{_closed_port()}", model="m",
                          breaker_cooldown_s=40.0, max_retries=0)
+    cloud.endpoints[0].breaker._rng = lambda: 0.0  # no jitter: the whole cooldown
     llm, _ = long_prompt_client(cloud)
     body = {"model": "x", "messages": [{"role": "user", "content": LONG}]}
     with TestClient(create_app(llm)) as http:
@@ -41,7 +42,7 @@ def test_a_down_cloud_gives_its_cooldown_as_retry_after():
 
 def test_the_wait_is_what_is_left_of_the_cooldown_and_a_probe_out_waits_one_more():
     now = [0.0]
-    breaker = CircuitBreaker(threshold=1, cooldown_s=10.0, clock=lambda: now[0])
+    breaker = CircuitBreaker(threshold=1, cooldown_s=10.0, clock=lambda: now[0], rng=lambda: 0.0)
     assert breaker.seconds_until_allowed() == 0.0
     breaker.trip()
     now[0] = 4.0

@@ -7,27 +7,39 @@ While open, calls fail fast (the client answers on the device instead of waiting
 Each failed probe doubles the cooldown, up to ``max_cooldown_s`` (5 minutes by default), and a
 success brings it back to ``cooldown_s``: an endpoint that stays down (a laptop offline for hours,
 each probe one connect timeout) is probed ever more rarely instead of every ``cooldown_s`` for ever.
+
+Each opening waits a jittered share of that cooldown, drawn anew (``JITTER_LOW``): clients whose
+circuits opened at the same outage do not all probe the recovering endpoint at the same moment.
 """
 
 from __future__ import annotations
 
+import random
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 MAX_COOLDOWN_S = 300.0  # the longest wait between probes of an endpoint that stays down
+# each opening waits cooldown_s * u, u uniform in [JITTER_LOW, 1]: processes that opened together
+# spread their probes over half the cooldown (not full jitter from 0: a down endpoint still gets at
+# least half the wait); the doubling and the cap stay on the nominal cooldown_s, never exceeded
+JITTER_LOW = 0.5
 
 
 class CircuitBreaker:
     def __init__(self, *, threshold: int = 3, cooldown_s: float = 10.0,
                  max_cooldown_s: float = MAX_COOLDOWN_S,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 rng: Callable[[], float] = random.random) -> None:
+        """``rng``: uniform in [0, 1), drawn once per opening for its jitter (tests pin it)."""
         self.threshold = threshold
         self.base_cooldown_s = cooldown_s
         self.max_cooldown_s = max(cooldown_s, max_cooldown_s)  # never below the configured wait
         self.cooldown_s = cooldown_s  # the wait now: doubled by each failed probe, reset by a success
+        self.wait_s = cooldown_s  # this opening's wait before a probe: cooldown_s, jittered
         self._clock = clock
+        self._rng = rng
         self._lock = threading.Lock()
         self._failures = 0
         self._opened_at: float | None = None
@@ -41,7 +53,7 @@ class CircuitBreaker:
     def _state(self) -> str:
         if self._opened_at is None:
             return "closed"
-        if self._clock() - self._opened_at >= self.cooldown_s:
+        if self._clock() - self._opened_at >= self.wait_s:
             return "half-open"
         return "open"
 
@@ -63,22 +75,26 @@ class CircuitBreaker:
             return state == "closed" or (state == "half-open" and not self._probing)
 
     def seconds_until_allowed(self) -> float:
-        """How long until a request may go out: 0 when closed or a probe is free; the rest of the
-        cooldown when open; one more cooldown when a probe is out (its verdict is not known)."""
+        """How long until a request may go out: 0 when closed or a probe is free; the rest of this
+        opening's wait when open (when ``_state`` turns half-open); when a probe is out (its verdict
+        is not known), the shortest wait a failed probe can bring: the doubled cooldown, capped, at
+        its lowest jitter (cooldown_s itself below the cap)."""
         with self._lock:
             if self._opened_at is None:
                 return 0.0
-            left = self._opened_at + self.cooldown_s - self._clock()
+            left = self._opened_at + self.wait_s - self._clock()
             if left > 0:
                 return left
-            return self.cooldown_s if self._probing else 0.0
+            if not self._probing:
+                return 0.0
+            return JITTER_LOW * min(self.max_cooldown_s, self.cooldown_s * 2)
 
     def record_success(self) -> None:
         with self._lock:
             self._failures = 0
             self._opened_at = None
             self._probing = False
-            self.cooldown_s = self.base_cooldown_s
+            self.cooldown_s = self.wait_s = self.base_cooldown_s
 
     def record_failure(self) -> None:
         with self._lock:
@@ -88,9 +104,11 @@ class CircuitBreaker:
 
     def _open(self) -> None:
         """Open now (the lock is held). A failed probe doubles the wait before the next one:
-        cooldown_s * 2^(failed probes in a row), capped at max_cooldown_s."""
+        cooldown_s * 2^(failed probes in a row), capped at max_cooldown_s; the wait itself is that
+        times u, u uniform in [JITTER_LOW, 1] (drawn per opening, so never above the cap)."""
         if self._probing:
             self.cooldown_s = min(self.max_cooldown_s, self.cooldown_s * 2)
+        self.wait_s = self.cooldown_s * (1.0 - (1.0 - JITTER_LOW) * self._rng())
         self._opened_at = self._clock()
         self._probing = False
 

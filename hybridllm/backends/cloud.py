@@ -22,8 +22,15 @@ Resilience, in the order a request meets it:
    "Unrecognized request argument supplied: top_k"; ``stream_options``, which older servers and
    Azure API versions lack: the cloud's token count then never arrives and the pipeline estimates
    it), ``max_tokens`` refused by a model that wants ``max_completion_tokens`` (OpenAI's reasoning
-   models), and a ``temperature`` or ``top_p`` such a model takes only at its default (left out:
-   it samples at the server's default);
+   models), a ``temperature`` or ``top_p`` such a model takes only at its default (left out:
+   it samples at the server's default), and ``stop`` refused by such a model ("Unsupported
+   parameter: 'stop'"): the client then applies the stop sequences itself, streamed or not: the
+   answer ends before the earliest one (not included), with finish_reason "stop", and the stream is
+   closed there; while streaming only a tail that may start a stop sequence is held back. The
+   cloud's count then covers what it generated past the stop (a whole answer: kept as the call's
+   cost, counted once); a stream closed at the stop brings none, and the pipeline estimates the
+   call from what the caller got. A bad stop value ("Invalid 'stop': array too long") stays the
+   caller's error (5);
 5. a refusal of this request alone is not retried and leaves the circuit as it is:
    400 ``context_length_exceeded`` (the cloud's context window) and 413 / 422 (too large, or a body
    the server cannot process) raise :class:`CloudUnavailableError`, so the device answers when the
@@ -35,7 +42,9 @@ Resilience, in the order a request meets it:
 8. repeated failures open the endpoint's circuit, and the client fails fast with
    :class:`CloudUnavailableError`, which the pipeline turns into an answer from the device; the
    error says what the cloud last did ("circuit open after: HTTP 404 from http://h/v1/..."). Each
-   failed probe doubles the wait before the next, up to ``breaker_max_cooldown_s``.
+   failed probe doubles the wait before the next, up to ``breaker_max_cooldown_s``; each opening
+   waits a random share of that, between half and all of it, so that many processes whose
+   circuits opened at the same outage do not probe the recovering endpoint together.
 The API key comes from the constructor or ``HYBRIDLLM_CLOUD_API_KEY`` and is never logged.
 
 The pipeline calls :meth:`CloudBackend.astream` (httpx ``AsyncClient``, one per event loop);
@@ -69,6 +78,7 @@ from .._exceptions import (
 from .._types import GenerationParams, Messages, Usage
 from .base import Backend, Delta, register_backend
 from .circuit import MAX_COOLDOWN_S, CircuitBreaker, Endpoint, pick_endpoint
+from .llama_cpp import StopMatcher
 
 log = logging.getLogger("hybridllm.cloud")
 COOL_MAX_S = 300.0  # the longest an endpoint is left alone on its Retry-After (then asked again)
@@ -85,14 +95,19 @@ OPTIONAL_FIELDS = ("top_k", "min_p", "repetition_penalty", "stream_options")
 # fields of OpenAI's API that a model may refuse (its reasoning models): "Unsupported parameter:
 # 'max_tokens' ... Use 'max_completion_tokens' instead", and "Unsupported value: 'temperature' does
 # not support 0.7 with this model. Only the default (1) value is supported." (top_p alike)
-MODEL_FIELDS = ("max_tokens", "temperature", "top_p")
+# ("Unsupported parameter: 'stop' is not supported with this model": the client then cuts at the
+# stop sequences itself)
+MODEL_FIELDS = ("max_tokens", "temperature", "top_p", "stop")
+QUOTED_ONLY = {"stop"}  # a common word: without a param, the message must name it in quotes
 RENAMED = {"max_tokens": "max_completion_tokens"}  # a refused field that goes on under its new name
 # what the request loses, for the warning, by the field it no longer sends
 LOSES = {"stream_options": "the cloud reports no token count, so each answer's tokens are estimated "
                            "(the prompt plus about 4 characters a token)",
          "max_tokens": "the answer's length limit goes as max_completion_tokens",
          "temperature": "it samples at the server's default temperature, not the request's",
-         "top_p": "it samples at the server's default top_p, not the request's"}
+         "top_p": "it samples at the server's default top_p, not the request's",
+         "stop": "the client cuts each answer at its stop sequences itself and closes the stream there "
+                 "(the cloud's token count, when it comes, covers what it generated past them)"}
 # how servers reject a field they do not know: OpenAI "Unrecognized request argument supplied: top_k",
 # pydantic "Extra inputs are not permitted", Google "Unknown name", our server "min_p is not supported"
 UNKNOWN_WORDS = re.compile(r"unrecogni[sz]ed|unknown|unsupported|not supported|not permitted|not allowed"
@@ -335,9 +350,9 @@ class CloudBackend(Backend):
                     await _sleep(max(0.0, left))
                 ep = self._pick(exclude, priority, seen)
             if ep is None and isinstance(last, _EndpointDown):  # no endpoint left that can serve
-                wait = (last_ep or self.endpoints[0]).breaker.cooldown_s
+                wait = (last_ep or self.endpoints[0]).breaker.wait_s  # this opening's, jittered
                 raise CloudUnavailableError(
-                    f"{str(last).rstrip('.')}; it is not asked again for {wait:g} s, and answers "
+                    f"{str(last).rstrip('.')}; it is not asked again for {round(wait, 1):g} s, and answers "
                     "come from the device meanwhile", status_code=last.status) from last
             if ep is None:
                 raise CloudUnavailableError(
@@ -459,11 +474,12 @@ class CloudBackend(Backend):
         return body
 
     async def _post(self, ep: Endpoint, model: str, messages: Messages, params: GenerationParams,
-                    stack: AsyncExitStack) -> Any:
-        """POST the request and return the answer once it is 200 (else raise what it means). A 400
-        or 422 that refuses fields we can do without (``_refused_fields``) is sent again at once
-        without them, and they are not sent to this endpoint for this model from then on. Each
-        round must refuse a field not refused before, and there are few, so this ends."""
+                    stack: AsyncExitStack) -> tuple[Any, dict]:
+        """POST the request and return the answer once it is 200 (else raise what it means), with
+        the body that went (what it left out tells the stream what to do itself). A 400 or 422
+        that refuses fields we can do without (``_refused_fields``) is sent again at once without
+        them, and they are not sent to this endpoint for this model from then on. Each round must
+        refuse a field not refused before, and there are few, so this ends."""
         key = (ep.base_url, model)
         while True:
             refused = self._refused.get(key, frozenset())
@@ -471,7 +487,7 @@ class CloudBackend(Backend):
             resp = await stack.enter_async_context(
                 self._client().stream("POST", f"{ep.base_url}/chat/completions", json=body))
             if resp.status_code == 200:
-                return resp
+                return resp, body
             await resp.aread()
             new = _refused_fields(resp, body) - refused
             if not new:
@@ -496,13 +512,24 @@ class CloudBackend(Backend):
         model = await self._resolve_model(ep)
         finish, usage = None, None
         done = False
+        # the stop sequences of a model that refused them ('stop' left out): applied here, to what
+        # the cloud sends, as the server would have: the answer ends before the earliest one
+        matcher: StopMatcher | None = None
+        tail = ""  # text let through once the stream is closed (what the matcher held at the end)
         try:
             async with AsyncExitStack() as stack:
-                resp = await self._post(ep, model, messages, params, stack)
+                resp, sent = await self._post(ep, model, messages, params, stack)
+                if params.stop and "stop" not in sent:
+                    matcher = StopMatcher(tuple(params.stop))
                 ctype = resp.headers.get("content-type", "").split(";")[0].strip().lower()
                 if ctype == "application/json":  # a server that ignores "stream": true
                     await resp.aread()
                     whole, final = _read_completion(resp, ep.base_url)
+                    if matcher is not None:
+                        text, hit = matcher.feed(whole.text)
+                        whole = Delta(text if hit else text + matcher.flush())
+                        if hit:  # the cloud's usage stays as it is: what it generated and bills
+                            final.finish_reason = "stop"
                     if whole.text:
                         yield whole
                     yield final
@@ -541,9 +568,24 @@ class CloudBackend(Backend):
                         raise _Retryable(f"malformed event from {ep.base_url}: {data[:80]!r}") from exc
                     usage = counted or usage
                     finish = ended or finish
+                    hit = False
                     for text in texts:
                         stall = self.stall_timeout_s
-                        yield Delta(text)
+                        if matcher is not None:
+                            text, hit = matcher.feed(text)
+                            if hit:
+                                tail = text  # passed on once the stream is closed
+                                break
+                        if text:
+                            yield Delta(text)
+                    if hit:
+                        # a stop sequence: the answer is over for the caller. The stream is closed
+                        # now (leaving the block), not read to its end, so the cloud's count, sent
+                        # last, does not come: the pipeline then estimates the call from what
+                        # the caller got (see _CloudCall.cost), short of what the cloud generated
+                        # past the stop before it saw the connection close
+                        finish, done = "stop", True
+                        break
         except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
             raise self._unreachable(ep, exc) from exc
         except httpx.TimeoutException as exc:
@@ -554,6 +596,10 @@ class CloudBackend(Backend):
             # the connection closed cleanly in the middle of the answer: never pass off a
             # truncated answer as finished
             raise _Retryable(f"the stream from {ep.base_url} ended before the answer did")
+        if matcher is not None:  # the end of an answer with no stop sequence: what was held back
+            tail += matcher.flush()
+        if tail:
+            yield Delta(tail)
         yield Delta("", finish_reason=finish if finish in ("stop", "length") else "stop",
                     usage=usage or Usage())
 
@@ -674,7 +720,9 @@ def _refused_fields(resp: Any, body: dict) -> frozenset[str]:
         refused |= {name for name in OPTIONAL_FIELDS if name in body and _names(text, name)}
     if UNSUPPORTED_WORDS.search(message):  # "Unsupported parameter", "Unsupported value"
         refused |= {name for name in MODEL_FIELDS
-                    if name in body and (param == name or (not param and _names(message, name)))}
+                    if name in body and (param == name or (not param and _names(message, name)
+                                                           and (name not in QUOTED_ONLY
+                                                                or _quoted(message, name))))}
     return frozenset(refused)
 
 
@@ -682,6 +730,11 @@ def _names(text: str, name: str) -> bool:
     """``text`` names the field ``name`` (a whole word: top_p is not top_k, nor max_tokens in
     max_completion_tokens)."""
     return re.search(rf"(?<![A-Za-z0-9_]){name}(?![A-Za-z0-9_])", text) is not None
+
+
+def _quoted(text: str, name: str) -> bool:
+    """``text`` names ``name`` in quotes ('stop', "stop", `stop`), as a field, not as a word."""
+    return re.search(rf"['\"`]{name}['\"`]", text) is not None
 
 
 def _read_event(event: dict) -> tuple[list[str], str | None, Usage | None]:

@@ -180,6 +180,7 @@ def test_a_refused_connection_is_not_retried_and_another_endpoint_still_answers(
     assert hits == ["ok"] and slept == []
     assert cloud.endpoints[0].breaker.state == "open" and cloud.endpoints[1].breaker.state == "closed"
     alone = CloudBackend(base_url=dead, model="m", max_retries=3, breaker_threshold=10)
+    alone.endpoints[0].breaker._rng = lambda: 0.0  # no jitter: the whole cooldown
     with pytest.raises(CloudUnavailableError, match=r"cannot be reached.*not asked again for 10 s"):
         alone.generate(MSGS, P)
     assert alone.endpoints[0].failures == 1 and alone.endpoints[0].breaker.state == "open"

@@ -217,7 +217,8 @@ def test_our_own_server_samples_as_before_and_answers_min_p_it_cannot_do():
 
 def test_each_failed_probe_doubles_the_wait_up_to_the_cap_and_a_success_resets_it():
     now = [0.0]
-    b = CircuitBreaker(threshold=3, cooldown_s=10, max_cooldown_s=60, clock=lambda: now[0])
+    b = CircuitBreaker(threshold=3, cooldown_s=10, max_cooldown_s=60, clock=lambda: now[0],
+                       rng=lambda: 0.0)  # no jitter: each wait is the whole cooldown
     b.trip()
     waits = []
     for _ in range(5):  # each wait: from opening to the next probe admitted
@@ -248,6 +249,7 @@ def test_an_offline_hour_costs_a_few_probes_not_one_every_cooldown():
     with HybridLLM(edge=_device(), cloud_url=_closed_port(), cloud_model="m", cache=False) as llm:
         ep = llm.cloud.endpoints[0]
         ep.breaker._clock = lambda: now[0]
+        ep.breaker._rng = lambda: 0.0  # no jitter: each wait is the whole cooldown
         answers = []
         for _ in range(360):
             answers.append(llm.chat("hi", route="cloud"))
@@ -263,6 +265,7 @@ def test_a_probe_that_answers_brings_the_wait_back(server, hits):
     cloud = CloudBackend(base_url=_url(server, "404"), model="m")
     breaker = cloud.endpoints[0].breaker
     breaker._clock = lambda: now[0]
+    breaker._rng = lambda: 0.0  # no jitter: each wait is the whole cooldown
     for wait in (0, 10, 20, 40):
         now[0] += wait
         with pytest.raises(CloudUnavailableError, match=f"not asked again for {2 * wait or 10:g} s"):

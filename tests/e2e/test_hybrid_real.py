@@ -77,6 +77,7 @@ def test_cloud_killed_mid_session_falls_back_then_recovers(cloud, tmp_path):
     cooldown = 15.0
     with client(cloud.url, tmp_path, threshold=0.0, cache=False, max_tokens=4,
                 cloud_breaker_cooldown_s=cooldown) as llm:
+        llm.cloud.endpoints[0].breaker._rng = lambda: 0.0  # no jitter: the whole cooldown
         assert llm.chat("Say hello.").route == "cloud"
         cloud.stop()
         try:

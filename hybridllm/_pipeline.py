@@ -45,6 +45,7 @@ from ._types import (
     Message,
     Messages,
     Usage,
+    estimate_tokens,
     normalize_messages,
 )
 from .backends.base import Backend, Delta
@@ -466,9 +467,7 @@ class Core:
     def _prompt_tokens(self, req: Request) -> int:
         if req.prompt_tokens is not None:
             return req.prompt_tokens
-        from .router.policy import estimate_tokens  # an edge without a tokenizer: ~4 characters a token
-
-        return estimate_tokens(req.messages)
+        return estimate_tokens(req.messages)  # an edge without a tokenizer: ~4 characters a token
 
     # 3. execute
     async def _execute(self, req: Request, d: Decision, start: float) -> Chunks:

@@ -46,6 +46,12 @@ def normalize_messages(messages: str | Sequence[Message]) -> Messages:
     return out
 
 
+def estimate_tokens(messages: Sequence[Message]) -> int:
+    """A prompt's tokens where no tokenizer is at hand: about 4 characters a token, plus a few per
+    message for the chat template."""
+    return sum(len(str(m.get("content", ""))) // 4 + 4 for m in messages)
+
+
 def last_user_text(messages: Messages) -> str:
     for msg in reversed(messages):
         if msg["role"] == "user":

@@ -75,7 +75,7 @@ from .._exceptions import (
     ConfigError,
     InvalidRequestError,
 )
-from .._types import GenerationParams, Messages, Usage
+from .._types import GenerationParams, Messages, Usage, estimate_tokens
 from .base import Backend, Delta, register_backend
 from .circuit import MAX_COOLDOWN_S, CircuitBreaker, Endpoint, pick_endpoint
 from .llama_cpp import StopMatcher
@@ -330,7 +330,7 @@ class CloudBackend(Backend):
         last: _Retryable | None = None
         last_ep: Endpoint | None = None
         attempt = 0
-        cost = sum(len(str(m["content"])) // 4 + 4 for m in messages) + params.max_tokens
+        cost = estimate_tokens(messages) + params.max_tokens
         placer = self.placer
         fastest = placer.fastest(self.endpoints) if placer is not None else None
         seen: dict[str, float | None] = {}  # each intensity feed is asked once per request

@@ -24,17 +24,12 @@ from collections.abc import Sequence
 import numpy as np
 
 from .._exceptions import ConfigError, InvalidRequestError
-from .._types import Decision, Message, last_user_text, normalize_messages
+from .._types import Decision, Message, estimate_tokens, last_user_text, normalize_messages
 from .privacy import pii_kinds_in_messages, pseudonymize_messages
 from .router import Router, load_router
 
 PRIVACY_MODES = ("keep_on_device", "redact", "off")
 ROUTES = ("edge", "cloud")
-
-
-def estimate_tokens(messages: Sequence[Message]) -> int:
-    """About 4 characters per token plus a few per message for the chat template."""
-    return sum(len(str(m.get("content", ""))) // 4 + 4 for m in messages)
 
 
 class RoutingPolicy:

@@ -420,7 +420,7 @@ def _eval(args: argparse.Namespace) -> int:
 
 
 def _label(args: argparse.Namespace) -> int:
-    from .label import label_to_csv, llama_cpp_edge, openai_cloud, read_questions
+    from .label import SYSTEM_PROMPT, label_to_csv, llama_cpp_edge, openai_cloud, read_questions
 
     given = [args.limit, args.edge_max_tokens]  # 0 is given, not the default: `or 1` let it through
     small = [args.concurrency, args.max_tokens, *(1 if v is None else v for v in given)]
@@ -444,6 +444,16 @@ def _label(args: argparse.Namespace) -> int:
     edge_name = Path(args.edge).name
     edge_name = edge_name[: -len(".gguf")] if edge_name.lower().endswith(".gguf") else edge_name
     edge_col, cloud_col = f"edge:{edge_name}", f"cloud:{args.cloud_model}"
+    # what else decides a grade, checked when a run resumes (see label.settings_path)
+    settings = {
+        "edge": edge_path.name,
+        "edge_bytes": edge_path.stat().st_size if edge_path.is_file() else None,
+        "cloud": args.cloud.rstrip("/"),
+        "cloud_model": args.cloud_model,
+        "max_tokens": args.max_tokens,
+        "edge_max_tokens": args.edge_max_tokens or args.max_tokens,
+        "system_prompt": SYSTEM_PROMPT,
+    }
     run = label_to_csv(
         questions,
         edge,
@@ -454,6 +464,7 @@ def _label(args: argparse.Namespace) -> int:
         concurrency=args.concurrency,
         answers_out=args.answers,
         progress=sys.stderr,
+        settings=settings,
     )
     n = run.num_rows
     _print(

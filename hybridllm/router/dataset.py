@@ -22,6 +22,7 @@ import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -385,9 +386,9 @@ def _read_table(
             with path.open(newline="", encoding="utf-8-sig") as fh:
                 delimiter = "\t" if suffix in TSV_SUFFIXES else _comma_or_semicolon(fh.readline())
                 fh.seek(0)
-                reader = csv.DictReader(fh, delimiter=delimiter)
-                columns = list(reader.fieldnames or [])
-                return columns, ([] if header_only else list(reader))
+                reader = csv.reader(fh, delimiter=delimiter)
+                columns = next(reader, [])
+                return columns, ([] if header_only else _csv_rows(path, reader, columns, delimiter))
         except (UnicodeDecodeError, csv.Error) as exc:
             raise DataError(f"{path} is not a readable UTF-8 CSV file ({exc}).") from exc
         except OSError as exc:
@@ -416,6 +417,48 @@ def _read_table(
             row[key] = _prompt_cell(path, i, value) if key == prompt_col else _json_cell(value)
         rows.append(row)
     return header, rows
+
+
+def _csv_rows(path: Path, reader: Any, columns: list[str], delimiter: str) -> list[dict[str, Any]]:
+    """The rows after the header as cells by column (a short row's missing cells None, as
+    ``csv.DictReader`` gives them). A row with more cells than the header (a prompt holding an
+    unquoted comma: its cells shift into the score columns) or a short row whose last cell runs
+    over line breaks (a double quote never closed swallows the rows after it into one cell: 30
+    rows of a 60-row file trained as one skipped row) is refused with its line, never read
+    shifted or dropped. Extra cells that are all blank (a trailing delimiter) are let through."""
+    rows: list[dict[str, Any]] = []
+    bad: list[tuple[int, int, int]] = []  # first line, last line, cells
+    last = reader.line_num
+    for cells in reader:
+        first, last = last + 1, reader.line_num
+        if not cells:  # a blank line
+            continue
+        extra = len(cells) > len(columns) and any(c.strip() for c in cells[len(columns) :])
+        runs_on = len(cells) < len(columns) and ("\n" in cells[-1] or "\r" in cells[-1])
+        if extra or runs_on:
+            bad.append((first, last, len(cells)))
+            continue
+        row: dict[str, Any] = dict(zip(columns, cells, strict=False))
+        for col in columns[len(cells) :]:
+            row.setdefault(col, None)
+        rows.append(row)
+    if bad:
+        first, last, n = bad[0]
+        sep = "tab" if delimiter == "\t" else repr(delimiter)
+        where = f"line {first}" if first == last else f"lines {first}-{last}"
+        why = (
+            "a double quote opened there is never closed, so one cell swallowed the lines after it"
+            if n < len(columns)
+            else f"a cell holds an unquoted {sep}, so its row has {n} cells where the header has "
+            f"{len(columns)} ({', '.join(columns)})"
+        )
+        more = f" ({len(bad)} such rows)" if len(bad) > 1 else ""
+        raise DataError(
+            f"{path} {where}: {why}{more}. Put a cell holding a {sep}, a double quote or a line "
+            'break in double quotes, its own double quotes doubled (""), as CSV writers do (pandas '
+            "to_csv, Python's csv module), or write the file as JSON Lines."
+        )
+    return rows
 
 
 def _comma_or_semicolon(first_line: str) -> str:

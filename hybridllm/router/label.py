@@ -2,18 +2,25 @@
 answers and write a RouteLLM-format CSV (``prompt``, one True/False column per model, and the edge
 answer's mean token log-probability for calibrating the cascade).
 
-Grading, as RouteLLM does for GSM8K: when the reference holds a number, the last number of the
-answer must equal it; otherwise the normalized answer (or what follows its last "answer is") must
-equal the reference; a short reference such as a multiple-choice letter must start the answer, and
-a longer one (a word or a name) must appear whole in the final answer.
+Grading. The final answer is what follows the answer's last cue ("answer is", "answer:"; for a
+short reference also "option is", "choice:"), as the prompt asks the models to end; without a cue,
+the whole answer. A number
+reference (GSM8K's ``#### N``: commas, a sign, decimals, "$" or "%" allowed) must equal the
+final answer's first number (the last one after an "=" there: "3 * 4 = 12"), or, without a cue,
+the answer's last number, as RouteLLM grades GSM8K. A short reference (a multiple-choice letter,
+yes/no) must be the final answer's first word; without a cue, the answer must open with it (a
+letter as an option: "B", "(B) ...", "B. ...", not the article in "A farmer ..."). A longer one
+(a word or a name) must appear whole in the final answer.
 """
 
 from __future__ import annotations
 
 import csv
 import json
+import os
 import re
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, as_completed
@@ -45,7 +52,22 @@ SYSTEM_PROMPT = (
 )
 # questions failing one after another, no row written between: the endpoint is down, stop
 MAX_FAILED_IN_A_ROW = 20
+# the cloud refused the request itself (key, path, model name): every question would fail alike
+_CONFIG_STATUS = (401, 403, 404)
+# seconds to open a connection to the cloud: a wrong or firewalled address hung for the whole
+# --timeout (15 min by default, meant for a long answer) on each of the 3 tries of each question
+CONNECT_TIMEOUT_S = 10.0
 _NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
+# a reference that is one number: "18", "-3", "1,000", "2.5", "$40", "25%"
+_NUMBER_REFERENCE = re.compile(r"^\s*\$?\s*-?\$?\d[\d,]*(?:\.\d+)?\s*%?\s*$")
+# where a reply states its final answer: the part after the last of these ("option is" and
+# "choice is" only for a letter: "one option is 3 boxes" is a step of a worked answer)
+_CUE = re.compile(r"\banswer\**\s*(?:is\b|:|=)\s*:?", re.IGNORECASE)
+_LETTER_CUE = re.compile(r"\b(?:answer|option|choice)\**\s*(?:is\b|:|=)\s*:?", re.IGNORECASE)
+# the end of the final answer's first clause: a line end, ";", "(" before a word, or a full stop
+_CLAUSE_END = re.compile(r"\n|;|\((?=[^\d\-$])|\.(?=\s|$)")
+# a letter opening a reply as an option: "B", "(B) ...", "B. ...", "**B**", "B Paris", not "A farmer"
+_OPTION = r"^[\s*_(\[]*{}(?:[).:\]*,]|\s*$|\s+(?![\sa-z]))"
 
 
 @dataclass(frozen=True)
@@ -56,10 +78,12 @@ class Question:
 
 def _last_number(text: str) -> float | None:
     found = _NUMBER.findall(text)
-    if not found:
-        return None
+    return _number(found[-1]) if found else None
+
+
+def _number(token: str) -> float | None:
     try:
-        return float(found[-1].replace(",", ""))
+        return float(token.replace(",", ""))
     except ValueError:
         return None
 
@@ -73,22 +97,43 @@ def reference_answer(raw: str) -> str:
     return raw.split("####")[-1].strip() if "####" in raw else raw.strip()
 
 
+def _final_part(answer: str, cue: re.Pattern[str] = _CUE) -> str | None:
+    """What follows the answer's last cue ("The answer is 7."), or None when it has none."""
+    cues = list(cue.finditer(answer))
+    return answer[cues[-1].end() :] if cues else None
+
+
+def _final_number(answer: str) -> float | None:
+    """The number a reply gives as its answer: the first one of the final part's first clause
+    (after its last "=", when it shows the sum), else the reply's last number."""
+    final = _final_part(answer)
+    if final is not None:
+        clause = _CLAUSE_END.split(final, maxsplit=1)[0]
+        found = _NUMBER.findall(clause.rsplit("=", 1)[-1])
+        if found:
+            return _number(found[0])
+    return _last_number(answer)
+
+
 def is_correct(answer: str, reference: str) -> bool:
-    ref_num = _last_number(reference)
-    if ref_num is not None and _normalize(reference).replace(" ", "").lstrip("-").replace(".", "").isdigit():
-        got = _last_number(answer)
-        return got is not None and abs(got - ref_num) < 1e-6
-    a, r = _normalize(answer), _normalize(reference)
+    answer, reference = answer.replace("\u2212", "-"), reference.replace("\u2212", "-")  # a typeset minus
+    if _NUMBER_REFERENCE.match(reference):
+        want = _last_number(reference)
+        got = _final_number(answer)
+        return want is not None and got is not None and abs(got - want) < 1e-6
+    r = _normalize(reference)
     if not r:
         return False
-    if a == r:
-        return True
-    cut = a.rfind("answer is")
-    tail = a[cut + len("answer is") :].strip() if cut >= 0 else ""
-    if tail == r:
+    final = _final_part(answer, _CUE if len(r) > 3 else _LETTER_CUE)
+    a, tail = _normalize(answer), _normalize(final or "")
+    if a == r or (final is not None and tail == r):
         return True
     if len(r) > 3:  # a word or name: it appears whole in the final answer (or the whole reply)
-        return re.search(rf"\b{re.escape(r)}\b", tail or a) is not None
+        return re.search(rf"\b{re.escape(r)}\b", tail if final is not None else a) is not None
+    if final is not None:  # a short reference (a letter, yes/no): the final answer's first word
+        return (tail.split() or [""])[0] == r
+    if len(r) == 1:  # a letter opens the reply as an option, not as the word "A" or "I"
+        return re.match(_OPTION.format(f"[{r.upper()}{r.lower()}]"), answer) is not None
     return (a.split() or [""])[0] == r
 
 
@@ -231,6 +276,45 @@ def _read_done(path: Path, header: list[str], run: LabelRun) -> set[str]:
     return done
 
 
+def settings_path(out: Path) -> Path:
+    """Where a label run keeps the settings its rows were made with: ``OUT.settings.json``."""
+    return out.with_name(out.name + ".settings.json")
+
+
+def _check_settings(path: Path, settings: dict[str, Any], has_rows: bool) -> None:
+    """Refuse to append to labels made with other settings; record them for a new file.
+
+    The columns name the models, but not what else decides a grade: ``cloud:default`` is whatever
+    model the server runs, and a longer --max-tokens grades answers that the first run cut off.
+    Rows from two settings in one file train on labels of two pairs. A file with rows but no
+    settings beside it (made before they were kept, or copied without them) is resumed unchecked."""
+    side = settings_path(path)
+    if not has_rows:  # written whole or not at all: a half-written one would read as absent
+        tmp = side.with_name(f".{side.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(settings, indent=2) + "\n", encoding="utf-8")
+        tmp.replace(side)
+        return
+    if not side.is_file():
+        return
+    try:
+        before = json.loads(side.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError, OSError):
+        return  # unreadable: as if absent
+    if not isinstance(before, dict):
+        return
+    changed = [
+        f"{key} {before[key]!r} then, {value!r} now"
+        for key, value in settings.items()
+        if key in before and before[key] != value
+    ]
+    if changed:
+        raise DataError(
+            f"{path} holds labels made with other settings ({'; '.join(changed)}, per {side.name}); "
+            "rerun with the same ones to resume it, or pass another --out for these (or, if the "
+            f"same models answer as before, say the cloud only moved, delete {side.name})."
+        )
+
+
 def _append_lines(path: Path) -> TextIO:
     """``path`` opened to append JSON lines, a half-written last line (a killed run) cut off: the
     next line would run into it."""
@@ -260,6 +344,7 @@ def label_to_csv(
     retries: int = 2,
     answers_out: str | Path | None = None,
     progress: TextIO | None = None,
+    settings: dict[str, Any] | None = None,
 ) -> LabelRun:
     """Label ``questions`` into ``out``, appending each row as soon as both answers are in.
 
@@ -269,6 +354,11 @@ def label_to_csv(
     A question whose call still fails after ``retries`` retries is left out (a rerun tries it
     again); when every question failed, or ``MAX_FAILED_IN_A_ROW`` did without a row between (the
     cloud went down mid-run: the edge would grind through the rest for nothing), the error is raised.
+    ``settings`` (what else decides a grade: the models behind the columns, the token limits, the
+    system prompt) are kept beside ``out``; resuming a file made with others is refused.
+    So is a cloud error that every question would get: a 401/403/404 (a wrong key, URL path or
+    model name; not retried), or a cloud not reached (no HTTP status) before any of its answers
+    came back (a wrong or dead --cloud), so that the run stops before the edge side is labelled.
     """
     if concurrency < 1:
         raise DataError("--concurrency must be at least 1.")
@@ -278,6 +368,9 @@ def label_to_csv(
     header = _header(edge_col, cloud_col)
     run = LabelRun(out=path)
     done = _read_done(path, header, run)
+    if settings is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        _check_settings(path, settings, has_rows=bool(run.num_rows))
     seen: set[str] = set()
     todo = []
     for q in questions:
@@ -289,15 +382,28 @@ def label_to_csv(
     if not todo:
         return run
 
+    cloud_answered = False  # any cloud answer came back in this run
+    stopping = threading.Event()  # the run stopped: calls in flight do not try again
+
     def attempt(gen: Generate, prompt: str) -> Answer:
         last: Exception | None = None
         for _ in range(retries + 1):
+            if last is not None and stopping.is_set():
+                break
             try:
                 return _as_answer(gen(prompt))
             except (CloudError, EdgeError) as exc:
                 last = exc
+                if isinstance(exc, CloudError) and exc.status_code in _CONFIG_STATUS:
+                    break  # asking again gets the same answer
         assert last is not None
         raise last
+
+    def fatal(side: str, exc: Exception) -> bool:
+        """A cloud error every question would get: stop now, not after the edge side of them all."""
+        if side != "cloud" or not isinstance(exc, CloudError):
+            return False
+        return exc.status_code in _CONFIG_STATUS or (exc.status_code is None and not cloud_answered)
 
     path.parent.mkdir(parents=True, exist_ok=True)
     new_file = not path.is_file() or path.stat().st_size == 0
@@ -333,7 +439,16 @@ def label_to_csv(
                             failed_in_a_row += 1
                         if failed_in_a_row >= MAX_FAILED_IN_A_ROW or len(failed) == len(todo):
                             raise
+                        if fatal(side, exc):
+                            code = getattr(exc, "status_code", None)
+                            why = "every question would get this" if code else "no cloud answer came back yet"
+                            raise CloudError(
+                                f"{exc} (stopped: {why}; check --cloud, --cloud-model and --api-key; "
+                                "the rows already in the file are kept)",
+                                status_code=code,
+                            ) from exc
                         continue
+                    cloud_answered = cloud_answered or side == "cloud"
                     got = results[i]
                     if i in failed or len(got) < 2:
                         continue
@@ -376,6 +491,7 @@ def label_to_csv(
                         )
                         progress.flush()
             except BaseException:  # Ctrl-C or a fatal error: drop the queue, keep the rows written
+                stopping.set()
                 for f in futures:
                     f.cancel()
                 if progress is not None:
@@ -465,7 +581,9 @@ def openai_cloud(
     base = url.rstrip("/")
     endpoint = base + ("/chat/completions" if base.endswith("/v1") else "/v1/chat/completions")
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    client = httpx.Client(timeout=timeout, headers=headers)
+    # --timeout waits for a long answer; opening the connection never needs that long
+    limits = httpx.Timeout(timeout, connect=min(timeout, CONNECT_TIMEOUT_S))
+    client = httpx.Client(timeout=limits, headers=headers)
 
     def generate(prompt: str) -> Answer:
         body = {

@@ -2,7 +2,7 @@
 
     hybridllm-cloud serve --model ID_OR_PATH [--host 127.0.0.1] [--port 8000] [--api-key KEY ...]
         [--shutdown-timeout S]
-        [--replicas N [--ray-address ADDR] [--min-replicas A --max-replicas B]] [--power-watts W]
+        [--replicas N [--ray-address ADDR [--replace]] [--min-replicas A --max-replicas B]] [--power-watts W]
         [--speculative-method ngram|draft --num-speculative-tokens K [--draft-model ID_OR_PATH]]
 
 Errors (a bad option, a port in use, a model that fails to load) are printed as one line on
@@ -121,6 +121,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="join this Ray cluster (auto, ray://host:10001); default: start a local one",
     )
     cluster.add_argument(
+        "--replace", action="store_true",
+        help="with --ray-address: deploy over a hybridllm app already on that cluster (one left "
+        "behind by a serve that was killed); without it such an app is refused, not replaced",
+    )
+    cluster.add_argument(
         "--min-replicas", type=non_negative_int, default=None, metavar="A",
         help="autoscale between A and --max-replicas replicas on queued tokens",
     )
@@ -208,17 +213,21 @@ def _cluster_config(args: argparse.Namespace) -> Any:
         if getattr(args, name) is not None
     }
     if args.replicas is None:
-        if args.min_replicas is not None or args.max_replicas is not None or args.ray_address or tuning:
-            raise ServerError("--ray-address, --min-replicas, --max-replicas and the autoscaling "
-                              "options go with --replicas N")
+        if (args.min_replicas is not None or args.max_replicas is not None or args.ray_address or tuning
+                or args.replace):
+            raise ServerError("--ray-address, --replace, --min-replicas, --max-replicas and the "
+                              "autoscaling options go with --replicas N")
         return None
     if tuning and args.min_replicas is None and args.max_replicas is None:
         flags = ", ".join("--" + name.replace("_", "-") for name in tuning)
         raise ServerError(f"{flags} tune autoscaling: add --min-replicas A and/or --max-replicas B")
     from cloud_server.config import ClusterConfig
 
+    if args.replace and args.ray_address is None:
+        raise ServerError("--replace goes with --ray-address: a local Ray instance starts empty")
     return ClusterConfig(replicas=args.replicas, ray_address=args.ray_address,
-                         min_replicas=args.min_replicas, max_replicas=args.max_replicas, **tuning)
+                         min_replicas=args.min_replicas, max_replicas=args.max_replicas,
+                         replace_app=args.replace, **tuning)
 
 
 def _check_model(model: str) -> None:

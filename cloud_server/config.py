@@ -133,6 +133,7 @@ class ClusterConfig:
     upscale_delay_s: float = 30.0
     downscale_delay_s: float = 600.0
     autoscale_window_s: float = 30.0
+    replace_app: bool = False  # --replace: deploy over an app of ours already on a joined cluster
 
     @property
     def autoscaling(self) -> bool:

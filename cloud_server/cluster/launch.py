@@ -15,6 +15,7 @@ import signal
 import socket
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from ..config import ClusterConfig, EngineConfig
@@ -136,9 +137,11 @@ def start(
     app_options: dict[str, Any] | None = None,
     ray_init: dict[str, Any] | None = None,
     board_name: str | None = None,
+    deploying: Callable[[], None] | None = None,
 ) -> str:
     """Start Ray (or join ``cluster.ray_address``) and run the app; returns its base URL.
-    The call returns once every replica has loaded its model."""
+    The call returns once every replica has loaded its model. ``deploying`` is called just before
+    the app is deployed (from then on the app is this run's to delete)."""
     require_ray()
     import ray
     from ray import serve
@@ -155,6 +158,8 @@ def start(
         if cluster.ray_address is None:
             check_capacity(cluster, ray.cluster_resources(), num_gpus=num_gpus)
     serve.start(http_options={"host": host, "port": port})
+    if cluster.ray_address is not None:
+        _check_app_free(APP_NAME, cluster.ray_address, replace=cluster.replace_app)
     app = build_app(
         engine_config,
         cluster,
@@ -163,6 +168,8 @@ def start(
         power_watts=power_watts,
         board_name=board_name,
     )
+    if deploying is not None:
+        deploying()
     try:
         serve.run(app, name=APP_NAME, route_prefix="/")
     except RuntimeError as exc:  # Serve says only which deployment failed; say why
@@ -173,6 +180,32 @@ def start(
     url = f"http://{host}:{port}"
     _wait_healthy(url)
     return url
+
+
+def _check_app_free(app_name: str, address: str, *, replace: bool) -> None:
+    """Refuse to deploy over an app of the same name on a cluster we joined: ``serve.run`` would
+    replace it without a word (another ``hybridllm-cloud serve --replicas`` would lose its
+    replicas mid-answer), and stopping this run would then delete it. ``replace`` (``--replace``)
+    takes over one left behind by a run that was killed before it could delete its app."""
+    from ray import serve
+
+    try:
+        app = serve.status().applications.get(app_name)
+    except Exception:  # Serve's status unreadable: serve.run says what is wrong, if anything
+        return
+    if app is None:
+        return
+    status = str(getattr(app, "status", "")).rsplit(".", 1)[-1] or "unknown"
+    if replace:
+        log.warning("replacing the app %r already on the cluster at %s (%s), as --replace asks",
+                    app_name, address, status)
+        return
+    raise ServerError(
+        f"an app named {app_name!r} already runs on the Ray cluster at {address} ({status}), deployed "
+        "by another `hybridllm-cloud serve --replicas`: deploying this one would replace it, and "
+        "stopping this one would delete it. Stop that command first (Ctrl-C or SIGTERM deletes its "
+        "app), or, if it was killed and left its app behind, add --replace"
+    )
 
 
 def check_capacity(cluster: ClusterConfig, resources: dict[str, float], *, num_gpus: int = 0) -> None:
@@ -245,12 +278,15 @@ def _wait_healthy(url: str, timeout_s: float = 300.0) -> None:
                       f"{last}); see Ray's logs under /tmp/ray/session_latest/logs")
 
 
-def stop(cluster: ClusterConfig, board_name: str | None = None, *, drain: bool = True) -> None:
+def stop(cluster: ClusterConfig, board_name: str | None = None, *, drain: bool = True,
+         delete_app: bool = True) -> None:
     """Delete the app, which drains it: Serve sends no new request to its replicas and gives those
     in flight up to ``GRACEFUL_SHUTDOWN_S`` to finish. On an existing cluster its fleet board
-    ``board_name`` (a detached actor) goes too; a local Ray is then stopped whole (at once when
-    not ``drain``: a fleet that never served has nothing in flight). Not ``serve.shutdown()``: it
-    adds Ray's own "graceful_shutdown failed ... killed by ray.kill" line."""
+    ``board_name`` (a detached actor) goes too, and the app only when ``delete_app`` (this run
+    deployed it: a run stopped before, or refused, leaves another run's app alone); a local Ray is
+    then stopped whole (at once when not ``drain``: a fleet that never served has nothing in
+    flight). Not ``serve.shutdown()``: it adds Ray's own "graceful_shutdown failed ... killed by
+    ray.kill" line."""
     import ray
     from ray import serve
 
@@ -265,7 +301,8 @@ def stop(cluster: ClusterConfig, board_name: str | None = None, *, drain: bool =
                     serve.delete(APP_NAME)
         else:
             try:
-                serve.delete(APP_NAME)
+                if delete_app:
+                    serve.delete(APP_NAME)
             finally:
                 if board_name is not None:
                     with contextlib.suppress(ValueError):  # never created (no replica started)
@@ -289,6 +326,7 @@ def serve_cluster(
     starting = [True]
     url = None
     board = f"hybridllm-fleet-{os.getpid()}-{time.monotonic_ns()}"  # deleted with the app
+    deployed = threading.Event()  # this run deployed the app (so deletes it on the way out)
 
     def on_sigterm(*_: Any) -> None:
         done.set()
@@ -300,7 +338,7 @@ def serve_cluster(
     try:
         url = start(
             engine_config, cluster, host=host, port=port, power_watts=power_watts,
-            app_options=app_options, board_name=board,
+            app_options=app_options, board_name=board, deploying=deployed.set,
         )
         starting[0] = False
         replicas = (
@@ -322,5 +360,5 @@ def serve_cluster(
     except Exception as exc:  # Ray's own errors: one line, no traceback
         raise ServerError(f"the Ray Serve deployment failed: {type(exc).__name__}: {exc}") from exc
     finally:
-        stop(cluster, board, drain=url is not None)
+        stop(cluster, board, drain=url is not None, delete_app=deployed.is_set())
     return 0

@@ -4,8 +4,9 @@ On a local Ray instance: a replica that cannot start says why in one line (not o
 update the deployments"), and SIGTERM stops a running fleet with exit code 0 once the answer it
 was streaming has ended whole. On an existing cluster (``ray start --head`` with token
 authentication): without the token the CLI stops with one line saying what to set; with it, the
-official ``openai`` client is answered, and after SIGTERM the app and its fleet board are gone
-while the cluster keeps running.
+official ``openai`` client is answered, a second serve on the same cluster is refused without
+touching the first one's app, and after SIGTERM the app and its fleet board are gone while the
+cluster keeps running.
 """
 
 from __future__ import annotations
@@ -162,6 +163,23 @@ def test_cli_joins_an_existing_cluster_and_leaves_it_running(smollm2_path, tmp_p
         assert r.choices[0].message.content and r.usage.completion_tokens > 0
         apps = _serve_apps(address, env)
         assert apps[0] == "hybridllm" and [a.split("-")[:2] for a in apps[1:]] == [["hybridllm", "fleet"]]
+
+        # a second serve on the same cluster is refused in one line and leaves the first one's
+        # app alone (it used to replace it, and its own exit deleted it)
+        second = subprocess.run(
+            _serve_command(smollm2_path, free_port(), "--ray-address", address, "--max-model-len", "1024",
+                           "--kv-cache-memory-mb", "48"),
+            capture_output=True, text=True, timeout=180, env=env,
+        )
+        assert second.returncode == 1, second.stderr[-3000:]
+        last = second.stderr.strip().splitlines()[-1]
+        assert "already runs on the Ray cluster" in last and "--replace" in last, last
+        assert "Traceback" not in second.stderr
+        r = client.chat.completions.create(
+            model="smollm2", messages=[{"role": "user", "content": "Hi"}], max_tokens=4, temperature=0
+        )
+        assert r.usage.completion_tokens > 0
+        assert _serve_apps(address, env) == apps
 
         server.send_signal(signal.SIGTERM)
         assert server.wait(timeout=90) == 0, (tmp_path / "serve.log").read_text()[-3000:]

@@ -45,7 +45,7 @@ from .onnx_store import (
     missing_export_modules,
     onnx_dir,
 )
-from .store import Progress, pull
+from .store import Progress, _folder_lock, pull
 
 QUANT_OPTIONS = {"block_size": "32", "accuracy_level": "4", "is_symmetric": "true"}
 _QUANT_DONE = re.compile(r"complete quantization of")
@@ -167,54 +167,62 @@ def prepare_onnx(
     from cloud_server.models.export_hf import gguf_to_hf_folder
 
     started = time.perf_counter()
-    gguf = pull(spec.id)
-    work = final.parent / f".{final.name}.{os.getpid()}.tmp"
-    shutil.rmtree(work, ignore_errors=True)
-    work.mkdir(parents=True)
-    log = final.parent / f"{final.name}.build.log"  # kept only when the build fails
-    try:
-        if progress:
-            progress(0, 100)
-        hf = gguf_to_hf_folder(gguf, work / "hf")
-        if progress:
-            progress(25, 100)
-        layers = _LAYERS.search((hf / "config.json").read_text())
-        num_matmuls = 5 * int(layers.group(1)) + 1 if layers else 1  # qkv, o, gate, up, down; lm_head
-        out = work / "onnx"
-        _run_builder(
-            _builder_command(hf, out, work / "cache", precision),
-            log,
-            num_matmuls,
-            progress if precision != "fp32" else None,
-            (25, 90),
-        )
-        counts = None
-        if precision == "int4":
-            from .onnx_gguf import rewrite
-
-            counts = rewrite(out / "model.onnx", gguf)  # the GGUF's own blocks, see above
-            if progress:
-                progress(98, 100)
-        meta = _meta(spec, precision, hf, time.perf_counter() - started)
-        if counts is not None:
-            # block 32 (16 for Q6_K tensors); the builder's RTN settings did not make the weights
-            meta["quantization"] = {
-                "weights": "gguf blocks",
-                "block_size": "32",
-                "accuracy_level": "4",
-                **counts,
-            }
-        (out / META_FILE).write_text(json.dumps(meta, indent=2))
-        if final.exists():  # a stale or forced rebuild: move the old one aside, then swap
-            old = final.parent / f".{final.name}.{os.getpid()}.old"
-            final.rename(old)
-            shutil.rmtree(old, ignore_errors=True)
-        out.rename(final)
-        log.unlink(missing_ok=True)
-        if progress:
-            progress(100, 100)
-    finally:
+    gguf = pull(spec.id)  # before the lock below: pull locks the model's folder itself
+    # one build at a time per model folder: two processes that both found it unprepared (an app
+    # and the CLI, two server workers) both built it (twice the minutes), and the later one's swap
+    # replaced the folder the first had just finished, under a process that may be loading it;
+    # now the one that waited finds it prepared and returns
+    final.parent.mkdir(parents=True, exist_ok=True)
+    with _folder_lock(final.parent):  # the folder pull wrote the GGUF into (pull is done now)
+        if not force and is_prepared(final, spec):
+            return final
+        work = final.parent / f".{final.name}.{os.getpid()}.tmp"
         shutil.rmtree(work, ignore_errors=True)
+        work.mkdir(parents=True)
+        log = final.parent / f"{final.name}.build.log"  # kept only when the build fails
+        try:
+            if progress:
+                progress(0, 100)
+            hf = gguf_to_hf_folder(gguf, work / "hf")
+            if progress:
+                progress(25, 100)
+            layers = _LAYERS.search((hf / "config.json").read_text())
+            num_matmuls = 5 * int(layers.group(1)) + 1 if layers else 1  # qkv, o, gate, up, down; lm_head
+            out = work / "onnx"
+            _run_builder(
+                _builder_command(hf, out, work / "cache", precision),
+                log,
+                num_matmuls,
+                progress if precision != "fp32" else None,
+                (25, 90),
+            )
+            counts = None
+            if precision == "int4":
+                from .onnx_gguf import rewrite
+
+                counts = rewrite(out / "model.onnx", gguf)  # the GGUF's own blocks, see above
+                if progress:
+                    progress(98, 100)
+            meta = _meta(spec, precision, hf, time.perf_counter() - started)
+            if counts is not None:
+                # block 32 (16 for Q6_K tensors); the builder's RTN settings did not make the weights
+                meta["quantization"] = {
+                    "weights": "gguf blocks",
+                    "block_size": "32",
+                    "accuracy_level": "4",
+                    **counts,
+                }
+            (out / META_FILE).write_text(json.dumps(meta, indent=2))
+            if final.exists():  # a stale or forced rebuild: move the old one aside, then swap
+                old = final.parent / f".{final.name}.{os.getpid()}.old"
+                final.rename(old)
+                shutil.rmtree(old, ignore_errors=True)
+            out.rename(final)
+            log.unlink(missing_ok=True)
+            if progress:
+                progress(100, 100)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
     return final
 
 

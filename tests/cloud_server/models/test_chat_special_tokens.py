@@ -17,39 +17,15 @@ pytest.importorskip("torch")
 pytestmark = pytest.mark.real
 
 
-def _tokenizer_folder(gguf_path, out):
-    """The tokenizer files ``gguf_to_hf_folder`` writes, without the weights (seconds, not a
-    minute for Qwen's)."""
-    import json
-
-    import gguf
-
-    from cloud_server.models.export_hf import _tokenizer_json
-
-    reader = gguf.GGUFReader(str(gguf_path))
-    _tokenizer_json(reader.fields, out)
-    tokens = reader.fields["tokenizer.ggml.tokens"].contents()
-    field = reader.fields.get
-
-    def scalar(key):
-        return field(key).contents() if field(key) is not None else None
-
-    (out / "tokenizer_config.json").write_text(json.dumps({
-        "bos_token": tokens[int(scalar("tokenizer.ggml.bos_token_id"))],
-        "eos_token": tokens[int(scalar("tokenizer.ggml.eos_token_id"))],
-        "add_bos_token": bool(scalar("tokenizer.ggml.add_bos_token")),
-        "chat_template": scalar("tokenizer.chat_template"),
-    }))
-    return out
-
-
 @pytest.fixture(scope="module", params=["smollm2-135m-instruct", "qwen2.5-coder-0.5b-instruct"])
 def tokenizers(request, tmp_path_factory):
+    from cloud_server.models.export_hf import write_tokenizer
     from cloud_server.models.tokenizer import GGUFTokenizer, HFTokenizer
     from hybridllm.models import pull
 
     path = pull(request.param)
-    return GGUFTokenizer(path), HFTokenizer(_tokenizer_folder(path, tmp_path_factory.mktemp("hf")))
+    # the exporter's own tokenizer files (without the weights: seconds, not a minute for Qwen's)
+    return GGUFTokenizer(path), HFTokenizer(write_tokenizer(path, tmp_path_factory.mktemp("hf")))
 
 
 def _controls(tok, ids):

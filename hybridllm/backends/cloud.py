@@ -17,7 +17,9 @@ Resilience, in the order a request meets it:
    then (with no other, the request fails at once and the device answers);
 4. a field the endpoint does not take is left out (or renamed) and the request sent again at once,
    and that endpoint is never sent it again for that model (a warning says so, once): not a
-   failure, and no retry is spent on it. That is a field it does not know (``top_k``, ``min_p``,
+   failure, and no retry is spent on it. A hosted endpoint's refusals are kept across processes
+   for a week (``refusals.py``), so the next process does not learn them again. That is a field it
+   does not know (``top_k``, ``min_p``,
    ``repetition_penalty``: vLLM's and our server's, not OpenAI's, a hosted API answers 400
    "Unrecognized request argument supplied: top_k"; ``stream_options``, which older servers and
    Azure API versions lack: the cloud's token count then never arrives and the pipeline estimates
@@ -79,6 +81,7 @@ from .._types import GenerationParams, Messages, Usage, estimate_tokens
 from .base import Backend, Delta, register_backend
 from .circuit import MAX_COOLDOWN_S, CircuitBreaker, Endpoint, pick_endpoint
 from .llama_cpp import StopMatcher
+from .refusals import RefusalMemory, is_hosted
 
 log = logging.getLogger("hybridllm.cloud")
 COOL_MAX_S = 300.0  # the longest an endpoint is left alone on its Retry-After (then asked again)
@@ -170,9 +173,12 @@ class CloudBackend(Backend):
         transport: Any = None,
         carbon: list[Any] | None = None,
         joules_per_token: float | None = None,
+        remember_refusals: bool | None = None,
     ) -> None:
         """``carbon``: endpoints with a region and grid intensity (``hybridllm.carbon``); their
-        URLs are added to ``base_url``, and requests choose by ``priority``."""
+        URLs are added to ``base_url``, and requests choose by ``priority``. ``remember_refusals``:
+        keep the fields an endpoint refused across processes (``refusals.py``): None for hosted
+        (https, not this machine) endpoints only, True for every endpoint, False for none."""
         urls = [base_url] if isinstance(base_url, str) else list(base_url)
         placer = None
         if carbon:
@@ -211,6 +217,9 @@ class CloudBackend(Backend):
         # (base URL, model) -> the fields it refused (OPTIONAL_FIELDS, MODEL_FIELDS): not sent to it
         # again (RENAMED ones go under their new name)
         self._refused: dict[tuple[str, str], frozenset[str]] = {}
+        self._memory = RefusalMemory() if remember_refusals is not False else None
+        self._remember_all = remember_refusals is True
+        self._recalled: set[tuple[str, str]] = set()  # keys whose remembered fields were read
 
     def __repr__(self) -> str:  # never show the key
         key = "***" if self._api_key else None
@@ -481,6 +490,7 @@ class CloudBackend(Backend):
         them, and they are not sent to this endpoint for this model from then on. Each round must
         refuse a field not refused before, and there are few, so this ends."""
         key = (ep.base_url, model)
+        self._recall(key)
         while True:
             refused = self._refused.get(key, frozenset())
             body = self.request_body(model, messages, params, refused)
@@ -495,6 +505,8 @@ class CloudBackend(Backend):
             await resp.aclose()  # its connection goes back to the pool for the next try
             learned = new - self._refused.get(key, frozenset())  # another request may have learned it
             self._refused[key] = self._refused.get(key, frozenset()) | new
+            if learned and self._memory is not None and self._remembers(ep.base_url):
+                self._memory.remember(ep.base_url, model, self._refused[key])
             if learned:
                 sent = ", ".join(f"{n} {body[n]}" if n in ("temperature", "top_p") else n
                                  for n in sorted(learned))
@@ -504,6 +516,28 @@ class CloudBackend(Backend):
                             "requests without %s from now on: %s", ep.base_url, model, sent,
                             resp.status_code, _error_of(resp)[0][:160],
                             "them" if len(learned) > 1 else "it", loses)
+
+    def _remembers(self, base_url: str) -> bool:
+        return self._remember_all or is_hosted(base_url)
+
+    def _recall(self, key: tuple[str, str]) -> None:
+        """Once per endpoint and model: take up what an earlier process learned it refuses, so
+        this one's first request does not pay a refused round trip per field again."""
+        if key in self._recalled or self._memory is None or not self._remembers(key[0]):
+            return
+        self._recalled.add(key)
+        found = self._memory.recall(*key)
+        if found is None:
+            return
+        fields, at = found
+        new = fields - self._refused.get(key, frozenset())
+        if not new:
+            return
+        self._refused[key] = self._refused.get(key, frozenset()) | new
+        loses = "; ".join(dict.fromkeys(LOSES.get(n, "it samples without that filter") for n in sorted(new)))
+        log.warning("The cloud at %s (model %s) refused %s when asked %s ago (kept in %s; delete it to "
+                    "forget); it is sent requests without %s: %s", key[0], key[1], ", ".join(sorted(new)),
+                    _ago(time.time() - at), self._memory.path, "them" if len(new) > 1 else "it", loses)
 
     async def _stream_once(self, ep: Endpoint, messages: Messages,
                            params: GenerationParams) -> AsyncIterator[Delta]:
@@ -730,6 +764,14 @@ def _names(text: str, name: str) -> bool:
     """``text`` names the field ``name`` (a whole word: top_p is not top_k, nor max_tokens in
     max_completion_tokens)."""
     return re.search(rf"(?<![A-Za-z0-9_]){name}(?![A-Za-z0-9_])", text) is not None
+
+
+def _ago(seconds: float) -> str:
+    if seconds < 3600:
+        return f"{max(1, round(seconds / 60))} min"
+    if seconds < 86400:
+        return f"{seconds / 3600:.0f} h"
+    return f"{seconds / 86400:.0f} days"
 
 
 def _quoted(text: str, name: str) -> bool:

@@ -1,0 +1,107 @@
+"""The request fields a hosted cloud refused, remembered across processes.
+
+The cloud client learns per endpoint and model which fields the endpoint does not take (``top_k``
+at a hosted OpenAI-compatible API, ``max_tokens``, ``temperature`` and ``stop`` at a reasoning
+model: see ``cloud.py``), each by one refused POST. Kept in memory only, every process learned them
+again: each ``hybridllm ask`` to a reasoning model paid up to five refused round trips before its
+answer. This file keeps what was learned for ``TTL_S``, in the user cache dir, so the next process
+sends its first request as the last one left off; after that the endpoint is asked again with the
+fields (a server upgraded since may take them now).
+
+Remembered only for ``https`` endpoints off this machine: a hosted API. A plain-http or local
+server is one being developed or reconfigured, where a refusal is better learned anew each run.
+The file holds endpoint URLs, model names and field names, never a key or a prompt. Unreadable
+or corrupt, it is ignored (and replaced at the next refusal); unwritable, nothing is kept.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ipaddress
+import json
+import logging
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+from urllib.parse import urlsplit
+
+log = logging.getLogger("hybridllm.cloud")
+FILE_NAME = "cloud_refused_fields.json"
+TTL_S = 7 * 86400.0  # then the endpoint is asked with the fields again
+_VERSION = 1
+
+
+def is_hosted(base_url: str) -> bool:
+    """An https endpoint whose host is not this machine (not localhost, not a loopback address)."""
+    parts = urlsplit(base_url)
+    host = (parts.hostname or "").lower()
+    if parts.scheme != "https" or not host or host == "localhost" or host.endswith(".localhost"):
+        return False
+    try:
+        return not ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a name, not an address
+        return True
+
+
+class RefusalMemory:
+    """``path``: the JSON file (``cache_dir() / FILE_NAME`` by default, resolved when first used)."""
+
+    def __init__(self, path: Path | None = None, *, clock: Callable[[], float] = time.time) -> None:
+        self._path = path
+        self._clock = clock
+
+    @property
+    def path(self) -> Path:
+        if self._path is None:
+            from .._paths import cache_dir
+
+            self._path = cache_dir() / FILE_NAME
+        return self._path
+
+    def recall(self, base_url: str, model: str) -> tuple[frozenset[str], float] | None:
+        """The fields ``base_url`` refused for ``model`` and when (epoch seconds), or None when
+        nothing is remembered or it is older than ``TTL_S``."""
+        entry = self._read().get(_key(base_url, model))
+        if not isinstance(entry, dict):
+            return None
+        fields, at = entry.get("fields"), entry.get("at")
+        if not isinstance(fields, list) or not isinstance(at, (int, float)) or isinstance(at, bool):
+            return None
+        if not fields or not 0 <= self._clock() - at < TTL_S:
+            return None
+        return frozenset(f for f in fields if isinstance(f, str)), float(at)
+
+    def remember(self, base_url: str, model: str, fields: frozenset[str]) -> None:
+        """Keep ``fields`` as what ``base_url`` refuses for ``model``, from now (entries past
+        their time are dropped as the file is written)."""
+        now = self._clock()
+        entries = {k: v for k, v in self._read().items()
+                   if isinstance(v, dict) and isinstance(v.get("at"), (int, float))
+                   and 0 <= now - v["at"] < TTL_S}
+        entries[_key(base_url, model)] = {"fields": sorted(fields), "at": now}
+        path = self.path
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp.write_text(json.dumps({"version": _VERSION, "entries": entries}, indent=1), encoding="utf-8")
+            os.replace(tmp, path)  # whole or not at all: another process reads one or the other
+        except OSError as exc:
+            log.debug("could not keep the cloud's refused fields in %s: %s", path, exc)
+            with contextlib.suppress(OSError):
+                tmp.unlink(missing_ok=True)
+
+    def _read(self) -> dict:
+        try:
+            data = json.loads(self.path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            return {}
+        except (OSError, ValueError) as exc:
+            log.debug("ignoring %s: %s", self.path, exc)
+            return {}
+        entries = data.get("entries") if isinstance(data, dict) and data.get("version") == _VERSION else None
+        return entries if isinstance(entries, dict) else {}
+
+
+def _key(base_url: str, model: str) -> str:
+    return f"{base_url} {model}"

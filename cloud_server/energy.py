@@ -4,8 +4,10 @@ Sources, the first that works wins (``detect_source``):
 
     nvml      NVIDIA GPU: the driver's total-energy counter (mJ since load, Volta and later), read
               through ``pynvml`` (``pip install nvidia-ml-py``), on the device the engine uses
-    rapl      CPU package energy counters under /sys/class/powercap (intel-rapl:N/energy_uj, in
-              microjoules, wrapping at max_energy_range_uj); often readable by root only
+              (CUDA_VISIBLE_DEVICES taken into account); a CUDA engine without it: the estimate
+    rapl      CPU engine: the packages' counters under /sys/class/powercap (intel-rapl:N/energy_uj
+              named package-N, summed; sub-domains not added; psys only alone), in microjoules,
+              wrapping at max_energy_range_uj; readable by root only on current kernels
     estimate  a configured power figure times elapsed time (``--power-watts``, else
               ``HYBRIDLLM_POWER_WATTS``, else 10 W per CPU thread / 300 W per GPU): a rough figure
 
@@ -56,13 +58,19 @@ class EstimateSource(EnergySource):
 
 
 class RaplSource(EnergySource):
-    """Sum of the top-level RAPL domains (one per CPU package), wrap-around handled."""
+    """Sum of the CPU packages' RAPL domains (intel-rapl:N named package-N), wrap-around handled.
+
+    Sub-domains (intel-rapl:N:M: core, uncore, dram) are parts of their package and not added.
+    ``psys`` (a top-level domain on many Intel laptops and desktops) is the whole platform, the
+    packages included: it is used only where no package domain can be read."""
 
     name = "rapl"
 
     def __init__(self, root: Path | None = None) -> None:
         root = POWERCAP if root is None else root
-        self.domains: list[tuple[Path, float]] = []
+        packages: list[tuple[Path, float]] = []
+        platform: list[tuple[Path, float]] = []
+        denied: list[str] = []
         for d in sorted(root.glob("intel-rapl:*")):
             if d.name.count(":") != 1:  # intel-rapl:0:0 is a sub-domain of package 0
                 continue
@@ -70,11 +78,22 @@ class RaplSource(EnergySource):
             try:
                 int(energy.read_text())
                 wrap = float((d / "max_energy_range_uj").read_text())
+            except PermissionError:
+                denied.append(d.name)
+                continue
             except (OSError, ValueError):
                 continue
-            self.domains.append((energy, wrap))
+            try:
+                kind = (d / "name").read_text().strip()
+            except OSError:
+                kind = "package"  # no name file: taken as a package
+            (platform if kind == "psys" else packages).append((energy, wrap))
+        self.domains = packages or platform
         if not self.domains:
-            raise OSError(f"no readable RAPL counters under {root}")
+            why = "no readable intel-rapl:N/energy_uj"
+            if denied:  # root only since the 2020 PLATYPUS fix (CVE-2020-8694)
+                why = f"permission denied on {', '.join(denied)} (readable by root only)"
+            raise OSError(f"RAPL energy counters under {root} not usable: {why}")
         self._last = [int(p.read_text()) for p, _ in self.domains]
         self._total_uj = 0.0
         self._lock = threading.Lock()
@@ -89,16 +108,30 @@ class RaplSource(EnergySource):
             return self._total_uj / 1e6
 
 
+def nvml_index(device: str) -> int:
+    """NVML's index of a CUDA device. NVML numbers every GPU of the machine, CUDA only the visible
+    ones: with CUDA_VISIBLE_DEVICES=2,3, cuda:0 is NVML's 2 (torch maps indices and UUIDs)."""
+    index = int(device.split(":")[1]) if ":" in device else 0
+    if not os.environ.get("CUDA_VISIBLE_DEVICES"):
+        return index
+    from torch.cuda import _get_nvml_device_index  # what torch.cuda.power_draw uses
+
+    return int(_get_nvml_device_index(index))
+
+
 class NvmlSource(EnergySource):
     name = "nvml"
 
-    def __init__(self, index: int = 0) -> None:
-        import pynvml  # nvidia-ml-py
+    def __init__(self, index: int = 0, nvml: Any = None) -> None:
+        if nvml is None:
+            import pynvml  # nvidia-ml-py
 
-        pynvml.nvmlInit()
-        self._nvml = pynvml
-        self._handle = pynvml.nvmlDeviceGetHandleByIndex(index)
-        self.read_joules()  # raises where the counter is not supported
+            nvml = pynvml
+        nvml.nvmlInit()
+        self._nvml = nvml
+        self.index = index
+        self._handle = nvml.nvmlDeviceGetHandleByIndex(index)
+        self.read_joules()  # raises where the counter is not supported (before Volta)
 
     def read_joules(self) -> float:
         return self._nvml.nvmlDeviceGetTotalEnergyConsumption(self._handle) / 1000.0
@@ -114,22 +147,28 @@ def default_watts(device: str, num_threads: int | None) -> float:
 
 
 def detect_source(
-    device: str = "cpu", *, power_watts: float | None = None, num_threads: int | None = None
+    device: str = "cpu", *, power_watts: float | None = None, num_threads: int | None = None,
+    nvml: Any = None,
 ) -> EnergySource:
-    """NVML on CUDA, else RAPL where readable, else an estimate; a given power figure forces it."""
+    """NVML on CUDA, RAPL on a CPU where readable, else an estimate; a given power figure forces
+    it. A GPU without NVML's energy counter gets the estimate, not RAPL: the CPU packages' energy
+    leaves out the GPU that does the work. Why a counter is not used is logged here, once."""
     if power_watts is not None:
         return EstimateSource(power_watts)
+    fallback = default_watts(device, num_threads)
     if device.startswith("cuda"):
         try:
-            index = int(device.split(":")[1]) if ":" in device else 0
-            return NvmlSource(index)
+            return NvmlSource(nvml_index(device), nvml)
         except Exception as exc:  # noqa: BLE001 - no pynvml, no counter: fall back, say so
-            log.info("NVML energy counter unavailable (%s); trying RAPL", exc)
+            log.warning("NVML energy counter unavailable for %s (%s: %s); per-request energy is an "
+                        "estimate at %g W (set --power-watts to the card's figure)",
+                        device, type(exc).__name__, exc, fallback)
+            return EstimateSource(fallback)
     try:
         return RaplSource()
-    except OSError:
-        pass
-    return EstimateSource(default_watts(device, num_threads))
+    except OSError as exc:
+        log.info("%s; per-request energy is an estimate at %g W", exc, fallback)
+    return EstimateSource(fallback)
 
 
 class EnergyMeter:
@@ -148,6 +187,9 @@ class EnergyMeter:
         return self.source.name
 
     def _advance(self) -> None:
+        # Rule: the energy read between two events (a request begins or ends) is split equally
+        # among the requests active in that interval; with none active it goes to nobody. So the
+        # requests' joules sum to at most what the source measured (attributed_joules), never N x.
         now = self.source.read_joules()
         delta, self._last = max(0.0, now - self._last), now
         if self._active and delta:

@@ -2,7 +2,8 @@
 
 A cloud endpoint may carry a region and the carbon intensity of its grid in gCO2/kWh, a number or
 a callable returning one (asked once per request, so a live feed can be plugged in; the figure
-that placed a request also accounts it)::
+that placed a request also accounts it; a feed that fails, hangs past ``feed_timeout_s`` or gives a
+bogus value is unknown for that request, warned about once per outage)::
 
     HybridLLM(cloud_endpoints=[
         {"url": "https://eu-north.example/v1", "region": "eu-north-1", "carbon_intensity": 30},
@@ -34,6 +35,8 @@ import numbers
 import threading
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,6 +46,7 @@ log = logging.getLogger("hybridllm.carbon")
 PRIORITIES = ("interactive", "batch")
 DEFAULT_JOULES_PER_TOKEN = 1.0  # a rough GPU-server figure, used only when a server reports none
 J_PER_KWH = 3.6e6
+FEED_TIMEOUT_S = 1.0  # a callable intensity slower than this is unknown for the request
 
 
 @dataclass
@@ -50,6 +54,7 @@ class CloudEndpoint:
     url: str
     region: str | None = None
     carbon_intensity: float | Callable[[], float] | None = None  # gCO2/kWh
+    feed_timeout_s = FEED_TIMEOUT_S  # a feed's longest wait per request (not a field)
 
     def __post_init__(self) -> None:
         if not isinstance(self.url, str) or not self.url.startswith(("http://", "https://")):
@@ -57,6 +62,9 @@ class CloudEndpoint:
         ci = self.carbon_intensity
         if ci is not None and not callable(ci) and not _valid_intensity(ci):
             raise ConfigError(f"carbon_intensity must be >= 0 gCO2/kWh or a callable, got {ci!r}.")
+        self._feed_lock = threading.Lock()
+        self._feed_call: tuple[Future, float] | None = None  # the feed's latest call, and its start
+        self._feed_warned = False
 
     @classmethod
     def of(cls, value: Any) -> CloudEndpoint:
@@ -75,18 +83,51 @@ class CloudEndpoint:
         raise ConfigError(f"a cloud endpoint is a URL, a dict or a CloudEndpoint, got {value!r}.")
 
     def intensity(self) -> float | None:
+        """The figure in gCO2/kWh, or None (unknown: placed last, no CO2 figures). A feed that
+        raises, gives a bogus value or has not answered within ``feed_timeout_s`` is unknown
+        for that request, never its failure; warned once until it answers well again."""
         ci = self.carbon_intensity
         if not callable(ci):
             return None if ci is None else float(ci)
+        # a hung call is not asked again: later requests wait only what is left of its timeout
+        with self._feed_lock:
+            call = self._feed_call
+            if call is None or call[0].done():
+                call = self._feed_call = (self._start_feed(ci), time.monotonic())
+        future, started = call
         try:
-            value = ci()
+            value = future.result(timeout=max(0.0, started + self.feed_timeout_s - time.monotonic()))
+        except FutureTimeout:
+            return self._unknown(f"has not answered within {self.feed_timeout_s:g} s")
         except Exception as exc:  # noqa: BLE001 - a failing feed must not fail the request
-            log.warning("carbon intensity of %s failed (%s); treated as unknown", self.url, exc)
-            return None
-        if _valid_intensity(value):
-            return float(value)
-        log.warning("carbon intensity of %s is %r, not a number of gCO2/kWh in [0, 1e5); treated as "
-                    "unknown", self.url, value)
+            return self._unknown(f"failed ({type(exc).__name__}: {exc})")
+        if not _valid_intensity(value):
+            return self._unknown(f"is {value!r}, not a number of gCO2/kWh in [0, 1e5)")
+        if self._feed_warned:
+            self._feed_warned = False
+            log.info("carbon intensity of %s answers again (%s gCO2/kWh)", self.url, value)
+        return float(value)
+
+    @staticmethod
+    def _start_feed(feed: Callable[[], Any]) -> Future:
+        future: Future = Future()
+
+        def ask() -> None:
+            try:
+                future.set_result(feed())
+            except BaseException as exc:  # noqa: BLE001 - handed to the request that waits
+                future.set_exception(exc)
+
+        threading.Thread(target=ask, name="carbon-intensity-feed", daemon=True).start()
+        return future
+
+    def _unknown(self, why: str) -> float | None:
+        if not self._feed_warned:
+            self._feed_warned = True
+            log.warning("carbon intensity of %s %s; treated as unknown (warned once, until it "
+                        "answers again)", self.url, why)
+        else:
+            log.debug("carbon intensity of %s %s; treated as unknown", self.url, why)
         return None
 
 

@@ -172,10 +172,15 @@ def detect_source(
 
 
 class EnergyMeter:
-    """Shares a source's energy among the requests active while it is spent."""
+    """Shares a source's energy among the requests active while it is spent.
 
-    def __init__(self, source: EnergySource) -> None:
+    A counter that stops reading while the server runs (a GPU lost to the driver, a permission
+    changed) would fail every request from then on: the meter goes over to an estimate at
+    ``fallback_watts`` instead (once, with a warning), and the energy reports say ``estimate``."""
+
+    def __init__(self, source: EnergySource, fallback_watts: float = CPU_WATTS_PER_THREAD) -> None:
         self.source = source
+        self.fallback_watts = fallback_watts
         self._lock = threading.Lock()
         self._ids = itertools.count()
         self._active: dict[int, float] = {}
@@ -190,7 +195,15 @@ class EnergyMeter:
         # Rule: the energy read between two events (a request begins or ends) is split equally
         # among the requests active in that interval; with none active it goes to nobody. So the
         # requests' joules sum to at most what the source measured (attributed_joules), never N x.
-        now = self.source.read_joules()
+        try:
+            now = self.source.read_joules()
+        except Exception as exc:  # noqa: BLE001 - a broken counter must not fail the requests
+            log.warning("the %s energy counter failed (%s: %s); per-request energy is an estimate "
+                        "at %g W from now on", self.source.name, type(exc).__name__, exc,
+                        self.fallback_watts)
+            self.source = EstimateSource(self.fallback_watts)
+            self._last = self.source.read_joules()  # the interval the counter failed in: no one's
+            return
         delta, self._last = max(0.0, now - self._last), now
         if self._active and delta:
             share = delta / len(self._active)

@@ -8,20 +8,101 @@ a partial match, and a generator that stops the moment the caller stops reading.
 from __future__ import annotations
 
 import codecs
+import logging
 import os
 import random
 import threading
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 from .._config import DEFAULT_EDGE_MODEL
-from .._exceptions import EdgeBusyError, EdgeError, ModelCorruptError
+from .._exceptions import ConfigError, EdgeBusyError, EdgeError, ModelCorruptError
 from .._types import GenerationParams, Messages, Usage
-from ..models.store import Progress, resolve_gguf
+from ..models.catalog import ModelSpec, load_catalog
+from ..models.store import Progress, model_dir, resolve_gguf
 from ..prompts import PromptFormat, llama_plain, tokenize_prompt
 from .base import Delta, DeviceBackend, register_backend
 
 DEFAULT_MODEL = DEFAULT_EDGE_MODEL
+log = logging.getLogger("hybridllm.edge")
+_MAX_THREADS = 512  # GGML_MAX_N_THREADS: llama.cpp's own limit (past it a decode crawled or hung)
+_CLOSED = "The llama.cpp backend is closed; create a new LlamaCppBackend to generate again."
+_CLOSED_MID_ANSWER = (
+    "The llama.cpp backend was closed while it was generating; the answer is incomplete. Create a "
+    "new LlamaCppBackend to generate again."
+)
+
+
+def _check_settings(n_ctx: Any, n_threads: Any, n_batch: Any) -> None:
+    """Refuse values llama.cpp would crash on, hang on or blame on the model file."""
+    def whole(value: Any) -> bool:
+        return isinstance(value, int) and not isinstance(value, bool)
+
+    if not whole(n_ctx) or n_ctx < 0:
+        raise ConfigError(
+            f"n_ctx must be a whole number of tokens (0: the model's own context length), got {n_ctx!r}.")
+    if n_threads is not None and (not whole(n_threads) or not 1 <= n_threads <= _MAX_THREADS):
+        raise ConfigError(
+            f"n_threads must be a whole number from 1 to {_MAX_THREADS} (leave it out for all "
+            f"{os.cpu_count() or 1} cores), got {n_threads!r}.")
+    if not whole(n_batch) or n_batch < 1:
+        raise ConfigError(f"n_batch must be a whole number of tokens, at least 1, got {n_batch!r}.")
+
+
+def _repull_hint(path: Path, spec: ModelSpec | None) -> str:
+    """What to do about a GGUF file llama.cpp cannot read: the command that puts it back."""
+    if spec is None:  # a truncated copy of a catalog file no longer matches its size: by name
+        spec = next((s for s in load_catalog().values()
+                     if s.kind == "gguf" and s.main_file.name == path.name), None)
+        if spec is None:
+            return ("Download it again, or pass another .gguf file (or a catalog id: "
+                    "`hybridllm models list`).")
+    command = f"`hybridllm models pull {spec.id} --force`"
+    if path.resolve() == (model_dir(spec) / spec.main_file.name).resolve():
+        return f"Pull it again with {command}."
+    return f"Pull it again with {command} and copy the file it prints to {path}, or pass another .gguf file."
+
+
+def _return_freed_memory() -> None:
+    # the ONNX backend's helper (glibc's malloc_trim): llama.cpp frees its vocabulary, graph and
+    # sampler in many small allocations that otherwise stay in the process's heap
+    from .onnx import _return_freed_memory as trim
+
+    trim()
+
+
+class _Gate:
+    """Lets any number of calls into the native model at once, and ``close`` in only when none
+    is inside: freeing the model under a running decode crashed the process (SIGSEGV)."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._inside = 0
+        self.closed = False
+
+    @contextmanager
+    def enter(self, closed_message: str = _CLOSED) -> Iterator[None]:
+        with self._cond:
+            if self.closed:
+                raise EdgeError(closed_message)
+            self._inside += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._inside -= 1
+                self._cond.notify_all()
+
+    def close(self) -> bool:
+        """Shut the gate and wait for the calls inside (one token step at most); False if it was
+        shut already."""
+        with self._cond:
+            first = not self.closed
+            self.closed = True
+            self._cond.wait_for(lambda: self._inside == 0)
+        return first
 
 
 class StopMatcher:
@@ -72,27 +153,49 @@ class LlamaCppBackend(DeviceBackend):
         progress: Progress | None = None,
         verbose: bool = False,
     ) -> None:
+        _check_settings(n_ctx, n_threads, n_batch)
         self.model, self.model_path, spec = resolve_gguf(model, progress=progress)
         self.n_threads = n_threads or os.cpu_count() or 1
         self._busy = threading.Lock()  # a flag: never waited on
+        self._gate = _Gate()
         try:
             from llama_cpp import Llama
         except ImportError as exc:  # pragma: no cover - a broken install
             raise EdgeError(
                 "llama-cpp-python is not installed: pip install llama-cpp-python"
             ) from exc
-        try:
-            self._llm: Any = Llama(
+
+        def load(n_ctx: int) -> Any:
+            return Llama(
                 model_path=str(self.model_path), n_ctx=n_ctx, n_threads=self.n_threads,
-                n_threads_batch=self.n_threads, n_batch=n_batch, verbose=verbose,
+                # a batch longer than the context never runs, but llama-cpp-python sizes its logits
+                # buffer by it (n_batch x vocabulary floats): n_batch=10**9 raised a MemoryError
+                n_threads_batch=self.n_threads, n_batch=min(n_batch, n_ctx or n_batch), verbose=verbose,
             )
-        except (ValueError, RuntimeError, OSError) as exc:
+
+        try:
+            self._llm: Any = load(n_ctx)
+        except (ValueError, RuntimeError, OSError, MemoryError) as exc:
+            # the model loaded, then its context (KV cache), batch or logits could not be made
+            if isinstance(exc, MemoryError) or "llama_context" in str(exc) or "llama_batch" in str(exc):
+                raise ConfigError(
+                    f"llama.cpp loaded {self.model_path} but could not make a context of n_ctx="
+                    f"{n_ctx} tokens with n_batch={n_batch} ({exc}): too little memory for its KV "
+                    "cache, or values this model does not allow. Lower n_ctx (0: the model's own)."
+                ) from exc
             raise ModelCorruptError(
                 f"llama.cpp could not load {self.model_path} ({exc}). The file is truncated, "
-                "corrupt or of an unsupported architecture: "
-                + (f"re-pull it with `hybridllm models pull {spec.id} --force`, " if spec else "")
-                + "or pass another .gguf file."
+                f"corrupt or of an unsupported architecture. {_repull_hint(self.model_path, spec)}"
             ) from exc
+        trained = int(self._llm._model.n_ctx_train())
+        if trained > 0 and n_ctx > trained:
+            # llama.cpp only logs it, and answers past the trained length fall apart, while the
+            # router would send prompts up to n_ctx here: the context is made again at the model's
+            # own length (the default 4096 is more than some GGUFs were trained on: not an error)
+            log.warning("n_ctx=%d is more than %s was trained on (%d tokens); its context is %d",
+                        n_ctx, self.model, trained, trained)
+            self._llm.close()
+            self._llm = load(trained)
         meta = self._llm.metadata
         self._template = meta.get("tokenizer.chat_template")
         if chat_format is None:
@@ -107,6 +210,12 @@ class LlamaCppBackend(DeviceBackend):
             system_prompt = spec.extra.get("system_prompt")
         self.system_prompt = system_prompt or None
         self._n_vocab = self._llm.n_vocab()
+        # llama.cpp pads its context to a multiple of 256, but llama-cpp-python keeps the tokens in
+        # a buffer of the size asked for: a prompt past that size failed inside eval (a numpy
+        # ValueError) instead of being refused, and a generation ran past it
+        asked = int(self._llm.context_params.n_ctx)
+        padded = int(self._llm.n_ctx())
+        self._n_ctx = min(asked, padded) if asked > 0 else padded
         self._plain: tuple[dict[str, int], Callable[[str], list[int]]] | None = None
         self.prompt_format = PromptFormat(
             chat_template=self._template if chat_format == "template" else None,
@@ -120,25 +229,28 @@ class LlamaCppBackend(DeviceBackend):
 
     @property
     def context_length(self) -> int:
-        # llama.cpp pads its context to a multiple of 256, but llama-cpp-python keeps the tokens in
-        # a buffer of the size asked for: a prompt past that size failed inside eval (a numpy
-        # ValueError) instead of being refused, and a generation ran past it
-        asked = int(self._llm.context_params.n_ctx)
-        padded = int(self._llm.n_ctx())
-        return min(asked, padded) if asked > 0 else padded
+        if self._gate.closed:
+            raise EdgeError(_CLOSED)
+        return self._n_ctx
+
+    def render(self, messages: Messages) -> str:
+        if self._gate.closed:
+            raise EdgeError(_CLOSED)
+        return super().render(messages)
 
     def tokenize(self, messages: Messages, *, prefix: str = "") -> list[int]:
         # only the template's own markers become control tokens; every message's text and the
         # prefix are read as plain text, added markers such as <tool_call> too
         # (hybridllm.prompts.tokenize_prompt, llama_plain)
-        if self._plain is None:  # one pass over the vocabulary, on first use
-            self._plain = llama_plain(self._llm)
-        special_ids, encode_plain = self._plain
-        ids = tokenize_prompt(self.prompt_format, messages, prefix=prefix,
-                              special_ids=special_ids, encode_plain=encode_plain)
-        # what llama.cpp's add_special puts first for this model (BOS or nothing), unless the
-        # template wrote it already
-        start = list(self._llm.tokenize(b"", add_bos=True, special=False))
+        with self._gate.enter():  # the cached encoder below calls into the model: never after close
+            if self._plain is None:  # one pass over the vocabulary, on first use
+                self._plain = llama_plain(self._llm)
+            special_ids, encode_plain = self._plain
+            ids = tokenize_prompt(self.prompt_format, messages, prefix=prefix,
+                                  special_ids=special_ids, encode_plain=encode_plain)
+            # what llama.cpp's add_special puts first for this model (BOS or nothing), unless the
+            # template wrote it already
+            start = list(self._llm.tokenize(b"", add_bos=True, special=False))
         if start and ids[: len(start)] != start:
             ids[:0] = start
         return ids
@@ -162,32 +274,41 @@ class LlamaCppBackend(DeviceBackend):
         import numpy as np
         from llama_cpp import llama_cpp as C
 
-        llm = self._llm
         # llama.cpp takes a 32-bit seed and reads 0xFFFFFFFF (what -1 wraps to) as "draw a random
         # one": folding modulo 2**32 - 1 keeps every seed, -1 included, repeatable as on ONNX
         seed = params.seed % (2**32 - 1) if params.seed is not None else random.randrange(2**31)
-        llm.set_seed(seed)
+        with self._gate.enter():
+            llm = self._llm
+            llm.set_seed(seed)
         budget = min(params.max_tokens, self.context_length - len(tokens))
         decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         matcher = StopMatcher(stops)
         n_out, finish = 0, "length"
-        gen = llm.generate(
+        gen = llm.generate(  # lazy: nothing runs before the first next()
             tokens, temp=params.temperature, top_p=params.top_p, top_k=params.top_k,
             min_p=params.min_p, repeat_penalty=params.repeat_penalty, reset=True,
         )
         try:
-            for token in gen:
-                if C.llama_vocab_is_eog(llm._model.vocab, token):
-                    finish = "stop"
-                    break
-                n_out += 1
-                logprob = None
-                if params.logprobs:
-                    # [n_vocab] logits of the position that produced `token`
-                    row = np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(self._n_vocab,))
-                    peak = float(row.max())
-                    logprob = float(row[token] - peak - np.log(np.exp(row - peak).sum()))
-                text, hit = matcher.feed(decoder.decode(bytes(llm.detokenize([token]))))
+            while True:
+                # each step (a decode, the token's logits and text) runs inside the gate: close()
+                # from another thread waits for the step, and the next one finds the backend closed.
+                # The yield is outside it, so a reader that stops reading never holds close() up.
+                with self._gate.enter(_CLOSED_MID_ANSWER if n_out else _CLOSED):
+                    token = next(gen, None)
+                    if token is None:  # the generator ended on its own (it does not, today)
+                        break
+                    if C.llama_vocab_is_eog(llm._model.vocab, token):
+                        finish = "stop"
+                        break
+                    n_out += 1
+                    logprob = None
+                    if params.logprobs:
+                        # [n_vocab] logits of the position that produced `token`
+                        row = np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(self._n_vocab,))
+                        peak = float(row.max())
+                        logprob = float(row[token] - peak - np.log(np.exp(row - peak).sum()))
+                    piece = bytes(llm.detokenize([token]))
+                text, hit = matcher.feed(decoder.decode(piece))
                 if text or logprob is not None:
                     yield Delta(text, logprob=logprob)
                 if hit:
@@ -198,7 +319,7 @@ class LlamaCppBackend(DeviceBackend):
         except (RuntimeError, OSError) as exc:
             raise EdgeError(f"llama.cpp failed while generating: {exc}") from exc
         finally:
-            gen.close()  # stops decoding at once when the caller breaks out
+            gen.close()  # stops decoding at once when the caller breaks out (no native call)
         # the bytes of a character cut by max_tokens (or by the end of the answer) are dropped, never
         # sent as U+FFFD, so the deltas join to the final text as the characters they are; text held
         # back as the start of a stop string that never came is the answer's own (after a stop
@@ -207,10 +328,18 @@ class LlamaCppBackend(DeviceBackend):
         yield Delta(tail, finish_reason=finish, usage=Usage(len(tokens), n_out))
 
     def close(self) -> None:
-        llm = getattr(self, "_llm", None)
+        """Free the model. Safe from any thread and more than once: a generation running on
+        another thread stops after its current token (its reader gets an EdgeError), and every
+        later call raises EdgeError saying the backend is closed."""
+        gate = getattr(self, "_gate", None)  # absent when __init__ failed before it
+        if gate is None or not gate.close():
+            return
+        llm, self._llm = getattr(self, "_llm", None), None
+        self._plain = None  # its encoder holds the Llama object: it must go with it
         if llm is not None:
             llm.close()
-            self._llm = None
+            del llm
+            _return_freed_memory()
 
 
 def _factory(**kwargs: Any) -> LlamaCppBackend:

@@ -40,9 +40,9 @@ def test_reprepare_hint_without_a_catalog_model_says_what_id_means(tmp_path):
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc_trim is Linux-only")
 def test_freed_memory_is_returned_on_glibc():
-    from hybridllm.backends.onnx import _return_freed_memory
+    from hybridllm.backends.base import return_freed_memory
 
-    assert _return_freed_memory() is True
+    assert return_freed_memory() is True
 
 
 @pytest.mark.real

@@ -23,7 +23,7 @@ from .._types import GenerationParams, Messages, Usage
 from ..models.catalog import ModelSpec, load_catalog
 from ..models.store import Progress, model_dir, resolve_gguf
 from ..prompts import PromptFormat, llama_plain, tokenize_prompt
-from .base import Delta, DeviceBackend, register_backend
+from .base import Delta, DeviceBackend, register_backend, return_freed_memory
 
 DEFAULT_MODEL = DEFAULT_EDGE_MODEL
 log = logging.getLogger("hybridllm.edge")
@@ -63,14 +63,6 @@ def _repull_hint(path: Path, spec: ModelSpec | None) -> str:
     if path.resolve() == (model_dir(spec) / spec.main_file.name).resolve():
         return f"Pull it again with {command}."
     return f"Pull it again with {command} and copy the file it prints to {path}, or pass another .gguf file."
-
-
-def _return_freed_memory() -> None:
-    # the ONNX backend's helper (glibc's malloc_trim): llama.cpp frees its vocabulary, graph and
-    # sampler in many small allocations that otherwise stay in the process's heap
-    from .onnx import _return_freed_memory as trim
-
-    trim()
 
 
 class _Gate:
@@ -339,7 +331,7 @@ class LlamaCppBackend(DeviceBackend):
         if llm is not None:
             llm.close()
             del llm
-            _return_freed_memory()
+            return_freed_memory()
 
 
 def _factory(**kwargs: Any) -> LlamaCppBackend:

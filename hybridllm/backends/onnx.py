@@ -34,7 +34,7 @@ from .._types import GenerationParams, Messages, Usage
 from ..models.onnx_store import DEFAULT_PRECISION, onnx_dir, prepare_command, read_meta, resolve_onnx
 from ..models.store import Progress
 from ..prompts import PromptFormat, tokenize_prompt, tokenizers_plain
-from .base import Delta, DeviceBackend, register_backend
+from .base import Delta, DeviceBackend, register_backend, return_freed_memory
 from .llama_cpp import DEFAULT_MODEL, StopMatcher
 
 _PENALTY_WINDOW = 64  # llama.cpp's default repeat_last_n
@@ -43,26 +43,6 @@ _HUGE_PAGE = 2 << 20  # the PMD size of x86-64 and arm64 (4 kB base pages)
 _MADV_HUGEPAGE, _MADV_COLLAPSE = 14, 25  # <sys/mman.h>; MADV_COLLAPSE since Linux 6.1
 _ORT_LOG_FATAL = 4  # ONNX Runtime's log severities: 0 verbose .. 3 error, 4 fatal
 _CLOSED = "The ONNX backend is closed; create a new OnnxBackend to generate again."
-
-
-def _return_freed_memory() -> bool:
-    """Give the heap's free pages back to the system (glibc's ``malloc_trim``); False where the C
-    library has none (macOS, musl).
-
-    The runtime's repacked weights and the KV cache live in many heap allocations under glibc's
-    mmap threshold; freeing them leaves the pages in the process. Closing a SmolLM2 backend kept
-    about 200 MB of the 360 MB it had added, and each load-and-close cycle kept more (232, 262,
-    298 MB after three); with the trim the process went back to within 55 MB of where it began.
-    """
-    if sys.platform != "linux":
-        return False
-    try:
-        trim = ctypes.CDLL(None).malloc_trim
-    except (OSError, AttributeError):
-        return False
-    trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
-    trim(0)
-    return True
 
 
 def _reprepare_hint(folder: Path, spec: Any, precision: str) -> str:
@@ -382,7 +362,7 @@ class OnnxBackend(DeviceBackend):
             self._gen, self._cached, self._last_row = None, [], None
             self._tok = self._model = None
         if had_model:
-            _return_freed_memory()
+            return_freed_memory()
 
 
 # the token texts llama.cpp's vocabulary loader marks end-of-generation by name (llama-vocab.cpp)

@@ -310,25 +310,73 @@ def cmd_chat(args: argparse.Namespace) -> int:
 
 
 def cmd_models_list(args: argparse.Namespace) -> int:
+    from .models.remove import disk_usage, human_size
     from .models.store import iter_catalog
 
-    rows = []
+    rows: list[dict[str, Any]] = []
     for spec, ready in iter_catalog():
         size = spec.total_size
         rows.append({"id": spec.id, "kind": spec.kind, "architecture": spec.architecture,
                      "chat_format": spec.chat_format, "license": spec.license,
                      "size_mb": round(size / 1e6, 1) if size else None, "package": spec.package,
-                     "pulled": ready, "description": spec.description})
+                     "pulled": ready, "disk_bytes": disk_usage(spec.id), "description": spec.description})
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
     w = max([len("ID"), *(len(str(r["id"])) for r in rows)]) + 2  # the longest id sets the column
-    print(f"{'ID':<{w}}{'KIND':<11}{'ARCH':<9}{'SIZE':>9}  {'PULLED':<7}LICENSE")
+    print(f"{'ID':<{w}}{'KIND':<11}{'ARCH':<9}{'SIZE':>9}  {'PULLED':<7}{'ON DISK':>10}  LICENSE")
     for r in rows:
         shown = f"{r['size_mb']} MB" if r["size_mb"] else "-"
+        disk = human_size(r["disk_bytes"]) if r["disk_bytes"] else "-"
         print(f"{r['id']:<{w}}{r['kind']:<11}{r['architecture']:<9}{shown:>9}  "
-              f"{'yes' if r['pulled'] else 'no':<7}{r['license']}")
+              f"{'yes' if r['pulled'] else 'no':<7}{disk:>10}  {r['license']}")
+    total = sum(r["disk_bytes"] for r in rows)
+    # the total's size sits under ON DISK; `hybridllm models remove ID` frees a model's share
+    print(f"{'total':<{w}}{'on disk':<38}{human_size(total) if total else '-':>10}")
     return 0
+
+
+def cmd_models_remove(args: argparse.Namespace) -> int:
+    from .models.remove import RemoveIncompleteError, disk_usage, human_size, plan, remove
+
+    ids = list(dict.fromkeys(args.ids))
+    plans = {mid: plan(mid) for mid in ids}  # an unknown id is refused here, before anything goes
+    for mid in ids:
+        if not plans[mid]:
+            print(f"{mid}: nothing on disk")
+    todo = [mid for mid in ids if plans[mid]]
+    if not todo:
+        return 0
+    if not args.yes:
+        if not sys.stdin or not sys.stdin.isatty():
+            raise _UsageError(f"not on a terminal, so nothing was asked or removed; pass --yes to "
+                              f"remove {' '.join(todo)} without asking.")
+        for mid in todo:
+            for e in plans[mid]:
+                print(f"  {e.path}  {human_size(e.bytes)}", file=sys.stderr)
+        total = sum(e.bytes for mid in todo for e in plans[mid])
+        count = sum(len(plans[mid]) for mid in todo)
+        print(f"Remove {count} path(s) of {', '.join(todo)}, {human_size(total)}? [y/N] ",
+              end="", file=sys.stderr, flush=True)
+        answer = sys.stdin.readline().strip().lower()
+        if answer not in ("y", "yes"):
+            print("nothing removed", file=sys.stderr)
+            return 1
+    failed = False
+    for mid in todo:
+        def waiting(mid: str = mid) -> None:
+            print(f"waiting for a pull or prepare of {mid} in another process ...", file=sys.stderr)
+
+        before = disk_usage(mid)
+        try:
+            gone = remove(mid, on_wait=waiting)
+        except RemoveIncompleteError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            failed = True
+            continue
+        freed = before - disk_usage(mid)
+        print(f"removed {mid}: {len(gone)} path{'s' if len(gone) != 1 else ''}, {human_size(freed)}")
+    return 1 if failed else 0
 
 
 def cmd_models_pull(args: argparse.Namespace) -> int:
@@ -401,7 +449,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--system", default=None, help="system prompt")
     p.set_defaults(func=cmd_ask)
 
-    models = sub.add_parser("models", help="list, pull, verify the embedded models")
+    models = sub.add_parser("models", help="list, pull, verify, remove the embedded models")
     msub = models.add_subparsers(dest="models_command", metavar="ACTION", required=True)
     p = msub.add_parser("list", help="the catalog and what is pulled")
     p.add_argument("--json", action="store_true")
@@ -424,6 +472,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="ONNX weights (default int4)")
     p.add_argument("--force", action="store_true", help="build again even if prepared")
     p.set_defaults(func=cmd_models_prepare)
+    p = msub.add_parser("remove", aliases=["rm"],
+                        help="delete a model's pulled files and prepared forms from the data dir")
+    p.add_argument("ids", nargs="+", metavar="ID")
+    p.add_argument("--yes", "-y", action="store_true", help="do not ask (needed when not on a terminal)")
+    p.set_defaults(func=cmd_models_remove)
 
     for module in _GROUPS:
         try:

@@ -104,27 +104,56 @@ def _source_parts(spec: ModelSpec, file: FileSpec) -> list[Path]:
 
 
 @contextlib.contextmanager
-def _folder_lock(folder: Path) -> Iterator[bool]:
+def _folder_lock(folder: Path, *, on_wait: Callable[[], None] | None = None) -> Iterator[bool]:
     """Hold an exclusive lock on ``folder`` (the folder itself: no lock file is left behind).
 
     Yields whether the lock is held: a file system without locks (some network mounts) copies
-    without one, as before, rather than failing.
+    without one, as before, rather than failing. ``on_wait`` is called once when another process
+    holds the lock. A folder that `models remove` deleted while this one waited is made again and
+    locked anew, so a waiting pull writes into a live folder, not into a deleted one.
     """
     if fcntl is None:  # pragma: no cover
         yield False
         return
-    fd = os.open(folder, os.O_RDONLY)
+    while True:
+        fd = os.open(folder, os.O_RDONLY)
+        try:
+            locked = _flock(fd, on_wait)
+            on_wait = None
+            if locked and not _same_file(fd, folder):  # removed while this process waited
+                os.close(fd)
+                fd = -1
+                folder.mkdir(parents=True, exist_ok=True)
+                continue
+            yield locked
+            return
+        finally:
+            if fd >= 0:
+                os.close(fd)  # releases the lock
+
+
+def _flock(fd: int, on_wait: Callable[[], None] | None) -> bool:
     try:
         try:
+            fcntl.flock(fd, fcntl.LOCK_EX | getattr(fcntl, "LOCK_NB", 0))
+        except BlockingIOError:
+            if on_wait:
+                on_wait()
             fcntl.flock(fd, fcntl.LOCK_EX)
-            locked = True
-        except OSError as exc:
-            if exc.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EINVAL):
-                raise
-            locked = False
-        yield locked
-    finally:
-        os.close(fd)  # releases the lock
+        return True
+    except OSError as exc:
+        if exc.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EINVAL):
+            raise
+        return False
+
+
+def _same_file(fd: int, path: Path) -> bool:
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return False
+    held = os.fstat(fd)
+    return (st.st_dev, st.st_ino) == (held.st_dev, held.st_ino)
 
 
 def _tmp_prefix(dest: Path) -> str:

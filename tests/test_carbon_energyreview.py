@@ -37,15 +37,15 @@ def test_a_hung_feed_costs_one_timeout_once_and_is_not_asked_again_while_hung():
     calls: list[float] = []
     release = threading.Event()
     ep = CloudEndpoint("http://clean.test", carbon_intensity=_hanging(calls, release))
-    ep.feed_timeout_s = 0.2
+    ep.feed_timeout_s = 1.0
     try:
         t0 = time.monotonic()
         assert ep.intensity() is None
         first = time.monotonic() - t0
-        assert 0.15 < first < 1.5
+        assert 0.9 < first < 5.0
         t0 = time.monotonic()
         assert ep.intensity() is None and ep.intensity() is None  # still hung: not waited for again
-        assert time.monotonic() - t0 < 0.1
+        assert time.monotonic() - t0 < 0.5  # two more timeouts would be 2 s (margin for a busy CI)
         assert len(calls) == 1
     finally:
         release.set()

@@ -172,7 +172,7 @@ def test_real_edge_with_a_firewalled_cloud_stops_early_through_the_cli(
     assert rc == 1
     err = capsys.readouterr().err
     assert "Cannot reach" in err and "no cloud answer came back yet" in err and "Traceback" not in err
-    assert took < 15.0  # before: 20 questions x 3 tries x 2 s, two at a time (60 s)
+    assert took < 30.0  # before: 20 questions x 3 tries x 2 s, two at a time (60 s); now ~5 s
     assert len(edge_calls) < 40
     assert out.read_text(encoding="utf-8").count("\n") == 1  # the header only
 

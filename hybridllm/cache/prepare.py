@@ -120,27 +120,40 @@ def stderr_notice(line: str) -> None:
 
 @contextlib.contextmanager
 def _prepare_lock(out: Path) -> Iterator[None]:
+    """Hold ``out/.prepare.lock``. A folder that `hybridllm models remove` deleted while this
+    process waited is made again and locked anew: the build then writes into a live folder (it
+    failed, writing into the deleted one)."""
+    from ..models.store import same_file
+
+    while True:
+        fh = _open_lock(out)
+        try:
+            import fcntl
+        except ImportError:  # Windows: per-pid temporary names keep concurrent writers apart
+            with fh:
+                yield
+            return
+        with fh:
+            fcntl.flock(fh, fcntl.LOCK_EX)
+            try:
+                if not same_file(fh.fileno(), out / ".prepare.lock"):
+                    continue  # removed meanwhile: the lock is on a file no one else will open
+                yield
+                return
+            finally:
+                fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def _open_lock(out: Path) -> Any:
     try:
         out.mkdir(parents=True, exist_ok=True)
-        fh = open(out / ".prepare.lock", "w")  # noqa: SIM115 - closed below
+        return open(out / ".prepare.lock", "w")  # noqa: SIM115 - closed by the caller
     except OSError as exc:  # a read-only data dir: a ModelError, so the cache steps aside
         raise ModelError(
             f"Cannot write the cache model into {out} ({exc.strerror or exc}); point "
             "HYBRIDLLM_HOME at a writable folder, or run `hybridllm models prepare minilm-l6-v2` "
             "once with write access."
         ) from exc
-    try:
-        import fcntl
-    except ImportError:  # Windows: per-pid temporary names keep concurrent writers apart
-        with fh:
-            yield
-        return
-    with fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
 
 
 def _prepare(

@@ -120,7 +120,7 @@ def _folder_lock(folder: Path, *, on_wait: Callable[[], None] | None = None) -> 
         try:
             locked = _flock(fd, on_wait)
             on_wait = None
-            if locked and not _same_file(fd, folder):  # removed while this process waited
+            if locked and not same_file(fd, folder):  # removed while this process waited
                 os.close(fd)
                 fd = -1
                 folder.mkdir(parents=True, exist_ok=True)
@@ -147,7 +147,8 @@ def _flock(fd: int, on_wait: Callable[[], None] | None) -> bool:
         return False
 
 
-def _same_file(fd: int, path: Path) -> bool:
+def same_file(fd: int, path: Path) -> bool:
+    """Whether the open file ``fd`` is still the one at ``path`` (not deleted or replaced since)."""
     try:
         st = os.stat(path)
     except FileNotFoundError:

@@ -601,15 +601,22 @@ class Core:
         call = _CloudCall(self._prompt_tokens(req), reservation=req.reservation)
         req.reservation = None
         req.cloud_calls.append(call)
-        restorer = None
+        restorer: Restorer | _RestoredStop | None = None
+        params = req.params
         if d.placeholders:  # privacy="redact": the answer's placeholders are restored before anyone reads it
             from .router.privacy import Restorer
 
             restorer = Restorer(d.placeholders)
+            if params.stop:
+                # the stop sequences are about the text the caller reads: matched after the values
+                # are back (the cloud, native or the client's emulation, matched the placeholders:
+                # stop "@" let "alice@example.com" through, stop "EMAIL" cut "[EMAIL_1]" to "[")
+                restorer = _RestoredStop(restorer, params.stop)
+                params = dataclasses.replace(params, stop=())
         try:
             async with aclosing(
                 self._emit(
-                    self.cloud.astream(d.messages_for_cloud, req.params,  # type: ignore[call-arg]
+                    self.cloud.astream(d.messages_for_cloud, params,  # type: ignore[call-arg]
                                        **({"priority": req.options.priority}
                                           if req.options.priority else {})),
                     self.cloud,
@@ -677,7 +684,7 @@ class Core:
         ttft_ms: float | None = None,
         logprobs: bool = False,
         inline: bool = True,
-        restorer: Restorer | None = None,
+        restorer: Restorer | _RestoredStop | None = None,
     ) -> Chunks:
         # log-probabilities are cheap on the device: ask for them whenever the cache may keep
         # the answer, since an unsure answer is not stored
@@ -722,7 +729,7 @@ class Core:
         call: _CloudCall | None = None,
         prefix: str = "",
         ttft_ms: float | None = None,
-        restorer: Restorer | None = None,
+        restorer: Restorer | _RestoredStop | None = None,
     ) -> Chunks:
         """Stream the deltas as chunks, then one final chunk with the completion. With
         ``call``, the deltas are a cloud call's, accounted in it; with ``prefix`` (already sent
@@ -738,6 +745,8 @@ class Core:
                     chunk = answer.feed(delta)
                     if chunk is not None:
                         yield chunk
+                    if answer.stopped:  # a stop sequence in the restored text: close the stream here
+                        break
         except (CloudUnavailableError, CloudRateLimitError) as exc:
             if call is None:
                 raise
@@ -915,6 +924,37 @@ def _cannot_continue(exc: NotImplementedError) -> CloudUnavailableError:
     return CloudUnavailableError(f"the cloud stream broke mid-answer and {exc}; retry the request")
 
 
+class _RestoredStop:
+    """A :class:`Restorer` whose output is cut at the caller's stop sequences: with
+    privacy="redact" the cloud writes placeholders, and a stop sequence is matched against the text
+    the caller reads (the cloud is sent none). ``hit`` once one matched; nothing passes after it."""
+
+    def __init__(self, restorer: Restorer, stops: Sequence[str]) -> None:
+        from .backends.llama_cpp import StopMatcher
+
+        self.restorer, self.matcher, self.hit = restorer, StopMatcher(tuple(stops)), False
+
+    def feed(self, piece: str) -> str:
+        return self._match(self.restorer.feed(piece))
+
+    def flush(self) -> str:
+        text = self._match(self.restorer.flush())
+        return text if self.hit else text + self.matcher.flush()
+
+    def cut(self) -> str:
+        """The stream broke: what may start a stop sequence is dropped with it (whoever continues
+        the answer writes on from the text shown)."""
+        text = self._match(self.restorer.cut())
+        self.matcher.pending = ""
+        return text
+
+    def _match(self, text: str) -> str:
+        if self.hit:
+            return ""
+        text, self.hit = self.matcher.feed(text)
+        return text
+
+
 class _Answer:
     """One answer being streamed: deltas in, chunks out, then the final chunk with the
     Completion. Shared by the async path and the sync client's inline edge path. A cloud answer's
@@ -931,7 +971,7 @@ class _Answer:
         call: _CloudCall | None = None,
         prefix: str = "",
         ttft_ms: float | None = None,
-        restorer: Restorer | None = None,
+        restorer: Restorer | _RestoredStop | None = None,
     ) -> None:
         self.backend, self.start, self.call = backend, start, call
         self.route, self.reason, self.score, self.prefix = route, reason, score, prefix
@@ -940,12 +980,14 @@ class _Answer:
         self.parts: list[str] = [prefix] if prefix else []
         self.logprobs: list[float] = []
         self.finish_reason, self.usage = "stop", Usage()
+        self.stopped = False  # the restorer's stop matcher ended the answer (``_RestoredStop``)
 
     def feed(self, delta: Delta) -> Chunk | None:
         if delta.logprob is not None:
             self.logprobs.append(delta.logprob)
         if delta.finish_reason is not None:
-            self.finish_reason, self.usage = delta.finish_reason, delta.usage or self.usage
+            self.finish_reason = "stop" if self.stopped else delta.finish_reason
+            self.usage = delta.usage or self.usage
             if self.call is not None and delta.usage is not None:
                 self.call.usage = delta.usage
         if not delta.text:
@@ -953,6 +995,8 @@ class _Answer:
         if self.call is not None:  # until the cloud's own count arrives: ~4 characters a token
             self.call.streamed += max(1, len(delta.text) // 4)
         text = self.restorer.feed(delta.text) if self.restorer is not None else delta.text
+        if isinstance(self.restorer, _RestoredStop) and self.restorer.hit:
+            self.stopped, self.finish_reason = True, "stop"
         if not text:  # all of it held back: it may be the start of a placeholder
             return None
         if self.ttft is None:  # the first text the caller sees
@@ -963,7 +1007,10 @@ class _Answer:
 
     def flush(self) -> Chunk | None:
         """The text the restorer still holds (the stream ended), as one last chunk."""
-        return self._shown(self.restorer.flush() if self.restorer is not None else "")
+        chunk = self._shown(self.restorer.flush() if self.restorer is not None else "")
+        if isinstance(self.restorer, _RestoredStop) and self.restorer.hit:
+            self.stopped, self.finish_reason = True, "stop"
+        return chunk
 
     def cut(self) -> Chunk | None:
         """The stream broke: what the restorer holds, if it is whole (``Restorer.cut``)."""

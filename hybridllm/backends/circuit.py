@@ -120,7 +120,7 @@ class CircuitBreaker:
             self._open()
 
     def release_probe(self) -> None:
-        """A probe that ended without a verdict (e.g. the caller stopped reading)."""
+        """A probe that ended without a verdict (the caller stopped reading before its first token)."""
         with self._lock:
             self._probing = False
 

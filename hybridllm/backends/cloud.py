@@ -432,7 +432,11 @@ class CloudBackend(Backend):
                 ep.breaker.release_probe()
                 raise
             except (GeneratorExit, asyncio.CancelledError):
-                ep.breaker.release_probe()
+                if started:  # it was answering when the reader stopped (at its stop sequence, a
+                    # hang-up): a verdict on the endpoint, or a half-open circuit never closed
+                    ep.breaker.record_success()
+                else:
+                    ep.breaker.release_probe()
                 raise
             finally:
                 ep.done(cost)

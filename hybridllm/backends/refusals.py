@@ -11,7 +11,8 @@ fields (a server upgraded since may take them now).
 Remembered only for ``https`` endpoints off this machine: a hosted API. A plain-http or local
 server is one being developed or reconfigured, where a refusal is better learned anew each run.
 The file holds endpoint URLs, model names and field names, never a key or a prompt. Unreadable
-or corrupt, it is ignored (and replaced at the next refusal); unwritable, nothing is kept.
+or corrupt, it is ignored (and replaced at the next refusal); unwritable, nothing is kept. Writers
+(threads and processes) take turns under a lock (``.cloud_refused_fields.json.lock`` beside it).
 """
 
 from __future__ import annotations
@@ -21,8 +22,9 @@ import ipaddress
 import json
 import logging
 import os
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -75,17 +77,23 @@ class RefusalMemory:
     def remember(self, base_url: str, model: str, fields: frozenset[str]) -> None:
         """Keep ``fields`` as what ``base_url`` refuses for ``model``, from now (entries past
         their time are dropped as the file is written)."""
-        now = self._clock()
-        entries = {k: v for k, v in self._read().items()
-                   if isinstance(v, dict) and isinstance(v.get("at"), (int, float))
-                   and 0 <= now - v["at"] < TTL_S}
-        entries[_key(base_url, model)] = {"fields": sorted(fields), "at": now}
         path = self.path
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        # one writer at a time, threads (several clients in one process) and processes alike: the
+        # file is read, added to and replaced under the lock, so no writer drops another's entry;
+        # the temporary name is the thread's own (one shared name let two writers mix their
+        # bytes into one corrupt file, and every entry was lost with it)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            tmp.write_text(json.dumps({"version": _VERSION, "entries": entries}, indent=1), encoding="utf-8")
-            os.replace(tmp, path)  # whole or not at all: another process reads one or the other
+            with _LOCK, _file_lock(path.with_name(f".{path.name}.lock")):
+                now = self._clock()
+                entries = {k: v for k, v in self._read().items()
+                           if isinstance(v, dict) and isinstance(v.get("at"), (int, float))
+                           and 0 <= now - v["at"] < TTL_S}
+                entries[_key(base_url, model)] = {"fields": sorted(fields), "at": now}
+                tmp.write_text(json.dumps({"version": _VERSION, "entries": entries}, indent=1),
+                               encoding="utf-8")
+                os.replace(tmp, path)  # whole or not at all: a reader gets one or the other
         except OSError as exc:
             log.debug("could not keep the cloud's refused fields in %s: %s", path, exc)
             with contextlib.suppress(OSError):
@@ -101,6 +109,26 @@ class RefusalMemory:
             return {}
         entries = data.get("entries") if isinstance(data, dict) and data.get("version") == _VERSION else None
         return entries if isinstance(entries, dict) else {}
+
+
+_LOCK = threading.Lock()  # the writers of this process (flock alone does not order threads of one)
+
+
+@contextlib.contextmanager
+def _file_lock(lock_path: Path) -> Iterator[None]:
+    """An exclusive lock between processes on ``lock_path`` (made if missing, left in place); where
+    files cannot be locked (Windows, some network mounts) none is held, as before."""
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - Windows
+        yield
+        return
+    with open(lock_path, "a") as fh:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX)
+        except OSError as exc:
+            log.debug("no lock on %s (%s): written without one", lock_path, exc)
+        yield  # closing the file releases the lock
 
 
 def _key(base_url: str, model: str) -> str:

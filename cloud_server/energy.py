@@ -171,6 +171,14 @@ def detect_source(
     return EstimateSource(fallback)
 
 
+def meter_for(device: str, *, power_watts: float | None = None,
+              num_threads: int | None = None) -> EnergyMeter:
+    """The meter of an engine on ``device``: its source (``detect_source``) and, should a counter
+    fail later, the same estimate ``detect_source`` falls back to."""
+    fallback = power_watts or default_watts(device, num_threads)
+    return EnergyMeter(detect_source(device, power_watts=power_watts, num_threads=num_threads), fallback)
+
+
 class EnergyMeter:
     """Shares a source's energy among the requests active while it is spent.
 

@@ -48,7 +48,7 @@ from ._types import (
     estimate_tokens,
     normalize_messages,
 )
-from .backends.base import Backend, Delta
+from .backends.base import Backend, Delta, StopMatcher
 from .backends.worker import EdgeWorker, InlineRun
 
 if TYPE_CHECKING:
@@ -930,8 +930,6 @@ class _RestoredStop:
     the caller reads (the cloud is sent none). ``hit`` once one matched; nothing passes after it."""
 
     def __init__(self, restorer: Restorer, stops: Sequence[str]) -> None:
-        from .backends.llama_cpp import StopMatcher
-
         self.restorer, self.matcher, self.hit = restorer, StopMatcher(tuple(stops)), False
 
     def feed(self, piece: str) -> str:
@@ -995,8 +993,7 @@ class _Answer:
         if self.call is not None:  # until the cloud's own count arrives: ~4 characters a token
             self.call.streamed += max(1, len(delta.text) // 4)
         text = self.restorer.feed(delta.text) if self.restorer is not None else delta.text
-        if isinstance(self.restorer, _RestoredStop) and self.restorer.hit:
-            self.stopped, self.finish_reason = True, "stop"
+        self._note_stop()
         if not text:  # all of it held back: it may be the start of a placeholder
             return None
         if self.ttft is None:  # the first text the caller sees
@@ -1008,9 +1005,13 @@ class _Answer:
     def flush(self) -> Chunk | None:
         """The text the restorer still holds (the stream ended), as one last chunk."""
         chunk = self._shown(self.restorer.flush() if self.restorer is not None else "")
+        self._note_stop()
+        return chunk
+
+    def _note_stop(self) -> None:
+        """The restorer's stop matcher (``_RestoredStop``) ended the answer: it ends with "stop"."""
         if isinstance(self.restorer, _RestoredStop) and self.restorer.hit:
             self.stopped, self.finish_reason = True, "stop"
-        return chunk
 
     def cut(self) -> Chunk | None:
         """The stream broke: what the restorer holds, if it is whole (``Restorer.cut``)."""

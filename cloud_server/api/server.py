@@ -105,14 +105,13 @@ def _attach_energy_meter(app: FastAPI, engine: Any) -> None:
     accounting = app.state.metrics.energy
     if accounting is None or app.state.energy_mode != "auto":
         return
-    from cloud_server.energy import EnergyMeter, default_watts, detect_source
+    from cloud_server.energy import meter_for
 
     inner = getattr(engine, "engine", None)
     config = getattr(engine, "config", None)
-    device, threads = str(getattr(inner, "device", "cpu")), getattr(config, "num_threads", None)
-    source = detect_source(device, power_watts=app.state.power_watts, num_threads=threads)
-    accounting.meter = EnergyMeter(source, app.state.power_watts or default_watts(device, threads))
-    logger.info("energy per request from %s", source.name)
+    accounting.meter = meter_for(str(getattr(inner, "device", "cpu")), power_watts=app.state.power_watts,
+                                 num_threads=getattr(config, "num_threads", None))
+    logger.info("energy per request from %s", accounting.meter.name)
 
 
 @contextlib.asynccontextmanager

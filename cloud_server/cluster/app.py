@@ -56,17 +56,14 @@ class EngineReplica:
     async def __init__(  # type: ignore[misc]  # Ray Serve awaits an async __init__
         self, engine_kwargs: dict[str, Any], board_name: str, power_watts: float | None = None
     ) -> None:
-        from ..energy import EnergyMeter, default_watts, detect_source
+        from ..energy import meter_for
         from ..engine.async_engine import AsyncLLMEngine
 
         config = EngineConfig(**engine_kwargs)
         self.engine = AsyncLLMEngine(config)
         await self.engine.start()  # loads the weights in a worker thread
         device = str(self.engine.engine.device)
-        self.meter = EnergyMeter(
-            detect_source(device, power_watts=power_watts, num_threads=config.num_threads),
-            power_watts or default_watts(device, config.num_threads),
-        )
+        self.meter = meter_for(device, power_watts=power_watts, num_threads=config.num_threads)
         self.replica = serve.get_replica_context().replica_id.unique_id
         self._board = board_handle(board_name)
         self._reports = 0

@@ -201,6 +201,39 @@ def _load_builtin(name: str) -> None:
             pass
 
 
+class StopMatcher:
+    """Holds back text that may be the start of a stop string; cuts at the first full match. Shared by
+    the device backends, the cloud client (a model that refuses ``stop``) and the pipeline (stops
+    matched in restored text under privacy="redact")."""
+
+    def __init__(self, stops: tuple[str, ...]) -> None:
+        self.stops = stops
+        self.pending = ""
+
+    def feed(self, text: str) -> tuple[str, bool]:
+        """Return (text safe to emit, whether a stop string was hit)."""
+        buf = self.pending + text
+        if not self.stops:
+            self.pending = ""
+            return buf, False
+        cut = min((i for i in (buf.find(s) for s in self.stops) if i >= 0), default=-1)
+        if cut >= 0:
+            self.pending = ""
+            return buf[:cut], True
+        hold = 0
+        for stop in self.stops:  # longest suffix of buf that is a proper prefix of a stop
+            for k in range(min(len(stop) - 1, len(buf)), hold, -1):
+                if buf.endswith(stop[:k]):
+                    hold = k
+                    break
+        self.pending = buf[len(buf) - hold:] if hold else ""
+        return buf[: len(buf) - hold], False
+
+    def flush(self) -> str:
+        out, self.pending = self.pending, ""
+        return out
+
+
 def return_freed_memory() -> bool:
     """Give the heap's free pages back to the system (glibc's ``malloc_trim``), for a device
     backend's close(); False where the C library has none (macOS, musl).

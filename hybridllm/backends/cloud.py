@@ -78,9 +78,8 @@ from .._exceptions import (
     InvalidRequestError,
 )
 from .._types import GenerationParams, Messages, Usage, estimate_tokens
-from .base import Backend, Delta, register_backend
+from .base import Backend, Delta, StopMatcher, register_backend
 from .circuit import MAX_COOLDOWN_S, CircuitBreaker, Endpoint, pick_endpoint
-from .llama_cpp import StopMatcher
 from .refusals import RefusalMemory, is_hosted
 
 log = logging.getLogger("hybridllm.cloud")

@@ -23,7 +23,7 @@ from .._types import GenerationParams, Messages, Usage
 from ..models.catalog import ModelSpec, load_catalog
 from ..models.store import Progress, model_dir, resolve_gguf
 from ..prompts import PromptFormat, llama_plain, tokenize_prompt
-from .base import Delta, DeviceBackend, register_backend, return_freed_memory
+from .base import Delta, DeviceBackend, StopMatcher, register_backend, return_freed_memory
 
 DEFAULT_MODEL = DEFAULT_EDGE_MODEL
 log = logging.getLogger("hybridllm.edge")
@@ -95,37 +95,6 @@ class _Gate:
             self.closed = True
             self._cond.wait_for(lambda: self._inside == 0)
         return first
-
-
-class StopMatcher:
-    """Holds back text that may be the start of a stop string; cuts at the first full match."""
-
-    def __init__(self, stops: tuple[str, ...]) -> None:
-        self.stops = stops
-        self.pending = ""
-
-    def feed(self, text: str) -> tuple[str, bool]:
-        """Return (text safe to emit, whether a stop string was hit)."""
-        buf = self.pending + text
-        if not self.stops:
-            self.pending = ""
-            return buf, False
-        cut = min((i for i in (buf.find(s) for s in self.stops) if i >= 0), default=-1)
-        if cut >= 0:
-            self.pending = ""
-            return buf[:cut], True
-        hold = 0
-        for stop in self.stops:  # longest suffix of buf that is a proper prefix of a stop
-            for k in range(min(len(stop) - 1, len(buf)), hold, -1):
-                if buf.endswith(stop[:k]):
-                    hold = k
-                    break
-        self.pending = buf[len(buf) - hold:] if hold else ""
-        return buf[: len(buf) - hold], False
-
-    def flush(self) -> str:
-        out, self.pending = self.pending, ""
-        return out
 
 
 class LlamaCppBackend(DeviceBackend):

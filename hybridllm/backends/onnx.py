@@ -34,8 +34,8 @@ from .._types import GenerationParams, Messages, Usage
 from ..models.onnx_store import DEFAULT_PRECISION, onnx_dir, prepare_command, read_meta, resolve_onnx
 from ..models.store import Progress
 from ..prompts import PromptFormat, tokenize_prompt, tokenizers_plain
-from .base import Delta, DeviceBackend, register_backend, return_freed_memory
-from .llama_cpp import DEFAULT_MODEL, StopMatcher
+from .base import Delta, DeviceBackend, StopMatcher, register_backend, return_freed_memory
+from .llama_cpp import DEFAULT_MODEL
 
 _PENALTY_WINDOW = 64  # llama.cpp's default repeat_last_n
 _CANDIDATE_NATS = 30.0

@@ -82,19 +82,14 @@ class CloudEndpoint:
             return cls(**value)
         raise ConfigError(f"a cloud endpoint is a URL, a dict or a CloudEndpoint, got {value!r}.")
 
-    def intensity(self) -> float | None:
+    def intensity(self, call: tuple[Future, float] | None = None) -> float | None:
         """The figure in gCO2/kWh, or None (unknown: placed last, no CO2 figures). A feed that
         raises, gives a bogus value or has not answered within ``feed_timeout_s`` is unknown
         for that request, never its failure; warned once until it answers well again."""
         ci = self.carbon_intensity
         if not callable(ci):
             return None if ci is None else float(ci)
-        # a hung call is not asked again: later requests wait only what is left of its timeout
-        with self._feed_lock:
-            call = self._feed_call
-            if call is None or call[0].done():
-                call = self._feed_call = (self._start_feed(ci), time.monotonic())
-        future, started = call
+        future, started = call or self._feed()  # ``call``: one started earlier by ask_feeds
         try:
             value = future.result(timeout=max(0.0, started + self.feed_timeout_s - time.monotonic()))
         except FutureTimeout:
@@ -107,6 +102,17 @@ class CloudEndpoint:
             self._feed_warned = False
             log.info("carbon intensity of %s answers again (%s gCO2/kWh)", self.url, value)
         return float(value)
+
+    def _feed(self) -> tuple[Future, float]:
+        """The feed's call in flight, or a new one: a hung call is not asked again, so later
+        requests wait only what is left of its timeout."""
+        feed = self.carbon_intensity
+        assert callable(feed)
+        with self._feed_lock:
+            call = self._feed_call
+            if call is None or call[0].done():
+                call = self._feed_call = (self._start_feed(feed), time.monotonic())
+        return call
 
     @staticmethod
     def _start_feed(feed: Callable[[], Any]) -> Future:
@@ -192,6 +198,19 @@ class CarbonPlacer:
         if seen is not None and root is not None:
             seen[root] = ci
         return ci
+
+    @property
+    def has_feeds(self) -> bool:
+        """Whether any endpoint's intensity is a callable (a wait that must stay off event loops)."""
+        return any(callable(e.carbon_intensity) for e in self.by_root.values())
+
+    def ask_feeds(self, seen: dict[str, float | None]) -> None:
+        """Ask every endpoint's feed for one request, all at once (the slowest one's wait, not
+        their sum), into ``seen``; blocking, so async callers run it in a worker thread."""
+        calls = {root: meta._feed() for root, meta in self.by_root.items() if callable(meta.carbon_intensity)}
+        for root, meta in self.by_root.items():
+            if root not in seen:
+                seen[root] = meta.intensity(calls.get(root))
 
     def _carbon_key(self, ep: Any, seen: dict[str, float | None] | None = None
                     ) -> tuple[float, tuple[float, int, int]]:

@@ -342,6 +342,8 @@ class CloudBackend(Backend):
         placer = self.placer
         fastest = placer.fastest(self.endpoints) if placer is not None else None
         seen: dict[str, float | None] = {}  # each intensity feed is asked once per request
+        if placer is not None and placer.has_feeds:  # a slow feed must not hold the event loop
+            await asyncio.to_thread(placer.ask_feeds, seen)
         while True:
             exclude = (tried if len(tried) < len(self.endpoints) else set()) | down
             cooling = self._cooling()

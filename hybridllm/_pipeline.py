@@ -840,6 +840,8 @@ class Core:
         self.stats.record(c, cloud_tokens=cloud_tokens)
         if not use_cache or not c.text.strip() or self.cache is None:
             return
+        if c.finish_reason != "stop":  # cut by max_tokens or the context: a hit would replay it as whole
+            return
         floor = self.cache_min_logprob
         if floor is not None and c.mean_logprob is not None and c.mean_logprob < floor:
             log.info(
@@ -847,16 +849,20 @@ class Core:
             )
             return
         cache, ns = self.cache, req.options.namespace or self.namespace
+        # with no cloud (or no policy) no privacy scan ran in the plan step: the cache's store_pii
+        # still keeps personal data out of the file, so the prompt is scanned here
+        unscanned = self.cloud is None or self.policy is None
 
         def put() -> None:
             try:
+                pii = bool(d.pii_kinds) or (unscanned and _holds_pii(req.messages))
                 cache.put(
                     req.messages,
                     c.text,
                     model=self.cache_model,
                     params_key=req.params.cache_key(),
                     namespace=ns,
-                    pii=bool(d.pii_kinds),
+                    pii=pii,
                     metadata={"route": c.route, "model": c.model, "tokens": c.usage.total_tokens},
                     embedding=vec,
                 )
@@ -890,6 +896,12 @@ class Core:
             for part in (edge, self.cloud, self.cache):
                 if part is not None:
                     part.close()
+
+
+def _holds_pii(messages: Messages) -> bool:
+    from .router.privacy import pii_kinds_in_messages
+
+    return bool(pii_kinds_in_messages(messages))
 
 
 def _too_long(req: Request, why: str, what: str) -> ContextWindowExceededError:

@@ -62,16 +62,31 @@ def _verifier_info(spec: str) -> tuple[str, float | None, float | None]:
     return verifier.kind, verifier.threshold, verifier.min_similarity
 
 
-def _stats(path: Path, cfg: Any) -> dict:
-    import time
+def _open_store(path: Path) -> Any:
+    """The store of ``path``, of whatever dimension the file holds (nothing is embedded). A
+    corrupt file is moved aside and rebuilt, as the client would; that is said in one line on
+    stderr, not as a Python warning with our source line under it."""
+    import sys
+    import warnings
 
     from .store import CacheStore
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", RuntimeWarning)
+        store = CacheStore(path, dim=None)
+    for w in caught:
+        print(f"warning: {w.message}", file=sys.stderr)
+    return store
+
+
+def _stats(path: Path, cfg: Any) -> dict:
+    import time
 
     verifier, threshold, min_similarity = _verifier_info(cfg.cache_verifier)
     stats: dict[str, Any] = {"path": str(path), "entries": 0, "expired": 0, "namespaces": {},
                              "size_bytes": 0, "total_hits": 0, "total_misses": 0}
     if path.exists():
-        store = CacheStore(path, dim=None)  # whatever dimension the file holds; nothing embedded
+        store = _open_store(path)
         try:
             ttl = cfg.cache_ttl_s
             stats["namespaces"] = store.namespaces(not_before=time.time() - ttl if ttl else None)
@@ -119,7 +134,6 @@ def cmd_stats(args: argparse.Namespace) -> int:
 
 def cmd_clear(args: argparse.Namespace) -> int:
     from .._exceptions import CacheError
-    from .store import CacheStore
 
     if args.namespace is not None and not args.namespace:
         raise CacheError("--namespace must not be empty; leave it out to clear every namespace.")
@@ -127,7 +141,7 @@ def cmd_clear(args: argparse.Namespace) -> int:
     if not path.exists():
         print(f"no cache database at {path}: nothing to clear")
         return 0
-    store = CacheStore(path, dim=None)
+    store = _open_store(path)
     try:
         known = store.namespaces()
         removed = len(store.clear(args.namespace))

@@ -328,7 +328,7 @@ def test_unsure_sampled_answers_are_not_kept(cached):
     for i, ask in enumerate(asks):
         c = cached.chat(ask, max_tokens=16, temperature=1.3, top_k=0, seed=None)
         again = cached.chat(ask, max_tokens=16, temperature=1.3, top_k=0)
-        sure = c.mean_logprob >= floor
+        sure = c.mean_logprob >= floor and c.finish_reason == "stop"  # a cut answer is never kept
         seen["kept" if sure else "dropped"] += 1
         assert again.route == ("cache" if sure else "edge"), (i, c.mean_logprob, floor)
     assert seen["dropped"] >= 1, seen  # the sampler at 1.3 with no top-k does slip

@@ -36,6 +36,7 @@ from .backends.base import Backend
 from .backends.worker import InlineRun
 
 CLOSED_MID_ANSWER = "The client was closed before this answer was complete."
+ASYNC_CLIENT_CLOSED = "This client is closed; create a new AsyncHybridLLM."
 STREAM_CLOSED_MID_ANSWER = ("The stream was closed (close() from another thread) before its answer was "
                             "complete.")
 EXECUTOR_WAIT_S = 30.0  # at close, the longest wait for a running cache lookup or router call
@@ -251,9 +252,12 @@ class AsyncStream:
         self._used = False
         self._closed = False
         self._step: asyncio.Future[Chunk] | None = None  # the chunk the reader waits for
+        self._client_closed = False  # stopped by its client's aclose(): the reader is told so
         self.completion: Completion | None = None
 
     def __aiter__(self) -> AsyncIterator[Chunk]:
+        if self._client_closed:
+            raise HybridLLMError(ASYNC_CLIENT_CLOSED)
         if self._used or self._closed:
             raise StreamConsumedError(
                 "This stream was already read (or closed); a stream yields its answer once."
@@ -266,7 +270,7 @@ class AsyncStream:
             while True:
                 if self._closed:  # aclose() from another task, between two chunks
                     if self.completion is None:
-                        raise StreamConsumedError(STREAM_CLOSED_MID_ANSWER)
+                        raise self._cut_off()
                     return
                 # each chunk is awaited as its own task, so that aclose() from another task can
                 # stop the one the reader waits for (an async generator cannot be closed while
@@ -279,7 +283,7 @@ class AsyncStream:
                 except asyncio.CancelledError:
                     task = asyncio.current_task()
                     if self._closed and step.cancelled() and not (task is not None and task.cancelling()):
-                        raise StreamConsumedError(STREAM_CLOSED_MID_ANSWER) from None
+                        raise self._cut_off() from None
                     raise  # the reader's own task was cancelled
                 finally:
                     self._step = None
@@ -291,6 +295,18 @@ class AsyncStream:
 
     async def _anext(self) -> Chunk:
         return await anext(self._chunks)
+
+    def _cut_off(self) -> HybridLLMError:
+        """The error of a reader whose answer was stopped half way from outside (as the sync
+        :class:`Stream` says it)."""
+        if self._client_closed:
+            return HybridLLMError(CLOSED_MID_ANSWER)
+        return StreamConsumedError(STREAM_CLOSED_MID_ANSWER)
+
+    async def _stop_for_client(self) -> None:
+        """The client's aclose(): stop this answer; its reader gets ``HybridLLMError``."""
+        self._client_closed = True
+        await self.aclose()
 
     async def aclose(self) -> None:
         """Stop generating; from another task, the reader gets ``StreamConsumedError``."""
@@ -529,6 +545,8 @@ class AsyncHybridLLM(_Surface):
     def __init__(self, **options: Any) -> None:
         super().__init__(**options)
         self._owner: HybridLLM | None = None
+        self._streams: weakref.WeakSet[AsyncStream] = weakref.WeakSet()  # what aclose() stops
+        self._closed = False
         self._finalizer: weakref.finalize[Any, Any] | None = weakref.finalize(
             self, _close_collected, None, self._core, "AsyncHybridLLM")
         self._finalizer.atexit = False  # at exit the device worker stops itself (backends.worker)
@@ -536,10 +554,12 @@ class AsyncHybridLLM(_Surface):
     @classmethod
     def wrap(cls, client: HybridLLM) -> AsyncHybridLLM:
         """An async view of ``client``: the same parts, cache and stats. It keeps ``client`` alive
-        and never closes it: close ``client`` when done."""
+        and never closes it (its ``aclose()`` stops only its own streams): close ``client`` when done."""
         self = cls.__new__(cls)
         self.config, self._core = client.config, client._core
         self._owner = client
+        self._streams = weakref.WeakSet()
+        self._closed = False
         self._finalizer = None
         return self
 
@@ -553,13 +573,26 @@ class AsyncHybridLLM(_Surface):
 
     def stream(self, messages: str | Sequence[Message], **params: Any) -> AsyncStream:
         """An :class:`AsyncStream` of chunks; bad input raises here, at the call."""
+        if self._closed:
+            raise HybridLLMError(ASYNC_CLIENT_CLOSED)
         req = self._core.prepare(messages, params)
-        return AsyncStream(self._core.run(req), owner=self)
+        stream = AsyncStream(self._core.run(req), owner=self)
+        self._streams.add(stream)
+        return stream
 
     async def aclose(self) -> None:
+        """Stop the answers still streaming (their readers get ``HybridLLMError``, as with the
+        sync client's close()), then free the device model and the cloud's connections; a
+        :meth:`wrap` view leaves its sync client's parts open."""
+        if self._closed:
+            return
+        self._closed = True
         if self._finalizer is not None:
             self._finalizer.detach()
-        await self._core.aclose()
+        for stream in list(self._streams):  # each ends its cloud call (accounted) or device job
+            await stream._stop_for_client()
+        if self._owner is None:
+            await self._core.aclose()
 
     async def __aenter__(self) -> AsyncHybridLLM:
         return self

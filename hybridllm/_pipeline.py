@@ -881,7 +881,9 @@ class Core:
     async def aclose(self) -> None:
         if not self._closed and self.cloud is not None:
             await self.cloud.aclose()  # its connections on this loop
-        self.close()
+        # off the loop: close() waits for the device's current step (a long prompt's prefill took
+        # 1.3 s on SmolLM2, up to close_timeout_s), and the app's loop must keep running meanwhile
+        await asyncio.to_thread(self.close)
 
     def close(self) -> None:
         if not self._closed:

@@ -36,8 +36,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     try:
         import uvicorn
     except ImportError as exc:
-        raise ConfigError("`hybridllm serve` needs FastAPI and uvicorn: "
-                          "pip install 'hybridllm[server]'") from exc
+        raise ConfigError("`hybridllm serve` needs FastAPI and uvicorn, which the light install leaves "
+                          "out: pip install 'hybridllm[proxy]' (no torch)") from exc
     sock = listen(args.host, args.port, ConfigError)
     host, bound_port = sock.getsockname()[:2]
     from ._client import HybridLLM

@@ -524,9 +524,11 @@ def cloud_main() -> int:
             "HYBRIDLLM_DEBUG"
         ):
             raise
+        from . import __version__
+
         print(f"hybridllm-cloud: error: the cloud server needs the [server] extra (torch, FastAPI), "
               f"and this install lacks {exc.name!r}. Install it with: pip install 'hybridllm[server]' "
-              "(or the wheel, 'dist/hybridllm-VERSION-py3-none-any.whl[server]').", file=sys.stderr)
+              f"(or the wheel, 'dist/hybridllm-{__version__}-py3-none-any.whl[server]').", file=sys.stderr)
         return 1
     return cloud()
 

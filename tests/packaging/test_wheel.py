@@ -191,3 +191,27 @@ def test_the_wheel_carries_the_engine_kernel_source(venv: Path) -> None:
     # the cloud engine builds its CPU kernels from this file on first use (cloud_server/layers/cpu_kernels.py)
     (site,) = (venv / "lib").glob("python3*/site-packages")
     assert (site / "cloud_server" / "layers" / "cpu_kernels.cpp").is_file()
+
+
+def test_the_proxy_extra_brings_the_web_server_without_torch(wheel: Path) -> None:
+    """Before: `hybridllm serve` on the light install said `pip install 'hybridllm[server]'`, which
+    brings torch (gigabytes) and the cloud server's packages to a device that needs FastAPI and
+    uvicorn only."""
+    with zipfile.ZipFile(wheel) as zf:
+        meta = next(n for n in zf.namelist() if n.endswith(".dist-info/METADATA"))
+        lines = zf.read(meta).decode().splitlines()
+    assert "Provides-Extra: proxy" in lines
+    wants = sorted(ln.split(":", 1)[1].split(";")[0].strip().split(">")[0].split("=")[0]
+                   for ln in lines if ln.startswith("Requires-Dist:") and "extra == \"proxy\"" in ln)
+    assert wants == ["fastapi", "uvicorn"], wants
+
+
+def test_the_proxy_command_without_its_extra_names_the_light_extra(
+    venv: Path, user_env: dict[str, str], tmp_path: Path
+) -> None:
+    hybridllm = str(venv / "bin" / "hybridllm")
+    done = subprocess.run([hybridllm, "serve", "--port", "0"], cwd=tmp_path, env=user_env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1, done.stderr
+    assert "pip install 'hybridllm[proxy]'" in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr

@@ -23,7 +23,7 @@ import uuid
 from collections.abc import AsyncIterator, Mapping
 from typing import Any, Literal
 
-from fastapi import FastAPI, Request  # the [server] extra; this module is imported only to serve
+from fastapi import FastAPI, Request  # the [proxy] (or [server]) extra; this module is imported only to serve
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, field_validator, model_validator
 from starlette.exceptions import HTTPException as StarletteHTTPException

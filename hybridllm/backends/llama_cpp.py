@@ -35,6 +35,37 @@ _CLOSED_MID_ANSWER = (
 )
 
 
+_LOG_HOOK: Any = None  # our llama.cpp log callback (kept referenced: C holds only its pointer)
+
+
+def _route_llama_logs() -> None:
+    """llama.cpp's log lines go to the ``hybridllm.llama_cpp`` logger at DEBUG, unless a model was
+    loaded with ``verbose=True`` (then to stderr, as llama-cpp-python prints them). Its default
+    prints ERROR-level lines that are advice, not failures ("using full-size SWA cache" for every
+    Gemma 3 load), onto the clean stderr of `hybridllm ask`; a real load failure still raises."""
+    global _LOG_HOOK
+    if _LOG_HOOK is not None:
+        return
+    import ctypes
+    import sys
+
+    import llama_cpp
+
+    printer = logging.getLogger("llama-cpp-python")  # llama-cpp-python's verbose switch sets its level
+    ours = logging.getLogger("hybridllm.llama_cpp")
+
+    @llama_cpp.llama_log_callback  # type: ignore[misc]
+    def hook(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
+        line = text.decode("utf-8", errors="replace")
+        if printer.level == logging.DEBUG:  # verbose=True (set_verbose): as llama-cpp-python would
+            print(line, end="", flush=True, file=sys.stderr)
+        elif line.strip():
+            ours.debug("%s", line.rstrip())
+
+    llama_cpp.llama_log_set(hook, ctypes.c_void_p(0))
+    _LOG_HOOK = hook
+
+
 def _check_settings(n_ctx: Any, n_threads: Any, n_batch: Any) -> None:
     """Refuse values llama.cpp would crash on, hang on or blame on the model file."""
     def whole(value: Any) -> bool:
@@ -125,6 +156,7 @@ class LlamaCppBackend(DeviceBackend):
             raise EdgeError(
                 "llama-cpp-python is not installed: pip install llama-cpp-python"
             ) from exc
+        _route_llama_logs()
 
         def load(n_ctx: int) -> Any:
             return Llama(

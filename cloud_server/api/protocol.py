@@ -2,12 +2,20 @@
 
 The cloud server and the local proxy accept the same bodies with the same checks (strict types,
 unknown fields refused, unsupported features a 400 naming the parameter); see
-``hybridllm/wire/requests.py`` for what is accepted and why.
+``hybridllm/wire/requests.py`` for what is accepted and why. One difference: this server reports
+token log-probabilities (``CloudChatCompletionRequest``, ``CloudCompletionRequest``), which the
+proxy refuses, since its device route cannot always give them.
 """
 
 from __future__ import annotations
 
+from typing import Annotated
+
+from pydantic import Field, field_validator, model_validator
+
+from hybridllm.wire.errors import WireError
 from hybridllm.wire.requests import (
+    _INTEGRAL,
     ChatCompletionRequest,
     ChatMessage,
     CompletionRequest,
@@ -17,9 +25,54 @@ from hybridllm.wire.requests import (
     parse_request,
 )
 
+
+class CloudChatCompletionRequest(ChatCompletionRequest):
+    """A chat body with OpenAI's ``logprobs`` (bool) and ``top_logprobs`` (0..20) served."""
+
+    logprobs: bool | None = None
+    top_logprobs: Annotated[int, Field(ge=0, le=20), _INTEGRAL] | None = None
+
+    # same names as the shared model's refusing validators: these replace them
+    @field_validator("logprobs")
+    @classmethod
+    def _no_logprobs(cls, value: bool | None) -> bool | None:
+        return value
+
+    @field_validator("top_logprobs")
+    @classmethod
+    def _no_top_logprobs(cls, value: int | None) -> int | None:
+        return value
+
+    @model_validator(mode="after")
+    def _top_needs_logprobs(self) -> CloudChatCompletionRequest:
+        if self.top_logprobs and not self.logprobs:
+            raise WireError("top_logprobs needs logprobs set to true.", param="top_logprobs")
+        return self
+
+    def num_logprobs(self) -> int | None:
+        """None: no log-probabilities; N: each token's and its N most likely alternatives."""
+        return (self.top_logprobs or 0) if self.logprobs else None
+
+
+class CloudCompletionRequest(CompletionRequest):
+    """A legacy completions body with ``logprobs`` (0..5 alternatives per token) served."""
+
+    logprobs: Annotated[int, Field(ge=0, le=5), _INTEGRAL] | None = None
+
+    @field_validator("logprobs")
+    @classmethod
+    def _no_logprobs(cls, value: int | None) -> int | None:
+        return value
+
+    def num_logprobs(self) -> int | None:
+        return self.logprobs
+
+
 __all__ = [
     "ChatCompletionRequest",
     "ChatMessage",
+    "CloudChatCompletionRequest",
+    "CloudCompletionRequest",
     "CompletionRequest",
     "SamplingRequest",
     "StreamOptions",

@@ -35,7 +35,8 @@ from hybridllm.wire.sse import EventStreamResponse, client_gone
 from .auth import ApiKeyChecker
 from .errors import error_body, error_kind, install_error_handlers
 from .metrics import ServerMetrics
-from .protocol import ChatCompletionRequest, CompletionRequest
+from .protocol import CloudChatCompletionRequest as ChatCompletionRequest
+from .protocol import CloudCompletionRequest as CompletionRequest
 from .serving import Engine, OpenAIServing, unsupported_sampling
 
 logger = logging.getLogger("cloud_server.api")

@@ -59,6 +59,7 @@ class Prepared:
     stream: bool
     include_usage: bool
     created: int
+    logprobs: bool = False  # the answer reports token log-probabilities
 
 
 class Generation:
@@ -194,6 +195,8 @@ class OpenAIServing:
             ignore_eos=req.ignore_eos,
             speculative_method=req.speculative_method,
             num_speculative_tokens=req.num_speculative_tokens,
+            # the shared models (the proxy's) have no num_logprobs: they refuse logprobs
+            logprobs=getattr(req, "num_logprobs", lambda: None)(),
             **_extra_sampling(req),
         )
         return Prepared(
@@ -204,6 +207,7 @@ class OpenAIServing:
             stream=req.stream,
             include_usage=req.include_usage(),
             created=int(time.time()),
+            logprobs=params.logprobs is not None,
         )
 
     async def admit(self, prepared: Prepared) -> Generation:
@@ -216,9 +220,11 @@ class OpenAIServing:
 
     async def full_response(self, prepared: Prepared, generation: Generation) -> dict[str, Any]:
         parts: list[str] = []
+        entries: list[Any] = []
         try:
             async for out in generation.outputs():
                 parts.append(out.delta_text)
+                entries += getattr(out, "logprobs", None) or []
         finally:
             await generation.close()
         last = generation.last
@@ -232,6 +238,7 @@ class OpenAIServing:
             text="".join(parts),
             finish_reason=last.finish_reason or "stop",
             usage=usage_of(last),
+            logprobs=self._logprobs(prepared, entries),
         )
 
     async def stream_events(self, prepared: Prepared, generation: Generation) -> AsyncIterator[str]:
@@ -242,8 +249,9 @@ class OpenAIServing:
             if chat:
                 yield writer.role()
             async for out in generation.outputs():
-                if out.delta_text:
-                    yield writer.text(out.delta_text)
+                entries = getattr(out, "logprobs", None) or []
+                if out.delta_text or entries:  # each chunk carries the entries of its tokens
+                    yield writer.text(out.delta_text, self._logprobs(prepared, entries))
                 if out.finished:
                     yield writer.finish(out.finish_reason or "stop")
             if prepared.include_usage and generation.last is not None:
@@ -261,6 +269,49 @@ class OpenAIServing:
             yield error_event(error_body(message, kind, param=param))
         finally:
             await generation.close()
+
+
+    def _logprobs(self, prepared: Prepared, entries: list[Any]) -> dict[str, Any] | None:
+        if not prepared.logprobs:
+            return None
+        decode = self.engine.tokenizer.decode
+        return chat_logprobs(entries, decode) if prepared.kind == "chat" else text_logprobs(entries, decode)
+
+
+# A logprob of -inf (a token the model rules out) is no JSON number: OpenAI's floor instead.
+_FLOOR = -9999.0
+
+
+def _token(decode: Any, token_id: int) -> str:
+    return decode([token_id])
+
+
+def chat_logprobs(entries: list[Any], decode: Any) -> dict[str, Any]:
+    """OpenAI's chat shape: ``{"content": [{token, logprob, bytes, top_logprobs}]}``."""
+
+    def item(token_id: int, logprob: float) -> dict[str, Any]:
+        text = _token(decode, token_id)
+        return {"token": text, "logprob": max(logprob, _FLOOR), "bytes": list(text.encode("utf-8"))}
+
+    return {"content": [
+        {**item(e.token_id, e.logprob), "top_logprobs": [item(t, lp) for t, lp in e.top]} for e in entries
+    ]}
+
+
+def text_logprobs(entries: list[Any], decode: Any) -> dict[str, Any]:
+    """The legacy shape: parallel lists; each ``top_logprobs`` dict holds the N most likely
+    tokens and the emitted one (so up to N + 1 entries, as OpenAI's); offsets into ``text``."""
+    tops = []
+    for e in entries:
+        top = {_token(decode, t): max(lp, _FLOOR) for t, lp in e.top}
+        top.setdefault(_token(decode, e.token_id), max(e.logprob, _FLOOR))
+        tops.append(top)
+    return {
+        "tokens": [_token(decode, e.token_id) for e in entries],
+        "token_logprobs": [max(e.logprob, _FLOOR) for e in entries],
+        "top_logprobs": tops,
+        "text_offset": [e.text_offset for e in entries],
+    }
 
 
 def unsupported_sampling() -> dict[str, float]:

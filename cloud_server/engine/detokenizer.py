@@ -22,6 +22,11 @@ class IncrementalDetokenizer:
         self.text = ""
         self.stopped = False
 
+    @property
+    def num_sent_chars(self) -> int:
+        """Characters of ``text`` already handed out."""
+        return self._emitted
+
     def _complete(self, output_ids: list[int]) -> str:
         text = self._decode(output_ids)
         # an incomplete character at the end (a U+FFFD already sent stays: it was mid-text)

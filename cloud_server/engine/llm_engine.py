@@ -10,13 +10,14 @@ from __future__ import annotations
 import logging
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from ..config import EngineConfig
 from ..exceptions import ConfigError, ContextLengthError, EngineError, InvalidRequestError
 from .block_manager import BlockManager
 from .detokenizer import IncrementalDetokenizer
+from .logprobs import TokenLogprob, release, text_offset, token_logprobs
 from .outputs import GenerationResult, RequestOutput
 from .sampling_params import MAX_SPECULATIVE_TOKENS, SamplingParams
 from .scheduler import ScheduledSeq, Scheduler
@@ -38,6 +39,7 @@ class _Request:
     seq: Sequence
     detok: IncrementalDetokenizer
     num_sent_tokens: int = 0
+    pending_logprobs: list[TokenLogprob] = field(default_factory=list)  # text not sent yet
 
 
 class LLMEngine:
@@ -240,7 +242,9 @@ class LLMEngine:
             lambda seq: self.runner.sampler.generator(seq.seq_id, seq.params, self.device),
         )
         outputs = [
-            self._process_tokens(self._requests[seq.request_id], tokens)
+            self._process_tokens(
+                self._requests[seq.request_id], tokens, (result.logprobs or {}).get(seq.seq_id)
+            )
             for seq, tokens in self.scheduler.update(sched.scheduled, new_tokens, num_rejected)
         ]
         if spec.draft is not None:  # one place records the draft's full blocks (freed: no table)
@@ -284,12 +288,14 @@ class LLMEngine:
         out.error = f"{type(error).__name__}: {error}"
         return out
 
-    def _process_tokens(self, req: _Request, tokens: list[int]) -> RequestOutput:
+    def _process_tokens(self, req: _Request, tokens: list[int], rows: Any = None) -> RequestOutput:
         """Stop checks token by token over a step's new tokens (one, or several accepted), stop
         strings included: a request ends at the token that completes its stop, wherever that falls
-        in an accepted draft run, so speculation returns and counts the same tokens as without."""
+        in an accepted draft run, so speculation returns and counts the same tokens as without.
+        ``rows``: the step's raw log-probability rows of this sequence, when it asks for logprobs."""
         seq, p = req.seq, req.seq.params
         reason: str | None = None
+        kept, stop_token = len(tokens), False
         delta = ""
         first = seq.num_tokens - len(tokens)  # index of the first new token
         # text token by token only where a stop string ends inside a multi-token run
@@ -297,7 +303,7 @@ class LLMEngine:
         for j, token in enumerate(tokens):
             end = first + j + 1  # sequence length up to and including this token
             if (token in self.tokenizer.eos_token_ids and not p.ignore_eos) or (token in p.stop_token_ids):
-                reason = "stop"
+                reason, stop_token = "stop", True
             elif end - seq.num_prompt_tokens >= p.max_tokens or end >= self.max_model_len:
                 reason = "length"
             if reason is not None or each or j == len(tokens) - 1:
@@ -308,14 +314,33 @@ class LLMEngine:
                     reason = "stop"
             if reason is not None:
                 del seq.token_ids[end:]  # tokens past the stop are not the answer's
+                kept = j + 1
                 break
+        logprobs = None
+        if p.logprobs is not None and rows is not None:
+            logprobs = self._logprobs(req, tokens[: kept - stop_token], rows, first, reason is not None)
         new_ids = seq.output_token_ids[req.num_sent_tokens :]
         req.num_sent_tokens = seq.num_output_tokens
         if reason is not None:
             self._requests.pop(seq.request_id, None)
             self.scheduler.finish(seq, reason)
             self._release(seq.seq_id)
-        return self._output(req, delta, new_ids, reason)
+        out = self._output(req, delta, new_ids, reason)
+        out.logprobs = logprobs
+        return out
+
+    def _logprobs(
+        self, req: _Request, tokens: list[int], rows: Any, first: int, final: bool
+    ) -> list[TokenLogprob]:
+        """This step's tokens' entries queue behind the earlier ones; those whose text went out
+        with this step's delta (all at the end, less any a stop string cut away) are returned."""
+        seq = req.seq
+        entries = token_logprobs(rows, tokens, seq.params.logprobs or 0)
+        out_ids = seq.output_token_ids
+        for j, entry in enumerate(entries):
+            entry.text_offset = text_offset(self.tokenizer.decode, out_ids, first - seq.num_prompt_tokens + j)
+        req.pending_logprobs += entries
+        return release(req.pending_logprobs, req.detok.num_sent_chars, final=final, cut=req.detok.stopped)
 
     @staticmethod
     def _output(req: _Request, delta: str, ids: list[int], reason: str | None) -> RequestOutput:
@@ -367,6 +392,8 @@ class LLMEngine:
                     r.token_ids += out.delta_token_ids
                     r.finish_reason = out.finish_reason
                     r.num_cached_tokens = out.num_cached_tokens
+                    if out.logprobs is not None:
+                        r.logprobs = (r.logprobs or []) + out.logprobs
         return [results[rid] for rid in ids]
 
     # -- stats -------------------------------------------------------------------------------

@@ -34,6 +34,8 @@ class StepResult:
 
     tokens: dict[int, list[int] | BaseException]
     probs: dict[int, torch.Tensor] | None = None  # seq_id -> [num_outputs, vocab]
+    # seq_id -> [num_outputs, vocab] raw log-probs, for the sequences that ask for logprobs only
+    logprobs: dict[int, torch.Tensor] | None = None
 
 
 def _zeros_on_demand(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
@@ -191,7 +193,11 @@ class ModelRunner:
             if out.probs is not None:
                 probs.setdefault(sid, []).append(out.probs[i])
         stacked = {sid: torch.stack(p) for sid, p in probs.items()} if out.probs is not None else None
-        return StepResult(tokens, stacked)
+        logprobs: dict[int, list[torch.Tensor]] = {}
+        for i, row in (out.logprobs or {}).items():  # rows of one sequence come in position order
+            logprobs.setdefault(owners[i].seq.seq_id, []).append(row)
+        lp = {sid: torch.stack(r) for sid, r in logprobs.items()} if logprobs else None
+        return StepResult(tokens, stacked, lp)
 
     @torch.inference_mode()
     def prompt_logits(self, scheduled: ScheduledSeq) -> torch.Tensor:

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from .logprobs import TokenLogprob
+
 
 @dataclass
 class RequestOutput:
@@ -20,6 +22,7 @@ class RequestOutput:
     num_cached_tokens: int
     error: str | None = None  # why this request alone failed (finish_reason "error")
     energy: dict[str, Any] | None = None  # set on the last output by a cluster replica's meter
+    logprobs: list[TokenLogprob] | None = None  # entries of the tokens this text delta starts
 
 
 @dataclass
@@ -32,3 +35,4 @@ class GenerationResult:
     finish_reason: str | None = None
     num_prompt_tokens: int = 0
     num_cached_tokens: int = 0
+    logprobs: list[TokenLogprob] | None = None  # when the request asked for them

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from ..exceptions import InvalidRequestError
 
 MAX_SPECULATIVE_TOKENS = 16  # the most drafts a request may ask for (EngineConfig's bound too)
+MAX_LOGPROBS = 20  # the most alternatives per token a request may ask for (OpenAI's bound)
 
 
 @dataclass
@@ -15,6 +16,8 @@ class SamplingParams:
 
     ``temperature == 0`` is greedy. ``top_k`` of 0 or -1 and ``top_p`` of 1 turn those filters
     off. ``seed`` makes one request's sampling reproducible whatever it is batched with.
+    ``logprobs``: None for none; N in 0..20 reports each emitted token's log-probability and the
+    N most likely tokens at its position (of the raw distribution, before any sampling filter).
     """
 
     temperature: float = 1.0
@@ -27,6 +30,7 @@ class SamplingParams:
     ignore_eos: bool = False
     speculative_method: str | None = None
     num_speculative_tokens: int | None = None
+    logprobs: int | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -55,6 +59,9 @@ class SamplingParams:
                 f"num_speculative_tokens must be an integer in [0, {MAX_SPECULATIVE_TOKENS}]",
                 param="num_speculative_tokens",
             )
+        n = self.logprobs
+        if n is not None and (isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= MAX_LOGPROBS):
+            raise InvalidRequestError(f"logprobs must be an integer in [0, {MAX_LOGPROBS}]", param="logprobs")
         if any(not isinstance(t, int) or t < 0 for t in self.stop_token_ids):
             raise InvalidRequestError("stop_token_ids must be non-negative integers", param="stop_token_ids")
 

@@ -8,6 +8,9 @@ do not depend on what it is batched with. Greedy rows are one argmax.
 
 A failure that belongs to one row (its settings, its generator) ends that row only: the batch is
 retried row by row and the failing rows come back as exceptions instead of tokens.
+
+Log-probabilities, for the rows whose request asks for them only: log_softmax of the raw logits,
+the model's own distribution before temperature, top-k and top-p (what OpenAI and vLLM report).
 """
 
 from __future__ import annotations
@@ -23,6 +26,17 @@ from ..engine.sampling_params import SamplingParams
 class SamplerOutput:
     tokens: list[int | BaseException]  # one per row: the token, or why the row failed
     probs: torch.Tensor | None = None  # [N, vocab] filtered distributions, when asked for
+    logprobs: dict[int, torch.Tensor] | None = None  # row -> [vocab] raw log-probs, rows that ask
+
+
+def raw_logprobs(logits: torch.Tensor, params: list[SamplingParams]) -> dict[int, torch.Tensor] | None:
+    """log p = log_softmax(logits) of the rows whose request wants logprobs (None when none does)."""
+    rows = [i for i, p in enumerate(params) if p.logprobs is not None]
+    if not rows:
+        return None
+    idx = torch.tensor(rows, device=logits.device)
+    lp = torch.log_softmax(logits[idx].float(), dim=-1)  # [R, V], on the logits' device
+    return {row: lp[j] for j, row in enumerate(rows)}
 
 
 class Sampler:
@@ -53,9 +67,10 @@ class Sampler:
         *,
         return_probs: bool = False,
     ) -> SamplerOutput:
+        logprobs = raw_logprobs(logits, params)
         try:
             tokens, probs = self._sample(logits, seq_ids, params, return_probs)
-            return SamplerOutput(list(tokens), probs)
+            return SamplerOutput(list(tokens), probs, logprobs)
         except Exception:  # find the rows at fault; the others still get their tokens
             out: list[int | BaseException] = []
             rows = []
@@ -72,7 +87,7 @@ class Sampler:
             probs = None
             if return_probs:
                 probs = torch.cat([r if r is not None else torch.zeros_like(logits[:1]) for r in rows])
-            return SamplerOutput(out, probs)
+            return SamplerOutput(out, probs, logprobs)
 
     def _sample(
         self,

@@ -39,12 +39,13 @@ def chat_completion(
     text: str,
     finish_reason: str,
     usage: dict[str, Any],
+    logprobs: dict[str, Any] | None = None,
     **extra: Any,
 ) -> dict[str, Any]:
     choice = {
         "index": 0,
         "message": {"role": "assistant", "content": text},
-        "logprobs": None,
+        "logprobs": logprobs,
         "finish_reason": finish_reason,
     }
     return {
@@ -60,9 +61,16 @@ def chat_completion(
 
 
 def text_completion(
-    *, id: str, created: int, model: str, text: str, finish_reason: str, usage: dict[str, Any]
+    *,
+    id: str,
+    created: int,
+    model: str,
+    text: str,
+    finish_reason: str,
+    usage: dict[str, Any],
+    logprobs: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
+    choice = {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
     return {
         "id": id,
         "object": "text_completion",
@@ -89,22 +97,24 @@ class ChunkWriter:
             "system_fingerprint": None,
         }
 
-    def _event(self, text: str | None, finish: str | None, role: bool = False, **extra: Any) -> str:
+    def _event(self, text: str | None, finish: str | None, role: bool = False,
+               logprobs: dict[str, Any] | None = None, **extra: Any) -> str:
         if self.chat:
             delta: dict[str, Any] = {"role": "assistant"} if role else {}
             if text is not None:
                 delta["content"] = text
-            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+            choice = {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
         else:
-            choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
+            choice = {"index": 0, "text": text or "", "logprobs": logprobs, "finish_reason": finish}
         usage_null = {"usage": None} if self.include_usage else {}
         return sse_event({**self.base, "choices": [choice], **usage_null, **extra})
 
     def role(self) -> str:
         return self._event("", None, role=True)
 
-    def text(self, text: str) -> str:
-        return self._event(text, None)
+    def text(self, text: str, logprobs: dict[str, Any] | None = None) -> str:
+        """A text delta; ``logprobs``: the entries of the tokens it carries (cloud server only)."""
+        return self._event(text, None, logprobs=logprobs)
 
     def finish(self, reason: str, **extra: Any) -> str:
         return self._event(None, reason, **extra)
@@ -155,7 +165,7 @@ class AssistantMessage(_Doc):
 class ChatChoice(_Doc):
     index: int
     message: AssistantMessage
-    logprobs: None = None
+    logprobs: dict[str, Any] | None = None  # {"content": [...]} when asked for (cloud server)
     finish_reason: str
 
 
@@ -171,7 +181,7 @@ class ChatCompletion(_Doc):
 class TextChoice(_Doc):
     index: int
     text: str
-    logprobs: None = None
+    logprobs: dict[str, Any] | None = None  # tokens, token_logprobs, top_logprobs, text_offset
     finish_reason: str
 
 

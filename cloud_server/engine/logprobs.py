@@ -1,0 +1,70 @@
+"""Log-probabilities of the emitted tokens, and when each may be sent.
+
+The runner returns, for each sequence that asks, the raw log-probability rows of its step's output
+positions: ``[num_outputs, vocab]``, ``log_softmax`` of the target model's logits. Row j is the
+distribution at the position of the step's j-th new token (the accepted drafts, then the target's
+own token), so token j's log-probability is ``rows[j, token_j]``: always the target's, also for a
+draft token and under sampling (the raw distribution, before temperature, top-k and top-p).
+
+A token's entry goes out with the text it starts: it waits while that text is held back (it may
+begin a stop string, or be an incomplete character) and is dropped with text a stop string cuts
+away. A stop token (EOS, ``stop_token_ids``) sends no text and gets no entry.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class TokenLogprob:
+    token_id: int
+    logprob: float
+    top: list[tuple[int, float]] = field(default_factory=list)  # N most likely, most likely first
+    text_offset: int = 0  # where the token's text starts in the completion's text
+
+
+def token_logprobs(rows: Any, tokens: list[int], top_n: int) -> list[TokenLogprob]:
+    """Entries of ``tokens`` from their rows (``rows[j]`` is token j's position): one gather and
+    one top-k on the rows' device, then a single copy to the host."""
+    import torch
+
+    n = len(tokens)
+    if n == 0:
+        return []
+    lp = rows[:n]  # [n, V]
+    ids = torch.tensor(tokens, device=lp.device).unsqueeze(1)  # [n, 1]
+    chosen = lp.gather(1, ids).squeeze(1).tolist()  # [n]
+    top_vals: list[list[float]] = [[] for _ in range(n)]
+    top_ids: list[list[int]] = [[] for _ in range(n)]
+    if top_n > 0:
+        vals, idx = lp.topk(min(top_n, lp.shape[1]), dim=-1)  # [n, N] each, sorted descending
+        top_vals, top_ids = vals.tolist(), idx.tolist()
+    return [
+        TokenLogprob(t, c, list(zip(i, v, strict=True)))
+        for t, c, i, v in zip(tokens, chosen, top_ids, top_vals, strict=True)
+    ]
+
+
+def text_offset(decode: Callable[[list[int]], str], output_ids: list[int], index: int) -> int:
+    """Where token ``index``'s text starts: the length of the complete text before it (an
+    incomplete character at the end of that text is still to come, so it counts as this token's)."""
+    return len(decode(output_ids[:index]).rstrip("\ufffd")) if index else 0
+
+
+def release(
+    pending: list[TokenLogprob], num_sent_chars: int, *, final: bool, cut: bool
+) -> list[TokenLogprob]:
+    """Take from ``pending`` the entries whose text has started to go out (``num_sent_chars``
+    characters are sent). At the end every remaining entry goes, unless a stop string ``cut`` the
+    text: then the entries whose text starts past the cut are dropped."""
+    n = 0
+    while n < len(pending) and (pending[n].text_offset < num_sent_chars or (final and not cut)):
+        n += 1
+    out = pending[:n]
+    del pending[:n]
+    if final:
+        pending.clear()
+    return out

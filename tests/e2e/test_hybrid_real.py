@@ -72,24 +72,25 @@ def test_cascade_escalates_low_confidence_and_keeps_confident_answers(cloud, tmp
 
 
 def test_cloud_killed_mid_session_falls_back_then_recovers(cloud, tmp_path):
-    # short answers, so the three fallbacks fit well inside the breaker's cooldown even on a
-    # busy machine; restarting the server takes most of the cooldown anyway
-    cooldown = 15.0
+    # the breaker's clock is the test's: a cooldown far longer than three fallbacks take on the
+    # busiest machine (one run under heavy load took over 15 s for them, and the breaker half-opened
+    # between two of them), and no real wait for it to pass
+    cooldown, skew = 600.0, [0.0]
     with client(cloud.url, tmp_path, threshold=0.0, cache=False, max_tokens=4,
                 cloud_breaker_cooldown_s=cooldown) as llm:
-        llm.cloud.endpoints[0].breaker._rng = lambda: 0.0  # no jitter: the whole cooldown
+        breaker = llm.cloud.endpoints[0].breaker
+        breaker._rng = lambda: 0.0  # no jitter: the whole cooldown
+        breaker._clock = lambda: time.monotonic() + skew[0]
         assert llm.chat("Say hello.").route == "cloud"
         cloud.stop()
         try:
             down = [llm.chat(f"Say hello {i}.") for i in range(3)]
             assert all(c.route == "edge (cloud unavailable)" and c.text for c in down)
             assert "circuit open" in down[-1].reason, [c.reason for c in down]  # no more waiting
-            assert llm.cloud.endpoints[0].breaker.state in ("open", "half-open")
-            opened = time.monotonic()
+            assert breaker.state == "open"
         finally:
             cloud.start()
-        time.sleep(max(0.0, cooldown + 0.2 - (time.monotonic() - opened)))
-        # past the cooldown: the next call is the half-open probe
+        skew[0] = cooldown + 1.0  # past the cooldown: the next call is the half-open probe
         back = llm.chat("Say hello again.")
         assert back.route == "cloud"
         assert llm.cloud.endpoints[0].breaker.state == "closed"

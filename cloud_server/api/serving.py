@@ -274,8 +274,10 @@ class OpenAIServing:
     def _logprobs(self, prepared: Prepared, entries: list[Any]) -> dict[str, Any] | None:
         if not prepared.logprobs:
             return None
-        decode = self.engine.tokenizer.decode
-        return chat_logprobs(entries, decode) if prepared.kind == "chat" else text_logprobs(entries, decode)
+        tokenizer = self.engine.tokenizer
+        if prepared.kind == "chat":
+            return chat_logprobs(entries, tokenizer.decode, getattr(tokenizer, "token_bytes", None))
+        return text_logprobs(entries, tokenizer.decode, getattr(tokenizer, "token_bytes", None))
 
 
 # A logprob of -inf (a token the model rules out) is no JSON number: OpenAI's floor instead.
@@ -286,28 +288,43 @@ def _token(decode: Any, token_id: int) -> str:
     return decode([token_id])
 
 
-def chat_logprobs(entries: list[Any], decode: Any) -> dict[str, Any]:
-    """OpenAI's chat shape: ``{"content": [{token, logprob, bytes, top_logprobs}]}``."""
+def chat_logprobs(entries: list[Any], decode: Any, token_bytes: Any = None) -> dict[str, Any]:
+    """OpenAI's chat shape: ``{"content": [{token, logprob, bytes, top_logprobs}]}``. ``bytes`` are
+    the token's own (``token_bytes``): a token that is only part of a character has its text
+    U+FFFD but its real bytes, so the entries' bytes joined are the answer's UTF-8."""
 
     def item(token_id: int, logprob: float) -> dict[str, Any]:
         text = _token(decode, token_id)
-        return {"token": text, "logprob": max(logprob, _FLOOR), "bytes": list(text.encode("utf-8"))}
+        raw = token_bytes(token_id) if token_bytes is not None else text.encode("utf-8")
+        return {"token": text, "logprob": max(logprob, _FLOOR), "bytes": list(raw)}
 
     return {"content": [
         {**item(e.token_id, e.logprob), "top_logprobs": [item(t, lp) for t, lp in e.top]} for e in entries
     ]}
 
 
-def text_logprobs(entries: list[Any], decode: Any) -> dict[str, Any]:
+def text_logprobs(entries: list[Any], decode: Any, token_bytes: Any = None) -> dict[str, Any]:
     """The legacy shape: parallel lists; each ``top_logprobs`` dict holds the N most likely
-    tokens and the emitted one (so up to N + 1 entries, as OpenAI's); offsets into ``text``."""
+    tokens and the emitted one (so up to N + 1 entries, as OpenAI's); offsets into ``text``.
+    This shape has no ``bytes``: a token that is only part of a character is named by its bytes,
+    as OpenAI does (``bytes:\\xe6\\x97``), so such tokens neither read as U+FFFD nor share one
+    key in a ``top_logprobs`` dict (which kept one of them and lost the others)."""
+
+    def name(token_id: int) -> str:
+        text = _token(decode, token_id)
+        if "\ufffd" in text and token_bytes is not None:
+            raw = token_bytes(token_id)
+            if raw != text.encode("utf-8"):
+                return "bytes:" + "".join(f"\\x{b:02x}" for b in raw)
+        return text
+
     tops = []
     for e in entries:
-        top = {_token(decode, t): max(lp, _FLOOR) for t, lp in e.top}
-        top.setdefault(_token(decode, e.token_id), max(e.logprob, _FLOOR))
+        top = {name(t): max(lp, _FLOOR) for t, lp in e.top}
+        top.setdefault(name(e.token_id), max(e.logprob, _FLOOR))
         tops.append(top)
     return {
-        "tokens": [_token(decode, e.token_id) for e in entries],
+        "tokens": [name(e.token_id) for e in entries],
         "token_logprobs": [max(e.logprob, _FLOOR) for e in entries],
         "top_logprobs": tops,
         "text_offset": [e.text_offset for e in entries],

@@ -15,8 +15,11 @@ caller writes whole.
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import functools
 import io
 import json
+import re
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -86,6 +89,22 @@ class _ChatTemplateMixin:
     def stop_strings(self, messages: list[dict]) -> tuple[str, ...]:
         """Stop strings the prompt format needs (a base model must not write the user's turn)."""
         return tuple(self.prompt_format().stops(messages))
+
+
+# A SentencePiece byte-fallback token: one raw byte, written <0xNN>.
+_BYTE_TOKEN = re.compile(r"<0x([0-9A-Fa-f]{2})>")
+
+
+@functools.cache
+def _byte_level_alphabet() -> dict[str, int]:
+    """A byte-level BPE vocabulary writes each byte as one printable character: bytes that are
+    printable Latin-1 stay themselves, the others become U+0100 onward in byte order. Inverted here:
+    character -> byte."""
+    kept = [*range(0x21, 0x7F), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
+    table = {chr(b): b for b in kept}
+    moved = [b for b in range(256) if b not in table.values()]
+    table.update({chr(0x100 + n): b for n, b in enumerate(moved)})
+    return table
 
 
 # A vocabulary-only load has no training context (0), so llama.cpp warns about any context size.
@@ -158,7 +177,31 @@ class GGUFTokenizer(_ChatTemplateMixin):
         return list(self._plain_pair()[1](text))
 
     def decode(self, ids: list[int]) -> str:
-        return self._llama.detokenize(list(ids)).decode("utf-8", errors="replace")
+        return self._bytes(ids).decode("utf-8", errors="replace")
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """The token's own bytes (part of a character for some tokens), as ``decode`` reads them."""
+        return self._bytes([token_id])
+
+    def _bytes(self, ids: list[int]) -> bytes:
+        """llama.cpp's bytes of ``ids``. llama-cpp-python's ``detokenize`` reads each token into a
+        32-byte buffer and drops a longer token whole (SmolLM2 has 47 such tokens: runs of spaces
+        or dashes, which vanished from answers); a longer token gets a buffer of its size here."""
+        import llama_cpp
+
+        vocab = self._llama._model.vocab
+        out = bytearray()
+        buf = ctypes.create_string_buffer(64)
+        for token in ids:
+            n = llama_cpp.llama_token_to_piece(vocab, token, buf, len(buf), 0, False)
+            if n < 0:  # too small: -n is the size it needs
+                buf = ctypes.create_string_buffer(-n)
+                n = llama_cpp.llama_token_to_piece(vocab, token, buf, len(buf), 0, False)
+            out += buf.raw[:n]
+        # as llama-cpp-python: the space a first BOS puts before the text is not the text's
+        if ids and ids[0] == self.bos_token_id and out[:1] == b" ":
+            del out[:1]
+        return bytes(out)
 
 
 class HFTokenizer(_ChatTemplateMixin):
@@ -191,6 +234,8 @@ class HFTokenizer(_ChatTemplateMixin):
         if gen_eos is not None:
             ids.update(gen_eos if isinstance(gen_eos, list) else [gen_eos])
         self.eos_token_ids = sorted(ids)
+        decoder = json.loads(self._tok.decoder.__getstate__()) if self._tok.decoder is not None else {}
+        self._byte_level = '"ByteLevel"' in json.dumps(decoder)  # alone or in a decoder Sequence
 
     def encode(self, text: str, add_special: bool = True) -> list[int]:
         ids = self._tok.encode(text, add_special_tokens=False).ids
@@ -201,6 +246,22 @@ class HFTokenizer(_ChatTemplateMixin):
 
     def decode(self, ids: list[int]) -> str:
         return self._tok.decode(list(ids), skip_special_tokens=True)
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """The token's own bytes: its decoded text, except for a token that is only part of a
+        character (decoded alone it is U+FFFD), whose raw bytes come from its vocabulary entry: a
+        ``<0xNN>`` byte token, or a byte-level BPE piece read back through the byte alphabet."""
+        text = self.decode([token_id])
+        if "\ufffd" not in text:
+            return text.encode("utf-8")
+        piece = self._tok.id_to_token(token_id) or ""
+        byte = _BYTE_TOKEN.fullmatch(piece)
+        if byte:
+            return bytes([int(byte.group(1), 16)])
+        alphabet = _byte_level_alphabet()
+        if self._byte_level and all(c in alphabet for c in piece):
+            return bytes(alphabet[c] for c in piece)
+        return text.encode("utf-8")
 
     def _special_ids(self) -> dict[str, int]:
         return self._specials

@@ -1,0 +1,133 @@
+"""Token log-probabilities through the real server (SmolLM2, loopback) where they meet the rest:
+multi-byte characters split over tokens (each entry's ``bytes`` are its token's own, so the
+entries' bytes joined are the answer's UTF-8; the legacy shape names such a token by its bytes),
+``stream_options.include_usage``, ``max_tokens``
+reached, a prompt over the context length, and a stream the client hangs up on (the engine's pool
+is free again)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from .helpers import free_port, metric_value, spawn_server, sse_payloads, stop_process, wait_healthy_url
+
+pytestmark = pytest.mark.real
+
+MODEL = "smollm2-135m-instruct"
+# SmolLM2 copies these greedily: CJK characters and an emoji are 3 and 4 bytes, over several tokens
+SPLIT = [{"role": "user", "content": "Write 'café naïve 日本語 😀' three times."}]
+
+
+@pytest.fixture(scope="module")
+def url(smollm2_path: Path) -> Iterator[str]:
+    port = free_port()
+    proc = spawn_server([
+        "serve", "--model", str(smollm2_path), "--served-model-name", MODEL, "--port", str(port),
+        "--max-model-len", "256", "--log-level", "warning",
+    ])  # fmt: skip
+    base = f"http://127.0.0.1:{port}"
+    try:
+        wait_healthy_url(base, timeout_s=180, proc=proc)
+    except Exception:
+        print(stop_process(proc))
+        raise
+    yield base
+    output = stop_process(proc)
+    assert "Traceback" not in output, output
+
+
+def _chat(url: str, **body) -> httpx.Response:
+    return httpx.post(f"{url}/v1/chat/completions", json={"model": MODEL, **body}, timeout=120)
+
+
+def _joined_bytes(content: list[dict]) -> bytes:
+    return bytes(b for e in content for b in e["bytes"])
+
+
+def test_entry_bytes_rebuild_characters_split_over_tokens(url: str) -> None:
+    r = _chat(url, messages=SPLIT, logprobs=True, top_logprobs=2, temperature=0, max_tokens=24)
+    assert r.status_code == 200, r.text
+    choice = r.json()["choices"][0]
+    text, content = choice["message"]["content"], choice["logprobs"]["content"]
+    assert "日本語" in text  # the case this test is about: tokens that are parts of characters
+    assert any(e["token"] == "\ufffd" for e in content)
+    assert _joined_bytes(content) == text.encode("utf-8")
+    for e in content:  # an alternative's bytes are its own too: valid bytes, never U+FFFD's
+        for t in e["top_logprobs"]:
+            assert t["token"] != "\ufffd" or t["bytes"] != list("\ufffd".encode())
+
+    # streamed: the chunks' entries carry the same bytes
+    body = {"model": MODEL, "messages": SPLIT, "logprobs": True, "temperature": 0, "max_tokens": 24,
+            "stream": True, "stream_options": {"include_usage": True}}
+    with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, timeout=120) as s:
+        events = [e for e in sse_payloads(s.iter_lines()) if e != "[DONE]"]
+    choices = [c for ev in events for c in ev["choices"]]
+    streamed = [e for c in choices if c.get("logprobs") for e in c["logprobs"]["content"]]
+    streamed_text = "".join(c["delta"].get("content") or "" for c in choices)
+    assert streamed_text == text
+    assert _joined_bytes(streamed) == text.encode("utf-8")
+    assert events[-1]["usage"]["completion_tokens"] == len(streamed) == 24  # usage chunk last
+
+
+def _token_bytes(token: str) -> bytes:
+    if token.startswith("bytes:"):  # a part-character token, named by its bytes (OpenAI's form)
+        return bytes(int(h, 16) for h in token[len("bytes:"):].split("\\x")[1:])
+    return token.encode("utf-8")
+
+
+def test_legacy_completions_name_part_character_tokens_by_their_bytes(url: str) -> None:
+    body = {"model": MODEL, "prompt": "Japanese: 日本語 日本語 日本語", "logprobs": 3, "max_tokens": 12,
+            "temperature": 0}
+    r = httpx.post(f"{url}/v1/completions", json=body, timeout=120)
+    assert r.status_code == 200, r.text
+    choice = r.json()["choices"][0]
+    lp = choice["logprobs"]
+    assert any(t.startswith("bytes:") for t in lp["tokens"])  # the case this test is about
+    assert b"".join(_token_bytes(t) for t in lp["tokens"]) == choice["text"].encode("utf-8")
+    for tok, value, top in zip(lp["tokens"], lp["token_logprobs"], lp["top_logprobs"], strict=True):
+        # the 3 most likely and the emitted one: part-character alternatives no longer share a key
+        assert 3 <= len(top) <= 4 and top[tok] == value, top
+
+
+def test_max_tokens_reached_and_a_too_long_prompt(url: str) -> None:
+    r = _chat(url, messages=SPLIT, logprobs=True, temperature=0, max_tokens=3)
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["choices"][0]["finish_reason"] == "length"
+    assert len(body["choices"][0]["logprobs"]["content"]) == body["usage"]["completion_tokens"] == 3
+    long = [{"role": "user", "content": "word " * 400}]
+    r = _chat(url, messages=long, logprobs=True, top_logprobs=5, max_tokens=4)
+    assert r.status_code == 400, r.text
+    assert "context" in r.json()["error"]["message"].lower() or r.json()["error"]["param"] == "messages"
+
+
+def test_a_stream_hung_up_on_frees_the_pool(url: str) -> None:
+    body = {"model": MODEL, "messages": SPLIT, "logprobs": True, "top_logprobs": 20, "max_tokens": 200,
+            "ignore_eos": True, "stream": True}
+    for _ in range(3):
+        with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, timeout=120) as s:
+            assert s.status_code == 200
+            seen = 0
+            for line in s.iter_lines():
+                seen += line.startswith("data: ")
+                if seen >= 3:
+                    break
+    names = ("hybridllm_num_requests_running", "hybridllm_num_requests_waiting",
+             "hybridllm_kv_cache_blocks_free", "hybridllm_kv_cache_blocks_total")
+    deadline = time.monotonic() + 20
+    while True:
+        text = httpx.get(f"{url}/metrics", timeout=10).text
+        v = {n: metric_value(text, n, model=MODEL) for n in names}
+        idle = v[names[0]] == 0 and v[names[1]] == 0 and v[names[2]] == v[names[3]]
+        if idle or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    assert v[names[0]] == 0 and v[names[1]] == 0 and v[names[2]] == v[names[3]], v
+    # and the server still answers with log-probabilities
+    r = _chat(url, messages=SPLIT, logprobs=True, max_tokens=2)
+    assert r.status_code == 200 and len(r.json()["choices"][0]["logprobs"]["content"]) == 2

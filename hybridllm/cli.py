@@ -44,6 +44,22 @@ def _sampling_value(name: str, convert: Callable[[str], Any]) -> Callable[[str],
     return parse
 
 
+def _threads(text: str) -> int:
+    """An argparse type for --threads: a whole number of CPU threads that llama.cpp takes, so a bad
+    one is a usage error naming the option, not an error about n_threads after parsing."""
+    from .backends.llama_cpp import _MAX_THREADS
+
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if not 1 <= value <= _MAX_THREADS:
+        raise argparse.ArgumentTypeError(
+            f"expected a whole number of CPU threads from 1 to {_MAX_THREADS}, got {text!r} (leave "
+            f"--threads out for all {os.cpu_count() or 1} cores)")
+    return value
+
+
 def _add_sampling(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None,
                    help="edge model: catalog id or path to a .gguf file (default: edge_model from "
@@ -63,7 +79,7 @@ def _add_sampling(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=_sampling_value("seed", int), default=None,
                    help="sampling seed, for repeatable answers")
     p.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
-    p.add_argument("--threads", type=int, default=None, help="CPU threads (default: all cores)")
+    p.add_argument("--threads", type=_threads, default=None, help="CPU threads (default: all cores)")
     p.add_argument("--backend", choices=("llama_cpp", "onnx"), default=None,
                    help="edge runtime: llama_cpp (GGUF, default) or onnx (ONNX Runtime GenAI)")
 
@@ -311,28 +327,36 @@ def cmd_chat(args: argparse.Namespace) -> int:
 
 def cmd_models_list(args: argparse.Namespace) -> int:
     from .models.remove import disk_usage, human_size
-    from .models.store import iter_catalog
+    from .models.store import UNVERIFIED, load_catalog, pull_state
 
     rows: list[dict[str, Any]] = []
-    for spec, ready in iter_catalog():
+    for spec in load_catalog().values():
         size = spec.total_size
+        state = pull_state(spec.id)
         rows.append({"id": spec.id, "kind": spec.kind, "architecture": spec.architecture,
                      "chat_format": spec.chat_format, "license": spec.license,
                      "size_mb": round(size / 1e6, 1) if size else None, "package": spec.package,
-                     "pulled": ready, "disk_bytes": disk_usage(spec.id), "description": spec.description})
+                     "pulled": state == "yes", "state": state, "disk_bytes": disk_usage(spec.id),
+                     "description": spec.description})
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
     w = max([len("ID"), *(len(str(r["id"])) for r in rows)]) + 2  # the longest id sets the column
-    print(f"{'ID':<{w}}{'KIND':<11}{'ARCH':<9}{'SIZE':>9}  {'PULLED':<7}{'ON DISK':>10}  LICENSE")
+    pw = len(UNVERIFIED) + 1
+    print(f"{'ID':<{w}}{'KIND':<11}{'ARCH':<9}{'SIZE':>9}  {'PULLED':<{pw}}{'ON DISK':>10}  LICENSE")
     for r in rows:
         shown = f"{r['size_mb']} MB" if r["size_mb"] else "-"
         disk = human_size(r["disk_bytes"]) if r["disk_bytes"] else "-"
         print(f"{r['id']:<{w}}{r['kind']:<11}{r['architecture']:<9}{shown:>9}  "
-              f"{'yes' if r['pulled'] else 'no':<7}{disk:>10}  {r['license']}")
+              f"{r['state']:<{pw}}{disk:>10}  {r['license']}")
     total = sum(r["disk_bytes"] for r in rows)
     # the total's size sits under ON DISK; `hybridllm models remove ID` frees a model's share
-    print(f"{'total':<{w}}{'on disk':<38}{human_size(total) if total else '-':>10}")
+    print(f"{'total':<{w}}{'on disk':<{11 + 9 + 9 + 2 + pw}}{human_size(total) if total else '-':>10}")
+    unverified = [r["id"] for r in rows if r["state"] == UNVERIFIED]
+    if unverified:  # a data dir copied from elsewhere: its files are there, just not hashed here yet
+        _note(f"unverified: {', '.join(unverified)}: the files are in place (a data dir copied from "
+              "elsewhere?) but not yet checked here against the catalog's sha256; `hybridllm models "
+              "verify ID` checks one now, and its first use does too.")
     return 0
 
 
@@ -514,6 +538,27 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
 
 
+# the top-level modules the [server] extra brings (pyproject.toml); the cloud server needs them all
+SERVER_MODULES = ("torch", "fastapi", "uvicorn", "gguf", "safetensors", "prometheus_client", "jinja2")
+
+
+def server_extra_hint(missing: str | None) -> str:
+    """What to install when the cloud server's [server] extra is missing, in one sentence or two."""
+    from . import __version__
+
+    return (f"the cloud server needs the [server] extra (torch, FastAPI), and this install lacks "
+            f"{missing!r}. Install it with: pip install 'hybridllm[server]' "
+            f"(or the wheel, 'dist/hybridllm-{__version__}-py3-none-any.whl[server]').")
+
+
+def missing_server_module() -> str | None:
+    """The first module of the [server] extra that is not installed, or None; found without
+    importing anything (torch takes seconds to import)."""
+    from importlib.util import find_spec
+
+    return next((name for name in SERVER_MODULES if find_spec(name) is None), None)
+
+
 def cloud_main() -> int:
     """``hybridllm-cloud``: the cloud server's command. Its modules need the [server] extra (torch,
     FastAPI); without it, say so on one line instead of an import traceback."""
@@ -524,11 +569,7 @@ def cloud_main() -> int:
             "HYBRIDLLM_DEBUG"
         ):
             raise
-        from . import __version__
-
-        print(f"hybridllm-cloud: error: the cloud server needs the [server] extra (torch, FastAPI), "
-              f"and this install lacks {exc.name!r}. Install it with: pip install 'hybridllm[server]' "
-              f"(or the wheel, 'dist/hybridllm-{__version__}-py3-none-any.whl[server]').", file=sys.stderr)
+        print(f"hybridllm-cloud: error: {server_extra_hint(exc.name)}", file=sys.stderr)
         return 1
     return cloud()
 

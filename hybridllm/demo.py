@@ -70,7 +70,9 @@ def _start_cloud(port: int, log: Path, model: str = DEFAULT_EDGE_MODEL) -> subpr
     deadline = time.monotonic() + 600
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise HybridLLMError(f"the cloud server exited ({proc.returncode}); see {log}")
+            reason = _last_line(log)
+            raise HybridLLMError(f"the cloud server exited ({proc.returncode})"
+                                 f"{': ' + reason if reason else ''}; its log is {log}")
         try:
             if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
                 return proc
@@ -79,6 +81,15 @@ def _start_cloud(port: int, log: Path, model: str = DEFAULT_EDGE_MODEL) -> subpr
         time.sleep(0.5)
     proc.kill()
     raise HybridLLMError(f"the cloud server did not become healthy in 600 s; see {log}")
+
+
+def _last_line(log: Path) -> str:
+    """The last line the server wrote (its error, when it stops at once), or ''."""
+    try:
+        lines = log.read_text(errors="replace").strip().splitlines()
+    except OSError:
+        return ""
+    return lines[-1].strip()[:500] if lines else ""
 
 
 def _row(prompt: str, c: Any) -> str:  # c: a Completion
@@ -100,9 +111,15 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     from ._client import HybridLLM
     from ._pipeline import EDGE_FALLBACK
+    from .cli import missing_server_module, server_extra_hint
     from .router import load_router
 
     args = _args(argv)
+    missing = missing_server_module()
+    if missing is not None:  # the light install: say what to add, in one line, before starting
+        print(f"error: the demo starts a local cloud server, and {server_extra_hint(missing)} "
+              "Without it, `hybridllm ask` and `hybridllm chat` answer on the device.", file=sys.stderr)
+        return 1
     work = Path(tempfile.mkdtemp(prefix="hybridllm-demo-"))
     port = _free_port()
     started = time.monotonic()

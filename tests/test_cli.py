@@ -103,9 +103,13 @@ def test_models_list_columns_line_up_for_long_ids(capsys):
 
 
 def test_threads_below_one_are_refused(recorder, capsys):
-    """Before: --threads -3 (or n_threads=-3) went to llama.cpp as it was."""
-    assert cli.main(["ask", "hi", "--json", "--threads", "-3"]) == 1
-    assert "n_threads must be at least 1" in capsys.readouterr().err
+    """Before: --threads -3 (or n_threads=-3) went to llama.cpp as it was. Then it was refused with
+    exit 1 and a message about n_threads; now, like every other bad option value, it is a usage
+    error (exit 2) that names --threads, before anything is built."""
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["ask", "hi", "--json", "--threads", "-3"])
+    assert exit_.value.code == 2
+    assert "argument --threads" in capsys.readouterr().err and recorder.built == []
 
 
 @pytest.mark.parametrize("action", ["stats", "clear"])

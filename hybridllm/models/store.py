@@ -16,6 +16,7 @@ import importlib
 import importlib.metadata
 import json
 import os
+import stat
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -273,6 +274,29 @@ def is_materialized(model_id: str) -> bool:
     spec = get_spec(model_id)
     root = model_dir(spec)
     return all(_marker_ok(root / f.name, f.sha256) for f in spec.files)
+
+
+PULLED, UNVERIFIED, ABSENT = "yes", "unverified", "no"
+
+
+def pull_state(model_id: str) -> str:
+    """Whether a model is there, without hashing anything: ``PULLED`` (every file verified and
+    unchanged since), ``UNVERIFIED`` (every file in place at the catalog's size, but not verified
+    here: a data dir copied from another machine, a lost marker; ``models verify`` or the first use
+    hashes it and keeps it when it is right) or ``ABSENT`` (a file missing or of the wrong size:
+    ``models pull`` copies it)."""
+    spec = get_spec(model_id)
+    root = model_dir(spec)
+    if all(_marker_ok(root / f.name, f.sha256) for f in spec.files):
+        return PULLED
+    for file in spec.files:
+        try:
+            st = (root / file.name).stat()
+        except OSError:
+            return ABSENT
+        if not stat.S_ISREG(st.st_mode) or (file.size is not None and st.st_size != file.size):
+            return ABSENT
+    return UNVERIFIED
 
 
 def pull(model_id: str, *, progress: Progress | None = None, force: bool = False) -> Path:

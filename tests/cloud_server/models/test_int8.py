@@ -1,6 +1,8 @@
 """Weight-only int8 and int4 against the fp32 engine on the same GGUF, teacher-forced.
 
-For 20 prompts (half through the chat template), fp32 continues greedily for 32 tokens; both
+For 20 prompts (half through the chat template; the first 10 for Qwen2.5-Coder-0.5B, whose
+agreement sits far above its floor: 99.38% on those 10), fp32 continues greedily for 32 tokens,
+once per model (the cases of one model share fp32's rows, which halved this file's time); both
 engines then score prompt + continuation in one prefill. At the 32 continuation positions the
 quantized engine's argmax must match fp32's at a floor per model, the logits' mean cosine must
 exceed 0.99, and the continuation's mean log-loss may rise by at most 0.03 nats.
@@ -28,23 +30,38 @@ from .test_parity_llamacpp import PROMPTS
 pytestmark = pytest.mark.real
 
 NUM_NEW = 32
+QWEN_PROMPTS = 10  # the first 10 for the 0.5B model (its agreement sits far above its floor)
 
 
-def _compare(ref, q) -> tuple[float, float, float]:
+# fp32's continuations and logits, once per model: the cases of one model share them
+_REFERENCE: dict[str, list] = {}
+
+
+def _reference(model: str, ref, prompts: list[str]) -> list:
+    """[(prompt ids, fp32's greedy continuation, fp32's logits at its positions)] per prompt."""
+    from cloud_server.engine.sampling_params import SamplingParams
+
+    if model not in _REFERENCE:
+        params = SamplingParams(temperature=0.0, max_tokens=NUM_NEW, ignore_eos=True)
+        rows = []
+        for i, text in enumerate(prompts):
+            if i % 2:
+                text = ref.tokenizer.apply_chat_template([{"role": "user", "content": text}])
+            ids = ref.tokenizer.encode(text)
+            cont = ref.generate([ids], params)[0].token_ids
+            rows.append((ids, cont, ref.score(ids + cont[:-1])[len(ids) - 1 :]))  # [32, V]
+        _REFERENCE[model] = rows
+    return _REFERENCE[model]
+
+
+def _compare(model: str, ref, q) -> tuple[float, float, float]:
     """(argmax agreement, mean cosine, mean log-loss of fp32's continuation under q minus under
     fp32), at the continuation positions."""
     import torch
 
-    from cloud_server.engine.sampling_params import SamplingParams
-
     agree, cosines, losses = [], [], []
-    params = SamplingParams(temperature=0.0, max_tokens=NUM_NEW, ignore_eos=True)
-    for i, text in enumerate(PROMPTS):
-        if i % 2:
-            text = ref.tokenizer.apply_chat_template([{"role": "user", "content": text}])
-        ids = ref.tokenizer.encode(text)
-        cont = ref.generate([ids], params)[0].token_ids
-        a = ref.score(ids + cont[:-1])[len(ids) - 1 :]  # [32, V]
+    rows = _reference(model, ref, PROMPTS[:QWEN_PROMPTS] if model == "qwen05" else PROMPTS)
+    for ids, cont, a in rows:
         b = q.score(ids + cont[:-1])[len(ids) - 1 :]
         agree += (a.argmax(-1) == b.argmax(-1)).tolist()
         cosines += torch.nn.functional.cosine_similarity(a, b, dim=-1).tolist()
@@ -52,7 +69,7 @@ def _compare(ref, q) -> tuple[float, float, float]:
         for logits, sign in ((b, 1.0), (a, -1.0)):
             nll = torch.nn.functional.cross_entropy(logits.float(), target, reduction="none")
             losses.append(sign * float(nll.mean()))
-    return sum(agree) / len(agree), sum(cosines) / len(cosines), sum(losses) / len(PROMPTS)
+    return sum(agree) / len(agree), sum(cosines) / len(cosines), sum(losses) / len(rows)
 
 
 @pytest.mark.parametrize(
@@ -69,7 +86,7 @@ def test_int8_agrees_with_fp32(model, quantization, dtype, min_agreement, reques
     packed = quantization == "int8" or q.device.type == "cpu"
     assert gate_up.weight.dtype.is_floating_point is not packed
     assert gate_up.int4 == (quantization == "int4" and packed)
-    agreement, cosine, extra_loss = _compare(ref, q)
+    agreement, cosine, extra_loss = _compare(model, ref, q)
     print(f"\n{model} {quantization} {dtype}: argmax agreement {agreement:.4f}, mean cosine {cosine:.5f}, "
           f"log-loss {extra_loss:+.4f} nats")
     assert agreement >= min_agreement

@@ -451,6 +451,30 @@ def _llama_markers(llm: Any) -> tuple[dict[str, int], frozenset[str]]:
     return out, frozenset(always)
 
 
+def llama_bytes(llm: Any, ids: Sequence[int], *, special: bool = False) -> bytes:
+    """The bytes of ``ids`` in a ``llama_cpp.Llama``'s vocabulary (``special``: control tokens as
+    their text, not nothing). llama-cpp-python's ``detokenize`` reads each token into a 32-byte
+    buffer and drops a longer one whole (SmolLM2 has 47: runs of spaces or dashes, which vanished
+    from answers); a longer token gets a buffer of its own size here. As ``detokenize``, the space
+    a first BOS puts before the text is not the text's."""
+    import ctypes
+
+    from llama_cpp import llama_cpp as C
+
+    vocab = llm._model.vocab
+    out = bytearray()
+    buf = ctypes.create_string_buffer(64)
+    for token in ids:
+        n = C.llama_token_to_piece(vocab, int(token), buf, len(buf), 0, special)
+        if n < 0:  # too small: -n is the size it needs
+            buf = ctypes.create_string_buffer(-n)
+            n = C.llama_token_to_piece(vocab, int(token), buf, len(buf), 0, special)
+        out += buf.raw[:n]
+    if ids and ids[0] == llm.token_bos() and out[:1] == b" ":
+        del out[:1]
+    return bytes(out)
+
+
 def llama_special_ids(llm: Any) -> dict[str, int]:
     """Text -> id of each marker token of a llama.cpp vocabulary (see :func:`_llama_markers`).
     ``llm`` is a ``llama_cpp.Llama``; one pass over the vocabulary (0.1 s for 262k tokens)."""

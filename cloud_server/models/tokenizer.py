@@ -15,7 +15,6 @@ caller writes whole.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import functools
 import io
 import json
@@ -24,6 +23,8 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+from hybridllm.prompts import llama_bytes
 
 from ..exceptions import InvalidRequestError, ModelLoadError
 
@@ -155,7 +156,7 @@ class GGUFTokenizer(_ChatTemplateMixin):
     def _piece(self, token_id: int) -> str:
         if token_id < 0:
             return ""
-        return self._llama.detokenize([token_id], special=True).decode("utf-8", errors="replace")
+        return llama_bytes(self._llama, [token_id], special=True).decode("utf-8", errors="replace")
 
     def encode(self, text: str, add_special: bool = True) -> list[int]:
         ids = self._llama.tokenize(text.encode("utf-8"), add_bos=False, special=True)
@@ -184,24 +185,7 @@ class GGUFTokenizer(_ChatTemplateMixin):
         return self._bytes([token_id])
 
     def _bytes(self, ids: list[int]) -> bytes:
-        """llama.cpp's bytes of ``ids``. llama-cpp-python's ``detokenize`` reads each token into a
-        32-byte buffer and drops a longer token whole (SmolLM2 has 47 such tokens: runs of spaces
-        or dashes, which vanished from answers); a longer token gets a buffer of its size here."""
-        import llama_cpp
-
-        vocab = self._llama._model.vocab
-        out = bytearray()
-        buf = ctypes.create_string_buffer(64)
-        for token in ids:
-            n = llama_cpp.llama_token_to_piece(vocab, token, buf, len(buf), 0, False)
-            if n < 0:  # too small: -n is the size it needs
-                buf = ctypes.create_string_buffer(-n)
-                n = llama_cpp.llama_token_to_piece(vocab, token, buf, len(buf), 0, False)
-            out += buf.raw[:n]
-        # as llama-cpp-python: the space a first BOS puts before the text is not the text's
-        if ids and ids[0] == self.bos_token_id and out[:1] == b" ":
-            del out[:1]
-        return bytes(out)
+        return llama_bytes(self._llama, ids)
 
 
 class HFTokenizer(_ChatTemplateMixin):

@@ -22,7 +22,7 @@ from .._exceptions import ConfigError, EdgeBusyError, EdgeError, ModelCorruptErr
 from .._types import GenerationParams, Messages, Usage
 from ..models.catalog import ModelSpec, load_catalog
 from ..models.store import Progress, model_dir, resolve_gguf
-from ..prompts import PromptFormat, llama_plain, tokenize_prompt
+from ..prompts import PromptFormat, llama_bytes, llama_plain, tokenize_prompt
 from .base import Delta, DeviceBackend, StopMatcher, register_backend, return_freed_memory
 
 DEFAULT_MODEL = DEFAULT_EDGE_MODEL
@@ -218,7 +218,7 @@ class LlamaCppBackend(DeviceBackend):
     def _piece(self, token: int) -> str:
         if token < 0:
             return ""
-        return bytes(self._llm.detokenize([token], special=True)).decode("utf-8", errors="ignore")
+        return llama_bytes(self._llm, [token], special=True).decode("utf-8", errors="ignore")
 
     @property
     def context_length(self) -> int:
@@ -300,7 +300,7 @@ class LlamaCppBackend(DeviceBackend):
                         row = np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(self._n_vocab,))
                         peak = float(row.max())
                         logprob = float(row[token] - peak - np.log(np.exp(row - peak).sum()))
-                    piece = bytes(llm.detokenize([token]))
+                    piece = llama_bytes(llm, [token])
                 text, hit = matcher.feed(decoder.decode(piece))
                 if text or logprob is not None:
                     yield Delta(text, logprob=logprob)

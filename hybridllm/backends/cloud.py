@@ -133,6 +133,21 @@ class _EndpointDown(_Retryable):
     opens at once and the request moves on to another endpoint, or to the device."""
 
 
+_SSL_CONTEXT: Any = None
+
+
+def _ssl_context() -> Any:
+    """One TLS context for every client of the process: httpx reads the CA store (certifi's, or
+    ``SSL_CERT_FILE`` / ``SSL_CERT_DIR``) for each new client, 20-250 ms that the first cloud call
+    on each event loop spent on the loop, holding up an async app's other requests."""
+    global _SSL_CONTEXT
+    if _SSL_CONTEXT is None:
+        import httpx
+
+        _SSL_CONTEXT = httpx.create_ssl_context()  # a race builds two; either is right
+    return _SSL_CONTEXT
+
+
 def parse_retry_after(value: str | None) -> float | None:
     """Seconds to wait from a Retry-After header (delta-seconds or an HTTP date)."""
     if not value:
@@ -269,9 +284,10 @@ class CloudBackend(Backend):
             headers = {"Authorization": f"Bearer {self._api_key}"} if self._api_key else {}
             # redirects are not followed: a POST would be re-sent (the prompt, the key) to wherever a
             # captive portal or a proxy points; the status says where, and base_url is fixed once
+            tls = {} if self._transport is not None else {"verify": _ssl_context()}
             client = httpx.AsyncClient(
                 timeout=httpx.Timeout(self.read_timeout_s, connect=self.connect_timeout_s),
-                headers=headers, transport=self._transport, follow_redirects=False)
+                headers=headers, transport=self._transport, follow_redirects=False, **tls)
             self._clients[loop] = client
         return client
 
@@ -344,6 +360,8 @@ class CloudBackend(Backend):
         seen: dict[str, float | None] = {}  # each intensity feed is asked once per request
         if placer is not None and placer.has_feeds:  # a slow feed must not hold the event loop
             await asyncio.to_thread(placer.ask_feeds, seen)
+        if self._transport is None and _SSL_CONTEXT is None:  # the CA store read once, off the loop
+            await asyncio.to_thread(_ssl_context)
         while True:
             exclude = (tried if len(tried) < len(self.endpoints) else set()) | down
             cooling = self._cooling()

@@ -134,6 +134,7 @@ class _EndpointDown(_Retryable):
 
 
 _SSL_CONTEXT: Any = None
+_RECALLS_SAID: set[tuple[str, str, frozenset[str]]] = set()  # recalled refusals already warned of
 
 
 def _ssl_context() -> Any:
@@ -333,12 +334,16 @@ class CloudBackend(Backend):
             client = self._clients.pop(loop, None)
             if client is not None:
                 loop.run_until_complete(client.aclose())
-            # httpx's inner line readers, dropped when a stream broke off, are closed by tasks the
-            # loop must still run: closed unrun, they print "Task was destroyed but it is pending!"
-            pending = asyncio.all_tasks(loop)
-            if pending:
-                loop.run_until_complete(asyncio.wait(pending, timeout=5))
-            loop.run_until_complete(loop.shutdown_asyncgens())
+            # httpx's inner line readers, dropped when a stream broke off or ended, are closed by
+            # tasks the loop must still run, also those that closing the other generators makes:
+            # closed unrun, they print "Task was destroyed but it is pending!"
+            for _ in range(3):
+                pending = asyncio.all_tasks(loop)
+                if pending:
+                    loop.run_until_complete(asyncio.wait(pending, timeout=5))
+                loop.run_until_complete(loop.shutdown_asyncgens())
+                if not asyncio.all_tasks(loop):
+                    break
             loop.close()
 
     def astream(self, messages: Messages, params: GenerationParams, *,
@@ -557,6 +562,10 @@ class CloudBackend(Backend):
         if not new:
             return
         self._refused[key] = self._refused.get(key, frozenset()) | new
+        said = (*key, new)  # once per process: each HybridLLM made in it recalls the file again
+        if said in _RECALLS_SAID:
+            return
+        _RECALLS_SAID.add(said)
         loses = "; ".join(dict.fromkeys(LOSES.get(n, "it samples without that filter") for n in sorted(new)))
         log.warning("The cloud at %s (model %s) refused %s when asked %s ago (kept in %s; delete it to "
                     "forget); it is sent requests without %s: %s", key[0], key[1], ", ".join(sorted(new)),

@@ -317,3 +317,16 @@ def test_retry_after_dates_are_gmt_and_absurd_values_do_not_ban_an_endpoint(serv
     with pytest.raises(CloudRateLimitError):
         cloud.generate(MSGS, P)
     assert cloud.is_available()  # the cap has passed: it is asked again
+
+
+def test_a_sync_stream_read_to_its_end_leaves_nothing_pending(server, caplog, capfd):
+    """Before: every whole answer through the sync stream() logged asyncio's 'Task was destroyed
+    but it is pending!' (ERROR): closing the loop's generators dropped one more of httpx's, whose
+    close task the loop never ran."""
+    import gc
+
+    cloud = CloudBackend(base_url=_url(server, "ok"), model="m", max_retries=0)
+    for _ in range(2):
+        assert "".join(d.text for d in cloud.stream(MSGS, P)) == "fine"
+    gc.collect()
+    assert "destroyed but it is pending" not in caplog.text + capfd.readouterr().err

@@ -116,3 +116,22 @@ def test_a_corrupt_or_unwritable_file_is_ignored(tmp_path, caplog):
     with caplog.at_level(logging.DEBUG, logger="hybridllm.cloud"):
         blocked.remember("https://h/v1", "m", frozenset({"top_k"}))  # no error: nothing is kept
     assert blocked.recall("https://h/v1", "m") is None
+
+
+def test_a_recalled_refusal_is_warned_of_once_per_process(peer, tmp_path, monkeypatch, caplog):
+    """Each HybridLLM (each CloudBackend) of one process recalls the file; the warning that says
+    what it leaves out was given again for each of them."""
+    from hybridllm.backends import cloud
+
+    monkeypatch.setenv("HYBRIDLLM_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(cloud, "_RECALLS_SAID", set())  # as in a new process
+    url = f"http://127.0.0.1:{peer.server_address[1]}/openai"
+    assert _answer(CloudBackend(base_url=url, model="gpt-x", max_retries=0, remember_refusals=True)) == "fine"
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="hybridllm"):
+        for _ in range(3):
+            assert _answer(CloudBackend(base_url=url, model="gpt-x", max_retries=0,
+                                        remember_refusals=True)) == "fine"
+    recalled = [r for r in caplog.records if "when asked" in r.getMessage()]
+    assert len(recalled) == 1, [r.getMessage() for r in caplog.records]
+    assert [("top_k" in body) for _, body in peer.hits[-3:]] == [False, False, False]  # still left out

@@ -438,7 +438,8 @@ class Core:
                 if not req.fits_edge:  # the device cannot stand in: wait for the budget
                     raise _waits_for_cloud(req, f"the cloud {spent}", "once the budget has room",
                                            spent=spent)
-                return dataclasses.replace(d, route="edge", reason=f"{d.reason}; {spent}", cascade=False)
+                reason = f"{_sent_nowhere(d)}; {spent}"
+                return dataclasses.replace(d, route="edge", reason=reason, cascade=False)
         return d
 
     def _beyond_the_edge(self, req: Request, d: Decision) -> Decision:
@@ -449,8 +450,9 @@ class Core:
         if d.route == "edge" and d.forced:
             raise _too_long(req, "route='edge' keeps it on the device",
                             "or leave out route='edge' so that the cloud answers it")
-        if d.private:
-            raise _too_long(req, f"privacy keeps it on the device ({d.reason})",
+        if d.private:  # the kinds, not the reason: that names privacy='redact' too, as the error does
+            found = f"it contains {', '.join(d.pii_kinds)}" if d.pii_kinds else d.reason
+            raise _too_long(req, f"privacy keeps it on the device ({found})",
                             "or set privacy='redact' to send it to the cloud with the personal data "
                             "replaced")
         n, limit = req.prompt_tokens, req.context_length
@@ -484,7 +486,7 @@ class Core:
                         req,
                         start,
                         route=EDGE_FALLBACK,
-                        reason=f"{d.reason}; cloud unavailable ({why})",
+                        reason=f"{_sent_nowhere(d)}; cloud unavailable ({why})",
                         score=d.score,
                     )
                 ) as source:
@@ -559,7 +561,7 @@ class Core:
                         d,
                         start,
                         route="edge->cloud",
-                        reason=f"{d.reason}; edge confidence {lp:.2f} too low",
+                        reason=f"{d.reason}; edge confidence {lp:.2f} too low{_redacted(d)}",
                     )
                 ) as source:
                     async for chunk in source:
@@ -898,6 +900,20 @@ class Core:
             for part in (edge, self.cloud, self.cache):
                 if part is not None:
                     part.close()
+
+
+def _redacted(d: Decision) -> str:
+    """The reason's note for a request the cloud is sent with placeholders for its values."""
+    from .router.privacy import redaction_note
+
+    return redaction_note(d.pii_kinds) if d.placeholders else ""
+
+
+def _sent_nowhere(d: Decision) -> str:
+    """A cloud decision's reason for the device's answer after all (budget spent, cloud down):
+    nothing was sent, so no note that values were redacted for the cloud."""
+    note = _redacted(d)
+    return d.reason.replace(note, "") if note else d.reason
 
 
 def _holds_pii(messages: Messages) -> bool:

@@ -11,8 +11,9 @@ Order (the first rule that applies decides; each decision carries its reason):
 Every message is scanned (system, assistant and tool turns too), and a value split across two
 turns is found. With privacy="redact", cloud-bound messages have each distinct detected value
 replaced by a numbered placeholder (``[EMAIL_1]``, ``[EMAIL_2]``), a cloud decision's reason says
-so, and the decision keeps the map back (``placeholders``, never sent) so that the pipeline can
-restore the values in the cloud's answer.
+so (a cascade's only once it escalates, and not one the device answers after all), and the
+decision keeps the map back (``placeholders``, never sent) so that the pipeline can restore the
+values in the cloud's answer.
 The client's pipeline then applies what only it knows: the cloud budget (a ledger it keeps, see
 :mod:`.budget`) and whether the cloud is reachable.
 """
@@ -25,7 +26,7 @@ import numpy as np
 
 from .._exceptions import ConfigError, InvalidRequestError
 from .._types import Decision, Message, estimate_tokens, last_user_text, normalize_messages
-from .privacy import pii_kinds_in_messages, pseudonymize_messages
+from .privacy import pii_kinds_in_messages, pseudonymize_messages, redaction_note
 from .router import Router, load_router
 
 PRIVACY_MODES = ("keep_on_device", "redact", "off")
@@ -86,15 +87,18 @@ class RoutingPolicy:
 
         def decision(route: str, reason: str, score: float | None = None,
                      cascade: bool = False, forced: bool = False, private: bool = False) -> Decision:
-            if cloud_msgs is not msgs and (route == "cloud" or cascade):
-                reason = f"{reason}; {', '.join(kinds)} redacted for the cloud"
+            # a cascade starts on the device: the pipeline adds the note if it escalates
+            if cloud_msgs is not msgs and route == "cloud":
+                reason += redaction_note(kinds)
             return Decision(route=route, reason=reason, score=score, messages_for_cloud=cloud_msgs,
                             pii_kinds=kinds, cascade=cascade, forced=forced, placeholders=placeholders,
                             private=private)
 
         if kinds and self.privacy == "keep_on_device":
-            return decision("edge", f"privacy: prompt contains {', '.join(kinds)}; kept on device",
-                            private=True)
+            # what the user can do: the cloud with placeholders instead of the values
+            over = " over route='cloud'" if force == "cloud" else ""
+            return decision("edge", f"privacy: prompt contains {', '.join(kinds)}; kept on device{over} "
+                            "(privacy='redact' sends the cloud placeholders instead)", private=True)
         if force is not None:
             return decision(force, f"forced {force} by the caller", forced=True)
         tokens = estimate_tokens(msgs) if prompt_tokens is None else prompt_tokens

@@ -9,7 +9,11 @@ look-alikes (order numbers, version strings, random 16-digit numbers) are not fl
     national_id  US SSN (area not 000/666/9xx, group not 00, serial not 0000), UK NINO
     phone      +country code, (NNN) NNN-NNNN / NNN-NNN-NNNN / NNN NNN NNNN, 0N NN NN NN NN, UK
                national numbers, or any number right after a phone word ("call me on ...")
-    email      local@domain.tld (Unicode too), or spelled out: "a [at] b [dot] com"
+    email      local@domain.tld (Unicode too), or spelled out: "a [at] b [dot] com"; not an
+               SCP-style remote (me@host.org:~/repo) nor Git's account (git@github.com:org/x.git)
+    ip_address a public IPv4 or IPv6 address (a person's connection); not private, loopback,
+               documentation or multicast ranges, networks (10.0.0.0/8), public DNS resolvers
+               (8.8.8.8, 1.1.1.1), nor a version after "v", "version" or "==" (v1.2.3.4)
     secret     well-known API-key prefixes, private-key blocks, JWTs, Authorization headers and
                bearer tokens, credentials in URLs, and key=value / "password: ..." assignments
 
@@ -27,13 +31,14 @@ Two ways to take values out:
 from __future__ import annotations
 
 import bisect
+import ipaddress
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from .._types import Message
 
-PII_KINDS = ("secret", "iban", "card", "national_id", "email", "phone")
+PII_KINDS = ("secret", "iban", "card", "national_id", "email", "phone", "ip_address")
 PLACEHOLDER = {
     "secret": "[SECRET]",
     "iban": "[IBAN]",
@@ -41,6 +46,7 @@ PLACEHOLDER = {
     "national_id": "[NATIONAL_ID]",
     "email": "[EMAIL]",
     "phone": "[PHONE]",
+    "ip_address": "[IP_ADDRESS]",
 }
 
 
@@ -217,8 +223,15 @@ def _national_ids(text: str) -> list[tuple[int, int]]:
     return spans + [m.span("num") for m in _SSN_KEYWORD.finditer(text)]
 
 
+# host:org/repo.git, host:~/repo, host:/srv/repo; not a URL's port (db.example.com:5432/app)
+_SCP_PATH = re.compile(r":(?!\d+/)~?[\w.-]{0,100}/")
+
+
 def _emails(text: str) -> list[tuple[int, int]]:
-    spans = [m.span() for m in _EMAIL.finditer(text)]
+    # an SCP-style remote (me@host.org:~/repo, ":" and a path right after the host) and Git's
+    # service account (git@github.com, ssh://git@gitlab.com/...) are logins, not a mailbox
+    spans = [m.span() for m in _EMAIL.finditer(text)
+             if not _SCP_PATH.match(text, m.end()) and not m.group().startswith("git@")]
     if re.search(r"(?i)\bat\b", text):  # the spelled-out form only where it can be
         spans += [m.span() for m in _EMAIL_SPELLED.finditer(text)]
     return spans
@@ -276,6 +289,44 @@ def _secrets(text: str) -> list[tuple[int, int]]:
     return spans
 
 
+# four octets 0-255 without leading zeros, not part of a longer dotted run (an OID, 1.2.3.4.5)
+_OCTET = r"(?:25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)"
+_IPV4 = re.compile(rf"(?<![\w.-])(?:{_OCTET}\.){{3}}{_OCTET}(?![\w-]|\.\w)")
+# hex groups with at least two colons, bounded (a scan stays linear); ipaddress decides the rest
+_IPV6 = re.compile(r"(?<![\w:.])[0-9A-Fa-f]{1,4}(?::[0-9A-Fa-f]{0,4}){2,7}(?![\w:])")
+# a number after these is a version (v1.2.3.4, version 4.2.1.0, ==1.0.2.3), not an address
+_VERSION_CUE = re.compile(r"(?i)(?:\bv|\bversion|\bver\.?|\brelease|\bbuild|[=<>~^!]=?)[ \t]{0,2}$")
+# well-known public DNS resolvers: a server everyone uses, not a person's connection
+_RESOLVERS = frozenset({
+    "8.8.8.8", "8.8.4.4", "1.1.1.1", "1.0.0.1", "9.9.9.9", "149.112.112.112", "208.67.222.222",
+    "208.67.220.220", "2001:4860:4860::8888", "2001:4860:4860::8844", "2606:4700:4700::1111",
+    "2606:4700:4700::1001", "2620:fe::fe", "2620:fe::9",
+})
+_GLOBAL_UNICAST = ipaddress.ip_network("2000::/3")
+
+
+def _ip_addresses(text: str) -> list[tuple[int, int]]:
+    out = []
+    for m in _IPV4.finditer(text):
+        network = re.match(r"/(\d{1,2})\b", text[m.end() : m.end() + 3])
+        if network and network.group(1) != "32":  # 81.2.0.0/16: a network, no one's address
+            continue
+        if _VERSION_CUE.search(text[max(0, m.start() - 10) : m.start()]):
+            continue
+        addr = ipaddress.IPv4Address(m.group())
+        if addr.is_global and not addr.is_multicast and m.group() not in _RESOLVERS:
+            out.append(m.span())
+    if text.count(":") >= 2:  # an IPv6 address has at least two colons
+        for m in _IPV6.finditer(text):
+            try:
+                addr6 = ipaddress.IPv6Address(m.group())
+            except ValueError:  # 12:30:45, a MAC address, C++'s a::b...
+                continue
+            if addr6 in _GLOBAL_UNICAST and addr6.is_global and str(addr6) not in _RESOLVERS:
+                out.append(m.span())
+    return out
+
+
 _DETECTORS: dict[str, Callable[[str], list[tuple[int, int]]]] = {
     "secret": _secrets,
     "iban": _ibans,
@@ -283,6 +334,7 @@ _DETECTORS: dict[str, Callable[[str], list[tuple[int, int]]]] = {
     "national_id": _national_ids,
     "email": _emails,
     "phone": _phones,
+    "ip_address": _ip_addresses,
 }
 
 
@@ -357,6 +409,13 @@ def _matches_in_messages(messages: Sequence[Message]) -> list[list[PIIMatch]]:
             for ms, t in zip(found, texts, strict=True)]
 
 
+def redaction_note(kinds: Sequence[str]) -> str:
+    """What a reason adds once the cloud is sent placeholders for values of these kinds. Only a
+    request that reaches the cloud says so: one the device answers after all (the budget is
+    spent, the cloud is down, a cascade's device answer is kept) sent nothing anywhere."""
+    return f"; {', '.join(kinds)} redacted for the cloud"
+
+
 def pii_kinds_in_messages(messages: Sequence[Message]) -> list[str]:
     """The kinds found in any message: system, assistant and tool turns too, not only the user's."""
     found = {m.kind for ms in _matches_in_messages(messages) for m in ms}
@@ -379,6 +438,11 @@ def _identity(kind: str, value: str) -> str:
     ("555-123-4567" and "555 123 4567"), a secret character for character."""
     if kind == "email":
         return value.casefold()
+    if kind == "ip_address":  # 2001:DB8::1 and 2001:db8:0::1 are one address
+        try:
+            return str(ipaddress.ip_address(value))
+        except ValueError:
+            return value
     if kind in ("phone", "card", "iban", "national_id"):
         return "".join(ch for ch in value.upper() if ch.isalnum())
     return value

@@ -395,12 +395,7 @@ def _build_core(
             )
         ledger = None
         if cloud is not None:
-            from .router.budget import Budget
-
-            ledger = Budget(
-                max_cloud_calls_per_hour=cfg.max_cloud_calls_per_hour,
-                max_cloud_tokens_per_day=cfg.max_cloud_tokens_per_day,
-            )
+            ledger = cfg.budget()
         core = Core(
             edge=edge,
             cloud=cloud,

@@ -54,8 +54,13 @@ class HybridLLMConfig:
     router: str | None = None  # path to a router folder; None = the shipped default
     threshold: float | None = None  # None = the router's calibrated threshold
     privacy: str = "keep_on_device"
+    # the cloud budget (hybridllm.router.budget): per sliding hour / day; dollars at price_per_1k_tokens
     max_cloud_calls_per_hour: int | None = None
+    max_cloud_calls_per_day: int | None = None
+    max_cloud_tokens_per_hour: int | None = None
     max_cloud_tokens_per_day: int | None = None
+    max_cloud_usd_per_hour: float | None = None
+    max_cloud_usd_per_day: float | None = None
     cascade: bool = False
     # the semantic cache
     cache: bool = True
@@ -110,7 +115,15 @@ class HybridLLMConfig:
                 f"n_threads must be at least 1 (leave it out for all cores), got {self.n_threads}.")
         if self.price_per_1k_tokens < 0:
             raise ConfigError("price_per_1k_tokens must be >= 0.")
+        self.budget()  # its limits checked when the settings are loaded, cloud or not
         self._check_sampling_defaults()
+
+    def budget(self) -> Any:
+        """The cloud budget's ledger these settings describe (a new, empty one)."""
+        from .router.budget import Budget
+
+        return Budget(**{name: getattr(self, name) for name in BUDGET_FIELDS},
+                      price_per_1k_tokens=self.price_per_1k_tokens)
 
     def _check_sampling_defaults(self) -> None:
         """The default sampling settings, checked by the request's own rules (the same ranges),
@@ -129,6 +142,10 @@ class HybridLLMConfig:
             if out.get(name):
                 out[name] = "***" + str(out[name])[-4:] if len(str(out[name])) > 8 else "***"
         return out
+
+
+BUDGET_FIELDS = ("max_cloud_calls_per_hour", "max_cloud_calls_per_day", "max_cloud_tokens_per_hour",
+                 "max_cloud_tokens_per_day", "max_cloud_usd_per_hour", "max_cloud_usd_per_day")
 
 
 def _coerce(name: str, raw: str, typ: Any) -> Any:

@@ -1,4 +1,4 @@
-"""A cloud budget: at most so many cloud calls or tokens per sliding hour and day.
+"""A cloud budget: at most so many cloud calls, tokens or US dollars per sliding hour and day.
 
 A ledger the client's pipeline owns, kept by reserve-then-settle so that it holds under
 concurrency: the plan step ``reserve(tokens)``s room for one call and its estimated tokens in one
@@ -8,7 +8,8 @@ reservation with the tokens the call really used, or ``release``s it when no clo
 call: one cancelled while it ran counts its prompt, since the cloud read it). A
 reservation counts as used while it is held, so with one call left, of N concurrent requests one
 goes to the cloud. Windows slide (the last 3600 s / 86400 s), so a spent budget comes back
-gradually rather than at midnight.
+gradually rather than at midnight. A dollar limit is a token limit at ``price_per_1k_tokens``
+(the client's one price for prompt and completion tokens), reported in dollars.
 """
 
 from __future__ import annotations
@@ -42,6 +43,9 @@ class Budget:
     max_cloud_calls_per_day: int | None = None
     max_cloud_tokens_per_hour: int | None = None
     max_cloud_tokens_per_day: int | None = None
+    max_cloud_usd_per_hour: float | None = None
+    max_cloud_usd_per_day: float | None = None
+    price_per_1k_tokens: float = 0.002  # USD a 1,000 tokens, what the dollar limits count in
     clock: Callable[[], float] = time.monotonic
     _events: deque[tuple[float, int]] = field(default_factory=deque, init=False, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
@@ -59,11 +63,25 @@ class Budget:
                 raise ConfigError(
                     f"Budget {name} must be a non-negative integer or None, got {value!r}."
                 )
+        price = self.price_per_1k_tokens
+        if isinstance(price, bool) or not isinstance(price, (int, float)) or not price >= 0:
+            raise ConfigError(f"price_per_1k_tokens must be a number >= 0, got {price!r}.")
+        for name in ("max_cloud_usd_per_hour", "max_cloud_usd_per_day"):
+            value = getattr(self, name)
+            if value is None:
+                continue
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < math.inf:
+                raise ConfigError(f"Budget {name} must be a non-negative number of dollars or None, "
+                                  f"got {value!r}.")
+            if not price > 0:
+                raise ConfigError(f"Budget {name} counts dollars at price_per_1k_tokens, which is "
+                                  f"{price!r}: set the price the cloud charges a 1,000 tokens.")
 
     @property
     def is_limited(self) -> bool:
         limits = (self.max_cloud_calls_per_hour, self.max_cloud_calls_per_day,
-                  self.max_cloud_tokens_per_hour, self.max_cloud_tokens_per_day)
+                  self.max_cloud_tokens_per_hour, self.max_cloud_tokens_per_day,
+                  self.max_cloud_usd_per_hour, self.max_cloud_usd_per_day)
         return any(v is not None for v in limits)
 
     def record(self, tokens: int = 0) -> None:
@@ -146,41 +164,46 @@ class Budget:
             # oldest first: the settled calls, then the ones in flight
             events = list(self._events) + [(now, 0) for _ in self._held]
             wait = 0.0
-            for window, span, tokens, limit, _ in self._limits(events, now):
+            for window, span, unit, limit, _ in self._limits(events, now):
                 # every spent limit must have room again: the longest wait of them
-                one = _until_room(window, span, tokens, limit, _used(window, tokens), now)
+                one = _until_room(window, span, unit, limit, _used(window, unit), now)
                 if one is None:
                     return None
                 wait = max(wait, one)
             return wait
 
     def _limits(self, events: list[tuple[float, int]],
-                now: float) -> list[tuple[list[tuple[float, int]], float, bool, int, str]]:
-        """(the window's calls, its span, whether it counts tokens, the limit, its label) of each
-        limit that is set; ``events`` oldest first."""
+                now: float) -> list[tuple[list[tuple[float, int]], float, float, float, str]]:
+        """(the window's calls, its span, what a token counts (0: the limit counts calls), the
+        limit, its label) of each limit that is set; ``events`` oldest first."""
         hour = [(ts, t) for ts, t in events if ts > now - HOUR]
+        usd = self.price_per_1k_tokens / 1000  # a token's dollars
         checks = (
-            (hour, HOUR, False, self.max_cloud_calls_per_hour, "cloud calls this hour"),
-            (events, DAY, False, self.max_cloud_calls_per_day, "cloud calls today"),
-            (hour, HOUR, True, self.max_cloud_tokens_per_hour, "cloud tokens this hour"),
-            (events, DAY, True, self.max_cloud_tokens_per_day, "cloud tokens today"),
+            (hour, HOUR, 0.0, self.max_cloud_calls_per_hour, "cloud calls this hour"),
+            (events, DAY, 0.0, self.max_cloud_calls_per_day, "cloud calls today"),
+            (hour, HOUR, 1.0, self.max_cloud_tokens_per_hour, "cloud tokens this hour"),
+            (events, DAY, 1.0, self.max_cloud_tokens_per_day, "cloud tokens today"),
+            (hour, HOUR, usd, self.max_cloud_usd_per_hour, "cloud spend this hour"),
+            (events, DAY, usd, self.max_cloud_usd_per_day, "cloud spend today"),
         )
-        return [(w, span, tok, limit, label) for w, span, tok, limit, label in checks if limit is not None]
+        return [(w, span, unit, limit, label) for w, span, unit, limit, label in checks if limit is not None]
 
     def _spent(self, now: float) -> str | None:  # under the lock
         if not self.is_limited:
             return None
         held_calls, held_tokens = len(self._held), sum(self._held.values())
         spent: list[tuple[float, str]] = []  # (seconds until room, reason) of each spent limit
-        for window, span, tokens, limit, label in self._limits(list(self._events), now):
+        for window, span, unit, limit, label in self._limits(list(self._events), now):
             # a call may start while what is used (settled plus held) is under the limit; the
             # last one that starts may go past it by its own size
-            used = _used(window, tokens) + (held_tokens if tokens else held_calls)
+            used = _used(window, unit) + (held_tokens * unit if unit else held_calls)
             if used >= limit:
                 flight = f" ({held_calls} in flight)" if held_calls else ""
-                wait = _until_room(window, span, tokens, limit, used, now)
+                wait = _until_room(window, span, unit, limit, used, now)
                 when = "" if wait is None else f" (sliding window: room again in {_duration(wait)})"
-                spent.append((math.inf if wait is None else wait, f"{used}/{limit} {label}{flight}{when}"))
+                amount = (f"${used:.2f}/${limit:.2f}" if label.startswith("cloud spend")
+                          else f"{round(used)}/{round(limit)}")
+                spent.append((math.inf if wait is None else wait, f"{amount} {label}{flight}{when}"))
         if not spent:
             return None
         # a call needs room under every limit, so the reason is the limit with the longest wait
@@ -195,18 +218,19 @@ def _check_tokens(tokens: int) -> None:
         raise ConfigError(f"tokens must be >= 0, got {tokens}.")
 
 
-def _used(window: list[tuple[float, int]], tokens: bool) -> int:
-    return sum(t for _, t in window) if tokens else len(window)
+def _used(window: list[tuple[float, int]], unit: float) -> float:
+    """Calls (``unit`` 0), tokens (1) or dollars (a token's price) that ``window`` used."""
+    return sum(t for _, t in window) * unit if unit else len(window)
 
 
-def _until_room(window: list[tuple[float, int]], span: float, tokens: bool, limit: int, used: int,
+def _until_room(window: list[tuple[float, int]], span: float, unit: float, limit: float, used: float,
                 now: float) -> float | None:
     """Seconds until ``used`` is under ``limit`` as the oldest calls of ``window`` (oldest first)
     leave it, each ``span`` after it was made: 0.0 if it is now, None if never (a limit of 0)."""
     if used < limit:
         return 0.0
     for ts, t in window:
-        used -= t if tokens else 1
+        used -= t * unit if unit else 1
         if used < limit:
             return max(0.0, ts + span - now)
     return None

@@ -378,22 +378,33 @@ class LLMEngine:
         prompts: list[str | list[int]],
         params: SamplingParams | list[SamplingParams] | None = None,
     ) -> list[GenerationResult]:
+        """Run ``prompts`` to completion. When it raises (a prompt refused by ``add_request``, a
+        failed step, an interrupt), none of its requests stays behind in the engine: those
+        already added are aborted, so their KV blocks go back to the pool and later calls do not
+        compute them."""
         plist = params if isinstance(params, list) else [params or SamplingParams()] * len(prompts)
+        if len(plist) != len(prompts):
+            raise InvalidRequestError(f"{len(prompts)} prompts but {len(plist)} SamplingParams")
         ids = [f"gen-{time.monotonic_ns()}-{i}" for i in range(len(prompts))]
         results = {rid: GenerationResult(rid, "") for rid in ids}
-        for rid, prompt, p in zip(ids, prompts, plist, strict=True):
-            seq = self.add_request(rid, prompt, p)
-            results[rid].num_prompt_tokens = seq.num_prompt_tokens
-        while any(rid in self._requests for rid in ids):
-            for out in self.step():
-                if out.request_id in results:
-                    r = results[out.request_id]
-                    r.text += out.delta_text
-                    r.token_ids += out.delta_token_ids
-                    r.finish_reason = out.finish_reason
-                    r.num_cached_tokens = out.num_cached_tokens
-                    if out.logprobs is not None:
-                        r.logprobs = (r.logprobs or []) + out.logprobs
+        try:
+            for rid, prompt, p in zip(ids, prompts, plist, strict=True):
+                seq = self.add_request(rid, prompt, p)
+                results[rid].num_prompt_tokens = seq.num_prompt_tokens
+            while any(rid in self._requests for rid in ids):
+                for out in self.step():
+                    if out.request_id in results:
+                        r = results[out.request_id]
+                        r.text += out.delta_text
+                        r.token_ids += out.delta_token_ids
+                        r.finish_reason = out.finish_reason
+                        r.num_cached_tokens = out.num_cached_tokens
+                        if out.logprobs is not None:
+                            r.logprobs = (r.logprobs or []) + out.logprobs
+        except BaseException:
+            for rid in ids:
+                self.abort(rid)  # None for the ones never added or already finished
+            raise
         return [results[rid] for rid in ids]
 
     # -- stats -------------------------------------------------------------------------------

@@ -167,14 +167,21 @@ class Scheduler:
                 item.num_lookahead = len(tokens)
 
     def rollback(self, scheduled: list[ScheduledSeq]) -> None:
-        """After a failed step: drop the drafts and the slots reserved for them."""
+        """After a failed step: drop the drafts and the slots reserved for them.
+
+        A draft model's proposal already counted the drafts' positions as in its cache; without
+        the drafts those positions are gone, so its progress falls back to the tokens the target
+        has (as ``update`` does), or the next proposal would start past the sequence's end.
+        """
         for item in scheduled:
+            seq = item.seq
             if item.num_lookahead:
-                del item.seq.token_ids[item.seq.num_tokens - item.num_lookahead :]
+                del seq.token_ids[seq.num_tokens - item.num_lookahead :]
                 item.num_new_tokens -= item.num_lookahead
                 item.num_lookahead = 0
+            seq.num_draft_computed_tokens = min(seq.num_draft_computed_tokens, seq.num_computed_tokens)
             if item.num_spec_slots:
-                self.block_manager.trim(item.seq)
+                self.block_manager.trim(seq)
 
     def update(
         self,

@@ -54,29 +54,45 @@ class LLMEngine:
         if device.type == "cpu":
             torch.set_num_threads(config.num_threads or os.cpu_count() or 1)
         cap = _CPU_MAX_MODEL_LEN if device.type == "cpu" else 32768
+
+        def plan(model_config: Any, budget: int | None) -> tuple[int, int]:
+            """(max_model_len, KV blocks) for ``budget`` bytes of pool; ConfigError if it cannot fit."""
+            native = model_config.max_position_embeddings
+            if config.max_model_len is not None and config.max_model_len > native:
+                raise ConfigError(f"max_model_len {config.max_model_len} exceeds the model's {native}")
+            max_len = config.max_model_len or min(native, cap)
+            if budget is None:
+                return max_len, 0
+            per_block = model_config.kv_bytes_per_token(dtype.itemsize) * config.block_size
+            num_blocks = budget // per_block
+            if num_blocks * config.block_size < max_len:
+                raise ConfigError(
+                    f"kv_cache_memory_bytes={budget} holds {num_blocks * config.block_size} tokens, "
+                    f"less than one max_model_len={max_len} sequence: raise the KV pool "
+                    f"(--kv-cache-memory-mb) or lower --max-model-len"
+                )
+            return max_len, num_blocks
+
+        # checked before the weights load where the pool is known then (not a GPU's default,
+        # half the memory the weights leave free)
+        known = config.kv_cache_memory_bytes or (None if device.type == "cuda" else _CPU_KV_BYTES)
+
+        def before_weights(model_config: Any) -> None:
+            plan(model_config, known)
+
         loaded = load_model(
             config.model,
             device=device,
             dtype=dtype,
             max_position=config.max_model_len or cap,
             quantization=quantization,
+            check=before_weights,
         )
         self.model_name = loaded.name
         self.model_config = loaded.config
         self.tokenizer = loaded.tokenizer
-        native = loaded.config.max_position_embeddings
-        if config.max_model_len is not None and config.max_model_len > native:
-            raise ConfigError(f"max_model_len {config.max_model_len} exceeds the model's {native}")
-        self.max_model_len = config.max_model_len or min(native, cap)
-        per_block = loaded.config.kv_bytes_per_token(dtype.itemsize) * config.block_size
         budget = config.kv_cache_memory_bytes or _default_kv_bytes(device)
-        num_blocks = budget // per_block
-        if num_blocks * config.block_size < self.max_model_len:
-            raise ConfigError(
-                f"kv_cache_memory_bytes={budget} holds {num_blocks * config.block_size} tokens, "
-                f"less than one max_model_len={self.max_model_len} sequence: raise the KV pool "
-                f"(--kv-cache-memory-mb) or lower --max-model-len"
-            )
+        self.max_model_len, num_blocks = plan(loaded.config, budget)
         self.block_manager = BlockManager(
             num_blocks, config.block_size, enable_prefix_caching=config.enable_prefix_caching
         )

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -272,8 +272,11 @@ def load_model(
     max_position: int | None = None,
     quantization: str = "none",
     weight_cache: bool | None = None,
+    check: Callable[[Any], None] | None = None,
 ) -> LoadedModel:
     """Load ``model`` (catalog id, .gguf, HF folder), converted to ``dtype``/``quantization``.
+    ``check`` is called with the model's config before any weight is converted (from a GGUF:
+    before any is read), so settings that cannot fit the model fail at once, not after the load.
 
     A GGUF converted to int8 or int4 on the CPU is kept in the weight cache (``weight_cache``; default on
     unless ``HYBRIDLLM_ENGINE_WEIGHT_CACHE=0``), so later starts read it instead of converting.
@@ -285,6 +288,8 @@ def load_model(
         from .tokenizer import HFTokenizer
 
         config, tensors = load_safetensors_folder(path)
+        if check is not None:
+            check(config)
         tokenizer: Any = HFTokenizer(path)
         cached, weights = None, None
     else:
@@ -293,6 +298,8 @@ def load_model(
         from .weight_cache import WeightCache
 
         config, gguf_file, _ = open_gguf(path)
+        if check is not None:
+            check(config)
         tokenizer = GGUFTokenizer(path)
         cached = WeightCache.for_model(path, device=device, dtype=dtype, quantization=quantization,
                                        enabled=weight_cache)

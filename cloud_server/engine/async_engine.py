@@ -64,6 +64,12 @@ class AsyncLLMEngine:
         if self._loop_task is not None:
             task, self._loop_task = self._loop_task, None
             await task
+        # ops the loop did not get to: an abort's caller is told it is done (the engine is
+        # gone, and its blocks with it) rather than left waiting for ever
+        while self._ops:
+            _, _, fut = self._ops.popleft()
+            if fut is not None and not fut.done():
+                fut.set_result(None)
         for rid, queue in list(self._queues.items()):
             queue.put_nowait(EngineError("the engine stopped"))
             self._queues.pop(rid, None)

@@ -47,3 +47,20 @@ def test_an_abort_applied_in_a_failed_step_still_returns() -> None:
 
     asyncio.run(main())
     assert stub.aborted == ["gone"]
+
+
+def test_an_abort_waiting_when_the_engine_stops_returns() -> None:
+    """An abort pushed just before stop(): the loop ended without applying it, and its caller (a
+    request closing as the server shuts down) waited for ever on a future nobody resolved."""
+    stub = _StepFails()
+    engine = AsyncLLMEngine(EngineConfig(model="stub"), engine=stub)
+
+    async def main() -> None:
+        await engine.start()
+        await asyncio.sleep(0.01)  # the loop is idle, waiting for work
+        aborting = asyncio.create_task(engine.abort("closing"))
+        await asyncio.sleep(0)  # the abort is queued; the loop has not run since
+        await engine.stop()
+        await asyncio.wait_for(aborting, timeout=5)
+
+    asyncio.run(main())

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -141,7 +142,19 @@ class HybridLLMConfig:
         for name in SECRET_FIELDS:
             if out.get(name):
                 out[name] = "***" + str(out[name])[-4:] if len(str(out[name])) > 8 else "***"
+        out["cloud_url"] = [public_text(url) for url in out["cloud_url"]]
         return out
+
+
+# the user:password@ of a URL (a cloud endpoint behind basic auth), between "://" and the host
+_URL_CREDENTIALS = re.compile(r"(?P<scheme>\b[A-Za-z][A-Za-z0-9+.-]*://)[^\s/?#]*@")
+
+
+def public_text(text: str) -> str:
+    """``text`` with the credentials of every URL in it masked (``https://***@host/v1``): what the
+    proxy sends its clients (a route's reason quotes the cloud endpoint it could not reach) and
+    what goes to a log or a terminal."""
+    return _URL_CREDENTIALS.sub(r"\g<scheme>***@", text)
 
 
 BUDGET_FIELDS = ("max_cloud_calls_per_hour", "max_cloud_calls_per_day", "max_cloud_tokens_per_hour",

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from typing import Any
 
 from ._cli_options import listen, non_negative_float, port, positive_int
+from ._config import public_text
 from ._exceptions import ConfigError
 
 DEFAULT_SHUTDOWN_TIMEOUT_S = 5.0
@@ -26,6 +28,16 @@ def _settings(args: argparse.Namespace) -> dict[str, Any]:
     if getattr(args, "threshold", None) is not None:
         out["threshold"] = args.threshold
     return out
+
+
+def web_origin(value: str) -> str:
+    """``--allow-origin``: what a browser sends as ``Origin`` (scheme://host[:port], no path) or ``*``."""
+    origin = value.strip().rstrip("/")
+    if origin == "*" or re.fullmatch(r"[A-Za-z][A-Za-z0-9+.-]*://[^/\s?#@]+", origin):
+        return origin
+    raise argparse.ArgumentTypeError(
+        f"expected an origin such as https://app.example:3000 (scheme://host[:port], as a browser "
+        f"sends it, no path) or '*', got {value!r}")
 
 
 def _url_host(host: str) -> str:
@@ -52,10 +64,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
               f"reach it can use it (set {API_KEYS_ENV} or --api-key-file)", file=sys.stderr)
     llm = HybridLLM(config=args.config, progress=ProgressBar("Preparing the edge model"),
                     **_settings(args))
-    cloud = ", ".join(llm.config.cloud_url) or "none (device only)"
+    cloud = public_text(", ".join(llm.config.cloud_url)) or "none (device only)"  # into logs: no password
     print(f"hybridllm serve: http://{_url_host(host)}:{bound_port}/v1  edge={llm.edge.model}  "
           f"cloud={cloud}  {'API key required' if api_keys else 'open'}", flush=True)
-    app = create_app(llm, api_keys=api_keys, max_body_bytes=args.max_body_bytes)
+    app = create_app(llm, api_keys=api_keys, max_body_bytes=args.max_body_bytes,
+                     allow_origins=args.allow_origin)
     # SIGTERM / Ctrl-C: new requests 503, the ones in flight get --shutdown-timeout, the rest end
     # cleanly (wire/shutdown.py); uvicorn's own timeout after it is for clients that stopped reading
     config = uvicorn.Config(app, log_level=args.log_level, timeout_graceful_shutdown=5)
@@ -93,6 +106,9 @@ def register(sub: Any) -> None:
                    "in ps, so prefer --api-key-file or HYBRIDLLM_SERVE_API_KEYS)")
     p.add_argument("--api-key-file", default=None, metavar="PATH",
                    help="file with one accepted key a line ('#' comments)")
+    p.add_argument("--allow-origin", action="append", default=[], type=web_origin, metavar="ORIGIN",
+                   help="a web page origin (https://app.example:3000, or '*') allowed to call this "
+                   "server from a browser, with CORS (repeatable); other pages' requests are 403s")
     p.add_argument("--max-body-bytes", type=positive_int, default=4 * 1024 * 1024, metavar="N",
                    help="largest request body accepted; beyond it 413 (default 4 MiB)")
     p.add_argument("--shutdown-timeout", type=non_negative_float, default=DEFAULT_SHUTDOWN_TIMEOUT_S,

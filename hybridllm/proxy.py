@@ -9,6 +9,8 @@ size limit, strict JSON, the same request model and the same OpenAI-shaped 400s)
 ``hybridllm`` object (``{"route": "edge", "cache": false, "cascade": true, "namespace": "t1"}``).
 vLLM extensions the device cannot honour (``stop_token_ids``, ``ignore_eos``) are 400s here.
 The proxy answers under whatever ``model`` name the request gives; ``/v1/models`` lists its names.
+A request from a web page (``Origin``) is a 403 unless its origin is allowed (``--allow-origin``),
+and a password in a cloud URL never reaches a client (``public_text``).
 A client that hangs up cancels its answer on the device at once, and a shutdown drains as the cloud
 server's does (``wire/shutdown.py``): new requests 503, the ones in flight get the grace period.
 """
@@ -18,18 +20,21 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import re
 import time
 import uuid
 from collections.abc import AsyncIterator, Mapping
 from typing import Any, Literal
 
 from fastapi import FastAPI, Request  # the [proxy] (or [server]) extra; this module is imported only to serve
+from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, field_validator, model_validator
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
 from ._client import AsyncHybridLLM, HybridLLM
+from ._config import public_text  # a route's reason quotes the cloud URL it could not reach
 from ._exceptions import (
     CloudAuthError,
     CloudBudgetSpentError,
@@ -59,7 +64,7 @@ from .wire import (
 from .wire.auth import ApiKeyChecker
 from .wire.openapi import add_schemas, error_responses, ok_response, request_body
 from .wire.requests import _STREAM_RULE
-from .wire.responses import DONE, ChatCompletion, Health, ModelList, error_event
+from .wire.responses import DONE, ChatCompletion, Health, ModelCard, ModelList, error_event
 from .wire.shutdown import SHUTTING_DOWN, ClientGone, Drain, TrackRequests, unless_interrupted
 from .wire.sse import EventStreamResponse, client_gone, on_client_disconnect
 
@@ -191,7 +196,7 @@ def retry_after(part: Any, *, never: int) -> str:
 
 
 def _trace(c: Completion) -> dict[str, Any]:
-    return {"route": c.route, "reason": c.reason, "score": c.score,
+    return {"route": c.route, "reason": public_text(c.reason), "score": c.score,
             "cache_similarity": c.cache_similarity, "latency_ms": round(c.latency_ms, 1),
             "ttft_ms": None if c.ttft_ms is None else round(c.ttft_ms, 1),
             "cost_usd": c.cost_usd}
@@ -201,14 +206,32 @@ def _headers(route: str, reason: str | None = None) -> dict[str, str]:
     """Route headers; the reason may quote an error, so it is made one printable ASCII line."""
     h = {"x-hybridllm-route": header_value(route)}
     if reason:
-        h["x-hybridllm-reason"] = header_value(reason)
+        h["x-hybridllm-reason"] = header_value(public_text(reason))
     return h
 
 
+# a page served from this machine (a local chat UI on http://localhost:3000) may call the proxy:
+# a hostile site's page has its own origin, whatever address it makes the browser call
+LOOPBACK_ORIGIN = re.compile(r"https?://(?:localhost|127\.0\.0\.1|\[::1\])(?::\d{1,5})?")
+
+
+def cross_site(origin: str) -> WireError:
+    """The refusal of a request a web page sent (browsers add ``Origin``; programs do not). A page
+    on any site the user visits can POST to 127.0.0.1 without asking first (a "simple" request,
+    ``text/plain``): unrefused, it would use the device and force the operator's cloud."""
+    shown = header_value(origin, 200)
+    return WireError(f"This server does not answer requests from web pages (Origin: {shown}): any site "
+                     "could otherwise use it. To let this page call it, start `hybridllm serve` with "
+                     f"--allow-origin {shown}.", status=403, code="origin_not_allowed")
+
+
 def create_app(llm: HybridLLM, *, model_name: str = "hybridllm", api_keys: list[str] | None = None,
-               max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> FastAPI:
+               max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, allow_origins: list[str] | None = None,
+               ) -> FastAPI:
     """The proxy's ASGI app. With ``api_keys``, ``/v1`` routes need ``Authorization: Bearer KEY``.
-    ``app.state.drain`` is its shutdown state (``wire.shutdown.GracefulServer`` drains it)."""
+    A request from a web page (an ``Origin`` header) is a 403 unless ``allow_origins`` holds its
+    origin (or ``*``); those get CORS headers. ``app.state.drain`` is its shutdown state
+    (``wire.shutdown.GracefulServer`` drains it)."""
     app = FastAPI(title="hybridllm local proxy", docs_url=None, redoc_url=None)
     drain = app.state.drain = Drain()
     allm = AsyncHybridLLM.wrap(llm)
@@ -218,7 +241,16 @@ def create_app(llm: HybridLLM, *, model_name: str = "hybridllm", api_keys: list[
     llm._core.budget_binds_forced_cloud = True
     created = int(time.time())
     checker = ApiKeyChecker(api_keys or [])
-    auth = (401,) if checker.is_enabled else ()
+    origins = [o.rstrip("/") for o in allow_origins or []]
+    auth = (401, 403) if checker.is_enabled else (403,)
+
+    def admit(request: Request) -> None:
+        origin = request.headers.get("origin")
+        if (origin is not None and origin.rstrip("/") not in origins and "*" not in origins
+                and not LOOPBACK_ORIGIN.fullmatch(origin)):
+            raise cross_site(origin)
+        checker.check(request.headers.get("authorization"))
+
     defs: dict[str, Any] = {}
 
     @app.exception_handler(WireError)
@@ -247,15 +279,28 @@ def create_app(llm: HybridLLM, *, model_name: str = "hybridllm", api_keys: list[
 
     @app.get("/stats", responses=error_responses(*auth))
     async def stats(request: Request) -> dict[str, Any]:
-        checker.check(request.headers.get("authorization"))
+        admit(request)
         return llm.stats()
+
+    ids = list(dict.fromkeys([model_name, llm.edge.model]))
+
+    def card(model_id: str) -> dict[str, Any]:
+        return {"id": model_id, "object": "model", "created": created, "owned_by": "hybridllm"}
 
     @app.get("/v1/models", response_model=ModelList, responses=error_responses(*auth))
     async def models(request: Request) -> dict[str, Any]:
-        checker.check(request.headers.get("authorization"))
-        ids = list(dict.fromkeys([model_name, llm.edge.model]))
-        return {"object": "list", "data": [
-            {"id": i, "object": "model", "created": created, "owned_by": "hybridllm"} for i in ids]}
+        admit(request)
+        return {"object": "list", "data": [card(i) for i in ids]}
+
+    # the openai client's models.retrieve(); a name the list does not hold is OpenAI's 404
+    @app.get("/v1/models/{model_id:path}", response_model=ModelCard, responses=error_responses(*auth, 404))
+    async def model(request: Request, model_id: str) -> dict[str, Any]:
+        admit(request)
+        if model_id not in ids:
+            raise WireError(f"The model '{model_id}' does not exist; this server lists "
+                            f"{', '.join(repr(i) for i in ids)} (GET /v1/models).",
+                            status=404, param="model", code="model_not_found")
+        return card(model_id)
 
     @app.post(
         "/v1/chat/completions",
@@ -265,7 +310,7 @@ def create_app(llm: HybridLLM, *, model_name: str = "hybridllm", api_keys: list[
                    **error_responses(400, *auth, 413, 429, 500, 502, 503)},
     )
     async def chat(request: Request) -> Any:
-        checker.check(request.headers.get("authorization"))
+        admit(request)
         drain.check_open()
         body = await read_body(request, max_body_bytes)
 
@@ -303,6 +348,11 @@ def create_app(llm: HybridLLM, *, model_name: str = "hybridllm", api_keys: list[
 
     app.add_exception_handler(ClientDisconnect, on_client_disconnect)
     app.add_middleware(TrackRequests, drain=drain)
+    # the pages allowed may read the answers (and ask first: a preflight OPTIONS)
+    app.add_middleware(CORSMiddleware, allow_origins=origins, allow_origin_regex=LOOPBACK_ORIGIN.pattern,
+                       allow_methods=["GET", "POST"],
+                       allow_headers=["authorization", "content-type"],
+                       expose_headers=["x-hybridllm-route", "x-hybridllm-reason", "retry-after"])
 
     add_schemas(app, defs)
     return app

@@ -18,6 +18,7 @@ REF = "#/components/schemas/{model}"
 ERROR_TEXT = {
     400: "Invalid request (OpenAI error JSON)",
     401: "Missing or wrong API key",
+    403: "A request from a web page whose origin this server does not allow",
     404: "Unknown model",
     413: "Request body too large",
     429: "Queue full; retry after the Retry-After header",

@@ -46,6 +46,25 @@ TokenCount = Annotated[int, Field(ge=1, le=INT32_MAX), _INTEGRAL]
 Unit = Annotated[float, Field(allow_inf_nan=False)]
 
 
+def null_is(default: Any) -> Any:
+    """Validator of a field OpenAI declares nullable whose null means its default (``"n": null``,
+    ``"stream": null``: the official clients send an explicit ``None`` as null); the value keeps its
+    type. Goes with ``nullable()``, which says so in the JSON schema."""
+    return BeforeValidator(lambda value: default if value is None else value)
+
+
+def nullable(**extra: Any) -> Any:
+    """The JSON schema of a ``null_is`` field: null beside its type (``extra`` on the type's branch)."""
+
+    def edit(schema: JsonDict) -> None:
+        kept = {k: schema.pop(k) for k in ("default", "title") if k in schema}
+        branch = {**schema, **extra}
+        schema.clear()
+        schema.update(anyOf=[branch, {"type": "null"}], **kept)
+
+    return Field(json_schema_extra=edit)
+
+
 def only(**schema: Any) -> Any:
     """Document in the JSON schema the one value accepted (checked by a validator that names the
     parameter and says why, rather than by a bare bound)."""
@@ -136,8 +155,8 @@ class SamplingRequest(_Strict):
     top_k: Annotated[int, Field(ge=-1, le=INT32_MAX), _INTEGRAL] | None = None  # vLLM; -1 and 0 turn it off
     min_p: Annotated[Unit, Field(ge=0.0, le=1.0)] | None = None  # vLLM
     repetition_penalty: Annotated[Unit, Field(gt=0.0, le=10.0)] | None = None  # vLLM; 1 is off
-    n: Annotated[int, Field(ge=1, le=128, json_schema_extra={"maximum": 1}), _INTEGRAL] = 1
-    stream: bool = False
+    n: Annotated[int, Field(ge=1, le=128), _INTEGRAL, null_is(1), nullable(maximum=1)] = 1
+    stream: Annotated[bool, null_is(False), nullable()] = False
     stream_options: StreamOptions | None = None
     stop: str | Annotated[list[str], Field(max_length=MAX_STOP)] | None = None
     stop_token_ids: list[TokenId] | None = None  # vLLM

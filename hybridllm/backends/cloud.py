@@ -208,6 +208,9 @@ class CloudBackend(Backend):
             raise ConfigError(f"cloud base_url must be http(s) URL(s), got {base_url!r}.")
         # one server named twice ("http://h", "http://h/v1/") is one endpoint: one breaker, one share
         urls = list({_api_root(u): u for u in reversed(urls)}.values())[::-1]
+        # a URL's user:password@ goes as basic auth, never in an endpoint's name: errors, logs,
+        # the proxy's reasons and the refusal file quote the endpoint
+        self._auth = {_api_root(u): cred for u in urls if (cred := _split_credentials(u)[1])}
         if max_retries < 0 or backoff_base_s < 0:
             raise ConfigError("max_retries and backoff_base_s must be >= 0.")
         if stall_timeout_s is not None and stall_timeout_s <= 0:
@@ -299,7 +302,8 @@ class CloudBackend(Backend):
 
         try:  # a cheap call: a server slow to answer it is not waited on for the whole read timeout
             resp = await self._client().get(f"{ep.base_url}/models", timeout=httpx.Timeout(
-                min(self.read_timeout_s, MODELS_TIMEOUT_S), connect=self.connect_timeout_s))
+                min(self.read_timeout_s, MODELS_TIMEOUT_S), connect=self.connect_timeout_s),
+                auth=self._auth.get(ep.base_url, httpx.USE_CLIENT_DEFAULT))
         except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
             raise self._unreachable(ep, exc) from exc
         except httpx.HTTPError as exc:
@@ -517,13 +521,16 @@ class CloudBackend(Backend):
         that refuses fields we can do without (``_refused_fields``) is sent again at once without
         them, and they are not sent to this endpoint for this model from then on. Each round must
         refuse a field not refused before, and there are few, so this ends."""
+        import httpx
+
         key = (ep.base_url, model)
         self._recall(key)
         while True:
             refused = self._refused.get(key, frozenset())
             body = self.request_body(model, messages, params, refused)
             resp = await stack.enter_async_context(
-                self._client().stream("POST", f"{ep.base_url}/chat/completions", json=body))
+                self._client().stream("POST", f"{ep.base_url}/chat/completions", json=body,
+                                      auth=self._auth.get(ep.base_url, httpx.USE_CLIENT_DEFAULT)))
             if resp.status_code == 200:
                 return resp, body
             await resp.aread()
@@ -857,8 +864,21 @@ async def _sleep(seconds: float) -> None:
 
 
 def _api_root(url: str) -> str:
-    url = url.rstrip("/")
+    """The endpoint's name: its API root (``.../v1``), without a ``user:password@``."""
+    url = _split_credentials(url)[0].rstrip("/")
     return url if url.endswith("/v1") else url + "/v1"
+
+
+def _split_credentials(url: str) -> tuple[str, tuple[str, str] | None]:
+    """(``url`` without its ``user:password@``, (user, password) or None)."""
+    from urllib.parse import unquote, urlsplit
+
+    parts = urlsplit(url)
+    if "@" not in parts.netloc:
+        return url, None
+    userinfo, host = parts.netloc.rsplit("@", 1)
+    user, _, password = userinfo.partition(":")
+    return parts._replace(netloc=host).geturl(), (unquote(user), unquote(password))
 
 
 def _factory(**kwargs: Any) -> CloudBackend:

@@ -201,6 +201,8 @@ class Budget:
                 flight = f" ({held_calls} in flight)" if held_calls else ""
                 wait = _until_room(window, span, unit, limit, used, now)
                 when = "" if wait is None else f" (sliding window: room again in {_duration(wait)})"
+                if not limit:  # never room: say which setting closes the cloud
+                    when = f" ({_SETTING[label]} is 0: no cloud calls until it is raised)"
                 amount = (f"${used:.2f}/${limit:.2f}" if label.startswith("cloud spend")
                           else f"{round(used)}/{round(limit)}")
                 spent.append((math.inf if wait is None else wait, f"{amount} {label}{flight}{when}"))
@@ -211,6 +213,13 @@ class Budget:
         spent.sort(key=lambda item: -item[0])
         also = "".join(f"; also {reason}" for _, reason in spent[1:])
         return f"budget spent: {spent[0][1]}{also}"
+
+
+_SETTING = {  # each limit's label -> the setting that sets it
+    "cloud calls this hour": "max_cloud_calls_per_hour", "cloud calls today": "max_cloud_calls_per_day",
+    "cloud tokens this hour": "max_cloud_tokens_per_hour", "cloud tokens today": "max_cloud_tokens_per_day",
+    "cloud spend this hour": "max_cloud_usd_per_hour", "cloud spend today": "max_cloud_usd_per_day",
+}
 
 
 def _check_tokens(tokens: int) -> None:

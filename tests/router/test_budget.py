@@ -65,4 +65,9 @@ def test_a_spent_budget_says_when_there_is_room_again():
     clock.t += 3600  # an hour on, the wait is an hour shorter
     assert tokens.exhausted() == ("budget spent: 1010/1000 cloud tokens today "
                                   "(sliding window: room again in 23.0 h)")
-    assert Budget(max_cloud_calls_per_hour=0).exhausted() == "budget spent: 0/0 cloud calls this hour"
+    assert Budget(max_cloud_calls_per_hour=0).exhausted() == (
+        "budget spent: 0/0 cloud calls this hour (max_cloud_calls_per_hour is 0: no cloud calls until it "
+        "is raised)")
+    assert Budget(max_cloud_usd_per_day=0.0).exhausted() == (
+        "budget spent: $0.00/$0.00 cloud spend today (max_cloud_usd_per_day is 0: no cloud calls until it "
+        "is raised)")

@@ -33,5 +33,7 @@ def test_a_limit_that_never_has_room_leads():
     b = Budget(max_cloud_calls_per_hour=1, max_cloud_tokens_per_day=0, clock=clock)
     b.record(5)
     reason = b.exhausted()
-    assert reason is not None and reason.startswith("budget spent: 5/0 cloud tokens today;"), reason
+    assert reason is not None and reason.startswith(
+        "budget spent: 5/0 cloud tokens today (max_cloud_tokens_per_day is 0: no cloud calls until it is "
+        "raised); also 1/1 cloud calls this hour"), reason
     assert b.retry_after_s() is None

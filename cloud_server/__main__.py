@@ -5,22 +5,26 @@
         [--replicas N [--ray-address ADDR [--replace]] [--min-replicas A --max-replicas B]] [--power-watts W]
         [--speculative-method ngram|draft --num-speculative-tokens K [--draft-model ID_OR_PATH]]
 
-Errors (a bad option, a port in use, a model that fails to load) are printed as one line on
-stderr and the exit status is non-zero; no traceback. SIGTERM or Ctrl-C shuts the server down
-gracefully (``hybridllm/wire/shutdown.py``) and the exit status is 0.
+Errors are printed as one line on stderr, no traceback: a bad option value (an engine setting, a
+model or key that is not there, checked before anything loads) with exit status 2 naming the
+option, as argparse's own; a port in use, a model that fails to load or a cluster error with 1.
+SIGTERM or Ctrl-C shuts the server down gracefully (``hybridllm/wire/shutdown.py``) and the exit
+status is 0, at once if the model is still loading.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import os
+import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
-from cloud_server.exceptions import ModelLoadError, ServerError
+from cloud_server.exceptions import ConfigError, ServerError
 from hybridllm._cli_options import (
     listen,
     non_negative_float,
@@ -33,6 +37,32 @@ from hybridllm.wire.body import DEFAULT_MAX_BODY_BYTES
 
 PROG = "hybridllm-cloud"
 DEFAULT_SHUTDOWN_TIMEOUT_S = 5.0
+
+
+class UsageError(ServerError):
+    """A bad option value or combination found after parsing: exit status 2, as argparse's own."""
+
+
+# EngineConfig fields whose option is not simply --field-name
+_FIELD_OPTIONS = {"kv_cache_memory_bytes": "--kv-cache-memory-mb",
+                  "enable_prefix_caching": "--no-prefix-caching"}
+
+
+def _option_names(message: str) -> str:
+    """EngineConfig's message in the command line's words: ``EngineConfig.block_size`` and a bare
+    ``max_num_seqs`` become ``--block-size`` and ``--max-num-seqs`` (a bare name only with an
+    underscore, so plain words such as "model" stay as they are)."""
+    from cloud_server.config import EngineConfig
+
+    fields = {f.name for f in dataclasses.fields(EngineConfig)}
+
+    def option(match: re.Match[str]) -> str:
+        name = match[1] or match[2]
+        if name not in fields:
+            return match[0]
+        return _FIELD_OPTIONS.get(name, "--" + name.replace("_", "-"))
+
+    return re.sub(r"EngineConfig\.(\w+)|(?<![-\w])([a-z]+_\w+)(?![-\w])", option, message)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -179,7 +209,14 @@ def build_parser() -> argparse.ArgumentParser:
 def _engine_config(args: argparse.Namespace) -> Any:
     from cloud_server.config import EngineConfig
 
-    return EngineConfig(
+    try:
+        return _make_engine_config(EngineConfig, args)
+    except ConfigError as exc:
+        raise UsageError(_option_names(str(exc))) from exc
+
+
+def _make_engine_config(engine_config: Any, args: argparse.Namespace) -> Any:
+    return engine_config(
         model=args.model,
         max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens,
@@ -230,7 +267,7 @@ def _cluster_config(args: argparse.Namespace) -> Any:
                          replace_app=args.replace, **tuning)
 
 
-def _check_model(model: str) -> None:
+def _check_model(model: str, option: str = "--model") -> None:
     """Fail before binding when the model is neither a file or folder nor a catalog id."""
     if os.path.exists(os.path.expanduser(model)):
         return
@@ -238,8 +275,9 @@ def _check_model(model: str) -> None:
 
     known = sorted(load_catalog())
     if model not in known:
-        raise ModelLoadError(
-            f"model {model!r} is neither an existing file or folder nor a catalog id ({', '.join(known)})"
+        raise UsageError(
+            f"{option}: {model!r} is neither an existing file or folder nor a catalog id "
+            f"({', '.join(known)})"
         )
 
 
@@ -263,11 +301,19 @@ def serve(args: argparse.Namespace) -> int:
     from cloud_server.api.server import create_app
     from hybridllm.wire.shutdown import GracefulServer
 
-    api_keys = load_api_keys(args.api_key, args.api_key_file)
+    # Every option is checked before logging starts and anything loads: a bad one is a usage
+    # error (exit status 2) naming the option.
+    try:
+        api_keys = load_api_keys(args.api_key, args.api_key_file)
+    except ConfigError as exc:
+        raise UsageError(str(exc)) from exc
     config = _engine_config(args)
+    cluster = _cluster_config(args)
+    if cluster is not None and args.shutdown_timeout is not None:
+        raise ServerError("--shutdown-timeout applies to the single-process server, not to --replicas")
     _check_model(args.model)
     if args.draft_model is not None:
-        _check_model(args.draft_model)
+        _check_model(args.draft_model, "--draft-model")
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
@@ -277,9 +323,6 @@ def serve(args: argparse.Namespace) -> int:
             args.host,
         )
 
-    cluster = _cluster_config(args)
-    if cluster is not None and args.shutdown_timeout is not None:
-        raise ServerError("--shutdown-timeout applies to the single-process server, not to --replicas")
     if cluster is not None:  # Ray is imported only here
         from cloud_server.cluster.launch import serve_cluster
 
@@ -326,10 +369,23 @@ def serve(args: argparse.Namespace) -> int:
         server.run(sockets=[sock])
     finally:
         sock.close()
+    if app.state.server.load_abandoned:
+        _exit_leaving_the_load()
     if failure:
-        exc = failure[0]
-        raise ServerError(f"loading model {args.model!r} failed: {exc}") from exc
+        error = failure[0]
+        raise ServerError(f"loading model {args.model!r} failed: {error}") from error
     return 0
+
+
+def _exit_leaving_the_load() -> NoReturn:
+    """Shut down while the model was still loading: the load runs on in a worker thread that
+    cannot be interrupted, and the interpreter would wait for it (minutes for a large model)
+    before exiting. Nothing was served and the weight cache is written atomically, so leave now."""
+    logging.getLogger("cloud_server").info("shut down while the model was loading: not waiting for it")
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -340,6 +396,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             return serve(args)
     except KeyboardInterrupt:
         return 130
+    except UsageError as exc:  # as argparse's own: exit status 2
+        print(f"{PROG}: error: {' '.join(str(exc).split())} (see {PROG} serve --help)", file=sys.stderr)
+        return 2
     except (ServerError, OSError, ValueError) as exc:
         message = " ".join(str(exc).split()) or type(exc).__name__
         print(f"{PROG}: error: {message}", file=sys.stderr)

@@ -75,8 +75,12 @@ class EngineConfig:
             raise ConfigError("EngineConfig.max_model_len must be at least 2")
         if self.max_num_batched_tokens < self.max_num_seqs:  # every running seq decodes each step
             raise ConfigError("EngineConfig.max_num_batched_tokens must be >= max_num_seqs")
-        if self.device is not None and self.device.split(":")[0] not in _DEVICES:
-            raise ConfigError(f"EngineConfig.device must be one of {_DEVICES}, got {self.device!r}")
+        kind, colon, index = (self.device or "").partition(":")
+        if self.device is not None and (kind not in _DEVICES or (colon and not index.isdigit())):
+            raise ConfigError(
+                f"EngineConfig.device must be one of {_DEVICES}, optionally with an index "
+                f"(cuda:1), got {self.device!r}"
+            )
         if self.dtype is not None and self.dtype not in _DTYPES:
             raise ConfigError(f"EngineConfig.dtype must be one of {_DTYPES}, got {self.dtype!r}")
         if self.quantization is not None and self.quantization not in _QUANTIZATIONS:

@@ -54,6 +54,7 @@ class ServerState:
     engine: Engine | None = None
     serving: OpenAIServing | None = None
     load_error: BaseException | None = None
+    load_abandoned: bool = False  # shut down before the load ended (its thread runs on)
     drain: Drain = field(default_factory=lambda: Drain(_shutting_down))
     created: int = field(default_factory=lambda: int(time.time()))
 
@@ -121,6 +122,7 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     try:
         yield
     finally:
+        app.state.server.load_abandoned = not task.done()
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
@@ -269,7 +271,9 @@ def create_app(
             if callable(detail):
                 body.update(detail())
             return JSONResponse(body, status_code=503 if body["status"] == "unavailable" else 200)
-        status = "error" if state.load_error is not None else "loading"
+        # loaded once but no longer running (its loop ended) is an error, not "loading": it does
+        # not come back by itself
+        status = "error" if state.load_error is not None or engine is not None else "loading"
         return JSONResponse({"status": status}, status_code=503)
 
     @app.get(

@@ -88,7 +88,7 @@ def test_unknown_model_fails_fast() -> None:
 
 def test_bad_engine_setting(smollm2_path: Path) -> None:
     proc = run_cli("serve", "--model", str(smollm2_path), "--block-size", "3")
-    assert_one_line_error(proc, "block_size")
+    assert_one_line_error(proc, "--block-size")
 
 
 def test_bad_key_file(smollm2_path: Path, tmp_path: Path) -> None:

@@ -22,6 +22,7 @@ import asyncio
 import atexit
 import concurrent.futures
 import dataclasses
+import os
 import threading
 import warnings
 import weakref
@@ -29,7 +30,7 @@ from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import Any
 
 from ._config import HybridLLMConfig, load_config
-from ._exceptions import HybridLLMError, StreamConsumedError
+from ._exceptions import ConfigError, HybridLLMError, StreamConsumedError
 from ._pipeline import CachePort, Core, PolicyPort
 from ._types import Chunk, Completion, Message
 from .backends.base import Backend
@@ -98,6 +99,12 @@ class _LoopThread:
         if loop is not None and thread is not None and not on_loop:
             try:  # steps still running end as cancelled, and their waiting readers with them
                 asyncio.run_coroutine_threadsafe(_cancel_all(), loop).result(timeout=10)
+            except (concurrent.futures.TimeoutError, RuntimeError):
+                pass
+            try:  # answers whose reader is between two steps (the sync client's device answer is
+                # generated on the reader's thread, off the loop) are suspended, not running: close
+                # them here, so that their cleanup runs now and not in a task left pending at exit
+                asyncio.run_coroutine_threadsafe(loop.shutdown_asyncgens(), loop).result(timeout=10)
             except (concurrent.futures.TimeoutError, RuntimeError):
                 pass
             try:  # then the pool threads' jobs (a cache lookup, the router) end: the parts are
@@ -327,7 +334,7 @@ class AsyncStream:
 
 def _build_core(
     *,
-    config: str | None,
+    config: str | os.PathLike[str] | None,
     edge: Backend | None,
     cloud: Backend | None,
     cache: CachePort | bool | None,
@@ -337,6 +344,7 @@ def _build_core(
 ) -> tuple[HybridLLMConfig, Core]:
     """Settings -> parts -> the pipeline. ``cache`` is a cache object, or True/False/None for
     "the default one" / "none" / "as configured"."""
+    _check_parts(edge=edge, cloud=cloud, cache=cache, policy=policy)
     if isinstance(cache, bool):
         settings["cache"] = cache
         cache = None
@@ -416,6 +424,33 @@ def _build_core(
     return cfg, core
 
 
+# an injected part is checked for what the pipeline calls on it, so that a wrong object (a model
+# name passed as edge="smollm2", cache="yes") fails at construction, naming the argument, and not
+# with an AttributeError deep inside the first answer (or at close)
+_PART_NEEDS = {
+    "edge": ("stream",),
+    "cloud": ("stream",),
+    "cache": ("get", "put"),
+    "policy": ("decide",),
+}
+_PART_WHAT = {
+    "edge": "a Backend (hybridllm.Backend); to pick a model by name use edge_model=",
+    "cloud": "a Backend (hybridllm.Backend); to use an endpoint by URL use cloud_url=",
+    "cache": "True, False or a cache object with get() and put() (hybridllm.cache.SemanticCache)",
+    "policy": "a routing policy with decide() (hybridllm.router.RoutingPolicy)",
+}
+
+
+def _check_parts(**parts: Any) -> None:
+    for name, part in parts.items():
+        if part is None or (name == "cache" and isinstance(part, bool)):
+            continue
+        missing = [m for m in _PART_NEEDS[name] if not callable(getattr(part, m, None))]
+        if missing:
+            lacks = ", ".join(f"{m}()" for m in missing)
+            raise ConfigError(f"{name}= must be {_PART_WHAT[name]}; got {part!r} (no {lacks}).")
+
+
 def _make_policy(cfg: HybridLLMConfig, edge: Backend) -> PolicyPort:
     from .router.policy import RoutingPolicy
     from .router.router import load_router
@@ -430,7 +465,9 @@ def _make_policy(cfg: HybridLLMConfig, edge: Backend) -> PolicyPort:
 
 
 class _Surface:
-    """What both clients share: construction, the parts, stats."""
+    """What both clients share: construction, the parts, stats. The constructor's signature is
+    the clients' own (a type checker and an IDE see every part's type); each client sets up the
+    rest in ``_start``."""
 
     _core: Core
     config: HybridLLMConfig
@@ -438,7 +475,7 @@ class _Surface:
     def __init__(
         self,
         *,
-        config: str | None = None,
+        config: str | os.PathLike[str] | None = None,
         edge: Backend | None = None,
         cloud: Backend | None = None,
         cache: CachePort | bool | None = None,
@@ -455,6 +492,10 @@ class _Surface:
             progress=progress,
             settings=settings,
         )
+        self._start()
+
+    def _start(self) -> None:
+        """The client's own state, once the parts are built."""
 
     @property
     def edge(self) -> Backend:
@@ -491,8 +532,7 @@ class HybridLLM(_Surface):
     Threads may share one client.
     """
 
-    def __init__(self, **options: Any) -> None:
-        super().__init__(**options)
+    def _start(self) -> None:
         self._loop = _LoopThread()
         # the finalizer holds the parts, never the client (that would keep it alive for ever)
         self._finalizer = weakref.finalize(self, _close_collected, self._loop, self._core, "HybridLLM")
@@ -537,8 +577,7 @@ class AsyncHybridLLM(_Surface):
     """The async client: the same pipeline on the caller's event loop (the cloud over httpx's
     AsyncClient, the device model on its own thread), the same surface as :class:`HybridLLM`."""
 
-    def __init__(self, **options: Any) -> None:
-        super().__init__(**options)
+    def _start(self) -> None:
         self._owner: HybridLLM | None = None
         self._streams: weakref.WeakSet[AsyncStream] = weakref.WeakSet()  # what aclose() stops
         self._closed = False

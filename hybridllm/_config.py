@@ -38,7 +38,7 @@ class HybridLLMConfig:
     edge_wait_timeout_s: float | None = 300.0  # longest wait for the device model's turn
     # the cloud (any OpenAI-compatible endpoint; several URLs are balanced)
     cloud_url: list[str] = field(default_factory=list)
-    cloud_api_key: str | None = None
+    cloud_api_key: str | None = field(default=None, repr=False)  # a secret: never in a repr or a log
     cloud_model: str | None = None
     cloud_connect_timeout_s: float = 3.0
     cloud_read_timeout_s: float = 120.0  # longest wait for a read, the first token's included

@@ -33,6 +33,8 @@ with ``raise ... from exc``. Each message says what went wrong and what to do ab
 
 from __future__ import annotations
 
+from typing import Any
+
 __all__ = [
     "BackendError",
     "CacheCorruptError",
@@ -60,7 +62,22 @@ __all__ = [
 
 
 class HybridLLMError(Exception):
-    """Base class of every error hybridllm raises on purpose."""
+    """Base class of every error hybridllm raises on purpose.
+
+    Every one pickles with its attributes (``status_code``, ``reason``, ...), so an error raised
+    in a worker process (multiprocessing, concurrent.futures) reaches the parent whole."""
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # the default rebuilds with cls(*args), which fails for a class with keyword-only
+        # arguments (CloudBudgetSpentError's reason); rebuild from args and the attributes instead
+        return (_rebuild, (type(self), self.args, dict(self.__dict__)))
+
+
+def _rebuild(cls: type[HybridLLMError], args: tuple[Any, ...], state: dict[str, Any]) -> HybridLLMError:
+    err = cls.__new__(cls, *args)  # (an OSError subclass sets its errno from args here)
+    err.args = args
+    err.__dict__.update(state)
+    return err
 
 
 class ConfigError(HybridLLMError):

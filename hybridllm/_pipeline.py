@@ -45,6 +45,7 @@ from ._types import (
     Message,
     Messages,
     Usage,
+    check_option_names,
     estimate_tokens,
     normalize_messages,
 )
@@ -296,6 +297,7 @@ class Core:
             raise HybridLLMError("This client is closed; create a new HybridLLM.")
         overrides = dict(params)
         opts = Options.pop_from(overrides)
+        check_option_names(overrides, routing=[f.name for f in dataclasses.fields(Options)])
         if opts.route == "cloud" and self.cloud is None:
             raise ConfigError("route='cloud' needs a cloud endpoint: pass cloud_url=...")
         merged = {**self.defaults, **{k: v for k, v in overrides.items() if v is not None}}

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -144,6 +144,27 @@ class GenerationParams:
         return key
 
 
+def check_option_names(names: Iterable[str], *, routing: Sequence[str] = ()) -> None:
+    """Refuse a per-call keyword that is neither a sampling setting nor a routing option, naming
+    it, the closest accepted name (a typo: ``max_token``) and every accepted one."""
+    sampling = sorted(GenerationParams.__dataclass_fields__)
+    unknown = sorted(set(names) - set(sampling) - set(routing))
+    if not unknown:
+        return
+    import difflib  # only on this error path: `import hybridllm` stays light
+
+    hints = []
+    for name in unknown:
+        close = difflib.get_close_matches(name, [*sampling, *routing], n=1)
+        if close:
+            hints.append(f"{name!r}: did you mean {close[0]!r}?")
+    hint = " " + " ".join(hints) if hints else ""
+    raise InvalidRequestError(
+        f"Unknown option(s) {unknown}.{hint} Sampling options: {', '.join(sampling)}; "
+        f"routing options: {', '.join(sorted(routing))}."
+    )
+
+
 def _is_number(x: Any) -> bool:
     return isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x)
 
@@ -242,3 +263,9 @@ class Chunk:
     model: str
     finish_reason: str | None = None
     completion: Completion | None = None  # set on the last chunk: the whole answer and its trace
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready, as :meth:`Completion.to_dict` (the last chunk's ``completion`` in that form)."""
+        return {"text": self.text, "route": self.route, "model": self.model,
+                "finish_reason": self.finish_reason,
+                "completion": self.completion.to_dict() if self.completion is not None else None}

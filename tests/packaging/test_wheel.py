@@ -99,6 +99,7 @@ def test_the_wheel_carries_every_file_the_code_reads_from_its_package(wheel: Pat
         f"hybridllm/_data/router/{router.CONFIG_NAME}",
         f"hybridllm/_data/router/{router.WEIGHTS_NAME}",
         "cloud_server/layers/cpu_kernels.cpp",  # the cloud engine compiles its CPU kernels from it
+        "hybridllm/py.typed",  # PEP 561: type checkers read the package's annotations
     }
     assert sorted((shipped | read) - names) == []
 

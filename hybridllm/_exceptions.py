@@ -141,14 +141,17 @@ class EdgeBusyError(EdgeError):
 
 class CloudError(BackendError):
     """The cloud endpoint failed. ``prompt_tokens`` and ``context_length`` are set when the prompt
-    does not fit the device model's context, so the device could not answer in the cloud's place."""
+    does not fit the device model's context, so the device could not answer in the cloud's place.
+    ``retry_after_s`` is how long to wait before a retry can be served, where that is known (the
+    cloud's Retry-After, its circuit's cooldown, the budget's sliding window), else None."""
 
     def __init__(self, message: str, *, status_code: int | None = None, prompt_tokens: int | None = None,
-                 context_length: int | None = None) -> None:
+                 context_length: int | None = None, retry_after_s: float | None = None) -> None:
         super().__init__(message)
         self.status_code = status_code
         self.prompt_tokens = prompt_tokens
         self.context_length = context_length
+        self.retry_after_s = retry_after_s
 
 
 class CloudUnavailableError(CloudError):
@@ -166,8 +169,9 @@ class CloudBudgetSpentError(CloudRateLimitError):
     when there is room again; retry then (``hybridllm serve``: 429 ``cloud_budget_spent``)."""
 
     def __init__(self, message: str, *, reason: str, prompt_tokens: int | None = None,
-                 context_length: int | None = None) -> None:
-        super().__init__(message, prompt_tokens=prompt_tokens, context_length=context_length)
+                 context_length: int | None = None, retry_after_s: float | None = None) -> None:
+        super().__init__(message, prompt_tokens=prompt_tokens, context_length=context_length,
+                         retry_after_s=retry_after_s)
         self.reason = reason
 
 

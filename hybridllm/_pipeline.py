@@ -439,7 +439,7 @@ class Core:
             if spent:
                 if not req.fits_edge:  # the device cannot stand in: wait for the budget
                     raise _waits_for_cloud(req, f"the cloud {spent}", "once the budget has room",
-                                           spent=spent)
+                                           spent=spent, retry_after_s=_wait_of(self.ledger))
                 reason = f"{_sent_nowhere(d)}; {spent}"
                 return dataclasses.replace(d, route="edge", reason=reason, cascade=False)
         return d
@@ -482,7 +482,8 @@ class Core:
                 said = getattr(self.cloud, "unavailable_reason", None)
                 why = said() if said is not None else "circuit open, or its Retry-After not over"
                 if not req.fits_edge:  # the device cannot stand in
-                    raise _waits_for_cloud(req, f"the cloud is unavailable ({why})", "once the cloud is back")
+                    raise _waits_for_cloud(req, f"the cloud is unavailable ({why})", "once the cloud is back",
+                                           retry_after_s=_wait_of(self.cloud))
                 async with aclosing(
                     self._emit_edge(
                         req,
@@ -515,8 +516,9 @@ class Core:
                     raise _too_long(req, f"the cloud failed ({exc.cause}): it refuses it too",
                                     "or use a cloud model with a longer context") from exc.cause
                 if not req.fits_edge:
-                    raise _waits_for_cloud(req, f"the cloud failed ({exc.cause})",
-                                           "once the cloud is back") from exc.cause
+                    raise _waits_for_cloud(req, f"the cloud failed ({exc.cause})", "once the cloud is back",
+                                           retry_after_s=getattr(exc.cause, "retry_after_s", None)
+                                           or _wait_of(self.cloud)) from exc.cause
                 log.info("cloud failed before answering (%s); answering on the device", exc.cause)
                 async with aclosing(
                     self._emit_edge(
@@ -935,7 +937,15 @@ def _too_long(req: Request, why: str, what: str) -> ContextWindowExceededError:
     )
 
 
-def _waits_for_cloud(req: Request, why: str, when: str, *, spent: str | None = None) -> CloudError:
+def _wait_of(part: Any) -> float | None:
+    """Seconds until the cloud (CloudBackend) or the budget (Budget) takes a request again, where
+    the part can say; None otherwise (a budget limit of 0 never has room)."""
+    wait = getattr(part, "retry_after_s", None)
+    return wait() if callable(wait) else None
+
+
+def _waits_for_cloud(req: Request, why: str, when: str, *, spent: str | None = None,
+                     retry_after_s: float | None = None) -> CloudError:
     """A prompt past the device model's context whose cloud cannot take it now (down, failing, its
     budget spent): a request to retry, not a prompt to shorten (not ContextWindowExceededError,
     which tells an OpenAI client to trim a conversation that the cloud takes once it can)."""
@@ -944,8 +954,9 @@ def _waits_for_cloud(req: Request, why: str, when: str, *, spent: str | None = N
                f"the cloud can answer it; and {why}. Retry {when}; or shorten the conversation "
                "(drop its oldest turns) for the device to answer it.")
     if spent is not None:
-        return CloudBudgetSpentError(message, reason=spent, prompt_tokens=n, context_length=limit)
-    return CloudUnavailableError(message, prompt_tokens=n, context_length=limit)
+        return CloudBudgetSpentError(message, reason=spent, prompt_tokens=n, context_length=limit,
+                                     retry_after_s=retry_after_s)
+    return CloudUnavailableError(message, prompt_tokens=n, context_length=limit, retry_after_s=retry_after_s)
 
 
 _REFUSED = (400, 413, 422)  # the cloud refused this request itself (its window, too large): not a retry

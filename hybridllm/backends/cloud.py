@@ -382,7 +382,7 @@ class CloudBackend(Backend):
                     err = CloudRateLimitError if status == 429 else CloudUnavailableError
                     raise err(f"The cloud asked to wait: {url} answered HTTP {status} with Retry-After; "
                               f"it gets no request for {left:.0f} s more, and answers come from the "
-                              "device meanwhile.", status_code=status)
+                              "device meanwhile.", status_code=status, retry_after_s=left)
                 if attempt == 0:
                     await _sleep(max(0.0, left))
                 ep = self._pick(exclude, priority, seen)
@@ -390,11 +390,12 @@ class CloudBackend(Backend):
                 wait = (last_ep or self.endpoints[0]).breaker.wait_s  # this opening's, jittered
                 raise CloudUnavailableError(
                     f"{str(last).rstrip('.')}; it is not asked again for {round(wait, 1):g} s, and answers "
-                    "come from the device meanwhile", status_code=last.status) from last
+                    "come from the device meanwhile", status_code=last.status,
+                    retry_after_s=self.retry_after_s()) from last
             if ep is None:
                 raise CloudUnavailableError(
                     f"The cloud is unavailable ({self.unavailable_reason()}); "
-                    "answers come from the device until it recovers."
+                    "answers come from the device until it recovers.", retry_after_s=self.retry_after_s()
                 )
             ep.add(cost)
             started = False
@@ -445,8 +446,8 @@ class CloudBackend(Backend):
                         time.monotonic() + min(exc.retry_after, COOL_MAX_S), exc.status)
                 if attempt > self.max_retries:
                     err = CloudRateLimitError if exc.status == 429 else CloudUnavailableError
-                    raise err(f"The cloud failed after {attempt} attempts: {exc}",
-                              status_code=exc.status) from exc
+                    raise err(f"The cloud failed after {attempt} attempts: {exc}", status_code=exc.status,
+                              retry_after_s=exc.retry_after) from exc
                 if self._another_ready(tried) or (exc.retry_after or 0.0) > self.backoff_max_s:
                     delay = 0.0  # another endpoint has not failed, or this one is not waited for
                 else:

@@ -368,9 +368,11 @@ def run(
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.cache", description=__doc__)
     parser.add_argument("--json", action="store_true", help="print one JSON object")
-    parser.add_argument("--max-tokens", type=int, default=64)
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--sizes", default="10000,100000")
+    parser.add_argument("--max-tokens", type=int, default=64,
+                        help="tokens generated for the comparison (default 64)")
+    parser.add_argument("--rounds", type=int, default=3, help="timed rounds of each part (default 3)")
+    parser.add_argument("--sizes", default="10000,100000",
+                        help="cache sizes for the lookup timing, comma-separated (default 10000,100000)")
     parser.add_argument("--verified-size", type=int, default=10000, help="entries for verified_*")
     parser.add_argument("--verified-queries", type=int, default=400, help="lookups for verified_*")
     parser.add_argument("--parts", default=",".join(PARTS), help=f"which to run, of {','.join(PARTS)}")

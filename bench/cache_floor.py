@@ -80,9 +80,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default=None, help="edge model (default: the client's default)")
     ap.add_argument("--samples", type=int, default=4, help="answers per question")
-    ap.add_argument("--temperature", type=float, default=0.7)
-    ap.add_argument("--max-tokens", type=int, default=32)
-    ap.add_argument("--json", action="store_true")
+    ap.add_argument("--temperature", type=float, default=0.7, help="sampling temperature (default 0.7)")
+    ap.add_argument("--max-tokens", type=int, default=32, help="tokens per answer (default 32)")
+    ap.add_argument("--json", action="store_true", help="print one JSON object on one line")
     args = ap.parse_args()
 
     from hybridllm._config import DEFAULT_EDGE_MODEL

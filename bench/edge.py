@@ -170,11 +170,14 @@ def run_model(model: str, backends: list[str], rounds: int, max_tokens: int, thr
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--json", action="store_true")
-    ap.add_argument("--models", default=DEFAULT_MODELS)
-    ap.add_argument("--backends", default="llama_cpp,onnx")
-    ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--json", action="store_true", help="print one JSON object only")
+    ap.add_argument("--models", default=DEFAULT_MODELS,
+                    help=f"catalog ids, comma-separated (default {DEFAULT_MODELS})")
+    ap.add_argument("--backends", default="llama_cpp,onnx",
+                    help="SDK backends to measure, comma-separated (default llama_cpp,onnx)")
+    ap.add_argument("--rounds", type=int, default=2,
+                    help="rounds over the prompts, sides rotating (default 2)")
+    ap.add_argument("--max-tokens", type=int, default=64, help="tokens per answer (default 64)")
     ap.add_argument("--threads", type=int, default=None,
                     help="CPU threads for every side (default: all cores; 1 is fairer on a busy machine)")
     args = ap.parse_args()

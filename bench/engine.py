@@ -115,13 +115,14 @@ def system_prompt(tokenizer, target_tokens: int = 1000) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--json", action="store_true")
-    ap.add_argument("--model", default="smollm2-135m-instruct")
-    ap.add_argument("--requests", type=int, default=32)
-    ap.add_argument("--max-tokens", type=int, default=64)
-    ap.add_argument("--concurrency", type=int, default=16)
-    ap.add_argument("--sequential", type=int, default=3)
-    ap.add_argument("--ttft-rounds", type=int, default=3)
+    ap.add_argument("--json", action="store_true", help="print one JSON object only")
+    ap.add_argument("--model", default="smollm2-135m-instruct",
+                    help="catalog id or .gguf (default smollm2-135m-instruct)")
+    ap.add_argument("--requests", type=int, default=32, help="GSM8K requests, batched (default 32)")
+    ap.add_argument("--max-tokens", type=int, default=64, help="tokens per request (default 64)")
+    ap.add_argument("--concurrency", type=int, default=16, help="sequences batched at once (default 16)")
+    ap.add_argument("--sequential", type=int, default=3, help="requests run one at a time (default 3)")
+    ap.add_argument("--ttft-rounds", type=int, default=3, help="prompts timed cold and warm (default 3)")
     ap.add_argument("--device", default="cpu", help="cpu (default) or cuda[:N]")
     args = ap.parse_args(argv)
 

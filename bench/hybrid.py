@@ -68,9 +68,10 @@ def run_mode(llm, prompts: list[str], options: dict) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--json", action="store_true")
-    ap.add_argument("--n", type=int, default=200)
-    ap.add_argument("--max-tokens", type=int, default=32)
+    ap.add_argument("--json", action="store_true", help="print one JSON object only")
+    ap.add_argument("--n", type=int, default=200,
+                    help="prompts, 30%% of them paraphrased repeats (default 200)")
+    ap.add_argument("--max-tokens", type=int, default=32, help="tokens per answer (default 32)")
     ap.add_argument("--cloud-fraction", type=float, default=0.3,
                     help="router threshold calibrated to send this share of the unique prompts")
     args = ap.parse_args()

@@ -114,8 +114,8 @@ def run(n: int) -> dict[str, float | int | str]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--json", action="store_true")
-    parser.add_argument("--n", type=int, default=300)
+    parser.add_argument("--json", action="store_true", help="print one JSON object only")
+    parser.add_argument("--n", type=int, default=300, help="prompts routed (default 300)")
     args = parser.parse_args(argv)
     result = run(args.n)
     if args.json:

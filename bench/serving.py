@@ -225,14 +225,17 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.serving", description=__doc__.split("\n")[0])
     parser.add_argument("--json", action="store_true", help="print one JSON object only")
     parser.add_argument("--model", default="smollm2-135m-instruct", help="catalog id or .gguf path")
-    parser.add_argument("--num-requests", type=int, default=64)
-    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 16])
-    parser.add_argument("--max-tokens", type=int, default=32)
-    parser.add_argument("--threads", type=int, default=os.cpu_count() or 2)
+    parser.add_argument("--num-requests", type=int, default=64, help="GSM8K requests per level (default 64)")
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 16],
+                        help="concurrency levels (default 1 16)")
+    parser.add_argument("--max-tokens", type=int, default=32, help="tokens per request (default 32)")
+    parser.add_argument("--threads", type=int, default=os.cpu_count() or 2,
+                        help="CPU threads of each server (default: all cores)")
     parser.add_argument("--quantization", choices=["none", "int8", "int4"], default=None,
                         help="our server's weights (default: the server's own choice)")
     parser.add_argument("--servers", nargs="+", default=["hybridllm", "llama_cpp"],
-                        choices=["hybridllm", "llama_cpp"])  # fmt: skip
+                        choices=["hybridllm", "llama_cpp"],
+                        help="servers to measure (default both)")  # fmt: skip
     args = parser.parse_args(argv)
 
     from hybridllm.models import pull

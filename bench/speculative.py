@@ -239,18 +239,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--draft-model", default=None, help="also measure draft-model drafting")
     parser.add_argument("--draft-vocab-size", type=int, default=None,
                         help="the server's --draft-vocab-size (default: the server's own, 32768)")
-    parser.add_argument("--num-prompts", type=int, default=8)
+    parser.add_argument("--num-prompts", type=int, default=8, help="grounded prompts measured (default 8)")
     parser.add_argument("--prompts", default="short",
                         help="grounded prompt set: short, long, or a JSON lines file (field prompt)")
-    parser.add_argument("--max-tokens", type=int, default=96)
+    parser.add_argument("--max-tokens", type=int, default=96, help="tokens per answer (default 96)")
     parser.add_argument(
         "--k", type=int, default=None,
         help="--num-speculative-tokens of both servers (default: ours its own, 8 for prompt "
-        "lookup and 4 for a draft model; llama-cpp-python's prompt lookup 8 as well)",
+        "lookup and 3 for a draft model; llama-cpp-python's prompt lookup 8 as well)",
     )
-    parser.add_argument("--threads", type=int, default=os.cpu_count() or 2)
-    parser.add_argument("--skip-llama-cpp", action="store_true")
-    parser.add_argument("--skip-c16", action="store_true")
+    parser.add_argument("--threads", type=int, default=os.cpu_count() or 2,
+                        help="CPU threads of each server (default: all cores)")
+    parser.add_argument("--skip-llama-cpp", action="store_true", help="measure our server only")
+    parser.add_argument("--skip-c16", action="store_true", help="leave out the run at concurrency 16")
     args = parser.parse_args(argv)
     args.prompts = PROMPT_SETS.get(args.prompts) or Path(args.prompts)
     if not args.prompts.is_file():

@@ -107,18 +107,34 @@ def build_parser() -> argparse.ArgumentParser:
         f"to finish before ending them (default {DEFAULT_SHUTDOWN_TIMEOUT_S:g}; 0: end them at once)",
     )
     engine = serve.add_argument_group("engine")
-    engine.add_argument("--max-num-seqs", type=positive_int, default=16)
-    engine.add_argument("--max-num-batched-tokens", type=positive_int, default=512)
+    engine.add_argument(
+        "--max-num-seqs", type=positive_int, default=16,
+        help="most sequences in one engine step (default 16)",
+    )
+    engine.add_argument(
+        "--max-num-batched-tokens", type=positive_int, default=512,
+        help="most tokens in one engine step, decode and prefill chunks together (default 512)",
+    )
     engine.add_argument(
         "--max-waiting", type=positive_int, default=256,
-        help="requests that may wait beyond the free batch slots; beyond that 429",
+        help="requests that may wait beyond the free batch slots; beyond that 429 (default 256)",
     )
-    engine.add_argument("--max-model-len", type=positive_int, default=None)
-    engine.add_argument("--block-size", type=positive_int, default=16)
+    engine.add_argument(
+        "--max-model-len", type=positive_int, default=None,
+        help="longest sequence, prompt and answer (default: the model's own, at most 4096 on CPU "
+        "and 32768 on CUDA)",
+    )
+    engine.add_argument(
+        "--block-size", type=positive_int, default=16,
+        help="tokens per KV cache block, a power of two (default 16)",
+    )
     engine.add_argument(
         "--kv-cache-memory-mb", type=positive_int, default=None, help="KV pool budget in MiB"
     )
-    engine.add_argument("--no-prefix-caching", action="store_true")
+    engine.add_argument(
+        "--no-prefix-caching", action="store_true",
+        help="do not reuse the KV blocks of earlier prompts' shared prefixes",
+    )
     engine.add_argument("--device", default=None, help="cpu or cuda[:N] (default: auto)")
     engine.add_argument("--dtype", default=None, help="float32, bfloat16 or float16 (default: auto)")
     engine.add_argument(
@@ -131,7 +147,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="CUDA: run every step eagerly (default: decode steps replay CUDA graphs, captured "
         "on first use of each batch and context size)",
     )
-    engine.add_argument("--seed", type=int, default=0)
+    engine.add_argument("--seed", type=int, default=0, help="seed of the engine's sampler (default 0)")
     engine.add_argument("--num-threads", type=positive_int, default=None, help="torch CPU threads")
     engine.add_argument(
         "--power-watts", type=positive_float, default=None, metavar="W",
@@ -201,7 +217,8 @@ def build_parser() -> argparse.ArgumentParser:
         "(lossless: the target checks every token; default 32768 for larger vocabularies, 0: all)",
     )
     serve.add_argument(
-        "--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"]
+        "--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"],
+        help="log level (default info)",
     )
     return parser
 

@@ -91,7 +91,7 @@ def cmd_config_show(args: argparse.Namespace) -> int:
 
 def register(sub: Any) -> None:
     p = sub.add_parser("serve", help="OpenAI-compatible server on the device, routed by HybridLLM")
-    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     p.add_argument("--port", type=port, default=8080, help="port to bind (default 8080; 0: any free one)")
     p.add_argument("--model", default=None, help="edge model id or .gguf path")
     p.add_argument("--backend", choices=("llama_cpp", "onnx"), default=None,

@@ -188,7 +188,7 @@ def register(subparsers: Any) -> None:
     default = "cache_path from the config, else the user cache dir"
     p = sub.add_parser("stats", help="entries, namespaces, size, lookups and verifier of the cache")
     p.add_argument("--path", type=Path, default=None, help=f"cache database (default: {default})")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=cmd_stats)
 
     p = sub.add_parser("clear", help="delete cached answers")

@@ -266,10 +266,13 @@ def precision_at_recall(scores: np.ndarray, labels: np.ndarray, recall: float) -
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m hybridllm.cache.train", description=__doc__)
     parser.add_argument("--data", type=Path, required=True, help="JSONL: text_a, text_b, label")
-    parser.add_argument("--out", type=Path, default=Path("hybridllm/_data"))
-    parser.add_argument("--target-precision", type=float, default=0.95)
-    parser.add_argument("--min-similarity", type=float, default=0.5)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", type=Path, default=Path("hybridllm/_data"),
+                        help="folder for cache_verifier.npz (default: hybridllm/_data)")
+    parser.add_argument("--target-precision", type=float, default=0.95,
+                        help="the lowest threshold with this validation precision (default: 0.95)")
+    parser.add_argument("--min-similarity", type=float, default=0.5,
+                        help="cosine below which a candidate is never a hit (default: 0.5)")
+    parser.add_argument("--seed", type=int, default=0, help="split and training seed (default: 0)")
     args = parser.parse_args(argv)
     say = lambda msg: print(msg, file=sys.stderr)  # noqa: E731 - the JSON goes to stdout
     try:

@@ -360,14 +360,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--out", type=Path, default=Path("hybridllm/_data"), help="folder for cache_reranker.npz"
     )
-    parser.add_argument("--epochs", type=float, default=1.0)
-    parser.add_argument("--lr", type=float, default=4e-5)
-    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--epochs", type=float, default=1.0, help="passes over the pairs (default: 1.0)")
+    parser.add_argument("--lr", type=float, default=4e-5, help="learning rate (default: 4e-05)")
+    parser.add_argument("--batch-size", type=int, default=32, help="pairs a training step (default: 32)")
     parser.add_argument("--threads", type=int, default=1, help="CPU threads for training and scoring")
-    parser.add_argument("--target-precision", type=float, default=0.95)
+    parser.add_argument("--target-precision", type=float, default=0.95,
+                        help="the lowest threshold with this validation precision (default: 0.95)")
     parser.add_argument("--min-similarity", type=float, default=0.5,
                         help="cosine below which a candidate is not scored")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0, help="split and training seed (default: 0)")
     parser.add_argument("--calibrate-only", action="store_true",
                         help="keep the weights in OUT/cache_reranker.npz; refit the stack and threshold")
     args = parser.parse_args(argv)

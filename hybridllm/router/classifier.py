@@ -171,10 +171,14 @@ class GainScorer:
             ref_gains = np.asarray(a["ref_gains"], np.float32)
             proj_mean = np.asarray(a["proj_mean"], np.float32)
             proj = np.asarray(a["proj"], np.float32)
-            ok = (refs.ndim == 2 and ref_gains.shape == (len(refs),) and proj.ndim == 2
-                  and proj.shape == (refs.shape[1], proj_mean.shape[0]))
+            ok = (refs.ndim == 2 and len(refs) > 0 and ref_gains.shape == (len(refs),)
+                  and proj.ndim == 2 and proj.shape == (refs.shape[1], proj_mean.shape[0]))
             if not ok:
                 raise RouterFileError("The router's neighbor arrays do not match; retrain it.")
+            # a NaN here makes every score NaN, and a NaN score never reaches the threshold: the
+            # router would keep all traffic on the device without a word
+            if not all(np.all(np.isfinite(v)) for v in (refs, ref_gains, proj_mean, proj)):
+                raise RouterFileError("The router's neighbor arrays hold NaN or inf; retrain it.")
         centroids = topic_gains = None
         topic_mix = 0.0
         if "centroids" in a:
@@ -182,17 +186,32 @@ class GainScorer:
                 raise RouterFileError("The router's topic part is incomplete; retrain it.")
             centroids = np.asarray(a["centroids"], np.float32)
             topic_gains = np.asarray(a["topic_gains"], np.float32)
-            topic_mix = float(np.asarray(a["topic_mix"]).reshape(-1)[0])
+            topic_mix = _one_number(a, "topic_mix")
             ok = (centroids.ndim == 3 and centroids.shape[2] == refs.shape[1]
                   and topic_gains.shape == centroids.shape[:2] and 0.0 <= topic_mix <= 1.0
                   and bool(np.all(np.isfinite(centroids))) and bool(np.all(np.isfinite(topic_gains))))
             if not ok:
                 raise RouterFileError("The router's topic arrays do not match; retrain it.")
+        k, mix = _one_number(a, "k"), _one_number(a, "mix")
+        if k != int(k) or k < 1:
+            raise RouterFileError(f"The router weights have k {k:g}, not a whole number of neighbors "
+                                  "of at least 1; retrain it.")
+        if not 0.0 <= mix <= 1.0:
+            raise RouterFileError(f"The router weights have mix {mix:g}, not a share in [0, 1]; retrain it.")
         return cls(mean=mean, scale=scale, coef=coef, intercept=intercept, classes=classes,
-                   proj_mean=proj_mean, proj=proj, refs=refs, ref_gains=ref_gains,
-                   k=int(np.asarray(a["k"]).reshape(-1)[0]),
-                   mix=float(np.asarray(a["mix"]).reshape(-1)[0]),
+                   proj_mean=proj_mean, proj=proj, refs=refs, ref_gains=ref_gains, k=int(k), mix=mix,
                    centroids=centroids, topic_gains=topic_gains, topic_mix=topic_mix)
+
+
+def _one_number(a: dict[str, np.ndarray], name: str) -> float:
+    """The single number a weights array ``name`` holds, or a :class:`RouterFileError`."""
+    v = np.asarray(a[name]).reshape(-1)
+    if v.shape != (1,) or v.dtype.kind not in "iuf" or not np.isfinite(v[0]):
+        raise RouterFileError(
+            f"The router weights' {name!r} should hold one finite number, not {v.tolist()[:4]!r}; "
+            "retrain it."
+        )
+    return float(v[0])
 
 
 def project_embeddings(emb: np.ndarray, mean: np.ndarray, proj: np.ndarray) -> np.ndarray:

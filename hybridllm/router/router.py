@@ -9,6 +9,7 @@ record, metrics) and ``weights.npz`` (numpy arrays only, loaded with ``allow_pic
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -21,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from .._exceptions import RouterError, RouterFileError
+from .._exceptions import InvalidRequestError, RouterError, RouterFileError
 from .._types import Message, last_user_text, normalize_messages
 from .classifier import GainScorer
 from .features import (
@@ -81,7 +82,7 @@ class Router:
         feats = _text_features(text)
         emb = None
         if self.use_embedding:
-            emb = embed_one(text) if embedding is None else np.asarray(embedding, np.float32)
+            emb = embed_one(text) if embedding is None else _checked_embeddings(embedding, 1)
             emb = emb.reshape(-1)
             feats = np.concatenate([feats, emb])
         return float(self.scorer.predict(feats, emb)[0])
@@ -96,8 +97,15 @@ class Router:
     ) -> np.ndarray:
         """Score many prompts at once: ``[n]`` float64, each as :meth:`score_text` scores it (the
         prompts are embedded one at a time, as at run time; see :meth:`Embedder.embed`)."""
-        if self.use_embedding and embeddings is None:
-            embeddings = embed_texts(texts)
+        if isinstance(texts, str | bytes):
+            # a string is a sequence too: each of its characters would be scored as a prompt
+            raise InvalidRequestError(
+                f"score_texts() takes a list of prompts, got {type(texts).__name__}; "
+                "use score() for one prompt."
+            )
+        if self.use_embedding:
+            embeddings = embed_texts(texts) if embeddings is None else _checked_embeddings(
+                embeddings, len(texts))
         x = feature_matrix(texts, use_embedding=self.use_embedding, embeddings=embeddings)
         emb = embeddings if self.use_embedding else None
         return np.asarray(self.scorer.predict(x, emb), dtype=np.float64)
@@ -107,6 +115,25 @@ class Router:
     ) -> tuple[str, float]:
         s = self.score(messages, embedding=embedding)
         return ("cloud" if s >= self.threshold else "edge"), s
+
+    def calibrated(
+        self, prompts: Sequence[str | Sequence[Message]], cloud_fraction: float
+    ) -> Router:
+        """A copy of this router whose threshold sends ``cloud_fraction`` (0..1) of ``prompts`` to
+        the cloud, as ``hybridllm router calibrate`` sets it. ``prompts`` is a sample of your traffic:
+        strings or OpenAI-style message lists (each scored on its last user turn, as at run time).
+        This router is left as it is; ``.save(folder)`` keeps the copy."""
+        from .calibrate import calibrate_threshold
+
+        cf = cloud_fraction
+        if isinstance(cf, bool) or not isinstance(cf, int | float) or not 0.0 <= cf <= 1.0:
+            raise InvalidRequestError(
+                f"cloud_fraction must be a number between 0 and 1 (the share of prompts sent to "
+                f"the cloud), got {cf!r}."
+            )
+        texts = _prompt_texts(prompts)  # every prompt checked before minutes of embedding
+        threshold = calibrate_threshold(self.score_texts(texts), float(cf))
+        return dataclasses.replace(self, threshold=threshold, info=dict(self.info))
 
     def should_escalate(self, mean_logprob: float) -> bool:
         """Cascade: hand the request to the cloud when the edge answer's confidence is low."""
@@ -147,6 +174,40 @@ class Router:
             weights.unlink(missing_ok=True)
             cfg.unlink(missing_ok=True)
         return out
+
+
+def _prompt_texts(prompts: Sequence[str | Sequence[Message]]) -> list[str]:
+    """The text the router scores of each prompt (a string, or messages: the last user turn);
+    an empty or malformed one is refused with its index."""
+    if isinstance(prompts, str | bytes) or not isinstance(prompts, Sequence):
+        raise InvalidRequestError(
+            f"Pass a list of prompts (strings or message lists), got {type(prompts).__name__}."
+        )
+    if len(prompts) == 0:
+        raise InvalidRequestError("The list of prompts is empty: pass at least one prompt.")
+    texts = []
+    for i, prompt in enumerate(prompts):
+        try:
+            texts.append(last_user_text(normalize_messages(prompt)))
+        except InvalidRequestError as exc:
+            raise InvalidRequestError(f"prompts[{i}]: {exc}") from exc
+    return texts
+
+
+def _checked_embeddings(embeddings: Any, n: int) -> np.ndarray:
+    """``embeddings`` as ``[n, EMBEDDING_DIM]`` float32 (``[EMBEDDING_DIM]`` for one prompt), or
+    an :class:`InvalidRequestError`: a wrong shape would be a numpy error deep in the scorer, and a
+    NaN a NaN score, which never reaches the threshold (the prompt would stay on the device)."""
+    emb = np.asarray(embeddings, dtype=np.float32)
+    want = (n, EMBEDDING_DIM)
+    if emb.shape != want and not (n == 1 and emb.shape == (EMBEDDING_DIM,)):
+        raise InvalidRequestError(
+            f"The embeddings have shape {emb.shape}; the router needs {want} (one "
+            f"{EMBEDDING_DIM}-float vector per prompt, from the shared embedder)."
+        )
+    if not np.all(np.isfinite(emb)):
+        raise InvalidRequestError("The embeddings hold NaN or inf; pass the embedder's vectors.")
+    return emb.reshape(want)
 
 
 _RESERVED = {"format", "format_version", "classifier", "text_features", "embedding", "threshold",
@@ -191,11 +252,14 @@ def _read_config(folder: Path) -> dict[str, Any]:
 
 def load_router(path: str | Path | None = None) -> Router:
     """Load a router folder (or its ``router.json``); ``None`` loads the shipped default."""
-    folder = default_router_dir() if path is None else Path(path)
+    folder = default_router_dir() if path is None else Path(path).expanduser()
     if folder.is_file():
         folder = folder.parent
     if not folder.is_dir():
-        raise RouterFileError(f"Router folder {folder} does not exist.")
+        raise RouterFileError(
+            f"Router folder {folder} does not exist; pass the folder `hybridllm router train --out` "
+            "wrote (or its router.json), or None for the shipped router."
+        )
     config = _read_config(folder)
     use_embedding = config.get("embedding") is not None
     num_features = len(TEXT_FEATURES) + (EMBEDDING_DIM if use_embedding else 0)
@@ -217,15 +281,24 @@ def load_router(path: str | Path | None = None) -> Router:
             "interrupted); retrain or re-copy the router."
         )
     scorer: GainScorer | SourceMixture
-    if config.get("classifier") == MIXTURE_CLASSIFIER:
-        scorer = SourceMixture.from_arrays(arrays, num_features=num_features)
-    else:
-        scorer = GainScorer.from_arrays(arrays, num_features=num_features)
+    try:
+        if config.get("classifier") == MIXTURE_CLASSIFIER:
+            scorer = SourceMixture.from_arrays(arrays, num_features=num_features)
+        else:
+            scorer = GainScorer.from_arrays(arrays, num_features=num_features)
+    except RouterFileError as exc:  # say which file: the messages name only the array
+        raise RouterFileError(f"{weights}: {exc}") from exc
     try:
         threshold = float(config["threshold"])
         logprob_threshold = float(config.get("logprob_threshold", DEFAULT_LOGPROB_THRESHOLD))
     except (KeyError, TypeError, ValueError) as exc:
         raise RouterFileError(f"{folder / CONFIG_NAME} has no valid threshold ({exc}).") from exc
+    if not 0.0 <= threshold <= 1.0 or math.isnan(logprob_threshold):
+        raise RouterFileError(
+            f"{folder / CONFIG_NAME} has threshold {threshold!r} and logprob_threshold "
+            f"{logprob_threshold!r}; set the threshold to a number in [0, 1] and logprob_threshold "
+            "to a number (or re-copy the router)."
+        )
     info = {k: v for k, v in config.items() if k not in _RESERVED}
     try:
         return Router(scorer=scorer, threshold=threshold, use_embedding=use_embedding,

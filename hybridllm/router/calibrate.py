@@ -16,26 +16,9 @@ from numpy.typing import ArrayLike
 
 from .._exceptions import DataError
 from .dataset import read_prompts
+from .router import calibrate_threshold  # runtime (Router.calibrated uses it); re-exported here
 
 __all__ = ["calibrate_logprob_threshold", "calibrate_threshold", "read_prompts"]
-
-
-def calibrate_threshold(scores: ArrayLike, cloud_fraction: float) -> float:
-    """The threshold that routes ``cloud_fraction`` of ``scores`` to the cloud."""
-    if not 0.0 <= cloud_fraction <= 1.0:
-        raise DataError(f"cloud_fraction must be between 0 and 1, got {cloud_fraction}.")
-    s = np.sort(np.asarray(scores, dtype=np.float64).reshape(-1))
-    if len(s) == 0:
-        raise DataError("Calibration needs at least one prompt.")
-    if not np.all(np.isfinite(s)):  # np.sort puts NaN last: the threshold would come out NaN
-        raise DataError("Calibration got NaN or inf scores; check the router file.")
-    n_cloud = int(round(cloud_fraction * len(s)))
-    if n_cloud == 0:
-        return float(min(1.0, np.nextafter(s[-1], np.inf)))
-    if n_cloud >= len(s):
-        return float(s[0])
-    # midway between the last edge score and the first cloud score generalizes best
-    return float((s[len(s) - n_cloud - 1] + s[len(s) - n_cloud]) / 2.0)
 
 
 def calibrate_logprob_threshold(mean_logprobs: ArrayLike, correct: ArrayLike) -> float:

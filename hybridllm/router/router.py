@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from .._exceptions import InvalidRequestError, RouterError, RouterFileError
+from .._exceptions import DataError, InvalidRequestError, RouterError, RouterFileError
 from .._types import Message, last_user_text, normalize_messages
 from .classifier import GainScorer
 from .features import (
@@ -123,7 +123,6 @@ class Router:
         the cloud, as ``hybridllm router calibrate`` sets it. ``prompts`` is a sample of your traffic:
         strings or OpenAI-style message lists (each scored on its last user turn, as at run time).
         This router is left as it is; ``.save(folder)`` keeps the copy."""
-        from .calibrate import calibrate_threshold
 
         cf = cloud_fraction
         if isinstance(cf, bool) or not isinstance(cf, int | float) or not 0.0 <= cf <= 1.0:
@@ -307,3 +306,21 @@ def load_router(path: str | Path | None = None) -> Router:
         if isinstance(exc, RouterFileError):
             raise
         raise RouterFileError(f"{folder}: {exc}") from exc
+
+
+def calibrate_threshold(scores: Any, cloud_fraction: float) -> float:
+    """The threshold that routes ``cloud_fraction`` of ``scores`` to the cloud."""
+    if not 0.0 <= cloud_fraction <= 1.0:
+        raise DataError(f"cloud_fraction must be between 0 and 1, got {cloud_fraction}.")
+    s = np.sort(np.asarray(scores, dtype=np.float64).reshape(-1))
+    if len(s) == 0:
+        raise DataError("Calibration needs at least one prompt.")
+    if not np.all(np.isfinite(s)):  # np.sort puts NaN last: the threshold would come out NaN
+        raise DataError("Calibration got NaN or inf scores; check the router file.")
+    n_cloud = int(round(cloud_fraction * len(s)))
+    if n_cloud == 0:
+        return float(min(1.0, np.nextafter(s[-1], np.inf)))
+    if n_cloud >= len(s):
+        return float(s[0])
+    # midway between the last edge score and the first cloud score generalizes best
+    return float((s[len(s) - n_cloud - 1] + s[len(s) - n_cloud]) / 2.0)

@@ -123,25 +123,17 @@ def _prepare_lock(out: Path) -> Iterator[None]:
     """Hold ``out/.prepare.lock``. A folder that `hybridllm models remove` deleted while this
     process waited is made again and locked anew: the build then writes into a live folder (it
     failed, writing into the deleted one)."""
+    from .._locks import lock_exclusive
     from ..models.store import same_file
 
     while True:
-        fh = _open_lock(out)
-        try:
-            import fcntl
-        except ImportError:  # Windows: per-pid temporary names keep concurrent writers apart
-            with fh:
-                yield
+        # without locks (Windows, some network mounts) per-pid temporary names keep concurrent
+        # writers apart; closing the file releases the lock
+        with _open_lock(out) as fh:
+            if lock_exclusive(fh.fileno()) and not same_file(fh.fileno(), out / ".prepare.lock"):
+                continue  # removed meanwhile: the lock is on a file no one else will open
+            yield
             return
-        with fh:
-            fcntl.flock(fh, fcntl.LOCK_EX)
-            try:
-                if not same_file(fh.fileno(), out / ".prepare.lock"):
-                    continue  # removed meanwhile: the lock is on a file no one else will open
-                yield
-                return
-            finally:
-                fcntl.flock(fh, fcntl.LOCK_UN)
 
 
 def _open_lock(out: Path) -> Any:

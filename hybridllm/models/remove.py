@@ -26,14 +26,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .._exceptions import ModelError, ModelNotFoundError
+from .._locks import HAVE_LOCKS, lock_exclusive  # without locks (Windows) removed without one
 from .._paths import data_dir
 from .catalog import ModelSpec, load_catalog
 from .store import _folder_lock, model_dir
-
-try:
-    import fcntl
-except ImportError:  # pragma: no cover - Windows: the cache folders are removed without a lock
-    fcntl = None  # type: ignore[assignment]
 
 _CACHE_LOCK = ".prepare.lock"  # the cache's preparers lock this file in their folder
 
@@ -148,13 +144,13 @@ def disk_usage(model_id: str) -> int:
 def _cache_lock(folder: Path) -> Iterator[None]:
     """The lock a cache preparer holds on ``folder`` (its lock file; none is created here)."""
     fd = -1
-    if fcntl is not None and not folder.is_symlink():
+    if HAVE_LOCKS and not folder.is_symlink():
         with contextlib.suppress(OSError):
             fd = os.open(folder / _CACHE_LOCK, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
     try:
         if fd >= 0:
             with contextlib.suppress(OSError):
-                fcntl.flock(fd, fcntl.LOCK_EX)
+                lock_exclusive(fd)
         yield
     finally:
         if fd >= 0:

@@ -10,7 +10,6 @@ finds the file done, and the temporary files of a pull that was killed are remov
 from __future__ import annotations
 
 import contextlib
-import errno
 import hashlib
 import importlib
 import importlib.metadata
@@ -22,13 +21,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .._exceptions import ModelCorruptError, ModelError, ModelNotFoundError, ModelPackageMissingError
+from .._locks import HAVE_LOCKS, lock_exclusive
 from .._paths import data_dir
 from .catalog import FileSpec, ModelSpec, get_spec, load_catalog
-
-try:
-    import fcntl
-except ImportError:  # pragma: no cover - Windows: no lock, no clean-up of others' temporary files
-    fcntl = None  # type: ignore[assignment]
 
 Progress = Callable[[int, int | None], None]  # (bytes done, bytes total or None)
 GGUF_MAGIC = b"GGUF"
@@ -113,13 +108,13 @@ def _folder_lock(folder: Path, *, on_wait: Callable[[], None] | None = None) -> 
     holds the lock. A folder that `models remove` deleted while this one waited is made again and
     locked anew, so a waiting pull writes into a live folder, not into a deleted one.
     """
-    if fcntl is None:  # pragma: no cover
+    if not HAVE_LOCKS:  # pragma: no cover - Windows
         yield False
         return
     while True:
         fd = os.open(folder, os.O_RDONLY)
         try:
-            locked = _flock(fd, on_wait)
+            locked = lock_exclusive(fd, on_wait)
             on_wait = None
             if locked and not same_file(fd, folder):  # removed while this process waited
                 os.close(fd)
@@ -131,21 +126,6 @@ def _folder_lock(folder: Path, *, on_wait: Callable[[], None] | None = None) -> 
         finally:
             if fd >= 0:
                 os.close(fd)  # releases the lock
-
-
-def _flock(fd: int, on_wait: Callable[[], None] | None) -> bool:
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | getattr(fcntl, "LOCK_NB", 0))
-        except BlockingIOError:
-            if on_wait:
-                on_wait()
-            fcntl.flock(fd, fcntl.LOCK_EX)
-        return True
-    except OSError as exc:
-        if exc.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EINVAL):
-            raise
-        return False
 
 
 def same_file(fd: int, path: Path) -> bool:

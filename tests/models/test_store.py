@@ -238,14 +238,16 @@ def test_a_file_system_without_locks_still_pulls(home, monkeypatch):
     """Some network mounts refuse flock (ENOLCK): the pull goes on without the lock, as before it."""
     import errno
 
+    from hybridllm import _locks
+
     class NoLocks:
-        LOCK_EX = 2
+        LOCK_EX, LOCK_NB = 2, 4
 
         @staticmethod
         def flock(fd, op):
             raise OSError(errno.ENOLCK, "No locks available")
 
-    monkeypatch.setattr(store, "fcntl", NoLocks)
+    monkeypatch.setattr(_locks, "fcntl", NoLocks)
     path = store.pull("smollm2-135m-instruct")
     assert store.is_materialized("smollm2-135m-instruct") and path.is_file()
 

@@ -82,6 +82,11 @@ def test_a_closed_backend_says_it_is_closed(folder):
         edge.generate(HI, PARAMS)
     with pytest.raises(EdgeError, match="closed"):
         next(iter(edge.stream(HI, PARAMS)))
+    # the rest of the backend says it too, as llama.cpp's does (before: tokenize, render and
+    # context_length went on answering from a closed backend)
+    for call in (lambda: edge.tokenize(HI), lambda: edge.render(HI), lambda: edge.context_length):
+        with pytest.raises(EdgeError, match="closed; create a new OnnxBackend"):
+            call()
     edge.close()  # a second close is harmless
 
 

@@ -265,9 +265,20 @@ class OnnxBackend(DeviceBackend):
 
     @property
     def context_length(self) -> int:
+        self._check_open()
         return self._n_ctx
 
+    def _check_open(self) -> None:
+        """A closed backend says so on every call, as the llama.cpp one does, not only on generate."""
+        if self._model is None:
+            raise EdgeError(_CLOSED)
+
+    def render(self, messages: Messages) -> str:
+        self._check_open()
+        return super().render(messages)
+
     def tokenize(self, messages: Messages, *, prefix: str = "") -> list[int]:
+        self._check_open()
         # only the template's own markers become control tokens; every message's text and the
         # prefix are read as plain text (hybridllm.prompts.tokenize_prompt). The runtime's own
         # tokenizer cannot leave special tokens unparsed, so the folder's tokenizer.json is read

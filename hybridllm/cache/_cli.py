@@ -201,11 +201,11 @@ def register(subparsers: Any) -> None:
         help="precision/recall on labelled pairs (caches text_a, asks text_b)",
     )
     p.add_argument("--pairs", type=Path, required=True, help="JSONL: text_a, text_b, label")
-    p.add_argument("--limit", type=positive_int, default=None, help="only the first N pairs")
+    p.add_argument("--limit", type=positive_int, default=None, help="only the first N pairs (default: all)")
     p.add_argument(
         "--verifier",
         default="default",
-        help="default (the shipped reranker), features, cosine, or a verifier .npz file",
+        help="default (the shipped reranker; the default), features, cosine, or a verifier .npz file",
     )
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=cmd_eval)

@@ -2,6 +2,7 @@
 
     router = load_router()                       # the shipped default (hybridllm/_data/router/)
     router.score(messages) -> float in [0, 1]    # route = "cloud" if score >= router.threshold
+                                                 # (threshold 1: never; see router.sends_to_cloud)
     policy = RoutingPolicy(router, privacy="redact")
     decision = policy.decide(messages)           # Decision(route, reason, score, ...)
     budget = Budget(max_cloud_calls_per_hour=100)  # a ledger; HybridLLM keeps one per client

@@ -11,6 +11,9 @@ from typing import Any
 
 from .._exceptions import DataError
 
+# how --weak-col / --strong-col are found when not given (dataset.load_routellm_csv)
+_DETECTED = "the file's two True/False or score columns, the strong one told by the names or accuracy"
+
 
 def register(subparsers: Any) -> None:
     router = subparsers.add_parser("router", help="train, evaluate and calibrate the router")
@@ -38,41 +41,48 @@ def register(subparsers: Any) -> None:
         action="append",
         default=None,
         help="labelled CSV (from `router label`) whose edge log-probabilities only calibrate the "
-        "cascade's floor, without training the scorer; repeatable",
+        "cascade's floor, without training the scorer; repeatable (default: the --data files' own, "
+        "else -1.0)",
     )
-    p.add_argument("--weak-col", help="the weak (edge) model's column (in files that have it)")
-    p.add_argument("--strong-col", help="the strong (cloud) model's column (in files that have it)")
+    p.add_argument("--weak-col", help="the weak (edge) model's column (in files that have it; "
+                   f"default: {_DETECTED})")
+    p.add_argument("--strong-col", help="the strong (cloud) model's column (in files that have it; "
+                   f"default: {_DETECTED})")
     _prompt_col_arg(p)
     _score_range_arg(p)
     _reference_arg(p)
     _tier_args(p)
     p.add_argument("--out", required=True, help="folder to write router.json and weights.npz")
-    p.add_argument("--c", type=float, default=None, help="inverse L2 strength of the linear part")
-    p.add_argument("--k", type=int, default=None, help="neighbors of the neighbor part")
-    p.add_argument(
-        "--mix", type=float, default=None, help="weight of the neighbor part against the linear part, 0..1"
-    )
-    p.add_argument(
-        "--topics", type=int, default=None, help="k-means clusters of the topic part (0 turns it off)"
-    )
-    p.add_argument("--topic-mix", type=float, default=None, help="weight of the topic part, 0..1")
+    # the defaults written out are train.Hyper's (a test holds them together): importing it here
+    # would load numpy for every `hybridllm` command
+    p.add_argument("--c", type=float, default=None,
+                   help="inverse L2 strength of the linear part (default: 0.002)")
+    p.add_argument("--k", type=int, default=None, help="neighbors of the neighbor part (default: 50)")
+    p.add_argument("--mix", type=float, default=None,
+                   help="weight of the neighbor part against the linear part, 0..1 (default: 0.8)")
+    p.add_argument("--topics", type=int, default=None,
+                   help="k-means clusters of the topic part, 0 turns it off (default: 60)")
+    p.add_argument("--topic-mix", type=float, default=None,
+                   help="weight of the topic part, 0..1 (default: 0.5)")
     p.add_argument(
         "--folds", type=int, default=5, help="cross-validation folds, by question (default: 5)"
     )
-    p.add_argument("--no-embedding", action="store_true", help="text features only")
+    p.add_argument("--no-embedding", action="store_true",
+                   help="text features only (default: text features and the sentence embedding)")
     p.set_defaults(func=_train)
 
     p = sub.add_parser("eval", help="RouteLLM metrics of a router on a labelled CSV or JSON Lines file")
     p.add_argument("--data", required=True, help="labelled file, CSV or JSON Lines (as for train)")
     p.add_argument("--router", help="router folder (default: the shipped router)")
-    p.add_argument("--weak-col", help="the weak model's column")
-    p.add_argument("--strong-col", help="the strong model's column")
+    p.add_argument("--weak-col", help="the weak model's column (default: the router's training "
+                   f"columns where the file has them, else {_DETECTED})")
+    p.add_argument("--strong-col", help="the strong model's column (default: as for --weak-col)")
     _prompt_col_arg(p)
     _score_range_arg(p)
     _reference_arg(p)
     _tier_args(p)
     p.add_argument("--json", action="store_true", help="print one JSON object")
-    p.add_argument("--plot", help="write the cost/quality curves to this PNG")
+    p.add_argument("--plot", help="write the cost/quality curves to this PNG (default: no plot)")
     p.set_defaults(func=_eval)
 
     p = sub.add_parser("label", help="run an edge and a cloud model on questions, write a CSV")
@@ -88,15 +98,19 @@ def register(subparsers: Any) -> None:
     p.add_argument(
         "--out",
         default="labels.csv",
-        help="CSV to write; if it exists, its prompts are skipped (resume) and new rows are appended",
+        help="CSV to write; if it exists, its prompts are skipped (resume) and new rows are appended "
+        "(default: labels.csv)",
     )
     p.add_argument(
         "--answers",
         default=None,
-        help="also append both answers per question to this JSONL (for checking grades)",
+        help="also append both answers per question to this JSONL, for checking grades (default: "
+        "not kept)",
     )
-    p.add_argument("--limit", type=int, default=None, help="label only the first N questions")
-    p.add_argument("--max-tokens", type=int, default=256, help="longest answer of either model")
+    p.add_argument("--limit", type=int, default=None,
+                   help="label only the first N questions (default: all)")
+    p.add_argument("--max-tokens", type=int, default=256,
+                   help="longest answer of either model (default: 256)")
     p.add_argument(
         "--edge-max-tokens",
         type=int,
@@ -108,9 +122,10 @@ def register(subparsers: Any) -> None:
         "--concurrency",
         type=int,
         default=8,
-        help="cloud requests in flight at once (the edge runs alongside, one at a time)",
+        help="cloud requests in flight at once; the edge runs alongside, one at a time (default: 8)",
     )
-    p.add_argument("--timeout", type=float, default=900.0, help="seconds to wait for one cloud answer")
+    p.add_argument("--timeout", type=float, default=900.0,
+                   help="seconds to wait for one cloud answer (default: 900)")
     p.set_defaults(func=_label)
 
     p = sub.add_parser("calibrate", help="set the threshold for a target cloud fraction")
@@ -124,7 +139,8 @@ def register(subparsers: Any) -> None:
         "--cloud-fraction",
         type=float,
         required=True,
-        help="share of these prompts to send to the cloud, 0..1; the threshold is set to that quantile",
+        help="share of these prompts to send to the cloud, 0..1; the threshold is set to that "
+        "quantile (0: threshold 1, no prompt goes; 1: threshold 0, every prompt)",
     )
     p.add_argument("--router", help="router folder (default: the shipped router)")
     p.add_argument("--out", help="folder for the calibrated router (default: --router)")
@@ -237,7 +253,7 @@ def _tier_args(p: argparse.ArgumentParser) -> None:
             metavar="NAMES",
             help=f"in files of pairwise judgements (a 'winner' column, arena-style): the {side} "
             f"tier's models, names or globs such as '{example}', comma-separated or repeated; rows "
-            "between a strong and a weak model are kept",
+            "between a strong and a weak model are kept (default: none; such a file needs both)",
         )
 
 
@@ -248,7 +264,7 @@ def _score_range_arg(p: argparse.ArgumentParser) -> None:
         default=None,
         metavar="LO,HI",
         help="graded scores on this scale (say 1,10 for a judge's marks) are mapped to [0, 1]; "
-        "True/False columns and scores already in [0, 1] need nothing",
+        "True/False columns and scores already in [0, 1] need nothing (default: read as they are)",
     )
 
 
@@ -276,7 +292,7 @@ def evaluate_router_on(
         random_baseline,
         router_metrics,
     )
-    from .router import load_router
+    from .router import load_router, sends_to_cloud
 
     router = load_router(router_path)
     if weak_col is None and strong_col is None and not (strong_models or weak_models):
@@ -315,7 +331,7 @@ def evaluate_router_on(
     result["strong_accuracy"] = round(float(data.strong.mean()), 4)
     # what the router does at its own threshold on traffic like this file: the share sent to the
     # strong model and the quality of that mix, also as a share of always using the strong model
-    cloud = scores >= router.threshold
+    cloud = sends_to_cloud(scores, router.threshold)
     quality = float(np.where(cloud, data.strong, data.weak).mean())
     result["at_threshold"] = {
         "threshold": round(float(router.threshold), 6),
@@ -488,7 +504,7 @@ def _calibrate(args: argparse.Namespace) -> int:
     import numpy as np
 
     from .calibrate import calibrate_threshold, read_prompts
-    from .router import load_router
+    from .router import load_router, sends_to_cloud
 
     if args.out is None and args.router is None:
         raise DataError("Pass --out DIR for the calibrated router (the shipped one is read-only).")
@@ -517,7 +533,7 @@ def _calibrate(args: argparse.Namespace) -> int:
             "threshold": round(router.threshold, 6),
             "n": len(prompts),
             "target_cloud_fraction": args.cloud_fraction,
-            "realized_cloud_fraction": round(float(np.mean(scores >= router.threshold)), 4),
+            "realized_cloud_fraction": round(float(np.mean(sends_to_cloud(scores, router.threshold))), 4),
         }
     )
     return 0

@@ -152,9 +152,17 @@ class SourceMixture:
             if "support" not in part or "range_refs" not in part:
                 raise RouterFileError("An expert of the router has no range; retrain it.")
             support = np.asarray(part.pop("support"), np.float32)
-            refs.append(np.asarray(part.pop("range_refs"), np.float32))
-            if support.ndim != 1 or not np.all(np.isfinite(support)) or np.any(np.diff(support) < 0):
+            ref = np.asarray(part.pop("range_refs"), np.float32)
+            # a NaN or inf here makes the similarities to it NaN, and the range test then moves
+            # prompts in or out of the expert's range without a word (one NaN ref moved a prompt's
+            # p-value from 0.98 to 0.44)
+            if not np.all(np.isfinite(ref)):
+                raise RouterFileError(f"Expert {i}'s range refs in the router hold NaN or inf; retrain it.")
+            if support.ndim != 1 or not np.all(np.isfinite(support)):
+                raise RouterFileError(f"Expert {i}'s range in the router holds NaN or inf; retrain it.")
+            if np.any(np.diff(support) < 0):
                 raise RouterFileError("An expert's range in the router is not sorted; retrain it.")
+            refs.append(ref)
             experts.append(GainScorer.from_arrays(part, num_features=num_features))
             supports.append(support)
         try:

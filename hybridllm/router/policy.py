@@ -5,8 +5,9 @@ Order (the first rule that applies decides; each decision carries its reason):
     1. privacy="keep_on_device" and the prompt holds personal data or secrets -> edge
     2. force="edge" | "cloud" (per call)                                      -> that route
     3. prompt longer than the edge model's context                            -> cloud
-    4. router score >= threshold -> cloud, else edge; a score inside ``cascade_band`` -> edge
-       first, escalated to the cloud when the edge answer's confidence is low ("edge->cloud")
+    4. router score >= threshold -> cloud (threshold 1: never), else edge; a score inside
+       ``cascade_band`` -> edge first, escalated to the cloud when the edge answer's confidence is
+       low ("edge->cloud")
 
 Every message is scanned (system, assistant and tool turns too), and a value split across two
 turns is found. With privacy="redact", cloud-bound messages have each distinct detected value
@@ -27,7 +28,7 @@ import numpy as np
 from .._exceptions import ConfigError, InvalidRequestError
 from .._types import Decision, Message, estimate_tokens, last_user_text, normalize_messages
 from .privacy import pii_kinds_in_messages, pseudonymize_messages, redaction_note
-from .router import Router, load_router
+from .router import NEVER_CLOUD, Router, load_router, sends_to_cloud
 
 PRIVACY_MODES = ("keep_on_device", "redact", "off")
 ROUTES = ("edge", "cloud")
@@ -113,6 +114,20 @@ class RoutingPolicy:
             return decision("edge", f"borderline score {score:.3f}: edge first, cloud if unsure",
                             score, cascade=True)
         t = router.threshold
-        if score >= t:
-            return decision("cloud", f"score {score:.3f} >= threshold {t:.3f}", score)
-        return decision("edge", f"score {score:.3f} < threshold {t:.3f}", score)
+        shown_score, shown_t = apart(score, t)
+        if sends_to_cloud(score, t):
+            return decision("cloud", f"score {shown_score} >= threshold {shown_t}", score)
+        if t >= NEVER_CLOUD:
+            return decision("edge", f"score {shown_score}, threshold {shown_t}: never the cloud", score)
+        return decision("edge", f"score {shown_score} < threshold {shown_t}", score)
+
+
+def apart(a: float, b: float, digits: int = 3) -> tuple[str, str]:
+    """``a`` and ``b`` with ``digits`` decimals, or the fewest more that tell them apart, so that a
+    reason reads as the comparison made (0.55954 against a score of 0.559539 showed "0.560 < 0.560").
+    Rounding is monotone, so two different strings keep the order of the numbers."""
+    for d in range(digits, 21):
+        sa, sb = f"{a:.{d}f}", f"{b:.{d}f}"
+        if a == b or sa != sb:
+            return sa, sb
+    return repr(a), repr(b)  # closer than 1e-20 (two tiny scores): the shortest exact forms

@@ -4,7 +4,11 @@ A router is a folder with ``router.json`` (format version, feature spec, thresho
 record, metrics) and ``weights.npz`` (numpy arrays only, loaded with ``allow_pickle=False``).
 
     score = P(the edge model fails where the cloud model succeeds | features of the last user turn)
-    route = "cloud" if score >= threshold else "edge"
+    route = "cloud" if score >= threshold and threshold < 1 else "edge"
+
+RouteLLM's rule (the strong model when the score reaches the threshold) with its two ends made
+exact: threshold 0 sends every prompt to the cloud and threshold 1 none, not even one scoring 1.0
+(a score is a float in [0, 1], so without the exception no threshold could keep all of them).
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ import math
 import os
 import uuid
 import zipfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -47,6 +51,13 @@ CONFIG_NAME = "router.json"
 WEIGHTS_NAME = "weights.npz"
 TRAIN_HASHES = "train_prompt_hashes"  # in weights.npz; older readers ignore arrays they do not know
 DEFAULT_LOGPROB_THRESHOLD = -1.0  # used by should_escalate when the router carries no calibration
+NEVER_CLOUD = 1.0  # the threshold that sends no prompt to the cloud by its score
+
+
+def sends_to_cloud(scores: Any, threshold: float) -> np.ndarray:
+    """The routing rule on one score or an array of them: ``score >= threshold``, and nothing at
+    threshold 1 (see the module's doc). Every place that routes by the score goes through here."""
+    return np.logical_and(np.asarray(scores) >= threshold, threshold < NEVER_CLOUD)
 
 
 @dataclass
@@ -63,8 +74,9 @@ class Router:
     train_hashes: np.ndarray | None = None
 
     def __post_init__(self) -> None:
-        if not (isinstance(self.threshold, int | float) and 0.0 <= self.threshold <= 1.0):
-            raise RouterError(f"threshold must be in [0, 1], got {self.threshold!r}.")
+        t = self.threshold
+        if isinstance(t, bool) or not (isinstance(t, int | float) and 0.0 <= t <= 1.0):
+            raise RouterError(f"threshold must be a number in [0, 1] (1: never the cloud), got {t!r}.")
         expected = len(TEXT_FEATURES) + (EMBEDDING_DIM if self.use_embedding else 0)
         mixture = isinstance(self.scorer, SourceMixture)
         needs_emb = mixture or self.scorer.uses_neighbors or self.scorer.uses_topics
@@ -114,7 +126,7 @@ class Router:
         self, messages: str | Sequence[Message], *, embedding: np.ndarray | None = None
     ) -> tuple[str, float]:
         s = self.score(messages, embedding=embedding)
-        return ("cloud" if s >= self.threshold else "edge"), s
+        return ("cloud" if sends_to_cloud(s, self.threshold) else "edge"), s
 
     def calibrated(
         self, prompts: Sequence[str | Sequence[Message]], cloud_fraction: float
@@ -122,7 +134,8 @@ class Router:
         """A copy of this router whose threshold sends ``cloud_fraction`` (0..1) of ``prompts`` to
         the cloud, as ``hybridllm router calibrate`` sets it. ``prompts`` is a sample of your traffic:
         strings or OpenAI-style message lists (each scored on its last user turn, as at run time).
-        This router is left as it is; ``.save(folder)`` keeps the copy."""
+        ``cloud_fraction`` 0 gives threshold 1 (no prompt goes), 1 gives threshold 0. This router
+        is left as it is; ``.save(folder)`` keeps the copy."""
 
         cf = cloud_fraction
         if isinstance(cf, bool) or not isinstance(cf, int | float) or not 0.0 <= cf <= 1.0:
@@ -232,7 +245,7 @@ def _read_config(folder: Path) -> dict[str, Any]:
     if not isinstance(config, dict) or config.get("format") != FORMAT:
         raise RouterFileError(f"{path} is not a hybridllm router file.")
     version = config.get("format_version")
-    if version not in READABLE_VERSIONS:
+    if isinstance(version, bool) or version not in READABLE_VERSIONS:  # true == 1 in Python
         raise RouterFileError(
             f"{path} has format version {version!r}; this hybridllm reads versions "
             f"{', '.join(map(str, READABLE_VERSIONS))}. Retrain it with `hybridllm router train` "
@@ -287,17 +300,13 @@ def load_router(path: str | Path | None = None) -> Router:
             scorer = GainScorer.from_arrays(arrays, num_features=num_features)
     except RouterFileError as exc:  # say which file: the messages name only the array
         raise RouterFileError(f"{weights}: {exc}") from exc
-    try:
-        threshold = float(config["threshold"])
-        logprob_threshold = float(config.get("logprob_threshold", DEFAULT_LOGPROB_THRESHOLD))
-    except (KeyError, TypeError, ValueError) as exc:
-        raise RouterFileError(f"{folder / CONFIG_NAME} has no valid threshold ({exc}).") from exc
-    if not 0.0 <= threshold <= 1.0 or math.isnan(logprob_threshold):
-        raise RouterFileError(
-            f"{folder / CONFIG_NAME} has threshold {threshold!r} and logprob_threshold "
-            f"{logprob_threshold!r}; set the threshold to a number in [0, 1] and logprob_threshold "
-            "to a number (or re-copy the router)."
-        )
+    path = folder / CONFIG_NAME
+    threshold = _number_field(config, "threshold", path, "a number in [0, 1] (1: never the cloud)",
+                              lambda v: 0.0 <= v <= 1.0)
+    logprob_threshold = _number_field(
+        config, "logprob_threshold", path, "a number (a mean token log-probability, such as -1.0)",
+        lambda v: not math.isnan(v), default=DEFAULT_LOGPROB_THRESHOLD,
+    )
     info = {k: v for k, v in config.items() if k not in _RESERVED}
     try:
         return Router(scorer=scorer, threshold=threshold, use_embedding=use_embedding,
@@ -308,8 +317,23 @@ def load_router(path: str | Path | None = None) -> Router:
         raise RouterFileError(f"{folder}: {exc}") from exc
 
 
+def _number_field(config: dict[str, Any], name: str, path: Path, want: str,
+                  ok: Callable[[float], bool], *, default: float | None = None) -> float:
+    """``config[name]`` as a float, or a :class:`RouterFileError` naming ``path`` and the field:
+    a JSON number only (``true`` or ``"0.5"`` in a hand-edited file is refused, not converted)."""
+    value = config.get(name, default)
+    if value is None or isinstance(value, bool) or not isinstance(value, int | float) \
+            or not ok(float(value)):
+        shown = "missing" if name not in config else json.dumps(value)[:80]
+        raise RouterFileError(
+            f"{path} has no valid {name}: {name!r} is {shown}; set it to {want}, or re-copy the router."
+        )
+    return float(value)
+
+
 def calibrate_threshold(scores: Any, cloud_fraction: float) -> float:
-    """The threshold that routes ``cloud_fraction`` of ``scores`` to the cloud."""
+    """The threshold that routes ``cloud_fraction`` of ``scores`` to the cloud: 0 gives 1.0 (no
+    prompt, whatever it scores) and 1 gives 0.0 (every prompt)."""
     if not 0.0 <= cloud_fraction <= 1.0:
         raise DataError(f"cloud_fraction must be between 0 and 1, got {cloud_fraction}.")
     s = np.sort(np.asarray(scores, dtype=np.float64).reshape(-1))
@@ -317,10 +341,17 @@ def calibrate_threshold(scores: Any, cloud_fraction: float) -> float:
         raise DataError("Calibration needs at least one prompt.")
     if not np.all(np.isfinite(s)):  # np.sort puts NaN last: the threshold would come out NaN
         raise DataError("Calibration got NaN or inf scores; check the router file.")
+    # the ends are the user's words, "none" and "all", for prompts outside the sample too
+    if cloud_fraction == 0.0:
+        return NEVER_CLOUD
+    if cloud_fraction == 1.0:
+        return 0.0
     n_cloud = int(round(cloud_fraction * len(s)))
-    if n_cloud == 0:
-        return float(min(1.0, np.nextafter(s[-1], np.inf)))
+    if n_cloud == 0:  # a share too small for the sample: just above its highest score
+        return float(min(NEVER_CLOUD, np.nextafter(s[-1], np.inf)))
     if n_cloud >= len(s):
         return float(s[0])
-    # midway between the last edge score and the first cloud score generalizes best
-    return float((s[len(s) - n_cloud - 1] + s[len(s) - n_cloud]) / 2.0)
+    # midway between the last edge score and the first cloud score generalizes best; below 1,
+    # where the first cloud score is 1.0 (threshold 1 would keep it on the device)
+    mid = (s[len(s) - n_cloud - 1] + s[len(s) - n_cloud]) / 2.0
+    return float(min(mid, np.nextafter(NEVER_CLOUD, 0.0)))

@@ -77,8 +77,9 @@ def evaluate_split(
 ) -> dict[str, Any]:
     """Device-only, cloud-only and hybrid accuracy at ``threshold`` plus the RouteLLM metrics."""
     from hybridllm.router.evaluate import router_metrics
+    from hybridllm.router.router import sends_to_cloud
 
-    cloud = scores >= threshold
+    cloud = sends_to_cloud(scores, threshold)  # the router's own rule (threshold 1: never)
     hybrid = np.where(cloud, strong, weak)
     m = router_metrics(scores, weak, strong)
     out = {
@@ -123,6 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     from hybridllm.router.dataset import load_routellm_csv
     from hybridllm.router.embedding_cache import cached_embeddings
     from hybridllm.router.features import feature_matrix
+    from hybridllm.router.router import sends_to_cloud
     from hybridllm.router.train import fold_ids, pool, train_router
 
     ours = load_routellm_csv(args.labels)
@@ -189,12 +191,12 @@ def main(argv: list[str] | None = None) -> int:
         "threshold": _r(t),
         "gsm8k_held_out": gsm,
         "mmlu_held_out": {k: mm[k] for k in ("n", "apgr", "calls_at_95", "cloud_fraction")},
-        "qqp": {"n": len(qqp), "device_fraction": _r(np.mean(qqp_scores < t))},
+        "qqp": {"n": len(qqp), "device_fraction": _r(np.mean(~sends_to_cloud(qqp_scores, t)))},
         "cascade_held_out": cascade,
         "train_cv_per_source": router.info["metrics"].get("cv_per_source"),
         "acceptance": {
             "gsm8k_hybrid_over_cloud_at_least_0.95": bool((gsm["hybrid_over_cloud"] or 0) >= 0.95),
-            "qqp_device_fraction_at_least_0.5": bool(np.mean(qqp_scores < t) >= 0.5),
+            "qqp_device_fraction_at_least_0.5": bool(np.mean(~sends_to_cloud(qqp_scores, t)) >= 0.5),
         },
     }
     if args.json:

@@ -40,6 +40,17 @@ def web_origin(value: str) -> str:
         f"sends it, no path) or '*', got {value!r}")
 
 
+def host_option(value: str) -> str:
+    """``--allow-host``: a name or address clients put in the Host header (any port), or ``*``."""
+    name = value.strip()
+    # one spelling (no port, lower case) is made by the proxy (proxy.host_name)
+    if name == "*" or re.fullmatch(r"\[[0-9A-Fa-f:.]+\](?::\d{1,5})?|[A-Za-z0-9._:-]+", name):
+        return name
+    raise argparse.ArgumentTypeError(
+        f"expected a host name or address as clients write it in the URL (chat.example.com, "
+        f"192.168.1.5, [fe80::1]; a port is ignored) or '*', got {value!r}")
+
+
 def _url_host(host: str) -> str:
     return f"[{host}]" if ":" in host else host
 
@@ -54,7 +65,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     host, bound_port = sock.getsockname()[:2]
     from ._client import HybridLLM
     from ._progress import ProgressBar
-    from .proxy import API_KEYS_ENV, create_app
+    from .proxy import API_KEYS_ENV, create_app, serve_hosts
     from .wire.auth import load_api_keys
     from .wire.shutdown import GracefulServer
 
@@ -68,7 +79,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     print(f"hybridllm serve: http://{_url_host(host)}:{bound_port}/v1  edge={llm.edge.model}  "
           f"cloud={cloud}  {'API key required' if api_keys else 'open'}", flush=True)
     app = create_app(llm, api_keys=api_keys, max_body_bytes=args.max_body_bytes,
-                     allow_origins=args.allow_origin)
+                     allow_origins=args.allow_origin, allow_hosts=serve_hosts(host, args.allow_host))
     # SIGTERM / Ctrl-C: new requests 503, the ones in flight get --shutdown-timeout, the rest end
     # cleanly (wire/shutdown.py); uvicorn's own timeout after it is for clients that stopped reading
     config = uvicorn.Config(app, log_level=args.log_level, timeout_graceful_shutdown=5)
@@ -109,6 +120,11 @@ def register(sub: Any) -> None:
     p.add_argument("--allow-origin", action="append", default=[], type=web_origin, metavar="ORIGIN",
                    help="a web page origin (https://app.example:3000, or '*') allowed to call this "
                    "server from a browser, with CORS (repeatable); other pages' requests are 403s")
+    p.add_argument("--allow-host", action="append", default=[], type=host_option, metavar="NAME",
+                   help="a name (or address) clients reach this server under, besides localhost, "
+                   "127.0.0.1, [::1] and the --host address: a reverse proxy's public name "
+                   "(repeatable; '*' for any). Bound to loopback, requests for other names are 403s "
+                   "(DNS rebinding); bound elsewhere, any name is answered unless this is given")
     p.add_argument("--max-body-bytes", type=positive_int, default=4 * 1024 * 1024, metavar="N",
                    help="largest request body accepted; beyond it 413 (default 4 MiB)")
     p.add_argument("--shutdown-timeout", type=non_negative_float, default=DEFAULT_SHUTDOWN_TIMEOUT_S,

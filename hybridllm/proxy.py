@@ -9,8 +9,11 @@ size limit, strict JSON, the same request model and the same OpenAI-shaped 400s)
 ``hybridllm`` object (``{"route": "edge", "cache": false, "cascade": true, "namespace": "t1"}``).
 vLLM extensions the device cannot honour (``stop_token_ids``, ``ignore_eos``) are 400s here.
 The proxy answers under whatever ``model`` name the request gives; ``/v1/models`` lists its names.
-A request from a web page (``Origin``) is a 403 unless its origin is allowed (``--allow-origin``),
-and a password in a cloud URL never reaches a client (``public_text``).
+A request from a web page (``Origin``) is a 403 unless its origin is allowed (``--allow-origin``);
+on loopback, one addressed to another name (``Host``: DNS rebinding) is a 403 unless that name is
+allowed (``--allow-host``); and a password in a cloud URL never reaches a client (``public_text``).
+A cache hit's usage counts its tokens (OpenAI's meaning); ``hybridllm.tokens_from_cache`` says none
+was computed. A 429 or 503 says when to retry (``_retry_after_s``).
 A client that hangs up cancels its answer on the device at once, and a shutdown drains as the cloud
 server's does (``wire/shutdown.py``): new requests 503, the ones in flight get the grace period.
 """
@@ -18,12 +21,13 @@ server's does (``wire/shutdown.py``): new requests 503, the ones in flight get t
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import logging
 import math
 import re
 import time
 import uuid
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any, Literal
 
 from fastapi import FastAPI, Request  # the [proxy] (or [server]) extra; this module is imported only to serve
@@ -32,6 +36,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, field_validator, model_validator
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from ._client import AsyncHybridLLM, HybridLLM
 from ._config import public_text  # a route's reason quotes the cloud URL it could not reach
@@ -47,7 +52,7 @@ from ._exceptions import (
     InvalidRequestError,
 )
 from ._pipeline import ForcedCloudOverBudgetError
-from ._types import Chunk, Completion
+from ._types import Chunk, Completion, estimate_tokens
 from .wire import (
     DEFAULT_MAX_BODY_BYTES,
     ChatCompletionRequest,
@@ -82,10 +87,23 @@ class HybridOptions(BaseModel):
     namespace: str | None = None
 
 
+# a message's content may not be an empty list of parts, and a user turn needs text (the checks of
+# ProxyChatRequest._no_empty_turns; "\S": some character that is not white space)
+_TEXT = {"type": "string", "pattern": "\\S"}
+_TURN_RULE: dict[str, Any] = {
+    "properties": {"content": {"not": {"type": "array", "maxItems": 0}}},
+    "if": {"properties": {"role": {"const": "user"}}, "required": ["role"]},
+    "then": {"properties": {"content": {"anyOf": [
+        _TEXT, {"type": "array", "contains": {"properties": {"text": _TEXT}, "required": ["text"]}}]}}},
+}
+
+
 def _schema_extra(schema: dict[str, Any]) -> None:
     schema.update(_STREAM_RULE)
+    messages = schema["properties"]["messages"]
     # HybridLLM answers a user: a conversation needs at least one user turn
-    schema["properties"]["messages"]["contains"] = {"properties": {"role": {"const": "user"}}}
+    messages["contains"] = {"properties": {"role": {"const": "user"}}}
+    messages["items"] = {"allOf": [messages["items"], _TURN_RULE]}
 
 
 class ProxyChatRequest(ChatCompletionRequest):
@@ -97,6 +115,20 @@ class ProxyChatRequest(ChatCompletionRequest):
         if not any(m.role == "user" for m in self.messages):
             raise WireError("The messages hold no user turn: add {'role': 'user', 'content': ...}.",
                             param="messages")
+        return self
+
+    @model_validator(mode="after")
+    def _no_empty_turns(self) -> ProxyChatRequest:
+        """As the library refuses ``chat("")``: a user turn without text, or content that is an empty
+        list of parts (which OpenAI refuses too), is a 400 naming the message."""
+        for i, m in enumerate(self.messages):
+            where = f"messages[{i}].content"
+            if isinstance(m.content, list) and not m.content:
+                raise WireError(f"{where} is an empty list of content parts: give at least one "
+                                "{'type': 'text', 'text': '...'}, or a string.", param=where)
+            if m.role == "user" and not m.text().strip():
+                raise WireError(f"messages[{i}] is a user turn without text: write the question in "
+                                f"its content, or leave the message out.", param=where)
         return self
 
     @field_validator("stop_token_ids")
@@ -173,33 +205,118 @@ def _error(status: int, message: str, etype: str, param: str | None = None,
     return JSONResponse(error_body(message, etype, param=param, code=code), status, headers=headers)
 
 
-def _sdk_error(exc: HybridLLMError, llm: HybridLLM) -> JSONResponse:
+def _sdk_error(exc: HybridLLMError, llm: HybridLLM, device: DeviceClock) -> JSONResponse:
     status, etype, message = status_of(exc)
     if status >= 500:
         logger.error("request failed: %s", type(exc).__name__)
-    wait = "1"
-    if isinstance(exc, CloudBudgetSpentError):  # an hour for a budget that never has room (a limit of 0)
-        wait = retry_after(llm._core.ledger, never=3600)
-    elif status == 503 and isinstance(exc, CloudError):  # when an endpoint's circuit lets one through
-        wait = retry_after(llm._core.cloud, never=1)
-    return _error(status, message, etype, code=code_of(exc),
-                  headers={"Retry-After": wait} if status in (429, 503) else None)
+    headers = None
+    if status in (429, 503):
+        headers = {"Retry-After": str(_retry_after_s(exc, llm, device))}
+    return _error(status, message, etype, code=code_of(exc), headers=headers)
+
+
+DEVICE_WAIT_MAX_S = 60  # past a minute a queue estimate is a guess; the client asks again then
+CLOUD_WAIT_MAX_S = 300  # the longest the cloud backend leaves an endpoint alone (COOL_MAX_S)
+NEVER_S = 3600  # a budget that never has room (a limit of 0): ask again in an hour
+
+
+def _retry_after_s(exc: HybridLLMError, llm: HybridLLM, device: DeviceClock) -> int:
+    """Retry-After (whole seconds, rounded up, at least 1) for a 429 or 503, from what is known:
+    - a spent budget: when its sliding windows have room again (the error's, else the ledger's);
+    - a busy device: the queue ahead served one answer at a time, (waiting + the running one) x
+      the device's recent time per answer (``DeviceClock``; 1 s before one is timed), at most
+      ``DEVICE_WAIT_MAX_S``;
+    - the cloud: its own Retry-After or its circuit's cooldown (the error's, else the soonest
+      endpoint's), at most ``CLOUD_WAIT_MAX_S``; 1 s when nothing is known."""
+    wait: float | None
+    if isinstance(exc, CloudBudgetSpentError):
+        wait = exc.retry_after_s
+        if wait is None:
+            wait = _wait_of(llm._core.ledger)
+        return NEVER_S if wait is None else max(1, math.ceil(wait))
+    if isinstance(exc, EdgeBusyError):
+        ahead = llm._core.edge_worker.num_waiting + 1
+        wait = ahead * (device.service_s or 1.0)
+        return min(max(1, math.ceil(wait)), DEVICE_WAIT_MAX_S)
+    wait = exc.retry_after_s if isinstance(exc, CloudError) else None
+    if wait is None:
+        wait = _wait_of(llm._core.cloud)
+    return min(max(1, math.ceil(wait or 0.0)), CLOUD_WAIT_MAX_S)
+
+
+def _wait_of(part: Any) -> float | None:
+    """``part.retry_after_s()`` (the budget ledger, the cloud backend); None when it cannot say."""
+    when = getattr(part, "retry_after_s", None)
+    return when() if when is not None else None
+
+
+class DeviceClock:
+    """The device model's recent time per answer, for a busy device's Retry-After."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self.clock = clock
+        self.service_s: float | None = None
+        self._last_end: float | None = None
+
+    def record(self, c: Completion) -> None:
+        if c.route.split(" ")[0] != "edge":  # "edge", "edge (cloud unavailable)": the device alone
+            return
+        now = self.clock()
+        latency = c.latency_ms / 1000
+        # the device answers one request at a time: it started this one when the request came or
+        # when the previous answer ended, whichever was later, so the answer took the smaller of
+        # its latency and the time since that end (a wait in the queue is not the device's time)
+        took = latency if self._last_end is None else min(latency, now - self._last_end)
+        self._last_end = now
+        # a moving average: the newest answer weighs a quarter, so the estimate follows load
+        self.service_s = took if self.service_s is None else 0.75 * self.service_s + 0.25 * took
 
 
 def retry_after(part: Any, *, never: int) -> str:
     """Retry-After from ``part.retry_after_s()`` (the budget ledger: when its sliding windows have
     room again; the cloud backend: when an endpoint's circuit lets a request through), in whole
     seconds rounded up, at least 1; ``never`` when it says None or cannot say."""
-    when = getattr(part, "retry_after_s", None)
-    wait = when() if when is not None else None
+    wait = _wait_of(part)
     return str(never if wait is None else max(1, math.ceil(wait)))
 
 
-def _trace(c: Completion) -> dict[str, Any]:
+def _trace(c: Completion, usage: Mapping[str, int] | None = None) -> dict[str, Any]:
     return {"route": c.route, "reason": public_text(c.reason), "score": c.score,
             "cache_similarity": c.cache_similarity, "latency_ms": round(c.latency_ms, 1),
             "ttft_ms": None if c.ttft_ms is None else round(c.ttft_ms, 1),
-            "cost_usd": c.cost_usd}
+            "cost_usd": c.cost_usd,
+            # the usage's tokens that came out of the semantic cache: none was computed or paid for
+            "tokens_from_cache": usage["total_tokens"] if c.route == "cache" and usage else None}
+
+
+def _count_cache_hit(edge: Any, messages: list[dict[str, str]], text: str) -> dict[str, int]:
+    """OpenAI usage of a cache hit: its prompt and answer in the device model's tokens, what the
+    device would have reported had it answered (the library's Completion says 0/0: nothing ran).
+    The answer's tokens are those it adds as the start of the model's own turn (``prefix``);
+    without a tokenizer, about 4 characters a token."""
+    estimate = -(-len(text) // 4)  # ceil
+    try:
+        tokenize = getattr(edge, "tokenize", None)
+        if tokenize is not None:
+            prompt = len(tokenize(messages))
+            completion = len(tokenize(messages, prefix=text)) - prompt if text else 0
+        else:
+            prompt = edge.count_tokens(messages)
+            completion = estimate
+    except Exception as exc:  # noqa: BLE001 - a count must not fail an answer; closed model, ...
+        logger.warning("could not count a cache hit's tokens: %s", type(exc).__name__)
+        prompt, completion = None, estimate
+    if not isinstance(prompt, int):
+        prompt = estimate_tokens(messages)
+    completion = max(completion, 0)
+    return {"prompt_tokens": prompt, "completion_tokens": completion,
+            "total_tokens": prompt + completion}
+
+
+async def _usage_of(c: Completion, edge: Any, messages: list[dict[str, str]]) -> dict[str, int]:
+    if c.route != "cache":
+        return c.usage.to_dict()
+    return await asyncio.to_thread(_count_cache_hit, edge, messages, c.text)
 
 
 def _headers(route: str, reason: str | None = None) -> dict[str, str]:
@@ -225,13 +342,85 @@ def cross_site(origin: str) -> WireError:
                      f"--allow-origin {shown}.", status=403, code="origin_not_allowed")
 
 
+# the names a request to this machine's loopback carries in its Host header (any port)
+LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "::1")
+
+
+def host_name(value: str) -> str:
+    """The name in a Host header without its port, in one spelling: ``[::1]:8080`` -> ``::1``,
+    ``LocalHost.:80`` -> ``localhost``, ``0:0::1`` -> ``::1``."""
+    value = value.strip().lower()
+    if value.startswith("["):  # an IPv6 address, in brackets when a port may follow
+        name = value[1:].split("]", 1)[0]
+    else:
+        name = value.rsplit(":", 1)[0] if value.count(":") == 1 else value
+    name = name.rstrip(".")
+    try:
+        return str(ipaddress.ip_address(name))
+    except ValueError:
+        return name
+
+
+def serve_hosts(bound: str, allowed: list[str]) -> list[str] | None:
+    """The Host names ``hybridllm serve`` answers when bound to ``bound`` (None: any).
+
+    On loopback a DNS-rebinding page (a site whose name the attacker points at 127.0.0.1 after the
+    page loaded) is same-origin to the browser, so it sends no ``Origin`` and can read GET answers;
+    its requests still carry the site's name as Host. So: the loopback names, the bound address and
+    ``allowed`` (a reverse proxy's public name). On another address the operator exposed the server
+    to a network that reaches it under names and addresses this process cannot know: any Host,
+    unless ``allowed`` names some; ``*`` is any Host."""
+    if "*" in allowed:
+        return None
+    try:
+        address = ipaddress.ip_address(host_name(bound))
+    except ValueError:
+        address = None
+    loopback = host_name(bound) == "localhost" or (address is not None and address.is_loopback)
+    if not loopback and not allowed:
+        return None
+    names = [*LOOPBACK_HOSTS, *allowed]
+    if address is not None and not address.is_unspecified:  # 0.0.0.0 is no name a client uses
+        names.append(str(address))
+    return list(dict.fromkeys(host_name(n) for n in names))
+
+
+def wrong_host(host: str, allowed: list[str]) -> WireError:
+    shown = header_value(host, 200)
+    return WireError(
+        f"This server does not answer requests addressed to {shown!r} (the Host header): a web page "
+        f"could otherwise read it through DNS rebinding. It answers {', '.join(allowed)}. If clients "
+        f"reach it under that name (a reverse proxy, a LAN name), start `hybridllm serve` with "
+        f"--allow-host {host_name(shown) or shown}.", status=403, code="host_not_allowed")
+
+
+class HostAllowlist:
+    """ASGI middleware: a request whose Host header names none of ``hosts`` is a 403, on every
+    path. A request without Host (HTTP/1.0) is let through: every browser sends one."""
+
+    def __init__(self, app: ASGIApp, hosts: list[str]) -> None:
+        self.app = app
+        self.hosts = {host_name(h) for h in hosts}
+        self.shown = list(dict.fromkeys(hosts))
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            host = next((v.decode("latin-1") for k, v in scope["headers"] if k == b"host"), None)
+            if host is not None and host_name(host) not in self.hosts:
+                response = JSONResponse(wrong_host(host, self.shown).body(), 403)
+                await response(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
 def create_app(llm: HybridLLM, *, model_name: str = "hybridllm", api_keys: list[str] | None = None,
                max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, allow_origins: list[str] | None = None,
-               ) -> FastAPI:
+               allow_hosts: list[str] | None = None) -> FastAPI:
     """The proxy's ASGI app. With ``api_keys``, ``/v1`` routes need ``Authorization: Bearer KEY``.
     A request from a web page (an ``Origin`` header) is a 403 unless ``allow_origins`` holds its
-    origin (or ``*``); those get CORS headers. ``app.state.drain`` is its shutdown state
-    (``wire.shutdown.GracefulServer`` drains it)."""
+    origin (or ``*``); those get CORS headers. With ``allow_hosts`` (``serve_hosts``), a request
+    whose Host header names none of them is a 403 (DNS rebinding); None answers any Host.
+    ``app.state.drain`` is its shutdown state (``wire.shutdown.GracefulServer`` drains it)."""
     app = FastAPI(title="hybridllm local proxy", docs_url=None, redoc_url=None)
     drain = app.state.drain = Drain()
     allm = AsyncHybridLLM.wrap(llm)
@@ -243,6 +432,7 @@ def create_app(llm: HybridLLM, *, model_name: str = "hybridllm", api_keys: list[
     checker = ApiKeyChecker(api_keys or [])
     origins = [o.rstrip("/") for o in allow_origins or []]
     auth = (401, 403) if checker.is_enabled else (403,)
+    device = app.state.device_clock = DeviceClock()
 
     def admit(request: Request) -> None:
         origin = request.headers.get("origin")
@@ -322,7 +512,10 @@ def create_app(llm: HybridLLM, *, model_name: str = "hybridllm", api_keys: list[
         try:
             if not req.stream:
                 c = await unless_interrupted(request, allm.chat(messages, **opts), drain)
-                return JSONResponse(_completion_json(c, req.model), headers=_headers(c.route, c.reason))
+                device.record(c)
+                usage = await _usage_of(c, llm.edge, messages)
+                return JSONResponse(_completion_json(c, req.model, usage),
+                                    headers=_headers(c.route, c.reason))
             stream = allm.stream(messages, **opts)
             chunks = stream.__aiter__()
             try:  # routing is decided with the first chunk: the header can say where
@@ -334,16 +527,22 @@ def create_app(llm: HybridLLM, *, model_name: str = "hybridllm", api_keys: list[
             return _error(429, f"This server's cloud budget is spent ({exc.reason}); retry later, or "
                           "leave out hybridllm.route='cloud' to be answered on the device.",
                           "requests", code="cloud_budget_spent",
-                          headers={"Retry-After": retry_after(llm._core.ledger, never=3600)})
+                          headers={"Retry-After": retry_after(llm._core.ledger, never=NEVER_S)})
         except HybridLLMError as exc:
-            return _sdk_error(exc, llm)
+            return _sdk_error(exc, llm, device)
         except ClientGone:
             return client_gone()
         writer = ChunkWriter(id=f"chatcmpl-{uuid.uuid4().hex[:24]}", created=int(time.time()),
                              model=req.model, chat=True, include_usage=req.include_usage())
+
+        async def usage_of(c: Completion) -> dict[str, int]:
+            device.record(c)
+            return await _usage_of(c, llm.edge, messages)
+
+        sse = _sse(first, stream, chunks, writer, usage_of)
         # the response cancels the stream (and the device's work) when the client hangs up or the
         # shutdown's grace period ends; then the client reads an in-band error and [DONE]
-        return EventStreamResponse(_sse(first, stream, chunks, writer), _headers(first.route),
+        return EventStreamResponse(sse, _headers(first.route),
                                    stop=drain.expired, last_events=_SHUTDOWN_EVENTS)
 
     app.add_exception_handler(ClientDisconnect, on_client_disconnect)
@@ -353,6 +552,8 @@ def create_app(llm: HybridLLM, *, model_name: str = "hybridllm", api_keys: list[
                        allow_methods=["GET", "POST"],
                        allow_headers=["authorization", "content-type"],
                        expose_headers=["x-hybridllm-route", "x-hybridllm-reason", "retry-after"])
+    if allow_hosts is not None:  # outermost: a rebinding page's request reaches nothing else
+        app.add_middleware(HostAllowlist, hosts=allow_hosts)
 
     add_schemas(app, defs)
     return app
@@ -361,15 +562,15 @@ def create_app(llm: HybridLLM, *, model_name: str = "hybridllm", api_keys: list[
 _SHUTDOWN_EVENTS = error_event(error_body(SHUTTING_DOWN, "server_error", code="server_shutting_down"))
 
 
-def _completion_json(c: Completion, model: str) -> dict[str, Any]:
+def _completion_json(c: Completion, model: str, usage: dict[str, int]) -> dict[str, Any]:
     return chat_completion(
         id=f"chatcmpl-{uuid.uuid4().hex[:24]}", created=int(time.time()), model=model,
-        text=c.text, finish_reason=c.finish_reason, usage=c.usage.to_dict(), hybridllm=_trace(c),
+        text=c.text, finish_reason=c.finish_reason, usage=usage, hybridllm=_trace(c, usage),
     )
 
 
-async def _sse(first: Chunk, stream: Any, rest: AsyncIterator[Chunk],
-               writer: ChunkWriter) -> AsyncIterator[str]:
+async def _sse(first: Chunk, stream: Any, rest: AsyncIterator[Chunk], writer: ChunkWriter,
+               usage_of: Callable[[Completion], Awaitable[dict[str, int]]]) -> AsyncIterator[str]:
     yield writer.role()
     chunk: Chunk | None = first
     try:
@@ -378,9 +579,10 @@ async def _sse(first: Chunk, stream: Any, rest: AsyncIterator[Chunk],
                 yield writer.text(chunk.text)
             if chunk.completion is not None:
                 c = chunk.completion
-                yield writer.finish(c.finish_reason, hybridllm=_trace(c))
+                usage = await usage_of(c)
+                yield writer.finish(c.finish_reason, hybridllm=_trace(c, usage))
                 if writer.include_usage:
-                    yield writer.usage(c.usage.to_dict())
+                    yield writer.usage(usage)
             try:
                 chunk = await rest.__anext__()
             except StopAsyncIteration:

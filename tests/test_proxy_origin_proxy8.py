@@ -90,7 +90,8 @@ def test_serve_passes_allow_origin_to_the_app(monkeypatch):
     statuses = []
 
     def run(self, sockets=None):  # the server's run: the app it would serve, while it is up
-        with TestClient(self.config.app) as http:
+        # (addressed as a client of the loopback does: `testserver` is no name it answers)
+        with TestClient(self.config.app, base_url="http://127.0.0.1") as http:
             statuses.extend(_post(http, o).status_code for o in ("https://chat.example:3000", EVIL))
 
     monkeypatch.setattr(_client, "HybridLLM", lambda **kw: HybridLLM(edge=FakeBackend(), cache=False))

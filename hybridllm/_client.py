@@ -26,20 +26,22 @@ import os
 import threading
 import warnings
 import weakref
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Iterator, Sequence
 from typing import Any
 
 from ._config import HybridLLMConfig, load_config
 from ._exceptions import ConfigError, HybridLLMError, StreamConsumedError
 from ._pipeline import CachePort, Core, PolicyPort
 from ._types import Chunk, Completion, Message
-from .backends.base import Backend
+from .backends.base import Backend, drain_loop
 from .backends.worker import InlineRun
 
 CLOSED_MID_ANSWER = "The client was closed before this answer was complete."
 ASYNC_CLIENT_CLOSED = "This client is closed; create a new AsyncHybridLLM."
 STREAM_CLOSED_MID_ANSWER = ("The stream was closed (close() from another thread) before its answer was "
                             "complete.")
+CLOSED_BEFORE_END = ("This stream was closed before its answer was complete; call stream() again for "
+                     "another answer.")
 EXECUTOR_WAIT_S = 30.0  # at close, the longest wait for a running cache lookup or router call
 NOT_CLOSED = (
     "{name} was garbage-collected without {close}(); its device model and threads were released "
@@ -97,14 +99,12 @@ class _LoopThread:
             loop, thread, self._loop = self._loop, self._thread, None
         on_loop = thread is not None and threading.current_thread() is thread
         if loop is not None and thread is not None and not on_loop:
-            try:  # steps still running end as cancelled, and their waiting readers with them
-                asyncio.run_coroutine_threadsafe(_cancel_all(), loop).result(timeout=10)
-            except (concurrent.futures.TimeoutError, RuntimeError):
-                pass
-            try:  # answers whose reader is between two steps (the sync client's device answer is
-                # generated on the reader's thread, off the loop) are suspended, not running: close
-                # them here, so that their cleanup runs now and not in a task left pending at exit
-                asyncio.run_coroutine_threadsafe(loop.shutdown_asyncgens(), loop).result(timeout=10)
+            # steps still running end as cancelled, and their waiting readers with them; answers
+            # whose reader is between two steps (the sync client's device answer is generated on
+            # the reader's thread, off the loop) are suspended, not running: closed here, so that
+            # their cleanup runs now and not in a task left pending at exit
+            try:
+                asyncio.run_coroutine_threadsafe(drain_loop(cancel=True), loop).result(timeout=20)
             except (concurrent.futures.TimeoutError, RuntimeError):
                 pass
             try:  # then the pool threads' jobs (a cache lookup, the router) end: the parts are
@@ -126,20 +126,17 @@ class _LoopThread:
             loop.close()
 
 
-async def _cancel_all() -> None:
-    tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
-    for task in tasks:
-        task.cancel()
-    if tasks:
-        await asyncio.wait(tasks, timeout=5)
-
-
 class Stream:
     """The chunks of one answer, read once. ``completion`` is set after the last chunk.
 
     >>> with llm.stream("hi") as s:
     ...     for chunk in s:
     ...         print(chunk.text, end="")
+
+    It is an iterator too, as an openai or httpx stream is: ``next(s)`` reads the next chunk, and a
+    ``for`` loop after it reads on from there. Close it (or use ``with``) when not reading it to
+    its end with ``next()``: leaving a ``for`` loop stops the answer, a pause between ``next()``
+    calls does not.
     """
 
     def __init__(self, chunks: AsyncIterator[Chunk], loop: _LoopThread, owner: object = None) -> None:
@@ -150,6 +147,7 @@ class Stream:
         self._used = False
         self._closed = False
         self._inline: InlineRun | None = None  # the device answer the reader's thread is generating
+        self._reader: Iterator[Chunk] | None = None  # the chunks next() reads (after the first next())
         self.completion: Completion | None = None
 
     async def _next(self) -> Chunk:
@@ -157,6 +155,8 @@ class Stream:
         return await anext(self._chunks)
 
     def __iter__(self) -> Iterator[Chunk]:
+        if self._reader is not None and not self._closed:  # next() began it: a for loop reads on
+            return self._reader
         if self._used or self._closed:
             raise StreamConsumedError(
                 "This stream was already read (or closed); a stream yields its answer once. "
@@ -164,6 +164,15 @@ class Stream:
             )
         self._used = True
         return self._iterate()
+
+    def __next__(self) -> Chunk:
+        if self._reader is None:
+            self._reader = self.__iter__()  # StreamConsumedError when already read or closed
+        elif self._closed and self.completion is None:  # closed half way: not an end of the answer
+            if self._loop.closed:
+                raise HybridLLMError(CLOSED_MID_ANSWER)
+            raise StreamConsumedError(CLOSED_BEFORE_END)
+        return next(self._reader)
 
     async def _resume(self, run: InlineRun) -> Chunk:
         run.deliver()  # the device answer's end (or error) back into the pipeline
@@ -237,6 +246,14 @@ class Stream:
         run = self._inline
         if run is not None:  # the device answers on the reader's thread: it stops at its next token
             run.cancel()
+        reader = self._reader  # (kept: next() after the end raises StopIteration again)
+        if reader is not None and not getattr(reader, "gi_running", True):
+            # suspended between two next() calls: its own cleanup runs now (a device answer frees
+            # its turn), not whenever it is collected
+            try:
+                reader.close()  # type: ignore[attr-defined]
+            except ValueError:  # another thread resumed it meanwhile: it ends at the closed check
+                pass
         try:
             self._loop.submit(self._aclose()).result(timeout=60)
         except (HybridLLMError, RuntimeError, concurrent.futures.TimeoutError, asyncio.CancelledError,
@@ -251,7 +268,9 @@ class Stream:
 
 
 class AsyncStream:
-    """The async :class:`Stream`: ``async for`` once, or ``async with``; ``completion`` after."""
+    """The async :class:`Stream`: ``async for`` once, or ``async with``; ``completion`` after.
+    ``await anext(s)`` reads the next chunk (as with an openai AsyncStream), and ``async for``
+    after it reads on from there."""
 
     def __init__(self, chunks: AsyncIterator[Chunk], owner: object = None) -> None:
         self._chunks = chunks
@@ -260,9 +279,12 @@ class AsyncStream:
         self._closed = False
         self._step: asyncio.Future[Chunk] | None = None  # the chunk the reader waits for
         self._client_closed = False  # stopped by its client's aclose(): the reader is told so
+        self._reader: AsyncGenerator[Chunk, None] | None = None  # what anext() reads
         self.completion: Completion | None = None
 
     def __aiter__(self) -> AsyncIterator[Chunk]:
+        if self._reader is not None and not self._closed:  # anext() began it: async for reads on
+            return self._reader
         if self._client_closed:
             raise HybridLLMError(ASYNC_CLIENT_CLOSED)
         if self._used or self._closed:
@@ -272,7 +294,17 @@ class AsyncStream:
         self._used = True
         return self._iterate()
 
-    async def _iterate(self) -> AsyncIterator[Chunk]:
+    async def __anext__(self) -> Chunk:
+        if self._reader is None:
+            self._reader = self.__aiter__()  # type: ignore[assignment]  # (raises when read or closed)
+        elif self._closed and self.completion is None:  # closed half way: not an end of the answer
+            if self._client_closed:
+                raise self._cut_off()
+            raise StreamConsumedError(CLOSED_BEFORE_END)
+        assert self._reader is not None
+        return await anext(self._reader)
+
+    async def _iterate(self) -> AsyncGenerator[Chunk, None]:
         try:
             while True:
                 if self._closed:  # aclose() from another task, between two chunks
@@ -324,6 +356,9 @@ class AsyncStream:
                 step.cancel()
                 await asyncio.wait([step])
             await self._chunks.aclose()  # type: ignore[attr-defined]
+        reader = self._reader  # (kept: anext() after the end raises StopAsyncIteration again)
+        if reader is not None and not getattr(reader, "ag_running", True):  # between two anext() calls
+            await reader.aclose()
 
     async def __aenter__(self) -> AsyncStream:
         return self

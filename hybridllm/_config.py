@@ -138,23 +138,48 @@ class HybridLLMConfig:
 
     def public_dict(self) -> dict[str, Any]:
         """The settings with secrets masked, for `hybridllm config show` and logs."""
-        out = dataclasses.asdict(self)
-        for name in SECRET_FIELDS:
-            if out.get(name):
-                out[name] = "***" + str(out[name])[-4:] if len(str(out[name])) > 8 else "***"
-        out["cloud_url"] = [public_text(url) for url in out["cloud_url"]]
-        return out
+        return {name: public_value(value, secret=name in SECRET_FIELDS)
+                for name, value in dataclasses.asdict(self).items()}
 
 
-# the user:password@ of a URL (a cloud endpoint behind basic auth), between "://" and the host
-_URL_CREDENTIALS = re.compile(r"(?P<scheme>\b[A-Za-z][A-Za-z0-9+.-]*://)[^\s/?#]*@")
+# the userinfo (user:password) of a URL (a cloud endpoint behind basic auth), between "://" and
+# the "@" before the host; the last "@" of the authority ends it, as in urllib's netloc
+_URL_USERINFO = re.compile(r"(?P<scheme>\b[A-Za-z][A-Za-z0-9+.-]*://)(?P<userinfo>[^\s/?#]*)@")
+
+
+def split_userinfo(url: str) -> tuple[str, tuple[str, str] | None]:
+    """(``url`` without its ``user:password@``, (user, password) percent-decoded, or None when it
+    has none): the cloud sends them as basic auth and names the endpoint without them."""
+    from urllib.parse import unquote
+
+    m = _URL_USERINFO.match(url)
+    if m is None:
+        return url, None
+    user, _, password = m["userinfo"].partition(":")
+    return m["scheme"] + url[m.end():], (unquote(user), unquote(password))
+
+
+def public_value(value: Any, *, secret: bool = False) -> Any:
+    """``value`` as it may be shown (a log, a terminal, the proxy's answers): a ``secret`` (the API
+    key) as ``***`` and, when longer than 8 characters, its last 4; any other text with the
+    credentials of every URL in it masked (``https://***@host/v1``); lists and dicts item by item
+    (``cloud_endpoints``' URLs)."""
+    if isinstance(value, str):
+        if secret:
+            return ("***" + value[-4:] if len(value) > 8 else "***") if value else value
+        return _URL_USERINFO.sub(r"\g<scheme>***@", value)
+    if isinstance(value, list | tuple):
+        return [public_value(v, secret=secret) for v in value]
+    if isinstance(value, dict):
+        return {k: public_value(v, secret=secret) for k, v in value.items()}
+    return value
 
 
 def public_text(text: str) -> str:
-    """``text`` with the credentials of every URL in it masked (``https://***@host/v1``): what the
+    """``text`` with the credentials of every URL in it masked (:func:`public_value`): what the
     proxy sends its clients (a route's reason quotes the cloud endpoint it could not reach) and
     what goes to a log or a terminal."""
-    return _URL_CREDENTIALS.sub(r"\g<scheme>***@", text)
+    return public_value(text)
 
 
 BUDGET_FIELDS = ("max_cloud_calls_per_hour", "max_cloud_calls_per_day", "max_cloud_tokens_per_hour",

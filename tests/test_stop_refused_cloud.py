@@ -15,6 +15,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from hybridllm import GenerationParams, HybridLLM, InvalidRequestError
+from hybridllm._types import estimate_tokens
 from hybridllm.backends.cloud import CloudBackend
 from hybridllm.backends.fake import FakeBackend
 
@@ -172,8 +173,9 @@ def test_the_client_closes_the_stream_at_the_stop_and_reads_no_further(peer):
     while peer.closed_early is None and time.monotonic() < deadline:
         time.sleep(0.01)
     assert peer.closed_early is True
-    # closed before the count: nothing from the cloud to pass on, so the pipeline estimates
-    assert answer.usage.total_tokens == 0
+    # closed before the cloud's count: the call is counted from what the cloud sent ("one ", and
+    # "two STOP three" past the stop too: 14 characters, 3 tokens), the prompt estimated
+    assert (answer.usage.prompt_tokens, answer.usage.completion_tokens) == (estimate_tokens(MSGS), 1 + 3)
 
 
 def test_a_whole_answer_is_cut_too_and_keeps_the_clouds_count_once(peer):
@@ -194,10 +196,11 @@ def test_a_whole_answer_is_cut_too_and_keeps_the_clouds_count_once(peer):
     assert [b.get("stop") for b in peer.bodies] == [["END"], None, None]
 
 
-def test_a_stream_closed_at_the_stop_is_counted_once_from_what_the_caller_got(peer):
-    """The cloud's count never comes on a stream closed at the stop: the call is the estimate
-    (the prompt, the device's count, plus what streamed, ~4 characters a token), in the answer's
-    usage and in the stats alike, not the cloud's count and the estimate both."""
+def test_a_stream_closed_at_the_stop_is_counted_once_from_what_the_cloud_sent(peer):
+    """The cloud's count never comes on a stream closed at the stop: the call is counted from what
+    the cloud sent (the text past the stop too; each piece at least one token, ~4 characters a
+    token) and the prompt's estimate, in the answer's usage and in the stats alike, not the
+    cloud's count and the estimate both."""
     peer.pieces = ["Hello E", "ach", " wor", "ld. EN", "D more text"]
     device = FakeBackend(reply=lambda m: "from the device")
     with HybridLLM(edge=device, cloud_url=peer.url, cloud_model="o-model", cache=False,
@@ -205,10 +208,10 @@ def test_a_stream_closed_at_the_stop_is_counted_once_from_what_the_caller_got(pe
         answer = llm.chat("hi", route="cloud", stop="END")
         stats = llm.stats()
     assert (answer.text, answer.route, answer.finish_reason) == ("Hello Each world. ", "cloud", "stop")
-    prompt = device.count_tokens([{"role": "user", "content": "hi"}])
-    streamed = 4  # "Hello ", "Each", " wor", "ld. ": at least one token a delta
-    assert (answer.usage.prompt_tokens, answer.usage.completion_tokens) == (prompt, streamed)
-    assert stats["cloud_tokens"] == prompt + streamed
+    prompt = estimate_tokens([{"role": "user", "content": "hi"}])
+    sent = 1 + 1 + 1 + 1 + 2  # "Hello E", "ach", " wor", "ld. EN", "D more text" (11 characters)
+    assert (answer.usage.prompt_tokens, answer.usage.completion_tokens) == (prompt, sent)
+    assert stats["cloud_tokens"] == prompt + sent
 
 
 def test_the_refusal_is_the_models_another_model_still_gets_stop(peer):

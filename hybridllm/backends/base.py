@@ -13,31 +13,36 @@ import sys
 import threading
 import time
 from abc import ABC, abstractmethod
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable, Iterator
 from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
-from .._exceptions import ContextWindowExceededError
-from .._types import GenerationParams, Messages, Usage
+from .._exceptions import CloudUnavailableError, ContextWindowExceededError, EdgeError, HybridLLMError
+from .._types import USER_TEXT, GenerationParams, Messages, Usage, private_repr
 from ..prompts import PromptFormat
 
 
 @dataclass
 class Delta:
-    text: str
+    text: str = field(metadata=USER_TEXT)  # (in repr by its length only)
     finish_reason: str | None = None  # set on the last delta: "stop" or "length"
     usage: Usage | None = None  # set on the last delta
     logprob: float | None = None  # log-probability of this piece's tokens, when known
 
+    __repr__ = private_repr
+
 
 @dataclass
 class Generation:
-    text: str
+    text: str = field(metadata=USER_TEXT)  # (in repr by its length only)
     finish_reason: str
     usage: Usage
     ttft_ms: float | None
     latency_ms: float
     mean_logprob: float | None = None
     extra: dict = field(default_factory=dict)
+
+    __repr__ = private_repr
 
 
 class Backend(ABC):
@@ -167,6 +172,93 @@ class DeviceBackend(Backend):
                 context_length=limit,
             )
         return self._run(tokens, params, stops)
+
+T = TypeVar("T")
+
+
+def backend_error(exc: Exception, backend: object, side: str) -> HybridLLMError:
+    """A backend's own exception (a custom ``edge=`` or ``cloud=`` backend's, or a library's that a
+    backend let through) as the HybridLLM error of its side, with its type and message in the text;
+    the caller raises it ``from exc``, so the original stays its ``__cause__``. A cloud-side one is
+    a :class:`CloudUnavailableError`, so the device answers in its place as for the cloud's own
+    failures."""
+    name = getattr(backend, "name", None) or "backend"
+    what = f"{name!r} ({type(backend).__name__})"
+    said = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+    if side == "edge":
+        return EdgeError(f"The device backend {what} failed: {said}. This is the backend's own error "
+                         "(its traceback is this error's __cause__): fix that backend or pass another "
+                         "as edge=.")
+    return CloudUnavailableError(f"The cloud backend {what} failed: {said}. The device answers in its "
+                                 "place where the prompt fits; the backend's own error is this error's "
+                                 "__cause__.")
+
+
+def _ours(exc: BaseException, continuation: bool) -> bool:
+    """Raised as it is: hybridllm's own errors, and a backend's NotImplementedError of
+    ``stream_continuation`` (the pipeline says the answer cannot be continued)."""
+    return isinstance(exc, HybridLLMError) or (continuation and isinstance(exc, NotImplementedError))
+
+
+def call_guarded(fn: Callable[..., T], backend: object, side: str, *args: Any) -> T:
+    """``fn(*args)``, a backend's own exception raised as :func:`backend_error`'s."""
+    try:
+        return fn(*args)
+    except Exception as exc:  # KeyboardInterrupt and friends are BaseException: they pass
+        if _ours(exc, False):
+            raise
+        raise backend_error(exc, backend, side) from exc
+
+
+def guarded(make: Callable[[], Iterable[Delta]], backend: object, side: str, *,
+            continuation: bool = False) -> Iterator[Delta]:
+    """The deltas of ``make()``, a backend's own exception (while making the stream or reading it)
+    raised as :func:`backend_error`'s. Closing this closes the backend's stream (``yield from``)."""
+    try:
+        yield from make()
+    except Exception as exc:
+        if _ours(exc, continuation):
+            raise
+        raise backend_error(exc, backend, side) from exc
+
+
+async def aguarded(make: Callable[[], AsyncIterator[Delta]], backend: object,
+                   side: str) -> AsyncGenerator[Delta, None]:
+    """:func:`guarded` for an async stream; closing this closes the backend's stream."""
+    deltas: AsyncIterator[Delta] | None = None
+    try:
+        deltas = make()
+        async for delta in deltas:
+            yield delta
+    except Exception as exc:  # asyncio.CancelledError is a BaseException: it passes
+        if _ours(exc, False):
+            raise
+        raise backend_error(exc, backend, side) from exc
+    finally:
+        close = getattr(deltas, "aclose", None)
+        if close is not None:
+            await close()
+
+
+async def drain_loop(*, cancel: bool = False, timeout_s: float = 5.0, rounds: int = 3) -> None:
+    """On a loop about to stop: let the tasks still pending on it end (first cancelled, with
+    ``cancel``: the steps still running), and close its suspended async generators. Closing them
+    starts tasks of their own (httpx's line readers are closed by tasks), so this repeats, up to
+    ``rounds`` times, until none is left; a task closed unrun prints "Task was destroyed but it is
+    pending!". Used by the cloud's synchronous stream and the sync client's close."""
+    loop = asyncio.get_running_loop()
+    me = asyncio.current_task()
+    for i in range(rounds):
+        tasks = [t for t in asyncio.all_tasks(loop) if t is not me]
+        if cancel and i == 0:
+            for task in tasks:
+                task.cancel()
+        if tasks:
+            await asyncio.wait(tasks, timeout=timeout_s)
+        await loop.shutdown_asyncgens()
+        if not any(t is not me for t in asyncio.all_tasks(loop)):
+            return
+
 
 BackendFactory = Callable[..., Backend]
 _REGISTRY: dict[str, BackendFactory] = {}

@@ -30,14 +30,16 @@ Resilience, in the order a request meets it:
    answer ends before the earliest one (not included), with finish_reason "stop", and the stream is
    closed there; while streaming only a tail that may start a stop sequence is held back. The
    cloud's count then covers what it generated past the stop (a whole answer: kept as the call's
-   cost, counted once); a stream closed at the stop brings none, and the pipeline estimates the
-   call from what the caller got. A bad stop value ("Invalid 'stop': array too long") stays the
-   caller's error (5);
+   cost, counted once); a stream closed at the stop brings none, so the call is counted from what
+   the cloud sent up to the close, the text past the stop included (each piece at least one token,
+   ~4 characters a token), plus the prompt's estimate. A bad stop value ("Invalid 'stop': array
+   too long") stays the caller's error (5);
 5. a refusal of this request alone is not retried and leaves the circuit as it is:
-   400 ``context_length_exceeded`` (the cloud's context window) and 413 / 422 (too large, or a body
-   the server cannot process) raise :class:`CloudUnavailableError`, so the device answers when the
-   prompt fits it; any other 400 is the caller's (:class:`InvalidRequestError`), and a refused key
-   (401/403) raises :class:`CloudAuthError`;
+   400 ``context_length_exceeded`` (the cloud's context window), 413 (too large) and a 422 whose
+   body says the context or maximum length was exceeded (TGI's "`inputs` tokens + `max_new_tokens`
+   must be <= 2048") raise :class:`CloudUnavailableError`, so the device answers when the prompt
+   fits it; any other 400 or 422 (a validation error) is the caller's (:class:`InvalidRequestError`,
+   with what the server said), and a refused key (401/403) raises :class:`CloudAuthError`;
 6. retries happen only before the first token is passed on, so an answer is never duplicated;
 7. a stream that goes quiet for ``stall_timeout_s`` after its first token is broken off (a hung
    server), apart from ``read_timeout_s``, which bounds the wait for the first token;
@@ -69,6 +71,7 @@ from collections.abc import AsyncGenerator, AsyncIterator, Iterator
 from contextlib import AsyncExitStack, aclosing
 from typing import Any
 
+from .._config import split_userinfo
 from .._exceptions import (
     CloudAuthError,
     CloudError,
@@ -78,7 +81,7 @@ from .._exceptions import (
     InvalidRequestError,
 )
 from .._types import GenerationParams, Messages, Usage, estimate_tokens
-from .base import Backend, Delta, StopMatcher, register_backend
+from .base import Backend, Delta, StopMatcher, drain_loop, register_backend
 from .circuit import MAX_COOLDOWN_S, CircuitBreaker, Endpoint, pick_endpoint
 from .refusals import RefusalMemory, is_hosted
 
@@ -86,10 +89,17 @@ log = logging.getLogger("hybridllm.cloud")
 COOL_MAX_S = 300.0  # the longest an endpoint is left alone on its Retry-After (then asked again)
 MODELS_TIMEOUT_S = 10.0  # the longest wait for GET /v1/models (model discovery)
 RETRY_STATUS = {408, 409, 429}  # and every 5xx: a proxy's 520-524 (Cloudflare) or 529 (overloaded) too
-REQUEST_REFUSED = {413, 422}  # this request only (too large, a body it cannot process): not the endpoint
 # the cloud's context-window refusal: OpenAI's (and our server's) code, or the wording of servers
 # that send none (vLLM: "maximum context length", others: "context window", "prompt is too long")
 CONTEXT_WORDS = re.compile(r"context[ _-]?(length|window)|prompt is too long", re.IGNORECASE)
+# a 422 is a window refusal only when it says so: those words, or what servers that answer a long
+# prompt with 422 write (TGI: "`inputs` tokens + `max_new_tokens` must be <= 2048", "`inputs` must
+# have less than 1024 tokens"; others "maximum input length", "too many tokens"); any other 422 (a
+# validation error: "Input should be less than or equal to 4096") is the request's fault
+WINDOW_422_WORDS = re.compile(
+    r"context[ _-]?(length|window)|prompt is too long|max(imum)?[ _-](input|sequence|prompt|model)[ _-]"
+    r"length|too many (input |prompt )?tokens|inputs.{0,80}must (be <=|have less than)",
+    re.IGNORECASE)
 # fields a server may not know at all, left out for an endpoint that rejects them as unknown: the
 # sampling fields outside OpenAI's API (vLLM's, our server's), and stream_options (newer than older
 # servers and Azure API versions; without it the cloud sends no token count and the pipeline estimates)
@@ -109,7 +119,7 @@ LOSES = {"stream_options": "the cloud reports no token count, so each answer's t
          "temperature": "it samples at the server's default temperature, not the request's",
          "top_p": "it samples at the server's default top_p, not the request's",
          "stop": "the client cuts each answer at its stop sequences itself and closes the stream there "
-                 "(the cloud's token count, when it comes, covers what it generated past them)"}
+                 "(the call is then counted from what the cloud sent, ~4 characters a token)"}
 # how servers reject a field they do not know: OpenAI "Unrecognized request argument supplied: top_k",
 # pydantic "Extra inputs are not permitted", Google "Unknown name", our server "min_p is not supported"
 UNKNOWN_WORDS = re.compile(r"unrecogni[sz]ed|unknown|unsupported|not supported|not permitted|not allowed"
@@ -210,7 +220,7 @@ class CloudBackend(Backend):
         urls = list({_api_root(u): u for u in reversed(urls)}.values())[::-1]
         # a URL's user:password@ goes as basic auth, never in an endpoint's name: errors, logs,
         # the proxy's reasons and the refusal file quote the endpoint
-        self._auth = {_api_root(u): cred for u in urls if (cred := _split_credentials(u)[1])}
+        self._auth = {_api_root(u): cred for u in urls if (cred := split_userinfo(u)[1])}
         if max_retries < 0 or backoff_base_s < 0:
             raise ConfigError("max_retries and backoff_base_s must be >= 0.")
         if stall_timeout_s is not None and stall_timeout_s <= 0:
@@ -339,15 +349,8 @@ class CloudBackend(Backend):
             if client is not None:
                 loop.run_until_complete(client.aclose())
             # httpx's inner line readers, dropped when a stream broke off or ended, are closed by
-            # tasks the loop must still run, also those that closing the other generators makes:
-            # closed unrun, they print "Task was destroyed but it is pending!"
-            for _ in range(3):
-                pending = asyncio.all_tasks(loop)
-                if pending:
-                    loop.run_until_complete(asyncio.wait(pending, timeout=5))
-                loop.run_until_complete(loop.shutdown_asyncgens())
-                if not asyncio.all_tasks(loop):
-                    break
+            # tasks the loop must still run (drain_loop)
+            loop.run_until_complete(drain_loop())
             loop.close()
 
     def astream(self, messages: Messages, params: GenerationParams, *,
@@ -590,6 +593,10 @@ class CloudBackend(Backend):
         # the cloud sends, as the server would have: the answer ends before the earliest one
         matcher: StopMatcher | None = None
         tail = ""  # text let through once the stream is closed (what the matcher held at the end)
+        # what the cloud sent, in tokens: each piece at least one (a server sends about one token an
+        # event), else ~4 characters a token; the call's count when the stream is closed at a stop
+        # sequence before the cloud's own count, sent last, arrives
+        received = 0
         try:
             async with AsyncExitStack() as stack:
                 resp, sent = await self._post(ep, model, messages, params, stack)
@@ -645,6 +652,7 @@ class CloudBackend(Backend):
                     hit = False
                     for text in texts:
                         stall = self.stall_timeout_s
+                        received += max(1, len(text) // 4)
                         if matcher is not None:
                             text, hit = matcher.feed(text)
                             if hit:
@@ -655,10 +663,13 @@ class CloudBackend(Backend):
                     if hit:
                         # a stop sequence: the answer is over for the caller. The stream is closed
                         # now (leaving the block), not read to its end, so the cloud's count, sent
-                        # last, does not come: the pipeline then estimates the call from what
-                        # the caller got (see _CloudCall.cost), short of what the cloud generated
-                        # past the stop before it saw the connection close
+                        # last, does not come: the call is counted from what the cloud sent, the
+                        # text past the stop included (the prompt estimated, ~4 characters a
+                        # token), short only of what it generated after this event before it saw
+                        # the connection close
                         finish, done = "stop", True
+                        if usage is None:
+                            usage = Usage(estimate_tokens(messages), received)
                         break
         except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
             raise self._unreachable(ep, exc) from exc
@@ -719,8 +730,12 @@ class CloudBackend(Backend):
                                         f"context_length_exceeded: {message})", status_code=400)
         if not listing and status == 400:
             raise InvalidRequestError(f"The cloud rejected the request (HTTP 400): {message}")
-        if not listing and status in REQUEST_REFUSED:
-            what = "too large" if status == 413 else "not processable"
+        if not listing and status == 422 and not (code == "context_length_exceeded"
+                                                  or WINDOW_422_WORDS.search(message)):
+            raise InvalidRequestError(f"The cloud rejected the request (HTTP 422, unprocessable): "
+                                      f"{message}")
+        if not listing and status in (413, 422):  # too large, or too long for its context window
+            what = "too large" if status == 413 else "too long for its context window"
             text = f"The cloud at {where} answered HTTP {status} (request {what}): {message}"
             self._warn_once(url or where, status, text)
             raise CloudUnavailableError(text, status_code=status)
@@ -866,20 +881,8 @@ async def _sleep(seconds: float) -> None:
 
 def _api_root(url: str) -> str:
     """The endpoint's name: its API root (``.../v1``), without a ``user:password@``."""
-    url = _split_credentials(url)[0].rstrip("/")
+    url = split_userinfo(url)[0].rstrip("/")
     return url if url.endswith("/v1") else url + "/v1"
-
-
-def _split_credentials(url: str) -> tuple[str, tuple[str, str] | None]:
-    """(``url`` without its ``user:password@``, (user, password) or None)."""
-    from urllib.parse import unquote, urlsplit
-
-    parts = urlsplit(url)
-    if "@" not in parts.netloc:
-        return url, None
-    userinfo, host = parts.netloc.rsplit("@", 1)
-    user, _, password = userinfo.partition(":")
-    return parts._replace(netloc=host).geturl(), (unquote(user), unquote(password))
 
 
 def _factory(**kwargs: Any) -> CloudBackend:

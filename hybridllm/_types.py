@@ -16,8 +16,11 @@ Messages = list[Message]
 ROLES = ("system", "user", "assistant", "developer", "tool")
 
 
-def normalize_messages(messages: str | Sequence[Message]) -> Messages:
-    """Turn a string or a list of OpenAI-style messages into a validated list of messages."""
+def normalize_messages(messages: str | Sequence[Message], *, allow_empty: bool = False) -> Messages:
+    """Turn a string or a list of OpenAI-style messages into a validated list of messages.
+
+    A user turn without text and content that is an empty list of parts are refused, as
+    ``chat("")`` is; ``allow_empty`` takes them (a labelled data file's conversations)."""
     if isinstance(messages, str):
         if not messages.strip():
             raise InvalidRequestError("The prompt is empty: pass a non-empty string or messages.")
@@ -39,7 +42,14 @@ def normalize_messages(messages: str | Sequence[Message]) -> Messages:
             raise InvalidRequestError(
                 f"messages[{i}] has role {role!r}; use one of {', '.join(ROLES)}."
             )
-        content = text_of_content(msg.get("content"), where=f"messages[{i}]['content']")
+        raw = msg.get("content")
+        if isinstance(raw, list) and not raw and not allow_empty:
+            raise InvalidRequestError(f"messages[{i}]['content'] is an empty list of content parts: give "
+                                      "at least one {'type': 'text', 'text': '...'}, or a string.")
+        content = text_of_content(raw, where=f"messages[{i}]['content']")
+        if role == "user" and not content.strip() and not allow_empty:  # as chat("") is refused
+            raise InvalidRequestError(f"messages[{i}] is a user turn without text: write the question "
+                                      "in its content, or leave the message out.")
         out.append({"role": "system" if role == "developer" else role, "content": content})
     if not any(m["role"] == "user" for m in out):
         raise InvalidRequestError("The messages hold no user turn: add {'role': 'user', ...}.")

@@ -518,7 +518,7 @@ def _prompt_cell(path: Path, index: int, value: object) -> str:
         return value[-1] if value else ""  # user turns, as RouteLLM's conversation prompts hold them
     if isinstance(value, list):
         try:
-            return last_user_text(normalize_messages(value))
+            return last_user_text(normalize_messages(value, allow_empty=True))
         except InvalidRequestError as exc:
             raise DataError(
                 f"{path} record {index + 1}: the prompt is a list but not a conversation ({exc})"

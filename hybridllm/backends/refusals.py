@@ -118,14 +118,12 @@ _LOCK = threading.Lock()  # the writers of this process (flock alone does not or
 def _file_lock(lock_path: Path) -> Iterator[None]:
     """An exclusive lock between processes on ``lock_path`` (made if missing, left in place); where
     files cannot be locked (Windows, some network mounts) none is held, as before."""
-    try:
-        import fcntl
-    except ImportError:  # pragma: no cover - Windows
-        yield
-        return
+    from .._locks import lock_exclusive
+
     with open(lock_path, "a") as fh:
         try:
-            fcntl.flock(fh, fcntl.LOCK_EX)
+            if not lock_exclusive(fh.fileno()):
+                log.debug("no lock on %s: written without one", lock_path)
         except OSError as exc:
             log.debug("no lock on %s (%s): written without one", lock_path, exc)
         yield  # closing the file releases the lock

@@ -44,7 +44,7 @@ import hashlib
 import json
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +52,7 @@ import numpy as np
 
 from .._exceptions import CacheError, ConfigError, InvalidRequestError
 from .._paths import cache_dir
+from .._types import USER_TEXT, private_repr
 from ..prompts import text_of_content, valid_text
 from .embedder import Embedder, get_embedder
 from .guards import conflict, exact_key
@@ -71,13 +72,17 @@ _PURGE_EVERY_S = 60.0
 
 @dataclass(frozen=True)
 class CacheHit:
-    text: str
+    """A cached answer found for a question. Its repr shows the texts' sizes, not the texts."""
+
+    text: str = field(metadata=USER_TEXT)
     similarity: float
     entry_id: str
     created_at: float
     verifier_prob: float | None  # None for an exact repeat or when no verifier is used
-    cached_query: str = ""
+    cached_query: str = field(default="", metadata=USER_TEXT)
     metadata: dict | None = None
+
+    __repr__ = private_repr
 
 
 def load_verifier(spec: str | Path) -> Verifier | None:

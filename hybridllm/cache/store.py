@@ -29,12 +29,13 @@ import sqlite3
 import time
 import warnings
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from .._exceptions import CacheCorruptError, CacheError
+from .._types import USER_TEXT, private_repr
 
 FORMAT = "hybridllm-semantic-cache"
 SCHEMA_VERSION = 1
@@ -70,15 +71,19 @@ _MAX_LOGGED = 1000  # a change of more entries is logged as one reload mark
 
 @dataclass(frozen=True)
 class Entry:
+    """One stored answer; its repr shows the question's and answer's sizes, not their text."""
+
     id: str
     namespace: str
     bucket: str
-    query: str
-    response: str
-    embedding: np.ndarray
+    query: str = field(metadata=USER_TEXT)
+    response: str = field(metadata=USER_TEXT)
+    embedding: np.ndarray = field(repr=False)
     created_at: float
     last_used: float
     metadata: dict | None
+
+    __repr__ = private_repr
 
 
 class CacheStore:

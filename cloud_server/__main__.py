@@ -5,9 +5,11 @@
         [--replicas N [--ray-address ADDR [--replace]] [--min-replicas A --max-replicas B]] [--power-watts W]
         [--speculative-method ngram|draft --num-speculative-tokens K [--draft-model ID_OR_PATH]]
 
-Errors are printed as one line on stderr, no traceback: a bad option value (an engine setting, a
-model or key that is not there, checked before anything loads) with exit status 2 naming the
-option, as argparse's own; a port in use, a model that fails to load or a cluster error with 1.
+Errors are printed as one line on stderr, no traceback: a bad option value or combination (an
+engine setting, a model or key that is not there, cluster options without ``--replicas`` or a
+``--ray-address`` that is no address, all checked before anything loads) with exit status 2 naming
+the option, as argparse's own; a port in use, a model that fails to load, a Ray cluster that does
+not answer or an engine that dies while serving with 1.
 SIGTERM or Ctrl-C shuts the server down gracefully (``hybridllm/wire/shutdown.py``) and the exit
 status is 0, at once if the model is still loading.
 """
@@ -48,21 +50,19 @@ _FIELD_OPTIONS = {"kv_cache_memory_bytes": "--kv-cache-memory-mb",
                   "enable_prefix_caching": "--no-prefix-caching"}
 
 
+def _option(field: str) -> str:
+    """The command line's option of an EngineConfig field."""
+    return _FIELD_OPTIONS.get(field, "--" + field.replace("_", "-"))
+
+
 def _option_names(message: str) -> str:
-    """EngineConfig's message in the command line's words: ``EngineConfig.block_size`` and a bare
-    ``max_num_seqs`` become ``--block-size`` and ``--max-num-seqs`` (a bare name only with an
-    underscore, so plain words such as "model" stay as they are)."""
+    """A ConfigError's ``EngineConfig.field`` names in the command line's words (for one that does
+    not say its fields as a SettingError does)."""
     from cloud_server.config import EngineConfig
 
-    fields = {f.name for f in dataclasses.fields(EngineConfig)}
-
-    def option(match: re.Match[str]) -> str:
-        name = match[1] or match[2]
-        if name not in fields:
-            return match[0]
-        return _FIELD_OPTIONS.get(name, "--" + name.replace("_", "-"))
-
-    return re.sub(r"EngineConfig\.(\w+)|(?<![-\w])([a-z]+_\w+)(?![-\w])", option, message)
+    for field in sorted((f.name for f in dataclasses.fields(EngineConfig)), key=len, reverse=True):
+        message = message.replace(f"EngineConfig.{field}", _option(field))
+    return message
 
 
 class _Parser(argparse.ArgumentParser):
@@ -224,10 +224,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _engine_config(args: argparse.Namespace) -> Any:
-    from cloud_server.config import EngineConfig
+    from cloud_server.config import EngineConfig, SettingError
 
     try:
         return _make_engine_config(EngineConfig, args)
+    except SettingError as exc:  # says which fields: worded with their options
+        raise UsageError(exc.naming(_option)) from exc
     except ConfigError as exc:
         raise UsageError(_option_names(str(exc))) from exc
 
@@ -258,7 +260,8 @@ def _make_engine_config(engine_config: Any, args: argparse.Namespace) -> Any:
 
 
 def _cluster_config(args: argparse.Namespace) -> Any:
-    """A ClusterConfig when --replicas (or an autoscaling bound) is given, else None."""
+    """A ClusterConfig when --replicas (or an autoscaling bound) is given, else None. A cluster
+    option without --replicas, or one that does not fit the others, is a usage error."""
     tuning = {
         name: getattr(args, name)
         for name in (
@@ -269,19 +272,43 @@ def _cluster_config(args: argparse.Namespace) -> Any:
     if args.replicas is None:
         if (args.min_replicas is not None or args.max_replicas is not None or args.ray_address or tuning
                 or args.replace):
-            raise ServerError("--ray-address, --replace, --min-replicas, --max-replicas and the "
-                              "autoscaling options go with --replicas N")
+            raise UsageError("--ray-address, --replace, --min-replicas, --max-replicas and the "
+                             "autoscaling options go with --replicas N")
         return None
     if tuning and args.min_replicas is None and args.max_replicas is None:
         flags = ", ".join("--" + name.replace("_", "-") for name in tuning)
-        raise ServerError(f"{flags} tune autoscaling: add --min-replicas A and/or --max-replicas B")
+        raise UsageError(f"{flags} tune autoscaling: add --min-replicas A and/or --max-replicas B")
+    if args.ray_address is not None:
+        _check_ray_address(args.ray_address)
+    elif args.replace:
+        raise UsageError("--replace goes with --ray-address: a local Ray instance starts empty")
+    if args.port == 0:
+        raise UsageError("--replicas needs an explicit --port (Ray Serve's proxy binds it)")
+    if args.shutdown_timeout is not None:
+        raise UsageError("--shutdown-timeout applies to the single-process server, not to --replicas")
     from cloud_server.config import ClusterConfig
 
-    if args.replace and args.ray_address is None:
-        raise ServerError("--replace goes with --ray-address: a local Ray instance starts empty")
-    return ClusterConfig(replicas=args.replicas, ray_address=args.ray_address,
-                         min_replicas=args.min_replicas, max_replicas=args.max_replicas,
-                         replace_app=args.replace, **tuning)
+    try:
+        return ClusterConfig(replicas=args.replicas, ray_address=args.ray_address,
+                             min_replicas=args.min_replicas, max_replicas=args.max_replicas,
+                             replace_app=args.replace, **tuning)
+    except ConfigError as exc:
+        raise UsageError(str(exc)) from exc
+
+
+# what Ray's address takes: auto (a cluster on this machine), HOST:PORT (the head's GCS) or
+# ray://HOST:PORT (Ray Client); HOST a name, an IPv4 address or an IPv6 one in brackets
+_RAY_ADDRESS = re.compile(r"(?:ray://)?(?:\[[0-9A-Fa-f:.]+\]|[\w.-]+):(\d{1,5})")
+
+
+def _check_ray_address(address: str) -> None:
+    match = _RAY_ADDRESS.fullmatch(address)
+    if address != "auto" and (match is None or not 0 < int(match[1]) < 65536):
+        raise UsageError(
+            f"--ray-address {address!r} is not an address of a Ray cluster: give auto (a cluster "
+            "started on this machine), HOST:PORT (the address `ray start --head` prints) or "
+            "ray://HOST:10001; leave it out to start a local Ray instance"
+        )
 
 
 def _check_model(model: str, option: str = "--model") -> None:
@@ -326,8 +353,6 @@ def serve(args: argparse.Namespace) -> int:
         raise UsageError(str(exc)) from exc
     config = _engine_config(args)
     cluster = _cluster_config(args)
-    if cluster is not None and args.shutdown_timeout is not None:
-        raise ServerError("--shutdown-timeout applies to the single-process server, not to --replicas")
     _check_model(args.model)
     if args.draft_model is not None:
         _check_model(args.draft_model, "--draft-model")
@@ -356,10 +381,16 @@ def serve(args: argparse.Namespace) -> int:
         return AsyncLLMEngine(config)
 
     failure: list[BaseException] = []
+    died: list[BaseException] = []
     server: GracefulServer | None = None
 
     def on_load_error(exc: BaseException) -> None:
         failure.append(exc)
+        if server is not None:
+            server.should_exit = True
+
+    def on_engine_dead(exc: BaseException) -> None:  # a supervisor restarts the server
+        died.append(exc)
         if server is not None:
             server.should_exit = True
 
@@ -371,6 +402,7 @@ def serve(args: argparse.Namespace) -> int:
         system_prompt=_system_prompt(args.model, args.system_prompt),
         max_body_bytes=args.max_body_bytes,
         power_watts=args.power_watts,
+        on_engine_dead=on_engine_dead,
     )
     sock = listen(args.host, args.port, ServerError)
     host, port = sock.getsockname()[:2]
@@ -391,14 +423,20 @@ def serve(args: argparse.Namespace) -> int:
     if failure:
         error = failure[0]
         raise ServerError(f"loading model {args.model!r} failed: {error}") from error
+    if died:
+        raise ServerError(f"the engine failed while serving ({died[0]}); start the server again")
     return 0
 
 
 def _exit_leaving_the_load() -> NoReturn:
     """Shut down while the model was still loading: the load runs on in a worker thread that
     cannot be interrupted, and the interpreter would wait for it (minutes for a large model)
-    before exiting. Nothing was served and the weight cache is written atomically, so leave now."""
+    before exiting. Nothing was served and the weight cache is written atomically, so leave now,
+    removing the cache file the load may be writing (``os._exit`` runs no cleanup)."""
     logging.getLogger("cloud_server").info("shut down while the model was loading: not waiting for it")
+    weight_cache = sys.modules.get("cloud_server.models.weight_cache")
+    if weight_cache is not None:
+        weight_cache.remove_partial_files()
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()

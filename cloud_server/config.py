@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from .exceptions import ConfigError
 
@@ -10,6 +12,24 @@ _DEVICES = ("cpu", "cuda")
 _DTYPES = ("float32", "bfloat16", "float16")
 _QUANTIZATIONS = ("none", "int8", "int4")
 _SPEC_METHODS = ("ngram", "draft")
+_NO_VALUE = object()
+
+
+class SettingError(ConfigError):
+    """A bad ``EngineConfig`` setting, said in a structured way: ``fields`` are the settings at
+    fault (the first is the one to change), ``rule`` what is wrong, with ``{0}``, ``{1}`` ... where
+    their names go, and ``got`` the value given. ``naming`` words it with each field's name in a
+    caller's terms (the command line's options); ``str()`` says ``EngineConfig.field``."""
+
+    def __init__(self, rule: str, *fields: str, got: Any = _NO_VALUE) -> None:
+        self.rule, self.fields, self.got = rule, fields, got
+        super().__init__(self.naming(lambda field: f"EngineConfig.{field}"))
+
+    def naming(self, name: Callable[[str], str]) -> str:
+        text = self.rule
+        for i, field in enumerate(self.fields):  # placeholders only: a value's braces stay as they are
+            text = text.replace(f"{{{i}}}", name(field))
+        return text if self.got is _NO_VALUE else f"{text}, got {self.got!r}"
 
 
 @dataclass
@@ -60,51 +80,45 @@ class EngineConfig:
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, str) or not self.model:
-            raise ConfigError("EngineConfig.model must be a catalog id, a .gguf path or a folder")
+            raise SettingError("{0} must be a catalog id, a .gguf path or a folder", "model")
         for name in ("max_num_seqs", "max_num_batched_tokens", "block_size", "max_waiting"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
-                raise ConfigError(f"EngineConfig.{name} must be a positive integer, got {value!r}")
+                raise SettingError("{0} must be a positive integer", name, got=value)
         if self.block_size & (self.block_size - 1):
-            raise ConfigError(
-                f"EngineConfig.block_size must be a power of two, got {self.block_size}"
-            )
+            raise SettingError("{0} must be a power of two", "block_size", got=self.block_size)
         if self.kv_cache_memory_bytes is not None and self.kv_cache_memory_bytes < 1 << 20:
-            raise ConfigError("EngineConfig.kv_cache_memory_bytes must be at least 1 MiB")
+            raise SettingError("{0} must be at least 1 MiB", "kv_cache_memory_bytes")
         if self.max_model_len is not None and self.max_model_len < 2:
-            raise ConfigError("EngineConfig.max_model_len must be at least 2")
+            raise SettingError("{0} must be at least 2", "max_model_len")
         if self.max_num_batched_tokens < self.max_num_seqs:  # every running seq decodes each step
-            raise ConfigError("EngineConfig.max_num_batched_tokens must be >= max_num_seqs")
+            raise SettingError("{0} must be >= {1}", "max_num_batched_tokens", "max_num_seqs")
         kind, colon, index = (self.device or "").partition(":")
         if self.device is not None and (kind not in _DEVICES or (colon and not index.isdigit())):
-            raise ConfigError(
-                f"EngineConfig.device must be one of {_DEVICES}, optionally with an index "
-                f"(cuda:1), got {self.device!r}"
-            )
+            raise SettingError(f"{{0}} must be one of {_DEVICES}, optionally with an index (cuda:1)",
+                               "device", got=self.device)
         if self.dtype is not None and self.dtype not in _DTYPES:
-            raise ConfigError(f"EngineConfig.dtype must be one of {_DTYPES}, got {self.dtype!r}")
+            raise SettingError(f"{{0}} must be one of {_DTYPES}", "dtype", got=self.dtype)
         if self.quantization is not None and self.quantization not in _QUANTIZATIONS:
-            raise ConfigError(
-                f"EngineConfig.quantization must be one of {_QUANTIZATIONS}, got {self.quantization!r}"
-            )
+            raise SettingError(f"{{0}} must be one of {_QUANTIZATIONS}", "quantization",
+                               got=self.quantization)
         if self.speculative_method is not None and self.speculative_method not in _SPEC_METHODS:
-            raise ConfigError(
-                f"EngineConfig.speculative_method must be one of {_SPEC_METHODS}, "
-                f"got {self.speculative_method!r}"
-            )
+            raise SettingError(f"{{0}} must be one of {_SPEC_METHODS}", "speculative_method",
+                               got=self.speculative_method)
         k = self.num_speculative_tokens
         if k is not None and (not isinstance(k, int) or not 1 <= k <= 16):
-            raise ConfigError("EngineConfig.num_speculative_tokens must be an integer in [1, 16]")
+            raise SettingError("{0} must be an integer in [1, 16]", "num_speculative_tokens")
         if (self.speculative_method == "draft") != (self.draft_model is not None):
-            raise ConfigError("--draft-model goes with --speculative-method draft, and only with it")
+            raise SettingError("{0} goes with {1} draft, and only with it", "draft_model",
+                               "speculative_method")
         if self.draft_vocab_size is not None and (
             not isinstance(self.draft_vocab_size, int) or self.draft_vocab_size < 0
         ):
-            raise ConfigError("EngineConfig.draft_vocab_size must be an integer >= 0 (0: all tokens)")
+            raise SettingError("{0} must be an integer >= 0 (0: all tokens)", "draft_vocab_size")
         if not isinstance(self.spec_max_rows, int) or self.spec_max_rows < 2:
-            raise ConfigError("EngineConfig.spec_max_rows must be an integer >= 2")
+            raise SettingError("{0} must be an integer >= 2", "spec_max_rows")
         if self.num_threads is not None and self.num_threads < 1:
-            raise ConfigError("EngineConfig.num_threads must be a positive integer")
+            raise SettingError("{0} must be a positive integer", "num_threads")
 
 
 @dataclass

@@ -9,6 +9,11 @@ than by FastAPI's body injection so that the order of checks is fixed: key (401)
 fields (400), engine ready (503), model (404), context window (400), queue (429). On shutdown
 (``hybridllm/wire/shutdown.py``) admission closes first (503), and what is still running at the
 end of the grace period ends with 503 or, for a stream, an in-band error event and ``[DONE]``.
+
+An engine that stops on its own once it was serving (its loop died) does not come back: with
+``on_engine_dead`` (the CLI) the server then refuses new requests and ends those in flight at once
+with a 500 (``engine_dead``) naming the engine's error, and calls ``on_engine_dead``, which shuts the
+process down so that a supervisor restarts it, as vLLM's server does.
 """
 
 from __future__ import annotations
@@ -25,8 +30,9 @@ from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from pydantic import BaseModel
 
-from cloud_server.exceptions import ModelNotFoundError, NotReadyError, ShuttingDownError
+from cloud_server.exceptions import EngineError, ModelNotFoundError, NotReadyError, ShuttingDownError
 from hybridllm.wire import DEFAULT_MAX_BODY_BYTES, decode_json_object, is_large, parse_request, read_body
+from hybridllm.wire.errors import WireError
 from hybridllm.wire.openapi import add_schemas, error_responses, ok_response, request_body
 from hybridllm.wire.responses import ChatCompletion, Health, ModelCard, ModelList, TextCompletion, error_event
 from hybridllm.wire.shutdown import SHUTTING_DOWN, ClientGone, Drain, TrackRequests, unless_interrupted
@@ -51,6 +57,7 @@ class ServerState:
     served_model_name: str | None
     on_load_error: Callable[[BaseException], None] | None
     system_prompt: str | None = None
+    on_engine_dead: Callable[[EngineError], None] | None = None
     engine: Engine | None = None
     serving: OpenAIServing | None = None
     load_error: BaseException | None = None
@@ -100,6 +107,55 @@ async def _load_engine(app: FastAPI) -> None:
         logger.error("loading the model failed: %s", exc)
         if state.on_load_error is not None:
             state.on_load_error(exc)
+        return
+    if state.on_engine_dead is not None:
+        await _watch_engine(state, engine, state.on_engine_dead)
+
+
+ENGINE_POLL_S = 0.2
+
+
+async def _watch_engine(state: ServerState, engine: Engine,
+                        on_engine_dead: Callable[[EngineError], None]) -> None:
+    """Wait for the engine to stop while serving (not by a shutdown: the lifespan cancels this
+    first); then end every request with a 500 that names its error's type and report it (as
+    ``ExceptionType: message``)."""
+    while engine.is_ready:
+        await asyncio.sleep(ENGINE_POLL_S)
+    if state.drain.is_closing:  # a shutdown came first
+        return
+    cause = _engine_failure(engine)
+    reason = f"{type(cause).__name__}: {cause}" if cause is not None else "its loop ended"
+    logger.error("the engine stopped (%s): ending the requests in flight and shutting down, for a "
+                 "supervisor to restart the server", reason, exc_info=cause)
+    # the type only to the clients: an exception's text may quote a request (it is in the log)
+    kind = type(cause).__name__ if cause is not None else "its loop ended"
+    error = WireError(f"The engine failed ({kind}) and the server is shutting down; retry the request "
+                      "on another server, or on this one once it has restarted.",
+                      status=500, type="server_error", code="engine_dead")
+    state.drain.error = lambda: error
+    _forget_loop(engine)
+    await state.drain.run(0.0)  # refuse new requests; those in flight end now: none can finish
+    with contextlib.suppress(Exception):
+        await engine.stop()  # what still waits on the engine (an abort, a stream) is released
+    on_engine_dead(EngineError(reason))
+
+
+def _engine_failure(engine: Engine) -> BaseException | None:
+    """What ended the engine's loop: the exception of ``AsyncLLMEngine``'s loop task, if any."""
+    task = getattr(engine, "_loop_task", None)
+    if isinstance(task, asyncio.Task) and task.done() and not task.cancelled():
+        return task.exception()
+    return None
+
+
+def _forget_loop(engine: Engine) -> None:
+    """``AsyncLLMEngine`` as if its loop had never started: an abort (a request's cleanup) then
+    returns at once rather than wait for a loop that is gone, and ``stop`` releases what waits
+    instead of raising the loop's error again."""
+    task = getattr(engine, "_loop_task", None)
+    if isinstance(task, asyncio.Task) and task.done():
+        engine._loop_task = None  # type: ignore[attr-defined]
 
 
 def _attach_energy_meter(app: FastAPI, engine: Any) -> None:
@@ -122,7 +178,8 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     try:
         yield
     finally:
-        app.state.server.load_abandoned = not task.done()
+        # still loading (the task goes on watching the engine once it serves)
+        app.state.server.load_abandoned = not task.done() and app.state.server.serving is None
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
@@ -147,9 +204,10 @@ def _shutting_down() -> ShuttingDownError:
     return ShuttingDownError(SHUTTING_DOWN)
 
 
-def _shutdown_events() -> str:
-    """The in-band end of a stream cut by the shutdown: an OpenAI error event, then [DONE]."""
-    exc = _shutting_down()
+def _shutdown_events(drain: Drain) -> str:
+    """The in-band end of a stream cut by the shutdown: an OpenAI error event, then [DONE]; the
+    error is the drain's (the shutdown, or the engine that died)."""
+    exc = drain.error()
     return error_event(error_body(str(exc), error_kind(exc)))
 
 
@@ -175,7 +233,7 @@ def _build_router(app: FastAPI, checker: ApiKeyChecker, max_body_bytes: int) -> 
             generation = await unless_interrupted(request, serving.admit(prepared), drain)
             if prepared.stream:
                 return EventStreamResponse(serving.stream_events(prepared, generation), stop=drain.expired,
-                                           last_events=_shutdown_events())
+                                           last_events=lambda: _shutdown_events(drain))
             body = await unless_interrupted(request, serving.full_response(prepared, generation), drain)
         except ClientGone:
             return client_gone()
@@ -237,15 +295,19 @@ def create_app(
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     energy: str = "auto",
     power_watts: float | None = None,
+    on_engine_dead: Callable[[EngineError], None] | None = None,
 ) -> FastAPI:
     """The ASGI app; ``engine_factory`` builds an unstarted engine (run in a worker thread).
     ``system_prompt`` is put first in chat requests that carry no system message; a body over
     ``max_body_bytes`` is refused with 413 before it is read whole. ``energy``: "auto" measures
     per-request energy here (``cloud_server.energy``; ``power_watts`` forces an estimate from that
     figure), "remote" records what the engine's outputs carry (the cluster's replicas measure),
-    "off" neither."""
+    "off" neither. ``on_engine_dead`` is called once the engine has stopped by itself while serving
+    (the requests in flight ended first, with a 500 naming its error); without it such a server
+    answers 503 until it is restarted."""
     app = FastAPI(title="hybridllm cloud server", lifespan=_lifespan, docs_url=None, redoc_url=None)
-    state = ServerState(engine_factory, served_model_name, on_load_error, system_prompt or None)
+    state = ServerState(engine_factory, served_model_name, on_load_error, system_prompt or None,
+                        on_engine_dead=on_engine_dead)
     app.state.server = state
 
     def engine_stats() -> dict[str, Any] | None:

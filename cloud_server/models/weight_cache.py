@@ -7,22 +7,39 @@ safetensors file takes seconds. One file per (GGUF, quantization, dtype) lives i
 edited or replaced GGUF is converted again and the stale file is removed. A corrupt or unreadable
 file is logged, deleted and rebuilt; a cache that cannot be written (disk full, read-only) is
 logged and the server starts anyway. ``HYBRIDLLM_ENGINE_WEIGHT_CACHE=0`` turns it off.
+
+A file is written in a folder of its own, ``.{name}.{pid}.tmp``, locked (``flock``) while it is
+written and renamed into place when complete. The folder is removed on every way out: an error, an
+exception, the interpreter's exit, and ``remove_partial_files()`` before an ``os._exit`` (a server
+shut down while loading). One left by a process that was killed is removed by the next write: its
+lock went with its process, so a folder that can be locked has no writer (the lock holds across
+containers sharing the folder, where a pid would not say whether its process lives).
 """
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import hashlib
 import json
 import logging
 import math
 import os
+import re
 import shutil
 import struct
+import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
+
+try:
+    import fcntl
+except ImportError:  # Windows: no flock; partial folders of other processes are left alone
+    fcntl = None  # type: ignore[assignment]
 
 logger = logging.getLogger(__name__)
 
@@ -147,16 +164,17 @@ class WeightCache:
             else:
                 flat[name] = t.contiguous()
         size = sum(t.numel() * t.element_size() for t in flat.values())
-        tmp = self.file.with_name(f".{self.file.name}.{os.getpid()}.tmp")
+        work = self.file.with_name(f".{self.file.name}.{os.getpid()}.tmp")
         try:
             self.file.parent.mkdir(parents=True, exist_ok=True)
+            sweep_partial_files(self.file.parent)
             free = shutil.disk_usage(self.file.parent).free
             if free < size * 1.1:
                 raise OSError(f"{free >> 20} MiB free, {size >> 20} MiB needed")
-            save_file(flat, str(tmp), metadata={"format": FORMAT, "key": self.key})
-            os.replace(tmp, self.file)
+            with _partial(work) as tmp:
+                save_file(flat, str(tmp), metadata={"format": FORMAT, "key": self.key})
+                os.replace(tmp, self.file)
         except Exception as exc:
-            tmp.unlink(missing_ok=True)
             logger.warning(
                 "engine weight cache not written to %s (%s); the next start converts again", self.file, exc
             )
@@ -166,3 +184,95 @@ class WeightCache:
             if old != self.file:
                 old.unlink(missing_ok=True)
         logger.info("engine weights cached in %s (%d MiB)", self.file, size >> 20)
+
+
+# Folders being written by this process, removed by remove_partial_files() (on exit, or by hand
+# before an os._exit, which skips every cleanup)
+_writing: set[Path] = set()
+_writing_lock = threading.Lock()
+_PARTIAL = re.compile(r"^\..+\.(\d+)\.tmp$")
+
+
+@contextlib.contextmanager
+def _partial(work: Path) -> Iterator[Path]:
+    """A locked folder of this write at ``work``; the file to write in it. Removed on the way out,
+    whatever the way."""
+    shutil.rmtree(work, ignore_errors=True)  # this pid's own, from a write that failed before
+    work.mkdir()
+    with _writing_lock:
+        _writing.add(work)
+    fd = os.open(work, os.O_RDONLY) if fcntl is not None else None
+    try:
+        if fd is not None:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        yield work / "weights.safetensors"
+    finally:
+        shutil.rmtree(work, ignore_errors=True)  # before the lock goes: never unlocked and present
+        if fd is not None:
+            os.close(fd)
+        with _writing_lock:
+            _writing.discard(work)
+
+
+def remove_partial_files() -> None:
+    """Remove what this process is writing now (the writer, if it goes on, fails and logs it)."""
+    with _writing_lock:
+        works = list(_writing)
+    for work in works:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+atexit.register(remove_partial_files)
+
+
+def sweep_partial_files(folder: Path) -> None:
+    """Remove the partial files of writers that are gone: a folder whose lock can be taken (its
+    writer's lock went with its process), and a plain ``.tmp`` file, as older versions wrote, whose
+    pid is not a live process. Never this process's own, nor one another writer still holds."""
+    try:
+        entries = list(folder.iterdir())
+    except OSError:
+        return
+    for entry in entries:
+        match = _PARTIAL.match(entry.name)
+        if match is None or int(match[1]) == os.getpid():
+            continue
+        try:
+            if entry.is_dir():
+                _remove_if_unlocked(entry)
+            elif not _pid_alive(int(match[1])):
+                entry.unlink()
+            else:
+                continue
+        except OSError as exc:
+            logger.debug("partial weight cache file %s left (%s)", entry, exc)
+            continue
+        logger.info("removed %s, left by a process that ended while writing it", entry)
+
+
+def _remove_if_unlocked(work: Path) -> None:
+    if fcntl is None:
+        raise OSError("no flock here to tell whether it is being written")
+    fd = os.open(work, os.O_RDONLY)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise OSError("being written") from None
+        if os.stat(work).st_ino != os.fstat(fd).st_ino:  # removed and made again meanwhile
+            raise OSError("made again")
+        shutil.rmtree(work)
+    finally:
+        os.close(fd)
+
+
+def _pid_alive(pid: int) -> bool:
+    if os.name == "nt":  # os.kill would end the process there
+        return True
+    try:
+        os.kill(pid, 0)  # signal 0: only "does it exist"
+    except ProcessLookupError:
+        return False
+    except OSError:  # another user's process (EPERM): alive
+        return True
+    return True

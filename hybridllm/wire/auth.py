@@ -69,7 +69,8 @@ def load_api_keys(
     if key_file is not None:
         path = Path(key_file)
         try:
-            lines = path.read_text(encoding="utf-8").splitlines()
+            # utf-8-sig: a file saved by Windows Notepad starts with a BOM, not part of the first key
+            lines = path.read_text(encoding="utf-8-sig").splitlines()
         except (OSError, UnicodeDecodeError) as exc:
             reason = getattr(exc, "strerror", None) or exc
             raise error(f"cannot read API key file {path}: {reason}") from exc

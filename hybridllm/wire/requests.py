@@ -13,13 +13,14 @@ int32, non-finite numbers.
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal, TypeVar
+from typing import Annotated, Any, Literal, TypeVar, get_args
 
 from pydantic import (
     BaseModel,
     BeforeValidator,
     ConfigDict,
     Field,
+    GetJsonSchemaHandler,
     ValidationError,
     field_validator,
     model_validator,
@@ -46,25 +47,6 @@ TokenCount = Annotated[int, Field(ge=1, le=INT32_MAX), _INTEGRAL]
 Unit = Annotated[float, Field(allow_inf_nan=False)]
 
 
-def null_is(default: Any) -> Any:
-    """Validator of a field OpenAI declares nullable whose null means its default (``"n": null``,
-    ``"stream": null``: the official clients send an explicit ``None`` as null); the value keeps its
-    type. Goes with ``nullable()``, which says so in the JSON schema."""
-    return BeforeValidator(lambda value: default if value is None else value)
-
-
-def nullable(**extra: Any) -> Any:
-    """The JSON schema of a ``null_is`` field: null beside its type (``extra`` on the type's branch)."""
-
-    def edit(schema: JsonDict) -> None:
-        kept = {k: schema.pop(k) for k in ("default", "title") if k in schema}
-        branch = {**schema, **extra}
-        schema.clear()
-        schema.update(anyOf=[branch, {"type": "null"}], **kept)
-
-    return Field(json_schema_extra=edit)
-
-
 def only(**schema: Any) -> Any:
     """Document in the JSON schema the one value accepted (checked by a validator that names the
     parameter and says why, rather than by a bare bound)."""
@@ -72,8 +54,48 @@ def only(**schema: Any) -> Any:
 
 
 
+def _admits_none(annotation: Any) -> bool:
+    return annotation is None or annotation is type(None) or type(None) in get_args(annotation)
+
+
 class _Strict(BaseModel):
+    """Strict types, unknown fields refused; and JSON null in an optional field is the field left out.
+
+    Clients other than OpenAI's own send null for every optional field they leave unset (vLLM reads
+    it as absent): so a field with a default that null is not a value of (``"echo": null``,
+    ``"stream": null``) takes its default, and the JSON schema lists null beside its type. A field
+    whose type includes None keeps null as its value (``"max_tokens": null``: the server's default);
+    a required field stays required (``"model": null`` is a 400)."""
+
     model_config = ConfigDict(extra="forbid", strict=True)
+
+    @classmethod
+    def _null_means_default(cls) -> frozenset[str]:
+        return frozenset(
+            name for name, info in cls.model_fields.items()
+            if not info.is_required() and not _admits_none(info.annotation)
+        )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_is_absent(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            defaulted = cls._null_means_default()
+            if any(data.get(name, 0) is None for name in defaulted):
+                data = {k: v for k, v in data.items() if not (v is None and k in defaulted)}
+        return data
+
+    @classmethod
+    def __get_pydantic_json_schema__(cls, core_schema: Any, handler: GetJsonSchemaHandler) -> JsonDict:
+        schema = super().__get_pydantic_json_schema__(core_schema, handler)
+        properties = handler.resolve_ref_schema(schema).get("properties", {})
+        for name in cls._null_means_default():
+            prop = properties.get(name)
+            if prop is None or any(alt.get("type") == "null" for alt in prop.get("anyOf", ())):
+                continue
+            kept = {k: prop.pop(k) for k in ("default", "title") if k in prop}
+            properties[name] = {"anyOf": [prop, {"type": "null"}], **kept}
+        return schema
 
 
 class StreamOptions(_Strict):
@@ -155,8 +177,8 @@ class SamplingRequest(_Strict):
     top_k: Annotated[int, Field(ge=-1, le=INT32_MAX), _INTEGRAL] | None = None  # vLLM; -1 and 0 turn it off
     min_p: Annotated[Unit, Field(ge=0.0, le=1.0)] | None = None  # vLLM
     repetition_penalty: Annotated[Unit, Field(gt=0.0, le=10.0)] | None = None  # vLLM; 1 is off
-    n: Annotated[int, Field(ge=1, le=128), _INTEGRAL, null_is(1), nullable(maximum=1)] = 1
-    stream: Annotated[bool, null_is(False), nullable()] = False
+    n: Annotated[int, Field(ge=1, le=128, json_schema_extra={"maximum": 1}), _INTEGRAL] = 1
+    stream: bool = False
     stream_options: StreamOptions | None = None
     stop: str | Annotated[list[str], Field(max_length=MAX_STOP)] | None = None
     stop_token_ids: list[TokenId] | None = None  # vLLM

@@ -5,14 +5,15 @@ a request still waiting in the engine's (or the device's) queue may be much late
 task reads the ASGI ``receive`` channel; on ``http.disconnect`` it cancels the sending task, whose async
 generator is then closed at once, so its ``finally`` aborts the engine request and frees its
 KV blocks without waiting for the next token. A ``stop`` event (the end of the shutdown grace
-period) cancels the sending task the same way, then ``last_events`` end the stream in-band.
+period) cancels the sending task the same way, then ``last_events`` (made then, if a callable) end the
+stream in-band.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
@@ -43,7 +44,7 @@ class EventStreamResponse(Response):
     media_type = "text/event-stream"
 
     def __init__(self, events: AsyncIterator[str], headers: dict[str, str] | None = None, *,
-                 stop: asyncio.Event | None = None, last_events: str = "") -> None:
+                 stop: asyncio.Event | None = None, last_events: str | Callable[[], str] = "") -> None:
         # Like StreamingResponse: no body, hence no Content-Length (chunked transfer instead).
         self.status_code = 200
         self.background = None
@@ -83,5 +84,5 @@ class EventStreamResponse(Response):
         stopped = stopper.done() and not stopper.cancelled()
         if stopped and sender.cancelled() and watcher.cancelled() and self.is_started:
             with contextlib.suppress(OSError):
-                await send({"type": "http.response.body", "body": self.last_events.encode(),
-                            "more_body": False})
+                last = self.last_events() if callable(self.last_events) else self.last_events
+                await send({"type": "http.response.body", "body": last.encode(), "more_body": False})

@@ -62,7 +62,7 @@ def test_replace_goes_with_an_existing_cluster(tmp_path, capsys):
 
     model = tmp_path / "m.gguf"
     model.write_bytes(b"GGUF")
-    assert main(["serve", "--model", str(model), "--replace"]) == 1
+    assert main(["serve", "--model", str(model), "--replace"]) == 2  # a usage error
     assert "go with --replicas" in capsys.readouterr().err
-    assert main(["serve", "--model", str(model), "--replicas", "1", "--replace"]) == 1
+    assert main(["serve", "--model", str(model), "--replicas", "1", "--replace"]) == 2
     assert "--replace goes with --ray-address" in capsys.readouterr().err

@@ -249,11 +249,11 @@ def test_cluster_flags_need_replicas(tmp_path, capsys):
 
     model = tmp_path / "m.gguf"
     model.write_bytes(b"GGUF")
-    assert main(["serve", "--model", str(model), "--max-replicas", "3"]) == 1
+    assert main(["serve", "--model", str(model), "--max-replicas", "3"]) == 2  # a usage error
     assert "go with --replicas" in capsys.readouterr().err
-    assert main(["serve", "--model", str(model), "--upscale-delay-s", "3"]) == 1
+    assert main(["serve", "--model", str(model), "--upscale-delay-s", "3"]) == 2
     assert "go with --replicas" in capsys.readouterr().err
-    assert main(["serve", "--model", str(model), "--replicas", "2", "--downscale-delay-s", "30"]) == 1
+    assert main(["serve", "--model", str(model), "--replicas", "2", "--downscale-delay-s", "30"]) == 2
     err = capsys.readouterr().err
     assert "--downscale-delay-s tune autoscaling: add --min-replicas" in err and "Traceback" not in err
 

@@ -11,6 +11,7 @@
     ├── NotReadyError          the model is still loading (HTTP 503)
     ├── ShuttingDownError      the server is shutting down (HTTP 503)
     └── EngineError            the engine failed while running (HTTP 500)
+        └── EngineDeadError    the engine's loop itself failed: nothing more runs (HTTP 500, engine_dead)
 
 The HTTP layer maps these types to OpenAI error JSON; it never matches message text.
 """
@@ -63,4 +64,8 @@ class ShuttingDownError(ServerError):
 
 
 class EngineError(ServerError):
+    pass
+
+
+class EngineDeadError(EngineError):
     pass

@@ -23,6 +23,7 @@ from starlette.requests import ClientDisconnect
 from cloud_server.exceptions import (
     AuthError,
     ContextLengthError,
+    EngineDeadError,
     InvalidRequestError,
     ModelNotFoundError,
     NotReadyError,
@@ -52,6 +53,7 @@ _KINDS: list[tuple[type[ServerError], ErrorKind]] = [
     (QueueFullError, ErrorKind(429, "requests", "rate_limit_exceeded")),
     (NotReadyError, ErrorKind(503, "server_error", "model_not_ready")),
     (ShuttingDownError, ErrorKind(503, "server_error", "server_shutting_down")),
+    (EngineDeadError, ErrorKind(500, "server_error", "engine_dead")),
 ]
 _INTERNAL = ErrorKind(500, "server_error")
 

@@ -134,7 +134,6 @@ async def _watch_engine(state: ServerState, engine: Engine,
                       "on another server, or on this one once it has restarted.",
                       status=500, type="server_error", code="engine_dead")
     state.drain.error = lambda: error
-    _forget_loop(engine)
     await state.drain.run(0.0)  # refuse new requests; those in flight end now: none can finish
     with contextlib.suppress(Exception):
         await engine.stop()  # what still waits on the engine (an abort, a stream) is released
@@ -142,20 +141,9 @@ async def _watch_engine(state: ServerState, engine: Engine,
 
 
 def _engine_failure(engine: Engine) -> BaseException | None:
-    """What ended the engine's loop: the exception of ``AsyncLLMEngine``'s loop task, if any."""
-    task = getattr(engine, "_loop_task", None)
-    if isinstance(task, asyncio.Task) and task.done() and not task.cancelled():
-        return task.exception()
-    return None
-
-
-def _forget_loop(engine: Engine) -> None:
-    """``AsyncLLMEngine`` as if its loop had never started: an abort (a request's cleanup) then
-    returns at once rather than wait for a loop that is gone, and ``stop`` releases what waits
-    instead of raising the loop's error again."""
-    task = getattr(engine, "_loop_task", None)
-    if isinstance(task, asyncio.Task) and task.done():
-        engine._loop_task = None  # type: ignore[attr-defined]
+    """What ended the engine's loop (``AsyncLLMEngine.failure``), if it says."""
+    failure = getattr(engine, "failure", None)
+    return failure if isinstance(failure, BaseException) else None
 
 
 def _attach_energy_meter(app: FastAPI, engine: Any) -> None:

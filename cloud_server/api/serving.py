@@ -259,9 +259,10 @@ class OpenAIServing:
             yield DONE
         except Exception as exc:
             # Headers are gone already: report in-band, as OpenAI does, then end the stream. A
-            # request error says what was wrong; anything else is not the client's business.
+            # request error or a named server state (a code: engine_dead, server_shutting_down)
+            # says what was wrong; anything else is not the client's business.
             kind = error_kind(exc)
-            if kind.status < 500:
+            if kind.status < 500 or kind.code is not None:
                 message, param = str(exc), getattr(exc, "param", None)
             else:
                 logger.error("stream %s failed: %s", prepared.request_id, type(exc).__name__)

@@ -19,7 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from ..config import EngineConfig
-from ..exceptions import EngineError, InvalidRequestError, NotReadyError, QueueFullError
+from ..exceptions import EngineDeadError, EngineError, InvalidRequestError, NotReadyError, QueueFullError
 from .outputs import RequestOutput
 from .sampling_params import SamplingParams
 
@@ -36,6 +36,7 @@ class AsyncLLMEngine:
         self._wakeup: asyncio.Event | None = None
         self._loop_task: asyncio.Task | None = None
         self._stopping = False
+        self.failure: BaseException | None = None  # what ended the loop while serving, if anything
         # Every load and step runs on this one thread. torch's CPU kernels keep a team of worker
         # threads per calling thread, spinning a while after each op; steps that hop between the
         # threads of asyncio's shared pool (which grows when requests prepare concurrently) leave
@@ -63,7 +64,7 @@ class AsyncLLMEngine:
             self._wakeup.set()
         if self._loop_task is not None:
             task, self._loop_task = self._loop_task, None
-            await task
+            await task  # the loop keeps its own failure (``failure``), it does not raise it
         # ops the loop did not get to: an abort's caller is told it is done (the engine is
         # gone, and its blocks with it) rather than left waiting for ever
         while self._ops:
@@ -159,7 +160,7 @@ class AsyncLLMEngine:
 
     async def abort(self, request_id: str) -> None:
         """Abort a request; returns once its KV blocks are back in the pool."""
-        if self._loop_task is None:
+        if self._loop_task is None or self._loop_task.done():  # no loop to free them: nothing holds them
             return
         fut = asyncio.get_running_loop().create_future()
         self._push("abort", request_id, fut)
@@ -198,6 +199,28 @@ class AsyncLLMEngine:
         return done, outputs, None
 
     async def _run(self) -> None:
+        try:
+            await self._serve()
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:  # noqa: BLE001 - a bug in the loop: nothing waits for ever on it
+            # A step's own failure is caught per step (its batch gets the error, the loop goes on);
+            # what lands here broke the loop itself. It is kept in ``failure`` (the server exits on
+            # it), every stream ends with an error that names it, and every waiting op is released.
+            self.failure = exc
+            logger.error("the engine loop failed", exc_info=exc)
+            # the type only: an exception's text may quote a request (it is in the log)
+            error = EngineDeadError(f"The engine failed ({type(exc).__name__}); retry the request on "
+                                    "another server, or on this one once it has restarted.")
+            for rid, queue in list(self._queues.items()):
+                queue.put_nowait(error)
+                self._queues.pop(rid, None)
+            while self._ops:
+                _, _, fut = self._ops.popleft()
+                if fut is not None and not fut.done():
+                    fut.set_result(None)
+
+    async def _serve(self) -> None:
         wakeup = self._wakeup
         if wakeup is None:  # start() always sets it
             return

@@ -64,3 +64,61 @@ def test_an_abort_waiting_when_the_engine_stops_returns() -> None:
         await asyncio.wait_for(aborting, timeout=5)
 
     asyncio.run(main())
+
+
+class _Broken(BaseException):
+    """A fault the loop does not catch per step (a bug in the loop itself)."""
+
+
+class _LoopBreaks(_StepFails):
+    def __init__(self) -> None:
+        super().__init__()
+        self.added: list[str] = []
+
+    def add_request(self, request_id: str, prompt_ids: list[int], params: object) -> None:
+        self.added.append(request_id)
+        if request_id == "fatal":
+            raise _Broken("the engine's state is broken")
+
+    def has_unfinished(self) -> bool:
+        return bool(self.added)
+
+    def step(self) -> list:
+        return []  # the live request waits for tokens that do not come
+
+
+def test_a_loop_that_dies_ends_its_streams_releases_aborts_and_says_why() -> None:
+    """Before: the loop task died with the error; a stream in flight waited for ever, a later abort
+    waited for ever, and stop() raised the loop's error again (the server's shutdown failed)."""
+    from cloud_server.engine.sampling_params import SamplingParams
+    from cloud_server.exceptions import EngineDeadError, EngineError
+
+    stub = _LoopBreaks()
+    engine = AsyncLLMEngine(EngineConfig(model="stub"), engine=stub)
+    engine.engine = stub
+    stub.encode_prompt = lambda prompt: [1, 2]  # type: ignore[attr-defined]
+    stub.check_request = lambda ids, params: None  # type: ignore[attr-defined]
+    stub.scheduler = type("S", (), {"num_queued_beyond_slots": 0, "max_num_seqs": 8,  # type: ignore[attr-defined]
+                                    "running": [], "waiting": []})()
+    got: list[BaseException] = []
+
+    async def read(rid: str) -> None:
+        try:
+            async for _ in engine.generate(rid, "hi", SamplingParams(max_tokens=4)):
+                pass
+        except EngineError as exc:
+            got.append(exc)
+
+    async def main() -> None:
+        await engine.start()
+        live = asyncio.create_task(read("live"))
+        await asyncio.sleep(0.05)
+        fatal = asyncio.create_task(read("fatal"))
+        await asyncio.wait_for(asyncio.gather(live, fatal), timeout=5)
+        assert not engine.is_ready and isinstance(engine.failure, _Broken)
+        await asyncio.wait_for(engine.abort("live"), timeout=5)
+        await asyncio.wait_for(engine.stop(), timeout=5)  # no error raised again
+
+    asyncio.run(main())
+    assert len(got) == 2 and all("The engine failed (_Broken)" in str(e) for e in got)
+    assert all(isinstance(e, EngineDeadError) for e in got)

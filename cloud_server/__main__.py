@@ -28,6 +28,7 @@ from typing import Any, NoReturn
 
 from cloud_server.exceptions import ConfigError, ServerError
 from hybridllm._cli_options import (
+    WholeNameParser,
     listen,
     non_negative_float,
     non_negative_int,
@@ -65,8 +66,9 @@ def _option_names(message: str) -> str:
     return message
 
 
-class _Parser(argparse.ArgumentParser):
-    """Usage errors as one line (``prog: error: ...``), exit status 2."""
+class _Parser(WholeNameParser):
+    """Whole option names only (``--mod`` is not ``--model``); usage errors as one line
+    (``hybridllm-cloud: error: ...``), exit status 2."""
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{PROG}: error: {message} (see {self.prog} --help)\n")

@@ -8,8 +8,52 @@ from __future__ import annotations
 import argparse
 import math
 import socket
+import sys
+from collections.abc import Sequence
+from typing import Any, NoReturn
 
 MAX_PORT = 65535
+
+
+class WholeNameParser(argparse.ArgumentParser):
+    """The parsers of both commands (``hybridllm``, ``hybridllm-cloud``). Whole option names only:
+    with argparse's prefixes `--cloud` was taken for `--cloud-url`, so a script's shorthand would
+    change meaning when an option that shares the prefix is added. A usage error is one line that
+    names the command (`hybridllm router train: error: ...`), exit status 2. Every subcommand's
+    parser is of this class too (argparse makes a subparser of its parent's class)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+
+    def parse_known_args(self, args: Sequence[str] | None = None,  # type: ignore[override]
+                         namespace: argparse.Namespace | None = None
+                         ) -> tuple[argparse.Namespace, list[str]]:
+        if not any(isinstance(a, argparse._SubParsersAction) for a in self._actions):
+            self._refuse_prefixes(sys.argv[1:] if args is None else list(args))
+        # an option the subcommand does not take is refused by that subcommand, whose --help
+        # lists what it takes, not by `hybridllm` after the subcommand has parsed the rest
+        parsed, extras = super().parse_known_args(args, namespace)
+        if extras:
+            self.error(f"unrecognized arguments: {' '.join(extras)}")
+        return parsed, extras
+
+    def _refuse_prefixes(self, args: list[str]) -> None:
+        """Say which options a prefix stands for, before argparse reports a required option as
+        missing (`--cloud-frac 0.3`: "the following arguments are required: --cloud-fraction")."""
+        for arg in args:
+            if arg == "--":
+                return
+            name = arg.split("=", 1)[0]
+            if not name.startswith("--") or name in self._option_string_actions:
+                continue
+            whole = sorted(o for o in self._option_string_actions if o.startswith(name))
+            if whole:
+                self.error(f"unrecognized arguments: {name} (options take their whole name: "
+                           f"{' or '.join(whole)})")
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
 def _number(text: str, kind: type[int] | type[float], what: str) -> int | float:

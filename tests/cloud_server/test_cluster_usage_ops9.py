@@ -58,3 +58,17 @@ def test_ray_addresses_pass_the_check(address: str) -> None:
     from cloud_server.__main__ import _check_ray_address
 
     _check_ray_address(address)  # no UsageError
+
+
+def test_an_abbreviated_option_is_refused_with_its_whole_name() -> None:
+    """argparse took ``--mod`` for ``--model``; now it is refused, one line, exit 2, naming the
+    whole option (the same parser as the hybridllm command's: hybridllm._cli_options)."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "cloud_server", "serve", "--mod", "x"],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("hybridllm-cloud: error: unrecognized arguments: --mod")
+    assert "options take their whole name: --model" in lines[0]

@@ -25,6 +25,8 @@ from .sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
 
+MAX_FAILED_STEPS = 3  # steps failing in a row, none working between them, that end the engine
+
 
 class AsyncLLMEngine:
     def __init__(self, config: EngineConfig, *, engine: Any = None) -> None:
@@ -190,13 +192,16 @@ class AsyncLLMEngine:
             done.append((fut, (op, result)))
         return done
 
-    def _step_once(self) -> tuple[list, list[RequestOutput], Exception | None]:
+    def _step_once(self) -> tuple[list, list[RequestOutput], Exception | None, bool]:
+        """The ops, then one step if there is work: (ops done, outputs, the step's error, stepped)."""
         done = self._apply_ops()
+        if not self.engine.has_unfinished():
+            return done, [], None, False
         try:
-            outputs = self.engine.step() if self.engine.has_unfinished() else []
+            outputs = self.engine.step()
         except Exception as exc:  # the ops were applied all the same: their callers still wait
-            return done, [], exc
-        return done, outputs, None
+            return done, [], exc, True
+        return done, outputs, None, True
 
     async def _run(self) -> None:
         try:
@@ -224,18 +229,25 @@ class AsyncLLMEngine:
         wakeup = self._wakeup
         if wakeup is None:  # start() always sets it
             return
+        failed_in_a_row = 0
         while not self._stopping:
             if not self._ops and not self.engine.has_unfinished():
                 wakeup.clear()
                 await wakeup.wait()
                 continue
             try:
-                done, outputs, failure = await self._in_engine_thread(self._step_once)
+                done, outputs, failure, stepped = await self._in_engine_thread(self._step_once)
             except Exception as exc:
-                done, outputs, failure = [], [], exc
+                done, outputs, failure, stepped = [], [], exc, True
             if failure is not None:
                 logger.error("engine step failed", exc_info=failure)
                 self._fail_all(failure if isinstance(failure, EngineError) else EngineError(str(failure)))
+                # One failed step fails its batch and the engine goes on (one bad request, a
+                # passing out-of-memory); MAX_FAILED_STEPS in a row, no step working between them,
+                # is an engine that cannot step (a lost GPU): it is dead, and the server exits.
+                failed_in_a_row += 1
+            elif stepped:
+                failed_in_a_row = 0
             for fut, (op, result) in done:
                 if op == "add" and isinstance(result, tuple):
                     rid, error = result
@@ -250,6 +262,8 @@ class AsyncLLMEngine:
                 queue = self._queues.get(out.request_id)
                 if queue is not None:  # a request that failed alone ends with its own error
                     queue.put_nowait(EngineError(out.error) if out.error is not None else out)
+            if failure is not None and failed_in_a_row >= MAX_FAILED_STEPS:
+                raise failure  # after the ops' callers above were answered
 
     def _fail_all(self, exc: EngineError) -> None:
         for rid in list(self._queues):

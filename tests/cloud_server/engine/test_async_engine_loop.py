@@ -122,3 +122,79 @@ def test_a_loop_that_dies_ends_its_streams_releases_aborts_and_says_why() -> Non
     asyncio.run(main())
     assert len(got) == 2 and all("The engine failed (_Broken)" in str(e) for e in got)
     assert all(isinstance(e, EngineDeadError) for e in got)
+
+
+class _Steps:
+    """An engine whose steps fail or work as ``plan`` says (True: fails), one request at a time."""
+
+    def __init__(self, plan: list[bool]) -> None:
+        self.plan = plan
+        self.live: set[str] = set()
+        self.scheduler = type("S", (), {"num_queued_beyond_slots": 0, "max_num_seqs": 8,
+                                        "running": [], "waiting": []})()
+
+    def encode_prompt(self, prompt: object) -> list[int]:
+        return [1, 2]
+
+    def check_request(self, ids: object, params: object) -> None:
+        pass
+
+    def add_request(self, request_id: str, prompt_ids: list[int], params: object) -> None:
+        self.live.add(request_id)
+
+    def abort(self, request_id: str) -> None:
+        self.live.discard(request_id)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.live)
+
+    def step(self) -> list:
+        from cloud_server.engine.outputs import RequestOutput
+
+        if self.plan.pop(0):
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+        rid = self.live.pop()
+        return [RequestOutput(request_id=rid, delta_text="ok", delta_token_ids=[3], finished=True,
+                              finish_reason="stop", num_prompt_tokens=2, num_output_tokens=1,
+                              num_cached_tokens=0)]
+
+
+def _run_requests(engine: AsyncLLMEngine, n: int) -> list[str]:
+    from cloud_server.engine.sampling_params import SamplingParams
+    from cloud_server.exceptions import EngineError
+
+    ends: list[str] = []
+
+    async def main() -> None:
+        await engine.start()
+        for i in range(n):
+            try:
+                async for _ in engine.generate(f"r{i}", "hi", SamplingParams(max_tokens=1)):
+                    pass
+                ends.append("ok")
+            except EngineError as exc:
+                ends.append(type(exc).__name__)
+            except Exception as exc:  # NotReadyError once the engine is dead
+                ends.append(type(exc).__name__)
+        await asyncio.wait_for(engine.stop(), timeout=5)
+
+    asyncio.run(main())
+    return ends
+
+
+def test_steps_that_keep_failing_end_the_engine() -> None:
+    """A device that fails every step (a lost GPU) served 500s for ever; three failed steps in a
+    row, none working between them, end the engine so the server exits and is restarted."""
+    from cloud_server.engine.async_engine import MAX_FAILED_STEPS
+
+    engine = AsyncLLMEngine(EngineConfig(model="stub"), engine=_Steps([True] * 10))
+    ends = _run_requests(engine, MAX_FAILED_STEPS + 1)
+    assert ends == ["EngineError"] * MAX_FAILED_STEPS + ["NotReadyError"], ends
+    assert isinstance(engine.failure, RuntimeError) and not engine.is_ready
+
+
+def test_a_failed_step_between_working_ones_is_not_the_end() -> None:
+    engine = AsyncLLMEngine(EngineConfig(model="stub"), engine=_Steps([True, False] * 4))
+    ends = _run_requests(engine, 6)
+    assert ends == ["EngineError", "ok"] * 3, ends
+    assert engine.failure is None

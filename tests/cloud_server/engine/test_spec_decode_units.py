@@ -189,9 +189,9 @@ def test_row_blocks_round_a_sequences_rows_down_to_whole_blocks():
 
 
 def test_config_and_request_errors_are_clear():
-    with pytest.raises(ConfigError, match="draft-model"):
+    with pytest.raises(ConfigError, match="draft_model goes with EngineConfig.speculative_method draft"):
         EngineConfig("m", speculative_method="draft")
-    with pytest.raises(ConfigError, match="draft-model"):
+    with pytest.raises(ConfigError, match="draft_model goes with"):
         EngineConfig("m", draft_model="small")
     with pytest.raises(ConfigError, match="speculative_method"):
         EngineConfig("m", speculative_method="eagle")

@@ -5,6 +5,7 @@ chunk of an unfinished prefill), then admits waiting sequences FCFS with chunked
 ``max_num_seqs`` sequences and ``max_num_batched_tokens`` tokens. When the pool runs out of blocks,
 the newest running sequence is preempted: its blocks are freed and it goes back to the front of the
 waiting queue, to be recomputed (prompt + outputs so far, mostly from the prefix cache) later.
+While others run, a new prefill must leave ``watermark_blocks`` free (see ``_can_admit``).
 
 Speculative decoding: ``schedule(lookahead=...)`` reserves draft slots for decoding sequences
 (never at the cost of a preemption: a sequence short of blocks just decodes plainly),
@@ -14,11 +15,12 @@ rejected ones and trims their blocks before anything is hashed into the prefix c
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ..exceptions import QueueFullError
+from ..exceptions import EngineError, QueueFullError
 from .block_manager import BlockManager
 from .sequence import Sequence, SequenceStatus
 
@@ -63,8 +65,16 @@ class Scheduler:
         max_num_seqs: int,
         max_num_batched_tokens: int,
         max_waiting: int = 256,
+        watermark: float = 0.01,
     ) -> None:
+        if not 0.0 <= watermark < 1.0:
+            raise EngineError(
+                f"the scheduler's watermark is a fraction of the pool in [0, 1), got {watermark!r}"
+            )
         self.block_manager = block_manager
+        # free blocks a new prefill may not take while others run, so they can still grow: a
+        # fraction of the pool (1% by default, as vLLM), rounded up so a tiny pool keeps one block
+        self.watermark_blocks = math.ceil(watermark * block_manager.num_blocks)
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_waiting = max_waiting
@@ -141,7 +151,7 @@ class Scheduler:
                 if seq.num_preemptions == 0:  # a comeback finds its own blocks: not a hit
                     seq.num_cached_tokens = cached
             n = min(seq.num_uncomputed_tokens, budget)
-            if not bm.can_append(seq, n):
+            if not self._can_admit(seq, n):
                 bm.free(seq)  # give the prefix blocks back; retry next step
                 break
             bm.append_slots(seq, n)
@@ -156,6 +166,21 @@ class Scheduler:
             out.scheduled.append(ScheduledSeq(seq, n))
             budget -= n
         return out
+
+    def _can_admit(self, seq: Sequence, num_new_tokens: int) -> bool:
+        """Whether a waiting sequence (its cached prefix already taken) may start now.
+
+        Its new blocks must leave ``watermark_blocks`` free while others run. Without that margin
+        a prefill takes the blocks a running sequence needs for its next decode token; the next
+        step preempts the newcomer, the one after admits it again, and so on (each comeback
+        recomputes its prefill). Prefix-cache hits need no free block: they are in its table
+        already. Alone it needs no margin, so a request that fits the pool always starts once
+        the running ones are done.
+        """
+        reserve = self.watermark_blocks if self.running else 0
+        return self.block_manager.num_new_blocks_needed(seq, num_new_tokens) + reserve <= (
+            self.block_manager.num_free_blocks
+        )
 
     def add_drafts(self, scheduled: list[ScheduledSeq], drafts: dict[int, list[int]]) -> None:
         """Append each sequence's proposals (at most its reserved slots) as lookahead tokens."""

@@ -104,6 +104,7 @@ def test_prefix_hit_skips_cached_blocks(make_sched):
 
 def test_preempts_newest_and_recomputes_it(make_sched):
     sched = make_sched(num_blocks=4, max_tokens=64)
+    sched.watermark_blocks = 0  # the preemption mechanism itself: let b fill the pool
     a, b = make_seq(7, "a"), make_seq(7, "b", 100)
     sched.add(a)
     sched.add(b)

@@ -93,7 +93,8 @@ def test_after_preemption(eng, reference):
     bs = saved[0].block_size
     num_blocks = sum(-(-len(eng.tokenizer.encode(p)) // bs) for p in [*others, target])
     eng.block_manager = BlockManager(num_blocks, bs)
-    eng.scheduler = Scheduler(eng.block_manager, max_num_seqs=16, max_num_batched_tokens=2048)
+    # no admission watermark: it would keep the target waiting rather than admit it to be preempted
+    eng.scheduler = Scheduler(eng.block_manager, max_num_seqs=16, max_num_batched_tokens=2048, watermark=0.0)
     preempted: set[str] = set()
     schedule = eng.scheduler.schedule
 

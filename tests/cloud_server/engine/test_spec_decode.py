@@ -72,7 +72,8 @@ def small_pool(eng, num_blocks: int):
 
     saved = eng.block_manager, eng.scheduler
     eng.block_manager = BlockManager(num_blocks, saved[0].block_size)
-    eng.scheduler = Scheduler(eng.block_manager, max_num_seqs=16, max_num_batched_tokens=512)
+    # no admission watermark: these tests want the preemptions it would spare them
+    eng.scheduler = Scheduler(eng.block_manager, max_num_seqs=16, max_num_batched_tokens=512, watermark=0.0)
     try:
         yield eng
     finally:

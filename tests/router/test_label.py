@@ -315,8 +315,10 @@ def test_label_to_csv_stops_when_the_cloud_goes_down_mid_run(tmp_path):
         )
     kept = load_routellm_csv(out, weak_col="e", strong_col="c")
     assert 5 <= len(kept.prompts) <= 10
-    # then 20 questions of 3 tries each, not the other 290 (the edge answering each of them)
-    assert len(cloud_calls) <= len(kept.prompts) + 3 * 20 + 3
+    # then 20 questions of 3 tries each, not the other 290 (the edge answering each of them); the
+    # cloud's thread may be a few questions ahead of the one that counts the failures (under load:
+    # 4 calls ahead seen), so a margin of 5 questions, far below the 870 calls of not stopping
+    assert len(cloud_calls) <= len(kept.prompts) + 3 * 20 + 3 * 5
     with pytest.raises(CloudError, match="Cannot reach"):  # 3 questions, all failed: not a success
         label_mod.label_to_csv(_sum_questions(300)[-3:], _edge, cloud, out, edge_col="e", cloud_col="c")
 

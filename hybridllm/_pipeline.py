@@ -440,7 +440,7 @@ class Core:
             if spent:
                 if not req.fits_edge:  # the device cannot stand in: wait for the budget
                     raise _waits_for_cloud(req, f"the cloud {spent}", "once the budget has room",
-                                           spent=spent, retry_after_s=_wait_of(self.ledger))
+                                           spent=spent, retry_after_s=wait_of(self.ledger))
                 reason = f"{_sent_nowhere(d)}; {spent}"
                 return dataclasses.replace(d, route="edge", reason=reason, cascade=False)
         return d
@@ -484,7 +484,7 @@ class Core:
                 why = said() if said is not None else "circuit open, or its Retry-After not over"
                 if not req.fits_edge:  # the device cannot stand in
                     raise _waits_for_cloud(req, f"the cloud is unavailable ({why})", "once the cloud is back",
-                                           retry_after_s=_wait_of(self.cloud))
+                                           retry_after_s=wait_of(self.cloud))
                 async with aclosing(
                     self._emit_edge(
                         req,
@@ -519,7 +519,7 @@ class Core:
                 if not req.fits_edge:
                     raise _waits_for_cloud(req, f"the cloud failed ({exc.cause})", "once the cloud is back",
                                            retry_after_s=getattr(exc.cause, "retry_after_s", None)
-                                           or _wait_of(self.cloud)) from exc.cause
+                                           or wait_of(self.cloud)) from exc.cause
                 log.info("cloud failed before answering (%s); answering on the device", exc.cause)
                 async with aclosing(
                     self._emit_edge(
@@ -951,7 +951,7 @@ class WaitPort(Protocol):
     def retry_after_s(self) -> float | None: ...
 
 
-def _wait_of(part: object) -> float | None:
+def wait_of(part: object) -> float | None:
     """Seconds until the part takes a request again, where it can say; None otherwise (a budget
     limit of 0 never has room)."""
     return part.retry_after_s() if isinstance(part, WaitPort) else None

@@ -51,7 +51,7 @@ from ._exceptions import (
     HybridLLMError,
     InvalidRequestError,
 )
-from ._pipeline import ForcedCloudOverBudgetError
+from ._pipeline import ForcedCloudOverBudgetError, wait_of
 from ._types import Chunk, Completion, estimate_tokens
 from .wire import (
     DEFAULT_MAX_BODY_BYTES,
@@ -232,7 +232,7 @@ def _retry_after_s(exc: HybridLLMError, llm: HybridLLM, device: DeviceClock) -> 
     if isinstance(exc, CloudBudgetSpentError):
         wait = exc.retry_after_s
         if wait is None:
-            wait = _wait_of(llm._core.ledger)
+            wait = wait_of(llm._core.ledger)
         return NEVER_S if wait is None else max(1, math.ceil(wait))
     if isinstance(exc, EdgeBusyError):
         ahead = llm._core.edge_worker.num_waiting + 1
@@ -240,14 +240,8 @@ def _retry_after_s(exc: HybridLLMError, llm: HybridLLM, device: DeviceClock) -> 
         return min(max(1, math.ceil(wait)), DEVICE_WAIT_MAX_S)
     wait = exc.retry_after_s if isinstance(exc, CloudError) else None
     if wait is None:
-        wait = _wait_of(llm._core.cloud)
+        wait = wait_of(llm._core.cloud)
     return min(max(1, math.ceil(wait or 0.0)), CLOUD_WAIT_MAX_S)
-
-
-def _wait_of(part: Any) -> float | None:
-    """``part.retry_after_s()`` (the budget ledger, the cloud backend); None when it cannot say."""
-    when = getattr(part, "retry_after_s", None)
-    return when() if when is not None else None
 
 
 class DeviceClock:
@@ -276,7 +270,7 @@ def retry_after(part: Any, *, never: int) -> str:
     """Retry-After from ``part.retry_after_s()`` (the budget ledger: when its sliding windows have
     room again; the cloud backend: when an endpoint's circuit lets a request through), in whole
     seconds rounded up, at least 1; ``never`` when it says None or cannot say."""
-    wait = _wait_of(part)
+    wait = wait_of(part)
     return str(never if wait is None else max(1, math.ceil(wait)))
 
 

@@ -131,7 +131,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="tokens per KV cache block, a power of two (default 16)",
     )
     engine.add_argument(
-        "--kv-cache-memory-mb", type=positive_int, default=None, help="KV pool budget in MiB"
+        "--kv-cache-memory-mb", type=positive_int, default=None,
+        help="KV pool budget in MiB (default: 1024 on CPU, half the free memory on CUDA)",
     )
     engine.add_argument(
         "--no-prefix-caching", action="store_true",
@@ -150,7 +151,10 @@ def build_parser() -> argparse.ArgumentParser:
         "on first use of each batch and context size)",
     )
     engine.add_argument("--seed", type=int, default=0, help="seed of the engine's sampler (default 0)")
-    engine.add_argument("--num-threads", type=positive_int, default=None, help="torch CPU threads")
+    engine.add_argument(
+        "--num-threads", type=positive_int, default=None,
+        help="torch CPU threads (default: all cores; 1 a replica with --replicas)",
+    )
     engine.add_argument(
         "--power-watts", type=positive_float, default=None, metavar="W",
         help="power figure for the per-request energy estimate (default: measured with NVML on "

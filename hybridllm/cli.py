@@ -74,7 +74,7 @@ def _add_sampling(p: argparse.ArgumentParser) -> None:
     p.add_argument("--top-k", type=_sampling_value("top_k", int), default=None,
                    help="sample from the k likeliest (40; 0 = off)")
     p.add_argument("--min-p", type=_sampling_value("min_p", float), default=None,
-                   help="drop tokens below min_p x the top one")
+                   help="drop tokens below min_p x the top one (default 0 = off)")
     p.add_argument("--repeat-penalty", type=_sampling_value("repeat_penalty", float), default=None,
                    help="1 = off (default)")
     p.add_argument("--seed", type=_sampling_value("seed", int), default=None,

@@ -8,7 +8,7 @@ look-alikes (order numbers, version strings, random 16-digit numbers) are not fl
                number mod 97 == 1 (ISO 13616)
     national_id  US SSN (area not 000/666/9xx, group not 00, serial not 0000), UK NINO
     phone      +country code, (NNN) NNN-NNNN / NNN-NNN-NNNN / NNN NNN NNNN, 0N NN NN NN NN, UK
-               national numbers, or any number right after a phone word ("call me on ...")
+               and Australian national numbers, or any number right after a phone word ("call me on ...")
     email      local@domain.tld (Unicode too), or spelled out: "a [at] b [dot] com"; not an
                SCP-style remote (me@host.org:~/repo) nor Git's account (git@github.com:org/x.git)
     ip_address a public IPv4 or IPv6 address (a person's connection); not private, loopback,
@@ -143,6 +143,7 @@ _PHONE = re.compile(
     r"|(?:1([ .-]))?\d{3}([ .-])\d{3}\2\d{4}"  # 555-123-4567, 555.123.4567, 555 123 4567
     r"|0\d([ .])\d{2}\3\d{2}\3\d{2}\3\d{2}"  # 06 12 34 56 78
     r"|0\d{2} \d{4} \d{4}|0\d{3} \d{3} \d{4}|0\d{4} \d{3} ?\d{3}"  # UK: 020 7946 0958, 07700 900123
+    r"|\(0\d\) ?\d{4}[ -]?\d{4}|0\d \d{4} \d{4}|04\d{2} \d{3} \d{3}"  # AU: (02) 9876 5432, 0412 345 678
     r")(?![\w-])"
 )
 # a number right after a phone word, in any format: "call me on 5551234567", "tel. 030 1234567"

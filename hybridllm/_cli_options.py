@@ -91,6 +91,14 @@ def non_negative_float(text: str) -> float:
     return value
 
 
+def unit_interval(text: str) -> float:
+    """A number from 0 to 1, both ends included (a threshold on a score or a probability)."""
+    value = float(_number(text, float, "a number from 0 to 1"))
+    if not 0.0 <= value <= 1.0:  # NaN fails every comparison: refused here too
+        raise argparse.ArgumentTypeError(f"expected a number from 0 to 1, got {text!r}")
+    return value
+
+
 def port(text: str) -> int:
     """A TCP port; 0 asks the system for a free one (the server prints which)."""
     value = non_negative_int(text)

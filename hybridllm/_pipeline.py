@@ -517,7 +517,10 @@ class Core:
                     raise _too_long(req, f"the cloud failed ({exc.cause}): it refuses it too",
                                     "or use a cloud model with a longer context") from exc.cause
                 if not req.fits_edge:
-                    raise _waits_for_cloud(req, f"the cloud failed ({exc.cause})", "once the cloud is back",
+                    limited = isinstance(exc.cause, CloudRateLimitError)  # up, but asks to wait (429)
+                    raise _waits_for_cloud(req, f"the cloud {'is rate-limiting' if limited else 'failed'} "
+                                           f"({exc.cause})", "once its Retry-After is over" if limited
+                                           else "once the cloud is back", limited=limited,
                                            retry_after_s=getattr(exc.cause, "retry_after_s", None)
                                            or wait_of(self.cloud)) from exc.cause
                 log.info("cloud failed before answering (%s); answering on the device", exc.cause)
@@ -957,11 +960,12 @@ def wait_of(part: object) -> float | None:
     return part.retry_after_s() if isinstance(part, WaitPort) else None
 
 
-def _waits_for_cloud(req: Request, why: str, when: str, *, spent: str | None = None,
+def _waits_for_cloud(req: Request, why: str, when: str, *, spent: str | None = None, limited: bool = False,
                      retry_after_s: float | None = None) -> CloudError:
-    """A prompt past the device model's context whose cloud cannot take it now (down, failing, its
-    budget spent): a request to retry, not a prompt to shorten (not ContextWindowExceededError,
-    which tells an OpenAI client to trim a conversation that the cloud takes once it can)."""
+    """A prompt past the device model's context whose cloud cannot take it now (down, failing,
+    rate-limiting (``limited``), its budget spent): a request to retry, not a prompt to shorten (not
+    ContextWindowExceededError, which tells an OpenAI client to trim a conversation that the cloud
+    takes once it can)."""
     n, limit = req.prompt_tokens, req.context_length
     message = (f"The prompt is {n} tokens, past the device model's context ({limit}, n_ctx), so only "
                f"the cloud can answer it; and {why}. Retry {when}; or shorten the conversation "
@@ -969,6 +973,9 @@ def _waits_for_cloud(req: Request, why: str, when: str, *, spent: str | None = N
     if spent is not None:
         return CloudBudgetSpentError(message, reason=spent, prompt_tokens=n, context_length=limit,
                                      retry_after_s=retry_after_s)
+    if limited:
+        return CloudRateLimitError(message, status_code=429, prompt_tokens=n, context_length=limit,
+                                   retry_after_s=retry_after_s)
     return CloudUnavailableError(message, prompt_tokens=n, context_length=limit, retry_after_s=retry_after_s)
 
 

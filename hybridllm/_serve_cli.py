@@ -8,9 +8,10 @@ import re
 import sys
 from typing import Any
 
-from ._cli_options import listen, non_negative_float, port, positive_int
+from ._cli_options import listen, non_negative_float, port, positive_int, unit_interval
 from ._config import public_text
 from ._exceptions import ConfigError
+from ._loopback import is_loopback
 
 DEFAULT_SHUTDOWN_TIMEOUT_S = 5.0
 
@@ -43,7 +44,7 @@ def web_origin(value: str) -> str:
 def host_option(value: str) -> str:
     """``--allow-host``: a name or address clients put in the Host header (any port), or ``*``."""
     name = value.strip()
-    # one spelling (no port, lower case) is made by the proxy (proxy.host_name)
+    # one spelling (no port, lower case) is made by the proxy (_loopback.host_name)
     if name == "*" or re.fullmatch(r"\[[0-9A-Fa-f:.]+\](?::\d{1,5})?|[A-Za-z0-9._:-]+", name):
         return name
     raise argparse.ArgumentTypeError(
@@ -70,7 +71,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from .wire.shutdown import GracefulServer
 
     api_keys = load_api_keys(args.api_key, args.api_key_file, env_var=API_KEYS_ENV, error=ConfigError)
-    if not api_keys and args.host not in ("127.0.0.1", "localhost", "::1"):
+    if not api_keys and not is_loopback(host):  # the address bound: a name may resolve off loopback
         print(f"hybridllm serve: warning: no API key and listening on {args.host}: anyone who can "
               f"reach it can use it (set {API_KEYS_ENV} or --api-key-file)", file=sys.stderr)
     llm = HybridLLM(config=args.config, progress=ProgressBar("Preparing the edge model"),
@@ -109,7 +110,9 @@ def register(sub: Any) -> None:
                    help="edge runtime: llama_cpp (default) or onnx (ONNX Runtime GenAI)")
     p.add_argument("--cloud-url", action="append", default=None,
                    help="OpenAI-compatible cloud endpoint (repeatable; balanced)")
-    p.add_argument("--threshold", type=float, default=None, help="router threshold override")
+    p.add_argument("--threshold", type=unit_interval, default=None, metavar="T",
+                   help="the router's threshold, a number from 0 to 1: a prompt whose difficulty score "
+                   "reaches it goes to the cloud (0: every prompt; 1: none; default: the router's own)")
     p.add_argument("--no-cache", action="store_true", help="disable the semantic cache")
     p.add_argument("--config", default=None, help="TOML settings file")
     p.add_argument("--api-key", action="append", default=[], metavar="KEY",

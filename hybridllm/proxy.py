@@ -24,7 +24,6 @@ import asyncio
 import ipaddress
 import logging
 import math
-import re
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
@@ -51,6 +50,7 @@ from ._exceptions import (
     HybridLLMError,
     InvalidRequestError,
 )
+from ._loopback import LOOPBACK_NAMES, host_name, is_loopback, is_loopback_origin
 from ._pipeline import ForcedCloudOverBudgetError, wait_of
 from ._types import Chunk, Completion, estimate_tokens
 from .wire import (
@@ -179,7 +179,12 @@ def status_of(exc: HybridLLMError) -> tuple[int, str, str]:
         return 429, "requests", str(exc)
     if isinstance(exc, EdgeBusyError):
         return 429, "requests", "The device model is busy; retry shortly."
-    if isinstance(exc, CloudRateLimitError):
+    if isinstance(exc, CloudRateLimitError):  # the cloud's 429: its wait is the Retry-After
+        if exc.prompt_tokens is not None:  # the device could not answer in the cloud's place
+            return 429, "requests", (
+                f"The cloud is rate-limiting this server, and the prompt ({exc.prompt_tokens} tokens) is "
+                f"past the device model's context ({exc.context_length}, n_ctx), so the device cannot "
+                "answer it instead; retry when the Retry-After header says.")
         return 429, "requests", "The cloud is rate-limiting this server; retry shortly."
     if isinstance(exc, CloudError):
         if exc.prompt_tokens is not None:  # the device could not answer in the cloud's place
@@ -197,6 +202,8 @@ def code_of(exc: BaseException) -> str | None:
         return "context_length_exceeded"  # the code OpenAI's clients (and LiteLLM) look for
     if isinstance(exc, CloudBudgetSpentError):
         return "cloud_budget_spent"  # a 429: wait and retry, the prompt is fine
+    if isinstance(exc, CloudRateLimitError):
+        return "cloud_rate_limited"  # a 429 of the cloud's, not of this server's device or budget
     return None
 
 
@@ -321,9 +328,14 @@ def _headers(route: str, reason: str | None = None) -> dict[str, str]:
     return h
 
 
-# a page served from this machine (a local chat UI on http://localhost:3000) may call the proxy:
-# a hostile site's page has its own origin, whatever address it makes the browser call
-LOOPBACK_ORIGIN = re.compile(r"https?://(?:localhost|127\.0\.0\.1|\[::1\])(?::\d{1,5})?")
+class LoopbackCORS(CORSMiddleware):
+    """CORS for the origins allowed and for every page served from this machine (a local chat UI on
+    http://localhost:3000, http://127.0.0.2:8000): the same test as the Origin check
+    (``is_loopback_origin``). A hostile site's page has its own origin, whatever address it makes
+    the browser call."""
+
+    def is_allowed_origin(self, origin: str) -> bool:
+        return is_loopback_origin(origin) or super().is_allowed_origin(origin)
 
 
 def cross_site(origin: str) -> WireError:
@@ -334,25 +346,6 @@ def cross_site(origin: str) -> WireError:
     return WireError(f"This server does not answer requests from web pages (Origin: {shown}): any site "
                      "could otherwise use it. To let this page call it, start `hybridllm serve` with "
                      f"--allow-origin {shown}.", status=403, code="origin_not_allowed")
-
-
-# the names a request to this machine's loopback carries in its Host header (any port)
-LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "::1")
-
-
-def host_name(value: str) -> str:
-    """The name in a Host header without its port, in one spelling: ``[::1]:8080`` -> ``::1``,
-    ``LocalHost.:80`` -> ``localhost``, ``0:0::1`` -> ``::1``."""
-    value = value.strip().lower()
-    if value.startswith("["):  # an IPv6 address, in brackets when a port may follow
-        name = value[1:].split("]", 1)[0]
-    else:
-        name = value.rsplit(":", 1)[0] if value.count(":") == 1 else value
-    name = name.rstrip(".")
-    try:
-        return str(ipaddress.ip_address(name))
-    except ValueError:
-        return name
 
 
 def serve_hosts(bound: str, allowed: list[str]) -> list[str] | None:
@@ -370,10 +363,9 @@ def serve_hosts(bound: str, allowed: list[str]) -> list[str] | None:
         address = ipaddress.ip_address(host_name(bound))
     except ValueError:
         address = None
-    loopback = host_name(bound) == "localhost" or (address is not None and address.is_loopback)
-    if not loopback and not allowed:
+    if not is_loopback(bound) and not allowed:
         return None
-    names = [*LOOPBACK_HOSTS, *allowed]
+    names = [*LOOPBACK_NAMES, *allowed]
     if address is not None and not address.is_unspecified:  # 0.0.0.0 is no name a client uses
         names.append(str(address))
     return list(dict.fromkeys(host_name(n) for n in names))
@@ -390,17 +382,23 @@ def wrong_host(host: str, allowed: list[str]) -> WireError:
 
 class HostAllowlist:
     """ASGI middleware: a request whose Host header names none of ``hosts`` is a 403, on every
-    path. A request without Host (HTTP/1.0) is let through: every browser sends one."""
+    path. A request without Host (HTTP/1.0) is let through: every browser sends one. A list that
+    holds a loopback name admits every loopback address (``is_loopback``: 127.0.0.2 too): a page
+    whose Host is such an address was itself served from this machine, no rebinding site."""
 
     def __init__(self, app: ASGIApp, hosts: list[str]) -> None:
         self.app = app
         self.hosts = {host_name(h) for h in hosts}
         self.shown = list(dict.fromkeys(hosts))
+        self.loopback = any(is_loopback(h) for h in hosts)
+
+    def admits(self, host: str) -> bool:
+        return host_name(host) in self.hosts or (self.loopback and is_loopback(host))
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
             host = next((v.decode("latin-1") for k, v in scope["headers"] if k == b"host"), None)
-            if host is not None and host_name(host) not in self.hosts:
+            if host is not None and not self.admits(host):
                 response = JSONResponse(wrong_host(host, self.shown).body(), 403)
                 await response(scope, receive, send)
                 return
@@ -431,7 +429,7 @@ def create_app(llm: HybridLLM, *, model_name: str = "hybridllm", api_keys: list[
     def admit(request: Request) -> None:
         origin = request.headers.get("origin")
         if (origin is not None and origin.rstrip("/") not in origins and "*" not in origins
-                and not LOOPBACK_ORIGIN.fullmatch(origin)):
+                and not is_loopback_origin(origin)):
             raise cross_site(origin)
         checker.check(request.headers.get("authorization"))
 
@@ -542,8 +540,7 @@ def create_app(llm: HybridLLM, *, model_name: str = "hybridllm", api_keys: list[
     app.add_exception_handler(ClientDisconnect, on_client_disconnect)
     app.add_middleware(TrackRequests, drain=drain)
     # the pages allowed may read the answers (and ask first: a preflight OPTIONS)
-    app.add_middleware(CORSMiddleware, allow_origins=origins, allow_origin_regex=LOOPBACK_ORIGIN.pattern,
-                       allow_methods=["GET", "POST"],
+    app.add_middleware(LoopbackCORS, allow_origins=origins, allow_methods=["GET", "POST"],
                        allow_headers=["authorization", "content-type"],
                        expose_headers=["x-hybridllm-route", "x-hybridllm-reason", "retry-after"])
     if allow_hosts is not None:  # outermost: a rebinding page's request reaches nothing else

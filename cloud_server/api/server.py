@@ -112,19 +112,14 @@ async def _load_engine(app: FastAPI) -> None:
         await _watch_engine(state, engine, state.on_engine_dead)
 
 
-ENGINE_POLL_S = 0.2
-
-
 async def _watch_engine(state: ServerState, engine: Engine,
                         on_engine_dead: Callable[[EngineError], None]) -> None:
-    """Wait for the engine to stop while serving (not by a shutdown: the lifespan cancels this
-    first); then end every request with a 500 that names its error's type and report it (as
-    ``ExceptionType: message``)."""
-    while engine.is_ready:
-        await asyncio.sleep(ENGINE_POLL_S)
+    """Wait for the engine's loop to die while serving (``wait_dead``: woken by the death itself,
+    no polling; a shutdown cancels this first); then end every request with a 500 that names its
+    error's type and report it (as ``ExceptionType: message``)."""
+    cause = await engine.wait_dead()
     if state.drain.is_closing:  # a shutdown came first
         return
-    cause = _engine_failure(engine)
     reason = f"{type(cause).__name__}: {cause}" if cause is not None else "its loop ended"
     logger.error("the engine stopped (%s): ending the requests in flight and shutting down, for a "
                  "supervisor to restart the server", reason, exc_info=cause)
@@ -138,12 +133,6 @@ async def _watch_engine(state: ServerState, engine: Engine,
     with contextlib.suppress(Exception):
         await engine.stop()  # what still waits on the engine (an abort, a stream) is released
     on_engine_dead(EngineError(reason))
-
-
-def _engine_failure(engine: Engine) -> BaseException | None:
-    """What ended the engine's loop (``AsyncLLMEngine.failure``), if it says."""
-    failure = getattr(engine, "failure", None)
-    return failure if isinstance(failure, BaseException) else None
 
 
 def _attach_energy_meter(app: FastAPI, engine: Any) -> None:
@@ -199,11 +188,48 @@ def _shutdown_events(drain: Drain) -> str:
     return error_event(error_body(str(exc), error_kind(exc)))
 
 
+# What these statuses mean on this server, beyond ``hybridllm.wire.openapi``'s common wording.
+_ERROR_TEXT = {
+    500: "The engine failed: a failed step ends the requests in it; a dead engine (code engine_dead) "
+         "ends every request and the server exits for a supervisor to restart it; or an internal error",
+    503: "The model is loading, the engine is not running, or the server is shutting down "
+         "(code server_shutting_down)",
+}
+
+
+def _errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    """The error responses a /v1 route documents. Every /v1 route can answer 500 (once the engine
+    died, ``ready_serving`` refuses with engine_dead) and 503 (loading, shutting down)."""
+    responses = error_responses(*statuses)
+    for status, text in _ERROR_TEXT.items():
+        if status in responses:
+            responses[status]["description"] = text
+    return responses
+
+
+def _drop_validation_422(app: FastAPI) -> None:
+    """FastAPI lists a 422 on every route with a parameter; this server never answers it (a
+    validation error is a 400, OpenAI's way), so the document must not promise it."""
+    build = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        doc = build()
+        for operations in doc.get("paths", {}).values():
+            for operation in operations.values():
+                operation.get("responses", {}).pop("422", None)
+        schemas = doc.get("components", {}).get("schemas", {})
+        for unused in ("HTTPValidationError", "ValidationError"):
+            schemas.pop(unused, None)
+        return doc
+
+    app.openapi = openapi  # type: ignore[method-assign]
+
+
 def _build_router(app: FastAPI, checker: ApiKeyChecker, max_body_bytes: int) -> APIRouter:
     state: ServerState = app.state.server
     defs: dict[str, Any] = {}
     auth = (401,) if checker.is_enabled else ()
-    post_errors = error_responses(400, *auth, 404, 413, 429, 503)
+    post_errors = _errors(400, *auth, 404, 413, 429, 500, 503)
     neutral = unsupported_sampling()
 
     async def require_key(request: Request) -> None:
@@ -245,7 +271,7 @@ def _build_router(app: FastAPI, checker: ApiKeyChecker, max_body_bytes: int) -> 
 
     add_schemas(app, defs)
 
-    @v1.get("/models", response_model=ModelList, responses=error_responses(*auth, 503))
+    @v1.get("/models", response_model=ModelList, responses=_errors(*auth, 500, 503))
     async def list_models() -> dict[str, Any]:
         state.ready_serving()
         engine = state.engine
@@ -259,7 +285,7 @@ def _build_router(app: FastAPI, checker: ApiKeyChecker, max_body_bytes: int) -> 
         return {"object": "list", "data": [card]}
 
     @v1.get("/models/{model_id:path}", response_model=ModelCard,
-            responses=error_responses(*auth, 404, 503))
+            responses=_errors(*auth, 404, 500, 503))
     async def get_model(model_id: str) -> dict[str, Any]:
         state.ready_serving()
         state.check_model(model_id)
@@ -336,5 +362,6 @@ def create_app(
         return Response(metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
     app.include_router(_build_router(app, ApiKeyChecker(api_keys or []), max_body_bytes))
+    _drop_validation_422(app)
     app.add_middleware(TrackRequests, drain=state.drain)
     return app

@@ -47,6 +47,10 @@ class Engine(Protocol):
 
     async def abort(self, request_id: str) -> None: ...
 
+    async def wait_dead(self) -> BaseException | None:
+        """Return once the engine has died by itself (its failure, or None if it does not say)."""
+        ...
+
     def stats(self) -> dict[str, Any]: ...
 
 

@@ -90,6 +90,12 @@ class RemoteEngine:
     def is_ready(self) -> bool:
         return self._ready
 
+    async def wait_dead(self) -> BaseException | None:
+        """Never returns: the front end has no engine loop of its own to die. A replica that dies
+        fails its requests (retried, or an ``EngineError``) and Serve replaces it."""
+        await asyncio.get_running_loop().create_future()  # never set; cancelled with its waiter
+        return None
+
     async def _poll_once(self) -> None:
         try:
             self._fleet = await self._board.snapshot.remote(self.stale_after_s)

@@ -39,6 +39,7 @@ class AsyncLLMEngine:
         self._loop_task: asyncio.Task | None = None
         self._stopping = False
         self.failure: BaseException | None = None  # what ended the loop while serving, if anything
+        self._dead: asyncio.Event | None = None  # set when the loop ends with ``failure``: wait_dead()
         # Every load and step runs on this one thread. torch's CPU kernels keep a team of worker
         # threads per calling thread, spinning a while after each op; steps that hop between the
         # threads of asyncio's shared pool (which grows when requests prepare concurrently) leave
@@ -57,7 +58,9 @@ class AsyncLLMEngine:
         if self.engine is None:
             self.engine = await self._in_engine_thread(LLMEngine, self.config)
         self._stopping = False
+        self.failure = None
         self._wakeup = asyncio.Event()
+        self._dead = asyncio.Event()  # made on the loop that runs the engine
         self._loop_task = asyncio.create_task(self._run(), name="hybridllm-engine-loop")
 
     async def stop(self) -> None:
@@ -82,6 +85,15 @@ class AsyncLLMEngine:
 
     async def _in_engine_thread(self, fn: Any, *args: Any) -> Any:
         return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
+
+    async def wait_dead(self) -> BaseException | None:
+        """Return once the loop has ended with a failure, with that failure (``failure``): the
+        engine is dead and does not come back. Never returns while it serves, nor after ``stop``
+        (a shutdown is no death); the server's watcher awaits this rather than polling."""
+        if self._dead is None:
+            raise NotReadyError("the engine has not started")
+        await self._dead.wait()
+        return self.failure
 
     @property
     def is_ready(self) -> bool:
@@ -224,6 +236,8 @@ class AsyncLLMEngine:
                 _, _, fut = self._ops.popleft()
                 if fut is not None and not fut.done():
                     fut.set_result(None)
+            if self._dead is not None:  # last: what waits on it finds everything above released
+                self._dead.set()
 
     async def _serve(self) -> None:
         wakeup = self._wakeup

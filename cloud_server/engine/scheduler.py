@@ -5,7 +5,8 @@ chunk of an unfinished prefill), then admits waiting sequences FCFS with chunked
 ``max_num_seqs`` sequences and ``max_num_batched_tokens`` tokens. When the pool runs out of blocks,
 the newest running sequence is preempted: its blocks are freed and it goes back to the front of the
 waiting queue, to be recomputed (prompt + outputs so far, mostly from the prefix cache) later.
-While others run, a new prefill must leave ``watermark_blocks`` free (see ``_can_admit``).
+A waiting sequence starts only when its whole prompt fits (a chunked one too), and while others
+run it must leave ``watermark_blocks`` free besides (see ``_can_admit``).
 
 Speculative decoding: ``schedule(lookahead=...)`` reserves draft slots for decoding sequences
 (never at the cost of a preemption: a sequence short of blocks just decodes plainly),
@@ -151,7 +152,7 @@ class Scheduler:
                 if seq.num_preemptions == 0:  # a comeback finds its own blocks: not a hit
                     seq.num_cached_tokens = cached
             n = min(seq.num_uncomputed_tokens, budget)
-            if not self._can_admit(seq, n):
+            if not self._can_admit(seq):
                 bm.free(seq)  # give the prefix blocks back; retry next step
                 break
             bm.append_slots(seq, n)
@@ -167,20 +168,23 @@ class Scheduler:
             budget -= n
         return out
 
-    def _can_admit(self, seq: Sequence, num_new_tokens: int) -> bool:
+    def _can_admit(self, seq: Sequence) -> bool:
         """Whether a waiting sequence (its cached prefix already taken) may start now.
 
-        Its new blocks must leave ``watermark_blocks`` free while others run. Without that margin
-        a prefill takes the blocks a running sequence needs for its next decode token; the next
-        step preempts the newcomer, the one after admits it again, and so on (each comeback
-        recomputes its prefill). Prefix-cache hits need no free block: they are in its table
-        already. Alone it needs no margin, so a request that fits the pool always starts once
-        the running ones are done.
+        Its whole remaining prompt must fit in the free blocks, not only the first chunk of a
+        chunked prefill: admitted on its first chunk, a long prompt's later chunks found the pool
+        full and preempted it (or the sequences admitted after it), which then recomputed what
+        they had. The running ones need nothing beyond this step then: admission runs only while
+        the token budget is left, so each of them got all its uncomputed tokens (blocks included).
+        While others run, ``watermark_blocks`` more must stay free for their decode tokens:
+        without that margin a prefill takes the block a running sequence grows into next, and the
+        newcomer is preempted a step or two later. Prefix-cache hits need no free block (they are
+        in its table already). Alone it needs no margin, so a request that fits the pool (the
+        engine refuses others) always starts once the others are done.
         """
+        bm = self.block_manager
         reserve = self.watermark_blocks if self.running else 0
-        return self.block_manager.num_new_blocks_needed(seq, num_new_tokens) + reserve <= (
-            self.block_manager.num_free_blocks
-        )
+        return bm.num_new_blocks_needed(seq, seq.num_uncomputed_tokens) + reserve <= bm.num_free_blocks
 
     def add_drafts(self, scheduled: list[ScheduledSeq], drafts: dict[int, list[int]]) -> None:
         """Append each sequence's proposals (at most its reserved slots) as lookahead tokens."""

@@ -64,7 +64,10 @@ class FakeEngine:
         self.model_name = "fake-model"
         self.max_model_len = max_model_len
         self.tokenizer = CharTokenizer()
-        self.is_ready = False
+        self._ready = False
+        self._stopped = False
+        self._dead: asyncio.Event | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
         self.block_size = 16
         self.num_total_blocks = num_blocks
         self.num_free_blocks = num_blocks
@@ -85,10 +88,30 @@ class FakeEngine:
 
     async def start(self) -> None:
         self._slots = asyncio.Semaphore(self.max_num_seqs)
-        self.is_ready = True
+        self._loop, self._dead, self._stopped = asyncio.get_running_loop(), asyncio.Event(), False
+        self._ready = True
 
     async def stop(self) -> None:
-        self.is_ready = False
+        self._stopped = True
+        self._ready = False
+
+    @property
+    def is_ready(self) -> bool:
+        return self._ready
+
+    @is_ready.setter
+    def is_ready(self, ready: bool) -> None:
+        """A test setting it False stands for the engine's loop ending by itself: as the real engine
+        does, ``wait_dead`` returns then (the test may set it from another thread)."""
+        self._ready = ready
+        if not ready and not self._stopped and self._loop is not None and self._dead is not None:
+            self._loop.call_soon_threadsafe(self._dead.set)
+
+    async def wait_dead(self) -> BaseException | None:
+        if self._dead is None:
+            raise RuntimeError("start the fake engine first")
+        await self._dead.wait()
+        return None
 
     async def abort(self, request_id: str) -> None:
         if request_id in self.live:

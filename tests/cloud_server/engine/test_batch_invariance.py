@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import pytest
 
+from .pools import small_pool
+
 pytestmark = pytest.mark.real
 
 MAX_TOKENS = 20
@@ -82,34 +84,25 @@ def test_batched_with_prefix_hit(eng, reference):
 
 
 def test_after_preemption(eng, reference):
-    from cloud_server.engine.block_manager import BlockManager
-    from cloud_server.engine.scheduler import Scheduler
-
     target, others = _prompts(eng)
-    saved = eng.block_manager, eng.scheduler
     # Just enough blocks to admit all 16 prompts in one step (shared prefix blocks are counted
     # once per prompt here, so a few spare): decoding 20 tokens crosses a block boundary in every
     # sequence, the pool runs out, and the newest running sequence, the target, is preempted.
-    bs = saved[0].block_size
+    # No admission watermark (small_pool's default): it would keep the target waiting rather than
+    # admit it to be preempted.
+    bs = eng.block_manager.block_size
     num_blocks = sum(-(-len(eng.tokenizer.encode(p)) // bs) for p in [*others, target])
-    eng.block_manager = BlockManager(num_blocks, bs)
-    # no admission watermark: it would keep the target waiting rather than admit it to be preempted
-    eng.scheduler = Scheduler(eng.block_manager, max_num_seqs=16, max_num_batched_tokens=2048, watermark=0.0)
     preempted: set[str] = set()
-    schedule = eng.scheduler.schedule
+    with small_pool(eng, num_blocks, max_num_batched_tokens=2048):
+        schedule = eng.scheduler.schedule
 
-    def recording_schedule(*args, **kwargs):
-        out = schedule(*args, **kwargs)
-        preempted.update(s.request_id for s in out.preempted)
-        return out
+        def recording_schedule(*args, **kwargs):
+            out = schedule(*args, **kwargs)
+            preempted.update(s.request_id for s in out.preempted)
+            return out
 
-    eng.scheduler.schedule = recording_schedule
-    try:
+        eng.scheduler.schedule = recording_schedule
         outs = eng.generate([*others, target], _params())
         assert eng.block_manager.num_free_blocks == num_blocks
-    finally:
-        eng.block_manager, eng.scheduler = saved
-        # the borrowed pool wrote over the shared engine's first blocks: forget their prefixes
-        eng.block_manager.reset_prefix_cache()
     assert outs[-1].request_id in preempted
     assert outs[-1].token_ids == reference

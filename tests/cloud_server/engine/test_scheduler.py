@@ -212,18 +212,23 @@ def test_trim_never_caches_a_block_with_rejected_tokens(make_sched):
 
 
 def test_cached_tokens_count_only_the_first_schedule(make_sched):
-    """A request preempted in the middle of its prefill finds its own first chunk in the prefix
-    cache when it comes back: that is not a prefix hit to report (usage's cached tokens)."""
+    """A request preempted in the middle of its prefill finds its own first chunks in the prefix
+    cache when it comes back: that is not a prefix hit to report (usage's cached tokens).
+
+    b's whole prompt fits when it is admitted (3 blocks + the 1-block watermark of 4 free); what
+    preempts it is the running ones' growth beyond the watermark: a and c both cross into a new
+    block in the same step, and b's last chunk finds the pool full."""
     sched = make_sched(num_blocks=6, max_tokens=8)
-    a, b = make_seq(8, "a"), make_seq(16, "b", 100)
-    sched.add(a)
-    sched.add(b)
-    run_step(sched)  # a's prompt
-    run_step(sched)  # a decodes, b's first 7 prompt tokens (block 0 full and cached)
-    assert b.num_computed_tokens == 7 and b.num_cached_tokens == 0
-    out = run_step(sched)  # b's next chunk needs 2 more blocks: b is preempted
+    a, c, b = make_seq(3, "a"), make_seq(3, "c", 50), make_seq(12, "b", 100)
+    for seq in (a, c, b):
+        sched.add(seq)
+    run_step(sched)  # a's and c's prompts, b's first 2 prompt tokens
+    run_step(sched)  # a and c decode (a new block each), b's next 6 (blocks 0 and 1 full, cached)
+    assert b.num_computed_tokens == 8 and b.num_cached_tokens == 0
+    out = run_step(sched)  # b's last chunk needs a block: none is free, b (the newest) goes
     assert out.preempted == [b]
     sched.finish(a, "stop")
+    sched.finish(c, "stop")
     out = run_step(sched)
-    assert out.scheduled[0].seq is b and b.num_computed_tokens > 4  # its block 0 came back
+    assert out.scheduled[0].seq is b and b.num_computed_tokens > 4  # its blocks came back
     assert b.num_cached_tokens == 0

@@ -20,10 +20,11 @@
 
 from __future__ import annotations
 
-import contextlib
 import random
 
 import pytest
+
+from .pools import small_pool
 
 pytestmark = pytest.mark.real
 
@@ -62,24 +63,6 @@ def _prompts(tok) -> list[list[int]]:
             text = f"Text:\n{passage}\n\nTask: {task}"
             out.append(tok.encode(tok.apply_chat_template([{"role": "user", "content": text}])))
     return out
-
-
-@contextlib.contextmanager
-def small_pool(eng, num_blocks: int):
-    """The engine on the first ``num_blocks`` blocks of its KV tensor: preemptions."""
-    from cloud_server.engine.block_manager import BlockManager
-    from cloud_server.engine.scheduler import Scheduler
-
-    saved = eng.block_manager, eng.scheduler
-    eng.block_manager = BlockManager(num_blocks, saved[0].block_size)
-    # no admission watermark: these tests want the preemptions it would spare them
-    eng.scheduler = Scheduler(eng.block_manager, max_num_seqs=16, max_num_batched_tokens=512, watermark=0.0)
-    try:
-        yield eng
-    finally:
-        eng.block_manager, eng.scheduler = saved
-        # those blocks were rewritten: the big pool's cached prefixes in them are stale
-        saved[0].reset_prefix_cache()
 
 
 def test_greedy_identity_in_mixed_batches_with_prefix_hits_aborts_and_preemptions(

@@ -113,7 +113,7 @@ def test_a_request_that_needs_the_whole_pool_still_starts():
     """The watermark does not apply when nothing runs, so a request as big as the pool waits for
     the running ones to finish and then starts (not forever short of its margin)."""
     # 8 blocks of 4: a 32-token request takes all of them; its 30-token prompt in one chunk (a
-    # chunked one is checked chunk by chunk: see the README's engine section)
+    # chunked one: test_chunked_admission_engine10.py)
     eng = make_engine(8, budget=40)
     big = [(5 * j) % 26 for j in range(30)]
     eng.add_request("small", [1, 2, 3], SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True))

@@ -33,7 +33,7 @@ from ._config import HybridLLMConfig, load_config
 from ._exceptions import ConfigError, HybridLLMError, StreamConsumedError
 from ._pipeline import CachePort, Core, PolicyPort
 from ._types import Chunk, Completion, Message
-from .backends.base import Backend, drain_loop
+from .backends.base import Backend, call_guarded, drain_loop
 from .backends.worker import InlineRun
 
 CLOSED_MID_ANSWER = "The client was closed before this answer was complete."
@@ -495,7 +495,8 @@ def _make_policy(cfg: HybridLLMConfig, edge: Backend) -> PolicyPort:
         router = dataclasses.replace(router, threshold=cfg.threshold)
     band = (max(0.0, router.threshold - 0.1), router.threshold) if cfg.cascade else None
     return RoutingPolicy(
-        router, privacy=cfg.privacy, edge_context_tokens=edge.context_length or cfg.n_ctx, cascade_band=band
+        router, privacy=cfg.privacy, cascade_band=band,
+        edge_context_tokens=call_guarded(lambda: edge.context_length, edge, "edge") or cfg.n_ctx,
     )
 
 

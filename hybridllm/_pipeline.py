@@ -46,6 +46,7 @@ from ._types import (
     Messages,
     Usage,
     check_option_names,
+    estimate_text_tokens,
     estimate_tokens,
     normalize_messages,
 )
@@ -411,7 +412,7 @@ class Core:
         # budget's estimate read this one count
         req.prompt_tokens = await loop.run_in_executor(None, call_guarded, self.edge.count_tokens,
                                                         self.edge, "edge", msgs)
-        req.context_length = self.edge.context_length
+        req.context_length = call_guarded(lambda: self.edge.context_length, self.edge, "edge")
         if self.policy is None:
             route = opts.route or "cloud"
             d = Decision(
@@ -474,17 +475,40 @@ class Core:
             return req.prompt_tokens
         return estimate_tokens(req.messages)  # an edge without a tokenizer: ~4 characters a token
 
+    def _cloud_down(self) -> tuple[str, HybridLLMError | None] | None:
+        """Why the cloud cannot take a request now (and the error behind it, if one), or None when it
+        can. A custom cloud backend whose is_available() or unavailable_reason() raises counts as
+        unavailable, its error named in the reason: the device answers in its place, as for an open
+        circuit, and the request fails only where the device cannot hold the prompt."""
+        cloud = self.cloud
+        assert cloud is not None
+        try:
+            if call_guarded(cloud.is_available, cloud, "cloud"):
+                return None
+        except HybridLLMError as exc:  # a foreign error comes wrapped, the original as its __cause__
+            return f"its is_available() raised {_named(exc)}", exc
+        # what the cloud last did ("circuit open after: HTTP 404 from http://h/v1/..."), if it says
+        said = getattr(cloud, "unavailable_reason", None)
+        if said is None:
+            return "circuit open, or its Retry-After not over", None
+        try:
+            return call_guarded(said, cloud, "cloud"), None
+        except HybridLLMError as exc:
+            return f"its unavailable_reason() raised {_named(exc)}", exc
+
     # 3. execute
     async def _execute(self, req: Request, d: Decision, start: float) -> Chunks:
         if d.route == "cloud":
             assert self.cloud is not None
-            if not self.cloud.is_available():
-                # what the cloud last did ("circuit open after: HTTP 404 from http://h/v1/..."), if it says
-                said = getattr(self.cloud, "unavailable_reason", None)
-                why = said() if said is not None else "circuit open, or its Retry-After not over"
+            down = self._cloud_down()
+            if down is not None:
+                why, err = down
                 if not req.fits_edge:  # the device cannot stand in
-                    raise _waits_for_cloud(req, f"the cloud is unavailable ({why})", "once the cloud is back",
-                                           retry_after_s=wait_of(self.cloud))
+                    limited = rate_limited(self.cloud)  # waiting out its 429: a rate limit, not an outage
+                    raise _waits_for_cloud(
+                        req, f"the cloud is {'rate-limiting' if limited else 'unavailable'} ({why})",
+                        "after its Retry-After" if limited else "once the cloud is back", limited=limited,
+                        retry_after_s=wait_of(self.cloud)) from err
                 async with aclosing(
                     self._emit_edge(
                         req,
@@ -558,7 +582,7 @@ class Core:
         assert draft is not None
         lp = draft.mean_logprob if draft.mean_logprob is not None else float("-inf")
         escalate, spent = self.policy.should_escalate(lp), None
-        available = escalate and self.cloud.is_available()
+        available = escalate and self._cloud_down() is None
         if available and self.ledger is not None:  # held only when the cloud is really asked
             req.reservation, spent = self.ledger.reserve(self._estimate(req))
         if available and not spent:
@@ -895,7 +919,10 @@ class Core:
 
     async def aclose(self) -> None:
         if not self._closed and self.cloud is not None:
-            await self.cloud.aclose()  # its connections on this loop
+            try:
+                await self.cloud.aclose()  # its connections on this loop
+            except Exception as exc:  # noqa: BLE001 - the device model is freed all the same
+                _close_failed(self.cloud, "cloud", exc)
         # off the loop: close() waits for the device's current step (a long prompt's prefill took
         # 1.3 s on SmolLM2, up to close_timeout_s), and the app's loop must keep running meanwhile
         await asyncio.to_thread(self.close)
@@ -910,9 +937,28 @@ class Core:
                 log.warning("the device model was still generating %.0f s after close(); it is left "
                             "loaded instead of being freed under the running step", self.close_timeout_s)
                 edge = None
-            for part in (edge, self.cloud, self.cache):
+            for side, part in (("edge", edge), ("cloud", self.cloud), ("cache", self.cache)):
                 if part is not None:
-                    part.close()
+                    try:
+                        part.close()
+                    except Exception as exc:  # noqa: BLE001 - one part's failure must not keep the others open
+                        _close_failed(part, side, exc)
+
+
+def _named(exc: HybridLLMError) -> str:
+    """A guarded call's error as "Type: message": the backend's own (the wrapped error's cause), or ours."""
+    own = exc.__cause__ if isinstance(exc.__cause__, Exception) else exc
+    return f"{type(own).__name__}: {own}" if str(own) else type(own).__name__
+
+
+def _close_failed(part: object, side: str, exc: Exception) -> None:
+    """A part whose close() raised: said as a warning (the original in the debug log), not raised, so
+    that the client's other parts and its threads are closed too and a ``with`` block's own result
+    (or error) stands."""
+    name = getattr(part, "name", None) or side
+    log.warning("closing the %s part %r (%s) failed: %s: %s; the client's other parts were closed",
+                side, name, type(part).__name__, type(exc).__name__, exc)
+    log.debug("the %s part's close() error", side, exc_info=exc)
 
 
 def _redacted(d: Decision) -> str:
@@ -956,8 +1002,31 @@ class WaitPort(Protocol):
 
 def wait_of(part: object) -> float | None:
     """Seconds until the part takes a request again, where it can say; None otherwise (a budget
-    limit of 0 never has room)."""
-    return part.retry_after_s() if isinstance(part, WaitPort) else None
+    limit of 0 never has room). A custom cloud backend's retry_after_s() that raises gives no hint
+    (logged), rather than failing the request that asked for it."""
+    if not isinstance(part, WaitPort):
+        return None
+    try:
+        return part.retry_after_s()
+    except Exception as exc:  # noqa: BLE001 - only a hint for the caller's retry
+        log.warning("%s.retry_after_s() raised %s: %s; no Retry-After given", type(part).__name__,
+                    type(exc).__name__, exc)
+        return None
+
+
+def rate_limited(part: object) -> bool:
+    """Whether the cloud is unavailable because it rate-limits (waiting out a 429's Retry-After),
+    where it can say (CloudBackend.rate_limited); a custom cloud without it, or whose rate_limited()
+    raises, is taken as down (logged)."""
+    said = getattr(part, "rate_limited", None)
+    if not callable(said):
+        return False
+    try:
+        return bool(said())
+    except Exception as exc:  # noqa: BLE001 - only the kind of refusal depends on it
+        log.warning("%s.rate_limited() raised %s: %s; taken as unavailable", type(part).__name__,
+                    type(exc).__name__, exc)
+        return False
 
 
 def _waits_for_cloud(req: Request, why: str, when: str, *, spent: str | None = None, limited: bool = False,
@@ -1054,7 +1123,7 @@ class _Answer:
         if not delta.text:
             return None
         if self.call is not None:  # until the cloud's own count arrives: ~4 characters a token
-            self.call.streamed += max(1, len(delta.text) // 4)
+            self.call.streamed += estimate_text_tokens(delta.text)
         text = self.restorer.feed(delta.text) if self.restorer is not None else delta.text
         self._note_stop()
         if not text:  # all of it held back: it may be the start of a placeholder

@@ -7,6 +7,8 @@ import sys
 import time
 from typing import TextIO
 
+from ._durations import duration
+
 
 class ProgressBar:
     """Call with (done, total). Redraws in place on a terminal, prints every 25% otherwise.
@@ -71,7 +73,7 @@ class ProgressBar:
         t0, d0 = self._first or (self.start, 0)
         # rate = (done - done at the first call) / (time since then); left = (total - done) / rate
         rate = (done - d0) / max(now - t0, 1e-6)
-        left = f", {_duration((total - done) / rate)} left" if total and 0 < rate and done < total else ""
+        left = f", {duration((total - done) / rate)} left" if total and 0 < rate and done < total else ""
         if total and self.unit == "%":  # steps: the share done and the time so far, no amounts
             frac = min(done / total, 1.0)
             return f"{self.label} [{'#' * int(frac * 30):<30}] {frac:4.0%} {now - self.start:.0f} s{left}"
@@ -84,11 +86,3 @@ class ProgressBar:
                     f"{total / self.scale:.{digits}f} {self.unit} {speed}{left}")
         return f"{self.label} {done / self.scale:.{digits}f} {self.unit} {speed}"
 
-
-def _duration(seconds: float) -> str:
-    s = int(round(seconds))
-    if s < 60:
-        return f"{s} s"
-    if s < 3600:
-        return f"{s // 60} min {s % 60:02d} s"
-    return f"{s // 3600} h {s % 3600 // 60:02d} min"

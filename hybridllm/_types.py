@@ -56,10 +56,18 @@ def normalize_messages(messages: str | Sequence[Message], *, allow_empty: bool =
     return out
 
 
+def estimate_text_tokens(text: str) -> int:
+    """The tokens of ``text`` where no tokenizer is at hand, the one estimate the library uses (a
+    prompt, an answer, a streamed piece): about 4 characters a token, rounded up, so that any
+    non-empty text counts at least one token and "" counts none."""
+    # BPE vocabularies average about 4 characters of English a token; ceil(n / 4) == -(-n // 4)
+    return -(-len(text) // 4)
+
+
 def estimate_tokens(messages: Sequence[Message]) -> int:
-    """A prompt's tokens where no tokenizer is at hand: about 4 characters a token, plus a few per
-    message for the chat template."""
-    return sum(len(str(m.get("content", ""))) // 4 + 4 for m in messages)
+    """A prompt's tokens where no tokenizer is at hand: each message's text by
+    :func:`estimate_text_tokens`, plus 4 for its place in the chat template (role and markers)."""
+    return sum(estimate_text_tokens(str(m.get("content", ""))) + 4 for m in messages)
 
 
 def last_user_text(messages: Messages) -> str:
@@ -67,6 +75,36 @@ def last_user_text(messages: Messages) -> str:
         if msg["role"] == "user":
             return str(msg["content"])
     return ""
+
+
+# a field that holds the user's text (a prompt, an answer): its repr shows its size, never the
+# text, so that a logged object (log.info("%r", completion)) puts no user text in the logs
+USER_TEXT = {"user_text": True}
+
+
+def _size_of(value: Any) -> str:
+    """What a repr shows for user text: how much there is, not what it says."""
+    if isinstance(value, str):
+        return f"<{len(value)} chars>"
+    if isinstance(value, list):  # messages
+        chars = sum(len(str(m.get("content", ""))) if isinstance(m, dict) else len(str(m)) for m in value)
+        return f"<{len(value)} message{'' if len(value) == 1 else 's'}, {chars} chars>"
+    if isinstance(value, tuple) and all(isinstance(s, str) for s in value):  # stop strings
+        if not value:
+            return "()"
+        sizes = ", ".join(str(len(s)) for s in value)
+        return f"<{len(value)} string{'' if len(value) == 1 else 's'} of {sizes} chars>"
+    return "<hidden>"
+
+
+def private_repr(self: Any) -> str:
+    """A dataclass's repr with its user-text fields (``metadata=USER_TEXT``) shown by size only."""
+    shown = []
+    for f in fields(self):
+        if f.repr:
+            value = getattr(self, f.name)
+            shown.append(f"{f.name}={_size_of(value) if f.metadata.get('user_text') else repr(value)}")
+    return f"{type(self).__name__}({', '.join(shown)})"
 
 
 @dataclass(frozen=True)
@@ -89,8 +127,11 @@ class GenerationParams:
     min_p: float = 0.0
     repeat_penalty: float = 1.0
     seed: int | None = None
-    stop: tuple[str, ...] = ()
+    # the caller's stop strings; in repr by their count and sizes only (user text)
+    stop: tuple[str, ...] = field(default=(), metadata=USER_TEXT)
     logprobs: bool = False  # report the log-probability of each sampled token
+
+    __repr__ = private_repr
 
     def __post_init__(self) -> None:
         if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int):
@@ -177,31 +218,6 @@ def check_option_names(names: Iterable[str], *, routing: Sequence[str] = ()) -> 
 
 def _is_number(x: Any) -> bool:
     return isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x)
-
-
-# a field that holds the user's text (a prompt, an answer): its repr shows its size, never the
-# text, so that a logged object (log.info("%r", completion)) puts no user text in the logs
-USER_TEXT = {"user_text": True}
-
-
-def _size_of(value: Any) -> str:
-    """What a repr shows for user text: how much there is, not what it says."""
-    if isinstance(value, str):
-        return f"<{len(value)} chars>"
-    if isinstance(value, list):  # messages
-        chars = sum(len(str(m.get("content", ""))) if isinstance(m, dict) else len(str(m)) for m in value)
-        return f"<{len(value)} message{'' if len(value) == 1 else 's'}, {chars} chars>"
-    return "<hidden>"
-
-
-def private_repr(self: Any) -> str:
-    """A dataclass's repr with its user-text fields (``metadata=USER_TEXT``) shown by size only."""
-    shown = []
-    for f in fields(self):
-        if f.repr:
-            value = getattr(self, f.name)
-            shown.append(f"{f.name}={_size_of(value) if f.metadata.get('user_text') else repr(value)}")
-    return f"{type(self).__name__}({', '.join(shown)})"
 
 
 @dataclass(frozen=True)

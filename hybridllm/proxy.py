@@ -52,7 +52,7 @@ from ._exceptions import (
 )
 from ._loopback import LOOPBACK_NAMES, host_name, is_loopback, is_loopback_origin
 from ._pipeline import ForcedCloudOverBudgetError, wait_of
-from ._types import Chunk, Completion, estimate_tokens
+from ._types import Chunk, Completion, estimate_text_tokens, estimate_tokens
 from .wire import (
     DEFAULT_MAX_BODY_BYTES,
     ChatCompletionRequest,
@@ -295,7 +295,7 @@ def _count_cache_hit(edge: Any, messages: list[dict[str, str]], text: str) -> di
     device would have reported had it answered (the library's Completion says 0/0: nothing ran).
     The answer's tokens are those it adds as the start of the model's own turn (``prefix``);
     without a tokenizer, about 4 characters a token."""
-    estimate = -(-len(text) // 4)  # ceil
+    estimate = estimate_text_tokens(text)
     try:
         tokenize = getattr(edge, "tokenize", None)
         if tokenize is not None:

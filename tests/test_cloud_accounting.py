@@ -62,19 +62,20 @@ PATHS = ["chat", "stream", "async"]
 
 @pytest.mark.parametrize("how", PATHS)
 def test_a_continued_answer_counts_its_cloud_call_once_and_its_whole_answer_in_usage(how):
-    # the cloud streams 9 characters (~2 tokens) and breaks; WordDevice writes 2 tokens on
+    # the cloud streams 9 characters (3 tokens, ~4 characters a token rounded up: ceil(9 / 4)) and
+    # breaks; WordDevice writes 2 tokens on
     llm = HybridLLM(edge=WordDevice(), cloud=BreakingCloud(["abcdefgh "]), policy=CloudRouter(),
                     cache=False, price_per_1k_tokens=PRICE, max_cloud_tokens_per_day=10_000)
     texts, c = read(llm, how, SHORT)
     s = llm.stats()
     assert c.route == "cloud->edge" and c.text == "abcdefgh device answer" == "".join(texts)
-    assert s["budget"]["tokens_day"] == 6 + 2  # the ledger: the prompt plus what the cloud streamed
+    assert s["budget"]["tokens_day"] == 6 + 3  # the ledger: the prompt plus what the cloud streamed
     # cloud tokens are what the cloud call cost, not the device's continuation on top
-    assert s["cloud_tokens"] == 8
-    assert c.cost_usd == pytest.approx(8 / 1000 * PRICE)
-    assert s["cloud_cost_usd"] == pytest.approx(8 / 1000 * PRICE, abs=1e-6)
-    # the answer the caller got: the prompt once; the cloud's 2 tokens and the device's 2
-    assert (c.usage.prompt_tokens, c.usage.completion_tokens) == (6, 4)
+    assert s["cloud_tokens"] == 9
+    assert c.cost_usd == pytest.approx(9 / 1000 * PRICE)
+    assert s["cloud_cost_usd"] == pytest.approx(9 / 1000 * PRICE, abs=1e-6)
+    # the answer the caller got: the prompt once; the cloud's 3 tokens and the device's 2
+    assert (c.usage.prompt_tokens, c.usage.completion_tokens) == (6, 5)
     llm.close()
 
 

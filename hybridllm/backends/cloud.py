@@ -72,6 +72,7 @@ from contextlib import AsyncExitStack, aclosing
 from typing import Any
 
 from .._config import split_userinfo
+from .._durations import duration
 from .._exceptions import (
     CloudAuthError,
     CloudError,
@@ -80,7 +81,7 @@ from .._exceptions import (
     ConfigError,
     InvalidRequestError,
 )
-from .._types import GenerationParams, Messages, Usage, estimate_tokens
+from .._types import GenerationParams, Messages, Usage, estimate_text_tokens, estimate_tokens
 from .base import Backend, Delta, StopMatcher, drain_loop, register_backend
 from .circuit import MAX_COOLDOWN_S, CircuitBreaker, Endpoint, pick_endpoint
 from .refusals import RefusalMemory, is_hosted
@@ -271,6 +272,16 @@ class CloudBackend(Backend):
         cooling, now = self._cooling(), time.monotonic()
         return min((max(e.breaker.seconds_until_allowed(), cooling.get(e.base_url, (now, None))[0] - now)
                     for e in self.endpoints), default=0.0)
+
+    def rate_limited(self) -> bool:
+        """Whether the cloud takes no request now because it asked to wait: unavailable, and an
+        endpoint answered HTTP 429 with a Retry-After that is longer than ``backoff_max_s`` and not
+        over. A request that only the cloud can answer is then a rate limit (429), not an outage."""
+        if self.is_available():
+            return False
+        now = time.monotonic()
+        return any(status == 429 and until - now > self.backoff_max_s
+                   for until, status in self._cooling().values())
 
     def unavailable_reason(self) -> str:
         """Why the endpoints take no request now, in a few words for a completion's reason: each
@@ -580,7 +591,7 @@ class CloudBackend(Backend):
         loses = "; ".join(dict.fromkeys(LOSES.get(n, "it samples without that filter") for n in sorted(new)))
         log.warning("The cloud at %s (model %s) refused %s when asked %s ago (kept in %s; delete it to "
                     "forget); it is sent requests without %s: %s", key[0], key[1], ", ".join(sorted(new)),
-                    _ago(time.time() - at), self._memory.path, "them" if len(new) > 1 else "it", loses)
+                    duration(time.time() - at), self._memory.path, "them" if len(new) > 1 else "it", loses)
 
     async def _stream_once(self, ep: Endpoint, messages: Messages,
                            params: GenerationParams) -> AsyncIterator[Delta]:
@@ -652,7 +663,7 @@ class CloudBackend(Backend):
                     hit = False
                     for text in texts:
                         stall = self.stall_timeout_s
-                        received += max(1, len(text) // 4)
+                        received += estimate_text_tokens(text)  # ~4 characters a token
                         if matcher is not None:
                             text, hit = matcher.feed(text)
                             if hit:
@@ -819,14 +830,6 @@ def _names(text: str, name: str) -> bool:
     """``text`` names the field ``name`` (a whole word: top_p is not top_k, nor max_tokens in
     max_completion_tokens)."""
     return re.search(rf"(?<![A-Za-z0-9_]){name}(?![A-Za-z0-9_])", text) is not None
-
-
-def _ago(seconds: float) -> str:
-    if seconds < 3600:
-        return f"{max(1, round(seconds / 60))} min"
-    if seconds < 86400:
-        return f"{seconds / 3600:.0f} h"
-    return f"{seconds / 86400:.0f} days"
 
 
 def _quoted(text: str, name: str) -> bool:

@@ -22,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from itertools import count
 
+from .._durations import duration
 from .._exceptions import ConfigError
 
 HOUR = 3600.0
@@ -200,7 +201,7 @@ class Budget:
             if used >= limit:
                 flight = f" ({held_calls} in flight)" if held_calls else ""
                 wait = _until_room(window, span, unit, limit, used, now)
-                when = "" if wait is None else f" (sliding window: room again in {_duration(wait)})"
+                when = "" if wait is None else f" (sliding window: room again in {duration(wait)})"
                 if not limit:  # never room: say which setting closes the cloud
                     when = f" ({_SETTING[label]} is 0: no cloud calls until it is raised)"
                 amount = (f"${used:.2f}/${limit:.2f}" if label.startswith("cloud spend")
@@ -244,10 +245,3 @@ def _until_room(window: list[tuple[float, int]], span: float, unit: float, limit
             return max(0.0, ts + span - now)
     return None
 
-
-def _duration(seconds: float) -> str:
-    if seconds < 60:
-        return f"{max(1, round(seconds))} s"
-    if seconds < 3600:
-        return f"{round(seconds / 60)} min"
-    return f"{seconds / 3600:.1f} h"

@@ -34,9 +34,9 @@ import bisect
 import ipaddress
 import re
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from .._types import Message
+from .._types import USER_TEXT, Message, private_repr
 
 PII_KINDS = ("secret", "iban", "card", "national_id", "email", "phone", "ip_address")
 PLACEHOLDER = {
@@ -55,7 +55,9 @@ class PIIMatch:
     kind: str
     start: int
     end: int
-    text: str
+    text: str = field(metadata=USER_TEXT)  # the personal value itself: in repr by its length only
+
+    __repr__ = private_repr
 
 
 def luhn_ok(digits: str) -> bool:

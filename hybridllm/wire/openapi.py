@@ -21,8 +21,12 @@ ERROR_TEXT = {
     403: "A request from a web page whose origin this server does not allow",
     404: "Unknown model",
     413: "Request body too large",
-    429: "Queue full; retry after the Retry-After header",
-    503: "The model is loading or the engine is not running",
+    429: "Too many requests now (a full queue, a rate limit or a spent budget); retry after the "
+         "Retry-After header",
+    500: "Internal error",
+    502: "The upstream answered with an error",
+    503: "Cannot serve now (loading, shutting down, or its upstream unavailable); retry after the "
+         "Retry-After header",
 }
 
 

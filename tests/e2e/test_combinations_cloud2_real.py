@@ -64,7 +64,7 @@ def test_real_device_continues_a_hosted_answer_alike_on_the_sync_and_async_paths
     assert sync.usage.to_dict() == asynch.usage.to_dict()
     # top_k refused once, remembered: three POSTs, two calls in the budget
     assert [("top_k" in b) for b in cloud.bodies] == [True, False, False]
-    streamed = 1 + 1  # "Red, " and "green": ~4 characters a token, at least 1 a piece
+    streamed = 2 + 2  # "Red, " and "green": 5 characters each, ceil(5 / 4) tokens
     assert s["budget"]["calls_day"] == 2 and s["budget"]["calls_in_flight"] == 0
     assert s["cloud_tokens"] == s["budget"]["tokens_day"] == 2 * (n + streamed)
     assert s["cloud_cost_usd"] == pytest.approx(sync.cost_usd + asynch.cost_usd, abs=1e-9)
@@ -119,6 +119,7 @@ def test_real_device_part_stopped_by_the_reader_leaves_the_stats_equal_to_the_le
         stream.close()
         s = llm.stats()
     assert s["requests"] == 0 and s["budget"]["calls_day"] == 1 and s["budget"]["calls_in_flight"] == 0
-    # no answer, but the cloud call cost its prompt and what it streamed, in the stats as in the ledger
-    assert s["cloud_tokens"] == s["budget"]["tokens_day"] == n + 2
-    assert s["cloud_cost_usd"] == pytest.approx((n + 2) / 1000 * PRICE, abs=1e-9)
+    # no answer, but the cloud call cost its prompt and what it streamed ("Red, " and "green": 2 + 2),
+    # in the stats as in the ledger
+    assert s["cloud_tokens"] == s["budget"]["tokens_day"] == n + 4
+    assert s["cloud_cost_usd"] == pytest.approx((n + 4) / 1000 * PRICE, abs=1e-9)

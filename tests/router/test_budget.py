@@ -61,10 +61,10 @@ def test_a_spent_budget_says_when_there_is_room_again():
     # 1010 tokens: one more fits once the first two calls (20 tokens) have left the day; the
     # second leaves 86,400 s from now
     assert tokens.exhausted() == ("budget spent: 1010/1000 cloud tokens today "
-                                  "(sliding window: room again in 24.0 h)")
+                                  "(sliding window: room again in 1 day)")
     clock.t += 3600  # an hour on, the wait is an hour shorter
     assert tokens.exhausted() == ("budget spent: 1010/1000 cloud tokens today "
-                                  "(sliding window: room again in 23.0 h)")
+                                  "(sliding window: room again in 23 h)")
     assert Budget(max_cloud_calls_per_hour=0).exhausted() == (
         "budget spent: 0/0 cloud calls this hour (max_cloud_calls_per_hour is 0: no cloud calls until it "
         "is raised)")

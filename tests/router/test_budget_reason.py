@@ -18,14 +18,14 @@ def test_the_reason_names_the_limit_with_the_longest_wait_and_the_others_after_i
     b = Budget(max_cloud_calls_per_hour=1, max_cloud_tokens_per_day=100, clock=clock)
     b.record(120)  # one call of 120 tokens spends both the hour's calls and the day's tokens
     clock.t += 600
-    # the hour's call limit has room in 50 min, the day's tokens only in 23.8 h: a call fits
+    # the hour's call limit has room in 50 min, the day's tokens only in 23 h 50 min: a call fits
     # when both have room, so the reason leads with the day and gives its time
     reason = b.exhausted()
-    assert reason == ("budget spent: 120/100 cloud tokens today (sliding window: room again in 23.8 h); "
+    assert reason == ("budget spent: 120/100 cloud tokens today (sliding window: room again in 23 h 50 min); "
                       "also 1/1 cloud calls this hour (sliding window: room again in 50 min)")
     assert b.retry_after_s() == 86400 - 600  # the same time as the reason's lead
     clock.t += 3000  # the hour has room, the day does not: only the day is named
-    assert b.exhausted() == "budget spent: 120/100 cloud tokens today (sliding window: room again in 23.0 h)"
+    assert b.exhausted() == "budget spent: 120/100 cloud tokens today (sliding window: room again in 23 h)"
 
 
 def test_a_limit_that_never_has_room_leads():

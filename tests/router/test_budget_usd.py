@@ -33,7 +33,7 @@ def test_a_dollar_limit_counts_tokens_at_the_price_and_reports_dollars() -> None
     b.settle(r, 600)  # $1.05 in all: spent
     why = b.exhausted()
     # the first call leaves the day's window 23 h from now, and $0.30 is under $1
-    assert why == "budget spent: $1.05/$1.00 cloud spend today (sliding window: room again in 23.0 h)"
+    assert why == "budget spent: $1.05/$1.00 cloud spend today (sliding window: room again in 23 h)"
     assert b.reserve(10) == (None, why)
     assert b.retry_after_s() == pytest.approx(23 * 3600)
     clock.now += 23 * 3600 + 1

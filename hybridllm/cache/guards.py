@@ -12,7 +12,7 @@ two different questions can look identical to them:
   two different questions embeds to cosine 1.0): see ``SemanticCache``, which asks the embedder and
   the verifier whether they read each text whole;
 - different numbers ("convert 5 km to miles" / "convert 50 km to miles", "in one sentence" / "in
-  five bullet points"), a negation on one side
+  five bullet points", "-40 °C" / "40 °C"), a negation on one side
   only ("is it safe" / "is it unsafe"), and the same words with one moved across a word of
   direction ("flights from Paris to London" / "from London to Paris", "is a shark bigger than a
   dolphin"): the verifiers usually catch these, not always (and plain cosine never), while a
@@ -30,7 +30,9 @@ import re
 from collections import Counter
 
 _CODE = re.compile(r"[\n`;{}<>=|\\]|\d\s*[-+*/^%×÷]\s*[\d(.]|\d!")
-_NUMBER = re.compile(r"\d+(?:[.,]\d+)*")
+# a minus sign belongs to the number when nothing word-like stands before it: "-40 °C" is not
+# "40 °C", while "COVID-19" holds 19 (and "10-3" is arithmetic, see _CODE)
+_NUMBER = re.compile(r"(?:(?<![\w)])[-\u2212])?\d+(?:[.,]\d+)*")
 _WORD = re.compile(r"[^\W_]+(?:'[^\W_]+)?")
 _TRAILING = re.compile(r"[\s?.!]+$")
 NEGATIONS = frozenset(
@@ -70,6 +72,10 @@ def _words(text: str) -> list[str]:
     return _WORD.findall(text.casefold().replace("’", "'"))
 
 
+def _numbers(text: str) -> Counter[str]:
+    return Counter(n.replace("\u2212", "-") for n in _NUMBER.findall(text))  # U+2212 is a minus too
+
+
 def _negated(words: list[str]) -> bool:
     return any(w in NEGATIONS or w.endswith("n't") for w in words)
 
@@ -103,7 +109,7 @@ def conflict(query: str, cached: str) -> str | None:
     if is_code_like(query) or is_code_like(cached):
         return "code or a formula, served only on an exact repeat"
     words_q, words_c = _words(query), _words(cached)
-    if Counter(_NUMBER.findall(query)) != Counter(_NUMBER.findall(cached)) or Counter(
+    if _numbers(query) != _numbers(cached) or Counter(
         w for w in words_q if w in NUMBER_WORDS
     ) != Counter(w for w in words_c if w in NUMBER_WORDS):
         return "different numbers"

@@ -2,9 +2,10 @@
 
 Keying. An entry belongs to a *bucket*: the hash of its namespace, model id, the sampling settings
 that change answers (``params_key``) and the conversation context (system prompt and every turn
-before the last user turn). Only the last user turn is embedded and compared, and only within its
-bucket, so a hit never crosses tenants, models or conversations ("how old is she?" asked in two
-conversations never shares an answer). The entry id is a hash of the bucket and the normalized
+but the last user turn, plus that turn's ``name`` and its place when turns follow it). Only the
+last user turn is embedded and compared, and only within its bucket, so a hit never crosses
+tenants, models, users or conversations ("how old is she?" asked in two conversations never
+shares an answer). The entry id is a hash of the bucket and the normalized
 question: putting the same question twice replaces the answer instead of duplicating it, and an
 exact repeat is found without running the embedder.
 
@@ -42,8 +43,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import numbers
 import threading
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -115,8 +118,24 @@ def split_messages(messages: list[dict]) -> tuple[list[dict], str]:
             raise InvalidRequestError(f"messages[{i}] must be a dict with a 'role'")
         if msg["role"] == "user":
             context = [_canonical(m) for j, m in enumerate(messages) if j != i]
+            if (turn := _turn_key(msg, i, len(messages))) is not None:
+                context.append(turn)
             return context, _text_of(msg.get("content"))
     raise InvalidRequestError("messages hold no user turn to look up")
+
+
+def _turn_key(msg: dict, at: int, total: int) -> dict | None:
+    """What the model sees of the last user turn besides its text: its ``name`` ("what is my
+    name?" asked by two users) and its place when turns follow it (a greeting before the question
+    or an assistant prefill after it). None in the usual case, the question last and unnamed, so
+    the buckets of entries written before this key existed stay the same."""
+    turn: dict[str, Any] = {}
+    if msg.get("name") is not None:
+        turn["name"] = msg["name"]
+    if at != total - 1:
+        turn["at"] = at
+    # a key no message holds (those keep role, name and content only): never equal to a turn
+    return {"last_user_turn": turn} if turn else None
 
 
 def _canonical(msg: dict) -> dict:
@@ -155,6 +174,15 @@ class _Known:
     fits: bool | None = None
 
 
+def _is_real(x: object) -> bool:
+    return isinstance(x, numbers.Real) and not isinstance(x, bool)
+
+
+def _is_count(x: object) -> bool:
+    """An integer >= 1 (a float such as 2.5 would fail later, inside a search)."""
+    return isinstance(x, numbers.Integral) and not isinstance(x, bool) and int(x) >= 1
+
+
 def _fits(model: object, *texts: str) -> bool:
     """Whether the embedder reads ``texts`` whole; True for one that cannot tell (a caller's own)."""
     fits = getattr(model, "fits", None)
@@ -175,12 +203,16 @@ class SemanticCache:
         top_k: int = 5,
         min_similarity: float | None = None,
     ) -> None:
-        if ttl_s is not None and ttl_s <= 0:
-            raise ConfigError("ttl_s must be positive or None (no expiry)")
-        if max_entries < 1:
-            raise ConfigError("max_entries must be at least 1")
-        if top_k < 1:
-            raise ConfigError("top_k must be at least 1")
+        # "not > 0" refuses NaN too (HYBRIDLLM_CACHE_TTL_S=nan): every entry would read as
+        # expired and the cache would silently never hit
+        if ttl_s is not None and (not _is_real(ttl_s) or not ttl_s > 0):
+            raise ConfigError(
+                f"ttl_s must be a positive number of seconds or None (no expiry), got {ttl_s!r}"
+            )
+        if not _is_count(max_entries):
+            raise ConfigError(f"max_entries must be an integer of at least 1, got {max_entries!r}")
+        if not _is_count(top_k):
+            raise ConfigError(f"top_k must be an integer of at least 1, got {top_k!r}")
         if not isinstance(namespace, str) or not namespace:
             raise ConfigError(f"namespace must be a non-empty string, got {namespace!r}")
         if isinstance(verifier, str | Path):
@@ -192,10 +224,11 @@ class SemanticCache:
         # "~/..." from a config file means the home folder, as `hybridllm cache` reads it
         self.path = Path(path).expanduser() if path is not None else cache_dir() / DEFAULT_FILENAME
         self.namespace = namespace
-        self.ttl_s = ttl_s
-        self.max_entries = max_entries
+        # plain Python numbers: SQLite binds no numpy integer (np.int64 reached `LIMIT ?`)
+        self.ttl_s = float(ttl_s) if ttl_s is not None else None
+        self.max_entries = int(max_entries)
         self.store_pii = store_pii
-        self.top_k = top_k
+        self.top_k = int(top_k)
         self._embedder = embedder
         self._lock = threading.RLock()
         self._store = CacheStore(self.path, dim=embedder.dim if embedder else 384)
@@ -301,10 +334,6 @@ class SemanticCache:
         bucket = bucket_key(ns, model, params_key, context)
         entry_id = entry_id_for(bucket, query)
         vec = self._vector(query, embedding)
-        if vec.shape != (self._store.dim,):
-            raise InvalidRequestError(
-                f"the embedding has shape {vec.shape}; this cache holds {self._store.dim}-dim vectors"
-            )
         try:
             json.dumps(metadata)
         except (TypeError, ValueError) as exc:
@@ -398,9 +427,19 @@ class SemanticCache:
         return self._embed(split_messages(messages)[1])
 
     def _vector(self, query: str, embedding: np.ndarray | None) -> np.ndarray:
-        if embedding is None:
-            return self._embed(query)
-        return np.asarray(embedding, dtype=np.float32).reshape(-1)
+        """The question's unit vector: the index compares dot products with ``min_similarity``
+        as cosines, so a vector of another length (a caller's own embedder or ``embedding=``
+        without normalization) would make unrelated questions pass it."""
+        vec = self._embed(query) if embedding is None else np.asarray(embedding, dtype=np.float32).reshape(-1)
+        if vec.shape != (self._store.dim,):
+            raise InvalidRequestError(
+                f"the embedding has shape {vec.shape}; this cache holds {self._store.dim}-dim vectors"
+            )
+        norm = float(np.linalg.norm(vec))
+        if not np.isfinite(norm) or norm == 0.0:
+            raise InvalidRequestError("the embedding must be a finite, non-zero vector")
+        # the shipped embedder's vectors are unit already: left bit for bit as they are
+        return vec if abs(norm - 1.0) <= 1e-3 else vec / np.float32(norm)
 
     def _embed(self, query: str) -> np.ndarray:
         if self._embedder is None:
@@ -451,8 +490,9 @@ class SemanticCache:
 
     def _serve(self, entry_id: str, similarity: float, prob: float | None) -> CacheHit | None:
         entry = self._store.get(entry_id)
-        if entry is None:  # deleted by another process since the last sync
+        if entry is None:  # deleted by another process since the last sync (or unreadable)
             self._forget([entry_id])
+            self._drop_unreadable()
             return self._miss()
         now = time.time()
         self._hits += 1
@@ -478,17 +518,26 @@ class SemanticCache:
 
     def _enforce_bounds(self, now: float) -> None:
         if self.ttl_s is not None and now - self._last_purge >= _PURGE_EVERY_S:
-            expired = self._store.expired_ids(now - self.ttl_s)
-            self._store.delete(expired)
-            self._seen()
-            self._forget(expired)
-            self._last_purge = now
+            self._purge_expired(now, self.ttl_s)
         excess = self._store.count() - self.max_entries  # the file's, other processes' entries too
+        if excess > 0 and self.ttl_s is not None and self._last_purge != now:
+            # expired entries go before live ones: an entry hit just before it expired has a
+            # later last_used than a live one never hit since, and LRU alone would evict the
+            # live one and keep the dead one
+            self._purge_expired(now, self.ttl_s)
+            excess = self._store.count() - self.max_entries
         if excess > 0:
             victims = self._store.lru_ids(excess)
             self._store.delete(victims)
             self._seen()
             self._forget(victims)
+
+    def _purge_expired(self, now: float, ttl_s: float) -> None:
+        expired = self._store.expired_ids(now - ttl_s)
+        self._store.delete(expired)
+        self._seen()
+        self._forget(expired)
+        self._last_purge = now
 
     def _reload(self) -> None:
         self._seen_version = self._store.data_version()
@@ -498,6 +547,27 @@ class SemanticCache:
         not_before = time.time() - self.ttl_s if self.ttl_s is not None else None
         for entry in self._store.iter_entries(not_before=not_before):
             self._add(entry)
+        self._drop_unreadable()
+
+    def _drop_unreadable(self) -> None:
+        """Delete the rows the store could not read (damaged in the file): the other entries
+        stay served. Said in a warning, with a count and no text; a file that cannot be written
+        keeps them, skipped on every load."""
+        bad = sorted(self._store.unreadable)
+        if not bad:
+            return
+        self._store.unreadable.clear()
+        self._forget(bad)
+        try:
+            self._store.delete(bad)
+        except CacheError:
+            return
+        self._seen()
+        warnings.warn(
+            f"Removed {len(bad)} damaged entries from the cache {self.path}; the other entries are kept.",
+            RuntimeWarning,
+            stacklevel=2,
+        )
 
     def _add(self, entry: Entry) -> None:
         self._index.add(entry.bucket, entry.id, entry.embedding)
@@ -522,3 +592,4 @@ class SemanticCache:
         for entry in self._store.get_many(ids):
             if not_before is None or entry.created_at >= not_before:
                 self._add(entry)
+        self._drop_unreadable()

@@ -35,6 +35,7 @@ from pathlib import Path
 import numpy as np
 
 from .._exceptions import CacheCorruptError, CacheError
+from .._locks import lock_exclusive
 from .._types import USER_TEXT, private_repr
 
 FORMAT = "hybridllm-semantic-cache"
@@ -96,6 +97,7 @@ class CacheStore:
         self._want_dim = dim
         self.dim = dim if dim is not None else 384
         self.last_logged = (0, 0)  # the first and last change numbers of our latest logged write
+        self.unreadable: set[str] = set()  # ids of rows found damaged by a read, to be deleted
         if self.path.is_dir():  # never moved aside as if it were a corrupt database
             raise CacheCorruptError(
                 f"The cache path {self.path} is a folder; pass the path of a database file "
@@ -114,7 +116,17 @@ class CacheStore:
         except sqlite3.DatabaseError as exc:
             if isinstance(exc, CacheCorruptError):
                 raise
-            self._conn = self._rebuild(exc)
+            self._conn = self._rebuild_or_fail(exc)
+
+    def _rebuild_or_fail(self, exc: Exception) -> sqlite3.Connection:
+        try:
+            return self._rebuild(exc)
+        except (OSError, sqlite3.OperationalError) as failed:
+            raise CacheCorruptError(
+                f"The cache {self.path} is corrupt ({exc}) and cannot be rebuilt ({failed}). Move "
+                "it away, point HYBRIDLLM_CACHE_DIR (or cache_path) at a writable folder, or turn "
+                "the cache off (cache=False, HYBRIDLLM_CACHE=0)."
+            ) from failed
 
     # ------------------------------------------------------------------ opening
 
@@ -193,6 +205,23 @@ class CacheStore:
         return meta
 
     def _rebuild(self, exc: Exception) -> sqlite3.Connection:
+        """Move the corrupt file aside and start an empty one, one process at a time: several
+        processes opening one corrupt file at once each found it corrupt, and each one after the
+        first moved aside the fresh file the others had made (and were writing, through their
+        open connections, to a file renamed ``.corrupt-*``): the processes no longer shared one
+        cache, and what each wrote was lost to the others."""
+        with open(f"{self.path}.rebuild-lock", "a+b") as lock:
+            lock_exclusive(lock.fileno())
+            try:  # rebuilt by another process while this one waited or before it looked again
+                return self._open()
+            except sqlite3.OperationalError:
+                raise  # busy or unreadable, not corrupt: said as such by the caller
+            except sqlite3.DatabaseError as again:
+                if isinstance(again, CacheCorruptError):
+                    raise
+            return self._move_aside_and_open(exc)
+
+    def _move_aside_and_open(self, exc: Exception) -> sqlite3.Connection:
         stamp = f"{self.path.name}.corrupt-{int(time.time())}"
         aside, n = self.path.with_name(stamp), 1
         while any(Path(str(aside) + s).exists() for s in ("", "-wal", "-shm")):
@@ -205,7 +234,7 @@ class CacheStore:
             f"The cache database {self.path} was corrupt ({exc}); moved it to {aside} and "
             "started an empty cache.",
             RuntimeWarning,
-            stacklevel=3,
+            stacklevel=5,  # the caller of CacheStore(), past the rebuild frames
         )
         try:
             return self._open()
@@ -249,7 +278,7 @@ class CacheStore:
             chunk = entry_ids[start : start + 500]
             marks = ",".join("?" * len(chunk))
             rows = self._conn.execute(f"SELECT * FROM entries WHERE id IN ({marks})", chunk)
-            out.extend(self._entry(r) for r in rows)
+            out.extend(e for r in rows if (e := self._entry(r)) is not None)
         return out
 
     def iter_entries(self, *, not_before: float | None = None) -> Iterator[Entry]:
@@ -259,16 +288,30 @@ class CacheStore:
             sql += " WHERE created_at >= ?"
             args = (not_before,)
         for row in self._conn.execute(sql, args):
-            yield self._entry(row)
+            if (entry := self._entry(row)) is not None:
+                yield entry
 
     def get(self, entry_id: str) -> Entry | None:
+        """The entry, or None when there is none or it cannot be read (see :meth:`_entry`)."""
         row = self._conn.execute("SELECT * FROM entries WHERE id = ?", (entry_id,)).fetchone()
         return self._entry(row) if row else None
 
-    def _entry(self, row: tuple) -> Entry:
-        vec = np.frombuffer(row[5], dtype=np.float32)
-        if vec.shape != (self.dim,):
-            raise CacheCorruptError(f"Cache entry {row[0]} in {self.path} has a bad embedding")
+    def _entry(self, row: tuple) -> Entry | None:
+        """The entry of ``row``; None for a row this version cannot read (a damaged embedding,
+        metadata or text, which SQLite's integrity check does not look at), its id added to
+        ``unreadable`` for the caller to delete. Before, one such row raised on every load
+        (a numpy ValueError, or CacheCorruptError), so the cache could not be opened at all."""
+        try:
+            if not all(isinstance(row[i], str) for i in (0, 1, 2, 3, 4)):
+                raise TypeError("text columns that are not text")
+            vec = np.frombuffer(row[5], dtype=np.float32)  # ValueError: a size not 4 x n
+            if vec.shape != (self.dim,):
+                raise ValueError(f"a {vec.size}-float embedding")
+            metadata = json.loads(row[8]) if row[8] else None
+            created_at, last_used = float(row[6]), float(row[7])
+        except (TypeError, ValueError):
+            self.unreadable.add(str(row[0]))
+            return None
         return Entry(
             id=row[0],
             namespace=row[1],
@@ -276,9 +319,9 @@ class CacheStore:
             query=row[3],
             response=row[4],
             embedding=vec,
-            created_at=row[6],
-            last_used=row[7],
-            metadata=json.loads(row[8]) if row[8] else None,
+            created_at=created_at,
+            last_used=last_used,
+            metadata=metadata,
         )
 
     def count(self, namespace: str | None = None) -> int:

@@ -61,28 +61,50 @@ def _threads(text: str) -> int:
     return value
 
 
+def _setting(name: str, none: str = "none") -> str:
+    """How --help states a default the settings can change: an option left out takes the setting
+    (see SETTINGS_EPILOG), and only without one the built-in value, read from the settings' own
+    definition so the help cannot drift from it (``none`` says what None means)."""
+    import dataclasses
+
+    from ._config import HybridLLMConfig
+
+    builtin = next(f.default for f in dataclasses.fields(HybridLLMConfig) if f.name == name)
+    return f"default: the {name} setting, else {none if builtin is None else builtin}"
+
+
+# shown under `hybridllm chat --help` and `hybridllm ask --help`
+SETTINGS_EPILOG = ("An option left out takes its setting from the environment (HYBRIDLLM_<NAME>, "
+                   "e.g. HYBRIDLLM_MAX_TOKENS) or config.toml (`hybridllm config show` prints them); "
+                   "the value after 'else' is the built-in one.")
+
+
 def _add_sampling(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None,
-                   help="edge model: catalog id or path to a .gguf file (default: edge_model from "
-                        "the config file or HYBRIDLLM_EDGE_MODEL, else the catalog's default)")
+                   help="edge model: catalog id, path to a .gguf file, or (--backend onnx) a "
+                        f"prepared folder ({_setting('edge_model')})")
     p.add_argument("--max-tokens", type=_sampling_value("max_tokens", int), default=None,
-                   help="most tokens to generate (256)")
+                   help=f"most tokens to generate ({_setting('max_tokens')})")
     p.add_argument("--temperature", type=_sampling_value("temperature", float), default=None,
-                   help="0 = greedy (default 0.7)")
+                   help=f"0 = greedy ({_setting('temperature')})")
     p.add_argument("--top-p", type=_sampling_value("top_p", float), default=None,
-                   help="nucleus sampling (default 0.95)")
+                   help=f"nucleus sampling, 1 = off ({_setting('top_p')})")
     p.add_argument("--top-k", type=_sampling_value("top_k", int), default=None,
-                   help="sample from the k likeliest (40; 0 = off)")
+                   help=f"sample from the k likeliest, 0 = off ({_setting('top_k')})")
     p.add_argument("--min-p", type=_sampling_value("min_p", float), default=None,
-                   help="drop tokens below min_p x the top one (default 0 = off)")
+                   help=f"drop tokens below min_p x the top one, 0 = off ({_setting('min_p')})")
     p.add_argument("--repeat-penalty", type=_sampling_value("repeat_penalty", float), default=None,
-                   help="1 = off (default)")
+                   help=f"1 = off ({_setting('repeat_penalty')})")
     p.add_argument("--seed", type=_sampling_value("seed", int), default=None,
-                   help="sampling seed, for repeatable answers")
-    p.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
-    p.add_argument("--threads", type=_threads, default=None, help="CPU threads (default: all cores)")
+                   help="sampling seed, for repeatable answers "
+                        f"({_setting('seed', 'none: a new draw each time')})")
+    p.add_argument("--stop", action="append", default=None,
+                   help="stop string, repeatable (default: none)")
+    p.add_argument("--threads", type=_threads, default=None,
+                   help=f"CPU threads ({_setting('n_threads', 'all cores')})")
     p.add_argument("--backend", choices=("llama_cpp", "onnx"), default=None,
-                   help="edge runtime: llama_cpp (GGUF, default) or onnx (ONNX Runtime GenAI)")
+                   help="edge runtime: llama_cpp (GGUF) or onnx (ONNX Runtime GenAI) "
+                        f"({_setting('edge_backend')})")
 
 
 def _sampling(args: argparse.Namespace) -> dict[str, Any]:
@@ -201,13 +223,19 @@ def _fit(llm: Any, history: list[dict[str, str]], base: int, max_tokens: int | N
     not take it (``cloud_failed``): then the device answers what fits."""
     if llm.cloud is not None and not cloud_failed:
         return 0
+    from .backends.base import call_guarded
+
     edge = llm.edge
-    limit = getattr(edge, "context_length", None)
+    # a closed backend, or a custom one whose property or tokenizer fails, raises here as the
+    # request itself would (an EdgeError naming the backend): the chat shows it on one line and
+    # goes on, instead of ending on an "internal error"
+    limit = call_guarded(lambda: getattr(edge, "context_length", None), edge, "edge")
     if not limit or not callable(getattr(edge, "tokenize", None)):
         return 0
     room = min(max_tokens or llm.config.max_tokens, limit // 2)
     dropped = 0
-    while len(history) - base > 1 and len(edge.tokenize(history)) + room > limit:
+    while (len(history) - base > 1
+           and len(call_guarded(edge.tokenize, edge, "edge", history)) + room > limit):
         del history[base]  # the oldest user turn, then its answer
         if len(history) - base > 1 and history[base]["role"] == "assistant":
             del history[base]
@@ -228,6 +256,9 @@ def _answer(llm: Any, history: list[dict[str, str]], sampling: dict[str, Any], p
 
 def cmd_chat(args: argparse.Namespace) -> int:
     sampling = _sampling(args)
+    if sys.stdin is None:  # started with stdin closed (`<&-`, a service): input() could never work
+        raise _UsageError("chat reads its questions from stdin, which is closed; run it on a "
+                          "terminal, pipe the questions in, or use hybridllm ask \"PROMPT\".")
     interactive = sys.stdin is not None and sys.stdin.isatty()
     _decode_stdin_leniently()
     with _client(args) as llm:
@@ -277,13 +308,13 @@ def cmd_chat(args: argparse.Namespace) -> int:
                     _note(f"unknown command {command}; {CHAT_HELP}")
                 continue
             history.append({"role": "user", "content": text})
-            dropped = _fit(llm, history, base, sampling["max_tokens"])
-            if dropped:
-                _note(f"(the conversation outgrew the model's context: dropped its {dropped} oldest "
-                      "messages; /reset starts afresh)")
             parts: list[str] = []
             try:
                 try:
+                    dropped = _fit(llm, history, base, sampling["max_tokens"])
+                    if dropped:
+                        _note(f"(the conversation outgrew the model's context: dropped its {dropped} "
+                              "oldest messages; /reset starts afresh)")
                     stream = _answer(llm, history, sampling, parts)
                 except (ContextWindowExceededError, CloudError) as exc:
                     # too long for the device, and the cloud could not take it (unavailable, failed,
@@ -461,17 +492,19 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"hybridllm {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
-    p = sub.add_parser("chat", help="interactive chat that streams answers")
+    system = "system prompt (default: none, so the model's own default system prompt, if it has one)"
+    p = sub.add_parser("chat", help="interactive chat that streams answers", epilog=SETTINGS_EPILOG)
     _add_sampling(p)
-    p.add_argument("--system", default=None, help="system prompt")
+    p.add_argument("--system", default=None, help=system)
     p.set_defaults(func=cmd_chat)
 
-    p = sub.add_parser("ask", help="answer one prompt and exit")
+    p = sub.add_parser("ask", help="answer one prompt and exit", epilog=SETTINGS_EPILOG)
     p.add_argument("prompt", nargs="?", default=None,
                    help="the question; - or left out: read it from stdin")
-    p.add_argument("--json", action="store_true", help="print the Completion as one JSON object")
+    p.add_argument("--json", action="store_true",
+                   help="print the Completion as one JSON object (default: the answer as it streams)")
     _add_sampling(p)
-    p.add_argument("--system", default=None, help="system prompt")
+    p.add_argument("--system", default=None, help=system)
     p.set_defaults(func=cmd_ask)
 
     models = sub.add_parser("models", help="list, pull, verify, remove the embedded models")

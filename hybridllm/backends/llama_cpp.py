@@ -66,8 +66,9 @@ def _route_llama_logs() -> None:
     _LOG_HOOK = hook
 
 
-def _check_settings(n_ctx: Any, n_threads: Any, n_batch: Any) -> None:
-    """Refuse values llama.cpp would crash on, hang on or blame on the model file."""
+def _check_settings(n_ctx: Any, n_threads: Any, n_batch: Any = 1) -> None:
+    """Refuse values llama.cpp would crash on, hang on or blame on the model file (the ONNX
+    backend checks n_ctx and n_threads by the same rules)."""
     def whole(value: Any) -> bool:
         return isinstance(value, int) and not isinstance(value, bool)
 

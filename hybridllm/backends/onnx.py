@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import ctypes
 import json
+import logging
 import os
 import random
 import sys
@@ -29,13 +30,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from .._exceptions import EdgeError, ModelCorruptError
+from .._exceptions import ConfigError, EdgeError, ModelCorruptError
 from .._types import GenerationParams, Messages, Usage
 from ..models.onnx_store import DEFAULT_PRECISION, onnx_dir, prepare_command, read_meta, resolve_onnx
 from ..models.store import Progress
 from ..prompts import PromptFormat, tokenize_prompt, tokenizers_plain
 from .base import Delta, DeviceBackend, StopMatcher, register_backend, return_freed_memory
-from .llama_cpp import DEFAULT_MODEL
+from .llama_cpp import DEFAULT_MODEL, _check_settings
 
 _PENALTY_WINDOW = 64  # llama.cpp's default repeat_last_n
 _CANDIDATE_NATS = 30.0
@@ -43,6 +44,11 @@ _HUGE_PAGE = 2 << 20  # the PMD size of x86-64 and arm64 (4 kB base pages)
 _MADV_HUGEPAGE, _MADV_COLLAPSE = 14, 25  # <sys/mman.h>; MADV_COLLAPSE since Linux 6.1
 _ORT_LOG_FATAL = 4  # ONNX Runtime's log severities: 0 verbose .. 3 error, 4 fatal
 _CLOSED = "The ONNX backend is closed; create a new OnnxBackend to generate again."
+_CLOSED_MID_ANSWER = (
+    "The ONNX backend was closed while it was generating; the answer is incomplete. Create a new "
+    "OnnxBackend to generate again."
+)
+log = logging.getLogger("hybridllm.edge")
 
 
 def _reprepare_hint(folder: Path, spec: Any, precision: str) -> str:
@@ -192,6 +198,9 @@ class OnnxBackend(DeviceBackend):
         huge_pages: bool = True,  # back the loaded weights with 2 MB pages (Linux), see above
         **_unused: Any,  # llama.cpp-only settings (n_batch, verbose) a shared config may pass
     ) -> None:
+        # the llama.cpp backend's rules, before anything is prepared or loaded: n_ctx=-1 refused
+        # every prompt ("the context holds -1"), and n_threads=-1 was reported as a corrupt folder
+        _check_settings(n_ctx, n_threads)
         self.model, self.model_path, spec = resolve_onnx(model, precision=precision, progress=progress)
         try:
             import onnxruntime_genai as og
@@ -257,7 +266,7 @@ class OnnxBackend(DeviceBackend):
         # one, but a chat model may end with another (SmolLM2 and Qwen: <|endoftext|> as well as
         # <|im_end|>); without them ONNX went on writing past the end where llama.cpp stopped
         self._eos_ids.update(_named_eog_ids(self.model_path))
-        self._n_ctx = min(n_ctx, int(genai.get("context_length") or n_ctx))
+        self._n_ctx = _context_size(n_ctx, int(genai.get("context_length") or 0), self.model_path)
         self._lock = threading.Lock()
         self._gen: Any = None  # one generator (one KV cache), made on first use
         self._cached: list[int] = []  # the tokens the KV cache holds
@@ -290,13 +299,13 @@ class OnnxBackend(DeviceBackend):
         return ids
 
 
-    def _logits(self, seq: list[int]) -> Any:
+    def _logits(self, seq: list[int], closed_message: str = _CLOSED) -> Any:
         """[vocab] logits of the token after ``seq``, reusing the cache's common prefix."""
         import numpy as np
 
         with self._lock:
             if self._model is None:
-                raise EdgeError(_CLOSED)
+                raise EdgeError(closed_message)
             # The prompt's last token always runs on its own: the int4 kernels round a chunk a
             # little differently from a single token (logits move by up to 0.35 on SmolLM2), and a
             # repeated request, which reuses the cache up to that token, must see the same logits
@@ -345,7 +354,8 @@ class OnnxBackend(DeviceBackend):
         matcher = StopMatcher(stops)
         seq, n_out, finish = list(tokens), 0, "length"
         while n_out < budget:
-            row = self._logits(seq)
+            # closed half way: say the answer is incomplete, as the llama.cpp backend does
+            row = self._logits(seq, _CLOSED_MID_ANSWER if n_out else _CLOSED)
             token = _sample(row, params, seed, n_out, seq[len(tokens) :])
             if token in self._eos_ids:
                 finish = "stop"
@@ -374,6 +384,22 @@ class OnnxBackend(DeviceBackend):
             self._tok = self._model = None
         if had_model:
             return_freed_memory()
+
+
+def _context_size(n_ctx: int, trained: int, folder: Path) -> int:
+    """The context a request may fill, as on llama.cpp: n_ctx=0 is the model's own length, and an
+    n_ctx past it is cut to it with a warning (before: n_ctx=0 refused every prompt)."""
+    if n_ctx == 0:
+        if trained <= 0:
+            raise ConfigError(
+                f"n_ctx=0 asks for the model's own context length, and {folder / 'genai_config.json'} "
+                "names none (model.context_length): pass n_ctx, a whole number of tokens.")
+        return trained
+    if 0 < trained < n_ctx:
+        log.warning("n_ctx=%d is more than %s was built for (%d tokens); its context is %d",
+                    n_ctx, folder.name, trained, trained)
+        return trained
+    return n_ctx
 
 
 # the token texts llama.cpp's vocabulary loader marks end-of-generation by name (llama-vocab.cpp)

@@ -83,9 +83,10 @@ def test_retrain_matches_shipped(mmlu, shipped, shared_data):
     # the whole cost/quality curve and barely moves; cpt50/cpt80/calls_at_95 are where that curve
     # first crosses a level, and where it runs flat a tiny score change moves the crossing (there:
     # cv cpt80 0.5834 vs 0.5934, train calls_at_95 0.368 vs 0.375), so they get a wider slack.
-    # A CPU without VNNI (AVX2 only) runs the int8 embedder's u8 x s8 products on instructions
-    # whose int16 pair sums saturate, unlike the VNNI/AMX machine that trained the router: other
-    # embeddings, so a retrain there moves further (AMD EPYC, AVX2 only, 2026-12-02: cv APGR 0.6669
+    # A CPU without VNNI (AVX2 only) runs the int8 embedder on other kernels than the VNNI/AMX
+    # machine that trained the router (u8 x s8 products summed in int16 pairs, which can saturate):
+    # embeddings a little apart (int8 vs fp32 on 600 QQP questions there: mean cosine 0.9965, worst
+    # 0.9916), and a retrain on them moves further (AMD EPYC, AVX2 only, 2026-12-02: cv APGR 0.6669
     # against 0.672, train 0.7542 vs 0.7558, scores up to 0.064 apart, rank correlation 0.977).
     # A broken training lands far outside either slack (random routing is ~0.49 APGR).
     apgr_slack, rank_floor = (0.005, 0.99) if _has_vnni() else (0.01, 0.97)

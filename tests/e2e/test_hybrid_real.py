@@ -159,10 +159,15 @@ def test_answers_are_never_lost_or_duplicated_in_the_cache(cloud, tmp_path):
         with ThreadPoolExecutor(4) as pool:
             results = list(pool.map(llm.chat, questions * 3))
         assert all(r.text.strip() for r in results)
+        # an answer cut by max_tokens is never stored (a hit would replay it as whole); which ones
+        # are cut depends on the CPU (on an AVX2-only one the cloud's answer to "0 plus 0" ran past
+        # 24 tokens), so the questions expected in the cache are those answered to the end
+        whole = {q for q, r in zip(questions * 3, results, strict=True) if r.finish_reason == "stop"}
+        assert len(whole) >= 2, [(r.route, r.finish_reason) for r in results]
         entries = llm.cache.stats()["entries"]
-        assert entries == len(questions)
+        assert entries == len(whole)
         # every stored answer is one that was returned for that question
-        for q in questions:
+        for q in sorted(whole):
             hit = llm.chat(q)
             assert hit.route == "cache"
             assert hit.text in {r.text for r, qq in zip(results, questions * 3, strict=True) if qq == q}

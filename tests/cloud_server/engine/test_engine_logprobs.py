@@ -6,9 +6,16 @@ from __future__ import annotations
 
 import pytest
 
+from ..kernels import engine_kernels
+
 pytestmark = pytest.mark.real
 
-TOL = 2e-3
+
+def tol() -> float:
+    """How far the same logprob computed in two ways (a speculative step, a plain one, the scorer)
+    may be: 0.002 with the engine's kernels; torch's (AVX2-only CPUs) round otherwise, 0.013 apart
+    measured there."""
+    return 2e-3 if engine_kernels() else 2e-2
 
 
 def _chat(eng, text: str) -> list[int]:
@@ -29,12 +36,12 @@ def _check_against_score(eng, prompt, tokens, entries, top_n):
     for j, (tok, e) in enumerate(zip(tokens, entries, strict=True)):
         row = ref[len(prompt) + j - 1]
         assert e.token_id == tok
-        assert e.logprob == pytest.approx(float(row[tok]), abs=TOL), j
+        assert e.logprob == pytest.approx(float(row[tok]), abs=tol()), j
         assert len(e.top) == top_n
         assert [lp for _, lp in e.top] == sorted((lp for _, lp in e.top), reverse=True)
         if top_n:
             best = row.topk(top_n)
-            assert e.top[0][1] == pytest.approx(float(best.values[0]), abs=TOL)
+            assert e.top[0][1] == pytest.approx(float(best.values[0]), abs=tol())
         assert all(lp <= 0 for _, lp in e.top) and e.logprob <= 0
     return ref
 
@@ -101,7 +108,7 @@ def test_speculative_tokens_get_the_target_models_logprobs(smollm2_engine, monke
     assert eng.spec.stats.num_accepted_tokens - before >= 10  # drafts were accepted
     assert res.token_ids == plain.token_ids
     _check_against_score(eng, prompt, res.token_ids, res.logprobs, 2)
-    assert [e.logprob for e in res.logprobs] == pytest.approx([e.logprob for e in plain.logprobs], abs=TOL)
+    assert [e.logprob for e in res.logprobs] == pytest.approx([e.logprob for e in plain.logprobs], abs=tol())
 
 
 def test_no_entries_for_text_a_stop_string_cuts_or_for_the_stop_token(smollm2_engine):

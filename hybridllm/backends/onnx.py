@@ -35,8 +35,15 @@ from .._types import GenerationParams, Messages, Usage
 from ..models.onnx_store import DEFAULT_PRECISION, onnx_dir, prepare_command, read_meta, resolve_onnx
 from ..models.store import Progress
 from ..prompts import PromptFormat, tokenize_prompt, tokenizers_plain
-from .base import Delta, DeviceBackend, StopMatcher, register_backend, return_freed_memory
-from .llama_cpp import DEFAULT_MODEL, _check_settings
+from .base import (
+    Delta,
+    DeviceBackend,
+    StopMatcher,
+    check_device_settings,
+    register_backend,
+    return_freed_memory,
+)
+from .llama_cpp import DEFAULT_MODEL
 
 _PENALTY_WINDOW = 64  # llama.cpp's default repeat_last_n
 _CANDIDATE_NATS = 30.0
@@ -200,7 +207,7 @@ class OnnxBackend(DeviceBackend):
     ) -> None:
         # the llama.cpp backend's rules, before anything is prepared or loaded: n_ctx=-1 refused
         # every prompt ("the context holds -1"), and n_threads=-1 was reported as a corrupt folder
-        _check_settings(n_ctx, n_threads)
+        check_device_settings(n_ctx, n_threads)
         self.model, self.model_path, spec = resolve_onnx(model, precision=precision, progress=progress)
         try:
             import onnxruntime_genai as og

@@ -104,7 +104,9 @@ class HybridLLMConfig:
             raise ConfigError(f"namespace must be a non-empty string, got {self.namespace!r}.")
         if self.threshold is not None and not 0.0 <= self.threshold <= 1.0:
             raise ConfigError(f"threshold must be in [0, 1], got {self.threshold}.")
-        for name in ("cloud_stall_timeout_s", "edge_wait_timeout_s"):
+        # cache_ttl_s too (None: no expiry): before, 0 or nan passed here and failed only when the
+        # client opened its cache, so `hybridllm config show` printed settings that could not run
+        for name in ("cloud_stall_timeout_s", "edge_wait_timeout_s", "cache_ttl_s"):
             value = getattr(self, name)
             if value is not None and not value > 0:
                 raise ConfigError(f"{name} must be positive or None, got {value}.")

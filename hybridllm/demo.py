@@ -42,6 +42,10 @@ HARD = [
     "In contract law, what is the difference between an offer and an invitation to treat?",
 ]
 PARAPHRASE = "How do I improve my English?"  # the cache's verifier accepts it (probability 0.98)
+# The cache stores only whole answers, and max_tokens is part of its key: the question the
+# paraphrase repeats, and the paraphrase, get room to finish (the device's answer ran to 264
+# tokens; at the demo's 48 it was cut, never stored, and the paraphrase was answered again).
+WHOLE = {EASY[2]: 384, PARAPHRASE: 384}
 PRIVATE = "My email is jane.doe@example.com. Can you suggest a subject line for a thank-you note?"
 # a question the router sends to the cloud and the cache has not seen: with the cloud stopped, the
 # device must answer it instead (route EDGE_FALLBACK)
@@ -151,7 +155,8 @@ def main(argv: list[str] | None = None) -> int:
         with llm:
             print(f"{'PROMPT':<39}{'ROUTE':<25}{'LAT ms':>8}  {'REASON':<45}ANSWER")
             for prompt in EASY + HARD + [PARAPHRASE, EASY[0], PRIVATE]:
-                print(_row(prompt, llm.chat(prompt)), flush=True)
+                kw = {"max_tokens": WHOLE[prompt]} if prompt in WHOLE else {}
+                print(_row(prompt, llm.chat(prompt, **kw)), flush=True)
             server.kill()
             server.wait(timeout=30)
             down = llm.chat(WHILE_DOWN, cache=False)

@@ -7,6 +7,8 @@ without torch (:mod:`.prepare`), and says so in one line on stderr.
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import os
 import threading
 from collections.abc import Callable, Sequence
@@ -93,6 +95,16 @@ class Embedder(OnnxEncoder):
     def embed_one(self, text: str) -> np.ndarray:
         """Embed one text; returns ``[384]`` float32 unit vector."""
         return self.run([text])[0]
+
+    @functools.cached_property
+    def fingerprint(self) -> str:
+        """A short hash of the ONNX file this embedder runs: vectors kept on disk are reused only
+        with the model that made them."""
+        h = hashlib.sha256()
+        with open(self.path, "rb") as fh:
+            for block in iter(lambda: fh.read(1 << 20), b""):
+                h.update(block)
+        return h.hexdigest()[:12]
 
 
 def _default_workers(num_batches: int) -> int:

@@ -60,26 +60,32 @@ def split_of_pairs(pairs: PairSet, *, seed: int = 0) -> np.ndarray:
 def embed_texts(
     texts: list[str], *, cache_file: Path | None = None, say: Callable[[str], None] = print
 ) -> dict[str, np.ndarray]:
-    """Unit vectors for ``texts``, one call per text as the cache embeds at run time."""
-    if cache_file is not None and cache_file.is_file():
-        with np.load(cache_file, allow_pickle=False) as data:
-            known = dict(zip(data["texts"].tolist(), data["vecs"], strict=True))
-        if all(t in known for t in texts):
-            say(f"embeddings from {cache_file}")
-            return known
+    """Unit vectors for ``texts``, each embedded alone as the cache embeds at run time (on several
+    threads, the same vectors to the bit). ``cache_file`` keeps them with the embedder's
+    fingerprint: a file another embedder wrote (a new quantization recipe) is embedded again."""
     from .embedder import get_embedder
 
     embedder = get_embedder()
-    vecs = np.empty((len(texts), embedder.dim), dtype=np.float32)
+    if cache_file is not None and cache_file.is_file():
+        with np.load(cache_file, allow_pickle=False) as data:
+            same = "embedder" in data.files and str(data["embedder"]) == embedder.fingerprint
+            known = dict(zip(data["texts"].tolist(), data["vecs"], strict=True)) if same else {}
+        if same and all(t in known for t in texts):
+            say(f"embeddings from {cache_file}")
+            return known
     start = time.perf_counter()
-    for i, text in enumerate(texts):
-        vecs[i] = embedder.embed_one(text)
-        if i % 10000 == 0 and i:
-            say(f"embedded {i}/{len(texts)} in {time.perf_counter() - start:.0f}s")
+    step = [10000]
+
+    def progress(done: int, total: int) -> None:
+        if done >= step[0]:
+            say(f"embedded {done}/{total} in {time.perf_counter() - start:.0f}s")
+            step[0] = (done // 10000 + 1) * 10000
+
+    vecs = embedder.embed(texts, progress=progress)
     if cache_file is not None:
         cache_file.parent.mkdir(parents=True, exist_ok=True)
         tmp = cache_file.with_name(cache_file.name + ".tmp.npz")
-        np.savez(tmp, texts=np.array(texts, dtype=str), vecs=vecs)
+        np.savez(tmp, texts=np.array(texts, dtype=str), vecs=vecs, embedder=np.array(embedder.fingerprint))
         tmp.replace(cache_file)
     return dict(zip(texts, vecs, strict=True))
 

@@ -29,12 +29,7 @@ def embedder_fingerprint() -> str:
     """A short hash of the embedder's ONNX file: cached embeddings are only reused with it."""
     from ..cache.embedder import get_embedder
 
-    path = Path(get_embedder().path)
-    h = hashlib.sha256()
-    with path.open("rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()[:12]
+    return get_embedder().fingerprint
 
 
 def feature_cache_dir() -> Path:

@@ -94,8 +94,10 @@ def test_reranker_that_cannot_be_prepared_falls_back_to_the_feature_verifier(
     def broken(*_args: object, **_kwargs: object) -> Path:
         raise ModelError("Preparing the cache model failed: no onnx here")
 
-    queries = ["How do I learn Python?", "How do I learn Python?"]
-    cached = ["How can I learn Python?", "What is the capital of France?"]
+    # a paraphrase the feature verifier serves by a margin (0.97 against its threshold 0.954;
+    # "How do I learn Python?" / "How can I learn Python?" scores 0.937 since the 2026-12-02 refit)
+    queries = ["What is the best way to learn Python?", "What is the best way to learn Python?"]
+    cached = ["What's the best way to learn Python?", "What is the capital of France?"]
     vecs = get_embedder().embed(queries[:1] + cached)
     capsys.readouterr()  # the embedder's own first-use line, if this session had not prepared it
     monkeypatch.setattr(reranker, "prepare_reranker", broken)

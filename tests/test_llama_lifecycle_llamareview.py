@@ -132,9 +132,19 @@ _CLOSE_MID_ANSWER = """
     from hybridllm.backends.llama_cpp import LlamaCppBackend
 
     edge = LlamaCppBackend(sys.argv[1], n_ctx=2048, n_threads=1)
-    # a long prompt: its prefill (the first step, a few hundred ms) is running when close() comes
+    # a long prompt: its prefill (the first step, a few hundred ms) is running when close() comes.
+    # The closer waits for the generation to begin: a timer started beside stream() could fire
+    # before it (on a loaded CI machine it did: the closed backend's error, not the mid-answer one)
     long = [{"role": "user", "content": "Summarise: " + "the cat sat on the mat. " * 40}]
-    closer = threading.Timer(0.05, edge.close)
+
+    def close_mid_answer():
+        deadline = time.monotonic() + 60
+        while not edge._busy.locked() and time.monotonic() < deadline:
+            time.sleep(0.001)
+        time.sleep(0.02)
+        edge.close()
+
+    closer = threading.Thread(target=close_mid_answer)
     t0 = time.perf_counter()
     closer.start()
     n = 0

@@ -277,17 +277,23 @@ class SemanticCache:
             found = [(eid, sim) for eid, sim in found if self._fits_whole(self._entries[eid])]
             if not found:
                 return self._miss()
-            if self.verifier is None:
+            verifier = self.verifier
+            if verifier is None:
                 return self._serve(found[0][0], found[0][1], None)
             cached = [self._entries[eid].query for eid, _ in found]
             c_vecs = np.stack([self._index.vector(eid) for eid, _ in found])  # [k, dim]
-            q_vecs = np.broadcast_to(vec, c_vecs.shape)
-            # at_least: candidates that provably score below the threshold skip the reranker graph
-            probs = self.verifier.predict(
-                [query] * len(found), cached, q_vecs, c_vecs, at_least=self.verifier.threshold
-            )
-            best = int(np.argmax(probs))
-            if probs[best] < self.verifier.threshold:
+        # the verifier runs outside the lock, as the embedder does: a reranker pass (tens of ms)
+        # would hold every other lookup and write of this cache behind it. What it was given is
+        # a copy; an entry deleted or evicted meanwhile is found gone by _serve (a miss), and one
+        # written again meanwhile holds the same question (its id is the question's hash)
+        q_vecs = np.broadcast_to(vec, c_vecs.shape)
+        # at_least: candidates that provably score below the threshold skip the reranker graph
+        probs = verifier.predict(
+            [query] * len(found), cached, q_vecs, c_vecs, at_least=verifier.threshold
+        )
+        best = int(np.argmax(probs))
+        with self._lock:
+            if probs[best] < verifier.threshold:
                 return self._miss()
             return self._serve(found[best][0], found[best][1], float(probs[best]))
 
@@ -490,7 +496,7 @@ class SemanticCache:
 
     def _serve(self, entry_id: str, similarity: float, prob: float | None) -> CacheHit | None:
         entry = self._store.get(entry_id)
-        if entry is None:  # deleted by another process since the last sync (or unreadable)
+        if entry is None:  # deleted since the last sync (by another process, or while verified) or unreadable
             self._forget([entry_id])
             self._drop_unreadable()
             return self._miss()

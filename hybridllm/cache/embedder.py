@@ -8,15 +8,16 @@ without torch (:mod:`.prepare`), and says so in one line on stderr.
 from __future__ import annotations
 
 import functools
-import hashlib
 import os
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
+from pathlib import Path
 
 import numpy as np
 
 from .._exceptions import ModelError
+from ..models.store import sha256_file
 from .encoder import OnnxEncoder
 from .prepare import prepare_embedder
 
@@ -100,11 +101,7 @@ class Embedder(OnnxEncoder):
     def fingerprint(self) -> str:
         """A short hash of the ONNX file this embedder runs: vectors kept on disk are reused only
         with the model that made them."""
-        h = hashlib.sha256()
-        with open(self.path, "rb") as fh:
-            for block in iter(lambda: fh.read(1 << 20), b""):
-                h.update(block)
-        return h.hexdigest()[:12]
+        return sha256_file(Path(self.path))[:12]
 
 
 def _default_workers(num_batches: int) -> int:

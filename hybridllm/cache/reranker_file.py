@@ -11,7 +11,6 @@ metrics measured on held-out pairs. Training writes it (:mod:`.train_reranker`).
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,6 +19,7 @@ import numpy as np
 
 from .._exceptions import CacheError
 from .._paths import assets_dir, shipped_file
+from ..models.store import sha256_file
 from .onnx_graph import read_base_weights
 
 FORMAT = "hybridllm-cache-reranker"
@@ -60,7 +60,7 @@ class RerankerInfo:
 
 
 def file_digest(path: Path) -> str:
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()[:16]
+    return sha256_file(Path(path))[:16]
 
 
 def read_info(path: str | Path | None = None) -> RerankerInfo:

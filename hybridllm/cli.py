@@ -177,6 +177,10 @@ def trace_line(c: Any) -> str:
 def _prompt(args: argparse.Namespace) -> str:
     """The prompt: the argument, or stdin when it is ``-`` or left out (``echo q | hybridllm ask``)."""
     if args.prompt is not None and args.prompt != "-":
+        # refused here, before the models load, as an empty stdin is (exit 2): `ask ""` used to
+        # build the client first and then fail in it with exit 1
+        if not args.prompt.strip():
+            raise _UsageError('the prompt is empty: hybridllm ask "PROMPT".')
         return _text(args.prompt)
     if sys.stdin is None or sys.stdin.isatty():
         raise _UsageError("ask needs a prompt: hybridllm ask \"PROMPT\", or pipe it in "

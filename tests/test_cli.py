@@ -424,6 +424,22 @@ def test_ask_reads_stdin_and_takes_system(fake, monkeypatch, capsys):
     assert "ask needs a prompt" in capsys.readouterr().err
 
 
+def test_an_empty_prompt_is_a_usage_error_before_the_models_load(fake, monkeypatch, capsys):
+    """Before: `hybridllm ask ""` built the client (loading the models) and failed in it, exit 1;
+    an empty stdin was already a usage error, exit 2."""
+    def no_client(*a, **k):
+        raise AssertionError("the client was built for an empty prompt")
+
+    monkeypatch.setattr("hybridllm._client.HybridLLM", no_client)
+    for prompt in ("", "  \n "):
+        assert cli.main(["ask", prompt]) == 2
+        assert "the prompt is empty" in capsys.readouterr().err
+    monkeypatch.setattr("sys.stdin", Terminal(False, ["  "]))
+    assert cli.main(["ask"]) == 2
+    assert "the prompt read from stdin is empty" in capsys.readouterr().err
+    assert fake.sent == []
+
+
 def test_ask_json_is_one_parseable_object(fake, capsys):
     import json
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
@@ -218,6 +219,12 @@ def check_option_names(names: Iterable[str], *, routing: Sequence[str] = ()) -> 
 
 def _is_number(x: Any) -> bool:
     return isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def is_real(x: object) -> bool:
+    """A real number of any type (numpy's float32 and int64 too), not a bool; NaN and inf pass:
+    the caller's own range check refuses them where they are wrong."""
+    return isinstance(x, numbers.Real) and not isinstance(x, bool)
 
 
 @dataclass(frozen=True)

@@ -55,7 +55,7 @@ import numpy as np
 
 from .._exceptions import CacheError, ConfigError, InvalidRequestError
 from .._paths import cache_dir
-from .._types import USER_TEXT, private_repr
+from .._types import USER_TEXT, is_real, private_repr
 from ..prompts import text_of_content, valid_text
 from .embedder import Embedder, get_embedder
 from .guards import conflict, exact_key
@@ -174,10 +174,6 @@ class _Known:
     fits: bool | None = None
 
 
-def _is_real(x: object) -> bool:
-    return isinstance(x, numbers.Real) and not isinstance(x, bool)
-
-
 def _is_count(x: object) -> bool:
     """An integer >= 1 (a float such as 2.5 would fail later, inside a search)."""
     return isinstance(x, numbers.Integral) and not isinstance(x, bool) and int(x) >= 1
@@ -205,7 +201,7 @@ class SemanticCache:
     ) -> None:
         # "not > 0" refuses NaN too (HYBRIDLLM_CACHE_TTL_S=nan): every entry would read as
         # expired and the cache would silently never hit
-        if ttl_s is not None and (not _is_real(ttl_s) or not ttl_s > 0):
+        if ttl_s is not None and (not is_real(ttl_s) or not ttl_s > 0):
             raise ConfigError(
                 f"ttl_s must be a positive number of seconds or None (no expiry), got {ttl_s!r}"
             )

@@ -15,6 +15,7 @@ gradually rather than at midnight. A dollar limit is a token limit at ``price_pe
 from __future__ import annotations
 
 import math
+import numbers
 import threading
 import time
 from collections import deque
@@ -65,8 +66,9 @@ class Budget:
                     f"Budget {name} must be a non-negative integer or None, got {value!r}."
                 )
         price = self.price_per_1k_tokens
-        if isinstance(price, bool) or not isinstance(price, (int, float)) or not price >= 0:
-            raise ConfigError(f"price_per_1k_tokens must be a number >= 0, got {price!r}.")
+        # finite: at an infinite price a call of 0 tokens costs 0 * inf = NaN dollars, never spent
+        if isinstance(price, bool) or not isinstance(price, (int, float)) or not 0 <= price < math.inf:
+            raise ConfigError(f"price_per_1k_tokens must be a finite number >= 0, got {price!r}.")
         for name in ("max_cloud_usd_per_hour", "max_cloud_usd_per_day"):
             value = getattr(self, name)
             if value is None:
@@ -198,7 +200,7 @@ class Budget:
             # a call may start while what is used (settled plus held) is under the limit; the
             # last one that starts may go past it by its own size
             used = _used(window, unit) + (held_tokens * unit if unit else held_calls)
-            if used >= limit:
+            if not _under(used, limit):
                 flight = f" ({held_calls} in flight)" if held_calls else ""
                 wait = _until_room(window, span, unit, limit, used, now)
                 when = "" if wait is None else f" (sliding window: room again in {duration(wait)})"
@@ -224,8 +226,9 @@ _SETTING = {  # each limit's label -> the setting that sets it
 
 
 def _check_tokens(tokens: int) -> None:
-    if tokens < 0:
-        raise ConfigError(f"tokens must be >= 0, got {tokens}.")
+    # NaN, inf, None or a string would fail later in int() or "<" with an error that names no argument
+    if isinstance(tokens, bool) or not isinstance(tokens, numbers.Real) or not 0 <= tokens < math.inf:
+        raise ConfigError(f"tokens must be a number >= 0 (prompt plus completion tokens), got {tokens!r}.")
 
 
 def _used(window: list[tuple[float, int]], unit: float) -> float:
@@ -237,11 +240,18 @@ def _until_room(window: list[tuple[float, int]], span: float, unit: float, limit
                 now: float) -> float | None:
     """Seconds until ``used`` is under ``limit`` as the oldest calls of ``window`` (oldest first)
     leave it, each ``span`` after it was made: 0.0 if it is now, None if never (a limit of 0)."""
-    if used < limit:
+    if _under(used, limit):
         return 0.0
     for ts, t in window:
         used -= t * unit if unit else 1
-        if used < limit:
+        if _under(used, limit):
             return max(0.0, ts + span - now)
     return None
 
+
+def _under(used: float, limit: float) -> bool:
+    """Whether ``used`` leaves room under ``limit``. Dollars are float products, a hair off the
+    sum they stand for (25,000 tokens at $0.002 a 1,000 come to 0.049999999999999996), so a
+    total within a rounding error of the limit has reached it; counts of calls and tokens are
+    whole numbers, far apart at the relative 1e-12 below (up to a trillion tokens)."""
+    return used < limit and not math.isclose(used, limit, rel_tol=1e-12)

@@ -21,12 +21,14 @@ The client's pipeline then applies what only it knows: the cloud budget (a ledge
 
 from __future__ import annotations
 
+import math
+import threading
 from collections.abc import Sequence
 
 import numpy as np
 
 from .._exceptions import ConfigError, InvalidRequestError
-from .._types import Decision, Message, estimate_tokens, last_user_text, normalize_messages
+from .._types import Decision, Message, estimate_tokens, is_real, last_user_text, normalize_messages
 from .privacy import pii_kinds_in_messages, pseudonymize_messages, redaction_note
 from .router import NEVER_CLOUD, Router, load_router, sends_to_cloud
 
@@ -51,12 +53,14 @@ class RoutingPolicy:
         if isinstance(ctx, bool) or not isinstance(ctx, int) or ctx < 1:
             raise ConfigError(f"edge_context_tokens must be a positive integer, got {ctx!r}.")
         if cascade_band is not None:
-            lo, hi = cascade_band
-            if not 0.0 <= lo < hi <= 1.0:
+            # a scalar, one number or strings failed in unpacking or "<=" with no word of the setting
+            band = tuple(cascade_band) if isinstance(cascade_band, Sequence) else ()
+            if len(band) != 2 or not all(is_real(v) for v in band) or not 0.0 <= band[0] < band[1] <= 1.0:
                 raise ConfigError(
                     f"cascade_band must be (lo, hi) with 0 <= lo < hi <= 1, got {cascade_band!r}."
                 )
         self._router = router
+        self._router_lock = threading.Lock()  # decide() runs in executor threads: one load
         self.privacy = privacy
         self.edge_context_tokens = edge_context_tokens
         self.cascade_band = cascade_band
@@ -64,7 +68,9 @@ class RoutingPolicy:
     @property
     def router(self) -> Router:
         if self._router is None:
-            self._router = load_router()
+            with self._router_lock:
+                if self._router is None:
+                    self._router = load_router()
         return self._router
 
     def should_escalate(self, mean_logprob: float) -> bool:
@@ -81,6 +87,12 @@ class RoutingPolicy:
         msgs = normalize_messages(messages)
         if force is not None and force not in ROUTES:
             raise InvalidRequestError(f"force must be 'edge', 'cloud' or None, got {force!r}.")
+        if prompt_tokens is not None and not (is_real(prompt_tokens) and 0 <= prompt_tokens < math.inf):
+            # NaN passed the context check (NaN > n is False) and a string raised a TypeError there
+            raise InvalidRequestError(
+                f"prompt_tokens must be a number >= 0 (the prompt's length in the edge model's "
+                f"tokens) or None to estimate it, got {prompt_tokens!r}."
+            )
         kinds = pii_kinds_in_messages(msgs) if self.privacy != "off" else []
         cloud_msgs, placeholders = (
             pseudonymize_messages(msgs) if kinds and self.privacy == "redact" else (msgs, {})

@@ -230,11 +230,17 @@ def _national_ids(text: str) -> list[tuple[int, int]]:
 _SCP_PATH = re.compile(r":(?!\d+/)~?[\w.-]{0,100}/")
 
 
+# an image at a pixel density (logo@2x.png, icon@1.5x.webp: web and app assets); no such TLD exists
+_DENSITY_IMAGE = re.compile(r"@\d+(?:\.\d+)?x\.(?:png|jpe?g|gif|webp|svg|avif|bmp|ico|tiff?|heic)$",
+                            re.IGNORECASE)
+
+
 def _emails(text: str) -> list[tuple[int, int]]:
     # an SCP-style remote (me@host.org:~/repo, ":" and a path right after the host) and Git's
     # service account (git@github.com, ssh://git@gitlab.com/...) are logins, not a mailbox
     spans = [m.span() for m in _EMAIL.finditer(text)
-             if not _SCP_PATH.match(text, m.end()) and not m.group().startswith("git@")]
+             if not _SCP_PATH.match(text, m.end()) and not m.group().startswith("git@")
+             and not _DENSITY_IMAGE.search(m.group())]
     if re.search(r"(?i)\bat\b", text):  # the spelled-out form only where it can be
         spans += [m.span() for m in _EMAIL_SPELLED.finditer(text)]
     return spans
@@ -261,6 +267,8 @@ def _private_keys(text: str) -> list[tuple[int, int]]:
 def _secret_value(key: str, sep: str, quoted: bool, value: str, at_line_end: bool) -> bool:
     if "(" in value or "[" in value or "{" in value or _NOT_A_VALUE.fullmatch(value):
         return False
+    if key.lower() == "pwd" and value.startswith(("/", "~/")):  # PWD=/home/jane/app: the shell's
+        return False  # working directory (env dumps, CI logs), not a password
     letters, digits = any(c.isalpha() for c in value), any(c.isdigit() for c in value)
     if len(value) >= 8 and letters and digits:  # "token = tokenizer.encode" has no digit
         return True
@@ -324,6 +332,9 @@ def _ip_addresses(text: str) -> list[tuple[int, int]]:
             try:
                 addr6 = ipaddress.IPv6Address(m.group())
             except ValueError:  # 12:30:45, a MAC address, C++'s a::b...
+                continue
+            network = re.match(r"/(\d{1,3})\b", text[m.end() : m.end() + 4])
+            if network and network.group(1) != "128":  # 2a00:1450::/32: a network, as for IPv4
                 continue
             if addr6 in _GLOBAL_UNICAST and addr6.is_global and str(addr6) not in _RESOLVERS:
                 out.append(m.span())

@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from .._exceptions import DataError, InvalidRequestError, RouterError, RouterFileError
-from .._types import Message, last_user_text, normalize_messages
+from .._types import Message, is_real, last_user_text, normalize_messages
 from .classifier import GainScorer
 from .features import (
     EMBEDDER_ID,
@@ -74,9 +74,14 @@ class Router:
     train_hashes: np.ndarray | None = None
 
     def __post_init__(self) -> None:
-        t = self.threshold
-        if isinstance(t, bool) or not (isinstance(t, int | float) and 0.0 <= t <= 1.0):
+        t, lp = self.threshold, self.logprob_threshold
+        # is_real: numpy's float32 (a score array's element) is no float, and was refused
+        if not is_real(t) or not 0.0 <= t <= 1.0:
             raise RouterError(f"threshold must be a number in [0, 1] (1: never the cloud), got {t!r}.")
+        if not is_real(lp) or math.isnan(lp):  # NaN: no mean_logprob is below it, no escalation
+            raise RouterError(f"logprob_threshold must be a number (a mean token log-probability, "
+                              f"such as -1.0), got {lp!r}.")
+        self.threshold, self.logprob_threshold = float(t), float(lp)  # JSON numbers when saved
         expected = len(TEXT_FEATURES) + (EMBEDDING_DIM if self.use_embedding else 0)
         mixture = isinstance(self.scorer, SourceMixture)
         needs_emb = mixture or self.scorer.uses_neighbors or self.scorer.uses_topics
@@ -138,7 +143,7 @@ class Router:
         is left as it is; ``.save(folder)`` keeps the copy."""
 
         cf = cloud_fraction
-        if isinstance(cf, bool) or not isinstance(cf, int | float) or not 0.0 <= cf <= 1.0:
+        if not is_real(cf) or not 0.0 <= cf <= 1.0:
             raise InvalidRequestError(
                 f"cloud_fraction must be a number between 0 and 1 (the share of prompts sent to "
                 f"the cloud), got {cf!r}."

@@ -44,6 +44,10 @@ def normalize_messages(messages: str | Sequence[Message], *, allow_empty: bool =
                 f"messages[{i}] has role {role!r}; use one of {', '.join(ROLES)}."
             )
         raw = msg.get("content")
+        if raw is None and role == "assistant":
+            # an assistant turn that only called tools has null content in OpenAI's format (what
+            # openai's message.model_dump() gives back); the HTTP servers take it, so does this
+            raw = ""
         if isinstance(raw, list) and not raw and not allow_empty:
             raise InvalidRequestError(f"messages[{i}]['content'] is an empty list of content parts: give "
                                       "at least one {'type': 'text', 'text': '...'}, or a string.")

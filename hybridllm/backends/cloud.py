@@ -40,9 +40,13 @@ Resilience, in the order a request meets it:
    must be <= 2048") raise :class:`CloudUnavailableError`, so the device answers when the prompt
    fits it; any other 400 or 422 (a validation error) is the caller's (:class:`InvalidRequestError`,
    with what the server said), and a refused key (401/403) raises :class:`CloudAuthError`;
-6. retries happen only before the first token is passed on, so an answer is never duplicated;
+6. retries happen only before the first token is passed on, so an answer is never duplicated; once
+   its finish_reason has come, the answer is whole: a connection that breaks, an error event or
+   garbage before the count and [DONE] end it as it is, never fail it;
 7. a stream that goes quiet for ``stall_timeout_s`` after its first token is broken off (a hung
-   server), apart from ``read_timeout_s``, which bounds the wait for the first token;
+   server), apart from ``read_timeout_s``, which bounds the wait for the first token (headers that
+   trickle in get ``connect_timeout_s + 2 * read_timeout_s`` in all), and no answer is held in memory
+   past a bound (``MAX_BODY_BYTES``, ``MAX_LINE_CHARS``; an error's first ``MAX_ERROR_BYTES``);
 8. repeated failures open the endpoint's circuit, and the client fails fast with
    :class:`CloudUnavailableError`, which the pipeline turns into an answer from the device; the
    error says what the cloud last did ("circuit open after: HTTP 404 from http://h/v1/..."). Each
@@ -89,6 +93,11 @@ from .refusals import RefusalMemory, is_hosted
 log = logging.getLogger("hybridllm.cloud")
 COOL_MAX_S = 300.0  # the longest an endpoint is left alone on its Retry-After (then asked again)
 MODELS_TIMEOUT_S = 10.0  # the longest wait for GET /v1/models (model discovery)
+# the most of an answer held in memory: a server that sends without end (a runaway error page, an
+# event stream with no line breaks) is cut off there, not read until the process runs out of memory
+MAX_BODY_BYTES = 32 * 2**20  # a whole (non-streamed) completion
+MAX_LINE_CHARS = 4 * 2**20  # one line of an event stream (one event: a token and its logprobs)
+MAX_ERROR_BYTES = 64 * 2**10  # an error's body: only its start is read, for the message
 RETRY_STATUS = {408, 409, 429}  # and every 5xx: a proxy's 520-524 (Cloudflare) or 529 (overloaded) too
 # the cloud's context-window refusal: OpenAI's (and our server's) code, or the wording of servers
 # that send none (vLLM: "maximum context length", others: "context window", "prompt is too long")
@@ -321,10 +330,17 @@ class CloudBackend(Backend):
             return self._model
         import httpx
 
-        try:  # a cheap call: a server slow to answer it is not waited on for the whole read timeout
-            resp = await self._client().get(f"{ep.base_url}/models", timeout=httpx.Timeout(
-                min(self.read_timeout_s, MODELS_TIMEOUT_S), connect=self.connect_timeout_s),
-                auth=self._auth.get(ep.base_url, httpx.USE_CLIENT_DEFAULT))
+        # a cheap call: a server slow to answer it is not waited on for the whole read timeout, nor
+        # one that trickles it a byte at a time (each byte would restart httpx's read timeout)
+        limit = self.connect_timeout_s + min(self.read_timeout_s, MODELS_TIMEOUT_S)
+        try:
+            async with asyncio.timeout(limit):
+                resp = await self._client().get(f"{ep.base_url}/models", timeout=httpx.Timeout(
+                    min(self.read_timeout_s, MODELS_TIMEOUT_S), connect=self.connect_timeout_s),
+                    auth=self._auth.get(ep.base_url, httpx.USE_CLIENT_DEFAULT))
+        except TimeoutError:
+            raise _Retryable(f"could not list models at {ep.base_url}: no whole answer within {limit:g} s "
+                             "(its bytes trickled in)") from None
         except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
             raise self._unreachable(ep, exc) from exc
         except httpx.HTTPError as exc:
@@ -543,16 +559,25 @@ class CloudBackend(Backend):
         while True:
             refused = self._refused.get(key, frozenset())
             body = self.request_body(model, messages, params, refused)
-            resp = await stack.enter_async_context(
-                self._client().stream("POST", f"{ep.base_url}/chat/completions", json=body,
-                                      auth=self._auth.get(ep.base_url, httpx.USE_CLIENT_DEFAULT)))
-            if resp.status_code == 200:
-                return resp, body
-            await resp.aread()
+            # httpx's read timeout bounds each read, not the whole answer: a server that trickles its
+            # headers (or an error's body) a byte at a time would be waited on for ever. The bound
+            # is what the per-step timeouts allow a server that does not trickle: a wait for a free
+            # pooled connection (httpx's pool timeout is the read timeout), the connect, the head
+            limit = self.connect_timeout_s + 2 * self.read_timeout_s
+            try:
+                async with asyncio.timeout(limit):
+                    resp = await stack.enter_async_context(
+                        self._client().stream("POST", f"{ep.base_url}/chat/completions", json=body,
+                                              auth=self._auth.get(ep.base_url, httpx.USE_CLIENT_DEFAULT)))
+                    if resp.status_code == 200:
+                        return resp, body
+                    resp, _ = await _read_capped(resp, MAX_ERROR_BYTES)
+            except TimeoutError:
+                raise _Retryable(f"timeout talking to {ep.base_url}: no whole answer's head within "
+                                 f"{limit:g} s (its bytes trickled in)") from None
             new = _refused_fields(resp, body) - refused
             if not new:
                 self._raise_for_status(resp, ep.base_url)
-            await resp.aclose()  # its connection goes back to the pool for the next try
             learned = new - self._refused.get(key, frozenset())  # another request may have learned it
             self._refused[key] = self._refused.get(key, frozenset()) | new
             if learned and self._memory is not None and self._remembers(ep.base_url):
@@ -608,6 +633,7 @@ class CloudBackend(Backend):
         # event), else ~4 characters a token; the call's count when the stream is closed at a stop
         # sequence before the cloud's own count, sent last, arrives
         received = 0
+        other = ""  # the start of what came that is no event (an error's JSON, a mislabelled body)
         try:
             async with AsyncExitStack() as stack:
                 resp, sent = await self._post(ep, model, messages, params, stack)
@@ -615,7 +641,10 @@ class CloudBackend(Backend):
                     matcher = StopMatcher(tuple(params.stop))
                 ctype = resp.headers.get("content-type", "").split(";")[0].strip().lower()
                 if ctype == "application/json":  # a server that ignores "stream": true
-                    await resp.aread()
+                    resp, cut = await _read_capped(resp, MAX_BODY_BYTES)
+                    if cut:
+                        raise _Retryable(f"the answer from {ep.base_url} is over {MAX_BODY_BYTES >> 20} MiB "
+                                         "(not an answer to this request; not read further)")
                     whole, final = _read_completion(resp, ep.base_url)
                     if matcher is not None:
                         text, hit = matcher.feed(whole.text)
@@ -634,29 +663,43 @@ class CloudBackend(Backend):
                 # closed here, on this loop: left to the garbage collector, a stream broken off
                 # mid-answer finalized after the loop had stopped ("Task was destroyed but it
                 # is pending!" on stderr)
-                lines = await stack.enter_async_context(aclosing(resp.aiter_lines()))
+                lines = await stack.enter_async_context(aclosing(_lines(resp, ep.base_url)))
                 stall = None  # until the first token, only the read timeout applies
+                events = False  # a "data:" line came: else what came is kept (its start) to say what it was
                 while True:
                     try:
                         line = await asyncio.wait_for(anext(lines), stall)
                     except StopAsyncIteration:
                         break
                     except TimeoutError:
+                        if finish is not None:  # the answer is whole: only its count and [DONE] are late
+                            break
                         raise _Retryable(f"the stream from {ep.base_url} stalled: no event for "
                                          f"{stall:g} s") from None
                     if not line.startswith("data:"):
+                        if not events and len(other) < MAX_ERROR_BYTES:
+                            other += line[:MAX_ERROR_BYTES] + "\n"
                         continue
+                    events = True
                     data = line[5:].strip()
                     if data == "[DONE]":
                         done = True
                         break
                     try:
                         event = json.loads(data)
+                        if event.get("error") and finish is not None:  # the answer is whole already
+                            log.info("the cloud at %s reported an error after the answer's end: %s",
+                                     ep.base_url, str(event["error"])[:200])
+                            break
                         if event.get("error"):
                             raise _Retryable(f"the cloud reported an error mid-stream: "
                                              f"{str(event['error'])[:200]}")
                         texts, ended, counted = _read_event(event)
                     except (ValueError, TypeError, AttributeError) as exc:  # not the OpenAI shape
+                        if finish is not None:  # after the answer's end: it was shown whole already
+                            log.info("ignored a malformed event from %s after the answer's end: %r",
+                                     ep.base_url, data[:80])
+                            break
                         raise _Retryable(f"malformed event from {ep.base_url}: {data[:80]!r}") from exc
                     usage = counted or usage
                     finish = ended or finish
@@ -684,14 +727,19 @@ class CloudBackend(Backend):
                         break
         except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
             raise self._unreachable(ep, exc) from exc
-        except httpx.TimeoutException as exc:
-            raise _Retryable(f"timeout talking to {ep.base_url} ({type(exc).__name__})") from exc
         except httpx.TransportError as exc:
-            raise _Retryable(f"cannot reach {ep.base_url} ({type(exc).__name__})") from exc
+            if finish is None:
+                what = "timeout talking to" if isinstance(exc, httpx.TimeoutException) else "cannot reach"
+                raise _Retryable(f"{what} {ep.base_url} ({type(exc).__name__})") from exc
+            # the connection broke after the answer's finish_reason (before its count or [DONE]): the
+            # answer is whole and was shown; failing it would have the device append to it
+            log.info("the stream from %s broke after the answer's end (%s)", ep.base_url,
+                     type(exc).__name__)
         if not done and finish is None:
             # the connection closed cleanly in the middle of the answer: never pass off a
             # truncated answer as finished
-            raise _Retryable(f"the stream from {ep.base_url} ended before the answer did")
+            raise _Retryable(f"the stream from {ep.base_url} ended before the answer did"
+                             + _not_events(other))
         if matcher is not None:  # the end of an answer with no stop sequence: what was held back
             tail += matcher.flush()
         if tail:
@@ -876,6 +924,60 @@ def _read_completion(resp: Any, where: str) -> tuple[Delta, Delta]:
     finish = choice.get("finish_reason")
     return Delta(text), Delta("", finish_reason=finish if finish in ("stop", "length") else "stop",
                               usage=usage or Usage())
+
+
+def _not_events(text: str) -> str:
+    """What a stream that sent no event sent instead, for its error: the error of a JSON body
+    (HTTP 200 with an error, under an event stream's content type or none), else its start."""
+    try:
+        body = json.loads(text)
+    except ValueError:
+        body = None
+    if isinstance(body, dict) and body.get("error"):
+        return f": it sent no event but an error: {str(body['error'])[:200]}"
+    start = " ".join(text.split())[:80]
+    return f": it sent no event but {start!r} (is cloud_url an OpenAI-compatible server?)" if start else ""
+
+
+async def _read_capped(resp: Any, limit: int) -> tuple[Any, bool]:
+    """The answer with at most ``limit`` bytes of its body read (and whether it had more), as a
+    response whose ``json()`` and ``text`` work; the streamed one is closed. Its content arrives
+    decoded, so the copy leaves out the headers that describe the bytes on the wire."""
+    import httpx
+
+    data = bytearray()
+    async with aclosing(resp.aiter_bytes()) as chunks:
+        async for chunk in chunks:
+            data += chunk
+            if len(data) > limit:
+                break
+    await resp.aclose()  # read whole: its connection goes back to the pool; cut off: it is closed
+    headers = [(k, v) for k, v in resp.headers.multi_items()
+               if k.lower() not in ("content-encoding", "content-length", "transfer-encoding")]
+    return httpx.Response(resp.status_code, headers=headers, content=bytes(data[:limit]),
+                          request=resp.request), len(data) > limit
+
+
+async def _lines(resp: Any, where: str) -> AsyncGenerator[str, None]:
+    """The lines of an event stream (ended by LF, CRLF or CR), like httpx's ``aiter_lines`` but
+    with a bound: a line over ``MAX_LINE_CHARS`` (a server that sends without line breaks) raises
+    instead of growing until memory runs out. A CRLF split between two reads gives one empty line
+    more, which an event stream ignores (only "data:" lines are read)."""
+    pending: list[str] = []  # the start of a line not ended yet
+    size = 0
+    async with aclosing(resp.aiter_text()) as texts:
+        async for text in texts:
+            *ended, rest = text.replace("\r\n", "\n").replace("\r", "\n").split("\n")
+            for line in ended:
+                yield "".join(pending) + line
+                pending, size = [], 0
+            pending.append(rest)
+            size += len(rest)
+            if size > MAX_LINE_CHARS:
+                raise _Retryable(f"the stream from {where} sent a line over {MAX_LINE_CHARS >> 20} M "
+                                 "characters (not an event stream); not read further")
+    if last := "".join(pending):
+        yield last
 
 
 async def _sleep(seconds: float) -> None:

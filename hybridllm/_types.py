@@ -285,7 +285,7 @@ class Completion:
     usage: Usage = field(default_factory=Usage)
     latency_ms: float = 0.0
     ttft_ms: float | None = None
-    finish_reason: str = "stop"  # "stop" or "length"
+    finish_reason: str = "stop"  # "stop", "length", or "content_filter" (a hosted cloud's filter)
     score: float | None = None  # the router's difficulty score, when it ran
     cache_similarity: float | None = None  # set on a cache hit
     cost_usd: float = 0.0  # estimated cloud cost of this request

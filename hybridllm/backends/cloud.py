@@ -744,8 +744,7 @@ class CloudBackend(Backend):
             tail += matcher.flush()
         if tail:
             yield Delta(tail)
-        yield Delta("", finish_reason=finish if finish in ("stop", "length") else "stop",
-                    usage=usage or Usage())
+        yield Delta("", finish_reason=_finish_reason(finish), usage=usage or Usage())
 
     def _unreachable(self, ep: Endpoint, exc: Exception) -> _EndpointDown:
         """A connection that could not be made (refused, timed out, a name that does not resolve)."""
@@ -921,9 +920,16 @@ def _read_completion(resp: Any, where: str) -> tuple[Delta, Delta]:
         _, _, usage = _read_event({"usage": body.get("usage")})
     except (ValueError, TypeError, AttributeError, KeyError, IndexError) as exc:
         raise _Retryable(f"malformed answer from {where}: {resp.text[:80]!r}") from exc
-    finish = choice.get("finish_reason")
-    return Delta(text), Delta("", finish_reason=finish if finish in ("stop", "length") else "stop",
+    return Delta(text), Delta("", finish_reason=_finish_reason(choice.get("finish_reason")),
                               usage=usage or Usage())
+
+
+def _finish_reason(said: object) -> str:
+    """The answer's finish_reason: "length" and "content_filter" (a hosted cloud's filter cut the
+    answer: it is not whole, so not cached, and the caller is told) as the cloud said them; any
+    other ("tool_calls", a server's own word, none) is "stop". Before, a filtered answer read as
+    "stop", was stored in the semantic cache and replayed as whole."""
+    return said if said in ("length", "content_filter") else "stop"
 
 
 def _not_events(text: str) -> str:

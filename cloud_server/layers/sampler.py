@@ -44,6 +44,9 @@ class Sampler:
         self._seed = seed
         self._shared: dict[torch.device, torch.Generator] = {}
         self._per_seq: dict[int, torch.Generator] = {}
+        # which of a seeded request's streams this sampler draws: 0 the target's, 1 a draft
+        # model's (``DraftProposer`` sets it on its runner's sampler)
+        self.stream = 0
 
     def release(self, seq_id: int) -> None:
         self._per_seq.pop(seq_id, None)
@@ -56,7 +59,13 @@ class Sampler:
             return gen
         gen = self._per_seq.get(seq_id)
         if gen is None:
-            gen = self._per_seq[seq_id] = torch.Generator(device).manual_seed(params.seed)
+            # a draft model must not draw the target's numbers: the rejection rule needs its
+            # drafts d ~ q apart from the target's draws, and with one stream the target's bonus
+            # token and the next step's first draft read the same noise (the draft then repeats
+            # the target's token far more often than q says, and the output is no longer p)
+            # seed' = (seed + stream * 0x9E3779B9) mod 2^64: a CPU generator reads the low 32 bits
+            seed = (params.seed + self.stream * 0x9E3779B9) % 2**64
+            gen = self._per_seq[seq_id] = torch.Generator(device).manual_seed(seed)
         return gen
 
     def __call__(
@@ -98,9 +107,13 @@ class Sampler:
     ) -> tuple[list[int], torch.Tensor | None]:
         dev = logits.device
         greedy = logits.argmax(dim=-1)  # [N]
+        # argmax takes a NaN for the largest logit, so a row with one would emit the NaN's id: it
+        # has no distribution and fails instead (its request alone ends with an error); -1 marks it
+        nan = logits.gather(1, greedy.unsqueeze(1)).squeeze(1).isnan()  # [N]
+        greedy = greedy.masked_fill(nan, -1)
         sampled = [i for i, p in enumerate(params) if not p.is_greedy]
         if not sampled and not return_probs:
-            return greedy.tolist(), None
+            return _no_nan(greedy.tolist()), None
         temps = torch.tensor([max(p.temperature, 1e-5) for p in params], device=dev)  # [N]
         scaled = logits.float() / temps.unsqueeze(1)  # [N, V]
         top_k = [p.top_k if 0 < p.top_k < logits.shape[1] else 0 for p in params]
@@ -114,19 +127,32 @@ class Sampler:
             sorted_p, order = probs.sort(dim=-1, descending=True)  # [N, V]
             # drop a token when the mass before it already reaches top_p; keep the first always
             before = sorted_p.cumsum(dim=-1) - sorted_p
-            drop = before >= torch.tensor(top_p, device=dev).unsqueeze(1)
+            # top_p = 1 is off: its rows get no threshold, since a float cumsum can reach 1 before
+            # the tail (which a batch-mate's top_p < 1 would then cut from this row alone)
+            limit = torch.tensor([tp if tp < 1.0 else float("inf") for tp in top_p], device=dev)
+            drop = before >= limit.unsqueeze(1)
             drop[:, 0] = False
             sorted_p = sorted_p.masked_fill(drop, 0.0)
-            probs = torch.zeros_like(probs).scatter_(1, order, sorted_p)
-            probs = probs / probs.sum(dim=-1, keepdim=True)
+            filtered = torch.zeros_like(probs).scatter_(1, order, sorted_p)
+            # renormalize the filtered rows only: a top_p = 1 row stays bit for bit what it is alone
+            cut = (limit < float("inf")).unsqueeze(1)  # [N, 1]
+            probs = torch.where(cut, filtered / filtered.sum(dim=-1, keepdim=True), probs)
         tokens = greedy.clone()
         if sampled:
             idx = torch.tensor(sampled, device=dev)
             chosen = probs[idx]  # [S, V]
-            if not bool(torch.isfinite(chosen).all()):
+            # before any draw: a failed batch is sampled again row by row (a NaN row checked too)
+            if not bool(torch.isfinite(chosen).all() & ~nan.any()):
+                _no_nan(greedy.tolist())  # a NaN row says so
                 raise ValueError("the sampling settings give no valid distribution")
             noise = torch.empty_like(chosen)
             for row, i in enumerate(sampled):  # each row's own generator, before any token
                 noise[row].exponential_(generator=self.generator(seq_ids[i], params[i], dev))
             tokens[idx] = (chosen / noise).argmax(dim=-1)
-        return tokens.tolist(), (probs if return_probs else None)
+        return _no_nan(tokens.tolist()), (probs if return_probs else None)
+
+
+def _no_nan(tokens: list[int]) -> list[int]:
+    if -1 in tokens:  # a row whose logits hold a NaN (see Sampler._sample)
+        raise ValueError("the model's logits hold a NaN")
+    return tokens

@@ -43,6 +43,8 @@ class _DraftView:
 class DraftProposer:
     def __init__(self, runner: Any) -> None:
         self.runner = runner  # a ModelRunner over the draft model, sized like the target's pool
+        # a seeded request's draft draws from a stream of its own, not the target's (Sampler)
+        runner.sampler.stream = 1
 
     def propose(
         self, items: list[ScheduledSeq], blocks: Any = None

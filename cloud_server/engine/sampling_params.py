@@ -15,7 +15,9 @@ class SamplingParams:
     """How to pick each next token and when to stop.
 
     ``temperature == 0`` is greedy. ``top_k`` of 0 or -1 and ``top_p`` of 1 turn those filters
-    off. ``seed`` makes one request's sampling reproducible whatever it is batched with.
+    off. ``seed`` makes one request's sampling reproducible whatever it is batched with; with
+    speculative decoding on, how many drafts a step gives it (the adaptive rule reads the batch
+    size) moves its draws, so there it repeats for the same batch sizes only.
     ``logprobs``: None for none; N in 0..20 reports each emitted token's log-probability and the
     N most likely tokens at its position (of the raw distribution, before any sampling filter).
     """

@@ -80,6 +80,7 @@ class Generation:
         self._energy_key = energy.start() if energy is not None else None
         self._first: Any = None
         self.finished = False
+        self.failed = False  # the engine ended it with an error (not the client, not a shutdown)
         self.last: Any = None
 
     async def admit(self) -> None:
@@ -88,7 +89,8 @@ class Generation:
             self._first = await self._iter.__anext__()
         except StopAsyncIteration:
             self._first = None
-        except BaseException:
+        except BaseException as exc:
+            self.failed = isinstance(exc, Exception)
             await self.close()
             raise
 
@@ -103,6 +105,9 @@ class Generation:
                     out = await self._iter.__anext__()
                 except StopAsyncIteration:
                     return
+                except Exception:
+                    self.failed = True
+                    raise
             self.last = out
             self.timer.on_tokens(len(out.delta_token_ids), out.num_prompt_tokens)
             if out.finished:
@@ -125,7 +130,9 @@ class Generation:
                 await aclose()
         if not self.finished:
             self.finished = True
-            self.timer.on_finish("abort")
+            # the engine's own word for a request that failed: /metrics keeps failures apart from
+            # the aborts of clients that hung up
+            self.timer.on_finish("error" if self.failed else "abort")
             with contextlib.suppress(Exception):
                 await self.engine.abort(self.request_id)
 

@@ -8,7 +8,8 @@ parameter otherwise, so a client never silently gets something other than what i
 
 Values the engine cannot represent are refused here too: ``seed`` outside 64 bits, ``top_p`` below
 float32's smallest normal number (it would round to 0 and drop every token), token counts past
-int32, non-finite numbers.
+int32, non-finite numbers; and lists whose length the engine pays for on every token
+(``stop_token_ids`` past ``MAX_STOP_TOKEN_IDS``).
 """
 
 from __future__ import annotations
@@ -33,6 +34,10 @@ INT32_MAX = 2**31 - 1
 SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1  # what torch.Generator.manual_seed accepts
 FLOAT32_TINY = 1.1754943508222875e-38  # smallest normal float32
 MAX_STOP = 4
+# The engine tests every new token against the whole list: a 4 MiB body of ids ([0,0,...], two
+# million of them) cost some 30 ms per token in its step, so one request slowed its whole batch.
+# vLLM sets no bound; this one is far beyond any tokenizer's list of end tokens.
+MAX_STOP_TOKEN_IDS = 1024
 
 
 
@@ -181,7 +186,7 @@ class SamplingRequest(_Strict):
     stream: bool = False
     stream_options: StreamOptions | None = None
     stop: str | Annotated[list[str], Field(max_length=MAX_STOP)] | None = None
-    stop_token_ids: list[TokenId] | None = None  # vLLM
+    stop_token_ids: Annotated[list[TokenId], Field(max_length=MAX_STOP_TOKEN_IDS)] | None = None  # vLLM
     seed: Annotated[int, Field(ge=SEED_MIN, le=SEED_MAX), _INTEGRAL] | None = None
     ignore_eos: bool = False  # vLLM, for benchmarks
     # hybridllm cloud server: this request's speculative decoding ("none" turns it off)

@@ -80,4 +80,9 @@ def load_api_keys(
     for key in keys:
         if any(ch.isspace() for ch in key):
             raise error("an API key must not contain whitespace")
+        # a header value reaches the server as latin-1 text and is hashed as UTF-8 here, so a key
+        # with a character past ASCII (or a control character) could never match: refused at start
+        if not (key.isascii() and key.isprintable()):
+            raise error("an API key must be printable ASCII (letters, digits, punctuation): HTTP "
+                        "headers carry no other characters")
     return list(dict.fromkeys(k for k in keys if k))

@@ -24,7 +24,6 @@ Needs ../shared/data; the labels default to bench/data/gsm8k_smollm2-135m_vs_qwe
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import sys
 from pathlib import Path
@@ -43,10 +42,33 @@ NUM_FOLDS = 5  # one fold held out: 20%
 
 
 def _cloud_tokens(path: Path) -> np.ndarray:
-    csv.field_size_limit(sys.maxsize)
-    with path.open(newline="", encoding="utf-8") as fh:
-        rows = list(csv.DictReader(fh))
-    return np.asarray([float(r.get("cloud_tokens") or "nan") for r in rows], dtype=np.float64)
+    """The ``cloud_tokens`` column on the rows ``load_routellm_csv`` keeps, in its order."""
+    from hybridllm.router.dataset import _read_table, _to_score, load_routellm_csv
+
+    # the loader drops rows without both models' scores: every row of the file here shifted the
+    # tokens against the questions (and the held-out mask no longer fit) once a row was unlabelled
+    data = load_routellm_csv(path)
+    header, rows = _read_table(path)
+    cols = [c for c in (data.weak_col, data.strong_col) if c in header]  # not a "(reference)" one
+
+    def labelled(r: dict[str, str]) -> bool:
+        return all(not np.isnan(_to_score(r.get(c) or "") or 0.0) for c in cols)  # blank: NaN
+
+    kept = [r for r in rows if labelled(r)]
+    if len(kept) != len(data.prompts):
+        raise ValueError(f"{path}: {len(kept)} labelled rows, the loader kept {len(data.prompts)}")
+    return np.asarray([float(r.get("cloud_tokens") or "nan") for r in kept], dtype=np.float64)
+
+
+def held_out_masks(prompt_lists: list[list[str]]) -> list[np.ndarray]:
+    """Each file's held-out rows (fold 0 of ``NUM_FOLDS``), from one fold assignment over every
+    file's questions, so a question in two files (case and spacing aside) is held out in both or
+    in neither: per file, "Hi" in one and "hi " in the other hashed to folds of their own."""
+    from hybridllm.router.train import fold_ids
+
+    held = fold_ids([p for ps in prompt_lists for p in ps], NUM_FOLDS, salt=SALT) == 0
+    ends = np.cumsum([len(ps) for ps in prompt_lists])
+    return np.split(held, ends[:-1])
 
 
 def qqp_questions(n: int) -> list[str]:
@@ -125,13 +147,15 @@ def main(argv: list[str] | None = None) -> int:
     from hybridllm.router.embedding_cache import cached_embeddings
     from hybridllm.router.features import feature_matrix
     from hybridllm.router.router import sends_to_cloud
-    from hybridllm.router.train import fold_ids, pool, train_router
+    from hybridllm.router.train import pool, train_router
 
     ours = load_routellm_csv(args.labels)
     mmlu = load_routellm_csv(MMLU)
     tokens = _cloud_tokens(args.labels)
-    held_ours = fold_ids(ours.prompts, NUM_FOLDS, salt=SALT) == 0
-    held_mmlu = fold_ids(mmlu.prompts, NUM_FOLDS, salt=SALT) == 0
+    extra_data = [load_routellm_csv(path) for path in extra]
+    held_mmlu, held_ours, *held_extra = held_out_masks(
+        [mmlu.prompts, ours.prompts, *(d.prompts for d in extra_data)]
+    )
     emb_ours, emb_mmlu = cached_embeddings(ours.prompts), cached_embeddings(mmlu.prompts)
 
     def subset(d: Any, keep: np.ndarray) -> Any:
@@ -149,9 +173,7 @@ def main(argv: list[str] | None = None) -> int:
     parts = [(MMLU.name, subset(mmlu, ~held_mmlu)), (args.labels.name, subset(ours, ~held_ours))]
     embs = [emb_mmlu[~held_mmlu], emb_ours[~held_ours]]
     held_lp, held_weak, cascade_data = [], [], []
-    for path in extra:
-        d = load_routellm_csv(path)
-        held = fold_ids(d.prompts, NUM_FOLDS, salt=SALT) == 0
+    for d, held in zip(extra_data, held_extra, strict=True):
         cascade_data.append(subset(d, ~held))
         if d.edge_logprob is not None:
             held_lp.append(d.edge_logprob[held])

@@ -116,6 +116,9 @@ def _curve(data: Any, emb: np.ndarray, x: np.ndarray, *, test_rows: int = 4270) 
             keep = ~test & (rng.random(len(gain)) < frac)  # a random share of the training folds
             scorer = train._fit(x, gain, emb, train.Hyper(), None, keep)
             oof[test] = scorer.predict(x[test], emb[test])
+        # fold-aligned as cross_validate's (the "5fold" figure beside it): pooled raw, each fold
+        # model's own level ranked whole folds and moved these figures by itself
+        oof = train.align_folds(oof, folds)
         out[f"5fold_train_{frac}"] = pick(router_metrics(oof, data.weak, data.strong))
     for k in (5, 10, 20):
         cv = train.cross_validate(data, x, emb, num_folds=k)

@@ -47,6 +47,12 @@ def quality_curve(scores: ArrayLike, weak: ArrayLike, strong: ArrayLike) -> Curv
         )
     if not np.all(np.isfinite(s)):
         raise DataError("The router produced non-finite scores; check the router file.")
+    # a missing (NaN) label made the gap NaN, which no "gap <= 0" test catches: APGR NaN and every
+    # CPT 1.0; the loaders drop unlabelled rows, so here it can only be a caller's slip
+    if not (np.all(np.isfinite(w)) and np.all(np.isfinite(st))):
+        raise DataError(
+            "Every prompt needs a weak and a strong score (NaN or inf found); drop unlabelled rows."
+        )
     order = np.argsort(-s, kind="stable")
     gain = (st - w)[order]  # +1: the strong call fixes a weak error, -1: it breaks a weak answer
     cum = np.concatenate([[0.0], np.cumsum(gain)])  # [n + 1]

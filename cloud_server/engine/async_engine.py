@@ -34,6 +34,9 @@ class AsyncLLMEngine:
         self.config = config
         self.engine: Any = engine  # LLMEngine, built by start() unless given
         self._ops: deque[tuple[str, Any, asyncio.Future | None]] = deque()
+        # the futures of ops the engine thread took off ``_ops`` in the step now in hand: a loop
+        # that dies before it answers them still releases their callers
+        self._taken: list[asyncio.Future] = []
         self._queues: dict[str, asyncio.Queue] = {}
         self._wakeup: asyncio.Event | None = None
         self._loop_task: asyncio.Task | None = None
@@ -137,7 +140,9 @@ class AsyncLLMEngine:
             raise InvalidRequestError(f"duplicate request id {request_id!r}")
         prompt_ids = engine.encode_prompt(prompt)
         engine.check_request(prompt_ids, params)
-        pending = sum(1 for op in self._ops if op[0] == "add")
+        # a copy first (one C call, atomic): the engine thread pops from the deque meanwhile, and
+        # iterating it in Python raised "deque mutated during iteration"
+        pending = sum(1 for op in list(self._ops) if op[0] == "add")
         # Count only what waits beyond the free batch slots: a burst fills the batch first.
         if engine.scheduler.num_queued_beyond_slots + pending - self._free_slots_left(engine) >= \
                 self.config.max_waiting:
@@ -153,6 +158,8 @@ class AsyncLLMEngine:
     async def _stream(
         self, request_id: str, prompt_ids: list[int], params: SamplingParams
     ) -> AsyncIterator[RequestOutput]:
+        if not self.is_ready:  # read after the loop ended: no loop would ever answer it
+            raise self._ended_error()
         queue: asyncio.Queue = asyncio.Queue()
         self._queues[request_id] = queue
         self._push("add", (request_id, prompt_ids, params))
@@ -171,6 +178,12 @@ class AsyncLLMEngine:
             self._queues.pop(request_id, None)
             if not finished:
                 self._push("abort", request_id)
+
+    def _ended_error(self) -> EngineError:
+        if self.failure is not None:
+            return EngineDeadError(f"The engine failed ({type(self.failure).__name__}); retry the "
+                                   "request on another server, or on this one once it has restarted.")
+        return EngineError("the engine stopped")
 
     async def abort(self, request_id: str) -> None:
         """Abort a request; returns once its KV blocks are back in the pool."""
@@ -191,6 +204,8 @@ class AsyncLLMEngine:
         done: list[tuple[asyncio.Future | None, Any]] = []
         while self._ops:
             op, arg, fut = self._ops.popleft()
+            if fut is not None:
+                self._taken.append(fut)
             try:
                 if op == "add":
                     self.engine.add_request(*arg)
@@ -227,13 +242,14 @@ class AsyncLLMEngine:
             self.failure = exc
             logger.error("the engine loop failed", exc_info=exc)
             # the type only: an exception's text may quote a request (it is in the log)
-            error = EngineDeadError(f"The engine failed ({type(exc).__name__}); retry the request on "
-                                    "another server, or on this one once it has restarted.")
+            error = self._ended_error()
             for rid, queue in list(self._queues.items()):
                 queue.put_nowait(error)
                 self._queues.pop(rid, None)
+            futures, self._taken = self._taken, []
             while self._ops:
-                _, _, fut = self._ops.popleft()
+                futures.append(self._ops.popleft()[2])
+            for fut in futures:
                 if fut is not None and not fut.done():
                     fut.set_result(None)
             if self._dead is not None:  # last: what waits on it finds everything above released
@@ -249,10 +265,12 @@ class AsyncLLMEngine:
                 wakeup.clear()
                 await wakeup.wait()
                 continue
+            self._taken = []
             try:
                 done, outputs, failure, stepped = await self._in_engine_thread(self._step_once)
-            except Exception as exc:
-                done, outputs, failure, stepped = [], [], exc, True
+            except Exception as exc:  # the ops it took are answered all the same
+                done = [(fut, ("abort", None)) for fut in self._taken]
+                outputs, failure, stepped = [], exc, True
             if failure is not None:
                 logger.error("engine step failed", exc_info=failure)
                 self._fail_all(failure if isinstance(failure, EngineError) else EngineError(str(failure)))

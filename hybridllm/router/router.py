@@ -354,8 +354,8 @@ def calibrate_threshold(scores: Any, cloud_fraction: float) -> float:
     n_cloud = int(round(cloud_fraction * len(s)))
     if n_cloud == 0:  # a share too small for the sample: just above its highest score
         return float(min(NEVER_CLOUD, np.nextafter(s[-1], np.inf)))
-    if n_cloud >= len(s):
-        return float(s[0])
+    if n_cloud >= len(s):  # every prompt: the lowest score, below 1 as below (1.0 is "never")
+        return float(min(s[0], np.nextafter(NEVER_CLOUD, 0.0)))
     # midway between the last edge score and the first cloud score generalizes best; below 1,
     # where the first cloud score is 1.0 (threshold 1 would keep it on the device)
     mid = (s[len(s) - n_cloud - 1] + s[len(s) - n_cloud]) / 2.0

@@ -41,3 +41,13 @@ def test_a_confidence_floor_that_is_not_a_number_is_refused(bad: object) -> None
 def test_a_numpy_confidence_floor_still_works() -> None:
     r = dataclasses.replace(length_router(), logprob_threshold=np.float32(-0.5))
     assert r.should_escalate(-1.0) and not r.should_escalate(-0.25)
+
+
+def test_a_share_that_rounds_to_every_prompt_sends_prompts_scoring_one_too():
+    """Before: with the lowest score exactly 1.0 the threshold came out 1.0, which keeps every
+    prompt on the device, for a share that rounds to all of them (0.9 of 3)."""
+    from hybridllm.router.router import calibrate_threshold, sends_to_cloud
+
+    t = calibrate_threshold([1.0, 1.0, 1.0], 0.9)
+    assert t < 1.0 and sends_to_cloud(1.0, t)
+    assert calibrate_threshold([0.2, 0.4, 0.6], 0.9) == 0.2

@@ -67,6 +67,7 @@ class EngineReplica:
         self.replica = serve.get_replica_context().replica_id.unique_id
         self._board = board_handle(board_name)
         self._reports = 0
+        self._last_report: dict[str, Any] | None = None
         self._poster = asyncio.get_running_loop().create_task(self._post_stats())
 
     async def _post_stats(self) -> None:
@@ -86,10 +87,15 @@ class EngineReplica:
             except RuntimeError:
                 continue
         else:
+            # the last report that read, stamp and all (the router keeps its books); a zero report
+            # would show a busy replica idle, its cache empty, to the router and the autoscaler
+            if self._last_report is not None:
+                return dict(self._last_report)
             report = {"outstanding_tokens": 0, "prefix_hashes": []}
         self._reports += 1
         report["reported_at"] = (self.replica, self._reports)
-        return report
+        self._last_report = report
+        return dict(report)
 
     # -- what Serve calls ----------------------------------------------------------------------
     def record_routing_stats(self) -> dict[str, Any]:

@@ -61,12 +61,21 @@ class QueuedTokensPolicy:
         if isinstance(target, int):
             self._note_target(target)
         per_replica = (ctx.aggregated_metrics or {}).get(METRIC, {})
-        total = float(sum(per_replica.values()))
+        # Serve's average of a window with no sample is None; a NaN would make the sum NaN, read
+        # as "no load", and scale a busy fleet down to its minimum: only finite values count
+        values = [float(v) for v in per_replica.values() if _finite(v)]
+        if per_replica and not values:  # replicas, none with a figure: hold, never shrink blind
+            lo, hi = ctx.capacity_adjusted_min_replicas, ctx.capacity_adjusted_max_replicas
+            return max(lo, min(hi, ctx.current_num_replicas)), ctx.policy_state or {}
         n = desired_replicas(
-            total,
+            sum(values),
             self.target_tokens_per_replica,
             current=ctx.current_num_replicas,
             min_replicas=ctx.capacity_adjusted_min_replicas,
             max_replicas=ctx.capacity_adjusted_max_replicas,
         )
         return n, ctx.policy_state or {}
+
+
+def _finite(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)

@@ -19,7 +19,14 @@ def aggregate_stats(per_replica: list[dict[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for stats in per_replica:
         for key, value in stats.items():
-            if not isinstance(value, int | float) or isinstance(value, bool):
+            if isinstance(value, list) and all(_number(v) for v in value):
+                # per-position counters (spec_decode_num_accepted_tokens_per_pos): summed by
+                # position, the longest list sets the length
+                total = out.get(key, [])
+                out[key] = [sum(x[i] for x in (total, value) if i < len(x))
+                            for i in range(max(len(total), len(value)))]
+                continue
+            if not _number(value):
                 continue
             if key in _MAX_KEYS:
                 out[key] = max(out.get(key, value), value)
@@ -28,6 +35,10 @@ def aggregate_stats(per_replica: list[dict[str, Any]]) -> dict[str, Any]:
     if per_replica:
         out["num_replicas"] = len(per_replica)
     return out
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
 
 
 class FleetBoard:

@@ -146,6 +146,8 @@ class TokenAwareRouter:
         self._clock = clock
         self.books: dict[ReplicaKey, ReplicaBooks] = {}
         self._request_replica: dict[str, ReplicaKey] = {}
+        self._routed: dict[str, ReplicaKey] = {}  # request -> the replica Serve says took it
+        self._ended: OrderedDict[str, ReplicaKey] = OrderedDict()  # recent attempts that ended
         self.num_prefix_choices = 0  # per request (a request routed again counts once)
         self.num_spill_choices = 0
         self.num_home_choices = 0
@@ -250,10 +252,42 @@ class TokenAwareRouter:
         while len(books.history) > self.max_history:
             books.history.popitem(last=False)
 
-    def on_done(self, request_id: str) -> None:
-        replica = self._request_replica.pop(request_id, None)
-        if replica is not None and replica in self.books:
-            self.books[replica].open_requests.pop(request_id, None)
+    def on_routed(
+        self,
+        replica: ReplicaKey,
+        request_id: str,
+        prompt_hashes: Sequence[int],
+        num_prompt_tokens: int,
+        max_tokens: int,
+    ) -> None:
+        """Serve tries our ranks in order: a request the chosen replica turned away (its queue
+        full) runs on a later rank's replica. Its work and prompt blocks go on the books of the
+        replica that took it, and only the end of the attempt there closes it."""
+        booked = self._request_replica.get(request_id)
+        if booked is None and self._ended.get(request_id) == replica:
+            return  # the attempt there has already ended: nothing to book
+        if booked != replica:
+            books = self.books.setdefault(replica, ReplicaBooks())
+            matched = _leading(prompt_hashes, books.holds)
+            tokens = estimate_tokens(num_prompt_tokens, matched, self.block_size, max_tokens)
+            self.on_sent(replica, request_id, prompt_hashes, tokens, prefill_tokens=tokens - max_tokens)
+        self._routed[request_id] = replica
+
+    def on_done(self, request_id: str, replica: ReplicaKey | None = None) -> None:
+        """``replica``: where the attempt that ended ran. The end of an attempt a replica turned
+        away leaves the booking of the replica that took the request alone."""
+        routed = self._routed.get(request_id)
+        if replica is not None:
+            self._ended[request_id] = replica
+            self._ended.move_to_end(request_id)
+            while len(self._ended) > 4096:
+                self._ended.popitem(last=False)
+            if routed is not None and routed != replica:
+                return
+        self._routed.pop(request_id, None)
+        booked = self._request_replica.pop(request_id, None)
+        if booked is not None and booked in self.books:
+            self.books[booked].open_requests.pop(request_id, None)
 
 
 def estimate_tokens(num_prompt_tokens: int, matched_blocks: int, block_size: int, max_tokens: int) -> int:

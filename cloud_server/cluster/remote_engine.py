@@ -4,8 +4,9 @@ The front end keeps the whole OpenAI layer of the single-process server (parsing
 tokenization, context checks, SSE, errors, metrics): only ``generate`` goes to a replica, chosen by
 the deployment's request router from the prompt's token ids. Faults:
 
-- a replica that dies (or is unreachable) before the request's first output: the request is sent
-  again, up to ``retries`` times (the router skips the dead replica once Serve reports it);
+- a replica that dies (or is unreachable, or whose engine loop died: ``EngineDeadError``,
+  ``NotReadyError``) before the request's first output: the request is sent again, up to
+  ``retries`` times (the router skips the dead replica once Serve reports it);
 - one that dies after the first output: the request ends with ``EngineError`` (HTTP 500, or an
   error event in a stream), never a hang: Ray fails the stream when the actor dies;
 - an error the replica raised on purpose (queue full, context length) comes back as itself.
@@ -23,11 +24,15 @@ import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
-from ..exceptions import EngineError, NotReadyError, ServerError
+from ..exceptions import EngineDeadError, EngineError, NotReadyError, ServerError
 from .autoscale import TARGET_NOTE
 from .fleet import aggregate_stats
 
 log = logging.getLogger("cloud_server.cluster")
+
+
+# what a replica whose engine loop died (or stopped) raises: the request may go to another one
+_REPLICA_GONE = (EngineDeadError, NotReadyError)
 
 
 def _replica_error(exc: BaseException) -> ServerError | None:
@@ -151,7 +156,9 @@ class RemoteEngine:
                 return
             except (ServerError, RayError) as exc:
                 own = _replica_error(exc)
-                if own is not None:
+                # a replica whose engine is gone says so on purpose: a fault of the replica, not
+                # of the request, sent again (before its first output) like a dead replica's
+                if own is not None and (got_output or not isinstance(own, _REPLICA_GONE)):
                     raise own from None
                 self.num_replica_failures += 1
                 if got_output or attempt >= self.retries:

@@ -120,8 +120,20 @@ class TokenPrefixRequestRouter(RequestRouter):
         rest = sorted((r for r in candidate_replicas if r.replica_id != choice.replica), key=load)
         return [first, *[[r] for r in rest]]
 
+    def on_request_routed(self, pending_request: PendingRequest, replica_id: Any, result: Any) -> None:
+        """The replica that took the request (not always our first rank: a full one turns it
+        away, and Serve tries the next): its books carry the request's tokens from now on."""
+        shape = request_shape(pending_request)
+        if shape is None:
+            return
+        prompt_ids, max_tokens = shape
+        hashes = prompt_block_hashes(prompt_ids, self.block_size)
+        rid = pending_request.metadata.internal_request_id
+        self.policy.on_routed(replica_id, rid, hashes, len(prompt_ids), max_tokens)
+
     def on_request_completed(self, replica_id: Any, internal_request_id: str) -> None:
-        self.policy.on_done(internal_request_id)
+        # every attempt ends here, one a replica turned away too: the policy knows which counts
+        self.policy.on_done(internal_request_id, replica_id)
 
     def _watch(self, pending: PendingRequest) -> None:
         """Serve calls ``on_request_completed`` only for a request it sent to a replica; one

@@ -254,6 +254,16 @@ class Stream:
                 reader.close()  # type: ignore[attr-defined]
             except ValueError:  # another thread resumed it meanwhile: it ends at the closed check
                 pass
+        if self._loop.on_loop_thread():
+            # closed on the loop's own thread: a stream read with next() and dropped is a cycle
+            # (its reader holds it), collected by whichever thread the garbage collector runs on;
+            # waiting there for a step of that same loop stalled it, and every answer of the
+            # client, for the 60 s timeout. The step runs once this returns
+            try:
+                self._loop.submit(self._aclose())
+            except HybridLLMError:
+                pass  # the client is closed: its close() stopped the answer
+            return
         try:
             self._loop.submit(self._aclose()).result(timeout=60)
         except (HybridLLMError, RuntimeError, concurrent.futures.TimeoutError, asyncio.CancelledError,

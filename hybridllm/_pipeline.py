@@ -76,7 +76,10 @@ class CacheHitLike(Protocol):
 class CachePort(Protocol):
     """What the pipeline needs of a cache (:class:`hybridllm.cache.SemanticCache` is one)."""
 
-    def embed_query(self, messages: Messages) -> Any: ...
+    def embed_query(self, messages: Messages) -> Any:
+        """The question's embedding, reused by the router and the store. Optional, as
+        ``get_exact`` is: a cache without it is looked up with ``embedding=None``."""
+        ...
 
     def get_exact(
         self, messages: Messages, *, model: str, params_key: dict, namespace: str | None = None
@@ -376,9 +379,12 @@ class Core:
                     return None, None
                 if hit is not None:
                     return None, hit
+            # optional too: a cache= needs only get() and put() (the client checks no more), and
+            # a custom cache's own error (not a HybridLLMError) failed every request with it
+            embed = getattr(cache, "embed_query", None)
             try:
-                vec = cache.embed_query(req.messages)
-            except HybridLLMError as exc:  # a broken cache must not break answering
+                vec = embed(req.messages) if embed is not None else None
+            except Exception as exc:  # noqa: BLE001 - a broken cache must not break answering
                 if not self._cache_embed_failed:
                     self._cache_embed_failed = True
                     log.warning("semantic cache embedding failed (%s); answering without the cache "
@@ -938,7 +944,8 @@ class Core:
                             "loaded instead of being freed under the running step", self.close_timeout_s)
                 edge = None
             for side, part in (("edge", edge), ("cloud", self.cloud), ("cache", self.cache)):
-                if part is not None:
+                # (a cache= with get() and put() alone has nothing to close: not a failure to log)
+                if part is not None and (side != "cache" or callable(getattr(part, "close", None))):
                     try:
                         part.close()
                     except Exception as exc:  # noqa: BLE001 - one part's failure must not keep the others open

@@ -170,8 +170,8 @@ class ServerMetrics:
         reg.register(_EngineCollector(stats, model))
         self.energy: Any = None  # cloud_server.energy.EnergyAccounting, set by create_app
 
-    def request_timer(self) -> RequestTimer:
-        return RequestTimer(self, self._model())
+    def request_timer(self, arrival: float | None = None) -> RequestTimer:
+        return RequestTimer(self, self._model(), arrival)
 
     def record_rejection(self, status: int) -> None:
         self.rejected.labels(self._model(), str(status)).inc()
@@ -183,10 +183,11 @@ class ServerMetrics:
 class RequestTimer:
     """Observes one request's token timings; call ``on_tokens`` per output, ``on_finish`` once."""
 
-    def __init__(self, metrics: ServerMetrics, model: str) -> None:
+    def __init__(self, metrics: ServerMetrics, model: str, arrival: float | None = None) -> None:
         self._m = metrics
         self._model = model
-        self.arrival = time.perf_counter()
+        # arrival: when the server took the request up (perf_counter), before its tokenization
+        self.arrival = time.perf_counter() if arrival is None else arrival
         self._last: float | None = None
         self._num_tokens = 0
         self._prompt_recorded = False

@@ -15,7 +15,7 @@ import logging
 import time
 import uuid
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from cloud_server.engine.sampling_params import SamplingParams
@@ -64,6 +64,9 @@ class Prepared:
     include_usage: bool
     created: int
     logprobs: bool = False  # the answer reports token log-probabilities
+    # when the request was taken up (perf_counter), before its tokenization: TTFT and end-to-end
+    # latency count from here, the wait a client sees (a long prompt's tokenizing included)
+    arrival: float = field(default_factory=time.perf_counter)
 
 
 class Generation:
@@ -164,6 +167,7 @@ class OpenAIServing:
 
     def prepare(self, req: ChatCompletionRequest | CompletionRequest) -> Prepared:
         """Tokenize and check ``req`` (CPU work: the server runs this in a worker thread)."""
+        arrival = time.perf_counter()
         tokenizer = self.engine.tokenizer
         if isinstance(req, ChatCompletionRequest):
             kind, prefix = "chat", "chatcmpl"
@@ -219,10 +223,11 @@ class OpenAIServing:
             include_usage=req.include_usage(),
             created=int(time.time()),
             logprobs=params.logprobs is not None,
+            arrival=arrival,
         )
 
     async def admit(self, prepared: Prepared) -> Generation:
-        generation = Generation(self.engine, prepared, self.metrics.request_timer(),
+        generation = Generation(self.engine, prepared, self.metrics.request_timer(prepared.arrival),
                                 energy=self.metrics.energy)
         await generation.admit()
         return generation

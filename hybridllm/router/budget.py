@@ -15,7 +15,6 @@ gradually rather than at midnight. A dollar limit is a token limit at ``price_pe
 from __future__ import annotations
 
 import math
-import numbers
 import threading
 import time
 from collections import deque
@@ -25,6 +24,7 @@ from itertools import count
 
 from .._durations import duration
 from .._exceptions import ConfigError
+from .._types import is_real
 
 HOUR = 3600.0
 DAY = 86400.0
@@ -227,7 +227,7 @@ _SETTING = {  # each limit's label -> the setting that sets it
 
 def _check_tokens(tokens: int) -> None:
     # NaN, inf, None or a string would fail later in int() or "<" with an error that names no argument
-    if isinstance(tokens, bool) or not isinstance(tokens, numbers.Real) or not 0 <= tokens < math.inf:
+    if not is_real(tokens) or not 0 <= tokens < math.inf:
         raise ConfigError(f"tokens must be a number >= 0 (prompt plus completion tokens), got {tokens!r}.")
 
 

@@ -217,6 +217,8 @@ def build_app(
             "block_size": engine_config.block_size,
             "imbalance_ratio": cluster.imbalance_ratio,
             "min_margin_tokens": cluster.min_margin_tokens,
+            # a report older than two of Serve's stats timeouts is from a replica that stopped
+            "report_ttl_s": max(10.0, 2 * router_config["request_routing_stats_timeout_s"]),
             "board_name": board,
         }
     actor_options: dict[str, Any] = {"num_cpus": cluster.replica_cpus}

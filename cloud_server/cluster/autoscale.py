@@ -17,6 +17,8 @@ import math
 import time
 from typing import Any
 
+from .fleet import finite_number
+
 METRIC = "outstanding_tokens"
 TARGET_NOTE = "target_replicas"  # the fleet board's note: Serve's current target replica count
 
@@ -63,7 +65,7 @@ class QueuedTokensPolicy:
         per_replica = (ctx.aggregated_metrics or {}).get(METRIC, {})
         # Serve's average of a window with no sample is None; a NaN would make the sum NaN, read
         # as "no load", and scale a busy fleet down to its minimum: only finite values count
-        values = [float(v) for v in per_replica.values() if _finite(v)]
+        values = [float(v) for v in per_replica.values() if finite_number(v)]
         if per_replica and not values:  # replicas, none with a figure: hold, never shrink blind
             lo, hi = ctx.capacity_adjusted_min_replicas, ctx.capacity_adjusted_max_replicas
             return max(lo, min(hi, ctx.current_num_replicas)), ctx.policy_state or {}
@@ -75,7 +77,3 @@ class QueuedTokensPolicy:
             max_replicas=ctx.capacity_adjusted_max_replicas,
         )
         return n, ctx.policy_state or {}
-
-
-def _finite(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)

@@ -7,11 +7,20 @@ out after ``max_age_s``; its restarted successor posts under a new id.
 
 from __future__ import annotations
 
+import math
 import time
+from collections import OrderedDict
 from typing import Any
 
 # engine.stats() keys that are per-step or peak values: the fleet figure is the largest, not a sum
 _MAX_KEYS = {"kv_cache_usage", "last_batch_num_seqs", "last_batch_num_tokens", "max_batch_num_seqs"}
+# engine.stats() keys that /metrics exports as Prometheus counters (cloud_server/api/metrics.py):
+# a replica that leaves the fleet keeps its share of them, or the fleet's totals would go down
+COUNTER_KEYS = frozenset({
+    "prefix_cache_queries", "prefix_cache_hits", "num_preemptions", "steps", "spec_decode_num_drafts",
+    "spec_decode_num_draft_tokens", "spec_decode_num_accepted_tokens",
+    "spec_decode_num_accepted_tokens_per_pos",
+})
 
 
 def aggregate_stats(per_replica: list[dict[str, Any]]) -> dict[str, Any]:
@@ -19,14 +28,14 @@ def aggregate_stats(per_replica: list[dict[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for stats in per_replica:
         for key, value in stats.items():
-            if isinstance(value, list) and all(_number(v) for v in value):
+            if isinstance(value, list) and all(finite_number(v) for v in value):
                 # per-position counters (spec_decode_num_accepted_tokens_per_pos): summed by
                 # position, the longest list sets the length
                 total = out.get(key, [])
                 out[key] = [sum(x[i] for x in (total, value) if i < len(x))
                             for i in range(max(len(total), len(value)))]
                 continue
-            if not _number(value):
+            if not finite_number(value):  # a NaN would make the fleet's sum NaN
                 continue
             if key in _MAX_KEYS:
                 out[key] = max(out.get(key, value), value)
@@ -37,8 +46,43 @@ def aggregate_stats(per_replica: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def _number(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)
+def finite_number(value: Any) -> bool:
+    """A real int or float, not a bool, not NaN or infinite (a figure a replica may report)."""
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+class FleetCounters:
+    """The counters of replicas that left the fleet (died, scaled away, or fell silent), added to
+    the live replicas' sums so that a fleet total never goes down (Prometheus reads a counter that
+    goes down as a restart). A replica that was only late and posts again counts live again."""
+
+    def __init__(self, max_remembered: int = 1024) -> None:
+        self.max_remembered = max_remembered
+        self._live: dict[str, dict[str, Any]] = {}  # replica -> its counters, as last seen
+        self._left: OrderedDict[str, dict[str, Any]] = OrderedDict()  # replica -> its last counters
+        self._forgotten: dict[str, Any] = {}  # sums of the replicas too long gone to remember
+
+    def update(self, fleet: dict[str, dict[str, Any]]) -> None:
+        """``fleet``: the board's snapshot (replica -> its post), the replicas live now."""
+        for replica in [r for r in self._live if r not in fleet]:
+            self._left[replica] = self._live.pop(replica)
+        for replica, post in fleet.items():
+            self._left.pop(replica, None)
+            self._live[replica] = {k: v for k, v in post.get("stats", {}).items() if k in COUNTER_KEYS}
+        while len(self._left) > self.max_remembered:  # bounded: fold the oldest into one sum
+            self._forgotten = aggregate_stats([self._forgotten, self._left.popitem(last=False)[1]])
+            self._forgotten.pop("num_replicas", None)
+
+    def stats(self, fleet: dict[str, dict[str, Any]]) -> dict[str, Any]:
+        """The live replicas' stats summed (``aggregate_stats``), plus the gone ones' counters."""
+        # the gone replicas' entries hold counters only: the gauges are the live replicas' alone
+        out = aggregate_stats(
+            [*(post.get("stats", {}) for post in fleet.values()), self._forgotten, *self._left.values()]
+        )
+        out.pop("num_replicas", None)
+        if fleet:
+            out["num_replicas"] = len(fleet)
+        return out
 
 
 class FleetBoard:

@@ -131,6 +131,7 @@ class TokenAwareRouter:
         max_sent_hashes: int = 8192,
         max_history: int = 16384,
         sent_ttl_s: float = 10.0,
+        report_ttl_s: float = 10.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if block_size < 1 or imbalance_ratio < 0 or min_margin_tokens < 0:
@@ -143,6 +144,7 @@ class TokenAwareRouter:
         self.max_sent_hashes = max_sent_hashes
         self.max_history = max_history
         self.sent_ttl_s = sent_ttl_s
+        self.report_ttl_s = report_ttl_s
         self._clock = clock
         self.books: dict[ReplicaKey, ReplicaBooks] = {}
         self._request_replica: dict[str, ReplicaKey] = {}
@@ -163,6 +165,17 @@ class TokenAwareRouter:
                     self._request_replica.pop(rid, None)
         for key in live:
             self.books.setdefault(key, ReplicaBooks())
+        self.expire_reports()
+
+    def expire_reports(self) -> None:
+        """A replica that stopped reporting (its stats call fails or times out) keeps its last
+        report no longer than ``report_ttl_s``: then its load is our own books alone, not figures
+        from long ago that would keep the router avoiding (or piling onto) it. Its prefix hashes
+        stay: a replica's cache does not change while it runs nothing."""
+        now = self._clock()
+        for books in self.books.values():
+            if now - books.reported_at > self.report_ttl_s:
+                books.reported_tokens = books.reported_prefill = books.reported_decode = 0
 
     def on_report(self, replica: ReplicaKey, stats: dict | None) -> None:
         """A replica's routing stats: ``outstanding_tokens`` and ``prefix_hashes``."""
@@ -186,6 +199,7 @@ class TokenAwareRouter:
     def choose(self, candidates: Sequence[ReplicaKey], prompt_hashes: Sequence[int]) -> Choice:
         if not candidates:
             raise ValueError("no candidate replicas")
+        self.expire_reports()
         books = [self.books.setdefault(c, ReplicaBooks()) for c in candidates]
         loads = [b.load() for b in books]
         matches = [_leading(prompt_hashes, b.holds) for b in books]

@@ -21,12 +21,13 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
 from ..exceptions import EngineDeadError, EngineError, NotReadyError, ServerError
 from .autoscale import TARGET_NOTE
-from .fleet import aggregate_stats
+from .fleet import FleetCounters
 
 log = logging.getLogger("cloud_server.cluster")
 
@@ -66,6 +67,8 @@ class RemoteEngine:
         self.max_model_len = 0
         self._ready = False
         self._fleet: dict[str, dict[str, Any]] = {}
+        self._fleet_at: float | None = None  # when the board last answered (monotonic)
+        self._counters = FleetCounters()  # the counters of replicas gone from the fleet
         self._serve_target: int | None = None  # autoscaled: Serve's target, noted by the policy
         self._poller: asyncio.Task | None = None
         self.num_retried = 0
@@ -103,11 +106,20 @@ class RemoteEngine:
 
     async def _poll_once(self) -> None:
         try:
-            self._fleet = await self._board.snapshot.remote(self.stale_after_s)
-            target = (await self._board.notes.remote()).get(TARGET_NOTE)
+            # a board that does not answer (its actor hung or its node gone) must not stall the poll
+            wait = self.stale_after_s
+            fleet = await asyncio.wait_for(self._board.snapshot.remote(self.stale_after_s), wait)
+            notes = await asyncio.wait_for(self._board.notes.remote(), wait)
+            self._fleet, self._fleet_at = fleet, time.monotonic()
+            target = notes.get(TARGET_NOTE)
             self._serve_target = int(target) if isinstance(target, int) and target >= 0 else None
         except Exception as exc:  # noqa: BLE001 - stats are best effort
             log.debug("fleet board unreachable: %s", exc)
+            # its last answer is all we know: once older than stale_after_s, no replica is known
+            # to be up (the board's own rule), not the fleet as it was then for ever
+            if self._fleet_at is None or time.monotonic() - self._fleet_at > self.stale_after_s:
+                self._fleet = {}
+        self._counters.update(self._fleet)
 
     async def _poll(self) -> None:
         while True:
@@ -116,8 +128,9 @@ class RemoteEngine:
 
     # -- fleet state ---------------------------------------------------------------------------
     def stats(self) -> dict[str, Any]:
-        """Every replica's engine stats, summed (gauges of the last step: the largest)."""
-        return aggregate_stats([r.get("stats", {}) for r in self._fleet.values()])
+        """Every replica's engine stats, summed (gauges of the last step: the largest); the counters
+        keep the shares of replicas that left, so a fleet total never goes down."""
+        return self._counters.stats(self._fleet)
 
     def health_detail(self) -> dict[str, Any]:
         """ok: every wanted replica reports; degraded: some do (still serving); idle: scaled to

@@ -43,6 +43,7 @@ class TokenPrefixRequestRouter(RequestRouter):
             min_margin_tokens=int(kwargs.get("min_margin_tokens", 128)),
             prefill_weight=float(kwargs.get("prefill_weight", 1.0)),
             decode_weight=float(kwargs.get("decode_weight", 0.5)),
+            report_ttl_s=float(kwargs.get("report_ttl_s", 10.0)),
         )
         self._report_stamps: dict[Any, Any] = {}
         self._watched: set[str] = set()  # requests whose pending future we watch for a cancel
@@ -78,6 +79,8 @@ class TokenPrefixRequestRouter(RequestRouter):
 
     def _refresh(self) -> None:
         self.policy.sync_replicas(self._replicas)
+        for gone in [k for k in self._report_stamps if k not in self._replicas]:
+            del self._report_stamps[gone]  # replicas come and go (autoscaling, restarts)
         for replica_id, replica in self._replicas.items():
             stats = replica.routing_stats or {}
             stamp = stats.get("reported_at")

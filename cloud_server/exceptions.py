@@ -64,7 +64,10 @@ class ShuttingDownError(ServerError):
 
 
 class EngineError(ServerError):
-    pass
+    def __init__(self, message: str, *, request_ids: list[str] | None = None) -> None:
+        super().__init__(message)
+        # a failed step's batch: the requests it failed (None: every request in flight)
+        self.request_ids = request_ids
 
 
 class EngineDeadError(EngineError):

@@ -4,7 +4,7 @@ The pool has ``num_blocks`` blocks of ``block_size`` token slots. A sequence own
 blocks are taken on demand as its tokens are computed, never reserved for ``max_tokens``.
 
 Prefix caching: once a block is full and computed, it is registered under a chained hash
-``h_i = hash((h_{i-1}, tokens of block i))``, so equal hashes mean equal whole prefixes. A new
+``h_i = H(h_{i-1}, tokens of block i)``, so equal hashes mean equal whole prefixes. A new
 sequence whose leading full blocks hash the same shares those blocks (ref count + 1) instead of
 recomputing them. A block whose ref count drops to 0 keeps its hash and contents and waits in one
 of two LRU lists; it is reused for a prefix hit, or evicted (hash dropped) only when fresh blocks
@@ -24,6 +24,8 @@ So a long answer's blocks never push out a system prompt that other requests kee
 
 from __future__ import annotations
 
+import hashlib
+import struct
 from collections import OrderedDict, deque
 
 from ..exceptions import EngineError
@@ -35,8 +37,14 @@ _ROOT_HASH = 0x6879627269646C6C
 
 
 def chain_hash(parent_hash: int | None, token_ids: tuple[int, ...]) -> int:
-    """The same in every process: ints and tuples of ints hash without per-process salt."""
-    return hash((_ROOT_HASH if parent_hash is None else parent_hash, token_ids))
+    """A signed 64-bit BLAKE2b digest of the parent's hash and the block's tokens, the same in
+    every process. Not Python's ``hash``: a tuple hashes its int items modulo 2**61 - 1, so two
+    parents that differ by a multiple of it gave every child the same hash, and its unsalted,
+    invertible arithmetic makes prompts whose chains meet another's cached prefix cheap to search
+    for (a block's own tokens are compared, its parents' are not): they took KV computed for it."""
+    parent = _ROOT_HASH if parent_hash is None else parent_hash
+    data = struct.pack(f"<q{len(token_ids)}q", parent, *token_ids)  # fixed byte order: any host
+    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little", signed=True)
 
 
 class BlockManager:

@@ -183,6 +183,8 @@ class LLMEngine:
     def encode_prompt(self, prompt: str | list[int]) -> list[int]:
         if isinstance(prompt, str):
             return self.tokenizer.encode(prompt, add_special=True)
+        if not isinstance(prompt, list | tuple):  # a bare int, None: not list(prompt)'s TypeError
+            raise InvalidRequestError("a prompt is a string or a list of token ids", param="prompt")
         ids = list(prompt)
         if any(not isinstance(t, int) or not 0 <= t < self.model_config.vocab_size for t in ids):
             raise InvalidRequestError("prompt token ids out of the vocabulary", param="prompt")
@@ -249,7 +251,10 @@ class LLMEngine:
                          self.scheduler.max_num_batched_tokens)
         except Exception as exc:  # a model failure is an engine failure, not a request error
             self.scheduler.rollback(sched.scheduled)
-            raise EngineError(f"model step failed: {exc}") from exc
+            # the batch that failed: requests still waiting were not in it, and the engine keeps
+            # every request (a later step retries), so a caller may fail these alone
+            raise EngineError(f"model step failed: {exc}",
+                              request_ids=[item.seq.request_id for item in sched.scheduled]) from exc
         self._record_batch(len(sched.scheduled), sched.num_tokens)
         new_tokens, num_rejected = spec.verify(
             sched.scheduled,
@@ -377,6 +382,9 @@ class LLMEngine:
 
         Runs one prefill outside the scheduler, so call it only between steps.
         """
+        # ids past the vocabulary would index past the embedding (on CUDA, an assert that
+        # takes the whole context down): refused as add_request refuses them
+        token_ids = self.encode_prompt(list(token_ids))
         seq = Sequence(f"score-{time.monotonic_ns()}", token_ids, SamplingParams(max_tokens=1))
         if not token_ids or len(token_ids) > self.max_model_len:
             raise ContextLengthError("score needs 1..max_model_len tokens", param="prompt")
@@ -397,7 +405,9 @@ class LLMEngine:
         """Run ``prompts`` to completion. When it raises (a prompt refused by ``add_request``, a
         failed step, an interrupt), none of its requests stays behind in the engine: those
         already added are aborted, so their KV blocks go back to the pool and later calls do not
-        compute them."""
+        compute them. One string is one prompt (it was run as a prompt per character)."""
+        if isinstance(prompts, str):
+            prompts = [prompts]
         plist = params if isinstance(params, list) else [params or SamplingParams()] * len(prompts)
         if len(plist) != len(prompts):
             raise InvalidRequestError(f"{len(prompts)} prompts but {len(plist)} SamplingParams")

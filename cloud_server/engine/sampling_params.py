@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass, field
 
 from ..exceptions import InvalidRequestError
@@ -35,19 +36,31 @@ class SamplingParams:
     logprobs: int | None = None
 
     def __post_init__(self) -> None:
+        # a wrong type is the caller's error too, never a TypeError from a comparison below (None,
+        # a string); True is no number here (it passed as 1: max_tokens=True gave one token)
+        if self.stop is None:  # OpenAI's null: no stop strings
+            self.stop = []
         if isinstance(self.stop, str):
             self.stop = [self.stop]
-        if not 0 <= self.temperature < float("inf"):  # also rejects NaN
+        if not isinstance(self.stop, list | tuple):
+            raise InvalidRequestError("stop must be a string or a list of strings", param="stop")
+        self.stop = list(self.stop)
+        if self.stop_token_ids is None:
+            self.stop_token_ids = []
+        if not isinstance(self.stop_token_ids, list | tuple):
+            raise InvalidRequestError("stop_token_ids must be a list of integers", param="stop_token_ids")
+        self.stop_token_ids = list(self.stop_token_ids)
+        if not _real(self.temperature) or not 0 <= self.temperature < float("inf"):  # and NaN
             raise InvalidRequestError("temperature must be a finite number >= 0", param="temperature")
         if self.seed is not None and (
-            not isinstance(self.seed, int) or not -(2**63) <= self.seed < 2**64
+            not _int(self.seed) or not -(2**63) <= self.seed < 2**64
         ):  # what a 64-bit generator can take
             raise InvalidRequestError("seed must be an integer in [-2**63, 2**64)", param="seed")
-        if not 0 < self.top_p <= 1:
+        if not _real(self.top_p) or not 0 < self.top_p <= 1:
             raise InvalidRequestError("top_p must be in (0, 1]", param="top_p")
-        if not isinstance(self.top_k, int) or self.top_k < -1:
+        if not _int(self.top_k) or self.top_k < -1:
             raise InvalidRequestError("top_k must be -1, 0 (off) or a positive integer", param="top_k")
-        if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
+        if not _int(self.max_tokens) or self.max_tokens < 1:
             raise InvalidRequestError("max_tokens must be a positive integer", param="max_tokens")
         if any(not isinstance(s, str) or not s for s in self.stop):
             raise InvalidRequestError("stop must be a list of non-empty strings", param="stop")
@@ -56,7 +69,7 @@ class SamplingParams:
                 "speculative_method must be 'ngram', 'draft' or 'none'", param="speculative_method"
             )
         k = self.num_speculative_tokens
-        if k is not None and (not isinstance(k, int) or not 0 <= k <= MAX_SPECULATIVE_TOKENS):
+        if k is not None and (not _int(k) or not 0 <= k <= MAX_SPECULATIVE_TOKENS):
             raise InvalidRequestError(
                 f"num_speculative_tokens must be an integer in [0, {MAX_SPECULATIVE_TOKENS}]",
                 param="num_speculative_tokens",
@@ -64,9 +77,18 @@ class SamplingParams:
         n = self.logprobs
         if n is not None and (isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= MAX_LOGPROBS):
             raise InvalidRequestError(f"logprobs must be an integer in [0, {MAX_LOGPROBS}]", param="logprobs")
-        if any(not isinstance(t, int) or t < 0 for t in self.stop_token_ids):
+        if any(not _int(t) or t < 0 for t in self.stop_token_ids):
             raise InvalidRequestError("stop_token_ids must be non-negative integers", param="stop_token_ids")
 
     @property
     def is_greedy(self) -> bool:
         return self.temperature < 1e-5
+
+
+def _real(x: object) -> bool:
+    """A real number (numpy's too), not a bool."""
+    return isinstance(x, numbers.Real) and not isinstance(x, bool)
+
+
+def _int(x: object) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)

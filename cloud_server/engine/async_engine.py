@@ -2,11 +2,11 @@
 
 One background task owns the ``LLMEngine``: it applies queued adds and aborts, runs ``step`` in
 its one worker thread (the event loop stays free while the model computes), and routes each output to
-its request's queue (an error that belongs to one request goes to that request alone; only a
-failed forward pass fails every request in flight). ``generate`` validates at once (so the
-server can answer 400/429 before it starts a stream), then yields outputs as they come; leaving
-the loop early (``aclose``, a cancelled task, a dropped client) aborts the request and frees its
-KV blocks.
+its request's queue (an error that belongs to one request goes to that request alone; a failed
+forward pass fails its batch, and requests that only waited stay for the next step). ``generate``
+validates at once (so the server can answer 400/429 before it starts a stream), then yields
+outputs as they come; leaving the loop early (``aclose``, a cancelled task, a dropped client)
+aborts the request and frees its KV blocks.
 """
 
 from __future__ import annotations
@@ -160,6 +160,10 @@ class AsyncLLMEngine:
     ) -> AsyncIterator[RequestOutput]:
         if not self.is_ready:  # read after the loop ended: no loop would ever answer it
             raise self._ended_error()
+        # generate() checked, but two streams of one id may both be made before either is read:
+        # the second must not take the first's queue (the first then waited for ever)
+        if request_id in self._queues:
+            raise InvalidRequestError(f"duplicate request id {request_id!r}")
         queue: asyncio.Queue = asyncio.Queue()
         self._queues[request_id] = queue
         self._push("add", (request_id, prompt_ids, params))
@@ -298,6 +302,11 @@ class AsyncLLMEngine:
                 raise failure  # after the ops' callers above were answered
 
     def _fail_all(self, exc: EngineError) -> None:
-        for rid in list(self._queues):
-            self._queues[rid].put_nowait(exc)
-            self._ops.append(("abort", rid, None))
+        """Fail the step's batch (every stream when the error does not name it): a request that
+        only waited was not in the failed step, and the engine keeps it for the next one."""
+        rids = list(self._queues) if exc.request_ids is None else exc.request_ids
+        for rid in rids:
+            queue = self._queues.get(rid)
+            if queue is not None:
+                queue.put_nowait(exc)
+                self._ops.append(("abort", rid, None))

@@ -107,9 +107,11 @@ class Sampler:
     ) -> tuple[list[int], torch.Tensor | None]:
         dev = logits.device
         greedy = logits.argmax(dim=-1)  # [N]
-        # argmax takes a NaN for the largest logit, so a row with one would emit the NaN's id: it
-        # has no distribution and fails instead (its request alone ends with an error); -1 marks it
-        nan = logits.gather(1, greedy.unsqueeze(1)).squeeze(1).isnan()  # [N]
+        # argmax takes a NaN for the largest logit, so a row with one would emit the NaN's id, and
+        # a row of -inf only (every token masked) would emit id 0: neither has a distribution, so
+        # it fails instead (its request alone ends with an error); -1 marks it
+        top = logits.gather(1, greedy.unsqueeze(1)).squeeze(1)  # [N]
+        nan = top.isnan() | (top == float("-inf"))  # [N]
         greedy = greedy.masked_fill(nan, -1)
         sampled = [i for i, p in enumerate(params) if not p.is_greedy]
         if not sampled and not return_probs:
@@ -153,6 +155,6 @@ class Sampler:
 
 
 def _no_nan(tokens: list[int]) -> list[int]:
-    if -1 in tokens:  # a row whose logits hold a NaN (see Sampler._sample)
-        raise ValueError("the model's logits hold a NaN")
+    if -1 in tokens:  # a row whose logits hold a NaN or no finite value (see Sampler._sample)
+        raise ValueError("the model's logits hold a NaN or no finite value")
     return tokens

@@ -112,10 +112,13 @@ class Budget:
             return held, None
 
     def settle(self, reservation: Reservation, tokens: int) -> None:
-        """The reserved call was made and used ``tokens``: the estimate gives way to the count."""
+        """The reserved call was made and used ``tokens``: the estimate gives way to the count.
+        Only a reservation still held counts: settling it again, or after its release, is
+        harmless (a retried or duplicated settle would count the call twice)."""
         _check_tokens(tokens)
         with self._lock:
-            self._held.pop(reservation.id, None)
+            if self._held.pop(reservation.id, None) is None:
+                return
             now = self.clock()
             self._events.append((now, int(tokens)))
             self._trim(now)

@@ -8,12 +8,15 @@ look-alikes (order numbers, version strings, random 16-digit numbers) are not fl
                number mod 97 == 1 (ISO 13616)
     national_id  US SSN (area not 000/666/9xx, group not 00, serial not 0000), UK NINO
     phone      +country code, (NNN) NNN-NNNN / NNN-NNN-NNNN / NNN NNN NNNN, 0N NN NN NN NN, UK
-               and Australian national numbers, or any number right after a phone word ("call me on ...")
+               and Australian national numbers, German ones with a slash (030/1234567), or any
+               number right after a phone word ("call me on ...")
     email      local@domain.tld (Unicode too), or spelled out: "a [at] b [dot] com"; not an
-               SCP-style remote (me@host.org:~/repo) nor Git's account (git@github.com:org/x.git)
+               SCP-style remote (me@host.org:~/repo), Git's account (git@github.com:org/x.git)
+               nor a URL's user name (https://jane@github.com)
     ip_address a public IPv4 or IPv6 address (a person's connection); not private, loopback,
                documentation or multicast ranges, networks (10.0.0.0/8), public DNS resolvers
-               (8.8.8.8, 1.1.1.1), nor a version after "v", "version" or "==" (v1.2.3.4)
+               (8.8.8.8, 1.1.1.1), nor a version after "v", "version" or "==" (v1.2.3.4), or
+               that an upgrade goes to or from ("upgrade to 1.2.3.4")
     secret     well-known API-key prefixes, private-key blocks, JWTs, Authorization headers and
                bearer tokens, credentials in URLs, and key=value / "password: ..." assignments
 
@@ -146,6 +149,8 @@ _PHONE = re.compile(
     r"|0\d([ .])\d{2}\3\d{2}\3\d{2}\3\d{2}"  # 06 12 34 56 78
     r"|0\d{2} \d{4} \d{4}|0\d{3} \d{3} \d{4}|0\d{4} \d{3} ?\d{3}"  # UK: 020 7946 0958, 07700 900123
     r"|\(0\d\) ?\d{4}[ -]?\d{4}|0\d \d{4} \d{4}|04\d{2} \d{3} \d{3}"  # AU: (02) 9876 5432, 0412 345 678
+    # German and Austrian area code and slash: 030/1234567, 0711 / 123 45 67; not a path's part
+    r"|(?<![/.])0\d{1,4} ?/ ?\d{3,8}(?:[ -]\d{2,8}){0,2}(?!/)"
     r")(?![\w-])"
 )
 # a number right after a phone word, in any format: "call me on 5551234567", "tel. 030 1234567"
@@ -235,12 +240,19 @@ _DENSITY_IMAGE = re.compile(r"@\d+(?:\.\d+)?x\.(?:png|jpe?g|gif|webp|svg|avif|bm
                             re.IGNORECASE)
 
 
+def _url_user(text: str, start: int, end: int) -> bool:
+    """Whether ``text[start:end]`` is the user and host right after a URL's scheme; not where a
+    second "@" follows (https://jane@gmail.com@host: the user name is an address)."""
+    return text.endswith("://", 0, start) and not text.startswith("@", end)
+
+
 def _emails(text: str) -> list[tuple[int, int]]:
-    # an SCP-style remote (me@host.org:~/repo, ":" and a path right after the host) and Git's
-    # service account (git@github.com, ssh://git@gitlab.com/...) are logins, not a mailbox
+    # an SCP-style remote (me@host.org:~/repo, ":" and a path right after the host), Git's
+    # service account (git@github.com, ssh://git@gitlab.com/...) and a URL's user name
+    # (https://jane@github.com/org/x) are logins, not a mailbox
     spans = [m.span() for m in _EMAIL.finditer(text)
              if not _SCP_PATH.match(text, m.end()) and not m.group().startswith("git@")
-             and not _DENSITY_IMAGE.search(m.group())]
+             and not _DENSITY_IMAGE.search(m.group()) and not _url_user(text, *m.span())]
     if re.search(r"(?i)\bat\b", text):  # the spelled-out form only where it can be
         spans += [m.span() for m in _EMAIL_SPELLED.finditer(text)]
     return spans
@@ -305,8 +317,15 @@ _OCTET = r"(?:25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)"
 _IPV4 = re.compile(rf"(?<![\w.-])(?:{_OCTET}\.){{3}}{_OCTET}(?![\w-]|\.\w)")
 # hex groups with at least two colons, bounded (a scan stays linear); ipaddress decides the rest
 _IPV6 = re.compile(r"(?<![\w:.])[0-9A-Fa-f]{1,4}(?::[0-9A-Fa-f]{0,4}){2,7}(?![\w:])")
-# a number after these is a version (v1.2.3.4, version 4.2.1.0, ==1.0.2.3), not an address
-_VERSION_CUE = re.compile(r"(?i)(?:\bv|\bversion|\bver\.?|\brelease|\bbuild|[=<>~^!]=?)[ \t]{0,2}$")
+# a number after these is a version (v1.2.3.4, version 4.2.1.0, ==1.0.2.3), not an address; so is
+# one an upgrade goes to or from ("upgrade to 1.2.3.4", "bump numpy from 1.2.3.4 to 1.2.3.5"), but
+# not one a record is updated to ("update the A record to 81.2.69.160": only "update to" counts)
+_VERSION_CUE = re.compile(
+    r"(?i)(?:\bv|\bversion|\bver\.?|\brelease|\bbuild|[=<>~^!]=?"
+    r"|\b(?:up|down)grad(?:e|es|ed|ing):?(?:[ \t]+\S{1,40}){0,3}?[ \t]+(?:to|from)"
+    r"|\bbump(?:s|ed|ing)?(?:[ \t]+\S{1,40}){0,3}?[ \t]+(?:to|from)"
+    r"|\bupdat(?:e|es|ed|ing)[ \t]+(?:to|from))[ \t]{0,2}$"
+)
 # well-known public DNS resolvers: a server everyone uses, not a person's connection
 _RESOLVERS = frozenset({
     "8.8.8.8", "8.8.4.4", "1.1.1.1", "1.0.0.1", "9.9.9.9", "149.112.112.112", "208.67.222.222",
@@ -322,7 +341,7 @@ def _ip_addresses(text: str) -> list[tuple[int, int]]:
         network = re.match(r"/(\d{1,2})\b", text[m.end() : m.end() + 3])
         if network and network.group(1) != "32":  # 81.2.0.0/16: a network, no one's address
             continue
-        if _VERSION_CUE.search(text[max(0, m.start() - 10) : m.start()]):
+        if _VERSION_CUE.search(text[max(0, m.start() - 100) : m.start()]):
             continue
         addr = ipaddress.IPv4Address(m.group())
         if addr.is_global and not addr.is_multicast and m.group() not in _RESOLVERS:

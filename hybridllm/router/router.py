@@ -338,7 +338,8 @@ def _number_field(config: dict[str, Any], name: str, path: Path, want: str,
 
 def calibrate_threshold(scores: Any, cloud_fraction: float) -> float:
     """The threshold that routes ``cloud_fraction`` of ``scores`` to the cloud: 0 gives 1.0 (no
-    prompt, whatever it scores) and 1 gives 0.0 (every prompt)."""
+    prompt, whatever it scores) and 1 gives 0.0 (every prompt). Prompts tied at the boundary all
+    go one way: the count of the two nearer the share asked for, the smaller on a tie."""
     if not 0.0 <= cloud_fraction <= 1.0:
         raise DataError(f"cloud_fraction must be between 0 and 1, got {cloud_fraction}.")
     s = np.sort(np.asarray(scores, dtype=np.float64).reshape(-1))
@@ -351,12 +352,20 @@ def calibrate_threshold(scores: Any, cloud_fraction: float) -> float:
         return NEVER_CLOUD
     if cloud_fraction == 1.0:
         return 0.0
-    n_cloud = int(round(cloud_fraction * len(s)))
-    if n_cloud == 0:  # a share too small for the sample: just above its highest score
+    n = len(s)
+    n_cloud = min(int(round(cloud_fraction * n)), n)
+    cut = n - n_cloud  # s[cut:] go to the cloud
+    if 0 < cut < n and s[cut - 1] == s[cut]:
+        # prompts that score alike go the same way: of sending all of the tied ones or none, the
+        # count nearer the share asked for (the smaller where both are as near)
+        first, after = np.searchsorted(s, s[cut], "left"), np.searchsorted(s, s[cut], "right")
+        cut = int(first if n_cloud - (n - after) > (n - first) - n_cloud else after)
+    if cut == n:  # no prompt (a share too small for the sample): just above its highest score
         return float(min(NEVER_CLOUD, np.nextafter(s[-1], np.inf)))
-    if n_cloud >= len(s):  # every prompt: the lowest score, below 1 as below (1.0 is "never")
+    if cut == 0:  # every prompt: the lowest score, below 1 as below (1.0 is "never")
         return float(min(s[0], np.nextafter(NEVER_CLOUD, 0.0)))
-    # midway between the last edge score and the first cloud score generalizes best; below 1,
-    # where the first cloud score is 1.0 (threshold 1 would keep it on the device)
-    mid = (s[len(s) - n_cloud - 1] + s[len(s) - n_cloud]) / 2.0
+    # midway between the last edge score and the first cloud score generalizes best, but above
+    # the edge score (the mean of two neighbouring floats may round down to it); below 1, where
+    # the first cloud score is 1.0 (threshold 1 would keep it on the device)
+    mid = max((s[cut - 1] + s[cut]) / 2.0, np.nextafter(s[cut - 1], np.inf))
     return float(min(mid, np.nextafter(NEVER_CLOUD, 0.0)))

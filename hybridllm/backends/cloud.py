@@ -44,7 +44,8 @@ Resilience, in the order a request meets it:
    its finish_reason has come, the answer is whole: a connection that breaks, an error event or
    garbage before the count and [DONE] end it as it is, never fail it;
 7. a stream that goes quiet for ``stall_timeout_s`` after its first token is broken off (a hung
-   server), apart from ``read_timeout_s``, which bounds the wait for the first token (headers that
+   server), apart from ``read_timeout_s``, which bounds the wait for the first token (keepalive
+   comments are no event: they count as quiet, here and before the first token; headers that
    trickle in get ``connect_timeout_s + 2 * read_timeout_s`` in all), and no answer is held in memory
    past a bound (``MAX_BODY_BYTES``, ``MAX_LINE_CHARS``; an error's first ``MAX_ERROR_BYTES``);
 8. repeated failures open the endpoint's circuit, and the client fails fast with
@@ -72,7 +73,7 @@ import random
 import re
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Iterator
-from contextlib import AsyncExitStack, aclosing
+from contextlib import AsyncExitStack, aclosing, asynccontextmanager
 from typing import Any
 
 from .._config import split_userinfo
@@ -334,13 +335,10 @@ class CloudBackend(Backend):
         # one that trickles it a byte at a time (each byte would restart httpx's read timeout)
         limit = self.connect_timeout_s + min(self.read_timeout_s, MODELS_TIMEOUT_S)
         try:
-            async with asyncio.timeout(limit):
+            async with _trickle_bound(limit, f"could not list models at {ep.base_url}: no whole answer"):
                 resp = await self._client().get(f"{ep.base_url}/models", timeout=httpx.Timeout(
                     min(self.read_timeout_s, MODELS_TIMEOUT_S), connect=self.connect_timeout_s),
                     auth=self._auth.get(ep.base_url, httpx.USE_CLIENT_DEFAULT))
-        except TimeoutError:
-            raise _Retryable(f"could not list models at {ep.base_url}: no whole answer within {limit:g} s "
-                             "(its bytes trickled in)") from None
         except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
             raise self._unreachable(ep, exc) from exc
         except httpx.HTTPError as exc:
@@ -564,17 +562,13 @@ class CloudBackend(Backend):
             # is what the per-step timeouts allow a server that does not trickle: a wait for a free
             # pooled connection (httpx's pool timeout is the read timeout), the connect, the head
             limit = self.connect_timeout_s + 2 * self.read_timeout_s
-            try:
-                async with asyncio.timeout(limit):
-                    resp = await stack.enter_async_context(
-                        self._client().stream("POST", f"{ep.base_url}/chat/completions", json=body,
-                                              auth=self._auth.get(ep.base_url, httpx.USE_CLIENT_DEFAULT)))
-                    if resp.status_code == 200:
-                        return resp, body
-                    resp, _ = await _read_capped(resp, MAX_ERROR_BYTES)
-            except TimeoutError:
-                raise _Retryable(f"timeout talking to {ep.base_url}: no whole answer's head within "
-                                 f"{limit:g} s (its bytes trickled in)") from None
+            async with _trickle_bound(limit, f"timeout talking to {ep.base_url}: no whole answer's head"):
+                resp = await stack.enter_async_context(
+                    self._client().stream("POST", f"{ep.base_url}/chat/completions", json=body,
+                                          auth=self._auth.get(ep.base_url, httpx.USE_CLIENT_DEFAULT)))
+                if resp.status_code == 200:
+                    return resp, body
+                resp, _ = await _read_capped(resp, MAX_ERROR_BYTES)
             new = _refused_fields(resp, body) - refused
             if not new:
                 self._raise_for_status(resp, ep.base_url)
@@ -664,23 +658,36 @@ class CloudBackend(Backend):
                 # mid-answer finalized after the loop had stopped ("Task was destroyed but it
                 # is pending!" on stderr)
                 lines = await stack.enter_async_context(aclosing(_lines(resp, ep.base_url)))
-                stall = None  # until the first token, only the read timeout applies
+                # the longest wait for the next event: read_timeout_s until the first token, then
+                # stall_timeout_s (read_timeout_s when that is None). Only events restart it: any
+                # byte restarts httpx's read timeout, so a server that sent keepalive comments
+                # (": ping") and no token held the call for ever
+                quiet, stalls = self.read_timeout_s, False  # stalls: the stall timeout applies
+                clock = asyncio.get_running_loop().time
+                last_event = clock()
+                pinged = False  # lines that are no event (keepalives) came since the last event
                 events = False  # a "data:" line came: else what came is kept (its start) to say what it was
                 while True:
                     try:
-                        line = await asyncio.wait_for(anext(lines), stall)
+                        line = await asyncio.wait_for(
+                            anext(lines), None if quiet is None else last_event + quiet - clock())
                     except StopAsyncIteration:
                         break
                     except TimeoutError:
                         if finish is not None:  # the answer is whole: only its count and [DONE] are late
                             break
-                        raise _Retryable(f"the stream from {ep.base_url} stalled: no event for "
-                                         f"{stall:g} s") from None
+                        if stalls:
+                            raise _Retryable(f"the stream from {ep.base_url} stalled: no event for "
+                                             f"{quiet:g} s") from None
+                        raise _Retryable(f"timeout talking to {ep.base_url}: no event within {quiet:g} s "
+                                         f"({'keepalives only' if pinged else 'ReadTimeout'})") from None
                     if not line.startswith("data:"):
+                        pinged = pinged or bool(line)
                         if not events and len(other) < MAX_ERROR_BYTES:
                             other += line[:MAX_ERROR_BYTES] + "\n"
                         continue
-                    events = True
+                    events, pinged = True, False
+                    last_event = clock()
                     data = line[5:].strip()
                     if data == "[DONE]":
                         done = True
@@ -705,7 +712,8 @@ class CloudBackend(Backend):
                     finish = ended or finish
                     hit = False
                     for text in texts:
-                        stall = self.stall_timeout_s
+                        if self.stall_timeout_s is not None:
+                            quiet, stalls = self.stall_timeout_s, True
                         received += estimate_text_tokens(text)  # ~4 characters a token
                         if matcher is not None:
                             text, hit = matcher.feed(text)
@@ -887,14 +895,7 @@ def _quoted(text: str, name: str) -> bool:
 def _read_event(event: dict) -> tuple[list[str], str | None, Usage | None]:
     """(texts, finish reason, usage) of one stream event; TypeError, ValueError or AttributeError
     when it is not shaped as OpenAI's chunk."""
-    usage = None
-    if event.get("usage"):
-        u = event["usage"]
-        usage = Usage(int(u.get("prompt_tokens", 0)), int(u.get("completion_tokens", 0)))
-        energy = u.get("energy")  # our server's extension (cloud_server.energy)
-        if isinstance(energy, dict) and isinstance(energy.get("joules"), int | float):
-            usage.energy_j = float(energy["joules"])
-            usage.energy_source = str(energy.get("source") or "server")
+    usage = _usage_of(event["usage"]) if event.get("usage") else None
     texts, finish = [], None
     for choice in event.get("choices") or []:
         text = (choice.get("delta") or {}).get("content") or ""
@@ -905,6 +906,38 @@ def _read_event(event: dict) -> tuple[list[str], str | None, Usage | None]:
         if choice.get("finish_reason"):
             finish = str(choice["finish_reason"])
     return texts, finish, usage
+
+
+def _count(value: object) -> int | None:
+    """A token count: a whole number >= 0 (12, 12.0 or "12", as before), else None."""
+    if isinstance(value, bool):
+        return None
+    try:
+        n = int(value)  # type: ignore[call-overload]
+        whole = isinstance(value, int) or float(value) == n  # type: ignore[arg-type]  # not 12.5
+    except (TypeError, ValueError, OverflowError):  # null, "abc", NaN, Infinity, a list
+        return None
+    return n if whole and n >= 0 else None
+
+
+def _usage_of(u: object) -> Usage | None:
+    """The cloud's count of an answer, or None when it is not OpenAI's shape (a string, a null or
+    negative count): ignored with a warning, so the pipeline estimates the call's tokens. Before,
+    such a count failed an answer that had come whole (the device then appended to it) or had a
+    negative count cut the call's cost."""
+    counts = [_count(u.get(k, 0)) for k in ("prompt_tokens", "completion_tokens")] \
+        if isinstance(u, dict) else [None]
+    if None in counts:
+        log.warning("the cloud sent a token count that is not whole numbers (%s); it is ignored and "
+                    "the call's tokens are estimated", repr(u)[:120])
+        return None
+    usage = Usage(*counts)  # type: ignore[arg-type]
+    energy = u.get("energy")  # type: ignore[union-attr]  # our server's extension (cloud_server.energy)
+    joules = energy.get("joules") if isinstance(energy, dict) else None
+    if isinstance(joules, int | float) and not isinstance(joules, bool) and 0 <= joules < math.inf:
+        usage.energy_j = float(joules)
+        usage.energy_source = str(energy.get("source") or "server")  # type: ignore[union-attr]
+    return usage
 
 
 def _read_completion(resp: Any, where: str) -> tuple[Delta, Delta]:
@@ -984,6 +1017,18 @@ async def _lines(resp: Any, where: str) -> AsyncGenerator[str, None]:
                                  "characters (not an event stream); not read further")
     if last := "".join(pending):
         yield last
+
+
+@asynccontextmanager
+async def _trickle_bound(limit: float, what: str) -> AsyncIterator[None]:
+    """A bound on a whole step (a head, a model list): httpx's read timeout bounds each read, so a
+    server that trickles its bytes one at a time would be waited on for ever. Past ``limit`` the
+    step fails as "<what> within <limit> s (its bytes trickled in)", to be retried."""
+    try:
+        async with asyncio.timeout(limit):
+            yield
+    except TimeoutError:
+        raise _Retryable(f"{what} within {limit:g} s (its bytes trickled in)") from None
 
 
 async def _sleep(seconds: float) -> None:

@@ -246,8 +246,7 @@ def test_a_stream_that_stalls_after_its_first_token_breaks_off_within_the_stall_
     {"choices": ["oops"]},
     {"choices": {"a": 1}},
     {"choices": [{"delta": {"content": 5}}]},
-    {"choices": [{"delta": {"content": "hi"}}], "usage": "x"},
-    {"choices": [{"delta": {"content": "hi"}}], "usage": {"prompt_tokens": "abc"}},
+    # (a count of the wrong shape is ignored, the answer kept: test_cloud_wire_review14.py)
     [1, 2],
 ])
 def test_an_event_of_the_wrong_shape_is_a_cloud_failure_not_a_crash(event):

@@ -289,12 +289,20 @@ class AsyncStream:
         self._closed = False
         self._step: asyncio.Future[Chunk] | None = None  # the chunk the reader waits for
         self._client_closed = False  # stopped by its client's aclose(): the reader is told so
-        self._reader: AsyncGenerator[Chunk, None] | None = None  # what anext() reads
+        # anext() began reading. It reads through _next() itself, not through a generator kept on
+        # the stream: a generator's frame holds the stream, and that cycle, once dropped half
+        # way, was collected with every generator under it at once, each closed on its own while
+        # the one above closed it ("aclose(): asynchronous generator is already running", logged)
+        self._stepping = False
         self.completion: Completion | None = None
 
     def __aiter__(self) -> AsyncIterator[Chunk]:
-        if self._reader is not None and not self._closed:  # anext() began it: async for reads on
-            return self._reader
+        if self._stepping and not self._closed:  # anext() began it: async for reads on
+            return self._iterate()
+        self._begin()
+        return self._iterate()
+
+    def _begin(self) -> None:
         if self._client_closed:
             raise HybridLLMError(ASYNC_CLIENT_CLOSED)
         if self._used or self._closed:
@@ -302,45 +310,54 @@ class AsyncStream:
                 "This stream was already read (or closed); a stream yields its answer once."
             )
         self._used = True
-        return self._iterate()
 
     async def __anext__(self) -> Chunk:
-        if self._reader is None:
-            self._reader = self.__aiter__()  # type: ignore[assignment]  # (raises when read or closed)
+        if not self._stepping:
+            self._begin()  # (raises when read or closed)
+            self._stepping = True
         elif self._closed and self.completion is None:  # closed half way: not an end of the answer
             if self._client_closed:
                 raise self._cut_off()
             raise StreamConsumedError(CLOSED_BEFORE_END)
-        assert self._reader is not None
-        return await anext(self._reader)
+        try:
+            return await self._next()
+        except BaseException:  # the end, an error, a cancelled reader: the answer is closed
+            await self.aclose()
+            raise
 
     async def _iterate(self) -> AsyncGenerator[Chunk, None]:
         try:
             while True:
-                if self._closed:  # aclose() from another task, between two chunks
-                    if self.completion is None:
-                        raise self._cut_off()
-                    return
-                # each chunk is awaited as its own task, so that aclose() from another task can
-                # stop the one the reader waits for (an async generator cannot be closed while
-                # it runs: "aclose(): asynchronous generator is already running")
-                self._step = step = asyncio.ensure_future(self._anext())
                 try:
-                    chunk = await step
+                    chunk = await self._next()
                 except StopAsyncIteration:
                     return
-                except asyncio.CancelledError:
-                    task = asyncio.current_task()
-                    if self._closed and step.cancelled() and not (task is not None and task.cancelling()):
-                        raise self._cut_off() from None
-                    raise  # the reader's own task was cancelled
-                finally:
-                    self._step = None
-                if chunk.completion is not None:
-                    self.completion = chunk.completion
                 yield chunk
         finally:
             await self.aclose()
+
+    async def _next(self) -> Chunk:
+        """The next chunk; ``StopAsyncIteration`` after the last."""
+        if self._closed:  # aclose() from another task, between two chunks
+            if self.completion is None:
+                raise self._cut_off()
+            raise StopAsyncIteration
+        # each chunk is awaited as its own task, so that aclose() from another task can stop the
+        # one the reader waits for (an async generator cannot be closed while it runs:
+        # "aclose(): asynchronous generator is already running")
+        self._step = step = asyncio.ensure_future(self._anext())
+        try:
+            chunk = await step
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if self._closed and step.cancelled() and not (task is not None and task.cancelling()):
+                raise self._cut_off() from None
+            raise  # the reader's own task was cancelled
+        finally:
+            self._step = None
+        if chunk.completion is not None:
+            self.completion = chunk.completion
+        return chunk
 
     async def _anext(self) -> Chunk:
         return await anext(self._chunks)
@@ -366,9 +383,6 @@ class AsyncStream:
                 step.cancel()
                 await asyncio.wait([step])
             await self._chunks.aclose()  # type: ignore[attr-defined]
-        reader = self._reader  # (kept: anext() after the end raises StopAsyncIteration again)
-        if reader is not None and not getattr(reader, "ag_running", True):  # between two anext() calls
-            await reader.aclose()
 
     async def __aenter__(self) -> AsyncStream:
         return self

@@ -62,15 +62,23 @@ def cmd_serve(args: argparse.Namespace) -> int:
     except ImportError as exc:
         raise ConfigError("`hybridllm serve` needs FastAPI and uvicorn, which the light install leaves "
                           "out: pip install 'hybridllm[proxy]' (no torch)") from exc
-    sock = listen(args.host, args.port, ConfigError)
-    host, bound_port = sock.getsockname()[:2]
     from ._client import HybridLLM
+    from ._config import load_config
     from ._progress import ProgressBar
+    from .cli import _UsageError
     from .proxy import API_KEYS_ENV, create_app, serve_hosts
     from .wire.auth import load_api_keys
     from .wire.shutdown import GracefulServer
 
-    api_keys = load_api_keys(args.api_key, args.api_key_file, env_var=API_KEYS_ENV, error=ConfigError)
+    # Keys and settings are checked before the port is bound and the model loads: a bad one is a
+    # usage error (exit status 2), as hybridllm-cloud's; a port in use stays an error (exit 1).
+    try:
+        api_keys = load_api_keys(args.api_key, args.api_key_file, env_var=API_KEYS_ENV, error=ConfigError)
+        load_config(args.config, **_settings(args))
+    except ConfigError as exc:
+        raise _UsageError(str(exc)) from exc
+    sock = listen(args.host, args.port, ConfigError)
+    host, bound_port = sock.getsockname()[:2]
     if not api_keys and not is_loopback(host):  # the address bound: a name may resolve off loopback
         print(f"hybridllm serve: warning: no API key and listening on {args.host}: anyone who can "
               f"reach it can use it (set {API_KEYS_ENV} or --api-key-file)", file=sys.stderr)

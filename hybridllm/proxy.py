@@ -27,12 +27,12 @@ import math
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from fastapi import FastAPI, Request  # the [proxy] (or [server]) extra; this module is imported only to serve
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -84,7 +84,8 @@ class HybridOptions(BaseModel):
     route: Literal["edge", "cloud"] | None = None
     cache: bool | None = None
     cascade: bool | None = None
-    namespace: str | None = None
+    # "" is no namespace (the client refuses it): a 400 naming hybridllm.namespace, and so documented
+    namespace: Annotated[str, Field(min_length=1)] | None = None
 
 
 # a message's content may not be an empty list of parts, and a user turn needs text (the checks of
@@ -240,15 +241,25 @@ def _retry_after_s(exc: HybridLLMError, llm: HybridLLM, device: DeviceClock) -> 
         wait = exc.retry_after_s
         if wait is None:
             wait = wait_of(llm._core.ledger)
-        return NEVER_S if wait is None else max(1, math.ceil(wait))
+        return _whole_s(wait, unknown=NEVER_S)
     if isinstance(exc, EdgeBusyError):
         ahead = llm._core.edge_worker.num_waiting + 1
         wait = ahead * (device.service_s or 1.0)
-        return min(max(1, math.ceil(wait)), DEVICE_WAIT_MAX_S)
+        return _whole_s(wait, unknown=1, cap=DEVICE_WAIT_MAX_S)
     wait = exc.retry_after_s if isinstance(exc, CloudError) else None
     if wait is None:
         wait = wait_of(llm._core.cloud)
-    return min(max(1, math.ceil(wait or 0.0)), CLOUD_WAIT_MAX_S)
+    return _whole_s(wait, unknown=1, cap=CLOUD_WAIT_MAX_S)
+
+
+def _whole_s(wait: float | None, *, unknown: int, cap: int | None = None) -> int:
+    """``wait`` in whole seconds, rounded up, at least 1 and at most ``cap``; ``unknown`` for None
+    or NaN. A custom cloud's ``retry_after_s()`` (or its error's) may say inf or NaN, which
+    ``math.ceil`` refuses: that turned the 429/503 into a 500. inf is "very long": ``cap``, or
+    ``unknown`` where there is none (a budget: ask again in an hour); -inf is no wait."""
+    if wait is None or math.isnan(wait) or (cap is None and wait == math.inf):
+        return unknown
+    return max(1, math.ceil(min(max(wait, 0.0), math.inf if cap is None else cap)))
 
 
 class DeviceClock:
@@ -277,8 +288,7 @@ def retry_after(part: Any, *, never: int) -> str:
     """Retry-After from ``part.retry_after_s()`` (the budget ledger: when its sliding windows have
     room again; the cloud backend: when an endpoint's circuit lets a request through), in whole
     seconds rounded up, at least 1; ``never`` when it says None or cannot say."""
-    wait = wait_of(part)
-    return str(never if wait is None else max(1, math.ceil(wait)))
+    return str(_whole_s(wait_of(part), unknown=never))
 
 
 def _trace(c: Completion, usage: Mapping[str, int] | None = None) -> dict[str, Any]:

@@ -1,6 +1,7 @@
 """Read a request body with a size limit, decode it as strict JSON, and vet what JSON lets through.
 
 Checks, in order, each an OpenAI-shaped 4xx:
+- encoding: a ``Content-Encoding`` other than ``identity`` (a gzip body) is refused unread (400);
 - size: ``Content-Length`` over the limit is refused before reading (413); a body that grows past
   it while streaming in is refused as soon as it does (413);
 - JSON: UTF-8, no ``NaN``/``Infinity`` literals, an object at the top (400);
@@ -18,7 +19,7 @@ import json
 from typing import Any, Protocol
 
 from ..prompts import LONE_SURROGATE
-from .errors import WireError
+from .errors import WireError, header_value
 
 DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
 MAX_DEPTH = 32
@@ -42,6 +43,13 @@ def too_large(limit: int) -> WireError:
 
 async def read_body(request: _Request, limit: int = DEFAULT_MAX_BODY_BYTES) -> bytes:
     """The body, or ``WireError`` 413 as soon as it is known to exceed ``limit`` bytes."""
+    # The body is read as sent: a compressed one (gzip) was refused as "not valid JSON", which the
+    # client had sent; say what is wrong instead (400 naming the header), before reading it.
+    encoding = request.headers.get("content-encoding")
+    if encoding is not None and encoding.strip().lower() not in ("", "identity"):
+        raise WireError(
+            f"Content-Encoding {header_value(encoding, 40)!r} is not supported: send the JSON body "
+            "uncompressed (no Content-Encoding header).", code="unsupported_content_encoding")
     declared = request.headers.get("content-length")
     if declared is not None:
         try:

@@ -60,9 +60,14 @@ def config_from_metadata(meta: dict[str, Any], num_vocab_tokens: int) -> ModelCo
     def get(key: str, default: Any = None) -> Any:
         return meta.get(f"{arch}.{key}", default)
 
-    hidden = int(get("embedding_length"))
-    num_heads = int(get("attention.head_count"))
-    num_layers = int(get("block_count"))
+    def need(key: str) -> Any:  # a size the model cannot be built without
+        if get(key) is None:
+            raise ModelLoadError(f"its metadata lacks {arch}.{key}: the file is incomplete")
+        return get(key)
+
+    hidden = int(need("embedding_length"))
+    num_heads = int(need("attention.head_count"))
+    num_layers = int(need("block_count"))
     head_dim = int(get("attention.key_length", hidden // num_heads))
     scaling = None
     factor = get("rope.scaling.factor")
@@ -73,7 +78,7 @@ def config_from_metadata(meta: dict[str, Any], num_vocab_tokens: int) -> ModelCo
         attention_bias=arch == "qwen2",
         vocab_size=int(get("vocab_size", num_vocab_tokens)),
         hidden_size=hidden,
-        intermediate_size=int(get("feed_forward_length")),
+        intermediate_size=int(need("feed_forward_length")),
         num_layers=num_layers,
         num_heads=num_heads,
         num_kv_heads=int(get("attention.head_count_kv", num_heads)),
@@ -134,11 +139,21 @@ def open_gguf(path: str | Path) -> tuple[ModelConfig, GGUFTensors, dict[str, Any
         raise ModelLoadError("loading GGUF needs the 'gguf' package (hybridllm[server])") from exc
     try:
         reader = gguf.GGUFReader(str(path))
-    except (OSError, ValueError) as exc:
+        meta = read_metadata(reader)
+    except OSError as exc:
         raise ModelLoadError(f"cannot read GGUF file {path}: {exc}") from exc
-    meta = read_metadata(reader)
+    except Exception as exc:  # the reader's numpy errors on a file cut short or damaged
+        raise ModelLoadError(
+            f"cannot read GGUF file {path}: it is truncated or damaged ({type(exc).__name__}: {exc}); "
+            "copy or download it again (a catalog model: `hybridllm models pull ID --force`)"
+        ) from exc
+    if "tokenizer.ggml.tokens" not in reader.fields:
+        raise ModelLoadError(f"GGUF file {path} has no tokenizer (tokenizer.ggml.tokens)")
     num_tokens = len(reader.fields["tokenizer.ggml.tokens"].data)
-    config = config_from_metadata(meta, num_tokens)
+    try:
+        config = config_from_metadata(meta, num_tokens)
+    except ModelLoadError as exc:
+        raise ModelLoadError(f"GGUF file {path}: {exc}") from None
     infos = [
         TensorInfo(t.name, t.tensor_type, int(t.data_offset), int(t.n_bytes), int(t.n_elements),
                    tuple(t.data.shape), t.data.dtype)

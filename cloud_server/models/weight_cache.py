@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import glob
 import hashlib
 import json
 import logging
@@ -91,10 +92,21 @@ def _read_safetensors(path: Path) -> tuple[dict[str, str], dict[str, torch.Tenso
     return meta, tensors
 
 
+def _read_metadata(path: Path) -> dict[str, str]:
+    """The ``__metadata__`` of a safetensors file's header, without reading any tensor."""
+    with open(path, "rb") as fh:
+        (n,) = struct.unpack("<Q", fh.read(8))
+        if n > path.stat().st_size - 8:
+            raise ValueError(f"header of {n} bytes")
+        meta = json.loads(fh.read(n)).get("__metadata__")
+    return meta if isinstance(meta, dict) else {}
+
+
 @dataclass(frozen=True)
 class WeightCache:
     file: Path
     key: str
+    source: str = ""  # the GGUF's resolved path: a same-named GGUF elsewhere has its own file
 
     @classmethod
     def for_model(
@@ -128,7 +140,8 @@ class WeightCache:
         dtype_name = str(dtype).removeprefix("torch.")
         ident = f"{VERSION}|{gguf.resolve()}|{st.st_size}|{st.st_mtime_ns}|{quantization}|{dtype_name}"
         key = hashlib.sha256(ident.encode()).hexdigest()[:16]
-        return cls(root / f"{gguf.stem}.{quantization}-{dtype_name}.{key}.safetensors", key)
+        return cls(root / f"{gguf.stem}.{quantization}-{dtype_name}.{key}.safetensors", key,
+                   str(gguf.resolve()))
 
     def read(self) -> dict[str, Any] | None:
         """The converted weights, or None (absent, or corrupt: then the file is removed)."""
@@ -138,17 +151,18 @@ class WeightCache:
             meta, flat = _read_safetensors(self.file)
             if meta.get("format") != FORMAT or meta.get("key") != self.key:
                 raise ValueError(f"written for another model or version ({meta.get('key')})")
+            weights: dict[str, Any] = {}
+            for name, t in flat.items():
+                if name.endswith((_Q, _Q4)):
+                    base = name[: -len(_Q)]
+                    weights[base] = (t, flat[base + _SCALE])  # KeyError: a matrix without scales
+                elif not name.endswith(_SCALE):
+                    weights[name] = t
         except Exception as exc:  # a damaged file: a bad header, offsets or sizes, a short read
             logger.warning("engine weight cache %s is unreadable (%s); converting again", self.file, exc)
-            self.file.unlink(missing_ok=True)
+            with contextlib.suppress(OSError):  # a read-only cache: converted again, never fatal
+                self.file.unlink(missing_ok=True)
             return None
-        weights: dict[str, Any] = {}
-        for name, t in flat.items():
-            if name.endswith((_Q, _Q4)):
-                base = name[: -len(_Q)]
-                weights[base] = (t, flat[base + _SCALE])
-            elif not name.endswith(_SCALE):
-                weights[name] = t
         logger.info("engine weights read from %s", self.file)
         return weights
 
@@ -172,7 +186,7 @@ class WeightCache:
             if free < size * 1.1:
                 raise OSError(f"{free >> 20} MiB free, {size >> 20} MiB needed")
             with _partial(work) as tmp:
-                save_file(flat, str(tmp), metadata={"format": FORMAT, "key": self.key})
+                save_file(flat, str(tmp), metadata={"format": FORMAT, "key": self.key, "source": self.source})
                 os.replace(tmp, self.file)
         except Exception as exc:
             logger.warning(
@@ -180,10 +194,20 @@ class WeightCache:
             )
             return
         stem = self.file.name.rsplit(".", 2)[0]  # the same model and conversion, an older key
-        for old in self.file.parent.glob(f"{stem}.*.safetensors"):
-            if old != self.file:
+        for old in self.file.parent.glob(f"{glob.escape(stem)}.*.safetensors"):
+            if old != self.file and self._same_source(old):
                 old.unlink(missing_ok=True)
         logger.info("engine weights cached in %s (%d MiB)", self.file, size >> 20)
+
+    def _same_source(self, other: Path) -> bool:
+        """Whether ``other`` is stale: converted from this GGUF (an older version of it), from one
+        that is gone (moved), or by an older release (no source recorded); not from a GGUF of the
+        same name in another folder, which another server may be using."""
+        try:
+            source = _read_metadata(other).get("source")
+        except (OSError, ValueError, AttributeError, struct.error):
+            return True  # unreadable: no use to anyone
+        return source in (None, self.source) or not os.path.exists(source)
 
 
 # Folders being written by this process, removed by remove_partial_files() (on exit, or by hand

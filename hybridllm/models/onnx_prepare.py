@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .._exceptions import ModelError, ModelNotFoundError
+from .._exceptions import ModelCorruptError, ModelError, ModelNotFoundError
 from .._progress import ProgressBar
 from .catalog import get_spec
 from .onnx_store import (
@@ -156,7 +156,7 @@ def prepare_onnx(
     if spec.kind != "gguf":
         raise ModelNotFoundError(f"{model_id!r} is an {spec.kind} model; only chat models run on ONNX.")
     final = onnx_dir(spec.id, precision)
-    if not force and is_prepared(final, spec):
+    if not force and _prepared(final, spec):
         return final
     missing = missing_export_modules()
     if missing:
@@ -173,8 +173,10 @@ def prepare_onnx(
     # replaced the folder the first had just finished, under a process that may be loading it;
     # now the one that waited finds it prepared and returns
     final.parent.mkdir(parents=True, exist_ok=True)
-    with _folder_lock(final.parent):  # the folder pull wrote the GGUF into (pull is done now)
-        if not force and is_prepared(final, spec):
+    with _folder_lock(final.parent) as locked:  # the folder pull wrote the GGUF into (pull is done)
+        if locked:
+            _remove_stale_builds(final.parent)
+        if not force and _prepared(final, spec):
             return final
         work = final.parent / f".{final.name}.{os.getpid()}.tmp"
         shutil.rmtree(work, ignore_errors=True)
@@ -224,6 +226,27 @@ def prepare_onnx(
         finally:
             shutil.rmtree(work, ignore_errors=True)
     return final
+
+
+def _prepared(final: Path, spec: Any) -> bool:
+    """``is_prepared``, where a damaged record (``hybridllm.json``) is a folder to build again: its
+    error says to prepare the model again, which must then not fail on the same record."""
+    try:
+        return is_prepared(final, spec)
+    except ModelCorruptError:
+        return False
+
+
+_STALE_BUILD = re.compile(r"^\.onnx-\w+-cpu\.\d+\.(tmp|old)$")  # work and swap folders below
+
+
+def _remove_stale_builds(folder: Path) -> None:
+    """Remove the work folders of builds that were killed (SIGKILL, the OOM killer: no ``finally``
+    ran), gigabytes of fp32 weights each. Only called with the model folder's lock held, which
+    every build holds from its work folder's creation to its removal: none is a live build's."""
+    for path in folder.iterdir():
+        if _STALE_BUILD.match(path.name):
+            shutil.rmtree(path, ignore_errors=True)
 
 
 def build_bar(bar: ProgressBar, precision: str) -> ProgressBar:

@@ -34,33 +34,52 @@ class PairSet:
 
 
 def load_pairs(path: str | Path, *, limit: int | None = None) -> PairSet:
-    """Read ``{"text_a", "text_b", "label"}`` JSON lines."""
+    """Read ``{"text_a", "text_b", "label"}`` JSON lines: two non-empty strings and a label of 0 or
+    1 (``true``/``false`` and ``"0"``/``"1"`` too). Any other line is a :class:`DataError` naming
+    it: a label of 2 or 0.7, or a null question, is not silently made into one."""
     path = Path(path)
     pairs = PairSet([], [], [])
     try:
-        fh = open(path, encoding="utf-8")
+        fh = open(path, encoding="utf-8-sig")  # -sig: a byte order mark (Excel, Notepad) is no text
     except OSError as exc:
         raise DataError(f"Cannot read pairs file {path}: {exc}") from exc
     with fh:
-        for lineno, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-                a, b, label = str(row["text_a"]), str(row["text_b"]), int(row["label"])
-            except (ValueError, KeyError, TypeError) as exc:
-                raise DataError(
-                    f"{path}:{lineno}: each line must be a JSON object with text_a, text_b and "
-                    f"label (0/1): {exc}"
-                ) from exc
-            pairs.text_a.append(a)
-            pairs.text_b.append(b)
-            pairs.labels.append(1 if label else 0)
-            if limit is not None and len(pairs) >= limit:
-                break
+        try:
+            for lineno, line in enumerate(fh, 1):
+                if not line.strip():
+                    continue
+                try:
+                    a, b, label = _pair(json.loads(line))
+                except (ValueError, KeyError, TypeError) as exc:
+                    raise DataError(
+                        f"{path}:{lineno}: each line must be a JSON object with text_a, text_b and "
+                        f"label (two non-empty texts, and 0 or 1): {exc}"
+                    ) from exc
+                pairs.text_a.append(a)
+                pairs.text_b.append(b)
+                pairs.labels.append(label)
+                if limit is not None and len(pairs) >= limit:
+                    break
+        except UnicodeDecodeError as exc:  # read in blocks: the line is not known
+            raise DataError(f"{path} is not UTF-8 text: {exc}") from exc
     if not pairs.labels:
         raise DataError(f"{path} holds no pairs")
     return pairs
+
+
+def _pair(row: object) -> tuple[str, str, int]:
+    if not isinstance(row, dict):
+        raise TypeError(f"got a JSON {type(row).__name__}")
+    a, b, label = row["text_a"], row["text_b"], row["label"]
+    for name, text in (("text_a", a), ("text_b", b)):
+        if not isinstance(text, str) or not text.strip():
+            raise ValueError(f"{name} is {text!r}")
+    # bool is an int; 1.0 == 1; a NaN or infinite label equals neither
+    if isinstance(label, str):
+        label = label.strip()
+    if label not in (0, 1, "0", "1"):
+        raise ValueError(f"label is {label!r}")
+    return a, b, int(label)
 
 
 def pair_metrics(hits: Sequence[bool] | np.ndarray, labels: Sequence[int] | np.ndarray) -> dict:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
 import os
 import sys
 import time
@@ -42,6 +43,7 @@ RECIPE = "int8 v2: uint8 weights per output channel (U8U8), FFN down projections
 # a reranker folder's logit range per graph file (:mod:`.logit_bound`), read off the graphs with
 # ``onnx`` once, as the folder is prepared, so that using the cache never loads ``onnx``
 LOGIT_RANGE_NAME = "logit_range.json"
+_NAMES = (FP32_NAME, INT8_NAME, TOKENIZER_NAME, RECIPE_NAME)  # written by _write_files, in this order
 
 Notice = Callable[[str], None]  # one line of progress for a person
 
@@ -102,7 +104,10 @@ def logit_ranges(folder: Path) -> dict[str, tuple[float, float]]:
     path = folder / LOGIT_RANGE_NAME
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
-        return {str(k): (float(v[0]), float(v[1])) for k, v in data.items()}
+        ranges = {str(k): (float(v[0]), float(v[1])) for k, v in data.items()}
+        # NaN or a reversed range would skip every pair (no hit ever, silently): damaged
+        if all(-math.inf < lo <= hi < math.inf for lo, hi in ranges.values()):
+            return ranges
     except (OSError, ValueError, TypeError, IndexError, AttributeError):
         pass  # missing (prepared before), or damaged: read off the graphs again
     from .logit_bound import logit_range
@@ -129,10 +134,10 @@ def stderr_notice(line: str) -> None:
 
 
 @contextlib.contextmanager
-def _prepare_lock(out: Path) -> Iterator[None]:
-    """Hold ``out/.prepare.lock``. A folder that `hybridllm models remove` deleted while this
-    process waited is made again and locked anew: the build then writes into a live folder (it
-    failed, writing into the deleted one)."""
+def _prepare_lock(out: Path) -> Iterator[bool]:
+    """Hold ``out/.prepare.lock``; yields whether it is a real lock (False: no locks here). A
+    folder that `hybridllm models remove` deleted while this process waited is made again and
+    locked anew: the build then writes into a live folder (it failed, writing into the deleted one)."""
     from .._locks import lock_exclusive
     from ..models.store import same_file
 
@@ -140,9 +145,10 @@ def _prepare_lock(out: Path) -> Iterator[None]:
         # without locks (Windows, some network mounts) per-pid temporary names keep concurrent
         # writers apart; closing the file releases the lock
         with _open_lock(out) as fh:
-            if lock_exclusive(fh.fileno()) and not same_file(fh.fileno(), out / ".prepare.lock"):
+            locked = lock_exclusive(fh.fileno())
+            if locked and not same_file(fh.fileno(), out / ".prepare.lock"):
                 continue  # removed meanwhile: the lock is on a file no one else will open
-            yield
+            yield locked
             return
 
 
@@ -164,9 +170,13 @@ def _prepare(
     if is_prepared(out):
         return out
     say = notice or stderr_notice
-    with _prepare_lock(out):
+    with _prepare_lock(out) as locked:
         if is_prepared(out):  # another process finished while this one waited
             return out
+        if locked:  # no one else is writing: what a killed preparer left is removed (~120 MB each)
+            for name in _NAMES:
+                for stale in out.glob(f".{name}.*.tmp"):
+                    stale.unlink(missing_ok=True)
         start = time.perf_counter()
         say(f"Preparing the semantic cache {what} (once) ...")
         try:
@@ -184,8 +194,7 @@ def _write_files(out: Path, build: Callable[[Path], Any], source_dir: Path | Non
 
         source_dir = pull(EMBEDDER_ID)
     pid = os.getpid()
-    names = (FP32_NAME, INT8_NAME, TOKENIZER_NAME, RECIPE_NAME)
-    tmp = {name: out / f".{name}.{pid}.tmp" for name in names}
+    tmp = {name: out / f".{name}.{pid}.tmp" for name in _NAMES}
     try:
         import onnx
 
@@ -202,7 +211,7 @@ def _write_files(out: Path, build: Callable[[Path], Any], source_dir: Path | Non
     # a reranker's logit ranges were read off the graphs being replaced (prepare_reranker reads
     # them again); the recipe goes last: is_prepared() only turns true once every file is in place
     (out / LOGIT_RANGE_NAME).unlink(missing_ok=True)
-    for name in names:
+    for name in _NAMES:
         os.replace(tmp[name], out / name)
 
 

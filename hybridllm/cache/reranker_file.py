@@ -11,6 +11,8 @@ metrics measured on held-out pairs. Training writes it (:mod:`.train_reranker`).
 
 from __future__ import annotations
 
+import zipfile
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,6 +29,8 @@ VERSION = 2  # 2: layer matrices as low-rank changes to the base model
 DEFAULT_NAME = "cache_reranker.npz"
 DELTA_PREFIX = "u:"  # a low-rank change: factors "u:<name>" @ "v:<name>", int8, row scales
 _INFO_KEYS = ("format", "version", "threshold", "min_similarity", "weights_digest")
+# what np.load raises on a damaged file: a truncated or half-copied .npz is a damaged zip archive
+_DAMAGED = (OSError, KeyError, ValueError, TypeError, EOFError, zipfile.BadZipFile, zlib.error)
 
 
 def default_path() -> Path:
@@ -96,7 +100,7 @@ def read_info(path: str | Path | None = None) -> RerankerInfo:
             )
     except CacheError:
         raise
-    except (OSError, KeyError, ValueError, TypeError, EOFError) as exc:
+    except _DAMAGED as exc:
         raise CacheError(f"Cannot read the cache reranker {path}: {exc}") from exc
 
 
@@ -120,7 +124,7 @@ def read_weights(path: str | Path, base: dict[str, Any] | None = None) -> dict[s
                     u = data[key].astype(np.float32) * data[f"scale_u:{name}"][:, None]
                     v = data[f"v:{name}"].astype(np.float32) * data[f"scale_v:{name}"][:, None]
                     out[name] = np.asarray(base[name], dtype=np.float32) + u @ v
-    except (OSError, KeyError, ValueError) as exc:
+    except _DAMAGED as exc:
         raise CacheError(f"Cannot read the reranker weights in {path}: {exc}") from exc
     if not out:
         raise CacheError(f"{path} holds no reranker weights")

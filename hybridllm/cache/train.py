@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import os
 import sys
 import time
 import zlib
@@ -26,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from .._exceptions import DataError
+from .._exceptions import DataError, HybridLLMError
 from .._paths import cache_dir
 from .evaluate import PairSet, load_pairs, pair_metrics
 from .features import NUM_HANDCRAFTED, Idf, pair_features
@@ -57,19 +58,56 @@ def split_of_pairs(pairs: PairSet, *, seed: int = 0) -> np.ndarray:
     return out
 
 
+def check_splits(labels: np.ndarray, split: np.ndarray, *, least: int = 1) -> None:
+    """A :class:`DataError` unless each split holds ``least`` pairs of each label: found before
+    anything is embedded or trained, not as a scikit-learn or numpy error minutes later."""
+    for s, name in enumerate(SPLITS):
+        held = labels[split == s]
+        same, different = int((held == 1).sum()), int((held == 0).sum())
+        if min(same, different) < least:
+            raise DataError(
+                f"The {name} split holds {same} pairs labelled 1 and {different} labelled 0; train, "
+                f"val and test each need at least {least} of both (pairs are split 70/15/15 by "
+                "connected component of shared questions): use a larger pairs file."
+            )
+
+
+def fraction(text: str) -> float:
+    """An argparse type: a precision target, above 0 and at most 1 (0.95, not 95)."""
+    value = float(text)  # a ValueError: argparse says "invalid fraction value"
+    if not 0.0 < value <= 1.0:
+        raise argparse.ArgumentTypeError(f"must be above 0 and at most 1, got {text}")
+    return value
+
+
+def cosine(text: str) -> float:
+    """An argparse type: a cosine similarity, from -1 to 1."""
+    value = float(text)
+    if not -1.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"must be from -1 to 1, got {text}")
+    return value
+
+
 def embed_texts(
     texts: list[str], *, cache_file: Path | None = None, say: Callable[[str], None] = print
 ) -> dict[str, np.ndarray]:
     """Unit vectors for ``texts``, each embedded alone as the cache embeds at run time (on several
     threads, the same vectors to the bit). ``cache_file`` keeps them with the embedder's
-    fingerprint: a file another embedder wrote (a new quantization recipe) is embedded again."""
+    fingerprint: a file another embedder wrote (a new quantization recipe), or one that cannot be
+    read (damaged), is embedded again."""
+    import zipfile
+
     from .embedder import get_embedder
 
     embedder = get_embedder()
     if cache_file is not None and cache_file.is_file():
-        with np.load(cache_file, allow_pickle=False) as data:
-            same = "embedder" in data.files and str(data["embedder"]) == embedder.fingerprint
-            known = dict(zip(data["texts"].tolist(), data["vecs"], strict=True)) if same else {}
+        try:
+            with np.load(cache_file, allow_pickle=False) as data:
+                same = "embedder" in data.files and str(data["embedder"]) == embedder.fingerprint
+                known = dict(zip(data["texts"].tolist(), data["vecs"], strict=True)) if same else {}
+        except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile, zlib.error) as exc:
+            say(f"embedding again: cannot read {cache_file} ({exc})")
+            same, known = False, {}
         if same and all(t in known for t in texts):
             say(f"embeddings from {cache_file}")
             return known
@@ -84,7 +122,7 @@ def embed_texts(
     vecs = embedder.embed(texts, progress=progress)
     if cache_file is not None:
         cache_file.parent.mkdir(parents=True, exist_ok=True)
-        tmp = cache_file.with_name(cache_file.name + ".tmp.npz")
+        tmp = cache_file.with_name(f"{cache_file.name}.{os.getpid()}.tmp.npz")  # concurrent runs
         np.savez(tmp, texts=np.array(texts, dtype=str), vecs=vecs, embedder=np.array(embedder.fingerprint))
         tmp.replace(cache_file)
     return dict(zip(texts, vecs, strict=True))
@@ -117,6 +155,9 @@ def choose_threshold(
     num_hits = np.arange(1, len(order) + 1)
     precision = np.cumsum(labels[eligible][order]) / num_hits
     precision[num_hits < min(50, len(order))] = -1.0
+    # a threshold takes every pair of its probability: within a run of equal probabilities only
+    # the run's end is a precision some threshold gives
+    precision[:-1][sorted_probs[:-1] == sorted_probs[1:]] = -1.0
     ok = np.nonzero(precision >= target)[0]
     if len(ok):
         return float(sorted_probs[ok[-1]])
@@ -157,10 +198,12 @@ def train(
 
     pairs = load_pairs(data)
     split = split_of_pairs(pairs, seed=seed)
+    labels = np.asarray(pairs.labels, dtype=np.int8)
+    check_splits(labels, split)
+    out_dir.mkdir(parents=True, exist_ok=True)  # a bad --out fails now, not after the training
     texts = sorted(set(pairs.text_a) | set(pairs.text_b))
     digest = hashlib.sha256("\n".join(texts).encode()).hexdigest()[:16]
     vecs = embed_texts(texts, cache_file=cache_dir() / "train" / f"qqp-{digest}.npz", say=say)
-    labels = np.asarray(pairs.labels, dtype=np.int8)
     tr, va, te = (np.nonzero(split == s)[0] for s in range(3))
     say(f"pairs: train {len(tr)}, val {len(va)}, test {len(te)}")
     idf = Idf.fit(sorted({pairs.text_a[i] for i in tr} | {pairs.text_b[i] for i in tr}))
@@ -206,7 +249,6 @@ def train(
             metrics[key] = precision_at_recall(scores, labels[te], recall)
     metrics.update(threshold=verifier.threshold, seed=seed, target_precision=target_precision)
     verifier.metrics = metrics
-    out_dir.mkdir(parents=True, exist_ok=True)
     save_verifier(verifier, out_dir / DEFAULT_NAME)
     say(f"wrote {out_dir / DEFAULT_NAME}")
     return metrics
@@ -274,9 +316,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--data", type=Path, required=True, help="JSONL: text_a, text_b, label")
     parser.add_argument("--out", type=Path, default=Path("hybridllm/_data"),
                         help="folder for cache_verifier.npz (default: hybridllm/_data)")
-    parser.add_argument("--target-precision", type=float, default=0.95,
+    parser.add_argument("--target-precision", type=fraction, default=0.95,
                         help="the lowest threshold with this validation precision (default: 0.95)")
-    parser.add_argument("--min-similarity", type=float, default=0.5,
+    parser.add_argument("--min-similarity", type=cosine, default=0.5,
                         help="cosine below which a candidate is never a hit (default: 0.5)")
     parser.add_argument("--seed", type=int, default=0, help="split and training seed (default: 0)")
     args = parser.parse_args(argv)
@@ -293,6 +335,9 @@ def main(argv: list[str] | None = None) -> int:
     except DataError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except (HybridLLMError, OSError) as exc:  # the embedder's model, a folder that cannot be written
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
     print(json.dumps(metrics, indent=2))
     return 0
 

@@ -3,15 +3,15 @@
     python -m hybridllm.cache.train_reranker \\
         --data ../shared/data/paraphrase/qqp_pairs.jsonl --out hybridllm/_data/
 
-Needs the ``[export]`` extra (torch). The split is the feature verifier's (:func:`split_of_pairs`:
-70/15/15 by connected component of shared questions, so no validation or test question is seen in
-training). all-MiniLM-L6-v2 becomes a cross-encoder (``[CLS] query [SEP] cached [SEP]``, mean
-pooling, a linear head) and is fine-tuned with binary cross-entropy on both orders of every
-training pair, word embeddings frozen, bf16 autocast on CPUs that support it. The weights are then
-exported to the int8 ONNX model the cache runs, and that model, not the PyTorch one, scores the
-validation split to set the operating threshold (the lowest whose precision reaches
-``--target-precision``) and the untouched test split to report precision, recall and false-hit
-rate under the cache's own protocol (``text_a`` cached, ``text_b`` asked).
+Needs the ``[export]`` extra (torch; ``--calibrate-only`` does not). The split is the feature
+verifier's (:func:`split_of_pairs`: 70/15/15 by connected component of shared questions, so no
+validation or test question is seen in training). all-MiniLM-L6-v2 becomes a cross-encoder (``[CLS]
+query [SEP] cached [SEP]``, mean pooling, a linear head) and is fine-tuned with binary cross-entropy
+on both orders of every training pair, word embeddings frozen, bf16 autocast on CPUs that support
+it. The weights are then exported to the int8 ONNX model the cache runs, and that model, not the
+PyTorch one, scores the validation split to set the operating threshold (the lowest whose precision
+reaches ``--target-precision``) and the untouched test split to report precision, recall and
+false-hit rate under the cache's own protocol (``text_a`` cached, ``text_b`` asked).
 
 One epoch over 39,476 training pairs takes about 15 minutes on one core of a recent Xeon.
 """
@@ -32,6 +32,7 @@ import numpy as np
 
 from .._exceptions import DataError, HybridLLMError
 from .._paths import cache_dir
+from ._cli import positive_int
 from .encoder import pad_batch
 from .evaluate import PairSet, load_pairs, pair_metrics
 from .prepare import EMBEDDER_ID, reranker_dir
@@ -46,7 +47,16 @@ from .reranker_file import (
     file_digest,
     read_info,
 )
-from .train import choose_threshold, embed_texts, featurize, precision_at_recall, split_of_pairs
+from .train import (
+    check_splits,
+    choose_threshold,
+    cosine,
+    embed_texts,
+    featurize,
+    fraction,
+    precision_at_recall,
+    split_of_pairs,
+)
 from .verifier import HitVerifier
 from .verifier import default_path as features_default_path
 
@@ -288,19 +298,20 @@ def train(
     pairs = load_pairs(data)
     split = split_of_pairs(pairs, seed=seed)
     labels = np.asarray(pairs.labels, dtype=np.int8)
+    check_splits(labels, split, least=4)  # fit_stack's need (2 folds x 2), known before fine-tuning
     tr, va, te = (np.nonzero(split == s)[0] for s in range(3))
     say(f"pairs: train {len(tr)}, val {len(va)}, test {len(te)}")
-    texts = sorted(set(pairs.text_a) | set(pairs.text_b))
-    digest = hashlib.sha256("\n".join(texts).encode()).hexdigest()[:16]
-    vecs = embed_texts(texts, cache_file=cache_dir() / "train" / f"qqp-{digest}.npz", say=say)
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / DEFAULT_NAME
     metrics: dict[str, float] = {}
-    if calibrate_only:
-        arrays = _read_arrays(path)
+    if calibrate_only:  # read first: a missing or damaged file is said before the embedding
         old = read_info(path).metrics
+        arrays = _read_arrays(path)
         metrics.update({k: old[k] for k in _TRAINING_KEYS if k in old})
-    else:
+    texts = sorted(set(pairs.text_a) | set(pairs.text_b))
+    digest = hashlib.sha256("\n".join(texts).encode()).hexdigest()[:16]
+    vecs = embed_texts(texts, cache_file=cache_dir() / "train" / f"qqp-{digest}.npz", say=say)
+    if not calibrate_only:
         started = time.perf_counter()
         items = training_items(pairs, tr)
         say(f"training pairs: {len(items)}")
@@ -310,9 +321,36 @@ def train(
         metrics.update(epochs=epochs, lr=lr, batch_size=batch_size, seed=seed,
                        train_minutes=round((time.perf_counter() - started) / 60, 1))
     wd = weights_digest(arrays)
-    _write(path, arrays, threshold=0.5, min_similarity=min_similarity, digest=wd, metrics=metrics)
-    say(f"preparing the int8 ONNX model in {reranker_dir(read_info(path).weights_digest)}")
-    reranker = Reranker(path, num_threads=threads)
+    # The weights go to a file of their own until calibrated: OUT/cache_reranker.npz (which the
+    # cache may be using) is only replaced by the finished file, never by an uncalibrated one.
+    interim = out_dir / UNCALIBRATED_NAME
+    _write(interim, arrays, threshold=0.5, min_similarity=min_similarity, digest=wd, metrics=metrics)
+    try:
+        metrics = _calibrate(pairs, split, vecs, interim, path, arrays, wd, metrics, threads=threads,
+                             target_precision=target_precision, min_similarity=min_similarity, say=say)
+    except BaseException:
+        if calibrate_only:
+            interim.unlink(missing_ok=True)  # the weights are still in OUT/cache_reranker.npz
+        else:
+            say(f"calibration failed; the fine-tuned weights are kept in {interim}: rename it to "
+                f"{DEFAULT_NAME} and run again with --calibrate-only")
+        raise
+    interim.unlink(missing_ok=True)
+    return metrics
+
+
+UNCALIBRATED_NAME = "cache_reranker.uncalibrated.npz"
+
+
+def _calibrate(pairs: PairSet, split: np.ndarray, vecs: dict[str, np.ndarray], interim: Path, path: Path,
+               arrays: dict[str, np.ndarray], wd: str, metrics: dict[str, float], *, threads: int,
+               target_precision: float, min_similarity: float, say: Say) -> dict[str, float]:
+    """Score the validation and test splits with the int8 model of ``interim``, fit the stack and
+    the threshold, and write the finished reranker file to ``path``."""
+    labels = np.asarray(pairs.labels, dtype=np.int8)
+    va, te = np.nonzero(split == 1)[0], np.nonzero(split == 2)[0]
+    say(f"preparing the int8 ONNX model in {reranker_dir(wd)}")
+    reranker = Reranker(interim, num_threads=threads)
     features = HitVerifier.load(features_default_path())
 
     def inputs(idx: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -353,6 +391,14 @@ def train(
 _TRAINING_KEYS = ("epochs", "lr", "batch_size", "seed", "train_minutes")
 
 
+def positive_number(text: str) -> float:
+    """An argparse type: a number above 0 (a ValueError: argparse says "invalid positive_number value")."""
+    value = float(text)
+    if not value > 0:  # NaN too
+        raise argparse.ArgumentTypeError(f"must be above 0, got {text}")
+    return value
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m hybridllm.cache.train_reranker", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -360,13 +406,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--out", type=Path, default=Path("hybridllm/_data"), help="folder for cache_reranker.npz"
     )
-    parser.add_argument("--epochs", type=float, default=1.0, help="passes over the pairs (default: 1.0)")
-    parser.add_argument("--lr", type=float, default=4e-5, help="learning rate (default: 4e-05)")
-    parser.add_argument("--batch-size", type=int, default=32, help="pairs a training step (default: 32)")
-    parser.add_argument("--threads", type=int, default=1, help="CPU threads for training and scoring")
-    parser.add_argument("--target-precision", type=float, default=0.95,
+    parser.add_argument("--epochs", type=positive_number, default=1.0,
+                        help="passes over the pairs (default: 1.0)")
+    parser.add_argument("--lr", type=positive_number, default=4e-5, help="learning rate (default: 4e-05)")
+    parser.add_argument("--batch-size", type=positive_int, default=32,
+                        help="pairs a training step (default: 32)")
+    parser.add_argument("--threads", type=positive_int, default=1,
+                        help="CPU threads for training and scoring")
+    parser.add_argument("--target-precision", type=fraction, default=0.95,
                         help="the lowest threshold with this validation precision (default: 0.95)")
-    parser.add_argument("--min-similarity", type=float, default=0.5,
+    parser.add_argument("--min-similarity", type=cosine, default=0.5,
                         help="cosine below which a candidate is not scored")
     parser.add_argument("--seed", type=int, default=0, help="split and training seed (default: 0)")
     parser.add_argument("--calibrate-only", action="store_true",
@@ -374,7 +423,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     say = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731 - the JSON goes to stdout
     try:
-        import torch  # noqa: F401
+        if not args.calibrate_only:  # calibrating runs the ONNX model: no torch
+            import torch  # noqa: F401
     except ImportError:
         print("error: training the reranker needs torch: pip install 'hybridllm[export]'", file=sys.stderr)
         return 2
@@ -386,6 +436,9 @@ def main(argv: list[str] | None = None) -> int:
     except (DataError, HybridLLMError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except OSError as exc:  # a folder that cannot be written
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
     print(json.dumps(metrics, indent=2))
     return 0
 

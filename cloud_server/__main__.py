@@ -318,8 +318,19 @@ def _check_ray_address(address: str) -> None:
 
 
 def _check_model(model: str, option: str = "--model") -> None:
-    """Fail before binding when the model is neither a file or folder nor a catalog id."""
-    if os.path.exists(os.path.expanduser(model)):
+    """Fail before binding when the model is neither a file or folder nor a catalog id, or is a
+    file or folder the loader cannot take (it reads a path as a model only when it is a folder or
+    ends in .gguf: another file was looked up as a catalog id once the server had started)."""
+    path = Path(model).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise UsageError(f"{option}: folder {model!r} has no config.json: give a Hugging Face "
+                             "model folder (config.json, *.safetensors, tokenizer.json)")
+        return
+    if path.exists():
+        if path.suffix != ".gguf":
+            raise UsageError(f"{option}: {model!r} is not a .gguf file (a GGUF model's name ends "
+                             "in .gguf) nor a Hugging Face model folder")
         return
     from hybridllm.models import load_catalog
 
@@ -329,6 +340,30 @@ def _check_model(model: str, option: str = "--model") -> None:
             f"{option}: {model!r} is neither an existing file or folder nor a catalog id "
             f"({', '.join(known)})"
         )
+
+
+def _check_device(config: Any) -> None:
+    """Refuse before the load a device this machine lacks (``--device cuda`` without CUDA, or
+    ``cuda:N`` past its GPUs: the server started, then the load failed) and, on the CPU, a KV pool
+    larger than its memory (mapped lazily: refused only after the weights had loaded, if at all).
+    Single-process server only: a Ray cluster's replicas run elsewhere."""
+    import torch
+
+    name = config.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    kind, _, index = name.partition(":")
+    if kind == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if int(index or 0) >= count:
+            raise UsageError(f"--device {name}: this machine has "
+                             f"{f'{count} CUDA device(s)' if count else 'no CUDA device'}")
+        return
+    try:
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):  # not known here (Windows)
+        return
+    if config.kv_cache_memory_bytes is not None and config.kv_cache_memory_bytes > total:
+        raise UsageError(f"--kv-cache-memory-mb {config.kv_cache_memory_bytes >> 20} is more than "
+                         f"this machine's memory ({total >> 20} MiB)")
 
 
 def _system_prompt(model: str, given: str | None) -> str | None:
@@ -362,6 +397,8 @@ def serve(args: argparse.Namespace) -> int:
     _check_model(args.model)
     if args.draft_model is not None:
         _check_model(args.draft_model, "--draft-model")
+    if cluster is None:
+        _check_device(config)
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )

@@ -115,10 +115,18 @@ class EngineConfig:
             not isinstance(self.draft_vocab_size, int) or self.draft_vocab_size < 0
         ):
             raise SettingError("{0} must be an integer >= 0 (0: all tokens)", "draft_vocab_size")
+        if self.draft_vocab_size is not None and self.draft_model is None:  # else silently unused
+            raise SettingError("{0} goes with {1}", "draft_vocab_size", "draft_model")
         if not isinstance(self.spec_max_rows, int) or self.spec_max_rows < 2:
             raise SettingError("{0} must be an integer >= 2", "spec_max_rows")
         if self.num_threads is not None and self.num_threads < 1:
             raise SettingError("{0} must be a positive integer", "num_threads")
+        # a torch generator takes [-2**63, 2**64); the draft model's sampler takes seed + 1. Out of
+        # that range the load went through and every sampled request failed
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not (
+            -(2**63) <= self.seed < 2**64 - 1
+        ):
+            raise SettingError("{0} must be an integer in [-2**63, 2**64 - 1)", "seed", got=self.seed)
 
 
 @dataclass

@@ -35,6 +35,7 @@ from ._exceptions import (
     ContextWindowExceededError,
     HybridLLMError,
     InvalidRequestError,
+    RouterError,
 )
 from ._stats import Stats
 from ._types import (
@@ -196,6 +197,10 @@ class Request:
     # the budget's room held for this request's cloud call until the call starts (then the
     # call's own record holds it); released when the request ends without one
     reservation: Any = None
+    # the device answered in the cloud's place (the cloud down or failing, the budget spent, a
+    # cascade's escalation that could not happen): its answer is not stored, or a hit would serve
+    # it to the same question once the cloud can answer it again
+    stand_in: bool = False
 
     @property
     def fits_edge(self) -> bool:
@@ -430,8 +435,12 @@ class Core:
         else:
             policy, tokens = self.policy, req.prompt_tokens
             d = await loop.run_in_executor(
-                None, lambda: policy.decide(msgs, force=opts.route, prompt_tokens=tokens, embedding=vec)
+                None, _ask_policy, policy, "decide",
+                lambda: policy.decide(msgs, force=opts.route, prompt_tokens=tokens, embedding=vec),
             )
+            if not isinstance(d, Decision):  # else an AttributeError on .route, far from its cause
+                raise RouterError(f"The routing policy {type(policy).__name__}.decide() returned "
+                                  f"{type(d).__name__}, not a hybridllm.Decision; nothing was sent.")
         if not req.fits_edge:
             d = self._beyond_the_edge(req, d)
         elif opts.cascade is not None:
@@ -449,6 +458,7 @@ class Core:
                     raise _waits_for_cloud(req, f"the cloud {spent}", "once the budget has room",
                                            spent=spent, retry_after_s=wait_of(self.ledger))
                 reason = f"{_sent_nowhere(d)}; {spent}"
+                req.stand_in = True
                 return dataclasses.replace(d, route="edge", reason=reason, cascade=False)
         return d
 
@@ -515,6 +525,7 @@ class Core:
                         req, f"the cloud is {'rate-limiting' if limited else 'unavailable'} ({why})",
                         "after its Retry-After" if limited else "once the cloud is back", limited=limited,
                         retry_after_s=wait_of(self.cloud)) from err
+                req.stand_in = True
                 async with aclosing(
                     self._emit_edge(
                         req,
@@ -554,6 +565,7 @@ class Core:
                                            retry_after_s=getattr(exc.cause, "retry_after_s", None)
                                            or wait_of(self.cloud)) from exc.cause
                 log.info("cloud failed before answering (%s); answering on the device", exc.cause)
+                req.stand_in = True
                 async with aclosing(
                     self._emit_edge(
                         req,
@@ -587,8 +599,13 @@ class Core:
             draft = chunk.completion or draft
         assert draft is not None
         lp = draft.mean_logprob if draft.mean_logprob is not None else float("-inf")
-        escalate, spent = self.policy.should_escalate(lp), None
-        available = escalate and self._cloud_down() is None
+        policy = self.policy
+        escalate = bool(_ask_policy(policy, "should_escalate", lambda: policy.should_escalate(lp)))
+        spent = None
+        down = self._cloud_down() if escalate else None
+        available = escalate and down is None
+        # why the draft is kept after all: the reason says what the cloud did, as on the cloud route
+        unavailable = f"the cloud is unavailable ({down[0]})" if down is not None else ""
         if available and self.ledger is not None:  # held only when the cloud is really asked
             req.reservation, spent = self.ledger.reserve(self._estimate(req))
         if available and not spent:
@@ -607,10 +624,12 @@ class Core:
                 return
             except _NoOutput as exc:
                 log.info("cascade: cloud failed (%s); keeping the edge answer", exc.cause)
+                unavailable = f"the cloud failed: {exc.cause}"
+        req.stand_in = escalate  # the cloud should have answered: the unsure draft stands in
         why = (
             f"edge confident ({lp:.2f})"
             if not escalate
-            else f"edge unsure ({lp:.2f}) but {spent or 'the cloud is unavailable'}"
+            else f"edge unsure ({lp:.2f}) but {spent or unavailable}"
         )
         async with aclosing(
             self._replay(
@@ -887,6 +906,8 @@ class Core:
             return
         if c.finish_reason != "stop":  # cut by max_tokens or the context: a hit would replay it as whole
             return
+        if req.stand_in:  # the device's answer in the cloud's place: the cloud's is stored once it answers
+            return
         floor = self.cache_min_logprob
         if floor is not None and c.mean_logprob is not None and c.mean_logprob < floor:
             log.info(
@@ -950,6 +971,20 @@ class Core:
                         part.close()
                     except Exception as exc:  # noqa: BLE001 - one part's failure must not keep the others open
                         _close_failed(part, side, exc)
+
+
+def _ask_policy(policy: object, method: str, call: Any) -> Any:
+    """A routing policy's answer. A custom policy's own error (not a HybridLLMError) is raised as
+    it is, so that an app catches its own type, with a note naming the policy and the method: the
+    bare error from deep in an app's policy said nothing of routing."""
+    try:
+        return call()
+    except HybridLLMError:
+        raise
+    except Exception as exc:
+        exc.add_note(f"hybridllm: raised by the routing policy {type(policy).__name__}.{method}(); "
+                     "the request was not answered")
+        raise
 
 
 def _named(exc: HybridLLMError) -> str:

@@ -10,6 +10,7 @@ then the defaults below. Read when a client is built, never at import.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import re
 import tomllib
@@ -110,7 +111,23 @@ class HybridLLMConfig:
             value = getattr(self, name)
             if value is not None and not value > 0:
                 raise ConfigError(f"{name} must be positive or None, got {value}.")
-        for name in ("n_ctx", "cache_max_entries", "edge_max_waiting"):
+        # the cloud client's own numbers: a connect timeout of 0 failed every cloud call at once
+        # and a breaker threshold of 0 kept every circuit open, so the device silently answered all
+        for name in ("cloud_connect_timeout_s", "cloud_read_timeout_s"):
+            if not 0 < getattr(self, name) < math.inf:
+                raise ConfigError(f"{name} must be a positive number, got {getattr(self, name)}.")
+        if not 0 <= self.cloud_breaker_cooldown_s < math.inf:
+            raise ConfigError(
+                f"cloud_breaker_cooldown_s must be a number >= 0, got {self.cloud_breaker_cooldown_s}.")
+        if not math.isfinite(self.cloud_joules_per_token):
+            raise ConfigError(f"cloud_joules_per_token must be finite, got {self.cloud_joules_per_token}.")
+        # nan compares false with every answer's log-probability, so it stored them all
+        if self.cache_min_logprob is not None and not math.isfinite(self.cache_min_logprob):
+            raise ConfigError(
+                f"cache_min_logprob must be a finite number or None, got {self.cache_min_logprob}.")
+        if self.cloud_max_retries < 0:
+            raise ConfigError(f"cloud_max_retries must be >= 0, got {self.cloud_max_retries}.")
+        for name in ("n_ctx", "cache_max_entries", "edge_max_waiting", "cloud_breaker_threshold"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be at least 1, got {getattr(self, name)}.")
         if self.n_threads is not None and self.n_threads < 1:
@@ -273,6 +290,12 @@ def load_config(config: str | os.PathLike[str] | None = None, **overrides: Any) 
             raise ConfigError(f"Cannot read config file {path}: {exc.strerror or exc}.") from exc
         except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
             raise ConfigError(f"Config file {path} is not valid TOML: {exc}.") from exc
+        if "hybridllm" in data and len(data) > 1:
+            # keys above the [hybridllm] header, or another table (a typo: [hybridlm]), were
+            # silently ignored: the settings go at the top level or under [hybridllm], not both
+            outside = sorted(set(data) - {"hybridllm"})
+            raise ConfigError(f"Config file {path} has {outside} outside [hybridllm]; put every "
+                              "setting under [hybridllm], or every one at the top level.")
         data = data.get("hybridllm", data)
         if not isinstance(data, dict):
             raise ConfigError(f"Config file {path}: [hybridllm] must be a table of settings.")

@@ -206,8 +206,15 @@ def cmd_ask(args: argparse.Namespace) -> int:
             print(json.dumps(llm.chat(messages, **sampling).to_dict()))
             return 0
         stream = llm.stream(messages, **sampling)
-        for chunk in stream:
-            print(chunk.text, end="", flush=True)
+        shown = False
+        try:
+            for chunk in stream:
+                print(chunk.text, end="", flush=True)
+                shown = shown or bool(chunk.text)
+        except KeyboardInterrupt:
+            if shown:  # end the partial answer's line, so "interrupted" is not glued to it
+                print(flush=True)
+            raise
         print()
         if stream.completion is not None:
             _note(trace_line(stream.completion))
@@ -339,6 +346,8 @@ def cmd_chat(args: argparse.Namespace) -> int:
                     stream = _answer(llm, history, sampling, parts, route="edge")
             except KeyboardInterrupt:  # stop this answer, keep the session
                 print(flush=True)
+                if not interactive:  # a piped chat ends, as Ctrl-C at its next read would (130),
+                    raise            # rather than going on to the next question
                 if not parts:
                     history.pop()
                     _note("(stopped before the answer began; the question is not kept)")
@@ -551,6 +560,30 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        try:
+            return _main(argv)
+        finally:  # --help's SystemExit too
+            if sys.stdout is not None:
+                # what is still buffered goes now, while a closed pipe can be caught, rather than
+                # at interpreter exit ("Exception ignored ... BrokenPipeError", exit status 120)
+                sys.stdout.flush()
+    except BrokenPipeError:  # `hybridllm ... | head -1`: the reader has what it wanted
+        _drop_stdout()
+        return 0
+
+
+def _drop_stdout() -> None:
+    """Point stdout at /dev/null, so the interpreter's own flush at exit cannot fail again."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (AttributeError, OSError, ValueError):  # a stand-in stdout (tests) has no descriptor
+        pass
+
+
+def _main(argv: Sequence[str] | None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
@@ -567,8 +600,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
-    except BrokenPipeError:
-        return 0
+    except BrokenPipeError:  # stdout closed by its reader: main() says nothing
+        raise
     except Exception as exc:  # never a traceback for the user; HYBRIDLLM_DEBUG shows it
         if os.environ.get("HYBRIDLLM_DEBUG"):
             raise

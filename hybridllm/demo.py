@@ -66,25 +66,31 @@ def _start_cloud(port: int, log: Path, model: str = DEFAULT_EDGE_MODEL) -> subpr
 
     exe = shutil.which("hybridllm-cloud")
     cmd = [exe] if exe else [sys.executable, "-m", "cloud_server"]
-    proc = subprocess.Popen(
-        [*cmd, "serve", "--model", model, "--host", "127.0.0.1", "--port", str(port)],
-        stdout=log.open("w"),
-        stderr=subprocess.STDOUT,
-    )
-    deadline = time.monotonic() + 600
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            reason = _last_line(log)
-            raise HybridLLMError(f"the cloud server exited ({proc.returncode})"
-                                 f"{': ' + reason if reason else ''}; its log is {log}")
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
-                return proc
-        except httpx.TransportError:
-            pass
-        time.sleep(0.5)
-    proc.kill()
-    raise HybridLLMError(f"the cloud server did not become healthy in 600 s; see {log}")
+    with log.open("w") as out:  # the server holds its own copy of the descriptor
+        proc = subprocess.Popen(
+            [*cmd, "serve", "--model", model, "--host", "127.0.0.1", "--port", str(port)],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        deadline = time.monotonic() + 600
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                reason = _last_line(log)
+                raise HybridLLMError(f"the cloud server exited ({proc.returncode})"
+                                     f"{': ' + reason if reason else ''}; its log is {log}")
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
+                    return proc
+            except httpx.TransportError:
+                pass
+            time.sleep(0.5)
+        raise HybridLLMError(f"the cloud server did not become healthy in 600 s; see {log}")
+    except BaseException:  # Ctrl-C while it loads too: no server is left running behind the demo
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=30)
+        raise
 
 
 def _last_line(log: Path) -> str:
@@ -113,6 +119,14 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
+    try:
+        return _demo(argv)
+    except KeyboardInterrupt:  # Ctrl-C during `make run`: one line, as the hybridllm command does
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+def _demo(argv: list[str] | None) -> int:
     from ._client import HybridLLM
     from ._pipeline import EDGE_FALLBACK
     from .cli import missing_server_module, server_extra_hint

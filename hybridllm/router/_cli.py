@@ -171,8 +171,9 @@ def _train(args: argparse.Namespace) -> int:
             f"Give one --weight per --data file ({len(args.data)} files, "
             f"{len(args.weight)} weights), or none for the default."
         )
-    if args.weight is not None and not all(w > 0 for w in args.weight):
-        raise DataError("Every --weight must be positive.")
+    # inf passed "positive" and every row's weight came out NaN: "sample_weight needs ..." at the fit
+    if args.weight is not None and not all(0 < w < float("inf") for w in args.weight):
+        raise DataError("Every --weight must be a positive, finite number.")
     _check_out_folder(args.out)
     data = args.data[0] if len(args.data) == 1 else list(args.data)
     router = train_from_csv(

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from .._exceptions import CloudError, DataError, EdgeError
+from ..prompts import valid_text
 from .dataset import CLOUD_TOKENS_COL, LOGPROB_COL
 
 
@@ -158,7 +159,9 @@ def read_questions(path: str | Path) -> list[Question]:
         ref = rec.get("final") or rec.get("answer", rec.get("reference")) if isinstance(rec, dict) else None
         if not isinstance(prompt, str) or ref is None or not str(ref).strip():  # blank: all graded wrong
             raise DataError(f"{p} line {i} needs 'question' (or 'prompt') and 'answer' (or 'reference').")
-        out.append(Question(prompt=prompt, reference=reference_answer(str(ref))))
+        # a JSON-escaped half emoji ("\\ud83d") cannot be written to the UTF-8 CSV: unreplaced, the
+        # run stopped at that question with an internal error, on every rerun
+        out.append(Question(prompt=valid_text(prompt), reference=valid_text(reference_answer(str(ref)))))
     if not out:
         raise DataError(f"{p} holds no questions.")
     return out

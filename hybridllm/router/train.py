@@ -167,9 +167,10 @@ def pool(
     given = weights is not None
     if weights is None:  # equal shares: a big public file does not drown a small one of your pair
         weights = [1.0] * len(parts)
-    if len(weights) != len(parts) or not all(w > 0 for w in weights):
+    if len(weights) != len(parts) or not all(0 < w < float("inf") for w in weights):
         raise DataError(
-            f"Give one positive --weight per --data file ({len(parts)} files, {len(weights)} weights)."
+            f"Give one positive, finite --weight per --data file ({len(parts)} files, "
+            f"{len(weights)} weights)."
         )
     if len(parts) == 1:
         name, data = parts[0]
@@ -203,22 +204,13 @@ def cross_validate(
 ) -> CVResult:
     """Out-of-fold scores for every prompt and the router metrics on them (``sources``: several
     labelled files, fitted as :func:`train_router` fits them)."""
-    if num_folds < 2:
-        raise DataError(f"Cross-validation needs at least 2 folds, got {num_folds}.")
-    folds = fold_ids(data.prompts, num_folds, salt=fold_salt)
+    mixture = _is_mixture(sources, emb is not None)
+    folds = check_folds(data, num_folds, fold_salt=fold_salt, mixture=mixture)
     gain = _gain(data)
     oof = np.zeros(len(gain), dtype=np.float64)
     per_fold = []
     for f in range(num_folds):
         test = folds == f
-        if not test.any() or test.all():
-            distinct = len(set(data.prompts))
-            raise DataError(
-                f"Too few distinct prompts ({distinct}) for {num_folds}-fold cross-validation: folds "
-                f"come from a hash of each prompt, and fold {f + 1} got "
-                f"{'none' if not test.any() else 'all'} of them. Label more prompts, or pass "
-                "fewer --folds (at least 2)."
-            )
         scorer = _fit(x, gain, emb, hyper, sources, ~test)
         oof[test] = scorer.predict(x[test], None if emb is None else emb[test])
         if data.strong[test].mean() > data.weak[test].mean():
@@ -230,6 +222,52 @@ def cross_validate(
     oof = align_folds(oof, folds, None if sources is None else sources.ids)
     pooled = _round(router_metrics(oof, data.weak, data.strong))
     return CVResult(metrics=pooled, fold_metrics=per_fold, oof_scores=oof)
+
+
+def _is_mixture(sources: Sources | None, embeddings: bool) -> bool:
+    """Whether :func:`_fit` fits a source mixture (which gives a source without a gain in a
+    training fold a constant expert) rather than one gain scorer."""
+    return sources is not None and len(sources.names) > 1 and embeddings
+
+
+def check_folds(
+    data: RoutingData, num_folds: int, *, fold_salt: str = "", mixture: bool = False
+) -> np.ndarray:
+    """The fold of each prompt (:func:`fold_ids`), or a :class:`DataError` when some fold cannot be
+    cross-validated: it holds none or all of the prompts, or (one gain scorer) its training rows
+    hold no prompt that needs the strong model. Cheap: :func:`train_from_csv` calls it before the
+    embedding, so a file with one such prompt is refused at once, not after minutes of embedding
+    with "the data needs prompts where the strong model was needed" from the fold that lacks it."""
+    if num_folds < 2:
+        raise DataError(f"Cross-validation needs at least 2 folds, got {num_folds}.")
+    folds = fold_ids(data.prompts, num_folds, salt=fold_salt)
+    gain = _gain(data)
+    for f in range(num_folds):
+        test = folds == f
+        if not test.any() or test.all():
+            distinct = len(set(data.prompts))
+            raise DataError(
+                f"Too few distinct prompts ({distinct}) for {num_folds}-fold cross-validation: folds "
+                f"come from a hash of each prompt, and fold {f + 1} got "
+                f"{'none' if not test.any() else 'all'} of them. Label more prompts, or pass "
+                "fewer --folds (at least 2)."
+            )
+        if not mixture and learnable(gain) and not learnable(gain[~test]):
+            if np.any(gain[~test] > 0):  # every training prompt of the fold gains alike: no order
+                raise DataError(
+                    f"The training rows of fold {f + 1} of {num_folds} all gain alike from the strong "
+                    "model, so there is no order to learn there; label more varied prompts, or pass "
+                    "fewer --folds (at least 2)."
+                )
+            needed = {" ".join(data.prompts[i].split()).casefold() for i in np.flatnonzero(gain > 0)}
+            raise DataError(
+                f"Only {len(needed)} distinct prompt(s) need the strong model (it scores higher than "
+                f"the weak one), too few for {num_folds}-fold cross-validation: fold {f + 1} holds "
+                "all of them, so its training rows have none to learn from. Label more prompts "
+                "(more that the weak model gets wrong)"
+                + (", or pass fewer --folds (at least 2)." if len(needed) > 1 else ".")
+            )
+    return folds
 
 
 def align_folds(oof: np.ndarray, folds: np.ndarray, source_ids: np.ndarray | None = None) -> np.ndarray:
@@ -456,6 +494,12 @@ def train_from_csv(
     if len({name for name, _ in parts}) < len(parts):
         parts = [(str(p), d) for p, (_, d) in zip(paths, parts, strict=True)]
     data, sources = pool(parts, weights)
+    if not learnable(_gain(data)):  # this and the folds' checks before minutes of embedding
+        raise DataError(
+            f"{', '.join(map(str, paths))}: every prompt needs the strong model, so there is "
+            "nothing to learn; label more varied prompts."
+        )
+    check_folds(data, num_folds, mixture=_is_mixture(sources, use_embedding))
     # per file: each file's embeddings are cached on their own, so adding a file reuses the others
     emb = None
     if use_embedding:
@@ -466,11 +510,6 @@ def train_from_csv(
             tick = None if bar is None else _shifted(bar, base, len(data.prompts))
             chunks.append(cached_embeddings(d.prompts, progress=tick))
         emb = np.concatenate(chunks)
-    if not learnable(_gain(data)):
-        raise DataError(
-            f"{', '.join(map(str, paths))}: every prompt needs the strong model, so there is "
-            "nothing to learn; label more varied prompts."
-        )
     parts_cmd = ["hybridllm router train"]
     for i, p in enumerate(paths):
         parts_cmd += ["--data", str(p)]

@@ -7,9 +7,11 @@ Sources, the first that works wins (``detect_source``):
               (CUDA_VISIBLE_DEVICES taken into account); a CUDA engine without it: the estimate
     rapl      CPU engine: the packages' counters under /sys/class/powercap (intel-rapl:N/energy_uj
               named package-N, summed; sub-domains not added; psys only alone), in microjoules,
-              wrapping at max_energy_range_uj; readable by root only on current kernels
+              wrapping at max_energy_range_uj (also read in the background, so no wrap is
+              missed); readable by root only on current kernels
     estimate  a configured power figure times elapsed time (``--power-watts``, else
-              ``HYBRIDLLM_POWER_WATTS``, else 10 W per CPU thread / 300 W per GPU): a rough figure
+              ``HYBRIDLLM_POWER_WATTS``, refused unless a positive number, else 10 W per CPU
+              thread / 300 W per GPU): a rough figure
 
 Per request: the energy the source reports between two events (a request starting or ending) is
 shared equally among the requests active in that interval; idle energy goes to nobody. Per token
@@ -22,9 +24,11 @@ from __future__ import annotations
 
 import itertools
 import logging
+import math
 import os
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -33,6 +37,8 @@ log = logging.getLogger("cloud_server.energy")
 POWERCAP = Path("/sys/class/powercap")
 CPU_WATTS_PER_THREAD = 10.0
 GPU_WATTS = 300.0
+RAPL_POLL_S = 60.0  # background reads of the RAPL counters, so no wrap is missed
+RAPL_MAX_WATTS = 1000.0  # more than any CPU package draws
 
 
 class EnergySource:
@@ -48,7 +54,7 @@ class EstimateSource(EnergySource):
     name = "estimate"
 
     def __init__(self, watts: float, clock: Callable[[], float] = time.monotonic) -> None:
-        if not watts > 0:
+        if not (watts > 0 and math.isfinite(watts)):  # inf would make every delta inf - inf = NaN
             raise ValueError(f"power figure must be positive watts, got {watts!r}")
         self.watts = float(watts)
         self._clock = clock
@@ -66,7 +72,7 @@ class RaplSource(EnergySource):
 
     name = "rapl"
 
-    def __init__(self, root: Path | None = None) -> None:
+    def __init__(self, root: Path | None = None, poll_s: float | None = None) -> None:
         root = POWERCAP if root is None else root
         packages: list[tuple[Path, float]] = []
         platform: list[tuple[Path, float]] = []
@@ -97,6 +103,14 @@ class RaplSource(EnergySource):
         self._last = [int(p.read_text()) for p, _ in self.domains]
         self._total_uj = 0.0
         self._lock = threading.Lock()
+        # A counter that wraps twice between two reads loses a whole range (262 kJ on current
+        # CPUs: 20 min at 200 W, one long request on an otherwise quiet server), so it is also
+        # read in the background, twice per wrap at RAPL_MAX_WATTS, at least every RAPL_POLL_S.
+        if poll_s is None:
+            wrap_s = min(w for _, w in self.domains) / 1e6 / RAPL_MAX_WATTS
+            poll_s = min(RAPL_POLL_S, max(0.1, wrap_s / 2))  # 0.1 s: no busy loop on a bogus range
+        threading.Thread(target=_poll, args=(weakref.ref(self), poll_s), name="rapl-poll",
+                         daemon=True).start()
 
     def read_joules(self) -> float:
         with self._lock:
@@ -106,6 +120,21 @@ class RaplSource(EnergySource):
                 self._total_uj += delta if delta >= 0 else delta + wrap
                 self._last[i] = now
             return self._total_uj / 1e6
+
+
+def _poll(ref: weakref.ref[RaplSource], every_s: float) -> None:
+    """Reads the source every ``every_s`` until it is dropped (the meter's estimate took over)
+    or fails (the meter's own read finds that out and says so)."""
+    while True:
+        time.sleep(every_s)
+        source = ref()
+        if source is None:
+            return
+        try:
+            source.read_joules()
+        except (OSError, ValueError):
+            return
+        del source  # not kept alive by the sleep
 
 
 def nvml_index(device: str) -> int:
@@ -140,7 +169,15 @@ class NvmlSource(EnergySource):
 def default_watts(device: str, num_threads: int | None) -> float:
     env = os.environ.get("HYBRIDLLM_POWER_WATTS")
     if env:
-        return float(env)
+        # checked here, not where it is first used: with a working counter the figure is only the
+        # fallback, and a bad one would fail every request once the counter fails
+        try:
+            watts = float(env)
+        except ValueError:
+            watts = math.nan
+        if not (watts > 0 and math.isfinite(watts)):
+            raise ValueError(f"HYBRIDLLM_POWER_WATTS={env!r} is not a positive number of watts")
+        return watts
     if device.startswith("cuda"):
         return GPU_WATTS
     return CPU_WATTS_PER_THREAD * (num_threads or os.cpu_count() or 1)

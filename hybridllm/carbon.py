@@ -31,6 +31,7 @@ its own: ``stats()["co2_saved_g"]`` sums that against always using the fastest e
 from __future__ import annotations
 
 import logging
+import math
 import numbers
 import threading
 import time
@@ -139,7 +140,12 @@ class CloudEndpoint:
 
 def _valid_intensity(value: Any) -> bool:
     """A number (numpy's too) of gCO2/kWh in [0, 1e5); not NaN, not a bool."""
-    return isinstance(value, numbers.Real) and not isinstance(value, bool) and 0 <= float(value) < 1e5
+    if not isinstance(value, numbers.Real) or isinstance(value, bool):
+        return False
+    try:
+        return 0 <= float(value) < 1e5
+    except OverflowError:  # an int past float's range (10**400): out of range, not a failure
+        return False
 
 
 def check_priority(priority: Any) -> str | None:
@@ -161,8 +167,9 @@ class CarbonPlacer:
         explore_after_s: float = 60.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        if not joules_per_token > 0:
-            raise ConfigError("joules_per_token must be positive.")
+        # finite too: inf joules make every CO2 figure inf and a saving inf * 0 = NaN in stats()
+        if not (isinstance(joules_per_token, numbers.Real) and 0 < joules_per_token < math.inf):
+            raise ConfigError(f"joules_per_token must be a positive number, got {joules_per_token!r}.")
         self.by_root: dict[str, CloudEndpoint] = {}
         for e in endpoints:
             if root(e.url) in self.by_root:

@@ -13,7 +13,8 @@ default system prompt + the question):
     sdk_onnx        HybridLLM(edge_backend="onnx").stream
 
 Runs rotate the side order per prompt so machine noise hits all alike. Per side: median TTFT and
-aggregate decode tokens/s (pieces after the first over the time after the first). Ratios:
+aggregate decode tokens/s (pieces after the first over the time after the first); an empty answer
+counts in ``empty_answers``, not in the TTFT median. Ratios:
 ``onnx_over_llama_cpp`` (SDK's ONNX backend against raw llama.cpp: decode and TTFT) and each
 runtime's SDK overhead, ``1 - sdk/raw`` decode tokens/s. The ONNX folder is prepared first if it
 is missing (needs the [export] extra). Both runtimes get the same ``--threads`` (llama.cpp's
@@ -31,6 +32,8 @@ import statistics
 import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
+
+from bench.serving import positive_int
 
 PROMPTS = [
     "What is the capital of France?",
@@ -65,9 +68,11 @@ def _measure(chunks: Iterable[str]) -> tuple[float, float, int]:
 def _summary(rows: list[tuple[float, float, int]]) -> dict:
     decode_s = sum(d for _, d, _ in rows)
     tokens = sum(max(n - 1, 0) for _, _, n in rows)
-    return {"ttft_ms_p50": round(statistics.median(t for t, _, _ in rows) * 1000, 2),
+    # an empty answer has no first token: its NaN TTFT would make the median (and the JSON) NaN
+    ttfts = [t for t, _, n in rows if n]
+    return {"ttft_ms_p50": round(statistics.median(ttfts) * 1000, 2) if ttfts else None,
             "decode_tokens_per_s": round(tokens / decode_s, 1) if decode_s else 0.0,
-            "tokens": tokens}
+            "tokens": tokens, "empty_answers": len(rows) - len(ttfts)}
 
 
 def _sides(
@@ -168,21 +173,23 @@ def run_model(model: str, backends: list[str], rounds: int, max_tokens: int, thr
     return out
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", action="store_true", help="print one JSON object only")
     ap.add_argument("--models", default=DEFAULT_MODELS,
                     help=f"catalog ids, comma-separated (default {DEFAULT_MODELS})")
     ap.add_argument("--backends", default="llama_cpp,onnx",
                     help="SDK backends to measure, comma-separated (default llama_cpp,onnx)")
-    ap.add_argument("--rounds", type=int, default=2,
+    ap.add_argument("--rounds", type=positive_int, default=2,
                     help="rounds over the prompts, sides rotating (default 2)")
-    ap.add_argument("--max-tokens", type=int, default=64, help="tokens per answer (default 64)")
-    ap.add_argument("--threads", type=int, default=None,
+    ap.add_argument("--max-tokens", type=positive_int, default=64, help="tokens per answer (default 64)")
+    ap.add_argument("--threads", type=positive_int, default=None,
                     help="CPU threads for every side (default: all cores; 1 is fairer on a busy machine)")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     threads = args.threads or os.cpu_count() or 1
     backends = [b.strip() for b in args.backends.split(",") if b.strip()]
+    if not backends or set(backends) - {"llama_cpp", "onnx"}:  # no side at all measured nothing
+        ap.error(f"--backends: a comma-separated list of llama_cpp, onnx (got {args.backends!r})")
     models = [run_model(m.strip(), backends, args.rounds, args.max_tokens, threads)
               for m in args.models.split(",") if m.strip()]
     result = {"bench": "edge", "threads": threads, "load_avg_1m": round(os.getloadavg()[0], 2),

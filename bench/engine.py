@@ -28,6 +28,8 @@ import statistics
 import time
 from pathlib import Path
 
+from bench.serving import positive_int
+
 # torch's default OpenMP wait policy, as the server runs: with OMP_WAIT_POLICY=PASSIVE (workers
 # sleep between ops) a SmolLM2 decode step takes about twice as long (34-41 vs 18 ms a token).
 
@@ -118,11 +120,14 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--json", action="store_true", help="print one JSON object only")
     ap.add_argument("--model", default="smollm2-135m-instruct",
                     help="catalog id or .gguf (default smollm2-135m-instruct)")
-    ap.add_argument("--requests", type=int, default=32, help="GSM8K requests, batched (default 32)")
-    ap.add_argument("--max-tokens", type=int, default=64, help="tokens per request (default 64)")
-    ap.add_argument("--concurrency", type=int, default=16, help="sequences batched at once (default 16)")
-    ap.add_argument("--sequential", type=int, default=3, help="requests run one at a time (default 3)")
-    ap.add_argument("--ttft-rounds", type=int, default=3, help="prompts timed cold and warm (default 3)")
+    ap.add_argument("--requests", type=positive_int, default=32, help="GSM8K requests, batched (default 32)")
+    ap.add_argument("--max-tokens", type=positive_int, default=64, help="tokens per request (default 64)")
+    ap.add_argument("--concurrency", type=positive_int, default=16,
+                    help="sequences batched at once (default 16)")
+    ap.add_argument("--sequential", type=positive_int, default=3,
+                    help="requests run one at a time (default 3)")
+    ap.add_argument("--ttft-rounds", type=positive_int, default=3,
+                    help="prompts timed cold and warm (default 3)")
     ap.add_argument("--device", default="cpu", help="cpu (default) or cuda[:N]")
     args = ap.parse_args(argv)
 

@@ -10,6 +10,8 @@ so neither server's own usage report is trusted. Reported per server and level: 
 tokens/s (all output tokens / wall time), p50 and p95 TTFT (request sent -> first content
 chunk), each server's peak resident memory (``peak_rss_mb``, VmHWM), and the ratios
 ours / llama-cpp-python. ``--quantization`` passes our server's weight format (default: its own).
+A server that fails mid-run (an HTTP error, an in-band stream error, a dropped connection, no
+output token at all) ends the run with exit status 1: the report so far with an ``error``, no ratios.
 """
 
 from __future__ import annotations
@@ -143,7 +145,10 @@ async def one_request(http: Any, prompt: str, max_tokens: int, count: Any) -> Re
         async for line in r.aiter_lines():
             if not line.startswith("data: ") or line == "data: [DONE]":
                 continue
-            for choice in json.loads(line[6:]).get("choices", []):
+            event = json.loads(line[6:])
+            if event.get("error"):  # an in-band error cuts the stream: no answer to count
+                raise RuntimeError(f"stream error: {json.dumps(event['error'])[:300]}")
+            for choice in event.get("choices", []):
                 text = (choice.get("delta") or {}).get("content")
                 if text:
                     ttft = ttft if ttft is not None else time.perf_counter() - sent
@@ -169,6 +174,8 @@ async def run_level(
         wall = time.perf_counter() - start
     ttfts = sorted(r.ttft_s for r in results)
     num_tokens = sum(r.num_tokens for r in results)
+    if not num_tokens:  # empty answers only: no throughput or TTFT to compare
+        raise RuntimeError(f"no output tokens in {len(results)} answers")
     return {
         "concurrency": concurrency,
         "num_requests": len(results),
@@ -176,8 +183,14 @@ async def run_level(
         "wall_s": round(wall, 3),
         "output_tok_s": round(num_tokens / wall, 2),
         "ttft_p50_s": round(statistics.median(ttfts), 4),
-        "ttft_p95_s": round(ttfts[min(len(ttfts) - 1, int(0.95 * len(ttfts)))], 4),
+        "ttft_p95_s": round(nearest_rank(ttfts, 95), 4),
     }
+
+
+def nearest_rank(ordered: list[float], q: int) -> float:
+    """The q-th percentile of sorted values by nearest rank: the smallest value with at least q%
+    of the values at or below it (the 19th of 20 for p95, not the maximum)."""
+    return ordered[max(0, -(-len(ordered) * q // 100) - 1)]
 
 
 def bench_server(kind: str, args: argparse.Namespace, gguf: Path, count: Any) -> dict[str, Any]:
@@ -221,15 +234,27 @@ def token_counter(gguf: Path) -> Any:
     return lambda text: len(vocab.encode(text, add_special=False)) if text else 0
 
 
+def positive_int(text: str) -> int:
+    """argparse type: a whole number of at least 1 (a concurrency of 0 would wait forever)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}")
+    return value
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.serving", description=__doc__.split("\n")[0])
     parser.add_argument("--json", action="store_true", help="print one JSON object only")
     parser.add_argument("--model", default="smollm2-135m-instruct", help="catalog id or .gguf path")
-    parser.add_argument("--num-requests", type=int, default=64, help="GSM8K requests per level (default 64)")
-    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 16],
+    parser.add_argument("--num-requests", type=positive_int, default=64,
+                        help="GSM8K requests per level (default 64)")
+    parser.add_argument("--concurrency", type=positive_int, nargs="+", default=[1, 16],
                         help="concurrency levels (default 1 16)")
-    parser.add_argument("--max-tokens", type=int, default=32, help="tokens per request (default 32)")
-    parser.add_argument("--threads", type=int, default=os.cpu_count() or 2,
+    parser.add_argument("--max-tokens", type=positive_int, default=32, help="tokens per request (default 32)")
+    parser.add_argument("--threads", type=positive_int, default=os.cpu_count() or 2,
                         help="CPU threads of each server (default: all cores)")
     parser.add_argument("--quantization", choices=["none", "int8", "int4"], default=None,
                         help="our server's weights (default: the server's own choice)")
@@ -252,8 +277,17 @@ def main(argv: list[str] | None = None) -> int:
         "cpu_count": os.cpu_count(),
         "loadavg_1m_start": round(os.getloadavg()[0], 2),
     }
+    import httpx
+
     for kind in args.servers:
-        report[kind] = bench_server(kind, args, gguf, count)
+        try:
+            report[kind] = bench_server(kind, args, gguf, count)
+        except (RuntimeError, TimeoutError, httpx.HTTPError) as exc:
+            # a server that fails mid-run: say which and why, keep what was measured, no ratios
+            report["error"] = f"{kind} failed: {type(exc).__name__}: {exc}"
+            print(f"bench.serving: {report['error']}", file=sys.stderr)
+            print(json.dumps(report, indent=None if args.json else 2))
+            return 1
     # Other processes on the machine skew both servers; the load average says how much.
     report["loadavg_1m_end"] = round(os.getloadavg()[0], 2)
     if "hybridllm" in report and "llama_cpp" in report:

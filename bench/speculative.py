@@ -26,7 +26,8 @@ server runs twice on the same GGUF: plain, and with ``--draft_model prompt-looku
 3. Concurrency 16: 16 grounded requests at once, off then on (our server): output tokens / wall.
 Acceptance (accepted / proposed draft tokens, mean acceptance length) comes from the server's
 /metrics counters, read around each speculative request. Output tokens are re-counted from the
-text with the GGUF's vocabulary for every server alike.
+text with the GGUF's vocabulary for every server alike. A ratio over a mode that decoded nothing
+is null; a server failing mid-run ends with exit status 1 and the report so far with an ``error``.
 """
 
 from __future__ import annotations
@@ -43,7 +44,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.serving import GSM8K, free_port, peak_rss, stop_server, token_counter, wait_ready
+from bench.serving import (
+    GSM8K,
+    free_port,
+    peak_rss,
+    positive_int,
+    stop_server,
+    token_counter,
+    wait_ready,
+)
 from cloud_server.engine.spec_decode.decoder import DEFAULT_K
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -132,7 +141,10 @@ async def stream(
         async for line in r.aiter_lines():
             if not line.startswith("data: ") or line == "data: [DONE]":
                 continue
-            for choice in json.loads(line[6:]).get("choices", []):
+            event = json.loads(line[6:])
+            if event.get("error"):  # an in-band error cuts the stream: no answer to measure
+                raise RuntimeError(f"stream error: {json.dumps(event['error'])[:300]}")
+            for choice in event.get("choices", []):
                 text = (choice.get("delta") or {}).get("content")
                 if text:
                     last = time.perf_counter()
@@ -140,6 +152,11 @@ async def stream(
                     parts.append(text)
     decode = (last - first) if first and last else 0.0
     return "".join(parts), decode, (first - sent) if first else 0.0
+
+
+def ratio(a: float, b: float) -> float | None:
+    """a / b, or None where b measured nothing (no decode tokens: --max-tokens 1, empty answers)."""
+    return round(a / b, 3) if b else None
 
 
 def run_c1(
@@ -239,16 +256,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--draft-model", default=None, help="also measure draft-model drafting")
     parser.add_argument("--draft-vocab-size", type=int, default=None,
                         help="the server's --draft-vocab-size (default: the server's own, 32768)")
-    parser.add_argument("--num-prompts", type=int, default=8, help="grounded prompts measured (default 8)")
+    parser.add_argument("--num-prompts", type=positive_int, default=8,
+                        help="grounded prompts measured (default 8)")
     parser.add_argument("--prompts", default="short",
                         help="grounded prompt set: short, long, or a JSON lines file (field prompt)")
-    parser.add_argument("--max-tokens", type=int, default=96, help="tokens per answer (default 96)")
+    parser.add_argument("--max-tokens", type=positive_int, default=96, help="tokens per answer (default 96)")
     parser.add_argument(
         "--k", type=int, default=None,
         help="--num-speculative-tokens of both servers (default: ours its own, 8 for prompt "
         "lookup and 3 for a draft model; llama-cpp-python's prompt lookup 8 as well)",
     )
-    parser.add_argument("--threads", type=int, default=os.cpu_count() or 2,
+    parser.add_argument("--threads", type=positive_int, default=os.cpu_count() or 2,
                         help="CPU threads of each server (default: all cores)")
     parser.add_argument("--skip-llama-cpp", action="store_true", help="measure our server only")
     parser.add_argument("--skip-c16", action="store_true", help="leave out the run at concurrency 16")
@@ -310,16 +328,16 @@ def main(argv: list[str] | None = None) -> int:
         c1 = run_c1(modes, grounded_prompts(args.num_prompts, args.prompts), args, count, ours)
         report["c1_grounded"] = c1
         ratios = {
-            f"{m}_over_off": round(c1[m]["decode_tok_s"] / c1["off"]["decode_tok_s"], 3)
+            f"{m}_over_off": ratio(c1[m]["decode_tok_s"], c1["off"]["decode_tok_s"])
             for m in c1
             if m != "off"
         }
         if not args.skip_llama_cpp:
-            ratios["llama_cpp_lookup_over_llama_cpp"] = round(
-                c1["llama_cpp_lookup"]["decode_tok_s"] / c1["llama_cpp"]["decode_tok_s"], 3
+            ratios["llama_cpp_lookup_over_llama_cpp"] = ratio(
+                c1["llama_cpp_lookup"]["decode_tok_s"], c1["llama_cpp"]["decode_tok_s"]
             )
-            ratios["ngram_over_llama_cpp_lookup"] = round(
-                c1["ngram"]["decode_tok_s"] / c1["llama_cpp_lookup"]["decode_tok_s"], 3
+            ratios["ngram_over_llama_cpp_lookup"] = ratio(
+                c1["ngram"]["decode_tok_s"], c1["llama_cpp_lookup"]["decode_tok_s"]
             )
         report["loadavg_1m_after_c1"] = round(os.getloadavg()[0], 2)
         if args.draft_model and GSM8K.is_file():
@@ -331,23 +349,25 @@ def main(argv: list[str] | None = None) -> int:
                 ours,
             )
             report["c1_gsm8k"] = gsm
-            ratios["gsm8k_draft_over_off"] = round(
-                gsm["draft"]["decode_tok_s"] / gsm["off"]["decode_tok_s"], 3
-            )
+            ratios["gsm8k_draft_over_off"] = ratio(gsm["draft"]["decode_tok_s"], gsm["off"]["decode_tok_s"])
         if not args.skip_c16:
             prompts = grounded_prompts(16, args.prompts)
             off = run_c16(ours, prompts, args, count, "none")
             on = run_c16(ours, prompts, args, count, method)
             report["c16_grounded"] = {"off": off, method: on}
-            ratios[f"c16_{method}_over_off"] = round(on["output_tok_s"] / off["output_tok_s"], 3)
+            ratios[f"c16_{method}_over_off"] = ratio(on["output_tok_s"], off["output_tok_s"])
         report["ratios"] = ratios
         report["ours_peak_rss_mb"] = peak_rss(procs["ours"])
+    except (RuntimeError, TimeoutError, httpx.HTTPError) as exc:
+        # a server that fails mid-run: say why and keep what was measured, not a traceback
+        report["error"] = f"{type(exc).__name__}: {exc}"
+        print(f"bench.speculative: {report['error']}", file=sys.stderr)
     finally:
         for proc in procs.values():
             stop_server(proc)
     report["loadavg_1m_end"] = round(os.getloadavg()[0], 2)
     print(json.dumps(report, indent=None if args.json else 2))
-    return 0
+    return 1 if "error" in report else 0
 
 
 if __name__ == "__main__":

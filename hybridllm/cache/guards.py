@@ -12,21 +12,23 @@ two different questions can look identical to them:
   two different questions embeds to cosine 1.0): see ``SemanticCache``, which asks the embedder and
   the verifier whether they read each text whole;
 - different numbers ("convert 5 km to miles" / "convert 50 km to miles", "in one sentence" / "in
-  five bullet points", "-40 °C" / "40 °C"), a negation on one side
-  only ("is it safe" / "is it unsafe"), and the same words with one moved across a word of
-  direction ("flights from Paris to London" / "from London to Paris", "is a shark bigger than a
-  dolphin"): the verifiers usually catch these, not always (and plain cosine never), while a
-  paraphrase rarely does any of them, so :func:`conflict` refuses them outright. On the held-out
-  QQP test split (``hybridllm cache eval``) these rules remove 6 of the default verifier's 296
-  correct hits and 2 of its 13 false ones.
+  five bullet points", "-40 °C" / "40 °C", "五" / "六", "Ⅲ" / "Ⅳ"), a negation on one side
+  only ("is it safe" / "is it unsafe", "ist es nicht sicher", "n'est pas"), and the same words
+  with one moved across a word of direction ("flights from Paris to London" / "from London to
+  Paris", "is a shark bigger than a dolphin"): the verifiers usually catch these, not always (and
+  plain cosine never), while a paraphrase rarely does any of them, so :func:`conflict` refuses
+  them outright. On the held-out QQP test split (``hybridllm cache eval``) these rules remove 6
+  of the default verifier's 296 correct hits and 2 of its 13 false ones.
 
 :func:`exact_key` is the exact-repeat key: for plain questions case, runs of spaces and trailing
-question marks or full stops do not change the question; "5!" (a factorial) keeps its "!".
+question marks or full stops do not change the question; "5!" (a factorial) keeps its "!"; nor
+does the Unicode form (composed or decomposed accents).
 """
 
 from __future__ import annotations
 
 import re
+import unicodedata
 from collections import Counter
 
 _CODE = re.compile(r"[\n`;{}<>=|\\]|\d\s*[-+*/^%×÷]\s*[\d(.]|\d!")
@@ -37,7 +39,14 @@ _WORD = re.compile(r"[^\W_]+(?:'[^\W_]+)?")
 _TRAILING = re.compile(r"[\s?.!]+$")
 NEGATIONS = frozenset(
     {"not", "no", "never", "none", "nobody", "nothing", "neither", "nor", "without", "cannot",
-     "nowhere", "dont", "doesnt", "didnt", "isnt", "arent", "wasnt", "cant", "wont", "shouldnt"}
+     "nowhere", "dont", "doesnt", "didnt", "isnt", "arent", "wasnt", "cant", "wont", "shouldnt",
+     # German, French, Spanish, Portuguese, Italian, Dutch: MiniLM puts "Ist es sicher?" and "Ist
+     # es nicht sicher?" at cosine 0.98. Not words English uses too ("non", "sin", "mai", "pas":
+     # "faux pas", "PAs"); French "pas" comes after "ne" or an elided "n'" (see _negated)
+     "nicht", "kein", "keine", "keinen", "keinem", "keiner", "keines", "nie", "niemals", "nichts",
+     "niemand", "ohne", "ne", "jamais", "rien", "aucun", "aucune", "nunca", "nada", "nadie",
+     "ningún", "ninguno", "ninguna", "tampoco", "não", "nenhum", "nenhuma", "niente", "nessuno",
+     "nessuna", "niet", "geen", "nooit", "niets"}
 )
 # "one" is left out: "which one is better?" asks what "which is better?" does
 NUMBER_WORDS = frozenset(
@@ -61,7 +70,9 @@ def is_code_like(text: str) -> bool:
 
 def exact_key(query: str) -> str:
     """The exact-repeat key of a question (two questions with one key are one cache entry)."""
-    text = query.strip()
+    # NFC: "café" typed as one code point or as "e" + a combining accent (macOS file names,
+    # some keyboards) is one question. Not NFKC, which would read "5²" as "52"
+    text = unicodedata.normalize("NFC", query).strip()
     if is_code_like(text):  # only trailing spaces of lines and trailing question marks go
         text = "\n".join(line.rstrip() for line in text.splitlines()).strip()
         return text.rstrip("? ").rstrip()  # "what is 5!" keeps its "!": it asks for 120
@@ -73,11 +84,16 @@ def _words(text: str) -> list[str]:
 
 
 def _numbers(text: str) -> Counter[str]:
-    return Counter(n.replace("\u2212", "-") for n in _NUMBER.findall(text))  # U+2212 is a minus too
+    found = Counter(n.replace("\u2212", "-") for n in _NUMBER.findall(text))  # U+2212 is a minus too
+    # numbers not written with digits, which the embedder reads as one unknown token or not at
+    # all: "五" / "六" (CJK), "Ⅲ" / "Ⅳ" (Roman numeral signs), "5²" / "5³", "½" / "¼"
+    found.update(c for c in text if c.isnumeric() and not c.isdecimal())
+    return found
 
 
 def _negated(words: list[str]) -> bool:
-    return any(w in NEGATIONS or w.endswith("n't") for w in words)
+    # "n'est", "n'a": French "ne" elided before a vowel
+    return any(w in NEGATIONS or w.endswith("n't") or w.startswith("n'") for w in words)
 
 
 def _opposite_pair(only_a: set[str], only_b: set[str]) -> bool:
@@ -104,6 +120,8 @@ def _swapped(words_a: list[str], words_b: list[str]) -> bool:
 
 def conflict(query: str, cached: str) -> str | None:
     """Why ``cached`` cannot be the same question as ``query`` (None when nothing rules it out)."""
+    # one Unicode form: a decomposed accent would split a word in two ("Málaga", "não")
+    query, cached = unicodedata.normalize("NFC", query), unicodedata.normalize("NFC", cached)
     if exact_key(query) == exact_key(cached):
         return None
     if is_code_like(query) or is_code_like(cached):

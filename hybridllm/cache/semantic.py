@@ -216,6 +216,10 @@ class SemanticCache:
         self.verifier = verifier
         if min_similarity is None:
             min_similarity = verifier.min_similarity if verifier is not None else COSINE_ONLY_MIN_SIMILARITY
+        # a cosine lies in [-1, 1]: NaN or a value above 1 would silently never hit, and a
+        # string raised a bare ValueError
+        elif not is_real(min_similarity) or not -1.0 <= min_similarity <= 1.0:
+            raise ConfigError(f"min_similarity must be a cosine in [-1, 1] or None, got {min_similarity!r}")
         self.min_similarity = float(min_similarity)
         # "~/..." from a config file means the home folder, as `hybridllm cache` reads it
         self.path = Path(path).expanduser() if path is not None else cache_dir() / DEFAULT_FILENAME
@@ -275,7 +279,7 @@ class SemanticCache:
                 return self._miss()
             verifier = self.verifier
             if verifier is None:
-                return self._serve(found[0][0], found[0][1], None)
+                return self._serve(found[0][0], found[0][1], None) or self._miss()
             cached = [self._entries[eid].query for eid, _ in found]
             c_vecs = np.stack([self._index.vector(eid) for eid, _ in found])  # [k, dim]
         # the verifier runs outside the lock, as the embedder does: a reranker pass (tens of ms)
@@ -291,7 +295,7 @@ class SemanticCache:
         with self._lock:
             if probs[best] < verifier.threshold:
                 return self._miss()
-            return self._serve(found[best][0], found[best][1], float(probs[best]))
+            return self._serve(found[best][0], found[best][1], float(probs[best])) or self._miss()
 
     def get_exact(
         self, messages: list[dict], *, model: str, params_key: dict, namespace: str | None = None
@@ -310,6 +314,8 @@ class SemanticCache:
         self._sync()
         exact = entry_id_for(bucket, query)
         if exact in self._entries and self._alive(exact):
+            # gone from the file (an older hybridllm, which logs no change, deleted it): not
+            # counted here, the caller's lookup goes on and counts one miss, not two
             return self._serve(exact, 1.0, None)
         return None
 
@@ -491,11 +497,12 @@ class SemanticCache:
         return self._entries[entry_id].created_at >= time.time() - self.ttl_s
 
     def _serve(self, entry_id: str, similarity: float, prob: float | None) -> CacheHit | None:
+        """The hit, counted; None (no miss counted: the caller's) when the entry is gone."""
         entry = self._store.get(entry_id)
         if entry is None:  # deleted since the last sync (by another process, or while verified) or unreadable
             self._forget([entry_id])
             self._drop_unreadable()
-            return self._miss()
+            return None
         now = time.time()
         self._hits += 1
         self._unsaved[0] += 1

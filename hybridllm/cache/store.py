@@ -194,14 +194,20 @@ class CacheStore:
                 "was left untouched. Pass another path."
             )
         try:
-            version, _ = int(meta.get("version", "")), int(meta.get("dim", ""))
+            version = int(meta.get("version", ""))
         except ValueError:  # ours, but its own bookkeeping is garbage: rebuilt like a torn file
             raise sqlite3.DatabaseError(f"its cache_meta holds {meta}") from None
+        # the version first: a newer schema may keep its bookkeeping (the dim) otherwise, and
+        # must be refused, not moved aside as corrupt
         if version > SCHEMA_VERSION:
             raise _Foreign(
                 f"{self.path} was written by a newer hybridllm (schema version {version}, this one "
                 f"reads {SCHEMA_VERSION}); it was left untouched. Upgrade, or pass another path."
             )
+        try:
+            int(meta.get("dim", ""))
+        except ValueError:
+            raise sqlite3.DatabaseError(f"its cache_meta holds {meta}") from None
         return meta
 
     def _rebuild(self, exc: Exception) -> sqlite3.Connection:

@@ -11,7 +11,9 @@ an answer the cloud broke off, and what makes "both sides answer alike" hold.
   and the model's catalog entry names a ``system_prompt``, that prompt is put first.
 - **Base models** (no template, e.g. Gemma 3 270M) continue text: a lone user turn is passed
   through as is ("The capital of France is" completes naturally); a longer conversation becomes a
-  transcript ending in ``"Assistant:"``, with ``"\\nUser:"`` as a stop string.
+  transcript ending in ``"Assistant:"``, with ``"\\nUser:"`` as a stop string (a past answer
+  that starts with a space, as the model's own do, follows ``"Assistant:"`` without another).
+- **Roles**: ``"developer"`` (OpenAI's new name for ``"system"``) is rendered as ``"system"``.
 
 - **Control tokens come from the template only** (:func:`tokenize_prompt`): the text of a message
   (any field: content, role, name) and the assistant ``prefix`` is tokenized as plain text, so a
@@ -110,13 +112,20 @@ def text_of_content(content: Any, *, where: str = "content") -> str:
 
 
 def _plain(messages: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Messages with string content (parts joined), other keys kept for the template."""
+    """Messages with string content (parts joined), other keys kept for the template. As
+    :func:`hybridllm._types.normalize_messages` does: "developer" (OpenAI's new name for "system",
+    which no chat template knows) is "system", and an assistant turn's null content (a turn that
+    only called tools) is ""."""
     out = []
     for i, msg in enumerate(messages):
         if not isinstance(msg, dict):
             raise InvalidRequestError(f"messages[{i}] must be an object with 'role' and 'content'.")
+        content = msg.get("content", "")
+        if content is None and msg.get("role") == "assistant":
+            content = ""
+        role = {"role": "system"} if msg.get("role") == "developer" else {}
         out.append(
-            {**msg, "content": text_of_content(msg.get("content", ""), where=f"messages[{i}]['content']")}
+            {**msg, **role, "content": text_of_content(content, where=f"messages[{i}]['content']")}
         )
     return out
 
@@ -174,7 +183,14 @@ def render_completion_prompt(messages: Sequence[dict[str, Any]]) -> str:
     msgs = _plain(messages)
     if len(msgs) == 1 and msgs[0].get("role") == "user":
         return str(msgs[0]["content"])
-    lines = [f"{_LABELS.get(str(m.get('role')), '')}{m['content']}" for m in msgs]
+    lines = []
+    for m in msgs:
+        label = _LABELS.get(str(m.get("role")), "")
+        if m.get("role") == "assistant" and m["content"].startswith(" "):
+            # the model's own answer to "Assistant:" starts with its space (" 4"): a second one
+            # after the label would show it a gap it never wrote
+            label = label.rstrip(" ")
+        lines.append(f"{label}{m['content']}")
     return "\n".join(lines) + "\nAssistant:"
 
 

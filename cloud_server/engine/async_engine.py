@@ -250,7 +250,8 @@ class AsyncLLMEngine:
             for rid, queue in list(self._queues.items()):
                 queue.put_nowait(error)
                 self._queues.pop(rid, None)
-            futures, self._taken = self._taken, []
+            futures: list[asyncio.Future | None] = list(self._taken)
+            self._taken = []
             while self._ops:
                 futures.append(self._ops.popleft()[2])
             for fut in futures:

@@ -932,7 +932,8 @@ def _usage_of(u: object) -> Usage | None:
                     "the call's tokens are estimated", repr(u)[:120])
         return None
     usage = Usage(*counts)  # type: ignore[arg-type]
-    energy = u.get("energy")  # type: ignore[union-attr]  # our server's extension (cloud_server.energy)
+    assert isinstance(u, dict)  # (counts came from it)
+    energy = u.get("energy")  # our server's extension (cloud_server.energy)
     joules = energy.get("joules") if isinstance(energy, dict) else None
     if isinstance(joules, int | float) and not isinstance(joules, bool) and 0 <= joules < math.inf:
         usage.energy_j = float(joules)

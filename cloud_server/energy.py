@@ -33,6 +33,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from hybridllm._cpus import usable_cpus
+
 log = logging.getLogger("cloud_server.energy")
 POWERCAP = Path("/sys/class/powercap")
 CPU_WATTS_PER_THREAD = 10.0
@@ -180,7 +182,7 @@ def default_watts(device: str, num_threads: int | None) -> float:
         return watts
     if device.startswith("cuda"):
         return GPU_WATTS
-    return CPU_WATTS_PER_THREAD * (num_threads or os.cpu_count() or 1)
+    return CPU_WATTS_PER_THREAD * (num_threads or usable_cpus())  # the engine's own default
 
 
 def detect_source(

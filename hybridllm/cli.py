@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ._cli_options import WholeNameParser
+from ._cpus import usable_cpus
 from ._exceptions import CloudError, ContextWindowExceededError, HybridLLMError
 
 # Command groups that live beside the code they drive; each module has register(subparsers).
@@ -57,7 +58,7 @@ def _threads(text: str) -> int:
     if not 1 <= value <= _MAX_THREADS:
         raise argparse.ArgumentTypeError(
             f"expected a whole number of CPU threads from 1 to {_MAX_THREADS}, got {text!r} (leave "
-            f"--threads out for all {os.cpu_count() or 1} cores)")
+            f"--threads out for all {usable_cpus()} cores this process may use)")
     return value
 
 

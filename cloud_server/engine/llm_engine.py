@@ -8,10 +8,11 @@ runs a list of prompts to completion for offline use, tests and benchmarks.
 from __future__ import annotations
 
 import logging
-import os
 import time
 from dataclasses import dataclass, field
 from typing import Any
+
+from hybridllm._cpus import usable_cpus
 
 from ..config import EngineConfig
 from ..exceptions import ConfigError, ContextLengthError, EngineError, InvalidRequestError
@@ -52,7 +53,7 @@ class LLMEngine:
         self.config = config
         device, dtype, quantization = _resolve_device(config)
         if device.type == "cpu":
-            torch.set_num_threads(config.num_threads or os.cpu_count() or 1)
+            torch.set_num_threads(config.num_threads or usable_cpus())  # a container's cpuset, not the host
         cap = _CPU_MAX_MODEL_LEN if device.type == "cpu" else 32768
 
         def plan(model_config: Any, budget: int | None) -> tuple[int, int]:

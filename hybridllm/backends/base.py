@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
-import os
 import sys
 import threading
 import time
@@ -18,6 +17,7 @@ from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable, I
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from .._cpus import usable_cpus
 from .._exceptions import (
     CloudUnavailableError,
     ConfigError,
@@ -316,7 +316,7 @@ def check_device_settings(n_ctx: Any, n_threads: Any, n_batch: Any = 1) -> None:
     if n_threads is not None and (not whole(n_threads) or not 1 <= n_threads <= _MAX_THREADS):
         raise ConfigError(
             f"n_threads must be a whole number from 1 to {_MAX_THREADS} (leave it out for all "
-            f"{os.cpu_count() or 1} cores), got {n_threads!r}.")
+            f"{usable_cpus()} cores this process may use), got {n_threads!r}.")
     if not whole(n_batch) or n_batch < 1:
         raise ConfigError(f"n_batch must be a whole number of tokens, at least 1, got {n_batch!r}.")
 

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from .._config import DEFAULT_EDGE_MODEL
+from .._cpus import usable_cpus
 from .._exceptions import ConfigError, EdgeBusyError, EdgeError, ModelCorruptError
 from .._types import GenerationParams, Messages, Usage
 from ..models.catalog import ModelSpec, load_catalog
@@ -87,18 +88,6 @@ def _repull_hint(path: Path, spec: ModelSpec | None) -> str:
     return f"Pull it again with {command} and copy the file it prints to {path}, or pass another .gguf file."
 
 
-def _usable_cpus() -> int:
-    """The CPUs this process may run on (a container's cpuset, ``taskset``), not the machine's:
-    ``os.cpu_count()`` counts every core of the host, so a container allowed 2 of 64 ran 64
-    llama.cpp threads on 2 cores, threads that spin while they wait for each other (SmolLM2 on one
-    CPU: 39 tok/s with 1 thread, 19 with 8, 13 with 16)."""
-    try:
-        cpus = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):  # macOS, Windows: no affinity call
-        cpus = os.cpu_count() or 1
-    return max(1, min(cpus, _MAX_THREADS))
-
-
 class _Gate:
     """Lets any number of calls into the native model at once, and ``close`` in only when none
     is inside: freeing the model under a running decode crashed the process (SIGSEGV)."""
@@ -150,7 +139,7 @@ class LlamaCppBackend(DeviceBackend):
     ) -> None:
         check_device_settings(n_ctx, n_threads, n_batch)
         self.model, self.model_path, spec = resolve_gguf(model, progress=progress)
-        self.n_threads = n_threads or _usable_cpus()
+        self.n_threads = n_threads or min(usable_cpus(), _MAX_THREADS)
         self._busy = threading.Lock()  # a flag: never waited on
         self._gate = _Gate()
         try:

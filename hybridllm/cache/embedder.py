@@ -8,7 +8,6 @@ without torch (:mod:`.prepare`), and says so in one line on stderr.
 from __future__ import annotations
 
 import functools
-import os
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
@@ -16,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .._cpus import usable_cpus
 from .._exceptions import ModelError
 from ..models.store import sha256_file
 from .encoder import OnnxEncoder
@@ -107,11 +107,7 @@ class Embedder(OnnxEncoder):
 def _default_workers(num_batches: int) -> int:
     """Threads for ``num_batches`` batches: one per usable CPU (at most 8), but at least 16
     batches a thread, so a few texts (a cache lookup, a request) never start a pool."""
-    try:
-        cpus = len(os.sched_getaffinity(0))  # what this process may use (containers, taskset)
-    except AttributeError:  # macOS, Windows
-        cpus = os.cpu_count() or 1
-    return max(1, min(cpus, 8, num_batches // 16))
+    return max(1, min(usable_cpus(), 8, num_batches // 16))
 
 
 _shared: dict[bool, Embedder] = {}

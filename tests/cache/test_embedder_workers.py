@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import threading
 from pathlib import Path
 
@@ -50,11 +51,11 @@ def test_threads_give_the_one_thread_vectors_and_ordered_progress(shared_data: P
 
 
 def test_a_few_texts_stay_on_the_calling_thread(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(embedder_module.os, "sched_getaffinity", lambda pid: set(range(8)), raising=False)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(8)), raising=False)
     assert embedder_module._default_workers(3) == 1  # a cache lookup, a request: no pool
     assert embedder_module._default_workers(9772) == 8
     assert embedder_module._default_workers(40) == 2  # at least 16 batches a thread
-    monkeypatch.setattr(embedder_module.os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
     assert embedder_module._default_workers(9772) == 2  # the CPUs this process may use
 
 

@@ -47,6 +47,8 @@ import numbers
 import threading
 import time
 import warnings
+import zipfile
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -98,14 +100,21 @@ def load_verifier(spec: str | Path) -> Verifier | None:
     if spec == "cosine":
         return None
     path = Path(spec)
+    # a truncated or damaged .npz is a zip error (BadZipFile, zlib's): the file's fault, not ours
+    damaged = (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error)
     try:
         with np.load(path, allow_pickle=False) as data:
             kind = str(data["format"]) if "format" in data.files else ""
-    except (OSError, ValueError, EOFError) as exc:
+    except damaged as exc:
         raise ConfigError(
             f"Cache verifier {spec!r} is neither one of {VERIFIER_CHOICES} nor a readable file: {exc}"
         ) from exc
-    return get_rerank_verifier(path) if kind == RERANKER_FORMAT else HitVerifier.load(path)
+    if kind == RERANKER_FORMAT:
+        return get_rerank_verifier(path)
+    try:
+        return HitVerifier.load(path)
+    except (zipfile.BadZipFile, zlib.error) as exc:  # a member past the header damaged
+        raise ConfigError(f"Cache verifier {spec!r} is damaged ({exc}): copy or train it again") from exc
 
 
 def split_messages(messages: list[dict]) -> tuple[list[dict], str]:

@@ -54,6 +54,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench.serving import nearest_rank
+
 MODEL = "smollm2"
 ROUTERS = ("default", "tokens")
 TENANTS = ("acme-legal", "birch-health", "cobalt-retail", "delta-travel")
@@ -348,7 +350,7 @@ def run_phase(router: str, args: argparse.Namespace) -> dict[str, Any]:
         "requests": len(results),
         "errors": sum(errors.values()),
         "ttft_p50_s": round(statistics.median(ttfts), 3) if ttfts else None,
-        "ttft_p95_s": round(_pct(ttfts, 95), 3) if ttfts else None,
+        "ttft_p95_s": round(nearest_rank(ttfts, 95), 3) if ttfts else None,
         "ttft_max_s": round(ttfts[-1], 3) if ttfts else None,
         "throughput_tok_s": round(sum(r["output_tokens"] or r["max_tokens"] for r in ok) / wall, 2),
         "prefix_hit_rate": round(cached_tokens / prompt_tokens, 4) if prompt_tokens else None,
@@ -371,12 +373,6 @@ def run_phase(router: str, args: argparse.Namespace) -> dict[str, Any]:
             for q, r in zip(reqs, results, strict=True)
         ],
     }
-
-
-def _pct(values: list[float], q: float) -> float:
-    """Nearest-rank percentile: the smallest value with at least q% of the values at or below it."""
-    k = max(0, min(len(values) - 1, -(-len(values) * q // 100) - 1))
-    return values[int(k)]
 
 
 # -- the driver: one child process per phase -----------------------------------------------------

@@ -20,6 +20,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench.serving import nearest_rank
+
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 
 
@@ -49,7 +51,7 @@ def workload(n: int, seed: int = 0) -> list[str]:
 
 def p95(xs: list[float]) -> float:
     # nearest rank: the ceil(0.95 n)-th smallest (round() took the 28th of 30, not the 29th)
-    return sorted(xs)[max(0, -(-len(xs) * 95 // 100) - 1)]
+    return nearest_rank(sorted(xs), 95)
 
 
 def run_mode(llm, prompts: list[str], options: dict) -> dict:

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-import numbers
 from dataclasses import dataclass, field
+
+from hybridllm._types import is_real as _real
 
 from ..exceptions import InvalidRequestError
 
@@ -83,11 +84,6 @@ class SamplingParams:
     @property
     def is_greedy(self) -> bool:
         return self.temperature < 1e-5
-
-
-def _real(x: object) -> bool:
-    """A real number (numpy's too), not a bool."""
-    return isinstance(x, numbers.Real) and not isinstance(x, bool)
 
 
 def _int(x: object) -> bool:

@@ -62,6 +62,14 @@ _DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16, "
            "I8": torch.int8, "U8": torch.uint8, "I16": torch.int16, "I32": torch.int32, "I64": torch.int64}
 
 
+def _read_header(fh: Any, size: int) -> dict[str, Any]:
+    """A safetensors file's JSON header (``fh`` at its start; ``size``: the file's bytes)."""
+    (n,) = struct.unpack("<Q", fh.read(8))
+    if n > size - 8:
+        raise ValueError(f"header of {n} bytes in a {size}-byte file")
+    return json.loads(fh.read(n))
+
+
 def _read_safetensors(path: Path) -> tuple[dict[str, str], dict[str, torch.Tensor]]:
     """(metadata, tensors) of a safetensors file, read tensor by tensor into memory of torch's own
     allocation: no mapping of the file (its pages would count in the process's memory beside the
@@ -69,12 +77,9 @@ def _read_safetensors(path: Path) -> tuple[dict[str, str], dict[str, torch.Tenso
     a row 24 bytes past a 64-byte boundary of a mapped file)."""
     size = path.stat().st_size
     with open(path, "rb") as fh:
-        (n,) = struct.unpack("<Q", fh.read(8))
-        if n > size - 8:
-            raise ValueError(f"header of {n} bytes in a {size}-byte file")
-        header = json.loads(fh.read(n))
+        header = _read_header(fh, size)
+        start = fh.tell()
         meta = header.pop("__metadata__", None) or {}
-        start = 8 + n
         tensors: dict[str, torch.Tensor] = {}
         for name, info in sorted(header.items(), key=lambda kv: kv[1]["data_offsets"][0]):
             dtype = _DTYPES[info["dtype"]]
@@ -95,10 +100,7 @@ def _read_safetensors(path: Path) -> tuple[dict[str, str], dict[str, torch.Tenso
 def _read_metadata(path: Path) -> dict[str, str]:
     """The ``__metadata__`` of a safetensors file's header, without reading any tensor."""
     with open(path, "rb") as fh:
-        (n,) = struct.unpack("<Q", fh.read(8))
-        if n > path.stat().st_size - 8:
-            raise ValueError(f"header of {n} bytes")
-        meta = json.loads(fh.read(n)).get("__metadata__")
+        meta = _read_header(fh, path.stat().st_size).get("__metadata__")
     return meta if isinstance(meta, dict) else {}
 
 

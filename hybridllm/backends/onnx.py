@@ -100,16 +100,45 @@ def _anon_regions() -> dict[tuple[int, int], tuple[int, bool]]:
     return regions
 
 
+def _resident_bytes(libc: Any, lo: int, hi: int) -> int:
+    """Resident bytes of the page-aligned range [lo, hi) of this process (``mincore``; 0 if it
+    fails)."""
+    page = os.sysconf("SC_PAGE_SIZE")
+    vec = (ctypes.c_ubyte * ((hi - lo + page - 1) // page))()
+    mincore = libc.mincore
+    mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+    if mincore(lo, hi - lo, vec) != 0:
+        return 0
+    return sum(b & 1 for b in bytes(vec)) * page
+
+
+def _new_parts(lo: int, hi: int, old: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """[lo, hi) less the ``old`` ranges (sorted): the kernel merges a new mapping into an old one
+    next to it with the same flags, so one mapping now can be part old memory, part new."""
+    parts, at = [], lo
+    for a, b in old:
+        if b <= at or a >= hi:
+            continue
+        if a > at:
+            parts.append((at, a))
+        at = max(at, b)
+    if at < hi:
+        parts.append((at, hi))
+    return parts
+
+
 def _advise_huge_pages(before: dict[tuple[int, int], tuple[int, bool]]) -> int:
-    """Put the mostly-filled anonymous mappings that are new since ``before``, and the heap, on
-    huge pages. (The heap always: a process that freed much memory before, as a build does, gets
-    the model's weights put into the heap's free space, which changes no mapping.)
+    """Put the mostly-filled anonymous memory mapped since ``before``, and the heap, on huge pages.
+    (The heap always: a process that freed much memory before, as a build does, gets the model's
+    weights put into the heap's free space, which changes no mapping.)
 
     ``madvise(MADV_HUGEPAGE)`` lets the kernel use 2 MB pages there where THP is in ``madvise`` mode
     (the usual default), and ``MADV_COLLAPSE`` moves what is already filled in now instead of
-    waiting for khugepaged. Only mappings at least half resident are advised, so reserved but
-    untouched space (thread stacks, an arena's tail) is not filled. Returns the bytes advised; 0 off
-    Linux or where the kernel refuses (it is only a hint: nothing else changes).
+    waiting for khugepaged. Only ranges at least half resident are advised, so reserved but
+    untouched space (thread stacks, an arena's tail) is not filled, and only the new part of a
+    mapping the kernel merged with an old one (the old part may be another arena's reserve).
+    Returns the bytes advised; 0 off Linux or where the kernel refuses (it is only a hint: nothing
+    else changes).
     """
     if sys.platform != "linux":
         return 0
@@ -119,16 +148,19 @@ def _advise_huge_pages(before: dict[tuple[int, int], tuple[int, bool]]) -> int:
         madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
     except (OSError, AttributeError):
         return 0
+    old = sorted(key for key, (_, heap) in before.items() if not heap)
     advised = 0
     for (lo, hi), (rss, heap) in _anon_regions().items():
-        if ((lo, hi) in before and not heap) or rss < (hi - lo) // 2:
-            continue
-        start = -(-lo // _HUGE_PAGE) * _HUGE_PAGE  # the whole 2 MB pages inside [lo, hi)
-        end = hi // _HUGE_PAGE * _HUGE_PAGE
-        if end - start < _HUGE_PAGE or madvise(start, end - start, _MADV_HUGEPAGE) != 0:
-            continue
-        madvise(start, end - start, _MADV_COLLAPSE)  # fails before Linux 6.1: khugepaged, later
-        advised += end - start
+        for a, b in [(lo, hi)] if heap else _new_parts(lo, hi, old):
+            resident = rss if (a, b) == (lo, hi) else _resident_bytes(libc, a, b)
+            if resident < (b - a) // 2:
+                continue
+            start = -(-a // _HUGE_PAGE) * _HUGE_PAGE  # the whole 2 MB pages inside [a, b)
+            end = b // _HUGE_PAGE * _HUGE_PAGE
+            if end - start < _HUGE_PAGE or madvise(start, end - start, _MADV_HUGEPAGE) != 0:
+                continue
+            madvise(start, end - start, _MADV_COLLAPSE)  # fails before Linux 6.1: khugepaged, later
+            advised += end - start
     return advised
 
 

@@ -194,9 +194,11 @@ class GenerationParams:
 
     def cache_key(self) -> dict[str, Any]:
         """Every setting that changes an answer (keys the semantic cache); only ``logprobs``,
-        which changes what is reported and not the text, is left out."""
+        which changes what is reported and not the text, is left out. The stop strings as a set: an
+        answer is cut at the first match of any of them, so ``["a", "b"]``, ``["b", "a"]`` and
+        ``["a", "a", "b"]`` are one request."""
         key = {f: getattr(self, f) for f in self.__dataclass_fields__ if f != "logprobs"}
-        key["stop"] = list(self.stop)
+        key["stop"] = sorted(set(self.stop))
         return key
 
 

@@ -209,8 +209,15 @@ class Budget:
                 when = "" if wait is None else f" (sliding window: room again in {duration(wait)})"
                 if not limit:  # never room: say which setting closes the cloud
                     when = f" ({_SETTING[label]} is 0: no cloud calls until it is raised)"
-                amount = (f"${used:.2f}/${limit:.2f}" if label.startswith("cloud spend")
-                          else f"{round(used)}/{round(limit)}")
+                dollars = label.startswith("cloud spend")
+                amount = f"${used:.2f}/${limit:.2f}" if dollars else f"{round(used)}/{round(limit)}"
+                if unit and held_tokens:
+                    # the estimates held are not spent: say how much of the total they are, or a
+                    # request with a huge max_tokens read "budget spent" with nothing spent
+                    held = held_tokens * unit
+                    flight += (f", ${held:.2f}" if dollars else f", {round(held)}") + (
+                        " of it reserved for the calls in flight (each its prompt plus max_tokens)"
+                        " until they end")
                 spent.append((math.inf if wait is None else wait, f"{amount} {label}{flight}{when}"))
         if not spent:
             return None

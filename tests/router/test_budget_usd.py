@@ -44,7 +44,9 @@ def test_a_dollar_limit_counts_what_is_in_flight() -> None:
     b = Budget(max_cloud_usd_per_hour=0.01, price_per_1k_tokens=1.0)  # 10 tokens an hour
     held, _ = b.reserve(12)  # its estimate already spends the hour
     assert held is not None
-    assert b.exhausted() == "budget spent: $0.01/$0.01 cloud spend this hour (1 in flight)"
+    assert b.exhausted() == ("budget spent: $0.01/$0.01 cloud spend this hour (1 in flight), $0.01 of "
+                             "it reserved for the calls in flight (each its prompt plus max_tokens) "
+                             "until they end")
     b.release(held)
     assert b.exhausted() is None
 

@@ -18,6 +18,8 @@ shared equally among the requests active in that interval; idle energy goes to n
 is the request's joules over its output tokens. The figures reach ``/metrics``
 (``hybridllm_energy_joules``, ``hybridllm_energy_per_output_token_joules``, labelled ``source``)
 and each response's ``usage.energy`` (``joules``, ``joules_per_output_token``, ``source``).
+A counter that fails, reads NaN or does not move while requests run gives way to the estimate
+(``EnergyMeter``); ``EnergyMeter.close`` releases it (NVML's session).
 """
 
 from __future__ import annotations
@@ -47,18 +49,35 @@ class EnergySource:
     """A cumulative energy reading in joules (only differences matter)."""
 
     name = "estimate"
+    # A counter that has not moved over this much time with requests running is taken as frozen
+    # (a virtualised counter that always reads the same): the meter goes over to the estimate
+    # rather than report 0 J as measured. None: never (an estimate always moves).
+    frozen_after_s: float | None = None
 
     def read_joules(self) -> float:
         raise NotImplementedError
+
+    def close(self) -> None:
+        """Release what reading holds (NVML's session); again: nothing."""
+
+
+def check_watts(value: Any, what: str) -> float:
+    """The one rule for a power figure: a positive, finite number of watts (inf would make every
+    delta inf - inf = NaN); a string of one is taken (the environment, Serve's CLI args)."""
+    try:
+        watts = math.nan if isinstance(value, bool) else float(value)
+    except (TypeError, ValueError):
+        watts = math.nan
+    if not (watts > 0 and math.isfinite(watts)):
+        raise ValueError(f"{what}={value!r} is not a positive number of watts")
+    return watts
 
 
 class EstimateSource(EnergySource):
     name = "estimate"
 
     def __init__(self, watts: float, clock: Callable[[], float] = time.monotonic) -> None:
-        if not (watts > 0 and math.isfinite(watts)):  # inf would make every delta inf - inf = NaN
-            raise ValueError(f"power figure must be positive watts, got {watts!r}")
-        self.watts = float(watts)
+        self.watts = check_watts(watts, "power_watts")
         self._clock = clock
 
     def read_joules(self) -> float:
@@ -73,6 +92,7 @@ class RaplSource(EnergySource):
     packages included: it is used only where no package domain can be read."""
 
     name = "rapl"
+    frozen_after_s = 1.0  # a package counter moves about every millisecond, idle or not
 
     def __init__(self, root: Path | None = None, poll_s: float | None = None) -> None:
         root = POWERCAP if root is None else root
@@ -152,6 +172,7 @@ def nvml_index(device: str) -> int:
 
 class NvmlSource(EnergySource):
     name = "nvml"
+    frozen_after_s = 5.0  # the driver's counter moves at its power sampling rate (< 1 s)
 
     def __init__(self, index: int = 0, nvml: Any = None) -> None:
         if nvml is None:
@@ -159,13 +180,30 @@ class NvmlSource(EnergySource):
 
             nvml = pynvml
         nvml.nvmlInit()
+        # every nvmlInit is paired with one nvmlShutdown: on close(), when the source is dropped
+        # (the meter's estimate took over), at exit, or here when the GPU has no counter
+        self._close = weakref.finalize(self, _nvml_shutdown, nvml)
         self._nvml = nvml
         self.index = index
-        self._handle = nvml.nvmlDeviceGetHandleByIndex(index)
-        self.read_joules()  # raises where the counter is not supported (before Volta)
+        try:
+            self._handle = nvml.nvmlDeviceGetHandleByIndex(index)
+            self.read_joules()  # raises where the counter is not supported (before Volta)
+        except BaseException:
+            self.close()
+            raise
 
     def read_joules(self) -> float:
         return self._nvml.nvmlDeviceGetTotalEnergyConsumption(self._handle) / 1000.0
+
+    def close(self) -> None:
+        self._close()  # once: a finalizer runs at most once
+
+
+def _nvml_shutdown(nvml: Any) -> None:
+    try:
+        nvml.nvmlShutdown()
+    except Exception as exc:  # noqa: BLE001 - closing must not fail a stop or a fallback
+        log.debug("nvmlShutdown failed (%s: %s)", type(exc).__name__, exc)
 
 
 def default_watts(device: str, num_threads: int | None) -> float:
@@ -173,13 +211,7 @@ def default_watts(device: str, num_threads: int | None) -> float:
     if env:
         # checked here, not where it is first used: with a working counter the figure is only the
         # fallback, and a bad one would fail every request once the counter fails
-        try:
-            watts = float(env)
-        except ValueError:
-            watts = math.nan
-        if not (watts > 0 and math.isfinite(watts)):
-            raise ValueError(f"HYBRIDLLM_POWER_WATTS={env!r} is not a positive number of watts")
-        return watts
+        return check_watts(env, "HYBRIDLLM_POWER_WATTS")
     if device.startswith("cuda"):
         return GPU_WATTS
     return CPU_WATTS_PER_THREAD * (num_threads or usable_cpus())  # the engine's own default
@@ -214,6 +246,8 @@ def meter_for(device: str, *, power_watts: float | None = None,
               num_threads: int | None = None) -> EnergyMeter:
     """The meter of an engine on ``device``: its source (``detect_source``) and, should a counter
     fail later, the same estimate ``detect_source`` falls back to."""
+    if power_watts is not None:  # checked before anything is opened (0 is refused, not the default)
+        power_watts = check_watts(power_watts, "power_watts")
     fallback = power_watts or default_watts(device, num_threads)
     return EnergyMeter(detect_source(device, power_watts=power_watts, num_threads=num_threads), fallback)
 
@@ -222,36 +256,73 @@ class EnergyMeter:
     """Shares a source's energy among the requests active while it is spent.
 
     A counter that stops reading while the server runs (a GPU lost to the driver, a permission
-    changed) would fail every request from then on: the meter goes over to an estimate at
-    ``fallback_watts`` instead (once, with a warning), and the energy reports say ``estimate``."""
+    changed) or reads NaN would fail every request from then on: the meter goes over to an
+    estimate at ``fallback_watts`` instead (once, with a warning), and the energy reports say
+    ``estimate``. So does a counter that does not move over ``source.frozen_after_s`` of work (a
+    virtualised one that always reads the same): the requests running then get the estimate, not
+    0 J labelled as measured."""
 
-    def __init__(self, source: EnergySource, fallback_watts: float = CPU_WATTS_PER_THREAD) -> None:
+    def __init__(self, source: EnergySource, fallback_watts: float = CPU_WATTS_PER_THREAD,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.source = source
         self.fallback_watts = fallback_watts
+        self._clock = clock
         self._lock = threading.Lock()
         self._ids = itertools.count()
         self._active: dict[int, float] = {}
+        self._estimated: dict[int, float] = {}  # the same requests' shares at fallback_watts
         self._last = source.read_joules()
+        self._at = clock()
+        self._still_s = 0.0  # time with requests running since the counter last moved
         self.attributed_joules = 0.0
 
     @property
     def name(self) -> str:
         return self.source.name
 
+    def close(self) -> None:
+        """Release the source (NVML's session); the meter reads on as an estimate."""
+        with self._lock:
+            self._to_estimate()
+
+    def _to_estimate(self) -> None:
+        self.source.close()
+        self.source = EstimateSource(self.fallback_watts, self._clock)
+        self._last = self.source.read_joules()
+
     def _advance(self) -> None:
         # Rule: the energy read between two events (a request begins or ends) is split equally
         # among the requests active in that interval; with none active it goes to nobody. So the
         # requests' joules sum to at most what the source measured (attributed_joules), never N x.
+        at = self._clock()
+        dt, self._at = max(0.0, at - self._at), at
+        if self._active:  # the estimate's shares, kept should the counter turn out frozen
+            for key in self._active:
+                self._estimated[key] += self.fallback_watts * dt / len(self._active)
         try:
             now = self.source.read_joules()
+            if not math.isfinite(now):  # NaN would read as 0 J (max(0, NaN)) from then on
+                raise ValueError(f"read {now!r} J")
         except Exception as exc:  # noqa: BLE001 - a broken counter must not fail the requests
             log.warning("the %s energy counter failed (%s: %s); per-request energy is an estimate "
                         "at %g W from now on", self.source.name, type(exc).__name__, exc,
                         self.fallback_watts)
-            self.source = EstimateSource(self.fallback_watts)
-            self._last = self.source.read_joules()  # the interval the counter failed in: no one's
+            self._to_estimate()  # the interval the counter failed in: no one's
             return
         delta, self._last = max(0.0, now - self._last), now
+        if delta or self.source.frozen_after_s is None:
+            self._still_s = 0.0
+        elif self._active:
+            self._still_s += dt
+            if self._still_s >= self.source.frozen_after_s:
+                log.warning("the %s energy counter has not moved in %.3g s of work (a frozen or "
+                            "virtualised counter); per-request energy is an estimate at %g W from "
+                            "now on", self.source.name, self._still_s, self.fallback_watts)
+                self._to_estimate()
+                for key, joules in self._estimated.items():  # the running requests: all estimate
+                    self.attributed_joules += joules - self._active[key]
+                    self._active[key] = joules
+                return
         if self._active and delta:
             share = delta / len(self._active)
             for key in self._active:
@@ -262,12 +333,13 @@ class EnergyMeter:
         with self._lock:
             self._advance()
             key = next(self._ids)
-            self._active[key] = 0.0
+            self._active[key] = self._estimated[key] = 0.0
             return key
 
     def end(self, key: int) -> float:
         with self._lock:
             self._advance()
+            self._estimated.pop(key, None)
             return self._active.pop(key, 0.0)
 
 
@@ -308,6 +380,11 @@ class EnergyAccounting:
 
     def start(self) -> int | None:
         return self.meter.begin() if self.meter is not None else None
+
+    def close(self) -> None:
+        """At the server's stop: release the meter's counter (NVML's session)."""
+        if self.meter is not None:
+            self.meter.close()
 
     def cancel(self, key: int | None) -> None:
         if key is not None and self.meter is not None:

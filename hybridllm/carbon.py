@@ -63,7 +63,8 @@ class CloudEndpoint:
             raise ConfigError(f"a cloud endpoint's url must start with http(s)://, got {self.url!r}.")
         ci = self.carbon_intensity
         if ci is not None and not callable(ci) and not _valid_intensity(ci):
-            raise ConfigError(f"carbon_intensity must be >= 0 gCO2/kWh or a callable, got {ci!r}.")
+            raise ConfigError(f"carbon_intensity must be a number of gCO2/kWh in [0, 100000) or a "
+                              f"callable, got {ci!r}.")
         self._feed_lock = threading.Lock()
         self._feed_call: tuple[Future, float] | None = None  # the feed's latest call, and its start
         self._feed_warned = False
@@ -123,8 +124,11 @@ class CloudEndpoint:
         def ask() -> None:
             try:
                 future.set_result(feed())
-            except BaseException as exc:  # noqa: BLE001 - handed to the request that waits
+            except Exception as exc:  # noqa: BLE001 - handed to the request that waits
                 future.set_exception(exc)
+            except BaseException as exc:  # noqa: BLE001 - a feed's sys.exit() is its failure, not
+                # the request's: re-raised as such it would end the waiting request (or thread)
+                future.set_exception(RuntimeError(f"{type(exc).__name__}: {exc}"))
 
         threading.Thread(target=ask, name="carbon-intensity-feed", daemon=True).start()
         return future

@@ -164,6 +164,8 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
         if engine is not None:
             with contextlib.suppress(Exception):
                 await engine.stop()
+        if app.state.metrics.energy is not None:
+            app.state.metrics.energy.close()  # NVML's session; nothing to release for the others
 
 
 async def _parse(request: Request, model_type: type[R], max_body_bytes: int) -> R:

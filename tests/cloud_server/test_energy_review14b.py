@@ -61,7 +61,7 @@ def test_a_good_power_watts_variable_still_sets_the_estimate(monkeypatch):
 def test_an_infinite_power_figure_is_refused_not_read_as_zero_joules():
     """Before: EstimateSource(inf) was accepted; every reading was inf, inf - inf = NaN, and the
     meter's max(0, NaN) charged each request 0 J, reported as a real estimate."""
-    with pytest.raises(ValueError, match="positive watts"):
+    with pytest.raises(ValueError, match="positive number of watts"):
         EstimateSource(float("inf"))
 
 

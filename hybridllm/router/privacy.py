@@ -8,8 +8,8 @@ look-alikes (order numbers, version strings, random 16-digit numbers) are not fl
                number mod 97 == 1 (ISO 13616)
     national_id  US SSN (area not 000/666/9xx, group not 00, serial not 0000), UK NINO
     phone      +country code, (NNN) NNN-NNNN / NNN-NNN-NNNN / NNN NNN NNNN, 0N NN NN NN NN, UK
-               and Australian national numbers, German ones with a slash (030/1234567), or any
-               number right after a phone word ("call me on ...")
+               and Australian national numbers, German ones with a slash or brackets (030/1234567,
+               (030) 123 45 67), or any number right after a phone word ("call me on ...")
     email      local@domain.tld (Unicode too), or spelled out: "a [at] b [dot] com"; not an
                SCP-style remote (me@host.org:~/repo), Git's account (git@github.com:org/x.git)
                nor a URL's user name (https://jane@github.com)
@@ -36,6 +36,7 @@ from __future__ import annotations
 import bisect
 import ipaddress
 import re
+import unicodedata
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -104,7 +105,8 @@ def iban_ok(compact: str) -> bool:
 # Every unbounded run below starts where a run of its characters starts (a lookbehind for the same
 # class) or is bounded, so that a scan is linear in the prompt: a 1 MB prompt takes well under a
 # second whatever it holds (an unanchored e-mail pattern took minutes on "1-1-1-...").
-_CARD = re.compile(r"(?<![\d-])\d(?:[ -]?\d){12,18}(?![\d-])")
+# not after "+": +49 151 12345678 is a phone number, whatever its Luhn sum
+_CARD = re.compile(r"(?<![\d+-])\d(?:[ -]?\d){12,18}(?![\d-])")
 # ISO 13616 paper format groups by four with spaces; dashes and lower case are seen in the wild
 _IBAN = re.compile(
     r"(?<![\w-])[A-Z]{2}\d{2}(?:[ -]?[A-Z0-9]{4}){2,7}(?:[ -]?[A-Z0-9]{1,3})?(?![\w-])", re.IGNORECASE
@@ -143,14 +145,20 @@ _EMAIL_SPELLED = re.compile(
 )
 _PHONE = re.compile(
     r"(?<![\w+])(?:"
-    r"\+\d{1,3}[ .-]?(?:\(\d{1,4}\)[ .-]?)?\d{1,4}(?:[ .-]?\d{2,4}){1,4}"  # +44 20 7946 0958
+    # +44 20 7946 0958, (+49) 30 1234567, and DIN 5008's old +49 (0)711 / 123 45-67
+    r"(?:\+\d{1,3}|\(\+\d{1,3}\))[ .-]?(?:\(\d{1,4}\)[ .-]?)?\d{1,4}(?:(?:[ .-]| ?/ ?)?\d{2,4}){1,4}"
     r"|(?:1[ .-]?)?\(\d{3}\) ?\d{3}[ .-]\d{4}"  # (555) 123-4567
     r"|(?:1([ .-]))?\d{3}([ .-])\d{3}\2\d{4}"  # 555-123-4567, 555.123.4567, 555 123 4567
     r"|0\d([ .])\d{2}\3\d{2}\3\d{2}\3\d{2}"  # 06 12 34 56 78
     r"|0\d{2} \d{4} \d{4}|0\d{3} \d{3} \d{4}|0\d{4} \d{3} ?\d{3}"  # UK: 020 7946 0958, 07700 900123
     r"|\(0\d\) ?\d{4}[ -]?\d{4}|0\d \d{4} \d{4}|04\d{2} \d{3} \d{3}"  # AU: (02) 9876 5432, 0412 345 678
-    # German and Austrian area code and slash: 030/1234567, 0711 / 123 45 67; not a path's part
-    r"|(?<![/.])0\d{1,4} ?/ ?\d{3,8}(?:[ -]\d{2,8}){0,2}(?!/)"
+    # German and Austrian area code and slash: 030/1234567, 0711 / 123 45 67, 030 / 12 34 56 7,
+    # 030/123456-0; not a path's part, an order number (#030/12345), a month (01/2024 1234) nor a
+    # day (05/12 2024: two digits after the slash only after a 3- to 5-digit area code)
+    r"|(?<![/.#])(?!0\d ?/ ?(?:19|20)\d\d\b)(?:0\d{1,4} ?/ ?\d{3,8}|0\d{2,4} ?/ ?\d\d(?=[ -]\d))"
+    r"(?:[ -]\d{1,8}){0,4}(?!/)"
+    # an area code in brackets: (030) 1234567, (0711) 123 45 67, (089) 123456-0
+    r"|\(0\d{1,4}\) ?\d{2,8}(?:[ -]\d{1,8}){0,4}"
     r")(?![\w-])"
 )
 # a number right after a phone word, in any format: "call me on 5551234567", "tel. 030 1234567"
@@ -200,7 +208,9 @@ _NOT_A_VALUE = re.compile(
 
 
 def _digits(text: str) -> str:
-    return "".join(ch for ch in text if ch.isdigit())
+    """The decimal digits in ``text`` as ASCII: ``\\d`` also matches other scripts' digits (Arabic-Indic,
+    full-width ４１１１), which the prefix checks compare as "0".."9"."""
+    return "".join(str(unicodedata.decimal(ch)) for ch in text if ch.isdecimal())
 
 
 def _cards(text: str) -> list[tuple[int, int]]:
@@ -288,6 +298,8 @@ def _secret_value(key: str, sep: str, quoted: bool, value: str, at_line_end: boo
         return False
     symbols = any(not c.isalnum() and c not in "_." for c in value)
     if sep.strip().lower() == "is":  # "my password is hunter2", not "the password is incorrect"
+        # nor a question or exclamation ("what if my password is hacked?", "... is wrong!")
+        symbols = any(not c.isalnum() and c not in "_." for c in value.rstrip("?!"))
         return quoted or digits or symbols
     if quoted or digits or symbols:
         return True
@@ -476,8 +488,9 @@ def _identity(kind: str, value: str) -> str:
             return str(ipaddress.ip_address(value))
         except ValueError:
             return value
-    if kind in ("phone", "card", "iban", "national_id"):
-        return "".join(ch for ch in value.upper() if ch.isalnum())
+    if kind in ("phone", "card", "iban", "national_id"):  # ４１１１ (full-width) is 4111 too
+        return "".join(str(unicodedata.decimal(ch)) if ch.isdecimal() else ch
+                       for ch in value.upper() if ch.isalnum())
     return value
 
 

@@ -145,7 +145,9 @@ class BucketIndex:
             self.remove(entry_id)
         index = self._buckets.get(bucket)
         if index is None:
-            index = self._buckets[bucket] = FlatIndex(self.dim)
+            # room for one row, doubled as it grows: most buckets hold one entry (each turn of a
+            # conversation is its own bucket), and 64 rows each took 98 KB per 1.5 KB vector
+            index = self._buckets[bucket] = FlatIndex(self.dim, capacity=1)
         index.add(entry_id, vec)
         self._bucket_of[entry_id] = bucket
 

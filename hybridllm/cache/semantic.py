@@ -21,6 +21,7 @@ France." for "What is the capital of France?" stays out.
 
 A hit: the top ``top_k`` cached questions by cosine in the bucket, at or above the verifier's
 ``min_similarity``, are scored by the verifier; the best one at or above its threshold is served.
+(Expired questions and those the guards below refuse are passed over, not counted in ``top_k``.)
 The default verifier is the cross-encoder reranker (:mod:`.reranker`); ``verifier="features"`` is
 the lighter feature-based :class:`HitVerifier` (numpy only, no second model, lower recall);
 ``verifier=None`` falls back to plain cosine at ``min_similarity`` (0.95 by default). The verifier
@@ -34,8 +35,9 @@ a text longer than the embedder (or the reranker) reads is matched only exactly,
 tail may hold the question.
 
 Entries expire ``ttl_s`` after they were written; past ``max_entries`` the least recently used
-are evicted. Several threads may share one cache; several processes may share one file (a change
-committed by another process is picked up on the next call, by reading the store's change log).
+are evicted (on a put, and on opening a file that holds more). Several threads may share one
+cache; several processes may share one file (a change committed by another process is picked up
+on the next call, by reading the store's change log).
 An empty question is never stored nor looked up.
 """
 
@@ -73,6 +75,7 @@ VERIFIER_CHOICES = ("default", "reranker", "features", "cosine")
 DEFAULT_FILENAME = "semantic_cache.sqlite3"
 COSINE_ONLY_MIN_SIMILARITY = 0.95
 _PURGE_EVERY_S = 60.0
+_MAX_SCANNED = 64  # rows a lookup ranks at most, skipping expired and refused ones (see _candidates)
 
 
 @dataclass(frozen=True)
@@ -240,6 +243,7 @@ class SemanticCache:
         self.top_k = int(top_k)
         self._embedder = embedder
         self._lock = threading.RLock()
+        self._closed = False
         self._store = CacheStore(self.path, dim=embedder.dim if embedder else 384)
         self._index = BucketIndex(self._store.dim)
         self._entries: dict[str, _Known] = {}
@@ -249,6 +253,14 @@ class SemanticCache:
         self._seq = 0  # the last change of the store's log reflected in the index
         self._seen_version = -1
         self._reload()
+        # a file written under a larger max_entries is brought down to this one now, as a put
+        # would (expired first, then least recently used): before, the extra entries were served
+        # until the next put
+        if self._store.count() > self.max_entries:
+            try:
+                self._enforce_bounds(time.time())
+            except CacheError:  # a full or busy file: left as it is, bounded at the next put
+                pass
 
     # ------------------------------------------------------------------ public API
 
@@ -265,6 +277,7 @@ class SemanticCache:
         context, query = split_messages(messages)
         bucket = bucket_key(self._namespace(namespace), model, params_key, context)
         with self._lock:
+            self._check_open()
             if not exact_checked and (hit := self._exact_hit(bucket, query)) is not None:
                 return hit
             # nothing to compare, or nothing to ask: skip the embedder
@@ -273,17 +286,11 @@ class SemanticCache:
         vec = self._vector(query, embedding)  # outside the lock: the slow part
         with self._lock:
             self._sync()
-            found = [
-                (eid, sim)
-                for eid, sim in self._index.search(bucket, vec, self.top_k)
-                if sim >= self.min_similarity and self._alive(eid)
-                and conflict(query, self._entries[eid].query) is None
-            ]
             # a text longer than the embedder reads was compared by its head only: such a query
             # or cached question is served on an exact repeat only (above)
+            found = self._candidates(bucket, query, vec)
             if found and not _fits(self._embedder, query):
                 found = []
-            found = [(eid, sim) for eid, sim in found if self._fits_whole(self._entries[eid])]
             if not found:
                 return self._miss()
             verifier = self.verifier
@@ -369,6 +376,8 @@ class SemanticCache:
         return entry_id
 
     def delete(self, entry_id: str) -> bool:
+        if not isinstance(entry_id, str):  # before: a CacheError "Writing the cache failed: ..."
+            raise InvalidRequestError(f"entry_id must be a string, got {type(entry_id).__name__}")
         with self._lock:
             self._sync()
             removed = self._store.delete([entry_id]) > 0
@@ -423,6 +432,9 @@ class SemanticCache:
 
     def close(self) -> None:
         with self._lock:
+            if self._closed:
+                return
+            self._closed = True
             if any(self._unsaved):
                 try:
                     self._store.add_counts(*self._take_counts())
@@ -447,7 +459,13 @@ class SemanticCache:
         """The question's unit vector: the index compares dot products with ``min_similarity``
         as cosines, so a vector of another length (a caller's own embedder or ``embedding=``
         without normalization) would make unrelated questions pass it."""
-        vec = self._embed(query) if embedding is None else np.asarray(embedding, dtype=np.float32).reshape(-1)
+        if embedding is None:
+            vec = self._embed(query)
+        else:
+            try:
+                vec = np.asarray(embedding, dtype=np.float32).reshape(-1)
+            except (TypeError, ValueError) as exc:  # ["a", ...] or a dict: a bare numpy error before
+                raise InvalidRequestError(f"the embedding must be a vector of numbers: {exc}") from exc
         if vec.shape != (self._store.dim,):
             raise InvalidRequestError(
                 f"the embedding has shape {vec.shape}; this cache holds {self._store.dim}-dim vectors"
@@ -500,6 +518,32 @@ class SemanticCache:
             known.fits = _fits(self._embedder, known.query)
         return known.fits
 
+    def _candidates(self, bucket: str, query: str, vec: np.ndarray) -> list[tuple[str, float]]:
+        """The ``top_k`` nearest cached questions at or above ``min_similarity`` that may be
+        served (alive, not refused by the guards, read whole by the embedder), best first. The
+        caller holds the lock. Before, expired or refused ones took the ``top_k`` slots, so a
+        servable question ranked just below them was a miss; now, when the first ``top_k`` rows
+        are not enough, one wider search ranks ``_MAX_SCANNED`` (two searches at most)."""
+        found: list[tuple[str, float]] = []
+        looked: set[str] = set()
+        k = self.top_k
+        while True:
+            ranked = self._index.search(bucket, vec, k)
+            for eid, sim in ranked:
+                if eid in looked:  # ranked by the first, narrower search
+                    continue
+                looked.add(eid)
+                if sim < self.min_similarity:  # best first: none below is close enough
+                    return found
+                known = self._entries[eid]
+                if self._alive(eid) and conflict(query, known.query) is None and self._fits_whole(known):
+                    found.append((eid, sim))
+                    if len(found) == self.top_k:
+                        return found
+            if len(ranked) < k or k >= _MAX_SCANNED:  # the whole bucket, or enough work done
+                return found
+            k = _MAX_SCANNED
+
     def _alive(self, entry_id: str) -> bool:
         if self.ttl_s is None:
             return True
@@ -507,6 +551,7 @@ class SemanticCache:
 
     def _serve(self, entry_id: str, similarity: float, prob: float | None) -> CacheHit | None:
         """The hit, counted; None (no miss counted: the caller's) when the entry is gone."""
+        self._check_open()  # closed by another thread while the verifier ran
         entry = self._store.get(entry_id)
         if entry is None:  # deleted since the last sync (by another process, or while verified) or unreadable
             self._forget([entry_id])
@@ -591,9 +636,16 @@ class SemanticCache:
         self._index.add(entry.bucket, entry.id, entry.embedding)
         self._entries[entry.id] = _Known(entry.bucket, entry.query, entry.created_at)
 
+    def _check_open(self) -> None:
+        """Every call that reads the file starts here (through _sync or _serve): before, a closed
+        cache raised sqlite3.ProgrammingError."""
+        if self._closed:
+            raise CacheError(f"The cache {self.path} is closed; open a new SemanticCache.")
+
     def _sync(self) -> None:
         """Catch up with what other processes committed since we last looked: the entries their
         writes named in the store's change log (everything, when the log cannot tell)."""
+        self._check_open()
         version = self._store.data_version()
         if version == self._seen_version:
             return

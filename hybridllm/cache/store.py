@@ -313,6 +313,15 @@ class CacheStore:
             vec = np.frombuffer(row[5], dtype=np.float32)  # ValueError: a size not 4 x n
             if vec.shape != (self.dim,):
                 raise ValueError(f"a {vec.size}-float embedding")
+            # the index reads dot products as cosines: a NaN or zero vector is damaged, and one of
+            # another length (a flipped exponent bit, or a row written before vectors were
+            # normalized) is normalized, else its "cosine" (7 for a length-7 vector) passed
+            # min_similarity for unrelated questions
+            norm = float(np.linalg.norm(vec))
+            if not np.isfinite(norm) or norm == 0.0:
+                raise ValueError("an embedding that is not a finite, non-zero vector")
+            if abs(norm - 1.0) > 1e-3:
+                vec = vec / np.float32(norm)
             metadata = json.loads(row[8]) if row[8] else None
             created_at, last_used = float(row[6]), float(row[7])
         except (TypeError, ValueError):

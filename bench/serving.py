@@ -29,6 +29,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from hybridllm._cli_options import positive_int  # a concurrency of 0 would wait forever
+
 ROOT = Path(__file__).resolve().parents[1]
 GSM8K = ROOT.parent / "shared" / "data" / "routellm" / "gsm8k_train_questions.jsonl"
 FALLBACK_PROMPTS = [
@@ -126,6 +128,9 @@ def stop_server(proc: subprocess.Popen) -> None:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(timeout=10)
+    log = getattr(proc, "log", None)  # its stderr file (start_server's, bench.speculative's)
+    if log is not None:
+        log.close()
 
 
 async def one_request(http: Any, prompt: str, max_tokens: int, count: Any) -> Result:
@@ -232,17 +237,6 @@ def token_counter(gguf: Path) -> Any:
 
     vocab = GGUFTokenizer(gguf)
     return lambda text: len(vocab.encode(text, add_special=False)) if text else 0
-
-
-def positive_int(text: str) -> int:
-    """argparse type: a whole number of at least 1 (a concurrency of 0 would wait forever)."""
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}")
-    return value
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -78,9 +78,9 @@ def non_negative_int(text: str) -> int:
 
 
 def positive_float(text: str) -> float:
-    value = float(_number(text, float, "a positive number"))
+    value = float(_number(text, float, "a positive, finite number"))
     if not (value > 0 and math.isfinite(value)):
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected a positive, finite number, got {text!r}")
     return value
 
 

@@ -8,6 +8,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from .._cli_options import positive_int
+
 
 def prepare_embedder(progress: Callable[[int, int | None], None] | None = None) -> Path:
     """Build and quantize MiniLM and the cache reranker into the data dir (each says so in one line
@@ -172,13 +174,6 @@ def cmd_eval(args: argparse.Namespace) -> int:
             f"recall={metrics['recall']:.3f}  false_hit_rate={metrics['false_hit_rate']:.3f}"
         )
     return 0
-
-
-def positive_int(text: str) -> int:
-    value = int(text)  # a ValueError: argparse says "invalid positive_int value"
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
 
 
 def register(subparsers: Any) -> None:

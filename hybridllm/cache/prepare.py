@@ -21,6 +21,7 @@ import json
 import logging
 import math
 import os
+import re
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -28,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from .._exceptions import ModelError
+from .._files import remove_leftovers
 from .._paths import data_dir
 from . import onnx_graph
 from .reranker_file import cross_encoder_weights
@@ -44,6 +46,8 @@ RECIPE = "int8 v2: uint8 weights per output channel (U8U8), FFN down projections
 # ``onnx`` once, as the folder is prepared, so that using the cache never loads ``onnx``
 LOGIT_RANGE_NAME = "logit_range.json"
 _NAMES = (FP32_NAME, INT8_NAME, TOKENIZER_NAME, RECIPE_NAME)  # written by _write_files, in this order
+# their temporaries, .NAME.PID.tmp, which only the preparer holding .prepare.lock writes
+_LEFTOVER = re.compile(rf"\.(?:{'|'.join(map(re.escape, _NAMES))})\..*\.tmp", re.DOTALL)
 
 Notice = Callable[[str], None]  # one line of progress for a person
 
@@ -174,9 +178,7 @@ def _prepare(
         if is_prepared(out):  # another process finished while this one waited
             return out
         if locked:  # no one else is writing: what a killed preparer left is removed (~120 MB each)
-            for name in _NAMES:
-                for stale in out.glob(f".{name}.*.tmp"):
-                    stale.unlink(missing_ok=True)
+            remove_leftovers(out, _LEFTOVER)
         start = time.perf_counter()
         say(f"Preparing the semantic cache {what} (once) ...")
         try:

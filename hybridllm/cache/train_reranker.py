@@ -30,9 +30,9 @@ from typing import Any
 
 import numpy as np
 
+from .._cli_options import positive_float, positive_int
 from .._exceptions import DataError, HybridLLMError
 from .._paths import cache_dir
-from ._cli import positive_int
 from .encoder import pad_batch
 from .evaluate import PairSet, load_pairs, pair_metrics
 from .prepare import EMBEDDER_ID, reranker_dir
@@ -391,14 +391,6 @@ def _calibrate(pairs: PairSet, split: np.ndarray, vecs: dict[str, np.ndarray], i
 _TRAINING_KEYS = ("epochs", "lr", "batch_size", "seed", "train_minutes")
 
 
-def positive_number(text: str) -> float:
-    """An argparse type: a number above 0 (a ValueError: argparse says "invalid positive_number value")."""
-    value = float(text)
-    if not value > 0:  # NaN too
-        raise argparse.ArgumentTypeError(f"must be above 0, got {text}")
-    return value
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m hybridllm.cache.train_reranker", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -406,9 +398,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--out", type=Path, default=Path("hybridllm/_data"), help="folder for cache_reranker.npz"
     )
-    parser.add_argument("--epochs", type=positive_number, default=1.0,
+    parser.add_argument("--epochs", type=positive_float, default=1.0,
                         help="passes over the pairs (default: 1.0)")
-    parser.add_argument("--lr", type=positive_number, default=4e-5, help="learning rate (default: 4e-05)")
+    parser.add_argument("--lr", type=positive_float, default=4e-5, help="learning rate (default: 4e-05)")
     parser.add_argument("--batch-size", type=positive_int, default=32,
                         help="pairs a training step (default: 32)")
     parser.add_argument("--threads", type=positive_int, default=1,

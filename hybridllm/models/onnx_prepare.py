@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from .._exceptions import ModelCorruptError, ModelError, ModelNotFoundError
+from .._files import remove_leftovers
 from .._progress import ProgressBar
 from .catalog import get_spec
 from .onnx_store import (
@@ -174,8 +175,8 @@ def prepare_onnx(
     # now the one that waited finds it prepared and returns
     final.parent.mkdir(parents=True, exist_ok=True)
     with _folder_lock(final.parent) as locked:  # the folder pull wrote the GGUF into (pull is done)
-        if locked:
-            _remove_stale_builds(final.parent)
+        if locked:  # every build holds it from its work folder's creation to its removal
+            remove_leftovers(final.parent, _STALE_BUILD)  # killed builds': gigabytes of fp32 each
         if not force and _prepared(final, spec):
             return final
         work = final.parent / f".{final.name}.{os.getpid()}.tmp"
@@ -237,16 +238,7 @@ def _prepared(final: Path, spec: Any) -> bool:
         return False
 
 
-_STALE_BUILD = re.compile(r"^\.onnx-\w+-cpu\.\d+\.(tmp|old)$")  # work and swap folders below
-
-
-def _remove_stale_builds(folder: Path) -> None:
-    """Remove the work folders of builds that were killed (SIGKILL, the OOM killer: no ``finally``
-    ran), gigabytes of fp32 weights each. Only called with the model folder's lock held, which
-    every build holds from its work folder's creation to its removal: none is a live build's."""
-    for path in folder.iterdir():
-        if _STALE_BUILD.match(path.name):
-            shutil.rmtree(path, ignore_errors=True)
+_STALE_BUILD = re.compile(r"\.onnx-\w+-cpu\.\d+\.(tmp|old)")  # a build's work and swap folders
 
 
 def build_bar(bar: ProgressBar, precision: str) -> ProgressBar:

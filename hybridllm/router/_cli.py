@@ -4,15 +4,36 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 from pathlib import Path
 from typing import Any
 
+from .._cli_options import non_negative_int, positive_float, positive_int, unit_interval
 from .._exceptions import DataError
 
 # how --weak-col / --strong-col are found when not given (dataset.load_routellm_csv)
 _DETECTED = "the file's two True/False or score columns, the strong one told by the names or accuracy"
+
+
+def _folds(text: str) -> int:
+    """Cross-validation folds: two at least (checked as parsed: it exited 1 after the data was read)."""
+    value = positive_int(text)
+    if value < 2:
+        raise argparse.ArgumentTypeError(f"expected an integer of at least 2, got {text!r}")
+    return value
+
+
+def _inverse_strength(text: str) -> float:
+    """--c: a positive number; inf (no L2 penalty) is taken, as before."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not value > 0:  # NaN too
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
+    return value
 
 
 def register(subparsers: Any) -> None:
@@ -30,7 +51,7 @@ def register(subparsers: Any) -> None:
     )
     p.add_argument(
         "--weight",
-        type=float,
+        type=positive_float,
         action="append",
         default=None,
         help="relative share of each --data file, in order, in the source gate (default: by row "
@@ -55,17 +76,21 @@ def register(subparsers: Any) -> None:
     p.add_argument("--out", required=True, help="folder to write router.json and weights.npz")
     # the defaults written out are train.Hyper's (a test holds them together): importing it here
     # would load numpy for every `hybridllm` command
-    p.add_argument("--c", type=float, default=None,
+    p.add_argument("--c", type=_inverse_strength, default=None,
                    help="inverse L2 strength of the linear part (default: 0.002)")
-    p.add_argument("--k", type=int, default=None, help="neighbors of the neighbor part (default: 50)")
-    p.add_argument("--mix", type=float, default=None,
+    p.add_argument("--k", type=positive_int, default=None,
+                   help="neighbors of the neighbor part (default: 50)")
+    p.add_argument("--mix", type=unit_interval, default=None,
                    help="weight of the neighbor part against the linear part, 0..1 (default: 0.8)")
-    p.add_argument("--topics", type=int, default=None,
+    p.add_argument("--topics", type=non_negative_int, default=None,
                    help="k-means clusters of the topic part, 0 turns it off (default: 60)")
-    p.add_argument("--topic-mix", type=float, default=None,
+    p.add_argument("--topic-mix", type=unit_interval, default=None,
                    help="weight of the topic part, 0..1 (default: 0.5)")
     p.add_argument(
-        "--folds", type=int, default=5, help="cross-validation folds, by question (default: 5)"
+        "--folds",
+        type=_folds,
+        default=5,
+        help="cross-validation folds, by question (default: 5)",
     )
     p.add_argument("--no-embedding", action="store_true",
                    help="text features only (default: text features and the sentence embedding)")
@@ -107,24 +132,24 @@ def register(subparsers: Any) -> None:
         help="also append both answers per question to this JSONL, for checking grades (default: "
         "not kept)",
     )
-    p.add_argument("--limit", type=int, default=None,
+    p.add_argument("--limit", type=positive_int, default=None,
                    help="label only the first N questions (default: all)")
-    p.add_argument("--max-tokens", type=int, default=256,
+    p.add_argument("--max-tokens", type=positive_int, default=256,
                    help="longest answer of either model (default: 256)")
     p.add_argument(
         "--edge-max-tokens",
-        type=int,
+        type=positive_int,
         default=None,
         help="longest edge answer (default: --max-tokens); one llama.cpp stream on a few cores "
         "can cost more per question than the batched cloud",
     )
     p.add_argument(
         "--concurrency",
-        type=int,
+        type=positive_int,
         default=8,
         help="cloud requests in flight at once; the edge runs alongside, one at a time (default: 8)",
     )
-    p.add_argument("--timeout", type=float, default=900.0,
+    p.add_argument("--timeout", type=positive_float, default=900.0,
                    help="seconds to wait for one cloud answer (default: 900)")
     p.set_defaults(func=_label)
 
@@ -137,7 +162,7 @@ def register(subparsers: Any) -> None:
     _prompt_col_arg(p)
     p.add_argument(
         "--cloud-fraction",
-        type=float,
+        type=unit_interval,
         required=True,
         help="share of these prompts to send to the cloud, 0..1; the threshold is set to that "
         "quantile (0: threshold 1, no prompt goes; 1: threshold 0, every prompt)",
@@ -155,25 +180,14 @@ def _train(args: argparse.Namespace) -> int:
     from .train import Hyper, train_from_csv
 
     names = ("c", "k", "mix", "topics", "topic_mix")
+    # the ranges of these and of --weight (inf passed "positive", and every row's weight came out
+    # NaN at the fit) are checked as they are parsed (hybridllm._cli_options)
     given = {k: getattr(args, k) for k in names if getattr(args, k) is not None}
-    if not (
-        0.0 <= given.get("mix", 0.0) <= 1.0
-        and 0.0 <= given.get("topic_mix", 0.0) <= 1.0
-        and given.get("k", 1) >= 1
-        and given.get("c", 1) > 0
-        and given.get("topics", 0) >= 0
-    ):
-        raise DataError(
-            "--mix and --topic-mix must be in [0, 1], --k at least 1, --topics at least 0 and --c positive."
-        )
     if args.weight is not None and len(args.weight) != len(args.data):
         raise DataError(
             f"Give one --weight per --data file ({len(args.data)} files, "
             f"{len(args.weight)} weights), or none for the default."
         )
-    # inf passed "positive" and every row's weight came out NaN: "sample_weight needs ..." at the fit
-    if args.weight is not None and not all(0 < w < float("inf") for w in args.weight):
-        raise DataError("Every --weight must be a positive, finite number.")
     _check_out_folder(args.out)
     data = args.data[0] if len(args.data) == 1 else list(args.data)
     router = train_from_csv(
@@ -223,6 +237,8 @@ def _score_range(text: str) -> tuple[float, float]:
         raise argparse.ArgumentTypeError(f"expected LO,HI such as 1,10, got {text!r}") from None
     if not hi > lo:
         raise argparse.ArgumentTypeError(f"LO must be below HI, got {text!r}")
+    if not (math.isfinite(lo) and math.isfinite(hi)):  # 1,inf mapped every mark to 0, silently
+        raise argparse.ArgumentTypeError(f"LO and HI must be finite numbers, got {text!r}")
     return lo, hi
 
 
@@ -439,12 +455,8 @@ def _eval(args: argparse.Namespace) -> int:
 def _label(args: argparse.Namespace) -> int:
     from .label import SYSTEM_PROMPT, label_to_csv, llama_cpp_edge, openai_cloud, read_questions
 
-    given = [args.limit, args.edge_max_tokens]  # 0 is given, not the default: `or 1` let it through
-    small = [args.concurrency, args.max_tokens, *(1 if v is None else v for v in given)]
-    if min(small) < 1:
-        raise DataError("--concurrency, --max-tokens, --edge-max-tokens and --limit must be at least 1.")
-    if not args.timeout > 0:
-        raise DataError(f"--timeout must be a positive number of seconds, got {args.timeout}.")
+    # --concurrency, --max-tokens, --edge-max-tokens, --limit and --timeout: ranges checked as
+    # they are parsed (hybridllm._cli_options), before any model loads
     questions = read_questions(args.data)[: args.limit]
     edge_path = Path(args.edge)
     if not edge_path.is_file():
@@ -509,8 +521,6 @@ def _calibrate(args: argparse.Namespace) -> int:
 
     if args.out is None and args.router is None:
         raise DataError("Pass --out DIR for the calibrated router (the shipped one is read-only).")
-    if not 0.0 <= args.cloud_fraction <= 1.0:  # before minutes of embedding, not after
-        raise DataError(f"--cloud-fraction must be between 0 and 1, got {args.cloud_fraction}.")
     if args.out is not None:
         _check_out_folder(args.out)
     router = load_router(args.router)

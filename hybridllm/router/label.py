@@ -30,7 +30,7 @@ from typing import Any, TextIO
 
 from .._exceptions import CloudError, DataError, EdgeError
 from ..prompts import valid_text
-from .dataset import CLOUD_TOKENS_COL, LOGPROB_COL
+from .dataset import CLOUD_TOKENS_COL, LOGPROB_COL, _to_bool
 
 
 @dataclass(frozen=True)
@@ -228,7 +228,9 @@ def _read_done(path: Path, header: list[str], run: LabelRun) -> set[str]:
     """Prompts already labelled in ``path`` (resuming); the header must match this run's.
 
     A last row cut off mid-write (a killed run: no line end, or a quoted prompt never closed) is
-    removed from the file to be labelled again; appended to, it would swallow the rows after it."""
+    removed from the file to be labelled again; appended to, it would swallow the rows after it.
+    A quote never closed further up (a hand edit) is refused: cutting there lost every row after
+    it. A file saved by a spreadsheet (a byte-order mark, TRUE/FALSE) resumes as written."""
     if not path.is_file() or path.stat().st_size == 0:
         return set()
     csv.field_size_limit(min(sys.maxsize, 2**31 - 1))
@@ -246,7 +248,9 @@ def _read_done(path: Path, header: list[str], run: LabelRun) -> set[str]:
             found = next(reader, None)
             if found is None:
                 return set()
-            if found[:3] != header[:3]:
+            # Excel's "CSV UTF-8" starts with a byte-order mark: read as "\ufeffprompt", the file
+            # was refused as labels "for other models" that were these very ones
+            if [found[0].removeprefix("\ufeff"), *found[1:3]] != header[:3]:
                 raise DataError(
                     f"{path} already holds labels for other models ({', '.join(found[1:3])}); "
                     "pass another --out, or the same --edge and --cloud-model to resume it."
@@ -254,9 +258,16 @@ def _read_done(path: Path, header: list[str], run: LabelRun) -> set[str]:
             text = "".join(raw)
             end = len(text.encode("utf-8"))  # bytes up to the end of the last whole row
             ended = text.endswith(("\n", "\r"))
+            line = len(raw) + 1  # the line the next record starts on
             raw.clear()
             for cells in reader:
                 text = "".join(raw)
+                if text.count('"') % 2 and _holds_rows(raw):
+                    raise DataError(
+                        f"{path} line {line}: a double quote opened there is never closed, so the "
+                        f"rows after it read as one cell; fix or delete that line, then resume."
+                    )
+                line += len(raw)
                 raw.clear()
                 if text.count('"') % 2 or not (text.endswith(("\n", "\r")) or len(cells) >= len(found)):
                     break  # half-written, so the last: the reader ran to the end of the file
@@ -266,8 +277,10 @@ def _read_done(path: Path, header: list[str], run: LabelRun) -> set[str]:
                     continue
                 done.add(cells[0])
                 run.num_rows += 1
-                run.edge_correct += cells[1] == "True"
-                run.cloud_correct += cells[2] == "True"
+                # True as written here; TRUE, 1 as a spreadsheet saves it (counted wrong: a resumed
+                # run reported an edge accuracy of 0 for rows that held TRUE)
+                run.edge_correct += _to_bool(cells[1]) == 1.0
+                run.cloud_correct += _to_bool(cells[2]) == 1.0
     except UnicodeDecodeError as exc:
         raise DataError(f"{path} is not a UTF-8 CSV file ({exc}); pass another --out.") from exc
     if end < path.stat().st_size or not ended:
@@ -277,6 +290,17 @@ def _read_done(path: Path, header: list[str], run: LabelRun) -> set[str]:
                 raw_fh.seek(end)
                 raw_fh.write(b"\r\n")
     return done
+
+
+def _holds_rows(lines: list[str]) -> bool:
+    """Whether the lines after the first of a record whose double quote is never closed hold whole
+    label rows (a prompt, then two True/False cells): then the quote is damage up the file, not
+    a last row cut off mid-write, whose other lines are the rest of its prompt."""
+    for text in lines[1:]:
+        cells = next(csv.reader([text]), [])
+        if text.endswith(("\n", "\r")) and len(cells) >= 3 and None not in map(_to_bool, cells[1:3]):
+            return True
+    return False
 
 
 def settings_path(out: Path) -> Path:
@@ -481,7 +505,9 @@ def label_to_csv(
                     run.edge_correct += bool(row["edge"])
                     run.cloud_correct += bool(row["cloud"])
                     if progress is not None:
-                        elapsed = time.monotonic() - start
+                        # never 0: Windows' monotonic clock ticks every 15.6 ms, and a fast
+                        # (cached, or fake) pair of answers divided by it
+                        elapsed = max(time.monotonic() - start, 1e-6)
                         left = len(todo) - run.num_added - len(failed)
                         eta = elapsed / run.num_added * left
                         progress.write(

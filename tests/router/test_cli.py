@@ -111,9 +111,12 @@ def test_calibrate_in_place_through_router_json(tmp_path, capsys):
     cal = json.loads(capsys.readouterr().out)
     assert cal["out"] == str(tmp_path / "r")
     assert load_router(tmp_path / "r").threshold == pytest.approx(cal["threshold"], abs=1e-6) != 0.5
-    assert main(["router", "calibrate", "--prompts", str(prompts), "--cloud-fraction", "30",
-                 "--router", str(tmp_path / "nowhere")]) == 1
-    assert "--cloud-fraction must be between 0 and 1" in capsys.readouterr().err
+    # a usage error, exit 2 as argparse's own (it exited 1 after parsing), naming the option
+    with pytest.raises(SystemExit) as exc:
+        main(["router", "calibrate", "--prompts", str(prompts), "--cloud-fraction", "30",
+              "--router", str(tmp_path / "nowhere")])
+    assert exc.value.code == 2
+    assert "--cloud-fraction: expected a number from 0 to 1" in capsys.readouterr().err
 
 
 def test_bad_column_and_out_options_are_refused_first(small_csv, tmp_path, capsys):
@@ -143,10 +146,13 @@ def test_label_options_out_of_range(tmp_path, capsys, option, value):
     questions = tmp_path / "q.jsonl"
     questions.write_text('{"question": "2 + 2?", "answer": "4"}\n')
     edge = tmp_path / "missing.gguf"  # never reached: loading it would be an EdgeError
-    assert main(["router", "label", "--data", str(questions), "--edge", str(edge), "--cloud",
-                 "http://127.0.0.1:1", "--out", str(tmp_path / "l.csv"), option, value]) == 1
+    # a usage error, exit 2 as argparse's own (it exited 1 after parsing), naming the option
+    with pytest.raises(SystemExit) as exc:
+        main(["router", "label", "--data", str(questions), "--edge", str(edge), "--cloud",
+              "http://127.0.0.1:1", "--out", str(tmp_path / "l.csv"), option, value])
+    assert exc.value.code == 2
     err = capsys.readouterr().err
-    assert err.startswith("error: ") and option in err and err.count("\n") == 1
+    assert err.startswith("hybridllm router label: error: ") and option in err and err.count("\n") == 1
 
 
 @pytest.mark.parametrize(

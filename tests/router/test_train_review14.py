@@ -70,10 +70,12 @@ def test_an_infinite_weight_is_refused_as_such(tmp_path, capsys, weight):
     and the fit failed with "sample_weight needs one finite, non-negative weight per prompt"."""
     a = _csv(tmp_path / "a.csv", needed=range(0, 60, 3))
     b = _csv(tmp_path / "b.csv", needed=range(1, 60, 3))
-    rc = main(["router", "train", "--data", str(a), "--weight", weight, "--data", str(b), "--weight", "1",
-               "--out", str(tmp_path / "r"), "--no-embedding"])
+    # a usage error, exit 2 as argparse's own (it exited 1 after parsing), naming the option
+    with pytest.raises(SystemExit) as rc:
+        main(["router", "train", "--data", str(a), "--weight", weight, "--data", str(b), "--weight", "1",
+              "--out", str(tmp_path / "r"), "--no-embedding"])
     err = capsys.readouterr().err
-    assert rc == 1 and "--weight" in err and "finite" in err and "sample_weight" not in err
+    assert rc.value.code == 2 and "--weight" in err and "finite" in err and "sample_weight" not in err
     parts = [(n, RoutingData([f"{n}{i}" for i in range(3)], np.zeros(3), np.ones(3), "w", "s")) for n in "ab"]
     with pytest.raises(DataError, match="finite"):
         pool(parts, [float("inf"), 1.0])

@@ -7,12 +7,15 @@ an answer the cloud broke off, and what makes "both sides answer alike" hold.
 - **Content parts**: ``content`` may be a string or a list of OpenAI parts; text parts are joined
   with newlines, any other part (an image, audio) is refused with :class:`InvalidRequestError`.
 - **Chat-tuned models** carry a Jinja chat template (GGUF ``tokenizer.chat_template`` or
-  ``tokenizer_config.json``); it is rendered in a sandbox. When a conversation has no system turn
-  and the model's catalog entry names a ``system_prompt``, that prompt is put first.
+  ``tokenizer_config.json``); it is rendered in a sandbox as transformers renders it (its
+  ``| tojson``: keys in order, text unescaped; ``tools`` and ``documents`` None). When a
+  conversation has no system turn and the model's catalog entry names a ``system_prompt``, that
+  prompt is put first.
 - **Base models** (no template, e.g. Gemma 3 270M) continue text: a lone user turn is passed
-  through as is ("The capital of France is" completes naturally); a longer conversation becomes a
-  transcript ending in ``"Assistant:"``, with ``"\\nUser:"`` as a stop string (a past answer
-  that starts with a space, as the model's own do, follows ``"Assistant:"`` without another).
+  through as is ("The capital of France is" completes naturally); any other conversation becomes a
+  transcript ending in ``"Assistant:"`` (tool results labelled ``"Tool:"``), with ``"\\nUser:"``
+  as a stop string, and ``"\\nTool:"`` where it has a tool turn (a past answer that starts with a
+  space, as the model's own do, follows ``"Assistant:"`` without another).
 - **Roles**: ``"developer"`` (OpenAI's new name for ``"system"``) is rendered as ``"system"``.
 
 - **Control tokens come from the template only** (:func:`tokenize_prompt`): the text of a message
@@ -36,6 +39,7 @@ import re
 import secrets
 import unicodedata
 from collections.abc import Callable, Collection, Mapping, Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass
 from datetime import datetime
 from functools import lru_cache
@@ -44,7 +48,8 @@ from typing import Any
 from ._exceptions import InvalidRequestError
 
 COMPLETION_STOPS = ("\nUser:",)
-_LABELS = {"system": "", "developer": "", "user": "User: ", "assistant": "Assistant: "}
+TOOL_STOP = "\nTool:"  # a transcript with tool results: the model must not write one either
+_LABELS = {"system": "", "developer": "", "user": "User: ", "assistant": "Assistant: ", "tool": "Tool: "}
 
 __all__ = [
     "COMPLETION_STOPS",
@@ -130,6 +135,21 @@ def _plain(messages: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+# set by prompt_segments while it renders: rewrites the placeholders in what ``| tojson`` wrote
+_TOJSON_HOOK: ContextVar[Callable[[str, bool], str] | None] = ContextVar("_TOJSON_HOOK", default=None)
+
+
+def _tojson(x: Any, ensure_ascii: bool = False, indent: Any = None, separators: Any = None,
+            sort_keys: bool = False) -> str:
+    """``| tojson`` as transformers renders chat templates (what the models were trained on):
+    keys in their given order, non-ASCII text as is, no HTML escapes. Jinja's own filter sorts the
+    keys and writes "Zürich" as "Z\\u00fcrich" and "<" as "\\u003c"."""
+    text = json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
+                      sort_keys=sort_keys)
+    hook = _TOJSON_HOOK.get()
+    return hook(text, ensure_ascii) if hook is not None else text
+
+
 @lru_cache(maxsize=16)
 def _compile(template: str) -> Any:
     import jinja2
@@ -142,6 +162,7 @@ def _compile(template: str) -> Any:
         lstrip_blocks=True,
         extensions=[jinja2.ext.loopcontrols],
     )
+    env.filters["tojson"] = _tojson
     return env.from_string(template)
 
 
@@ -167,6 +188,8 @@ def render_chat_template(
         return str(
             compiled.render(
                 messages=_plain(messages),
+                tools=None,  # as transformers passes them: "tools is not none" must be false
+                documents=None,
                 bos_token=bos_token,
                 eos_token=eos_token,
                 add_generation_prompt=add_generation_prompt,
@@ -176,6 +199,12 @@ def render_chat_template(
         )
     except jinja2.TemplateError as exc:
         raise InvalidRequestError(f"The model's chat template failed: {exc}") from exc
+    except (TypeError, ValueError, RecursionError) as exc:
+        # the template's own Python operations on a message shape it cannot take: a role that is
+        # not a string ('<|im_start|>' + 5), a tool call without arguments (| tojson on undefined)
+        raise InvalidRequestError(
+            f"The model's chat template cannot render these messages: {type(exc).__name__}: {exc}"
+        ) from exc
 
 
 def render_completion_prompt(messages: Sequence[dict[str, Any]]) -> str:
@@ -243,15 +272,18 @@ class PromptFormat:
 
     def stops(self, messages: Sequence[dict[str, Any]]) -> tuple[str, ...]:
         """Extra stop strings this format needs (a base model must not write the user's turn)."""
-        if not self.chat_template and len(messages) > 1:
-            return COMPLETION_STOPS
-        return ()
+        lone_user = len(messages) == 1 and isinstance(messages[0], dict) and messages[0].get("role") == "user"
+        if self.chat_template or lone_user:  # a lone user turn is passed through: no transcript
+            return ()
+        if any(isinstance(m, dict) and m.get("role") == "tool" for m in messages):
+            return (*COMPLETION_STOPS, TOOL_STOP)
+        return COMPLETION_STOPS
 
 
 # -- tokenizing a prompt: only the template's own markers become control tokens -----------------
 
 # a placeholder: a random nonce between two printable symbols, which no template trims and
-# Python's repr (a list written with {{ }}) keeps as they are; | tojson escapes them (ensure_ascii)
+# Python's repr (a list written with {{ }}) keeps as they are; | tojson(ensure_ascii=True) escapes them
 _OPEN, _CLOSE = "\u27e6", "\u27e7"
 _HOLE = _OPEN + "{nonce}.{index}" + _CLOSE
 
@@ -302,10 +334,10 @@ def prompt_segments(
     swapped for a placeholder unique to this call before rendering, and swapped back as plain text
     after, so the template sees the same messages and decides the same way (an empty content is
     still empty, ``| trim`` still trims). A placeholder the template wrote through ``| tojson``
-    comes back escaped, and is swapped back for the marker as ``| tojson`` writes it
-    (``\\u003c|im_end|\\u003e``), so the text is the template's own (save that ``| tojson``,
-    which sorts an object's keys, may place a key that starts with a marker elsewhere); one the
-    template cut or rewrote otherwise is refused (:class:`InvalidRequestError`), never passed on.
+    is swapped back for the marker as ``| tojson`` writes it (escaped as JSON escapes it), so the
+    text is the template's own (save a key that starts with a marker, where a template asks
+    ``| tojson(sort_keys=True)``); one the template cut or rewrote otherwise is refused
+    (:class:`InvalidRequestError`), never passed on.
     """
     find = _special_pattern(frozenset(specials))
     if find is None:
@@ -327,25 +359,39 @@ def prompt_segments(
             return [hidden(v) for v in value]
         return value
 
-    rendered = fmt.render(
-        [hidden(msg) for msg in _plain(fmt._with_system(messages))],
-        add_generation_prompt=add_generation_prompt,
-    )
-    # a hole as written, or as | tojson writes it (its two symbols as \\uXXXX escapes)
+    # a hole as written, or as | tojson(ensure_ascii=True) writes it (its symbols as \\uXXXX)
     hole = _HOLE.format(nonce=nonce, index="([0-9]+)").replace(".", r"\.")
     escaped = hole
     for ch in (_OPEN, _CLOSE):
         escaped = escaped.replace(ch, re.escape(json.dumps(ch)[1:-1]))
-    # re.split with two groups: [text, index or None, index or None, text, ..., text]
-    parts = re.split(f"{hole}|{escaped}", rendered)
+
+    def rehide(text: str, ensure_ascii: bool) -> str:
+        """What ``| tojson`` wrote, each hole in it a new one for its marker as JSON writes it."""
+
+        def swap(match: re.Match[str]) -> str:
+            marker = held[int(match.group(1) or match.group(2))]
+            held.append(json.dumps(marker, ensure_ascii=ensure_ascii)[1:-1])
+            return _HOLE.format(nonce=nonce, index=len(held) - 1)
+
+        return re.sub(f"{hole}|{escaped}", swap, text)
+
+    try:
+        plain_messages = [hidden(msg) for msg in _plain(fmt._with_system(messages))]
+    except RecursionError:
+        raise InvalidRequestError("A message is nested too deeply to render.") from None
+    token = _TOJSON_HOOK.set(rehide)
+    try:
+        rendered = fmt.render(plain_messages, add_generation_prompt=add_generation_prompt)
+    finally:
+        _TOJSON_HOOK.reset(token)
+    # re.split with one group: [text, index, text, index, ..., text]
+    parts = re.split(hole, rendered)
     out: list[tuple[str, bool]] = []
     plain: list[str] = []
     suspect = False  # a hole's symbol left over: the message's own, or a hole the template cut
     for i, part in enumerate(parts):
-        if i % 3 == 1:  # a message's control-token text, back as plain text
-            plain.append(held[int(part)] if part is not None else _tojson_inner(held[int(parts[i + 1])]))
-            continue
-        if i % 3 == 2:
+        if i % 2 == 1:  # a message's control-token text, back as plain text
+            plain.append(held[int(part)])
             continue
         suspect = suspect or _OPEN in part or _CLOSE in part
         start = 0
@@ -368,13 +414,6 @@ def prompt_segments(
             "the message."
         )
     return out
-
-
-def _tojson_inner(text: str) -> str:
-    """``text`` as Jinja's ``| tojson`` writes it inside a JSON string (without the quotes)."""
-    from jinja2.utils import htmlsafe_json_dumps
-
-    return str(htmlsafe_json_dumps(text))[1:-1]
 
 
 def tokenize_prompt(

@@ -79,7 +79,8 @@ def test_tojson_writes_a_hidden_marker_as_it_writes_the_marker():
     fmt = PromptFormat(chat_template=TOJSON)
     messages = _conversation(arguments={"city": INJECTED, "n": [1, {"k": "<|im_end|>"}]})
     rendered = fmt.render(messages)
-    assert "\\u003c|im_end|\\u003e" in rendered  # | tojson escapes < and >
+    # | tojson writes < and > as they are (as transformers does), so the marker is in the text as is
+    assert '"k": "<|im_end|>"' in rendered
     segments = prompt_segments(fmt, messages, SPECIALS)
     assert "".join(text for text, _ in segments) == rendered
     assert [text for text, control in segments if control] == ["<|im_start|>", "<|im_end|>"] * 3 + [

@@ -6,10 +6,11 @@
         [--speculative-method ngram|draft --num-speculative-tokens K [--draft-model ID_OR_PATH]]
 
 Errors are printed as one line on stderr, no traceback: a bad option value or combination (an
-engine setting, a model or key that is not there, cluster options without ``--replicas`` or a
-``--ray-address`` that is no address, all checked before anything loads) with exit status 2 naming
-the option, as argparse's own; a port in use, a model that fails to load, a Ray cluster that does
-not answer or an engine that dies while serving with 1.
+engine setting, a model or key that is not there, a setting the model's header rules out
+(``--max-model-len``, the KV pool, a draft model of another tokenizer), cluster options without
+``--replicas`` or a ``--ray-address`` that is no address, all checked before anything loads) with
+exit status 2 naming the option, as argparse's own; a port in use, a model that fails to load, a
+Ray cluster that does not answer or an engine that dies while serving with 1.
 SIGTERM or Ctrl-C shuts the server down gracefully (``hybridllm/wire/shutdown.py``) and the exit
 status is 0, at once if the model is still loading.
 """
@@ -342,6 +343,73 @@ def _check_model(model: str, option: str = "--model") -> None:
         )
 
 
+def _check_model_header(args: argparse.Namespace, config: Any, cluster: bool) -> None:
+    """Refuse what the models' headers already rule out (read without the weights; the engine
+    found it only once the server had started, exit 1): a ``--max-model-len`` beyond the model's
+    context length, a KV pool that cannot hold one sequence, a ``--draft-model`` whose vocabulary
+    or end-of-sequence ids are not the target's (the load compares the tokenizers in full) or whose
+    context is shorter than the target's (every step past it failed). A model whose header cannot
+    be read here (a catalog model not pulled yet) is left to the load."""
+    from cloud_server.models.loader import read_model_header
+
+    target = read_model_header(args.model)
+    if target is None:
+        return
+    native = target.config.max_position_embeddings
+    if args.max_model_len is not None and args.max_model_len > native:
+        raise UsageError(f"--max-model-len {args.max_model_len} is more than the context length of "
+                         f"{args.model!r} ({native} tokens): give at most {native} or leave it out")
+    from cloud_server.engine.llm_engine import _CPU_MAX_MODEL_LEN, _resolve_device
+
+    # the engine's max_model_len: a replica's device is its own, and its cap at least the CPU's
+    device = (config.device or "cpu").partition(":")[0] if cluster else _resolve_device(config)[0].type
+    max_len = config.max_model_len or min(native, _CPU_MAX_MODEL_LEN if device == "cpu" else 32768)
+    if not cluster:
+        _check_kv_pool(config, target.config, max_len)
+    draft = read_model_header(args.draft_model) if args.draft_model is not None else None
+    if draft is None:
+        return
+    differs = None
+    if draft.config.vocab_size != target.config.vocab_size:
+        differs = (f"vocabulary of {draft.config.vocab_size} tokens, the target's "
+                   f"{target.config.vocab_size}")
+    elif None not in (draft.eos_token_ids, target.eos_token_ids) and (
+        draft.eos_token_ids != target.eos_token_ids
+    ):
+        differs = (f"end-of-sequence token ids {sorted(draft.eos_token_ids or ())}, the target's "
+                   f"{sorted(target.eos_token_ids or ())}")
+    if differs:
+        raise UsageError(f"--draft-model {args.draft_model!r} does not share the tokenizer of "
+                         f"--model {args.model!r} (its {differs}): a draft model must use the "
+                         "target's tokenizer")
+    # the draft runs every position the target does: past its own RoPE table every step failed
+    draft_len = draft.config.max_position_embeddings
+    if draft_len < max_len:
+        raise UsageError(f"--draft-model {args.draft_model!r} has a context length of {draft_len} "
+                         f"tokens, less than the target's {max_len} (--max-model-len): give "
+                         f"--max-model-len {draft_len} or less")
+
+
+def _check_kv_pool(config: Any, model_config: Any, max_len: int) -> None:
+    """The engine's own rule (``LLMEngine``'s plan) where the pool is known before the load (given,
+    or the CPU's default): whole blocks of the pool must hold one ``max_len`` sequence."""
+    from cloud_server.engine.llm_engine import _CPU_KV_BYTES, _resolve_device
+
+    device, dtype, _ = _resolve_device(config)
+    budget = config.kv_cache_memory_bytes or (_CPU_KV_BYTES if device.type == "cpu" else None)
+    if budget is None:  # half the memory the weights leave: known after the load
+        return
+    per_block = model_config.kv_bytes_per_token(dtype.itemsize) * config.block_size
+    tokens = budget // per_block * config.block_size
+    if tokens < max_len:
+        raise UsageError(
+            f"a KV pool of {budget >> 20} MiB (--kv-cache-memory-mb) holds {tokens} tokens of "
+            f"{config.model!r} in blocks of {config.block_size} (--block-size), less than one "
+            f"sequence of {max_len} (--max-model-len): raise --kv-cache-memory-mb or lower "
+            f"--max-model-len"
+        )
+
+
 def _check_device(config: Any) -> None:
     """Refuse before the load a device this machine lacks (``--device cuda`` without CUDA, or
     ``cuda:N`` past its GPUs: the server started, then the load failed) and, on the CPU, a KV pool
@@ -399,6 +467,7 @@ def serve(args: argparse.Namespace) -> int:
         _check_model(args.draft_model, "--draft-model")
     if cluster is None:
         _check_device(config)
+    _check_model_header(args, config, cluster is not None)
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )

@@ -327,3 +327,102 @@ def _return_freed_memory() -> None:
         ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim(0)
     except (OSError, AttributeError):  # not glibc: nothing to do
         pass
+
+
+@dataclass
+class ModelHeader:
+    """What a model's header says, read without its weights (start-up checks): its config as the
+    loader makes it, and ``eos_token_ids`` as the GGUF tokenizer takes them (``None`` for a folder:
+    its tokenizer files say them)."""
+
+    config: ModelConfig
+    eos_token_ids: frozenset[int] | None
+
+
+# GGUF metadata value types (gguf's GGUFValueType): scalars' struct formats; 8 string, 9 array
+_GGUF_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?",
+                 10: "<Q", 11: "<q", 12: "<d"}
+
+
+def read_gguf_metadata(path: str | Path) -> dict[str, Any]:
+    """A GGUF file's metadata (version 2 or 3), an array given as its length: the header only, so
+    a start-up check costs milliseconds where ``GGUFReader`` takes seconds (it reads the whole
+    vocabulary). ValueError (or struct.error, OSError) on a file that is not one."""
+    import mmap
+    import struct
+
+    with open(path, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+        if buf[:4] != b"GGUF" or struct.unpack_from("<I", buf, 4)[0] not in (2, 3):
+            raise ValueError(f"{path} is not a GGUF file of version 2 or 3")
+        pos = 24  # magic, version, tensor count, metadata count
+
+        def string() -> str:
+            nonlocal pos
+            (n,) = struct.unpack_from("<Q", buf, pos)
+            pos += 8 + n
+            return buf[pos - n : pos].decode("utf-8", "replace")
+
+        def value(kind: int) -> Any:
+            nonlocal pos
+            if kind == 8:
+                return string()
+            if kind == 9:
+                item, n = struct.unpack_from("<IQ", buf, pos)
+                pos += 12
+                if item in _GGUF_SCALARS:
+                    pos += n * struct.calcsize(_GGUF_SCALARS[item])
+                else:
+                    for _ in range(n):
+                        value(item)
+                return n
+            fmt = _GGUF_SCALARS[kind]  # KeyError: not a type of the format
+            (v,) = struct.unpack_from(fmt, buf, pos)
+            pos += struct.calcsize(fmt)
+            return v
+
+        meta: dict[str, Any] = {}
+        for _ in range(struct.unpack_from("<Q", buf, 16)[0]):
+            key = string()
+            (kind,) = struct.unpack_from("<I", buf, pos)
+            pos += 4
+            meta[key] = value(kind)
+    return meta
+
+
+def read_model_header(model: str) -> ModelHeader | None:
+    """The header of ``model`` (a .gguf file, a Hugging Face folder or a catalog id already pulled)
+    as the loader will read it, or None where it cannot be read here: a catalog model not pulled
+    yet, a damaged file (the load says what is wrong)."""
+    import json
+
+    path = Path(model).expanduser()
+    if path.suffix != ".gguf" and not path.is_dir():
+        try:
+            from hybridllm.models import store
+            from hybridllm.models.catalog import get_spec
+
+            spec = get_spec(model)
+            if spec.kind != "gguf" or store.pull_state(model) == store.ABSENT:
+                return None
+            path = store.model_dir(spec) / spec.main_file.name
+        except Exception:  # noqa: BLE001 - not a catalog id: checked elsewhere
+            return None
+    try:
+        if path.is_dir():
+            from .loader_safetensors import config_from_hf
+
+            config = config_from_hf(json.loads((path / "config.json").read_text(encoding="utf-8")))
+            return ModelHeader(config, None)
+        from .loader_gguf import config_from_metadata
+
+        meta = read_gguf_metadata(path)  # arrays as their lengths: the token count
+        config = config_from_metadata(meta, int(meta["tokenizer.ggml.tokens"]))
+        eos = None
+        if "tokenizer.ggml.eos_token_id" in meta:  # as the GGUF tokenizer takes them
+            keys = ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id",
+                    "tokenizer.ggml.eom_token_id")
+            eos = frozenset(int(meta[k]) for k in keys
+                            if k in meta and 0 <= int(meta[k]) < config.vocab_size)
+        return ModelHeader(config, eos)
+    except Exception:  # noqa: BLE001 - unreadable here: the load reports it
+        return None

@@ -404,6 +404,10 @@ def _build_core(
     """Settings -> parts -> the pipeline. ``cache`` is a cache object, or True/False/None for
     "the default one" / "none" / "as configured"."""
     _check_parts(edge=edge, cloud=cloud, cache=cache, policy=policy)
+    if config is not None and not isinstance(config, (str, os.PathLike)):
+        # a dict or a HybridLLMConfig raised a bare TypeError from deep in the path handling
+        raise ConfigError(f"config= is the path of a TOML file; got {type(config).__name__}. Pass "
+                          "settings as keyword arguments instead (HybridLLM(max_tokens=128, ...)).")
     if isinstance(cache, bool):
         settings["cache"] = cache
         cache = None
@@ -504,6 +508,10 @@ def _check_parts(**parts: Any) -> None:
     for name, part in parts.items():
         if part is None or (name == "cache" and isinstance(part, bool)):
             continue
+        if isinstance(part, type):  # the class itself has the methods, unbound: refused here, not
+            # at the first answer (an EdgeError) or, for a cache, never (every lookup failed, logged)
+            raise ConfigError(f"{name}= must be {_PART_WHAT[name]}; got the class {part.__name__}, "
+                              f"not an instance: pass {part.__name__}(...).")
         missing = [m for m in _PART_NEEDS[name] if not callable(getattr(part, m, None))]
         if missing:
             lacks = ", ".join(f"{m}()" for m in missing)
@@ -641,6 +649,7 @@ class AsyncHybridLLM(_Surface):
         self._owner: HybridLLM | None = None
         self._streams: weakref.WeakSet[AsyncStream] = weakref.WeakSet()  # what aclose() stops
         self._closed = False
+        self._closed_done = False  # aclose() ran to its end
         self._finalizer: weakref.finalize[Any, Any] | None = weakref.finalize(
             self, _close_collected, None, self._core, "AsyncHybridLLM")
         self._finalizer.atexit = False  # at exit the device worker stops itself (backends.worker)
@@ -654,6 +663,7 @@ class AsyncHybridLLM(_Surface):
         self._owner = client
         self._streams = weakref.WeakSet()
         self._closed = False
+        self._closed_done = False
         self._finalizer = None
         return self
 
@@ -678,15 +688,19 @@ class AsyncHybridLLM(_Surface):
         """Stop the answers still streaming (their readers get ``HybridLLMError``, as with the
         sync client's close()), then free the device model and the cloud's connections; a
         :meth:`wrap` view leaves its sync client's parts open."""
-        if self._closed:
+        if self._closed_done:
             return
-        self._closed = True
-        if self._finalizer is not None:
-            self._finalizer.detach()
+        self._closed = True  # no new stream from here
         for stream in list(self._streams):  # each ends its cloud call (accounted) or device job
             await stream._stop_for_client()
         if self._owner is None:
             await self._core.aclose()
+        # done only now: an aclose() cancelled half way (asyncio.timeout, wait_for) left the device
+        # model loaded for ever, and a second aclose() returned at once; now that one closes the
+        # rest, and a client never closed whole is still closed when collected
+        self._closed_done = True
+        if self._finalizer is not None:
+            self._finalizer.detach()
 
     async def __aenter__(self) -> AsyncHybridLLM:
         return self

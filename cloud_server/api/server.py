@@ -338,6 +338,9 @@ def create_app(
         metrics.energy = EnergyAccounting(None, metrics.registry, lambda: state.model_name)
     install_error_handlers(app, on_status=metrics.record_rejection)
 
+    # HEAD as well as GET (RFC 9110 requires both; FastAPI's GET routes lack HEAD, so a monitor's
+    # HEAD probe got 405): the same answer, its body left out by the server
+    @app.head("/health", include_in_schema=False)
     @app.get("/health", responses={200: {"model": Health}, 503: {"model": Health}})
     async def health() -> Response:
         if state.drain.is_closing:  # a load balancer stops sending here
@@ -354,6 +357,7 @@ def create_app(
         status = "error" if state.load_error is not None or engine is not None else "loading"
         return JSONResponse({"status": status}, status_code=503)
 
+    @app.head("/metrics", include_in_schema=False)
     @app.get(
         "/metrics",
         response_class=PlainTextResponse,

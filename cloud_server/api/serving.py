@@ -140,6 +140,29 @@ class Generation:
                 await self.engine.abort(self.request_id)
 
 
+class _ClosingEvents:
+    """Async iterator over ``events`` whose ``aclose`` also closes ``generation``. An async
+    generator closed before its first step skips its ``finally``: a client gone before the
+    headers went out (EventStreamResponse then closes the events unstarted) left the engine
+    request running, its energy share open and no finish recorded."""
+
+    def __init__(self, events: AsyncIterator[str], generation: Generation) -> None:
+        self._events = events
+        self._generation = generation
+
+    def __aiter__(self) -> _ClosingEvents:
+        return self
+
+    async def __anext__(self) -> str:
+        return await self._events.__anext__()
+
+    async def aclose(self) -> None:
+        try:
+            await self._events.aclose()  # type: ignore[attr-defined]
+        finally:
+            await self._generation.close()  # a second close does nothing
+
+
 def usage_of(out: Any) -> dict[str, Any]:
     usage: dict[str, Any] = {
         "prompt_tokens": out.num_prompt_tokens,
@@ -257,7 +280,11 @@ class OpenAIServing:
             logprobs=self._logprobs(prepared, entries),
         )
 
-    async def stream_events(self, prepared: Prepared, generation: Generation) -> AsyncIterator[str]:
+    def stream_events(self, prepared: Prepared, generation: Generation) -> AsyncIterator[str]:
+        """The SSE events of ``generation``; closing them ends it, even if none was ever sent."""
+        return _ClosingEvents(self._events(prepared, generation), generation)
+
+    async def _events(self, prepared: Prepared, generation: Generation) -> AsyncIterator[str]:
         chat = prepared.kind == "chat"
         writer = ChunkWriter(id=prepared.request_id, created=prepared.created, model=self.model_name,
                              chat=chat, include_usage=prepared.include_usage)
@@ -286,7 +313,6 @@ class OpenAIServing:
             yield error_event(error_body(message, kind, param=param))
         finally:
             await generation.close()
-
 
     def _logprobs(self, prepared: Prepared, entries: list[Any]) -> dict[str, Any] | None:
         if not prepared.logprobs:

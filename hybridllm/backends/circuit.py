@@ -14,11 +14,14 @@ circuits opened at the same outage do not all probe the recovering endpoint at t
 
 from __future__ import annotations
 
+import math
 import random
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+
+from .._exceptions import ConfigError
 
 MAX_COOLDOWN_S = 300.0  # the longest wait between probes of an endpoint that stays down
 # each opening waits cooldown_s * u, u uniform in [JITTER_LOW, 1]: processes that opened together
@@ -33,6 +36,13 @@ class CircuitBreaker:
                  clock: Callable[[], float] = time.monotonic,
                  rng: Callable[[], float] = random.random) -> None:
         """``rng``: uniform in [0, 1), drawn once per opening for its jitter (tests pin it)."""
+        # a NaN or infinite cooldown never elapses (the circuit stayed open for good after its first
+        # opening: every answer from the device, silently); a threshold below 1 opened it at once
+        if isinstance(threshold, bool) or not isinstance(threshold, int) or threshold < 1:
+            raise ConfigError(f"breaker_threshold must be a whole number >= 1, got {threshold!r}.")
+        for name, value in (("breaker_cooldown_s", cooldown_s), ("breaker_max_cooldown_s", max_cooldown_s)):
+            if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < math.inf:
+                raise ConfigError(f"{name} must be a finite number >= 0, got {value!r}.")
         self.threshold = threshold
         self.base_cooldown_s = cooldown_s
         self.max_cooldown_s = max(cooldown_s, max_cooldown_s)  # never below the configured wait

@@ -138,6 +138,12 @@ class LlamaCppBackend(DeviceBackend):
         verbose: bool = False,
     ) -> None:
         check_device_settings(n_ctx, n_threads, n_batch)
+        if chat_format not in (None, "template", "completion"):
+            # llama-cpp-python's own names ("chatml", "llama-2") are not ours: one passed here
+            # silently became the plain completion transcript, a prompt the model was not tuned on
+            raise ConfigError(
+                f"chat_format must be 'template' (the model's own chat template), 'completion' or "
+                f"None (from the model), got {chat_format!r}.")
         self.model, self.model_path, spec = resolve_gguf(model, progress=progress)
         self.n_threads = n_threads or min(usable_cpus(), _MAX_THREADS)
         self._busy = threading.Lock()  # a flag: never waited on

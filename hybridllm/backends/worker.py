@@ -49,6 +49,14 @@ def _close_at_exit() -> None:
         worker.close(timeout_s=EXIT_WAIT_S)
 
 
+def _stopped(exc: BaseException) -> EdgeError:
+    """A backend's BaseException that is no Exception (SystemExit...) as the reader's EdgeError."""
+    err = EdgeError(f"The device backend stopped with {type(exc).__name__}"
+                    f"{f': {exc}' if str(exc) else ''}; the answer is incomplete.")
+    err.__cause__ = exc
+    return err
+
+
 class EdgeJob:
     """One generation: made and run on the worker thread, read on an asyncio loop."""
 
@@ -91,13 +99,19 @@ class EdgeJob:
                 self._post(EdgeError(CLOSED_MID_ANSWER))
         except Exception as exc:  # handed to the reader, raised there
             self._post(exc)
+        except BaseException as exc:
+            # a backend's SystemExit (or a CancelledError of its own loop): let through, it ended
+            # the worker thread, the reader took its _END for a finished answer (cut short) and
+            # every later request waited edge_wait_timeout_s for a device that was gone. Raised
+            # as it is on the reader's loop it would stop that loop: an EdgeError instead
+            self._post(_stopped(exc))
         finally:
             close = getattr(it, "close", None)
             if close is not None:
                 try:
                     close()  # stops decoding at once
-                except Exception as exc:  # noqa: BLE001 - a failing close must not kill the worker
-                    self._post(exc)
+                except BaseException as exc:  # noqa: BLE001 - a failing close must not kill the worker
+                    self._post(exc if isinstance(exc, Exception) else _stopped(exc))
             self._post(_END)
             self.done.set()
 
@@ -224,14 +238,14 @@ class InlineRun:
                 with self._cond:
                     self._buffer.append(delta)
                     self._cond.notify_all()
-        except Exception as exc:  # the reader raises it
+        except BaseException as exc:  # the reader raises it (as in EdgeJob.run: the worker lives on)
             with self._cond:
                 self._buffer.append(exc)
         finally:
             try:
                 if it is not None:
                     getattr(it, "close", lambda: None)()
-            except Exception as exc:  # noqa: BLE001
+            except BaseException as exc:  # noqa: BLE001
                 with self._cond:
                     self._buffer.append(exc)
             with self._cond:

@@ -89,8 +89,12 @@ def resolve_onnx(
         if spec.kind != "gguf":
             raise ModelNotFoundError(f"{text!r} is an {spec.kind} model, not a chat model.")
         folder = onnx_dir(spec.id, precision)
-        if is_prepared(folder, spec):
-            return spec.id, folder, spec
+        try:
+            if is_prepared(folder, spec):
+                return spec.id, folder, spec
+        except ModelCorruptError:  # a damaged record: built again here, as `models prepare` does
+            if not prepare or missing_export_modules():
+                raise
         missing = missing_export_modules()
         if not prepare or missing:
             why = (
@@ -125,5 +129,8 @@ def resolve_onnx(
             f"The ONNX backend takes a catalog id or a prepared folder, not {path}; "
             "a .gguf file runs on the llama.cpp backend."
         )
-    get_spec(text)  # raises ModelNotFoundError listing the known ids
-    raise AssertionError("unreachable")
+    # not get_spec's error: its hint (a local .gguf file) is the llama.cpp backend's
+    raise ModelNotFoundError(
+        f"Unknown model {text!r}: neither a catalog id ({', '.join(sorted(load_catalog()))}) nor a "
+        f"prepared ONNX folder. See `hybridllm models list`; prepare one with `{prepare_command('ID')}`."
+    )

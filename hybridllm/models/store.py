@@ -15,12 +15,14 @@ import importlib
 import importlib.metadata
 import json
 import os
+import re
 import stat
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from .._exceptions import ModelCorruptError, ModelError, ModelNotFoundError, ModelPackageMissingError
+from .._files import remove_leftovers
 from .._locks import HAVE_LOCKS, lock_exclusive
 from .._paths import data_dir
 from .catalog import FileSpec, ModelSpec, get_spec, load_catalog
@@ -144,33 +146,18 @@ def _tmp_prefix(dest: Path) -> str:
 
 def _remove_stale_tmps(dest: Path) -> None:
     """Temporary files of ``dest`` left by a pull that was killed (its lock died with it); only
-    called with the folder's lock held, so no live pull owns one."""
-    for path in dest.parent.iterdir():
-        if path.name.startswith(_tmp_prefix(dest)) and path.name.endswith(".tmp"):
-            path.unlink(missing_ok=True)
-
-
-def _copy_verified(
-    parts: list[Path], dest: Path, file: FileSpec, progress: Progress | None, *, force: bool = False
-) -> None:
-    try:
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        with _folder_lock(dest.parent) as locked:
-            if not force and _marker_ok(dest, file.sha256):
-                return  # another process pulled it while this one waited for the lock
-            if locked:
-                _remove_stale_tmps(dest)
-            _copy_parts(parts, dest, file, progress)
-    except OSError as exc:  # a read-only or missing data dir, a full disk
-        raise ModelError(
-            f"Cannot copy {file.name} into {dest.parent} ({exc.strerror or exc}). Point "
-            "HYBRIDLLM_HOME at a writable folder with enough free space."
-        ) from exc
+    called with the model folder's lock held, so no live pull owns one."""
+    remove_leftovers(dest.parent, re.compile(rf"{re.escape(_tmp_prefix(dest))}.*\.tmp", re.DOTALL))
 
 
 def _copy_parts(parts: list[Path], dest: Path, file: FileSpec, progress: Progress | None) -> None:
     tmp = dest.with_name(f"{_tmp_prefix(dest)}{os.getpid()}.tmp")
     total = sum(p.stat().st_size for p in parts)
+    if file.size is not None and total != file.size:  # another version: say so before copying it all
+        raise ModelCorruptError(
+            f"{file.name}: the packaged file has {total} bytes, expected {file.size}. The package "
+            "is damaged or of another version."
+        )
     digest = hashlib.sha256()
     done = 0
     try:
@@ -188,7 +175,7 @@ def _copy_parts(parts: list[Path], dest: Path, file: FileSpec, progress: Progres
         if digest.hexdigest() != file.sha256:
             raise ModelCorruptError(
                 f"{file.name}: the packaged file has sha256 {digest.hexdigest()}, expected "
-                f"{file.sha256}. The package is damaged."
+                f"{file.sha256}. The package is damaged or of another version."
             )
         os.replace(tmp, dest)  # atomic: the file appears whole or not at all
         _write_marker(dest, file.sha256)
@@ -214,8 +201,8 @@ def _marker_ok(path: Path, sha256: str) -> bool:
         st = path.stat()
     except (OSError, ValueError):
         return False
-    return (meta.get("sha256") == sha256 and meta.get("size") == st.st_size
-            and meta.get("mtime_ns") == st.st_mtime_ns)
+    return (isinstance(meta, dict) and meta.get("sha256") == sha256  # a damaged marker: not ok
+            and meta.get("size") == st.st_size and meta.get("mtime_ns") == st.st_mtime_ns)
 
 
 def sha256_file(path: Path) -> str:
@@ -286,15 +273,57 @@ def pull(model_id: str, *, progress: Progress | None = None, force: bool = False
     """
     spec = get_spec(model_id)
     root = model_dir(spec)
-    for file in spec.files:
-        dest = root / file.name
-        if not force and (_marker_ok(dest, file.sha256) or _adopt(dest, file, progress)):
-            continue
-        try:
-            _copy_verified(_source_parts(spec, file), dest, file, progress, force=force)
-        except ModelCorruptError as exc:
-            raise ModelCorruptError(f"{exc} Reinstall it with: {spec.pip} --force-reinstall") from None
+    todo = [f for f in spec.files if force or not (
+        _marker_ok(root / f.name, f.sha256) or _adopt(root / f.name, f, progress))]
+    if todo:
+        _copy_files(spec, root, todo, progress, force=force)
     return root / spec.main_file.name if spec.kind == "gguf" else root
+
+
+def _copy_files(
+    spec: ModelSpec, root: Path, todo: list[FileSpec], progress: Progress | None, *, force: bool
+) -> None:
+    """Copy ``todo`` into ``root`` holding the model folder's lock (the one `models remove` and
+    `models prepare` take, also for a file in a subfolder), and check every other file again under
+    it: another pull may have copied one while this one waited, a remove deleted the rest."""
+    name = todo[0].name
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        with _folder_lock(root) as locked:
+            for file in spec.files:
+                dest, name = root / file.name, file.name
+                if file in todo:
+                    if not force and _marker_ok(dest, file.sha256):
+                        continue  # another process pulled it while this one waited for the lock
+                elif _marker_ok(dest, file.sha256) or _adopt(dest, file, None):
+                    continue
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                if locked:
+                    _remove_stale_tmps(dest)
+                _copy_parts(_source_parts(spec, file), dest, file, progress)
+    except ModelCorruptError as exc:
+        raise ModelCorruptError(
+            f"{exc}{_version_note(spec)} Reinstall it with: {spec.pip} --force-reinstall"
+        ) from None
+    except OSError as exc:  # a read-only or missing data dir, a full disk
+        raise ModelError(
+            f"Cannot copy {name} into {root} ({exc.strerror or exc}). Point "
+            "HYBRIDLLM_HOME at a writable folder with enough free space."
+        ) from exc
+
+
+def _version_note(spec: ModelSpec) -> str:
+    """Which installed package is not the version the catalog names ("" when all are)."""
+    src = spec.source
+    names = ([src["package"].format(i=i) for i in range(1, int(src["count"]) + 1)]
+             if src["type"] == "parts" else [spec.package])
+    for name in names:
+        with contextlib.suppress(importlib.metadata.PackageNotFoundError):
+            found = importlib.metadata.version(name)
+            if found != spec.package_version:
+                return (f" The installed {name} is version {found}; {spec.id!r} needs "
+                        f"{spec.package_version}.")
+    return ""
 
 
 @dataclass
@@ -315,8 +344,14 @@ def verify(model_id: str | None = None) -> list[VerifyResult]:
             path = model_dir(spec) / file.name
             if not path.is_file():
                 missing.append(file.name)
-            elif sha256_file(path) != file.sha256:
-                bad.append(file.name)
+                continue
+            why = ""
+            try:
+                ok = sha256_file(path) == file.sha256
+            except OSError as exc:  # unreadable (permissions, an I/O error): as bad as corrupt
+                ok, why = False, f" (unreadable: {exc.strerror or exc})"
+            if not ok:
+                bad.append(file.name + why)
                 with contextlib.suppress(OSError):  # a read-only data dir is still verified
                     _marker(path).unlink(missing_ok=True)
             else:

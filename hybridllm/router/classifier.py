@@ -153,12 +153,13 @@ class GainScorer:
         mean, scale = (np.asarray(a[n], np.float32) for n in ("mean", "scale"))
         coef, intercept = np.asarray(a["coef"], np.float32), np.asarray(a["intercept"], np.float32)
         classes = np.asarray(a["classes"], np.float32)
-        nc = len(classes)
+        nc = len(classes) if classes.ndim == 1 else -1  # a [3, 1] one scored [n, 1] gains
         if not (mean.shape == scale.shape == (num_features,) and coef.shape == (nc, num_features)
                 and intercept.shape == (nc,)):
             raise RouterFileError(
                 f"The router weights have shapes mean {mean.shape}, coef {coef.shape}, intercept "
-                f"{intercept.shape}; this version needs {num_features} features. Retrain it."
+                f"{intercept.shape}, classes {classes.shape}; this version needs {num_features} "
+                "features and one class per row of coef. Retrain it."
             )
         arrays = (mean, scale, coef, intercept, classes)
         if not all(np.all(np.isfinite(v)) for v in arrays) or np.any(scale == 0):
@@ -187,7 +188,8 @@ class GainScorer:
             centroids = np.asarray(a["centroids"], np.float32)
             topic_gains = np.asarray(a["topic_gains"], np.float32)
             topic_mix = _one_number(a, "topic_mix")
-            ok = (centroids.ndim == 3 and centroids.shape[2] == refs.shape[1]
+            # no restart scored NaN (a mean over none), no topic an argmax error
+            ok = (centroids.ndim == 3 and min(centroids.shape[:2]) > 0 and centroids.shape[2] == refs.shape[1]
                   and topic_gains.shape == centroids.shape[:2] and 0.0 <= topic_mix <= 1.0
                   and bool(np.all(np.isfinite(centroids))) and bool(np.all(np.isfinite(topic_gains))))
             if not ok:

@@ -92,6 +92,13 @@ class Router:
                 f"The router's classifier takes {self.scorer.num_features} features but this "
                 f"version computes {expected}; retrain it with `hybridllm router train`."
             )
+        # the embedding parts' width, else a numpy broadcast error at the first request
+        widths = _embedding_widths(self.scorer) if self.use_embedding else set()
+        if widths - {EMBEDDING_DIM}:
+            raise RouterFileError(
+                f"The router's embedding part takes {sorted(widths)}-float vectors but the embedder "
+                f"{EMBEDDER_ID} gives {EMBEDDING_DIM}; retrain it with `hybridllm router train`."
+            )
 
     # scoring -------------------------------------------------------------------------------
     def score_text(self, text: str, *, embedding: np.ndarray | None = None) -> float:
@@ -193,6 +200,13 @@ class Router:
         return out
 
 
+def _embedding_widths(scorer: GainScorer | SourceMixture) -> set[int]:
+    """The embedding widths the scorer's gate and projections take (none: linear part only)."""
+    if isinstance(scorer, SourceMixture):
+        return {scorer.gate_mean.shape[0]}.union(*(_embedding_widths(e) for e in scorer.experts))
+    return set() if scorer.proj_mean is None else {scorer.proj_mean.shape[0]}
+
+
 def _prompt_texts(prompts: Sequence[str | Sequence[Message]]) -> list[str]:
     """The text the router scores of each prompt (a string, or messages: the last user turn);
     an empty or malformed one is refused with its index."""
@@ -262,6 +276,11 @@ def _read_config(folder: Path) -> dict[str, Any]:
         raise RouterFileError(
             f"{path} was trained on other text features than this version computes; retrain it."
         )
+    if "embedding" not in config:  # every save writes it (null: no embedding)
+        raise RouterFileError(
+            f"{path} has no 'embedding' field; set it to {EMBEDDER_ID!r} (or null for a router "
+            "trained with --no-embedding), or re-copy the router."
+        )
     if config.get("embedding") not in (None, EMBEDDER_ID):
         raise RouterFileError(f"{path} needs embedder {config.get('embedding')!r}; retrain it.")
     return config
@@ -305,6 +324,8 @@ def load_router(path: str | Path | None = None) -> Router:
             scorer = GainScorer.from_arrays(arrays, num_features=num_features)
     except RouterFileError as exc:  # say which file: the messages name only the array
         raise RouterFileError(f"{weights}: {exc}") from exc
+    except (ValueError, TypeError, IndexError) as exc:  # a hand-edited array: text, or no dimension
+        raise RouterFileError(f"{weights} is corrupt ({exc}); retrain or re-copy it.") from exc
     path = folder / CONFIG_NAME
     threshold = _number_field(config, "threshold", path, "a number in [0, 1] (1: never the cloud)",
                               lambda v: 0.0 <= v <= 1.0)
@@ -316,9 +337,7 @@ def load_router(path: str | Path | None = None) -> Router:
     try:
         return Router(scorer=scorer, threshold=threshold, use_embedding=use_embedding,
                       logprob_threshold=logprob_threshold, info=info, train_hashes=train_hashes)
-    except RouterError as exc:
-        if isinstance(exc, RouterFileError):
-            raise
+    except RouterError as exc:  # the file's arrays and config disagree: name the folder
         raise RouterFileError(f"{folder}: {exc}") from exc
 
 

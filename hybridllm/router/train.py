@@ -31,7 +31,9 @@ given by the rule above.
 from __future__ import annotations
 
 import hashlib
+import re
 import time
+import unicodedata
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -55,7 +57,7 @@ from .embedding_cache import cached_embeddings
 from .evaluate import router_metrics
 from .features import TEXT_FEATURES, feature_matrix
 from .fit import GATE_C, fit_gain_scorer, fit_source_mixture, learnable
-from .mixture import SourceMixture
+from .mixture import SUPPORT_K, SourceMixture
 from .preference import is_preference
 from .router import DEFAULT_LOGPROB_THRESHOLD, Router
 
@@ -66,17 +68,36 @@ SHIPPED_COMMAND = (
 )
 
 
+_OPERATORS = frozenset("*/%&#@")  # punctuation to Unicode, operators in "6*3", "6/3", "50%"
+
+
+def question_key(prompt: str) -> str:
+    """What copies of one question share: case, punctuation and spacing dropped, symbols kept but
+    not the spacing around them ("What is 2+2?", "what is 2 + 2" -> "what is 2 + 2"). A prompt
+    of punctuation only keeps its own characters (else "?" and "!!" would be one question)."""
+    text = unicodedata.normalize("NFKC", prompt).casefold()
+    # punctuation and control characters read as a space, format ones (a zero-width space) as none
+    cats = [unicodedata.category(c) for c in text]
+    text = "".join(
+        "" if k == "Cf" else " " if k[0] in "PC" and c not in _OPERATORS else c
+        for c, k in zip(text, cats, strict=True)
+    )
+    key = " ".join(re.findall(r"\w+|[^\w\s]", text))  # words and single symbols (+, =, emoji)
+    return key or " ".join(prompt.split()).casefold()
+
+
 def fold_ids(prompts: list[str], num_folds: int, *, salt: str = "") -> np.ndarray:
     """Fold of each prompt from a hash of its text: ``[n]`` ints in ``[0, num_folds)``. Another
     ``salt`` gives another assignment, still by question (``bench.router_cv`` compares them).
-    Copies of a question that differ only in case or spacing ("Hi", "hi ") take the fold of its
-    first copy: in two folds, the held-out one had its own twin among the training neighbors.
-    A prompt without such twins keeps the fold of its own text (the shipped files have none)."""
+    Copies of a question that differ only in case, punctuation or spacing ("Hi", "hi ", "Hi!";
+    "2+2", "2 + 2": :func:`question_key`) take the fold of its first copy: in two folds, the
+    held-out one had its own twin among the training neighbors. A prompt without such twins
+    keeps the fold of its own text (the shipped MMLU file has two pairs, apart by full stops)."""
     out = np.empty(len(prompts), dtype=np.int64)
     first: dict[str, int] = {}
     for i, p in enumerate(prompts):
         fold = int(hashlib.sha1((salt + p).encode("utf-8", "surrogatepass")).hexdigest()[:12], 16) % num_folds
-        out[i] = first.setdefault(" ".join(p.split()).casefold(), fold)
+        out[i] = first.setdefault(question_key(p), fold)
     return out
 
 
@@ -205,7 +226,7 @@ def cross_validate(
     """Out-of-fold scores for every prompt and the router metrics on them (``sources``: several
     labelled files, fitted as :func:`train_router` fits them)."""
     mixture = _is_mixture(sources, emb is not None)
-    folds = check_folds(data, num_folds, fold_salt=fold_salt, mixture=mixture)
+    folds = check_folds(data, num_folds, fold_salt=fold_salt, mixture=mixture, sources=sources)
     gain = _gain(data)
     oof = np.zeros(len(gain), dtype=np.float64)
     per_fold = []
@@ -231,11 +252,13 @@ def _is_mixture(sources: Sources | None, embeddings: bool) -> bool:
 
 
 def check_folds(
-    data: RoutingData, num_folds: int, *, fold_salt: str = "", mixture: bool = False
+    data: RoutingData, num_folds: int, *, fold_salt: str = "", mixture: bool = False,
+    sources: Sources | None = None,
 ) -> np.ndarray:
     """The fold of each prompt (:func:`fold_ids`), or a :class:`DataError` when some fold cannot be
     cross-validated: it holds none or all of the prompts, or (one gain scorer) its training rows
-    hold no prompt that needs the strong model. Cheap: :func:`train_from_csv` calls it before the
+    hold no prompt that needs the strong model, or (a source mixture of ``sources``) too few of
+    some file's prompts for its range test. Cheap: :func:`train_from_csv` calls it before the
     embedding, so a file with one such prompt is refused at once, not after minutes of embedding
     with "the data needs prompts where the strong model was needed" from the fold that lacks it."""
     if num_folds < 2:
@@ -259,7 +282,7 @@ def check_folds(
                     "model, so there is no order to learn there; label more varied prompts, or pass "
                     "fewer --folds (at least 2)."
                 )
-            needed = {" ".join(data.prompts[i].split()).casefold() for i in np.flatnonzero(gain > 0)}
+            needed = {question_key(data.prompts[i]) for i in np.flatnonzero(gain > 0)}
             raise DataError(
                 f"Only {len(needed)} distinct prompt(s) need the strong model (it scores higher than "
                 f"the weak one), too few for {num_folds}-fold cross-validation: fold {f + 1} holds "
@@ -267,6 +290,19 @@ def check_folds(
                 "(more that the weak model gets wrong)"
                 + (", or pass fewer --folds (at least 2)." if len(needed) > 1 else ".")
             )
+    if mixture and sources is not None:
+        # each expert's range test needs more than SUPPORT_K of its file's prompts in every fit;
+        # the fit said only "Each file needs more than 10 prompts", after minutes of embedding
+        for i, name in enumerate(sources.names):
+            mine = sources.ids == i
+            fewest = min(int(np.sum(mine & (folds != f))) for f in range(num_folds))
+            if fewest <= SUPPORT_K:
+                raise DataError(
+                    f"{name}: {int(mine.sum())} prompts, of which {fewest} train one of the "
+                    f"{num_folds} folds; a source mixture needs more than {SUPPORT_K} of each "
+                    "file's prompts there. Label more prompts in it, pass fewer --folds, or train "
+                    "without it."
+                )
     return folds
 
 
@@ -499,7 +535,7 @@ def train_from_csv(
             f"{', '.join(map(str, paths))}: every prompt needs the strong model, so there is "
             "nothing to learn; label more varied prompts."
         )
-    check_folds(data, num_folds, mixture=_is_mixture(sources, use_embedding))
+    check_folds(data, num_folds, mixture=_is_mixture(sources, use_embedding), sources=sources)
     # per file: each file's embeddings are cached on their own, so adding a file reuses the others
     emb = None
     if use_embedding:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -187,11 +188,15 @@ class LLMEngine:
         if not isinstance(prompt, list | tuple):  # a bare int, None: not list(prompt)'s TypeError
             raise InvalidRequestError("a prompt is a string or a list of token ids", param="prompt")
         ids = list(prompt)
-        if any(not isinstance(t, int) or not 0 <= t < self.model_config.vocab_size for t in ids):
+        # True is no token id (it ran as id 1), as SamplingParams refuses it for a number
+        if any(not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < self.model_config.vocab_size
+               for t in ids):
             raise InvalidRequestError("prompt token ids out of the vocabulary", param="prompt")
         return ids
 
     def check_request(self, prompt_ids: list[int], params: SamplingParams) -> None:
+        if not isinstance(params, SamplingParams):  # a dict: not an AttributeError below
+            raise InvalidRequestError(f"params must be a SamplingParams, got {type(params).__name__}")
         if params.speculative_method == "draft" and self.spec.draft is None:
             raise InvalidRequestError(
                 "speculative_method 'draft' needs a server started with --draft-model",
@@ -406,7 +411,10 @@ class LLMEngine:
         """Run ``prompts`` to completion. When it raises (a prompt refused by ``add_request``, a
         failed step, an interrupt), none of its requests stays behind in the engine: those
         already added are aborted, so their KV blocks go back to the pool and later calls do not
-        compute them. One string is one prompt (it was run as a prompt per character)."""
+        compute them. One string is one prompt (it was run as a prompt per character). Every
+        prompt is checked before any runs; they enter the engine as its waiting queue has room
+        (``max_waiting`` bounds a server's queue, not an offline batch: more prompts than it
+        raised QueueFullError, and the requests already added were aborted)."""
         if isinstance(prompts, str):
             prompts = [prompts]
         plist = params if isinstance(params, list) else [params or SamplingParams()] * len(prompts)
@@ -414,11 +422,19 @@ class LLMEngine:
             raise InvalidRequestError(f"{len(prompts)} prompts but {len(plist)} SamplingParams")
         ids = [f"gen-{time.monotonic_ns()}-{i}" for i in range(len(prompts))]
         results = {rid: GenerationResult(rid, "") for rid in ids}
+        todo: deque[tuple[str, list[int], SamplingParams]] = deque()
+        for rid, prompt, p in zip(ids, prompts, plist, strict=True):
+            p = p or SamplingParams()
+            prompt_ids = self.encode_prompt(prompt)
+            self.check_request(prompt_ids, p)
+            todo.append((rid, prompt_ids, p))
+        sch = self.scheduler
         try:
-            for rid, prompt, p in zip(ids, prompts, plist, strict=True):
-                seq = self.add_request(rid, prompt, p)
-                results[rid].num_prompt_tokens = seq.num_prompt_tokens
-            while any(rid in self._requests for rid in ids):
+            while todo or any(rid in self._requests for rid in ids):
+                while todo and sch.num_queued_beyond_slots < sch.max_waiting:  # as Scheduler.add
+                    rid, prompt_ids, p = todo.popleft()
+                    seq = self.add_request(rid, prompt_ids, p)
+                    results[rid].num_prompt_tokens = seq.num_prompt_tokens
                 for out in self.step():
                     if out.request_id in results:
                         r = results[out.request_id]
@@ -426,6 +442,7 @@ class LLMEngine:
                         r.token_ids += out.delta_token_ids
                         r.finish_reason = out.finish_reason
                         r.num_cached_tokens = out.num_cached_tokens
+                        r.error = out.error or r.error  # why it failed, when finish_reason is "error"
                         if out.logprobs is not None:
                             r.logprobs = (r.logprobs or []) + out.logprobs
         except BaseException:
@@ -485,11 +502,17 @@ class LLMEngine:
         }
 
     def load_report(self) -> dict[str, Any]:
-        """Read-only load for a cluster router: outstanding tokens (prompt tokens still to
-        prefill + decode tokens still expected, up to ``max_tokens``) and the prefix block hashes
-        held. Called from outside the engine thread: copies before it counts."""
-        seqs = [*self.scheduler.running, *self.scheduler.waiting]
-        prefill = sum(max(0, s.num_prompt_tokens - s.num_computed_tokens) for s in seqs)
+        """Read-only load for a cluster router: outstanding tokens (tokens still to prefill, a
+        preempted request's outputs included, + decode tokens still expected, up to
+        ``max_tokens``) and the prefix block hashes held. Called from outside the engine
+        thread: copies before it counts."""
+        running, waiting = list(self.scheduler.running), list(self.scheduler.waiting)
+        seqs = [*running, *waiting]
+        prefill = sum(max(0, s.num_prompt_tokens - s.num_computed_tokens) for s in running)
+        # a preempted request waits to recompute its outputs too, all but the last (the decode
+        # row that samples its next token); it counted its prompt alone
+        prefill += sum(max(0, s.num_tokens - s.num_computed_tokens - (s.num_output_tokens > 0))
+                       for s in waiting)
         decode = sum(max(0, s.params.max_tokens - s.num_output_tokens) for s in seqs)
         return {
             "outstanding_tokens": prefill + decode,

@@ -36,3 +36,4 @@ class GenerationResult:
     num_prompt_tokens: int = 0
     num_cached_tokens: int = 0
     logprobs: list[TokenLogprob] | None = None  # when the request asked for them
+    error: str | None = None  # why the request alone failed (finish_reason "error")

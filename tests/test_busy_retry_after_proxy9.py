@@ -9,6 +9,7 @@ minute; a cloud's 429 gives the cloud's own wait (was 1 s too).
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from types import SimpleNamespace
@@ -45,7 +46,9 @@ def test_a_busy_device_asks_for_the_time_its_queue_takes_over_a_real_socket():
     body = {"model": "x", "messages": MSGS}
     try:
         with httpx.Client(base_url=server.url, timeout=30) as http:
+            t0 = time.monotonic()
             assert http.post("/v1/chat/completions", json=body).status_code == 200  # timed: ~1 s
+            first_s = time.monotonic() - t0  # at least the device's time (a busy host: more)
             busy = [threading.Thread(target=http.post, args=("/v1/chat/completions",), kwargs={"json": body})
                     for _ in range(2)]
             busy[0].start()
@@ -61,8 +64,10 @@ def test_a_busy_device_asks_for_the_time_its_queue_takes_over_a_real_socket():
         server.stop()
         llm.close()
     assert refused.value.status_code == 429
-    # one running + one waiting, ~1 s each: 2 s, rounded up (the answers take a little over 1 s)
-    assert int(refused.value.response.headers["retry-after"]) in (2, 3), refused.value.response.headers
+    # one running + one waiting, ~1 s each: 2 s, rounded up (the answers take a little over 1 s);
+    # at most twice the first answer as timed here, which a busy CI host can stretch past 1.5 s
+    assert 2 <= int(refused.value.response.headers["retry-after"]) <= max(3, math.ceil(2 * first_s)), (
+        refused.value.response.headers, first_s)
 
 
 def _completion(route: str, latency_s: float) -> Completion:

@@ -45,7 +45,8 @@ def test_a_hung_feed_costs_one_timeout_once_and_is_not_asked_again_while_hung():
         assert 0.9 < first < 5.0
         t0 = time.monotonic()
         assert ep.intensity() is None and ep.intensity() is None  # still hung: not waited for again
-        assert time.monotonic() - t0 < 0.5  # two more timeouts would be 2 s (margin for a busy CI)
+        # even one more timeout would be 1 s: under that, with room for a busy CI host's pauses
+        assert time.monotonic() - t0 < 0.9
         assert len(calls) == 1
     finally:
         release.set()

@@ -31,6 +31,19 @@ def cache(tmp_path: Path):
 KW = {"model": "m", "params_key": {"temperature": 0}}
 
 
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    """The cache's wall clock, moved by hand (``clock[0] += s``): a TTL of a fraction of a second
+    on the real clock expires early whenever a busy host pauses the test between put and get."""
+    from types import SimpleNamespace
+
+    from hybridllm.cache import semantic
+
+    now = [time.time()]
+    monkeypatch.setattr(semantic, "time", SimpleNamespace(time=lambda: now[0]))
+    return now
+
+
 def test_put_then_get_exact_and_paraphrase(cache: SemanticCache) -> None:
     entry_id = cache.put(user("How do I learn Python?"), "Practice daily.", **KW)
     hit = cache.get(user("  How do I   learn Python?"), **KW)  # whitespace-normalized exact repeat
@@ -80,11 +93,12 @@ def test_context_model_and_params_key_the_entry(cache: SemanticCache) -> None:
     )
 
 
-def test_ttl_expiry(tmp_path: Path) -> None:
+def test_ttl_expiry(tmp_path: Path, clock: list[float]) -> None:
     cache = SemanticCache(tmp_path / "t.sqlite3", ttl_s=0.2, verifier=None, embedder=FakeEmbedder())
     cache.put(user("Short lived?"), "yes", **KW)
+    clock[0] += 0.1
     assert cache.get(user("Short lived?"), **KW) is not None
-    time.sleep(0.3)
+    clock[0] += 0.2
     assert cache.get(user("Short lived?"), **KW) is None
     cache.close()
     reopened = SemanticCache(tmp_path / "t.sqlite3", ttl_s=0.2, verifier=None, embedder=FakeEmbedder())
@@ -301,7 +315,7 @@ def test_an_earlier_turn_with_half_an_emoji_keys_its_own_bucket(cache: SemanticC
 # ---------------------------------------------------------------------- stats and bounds
 
 
-def test_stats_count_live_entries_and_every_lookup_of_the_file(tmp_path: Path) -> None:
+def test_stats_count_live_entries_and_every_lookup_of_the_file(tmp_path: Path, clock: list[float]) -> None:
     """Before: expired entries counted in 'entries' until a put purged them (and 'namespaces'
     disagreed with it), and hits and misses lived only as long as the object, so `hybridllm cache
     stats` (a new process) always said 0 of each."""
@@ -311,7 +325,7 @@ def test_stats_count_live_entries_and_every_lookup_of_the_file(tmp_path: Path) -
     cache.put(user("also short lived"), "b", namespace="other", **KW)
     assert cache.get(user("short lived"), **KW) is not None
     assert cache.get(user("never cached"), **KW) is None
-    time.sleep(0.4)
+    clock[0] += 0.4
     stats = cache.stats()
     assert stats["entries"] == 0 and stats["namespaces"] == {}
     assert (stats["hits"], stats["misses"], stats["total_hits"], stats["total_misses"]) == (1, 1, 1, 1)

@@ -109,7 +109,8 @@ def test_the_background_read_ends_with_its_source():
         _rapl_tree(Path(tmp))
         before = set(threading.enumerate())
         src = RaplSource(Path(tmp), poll_s=0.01)
-        (poller,) = set(threading.enumerate()) - before
+        # by name: in one suite process another test's thread may start in between
+        (poller,) = [t for t in set(threading.enumerate()) - before if t.name == "rapl-poll"]
         del src
         gc.collect()
         poller.join(timeout=2.0)

@@ -334,6 +334,8 @@ def serve_cluster(
             starting[0] = False
             raise KeyboardInterrupt
 
+    # ours for this run only: a library caller gets its own handler back on the way out
+    previous = signal.getsignal(signal.SIGTERM)
     signal.signal(signal.SIGTERM, on_sigterm)
     try:
         url = start(
@@ -360,5 +362,9 @@ def serve_cluster(
     except Exception as exc:  # Ray's own errors: one line, no traceback
         raise ServerError(f"the Ray Serve deployment failed: {type(exc).__name__}: {exc}") from exc
     finally:
-        stop(cluster, board, drain=url is not None, delete_app=deployed.is_set())
+        try:
+            stop(cluster, board, drain=url is not None, delete_app=deployed.is_set())
+        finally:
+            if previous is not None:  # None: a handler not set from Python, nothing to restore
+                signal.signal(signal.SIGTERM, previous)
     return 0

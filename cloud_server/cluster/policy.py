@@ -50,8 +50,10 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from ..engine.block_manager import chain_hash
+from .fleet import finite_number
 
 ReplicaKey = Hashable
 
@@ -182,11 +184,17 @@ class TokenAwareRouter:
         if not stats:
             return
         books = self.books.setdefault(replica, ReplicaBooks())
-        books.reported_tokens = int(stats.get("outstanding_tokens", 0))
-        books.reported_prefill = int(stats.get("prefill_tokens", 0))
+        # a figure that is no count (NaN, None, negative) reads as 0, our own books then carry the
+        # replica's load: it must neither fail every routing call nor make a replica look idler
+        # than idle (a negative pressure would draw every prompt, and shrink the others' margin)
+        books.reported_tokens = _count(stats.get("outstanding_tokens", 0))
+        books.reported_prefill = _count(stats.get("prefill_tokens", 0))
         decode = stats.get("decode_tokens", books.reported_tokens - books.reported_prefill)
-        books.reported_decode = int(decode)
-        books.reported_hashes = frozenset(stats.get("prefix_hashes", ()))
+        books.reported_decode = _count(decode)
+        try:
+            books.reported_hashes = frozenset(stats.get("prefix_hashes", ()))
+        except TypeError:  # None or no collection: no prefix known there
+            books.reported_hashes = frozenset()
         books.reported_at = now = self._clock()
         # a block we sent long ago that the replica no longer reports was evicted there
         for h, sent_at in list(books.sent_hashes.items()):
@@ -307,6 +315,11 @@ class TokenAwareRouter:
 def estimate_tokens(num_prompt_tokens: int, matched_blocks: int, block_size: int, max_tokens: int) -> int:
     """A request's outstanding work in tokens: prompt tokens it must prefill plus its decode."""
     return max(0, num_prompt_tokens - matched_blocks * block_size) + max_tokens
+
+
+def _count(value: Any) -> int:
+    """A reported token count: a finite number >= 0 (a bool is no count), else 0."""
+    return max(0, int(value)) if finite_number(value) else 0
 
 
 def _leading(prompt_hashes: Sequence[int], has: Callable[[int], bool]) -> int:

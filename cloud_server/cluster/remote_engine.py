@@ -9,7 +9,9 @@ the deployment's request router from the prompt's token ids. Faults:
   ``retries`` times (the router skips the dead replica once Serve reports it);
 - one that dies after the first output: the request ends with ``EngineError`` (HTTP 500, or an
   error event in a stream), never a hang: Ray fails the stream when the actor dies;
-- an error the replica raised on purpose (queue full, context length) comes back as itself.
+- an error the replica raised on purpose (queue full, context length) comes back as itself;
+- any other exception of the replica's code (a bug: Ray's ``RayTaskError``) ends the request with
+  ``EngineError`` at once: another replica runs the same code, so it is not sent again.
 
 Fleet state for ``/metrics`` and ``/health`` comes from :class:`~.fleet.FleetBoard`, where every
 replica posts its engine stats once a second.
@@ -34,6 +36,15 @@ log = logging.getLogger("cloud_server.cluster")
 
 # what a replica whose engine loop died (or stopped) raises: the request may go to another one
 _REPLICA_GONE = (EngineDeadError, NotReadyError)
+
+
+def _code_error(exc: BaseException) -> bool:
+    """The replica's own code raised (Ray's RayTaskError: a bug there, say), as opposed to the
+    replica's process, node or engine going away: another replica would fail the same way, so it
+    is not sent again. A task error whose cause is an actor's death is still a death."""
+    from ray.exceptions import RayActorError, RayTaskError
+
+    return isinstance(exc, RayTaskError) and not isinstance(getattr(exc, "cause", None), RayActorError)
 
 
 def _replica_error(exc: BaseException) -> ServerError | None:
@@ -179,6 +190,10 @@ class RemoteEngine:
                         "the replica serving this request failed"
                         + (" mid-answer" if got_output else f" ({attempt + 1} attempts)")
                     ) from exc
+                if own is None and _code_error(exc):  # a bug there, not a death: no second try
+                    log.error("request %s: the replica raised %s", request_id, exc)
+                    cause = type(getattr(exc, "cause", None) or exc).__name__
+                    raise EngineError(f"the replica serving this request failed ({cause})") from exc
                 attempt += 1
                 self.num_retried += 1
                 log.warning(

@@ -122,9 +122,13 @@ class HybridLLMConfig:
         if not math.isfinite(self.cloud_joules_per_token):
             raise ConfigError(f"cloud_joules_per_token must be finite, got {self.cloud_joules_per_token}.")
         # nan compares false with every answer's log-probability, so it stored them all
-        if self.cache_min_logprob is not None and not math.isfinite(self.cache_min_logprob):
+        # and a positive floor (a probability, 0.5, taken for a log-probability) stored none: a
+        # mean token log-probability is never above 0, so the cache silently stayed empty
+        if self.cache_min_logprob is not None and not (
+                math.isfinite(self.cache_min_logprob) and self.cache_min_logprob <= 0):
             raise ConfigError(
-                f"cache_min_logprob must be a finite number or None, got {self.cache_min_logprob}.")
+                "cache_min_logprob must be a finite number or None, and at most 0 (a mean token "
+                f"log-probability, e.g. -0.825, not a probability), got {self.cache_min_logprob}.")
         if self.cloud_max_retries < 0:
             raise ConfigError(f"cloud_max_retries must be >= 0, got {self.cloud_max_retries}.")
         for name in ("n_ctx", "cache_max_entries", "edge_max_waiting", "cloud_breaker_threshold"):
@@ -283,7 +287,8 @@ def load_config(config: str | os.PathLike[str] | None = None, **overrides: Any) 
     path = config_file_path(config)
     if path is not None:
         try:
-            data = tomllib.loads(path.read_text(encoding="utf-8"))
+            # utf-8-sig: a file saved with a byte order mark (Windows Notepad) was "not valid TOML"
+            data = tomllib.loads(path.read_text(encoding="utf-8-sig"))
         except FileNotFoundError:
             raise ConfigError(f"Config file {path} does not exist.") from None
         except OSError as exc:  # a folder, no permission

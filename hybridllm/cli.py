@@ -7,6 +7,7 @@ with status 1 (2 for usage errors, 130 on Ctrl-C). Set HYBRIDLLM_DEBUG=1 to see 
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib
 import json
 import os
@@ -318,6 +319,7 @@ def cmd_chat(args: argparse.Namespace) -> int:
                     print(CHAT_HELP)
                 else:
                     _note(f"unknown command {command}; {CHAT_HELP}")
+                    failed = failed or not interactive  # a piped question refused, not answered: exit 1
                 continue
             history.append({"role": "user", "content": text})
             parts: list[str] = []
@@ -572,6 +574,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:  # `hybridllm ... | head -1`: the reader has what it wanted
         _drop_stdout()
         return 0
+    except OSError as exc:  # the output could not be written: `> /dev/full`, a full disk
+        if not _no_room(exc) or os.environ.get("HYBRIDLLM_DEBUG"):
+            raise
+        _drop_stdout()  # what is still buffered would fail again at exit ("Exception ignored")
+        where = f"cannot write {exc.filename}" if exc.filename else "cannot write the output"
+        print(f"error: {where}: {exc.strerror}", file=sys.stderr)
+        return 1
+
+
+def _no_room(exc: BaseException) -> bool:
+    """Whether ``exc`` is a write that failed for want of room or a working device (a full disk,
+    a quota, a dead terminal): the user's to fix, not an internal error to report."""
+    return isinstance(exc, OSError) and exc.errno in {
+        errno.ENOSPC, errno.EFBIG, errno.EIO, getattr(errno, "EDQUOT", errno.ENOSPC)}
 
 
 def _drop_stdout() -> None:
@@ -604,7 +620,8 @@ def _main(argv: Sequence[str] | None) -> int:
     except BrokenPipeError:  # stdout closed by its reader: main() says nothing
         raise
     except Exception as exc:  # never a traceback for the user; HYBRIDLLM_DEBUG shows it
-        if os.environ.get("HYBRIDLLM_DEBUG"):
+        # a full disk is no bug: main() says so on one line (before: "internal error ... report it")
+        if _no_room(exc) or os.environ.get("HYBRIDLLM_DEBUG"):
             raise
         print(f"internal error: {type(exc).__name__}: {exc} "
               "(set HYBRIDLLM_DEBUG=1 for the traceback and please report it)", file=sys.stderr)

@@ -18,8 +18,8 @@ from .._exceptions import ModelError
 from ..prompts import valid_text
 from .prepare import FP32_NAME, INT8_NAME, TOKENIZER_NAME
 
-# long texts whose length check the latest runs answered: the cache asks about its query right
-# after embedding it, and a request's texts are few at a time (see ``OnnxEncoder.fits``)
+# texts (long or not ASCII) whose check the latest runs answered: the cache asks about its query
+# right after embedding it, and a request's texts are few at a time (see ``OnnxEncoder.fits``)
 FIT_MEMO_SIZE = 16
 
 
@@ -81,10 +81,13 @@ class OnnxEncoder:
         self._tokenizer = tokenizer
         self.max_tokens = max_tokens
         self.quantized = quantized
-        # a word piece covers about one character at the least (lower-casing may turn one into
-        # two): a text this short always fits, without tokenizing it
-        self._always_fits = (max_tokens - 2) // 2
-        self._fit_memo: dict[str, bool] = {}  # long text -> read whole, from its last run
+        # a word piece covers one normalized character at the least, and normalizing turns a
+        # character into at most three (a Hangul syllable splits into its three jamo: 126 Korean
+        # characters can fill 256 tokens): a text this short always fits, without tokenizing it,
+        # when it is ASCII too (every ASCII character has a word piece: never an [UNK])
+        self._always_fits = (max_tokens - 2) // 3
+        self._unk_id = tokenizer.token_to_id("[UNK]")
+        self._fit_memo: dict[str, bool] = {}  # text checked -> read whole, from its last run
         self._memo_lock = threading.Lock()
 
     def encode(self, inputs: Sequence[str] | Sequence[tuple[str, str]]) -> list[Any]:
@@ -95,14 +98,24 @@ class OnnxEncoder:
         return self._tokenizer.encode_batch(texts) if texts else []
 
     def fits(self, *texts: str) -> bool:
-        """Whether the graph reads each of ``texts`` whole (the tokenizer cuts what is longer).
-        A long text run through the graph lately is answered from that run, not tokenized again."""
-        longer = [t for t in texts if len(t) > self._always_fits]
+        """Whether the graph reads each of ``texts`` whole: the tokenizer cuts what is longer, and
+        a character it has no word piece for (an emoji) reads as ``[UNK]``, so "Is this 🍄 edible?"
+        and "Is this 🌿 edible?" are one input to the graph. A text run through the graph lately is
+        answered from that run, not tokenized again."""
+        longer = [t for t in texts if not self._surely_fits(t)]
         known = [self._fit_memo.get(t) for t in longer]
         if False in known:
             return False
         unknown = [t for t, k in zip(longer, known, strict=True) if k is None]
-        return not any(e.overflowing for e in self.encode(unknown))
+        return all(self._read_whole(e) for e in self.encode(unknown))
+
+    def _surely_fits(self, text: str) -> bool:
+        """A short ASCII text: read whole, known without tokenizing it."""
+        return len(text) <= self._always_fits and text.isascii()
+
+    def _read_whole(self, encoding: Any) -> bool:
+        """Whether the graph saw all of an encoding's text: nothing cut, no ``[UNK]``."""
+        return not encoding.overflowing and self._unk_id not in encoding.ids
 
     def fits_pairs(self, pairs: Sequence[tuple[str, str]]) -> np.ndarray:
         """``[n]`` bool: whether the graph reads each pair whole."""
@@ -121,12 +134,12 @@ class OnnxEncoder:
         return np.asarray(out, dtype=np.float32)
 
     def _remember(self, inputs: Sequence[Any], encodings: Sequence[Any]) -> None:
-        """Keep whether each long text of a run was read whole, for :meth:`fits` (the latest
-        ``FIT_MEMO_SIZE``; an answer never goes stale: it depends on the text only)."""
+        """Keep whether each text of a run that :meth:`fits` would tokenize was read whole (the
+        latest ``FIT_MEMO_SIZE``; an answer never goes stale: it depends on the text only)."""
         seen = [
-            (text, not enc.overflowing)
+            (text, self._read_whole(enc))
             for text, enc in zip(inputs, encodings, strict=True)
-            if isinstance(text, str) and len(text) > self._always_fits
+            if isinstance(text, str) and not self._surely_fits(text)
         ]
         if not seen:
             return

@@ -14,7 +14,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
-_WORD = re.compile(r"[a-z0-9]+(?:'[a-z]+)?")
+# words of any script: with ASCII-only words, two different questions in Russian or Chinese had no
+# words at all, so every overlap read 1.0 and ``exact_match`` 1.0 (ASCII text splits as before)
+_WORD = re.compile(r"[^\W_]+(?:'[^\W\d_]+)?")
 _NUMBER = re.compile(r"\d+(?:[.,]\d+)*")
 _CAPITALIZED = re.compile(r"(?<![.?!]\s)(?<!^)\b[A-Z][a-zA-Z0-9]+")
 NEGATIONS = frozenset(

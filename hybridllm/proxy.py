@@ -67,6 +67,7 @@ from .wire import (
     read_body,
 )
 from .wire.auth import ApiKeyChecker
+from .wire.middleware import AnswerUnexpected
 from .wire.openapi import add_schemas, error_responses, ok_response, request_body
 from .wire.requests import _STREAM_RULE
 from .wire.responses import DONE, ChatCompletion, Health, ModelCard, ModelList, error_event
@@ -463,6 +464,8 @@ def create_app(llm: HybridLLM, *, model_name: str = "hybridllm", api_keys: list[
         logger.error("internal error: %s", type(exc).__name__)
         return _error(500, "The server had an error while processing your request.", "server_error")
 
+    # HEAD as well as GET, as the cloud server answers (a monitor's `curl -I` probe got 405)
+    @app.head("/health", include_in_schema=False)
     @app.get("/health", responses={200: {"model": Health}, 503: {"model": Health}})
     async def health() -> JSONResponse:
         if drain.is_closing:  # a supervisor or load balancer stops sending here
@@ -548,6 +551,7 @@ def create_app(llm: HybridLLM, *, model_name: str = "hybridllm", api_keys: list[
                                    stop=drain.expired, last_events=_SHUTDOWN_EVENTS)
 
     app.add_exception_handler(ClientDisconnect, on_client_disconnect)
+    app.add_middleware(AnswerUnexpected, handler=on_unexpected)  # innermost: just outside the routes
     app.add_middleware(TrackRequests, drain=drain)
     # the pages allowed may read the answers (and ask first: a preflight OPTIONS)
     app.add_middleware(LoopbackCORS, allow_origins=origins, allow_methods=["GET", "POST"],

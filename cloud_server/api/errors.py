@@ -9,17 +9,16 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from cloud_server.exceptions import (
     AuthError,
@@ -33,6 +32,7 @@ from cloud_server.exceptions import (
     ShuttingDownError,
 )
 from hybridllm.wire.errors import WireError
+from hybridllm.wire.middleware import AnswerUnexpected
 from hybridllm.wire.sse import on_client_disconnect
 
 logger = logging.getLogger("cloud_server.api")
@@ -151,32 +151,4 @@ def install_error_handlers(app: FastAPI, *, on_status: Callable[[int], None] | N
     # with the exception's text (which may quote the prompt) that ``error_response`` keeps out of
     # the log, and a second error line. A route's unexpected error is answered here instead, just
     # outside the router, and ends there; the handler above stays for what fails further out.
-    app.add_middleware(_AnswerUnexpected, handler=on_unexpected)
-
-
-class _AnswerUnexpected:
-    """ASGI middleware: an exception no handler took becomes ``handler``'s answer, not re-raised.
-    Once the response has started nothing can be answered: it is re-raised as before."""
-
-    def __init__(self, app: ASGIApp, handler: Callable[[Request, Exception], Awaitable[Response]]) -> None:
-        self.app = app
-        self.handler = handler
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        started = False
-
-        async def watched(message: Message) -> None:
-            nonlocal started
-            started = started or message["type"] == "http.response.start"
-            await send(message)
-
-        try:
-            await self.app(scope, receive, watched)
-        except Exception as exc:
-            if started:
-                raise
-            response = await self.handler(Request(scope), exc)
-            await response(scope, receive, send)
+    app.add_middleware(AnswerUnexpected, handler=on_unexpected)

@@ -4,7 +4,8 @@ Checks, in order, each an OpenAI-shaped 4xx:
 - encoding: a ``Content-Encoding`` other than ``identity`` (a gzip body) is refused unread (400);
 - size: ``Content-Length`` over the limit is refused before reading (413); a body that grows past
   it while streaming in is refused as soon as it does (413);
-- JSON: UTF-8, no ``NaN``/``Infinity`` literals, an object at the top (400);
+- JSON: UTF-8, no ``NaN``/``Infinity`` literals, no key twice in one object, an object at the
+  top (400);
 - nesting deeper than ``MAX_DEPTH`` (400; the stdlib parser would raise ``RecursionError``);
 - strings holding a lone UTF-16 surrogate (``"\\ud800"`` is valid JSON but no valid text: it
   cannot be encoded as UTF-8, so a tokenizer or a log line would fail on it later) (400).
@@ -75,10 +76,27 @@ def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not valid JSON")
 
 
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    # json keeps the last of a repeated key: {"messages": [...], "messages": [...]} silently lost
+    # the first conversation (and a proxy in front may have checked the other one). A WireError
+    # (no ValueError) passes through json.loads unchanged.
+    obj = dict(pairs)
+    if len(obj) != len(pairs):
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                shown = key if len(key) <= 40 else key[:40] + "..."
+                raise WireError(f"The JSON body holds the key {shown!r} twice in one object; send "
+                                "each key once.")
+            seen.add(key)
+    return obj
+
+
 def decode_json_object(body: bytes) -> dict[str, Any]:
     """Strict JSON object from ``body``; ``WireError`` (400) on anything else."""
     try:
-        data = json.loads(body.decode("utf-8"), parse_constant=_reject_constant)
+        data = json.loads(body.decode("utf-8"), parse_constant=_reject_constant,
+                          object_pairs_hook=_unique_keys)
     except RecursionError:
         raise WireError(f"The JSON body is nested deeper than {MAX_DEPTH} levels.") from None
     except (ValueError, UnicodeDecodeError):

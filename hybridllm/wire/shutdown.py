@@ -22,6 +22,7 @@ import contextlib
 import logging
 import signal
 import threading
+import weakref
 from collections.abc import Awaitable, Callable, Iterator
 from typing import TypeVar
 
@@ -53,9 +54,25 @@ class Drain:
 
     def __init__(self, error: Callable[[], Exception] = shutting_down) -> None:
         self.is_closing = False
-        self.expired = asyncio.Event()
+        self.is_expired = False
+        # one Event per event loop: an asyncio.Event is bound to the first loop that waits on it,
+        # and waiting from another (an app served by a TestClient without ``with``: a loop per
+        # request) raised RuntimeError, which the watchers took for the shutdown: a bogus 503
+        self._expired: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Event] = (
+            weakref.WeakKeyDictionary())
         self.num_active = 0
         self.error = error
+
+    @property
+    def expired(self) -> asyncio.Event:
+        """Set once the grace period has ended; for the running event loop."""
+        loop = asyncio.get_running_loop()
+        event = self._expired.get(loop)
+        if event is None:
+            event = self._expired[loop] = asyncio.Event()
+            if self.is_expired:
+                event.set()
+        return event
 
     @contextlib.contextmanager
     def track(self) -> Iterator[None]:
@@ -85,7 +102,11 @@ class Drain:
         if num_ended:
             when = "the grace period cut short" if skip_wait() else f"the {grace_s:g}s grace period"
             logger.warning("shutting down: ending %d request(s) still running after %s", num_ended, when)
+        self.is_expired = True
         self.expired.set()
+        for other, event in list(self._expired.items()):  # requests served on another loop
+            if other is not loop and not other.is_closed():
+                other.call_soon_threadsafe(event.set)
         deadline = loop.time() + settle_s
         while self.num_active and loop.time() < deadline:
             await asyncio.sleep(0.05)

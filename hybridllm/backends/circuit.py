@@ -8,6 +8,11 @@ Each failed probe doubles the cooldown, up to ``max_cooldown_s`` (5 minutes by d
 success brings it back to ``cooldown_s``: an endpoint that stays down (a laptop offline for hours,
 each probe one connect timeout) is probed ever more rarely instead of every ``cooldown_s`` for ever.
 
+``allow()`` hands each request it admits a :class:`Ticket`, which the caller passes back with the
+outcome: while a probe is out, its ticket alone decides. A request admitted while the circuit was
+closed that ends then changes nothing: its giving up does not free the probe slot (a second probe
+at once), its failure is not a failed probe (the cooldown doubled).
+
 Each opening waits a jittered share of that cooldown, drawn anew (``JITTER_LOW``): clients whose
 circuits opened at the same outage do not all probe the recovering endpoint at the same moment.
 """
@@ -28,6 +33,18 @@ MAX_COOLDOWN_S = 300.0  # the longest wait between probes of an endpoint that st
 # spread their probes over half the cooldown (not full jitter from 0: a down endpoint still gets at
 # least half the wait); the doubling and the cap stay on the nominal cooldown_s, never exceeded
 JITTER_LOW = 0.5
+
+
+class Ticket:
+    """A request's admission by ``allow()``: ``probe`` when it is the half-open circuit's one probe."""
+
+    __slots__ = ("probe",)
+
+    def __init__(self, probe: bool) -> None:
+        self.probe = probe
+
+    def __repr__(self) -> str:
+        return f"Ticket(probe={self.probe})"
 
 
 class CircuitBreaker:
@@ -53,7 +70,20 @@ class CircuitBreaker:
         self._lock = threading.Lock()
         self._failures = 0
         self._opened_at: float | None = None
-        self._probing = False
+        self._probe: Ticket | None = None  # the probe out now (half-open), None when none is
+
+    @property
+    def _probing(self) -> bool:
+        return self._probe is not None
+
+    def _owns(self, ticket: Ticket | None) -> bool:
+        """Whether an outcome decides the half-open state: the probe's own, or one given without a
+        ticket (a caller that keeps none: the probe out, if any, is taken to be its)."""
+        return self._probe is not None and (ticket is None or ticket is self._probe)
+
+    def _stale(self, ticket: Ticket | None) -> bool:
+        """Another request's outcome while a probe is out: the half-open state is the probe's to decide."""
+        return ticket is not None and self._probe is not None and ticket is not self._probe
 
     @property
     def state(self) -> str:
@@ -63,20 +93,29 @@ class CircuitBreaker:
     def _state(self) -> str:
         if self._opened_at is None:
             return "closed"
-        if self._clock() - self._opened_at >= self.wait_s:
+        if self._elapsed() >= self.wait_s:
             return "half-open"
         return "open"
 
-    def allow(self) -> bool:
-        """May a request go out now? In half-open state only one probe is admitted."""
+    def _elapsed(self) -> float:
+        """Seconds since the circuit opened (it is open). A clock set back re-anchors the opening at
+        now: the wait starts again, not kept until the clock catches up (hours, for a day's step)."""
+        now = self._clock()
+        if now < self._opened_at:  # type: ignore[operator]
+            self._opened_at = now
+        return now - self._opened_at  # type: ignore[operator]
+
+    def allow(self) -> Ticket | None:
+        """May a request go out now? A :class:`Ticket` (truthy) if so, to pass back with its
+        outcome; None if not. In half-open state only one probe is admitted."""
         with self._lock:
             state = self._state()
             if state == "closed":
-                return True
+                return Ticket(probe=False)
             if state == "half-open" and not self._probing:
-                self._probing = True
-                return True
-            return False
+                self._probe = Ticket(probe=True)
+                return self._probe
+            return None
 
     def would_allow(self) -> bool:
         """Like allow() but without taking the half-open probe slot."""
@@ -92,47 +131,54 @@ class CircuitBreaker:
         with self._lock:
             if self._opened_at is None:
                 return 0.0
-            left = self._opened_at + self.wait_s - self._clock()
+            left = self.wait_s - self._elapsed()
             if left > 0:
                 return left
             if not self._probing:
                 return 0.0
             return JITTER_LOW * min(self.max_cooldown_s, self.cooldown_s * 2)
 
-    def record_success(self) -> None:
+    def record_success(self, ticket: Ticket | None = None) -> None:
+        """An answer came: the endpoint serves, whichever request it was (the circuit closes)."""
         with self._lock:
             self._failures = 0
             self._opened_at = None
-            self._probing = False
+            self._probe = None
             self.cooldown_s = self.wait_s = self.base_cooldown_s
 
-    def record_failure(self) -> None:
+    def record_failure(self, ticket: Ticket | None = None) -> None:
         with self._lock:
+            if self._stale(ticket):
+                return
             self._failures += 1
-            if self._probing or self._failures >= self.threshold:
-                self._open()
+            if self._owns(ticket) or self._failures >= self.threshold:
+                self._open(failed_probe=self._owns(ticket))
 
-    def _open(self) -> None:
+    def _open(self, failed_probe: bool) -> None:
         """Open now (the lock is held). A failed probe doubles the wait before the next one:
         cooldown_s * 2^(failed probes in a row), capped at max_cooldown_s; the wait itself is that
         times u, u uniform in [JITTER_LOW, 1] (drawn per opening, so never above the cap)."""
-        if self._probing:
+        if failed_probe:
             self.cooldown_s = min(self.max_cooldown_s, self.cooldown_s * 2)
         self.wait_s = self.cooldown_s * (1.0 - (1.0 - JITTER_LOW) * self._rng())
         self._opened_at = self._clock()
-        self._probing = False
+        self._probe = None
 
-    def trip(self) -> None:
+    def trip(self, ticket: Ticket | None = None) -> None:
         """Open at once, whatever the count: the endpoint cannot serve at all (unreachable, or not
         an OpenAI-compatible API), so repeating the call would only make the caller wait."""
         with self._lock:
+            if self._stale(ticket):
+                return
             self._failures = max(self._failures + 1, self.threshold)
-            self._open()
+            self._open(failed_probe=self._owns(ticket))
 
-    def release_probe(self) -> None:
-        """A probe that ended without a verdict (the caller stopped reading before its first token)."""
+    def release_probe(self, ticket: Ticket | None = None) -> None:
+        """A request that ended without a verdict (the caller stopped reading before its first
+        token): its probe slot, if it holds it, is free again. Any other ticket: nothing changes."""
         with self._lock:
-            self._probing = False
+            if self._owns(ticket):
+                self._probe = None
 
 
 @dataclass
@@ -155,14 +201,25 @@ class Endpoint:
             self.outstanding_tokens -= tokens
 
 
-def pick_endpoint(endpoints: list[Endpoint], exclude: set[str]) -> Endpoint | None:
-    """The admissible endpoint with the fewest outstanding tokens (ties: fewest requests).
+def balanced(endpoints: list[Endpoint], exclude: set[str]) -> list[Endpoint]:
+    """The admissible endpoints, fewest outstanding tokens first (ties: fewest requests).
 
     Counting tokens rather than requests matters when requests differ a lot in size: one long
     generation weighs as much as many short ones.
     """
     candidates = [e for e in endpoints if e.base_url not in exclude and e.breaker.would_allow()]
-    for ep in sorted(candidates, key=lambda e: (e.outstanding_tokens, e.requests)):
-        if ep.breaker.allow():
-            return ep
+    return sorted(candidates, key=lambda e: (e.outstanding_tokens, e.requests))
+
+
+def first_admitted(ordered: list[Endpoint]) -> tuple[Endpoint, Ticket] | None:
+    """The first endpoint of ``ordered`` whose circuit admits the request, with its ticket."""
+    for ep in ordered:
+        if ticket := ep.breaker.allow():
+            return ep, ticket
     return None
+
+
+def pick_endpoint(endpoints: list[Endpoint], exclude: set[str]) -> Endpoint | None:
+    """The admissible endpoint with the fewest outstanding tokens (ties: fewest requests)."""
+    picked = first_admitted(balanced(endpoints, exclude))
+    return picked[0] if picked else None

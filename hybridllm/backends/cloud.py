@@ -46,7 +46,8 @@ Resilience, in the order a request meets it:
 7. a stream that goes quiet for ``stall_timeout_s`` after its first token is broken off (a hung
    server), apart from ``read_timeout_s``, which bounds the wait for the first token (keepalive
    comments are no event: they count as quiet, here and before the first token; headers that
-   trickle in get ``connect_timeout_s + 2 * read_timeout_s`` in all), and no answer is held in memory
+   trickle in get ``connect_timeout_s + 2 * read_timeout_s`` in all, a whole answer sent as JSON
+   ``2 * read_timeout_s``), and no answer is held in memory
    past a bound (``MAX_BODY_BYTES``, ``MAX_LINE_CHARS``; an error's first ``MAX_ERROR_BYTES``);
 8. repeated failures open the endpoint's circuit, and the client fails fast with
    :class:`CloudUnavailableError`, which the pipeline turns into an answer from the device; the
@@ -80,7 +81,6 @@ from .._config import split_userinfo
 from .._durations import duration
 from .._exceptions import (
     CloudAuthError,
-    CloudError,
     CloudRateLimitError,
     CloudUnavailableError,
     ConfigError,
@@ -88,7 +88,7 @@ from .._exceptions import (
 )
 from .._types import GenerationParams, Messages, Usage, estimate_text_tokens, estimate_tokens
 from .base import Backend, Delta, StopMatcher, drain_loop, register_backend
-from .circuit import MAX_COOLDOWN_S, CircuitBreaker, Endpoint, pick_endpoint
+from .circuit import MAX_COOLDOWN_S, CircuitBreaker, Endpoint, Ticket, balanced, first_admitted
 from .refusals import RefusalMemory, is_hosted
 
 log = logging.getLogger("hybridllm.cloud")
@@ -232,8 +232,18 @@ class CloudBackend(Backend):
         # a URL's user:password@ goes as basic auth, never in an endpoint's name: errors, logs,
         # the proxy's reasons and the refusal file quote the endpoint
         self._auth = {_api_root(u): cred for u in urls if (cred := split_userinfo(u)[1])}
-        if max_retries < 0 or backoff_base_s < 0:
-            raise ConfigError("max_retries and backoff_base_s must be >= 0.")
+        if isinstance(max_retries, bool) or not isinstance(max_retries, int) or max_retries < 0:
+            raise ConfigError(f"max_retries must be a whole number >= 0, got {max_retries!r}.")
+        # a timeout of 0 or below (or NaN) failed every request at once, silently: each answer came
+        # from the device; a backoff of None or a string was a TypeError mid-request
+        for name, value, positive in (("connect_timeout_s", connect_timeout_s, True),
+                                      ("read_timeout_s", read_timeout_s, True),
+                                      ("backoff_base_s", backoff_base_s, False),
+                                      ("backoff_max_s", backoff_max_s, False)):
+            if (isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < math.inf
+                    or (positive and value == 0)):
+                raise ConfigError(f"{name} must be a finite number {'> 0' if positive else '>= 0'}, "
+                                  f"got {value!r}.")
         if stall_timeout_s is not None and stall_timeout_s <= 0:
             raise ConfigError(f"stall_timeout_s must be positive or None, got {stall_timeout_s}.")
         self.endpoints = [Endpoint(_api_root(u), CircuitBreaker(
@@ -389,6 +399,7 @@ class CloudBackend(Backend):
         tried: set[str] = set()
         down: set[str] = set()  # endpoints that cannot serve: this request does not ask them again
         last: _Retryable | None = None
+        waited: str | None = None  # the endpoint whose Retry-After the last backoff waited out
         last_ep: Endpoint | None = None
         attempt = 0
         cost = estimate_tokens(messages) + params.max_tokens
@@ -402,7 +413,7 @@ class CloudBackend(Backend):
         while True:
             exclude = (tried if len(tried) < len(self.endpoints) else set()) | down
             cooling = self._cooling()
-            ep = self._pick(exclude | set(cooling), priority, seen)
+            ep, ticket = self._pick(exclude | set(cooling), priority, seen)
             if ep is None and cooling:  # only endpoints that asked to wait (Retry-After) are left
                 url = min(cooling, key=lambda u: cooling[u][0])
                 left, status = cooling[url][0] - time.monotonic(), cooling[url][1]
@@ -411,9 +422,12 @@ class CloudBackend(Backend):
                     raise err(f"The cloud asked to wait: {url} answered HTTP {status} with Retry-After; "
                               f"it gets no request for {left:.0f} s more, and answers come from the "
                               "device meanwhile.", status_code=status, retry_after_s=left)
-                if attempt == 0:
+                # unless the last backoff waited this Retry-After already (its own failure's), it
+                # is waited out here (before: only on a first attempt, so a retry after another
+                # endpoint failed asked it again at once, long before the end of its wait)
+                if url != waited:
                     await _sleep(max(0.0, left))
-                ep = self._pick(exclude, priority, seen)
+                ep, ticket = self._pick(exclude, priority, seen)
             if ep is None and isinstance(last, _EndpointDown):  # no endpoint left that can serve
                 wait = (last_ep or self.endpoints[0]).breaker.wait_s  # this opening's, jittered
                 raise CloudUnavailableError(
@@ -445,18 +459,18 @@ class CloudBackend(Backend):
                             ).items():
                                 setattr(u, k, v)
                         yield delta
-                ep.breaker.record_success()
+                ep.breaker.record_success(ticket)
                 return
             except _Retryable as exc:
                 ep.last_failure = exc.cause
                 if started:  # cannot retry mid-answer without duplicating text
-                    ep.breaker.record_failure()
+                    ep.breaker.record_failure(ticket)
                     raise CloudUnavailableError(f"The cloud stream broke off: {exc}") from exc
                 ep.failures += 1
                 tried.add(ep.base_url)
                 last, last_ep = exc, ep
                 if isinstance(exc, _EndpointDown):  # not retried: another endpoint, else the device
-                    ep.breaker.trip()
+                    ep.breaker.trip(ticket)
                     down.add(ep.base_url)
                     if exc.status is not None:
                         self._warn_once(ep.base_url, exc.status, str(exc))
@@ -467,7 +481,7 @@ class CloudBackend(Backend):
                         await _sleep(random.uniform(0, min(self.backoff_max_s,
                                                            self.backoff_base_s * 2 ** (attempt - 1))))
                     continue
-                ep.breaker.record_failure()
+                ep.breaker.record_failure(ticket)
                 attempt += 1
                 if exc.retry_after is not None:  # later requests go elsewhere until it ends
                     self._cool_until[ep.base_url] = (
@@ -483,26 +497,27 @@ class CloudBackend(Backend):
                     delay = random.uniform(0, delay)  # full jitter
                     if exc.retry_after is not None and exc.retry_after <= self.backoff_max_s:
                         delay = max(delay, exc.retry_after)  # a longer one is not waited for (above)
+                waited = ep.base_url if exc.retry_after is not None and delay >= exc.retry_after else None
                 log.info("cloud attempt %d failed (%s); retrying in %.2fs", attempt, exc, delay)
                 await _sleep(delay)
-            except (CloudError, InvalidRequestError):  # the endpoint answered: not a failure
-                ep.breaker.release_probe()
-                raise
             except (GeneratorExit, asyncio.CancelledError):
                 if started:  # it was answering when the reader stopped (at its stop sequence, a
                     # hang-up): a verdict on the endpoint, or a half-open circuit never closed
-                    ep.breaker.record_success()
-                else:
-                    ep.breaker.release_probe()
+                    ep.breaker.record_success(ticket)
                 raise
             finally:
+                # no verdict (the endpoint answered a refusal, or the caller stopped reading before
+                # the first token): a probe's slot is free again; a verdict above already freed it,
+                # and another request's ticket never frees the probe it holds
+                ep.breaker.release_probe(ticket)
                 ep.done(cost)
 
-    def _pick(self, exclude: set[str], priority: str | None,
-              seen: dict[str, float | None]) -> Endpoint | None:
-        if self.placer is not None:
-            return self.placer.pick(self.endpoints, exclude, priority, seen)
-        return pick_endpoint(self.endpoints, exclude)
+    def _pick(self, exclude: set[str], priority: str | None, seen: dict[str, float | None]
+              ) -> tuple[Endpoint, Ticket] | tuple[None, None]:
+        """The endpoint to ask and its circuit's ticket (passed back with the outcome)."""
+        ordered = (self.placer.order(self.endpoints, exclude, priority, seen) if self.placer is not None
+                   else balanced(self.endpoints, exclude))
+        return first_admitted(ordered) or (None, None)
 
     def _cooling(self) -> dict[str, tuple[float, int | None]]:
         """The endpoints whose Retry-After has not ended yet (the ended ones are forgotten)."""
@@ -635,7 +650,11 @@ class CloudBackend(Backend):
                     matcher = StopMatcher(tuple(params.stop))
                 ctype = resp.headers.get("content-type", "").split(";")[0].strip().lower()
                 if ctype == "application/json":  # a server that ignores "stream": true
-                    resp, cut = await _read_capped(resp, MAX_BODY_BYTES)
+                    # bounded as a whole, as the head is: httpx's read timeout bounds each read, so
+                    # a body that trickled in (a byte a second) held the request for days
+                    async with _trickle_bound(2 * self.read_timeout_s,
+                                              f"timeout talking to {ep.base_url}: no whole answer"):
+                        resp, cut = await _read_capped(resp, MAX_BODY_BYTES)
                     if cut:
                         raise _Retryable(f"the answer from {ep.base_url} is over {MAX_BODY_BYTES >> 20} MiB "
                                          "(not an answer to this request; not read further)")
@@ -735,9 +754,13 @@ class CloudBackend(Backend):
                         break
         except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
             raise self._unreachable(ep, exc) from exc
-        except httpx.TransportError as exc:
+        except (httpx.TransportError, httpx.DecodingError) as exc:
+            # DecodingError: a body its content-encoding cannot decode (a proxy's broken gzip): it
+            # escaped as httpx's own error, a traceback, not an answer from the device
             if finish is None:
-                what = "timeout talking to" if isinstance(exc, httpx.TimeoutException) else "cannot reach"
+                what = ("timeout talking to" if isinstance(exc, httpx.TimeoutException)
+                        else "an undecodable answer from" if isinstance(exc, httpx.DecodingError)
+                        else "cannot reach")
                 raise _Retryable(f"{what} {ep.base_url} ({type(exc).__name__})") from exc
             # the connection broke after the answer's finish_reason (before its count or [DONE]): the
             # answer is whole and was shown; failing it would have the device append to it

@@ -359,13 +359,23 @@ def _check_model_header(args: argparse.Namespace, config: Any, cluster: bool) ->
     if args.max_model_len is not None and args.max_model_len > native:
         raise UsageError(f"--max-model-len {args.max_model_len} is more than the context length of "
                          f"{args.model!r} ({native} tokens): give at most {native} or leave it out")
-    from cloud_server.engine.llm_engine import _CPU_MAX_MODEL_LEN, _resolve_device
+    from cloud_server.engine.llm_engine import _resolve_device, known_kv_bytes, plan_pool
 
-    # the engine's max_model_len: a replica's device is its own, and its cap at least the CPU's
-    device = (config.device or "cpu").partition(":")[0] if cluster else _resolve_device(config)[0].type
-    max_len = config.max_model_len or min(native, _CPU_MAX_MODEL_LEN if device == "cpu" else 32768)
-    if not cluster:
-        _check_kv_pool(config, target.config, max_len)
+    # the engine's own plan: a replica's device is its own (its pool is checked there); here the
+    # pool is checked where known before the load (given, or the CPU's default)
+    if cluster:
+        max_len, _ = plan_pool(config, target.config, (config.device or "cpu").partition(":")[0], None, None)
+    else:
+        device, dtype, _ = _resolve_device(config)
+        budget = known_kv_bytes(config, device.type)
+        max_len, num_blocks = plan_pool(config, target.config, device.type, dtype, budget)
+        if budget is not None and num_blocks * config.block_size < max_len:
+            raise UsageError(
+                f"a KV pool of {budget >> 20} MiB (--kv-cache-memory-mb) holds "
+                f"{num_blocks * config.block_size} tokens of {config.model!r} in blocks of "
+                f"{config.block_size} (--block-size), less than one sequence of {max_len} "
+                f"(--max-model-len): raise --kv-cache-memory-mb or lower --max-model-len"
+            )
     draft = read_model_header(args.draft_model) if args.draft_model is not None else None
     if draft is None:
         return
@@ -388,26 +398,6 @@ def _check_model_header(args: argparse.Namespace, config: Any, cluster: bool) ->
         raise UsageError(f"--draft-model {args.draft_model!r} has a context length of {draft_len} "
                          f"tokens, less than the target's {max_len} (--max-model-len): give "
                          f"--max-model-len {draft_len} or less")
-
-
-def _check_kv_pool(config: Any, model_config: Any, max_len: int) -> None:
-    """The engine's own rule (``LLMEngine``'s plan) where the pool is known before the load (given,
-    or the CPU's default): whole blocks of the pool must hold one ``max_len`` sequence."""
-    from cloud_server.engine.llm_engine import _CPU_KV_BYTES, _resolve_device
-
-    device, dtype, _ = _resolve_device(config)
-    budget = config.kv_cache_memory_bytes or (_CPU_KV_BYTES if device.type == "cpu" else None)
-    if budget is None:  # half the memory the weights leave: known after the load
-        return
-    per_block = model_config.kv_bytes_per_token(dtype.itemsize) * config.block_size
-    tokens = budget // per_block * config.block_size
-    if tokens < max_len:
-        raise UsageError(
-            f"a KV pool of {budget >> 20} MiB (--kv-cache-memory-mb) holds {tokens} tokens of "
-            f"{config.model!r} in blocks of {config.block_size} (--block-size), less than one "
-            f"sequence of {max_len} (--max-model-len): raise --kv-cache-memory-mb or lower "
-            f"--max-model-len"
-        )
 
 
 def _check_device(config: Any) -> None:

@@ -55,19 +55,15 @@ class LLMEngine:
         device, dtype, quantization = _resolve_device(config)
         if device.type == "cpu":
             torch.set_num_threads(config.num_threads or usable_cpus())  # a container's cpuset, not the host
-        cap = _CPU_MAX_MODEL_LEN if device.type == "cpu" else 32768
+        cap = _max_len_cap(device.type)
 
         def plan(model_config: Any, budget: int | None) -> tuple[int, int]:
             """(max_model_len, KV blocks) for ``budget`` bytes of pool; ConfigError if it cannot fit."""
             native = model_config.max_position_embeddings
             if config.max_model_len is not None and config.max_model_len > native:
                 raise ConfigError(f"max_model_len {config.max_model_len} exceeds the model's {native}")
-            max_len = config.max_model_len or min(native, cap)
-            if budget is None:
-                return max_len, 0
-            per_block = model_config.kv_bytes_per_token(dtype.itemsize) * config.block_size
-            num_blocks = budget // per_block
-            if num_blocks * config.block_size < max_len:
+            max_len, num_blocks = plan_pool(config, model_config, device.type, dtype, budget)
+            if budget is not None and num_blocks * config.block_size < max_len:
                 raise ConfigError(
                     f"kv_cache_memory_bytes={budget} holds {num_blocks * config.block_size} tokens, "
                     f"less than one max_model_len={max_len} sequence: raise the KV pool "
@@ -77,7 +73,7 @@ class LLMEngine:
 
         # checked before the weights load where the pool is known then (not a GPU's default,
         # half the memory the weights leave free)
-        known = config.kv_cache_memory_bytes or (None if device.type == "cuda" else _CPU_KV_BYTES)
+        known = known_kv_bytes(config, device.type)
 
         def before_weights(model_config: Any) -> None:
             plan(model_config, known)
@@ -556,6 +552,29 @@ def _check_same_tokenizer(engine: LLMEngine, draft: Any) -> None:
             f"draft model {engine.config.draft_model!r} has {problem}; speculative decoding "
             f"needs a draft that shares the target's tokenizer"
         )
+
+
+def _max_len_cap(device_type: str) -> int:
+    return _CPU_MAX_MODEL_LEN if device_type == "cpu" else 32768
+
+
+def plan_pool(config: EngineConfig, model_config: Any, device_type: str, dtype: Any,
+              budget: int | None) -> tuple[int, int]:
+    """(max_model_len, KV blocks) the engine takes, without checking them: the length given, else
+    the model's own capped at 4,096 tokens on a CPU (32,768 on a GPU), and as many whole blocks as
+    ``budget`` bytes of pool hold (0 for None). The start-up checks read the same rule."""
+    native = model_config.max_position_embeddings
+    max_len = config.max_model_len or min(native, _max_len_cap(device_type))
+    if budget is None:
+        return max_len, 0
+    per_block = model_config.kv_bytes_per_token(dtype.itemsize) * config.block_size
+    return max_len, budget // per_block
+
+
+def known_kv_bytes(config: EngineConfig, device_type: str) -> int | None:
+    """The KV pool's bytes where known before the weights load: the one given, or the CPU's
+    default; None for a GPU's default (half the memory the weights leave free)."""
+    return config.kv_cache_memory_bytes or (None if device_type == "cuda" else _CPU_KV_BYTES)
 
 
 def _resolve_device(config: EngineConfig) -> tuple[Any, Any, str]:

@@ -20,12 +20,17 @@ from typing import Any
 
 from ._exceptions import ConfigError, InvalidRequestError
 from ._types import GenerationParams
+from .backends.circuit import check_setting, check_url
 
 SECRET_FIELDS = {"cloud_api_key"}
 DEFAULT_EDGE_MODEL = "smollm2-135m-instruct"  # the one place the default model id is written
 CACHE_MIN_LOGPROB = -0.825  # python -m bench.cache_floor: balanced accuracy 0.775 on 120 answers
 PRIVACY_MODES = ("keep_on_device", "redact", "off")
 EDGE_BACKENDS = ("llama_cpp", "onnx")
+# the settings CloudBackend takes, checked by its rule (backends.circuit.check_setting)
+CLOUD_RULES = {"cloud_connect_timeout_s": "seconds>0", "cloud_read_timeout_s": "seconds>0",
+               "cloud_stall_timeout_s": "seconds>0|None", "cloud_max_retries": "count>=0",
+               "cloud_breaker_threshold": "count>=1", "cloud_breaker_cooldown_s": "seconds>=0"}
 
 
 @dataclass
@@ -94,9 +99,8 @@ class HybridLLMConfig:
                 e.url for e in self.cloud_endpoints if e.url not in self.cloud_url]
         if not self.cloud_joules_per_token > 0:
             raise ConfigError("cloud_joules_per_token must be positive.")
-        for url in self.cloud_url:
-            if not url.startswith(("http://", "https://")):
-                raise ConfigError(f"cloud_url must start with http:// or https://, got {url!r}.")
+        for url in self.cloud_url:  # the cloud client's rule: a bad port or no host too
+            check_url("cloud_url", url)
         if self.edge_backend not in EDGE_BACKENDS:
             raise ConfigError(f"edge_backend must be one of {EDGE_BACKENDS}, got {self.edge_backend!r}.")
         if self.privacy not in PRIVACY_MODES:
@@ -107,18 +111,16 @@ class HybridLLMConfig:
             raise ConfigError(f"threshold must be in [0, 1], got {self.threshold}.")
         # cache_ttl_s too (None: no expiry): before, 0 or nan passed here and failed only when the
         # client opened its cache, so `hybridllm config show` printed settings that could not run
-        for name in ("cloud_stall_timeout_s", "edge_wait_timeout_s", "cache_ttl_s"):
+        for name in ("edge_wait_timeout_s", "cache_ttl_s"):
             value = getattr(self, name)
             if value is not None and not value > 0:
                 raise ConfigError(f"{name} must be positive or None, got {value}.")
         # the cloud client's own numbers: a connect timeout of 0 failed every cloud call at once
-        # and a breaker threshold of 0 kept every circuit open, so the device silently answered all
-        for name in ("cloud_connect_timeout_s", "cloud_read_timeout_s"):
-            if not 0 < getattr(self, name) < math.inf:
-                raise ConfigError(f"{name} must be a positive number, got {getattr(self, name)}.")
-        if not 0 <= self.cloud_breaker_cooldown_s < math.inf:
-            raise ConfigError(
-                f"cloud_breaker_cooldown_s must be a number >= 0, got {self.cloud_breaker_cooldown_s}.")
+        # and a breaker threshold of 0 kept every circuit open, so the device silently answered all.
+        # The cloud client's rule (check_setting), so a value it would refuse (True, inf, "10") is
+        # refused here, under the setting's name, not when the client is built (or a TypeError)
+        for name, rule in CLOUD_RULES.items():
+            check_setting(name, getattr(self, name), rule)
         if not math.isfinite(self.cloud_joules_per_token):
             raise ConfigError(f"cloud_joules_per_token must be finite, got {self.cloud_joules_per_token}.")
         # nan compares false with every answer's log-probability, so it stored them all
@@ -129,9 +131,7 @@ class HybridLLMConfig:
             raise ConfigError(
                 "cache_min_logprob must be a finite number or None, and at most 0 (a mean token "
                 f"log-probability, e.g. -0.825, not a probability), got {self.cache_min_logprob}.")
-        if self.cloud_max_retries < 0:
-            raise ConfigError(f"cloud_max_retries must be >= 0, got {self.cloud_max_retries}.")
-        for name in ("n_ctx", "cache_max_entries", "edge_max_waiting", "cloud_breaker_threshold"):
+        for name in ("n_ctx", "cache_max_entries", "edge_max_waiting"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be at least 1, got {getattr(self, name)}.")
         if self.n_threads is not None and self.n_threads < 1:

@@ -35,6 +35,48 @@ MAX_COOLDOWN_S = 300.0  # the longest wait between probes of an endpoint that st
 JITTER_LOW = 0.5
 
 
+def check_setting(name: str, value: object, rule: str) -> None:
+    """Refuse a number of the cloud client that cannot work, with a :class:`ConfigError` naming it
+    as ``name``: the one rule for the settings (``cloud_breaker_cooldown_s``) and the constructors
+    (``breaker_cooldown_s``), so both accept and refuse the same values. ``rule``:
+
+    - "seconds>0": a finite number > 0 (a timeout of 0 failed every call; inf or NaN never ends);
+    - "seconds>0|None": > 0 or None (no bound; inf is none either);
+    - "seconds>=0": a finite number >= 0 (a cooldown, a backoff: 0 is at once);
+    - "count>=1", "count>=0": a whole number (a threshold, a number of retries).
+
+    A bool (True is 1 to Python) or a string ("10") is refused, never taken as a number."""
+    number = isinstance(value, int | float) and not isinstance(value, bool)
+    whole = number and isinstance(value, int)
+    ok, wanted = {
+        "seconds>0": (number and 0 < value < math.inf, "a positive number (of seconds, finite)"),
+        "seconds>0|None": (value is None or (number and value > 0), "a positive number (of seconds) or None"),
+        "seconds>=0": (number and 0 <= value < math.inf, "a number >= 0 (of seconds, finite)"),
+        "count>=1": (whole and value >= 1, "at least 1 (a whole number)"),
+        "count>=0": (whole and value >= 0, ">= 0 (a whole number)"),
+    }[rule]  # type: ignore[operator]  # compared only when a number
+    if not ok:
+        raise ConfigError(f"{name} must be {wanted}, got {value!r}.")
+
+
+def check_url(name: str, url: object) -> None:
+    """Refuse a cloud URL that no request can go to, with a :class:`ConfigError` naming it as
+    ``name`` (``cloud_url``, or the constructor's ``base_url``). Before, only its scheme was
+    checked: a port out of range, a broken IPv6 address or no host passed the settings and failed
+    each request with a traceback (httpx's InvalidURL, a ValueError) or a misleading "cannot reach"."""
+    from urllib.parse import urlsplit
+
+    if not isinstance(url, str) or not url.startswith(("http://", "https://")):
+        raise ConfigError(f"{name} must start with http:// or https://, got {url!r}.")
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018  # raises ValueError for a port that is not a number in 0-65535
+    except ValueError as exc:
+        raise ConfigError(f"{name} is not a valid URL ({exc}), got {url!r}.") from None
+    if not parts.hostname:
+        raise ConfigError(f"{name} has no host, got {url!r}.")
+
+
 class Ticket:
     """A request's admission by ``allow()``: ``probe`` when it is the half-open circuit's one probe."""
 
@@ -55,11 +97,9 @@ class CircuitBreaker:
         """``rng``: uniform in [0, 1), drawn once per opening for its jitter (tests pin it)."""
         # a NaN or infinite cooldown never elapses (the circuit stayed open for good after its first
         # opening: every answer from the device, silently); a threshold below 1 opened it at once
-        if isinstance(threshold, bool) or not isinstance(threshold, int) or threshold < 1:
-            raise ConfigError(f"breaker_threshold must be a whole number >= 1, got {threshold!r}.")
-        for name, value in (("breaker_cooldown_s", cooldown_s), ("breaker_max_cooldown_s", max_cooldown_s)):
-            if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < math.inf:
-                raise ConfigError(f"{name} must be a finite number >= 0, got {value!r}.")
+        check_setting("breaker_threshold", threshold, "count>=1")
+        check_setting("breaker_cooldown_s", cooldown_s, "seconds>=0")
+        check_setting("breaker_max_cooldown_s", max_cooldown_s, "seconds>=0")
         self.threshold = threshold
         self.base_cooldown_s = cooldown_s
         self.max_cooldown_s = max(cooldown_s, max_cooldown_s)  # never below the configured wait

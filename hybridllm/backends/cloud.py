@@ -13,8 +13,9 @@ Resilience, in the order a request meets it:
    logged as a warning once per endpoint;
 3. other connection errors, read timeouts, 408, 409, 429 and 5xx are retried with exponential
    backoff and full jitter (none before an endpoint that has not failed yet), honouring
-   ``Retry-After`` up to ``backoff_max_s``; an endpoint that asks for longer gets no request until
-   then (with no other, the request fails at once and the device answers);
+   ``Retry-After`` (``retry-after-ms`` first, OpenAI's and Azure's) up to ``backoff_max_s``; an
+   endpoint that asks for longer gets no request until then (``COOL_MAX_S`` at most; with no
+   other, the request fails at once and the device answers);
 4. a field the endpoint does not take is left out (or renamed) and the request sent again at once,
    and that endpoint is never sent it again for that model (a warning says so, once): not a
    failure, and no retry is spent on it. A hosted endpoint's refusals are kept across processes
@@ -88,7 +89,16 @@ from .._exceptions import (
 )
 from .._types import GenerationParams, Messages, Usage, estimate_text_tokens, estimate_tokens
 from .base import Backend, Delta, StopMatcher, drain_loop, register_backend
-from .circuit import MAX_COOLDOWN_S, CircuitBreaker, Endpoint, Ticket, balanced, first_admitted
+from .circuit import (
+    MAX_COOLDOWN_S,
+    CircuitBreaker,
+    Endpoint,
+    Ticket,
+    balanced,
+    check_setting,
+    check_url,
+    first_admitted,
+)
 from .refusals import RefusalMemory, is_hosted
 
 log = logging.getLogger("hybridllm.cloud")
@@ -188,6 +198,19 @@ def parse_retry_after(value: str | None) -> float | None:
     return max(0.0, when.timestamp() - time.time())
 
 
+def retry_after_of(headers: Any) -> float | None:
+    """Seconds to wait from an answer's headers: ``retry-after-ms`` (OpenAI's and Azure's, in
+    milliseconds, finer than whole seconds) when it is a number >= 0, else ``Retry-After``. Either
+    is bounded where it is used (``backoff_max_s`` waited, ``COOL_MAX_S`` at most left alone)."""
+    try:
+        ms = float(headers.get("retry-after-ms") or "")
+    except ValueError:  # absent, or not a number: Retry-After decides
+        ms = math.nan
+    if math.isfinite(ms) and ms >= 0:
+        return ms / 1000
+    return parse_retry_after(headers.get("retry-after"))
+
+
 class CloudBackend(Backend):
     name = "cloud"
 
@@ -224,28 +247,24 @@ class CloudBackend(Backend):
             urls += [e.url for e in marked]
             placer = CarbonPlacer(marked, root=_api_root,
                                   joules_per_token=joules_per_token or DEFAULT_JOULES_PER_TOKEN)
-        if not urls or not all(isinstance(u, str) and u.startswith(("http://", "https://"))
-                               for u in urls):
+        if not urls:
             raise ConfigError(f"cloud base_url must be http(s) URL(s), got {base_url!r}.")
+        for u in urls:  # the settings' rule: a bad port or no host is refused here, not per request
+            check_url("base_url", u)
         # one server named twice ("http://h", "http://h/v1/") is one endpoint: one breaker, one share
         urls = list({_api_root(u): u for u in reversed(urls)}.values())[::-1]
         # a URL's user:password@ goes as basic auth, never in an endpoint's name: errors, logs,
         # the proxy's reasons and the refusal file quote the endpoint
         self._auth = {_api_root(u): cred for u in urls if (cred := split_userinfo(u)[1])}
-        if isinstance(max_retries, bool) or not isinstance(max_retries, int) or max_retries < 0:
-            raise ConfigError(f"max_retries must be a whole number >= 0, got {max_retries!r}.")
         # a timeout of 0 or below (or NaN) failed every request at once, silently: each answer came
-        # from the device; a backoff of None or a string was a TypeError mid-request
-        for name, value, positive in (("connect_timeout_s", connect_timeout_s, True),
-                                      ("read_timeout_s", read_timeout_s, True),
-                                      ("backoff_base_s", backoff_base_s, False),
-                                      ("backoff_max_s", backoff_max_s, False)):
-            if (isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < math.inf
-                    or (positive and value == 0)):
-                raise ConfigError(f"{name} must be a finite number {'> 0' if positive else '>= 0'}, "
-                                  f"got {value!r}.")
-        if stall_timeout_s is not None and stall_timeout_s <= 0:
-            raise ConfigError(f"stall_timeout_s must be positive or None, got {stall_timeout_s}.")
+        # from the device; a backoff of None or a string was a TypeError mid-request. The rule is
+        # the settings' own (check_setting), under the names of the arguments
+        check_setting("max_retries", max_retries, "count>=0")
+        check_setting("connect_timeout_s", connect_timeout_s, "seconds>0")
+        check_setting("read_timeout_s", read_timeout_s, "seconds>0")
+        check_setting("stall_timeout_s", stall_timeout_s, "seconds>0|None")
+        check_setting("backoff_base_s", backoff_base_s, "seconds>=0")
+        check_setting("backoff_max_s", backoff_max_s, "seconds>=0")
         self.endpoints = [Endpoint(_api_root(u), CircuitBreaker(
             threshold=breaker_threshold, cooldown_s=breaker_cooldown_s,
             max_cooldown_s=breaker_max_cooldown_s)) for u in urls]
@@ -488,8 +507,12 @@ class CloudBackend(Backend):
                         time.monotonic() + min(exc.retry_after, COOL_MAX_S), exc.status)
                 if attempt > self.max_retries:
                     err = CloudRateLimitError if exc.status == 429 else CloudUnavailableError
+                    # its wait as it is kept (COOL_MAX_S at most): a Retry-After of a day said a day
+                    # here while the next request, a second later, said 299 s and the cloud was
+                    # asked again after 300
+                    asked = None if exc.retry_after is None else min(exc.retry_after, COOL_MAX_S)
                     raise err(f"The cloud failed after {attempt} attempts: {exc}", status_code=exc.status,
-                              retry_after_s=exc.retry_after) from exc
+                              retry_after_s=asked) from exc
                 if self._another_ready(tried) or (exc.retry_after or 0.0) > self.backoff_max_s:
                     delay = 0.0  # another endpoint has not failed, or this one is not waited for
                 else:
@@ -808,7 +831,7 @@ class CloudBackend(Backend):
         cause = f"HTTP {status} from {where}"
         if status in RETRY_STATUS or status >= 500:
             raise _Retryable(f"HTTP {status}: {message}", status=status, cause=cause,
-                             retry_after=parse_retry_after(resp.headers.get("retry-after")))
+                             retry_after=retry_after_of(resp.headers))
         if status in (401, 403):
             raise CloudAuthError(
                 f"The cloud refused the API key (HTTP {status}); set HYBRIDLLM_CLOUD_API_KEY "

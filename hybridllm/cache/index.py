@@ -74,13 +74,7 @@ class FlatIndex:
         if row is None:
             row = len(self._ids)
             if row == len(self._vecs):
-                grown = np.empty((2 * len(self._vecs), self.dim), dtype=np.float32)
-                grown[:row] = self._vecs[:row]
-                self._vecs = grown
-                if self._proj is not None:
-                    low = np.empty((len(grown), self.reduced_dim), dtype=np.float32)
-                    low[:row] = self._low[:row]
-                    self._low = low
+                self._resize(2 * len(self._vecs))
             self._ids.append(entry_id)
             self._row[entry_id] = row
         self._vecs[row] = vec
@@ -88,6 +82,17 @@ class FlatIndex:
             self._low[row] = self._vecs[row] @ self._proj
         elif len(self._ids) > self.exact_limit:
             self._build_projection()
+
+    def _resize(self, capacity: int) -> None:
+        """Move the rows into arrays of ``capacity`` rows (at least as many as are held)."""
+        n = len(self._ids)
+        vecs = np.empty((capacity, self.dim), dtype=np.float32)
+        vecs[:n] = self._vecs[:n]
+        self._vecs = vecs
+        if self._proj is not None:
+            low = np.empty((capacity, self.reduced_dim), dtype=np.float32)
+            low[:n] = self._low[:n]
+            self._low = low
 
     def remove(self, entry_id: str) -> bool:
         row = self._row.pop(entry_id, None)
@@ -102,6 +107,11 @@ class FlatIndex:
             self._ids[row] = moved
             self._row[moved] = row
         self._ids.pop()
+        # halved once a quarter full: eviction or expiry of most of a bucket gives its memory
+        # back (before, 100k rows stayed reserved, 154 MB, for the few left), and a bucket
+        # swinging around one size is not copied on every add and remove (amortized O(1))
+        if len(self._ids) < len(self._vecs) // 4:
+            self._resize(len(self._vecs) // 2)
         return True
 
     def vector(self, entry_id: str) -> np.ndarray:

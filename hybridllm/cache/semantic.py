@@ -38,7 +38,7 @@ Entries expire ``ttl_s`` after they were written; past ``max_entries`` the least
 are evicted (on a put, and on opening a file that holds more). Several threads may share one
 cache; several processes may share one file (a change committed by another process is picked up
 on the next call, by reading the store's change log).
-An empty question is never stored nor looked up.
+An empty question is never stored nor looked up; an empty (or blank) answer is never stored.
 """
 
 from __future__ import annotations
@@ -116,8 +116,14 @@ def load_verifier(spec: str | Path) -> Verifier | None:
         return get_rerank_verifier(path)
     try:
         return HitVerifier.load(path)
-    except (zipfile.BadZipFile, zlib.error) as exc:  # a member past the header damaged
-        raise ConfigError(f"Cache verifier {spec!r} is damaged ({exc}): copy or train it again") from exc
+    except CacheError as exc:
+        # a member past the header damaged (HitVerifier.load says CacheError, naming the file): a
+        # setting's fault here, as an unreadable file is above
+        if isinstance(exc.__cause__, zipfile.BadZipFile | zlib.error | EOFError):
+            raise ConfigError(
+                f"Cache verifier {spec!r} is damaged ({exc.__cause__}): copy or train it again"
+            ) from exc
+        raise
 
 
 def split_messages(messages: list[dict]) -> tuple[list[dict], str]:
@@ -347,13 +353,15 @@ class SemanticCache:
         metadata: dict | None = None,
         embedding: np.ndarray | None = None,
     ) -> str | None:
-        """Cache ``text`` as the answer; returns the entry id, or None when not stored (PII, or an
-        empty question)."""
+        """Cache ``text`` as the answer; returns the entry id, or None when not stored (PII, an
+        empty question, or an empty answer)."""
         if not isinstance(text, str):
             raise InvalidRequestError(f"the answer to cache must be a string, got {type(text).__name__}")
         ns = self._namespace(namespace)
         context, query = split_messages(messages)
-        if (pii and not self.store_pii) or not query.strip():
+        # an empty or blank answer is not stored, as HybridLLM stores none: before, a direct
+        # put("") was served as a hit for the question (and its paraphrases) until it expired
+        if (pii and not self.store_pii) or not query.strip() or not text.strip():
             return None
         bucket = bucket_key(ns, model, params_key, context)
         entry_id = entry_id_for(bucket, query)

@@ -15,6 +15,8 @@ split for precision) and ``min_similarity`` (the cosine below which a candidate 
 
 from __future__ import annotations
 
+import zipfile
+import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -63,6 +65,26 @@ class Trees:
         # [n, num_trees], summed along each row: the same order of additions for a pair whatever
         # the number of pairs (a sum down the columns of [num_trees, n] takes another order at n = 1)
         return self.baseline + self.value[np.ascontiguousarray(node.T)].sum(axis=1)
+
+
+def _malformed(trees: Trees, num_inputs: int) -> str | None:
+    """What is wrong with the node arrays, or None. ``Trees.raw`` walks from each root until every
+    walk reaches a leaf: a child id not past its parent's (a loop) walked forever, and an id or a
+    feature out of range raised an IndexError on every lookup. Children follow their parent in
+    the exported order (node ids grow down each tree), so requiring it rules out a loop."""
+    n = len(trees.feature)
+    if any(len(getattr(trees, f)) != n for f in _TREE_FIELDS if f != "roots") or n == 0:
+        return "node arrays of different or zero lengths"
+    if not len(trees.roots) or trees.roots.min() < 0 or trees.roots.max() >= n:
+        return "a root out of range"
+    inner = ~trees.is_leaf.astype(bool)
+    ids = np.arange(n)[inner]
+    for side in (trees.left[inner], trees.right[inner]):
+        if np.any(side <= ids) or np.any(side >= n):
+            return "a child that does not follow its parent"
+    if np.any(trees.feature[inner] < 0) or np.any(trees.feature[inner] >= num_inputs):
+        return f"a feature out of the {num_inputs} inputs"
+    return None
 
 
 class HitVerifier:
@@ -143,6 +165,11 @@ class HitVerifier:
                         data["lin_mean"].astype(np.float32),
                         data["lin_scale"].astype(np.float32),
                     )
+                if (bad := _malformed(trees, NUM_HANDCRAFTED + (linear is not None))) is not None:
+                    raise CacheError(
+                        f"Cannot load the cache verifier from {path}: its trees are malformed ({bad}); "
+                        "train it again, or reinstall hybridllm for the shipped one."
+                    )
                 idf = Idf(data["idf_words"].tolist(), data["idf_values"].tolist(), float(data["idf_default"]))
                 metrics = dict(
                     zip(data["metric_names"].tolist(), data["metric_values"].tolist(), strict=True)
@@ -157,5 +184,11 @@ class HitVerifier:
                 )
         except CacheError:
             raise
-        except (OSError, KeyError, ValueError, TypeError) as exc:
-            raise CacheError(f"Cannot load the cache verifier from {path}: {exc}") from exc
+        except (OSError, KeyError, ValueError, TypeError, EOFError, zipfile.BadZipFile, zlib.error) as exc:
+            # a truncated, empty or damaged .npz is a zip or EOF error: before, it reached the
+            # caller as a bare zipfile.BadZipFile
+            raise CacheError(
+                f"Cannot load the cache verifier from {path} ({type(exc).__name__}: {exc}): the file "
+                "is damaged or not a cache verifier; copy it again or retrain it (python -m "
+                "hybridllm.cache.train), or reinstall hybridllm for the shipped one."
+            ) from exc

@@ -42,6 +42,7 @@ STREAM_CLOSED_MID_ANSWER = ("The stream was closed (close() from another thread)
                             "complete.")
 CLOSED_BEFORE_END = ("This stream was closed before its answer was complete; call stream() again for "
                      "another answer.")
+VIEW_STOP_WAIT_S = 10.0  # at close, the longest wait for the answers of wrap() views to stop
 EXECUTOR_WAIT_S = 30.0  # at close, the longest wait for a running cache lookup or router call
 NOT_CLOSED = (
     "{name} was garbage-collected without {close}(); its device model and threads were released "
@@ -294,6 +295,7 @@ class AsyncStream:
         # way, was collected with every generator under it at once, each closed on its own while
         # the one above closed it ("aclose(): asynchronous generator is already running", logged)
         self._stepping = False
+        self._loop: asyncio.AbstractEventLoop | None = None  # where it is read: a sync close() stops it there
         self.completion: Completion | None = None
 
     def __aiter__(self) -> AsyncIterator[Chunk]:
@@ -342,6 +344,7 @@ class AsyncStream:
             if self.completion is None:
                 raise self._cut_off()
             raise StopAsyncIteration
+        self._loop = asyncio.get_running_loop()
         # each chunk is awaited as its own task, so that aclose() from another task can stop the
         # one the reader waits for (an async generator cannot be closed while it runs:
         # "aclose(): asynchronous generator is already running")
@@ -373,6 +376,27 @@ class AsyncStream:
         """The client's aclose(): stop this answer; its reader gets ``HybridLLMError``."""
         self._client_closed = True
         await self.aclose()
+
+    def _stop_from_thread(self) -> concurrent.futures.Future | None:
+        """The sync client's close() (from any thread): stop this answer on the loop that reads it;
+        the reader gets ``HybridLLMError``. Returns what to wait for (None: nothing can be)."""
+        self._client_closed = True
+        loop = self._loop
+        if loop is None or loop.is_closed() or not loop.is_running():
+            self._closed = True  # never read, or its loop is gone: the next read raises
+            return None
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is loop:  # close() called on the reader's own loop: it stops once this returns
+            loop.create_task(self.aclose())
+            return None
+        try:
+            return asyncio.run_coroutine_threadsafe(self.aclose(), loop)
+        except RuntimeError:  # the loop closed meanwhile
+            self._closed = True
+            return None
 
     async def aclose(self) -> None:
         """Stop generating; from another task, the reader gets ``StreamConsumedError``."""
@@ -532,6 +556,14 @@ def _make_policy(cfg: HybridLLMConfig, edge: Backend) -> PolicyPort:
     )
 
 
+def _per_call(params: dict[str, Any]) -> dict[str, Any]:
+    """The call's options; None is "the client's default" for each, cache= too (it was refused,
+    while route=None, cascade=None or max_tokens=None meant the default)."""
+    if "cache" in params and params["cache"] is None:
+        del params["cache"]  # (a fresh dict: the call's **params)
+    return params
+
+
 class _Surface:
     """What both clients share: construction, the parts, stats. The constructor's signature is
     the clients' own (a type checker and an IDE see every part's type); each client sets up the
@@ -606,6 +638,9 @@ class HybridLLM(_Surface):
         self._finalizer = weakref.finalize(self, _close_collected, self._loop, self._core, "HybridLLM")
         self._finalizer.atexit = False  # at exit: _close_open_clients, with no warning
         _OPEN_CLIENTS.add(self)
+        # its AsyncHybridLLM.wrap() views: close() stops their answers too (they run on the
+        # caller's loops, not on this client's loop thread, and ran on to their end after close())
+        self._views: weakref.WeakSet[AsyncHybridLLM] = weakref.WeakSet()
 
     def chat(self, messages: str | Sequence[Message], **params: Any) -> Completion:
         """Answer ``messages`` (a string or OpenAI-style messages) and return the Completion.
@@ -624,7 +659,7 @@ class HybridLLM(_Surface):
     def stream(self, messages: str | Sequence[Message], **params: Any) -> Stream:
         """Stream the answer chunk by chunk. Bad input raises here, before any chunk; leaving
         the loop or closing the stream stops generation."""
-        req = self._core.prepare(messages, params)
+        req = self._core.prepare(messages, _per_call(params))
         req.inline_edge = True  # a device answer is generated on the reading thread
         return Stream(self._core.run(req), self._loop, owner=self)
 
@@ -632,6 +667,11 @@ class HybridLLM(_Surface):
         """Stop what is running, free the device model, end the client's threads."""
         self._finalizer.detach()
         _OPEN_CLIENTS.discard(self)
+        # the views' answers end first, while the parts they use are still open (a loop that is
+        # stuck, in a blocking call, holds close() up for VIEW_STOP_WAIT_S at most)
+        stops = [stop for view in _snapshot(self._views) for stop in view._stop_for_owner()]
+        if stops:
+            concurrent.futures.wait(stops, timeout=VIEW_STOP_WAIT_S)
         self._loop.close(before_stop=self._core.close)
 
     def __enter__(self) -> HybridLLM:
@@ -657,7 +697,11 @@ class AsyncHybridLLM(_Surface):
     @classmethod
     def wrap(cls, client: HybridLLM) -> AsyncHybridLLM:
         """An async view of ``client``: the same parts, cache and stats. It keeps ``client`` alive
-        and never closes it (its ``aclose()`` stops only its own streams): close ``client`` when done."""
+        and never closes it (its ``aclose()`` stops only its own streams): close ``client`` when done;
+        its ``close()`` stops the view's answers too."""
+        if not isinstance(client, HybridLLM):  # (an AttributeError from deep inside, before)
+            hint = ": use it as it is" if isinstance(client, AsyncHybridLLM) else ""
+            raise ConfigError(f"AsyncHybridLLM.wrap() takes a HybridLLM; got {type(client).__name__}{hint}.")
         self = cls.__new__(cls)
         self.config, self._core = client.config, client._core
         self._owner = client
@@ -665,7 +709,14 @@ class AsyncHybridLLM(_Surface):
         self._closed = False
         self._closed_done = False
         self._finalizer = None
+        client._views.add(self)
         return self
+
+    def _stop_for_owner(self) -> list[concurrent.futures.Future]:
+        """The wrapped client's close(), from any thread: each answer still streaming ends with
+        ``HybridLLMError`` on its own loop. Returns the stops to wait for."""
+        stops = [stream._stop_from_thread() for stream in _snapshot(self._streams)]
+        return [stop for stop in stops if stop is not None]
 
     async def chat(self, messages: str | Sequence[Message], **params: Any) -> Completion:
         async with self.stream(messages, **params) as stream:
@@ -679,7 +730,7 @@ class AsyncHybridLLM(_Surface):
         """An :class:`AsyncStream` of chunks; bad input raises here, at the call."""
         if self._closed:
             raise HybridLLMError(ASYNC_CLIENT_CLOSED)
-        req = self._core.prepare(messages, params)
+        req = self._core.prepare(messages, _per_call(params))
         stream = AsyncStream(self._core.run(req), owner=self)
         self._streams.add(stream)
         return stream
@@ -710,6 +761,15 @@ class AsyncHybridLLM(_Surface):
 
 
 _OPEN_CLIENTS: weakref.WeakSet[HybridLLM] = weakref.WeakSet()
+
+
+def _snapshot(items: weakref.WeakSet[Any]) -> list[Any]:
+    """A weak set's members, read from a thread while another may add to it."""
+    while True:
+        try:
+            return list(items)
+        except RuntimeError:  # "set changed size during iteration": read it again
+            pass
 
 
 @atexit.register  # registered after backends.worker's handler, so it runs before it (LIFO)

@@ -55,6 +55,7 @@ _CLOSED_MID_ANSWER = (
     "The ONNX backend was closed while it was generating; the answer is incomplete. Create a new "
     "OnnxBackend to generate again."
 )
+_LLAMA_ONLY = frozenset({"n_batch", "verbose"})  # LlamaCppBackend's settings, taken and ignored here
 log = logging.getLogger("hybridllm.edge")
 
 
@@ -240,6 +241,18 @@ class OnnxBackend(DeviceBackend):
         # the llama.cpp backend's rules, before anything is prepared or loaded: n_ctx=-1 refused
         # every prompt ("the context holds -1"), and n_threads=-1 was reported as a corrupt folder
         check_device_settings(n_ctx, n_threads)
+        unknown = sorted(set(_unused) - _LLAMA_ONLY)
+        if unknown:  # a misspelt setting (precison="fp32") was dropped without a word
+            raise ConfigError(
+                f"OnnxBackend got unknown settings: {', '.join(unknown)}. It takes model, n_ctx, "
+                "n_threads, precision, chat_format, system_prompt, progress and huge_pages (and "
+                "ignores the llama.cpp-only n_batch and verbose).")
+        if chat_format not in (None, "template", "completion"):
+            # as the llama.cpp backend: a name of another tool ("chatml") silently became the plain
+            # completion transcript, a prompt the model was not tuned on
+            raise ConfigError(
+                f"chat_format must be 'template' (the model's own chat template), 'completion' or "
+                f"None (from the model), got {chat_format!r}.")
         self.model, self.model_path, spec = resolve_onnx(model, precision=precision, progress=progress)
         try:
             import onnxruntime_genai as og

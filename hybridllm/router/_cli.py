@@ -94,7 +94,8 @@ def register(subparsers: Any) -> None:
     )
     p.add_argument("--no-embedding", action="store_true",
                    help="text features only (default: text features and the sentence embedding)")
-    p.set_defaults(func=_train)
+    # usage_error: an argument error that needs the whole command line (one --weight per --data)
+    p.set_defaults(func=_train, usage_error=p.error)
 
     p = sub.add_parser("eval", help="RouteLLM metrics of a router on a labelled CSV or JSON Lines file")
     p.add_argument("--data", required=True, help="labelled file, CSV or JSON Lines (as for train)")
@@ -184,9 +185,10 @@ def _train(args: argparse.Namespace) -> int:
     # NaN at the fit) are checked as they are parsed (hybridllm._cli_options)
     given = {k: getattr(args, k) for k in names if getattr(args, k) is not None}
     if args.weight is not None and len(args.weight) != len(args.data):
-        raise DataError(
-            f"Give one --weight per --data file ({len(args.data)} files, "
-            f"{len(args.weight)} weights), or none for the default."
+        # a usage error as argparse's own (exit 2, "see --help"), before any file is read
+        args.usage_error(
+            f"give one --weight per --data file ({len(args.data)} files, "
+            f"{len(args.weight)} weights), or none for the default"
         )
     _check_out_folder(args.out)
     data = args.data[0] if len(args.data) == 1 else list(args.data)

@@ -35,8 +35,13 @@ PROMPT_COL = "prompt"
 LOGPROB_COL = "edge_mean_logprob"  # written by `hybridllm router label`
 CLOUD_TOKENS_COL = "cloud_tokens"  # written by `hybridllm router label`: the cloud answer's tokens
 # correctness as graders write it: a judge's "correct"/"incorrect", a test run's "pass"/"fail"
-_TRUE = {"true", "1", "yes", "1.0", "correct", "right", "pass", "passed"}
-_FALSE = {"false", "0", "no", "0.0", "incorrect", "wrong", "fail", "failed"}
+# and Excel's TRUE/FALSE as it writes them in a German, French, Spanish, Italian, Dutch or
+# Portuguese locale (the locales whose CSV it writes with ';')
+_TRUE = {"true", "1", "yes", "1.0", "correct", "right", "pass", "passed",
+         "wahr", "vrai", "verdadero", "vero", "waar", "verdadeiro"}
+_FALSE = {"false", "0", "no", "0.0", "incorrect", "wrong", "fail", "failed",
+          "falsch", "faux", "falso", "onwaar"}
+_DECIMAL_COMMA = re.compile(r"[+-]?\d+,\d+")  # 0,75: a ';' file's number (Excel in such a locale)
 _BLANK = {"", "nan", "none", "null", "na", "n/a"}
 # columns taken as the prompt when a file has no 'prompt' column and exactly one of these
 PROMPT_ALIASES = (
@@ -91,9 +96,12 @@ def _to_bool(value: str) -> float | None:
     return None
 
 
-def _to_score(value: str) -> float | None:
-    """A cell as a number: True/False as 1/0, a blank as NaN; None when it is neither."""
+def _to_score(value: str, decimal_comma: bool = False) -> float | None:
+    """A cell as a number: True/False as 1/0, a blank as NaN; None when it is neither. With
+    ``decimal_comma`` (a file separated by ';'), 0,75 is 0.75."""
     v = value.strip().lower()
+    if decimal_comma and _DECIMAL_COMMA.fullmatch(v):
+        v = v.replace(",", ".")
     if v in _BLANK:
         return float("nan")
     b = _to_bool(v)
@@ -107,17 +115,17 @@ def _to_score(value: str) -> float | None:
 
 
 def _score_columns(
-    header: list[str], rows: list[dict[str, str]], prompt_col: str = PROMPT_COL
+    header: list[str], rows: list[dict[str, str]], prompt_col: str = PROMPT_COL, decimal_comma: bool = False
 ) -> tuple[dict[str, np.ndarray], set[str]]:
     """Every column whose cells are all numbers or blanks (some not blank), and which of those
-    hold only True/False-like cells."""
+    hold only True/False-like cells (``decimal_comma``: see _to_score)."""
     values: dict[str, np.ndarray] = {}
     boolean: set[str] = set()
     for col in header:
         if col in (prompt_col, LOGPROB_COL, CLOUD_TOKENS_COL):
             continue
         cells = [r.get(col) or "" for r in rows]
-        parsed = [_to_score(c) for c in cells]
+        parsed = [_to_score(c, decimal_comma) for c in cells]
         if any(v is None for v in parsed):
             continue
         arr = np.asarray(parsed, dtype=np.float64)
@@ -172,7 +180,8 @@ def load_routellm_csv(
     for name, col in (("--weak-col", weak_col), ("--strong-col", strong_col)):
         if col is not None and col not in header:
             raise DataError(f"{p} has no column {col!r} for {name}; columns: {', '.join(header)}.")
-    numeric, boolean = _score_columns(header, rows, prompt_col)
+    semicolons = p.suffix.lower() not in JSON_SUFFIXES + TSV_SUFFIXES and _csv_delimiter(p)[0] == ";"
+    numeric, boolean = _score_columns(header, rows, prompt_col, decimal_comma=semicolons)
     for col in (weak_col, strong_col):
         if col is not None and col not in numeric:
             raise DataError(
@@ -205,8 +214,12 @@ def load_routellm_csv(
                     "models with --weak-col and --strong-col if there are more than two."
                 )
             if one and not reference_strong:
+                # a column blank in every row (NaN, null) holds no scores: say so, not only "one"
+                blank = [c for c in header if c != prompt_col and c not in numeric
+                         and all((r.get(c) or "").strip().lower() in _BLANK for r in rows)]
+                said = f" ({', '.join(blank)} is blank in every row)" if blank else ""
                 raise DataError(
-                    f"{p} has one {kind} model column ({', '.join(known + candidates)}); if it "
+                    f"{p} has one {kind} model column ({', '.join(known + candidates)}){said}; if it "
                     "grades the weak model against the strong model's answers as the reference "
                     "(a judge's marks), pass --reference-strong; else add the other model's column."
                 )
@@ -221,7 +234,8 @@ def load_routellm_csv(
                 raise DataError(
                     f"{p} has no model score columns: none of {', '.join(others) or 'its columns'} holds "
                     "only True/False (yes/no, 1/0, correct/incorrect, pass/fail), numbers or blanks. "
-                    "Write each model's correctness or score in a column of its own." + judged
+                    "Write each model's correctness or score in a column of its own."
+                    + _separator_hint(header) + judged
                 )
             raise DataError(
                 f"{p} has {len(pool)} {kind} model columns ({', '.join(pool)}); "
@@ -384,9 +398,10 @@ def _read_table(
         csv.field_size_limit(min(sys.maxsize, 2**31 - 1))
         try:  # utf-8-sig: a byte-order mark (Excel, some pandas writers) is not part of the header
             with path.open(newline="", encoding="utf-8-sig") as fh:
-                delimiter = "\t" if suffix in TSV_SUFFIXES else _comma_or_semicolon(fh.readline())
-                fh.seek(0)
+                delimiter, sep_line = ("\t", False) if suffix in TSV_SUFFIXES else _csv_delimiter(path)
                 reader = csv.reader(fh, delimiter=delimiter)
+                if sep_line:  # Excel's "sep=;" line: not the header (the rows keep their line numbers)
+                    next(reader, None)
                 columns = next(reader, [])
                 return columns, ([] if header_only else _csv_rows(path, reader, columns, delimiter))
         except (UnicodeDecodeError, csv.Error) as exc:
@@ -465,6 +480,30 @@ def _comma_or_semicolon(first_line: str) -> str:
     """A CSV's delimiter: ';' when its header has semicolons and no comma (Excel's CSV where the
     decimal separator is a comma), else ','."""
     return ";" if ";" in first_line and "," not in first_line else ","
+
+
+def _separator_hint(header: list[str]) -> str:
+    """What to say of a file read with ',' whose header holds ';' (Excel's CSV in a locale with
+    decimal commas, where a column's name has a comma in it): how to have it read right."""
+    if not any(";" in c for c in header):
+        return ""
+    return (" Its header holds ';' but also a comma, so it was read as separated by ','. If it is "
+            "separated by ';' (Excel's CSV where the decimal separator is a comma), put the line "
+            "sep=; first, or save it from Excel as 'CSV UTF-8 (Comma delimited)'.")
+
+
+_SEP_LINE = re.compile(r'"?sep=(.)"?\r?\n?')  # Excel's first line naming the separator: sep=;
+
+
+def _csv_delimiter(path: Path) -> tuple[str, bool]:
+    """A CSV file's delimiter, and whether its first line is Excel's "sep=X" line that names it."""
+    try:
+        with path.open(newline="", encoding="utf-8-sig") as fh:
+            first = fh.readline()
+            m = _SEP_LINE.fullmatch(first)
+            return (m.group(1), True) if m else (_comma_or_semicolon(first), False)
+    except (UnicodeDecodeError, OSError):  # said by the reader, where it matters
+        return ",", False
 
 
 def _json_records(path: Path, text: str, *, strings: bool = False) -> list:
@@ -555,7 +594,7 @@ def _prompt_column(path: Path, header: list[str], given: str | None, *, strict: 
     raise DataError(
         f"{path} has no '{PROMPT_COL}' column (columns: {', '.join(header)}); name the prompt "
         "column with --prompt-col, or use RouteLLM's format: 'prompt' plus one True/False column "
-        "per model."
+        "per model." + _separator_hint(header)
     )
 
 

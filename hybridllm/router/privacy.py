@@ -7,9 +7,10 @@ look-alikes (order numbers, version strings, random 16-digit numbers) are not fl
     iban       country code, 2 check digits, BBAN, any case, spaces or dashes; moved-digits
                number mod 97 == 1 (ISO 13616)
     national_id  US SSN (area not 000/666/9xx, group not 00, serial not 0000), UK NINO
-    phone      +country code, (NNN) NNN-NNNN / NNN-NNN-NNNN / NNN NNN NNNN, 0N NN NN NN NN, UK
-               and Australian national numbers, German ones with a slash or brackets (030/1234567,
-               (030) 123 45 67), or any number right after a phone word ("call me on ...")
+    phone      +country code (or 0049-style), (NNN) NNN-NNNN / NNN-NNN-NNNN / NNN NNN NNNN,
+               0N NN NN NN NN, UK and Australian national numbers, German ones with a slash or
+               brackets (030/1234567, (030) 123 45 67), or any number right after a phone word
+               ("call me on ...")
     email      local@domain.tld (Unicode too), or spelled out: "a [at] b [dot] com"; not an
                SCP-style remote (me@host.org:~/repo), Git's account (git@github.com:org/x.git)
                nor a URL's user name (https://jane@github.com)
@@ -147,6 +148,10 @@ _PHONE = re.compile(
     r"(?<![\w+])(?:"
     # +44 20 7946 0958, (+49) 30 1234567, and DIN 5008's old +49 (0)711 / 123 45-67
     r"(?:\+\d{1,3}|\(\+\d{1,3}\))[ .-]?(?:\(\d{1,4}\)[ .-]?)?\d{1,4}(?:(?:[ .-]| ?/ ?)?\d{2,4}){1,4}"
+    # the same after the international prefix 00 (0049 30 1234567, 0049 (0)711 / 123 45-67): a
+    # separator after the country code and no 0 after it, so that a run of digits (00491234...)
+    # or of zero-padded numbers (0010 0020 0030) is no phone
+    r"|(?<![.,])00[1-9]\d{0,2}[ .-](?:\(\d{1,4}\)[ .-]?)?[1-9]\d{0,3}(?:(?:[ .-]| ?/ ?)?\d{2,4}){1,4}"
     r"|(?:1[ .-]?)?\(\d{3}\) ?\d{3}[ .-]\d{4}"  # (555) 123-4567
     r"|(?:1([ .-]))?\d{3}([ .-])\d{3}\2\d{4}"  # 555-123-4567, 555.123.4567, 555 123 4567
     r"|0\d([ .])\d{2}\3\d{2}\3\d{2}\3\d{2}"  # 06 12 34 56 78
@@ -268,8 +273,17 @@ def _emails(text: str) -> list[tuple[int, int]]:
     return spans
 
 
+def _phone_length_ok(number: str) -> bool:
+    """8 to 15 digits (E.164's most); after the prefix 00, 9 at least besides it ("version 0012
+    3456" is no number abroad: a country code and 5 digits)."""
+    n = len(_digits(number))
+    if number.startswith("00"):
+        return 9 <= n - 2 <= 15
+    return 8 <= n <= 15
+
+
 def _phones(text: str) -> list[tuple[int, int]]:
-    spans = [m.span() for m in _PHONE.finditer(text) if 8 <= len(_digits(m.group())) <= 15]
+    spans = [m.span() for m in _PHONE.finditer(text) if _phone_length_ok(m.group())]
     return spans + [
         m.span("num") for m in _PHONE_KEYWORD.finditer(text) if 7 <= len(_digits(m.group("num"))) <= 15
     ]
@@ -301,6 +315,8 @@ def _secret_value(key: str, sep: str, quoted: bool, value: str, at_line_end: boo
         # nor a question or exclamation ("what if my password is hacked?", "... is wrong!")
         symbols = any(not c.isalnum() and c not in "_." for c in value.rstrip("?!"))
         return quoted or digits or symbols
+    if not quoted and value[-1] in "?!" and not digits:  # "password: hacked?", as for "is" above
+        return any(not c.isalnum() and c not in "_." for c in value.rstrip("?!"))
     if quoted or digits or symbols:
         return True
     # an unquoted word: a password when it ends the line ("password: hunter"), unless it is a

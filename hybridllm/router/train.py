@@ -71,17 +71,27 @@ SHIPPED_COMMAND = (
 _OPERATORS = frozenset("*/%&#@")  # punctuation to Unicode, operators in "6*3", "6/3", "50%"
 
 
+class _KeyChars(dict):  # type: ignore[type-arg]
+    """str.translate's table for question_key, filled as characters are first seen: punctuation
+    and control characters to a space, format ones (a zero-width space) to none, the rest kept. One
+    translate per prompt in C, not a Python loop over its characters (fold_ids runs per salt)."""
+
+    def __missing__(self, code: int) -> str | int | None:
+        c, k = chr(code), unicodedata.category(chr(code))
+        self[code] = value = None if k == "Cf" else " " if k[0] in "PC" and c not in _OPERATORS else code
+        return value
+
+
+_KEY_CHARS = _KeyChars()
+
+
 def question_key(prompt: str) -> str:
     """What copies of one question share: case, punctuation and spacing dropped, symbols kept but
     not the spacing around them ("What is 2+2?", "what is 2 + 2" -> "what is 2 + 2"). A prompt
     of punctuation only keeps its own characters (else "?" and "!!" would be one question)."""
     text = unicodedata.normalize("NFKC", prompt).casefold()
     # punctuation and control characters read as a space, format ones (a zero-width space) as none
-    cats = [unicodedata.category(c) for c in text]
-    text = "".join(
-        "" if k == "Cf" else " " if k[0] in "PC" and c not in _OPERATORS else c
-        for c, k in zip(text, cats, strict=True)
-    )
+    text = text.translate(_KEY_CHARS)
     key = " ".join(re.findall(r"\w+|[^\w\s]", text))  # words and single symbols (+, =, emoji)
     return key or " ".join(prompt.split()).casefold()
 

@@ -100,25 +100,12 @@ def test_per_source_cv_and_a_threshold_that_serves_every_source(tmp_path, capsys
     assert routed.mean() >= 0.95 * m.strong.mean() - 0.03  # in-sample, with the CV's slack
 
     capsys.readouterr()
-    assert (
-        main(
-            [
-                "router",
-                "train",
-                "--data",
-                str(a),
-                "--data",
-                str(math),
-                "--weight",
-                "1",
-                "--out",
-                str(out),
-                "--no-embedding",
-            ]
-        )
-        == 1
-    )
-    assert "one --weight per --data" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as rc:  # a usage error, as argparse's own: exit 2
+        main(["router", "train", "--data", str(a), "--data", str(math), "--weight", "1",
+              "--out", str(out), "--no-embedding"])
+    assert rc.value.code == 2
+    err = capsys.readouterr().err
+    assert "hybridllm router train: error: give one --weight per --data" in err and "--help" in err
 
 
 def test_source_weights_reach_the_topics_but_not_the_linear_part_beside_them():

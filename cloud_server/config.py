@@ -6,6 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from .cluster.fleet import finite_number  # (no Ray: the package imports nothing)
 from .exceptions import ConfigError
 
 _DEVICES = ("cpu", "cuda")
@@ -166,34 +167,56 @@ class ClusterConfig:
         return self.min_replicas is not None or self.max_replicas is not None
 
     def __post_init__(self) -> None:
+        # each message names the option at fault (the command line's, where it has one), the value
+        # given and what is allowed: `hybridllm-cloud serve` prints it as it is
         for name in ("replicas", "max_ongoing_requests", "target_tokens_per_replica"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+            _check_int(name, getattr(self, name), 1)
         if self.autoscaling:
+            for name, low in (("min_replicas", 0), ("max_replicas", 1)):
+                if getattr(self, name) is not None:
+                    _check_int(name, getattr(self, name), low)
+            given_max = self.max_replicas is not None
             if self.min_replicas is None:
                 self.min_replicas = min(1, self.replicas)
             if self.max_replicas is None:
                 self.max_replicas = max(self.replicas, self.min_replicas)
-            if self.min_replicas < 0 or self.max_replicas < 1:
-                raise ConfigError("--min-replicas must be >= 0 and --max-replicas >= 1")
             if self.min_replicas > self.max_replicas:
                 raise ConfigError(
-                    f"--min-replicas {self.min_replicas} is above --max-replicas {self.max_replicas}"
+                    f"--min-replicas {self.min_replicas} is above --max-replicas {self.max_replicas}: "
+                    f"--min-replicas must be from 0 to {self.max_replicas}"
                 )
             if not self.min_replicas <= self.replicas <= self.max_replicas:
+                default = "" if given_max else " (its default: the larger of --replicas and --min-replicas)"
                 raise ConfigError(
                     f"--replicas {self.replicas} must lie within --min-replicas {self.min_replicas} "
-                    f"and --max-replicas {self.max_replicas}"
+                    f"and --max-replicas {self.max_replicas}{default}: give --replicas from "
+                    f"{self.min_replicas} to {self.max_replicas}"
                 )
         for name in ("upscale_delay_s", "downscale_delay_s", "autoscale_window_s"):
             value = getattr(self, name)
-            is_number = isinstance(value, (int, float)) and not isinstance(value, bool)
-            if not is_number or not 0 <= value < float("inf"):
-                raise ConfigError(f"{name} must be a number of seconds >= 0, got {value!r}")
-        if not self.autoscale_window_s > 0:
-            raise ConfigError("autoscale_window_s must be positive")
-        if not self.replica_cpus > 0 or not self.stats_period_s > 0:
-            raise ConfigError("replica_cpus and stats_period_s must be positive")
-        if self.imbalance_ratio < 0 or self.min_margin_tokens < 0:
-            raise ConfigError("imbalance_ratio and min_margin_tokens must be >= 0")
+            if not finite_number(value) or value < 0 or (name == "autoscale_window_s" and value == 0):
+                kind = "> 0" if name == "autoscale_window_s" else ">= 0"
+                raise ConfigError(f"{_cluster_option(name)} must be a finite number of seconds {kind}, "
+                                  f"got {value!r}")
+        for name in ("replica_cpus", "stats_period_s", "imbalance_ratio", "min_margin_tokens"):
+            value = getattr(self, name)
+            positive = name in ("replica_cpus", "stats_period_s")
+            if not finite_number(value) or value < 0 or (positive and value == 0):
+                raise ConfigError(f"{name} must be a finite number {'> 0' if positive else '>= 0'}, "
+                                  f"got {value!r}")
+
+
+# ClusterConfig fields that `hybridllm-cloud serve` sets from an option of the same name
+_CLUSTER_OPTIONS = frozenset({
+    "replicas", "min_replicas", "max_replicas", "target_tokens_per_replica", "upscale_delay_s",
+    "downscale_delay_s", "autoscale_window_s",
+})
+
+
+def _cluster_option(name: str) -> str:
+    return "--" + name.replace("_", "-") if name in _CLUSTER_OPTIONS else name
+
+
+def _check_int(name: str, value: Any, low: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise ConfigError(f"{_cluster_option(name)} must be an integer >= {low}, got {value!r}")

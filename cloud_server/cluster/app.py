@@ -72,11 +72,14 @@ class EngineReplica:
 
     async def _post_stats(self) -> None:
         while True:
+            # a replica whose engine loop died posts nothing: /health must not count it as up
+            # while Serve's health check (every 2 s, then its restart) catches up with it
             with contextlib.suppress(Exception):
-                self._board.post.remote(
-                    self.replica,
-                    {"stats": self.engine.stats(), "pid": os.getpid(), "energy_source": self.meter.name},
-                )
+                if self.engine.is_ready:
+                    self._board.post.remote(
+                        self.replica,
+                        {"stats": self.engine.stats(), "pid": os.getpid(), "energy_source": self.meter.name},
+                    )
             await asyncio.sleep(1.0)
 
     def _load_report(self) -> dict[str, Any]:

@@ -47,8 +47,14 @@ def aggregate_stats(per_replica: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def finite_number(value: Any) -> bool:
-    """A real int or float, not a bool, not NaN or infinite (a figure a replica may report)."""
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+    """A real int or float, not a bool, not NaN or infinite (a figure a replica may report); an
+    int too large for a float (past 1e308) is none either: sums and weights of it would raise."""
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        return False
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False
 
 
 class FleetCounters:

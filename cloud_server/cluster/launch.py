@@ -327,6 +327,7 @@ def serve_cluster(
     url = None
     board = f"hybridllm-fleet-{os.getpid()}-{time.monotonic_ns()}"  # deleted with the app
     deployed = threading.Event()  # this run deployed the app (so deletes it on the way out)
+    ended = [False]  # the run ended without an error of its own (served, or stopped by a signal)
 
     def on_sigterm(*_: Any) -> None:
         done.set()
@@ -355,8 +356,9 @@ def serve_cluster(
             "API key required" if app_options.get("api_keys") else "open",
         )
         done.wait()
+        ended[0] = True
     except KeyboardInterrupt:
-        pass
+        ended[0] = True
     except ServerError:
         raise
     except Exception as exc:  # Ray's own errors: one line, no traceback
@@ -364,6 +366,13 @@ def serve_cluster(
     finally:
         try:
             stop(cluster, board, drain=url is not None, delete_app=deployed.is_set())
+        except Exception as exc:  # Ray's own (a joined cluster gone meanwhile): one line, no traceback
+            if not ended[0]:  # the run's own error says more: it goes on, this one is logged
+                log.warning("cleaning up after the failure failed too: %s: %s", type(exc).__name__, exc)
+            elif isinstance(exc, ServerError):
+                raise
+            else:
+                raise ServerError(f"stopping the Ray Serve app failed: {type(exc).__name__}: {exc}") from exc
         finally:
             if previous is not None:  # None: a handler not set from Python, nothing to restore
                 signal.signal(signal.SIGTERM, previous)

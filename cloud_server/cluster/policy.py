@@ -178,6 +178,10 @@ class TokenAwareRouter:
         for books in self.books.values():
             if now - books.reported_at > self.report_ttl_s:
                 books.reported_tokens = books.reported_prefill = books.reported_decode = 0
+                # and no report covers any request sent there: pressure() counts the prefill of
+                # every open one (else those sent before the last report counted nowhere, and a
+                # replica whose stats time out under its backlog looked idle to the prefix rule)
+                books.reported_at = float("-inf")
 
     def on_report(self, replica: ReplicaKey, stats: dict | None) -> None:
         """A replica's routing stats: ``outstanding_tokens`` and ``prefix_hashes``."""
@@ -317,9 +321,17 @@ def estimate_tokens(num_prompt_tokens: int, matched_blocks: int, block_size: int
     return max(0, num_prompt_tokens - matched_blocks * block_size) + max_tokens
 
 
+# a token count no replica reaches (exact as a float): a larger report is taken as this, so a
+# replica reporting an absurd load is avoided, and the margin's float math never overflows
+MAX_COUNT = 2**53
+
+
 def _count(value: Any) -> int:
-    """A reported token count: a finite number >= 0 (a bool is no count), else 0."""
-    return max(0, int(value)) if finite_number(value) else 0
+    """A reported token count: a finite number >= 0 (a bool is no count), else 0; at most
+    ``MAX_COUNT``."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return min(max(0, value), MAX_COUNT)
+    return min(max(0, int(value)), MAX_COUNT) if finite_number(value) else 0
 
 
 def _leading(prompt_hashes: Sequence[int], has: Callable[[int], bool]) -> int:

@@ -504,11 +504,10 @@ class LLMEngine:
         thread: copies before it counts."""
         running, waiting = list(self.scheduler.running), list(self.scheduler.waiting)
         seqs = [*running, *waiting]
-        prefill = sum(max(0, s.num_prompt_tokens - s.num_computed_tokens) for s in running)
-        # a preempted request waits to recompute its outputs too, all but the last (the decode
-        # row that samples its next token); it counted its prompt alone
-        prefill += sum(max(0, s.num_tokens - s.num_computed_tokens - (s.num_output_tokens > 0))
-                       for s in waiting)
+        # a preempted request recomputes its outputs too, all but the last (the decode row that
+        # samples its next token), also once running again in chunks (it counted its prompt alone)
+        prefill = sum(max(0, s.num_tokens - s.num_computed_tokens - (s.num_output_tokens > 0))
+                      for s in seqs)
         decode = sum(max(0, s.params.max_tokens - s.num_output_tokens) for s in seqs)
         return {
             "outstanding_tokens": prefill + decode,

@@ -59,6 +59,16 @@ class SamplingParams:
             raise InvalidRequestError("seed must be an integer in [-2**63, 2**64)", param="seed")
         if not _real(self.top_p) or not 0 < self.top_p <= 1:
             raise InvalidRequestError("top_p must be in (0, 1]", param="top_p")
+        # plain floats from here: any real passed (a Fraction too), and the sampler's tensors
+        # take floats only (a Fraction failed the request at its first token, after it was taken)
+        self.temperature, self.top_p = float(self.temperature), float(self.top_p)
+        if self.ignore_eos is None:
+            self.ignore_eos = False
+        # a truth value (numpy's and 0/1 too), not any object: "false" is truthy, and it ran past
+        # every EOS to max_tokens (a str is never == True or False)
+        if self.ignore_eos not in (True, False):
+            raise InvalidRequestError("ignore_eos must be true or false", param="ignore_eos")
+        self.ignore_eos = bool(self.ignore_eos)
         if not _int(self.top_k) or self.top_k < -1:
             raise InvalidRequestError("top_k must be -1, 0 (off) or a positive integer", param="top_k")
         if not _int(self.max_tokens) or self.max_tokens < 1:

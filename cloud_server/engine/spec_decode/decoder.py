@@ -200,6 +200,11 @@ class SpecDecoder:
             middle = seq.num_computed_tokens + n < seq.num_tokens
             if method != "draft" or k < 1 or item.num_lookahead or not (middle or n > 1):
                 continue  # decode rows and plain or prompt-lookup requests
+            # once this prefill has sampled its token, lookahead() gives at most max_tokens -
+            # outputs - 1 drafts (the context bound is looser: prompt + max_tokens fit it), so a
+            # request with 2 tokens or fewer to go never drafts and its draft prefill is wasted
+            if seq.params.max_tokens - seq.num_output_tokens <= 2:
+                continue
             start = self.draft.start(seq, blocks)
             end = min(seq.num_computed_tokens + n, seq.num_tokens - 1, start + budget)
             if end > start:

@@ -81,8 +81,8 @@ def test_load_report_counts_prefill_and_expected_decode_tokens():
     running = Sequence("r", list(range(10)), SamplingParams(max_tokens=20))
     engine.scheduler.add(running)
     engine.scheduler.schedule()  # prefills all 10 prompt tokens
-    running.num_computed_tokens = 10
-    running.token_ids += [1, 2, 3]  # three tokens decoded
+    running.token_ids += [1, 2, 3]  # three tokens decoded: all but the last one computed
+    running.num_computed_tokens = 12
     engine.scheduler.add(Sequence("w", list(range(100, 108)), SamplingParams(max_tokens=5)))
     report = engine.load_report()
     assert report["prefill_tokens"] == 8  # the waiting prompt

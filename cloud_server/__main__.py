@@ -133,7 +133,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     engine.add_argument(
         "--kv-cache-memory-mb", type=positive_int, default=None,
-        help="KV pool budget in MiB (default: 1024 on CPU, half the free memory on CUDA)",
+        help="KV pool budget in MiB (default: 1024 on CPU, half the free memory on CUDA); a "
+        "--draft-model adds its own pool beyond it, as many blocks at its own size a token",
     )
     engine.add_argument(
         "--no-prefix-caching", action="store_true",
@@ -346,7 +347,8 @@ def _check_model(model: str, option: str = "--model") -> None:
 def _check_model_header(args: argparse.Namespace, config: Any, cluster: bool) -> None:
     """Refuse what the models' headers already rule out (read without the weights; the engine
     found it only once the server had started, exit 1): a ``--max-model-len`` beyond the model's
-    context length, a KV pool that cannot hold one sequence, a ``--draft-model`` whose vocabulary
+    context length, a KV pool that cannot hold one sequence (on a CPU, with a draft model's own
+    pool beyond it, more than the memory), a ``--draft-model`` whose vocabulary
     or end-of-sequence ids are not the target's (the load compares the tokenizers in full) or whose
     context is shorter than the target's (every step past it failed). A model whose header cannot
     be read here (a catalog model not pulled yet) is left to the load."""
@@ -363,6 +365,7 @@ def _check_model_header(args: argparse.Namespace, config: Any, cluster: bool) ->
 
     # the engine's own plan: a replica's device is its own (its pool is checked there); here the
     # pool is checked where known before the load (given, or the CPU's default)
+    budget = None
     if cluster:
         max_len, _ = plan_pool(config, target.config, (config.device or "cpu").partition(":")[0], None, None)
     else:
@@ -398,6 +401,18 @@ def _check_model_header(args: argparse.Namespace, config: Any, cluster: bool) ->
         raise UsageError(f"--draft-model {args.draft_model!r} has a context length of {draft_len} "
                          f"tokens, less than the target's {max_len} (--max-model-len): give "
                          f"--max-model-len {draft_len} or less")
+    # The draft keeps a KV pool of its own beside the target's, as many blocks (the target's block
+    # tables index both), at its own bytes a token: beyond --kv-cache-memory-mb. On the CPU the two
+    # together must fit in memory (before, only the target's pool was compared with it).
+    total = _memory_bytes()
+    if budget is None or device.type != "cpu" or total is None:
+        return
+    draft_bytes = num_blocks * config.block_size * draft.config.kv_bytes_per_token(dtype.itemsize)
+    if budget + draft_bytes > total:
+        raise UsageError(f"--kv-cache-memory-mb {budget >> 20} and the draft model's own KV pool of "
+                         f"{draft_bytes >> 20} MiB (as many blocks, of {args.draft_model!r}) are "
+                         f"together more than this machine's memory ({total >> 20} MiB): lower "
+                         "--kv-cache-memory-mb")
 
 
 def _check_device(config: Any) -> None:
@@ -415,13 +430,20 @@ def _check_device(config: Any) -> None:
             raise UsageError(f"--device {name}: this machine has "
                              f"{f'{count} CUDA device(s)' if count else 'no CUDA device'}")
         return
-    try:
-        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (AttributeError, ValueError, OSError):  # not known here (Windows)
+    total = _memory_bytes()
+    if total is None:
         return
     if config.kv_cache_memory_bytes is not None and config.kv_cache_memory_bytes > total:
         raise UsageError(f"--kv-cache-memory-mb {config.kv_cache_memory_bytes >> 20} is more than "
                          f"this machine's memory ({total >> 20} MiB)")
+
+
+def _memory_bytes() -> int | None:
+    """This machine's physical memory, or None where it is not known (Windows)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):
+        return None
 
 
 def _system_prompt(model: str, given: str | None) -> str | None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import math
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -327,6 +328,15 @@ class OpenAIServing:
 _FLOOR = -9999.0
 
 
+def _logprob(value: float) -> float | None:
+    """A log-probability as JSON can carry it: -inf floored (above); NaN or +inf (logits that
+    overflowed) is no figure at all, sent as null as vLLM's responses do. Before, a NaN made the
+    whole answer a 500 (its text lost) and put a bare ``NaN`` in a stream's chunk."""
+    if math.isnan(value) or value == math.inf:
+        return None
+    return max(value, _FLOOR)
+
+
 def _token(decode: Any, token_id: int) -> str:
     return decode([token_id])
 
@@ -339,7 +349,7 @@ def chat_logprobs(entries: list[Any], decode: Any, token_bytes: Any = None) -> d
     def item(token_id: int, logprob: float) -> dict[str, Any]:
         text = _token(decode, token_id)
         raw = token_bytes(token_id) if token_bytes is not None else text.encode("utf-8")
-        return {"token": text, "logprob": max(logprob, _FLOOR), "bytes": list(raw)}
+        return {"token": text, "logprob": _logprob(logprob), "bytes": list(raw)}
 
     return {"content": [
         {**item(e.token_id, e.logprob), "top_logprobs": [item(t, lp) for t, lp in e.top]} for e in entries
@@ -363,12 +373,12 @@ def text_logprobs(entries: list[Any], decode: Any, token_bytes: Any = None) -> d
 
     tops = []
     for e in entries:
-        top = {name(t): max(lp, _FLOOR) for t, lp in e.top}
-        top.setdefault(name(e.token_id), max(e.logprob, _FLOOR))
+        top = {name(t): _logprob(lp) for t, lp in e.top}
+        top.setdefault(name(e.token_id), _logprob(e.logprob))
         tops.append(top)
     return {
         "tokens": [name(e.token_id) for e in entries],
-        "token_logprobs": [max(e.logprob, _FLOOR) for e in entries],
+        "token_logprobs": [_logprob(e.logprob) for e in entries],
         "top_logprobs": tops,
         "text_offset": [e.text_offset for e in entries],
     }

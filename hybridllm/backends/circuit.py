@@ -46,15 +46,20 @@ def check_setting(name: str, value: object, rule: str) -> None:
     - "count>=1", "count>=0": a whole number (a threshold, a number of retries).
 
     A bool (True is 1 to Python) or a string ("10") is refused, never taken as a number."""
-    number = isinstance(value, int | float) and not isinstance(value, bool)
-    whole = number and isinstance(value, int)
-    ok, wanted = {
-        "seconds>0": (number and 0 < value < math.inf, "a positive number (of seconds, finite)"),
-        "seconds>0|None": (value is None or (number and value > 0), "a positive number (of seconds) or None"),
-        "seconds>=0": (number and 0 <= value < math.inf, "a number >= 0 (of seconds, finite)"),
-        "count>=1": (whole and value >= 1, "at least 1 (a whole number)"),
-        "count>=0": (whole and value >= 0, ">= 0 (a whole number)"),
-    }[rule]  # type: ignore[operator]  # compared only when a number
+    wanted = {
+        "seconds>0": "a positive number (of seconds, finite)",
+        "seconds>0|None": "a positive number (of seconds) or None",
+        "seconds>=0": "a number >= 0 (of seconds, finite)",
+        "count>=1": "at least 1 (a whole number)",
+        "count>=0": ">= 0 (a whole number)",
+    }[rule]
+    if value is None or isinstance(value, bool) or not isinstance(value, int | float):
+        ok = value is None and rule == "seconds>0|None"
+    elif rule.startswith("count"):
+        ok = isinstance(value, int) and value >= int(rule[-1])
+    else:  # seconds: NaN fails every comparison; inf is "no bound" where None is
+        ok = (0 <= value < math.inf if rule == "seconds>=0" else value > 0 and
+              (value < math.inf or rule == "seconds>0|None"))
     if not ok:
         raise ConfigError(f"{name} must be {wanted}, got {value!r}.")
 

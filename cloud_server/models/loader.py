@@ -312,7 +312,10 @@ def load_model(
         del tensors
         if cached is not None:
             cached.write(weights)
-    net = assemble_model(config, weights, device=device, dtype=dtype, max_position=max_pos, consume=True)
+    try:
+        net = assemble_model(config, weights, device=device, dtype=dtype, max_position=max_pos, consume=True)
+    except ModelLoadError as exc:  # weights that do not fit the model: say whose
+        raise ModelLoadError(f"{path}: {exc}") from exc
     del weights
     _return_freed_memory()
     return LoadedModel(name=name, config=config, model=net, tokenizer=tokenizer)

@@ -241,14 +241,12 @@ def iter_gguf_tensors(
     format takes come as int4 ``RowChunks`` (their own codes and groups), and with ``"int8"`` or
     ``"int4"`` the others come as int8 ``RowChunks`` (their codes and blocks as int8 groups).
     """
-    from ..layers.linear import int4_supported
-
     arch, path = gguf_file.architecture, gguf_file.path
     names = {**_LAYER_NAMES, **_ARCH_LAYER_NAMES[arch]}
     for t in gguf_file.tensors:
         if t.name == "rope_freqs.weight":  # Llama 3.1 RoPE scaling, as per-pair divisors
-            factors = _dequantize_raw(_read_raw(path, t), t.tensor_type).flatten().tolist()
-            config.rope_scaling = {"rope_type": "freq_factors", "factors": factors}
+            factors = _read_tensor(path, t, _dequantize_raw, t.tensor_type)
+            config.rope_scaling = {"rope_type": "freq_factors", "factors": factors.flatten().tolist()}
             continue
         if t.name == "token_embd.weight":
             name = "model.embed_tokens.weight"
@@ -257,37 +255,58 @@ def iter_gguf_tensors(
         elif t.name == "output_norm.weight":
             name = "model.norm.weight"
         elif t.name.startswith("blk."):
-            _, layer, base, kind = t.name.split(".", 3)
-            if base not in names:
+            parts = t.name.split(".", 3)
+            if len(parts) < 4 or parts[2] not in names:
                 continue
+            _, layer, base, kind = parts
             name = f"model.layers.{layer}.{names[base]}.{kind}"
         else:
             continue
-        raw = _read_raw(path, t)
-        permuted = arch == "llama" and name.endswith(("q_proj.weight", "k_proj.weight"))
-        heads = config.num_heads if "q_proj" in name else config.num_kv_heads
-        kind = "float"
-        if quantization != "none" and raw.ndim == 2 and is_quantized(name):
-            cols = t.n_elements // raw.shape[0]
-            if (quantization == "int4" and t.tensor_type.name in INT4_TYPES
-                    and int4_supported(raw.shape[0], cols)):
-                kind = "int4"
-            elif t.tensor_type.name in INT8_GROUP_TYPES:
-                kind = "int8"
-        if kind != "float":
-            if permuted:  # a permutation of rows: the stored bytes' rows move as they are
-                raw = np.ascontiguousarray(unpermute_qk(raw, heads))
-            cols = t.n_elements // raw.shape[0]
-            yield name, RowChunks(raw, t.tensor_type, max(1, _CHUNK_ELEMENTS // cols), kind=kind)
-            continue
-        if t.n_elements > _CHUNK_ELEMENTS and raw.ndim == 2 and "q_proj" not in name:
-            cols = t.n_elements // raw.shape[0]
-            yield name, RowChunks(raw, t.tensor_type, max(1, _CHUNK_ELEMENTS // cols))
-            continue
-        arr = _dequantize_raw(raw, t.tensor_type)
-        if permuted:
-            arr = unpermute_qk(arr, heads)
-        yield name, arr
+        yield name, _read_tensor(path, t, _convert, t, name, arch, config, quantization)
+
+
+def _read_tensor(path: str, t: TensorInfo, convert: Any, *args: Any) -> Any:
+    """``convert(raw, *args)`` of the tensor's bytes ``raw``; a tensor that cannot be read as
+    stored (a type this server does not know, a shape its heads do not divide) is a ModelLoadError
+    naming the file and the tensor."""
+    try:
+        return convert(_read_raw(path, t), *args)
+    except (ValueError, RuntimeError, NotImplementedError) as exc:
+        raise ModelLoadError(
+            f"GGUF file {path}: tensor {t.name} ({t.tensor_type.name}, {t.n_elements} weights) "
+            f"cannot be read: {exc}"
+        ) from exc
+
+
+def _convert(raw: np.ndarray, t: TensorInfo, name: str, arch: str, config: ModelConfig,
+             quantization: str) -> Any:
+    """One tensor's stored bytes -> what ``iter_gguf_tensors`` yields for it."""
+    from ..layers.linear import int4_supported
+
+    permuted = arch == "llama" and name.endswith(("q_proj.weight", "k_proj.weight"))
+    heads = config.num_heads if "q_proj" in name else config.num_kv_heads
+    if permuted and (raw.ndim != 2 or raw.shape[0] != heads * config.head_dim):
+        raise ValueError(f"{heads} heads of {config.head_dim} need {heads * config.head_dim} rows, "
+                         f"it has shape {list(raw.shape)}")
+    kind = "float"
+    if quantization != "none" and raw.ndim == 2 and is_quantized(name):
+        cols = t.n_elements // raw.shape[0]
+        if (quantization == "int4" and t.tensor_type.name in INT4_TYPES
+                and int4_supported(raw.shape[0], cols)):
+            kind = "int4"
+        elif t.tensor_type.name in INT8_GROUP_TYPES:
+            kind = "int8"
+    if kind != "float":
+        if permuted:  # a permutation of rows: the stored bytes' rows move as they are
+            raw = np.ascontiguousarray(unpermute_qk(raw, heads))
+        cols = t.n_elements // raw.shape[0]
+        return RowChunks(raw, t.tensor_type, max(1, _CHUNK_ELEMENTS // cols), kind=kind)
+    if t.n_elements > _CHUNK_ELEMENTS and raw.ndim == 2 and "q_proj" not in name:
+        _dequantize_raw(raw[:1], t.tensor_type)  # a type that cannot be read fails here, by name
+        cols = t.n_elements // raw.shape[0]
+        return RowChunks(raw, t.tensor_type, max(1, _CHUNK_ELEMENTS // cols))
+    arr = _dequantize_raw(raw, t.tensor_type)
+    return unpermute_qk(arr, heads) if permuted else arr
 
 
 def load_gguf(path: str | Path) -> tuple[ModelConfig, dict[str, np.ndarray], dict[str, Any]]:

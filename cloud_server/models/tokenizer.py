@@ -41,6 +41,18 @@ def _prompt_format(template: str | None, bos: str, eos: str, system_prompt: str 
                         system_prompt=system_prompt)
 
 
+def _checked_prompt(text: str) -> str:
+    """A raw prompt, or InvalidRequestError (400) when it holds a lone surrogate (JSON may carry
+    half an emoji, "\\ud83d"), which cannot be encoded as UTF-8: refused as in a chat message."""
+    from hybridllm._exceptions import InvalidRequestError as PromptError
+    from hybridllm.prompts import checked_text
+
+    try:
+        return checked_text(text, "the prompt")
+    except PromptError as exc:
+        raise InvalidRequestError(str(exc), param="prompt") from exc
+
+
 class _ChatTemplateMixin:
     """Prompts are built by ``hybridllm.prompts`` (shared with the edge). ``system_prompt`` is the
     default system prompt for a conversation without one (the model's catalog entry names it)."""
@@ -154,12 +166,12 @@ class GGUFTokenizer(_ChatTemplateMixin):
         self._plain: tuple[dict[str, int], Any] | None = None
 
     def _piece(self, token_id: int) -> str:
-        if token_id < 0:
+        if not 0 <= token_id < self.vocab_size:
             return ""
         return llama_bytes(self._llama, [token_id], special=True).decode("utf-8", errors="replace")
 
     def encode(self, text: str, add_special: bool = True) -> list[int]:
-        ids = self._llama.tokenize(text.encode("utf-8"), add_bos=False, special=True)
+        ids = self._llama.tokenize(_checked_prompt(text).encode("utf-8"), add_bos=False, special=True)
         if add_special and self.add_bos and (not ids or ids[0] != self.bos_token_id):
             ids = [self.bos_token_id, *ids]
         return ids
@@ -185,7 +197,10 @@ class GGUFTokenizer(_ChatTemplateMixin):
         return self._bytes([token_id])
 
     def _bytes(self, ids: list[int]) -> bytes:
-        return llama_bytes(self._llama, ids)
+        # An id outside the vocabulary (an output head wider than the token list, an id given by a
+        # caller) is nothing, as in ``tokenizers``: llama.cpp would abort the whole process on it.
+        n = self.vocab_size
+        return llama_bytes(self._llama, [i for i in ids if 0 <= i < n])
 
 
 class HFTokenizer(_ChatTemplateMixin):
@@ -222,7 +237,7 @@ class HFTokenizer(_ChatTemplateMixin):
         self._byte_level = '"ByteLevel"' in json.dumps(decoder)  # alone or in a decoder Sequence
 
     def encode(self, text: str, add_special: bool = True) -> list[int]:
-        ids = self._tok.encode(text, add_special_tokens=False).ids
+        ids = self._tok.encode(_checked_prompt(text), add_special_tokens=False).ids
         bos = self.bos_token_id
         if add_special and self.add_bos and bos is not None and (not ids or ids[0] != bos):
             ids = [bos, *ids]

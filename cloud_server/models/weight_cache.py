@@ -9,11 +9,12 @@ file is logged, deleted and rebuilt; a cache that cannot be written (disk full, 
 logged and the server starts anyway. ``HYBRIDLLM_ENGINE_WEIGHT_CACHE=0`` turns it off.
 
 A file is written in a folder of its own, ``.{name}.{pid}.tmp``, locked (``flock``) while it is
-written and renamed into place when complete. The folder is removed on every way out: an error, an
-exception, the interpreter's exit, and ``remove_partial_files()`` before an ``os._exit`` (a server
-shut down while loading). One left by a process that was killed is removed by the next write: its
-lock went with its process, so a folder that can be locked has no writer (the lock holds across
-containers sharing the folder, where a pid would not say whether its process lives).
+written, flushed to the disk (``fsync``) and renamed into place when complete. The folder is
+removed on every way out: an error, an exception, the interpreter's exit, and
+``remove_partial_files()`` before an ``os._exit`` (a server shut down while loading). One left by
+a process that was killed is removed by the next write: its lock went with its process, so a
+folder that can be locked has no writer (the lock holds across containers sharing the folder,
+where a pid would not say whether its process lives).
 """
 
 from __future__ import annotations
@@ -189,7 +190,11 @@ class WeightCache:
                 raise OSError(f"{free >> 20} MiB free, {size >> 20} MiB needed")
             with _partial(work) as tmp:
                 save_file(flat, str(tmp), metadata={"format": FORMAT, "key": self.key, "source": self.source})
+                # its data on disk before its name: a power cut must not leave a named file of zeros
+                with open(tmp, "r+b") as fh:
+                    os.fsync(fh.fileno())
                 os.replace(tmp, self.file)
+                _fsync_folder(self.file.parent)
         except Exception as exc:
             logger.warning(
                 "engine weight cache not written to %s (%s); the next start converts again", self.file, exc
@@ -210,6 +215,16 @@ class WeightCache:
         except (OSError, ValueError, AttributeError, struct.error):
             return True  # unreadable: no use to anyone
         return source in (None, self.source) or not os.path.exists(source)
+
+
+def _fsync_folder(folder: Path) -> None:
+    """Flush a folder's entries (a rename) to the disk, where the system can (not on Windows)."""
+    with contextlib.suppress(OSError):
+        fd = os.open(folder, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
 
 # Folders being written by this process, removed by remove_partial_files() (on exit, or by hand

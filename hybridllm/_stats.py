@@ -7,6 +7,7 @@ hit at the tokens of the call that made the answer it replays, stored with the c
 
 from __future__ import annotations
 
+import math
 import threading
 from collections import defaultdict, deque
 from typing import Any
@@ -17,11 +18,13 @@ _WINDOW = 10_000  # latency samples kept per route
 
 
 def percentile(values: list[float], q: float) -> float | None:
-    """Nearest-rank percentile (q in [0, 100]); None for no data."""
+    """Nearest-rank percentile (q in [0, 100]): the smallest value with at least q% of the values
+    at or below it, the ceil(q n / 100)-th; None for no data. (round(q n / 100 + 0.5) rounded
+    halves to even: the p95 of 20 latencies was their maximum, the p50 of 2 the larger one.)"""
     if not values:
         return None
     ordered = sorted(values)
-    k = max(0, min(len(ordered) - 1, int(round(q / 100 * len(ordered) + 0.5)) - 1))
+    k = max(0, min(len(ordered) - 1, math.ceil(q * len(ordered) / 100) - 1))
     return ordered[k]
 
 

@@ -41,8 +41,10 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from typing import Any
 
+from ._config import split_userinfo
 from ._exceptions import ConfigError, InvalidRequestError
 from ._types import is_real
+from .backends.circuit import check_url
 
 log = logging.getLogger("hybridllm.carbon")
 PRIORITIES = ("interactive", "batch")
@@ -59,8 +61,12 @@ class CloudEndpoint:
     feed_timeout_s = FEED_TIMEOUT_S  # a feed's longest wait per request (not a field)
 
     def __post_init__(self) -> None:
-        if not isinstance(self.url, str) or not self.url.startswith(("http://", "https://")):
-            raise ConfigError(f"a cloud endpoint's url must start with http(s)://, got {self.url!r}.")
+        # the cloud client's rule (a bad port, a broken IPv6 address, no host), named as this
+        # setting: before, only the scheme was checked here and such a URL was refused as "cloud_url"
+        # or "base_url", which the user never set
+        check_url("a cloud endpoint's url (cloud_endpoints)", self.url)
+        # its name in logs and errors: without a user:password@ (sent as basic auth, never logged)
+        self._name = split_userinfo(self.url)[0]
         ci = self.carbon_intensity
         if ci is not None and not callable(ci) and not _valid_intensity(ci):
             raise ConfigError(f"carbon_intensity must be a number of gCO2/kWh in [0, 100000) or a "
@@ -103,7 +109,7 @@ class CloudEndpoint:
             return self._unknown(f"is {value!r}, not a number of gCO2/kWh in [0, 1e5)")
         if self._feed_warned:
             self._feed_warned = False
-            log.info("carbon intensity of %s answers again (%s gCO2/kWh)", self.url, value)
+            log.info("carbon intensity of %s answers again (%s gCO2/kWh)", self._name, value)
         return float(value)
 
     def _feed(self) -> tuple[Future, float]:
@@ -137,9 +143,9 @@ class CloudEndpoint:
         if not self._feed_warned:
             self._feed_warned = True
             log.warning("carbon intensity of %s %s; treated as unknown (warned once, until it "
-                        "answers again)", self.url, why)
+                        "answers again)", self._name, why)
         else:
-            log.debug("carbon intensity of %s %s; treated as unknown", self.url, why)
+            log.debug("carbon intensity of %s %s; treated as unknown", self._name, why)
         return None
 
 
@@ -179,7 +185,7 @@ class CarbonPlacer:
         for e in endpoints:
             if root(e.url) in self.by_root:
                 raise ConfigError(f"the cloud endpoint {root(e.url)} is listed twice in cloud_endpoints "
-                                  f"({self.by_root[root(e.url)].url!r}, {e.url!r}); keep one.")
+                                  f"({self.by_root[root(e.url)]._name!r}, {e._name!r}); keep one.")
             self.by_root[root(e.url)] = e
         self.joules_per_token = joules_per_token
         self.alpha = alpha

@@ -71,15 +71,18 @@ def check_url(name: str, url: object) -> None:
     each request with a traceback (httpx's InvalidURL, a ValueError) or a misleading "cannot reach"."""
     from urllib.parse import urlsplit
 
+    from .._config import public_value  # (here: _config imports this module)
+
+    shown = public_value(url)  # a user:password@ in it as ***@: errors are printed and logged
     if not isinstance(url, str) or not url.startswith(("http://", "https://")):
-        raise ConfigError(f"{name} must start with http:// or https://, got {url!r}.")
+        raise ConfigError(f"{name} must start with http:// or https://, got {shown!r}.")
     try:
         parts = urlsplit(url)
         parts.port  # noqa: B018  # raises ValueError for a port that is not a number in 0-65535
     except ValueError as exc:
-        raise ConfigError(f"{name} is not a valid URL ({exc}), got {url!r}.") from None
+        raise ConfigError(f"{name} is not a valid URL ({exc}), got {shown!r}.") from None
     if not parts.hostname:
-        raise ConfigError(f"{name} has no host, got {url!r}.")
+        raise ConfigError(f"{name} has no host, got {shown!r}.")
 
 
 class Ticket:

@@ -165,6 +165,16 @@ def rtn8(w: np.ndarray, block: int = 32) -> Blocks:
     return Blocks(q, scale, zp.astype(np.uint8), None, 8, block)
 
 
+def gguf_architecture(gguf_path: Path) -> str:
+    """The GGUF's ``general.architecture`` (its header only), "unknown" when unreadable."""
+    try:
+        import gguf
+
+        return str(gguf.GGUFReader(str(gguf_path)).fields["general.architecture"].contents())
+    except Exception:  # only for an error message: never hide the error it explains
+        return "unknown"
+
+
 def gguf_blocks(gguf_path: Path) -> tuple[dict[str, Any], Any]:
     """GGUF tensors by name, and a function ``name -> Blocks`` (HF row order: q/k unpermuted)."""
     import gguf

@@ -106,11 +106,18 @@ def _run_builder(
         ) as proc,
     ):
         assert proc.stdout is not None
-        for line in proc.stdout:
-            log.write(line)
-            if progress is not None and _QUANT_DONE.search(line):
-                done += 1
-                progress(lo + (hi - lo) * min(done, num_matmuls) // max(num_matmuls, 1), 100)
+        try:
+            for line in proc.stdout:
+                log.write(line)
+                if progress is not None and _QUANT_DONE.search(line):
+                    done += 1
+                    progress(lo + (hi - lo) * min(done, num_matmuls) // max(num_matmuls, 1), 100)
+        except BaseException:
+            # a SIGINT to this process alone (a notebook's interrupt), a full disk for the log: the
+            # builder ran on for minutes, orphaned, writing into a work folder being removed
+            proc.kill()
+            proc.wait()
+            raise
         code = proc.wait()
     if code != 0:
         tail = log_path.read_text().strip().splitlines()[-3:]
@@ -165,6 +172,7 @@ def prepare_onnx(
             f"Preparing the ONNX model needs {', '.join(missing)}: pip install 'hybridllm[export]' "
             "(or prepare it on another machine and copy the folder; see the README's ONNX section)."
         )
+    from cloud_server.exceptions import ModelLoadError
     from cloud_server.models.export_hf import gguf_to_hf_folder
 
     started = time.perf_counter()
@@ -186,7 +194,10 @@ def prepare_onnx(
         try:
             if progress:
                 progress(0, 100)
-            hf = gguf_to_hf_folder(gguf, work / "hf")
+            try:
+                hf = gguf_to_hf_folder(gguf, work / "hf")
+            except ModelLoadError as exc:  # not a HybridLLMError: the CLI called it an internal error
+                raise _unsupported(spec.id, gguf, exc) from None
             if progress:
                 progress(25, 100)
             layers = _LAYERS.search((hf / "config.json").read_text())
@@ -203,7 +214,10 @@ def prepare_onnx(
             if precision == "int4":
                 from .onnx_gguf import rewrite
 
-                counts = rewrite(out / "model.onnx", gguf)  # the GGUF's own blocks, see above
+                try:
+                    counts = rewrite(out / "model.onnx", gguf)  # the GGUF's own blocks, see above
+                except NotImplementedError as exc:  # a tensor type or node it has no rule for
+                    raise _unsupported(spec.id, gguf, exc) from None
                 if progress:
                     progress(98, 100)
             meta = _meta(spec, precision, hf, time.perf_counter() - started)
@@ -216,17 +230,30 @@ def prepare_onnx(
                     **counts,
                 }
             (out / META_FILE).write_text(json.dumps(meta, indent=2))
+            old = final.parent / f".{final.name}.{os.getpid()}.old"
             if final.exists():  # a stale or forced rebuild: move the old one aside, then swap
-                old = final.parent / f".{final.name}.{os.getpid()}.old"
                 final.rename(old)
-                shutil.rmtree(old, ignore_errors=True)
             out.rename(final)
+            # removed only once the new one is in place: removing gigabytes takes a while, and an
+            # interrupt meanwhile lost both (the old half removed, the new one with the work folder)
+            shutil.rmtree(old, ignore_errors=True)
             log.unlink(missing_ok=True)
             if progress:
                 progress(100, 100)
         finally:
             shutil.rmtree(work, ignore_errors=True)
     return final
+
+
+def _unsupported(model_id: str, gguf: Path, exc: Exception) -> PrepareError:
+    """The converter cannot take this GGUF (gemma3-270m: only llama and qwen2 convert)."""
+    from .onnx_gguf import gguf_architecture
+
+    return PrepareError(
+        f"{model_id!r} cannot be prepared for ONNX Runtime: its GGUF's architecture is "
+        f"{gguf_architecture(gguf)!r}, and the ONNX export failed on it ({exc}). Run it on the "
+        "llama.cpp backend (--backend llama_cpp)."
+    )
 
 
 def _prepared(final: Path, spec: Any) -> bool:

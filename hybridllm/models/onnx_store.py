@@ -59,6 +59,15 @@ def is_prepared(folder: Path, spec: ModelSpec | None = None) -> bool:
     return meta.get("format_version") == FORMAT_VERSION and meta.get("source_sha256") == spec.main_file.sha256
 
 
+def _stale(meta: dict[str, Any], spec: ModelSpec) -> str:
+    """Why a folder's record does not match (before: "is not in FOLDER", for a folder right there)."""
+    if meta.get("format_version") != FORMAT_VERSION:
+        return (f"format {meta.get('format_version', 'unknown')}, from another hybridllm version; "
+                f"this one reads format {FORMAT_VERSION}")
+    return (f"built from weights with sha256 {str(meta.get('source_sha256'))[:12]}..., not the "
+            f"catalog's {spec.main_file.sha256[:12]}...")
+
+
 def missing_export_modules() -> list[str]:
     return [m for m in EXPORT_MODULES if importlib.util.find_spec(m) is None]
 
@@ -102,8 +111,11 @@ def resolve_onnx(
                 if missing
                 else "it has not been prepared"
             )
+            where = f"is not in {folder}"
+            if (folder / "genai_config.json").is_file():  # there, from another version or other weights
+                where = f"in {folder} is out of date ({_stale(read_meta(folder), spec)})"
             raise ModelNotFoundError(
-                f"The ONNX form of {spec.id!r} is not in {folder}, and {why}. Prepare it once on a "
+                f"The ONNX form of {spec.id!r} {where}, and {why}. Prepare it once on a "
                 f"machine with `pip install 'hybridllm[export]'`: `{prepare_command(spec.id, precision)}`"
                 f", then copy the folder it prints to {folder} (or pass that folder as the model)."
             )

@@ -169,11 +169,17 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(metrics))
     else:
-        print(
-            f"n={metrics['n']}  precision={metrics['precision']:.3f}  "
-            f"recall={metrics['recall']:.3f}  false_hit_rate={metrics['false_hit_rate']:.3f}"
-        )
+        rates = "  ".join(f"{k}={_rate(metrics[k])}" for k in ("precision", "recall", "false_hit_rate"))
+        print(f"n={metrics['n']}  {rates}")
+        for key, why in (("precision", "no pair was a hit"), ("recall", "no pair is labelled 1"),
+                         ("false_hit_rate", "no pair is labelled 0")):
+            if metrics[key] is None:
+                print(f"{key} is undefined: {why}")
     return 0
+
+
+def _rate(value: float | None) -> str:
+    return "undefined" if value is None else f"{value:.3f}"
 
 
 def register(subparsers: Any) -> None:

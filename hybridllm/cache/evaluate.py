@@ -8,6 +8,9 @@ pair labelled 0 is a false hit.
 - precision = correct hits / hits
 - recall = correct hits / pairs labelled 1
 - false_hit_rate = false hits / pairs labelled 0
+
+A rate whose denominator is 0 (no hits, no pair labelled 1, or none labelled 0) is undefined:
+``None`` (JSON ``null``), not a number that looks measured.
 """
 
 from __future__ import annotations
@@ -74,6 +77,10 @@ def _pair(row: object) -> tuple[str, str, int]:
     for name, text in (("text_a", a), ("text_b", b)):
         if not isinstance(text, str) or not text.strip():
             raise ValueError(f"{name} is {text!r}")
+        try:  # JSON's "\ud83d" escape reads as half an emoji, which no model can be asked
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            raise ValueError(f"{name} holds a lone UTF-16 surrogate: {text!r}") from None
     # bool is an int; 1.0 == 1; a NaN or infinite label equals neither
     if isinstance(label, str):
         label = label.strip()
@@ -83,6 +90,7 @@ def _pair(row: object) -> tuple[str, str, int]:
 
 
 def pair_metrics(hits: Sequence[bool] | np.ndarray, labels: Sequence[int] | np.ndarray) -> dict:
+    """The rates above, and the counts they come from; an undefined rate is ``None``."""
     hits = np.asarray(hits, dtype=bool)
     labels = np.asarray(labels, dtype=bool)
     num_hits = int(hits.sum())
@@ -90,9 +98,9 @@ def pair_metrics(hits: Sequence[bool] | np.ndarray, labels: Sequence[int] | np.n
     num_pos = int(labels.sum())
     num_neg = len(labels) - num_pos
     return {
-        "precision": correct / num_hits if num_hits else 1.0,
-        "recall": correct / num_pos if num_pos else 0.0,
-        "false_hit_rate": (num_hits - correct) / num_neg if num_neg else 0.0,
+        "precision": correct / num_hits if num_hits else None,
+        "recall": correct / num_pos if num_pos else None,
+        "false_hit_rate": (num_hits - correct) / num_neg if num_neg else None,
         "hits": num_hits,
         "positives": num_pos,
         "n": len(labels),

@@ -88,6 +88,14 @@ def cosine(text: str) -> float:
     return value
 
 
+def random_seed(text: str) -> int:
+    """An argparse type: a seed scikit-learn takes (0 to 2**32 - 1), refused before the embedding."""
+    value = int(text)
+    if not 0 <= value < 2**32:
+        raise argparse.ArgumentTypeError(f"must be from 0 to {2**32 - 1}, got {text}")
+    return value
+
+
 def embed_texts(
     texts: list[str], *, cache_file: Path | None = None, say: Callable[[str], None] = print
 ) -> dict[str, np.ndarray]:
@@ -121,11 +129,35 @@ def embed_texts(
 
     vecs = embedder.embed(texts, progress=progress)
     if cache_file is not None:
-        cache_file.parent.mkdir(parents=True, exist_ok=True)
         tmp = cache_file.with_name(f"{cache_file.name}.{os.getpid()}.tmp.npz")  # concurrent runs
-        np.savez(tmp, texts=np.array(texts, dtype=str), vecs=vecs, embedder=np.array(embedder.fingerprint))
-        tmp.replace(cache_file)
+        try:  # only a shortcut for the next run: a cache dir that cannot be written loses nothing
+            cache_file.parent.mkdir(parents=True, exist_ok=True)
+            save_atomically(tmp, cache_file, np.savez, texts=np.array(texts, dtype=str), vecs=vecs,
+                             embedder=np.array(embedder.fingerprint))
+        except OSError as exc:
+            say(f"not keeping the embeddings: cannot write {cache_file} ({exc})")
     return dict(zip(texts, vecs, strict=True))
+
+
+def save_atomically(tmp: Path, path: Path, save: Callable[..., None], **arrays: Any) -> None:
+    """``save(tmp, **arrays)`` renamed to ``path``: a run stopped part way (Ctrl-C, a full disk)
+    leaves neither a half-written ``path`` nor ``tmp`` (the embeddings' is ~150 MB)."""
+    try:
+        save(tmp, **arrays)
+        tmp.replace(path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def check_writable(folder: Path) -> None:
+    """Make ``folder`` and write a file in it, or raise the OSError now: a read-only ``--out``
+    fails before the training, not after it, with the trained result lost."""
+    import tempfile
+
+    folder.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryFile(dir=folder):
+        pass
 
 
 def featurize(
@@ -200,7 +232,7 @@ def train(
     split = split_of_pairs(pairs, seed=seed)
     labels = np.asarray(pairs.labels, dtype=np.int8)
     check_splits(labels, split)
-    out_dir.mkdir(parents=True, exist_ok=True)  # a bad --out fails now, not after the training
+    check_writable(out_dir)  # a bad --out fails now, not after the training
     texts = sorted(set(pairs.text_a) | set(pairs.text_b))
     digest = hashlib.sha256("\n".join(texts).encode()).hexdigest()[:16]
     vecs = embed_texts(texts, cache_file=cache_dir() / "train" / f"qqp-{digest}.npz", say=say)
@@ -297,9 +329,7 @@ def save_verifier(verifier: HitVerifier, path: str | Path) -> Path:
     if verifier.linear is not None:
         w, b, mean, scale = verifier.linear
         arrays.update(lin_w=w, lin_b=np.array(b), lin_mean=mean, lin_scale=scale)
-    tmp = path.with_name(path.name + ".tmp.npz")
-    np.savez_compressed(tmp, **arrays)  # type: ignore[arg-type]
-    tmp.replace(path)
+    save_atomically(path.with_name(path.name + ".tmp.npz"), path, np.savez_compressed, **arrays)
     return path
 
 
@@ -320,7 +350,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="the lowest threshold with this validation precision (default: 0.95)")
     parser.add_argument("--min-similarity", type=cosine, default=0.5,
                         help="cosine below which a candidate is never a hit (default: 0.5)")
-    parser.add_argument("--seed", type=int, default=0, help="split and training seed (default: 0)")
+    parser.add_argument("--seed", type=random_seed, default=0, help="split and training seed (default: 0)")
     args = parser.parse_args(argv)
     say = lambda msg: print(msg, file=sys.stderr)  # noqa: E731 - the JSON goes to stdout
     try:
@@ -338,6 +368,9 @@ def main(argv: list[str] | None = None) -> int:
     except (HybridLLMError, OSError) as exc:  # the embedder's model, a folder that cannot be written
         print(f"error: {exc}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:  # the verifier file is written atomically: the old one is intact
+        print("interrupted: the verifier file is only replaced by a finished one", file=sys.stderr)
+        return 130
     print(json.dumps(metrics, indent=2))
     return 0
 

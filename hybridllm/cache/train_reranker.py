@@ -49,12 +49,14 @@ from .reranker_file import (
 )
 from .train import (
     check_splits,
+    check_writable,
     choose_threshold,
     cosine,
     embed_texts,
     featurize,
     fraction,
     precision_at_recall,
+    save_atomically,
     split_of_pairs,
 )
 from .verifier import HitVerifier
@@ -194,13 +196,13 @@ def _write(path: Path, arrays: dict[str, np.ndarray], *, threshold: float, min_s
         "min_similarity": np.array(min_similarity),
         "weights_digest": np.array(digest),
         "metric_names": np.array(names, dtype=str),
-        "metric_values": np.array([float(metrics[k]) for k in names], dtype=np.float64),
+        # an undefined rate (None: no test hit) is stored as NaN
+        "metric_values": np.array([np.nan if metrics[k] is None else float(metrics[k]) for k in names],
+                                  dtype=np.float64),
         **extra,
         **arrays,
     }
-    tmp = path.with_name(path.name + ".tmp.npz")
-    np.savez_compressed(tmp, **fields)  # type: ignore[arg-type]
-    tmp.replace(path)
+    save_atomically(path.with_name(path.name + ".tmp.npz"), path, np.savez_compressed, **fields)
 
 
 DELTA_RANK = 64  # rank of the stored fine-tuning change of each layer matrix
@@ -301,7 +303,7 @@ def train(
     check_splits(labels, split, least=4)  # fit_stack's need (2 folds x 2), known before fine-tuning
     tr, va, te = (np.nonzero(split == s)[0] for s in range(3))
     say(f"pairs: train {len(tr)}, val {len(va)}, test {len(te)}")
-    out_dir.mkdir(parents=True, exist_ok=True)
+    check_writable(out_dir)  # the fine-tuned weights must have somewhere to go
     path = out_dir / DEFAULT_NAME
     metrics: dict[str, float] = {}
     if calibrate_only:  # read first: a missing or damaged file is said before the embedding
@@ -431,6 +433,9 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as exc:  # a folder that cannot be written
         print(f"error: {exc}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:  # what was kept, if anything, has been said
+        print("interrupted", file=sys.stderr)
+        return 130
     print(json.dumps(metrics, indent=2))
     return 0
 

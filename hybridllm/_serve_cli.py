@@ -78,25 +78,27 @@ def cmd_serve(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         raise _UsageError(str(exc)) from exc
     sock = listen(args.host, args.port, ConfigError)
-    host, bound_port = sock.getsockname()[:2]
-    if not api_keys and not is_loopback(host):  # the address bound: a name may resolve off loopback
-        print(f"hybridllm serve: warning: no API key and listening on {args.host}: anyone who can "
-              f"reach it can use it (set {API_KEYS_ENV} or --api-key-file)", file=sys.stderr)
-    llm = HybridLLM(config=args.config, progress=ProgressBar("Preparing the edge model"),
-                    **_settings(args))
-    cloud = public_text(", ".join(llm.config.cloud_url)) or "none (device only)"  # into logs: no password
-    print(f"hybridllm serve: http://{_url_host(host)}:{bound_port}/v1  edge={llm.edge.model}  "
-          f"cloud={cloud}  {'API key required' if api_keys else 'open'}", flush=True)
-    app = create_app(llm, api_keys=api_keys, max_body_bytes=args.max_body_bytes,
-                     allow_origins=args.allow_origin, allow_hosts=serve_hosts(host, args.allow_host))
-    # SIGTERM / Ctrl-C: new requests 503, the ones in flight get --shutdown-timeout, the rest end
-    # cleanly (wire/shutdown.py); uvicorn's own timeout after it is for clients that stopped reading
-    config = uvicorn.Config(app, log_level=args.log_level, timeout_graceful_shutdown=5)
-    try:
+    llm = None
+    try:  # the socket is closed however this ends: a model that fails to load, Ctrl-C while it loads
+        host, bound_port = sock.getsockname()[:2]
+        if not api_keys and not is_loopback(host):  # the address bound: a name may resolve off loopback
+            print(f"hybridllm serve: warning: no API key and listening on {args.host}: anyone who can "
+                  f"reach it can use it (set {API_KEYS_ENV} or --api-key-file)", file=sys.stderr)
+        llm = HybridLLM(config=args.config, progress=ProgressBar("Preparing the edge model"),
+                        **_settings(args))
+        cloud = public_text(", ".join(llm.config.cloud_url)) or "none (device only)"  # into logs: no password
+        print(f"hybridllm serve: http://{_url_host(host)}:{bound_port}/v1  edge={llm.edge.model}  "
+              f"cloud={cloud}  {'API key required' if api_keys else 'open'}", flush=True)
+        app = create_app(llm, api_keys=api_keys, max_body_bytes=args.max_body_bytes,
+                         allow_origins=args.allow_origin, allow_hosts=serve_hosts(host, args.allow_host))
+        # SIGTERM / Ctrl-C: new requests 503, the ones in flight get --shutdown-timeout, the rest end
+        # cleanly (wire/shutdown.py); uvicorn's own timeout after it is for clients that stopped reading
+        config = uvicorn.Config(app, log_level=args.log_level, timeout_graceful_shutdown=5)
         GracefulServer(config, app.state.drain, args.shutdown_timeout).run(sockets=[sock])
     finally:
         sock.close()
-        llm.close()
+        if llm is not None:
+            llm.close()
     return 0
 
 

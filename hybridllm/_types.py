@@ -15,6 +15,7 @@ Message = dict[str, Any]  # OpenAI shape: {"role": "user", "content": "..."}
 Messages = list[Message]
 
 ROLES = ("system", "user", "assistant", "developer", "tool")
+MAX_STOP = 4  # stop strings a request may give, as OpenAI's API takes
 
 
 def normalize_messages(messages: str | Sequence[Message], *, allow_empty: bool = False) -> Messages:
@@ -171,8 +172,8 @@ class GenerationParams:
             stop = tuple(stop)
         else:
             raise InvalidRequestError("stop must be a string or a list of non-empty strings.")
-        if len(stop) > 4:
-            raise InvalidRequestError("stop takes at most 4 strings.")
+        if len(stop) > MAX_STOP:
+            raise InvalidRequestError(f"stop takes at most {MAX_STOP} strings.")
         if not isinstance(self.logprobs, bool):
             raise InvalidRequestError(f"logprobs must be true or false, got {self.logprobs!r}.")
         object.__setattr__(self, "stop", stop)

@@ -19,6 +19,7 @@ from typing import Any
 from ._cli_options import WholeNameParser
 from ._cpus import usable_cpus
 from ._exceptions import CloudError, ContextWindowExceededError, HybridLLMError
+from ._types import MAX_STOP
 
 # Command groups that live beside the code they drive; each module has register(subparsers).
 _GROUPS = ("hybridllm.router._cli", "hybridllm.cache._cli", "hybridllm._serve_cli")
@@ -45,6 +46,13 @@ def _sampling_value(name: str, convert: Callable[[str], Any]) -> Callable[[str],
 
     parse.__name__ = getattr(convert, "__name__", name)
     return parse
+
+
+def _stop_string(text: str) -> str:
+    """An argparse type for --stop: an empty one would end every answer before it began."""
+    if not text:
+        raise argparse.ArgumentTypeError("a stop string cannot be empty")
+    return text
 
 
 def _threads(text: str) -> int:
@@ -100,8 +108,8 @@ def _add_sampling(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=_sampling_value("seed", int), default=None,
                    help="sampling seed, for repeatable answers "
                         f"({_setting('seed', 'none: a new draw each time')})")
-    p.add_argument("--stop", action="append", default=None,
-                   help="stop string, repeatable (default: none)")
+    p.add_argument("--stop", action="append", default=None, type=_stop_string,
+                   help=f"stop string, repeatable up to {MAX_STOP} times (default: none)")
     p.add_argument("--threads", type=_threads, default=None,
                    help=f"CPU threads ({_setting('n_threads', 'all cores')})")
     p.add_argument("--backend", choices=("llama_cpp", "onnx"), default=None,
@@ -116,6 +124,8 @@ def _sampling(args: argparse.Namespace) -> dict[str, Any]:
     options = {"max_tokens": args.max_tokens, "temperature": args.temperature, "top_p": args.top_p,
                "top_k": args.top_k, "min_p": args.min_p, "repeat_penalty": args.repeat_penalty,
                "seed": args.seed, "stop": tuple(args.stop) if args.stop else None}
+    if args.stop and len(args.stop) > MAX_STOP:  # a usage error naming the option, as the others
+        raise _UsageError(f"argument --stop: at most {MAX_STOP} stop strings, got {len(args.stop)}.")
     GenerationParams.from_kwargs(**options)
     return options
 
@@ -133,15 +143,18 @@ def _client(args: argparse.Namespace) -> Any:
                      progress=ProgressBar(f"Preparing {model}"), **backend)
 
 
+def _isatty(stream: Any) -> bool:
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError):  # a closed or stand-in stream
+        return False
+
+
 def _style(text: str, code: str, stream: Any = None) -> str:
     """``text`` in an ANSI style when ``stream`` (default stdout) is a terminal that takes colour:
     never into a pipe or file, nor under NO_COLOR (https://no-color.org) or TERM=dumb."""
     stream = sys.stdout if stream is None else stream
-    try:
-        tty = stream.isatty()
-    except (AttributeError, ValueError):  # a closed or stand-in stream
-        tty = False
-    if not tty or os.environ.get("NO_COLOR") or os.environ.get("TERM") == "dumb":
+    if not _isatty(stream) or os.environ.get("NO_COLOR") or os.environ.get("TERM") == "dumb":
         return text
     return f"\x1b[{code}m{text}\x1b[0m"
 
@@ -213,8 +226,8 @@ def cmd_ask(args: argparse.Namespace) -> int:
             for chunk in stream:
                 print(chunk.text, end="", flush=True)
                 shown = shown or bool(chunk.text)
-        except KeyboardInterrupt:
-            if shown:  # end the partial answer's line, so "interrupted" is not glued to it
+        except (KeyboardInterrupt, HybridLLMError):
+            if shown:  # end the partial answer's line, so "interrupted" or the error is not glued to it
                 print(flush=True)
             raise
         print()
@@ -280,28 +293,34 @@ def cmd_chat(args: argparse.Namespace) -> int:
             history.append({"role": "system", "content": _text(args.system)})
         base = len(history)
         failed = False
-        prompt = _style("you> ", "1")
-        if interactive:
+        # the prompt goes where the person looks: with stdout redirected (`hybridllm chat > out`)
+        # input() would write it into the file between the answers, so stderr takes it there
+        to = sys.stdout if _isatty(sys.stdout) else sys.stderr
+        prompt = _style("you> ", "1", to)
+        if interactive and to is sys.stdout:
             try:
                 import readline  # noqa: F401 - line editing and the arrow keys' history for input()
             except ImportError:
                 pass
             else:  # readline must be told which bytes of the prompt take no room on the line
                 prompt = re.sub(r"(\x1b\[[0-9;]*m)", "\x01\\1\x02", prompt)
+        if interactive:
             _note(f"hybridllm chat with {llm.edge.model}. {CHAT_HELP}")
         interrupted = False  # Ctrl-C at the prompt: a second one in a row quits
         while True:
             try:
-                line = input(prompt) if interactive else input()
+                if interactive and to is not sys.stdout:
+                    print(prompt, end="", file=to, flush=True)
+                line = input(prompt) if interactive and to is sys.stdout else input()
             except EOFError:
                 if interactive:
-                    print()
+                    print(file=to)
                 return 1 if failed else 0
             except KeyboardInterrupt:
                 if interrupted or not interactive:
                     raise
                 interrupted = True
-                print()
+                print(file=to)
                 _note("(press Ctrl-C again, Ctrl-D or type /exit to quit)")
                 continue
             interrupted = False
@@ -562,7 +581,21 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _lenient_stdout() -> None:
+    """An answer may hold any character: a stdout whose encoding cannot write one (a Latin-1 locale,
+    a file redirected on Windows, cp1252) shows it escaped (\\xe9), as Python's stderr does, rather
+    than failing the command with an internal error after part of the answer."""
+    encoding = (getattr(sys.stdout, "encoding", None) or "").lower().replace("-", "").replace("_", "")
+    if encoding in ("", "utf8") or getattr(sys.stdout, "errors", None) != "strict":
+        return
+    try:
+        sys.stdout.reconfigure(errors="backslashreplace")  # type: ignore[union-attr]
+    except (AttributeError, ValueError, OSError):  # a stand-in stdout
+        pass
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    _lenient_stdout()
     try:
         try:
             return _main(argv)
@@ -665,4 +698,9 @@ def cloud_main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # `python -m hybridllm.cli` runs this file as __main__, a second copy of the module: run the
+    # one the command groups import (hybridllm.cli), so the _UsageError they raise is the class
+    # its main() catches (else `serve --config missing.toml` exited 1 instead of 2)
+    from hybridllm.cli import main as _main_of_the_package
+
+    sys.exit(_main_of_the_package())

@@ -206,8 +206,8 @@ def test_bad_sampling_options_are_usage_errors_before_anything_loads(monkeypatch
         err = capsys.readouterr().err
         assert f"argument {flags[0]}: {problem}" in err, err
     stops = [arg for i in range(5) for arg in ("--stop", f"s{i}")]
-    assert cli.main(["ask", *stops, "hi"]) == 1  # the options together: checked before loading too
-    assert "stop takes at most 4 strings" in capsys.readouterr().err
+    assert cli.main(["ask", *stops, "hi"]) == 2  # the options together: checked before loading too
+    assert "argument --stop: at most 4 stop strings" in capsys.readouterr().err
 
 
 # --- chat and ask: the terminal, pipes, Ctrl-C, the context window -------------------------------

@@ -156,7 +156,7 @@ class Options:
     """Per-call options that are not sampling parameters."""
 
     route: str | None = None  # force "edge" or "cloud"
-    cache: bool = True  # look up and store in the semantic cache
+    cache: bool = True  # look up and store in the semantic cache (None passed: this default)
     cascade: bool | None = None  # None: as the policy says
     namespace: str | None = None  # cache namespace (tenant or user)
     priority: str | None = None  # "interactive" (the fastest cloud) or "batch" (the cleanest grid)
@@ -166,8 +166,15 @@ class Options:
         opts = cls(**{f.name: kwargs.pop(f.name) for f in dataclasses.fields(cls) if f.name in kwargs})
         if opts.route not in (None, "edge", "cloud"):
             raise InvalidRequestError(f"route must be 'edge', 'cloud' or None, got {opts.route!r}.")
-        if not isinstance(opts.cache, bool) or opts.cascade not in (None, True, False):
-            raise InvalidRequestError("cache and cascade must be True or False.")
+        # None is the default for both (the cache used, the policy's cascade), as for every option;
+        # anything else but a bool is refused (1 or "no" passed "cascade in (None, True, False)")
+        for name in ("cache", "cascade"):
+            value = getattr(opts, name)
+            if value is not None and not isinstance(value, bool):
+                raise InvalidRequestError(f"cache and cascade must be True or False, or None for the "
+                                          f"default; got {name}={value!r}.")
+        if opts.cache is None:
+            opts.cache = True
         if opts.namespace is not None and not (isinstance(opts.namespace, str) and opts.namespace):
             # "" is not the default namespace: a tenant named "" would read the default's answers
             raise InvalidRequestError(f"namespace must be a non-empty string, got {opts.namespace!r}.")
@@ -366,6 +373,22 @@ class Core:
             else:  # it failed before answering: it cost nothing
                 self.ledger.release(call.reservation)
 
+    def _release_unused(self, req: Request) -> None:
+        """The device answers in the cloud's place: the room held for a cloud call that will not
+        be made (or that failed before costing anything) is freed now, not once the device's
+        answer ends; meanwhile it read as a call in flight, so that a request planned then was
+        told "budget spent (1 in flight)" (a long prompt: CloudBudgetSpentError, not that the
+        cloud is down)."""
+        if self.ledger is None:
+            return
+        held, req.reservation = req.reservation, None
+        if held is not None:
+            self.ledger.release(held)
+        for call in req.cloud_calls:
+            if call.reservation is not None and not call.cost().total_tokens:
+                self.ledger.release(call.reservation)
+                call.reservation = None
+
     # 1. lookup
     async def _lookup(self, req: Request) -> tuple[Any, CacheHitLike | None]:
         assert self.cache is not None
@@ -526,6 +549,7 @@ class Core:
                         "after its Retry-After" if limited else "once the cloud is back", limited=limited,
                         retry_after_s=wait_of(self.cloud)) from err
                 req.stand_in = True
+                self._release_unused(req)
                 async with aclosing(
                     self._emit_edge(
                         req,
@@ -566,6 +590,7 @@ class Core:
                                            or wait_of(self.cloud)) from exc.cause
                 log.info("cloud failed before answering (%s); answering on the device", exc.cause)
                 req.stand_in = True
+                self._release_unused(req)
                 async with aclosing(
                     self._emit_edge(
                         req,

@@ -210,12 +210,13 @@ class Budget:
                 if not limit:  # never room: say which setting closes the cloud
                     when = f" ({_SETTING[label]} is 0: no cloud calls until it is raised)"
                 dollars = label.startswith("cloud spend")
-                amount = f"${used:.2f}/${limit:.2f}" if dollars else f"{round(used)}/{round(limit)}"
+                d = _decimals(limit)  # as many as the limit has: $0.001 read "$0.00/$0.00"
+                amount = f"${used:.{d}f}/${limit:.{d}f}" if dollars else f"{round(used)}/{round(limit)}"
                 if unit and held_tokens:
                     # the estimates held are not spent: say how much of the total they are, or a
                     # request with a huge max_tokens read "budget spent" with nothing spent
                     held = held_tokens * unit
-                    flight += (f", ${held:.2f}" if dollars else f", {round(held)}") + (
+                    flight += (f", ${held:.{d}f}" if dollars else f", {round(held)}") + (
                         " of it reserved for the calls in flight (each its prompt plus max_tokens)"
                         " until they end")
                 spent.append((math.inf if wait is None else wait, f"{amount} {label}{flight}{when}"))
@@ -233,6 +234,15 @@ _SETTING = {  # each limit's label -> the setting that sets it
     "cloud tokens this hour": "max_cloud_tokens_per_hour", "cloud tokens today": "max_cloud_tokens_per_day",
     "cloud spend this hour": "max_cloud_usd_per_hour", "cloud spend today": "max_cloud_usd_per_day",
 }
+
+
+def _decimals(limit: float) -> int:
+    """Decimals that show a dollar limit as it was set: 2 (cents), more (up to 5) for a limit
+    under a cent or between cents; one that 5 decimals do not hold (1/3): in cents, or 6 under a cent."""
+    for d in range(2, 6):
+        if math.isclose(round(limit, d), limit, rel_tol=1e-9, abs_tol=1e-12):
+            return d
+    return 2 if limit >= 0.01 else 6
 
 
 def _check_tokens(tokens: int) -> None:

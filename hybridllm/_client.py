@@ -556,14 +556,6 @@ def _make_policy(cfg: HybridLLMConfig, edge: Backend) -> PolicyPort:
     )
 
 
-def _per_call(params: dict[str, Any]) -> dict[str, Any]:
-    """The call's options; None is "the client's default" for each, cache= too (it was refused,
-    while route=None, cascade=None or max_tokens=None meant the default)."""
-    if "cache" in params and params["cache"] is None:
-        del params["cache"]  # (a fresh dict: the call's **params)
-    return params
-
-
 class _Surface:
     """What both clients share: construction, the parts, stats. The constructor's signature is
     the clients' own (a type checker and an IDE see every part's type); each client sets up the
@@ -659,7 +651,7 @@ class HybridLLM(_Surface):
     def stream(self, messages: str | Sequence[Message], **params: Any) -> Stream:
         """Stream the answer chunk by chunk. Bad input raises here, before any chunk; leaving
         the loop or closing the stream stops generation."""
-        req = self._core.prepare(messages, _per_call(params))
+        req = self._core.prepare(messages, params)
         req.inline_edge = True  # a device answer is generated on the reading thread
         return Stream(self._core.run(req), self._loop, owner=self)
 
@@ -730,7 +722,7 @@ class AsyncHybridLLM(_Surface):
         """An :class:`AsyncStream` of chunks; bad input raises here, at the call."""
         if self._closed:
             raise HybridLLMError(ASYNC_CLIENT_CLOSED)
-        req = self._core.prepare(messages, _per_call(params))
+        req = self._core.prepare(messages, params)
         stream = AsyncStream(self._core.run(req), owner=self)
         self._streams.add(stream)
         return stream

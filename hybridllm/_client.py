@@ -691,7 +691,9 @@ class AsyncHybridLLM(_Surface):
         """An async view of ``client``: the same parts, cache and stats. It keeps ``client`` alive
         and never closes it (its ``aclose()`` stops only its own streams): close ``client`` when done;
         its ``close()`` stops the view's answers too."""
-        if not isinstance(client, HybridLLM):  # (an AttributeError from deep inside, before)
+        # (an AttributeError from deep inside, before); _Surface's sync kind, not the name HybridLLM,
+        # which a test or an app may have patched with a factory
+        if not isinstance(client, _Surface) or isinstance(client, AsyncHybridLLM):
             hint = ": use it as it is" if isinstance(client, AsyncHybridLLM) else ""
             raise ConfigError(f"AsyncHybridLLM.wrap() takes a HybridLLM; got {type(client).__name__}{hint}.")
         self = cls.__new__(cls)

@@ -71,7 +71,7 @@ from .wire.middleware import AnswerUnexpected
 from .wire.openapi import add_schemas, error_responses, ok_response, request_body
 from .wire.requests import _STREAM_RULE
 from .wire.responses import DONE, ChatCompletion, Health, ModelCard, ModelList, error_event
-from .wire.shutdown import SHUTTING_DOWN, ClientGone, Drain, TrackRequests, unless_interrupted
+from .wire.shutdown import SHUTTING_DOWN, ClientGone, Drain, TrackRequests, unless_interrupted, until_expired
 from .wire.sse import EventStreamResponse, client_gone, on_client_disconnect
 
 logger = logging.getLogger("hybridllm.proxy")
@@ -450,6 +450,8 @@ def create_app(llm: HybridLLM, *, model_name: str = "hybridllm", api_keys: list[
     async def on_wire_error(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, WireError)
         headers = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else None
+        if exc.status == 408:  # the rest of a body that came too slowly is not waited for: hang up
+            headers = {"Connection": "close"}
         return JSONResponse(exc.body(), exc.status, headers=headers)
 
     @app.exception_handler(StarletteHTTPException)
@@ -507,7 +509,7 @@ def create_app(llm: HybridLLM, *, model_name: str = "hybridllm", api_keys: list[
     async def chat(request: Request) -> Any:
         admit(request)
         drain.check_open()
-        body = await read_body(request, max_body_bytes)
+        body = await until_expired(read_body(request, max_body_bytes), drain)
 
         def decode() -> ProxyChatRequest:
             return parse_request(ProxyChatRequest, decode_json_object(body))
@@ -553,9 +555,12 @@ def create_app(llm: HybridLLM, *, model_name: str = "hybridllm", api_keys: list[
     app.add_exception_handler(ClientDisconnect, on_client_disconnect)
     app.add_middleware(AnswerUnexpected, handler=on_unexpected)  # innermost: just outside the routes
     app.add_middleware(TrackRequests, drain=drain)
-    # the pages allowed may read the answers (and ask first: a preflight OPTIONS)
+    # the pages allowed may read the answers (and ask first: a preflight OPTIONS). Any request
+    # header: the openai JS client sends x-stainless-* (and others their own), and a preflight
+    # naming one was a 400; so was Chrome's for a public page calling this private address
+    # (Private Network Access). The origin is the gate, and the key is still checked.
     app.add_middleware(LoopbackCORS, allow_origins=origins, allow_methods=["GET", "POST"],
-                       allow_headers=["authorization", "content-type"],
+                       allow_headers=["*"], allow_private_network=True,
                        expose_headers=["x-hybridllm-route", "x-hybridllm-reason", "retry-after"])
     if allow_hosts is not None:  # outermost: a rebinding page's request reaches nothing else
         app.add_middleware(HostAllowlist, hosts=allow_hosts)

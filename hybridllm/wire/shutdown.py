@@ -6,7 +6,8 @@ end the rest cleanly.
                         balancers get that answer rather than a refused connection
                      -> wait up to the grace period (--shutdown-timeout) for the /v1 requests in flight
                      -> expired: the rest end now, their engine requests aborted: a stream with an
-                        in-band error event and [DONE], a non-streamed request with 503; one log line
+                        in-band error event and [DONE], a non-streamed request with 503 (one still
+                        sending its body too, ``until_expired``); one log line
                      -> uvicorn closes the connections, the lifespan stops the engine (or the proxy
                         closes its HybridLLM); exit status 0
 
@@ -133,6 +134,25 @@ async def unless_interrupted(request: Request, work: Awaitable[T], drain: Drain)
         if not is_gone:
             raise drain.error()
         raise ClientGone
+    return task.result()
+
+
+async def until_expired(work: Awaitable[T], drain: Drain) -> T:
+    """Run ``work`` (reading a request's body: it owns ``receive``, so no disconnect watcher here);
+    cancel it and raise ``drain.error()`` if the shutdown's grace period ends first. A body still
+    coming in then held the shutdown until uvicorn cancelled it: a plain-text 500 and a traceback."""
+    task = asyncio.ensure_future(work)
+    stopper = asyncio.ensure_future(drain.expired.wait())
+    try:
+        await asyncio.wait({task, stopper}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopper.cancel()
+        if not task.done():
+            task.cancel()
+    if task.cancelled() or not task.done():
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        raise drain.error()
     return task.result()
 
 

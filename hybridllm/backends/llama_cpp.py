@@ -7,11 +7,13 @@ a partial match, and a generator that stops the moment the caller stops reading.
 
 from __future__ import annotations
 
+import atexit
 import codecs
 import logging
 import os
 import random
 import threading
+import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -44,6 +46,7 @@ _CLOSED_MID_ANSWER = (
 
 
 _LOG_HOOK: Any = None  # our llama.cpp log callback (kept referenced: C holds only its pointer)
+_LOADING = threading.local()  # .reasons: llama.cpp's "error loading model" lines while this thread loads
 
 
 def _route_llama_logs() -> None:
@@ -65,6 +68,9 @@ def _route_llama_logs() -> None:
     @llama_cpp.llama_log_callback  # type: ignore[misc]
     def hook(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
         line = text.decode("utf-8", errors="replace")
+        reasons = getattr(_LOADING, "reasons", None)
+        if reasons is not None and "error loading model:" in line:
+            reasons.append(line.split("error loading model:", 1)[1].strip())
         if printer.level == logging.DEBUG:  # verbose=True (set_verbose): as llama-cpp-python would
             print(line, end="", flush=True, file=sys.stderr)
         elif line.strip():
@@ -72,6 +78,30 @@ def _route_llama_logs() -> None:
 
     llama_cpp.llama_log_set(hook, ctypes.c_void_p(0))
     _LOG_HOOK = hook
+
+
+def _trained_context(path: Path) -> int | None:
+    """``{architecture}.context_length`` from a GGUF file's header (None if it cannot be read).
+
+    llama.cpp tells the trained length only once a context was made, and it makes the context at
+    the n_ctx asked: n_ctx=65536 on SmolLM2 (trained on 8192) first filled 1.6 GB of KV cache to
+    keep 190 MB, and n_ctx=10**6 failed as "too little memory" instead of being cut to 8192."""
+    import struct
+
+    from ..models.gguf_header import read_gguf_metadata
+
+    try:
+        meta = read_gguf_metadata(path)
+    except (OSError, ValueError, KeyError, struct.error):  # not readable here: llama.cpp says why
+        return None
+    length = meta.get(f"{meta.get('general.architecture')}.context_length")
+    return length if isinstance(length, int) and not isinstance(length, bool) else None
+
+
+def _llama_version() -> str:
+    import llama_cpp
+
+    return str(getattr(llama_cpp, "__version__", "?"))
 
 
 def _repull_hint(path: Path, spec: ModelSpec | None) -> str:
@@ -110,14 +140,27 @@ class _Gate:
                 self._inside -= 1
                 self._cond.notify_all()
 
-    def close(self) -> bool:
+    def close(self, timeout_s: float | None = None) -> bool:
         """Shut the gate and wait for the calls inside (one token step at most); False if it was
-        shut already."""
+        shut already, or if a call is still inside after ``timeout_s``."""
         with self._cond:
             first = not self.closed
             self.closed = True
-            self._cond.wait_for(lambda: self._inside == 0)
-        return first
+            empty = self._cond.wait_for(lambda: self._inside == 0, timeout_s)
+        return first and empty
+
+
+EXIT_WAIT_S = 10.0  # at exit, how long a running generation may take to stop (its current step)
+_OPEN: weakref.WeakSet[LlamaCppBackend] = weakref.WeakSet()  # backends with a model loaded
+
+
+@atexit.register
+def _close_at_exit() -> None:
+    """Close every backend still open when the interpreter exits. A backend used directly (not
+    through HybridLLM's worker, which has its own hook) went on decoding on a daemon thread while
+    the process tore llama.cpp down under it: the same crash at exit the worker's hook prevents."""
+    for backend in list(_OPEN):
+        backend._close(EXIT_WAIT_S)
 
 
 class LlamaCppBackend(DeviceBackend):
@@ -164,6 +207,16 @@ class LlamaCppBackend(DeviceBackend):
                 n_threads_batch=self.n_threads, n_batch=min(n_batch, n_ctx or n_batch), verbose=verbose,
             )
 
+        trained = _trained_context(self.model_path) or 0
+        if trained > 0 and n_ctx > trained:
+            # llama.cpp only logs it, and answers past the trained length fall apart, while the
+            # router would send prompts up to n_ctx here: the context is made at the model's own
+            # length (the default 4096 is more than some GGUFs were trained on: not an error)
+            log.warning("n_ctx=%d is more than %s was trained on (%d tokens); its context is %d",
+                        n_ctx, self.model, trained, trained)
+            n_ctx = trained
+        reasons: list[str] = []
+        _LOADING.reasons = reasons
         try:
             self._llm: Any = load(n_ctx)
         except (ValueError, RuntimeError, OSError, MemoryError) as exc:
@@ -174,20 +227,37 @@ class LlamaCppBackend(DeviceBackend):
                     f"{n_ctx} tokens with n_batch={n_batch} ({exc}): too little memory for its KV "
                     "cache, or values this model does not allow. Lower n_ctx (0: the model's own)."
                 ) from exc
+            # llama-cpp-python's own message is only "Failed to load model from file": llama.cpp
+            # said why in its log. A model of an architecture this llama.cpp does not know is
+            # whole: downloading it again (the advice for a damaged file) cannot help
+            why = reasons[-1] if reasons else str(exc)
+            if "unknown model architecture" in why:
+                raise ModelCorruptError(
+                    f"llama.cpp could not load {self.model_path} ({why}): this llama.cpp "
+                    f"(llama-cpp-python {_llama_version()}) cannot run models of that architecture. "
+                    "Pass a GGUF of a supported one, or a catalog id (`hybridllm models list`)."
+                ) from exc
             raise ModelCorruptError(
-                f"llama.cpp could not load {self.model_path} ({exc}). The file is truncated, "
+                f"llama.cpp could not load {self.model_path} ({why}). The file is truncated, "
                 f"corrupt or of an unsupported architecture. {_repull_hint(self.model_path, spec)}"
             ) from exc
+        finally:
+            _LOADING.reasons = None
         trained = int(self._llm._model.n_ctx_train())
-        if trained > 0 and n_ctx > trained:
-            # llama.cpp only logs it, and answers past the trained length fall apart, while the
-            # router would send prompts up to n_ctx here: the context is made again at the model's
-            # own length (the default 4096 is more than some GGUFs were trained on: not an error)
+        if trained > 0 and n_ctx > trained:  # a header the reader above could not read
             log.warning("n_ctx=%d is more than %s was trained on (%d tokens); its context is %d",
                         n_ctx, self.model, trained, trained)
             self._llm.close()
             self._llm = load(trained)
         meta = self._llm.metadata
+        if getattr(self._llm._ctx, "memory", True) is None:
+            # an encoder-only model (BERT, an embedding GGUF) loads, but llama.cpp makes it no KV
+            # cache: its first answer failed with llama-cpp-python's bare AssertionError
+            self._llm.close()
+            raise ModelCorruptError(
+                f"{self.model_path} is an embedding model (architecture "
+                f"{meta.get('general.architecture', '?')!r}), not one that generates text; pass a "
+                "chat or completion GGUF, or a catalog id (`hybridllm models list`).")
         self._template = meta.get("tokenizer.chat_template")
         if chat_format is None:
             chat_format = spec.chat_format if spec else ("template" if self._template else "completion")
@@ -212,6 +282,7 @@ class LlamaCppBackend(DeviceBackend):
             chat_template=self._template if chat_format == "template" else None,
             bos_token=self._piece(self._llm.token_bos()),
             eos_token=self._piece(self._llm.token_eos()), system_prompt=self.system_prompt)
+        _OPEN.add(self)
 
     def _piece(self, token: int) -> str:
         if token < 0:
@@ -322,8 +393,12 @@ class LlamaCppBackend(DeviceBackend):
         """Free the model. Safe from any thread and more than once: a generation running on
         another thread stops after its current token (its reader gets an EdgeError), and every
         later call raises EdgeError saying the backend is closed."""
+        self._close(None)
+
+    def _close(self, timeout_s: float | None) -> None:
         gate = getattr(self, "_gate", None)  # absent when __init__ failed before it
-        if gate is None or not gate.close():
+        # False also when a step outlived timeout_s (at exit): the model is not freed under it
+        if gate is None or not gate.close(timeout_s):
             return
         llm, self._llm = getattr(self, "_llm", None), None
         self._plain = None  # its encoder holds the Llama object: it must go with it

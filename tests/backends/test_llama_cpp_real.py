@@ -251,20 +251,21 @@ def run_cli(*args):
 
 @pytest.mark.parametrize("args, word", [
     (["ask", "hi", "--model", "no-such-model"], "Unknown model"),
-    (["ask", "hi", *[a for i in range(5) for a in ("--stop", f"s{i}")]], "stop"),  # (a bad
-    # single value such as --max-tokens -1 is an argparse usage error, exit 2: tests/test_cli.py)
     (["models", "pull", "nope"], "Unknown model"),
-    # an empty prompt is a usage error (exit 2) found before the model loads: one line too
+    # usage errors (exit 2) found before the model loads, one line too: an empty prompt, more
+    # than four --stop (a bad single value such as --max-tokens -1: tests/test_cli.py)
     (["ask", "   "], "empty"),
+    (["ask", "hi", *[a for i in range(5) for a in ("--stop", f"s{i}")]], "stop"),
 ])
 def test_cli_errors_are_one_line_without_traceback(args, word, tmp_path):
     if "--model" not in args and args[0] == "ask":
         args = [*args, "--model", "smollm2-135m-instruct"]
     out = run_cli(*args)
-    assert out.returncode == (2 if word == "empty" else 1)
+    usage = word in ("empty", "stop")
+    assert out.returncode == (2 if usage else 1)
     assert "Traceback" not in out.stderr
     lines = [ln for ln in out.stderr.splitlines() if ln.strip()]
-    start = "hybridllm ask: error:" if word == "empty" else "error:"  # argparse's form for usage
+    start = "hybridllm ask: error:" if usage else "error:"  # argparse's form for usage
     assert len(lines) == 1 and lines[0].startswith(start) and word in lines[0], out.stderr
 
 

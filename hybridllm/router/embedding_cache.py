@@ -100,13 +100,18 @@ def _read(path: Path) -> tuple[np.ndarray, np.ndarray | None] | None:
     if not path.is_file():
         return None
     try:
-        with np.load(path, allow_pickle=False) as npz:
+        loaded = np.load(path, allow_pickle=False)
+        if not isinstance(loaded, np.lib.npyio.NpzFile):  # a bare .npy array under the name
+            return None
+        with loaded as npz:
             emb = np.asarray(npz["embeddings"], dtype=np.float32)
             keys = np.asarray(npz["keys"]) if "keys" in npz.files else None
     except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile):
         return None
-    if emb.ndim != 2 or emb.shape[1] != EMBEDDING_DIM or (keys is not None and len(keys) != len(emb)):
-        return None
+    if emb.ndim != 2 or emb.shape[1] != EMBEDDING_DIM or not np.all(np.isfinite(emb)):
+        return None  # the embedder's vectors are finite: a NaN would train the router on NaN
+    if keys is not None and (keys.shape != (len(emb),) or keys.dtype != np.dtype("S16")):
+        return None  # other hashes match no text (and [n, 2] ones were unhashable rows)
     return emb, keys
 
 

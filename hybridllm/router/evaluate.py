@@ -73,7 +73,9 @@ def _first_reaching(curve: Curve, target: float) -> float:
 
 def metrics_from_curve(curve: Curve) -> dict[str, float]:
     gap = curve.strong - curve.weak
-    if gap <= 0:
+    # two means of the same values summed in another order may differ in the last bit: a gap of
+    # 1e-16 is no gap (APGR divided by it came out -1.7e14), so within rounding counts as none
+    if gap <= 1e-9 * max(1.0, abs(curve.strong), abs(curve.weak)):
         raise DataError(
             f"The strong model ({curve.strong:.3f}) is not more accurate than the weak one "
             f"({curve.weak:.3f}) on this data, so routing cannot gain quality; check that "

@@ -127,6 +127,12 @@ class Router:
                 f"score_texts() takes a list of prompts, got {type(texts).__name__}; "
                 "use score() for one prompt."
             )
+        for i, text in enumerate(texts):
+            if not isinstance(text, str):  # else a TypeError from a regex deep in the features
+                raise InvalidRequestError(
+                    f"score_texts() takes prompt strings, but texts[{i}] is {type(text).__name__}; "
+                    "use score() for a message list (it scores the last user turn)."
+                )
         if self.use_embedding:
             embeddings = embed_texts(texts) if embeddings is None else _checked_embeddings(
                 embeddings, len(texts))
@@ -301,7 +307,10 @@ def load_router(path: str | Path | None = None) -> Router:
     num_features = len(TEXT_FEATURES) + (EMBEDDING_DIM if use_embedding else 0)
     weights = folder / WEIGHTS_NAME
     try:
-        with np.load(weights, allow_pickle=False) as npz:
+        loaded = np.load(weights, allow_pickle=False)
+        if not isinstance(loaded, np.lib.npyio.NpzFile):  # one bare .npy array under the name
+            raise ValueError("a single array, not an .npz archive of the router's arrays")
+        with loaded as npz:
             arrays = {k: np.asarray(npz[k]) for k in npz.files}
     except FileNotFoundError as exc:
         raise RouterFileError(f"{weights} is missing; retrain or re-copy the router.") from exc

@@ -55,6 +55,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.serving import nearest_rank
+from hybridllm._cli_options import non_negative_int, positive_float, positive_int, unit_interval
 
 MODEL = "smollm2"
 ROUTERS = ("default", "tokens")
@@ -433,16 +434,22 @@ def _prefix_tokens(prompts: dict[str, str]) -> int:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.cluster", description=__doc__.split("\n")[0])
     p.add_argument("--json", action="store_true", help="print one JSON object")
-    p.add_argument("--requests", type=int, default=56, help="requests per phase (default 56)")
-    p.add_argument("--rate", type=float, default=0.3, help="arrivals a second, Poisson (default 0.3)")
-    p.add_argument("--long-tokens", type=int, default=256, help="long answers' tokens (default 256)")
-    p.add_argument("--long-share", type=float, default=0.25, help="share of long answers (default 0.25)")
-    p.add_argument("--prompt-words", type=int, default=380, help="words in each system prompt (default 380)")
-    p.add_argument("--kv-cache-mb", type=int, default=32, help="KV cache per replica in MiB (default 32)")
+    p.add_argument("--requests", type=positive_int, default=56, help="requests per phase (default 56)")
+    p.add_argument("--rate", type=positive_float, default=0.3,
+                   help="arrivals a second, Poisson (default 0.3)")
+    p.add_argument("--long-tokens", type=positive_int, default=256, help="long answers' tokens (default 256)")
+    p.add_argument("--long-share", type=unit_interval, default=0.25,
+                   help="share of long answers (default 0.25)")
+    p.add_argument("--prompt-words", type=non_negative_int, default=380,
+                   help="words in each system prompt (default 380)")
+    p.add_argument("--kv-cache-mb", type=positive_int, default=32,
+                   help="KV cache per replica in MiB (default 32)")
     p.add_argument("--seed", type=int, default=0, help="seed of the workload (default 0)")
-    p.add_argument("--warm-rounds", type=int, default=1, help="warm-up rounds, one per tenant (default 1)")
+    p.add_argument("--warm-rounds", type=non_negative_int, default=1,
+                   help="warm-up rounds, one per tenant (default 1)")
     p.add_argument("--order", default="default,tokens", help="phase order (default default,tokens)")
-    p.add_argument("--phase-timeout", type=float, default=420.0, help="seconds per phase (default 420)")
+    p.add_argument("--phase-timeout", type=positive_float, default=420.0,
+                   help="seconds per phase (default 420)")
     p.add_argument(
         "--trace",
         metavar="FILE",

@@ -190,8 +190,20 @@ def main(argv: list[str] | None = None) -> None:
     backends = [b.strip() for b in args.backends.split(",") if b.strip()]
     if not backends or set(backends) - {"llama_cpp", "onnx"}:  # no side at all measured nothing
         ap.error(f"--backends: a comma-separated list of llama_cpp, onnx (got {args.backends!r})")
-    models = [run_model(m.strip(), backends, args.rounds, args.max_tokens, threads)
-              for m in args.models.split(",") if m.strip()]
+    names = [m.strip() for m in args.models.split(",") if m.strip()]
+    if not names:
+        ap.error(f"--models: catalog ids, comma-separated (got {args.models!r})")
+    from hybridllm._exceptions import ModelNotFoundError
+    from hybridllm.models import get_spec
+
+    for name in names:  # an unknown id: one line now, not a traceback after the others ran
+        if os.path.isfile(name):  # a .gguf path, as resolve_gguf takes it
+            continue
+        try:
+            get_spec(name)
+        except ModelNotFoundError as exc:
+            ap.error(f"--models: {exc}")
+    models = [run_model(m, backends, args.rounds, args.max_tokens, threads) for m in names]
     result = {"bench": "edge", "threads": threads, "load_avg_1m": round(os.getloadavg()[0], 2),
               "prompts": len(PROMPTS), "rounds": args.rounds,
               "max_tokens": args.max_tokens, "onnx_precision": "int4", "models": models}

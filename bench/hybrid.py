@@ -15,12 +15,15 @@ import argparse
 import csv
 import json
 import random
+import shutil
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
 
 from bench.serving import nearest_rank
+from hybridllm._cli_options import positive_int, unit_interval
 
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 
@@ -69,15 +72,15 @@ def run_mode(llm, prompts: list[str], options: dict) -> dict:
             "routes": routes}
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", action="store_true", help="print one JSON object only")
-    ap.add_argument("--n", type=int, default=200,
+    ap.add_argument("--n", type=positive_int, default=200,
                     help="prompts, 30%% of them paraphrased repeats (default 200)")
-    ap.add_argument("--max-tokens", type=int, default=32, help="tokens per answer (default 32)")
-    ap.add_argument("--cloud-fraction", type=float, default=0.3,
+    ap.add_argument("--max-tokens", type=positive_int, default=32, help="tokens per answer (default 32)")
+    ap.add_argument("--cloud-fraction", type=unit_interval, default=0.3,
                     help="router threshold calibrated to send this share of the unique prompts")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     if not DATA.is_dir():
         raise SystemExit(f"bench.hybrid needs ../shared/data (looked in {DATA})")
 
@@ -86,7 +89,10 @@ def main() -> None:
     from hybridllm.router import load_router
     from hybridllm.router.calibrate import calibrate_threshold
 
-    prompts = workload(args.n)
+    try:
+        prompts = workload(args.n)
+    except ValueError as exc:  # more prompts than the data holds ("Sample larger than population")
+        ap.error(f"--n {args.n}: {exc}")
     work = Path(tempfile.mkdtemp(prefix="bench-hybrid-"))
     port = _free_port()
     server = _start_cloud(port, work / "cloud.log")
@@ -110,9 +116,13 @@ def main() -> None:
                 hybrid["cloud_tokens"] / max(cloud_only["cloud_tokens"], 1), 3),
             "seconds": round(time.monotonic() - t0, 1),
         }
+    except BaseException:
+        print(f"bench.hybrid: the cloud server's log and the cache are kept in {work}", file=sys.stderr)
+        raise
     finally:
         server.kill()
         server.wait(timeout=30)
+    shutil.rmtree(work, ignore_errors=True)  # the cache database and the server log of a good run
     print(json.dumps(result, indent=None if args.json else 2))
 
 

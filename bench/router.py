@@ -25,6 +25,8 @@ from pathlib import Path
 
 import numpy as np
 
+from hybridllm._cli_options import positive_int
+
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT.parent / "shared" / "data" / "routellm"
 FALLBACK = [
@@ -115,7 +117,8 @@ def run(n: int) -> dict[str, float | int | str]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", action="store_true", help="print one JSON object only")
-    parser.add_argument("--n", type=int, default=300, help="prompts routed (default 300)")
+    # no prompt would leave no latency to take a percentile of (an IndexError)
+    parser.add_argument("--n", type=positive_int, default=300, help="prompts routed (default 300)")
     args = parser.parse_args(argv)
     result = run(args.n)
     if args.json:

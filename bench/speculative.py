@@ -47,13 +47,16 @@ from typing import Any
 from bench.serving import (
     GSM8K,
     free_port,
+    model_gguf,
     peak_rss,
     positive_int,
+    ratio,
     stop_server,
     token_counter,
     wait_ready,
 )
 from cloud_server.engine.spec_decode.decoder import DEFAULT_K
+from hybridllm._cli_options import non_negative_int
 
 ROOT = Path(__file__).resolve().parents[1]
 PROMPT_SETS = {  # grounded prompts: short passages (50-107 tokens), realistic lengths (153-294)
@@ -64,8 +67,22 @@ _SPEC = ("spec_decode_num_drafts", "spec_decode_num_draft_tokens", "spec_decode_
 
 
 def grounded_prompts(n: int, path: Path = PROMPT_SETS["short"]) -> list[str]:
-    with path.open() as f:
-        prompts = [json.loads(line)["prompt"] for line in f if line.strip()]
+    """n prompts from a JSON lines file, cycled; ValueError naming the line for one that is not a
+    JSON object with a non-empty string ``prompt``, or for a file without any."""
+    prompts = []
+    with path.open(encoding="utf-8") as f:
+        for no, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                prompt = json.loads(line).get("prompt")
+            except (ValueError, AttributeError):
+                prompt = None
+            if not isinstance(prompt, str) or not prompt.strip():
+                raise ValueError(f"{path}:{no}: not a JSON object with a non-empty \"prompt\"")
+            prompts.append(prompt)
+    if not prompts:
+        raise ValueError(f"{path}: no prompts")
     return [prompts[i % len(prompts)] for i in range(n)]
 
 
@@ -154,11 +171,6 @@ async def stream(
     return "".join(parts), decode, (first - sent) if first else 0.0
 
 
-def ratio(a: float, b: float) -> float | None:
-    """a / b, or None where b measured nothing (no decode tokens: --max-tokens 1, empty answers)."""
-    return round(a / b, 3) if b else None
-
-
 def run_c1(
     modes: dict[str, tuple[str, dict]],
     prompts: list[str],
@@ -171,7 +183,7 @@ def run_c1(
 
     acc = {m: {"tokens": 0, "seconds": 0.0, "ttft": 0.0, **dict.fromkeys(_SPEC, 0.0)} for m in modes}
     texts: dict[str, list[str]] = {m: [] for m in modes}
-    metrics = httpx.Client(base_url=ours_url, timeout=30)
+    metrics = httpx.Client(base_url=ours_url, timeout=30)  # closed below
 
     async def go() -> None:
         clients = {url: httpx.AsyncClient(base_url=url, timeout=900) for url, _ in modes.values()}
@@ -201,13 +213,18 @@ def run_c1(
             for c in clients.values():
                 await c.aclose()
 
-    asyncio.run(go())
+    try:
+        asyncio.run(go())
+    finally:
+        metrics.close()
     out: dict[str, Any] = {}
     for mode, a in acc.items():
         row: dict[str, Any] = {
             "decode_tokens": a["tokens"],
             "decode_s": round(a["seconds"], 2),
-            "decode_tok_s": round(a["tokens"] / max(a["seconds"], 1e-9), 2),
+            # None where no time passed from the first to the last chunk (one chunk per answer):
+            # tokens over a floor of 1 ns made billions of tokens/s
+            "decode_tok_s": round(a["tokens"] / a["seconds"], 2) if a["seconds"] else None,
             # time to the first token, and the whole request (TTFT + decode), means per prompt
             "mean_ttft_s": round(a["ttft"] / len(prompts), 3),
             "mean_request_s": round((a["ttft"] + a["seconds"]) / len(prompts), 3),
@@ -254,7 +271,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true", help="print one JSON object only")
     parser.add_argument("--model", default="smollm2-135m-instruct", help="catalog id or .gguf")
     parser.add_argument("--draft-model", default=None, help="also measure draft-model drafting")
-    parser.add_argument("--draft-vocab-size", type=int, default=None,
+    parser.add_argument("--draft-vocab-size", type=non_negative_int, default=None,
                         help="the server's --draft-vocab-size (default: the server's own, 32768)")
     parser.add_argument("--num-prompts", type=positive_int, default=8,
                         help="grounded prompts measured (default 8)")
@@ -262,7 +279,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="grounded prompt set: short, long, or a JSON lines file (field prompt)")
     parser.add_argument("--max-tokens", type=positive_int, default=96, help="tokens per answer (default 96)")
     parser.add_argument(
-        "--k", type=int, default=None,
+        "--k", type=positive_int, default=None,
         help="--num-speculative-tokens of both servers (default: ours its own, 8 for prompt "
         "lookup and 3 for a draft model; llama-cpp-python's prompt lookup 8 as well)",
     )
@@ -274,14 +291,16 @@ def main(argv: list[str] | None = None) -> int:
     args.prompts = PROMPT_SETS.get(args.prompts) or Path(args.prompts)
     if not args.prompts.is_file():
         parser.error(f"--prompts: no such set or file: {args.prompts} (sets: {', '.join(PROMPT_SETS)})")
+    try:  # a bad prompt file is a usage error before any server starts, not a traceback after
+        grounded = grounded_prompts(args.num_prompts, args.prompts)
+    except (OSError, ValueError) as exc:
+        parser.error(f"--prompts: {exc}")
 
     import httpx
 
-    from hybridllm.models import pull
-
-    gguf = Path(args.model) if Path(args.model).is_file() else pull(args.model)
-    if args.draft_model and not Path(args.draft_model).is_file():
-        args.draft_model = str(pull(args.draft_model))
+    gguf = model_gguf(parser, "--model", args.model)
+    if args.draft_model:
+        args.draft_model = str(model_gguf(parser, "--draft-model", args.draft_model))
     count = token_counter(gguf)
 
     report: dict[str, Any] = {
@@ -325,7 +344,7 @@ def main(argv: list[str] | None = None) -> int:
         if not args.skip_llama_cpp:
             modes["llama_cpp"] = (urls["llama_cpp"], {})
             modes["llama_cpp_lookup"] = (urls["llama_cpp_lookup"], {})
-        c1 = run_c1(modes, grounded_prompts(args.num_prompts, args.prompts), args, count, ours)
+        c1 = run_c1(modes, grounded, args, count, ours)
         report["c1_grounded"] = c1
         ratios = {
             f"{m}_over_off": ratio(c1[m]["decode_tok_s"], c1["off"]["decode_tok_s"])

@@ -63,6 +63,11 @@ class Embedder(OnnxEncoder):
             raise ValueError("batch_size must be at least 1")
         if workers is not None and workers < 1:
             raise ValueError("workers must be at least 1")
+        # a numpy array or pandas Series: `not texts` is ambiguous and a Series' texts[i] reads
+        # its index labels, so read any sequence as a plain list once
+        texts = list(texts)
+        for i, text in enumerate(texts):
+            _check_text(text, f"embed() item {i}")
         out = np.empty((len(texts), self.dim), dtype=np.float32)
         if not texts:
             return out
@@ -95,6 +100,7 @@ class Embedder(OnnxEncoder):
 
     def embed_one(self, text: str) -> np.ndarray:
         """Embed one text; returns ``[384]`` float32 unit vector."""
+        _check_text(text, "embed_one()")  # a tuple would be embedded as a text pair
         return self.run([text])[0]
 
     @functools.cached_property
@@ -102,6 +108,11 @@ class Embedder(OnnxEncoder):
         """A short hash of the ONNX file this embedder runs: vectors kept on disk are reused only
         with the model that made them."""
         return sha256_file(Path(self.path))[:12]
+
+
+def _check_text(text: object, where: str) -> None:
+    if not isinstance(text, str):
+        raise TypeError(f"{where} must be a string, not {type(text).__name__}")
 
 
 def _default_workers(num_batches: int) -> int:

@@ -7,6 +7,7 @@ only ``onnxruntime``, ``tokenizers`` and numpy.
 
 from __future__ import annotations
 
+import re
 import threading
 from collections.abc import Sequence
 from pathlib import Path
@@ -21,6 +22,11 @@ from .prepare import FP32_NAME, INT8_NAME, TOKENIZER_NAME
 # texts (long or not ASCII) whose check the latest runs answered: the cache asks about its query
 # right after embedding it, and a request's texts are few at a time (see ``OnnxEncoder.fits``)
 FIT_MEMO_SIZE = 16
+# characters the BERT normalizer deletes without an [UNK] though they stand for something: private
+# use (icon-font glyphs, the Apple logo), U+FFFD and half an emoji (which ``valid_text`` makes U+FFFD).
+# Other deleted characters (controls, zero-width marks) change no meaning; unassigned ones read as
+# [UNK], which the check sees
+_DROPPED = re.compile("[\ue000-\uf8ff\U000f0000-\U0010ffff\ufffd\ud800-\udfff]")
 
 
 def cpu_session(ort: Any, path: Path, num_threads: int | None) -> Any:
@@ -68,13 +74,15 @@ class OnnxEncoder:
         except ImportError as exc:
             raise ModelError(f"The {self.what} needs onnxruntime and tokenizers: {exc}") from exc
         self.path = folder / (INT8_NAME if quantized else FP32_NAME)
+        loading = self.path
         try:
             self._session: Any = cpu_session(ort, self.path, num_threads)
-            tokenizer = Tokenizer.from_file(str(folder / TOKENIZER_NAME))
-        except Exception as exc:  # a truncated or foreign file
+            loading = folder / TOKENIZER_NAME
+            tokenizer = Tokenizer.from_file(str(loading))
+        except Exception as exc:  # a truncated or foreign file: name it (the tokenizer's error does not)
             raise ModelError(
-                f"Cannot load the {self.what} from {folder} ({exc}); delete the folder and run "
-                "`hybridllm models prepare minilm-l6-v2`."
+                f"Cannot load the {self.what} file {loading} ({exc}); delete the folder {folder} and "
+                "run `hybridllm models prepare minilm-l6-v2`."
             ) from exc
         tokenizer.no_padding()  # each batch is padded to its own longest input in run()
         tokenizer.enable_truncation(max_tokens)  # pairs: longest-first across the two texts
@@ -107,15 +115,16 @@ class OnnxEncoder:
         if False in known:
             return False
         unknown = [t for t, k in zip(longer, known, strict=True) if k is None]
-        return all(self._read_whole(e) for e in self.encode(unknown))
+        return all(self._read_whole(t, e) for t, e in zip(unknown, self.encode(unknown), strict=True))
 
     def _surely_fits(self, text: str) -> bool:
         """A short ASCII text: read whole, known without tokenizing it."""
         return len(text) <= self._always_fits and text.isascii()
 
-    def _read_whole(self, encoding: Any) -> bool:
-        """Whether the graph saw all of an encoding's text: nothing cut, no ``[UNK]``."""
-        return not encoding.overflowing and self._unk_id not in encoding.ids
+    def _read_whole(self, text: str, encoding: Any) -> bool:
+        """Whether the graph saw all of ``text`` (``encoding`` its tokens): nothing cut, no
+        ``[UNK]``, no character the normalizer deleted in silence (``_DROPPED``)."""
+        return not encoding.overflowing and self._unk_id not in encoding.ids and not _DROPPED.search(text)
 
     def fits_pairs(self, pairs: Sequence[tuple[str, str]]) -> np.ndarray:
         """``[n]`` bool: whether the graph reads each pair whole."""
@@ -137,7 +146,7 @@ class OnnxEncoder:
         """Keep whether each text of a run that :meth:`fits` would tokenize was read whole (the
         latest ``FIT_MEMO_SIZE``; an answer never goes stale: it depends on the text only)."""
         seen = [
-            (text, self._read_whole(enc))
+            (text, self._read_whole(text, enc))
             for text, enc in zip(inputs, encodings, strict=True)
             if isinstance(text, str) and not self._surely_fits(text)
         ]

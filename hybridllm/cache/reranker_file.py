@@ -74,10 +74,13 @@ def read_info(path: str | Path | None = None) -> RerankerInfo:
             missing = [k for k in _INFO_KEYS if k not in data.files]
             if missing or str(data["format"]) != FORMAT:
                 raise CacheError(f"{path} is not a hybridllm cache reranker file (no {missing or 'format'})")
-            if int(data["version"]) != VERSION:
+            version = int(data["version"])
+            if version != VERSION:
+                # a newer file than this hybridllm: retraining with it would lose what is new
+                fix = "upgrade hybridllm, or retrain it" if version > VERSION else "retrain it"
                 raise CacheError(
-                    f"{path} is a version-{int(data['version'])} reranker; this hybridllm reads version "
-                    f"{VERSION}. Retrain it with `python -m hybridllm.cache.train_reranker`."
+                    f"{path} is a version-{version} reranker; this hybridllm reads version {VERSION}: "
+                    f"{fix} with `python -m hybridllm.cache.train_reranker`."
                 )
             names = data["metric_names"].tolist() if "metric_names" in data.files else []
             values = data["metric_values"].tolist() if "metric_values" in data.files else []

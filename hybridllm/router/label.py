@@ -5,11 +5,12 @@ answer's mean token log-probability for calibrating the cascade).
 Grading. The final answer is what follows the answer's last cue ("answer is", "answer:"; for a
 short reference also "option is", "choice:"), as the prompt asks the models to end; without a cue,
 the whole answer. A number
-reference (GSM8K's ``#### N``: commas, a sign, decimals, "$" or "%" allowed) must equal the
+reference (GSM8K's ``#### N``: commas, a sign, decimals, "$" or "%" allowed; "3/4" is 0.75) must equal the
 final answer's first number (the last one after an "=" there: "3 * 4 = 12"), or, without a cue,
 the answer's last number, as RouteLLM grades GSM8K. A short reference (a multiple-choice letter,
 yes/no) must be the final answer's first word; without a cue, the answer must open with it (a
-letter as an option: "B", "(B) ...", "B. ...", not the article in "A farmer ..."). A longer one
+letter as an option: "B", "(B) ...", "B. ...", not the article in "A farmer ..."; after a cue,
+"option B" too, and not "B and C", a hedge). A longer one
 (a word or a name) must appear whole in the final answer.
 """
 
@@ -58,9 +59,13 @@ _CONFIG_STATUS = (401, 403, 404)
 # seconds to open a connection to the cloud: a wrong or firewalled address hung for the whole
 # --timeout (15 min by default, meant for a long answer) on each of the 3 tries of each question
 CONNECT_TIMEOUT_S = 10.0
-_NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
-# a reference that is one number: "18", "-3", "1,000", "2.5", "$40", "25%"
-_NUMBER_REFERENCE = re.compile(r"^\s*\$?\s*-?\$?\d[\d,]*(?:\.\d+)?\s*%?\s*$")
+# a fraction "3/4" (one number, 0.75: read as 3 it graded "3/4" right for a reference of 3), a
+# number "1,000", "-2.5", or one without its leading zero ".5" (read as 5)
+_NUMBER = re.compile(r"-?(?:\d+/\d+(?![\d,.]*\d)|\d[\d,]*(?:\.\d+)?|(?<![\w.])\.\d+)")
+# a reference that is one number: "18", "-3", "1,000", "2.5", ".5", "3/4", "$40", "-$5", "25%"
+_NUMBER_REFERENCE = re.compile(r"^\s*\$?\s*-?\$?(?:\d+/\d+|\d[\d,]*(?:\.\d+)?|\.\d+)\s*%?\s*$")
+# a minus before a dollar sign, "-$5": the number is -5 (read as 5, a loss graded as the gain)
+_MINUS_DOLLAR = re.compile(r"(?<!\S)-\s*\$(?=\s*[\d.])")
 # where a reply states its final answer: the part after the last of these ("option is" and
 # "choice is" only for a letter: "one option is 3 boxes" is a step of a worked answer)
 _CUE = re.compile(r"\banswer\**\s*(?:is\b|:|=)\s*:?", re.IGNORECASE)
@@ -69,6 +74,8 @@ _LETTER_CUE = re.compile(r"\b(?:answer|option|choice)\**\s*(?:is\b|:|=)\s*:?", r
 _CLAUSE_END = re.compile(r"\n|;|\((?=[^\d\-$])|\.(?=\s|$)")
 # a letter opening a reply as an option: "B", "(B) ...", "B. ...", "**B**", "B Paris", not "A farmer"
 _OPTION = r"^[\s*_(\[]*{}(?:[).:\]*,]|\s*$|\s+(?![\sa-z]))"
+# a final answer naming a letter, then another one as an option: "B and C", "B, D", "(A) or (C)"
+_OPTION_HEDGE = r"^[\s*_(\[]*[{}][)\].:*]*\s*(?:,|/|&|\band\b|\bor\b)" + _OPTION[1:].format("[A-Za-z]")
 
 
 @dataclass(frozen=True)
@@ -84,8 +91,11 @@ def _last_number(text: str) -> float | None:
 
 def _number(token: str) -> float | None:
     try:
+        if "/" in token:
+            num, den = token.split("/")
+            return int(num) / int(den)
         return float(token.replace(",", ""))
-    except ValueError:
+    except (ValueError, ZeroDivisionError):
         return None
 
 
@@ -117,7 +127,8 @@ def _final_number(answer: str) -> float | None:
 
 
 def is_correct(answer: str, reference: str) -> bool:
-    answer, reference = answer.replace("\u2212", "-"), reference.replace("\u2212", "-")  # a typeset minus
+    # a typeset minus; "-$5" as -5
+    answer, reference = (_MINUS_DOLLAR.sub("-", t.replace("\u2212", "-")) for t in (answer, reference))
     if _NUMBER_REFERENCE.match(reference):
         want = _last_number(reference)
         got = _final_number(answer)
@@ -132,7 +143,13 @@ def is_correct(answer: str, reference: str) -> bool:
     if len(r) > 3:  # a word or name: it appears whole in the final answer (or the whole reply)
         return re.search(rf"\b{re.escape(r)}\b", tail if final is not None else a) is not None
     if final is not None:  # a short reference (a letter, yes/no): the final answer's first word
-        return (tail.split() or [""])[0] == r
+        words = tail.split()
+        if len(r) == 1 and words[:1] in (["option"], ["choice"]):  # "The answer is option B."
+            words, final = words[1:], re.sub(r"^\W*\w+", "", final)
+        # a letter with another option after it, "B and C", "(B) or (D)": a hedge, not an answer
+        if len(r) == 1 and re.match(_OPTION_HEDGE.format(r.upper() + r.lower()), final):
+            return False
+        return (words or [""])[0] == r
     if len(r) == 1:  # a letter opens the reply as an option, not as the word "A" or "I"
         return re.match(_OPTION.format(f"[{r.upper()}{r.lower()}]"), answer) is not None
     return (a.split() or [""])[0] == r
@@ -155,13 +172,16 @@ def read_questions(path: str | Path) -> list[Question]:
         except json.JSONDecodeError as exc:
             raise DataError(f"{p} line {i} is not JSON ({exc.msg}).") from exc
         prompt = rec.get("question") or rec.get("prompt") if isinstance(rec, dict) else None
-        # GSM8K: ``final`` is the bare number of ``answer``'s ``#### N`` line
-        ref = rec.get("final") or rec.get("answer", rec.get("reference")) if isinstance(rec, dict) else None
-        if not isinstance(prompt, str) or ref is None or not str(ref).strip():  # blank: all graded wrong
+        # GSM8K: ``final`` is the bare number of ``answer``'s ``#### N`` line; the first one given
+        # (a null "answer" beside a "reference" was refused; a "final" of 0 was passed over)
+        refs = [rec.get(k) for k in ("final", "answer", "reference")] if isinstance(rec, dict) else []
+        ref = next((reference_answer(str(r)) for r in refs if r is not None and str(r).strip()), "")
+        # blank: every answer graded wrong, and a blank prompt labels nothing ("#### " passed the check)
+        if not isinstance(prompt, str) or not prompt.strip() or not ref:
             raise DataError(f"{p} line {i} needs 'question' (or 'prompt') and 'answer' (or 'reference').")
         # a JSON-escaped half emoji ("\\ud83d") cannot be written to the UTF-8 CSV: unreplaced, the
         # run stopped at that question with an internal error, on every rerun
-        out.append(Question(prompt=valid_text(prompt), reference=valid_text(reference_answer(str(ref)))))
+        out.append(Question(prompt=valid_text(prompt), reference=valid_text(ref)))
     if not out:
         raise DataError(f"{p} holds no questions.")
     return out
@@ -206,7 +226,11 @@ def _header(edge_col: str, cloud_col: str) -> list[str]:
     return ["prompt", edge_col, cloud_col, LOGPROB_COL, CLOUD_TOKENS_COL]
 
 
-def _cells(r: dict[str, Any]) -> list[Any]:
+def _cells(r: dict[str, Any], columns: Sequence[str] | None = None) -> list[Any]:
+    """A row's cells; given a resumed file's ``columns``, its own columns after the first three
+    (a file without ``cloud_tokens`` got rows one cell longer than its header: refused on load)."""
+    if columns is not None:
+        return [r["prompt"], r["edge"], r["cloud"], *(r.get(c, "") for c in columns[3:])]
     return [r["prompt"], r["edge"], r["cloud"], r[LOGPROB_COL], r.get(CLOUD_TOKENS_COL, "")]
 
 
@@ -224,15 +248,16 @@ class LabelRun:
     errors: list[str] = field(default_factory=list)
 
 
-def _read_done(path: Path, header: list[str], run: LabelRun) -> set[str]:
-    """Prompts already labelled in ``path`` (resuming); the header must match this run's.
+def _read_done(path: Path, header: list[str], run: LabelRun) -> tuple[set[str], list[str]]:
+    """Prompts already labelled in ``path`` (resuming), and the file's columns; the header's first
+    three must match this run's.
 
     A last row cut off mid-write (a killed run: no line end, or a quoted prompt never closed) is
     removed from the file to be labelled again; appended to, it would swallow the rows after it.
     A quote never closed further up (a hand edit) is refused: cutting there lost every row after
     it. A file saved by a spreadsheet (a byte-order mark, TRUE/FALSE) resumes as written."""
     if not path.is_file() or path.stat().st_size == 0:
-        return set()
+        return set(), header
     csv.field_size_limit(min(sys.maxsize, 2**31 - 1))
     raw: list[str] = []  # the lines of the record the reader is on
 
@@ -247,7 +272,7 @@ def _read_done(path: Path, header: list[str], run: LabelRun) -> set[str]:
             reader = csv.reader(lines(fh))
             found = next(reader, None)
             if found is None:
-                return set()
+                return set(), header
             # Excel's "CSV UTF-8" starts with a byte-order mark: read as "\ufeffprompt", the file
             # was refused as labels "for other models" that were these very ones
             if [found[0].removeprefix("\ufeff"), *found[1:3]] != header[:3]:
@@ -289,7 +314,7 @@ def _read_done(path: Path, header: list[str], run: LabelRun) -> set[str]:
             if not ended:  # a whole last row without its line end: the next row starts below it
                 raw_fh.seek(end)
                 raw_fh.write(b"\r\n")
-    return done
+    return done, found
 
 
 def _holds_rows(lines: list[str]) -> bool:
@@ -394,7 +419,7 @@ def label_to_csv(
         raise DataError(f"{path} is a folder; pass the CSV file to write with --out.")
     header = _header(edge_col, cloud_col)
     run = LabelRun(out=path)
-    done = _read_done(path, header, run)
+    done, columns = _read_done(path, header, run)
     if settings is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
         _check_settings(path, settings, has_rows=bool(run.num_rows))
@@ -480,7 +505,7 @@ def label_to_csv(
                     if i in failed or len(got) < 2:
                         continue
                     row = _row(todo[i], got["edge"], got["cloud"])
-                    writer.writerow(_cells(row))
+                    writer.writerow(_cells(row, columns))
                     fh.flush()
                     if answers_fh is not None:
                         answers_fh.write(

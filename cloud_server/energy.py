@@ -400,7 +400,24 @@ class EnergyAccounting:
             self.cancel(key)
         if not report:
             return
-        model, source = self._model(), str(report.get("source", "unknown"))
-        self.joules.labels(model, source).inc(float(report.get("joules") or 0.0))
-        if report.get("joules_per_output_token") is not None:
-            self.per_token.labels(model, source).observe(float(report["joules_per_output_token"]))
+        model, source = self._model(), str(report.get("source") or "unknown")
+        # a replica's figures are taken only when they are joules: a negative one made inc() raise
+        # (the finished answer then failed) and a NaN or inf poisoned the counter for good
+        joules = _joules(report.get("joules") or 0.0)
+        if joules is None:
+            log.warning("energy report %r of a finished request not recorded: not a number of "
+                        "joules", report)
+            return
+        self.joules.labels(model, source).inc(joules)
+        per_token = _joules(report.get("joules_per_output_token"))
+        if per_token is not None:
+            self.per_token.labels(model, source).observe(per_token)
+
+
+def _joules(value: Any) -> float | None:
+    """A finite, non-negative figure of joules, or None (absent, NaN, inf, negative, not a number)."""
+    try:
+        joules = math.nan if value is None or isinstance(value, bool) else float(value)
+    except (TypeError, ValueError):
+        return None
+    return joules if math.isfinite(joules) and joules >= 0 else None

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from cloud_server.engine.sampling_params import SamplingParams
-from cloud_server.exceptions import ContextLengthError, InvalidRequestError, ServerError
+from cloud_server.exceptions import ContextLengthError, InvalidRequestError, QueueFullError, ServerError
 from hybridllm.wire.responses import DONE, ChunkWriter, chat_completion, error_event, text_completion
 
 from .errors import error_body, error_kind
@@ -94,6 +94,10 @@ class Generation:
         except StopAsyncIteration:
             self._first = None
         except BaseException as exc:
+            # a refusal (queue full, a prompt too long) that comes with the first output, as a
+            # cluster replica's does, is counted as rejected only, as the single server's refusal
+            # at generate(): not also as a request finished with an error
+            self.finished = isinstance(exc, QueueFullError | InvalidRequestError)
             self.failed = isinstance(exc, Exception)
             await self.close()
             raise

@@ -280,7 +280,11 @@ class Linear(nn.Module):
             y = F.linear(x2, int8_groups_dequantize(self.weight, scale).to(x2.dtype))
         elif x2.device.type == "cpu":
             assert scale is not None
-            y = torch.ops.aten._weight_int8pack_mm(x2, self.weight, scale.to(x2.dtype))  # [N, out]
+            # torch's kernel reads bf16 activations 16 columns at a time with no tail: at
+            # in % 16 != 0 it returns NaN or garbage, or crashes the process (torch 2.13; a per-row
+            # matrix is exactly one whose rows are not whole groups of 32). fp32 has no such limit.
+            xk = x2.float() if x2.dtype == torch.bfloat16 and self.in_features % 16 else x2
+            y = torch.ops.aten._weight_int8pack_mm(xk, self.weight, scale.to(xk.dtype)).to(x2.dtype)
         else:
             assert scale is not None
             y = F.linear(x2, self.weight.to(x2.dtype)) * scale.to(x2.dtype)

@@ -146,6 +146,9 @@ class Sampler:
             # before any draw: a failed batch is sampled again row by row (a NaN row checked too)
             if not bool(torch.isfinite(chosen).all() & ~nan.any()):
                 _no_nan(greedy.tolist())  # a NaN row says so
+                # a +inf logit (an fp16 overflow) makes softmax inf / inf = NaN: the model's fault
+                if bool(torch.isposinf(logits[idx]).any()):
+                    raise ValueError("the model's logits hold an infinity (an overflow)")
                 raise ValueError("the sampling settings give no valid distribution")
             noise = torch.empty_like(chosen)
             for row, i in enumerate(sampled):  # each row's own generator, before any token

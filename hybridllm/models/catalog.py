@@ -60,12 +60,23 @@ def load_catalog() -> dict[str, ModelSpec]:
     return specs
 
 
-def get_spec(model_id: str) -> ModelSpec:
+def find_spec(model_id: str) -> ModelSpec | None:
+    """The catalog entry for ``model_id``, or None. Matched as Ollama matches names: case aside,
+    and spaces around a pasted id aside (``"SmolLM2-135M-Instruct "`` is ``smollm2-135m-instruct``)."""
     catalog = load_catalog()
-    try:
+    if model_id in catalog:
         return catalog[model_id]
-    except KeyError:
+    if not isinstance(model_id, str):
+        return None
+    key = model_id.strip().casefold()
+    return next((spec for mid, spec in catalog.items() if mid.casefold() == key), None)
+
+
+def get_spec(model_id: str) -> ModelSpec:
+    spec = find_spec(model_id)
+    if spec is None:
         raise ModelNotFoundError(
-            f"Unknown model {model_id!r}. Known models: {', '.join(sorted(catalog))}; "
+            f"Unknown model {model_id!r}. Known models: {', '.join(sorted(load_catalog()))}; "
             "or pass the path to a local .gguf file. See `hybridllm models list`."
-        ) from None
+        )
+    return spec

@@ -28,7 +28,7 @@ from pathlib import Path
 from .._exceptions import ModelError, ModelNotFoundError
 from .._locks import HAVE_LOCKS, lock_exclusive  # without locks (Windows) removed without one
 from .._paths import data_dir
-from .catalog import ModelSpec, load_catalog
+from .catalog import ModelSpec, find_spec, load_catalog
 from .store import _folder_lock, model_dir
 
 _CACHE_LOCK = ".prepare.lock"  # the cache's preparers lock this file in their folder
@@ -96,13 +96,13 @@ def _inside(path: Path, root: Path) -> bool:
 
 def spec_of(model_id: str) -> ModelSpec:
     """The catalog entry, or an error naming the known ids (a local file is not ours to delete)."""
-    catalog = load_catalog()
-    if model_id not in catalog:
+    spec = find_spec(model_id)  # case and spaces around the id aside, as everywhere else
+    if spec is None:
         raise ModelNotFoundError(
-            f"Unknown model {model_id!r}. Known models: {', '.join(sorted(catalog))}. "
+            f"Unknown model {model_id!r}. Known models: {', '.join(sorted(load_catalog()))}. "
             "See `hybridllm models list`."
         )
-    return catalog[model_id]
+    return spec
 
 
 def _tops(model_id: str) -> list[Path]:

@@ -114,7 +114,11 @@ def _folder_lock(folder: Path, *, on_wait: Callable[[], None] | None = None) -> 
         yield False
         return
     while True:
-        fd = os.open(folder, os.O_RDONLY)
+        try:
+            fd = os.open(folder, os.O_RDONLY)
+        except FileNotFoundError:  # removed (`models remove`) between its mkdir and this open
+            folder.mkdir(parents=True, exist_ok=True)
+            continue
         try:
             locked = lock_exclusive(fd, on_wait)
             on_wait = None
@@ -339,6 +343,7 @@ def verify(model_id: str | None = None) -> list[VerifyResult]:
     results = []
     for mid in ids:
         spec = get_spec(mid)
+        mid = spec.id  # the catalog's spelling of an id given in another case
         bad, missing = [], []
         for file in spec.files:
             path = model_dir(spec) / file.name
@@ -401,10 +406,20 @@ def resolve_gguf(
             if spec.kind == "gguf" and main.name == path.name and main.size in (None, size):
                 return spec.id, path, spec
         return path.stem, path, None
+    if text.strip() and path.is_dir():  # a model's folder (a Hugging Face snapshot): not a file
+        found = sorted(p.name for p in path.glob("*.gguf") if p.is_file())
+        inside = (f"it holds {', '.join(found[:5])}{' and more' if len(found) > 5 else ''}"
+                  if found else "it holds no .gguf file")
+        raise ModelNotFoundError(
+            f"{path} is a folder, not a .gguf file ({inside}). For llama.cpp pass the .gguf file "
+            "inside it, or a catalog id (see `hybridllm models list`)."
+        )
+    if text.strip() and path.exists():  # a device, a pipe, a socket
+        raise ModelNotFoundError(f"{path} is not a regular file; pass a .gguf model file.")
     if path.suffix == ".gguf" or os.sep in text:
         raise ModelNotFoundError(f"Model file {path} does not exist.")
-    get_spec(text)  # raises ModelNotFoundError listing the known ids
-    raise AssertionError("unreachable")
+    # a catalog id in another case or with spaces around it; else ModelNotFoundError listing the ids
+    return resolve_gguf(get_spec(text).id, progress=progress)
 
 
 def iter_catalog() -> Iterator[tuple[ModelSpec, bool]]:

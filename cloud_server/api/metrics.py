@@ -80,6 +80,24 @@ _ENGINE_SERIES: dict[str, tuple[str, str, str]] = {
         "Draft tokens accepted by the target model.",
         "counter",
     ),
+    # the cluster front end's own figures (cloud_server/cluster/remote_engine.py), absent from a
+    # single-process server's stats
+    "num_replicas": ("cluster_replicas", "Engine replicas reporting their stats.", "gauge"),
+    "num_replicas_wanted": (
+        "cluster_replicas_wanted",
+        "Engine replicas wanted (the autoscaler's current target, else --replicas).",
+        "gauge",
+    ),
+    "num_retried": (
+        "cluster_requests_retried",
+        "Requests sent again to a replica after theirs failed before the first output.",
+        "counter",
+    ),
+    "num_replica_failures": (
+        "cluster_replica_failures",
+        "Request attempts failed by their replica (died, unreachable, engine gone, or raised).",
+        "counter",
+    ),
 }
 # engine.stats() key holding a list -> (metric name, help, label of the list index)
 _ENGINE_LIST_SERIES: dict[str, tuple[str, str, str]] = {

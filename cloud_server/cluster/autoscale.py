@@ -66,7 +66,11 @@ class QueuedTokensPolicy:
         # Serve's average of a window with no sample is None; a NaN would make the sum NaN, read
         # as "no load", and scale a busy fleet down to its minimum: only finite values count
         values = [float(v) for v in per_replica.values() if finite_number(v)]
-        if per_replica and not values:  # replicas, none with a figure: hold, never shrink blind
+        # Serve leaves out a running replica that has pushed no figure yet (just started, the
+        # controller restarted, its stats call hanging): running replicas of which none has a
+        # figure are not an idle fleet either
+        running = getattr(ctx, "running_replicas", None)
+        if not values and (per_replica or running):  # none with a figure: hold, never shrink blind
             lo, hi = ctx.capacity_adjusted_min_replicas, ctx.capacity_adjusted_max_replicas
             return max(lo, min(hi, ctx.current_num_replicas)), ctx.policy_state or {}
         n = desired_replicas(

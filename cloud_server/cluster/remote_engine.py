@@ -36,6 +36,11 @@ log = logging.getLogger("cloud_server.cluster")
 
 # what a replica whose engine loop died (or stopped) raises: the request may go to another one
 _REPLICA_GONE = (EngineDeadError, NotReadyError)
+# the fleet's gauges of work in hand: with no replica reporting (scaled to zero, all down) they
+# read 0 in /metrics rather than vanish (a missing series reads as "no data", and alerts on it
+# or graphs of it break exactly when the fleet is down)
+_FLEET_GAUGES = ("num_running", "num_waiting", "kv_cache_usage", "num_total_blocks",
+                 "num_free_blocks", "num_cached_blocks")
 
 
 def _code_error(exc: BaseException) -> bool:
@@ -140,16 +145,27 @@ class RemoteEngine:
     # -- fleet state ---------------------------------------------------------------------------
     def stats(self) -> dict[str, Any]:
         """Every replica's engine stats, summed (gauges of the last step: the largest); the counters
-        keep the shares of replicas that left, so a fleet total never goes down."""
-        return self._counters.stats(self._fleet)
+        keep the shares of replicas that left, so a fleet total never goes down. Plus the front
+        end's own figures: replicas reporting and wanted, requests sent again, failed attempts."""
+        out = self._counters.stats(self._fleet)
+        for key in _FLEET_GAUGES:
+            out.setdefault(key, 0)
+        out["num_replicas"] = len(self._fleet)
+        out["num_replicas_wanted"] = self._wanted()
+        out["num_retried"] = self.num_retried
+        out["num_replica_failures"] = self.num_replica_failures
+        return out
+
+    def _wanted(self) -> int:
+        """Serve's current target when autoscaled (noted by the policy), else the fixed count."""
+        return self._serve_target if self._serve_target is not None else self.target_replicas
 
     def health_detail(self) -> dict[str, Any]:
         """ok: every wanted replica reports; degraded: some do (still serving); idle: scaled to
         zero (``--min-replicas 0``), so the next request waits for a replica to load its model;
         unavailable: none reports while some are wanted (the only one that is not HTTP 200).
         Wanted: Serve's current target when autoscaled (noted by the policy), else the fixed count."""
-        up = len(self._fleet)
-        wanted = self._serve_target if self._serve_target is not None else self.target_replicas
+        up, wanted = len(self._fleet), self._wanted()
         if up == 0:
             status = "idle" if wanted == 0 else "unavailable"
         else:

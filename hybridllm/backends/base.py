@@ -336,10 +336,14 @@ class StopMatcher:
         if not self.stops:
             self.pending = ""
             return buf, False
-        cut = min((i for i in (buf.find(s) for s in self.stops) if i >= 0), default=-1)
-        if cut >= 0:
+        # the match that ends first, as text fed one character at a time would meet it (the
+        # earlier start where two end together): cutting at the earliest start instead let a long
+        # stop found whole in one piece win over a short one inside it that ends sooner, so the
+        # answer depended on how the text was split into pieces
+        hits = [(i + len(s), i) for s in self.stops if (i := buf.find(s)) >= 0]
+        if hits:
             self.pending = ""
-            return buf[:cut], True
+            return buf[: min(hits)[1]], True
         hold = 0
         for stop in self.stops:  # longest suffix of buf that is a proper prefix of a stop
             for k in range(min(len(stop) - 1, len(buf)), hold, -1):

@@ -35,15 +35,19 @@ _VERSION = 1
 
 
 def is_hosted(base_url: str) -> bool:
-    """An https endpoint whose host is not this machine (not localhost, not a loopback address)."""
+    """An https endpoint whose host is not this machine (not localhost, not a loopback address,
+    not 0.0.0.0 or ``::``, which a client reaches as this machine)."""
     parts = urlsplit(base_url)
-    host = (parts.hostname or "").lower()
+    host = (parts.hostname or "").lower().rstrip(".")  # "localhost." is the same name, rooted
     if parts.scheme != "https" or not host or host == "localhost" or host.endswith(".localhost"):
         return False
     try:
-        return not ipaddress.ip_address(host).is_loopback
+        addr = ipaddress.ip_address(host)
     except ValueError:  # a name, not an address
         return True
+    # ::ffff:127.0.0.1 is 127.0.0.1 written as IPv6 (Python before 3.13 calls it not loopback)
+    addr = getattr(addr, "ipv4_mapped", None) or addr
+    return not (addr.is_loopback or addr.is_unspecified)
 
 
 class RefusalMemory:
@@ -104,7 +108,7 @@ class RefusalMemory:
             data = json.loads(self.path.read_text(encoding="utf-8"))
         except FileNotFoundError:
             return {}
-        except (OSError, ValueError) as exc:
+        except (OSError, ValueError, RecursionError) as exc:  # (arrays nested past the stack)
             log.debug("ignoring %s: %s", self.path, exc)
             return {}
         entries = data.get("entries") if isinstance(data, dict) and data.get("version") == _VERSION else None

@@ -85,7 +85,10 @@ def build_parser() -> argparse.ArgumentParser:
         "the HYBRIDLLM_CLOUD_API_KEYS environment variable (comma-separated).",
     )
     serve.add_argument("--model", required=True, help="catalog id, .gguf file or HF folder")
-    serve.add_argument("--served-model-name", help="model name in the API (default: the model's)")
+    serve.add_argument(
+        "--served-model-name",
+        help="model name in the API (default: the catalog id, or the .gguf file's or folder's name)",
+    )
     serve.add_argument(
         "--system-prompt", default=None, metavar="TEXT",
         help="system message for chat requests without one (default: the catalog model's own, as "
@@ -140,8 +143,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--no-prefix-caching", action="store_true",
         help="do not reuse the KV blocks of earlier prompts' shared prefixes",
     )
-    engine.add_argument("--device", default=None, help="cpu or cuda[:N] (default: auto)")
-    engine.add_argument("--dtype", default=None, help="float32, bfloat16 or float16 (default: auto)")
+    engine.add_argument(
+        "--device", default=None, help="cpu or cuda[:N] (default: cuda where available, else cpu)"
+    )
+    engine.add_argument(
+        "--dtype", default=None,
+        help="float32, bfloat16 or float16 (default: bfloat16; float32 on CPU with --quantization none)",
+    )
     engine.add_argument(
         "--quantization", default=None, choices=["none", "int8", "int4"],
         help="weights: int8 (weight-only, groups of 32: a GGUF's own blocks), int4 (a GGUF's own "
@@ -155,12 +163,13 @@ def build_parser() -> argparse.ArgumentParser:
     engine.add_argument("--seed", type=int, default=0, help="seed of the engine's sampler (default 0)")
     engine.add_argument(
         "--num-threads", type=positive_int, default=None,
-        help="torch CPU threads (default: all cores; 1 a replica with --replicas)",
+        help="torch CPU threads (default: all cores this process may use; 1 a replica with --replicas)",
     )
     engine.add_argument(
         "--power-watts", type=positive_float, default=None, metavar="W",
-        help="power figure for the per-request energy estimate (default: measured with NVML on "
-        "a GPU or RAPL where readable, else estimated at 10 W per CPU thread / 300 W per GPU)",
+        help="watts: estimate the per-request energy at W, even where a counter is readable (default: "
+        "measured with NVML on a GPU or RAPL where readable, else estimated at 10 W per CPU thread / "
+        "300 W per GPU)",
     )
     cluster = serve.add_argument_group(
         "cluster (Ray Serve; needs pip install 'hybridllm[cluster]')"
@@ -212,7 +221,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     spec.add_argument(
         "--num-speculative-tokens", type=positive_int, default=None, metavar="K",
-        help="most tokens proposed per sequence and step (default 8 for ngram, 3 for draft; "
+        help="most tokens proposed per sequence and step, 1-16 (default 8 for ngram, 3 for draft; "
         "fewer under load)",
     )
     spec.add_argument(

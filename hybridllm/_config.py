@@ -170,6 +170,14 @@ class HybridLLMConfig:
 _URL_USERINFO = re.compile(r"(?P<scheme>\b[A-Za-z][A-Za-z0-9+.-]*://)(?P<userinfo>[^\s/?#]*)@")
 
 
+# a secret in a URL's query string (``?key=``, Azure's ``api-key=``, a SAS ``sig=``, ``token=``): a
+# parameter whose name is, or ends in (after - _ or .), one of these words; its value ends at the
+# next & or # (or a space or quote, in a message that quotes the URL)
+_URL_QUERY_SECRET = re.compile(
+    r"(?P<name>[?&;](?:[\w.-]*[-_.])?(?:key|apikey|token|sig|signature|secret|password|passwd|pwd"
+    r"|auth|authorization|credentials?)=)[^&;#\s'\"<>]+", re.IGNORECASE)
+
+
 def split_userinfo(url: str) -> tuple[str, tuple[str, str] | None]:
     """(``url`` without its ``user:password@``, (user, password) percent-decoded, or None when it
     has none): the cloud sends them as basic auth and names the endpoint without them."""
@@ -185,12 +193,13 @@ def split_userinfo(url: str) -> tuple[str, tuple[str, str] | None]:
 def public_value(value: Any, *, secret: bool = False) -> Any:
     """``value`` as it may be shown (a log, a terminal, the proxy's answers): a ``secret`` (the API
     key) as ``***`` and, when longer than 8 characters, its last 4; any other text with the
-    credentials of every URL in it masked (``https://***@host/v1``); lists and dicts item by item
-    (``cloud_endpoints``' URLs)."""
+    credentials of every URL in it masked (``https://***@host/v1``, ``?api-key=***``); lists and
+    dicts item by item (``cloud_endpoints``' URLs)."""
     if isinstance(value, str):
         if secret:
             return ("***" + value[-4:] if len(value) > 8 else "***") if value else value
-        return _URL_USERINFO.sub(r"\g<scheme>***@", value)
+        value = _URL_USERINFO.sub(r"\g<scheme>***@", value)
+        return _URL_QUERY_SECRET.sub(r"\g<name>***", value)
     if isinstance(value, list | tuple):
         return [public_value(v, secret=secret) for v in value]
     if isinstance(value, dict):
@@ -252,15 +261,26 @@ def _type_problem(name: str, value: Any, annotation: Any) -> str | None:
         fits, wanted = isinstance(value, str), "a string"
     else:
         return None
-    return None if fits else f"{name} must be {wanted}, got {value!r}."
+    # the value as shown: a wrong-typed key or a URL list's password is never printed
+    shown = "***" if name in SECRET_FIELDS else public_value(value)
+    return None if fits else f"{name} must be {wanted}, got {shown!r}."
+
+
+def _did_you_mean(unknown: set[str], fields: Any) -> str:
+    """`` (did you mean: n_ctxx -> n_ctx?)`` for unknown settings close to a known one (a typo)."""
+    import difflib
+
+    guesses = [f"{u} -> {close[0]}" for u in sorted(unknown)
+               if (close := difflib.get_close_matches(u.lower(), list(fields), n=1, cutoff=0.7))]
+    return f" (did you mean: {', '.join(guesses)}?)" if guesses else ""
 
 
 def _check_source(source: str, values: dict[str, Any]) -> None:
     """Check the settings one source gives on their own, so an error names where it came from."""
     try:
         HybridLLMConfig(**values)
-    except (ConfigError, TypeError) as exc:
-        raise ConfigError(f"{source}: {exc}") from None
+    except (ConfigError, TypeError) as exc:  # the source names a URL from the environment: masked
+        raise ConfigError(public_text(f"{source}: {exc}")) from None
 
 
 def config_file_path(explicit: str | os.PathLike[str] | None) -> Path | None:
@@ -278,7 +298,8 @@ def load_config(config: str | os.PathLike[str] | None = None, **overrides: Any) 
     fields = {f.name: f for f in dataclasses.fields(HybridLLMConfig)}
     unknown = set(overrides) - set(fields)
     if unknown:
-        raise ConfigError(f"Unknown setting(s) {sorted(unknown)}; see `hybridllm config show`.")
+        raise ConfigError(f"Unknown setting(s) {sorted(unknown)}{_did_you_mean(unknown, fields)}; "
+                          "see `hybridllm config show`.")
     values: dict[str, Any] = {}
     # a source's values are checked on their own (so an error names the source), those a later
     # source overrides excepted: arguments override the environment, which overrides the file
@@ -306,7 +327,8 @@ def load_config(config: str | os.PathLike[str] | None = None, **overrides: Any) 
             raise ConfigError(f"Config file {path}: [hybridllm] must be a table of settings.")
         bad = set(data) - set(fields)
         if bad:
-            raise ConfigError(f"Config file {path} has unknown setting(s) {sorted(bad)}.")
+            raise ConfigError(f"Config file {path} has unknown setting(s) {sorted(bad)}"
+                              f"{_did_you_mean(bad, fields)}.")
         for name, value in data.items():
             problem = _type_problem(name, value, fields[name].type)
             if problem:
@@ -318,9 +340,16 @@ def load_config(config: str | os.PathLike[str] | None = None, **overrides: Any) 
         if env is not None:
             values[name] = _coerce(name, env, f.type)
             if name not in given:
-                _check_source(f"HYBRIDLLM_{name.upper()}={env!r}", {name: values[name]})
+                shown = public_value(env, secret=name in SECRET_FIELDS)
+                _check_source(f"HYBRIDLLM_{name.upper()}={shown!r}", {name: values[name]})
     values.update({k: v for k, v in overrides.items() if v is not None})
     try:
         return HybridLLMConfig(**values)
     except TypeError as exc:
-        raise ConfigError(f"Invalid settings: {exc}.") from exc
+        # an argument of the wrong type (n_ctx="4096") failed a comparison: "'<' not supported
+        # between instances of 'str' and 'int'" named no setting; name the argument that does not fit
+        for name, value in overrides.items():
+            problem = value is not None and _type_problem(name, value, fields[name].type)
+            if problem:
+                raise ConfigError(problem) from exc
+        raise ConfigError(public_text(f"Invalid settings: {exc}.")) from exc

@@ -13,11 +13,19 @@ class BrokenInstallError(HybridLLMError, FileNotFoundError):
     incomplete. A FileNotFoundError too, for code that caught that before."""
 
 
+def _absolute(folder: str) -> Path:
+    """A folder from the environment, ``~`` expanded and made absolute: a relative one
+    (HYBRIDLLM_HOME=models) is the same folder it was (the current one's), but the paths built on it
+    (``hybridllm models path``, a loaded model's file, errors) name it whole, not relative to a
+    working folder that may have changed by the time they are used."""
+    return Path(folder).expanduser().absolute()
+
+
 def data_dir() -> Path:
     """Model files and exported embedders: $HYBRIDLLM_HOME, else the platformdirs user data dir."""
     home = os.environ.get("HYBRIDLLM_HOME")
     if home:
-        return Path(home).expanduser()
+        return _absolute(home)
     import platformdirs
 
     return Path(platformdirs.user_data_dir("hybridllm", appauthor=False))
@@ -28,10 +36,10 @@ def cache_dir() -> Path:
     the platformdirs user cache dir."""
     override = os.environ.get("HYBRIDLLM_CACHE_DIR")
     if override:
-        return Path(override).expanduser()
+        return _absolute(override)
     home = os.environ.get("HYBRIDLLM_HOME")
     if home:
-        return Path(home).expanduser() / "cache"
+        return _absolute(home) / "cache"
     import platformdirs
 
     return Path(platformdirs.user_cache_dir("hybridllm", appauthor=False))

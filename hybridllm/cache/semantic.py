@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import numbers
 import threading
 import time
@@ -68,6 +69,8 @@ from .reranker import FORMAT as RERANKER_FORMAT
 from .reranker import RerankVerifier, get_rerank_verifier
 from .store import CacheStore, Entry
 from .verifier import HitVerifier
+
+log = logging.getLogger("hybridllm.cache")
 
 Verifier = HitVerifier | RerankVerifier
 VERIFIER_CHOICES = ("default", "reranker", "features", "cosine")
@@ -380,7 +383,13 @@ class SemanticCache:
             self._seen()
             self._index.add(bucket, entry_id, vec)
             self._entries[entry_id] = _Known(bucket, query, now)
-            self._enforce_bounds(now)
+            # the entry is committed: a failed eviction (a full disk) must not raise as if it were
+            # not (before, put raised and the answer was served anyway); the file stays over
+            # max_entries until a later write evicts
+            try:
+                self._enforce_bounds(now)
+            except CacheError as exc:
+                log.warning("Stored the answer, but evicting old entries from the cache failed: %s", exc)
         return entry_id
 
     def delete(self, entry_id: str) -> bool:

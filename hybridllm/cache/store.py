@@ -366,12 +366,10 @@ class CacheStore:
         blob = np.ascontiguousarray(entry.embedding, dtype=np.float32).tobytes()
         meta = json.dumps(entry.metadata) if entry.metadata is not None else None
         with self._write():
+            # REPLACE (delete, then insert), not an update in place: the row gets the largest
+            # rowid, which orders writes within one clock tick for :meth:`lru_ids`
             self._conn.execute(
-                "INSERT INTO entries VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT(id) DO UPDATE "
-                "SET query = excluded.query, response = excluded.response, "
-                "embedding = excluded.embedding, "
-                "created_at = excluded.created_at, last_used = excluded.last_used, "
-                "metadata = excluded.metadata",
+                "INSERT OR REPLACE INTO entries VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (
                     entry.id,
                     entry.namespace,
@@ -419,9 +417,21 @@ class CacheStore:
         return [r[0] for r in self._conn.execute(sql, (before,))]
 
     def lru_ids(self, num: int) -> list[str]:
-        """The ``num`` least recently used entries, oldest first."""
-        sql = "SELECT id FROM entries ORDER BY last_used ASC, created_at ASC LIMIT ?"
-        return [r[0] for r in self._conn.execute(sql, (num,))]
+        """The ``num`` least recently used entries, oldest first, never the latest write (the
+        largest rowid, as :meth:`upsert` replaces rows) unless ``num`` takes every row. Ties (a
+        coarse clock: one tick for several writes) go by rowid, the order of the writes. Before,
+        ties fell in any order, and a put could evict the entry it had just written (so could a
+        clock set back, as every other entry then looked more recent). A WHERE, not an ORDER BY
+        term, keeps the scan on the last_used index (ordering by the comparison sorted the whole
+        table: 28 ms an eviction at 100k rows)."""
+        sql = (
+            "SELECT id FROM entries WHERE rowid != (SELECT MAX(rowid) FROM entries) "
+            "ORDER BY last_used ASC, created_at ASC, rowid ASC LIMIT ?"
+        )
+        ids = [r[0] for r in self._conn.execute(sql, (num,))]
+        if len(ids) < num:  # every row asked for: the latest write comes last
+            ids += [r[0] for r in self._conn.execute("SELECT id FROM entries ORDER BY rowid DESC LIMIT 1")]
+        return ids
 
     def clear(self, namespace: str | None = None) -> list[str]:
         with self._write():

@@ -7,8 +7,9 @@ The app starts answering at once; the engine is built and started in a backgroun
 it is ready ``/health`` and the ``/v1`` routes answer 503. Request bodies are parsed by hand rather
 than by FastAPI's body injection so that the order of checks is fixed: key (401), JSON (400),
 fields (400), engine ready (503), model (404), context window (400), queue (429). On shutdown
-(``hybridllm/wire/shutdown.py``) admission closes first (503), and what is still running at the
-end of the grace period ends with 503 or, for a stream, an in-band error event and ``[DONE]``.
+(``hybridllm/wire/shutdown.py``) admission closes first (503, before the body is read), and what
+is still running at the end of the grace period (a body still coming in too) ends with 503 or, for
+a stream, an in-band error event and ``[DONE]``.
 
 An engine that stops on its own once it was serving (its loop died) does not come back: with
 ``on_engine_dead`` (the CLI) the server then refuses new requests and ends those in flight at once
@@ -35,11 +36,18 @@ from hybridllm.wire import DEFAULT_MAX_BODY_BYTES, decode_json_object, is_large,
 from hybridllm.wire.errors import WireError
 from hybridllm.wire.openapi import add_schemas, error_responses, ok_response, request_body
 from hybridllm.wire.responses import ChatCompletion, Health, ModelCard, ModelList, TextCompletion, error_event
-from hybridllm.wire.shutdown import SHUTTING_DOWN, ClientGone, Drain, TrackRequests, unless_interrupted
+from hybridllm.wire.shutdown import (
+    SHUTTING_DOWN,
+    ClientGone,
+    Drain,
+    TrackRequests,
+    unless_interrupted,
+    until_expired,
+)
 from hybridllm.wire.sse import EventStreamResponse, client_gone
 
 from .auth import ApiKeyChecker
-from .errors import error_body, error_kind, install_error_handlers
+from .errors import error_body, error_kind, error_response, install_error_handlers
 from .metrics import ServerMetrics
 from .protocol import CloudChatCompletionRequest as ChatCompletionRequest
 from .protocol import CloudCompletionRequest as CompletionRequest
@@ -168,10 +176,11 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
             app.state.metrics.energy.close()  # NVML's session; nothing to release for the others
 
 
-async def _parse(request: Request, model_type: type[R], max_body_bytes: int) -> R:
+async def _parse(request: Request, model_type: type[R], max_body_bytes: int, drain: Drain) -> R:
     """Read, decode and validate the body; a large one is decoded in a worker thread so the
-    event loop keeps serving other requests (and /health) meanwhile."""
-    body = await read_body(request, max_body_bytes)
+    event loop keeps serving other requests (and /health) meanwhile. A body still coming in when
+    the shutdown's grace period ends is given up at once (503), as the proxy does."""
+    body = await until_expired(read_body(request, max_body_bytes), drain)
 
     def decode() -> R:
         return parse_request(model_type, decode_json_object(body))
@@ -261,7 +270,9 @@ def _build_router(app: FastAPI, checker: ApiKeyChecker, max_body_bytes: int) -> 
         responses={**ok_response(ChatCompletion, streams=True), **post_errors},
     )
     async def chat_completions(request: Request) -> Any:
-        return await complete(request, await _parse(request, ChatCompletionRequest, max_body_bytes))
+        state.drain.check_open()  # closing: 503 at once, not after a body that may come slowly
+        req = await _parse(request, ChatCompletionRequest, max_body_bytes, state.drain)
+        return await complete(request, req)
 
     @v1.post(
         "/completions",
@@ -269,10 +280,14 @@ def _build_router(app: FastAPI, checker: ApiKeyChecker, max_body_bytes: int) -> 
         responses={**ok_response(TextCompletion, streams=True), **post_errors},
     )
     async def completions(request: Request) -> Any:
-        return await complete(request, await _parse(request, CompletionRequest, max_body_bytes))
+        state.drain.check_open()
+        req = await _parse(request, CompletionRequest, max_body_bytes, state.drain)
+        return await complete(request, req)
 
     add_schemas(app, defs)
 
+    # HEAD as well as GET, as /health answers (RFC 9110): a probe of the model list got 405
+    @v1.head("/models", include_in_schema=False)
     @v1.get("/models", response_model=ModelList, responses=_errors(*auth, 500, 503))
     async def list_models() -> dict[str, Any]:
         state.ready_serving()
@@ -286,6 +301,7 @@ def _build_router(app: FastAPI, checker: ApiKeyChecker, max_body_bytes: int) -> 
         }
         return {"object": "list", "data": [card]}
 
+    @v1.head("/models/{model_id:path}", include_in_schema=False)
     @v1.get("/models/{model_id:path}", response_model=ModelCard,
             responses=_errors(*auth, 404, 500, 503))
     async def get_model(model_id: str) -> dict[str, Any]:
@@ -337,6 +353,16 @@ def create_app(
 
         metrics.energy = EnergyAccounting(None, metrics.registry, lambda: state.model_name)
     install_error_handlers(app, on_status=metrics.record_rejection)
+
+    async def on_wire_error(request: Request, exc: Exception) -> Response:
+        """As ``install_error_handlers`` answers, with the error's own headers: a 408 (a body that
+        came too slowly) closes the connection, whose unread rest would be taken for a request."""
+        response = error_response(exc)
+        response.headers.update(getattr(exc, "headers", None) or {})
+        metrics.record_rejection(response.status_code)
+        return response
+
+    app.add_exception_handler(WireError, on_wire_error)
 
     # HEAD as well as GET (RFC 9110 requires both; FastAPI's GET routes lack HEAD, so a monitor's
     # HEAD probe got 405): the same answer, its body left out by the server

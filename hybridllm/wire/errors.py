@@ -22,6 +22,7 @@ class WireError(Exception):
         status: int = 400,
         code: str | None = None,
         type: str = "invalid_request_error",
+        headers: dict[str, str] | None = None,
     ) -> None:
         super().__init__(message)
         self.message = message
@@ -29,6 +30,11 @@ class WireError(Exception):
         self.status = status
         self.code = code
         self.type = type
+        # the response's own headers; a 408 (a body that came too slowly) hangs up: the rest of
+        # that body is not waited for, so the connection cannot carry another request
+        self.headers = dict(headers or {})
+        if status == 408:
+            self.headers.setdefault("Connection", "close")
 
     def body(self) -> dict[str, dict[str, Any]]:
         return error_body(self.message, self.type, param=self.param, code=self.code)

@@ -449,9 +449,9 @@ def create_app(llm: HybridLLM, *, model_name: str = "hybridllm", api_keys: list[
     @app.exception_handler(WireError)
     async def on_wire_error(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, WireError)
-        headers = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else None
-        if exc.status == 408:  # the rest of a body that came too slowly is not waited for: hang up
-            headers = {"Connection": "close"}
+        headers = dict(exc.headers)  # a 408's Connection: close (WireError sets it)
+        if exc.status == 401:
+            headers["WWW-Authenticate"] = "Bearer"
         return JSONResponse(exc.body(), exc.status, headers=headers)
 
     @app.exception_handler(StarletteHTTPException)

@@ -256,6 +256,9 @@ class CloudBackend(Backend):
         # a URL's user:password@ goes as basic auth, never in an endpoint's name: errors, logs,
         # the proxy's reasons and the refusal file quote the endpoint
         self._auth = {_api_root(u): cred for u in urls if (cred := split_userinfo(u)[1])}
+        # and a query string's parameters (Azure's api-version, a key some gateways take there)
+        # go as each request's params, never in an endpoint's name either
+        self._query = {_api_root(u): query for u in urls if (query := _query_of(u))}
         # a timeout of 0 or below (or NaN) failed every request at once, silently: each answer came
         # from the device; a backoff of None or a string was a TypeError mid-request. The rule is
         # the settings' own (check_setting), under the names of the arguments
@@ -367,7 +370,8 @@ class CloudBackend(Backend):
             async with _trickle_bound(limit, f"could not list models at {ep.base_url}: no whole answer"):
                 resp = await self._client().get(f"{ep.base_url}/models", timeout=httpx.Timeout(
                     min(self.read_timeout_s, MODELS_TIMEOUT_S), connect=self.connect_timeout_s),
-                    auth=self._auth.get(ep.base_url, httpx.USE_CLIENT_DEFAULT))
+                    auth=self._auth.get(ep.base_url, httpx.USE_CLIENT_DEFAULT),
+                    params=self._query.get(ep.base_url))
         except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
             raise self._unreachable(ep, exc) from exc
         except httpx.HTTPError as exc:
@@ -603,7 +607,8 @@ class CloudBackend(Backend):
             async with _trickle_bound(limit, f"timeout talking to {ep.base_url}: no whole answer's head"):
                 resp = await stack.enter_async_context(
                     self._client().stream("POST", f"{ep.base_url}/chat/completions", json=body,
-                                          auth=self._auth.get(ep.base_url, httpx.USE_CLIENT_DEFAULT)))
+                                          auth=self._auth.get(ep.base_url, httpx.USE_CLIENT_DEFAULT),
+                                          params=self._query.get(ep.base_url)))
                 if resp.status_code == 200:
                     return resp, body
                 resp, _ = await _read_capped(resp, MAX_ERROR_BYTES)
@@ -1083,9 +1088,18 @@ async def _sleep(seconds: float) -> None:
 
 
 def _api_root(url: str) -> str:
-    """The endpoint's name: its API root (``.../v1``), without a ``user:password@``."""
-    url = split_userinfo(url)[0].rstrip("/")
+    """The endpoint's name: its API root (``.../v1``), without a ``user:password@`` or a query
+    string (its parameters go with each request, ``_query_of``: an ``?api-version=`` or a ``?key=``
+    was left in the path, ``.../v1?key=S/v1/chat/completions``, and every request failed)."""
+    url = split_userinfo(url)[0].split("#", 1)[0].split("?", 1)[0].rstrip("/")
     return url if url.endswith("/v1") else url + "/v1"
+
+
+def _query_of(url: str) -> list[tuple[str, str]]:
+    """The parameters of ``url``'s query string, sent with each request to that endpoint."""
+    from urllib.parse import parse_qsl, urlsplit
+
+    return parse_qsl(urlsplit(url).query, keep_blank_values=True)
 
 
 def _factory(**kwargs: Any) -> CloudBackend:

@@ -349,7 +349,7 @@ def load_config(config: str | os.PathLike[str] | None = None, **overrides: Any) 
         # an argument of the wrong type (n_ctx="4096") failed a comparison: "'<' not supported
         # between instances of 'str' and 'int'" named no setting; name the argument that does not fit
         for name, value in overrides.items():
-            problem = value is not None and _type_problem(name, value, fields[name].type)
+            problem = None if value is None else _type_problem(name, value, fields[name].type)
             if problem:
                 raise ConfigError(problem) from exc
         raise ConfigError(public_text(f"Invalid settings: {exc}.")) from exc

@@ -55,6 +55,15 @@ def _stop_string(text: str) -> str:
     return text
 
 
+def _system_prompt(text: str) -> str:
+    """An argparse type for --system: a blank one (`--system "  "`, an unset "$VAR") was sent as a
+    system prompt of spaces, or silently dropped when empty; leave the option out for none."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError(f"the system prompt is blank ({text!r}); leave --system out "
+                                         "for none")
+    return text
+
+
 def _threads(text: str) -> int:
     """An argparse type for --threads: a whole number of CPU threads that llama.cpp takes, so a bad
     one is a usage error naming the option, not an error about n_threads after parsing."""
@@ -530,7 +539,7 @@ def build_parser() -> argparse.ArgumentParser:
     system = "system prompt (default: none, so the model's own default system prompt, if it has one)"
     p = sub.add_parser("chat", help="interactive chat that streams answers", epilog=SETTINGS_EPILOG)
     _add_sampling(p)
-    p.add_argument("--system", default=None, help=system)
+    p.add_argument("--system", default=None, type=_system_prompt, help=system)
     p.set_defaults(func=cmd_chat)
 
     p = sub.add_parser("ask", help="answer one prompt and exit", epilog=SETTINGS_EPILOG)
@@ -539,7 +548,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true",
                    help="print the Completion as one JSON object (default: the answer as it streams)")
     _add_sampling(p)
-    p.add_argument("--system", default=None, help=system)
+    p.add_argument("--system", default=None, type=_system_prompt, help=system)
     p.set_defaults(func=cmd_ask)
 
     models = sub.add_parser("models", help="list, pull, verify, remove the embedded models")
@@ -633,13 +642,31 @@ def _drop_stdout() -> None:
         pass
 
 
+def _check_config_option(args: argparse.Namespace) -> None:
+    """A --config file that is not there is a usage error (exit 2) for every command that takes it,
+    as it was for `serve` only (`config show` exited 1); an empty one is too (it was ignored, and
+    the default file read instead)."""
+    config = getattr(args, "config", None)
+    if config is None:
+        return
+    from pathlib import Path
+
+    if not config.strip():
+        raise _UsageError(f"argument --config: expected a TOML settings file, got {config!r}.")
+    if not Path(config).expanduser().exists():
+        raise _UsageError(f"argument --config: {config} does not exist.")
+
+
 def _main(argv: Sequence[str] | None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
-        parser.print_help()
-        return 2
+        # a usage error as `hybridllm models` without its ACTION is: one line on stderr, exit 2
+        # (the help used to go to stdout, with exit 2, so `hybridllm | less` paged an "error")
+        commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+        parser.error(f"a command is required: {', '.join(commands.choices)}")
     try:
+        _check_config_option(args)
         return int(args.func(args) or 0)
     except _UsageError as exc:
         print(f"{parser.prog} {args.command}: error: {exc}", file=sys.stderr)

@@ -119,11 +119,22 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from .cli import _drop_stdout
+
     try:
-        return _demo(argv)
+        try:
+            return _demo(argv)
+        finally:  # what is still buffered goes now, while a closed pipe can be caught
+            if sys.stdout is not None:
+                sys.stdout.flush()
     except KeyboardInterrupt:  # Ctrl-C during `make run`: one line, as the hybridllm command does
         print("interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        # `python -m hybridllm.demo | head`: the reader has what it wanted and the server is
+        # stopped by now; end quietly with 0, as the hybridllm command does (was a traceback)
+        _drop_stdout()
+        return 0
 
 
 def _demo(argv: list[str] | None) -> int:

@@ -104,7 +104,7 @@ def test_python_dash_m_hybridllm_runs_the_cli(tmp_path):
     run = subprocess.run([sys.executable, "-m", "hybridllm", "config", "show", "--config",
                           str(tmp_path / "missing.toml")], capture_output=True, text=True, env=env,
                          timeout=60)
-    assert run.returncode == 1 and "does not exist" in run.stderr, run.stderr
+    assert run.returncode == 2 and "does not exist" in run.stderr, run.stderr  # a usage error
     # a usage error is the package's own _UsageError (exit 2), not a second copy's (exit 1)
     run = subprocess.run([sys.executable, "-m", "hybridllm", "serve", "--config",
                           str(tmp_path / "missing.toml")], capture_output=True, text=True, env=env,

@@ -8,7 +8,7 @@ from functools import lru_cache
 from typing import Any
 
 from .._exceptions import ModelNotFoundError
-from .._paths import assets_dir
+from .._paths import BrokenInstallError, assets_dir
 
 
 @dataclass(frozen=True)
@@ -45,17 +45,35 @@ class ModelSpec:
 
 @lru_cache(maxsize=1)
 def load_catalog() -> dict[str, ModelSpec]:
-    raw = json.loads((assets_dir() / "catalog.json").read_text())
+    path = assets_dir() / "catalog.json"
+    try:
+        return _parse_catalog(json.loads(path.read_text(encoding="utf-8")))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        # a damaged shipped file: the user can only reinstall, so say so (not a raw JSONDecodeError)
+        why = f"no field {exc}" if isinstance(exc, KeyError) else str(exc)
+        raise BrokenInstallError(
+            f"This hybridllm install is damaged: its model catalog {path} is unreadable ({why}). "
+            "Reinstall hybridllm (`pip install --force-reinstall --no-deps` the wheel or package you "
+            "installed it from)."
+        ) from exc
+
+
+def _parse_catalog(raw: Any) -> dict[str, ModelSpec]:
     specs: dict[str, ModelSpec] = {}
     known = set(ModelSpec.__dataclass_fields__) - {"files", "extra"}
     for entry in raw["models"]:
+        missing = sorted(k for k in known | {"files"} if k not in entry)
+        if missing:  # a field left out: the spec would carry None where the store needs a value
+            raise ValueError(f"no field {', '.join(missing)} in the entry {entry.get('id', '?')!r}")
         files = tuple(
             FileSpec(name, meta["sha256"], meta.get("size")) for name, meta in entry["files"].items()
         )
+        if not files or not isinstance(entry["id"], str):
+            raise ValueError(f"the entry {entry['id']!r} has no files or a non-text id")
         specs[entry["id"]] = ModelSpec(
             files=files,
             extra={k: v for k, v in entry.items() if k not in known and k != "files"},
-            **{k: entry.get(k) for k in known},
+            **{k: entry[k] for k in known},
         )
     return specs
 

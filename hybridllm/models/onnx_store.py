@@ -21,7 +21,7 @@ from typing import Any
 
 from .._exceptions import ModelCorruptError, ModelNotFoundError
 from .._paths import data_dir
-from .catalog import ModelSpec, get_spec, load_catalog
+from .catalog import ModelSpec, find_spec, get_spec, load_catalog
 from .store import Progress
 
 META_FILE = "hybridllm.json"
@@ -134,13 +134,16 @@ def resolve_onnx(
             )
         meta = read_meta(path)
         mid = meta.get("model_id")
-        found = get_spec(mid) if isinstance(mid, str) and mid in load_catalog() else None
+        found = find_spec(mid) if isinstance(mid, str) else None
         return (found.id if found else path.name), path, found
     if path.suffix == ".gguf" or os.sep in text:
         raise ModelNotFoundError(
             f"The ONNX backend takes a catalog id or a prepared folder, not {path}; "
             "a .gguf file runs on the llama.cpp backend."
         )
+    named = find_spec(text)  # a catalog id in another case or with spaces around it, as on llama.cpp
+    if named is not None:
+        return resolve_onnx(named.id, precision=precision, progress=progress, prepare=prepare)
     # not get_spec's error: its hint (a local .gguf file) is the llama.cpp backend's
     raise ModelNotFoundError(
         f"Unknown model {text!r}: neither a catalog id ({', '.join(sorted(load_catalog()))}) nor a "

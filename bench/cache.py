@@ -43,6 +43,8 @@ from typing import Any
 
 import numpy as np
 
+from hybridllm._cli_options import positive_int
+
 ROOT = Path(__file__).resolve().parents[1]
 PAIRS = ROOT.parent / "shared" / "data" / "paraphrase" / "qqp_pairs.jsonl"
 FALLBACK = [
@@ -368,16 +370,22 @@ def run(
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.cache", description=__doc__)
     parser.add_argument("--json", action="store_true", help="print one JSON object")
-    parser.add_argument("--max-tokens", type=int, default=64,
+    parser.add_argument("--max-tokens", type=positive_int, default=64,
                         help="tokens generated for the comparison (default 64)")
-    parser.add_argument("--rounds", type=int, default=3, help="timed rounds of each part (default 3)")
+    parser.add_argument("--rounds", type=positive_int, default=3,
+                        help="timed rounds of each part (default 3)")
     parser.add_argument("--sizes", default="10000,100000",
                         help="cache sizes for the lookup timing, comma-separated (default 10000,100000)")
-    parser.add_argument("--verified-size", type=int, default=10000, help="entries for verified_*")
-    parser.add_argument("--verified-queries", type=int, default=400, help="lookups for verified_*")
+    parser.add_argument("--verified-size", type=positive_int, default=10000, help="entries for verified_*")
+    parser.add_argument("--verified-queries", type=positive_int, default=400, help="lookups for verified_*")
     parser.add_argument("--parts", default=",".join(PARTS), help=f"which to run, of {','.join(PARTS)}")
     args = parser.parse_args(argv)
-    sizes = [int(s) for s in args.sizes.split(",") if s]
+    try:  # a bad size: one line now, not a traceback (or an empty index) after the embedder loads
+        sizes = [positive_int(s) for s in args.sizes.split(",") if s.strip()]
+    except argparse.ArgumentTypeError as exc:
+        parser.error(f"--sizes: {exc}")
+    if "lookup" in args.parts.split(",") and not sizes:
+        parser.error(f"--sizes: cache sizes, comma-separated (got {args.sizes!r})")
     parts = tuple(p for p in args.parts.split(",") if p)
     if unknown := sorted(set(parts) - set(PARTS)):
         parser.error(f"unknown --parts {', '.join(unknown)}; choose from {', '.join(PARTS)}")

@@ -22,6 +22,8 @@ import statistics
 import sys
 import time
 
+from hybridllm._cli_options import positive_int
+
 
 def _layers(model_path: str, kernels: bool):
     import torch
@@ -43,9 +45,9 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", action="store_true", help="print one JSON object only")
     ap.add_argument("--model", default="qwen2.5-coder-1.5b-instruct", help="catalog id or .gguf")
-    ap.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
+    ap.add_argument("--threads", type=positive_int, default=1, help="torch threads (default 1)")
     ap.add_argument("--rows", default="1,2,3,4,5,8,16", help="row counts, comma-separated")
-    ap.add_argument("--repeats", type=int, default=7, help="timed passes per side and row count")
+    ap.add_argument("--repeats", type=positive_int, default=7, help="timed passes per side and row count")
     args = ap.parse_args(argv)
     try:
         rows = [int(r) for r in args.rows.split(",")]

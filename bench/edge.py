@@ -13,8 +13,8 @@ default system prompt + the question):
     sdk_onnx        HybridLLM(edge_backend="onnx").stream
 
 Runs rotate the side order per prompt so machine noise hits all alike. Per side: median TTFT and
-aggregate decode tokens/s (pieces after the first over the time after the first); an empty answer
-counts in ``empty_answers``, not in the TTFT median. Ratios:
+aggregate decode tokens/s (pieces after the first over the time after the first; null when no
+answer had a second piece); an empty answer counts in ``empty_answers``, not in the TTFT median. Ratios:
 ``onnx_over_llama_cpp`` (SDK's ONNX backend against raw llama.cpp: decode and TTFT) and each
 runtime's SDK overhead, ``1 - sdk/raw`` decode tokens/s. The ONNX folder is prepared first if it
 is missing (needs the [export] extra). Both runtimes get the same ``--threads`` (llama.cpp's
@@ -33,7 +33,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from bench.serving import positive_int
+from hybridllm._cli_options import positive_int
 
 PROMPTS = [
     "What is the capital of France?",
@@ -71,7 +71,8 @@ def _summary(rows: list[tuple[float, float, int]]) -> dict:
     # an empty answer has no first token: its NaN TTFT would make the median (and the JSON) NaN
     ttfts = [t for t, _, n in rows if n]
     return {"ttft_ms_p50": round(statistics.median(ttfts) * 1000, 2) if ttfts else None,
-            "decode_tokens_per_s": round(tokens / decode_s, 1) if decode_s else 0.0,
+            # nothing decoded (one-piece or empty answers): no rate, not 0 tok/s (read as a 100% overhead)
+            "decode_tokens_per_s": round(tokens / decode_s, 1) if tokens and decode_s else None,
             "tokens": tokens, "empty_answers": len(rows) - len(ttfts)}
 
 
@@ -160,7 +161,8 @@ def run_model(model: str, backends: list[str], rounds: int, max_tokens: int, thr
     out: dict = {"model": model, **{n: _summary(rows) for n, rows in results.items()}, **info}
 
     def ratio(a: str, b: str, key: str) -> float | None:
-        if a not in out or b not in out or not out[b][key]:
+        # a side without the figure (None: nothing measured) has no ratio, nor a zero divisor
+        if a not in out or b not in out or out[a][key] is None or not out[b][key]:
             return None
         return round(float(out[a][key]) / float(out[b][key]), 3)
 

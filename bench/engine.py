@@ -14,8 +14,9 @@ absent) through the model's chat template, ``ignore_eos`` so every request write
 - ``kv_unused_at_peak``: at the step with the most KV slots allocated, the fraction of them that
   hold no computed token (blocks are taken on demand, so only each sequence's tail is unused).
 - ``single_stream_tokens_per_s`` next to ``bandwidth_bound_tokens_per_s`` = measured memory
-  bandwidth (numpy copy) / bytes of the weights as stored (``weight_bytes``: int8 and scales with
-  the CPU default): each decoded token must read every weight once.
+  bandwidth (numpy copy) / bytes of the weights as stored (``weight_bytes``: codes and scales, int4
+  groups and int8 groups with the CPU default, ``quantization``): each decoded token must read
+  every weight once.
 ``--device cuda`` runs the same on a GPU (bf16 weights, CUDA graphs; the bandwidth is then a
 device-to-device copy).
 """
@@ -28,7 +29,7 @@ import statistics
 import time
 from pathlib import Path
 
-from bench.serving import positive_int
+from hybridllm._cli_options import positive_int
 
 # torch's default OpenMP wait policy, as the server runs: with OMP_WAIT_POLICY=PASSIVE (workers
 # sleep between ops) a SmolLM2 decode step takes about twice as long (34-41 vs 18 ms a token).
@@ -183,7 +184,7 @@ def main(argv: list[str] | None = None) -> None:
     warm = [ttft(engine, chat_with_system(q), one) for q in qs[args.ttft_rounds :]]
     ttft_cold, ttft_warm = statistics.median(cold), statistics.median(warm)
 
-    # 3. bandwidth bound for the weights as stored (int8 + scales by default on CPU)
+    # 3. bandwidth bound for the weights as stored (int4 / int8 groups + scales by default on CPU)
     weight_bytes = stored_weight_bytes(engine.runner.model)
     bw = memory_bandwidth_gbps(engine.device)
     bound = bw * 1e9 / weight_bytes

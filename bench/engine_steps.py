@@ -19,13 +19,22 @@ import json
 import statistics
 import time
 
+from hybridllm._cli_options import positive_int
+
+MAX_MODEL_LEN = 2048  # the engine's window here
+MAX_ROWS = 8  # the largest verify step timed: context + 8 rows must fit the window
+
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", action="store_true", help="print one JSON object only")
     ap.add_argument("--model", default="smollm2-135m-instruct", help="catalog id or .gguf")
-    ap.add_argument("--context", type=int, default=512, help="context of the timed steps")
+    ap.add_argument("--context", type=positive_int, default=512,
+                    help=f"context of the timed steps (1 to {MAX_MODEL_LEN - MAX_ROWS}, default 512)")
     args = ap.parse_args(argv)
+    if args.context > MAX_MODEL_LEN - MAX_ROWS:  # refused now, not by the engine after the load
+        ap.error(f"--context takes at most {MAX_MODEL_LEN - MAX_ROWS} (a {MAX_MODEL_LEN}-token window "
+                 f"less {MAX_ROWS} verify rows), got {args.context}")
 
     import torch
 
@@ -38,7 +47,7 @@ def main(argv: list[str] | None = None) -> None:
 
     t0 = time.perf_counter()
     try:
-        eng = LLMEngine(EngineConfig(args.model, max_model_len=2048, kv_cache_memory_bytes=2 << 30))
+        eng = LLMEngine(EngineConfig(args.model, max_model_len=MAX_MODEL_LEN, kv_cache_memory_bytes=2 << 30))
     except ServerError as exc:  # an unknown model, a bad file: one line, no traceback
         ap.error(str(exc))
     load_s = time.perf_counter() - t0
@@ -97,7 +106,7 @@ def main(argv: list[str] | None = None) -> None:
     outputs = {}
     for mode in ("graphs", "eager") if graphs is not None else ("eager",):
         runner.graphs = graphs if mode == "graphs" else None
-        r: dict = {"verify_ms": {k: timed(1, k) for k in (1, 2, 3, 5, 8)},
+        r: dict = {"verify_ms": {k: timed(1, k) for k in (1, 2, 3, 5, MAX_ROWS)},
                    "batch_ms": {b: timed(b, 1) for b in (1, 4, 16)}}
         r["single_stream_tok_s"], r["c16_tok_s"], outputs[mode] = generate()
         r["first_step_ms"] = dict(first_ms)

@@ -57,6 +57,12 @@ def p95(xs: list[float]) -> float:
     return nearest_rank(sorted(xs), 95)
 
 
+def _ratio(a: float, b: float) -> float | None:
+    """``a / b``, or None (JSON null) when cloud-only measured nothing to compare with: dividing
+    by max(b, 1) gave 0 cloud tokens (a cloud that reports no usage) as "hybrid uses 0%" of them."""
+    return round(a / b, 3) if b else None
+
+
 def run_mode(llm, prompts: list[str], options: dict) -> dict:
     lat, cloud_tokens, hits = [], 0, 0
     routes: dict[str, int] = {}
@@ -110,10 +116,10 @@ def main(argv: list[str] | None = None) -> None:
             "bench": "hybrid", "requests": len(prompts), "max_tokens": args.max_tokens,
             "paraphrased_repeats": round(args.n * 0.3), "threshold": round(threshold, 4),
             "hybrid": hybrid, "cloud_only": cloud_only, "edge_only": edge_only,
-            "mean_latency_ratio_hybrid_over_cloud_only": round(
-                hybrid["latency_ms_mean"] / cloud_only["latency_ms_mean"], 3),
-            "cloud_tokens_ratio_hybrid_over_cloud_only": round(
-                hybrid["cloud_tokens"] / max(cloud_only["cloud_tokens"], 1), 3),
+            "mean_latency_ratio_hybrid_over_cloud_only": _ratio(
+                hybrid["latency_ms_mean"], cloud_only["latency_ms_mean"]),
+            "cloud_tokens_ratio_hybrid_over_cloud_only": _ratio(
+                hybrid["cloud_tokens"], cloud_only["cloud_tokens"]),
             "seconds": round(time.monotonic() - t0, 1),
         }
     except BaseException:

@@ -31,6 +31,8 @@ from typing import Any
 
 import numpy as np
 
+from hybridllm._cli_options import positive_int
+
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared" / "data"
 MMLU = SHARED / "routellm" / "mmlu_responses.csv"
@@ -132,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
         help="labelled files that only calibrate the cascade (split the same way); default: the shipped "
         "router's factual questions",
     )
-    ap.add_argument("--qqp-n", type=int, default=2000, help="QQP questions for device_fraction")
+    ap.add_argument("--qqp-n", type=positive_int, default=2000, help="QQP questions for device_fraction")
     args = ap.parse_args(argv)
     extra = [FACTUAL] if args.extra is None else args.extra
     for need in (MMLU, QQP, args.labels, *extra):

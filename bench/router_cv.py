@@ -26,6 +26,8 @@ from typing import Any
 
 import numpy as np
 
+from hybridllm._cli_options import non_negative_int
+
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT.parent / "shared" / "data" / "routellm" / "mmlu_responses.csv"
 GSM8K = ROOT / "bench" / "data" / "gsm8k_smollm2-135m_vs_qwen2.5-coder-1.5b.csv"
@@ -34,7 +36,7 @@ GSM8K = ROOT / "bench" / "data" / "gsm8k_smollm2-135m_vs_qwen2.5-coder-1.5b.csv"
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", action="store_true", help="print one JSON object only")
-    ap.add_argument("--salts", type=int, default=5,
+    ap.add_argument("--salts", type=non_negative_int, default=5,
                     help="salted fold assignments beside the shipped one (default 5)")
     ap.add_argument("--sources", action="store_true", help="also MMLU + our GSM8K labels, as shipped")
     ap.add_argument("--curve", action="store_true", help="also training rows, folds and test-set spread")

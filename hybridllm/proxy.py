@@ -292,13 +292,28 @@ def retry_after(part: Any, *, never: int) -> str:
     return str(_whole_s(wait_of(part), unknown=never))
 
 
+def _finite(value: Any) -> Any:
+    """``value`` with every NaN or infinity (in dicts and lists too) made None: JSON has no such
+    number. A custom router's NaN score or a custom cloud's NaN cost or energy made a finished
+    answer a 500 (``JSONResponse`` refuses them) and a stream's last chunk a bare ``NaN`` that no
+    client but Python's can parse; null is "not known", as an absent score is."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, Mapping):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(v) for v in value]
+    return value
+
+
 def _trace(c: Completion, usage: Mapping[str, int] | None = None) -> dict[str, Any]:
-    return {"route": c.route, "reason": public_text(c.reason), "score": c.score,
-            "cache_similarity": c.cache_similarity, "latency_ms": round(c.latency_ms, 1),
-            "ttft_ms": None if c.ttft_ms is None else round(c.ttft_ms, 1),
-            "cost_usd": c.cost_usd,
-            # the usage's tokens that came out of the semantic cache: none was computed or paid for
-            "tokens_from_cache": usage["total_tokens"] if c.route == "cache" and usage else None}
+    return _finite({
+        "route": c.route, "reason": public_text(c.reason), "score": c.score,
+        "cache_similarity": c.cache_similarity, "latency_ms": round(c.latency_ms, 1),
+        "ttft_ms": None if c.ttft_ms is None else round(c.ttft_ms, 1),
+        "cost_usd": c.cost_usd,
+        # the usage's tokens that came out of the semantic cache: none was computed or paid for
+        "tokens_from_cache": usage["total_tokens"] if c.route == "cache" and usage else None})
 
 
 def _count_cache_hit(edge: Any, messages: list[dict[str, str]], text: str) -> dict[str, int]:
@@ -477,7 +492,7 @@ def create_app(llm: HybridLLM, *, model_name: str = "hybridllm", api_keys: list[
     @app.get("/stats", responses=error_responses(*auth))
     async def stats(request: Request) -> dict[str, Any]:
         admit(request)
-        return llm.stats()
+        return _finite(llm.stats())  # a cloud's NaN energy stays in its totals: null, not a 500
 
     ids = list(dict.fromkeys([model_name, llm.edge.model]))
 
@@ -516,6 +531,13 @@ def create_app(llm: HybridLLM, *, model_name: str = "hybridllm", api_keys: list[
 
         req = await asyncio.to_thread(decode) if is_large(body) else decode()
         messages, opts = req.chat_messages(), req.chat_options()
+        if opts.get("route") == "cloud" and llm._core.cloud is None:
+            # the library's own refusal says "pass cloud_url=...", a keyword no HTTP client or
+            # operator of this server can pass: name the server's setting
+            raise WireError("hybridllm.route='cloud' needs a cloud endpoint, and this server has "
+                            "none: start `hybridllm serve` with --cloud-url URL (or set cloud_url "
+                            "in its config file or HYBRIDLLM_CLOUD_URL), or leave out "
+                            "hybridllm.route to be answered on the device.", param="hybridllm.route")
         try:
             if not req.stream:
                 c = await unless_interrupted(request, allm.chat(messages, **opts), drain)

@@ -37,7 +37,7 @@ def _settings(args: argparse.Namespace) -> tuple[Path, Any]:
 
     cfg = load_config()
     if args.path is not None:
-        path = args.path
+        path = args.path.expanduser()  # a quoted "~/c.sqlite3", as cache_path is read
     elif cfg.cache_path:
         path = Path(cfg.cache_path).expanduser()
     else:
@@ -47,6 +47,33 @@ def _settings(args: argparse.Namespace) -> tuple[Path, Any]:
     if args.path is not None and not path.is_file():  # a typo must not make a new, empty cache
         raise CacheError(f"There is no cache database at {path}.")
     return path, cfg
+
+
+def _holds_cache(path: Path) -> bool:
+    """Whether ``path`` holds a database to open: False when it is missing or empty (its WAL
+    too: a new cache's first commit may be in the WAL only), so nothing is created there; an
+    error for a file that is not an SQLite database (a mistyped path: notes, a model file).
+    Before, such a file was moved aside to ``.corrupt-*`` as a corrupt cache and an empty cache
+    made in its place, even by ``stats``. An SQLite file that is a damaged cache is still
+    rebuilt, as the client would."""
+    from .._exceptions import CacheError
+
+    wal = Path(f"{path}-wal")
+    try:
+        if not path.exists():
+            return False
+        with open(path, "rb") as f:
+            head = f.read(16)
+        if not head:
+            return wal.exists() and wal.stat().st_size > 0
+    except OSError as exc:
+        raise CacheError(f"Cannot read the cache database {path} ({exc.strerror or exc}).") from exc
+    if head != b"SQLite format 3\x00":
+        raise CacheError(
+            f"{path} is not a cache database (not an SQLite file); it was left untouched. "
+            "Pass the path of a hybridllm cache (or delete the file, if it was a damaged one)."
+        )
+    return True
 
 
 def _verifier_info(spec: str) -> tuple[str, float | None, float | None]:
@@ -87,7 +114,7 @@ def _stats(path: Path, cfg: Any) -> dict:
     verifier, threshold, min_similarity = _verifier_info(cfg.cache_verifier)
     stats: dict[str, Any] = {"path": str(path), "entries": 0, "expired": 0, "namespaces": {},
                              "size_bytes": 0, "total_hits": 0, "total_misses": 0}
-    if path.exists():
+    if _holds_cache(path):
         store = _open_store(path)
         try:
             ttl = cfg.cache_ttl_s
@@ -140,7 +167,7 @@ def cmd_clear(args: argparse.Namespace) -> int:
     if args.namespace is not None and not args.namespace:
         raise CacheError("--namespace must not be empty; leave it out to clear every namespace.")
     path, _ = _settings(args)
-    if not path.exists():
+    if not _holds_cache(path):
         print(f"no cache database at {path}: nothing to clear")
         return 0
     store = _open_store(path)
@@ -149,10 +176,11 @@ def cmd_clear(args: argparse.Namespace) -> int:
         removed = len(store.clear(args.namespace))
     finally:
         store.close()
+    entries = f"{removed} entr{'y' if removed == 1 else 'ies'}"
     if args.namespace is None:
-        print(f"removed {removed} entries from all namespaces of {path}")
+        print(f"removed {entries} from all namespaces of {path}")
     elif args.namespace in known:
-        print(f"removed {removed} entries from namespace {args.namespace!r} of {path}")
+        print(f"removed {entries} from namespace {args.namespace!r} of {path}")
     else:
         have = ", ".join(repr(n) for n in known) or "none"
         print(f"removed nothing: {path} has no namespace {args.namespace!r} (it has: {have})")

@@ -154,6 +154,9 @@ class CacheStore:
                     )
             conn.execute("PRAGMA journal_mode=WAL")
             conn.execute("PRAGMA synchronous=NORMAL")
+            # deleted questions and answers are overwritten with zeros, not left readable in free
+            # pages and free space (only some SQLite builds do so by default)
+            conn.execute("PRAGMA secure_delete=ON")
             conn.executescript(f"BEGIN IMMEDIATE;\n{_SCHEMA}\nCOMMIT;")  # one commit: a small WAL
             if not meta:  # a new file (or one cut off before its first commit ended)
                 with _Transaction(conn, self.path):
@@ -444,7 +447,26 @@ class CacheStore:
                 ids = [r[0] for r in self._conn.execute(sql, (namespace,))]
                 self._conn.execute("DELETE FROM entries WHERE namespace = ?", (namespace,))
             self._log(ids)
+        self._scrub(vacuum=namespace is None)
         return ids
+
+    def _scrub(self, *, vacuum: bool) -> None:
+        """After a clear: copy the WAL into the file and empty it (TRUNCATE), so the deleted
+        text is in neither (the WAL kept the pages as written, and the file the old pages, until
+        a later checkpoint); after a full clear, VACUUM first so the file shrinks (it kept its
+        size: 3.3 MB after clearing 1,500 entries). Not after a namespace clear: VACUUM may
+        renumber the rows left, and :meth:`lru_ids` orders ties by rowid. Best effort: the
+        entries are deleted either way; what another process's open read blocks is not waited
+        for (it held the clear 10 s, the busy timeout) but done by a later checkpoint."""
+        try:
+            self._conn.execute("PRAGMA busy_timeout=100")
+            if vacuum and self.count() == 0:  # none written by another process since
+                self._conn.execute("VACUUM")
+            self._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        except sqlite3.Error:  # busy, disk full (VACUUM needs a copy's room), read-only
+            pass
+        finally:
+            self._conn.execute("PRAGMA busy_timeout=10000")  # the timeout of _open's connect
 
     def _log(self, entry_ids: list[str]) -> None:
         """Append to the change log (inside the caller's transaction) and trim it."""

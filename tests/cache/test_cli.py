@@ -48,7 +48,7 @@ def test_stats_and_clear_act_on_the_configured_cache_file(
     assert stats["path"] == str(mine) and stats["entries"] == 2
     assert stats["max_entries"] == 7 and stats["ttl_s"] == 3600
     assert cli.main(["cache", "clear", "--namespace", "alice"]) == 0
-    assert "removed 1 entries from namespace 'alice'" in capsys.readouterr().out
+    assert "removed 1 entry from namespace 'alice'" in capsys.readouterr().out
     assert _stats(capsys)["namespaces"] == {"bob": 1}
     monkeypatch.setenv("HYBRIDLLM_CACHE_PATH", str(tmp_path / "other.sqlite3"))  # env over file
     assert _stats(capsys)["path"] == str(tmp_path / "other.sqlite3")
@@ -110,7 +110,7 @@ def test_stats_and_clear_read_a_cache_of_another_dimension(
     wide.close()
     assert _stats(capsys, "--path", str(path))["entries"] == 1
     assert cli.main(["cache", "clear", "--path", str(path)]) == 0
-    assert "removed 1 entries" in capsys.readouterr().out
+    assert "removed 1 entry" in capsys.readouterr().out
     assert _stats(capsys, "--path", str(path))["entries"] == 0
 
 

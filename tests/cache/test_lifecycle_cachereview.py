@@ -80,7 +80,7 @@ def test_stats_on_a_corrupt_file_says_so_in_one_line(
     """Before: the rebuild's RuntimeWarning reached the user as Python prints warnings, with the
     source file, line number and a line of our code under it."""
     path = tmp_path / "c.sqlite3"
-    path.write_bytes(b"not a database" * 400)
+    path.write_bytes(b"SQLite format 3\x00" + b"not a database" * 400)  # damaged, not foreign
     assert cli.main(["cache", "stats", "--path", str(path)]) == 0
     out = capsys.readouterr()
     lines = [line for line in out.err.splitlines() if line.strip()]
@@ -88,7 +88,7 @@ def test_stats_on_a_corrupt_file_says_so_in_one_line(
     assert "corrupt" in lines[0] and "RuntimeWarning" not in out.err and ".py:" not in out.err
     assert not [w for w in recwarn if issubclass(w.category, RuntimeWarning)]
     aside = [p for p in tmp_path.iterdir() if ".corrupt-" in p.name]
-    assert len(aside) == 1 and aside[0].read_bytes().startswith(b"not a database")  # kept aside
+    assert len(aside) == 1 and aside[0].read_bytes().endswith(b"not a database")  # kept aside
     assert "entries:     0" in out.out
 
 

@@ -24,7 +24,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor, as_completed
+from concurrent.futures import Future, ThreadPoolExecutor, as_completed, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
@@ -339,14 +339,15 @@ def _check_settings(path: Path, settings: dict[str, Any], has_rows: bool) -> Non
     The columns name the models, but not what else decides a grade: ``cloud:default`` is whatever
     model the server runs, and a longer --max-tokens grades answers that the first run cut off.
     Rows from two settings in one file train on labels of two pairs. A file with rows but no
-    settings beside it (made before they were kept, or copied without them) is resumed unchecked."""
+    settings beside it (made before they were kept, or copied without them) is resumed with only
+    its columns checked (the models' names, by :func:`_read_done`), and this run's settings are
+    recorded for it: left absent, every later resume with other settings went unchecked."""
     side = settings_path(path)
-    if not has_rows:  # written whole or not at all: a half-written one would read as absent
+    # written whole or not at all: a half-written one would read as absent
+    if not has_rows or not side.is_file():
         tmp = side.with_name(f".{side.name}.{os.getpid()}.tmp")
         tmp.write_text(json.dumps(settings, indent=2) + "\n", encoding="utf-8")
         tmp.replace(side)
-        return
-    if not side.is_file():
         return
     try:
         before = json.loads(side.read_text(encoding="utf-8"))
@@ -367,16 +368,45 @@ def _check_settings(path: Path, settings: dict[str, Any], has_rows: bool) -> Non
         )
 
 
-def _append_lines(path: Path) -> TextIO:
+def _append_lines(path: Path) -> tuple[TextIO, set[str]]:
     """``path`` opened to append JSON lines, a half-written last line (a killed run) cut off: the
-    next line would run into it."""
+    next line would run into it; and the prompts it already holds answers for."""
     path.parent.mkdir(parents=True, exist_ok=True)
     if path.is_file() and path.stat().st_size:
         with path.open("r+b") as fh:
             data = fh.read()
             if not data.endswith(b"\n"):
-                fh.truncate(data.rfind(b"\n") + 1)
-    return path.open("a", encoding="utf-8")
+                data = data[: data.rfind(b"\n") + 1]
+                fh.truncate(len(data))
+        if _keep_latest_answers(path):  # duplicates an earlier version left
+            data = path.read_bytes()
+        prompts = {p for line in data.splitlines() if (p := _answer_prompt(line)) is not None}
+        return path.open("a", encoding="utf-8"), prompts
+    return path.open("a", encoding="utf-8"), set()
+
+
+def _answer_prompt(line: bytes) -> str | None:
+    try:
+        rec = json.loads(line)
+    except ValueError:
+        return None
+    prompt = rec.get("prompt") if isinstance(rec, dict) else None
+    return prompt if isinstance(prompt, str) else None
+
+
+def _keep_latest_answers(path: Path) -> bool:
+    """Keep one line per prompt in an --answers file, the latest (a question labelled again, its
+    row cut off or deleted from the CSV, had two; the grading check read both); whether any went.
+    Rewritten whole or not at all."""
+    lines = path.read_bytes().splitlines(keepends=True)
+    last = {p: i for i, line in enumerate(lines) if (p := _answer_prompt(line)) is not None}
+    keep = [line for i, line in enumerate(lines) if (p := _answer_prompt(line)) is None or last[p] == i]
+    if len(keep) == len(lines):
+        return False
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_bytes(b"".join(keep))
+    tmp.replace(path)
+    return True
 
 
 def _fmt_seconds(s: float) -> str:
@@ -460,13 +490,44 @@ def label_to_csv(
     path.parent.mkdir(parents=True, exist_ok=True)
     new_file = not path.is_file() or path.stat().st_size == 0
     fh = path.open("a", newline="", encoding="utf-8")
-    answers_fh = _append_lines(Path(answers_out)) if answers_out else None
+    answers_path = Path(answers_out) if answers_out else None
+    answers_fh, answered = _append_lines(answers_path) if answers_path else (None, set())
+    relabelled = False  # a prompt in ``answered`` got a new line: the older one goes at the end
     writer = csv.writer(fh)
     if new_file:
         writer.writerow(header)
         fh.flush()
     start = time.monotonic()
     results: dict[int, dict[str, Answer]] = {}
+    written: set[int] = set()
+
+    def write_row(i: int, got: dict[str, Answer]) -> dict[str, Any]:
+        """Question ``i``'s row, and its line of --answers; marked written first, so that a Ctrl-C
+        right after the write never writes it twice."""
+        nonlocal relabelled
+        written.add(i)
+        row = _row(todo[i], got["edge"], got["cloud"])
+        writer.writerow(_cells(row, columns))
+        fh.flush()
+        if answers_fh is not None:
+            relabelled = relabelled or todo[i].prompt in answered
+            answers_fh.write(
+                json.dumps(
+                    {
+                        "prompt": todo[i].prompt,
+                        "reference": todo[i].reference,
+                        "edge": got["edge"].text,
+                        "edge_finish": got["edge"].finish_reason,
+                        "cloud": got["cloud"].text,
+                        "cloud_finish": got["cloud"].finish_reason,
+                        "cloud_tokens": got["cloud"].num_tokens,
+                    }
+                )
+                + "\n"
+            )
+            answers_fh.flush()
+        return row
+
     try:
         with (
             ThreadPoolExecutor(1, thread_name_prefix="label-edge") as edge_pool,
@@ -504,25 +565,7 @@ def label_to_csv(
                     got = results[i]
                     if i in failed or len(got) < 2:
                         continue
-                    row = _row(todo[i], got["edge"], got["cloud"])
-                    writer.writerow(_cells(row, columns))
-                    fh.flush()
-                    if answers_fh is not None:
-                        answers_fh.write(
-                            json.dumps(
-                                {
-                                    "prompt": todo[i].prompt,
-                                    "reference": todo[i].reference,
-                                    "edge": got["edge"].text,
-                                    "edge_finish": got["edge"].finish_reason,
-                                    "cloud": got["cloud"].text,
-                                    "cloud_finish": got["cloud"].finish_reason,
-                                    "cloud_tokens": got["cloud"].num_tokens,
-                                }
-                            )
-                            + "\n"
-                        )
-                        answers_fh.flush()
+                    row = write_row(i, got)
                     del results[i]
                     failed_in_a_row = 0
                     run.num_added += 1
@@ -544,21 +587,39 @@ def label_to_csv(
                             f"  elapsed {_fmt_seconds(elapsed)}  ETA {_fmt_seconds(eta)}\n"
                         )
                         progress.flush()
-            except BaseException:  # Ctrl-C or a fatal error: drop the queue, keep the rows written
+            except BaseException as exc:  # Ctrl-C or a fatal error: drop the queue, keep the rows written
                 stopping.set()
                 for f in futures:
                     f.cancel()
+                in_flight = [f for f in futures if not f.cancelled()]
                 if progress is not None:
                     dropped = len({futures[f][0] for f in futures if f.cancelled()})
                     running = sum(f.running() for f in futures)
                     progress.write(f"stopping: {dropped} questions dropped, waiting for the {running}"
                                    " answers in flight; rerun the same command to resume\n")
                     progress.flush()
+                if isinstance(exc, (KeyboardInterrupt, CloudError, EdgeError)):
+                    # the answers in flight are waited for anyway (the pools' exit): a question
+                    # whose two answers both came back gets its row (they were thrown away)
+                    wait(in_flight)
+                    kept = 0
+                    for f in in_flight:
+                        i, side = futures[f]
+                        if f.exception() is None and i not in written and i not in failed:
+                            results.setdefault(i, {})[side] = f.result()
+                            if len(results[i]) == 2:
+                                write_row(i, results[i])
+                                kept += 1
+                    if progress is not None and kept:
+                        progress.write(f"kept {kept} more rows, their answers in flight when it stopped\n")
+                        progress.flush()
                 raise
     finally:
         fh.close()
         if answers_fh is not None:
             answers_fh.close()
+            if relabelled and answers_path is not None:
+                _keep_latest_answers(answers_path)
     return run
 
 

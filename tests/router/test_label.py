@@ -216,7 +216,7 @@ def test_label_to_csv_stops_at_ctrl_c_and_keeps_the_rows(tmp_path):
     dropped = int(progress.getvalue().split("stopping: ")[1].split()[0])
     assert 290 <= dropped <= 300  # questions, not answers (two per question)
     kept = load_routellm_csv(out, weak_col="e", strong_col="c")
-    assert 1 <= len(kept.prompts) <= 3
+    assert 1 <= len(kept.prompts) <= 4  # a question answered in flight (the 5th) gets its row too
     run = label_mod.label_to_csv(
         _sum_questions(300)[:10], _edge, cloud, out, edge_col="e", cloud_col="c", concurrency=2
     )

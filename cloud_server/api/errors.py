@@ -111,6 +111,16 @@ def validation_error(exc: ValidationError | RequestValidationError) -> InvalidRe
     return InvalidRequestError(message, param=param)
 
 
+def _allowed(exc: StarletteHTTPException) -> str:
+    """The 405's ``Allow`` value, with HEAD wherever GET is: Starlette names only the methods of the
+    first route on the path ("GET"), while every GET route here has a HEAD twin (RFC 9110; as
+    Starlette's own ``Route`` adds it)."""
+    methods = [m.strip() for m in (exc.headers or {}).get("Allow", "").split(",") if m.strip()]
+    if "GET" in methods and "HEAD" not in methods:
+        methods.append("HEAD")
+    return ", ".join(methods)
+
+
 def install_error_handlers(app: FastAPI, *, on_status: Callable[[int], None] | None = None) -> None:
     """Answer every error as OpenAI JSON; ``on_status`` sees the status of each (for metrics)."""
 
@@ -130,12 +140,19 @@ def install_error_handlers(app: FastAPI, *, on_status: Callable[[int], None] | N
     async def on_http_error(request: Request, exc: Exception) -> JSONResponse:
         if not isinstance(exc, StarletteHTTPException):
             return counted(error_response(exc))
+        headers = exc.headers
         if exc.status_code == 404:
             message = f"Invalid URL ({request.method} {request.url.path})"
+        elif exc.status_code == 405:
+            message = f"Method Not Allowed ({request.method} {request.url.path})"
+            allowed = _allowed(exc)
+            if allowed:
+                message += f"; allowed: {allowed}"
+                headers = {**(exc.headers or {}), "Allow": allowed}
         else:
             message = str(exc.detail)
         kind = ErrorKind(exc.status_code, "invalid_request_error")
-        return counted(JSONResponse(error_body(message, kind), exc.status_code, headers=exc.headers))
+        return counted(JSONResponse(error_body(message, kind), exc.status_code, headers=headers))
 
     async def on_unexpected(request: Request, exc: Exception) -> JSONResponse:
         return counted(error_response(exc))

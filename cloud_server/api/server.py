@@ -99,6 +99,7 @@ class ServerState:
 
 async def _load_engine(app: FastAPI) -> None:
     state: ServerState = app.state.server
+    engine: Engine | None = None
     try:
         # Building the engine loads weights: keep that off the event loop so /health answers.
         engine = await asyncio.to_thread(state.engine_factory)
@@ -110,7 +111,16 @@ async def _load_engine(app: FastAPI) -> None:
         where = engine.describe() if hasattr(engine, "describe") else ""
         logger.info("model %s ready (%smax_model_len=%s)", state.model_name,
                     f"{where}; " if where else "", engine.max_model_len)
-    except Exception as exc:  # reported by the CLI as one line, then the server exits
+    except BaseException as exc:
+        if engine is not None:
+            # built (perhaps half started) but never to serve: its threads, memory and device
+            # handles are freed here, the lifespan does not stop it (a shutdown's cancel too)
+            state.engine = state.serving = None
+            with contextlib.suppress(Exception):
+                await engine.stop()
+        if not isinstance(exc, Exception):
+            raise
+        # reported by the CLI as one line, then the server exits
         state.load_error = exc
         logger.error("loading the model failed: %s", exc)
         if state.on_load_error is not None:

@@ -127,6 +127,13 @@ class SpecDecoder:
         return (self.max_spec_rows - num_decoding) // max(1, num_decoding)
 
     # -- 1. slots -----------------------------------------------------------------------------
+    def _room(self, seq: Sequence, ahead: int = 0) -> int:
+        """Drafts one step may verify for ``seq``, ``ahead`` tokens from now: never past max_tokens
+        or the context window (the last position computed is num_tokens - 1 + k, and k accepted
+        drafts + 1 new token must fit max_tokens)."""
+        return min(seq.params.max_tokens - seq.num_output_tokens - ahead - 1,
+                   self.max_model_len - seq.num_tokens - ahead - 1)
+
     def lookahead(self, seq: Sequence, num_decoding: int) -> int:
         self._ngram.pop(seq.seq_id, None)  # a proposal lives for one step only
         method, k = self.method_for(seq)
@@ -136,9 +143,7 @@ class SpecDecoder:
         b = self.row_block
         if 1 + k > b:  # whole row blocks only: rows = floor((1 + k) / b) * b
             k = (1 + k) // b * b - 1
-        # never draft past max_tokens or the context window: the last position computed this step
-        # is num_tokens - 1 + k, and k accepted drafts + 1 new token must fit max_tokens
-        k = min(k, seq.params.max_tokens - seq.num_output_tokens - 1, self.max_model_len - seq.num_tokens - 1)
+        k = min(k, self._room(seq))
         if k < 1:
             return 0
         state = self._state.setdefault(seq.seq_id, _SeqState())
@@ -200,10 +205,9 @@ class SpecDecoder:
             middle = seq.num_computed_tokens + n < seq.num_tokens
             if method != "draft" or k < 1 or item.num_lookahead or not (middle or n > 1):
                 continue  # decode rows and plain or prompt-lookup requests
-            # once this prefill has sampled its token, lookahead() gives at most max_tokens -
-            # outputs - 1 drafts (the context bound is looser: prompt + max_tokens fit it), so a
-            # request with 2 tokens or fewer to go never drafts and its draft prefill is wasted
-            if seq.params.max_tokens - seq.num_output_tokens <= 2:
+            # lookahead()'s bound once this prefill has sampled its token: a request with no
+            # room for a draft then (2 tokens or fewer to go) never drafts, its prefill is wasted
+            if self._room(seq, ahead=1) < 1:
                 continue
             start = self.draft.start(seq, blocks)
             end = min(seq.num_computed_tokens + n, seq.num_tokens - 1, start + budget)

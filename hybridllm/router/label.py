@@ -466,8 +466,13 @@ def label_to_csv(
 
     cloud_answered = False  # any cloud answer came back in this run
     stopping = threading.Event()  # the run stopped: calls in flight do not try again
+    # a 401/403/404 from the cloud, set by the worker that got it, before its pool starts the
+    # next question: every later cloud call would get the same answer, so none is sent
+    refused: list[CloudError] = []
 
     def attempt(gen: Generate, prompt: str) -> Answer:
+        if gen is cloud and refused:
+            raise CloudError(str(refused[0]), status_code=refused[0].status_code)
         last: Exception | None = None
         for _ in range(retries + 1):
             if last is not None and stopping.is_set():
@@ -477,6 +482,8 @@ def label_to_csv(
             except (CloudError, EdgeError) as exc:
                 last = exc
                 if isinstance(exc, CloudError) and exc.status_code in _CONFIG_STATUS:
+                    if gen is cloud:
+                        refused.append(exc)
                     break  # asking again gets the same answer
         assert last is not None
         raise last

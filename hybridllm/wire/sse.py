@@ -70,15 +70,19 @@ class EventStreamResponse(Response):
         finally:
             for task in (sender, watcher, stopper):
                 task.cancel()
-            # A failed write (OSError from the server) also means the client is gone.
-            with contextlib.suppress(asyncio.CancelledError, OSError):
-                await sender
-            for task in (watcher, stopper):
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
-            aclose = getattr(self.events, "aclose", None)
-            if aclose is not None:
-                await aclose()
+            try:
+                # A failed write (OSError from the server) also means the client is gone.
+                with contextlib.suppress(asyncio.CancelledError, OSError):
+                    await sender
+            finally:
+                # any other failure (a send that raised RuntimeError) still closes the events:
+                # else the producer's engine request or device answer ran on with nobody to read it
+                for task in (watcher, stopper):
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await task
+                aclose = getattr(self.events, "aclose", None)
+                if aclose is not None:
+                    await aclose()
         # Stopped while the client still reads: an in-band end. A cancelled send() wrote nothing
         # (uvicorn waits for the transport before it writes), so the last event is whole.
         stopped = stopper.done() and not stopper.cancelled()

@@ -18,7 +18,6 @@ import platform
 import shutil
 import subprocess
 import sys
-import tempfile
 import threading
 from collections.abc import Callable
 from functools import cache
@@ -26,6 +25,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+from hybridllm._files import replacing
 
 logger = logging.getLogger(__name__)
 
@@ -57,19 +58,15 @@ def _build(out: Path) -> None:
         raise RuntimeError("no C++ compiler (g++) on PATH")
     torch_dir = Path(torch.__file__).parent
     out.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=out.parent, suffix=".so.tmp")
-    os.close(fd)
-    cmd = [compiler, *_FLAGS, f"-I{torch_dir / 'include'}",
-           f"-I{torch_dir / 'include' / 'torch' / 'csrc' / 'api' / 'include'}", str(_SOURCE),
-           f"-L{torch_dir / 'lib'}", "-ltorch_cpu", "-lc10", f"-Wl,-rpath,{torch_dir / 'lib'}", "-o", tmp]
-    try:
+    # compiled under a temporary name, fsynced and renamed into place; removed on any error
+    with replacing(out) as tmp:
+        cmd = [compiler, *_FLAGS, f"-I{torch_dir / 'include'}",
+               f"-I{torch_dir / 'include' / 'torch' / 'csrc' / 'api' / 'include'}", str(_SOURCE),
+               f"-L{torch_dir / 'lib'}", "-ltorch_cpu", "-lc10", f"-Wl,-rpath,{torch_dir / 'lib'}",
+               "-o", str(tmp)]
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
         if done.returncode != 0:
             raise RuntimeError(f"{Path(compiler).name} failed: {done.stderr.strip()[-800:]}")
-        os.replace(tmp, out)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
 
 
 def _registered() -> bool:

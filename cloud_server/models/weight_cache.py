@@ -38,6 +38,8 @@ from typing import Any
 
 import torch
 
+from hybridllm._files import fsync_file, fsync_folder
+
 try:
     import fcntl
 except ImportError:  # Windows: no flock; partial folders of other processes are left alone
@@ -188,13 +190,15 @@ class WeightCache:
             free = shutil.disk_usage(self.file.parent).free
             if free < size * 1.1:
                 raise OSError(f"{free >> 20} MiB free, {size >> 20} MiB needed")
+            # not _files.replacing: the temporary lives in a folder of its own, locked from its
+            # creation to its removal (how a sweep of another process tells a live write) and
+            # removed by remove_partial_files() before an os._exit; the same fsyncs around the rename
             with _partial(work) as tmp:
                 save_file(flat, str(tmp), metadata={"format": FORMAT, "key": self.key, "source": self.source})
                 # its data on disk before its name: a power cut must not leave a named file of zeros
-                with open(tmp, "r+b") as fh:
-                    os.fsync(fh.fileno())
+                fsync_file(tmp)
                 os.replace(tmp, self.file)
-                _fsync_folder(self.file.parent)
+                fsync_folder(self.file.parent)
         except Exception as exc:
             logger.warning(
                 "engine weight cache not written to %s (%s); the next start converts again", self.file, exc
@@ -215,16 +219,6 @@ class WeightCache:
         except (OSError, ValueError, AttributeError, struct.error):
             return True  # unreadable: no use to anyone
         return source in (None, self.source) or not os.path.exists(source)
-
-
-def _fsync_folder(folder: Path) -> None:
-    """Flush a folder's entries (a rename) to the disk, where the system can (not on Windows)."""
-    with contextlib.suppress(OSError):
-        fd = os.open(folder, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
 
 
 # Folders being written by this process, removed by remove_partial_files() (on exit, or by hand

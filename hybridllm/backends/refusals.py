@@ -21,12 +21,13 @@ import contextlib
 import ipaddress
 import json
 import logging
-import os
 import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from urllib.parse import urlsplit
+
+from .._files import atomic_write
 
 log = logging.getLogger("hybridllm.cloud")
 FILE_NAME = "cloud_refused_fields.json"
@@ -84,9 +85,8 @@ class RefusalMemory:
         path = self.path
         # one writer at a time, threads (several clients in one process) and processes alike: the
         # file is read, added to and replaced under the lock, so no writer drops another's entry;
-        # the temporary name is the thread's own (one shared name let two writers mix their
-        # bytes into one corrupt file, and every entry was lost with it)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+        # each write has a temporary of its own (one shared name let two writers mix their bytes
+        # into one corrupt file, and every entry was lost with it), removed on any error
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             with _LOCK, _file_lock(path.with_name(f".{path.name}.lock")):
@@ -95,13 +95,12 @@ class RefusalMemory:
                            if isinstance(v, dict) and isinstance(v.get("at"), (int, float))
                            and 0 <= now - v["at"] < TTL_S}
                 entries[_key(base_url, model)] = {"fields": sorted(fields), "at": now}
-                tmp.write_text(json.dumps({"version": _VERSION, "entries": entries}, indent=1),
-                               encoding="utf-8")
-                os.replace(tmp, path)  # whole or not at all: a reader gets one or the other
+                text = json.dumps({"version": _VERSION, "entries": entries}, indent=1)
+                # whole or not at all: a reader gets one or the other
+                with atomic_write(path, "w", encoding="utf-8") as fh:
+                    fh.write(text)
         except OSError as exc:
             log.debug("could not keep the cloud's refused fields in %s: %s", path, exc)
-            with contextlib.suppress(OSError):
-                tmp.unlink(missing_ok=True)
 
     def _read(self) -> dict:
         try:

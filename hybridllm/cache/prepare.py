@@ -20,7 +20,6 @@ import contextlib
 import json
 import logging
 import math
-import os
 import re
 import sys
 import time
@@ -29,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from .._exceptions import ModelError
-from .._files import remove_leftovers
+from .._files import atomic_write, remove_leftovers, replacing
 from .._paths import data_dir
 from . import onnx_graph
 from .reranker_file import cross_encoder_weights
@@ -46,7 +45,7 @@ RECIPE = "int8 v2: uint8 weights per output channel (U8U8), FFN down projections
 # ``onnx`` once, as the folder is prepared, so that using the cache never loads ``onnx``
 LOGIT_RANGE_NAME = "logit_range.json"
 _NAMES = (FP32_NAME, INT8_NAME, TOKENIZER_NAME, RECIPE_NAME)  # written by _write_files, in this order
-# their temporaries, .NAME.PID.tmp, which only the preparer holding .prepare.lock writes
+# their temporaries, .NAME.*.tmp (_files.replacing), which only the preparer holding .prepare.lock writes
 _LEFTOVER = re.compile(rf"\.(?:{'|'.join(map(re.escape, _NAMES))})\..*\.tmp", re.DOTALL)
 
 Notice = Callable[[str], None]  # one line of progress for a person
@@ -118,12 +117,11 @@ def logit_ranges(folder: Path) -> dict[str, tuple[float, float]]:
 
     ranges = {name: r for name in (FP32_NAME, INT8_NAME)
               if (folder / name).is_file() and (r := logit_range(folder / name)) is not None}
-    tmp = folder / f".{LOGIT_RANGE_NAME}.{os.getpid()}.tmp"
     try:
-        tmp.write_text(json.dumps({k: list(v) for k, v in ranges.items()}), encoding="utf-8")
-        os.replace(tmp, path)
+        with atomic_write(path, "w", encoding="utf-8") as fh:
+            fh.write(json.dumps({k: list(v) for k, v in ranges.items()}))
     except OSError:
-        tmp.unlink(missing_ok=True)
+        pass  # computed again by the next process
     return ranges
 
 
@@ -195,26 +193,26 @@ def _write_files(out: Path, build: Callable[[Path], Any], source_dir: Path | Non
         from ..models import pull
 
         source_dir = pull(EMBEDDER_ID)
-    pid = os.getpid()
-    tmp = {name: out / f".{name}.{pid}.tmp" for name in _NAMES}
     try:
-        import onnx
+        # each file under a temporary name (.NAME.*.tmp), fsynced and renamed into place once all
+        # four are written; any error (Ctrl-C too) removes every temporary not yet renamed. Entered
+        # last to first, they are renamed first to last: the recipe last, so is_prepared() only
+        # turns true once every file is in place
+        with contextlib.ExitStack() as files:
+            tmp = {name: files.enter_context(replacing(out / name)) for name in reversed(_NAMES)}
+            import onnx
 
-        onnx.save(build(source_dir), str(tmp[FP32_NAME]))
-        quantize(tmp[FP32_NAME], tmp[INT8_NAME])
-        tmp[TOKENIZER_NAME].write_bytes((source_dir / TOKENIZER_NAME).read_bytes())
-        tmp[RECIPE_NAME].write_text(RECIPE, encoding="utf-8")
+            onnx.save(build(source_dir), str(tmp[FP32_NAME]))
+            quantize(tmp[FP32_NAME], tmp[INT8_NAME])
+            tmp[TOKENIZER_NAME].write_bytes((source_dir / TOKENIZER_NAME).read_bytes())
+            tmp[RECIPE_NAME].write_text(RECIPE, encoding="utf-8")
+            # a reranker's logit ranges were read off the graphs being replaced
+            # (prepare_reranker reads them again)
+            (out / LOGIT_RANGE_NAME).unlink(missing_ok=True)
+    except ModelError:
+        raise
     except Exception as exc:  # onnx / ONNX Runtime / file errors mapped at the boundary
-        for path in tmp.values():
-            path.unlink(missing_ok=True)
-        if isinstance(exc, ModelError):
-            raise
         raise ModelError(f"Preparing the cache model in {out} failed: {exc}") from exc
-    # a reranker's logit ranges were read off the graphs being replaced (prepare_reranker reads
-    # them again); the recipe goes last: is_prepared() only turns true once every file is in place
-    (out / LOGIT_RANGE_NAME).unlink(missing_ok=True)
-    for name in _NAMES:
-        os.replace(tmp[name], out / name)
 
 
 class _DropQuantizerLogs(logging.Filter):

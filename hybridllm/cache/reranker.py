@@ -26,7 +26,8 @@ from typing import Any
 
 import numpy as np
 
-from .._exceptions import CacheError, ModelError
+from .._exceptions import CacheError, ConfigError, ModelError
+from .._types import is_real
 from .encoder import OnnxEncoder
 from .features import NUM_HANDCRAFTED, pair_features
 from .prepare import logit_ranges, prepare_reranker, stderr_notice
@@ -96,7 +97,10 @@ class Reranker(OnnxEncoder):
         order = sorted(range(len(queries)), key=lambda i: len(queries[i]) + len(cached[i]))
         encoded = self.encode([(queries[i], cached[i]) for i in order])  # one tokenizer call
         whole = np.empty(len(queries), dtype=bool)
-        whole[order] = [not e.overflowing for e in encoded]
+        # read whole: nothing cut, and no [UNK] or deleted character on either side
+        whole[order] = [
+            self.pair_read_whole((queries[i], cached[i]), enc) for i, enc in zip(order, encoded, strict=True)
+        ]
         size = max(1, batch_size)
         batches = [
             (order[start : start + size], encoded[start : start + size])
@@ -157,6 +161,12 @@ class RerankVerifier:
         self.features = features
         if self.stack is not None and self.features is None:
             self.features = load_stacked_features(info)
+        # a probability above 0: NaN (or above 1) never hit, silently, and 0 served the pairs
+        # scored 0.0 for being read in part ("Is this 🍄 edible?" for "Is this 🌿 edible?")
+        if threshold is not None and (not is_real(threshold) or not 0.0 < threshold <= 1.0):
+            raise ConfigError(f"the reranker threshold must be a probability in (0, 1], got {threshold!r}")
+        if threshold is None and not 0.0 < info.threshold <= 1.0:
+            raise CacheError(f"The cache reranker {info.path} has no valid threshold ({info.threshold!r})")
         self.threshold = info.threshold if threshold is None else float(threshold)
         self.min_similarity = info.min_similarity
         self.metrics = dict(info.metrics)
@@ -233,8 +243,11 @@ class RerankVerifier:
         if inputs is not None:
             logits = self._stack_logit(inputs, logits)
         # a pair longer than the reranker reads (MAX_TOKENS together) was judged on its heads
-        # only: what differs may lie in the part it never saw; a pair not scored cannot pass
-        return np.where(whole & scored, _sigmoid(logits), 0.0)
+        # only, and one with an [UNK] or a deleted character on an unread part: what differs may
+        # lie in what it never saw (served on an exact repeat only); a pair not scored cannot pass
+        # a NaN logit (a damaged graph or weights) is no score: compared with the threshold it
+        # read as neither below nor above, and the cache served it
+        return np.where(whole & scored & ~np.isnan(logits), _sigmoid(logits), 0.0)
 
     def _stack_logit(self, inputs: np.ndarray, reranker_logits: np.ndarray) -> np.ndarray:
         """The stacked logit of ``inputs`` (from ``stack_inputs``) with these reranker logits."""

@@ -7,6 +7,9 @@ from dataclasses import dataclass, field
 from ..exceptions import ModelLoadError
 
 ARCHITECTURES = ("llama", "gemma3")
+# RoPE scalings layers.rope implements -> the keys each needs ("freq_factors": GGUF's rope_freqs)
+ROPE_SCALINGS = {"default": (), "linear": ("factor",),
+                 "llama3": ("factor", "original_max_position_embeddings"), "freq_factors": ("factors",)}
 
 
 @dataclass
@@ -43,11 +46,31 @@ class ModelConfig:
                 f"unsupported architecture {self.architecture!r}; supported: {ARCHITECTURES}"
             )
         if self.num_heads % self.num_kv_heads:
-            raise ModelLoadError("num_heads must be a multiple of num_kv_heads")
+            raise ModelLoadError(
+                f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads ({self.num_kv_heads})"
+            )
+        if self.head_dim % 2:  # RoPE rotates the two halves of each head
+            raise ModelLoadError(f"head_dim must be even, got {self.head_dim}")
+        self._check_rope_scaling()
         if not self.layer_types:
             self.layer_types = ["full_attention"] * self.num_layers
         if len(self.layer_types) != self.num_layers:
             raise ModelLoadError("layer_types must name one type per layer")
+
+    def _check_rope_scaling(self) -> None:
+        """An unsupported or incomplete ``rope_scaling`` fails here, before any weight is read
+        (it failed after the whole load, a missing key as a bare KeyError)."""
+        scaling = self.rope_scaling
+        if scaling is None:
+            return
+        if not isinstance(scaling, dict):
+            raise ModelLoadError(f"rope_scaling must be an object or null, got {scaling!r}")
+        kind = scaling.get("rope_type", scaling.get("type")) or "default"
+        if kind not in ROPE_SCALINGS:
+            raise ModelLoadError(f"RoPE scaling {kind!r} is not supported (linear, llama3)")
+        missing = [k for k in ROPE_SCALINGS[kind] if scaling.get(k) is None]
+        if missing:
+            raise ModelLoadError(f"rope_scaling {kind!r} needs {missing}, got {scaling!r}")
 
     @property
     def attn_scale(self) -> float:

@@ -30,9 +30,13 @@ _BLOCK_BYTES = {"Q8_0": 34, "Q4_0": 18, "Q4_1": 20, "Q5_0": 22, "Q4_K": 144, "Q6
 def _blocks(data: np.ndarray, type_name: str) -> tuple[torch.Tensor, int]:
     """A raw [rows, bytes] GGUF tensor -> (its blocks uint8 [nb, block bytes], rows)."""
     rows = data.shape[0] if data.ndim > 1 else 1
+    size = _BLOCK_BYTES[type_name]
+    if data.shape[-1] % size:  # a block across two rows would shift every later weight
+        raise ValueError(f"a {type_name} row of {data.shape[-1]} bytes is not whole "
+                         f"{size}-byte blocks")
     with warnings.catch_warnings():  # a read-only buffer is fine: it is only read
         warnings.simplefilter("ignore", UserWarning)
-        raw = torch.from_numpy(np.ascontiguousarray(data)).reshape(-1, _BLOCK_BYTES[type_name])
+        raw = torch.from_numpy(np.ascontiguousarray(data)).reshape(-1, size)
     return raw, rows
 
 

@@ -8,6 +8,8 @@ Qwen2 with a GPT-2-style byte-level BPE vocabulary (SmolLM2, Qwen2.5).
 from __future__ import annotations
 
 import json
+import secrets
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -62,14 +64,35 @@ def _tokenizer_json(reader_fields: dict, out: Path) -> None:
 
 
 def gguf_to_hf_folder(gguf_path: str | Path, out_dir: str | Path) -> Path:
-    from safetensors.numpy import save_file
-
+    """``out_dir`` must be new or empty: the folder is written beside it and moved into place
+    whole, so a failed export leaves nothing, and no old file (another model's shards, which the
+    loader would read too) is mixed with the new ones."""
+    out = Path(out_dir)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise ModelLoadError(f"{out} already exists and is not an empty folder; export into a new one")
     config, tensors, meta = load_gguf(gguf_path)
     arch = meta.get("general.architecture")
     if arch not in ("llama", "qwen2") or meta.get("tokenizer.ggml.model") != "gpt2":
         raise ModelLoadError("gguf_to_hf_folder supports Llama and Qwen2 models with a GPT-2 BPE vocabulary")
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    # made with the umask's permissions (mkdtemp's 0700 would have stayed on the exported folder)
+    work = out.parent / f".{out.name}.{secrets.token_hex(4)}.partial"
+    work.mkdir()
+    try:
+        _write_folder(gguf_path, work, config, tensors, meta, arch)
+        if out.exists():
+            out.rmdir()  # empty, checked above
+        work.rename(out)
+    except BaseException:
+        shutil.rmtree(work, ignore_errors=True)
+        raise
+    return out
+
+
+def _write_folder(gguf_path: str | Path, out: Path, config: Any, tensors: dict, meta: dict,
+                  arch: str) -> None:
+    from safetensors.numpy import save_file
+
     hf_config = {
         "architectures": ["LlamaForCausalLM"],
         "model_type": "llama",
@@ -95,7 +118,6 @@ def gguf_to_hf_folder(gguf_path: str | Path, out_dir: str | Path) -> Path:
     save_file({k: np.ascontiguousarray(v) for k, v in tensors.items()},
               str(out / "model.safetensors"))
     write_tokenizer(gguf_path, out)
-    return out
 
 
 def write_tokenizer(gguf_path: str | Path, out_dir: str | Path) -> Path:

@@ -24,7 +24,16 @@ __all__ = ["calibrate_logprob_threshold", "calibrate_threshold", "read_prompts"]
 def calibrate_logprob_threshold(mean_logprobs: ArrayLike, correct: ArrayLike) -> float:
     """The cascade's escalation threshold from edge answers' confidence and correctness."""
     lp = np.asarray(mean_logprobs, dtype=np.float64)
-    ok = np.asarray(correct, dtype=bool)
+    right = np.asarray(correct)
+    if lp.ndim != 1 or right.shape != lp.shape:
+        raise DataError(
+            f"Cascade calibration needs one correctness per mean log-probability: {lp.shape} "
+            f"log-probabilities, {right.shape} correctness values."
+        )
+    # bool() of NaN, 0.7 or the text "no" is True: such an answer counted as right without a word
+    if right.dtype.kind not in "biuf" or not np.all((right == 0) | (right == 1)):
+        raise DataError("Cascade calibration needs each answer's correctness as 1 (right) or 0 (wrong).")
+    ok = right.astype(bool)
     keep = np.isfinite(lp)
     lp, ok = lp[keep], ok[keep]
     if len(lp) == 0 or ok.all() or (~ok).all():
@@ -32,10 +41,13 @@ def calibrate_logprob_threshold(mean_logprobs: ArrayLike, correct: ArrayLike) ->
             "Cascade calibration needs edge answers that are both right and wrong, each with "
             "its mean log-probability."
         )
-    best_t, best = float(lp.min()), -1.0
-    for t in np.unique(lp):
-        escalate = lp < t
-        balanced = (escalate[~ok].mean() + (~escalate[ok]).mean()) / 2.0
-        if balanced > best:
-            best_t, best = float(t), float(balanced)
-    return best_t
+    # every distinct value t as the threshold at once (the loop over them, one pass over all answers
+    # each, took a minute for 40,000 answers): the answers below t among the wrong and the right
+    # ones, by binary search, each rate one division as a mean of booleans does, and the first
+    # (lowest) t of the best balanced accuracy
+    ts = np.unique(lp)
+    wrong_below = np.searchsorted(np.sort(lp[~ok]), ts, side="left")
+    right_below = np.searchsorted(np.sort(lp[ok]), ts, side="left")
+    n_wrong, n_right = int((~ok).sum()), int(ok.sum())
+    balanced = (wrong_below / n_wrong + (n_right - right_below) / n_right) / 2.0
+    return float(ts[int(np.argmax(balanced))])

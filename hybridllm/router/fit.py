@@ -49,8 +49,10 @@ def fit_gain_scorer(
     from sklearn.linear_model import LogisticRegression
 
     g = np.asarray(gain, dtype=np.float64)
-    if x.ndim != 2 or len(x) != len(g):
+    if x.ndim != 2 or g.ndim != 1 or len(x) != len(g):
         raise RouterError(f"Features {x.shape} and labels {g.shape} do not match.")
+    _check_data(x, g, embeddings)
+    _check_options(c=c, k=k, mix=mix, dims=dims, topics=topics, topic_mix=topic_mix)
     if not learnable(g):
         raise RouterError(
             "The data needs prompts where the strong model was needed (it scored higher than "
@@ -66,6 +68,11 @@ def fit_gain_scorer(
         w = np.asarray(sample_weight, dtype=np.float64)
         if w.shape != g.shape or not np.all(np.isfinite(w)) or np.any(w < 0) or w.sum() <= 0:
             raise RouterError("sample_weight needs one finite, non-negative weight per prompt.")
+        if not learnable(g[w > 0]):  # the weighted rows alone must still hold an order
+            raise RouterError(
+                "sample_weight leaves weight only on prompts that gain alike from the strong model; "
+                "give weight to prompts where it was needed and to prompts where it was not."
+            )
         w = w * (len(w) / w.sum())  # mean 1: C keeps its meaning
     use_topics = topics > 1 and topic_mix > 0 and len(g) > topics
     has_topics = embeddings is not None and use_topics
@@ -109,6 +116,53 @@ def learnable(gain: np.ndarray) -> bool:
     """Some prompt gains from the strong model and the gains differ (else there is no order)."""
     g = np.asarray(gain, dtype=np.float64)
     return bool(len(g) and np.any(g > 0) and np.ptp(g) > 0)
+
+
+def _check_data(x: np.ndarray, g: np.ndarray, embeddings: np.ndarray | None) -> None:
+    """A :class:`RouterError` naming the first bad rows, not sklearn's or an SVD's error later (or,
+    for a NaN gain or an embedding per other row, a router whose scores are NaN or misattributed)."""
+
+    def rows(bad: np.ndarray) -> str:
+        idx = np.flatnonzero(bad)
+        more = f" and {len(idx) - 5} more" if len(idx) > 5 else ""
+        return ("row " if len(idx) == 1 else "rows ") + ", ".join(map(str, idx[:5])) + more
+
+    bad = ~np.isfinite(g) | (np.abs(g) > 1)
+    if np.any(bad):
+        raise RouterError(
+            f"The gains (strong - weak scores, each score in [0, 1]) of {rows(bad)} are NaN, "
+            "inf or outside [-1, 1]; fix or drop those rows."
+        )
+    bad = ~np.all(np.isfinite(np.asarray(x, dtype=np.float64)), axis=1)
+    if np.any(bad):
+        raise RouterError(f"The features of {rows(bad)} hold NaN or inf; fix or drop those rows.")
+    if embeddings is not None:
+        e = np.asarray(embeddings, dtype=np.float64)
+        if e.ndim != 2 or len(e) != len(g):
+            raise RouterError(
+                f"Embeddings {e.shape} do not match the {len(g)} labelled rows; pass one per row."
+            )
+        bad = ~np.all(np.isfinite(e), axis=1)
+        if np.any(bad):
+            raise RouterError(f"The embeddings of {rows(bad)} hold NaN or inf; re-embed those prompts.")
+
+
+def _check_options(*, c: float, k: int, mix: float, dims: int, topics: int, topic_mix: float) -> None:
+    """The scorer options as ``router train`` takes them (``--c``, ``--k``, ...): k 0 scored NaN."""
+    problems = [
+        f"{name} {value!r} ({want})"
+        for name, value, ok, want in (
+            ("c", c, c > 0, "a positive number, inf for no penalty"),
+            ("k", k, k >= 1 and float(k).is_integer(), "a whole number of neighbors, at least 1"),
+            ("mix", mix, 0 <= mix <= 1, "a share in [0, 1]"),
+            ("dims", dims, dims >= 1 and float(dims).is_integer(), "a whole number, at least 1"),
+            ("topics", topics, topics >= 0 and float(topics).is_integer(), "a whole number, 0 for none"),
+            ("topic_mix", topic_mix, 0 <= topic_mix <= 1, "a share in [0, 1]"),
+        )
+        if not ok
+    ]
+    if problems:
+        raise RouterError(f"Invalid scorer options: {'; '.join(problems)}.")
 
 
 def _soft_classes(
@@ -172,9 +226,32 @@ def fit_source_mixture(
     strong model, as a small file's training fold may, gets a constant expert: its mean gain."""
     from sklearn.linear_model import LogisticRegression
 
-    ids = np.asarray(source_ids, dtype=np.int64)
+    raw_ids = np.asarray(source_ids)
     g = np.asarray(gain, dtype=np.float64)
+    if not (raw_ids.ndim == g.ndim == 1 and np.ndim(x) == 2 and len(raw_ids) == len(g) == len(x) > 0):
+        raise RouterError(
+            f"A source mixture needs one source id and one gain per row of the features: ids "
+            f"{raw_ids.shape}, gains {g.shape}, features {np.shape(x)}."
+        )
+    # ids cast to int silently turned 0.5 into 0 and a negative id into a bincount error
+    if raw_ids.dtype.kind not in "biuf" or np.any(raw_ids % 1 != 0) or np.any(raw_ids < 0):
+        raise RouterError("Source ids must be whole numbers from 0 (one per source).")
+    if embeddings is None:
+        raise RouterError("A source mixture's gate needs the prompts' embeddings.")
+    _check_data(x, g, embeddings)  # a source whose gains do not vary gets no fit to catch a NaN
+    ids = raw_ids.astype(np.int64)
+    if shares is not None and (
+        len(shares) <= ids.max() or not all(0 < float(v) < float("inf") for v in shares)
+    ):
+        raise RouterError(
+            f"shares needs one positive, finite share per source ({int(ids.max()) + 1} sources, "
+            f"{len(shares)} shares)."
+        )
     num = int(ids.max()) + 1 if shares is None else len(shares)
+    if num < 2:
+        raise RouterError(
+            "A source mixture needs rows of two or more sources; fit one source with fit_gain_scorer."
+        )
     counts = np.bincount(ids, minlength=num).astype(np.float64)
     if len(ids) != len(g) or np.any(counts == 0):
         raise RouterError("Every source needs rows of its own to fit a source mixture.")

@@ -2,7 +2,9 @@
 
 Any app that speaks to OpenAI (the official clients, LangChain, curl) gets hybrid routing by
 pointing its base URL here. Each answer says how it was served: the ``x-hybridllm-route`` and
-``x-hybridllm-reason`` headers, and a ``hybridllm`` field in the JSON (and in the last chunk).
+``x-hybridllm-reason`` headers, and a ``hybridllm`` field in the JSON (and in the last chunk). Each
+answer carries an ``X-Request-Id`` (the client's or a new one), which a question sent to the cloud
+carries too (``wire.middleware.RequestId``).
 
 Requests are read and validated exactly as the cloud server does (``hybridllm.wire``: a body
 size limit, strict JSON, the same request model and the same OpenAI-shaped 400s), plus an optional
@@ -67,7 +69,7 @@ from .wire import (
     read_body,
 )
 from .wire.auth import ApiKeyChecker
-from .wire.middleware import AnswerUnexpected
+from .wire.middleware import AnswerUnexpected, RequestId
 from .wire.openapi import add_schemas, error_responses, ok_response, request_body
 from .wire.requests import _STREAM_RULE
 from .wire.responses import DONE, ChatCompletion, Health, ModelCard, ModelList, error_event
@@ -583,9 +585,13 @@ def create_app(llm: HybridLLM, *, model_name: str = "hybridllm", api_keys: list[
     # (Private Network Access). The origin is the gate, and the key is still checked.
     app.add_middleware(LoopbackCORS, allow_origins=origins, allow_methods=["GET", "POST"],
                        allow_headers=["*"], allow_private_network=True,
-                       expose_headers=["x-hybridllm-route", "x-hybridllm-reason", "retry-after"])
-    if allow_hosts is not None:  # outermost: a rebinding page's request reaches nothing else
+                       expose_headers=["x-hybridllm-route", "x-hybridllm-reason", "retry-after",
+                                       "x-request-id"])
+    if allow_hosts is not None:  # a rebinding page's request reaches nothing else
         app.add_middleware(HostAllowlist, hosts=allow_hosts)
+    # outermost: every answer (a 403 above too) carries X-Request-Id; a question the cloud answers
+    # carries it there (backends.cloud), and the error lines written meanwhile name it
+    app.add_middleware(RequestId, log_names=("hybridllm.proxy", "hybridllm", "hybridllm.cloud"))
 
     add_schemas(app, defs)
     return app

@@ -34,6 +34,7 @@ from pydantic import BaseModel
 from cloud_server.exceptions import EngineError, ModelNotFoundError, NotReadyError, ShuttingDownError
 from hybridllm.wire import DEFAULT_MAX_BODY_BYTES, decode_json_object, is_large, parse_request, read_body
 from hybridllm.wire.errors import WireError
+from hybridllm.wire.middleware import RequestId
 from hybridllm.wire.openapi import add_schemas, error_responses, ok_response, request_body
 from hybridllm.wire.responses import ChatCompletion, Health, ModelCard, ModelList, TextCompletion, error_event
 from hybridllm.wire.shutdown import (
@@ -406,4 +407,7 @@ def create_app(
     app.include_router(_build_router(app, ApiKeyChecker(api_keys or []), max_body_bytes))
     _drop_validation_422(app)
     app.add_middleware(TrackRequests, drain=state.drain)
+    # outermost: every answer carries X-Request-Id (the client's, as the proxy forwards its own, or a
+    # new one) and the error lines written while serving it name it
+    app.add_middleware(RequestId, log_names=("cloud_server.api",))
     return app

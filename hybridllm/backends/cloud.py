@@ -87,6 +87,7 @@ from .._exceptions import (
     ConfigError,
     InvalidRequestError,
 )
+from .._request_id import REQUEST_ID
 from .._types import GenerationParams, Messages, Usage, estimate_text_tokens, estimate_tokens
 from .base import Backend, Delta, StopMatcher, drain_loop, register_backend
 from .circuit import (
@@ -608,7 +609,7 @@ class CloudBackend(Backend):
                 resp = await stack.enter_async_context(
                     self._client().stream("POST", f"{ep.base_url}/chat/completions", json=body,
                                           auth=self._auth.get(ep.base_url, httpx.USE_CLIENT_DEFAULT),
-                                          params=self._query.get(ep.base_url)))
+                                          params=self._query.get(ep.base_url), headers=_traced()))
                 if resp.status_code == 200:
                     return resp, body
                 resp, _ = await _read_capped(resp, MAX_ERROR_BYTES)
@@ -1085,6 +1086,13 @@ async def _trickle_bound(limit: float, what: str) -> AsyncIterator[None]:
 
 async def _sleep(seconds: float) -> None:
     await asyncio.sleep(seconds)
+
+
+def _traced() -> dict[str, str] | None:
+    """X-Request-Id of the HTTP request being served (``hybridllm serve``): a question sent to the
+    cloud carries it, so one id traces it through both servers."""
+    rid = REQUEST_ID.get()
+    return None if rid is None else {"X-Request-Id": rid}
 
 
 def _api_root(url: str) -> str:

@@ -38,15 +38,24 @@ class ApiKeyChecker:
         return bool(self._digests)
 
     def check(self, authorization: str | None) -> None:
-        """Raise unless the ``Authorization`` header carries a configured key."""
+        """Raise unless the ``Authorization`` header carries a configured key: the scheme in any
+        case and any white space before the key (RFC 7235), and a 401 that says what is wrong: no
+        key, no key after ``Bearer``, another scheme or the key sent bare (not "Incorrect API key":
+        the key may be right), or a wrong key. The header's text is never quoted: it may be a key."""
         if not self._digests:
             return
-        if not authorization:
+        parts = (authorization or "").split(None, 1)
+        if not parts:
             raise self._error(
                 "You didn't provide an API key. Pass it in the Authorization header as 'Bearer YOUR_KEY'."
             )
-        scheme, _, token = authorization.partition(" ")
-        given = _digest(token.strip()) if scheme.lower() == "bearer" else b""
+        if parts[0].lower() != "bearer":
+            raise self._error("The Authorization header must use the Bearer scheme: send it as "
+                              "'Authorization: Bearer YOUR_KEY'.")
+        if len(parts) < 2:
+            raise self._error("The Authorization header holds no API key after 'Bearer': send it as "
+                              "'Authorization: Bearer YOUR_KEY'.")
+        given = _digest(parts[1].strip())
         matched = False
         for digest in self._digests:
             matched |= hmac.compare_digest(given, digest)

@@ -305,6 +305,7 @@ def evaluate_router_on(
     from .dataset import file_columns, load_routellm_csv, prompt_hashes, texts_digest
     from .embedding_cache import cached_embeddings
     from .evaluate import (
+        has_gap,
         length_baseline,
         plot_curves,
         quality_curve,
@@ -379,7 +380,7 @@ def evaluate_router_on(
                     k: (round(v, 4) if k != "n" else v)
                     for k, v in router_metrics(scores[unseen], w, st).items()
                 }
-                if st.mean() > w.mean()
+                if has_gap(float(w.mean()), float(st.mean()))  # not '>': a rounding gap failed the eval
                 else {"n": int(unseen.sum()), "no_gap": True}
             )
     if plot:

@@ -56,9 +56,16 @@ def cached_embeddings(
     prefix = f"{EMBEDDER_ID}-{fingerprint}-single-"
     path = folder / f"{prefix}{texts_digest(list(texts))}.npz"
     cached = _read(path)
-    if cached is not None and cached[0].shape == (len(texts), EMBEDDING_DIM):
-        return cached[0]
     keys = _text_keys(texts)
+    # the file's own text hashes must be these texts', row for row: the digest joins the texts
+    # with NUL, so ["a\0b", ""] and ["a", "b\0"] share a name, and a copied or renamed file
+    # would hand back another list's vectors
+    if (
+        cached is not None
+        and cached[0].shape == (len(texts), EMBEDDING_DIM)
+        and (cached[1] is None or np.array_equal(cached[1], keys))
+    ):
+        return cached[0]
     emb = np.zeros((len(texts), EMBEDDING_DIM), dtype=np.float32)
     missing, covered = _fill_from_other_files(folder, prefix, keys, emb, skip=path)
     if len(missing):

@@ -13,6 +13,7 @@ between the tie's ends); a constant score therefore gives the random router's di
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -71,11 +72,17 @@ def _first_reaching(curve: Curve, target: float) -> float:
     return float(curve.x[reached[0]]) if len(reached) else 1.0
 
 
+def has_gap(weak: float, strong: float) -> bool:
+    """Whether the strong mean correctness beats the weak one by more than rounding: two means of
+    the same values summed in another order may differ in the last bit, and a gap of 1e-16 is no
+    gap (APGR divided by it came out -1.7e14). Callers that skip a no-gap subset test this, not
+    ``strong > weak``, else :func:`metrics_from_curve` refuses the subset they passed to it."""
+    return strong - weak > 1e-9 * max(1.0, abs(strong), abs(weak))
+
+
 def metrics_from_curve(curve: Curve) -> dict[str, float]:
     gap = curve.strong - curve.weak
-    # two means of the same values summed in another order may differ in the last bit: a gap of
-    # 1e-16 is no gap (APGR divided by it came out -1.7e14), so within rounding counts as none
-    if gap <= 1e-9 * max(1.0, abs(curve.strong), abs(curve.weak)):
+    if not has_gap(curve.weak, curve.strong):
         raise DataError(
             f"The strong model ({curve.strong:.3f}) is not more accurate than the weak one "
             f"({curve.weak:.3f}) on this data, so routing cannot gain quality; check that "
@@ -137,7 +144,21 @@ def plot_curves(curves: dict[str, Curve], path: str | Path, *, title: str = "") 
     ax.set_title(title or "Cost / quality")
     ax.legend()
     out = Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=110, bbox_inches="tight")
-    plt.close(fig)
+    # matplotlib writes "curve" as "curve.png": name the file it writes, not the one asked for
+    fmt = os.path.splitext(str(out))[1][1:].lower()
+    if not fmt:
+        out = out.with_name(out.name.rstrip(".") + ".png")
+    supported = fig.canvas.get_supported_filetypes()
+    try:
+        if fmt and fmt not in supported:  # matplotlib's ValueError read as an internal error
+            raise DataError(
+                f"--plot {path}: cannot write .{fmt} files; use one of "
+                f"{', '.join(sorted(supported))} (say curve.png)."
+            )
+        out.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(out, dpi=110, bbox_inches="tight")
+    except OSError as exc:  # a folder, a missing permission, a file where a folder should be
+        raise DataError(f"--plot {path}: cannot write the plot ({exc.strerror or exc}).") from exc
+    finally:
+        plt.close(fig)
     return out

@@ -52,9 +52,9 @@ from .classifier import (
     DEFAULT_TOPICS,
     GainScorer,
 )
-from .dataset import RoutingData, file_columns, load_routellm_csv, prompt_hashes, texts_digest
+from .dataset import LOGPROB_COL, RoutingData, file_columns, load_routellm_csv, prompt_hashes, texts_digest
 from .embedding_cache import cached_embeddings
-from .evaluate import router_metrics
+from .evaluate import has_gap, router_metrics
 from .features import TEXT_FEATURES, feature_matrix
 from .fit import GATE_C, fit_gain_scorer, fit_source_mixture, learnable
 from .mixture import SUPPORT_K, SourceMixture
@@ -244,7 +244,9 @@ def cross_validate(
         test = folds == f
         scorer = _fit(x, gain, emb, hyper, sources, ~test)
         oof[test] = scorer.predict(x[test], None if emb is None else emb[test])
-        if data.strong[test].mean() > data.weak[test].mean():
+        # has_gap, not ">": a fold whose means differ by rounding only failed the whole run with
+        # "the strong model is not more accurate ... check ... not swapped"
+        if has_gap(float(data.weak[test].mean()), float(data.strong[test].mean())):
             per_fold.append(_round(router_metrics(oof[test], data.weak[test], data.strong[test])))
         else:  # a small file's fold can hold no quality gap: no figures for it, the pooled ones stand
             per_fold.append({"n": int(test.sum()), "no_gap": True})
@@ -499,6 +501,7 @@ def train_from_csv(
     labelled files whose edge log-probabilities calibrate the cascade's floor only. ``progress``:
     progress bars on stderr for embedding the prompts and for the fits (work over a second)."""
     paths = [Path(p) for p in (path if isinstance(path, list) else [path])]
+    _check_out(out_dir)
     headers = [file_columns(p) for p in paths]
     for flag, col in (("--weak-col", weak_col), ("--strong-col", strong_col), ("--prompt-col", prompt_col)):
         if col and all(h and col not in h for h in headers):  # an unreadable file says so below
@@ -529,7 +532,7 @@ def train_from_csv(
                 f"{p}: no prompt needs the strong model (it is never right where the weak one is "
                 "wrong), so there is nothing to learn from it; label more varied prompts."
             )
-        if not data.strong.mean() > data.weak.mean():  # before minutes of embedding, not after
+        if not has_gap(float(data.weak.mean()), float(data.strong.mean())):  # before the embedding
             raise DataError(
                 f"{p}: the strong model {data.strong_col!r} ({data.strong.mean():.3f}) is not more "
                 f"accurate than the weak one {data.weak_col!r} ({data.weak.mean():.3f}), so sending "
@@ -546,6 +549,8 @@ def train_from_csv(
             "nothing to learn; label more varied prompts."
         )
     check_folds(data, num_folds, mixture=_is_mixture(sources, use_embedding), sources=sources)
+    # read before the embedding too: a bad --cascade-data file failed only after it
+    cascade = [_cascade_file(p) for p in cascade_paths or []]
     # per file: each file's embeddings are cached on their own, so adding a file reuses the others
     emb = None
     if use_embedding:
@@ -574,7 +579,6 @@ def train_from_csv(
     for flag, tier in (("--strong-models", strong_models), ("--weak-models", weak_models)):
         for names in tier or []:
             parts_cmd += [flag, repr(names)]
-    cascade = [load_routellm_csv(p) for p in cascade_paths or []]
     for cpath in cascade_paths or []:
         parts_cmd += ["--cascade-data", str(cpath)]
     parts_cmd += ["--out", str(out_dir)]
@@ -601,6 +605,29 @@ def train_from_csv(
         router.info["training"]["skipped_rows"] = skipped
     router.save(out_dir)
     return router
+
+
+def _check_out(out_dir: str | Path) -> None:
+    """Refuse an --out that cannot be a folder before the training, not when saving after it: a
+    file there or above it ("--out data.csv/r" trained, then ended in "internal error:
+    NotADirectoryError")."""
+    out = Path(out_dir)
+    existing = next((p for p in (out, *out.parents) if p.exists()), None)
+    if existing is not None and not existing.is_dir():
+        raise DataError(f"--out {out_dir}: {existing} is a file; pass a folder for the router.")
+
+
+def _cascade_file(path: str | Path) -> RoutingData:
+    """A --cascade-data file, refused without edge log-probabilities: it would calibrate nothing,
+    and the router kept the default floor without a word."""
+    data = load_routellm_csv(path)
+    if data.edge_logprob is None or not np.isfinite(data.edge_logprob).any():
+        raise DataError(
+            f"--cascade-data {path} has no edge log-probabilities (a {LOGPROB_COL!r} column with "
+            "numbers, as `hybridllm router label` writes), so it cannot calibrate the cascade's "
+            "floor; pass such a file, or train without it."
+        )
+    return data
 
 
 def _bar(show: bool, label: str, unit: str) -> Callable[[int, int], None] | None:

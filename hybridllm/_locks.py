@@ -2,7 +2,7 @@
 
 ``fcntl.flock`` on an open file or folder: released when the descriptor is closed, so a process
 that dies holds nothing. Where files cannot be locked (Windows has no ``fcntl``; some network
-mounts answer ENOLCK or EOPNOTSUPP) no lock is held and the caller goes on without one, as the
+mounts answer ENOLCK, EOPNOTSUPP or ENOSYS) no lock is held and the caller goes on without one, as the
 callers always did there, rather than failing.
 """
 
@@ -18,8 +18,9 @@ except ImportError:  # pragma: no cover - Windows
 
 HAVE_LOCKS = fcntl is not None  # False on Windows: os.open cannot open a folder there either
 
-# the errors of a file system that has no locks, as opposed to a real failure
-_NO_LOCKS = frozenset({errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EINVAL})
+# the errors of a file system that has no locks, as opposed to a real failure; ENOSYS: Lustre
+# mounted without its flock option (HPC home folders) answers "Function not implemented"
+_NO_LOCKS = frozenset({errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EINVAL, errno.ENOSYS})
 
 
 def lock_exclusive(fd: int, on_wait: Callable[[], None] | None = None) -> bool:

@@ -89,6 +89,9 @@ class EdgeJob:
         it: Iterator[Delta] | None = None
         finished = False
         try:
+            if self.cancelled.is_set():  # closed (or the reader's loop closed) just now: no
+                self._post(EdgeError(DEVICE_CLOSED))  # prefill and token decoded for nobody
+                return
             it = self._make()
             for delta in it:
                 self._post(delta)
@@ -275,8 +278,11 @@ class InlineRun:
         """On the reader's thread: wait for the model's turn, then generate and yield chunks.
         Leaving early (closing this iterator) stops generation at once and frees the turn."""
         self.entered = True
+        timeout = self._wait_timeout_s
+        if timeout is not None and timeout >= threading.TIMEOUT_MAX:
+            timeout = None  # Event.wait refuses more (OverflowError): inf (allowed) is forever
         try:
-            if not self.started.wait(self._wait_timeout_s):
+            if not self.started.wait(timeout):
                 raise EdgeBusyError(
                     f"The device model was busy for {self._wait_timeout_s:g} s ({self.ahead} "
                     "request(s) were ahead of this one); retry later or raise edge_wait_timeout_s."
@@ -300,19 +306,22 @@ class InlineRun:
             self._end_turn()
 
     def _end_turn(self) -> None:
-        with self._gen_lock:
-            mine = self._owner == "reader"
-            self._reader_done = True
-            it, self._it = (self._it, None) if mine else (None, self._it)
         try:
+            with self._gen_lock:
+                mine = self._owner == "reader"
+                self._reader_done = True
+                it, self._it = (self._it, None) if mine else (None, self._it)
             if it is not None:
                 getattr(it, "close", lambda: None)()  # stops decoding at once
         except Exception as exc:  # noqa: BLE001
             self._error = self._error or exc
-        with self._cond:
-            self.cancelled.set()  # a worker still generating for us stops at its next token
-            self._released = True
-            self._cond.notify_all()
+        finally:
+            # even when a Ctrl-C (or a close() raising one) cuts the above short: a turn never
+            # freed left the worker waiting for this reader forever, and every later request busy
+            with self._cond:
+                self.cancelled.set()  # a worker still generating for us stops at its next token
+                self._released = True
+                self._cond.notify_all()
 
     def deliver(self) -> None:
         """On the pipeline's loop: the outcome of :meth:`chunks` to the waiting pipeline."""
@@ -366,6 +375,9 @@ class EdgeWorker:
                     f"{self.max_waiting}); retry later."
                 )
             self._jobs.append(job)
+            # the requests ahead of this one, for the busy message: the waiting ones and the one
+            # running (before, "busy for 300 s (0 request(s) were ahead...)" behind a long answer)
+            ahead += self._current is not None and not self._current.done.is_set()
             if isinstance(self._current, InlineRun):
                 self._current.contend()  # an idle sync reader must not hold the device
             if self._thread is None:

@@ -51,7 +51,20 @@ def token_logprobs(rows: Any, tokens: list[int], top_n: int) -> list[TokenLogpro
 def text_offset(decode: Callable[[list[int]], str], output_ids: list[int], index: int) -> int:
     """Where token ``index``'s text starts: the length of the complete text before it (an
     incomplete character at the end of that text is still to come, so it counts as this token's)."""
-    return len(decode(output_ids[:index]).rstrip("\ufffd")) if index else 0
+    if not index:
+        return 0
+    before = decode(output_ids[:index])
+    complete = len(before.rstrip("\ufffd"))
+    if complete == len(before):
+        return complete
+    # A trailing U+FFFD is an incomplete character, or bytes that are none (a stray byte the text
+    # keeps as U+FFFD, as the detokenizer sends it): the text with this token tells them apart.
+    # The U+FFFDs it keeps, short of its own incomplete end, are text before this token.
+    after = decode(output_ids[: index + 1])
+    end = min(len(before), len(after.rstrip("\ufffd")))
+    while complete < end and before[complete] == after[complete]:
+        complete += 1
+    return complete
 
 
 def release(

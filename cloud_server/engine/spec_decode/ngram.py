@@ -23,8 +23,10 @@ def propose_ngram(
     token is a match of length n = how many tokens before it also agree with the suffix (at most
     ``max_n``); the longest wins, the latest among equals (code repeats short n-grams such as
     ``    return``, and a longer agreeing context picks the right copy), and it proposes what
-    followed it, ``token_ids[i + 1 : i + 1 + k]``. Without a match of ``min_n`` tokens, the latest
-    earlier occurrence of the last token alone proposes up to ``fallback_k`` tokens (0: none)."""
+    followed it, ``token_ids[i + 1 : i + 1 + k]``, continued with the same period where that runs
+    past the end (``[7, 7, 7]`` proposes ``k`` 7s, not one). Without a match of ``min_n`` tokens,
+    the latest earlier occurrence of the last token alone proposes up to ``fallback_k`` tokens
+    (0: none)."""
     num = len(token_ids)
     if k < 1 or num < 2:
         return []
@@ -40,6 +42,12 @@ def propose_ngram(
             best, at = n, i
             if n == max_n:
                 break
-    if best >= min_n:
-        return token_ids[at + 1 : at + 1 + k]
-    return token_ids[at + 1 : at + 1 + min(k, fallback_k)] if best >= 1 else []
+    if best < min_n:
+        k = min(k, fallback_k) if best >= 1 else 0
+    out = token_ids[at + 1 : at + 1 + k]
+    # the copy runs into the end of the sequence (repeated or periodic text such as "====" or
+    # "abab"): it goes on with period num - 1 - at, proposal j copies proposal j - period
+    period = num - 1 - at
+    while 0 < len(out) < k:
+        out.append(out[len(out) - period])
+    return out

@@ -21,7 +21,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ..exceptions import EngineError, QueueFullError
+from ..exceptions import ContextLengthError, EngineError, InvalidRequestError, QueueFullError
 from .block_manager import BlockManager
 from .sequence import Sequence, SequenceStatus
 
@@ -95,6 +95,18 @@ class Scheduler:
         return max(0, len(self.waiting) - free_slots)
 
     def add(self, seq: Sequence) -> None:
+        if not seq.token_ids:  # it would be scheduled with 0 tokens yet sample one
+            raise InvalidRequestError("the prompt is empty", param="prompt")
+        # a prompt the whole pool cannot hold would wait at the head of the FCFS queue for good,
+        # and every request behind it with it: refused now (the engine's max_model_len check
+        # keeps its requests inside the pool; this guards the scheduler's own callers)
+        bm = self.block_manager
+        if bm.num_blocks_for(seq.num_tokens) > bm.num_blocks:
+            raise ContextLengthError(
+                f"the prompt ({seq.num_tokens} tokens) exceeds the KV pool of "
+                f"{bm.num_blocks * bm.block_size} tokens",
+                param="prompt",
+            )
         if self.num_queued_beyond_slots >= self.max_waiting:
             raise QueueFullError(f"the waiting queue is full ({self.max_waiting} requests)")
         seq.status = SequenceStatus.WAITING

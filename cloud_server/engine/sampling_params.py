@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass, field
 
 from hybridllm._types import is_real as _real
@@ -86,10 +87,16 @@ class SamplingParams:
                 param="num_speculative_tokens",
             )
         n = self.logprobs
-        if n is not None and (isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= MAX_LOGPROBS):
+        if n is not None and (not _int(n) or not 0 <= n <= MAX_LOGPROBS):
             raise InvalidRequestError(f"logprobs must be an integer in [0, {MAX_LOGPROBS}]", param="logprobs")
         if any(not _int(t) or t < 0 for t in self.stop_token_ids):
             raise InvalidRequestError("stop_token_ids must be non-negative integers", param="stop_token_ids")
+        # plain ints from here (numpy's int64 passes as an integer): the sampler's seed arithmetic
+        # (mod 2**64) raises OverflowError on a numpy int, at the request's first draw
+        for name in ("top_k", "max_tokens", "seed", "num_speculative_tokens", "logprobs"):
+            if getattr(self, name) is not None:
+                setattr(self, name, int(getattr(self, name)))
+        self.stop_token_ids = [int(t) for t in self.stop_token_ids]
 
     @property
     def is_greedy(self) -> bool:
@@ -97,4 +104,5 @@ class SamplingParams:
 
 
 def _int(x: object) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool)
+    # any integer type (numpy's int64 too: it was refused as "must be an integer"), not a bool
+    return isinstance(x, numbers.Integral) and not isinstance(x, bool)

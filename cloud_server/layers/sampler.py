@@ -1,10 +1,10 @@
 """Pick next tokens for a whole batch of rows at once, on the logits' device.
 
 Sampling: p = softmax(logits / T); keep the top_k most likely tokens, then the smallest set whose
-mass reaches top_p (the most likely token always stays); renormalize and draw. The draw is
-argmax(p / E) with E ~ Exponential(1) per token, which picks token i with probability p_i
-(the exponential race); a request with a seed draws its E from its own generator, so its tokens
-do not depend on what it is batched with. Greedy rows are one argmax.
+mass reaches top_p (the most likely token always stays; of tied ones the lowest id first);
+renormalize and draw. The draw is argmax(p / E) with E ~ Exponential(1) per token, which picks
+token i with probability p_i (the exponential race); a request with a seed draws its E from its
+own generator, so its tokens do not depend on what it is batched with. Greedy rows are one argmax.
 
 A failure that belongs to one row (its settings, its generator) ends that row only: the batch is
 retried row by row and the failing rows come back as exceptions instead of tokens.
@@ -126,7 +126,10 @@ class Sampler:
         probs = torch.softmax(scaled, dim=-1)  # [N, V]
         top_p = [p.top_p for p in params]
         if any(tp < 1.0 for tp in top_p):
-            sorted_p, order = probs.sort(dim=-1, descending=True)  # [N, V]
+            # stable: among tied tokens the lowest id comes first, so a cut through a tie keeps the
+            # token greedy would pick (an unstable sort kept any of them: top_p 1e-9 gave id 66
+            # where greedy gave 3), the same on every device and batch shape
+            sorted_p, order = probs.sort(dim=-1, descending=True, stable=True)  # [N, V]
             # drop a token when the mass before it already reaches top_p; keep the first always
             before = sorted_p.cumsum(dim=-1) - sorted_p
             # top_p = 1 is off: its rows get no threshold, since a float cumsum can reach 1 before

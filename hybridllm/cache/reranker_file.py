@@ -22,12 +22,15 @@ import numpy as np
 from .._exceptions import CacheError
 from .._paths import assets_dir, shipped_file
 from ..models.store import sha256_file
+from .features import NUM_HANDCRAFTED
 from .onnx_graph import read_base_weights
 
 FORMAT = "hybridllm-cache-reranker"
 VERSION = 2  # 2: layer matrices as low-rank changes to the base model
 DEFAULT_NAME = "cache_reranker.npz"
 DELTA_PREFIX = "u:"  # a low-rank change: factors "u:<name>" @ "v:<name>", int8, row scales
+# the stack's inputs: the reranker's logit, the feature verifier's logit, the surface features
+NUM_STACK_INPUTS = 2 + NUM_HANDCRAFTED
 _INFO_KEYS = ("format", "version", "threshold", "min_similarity", "weights_digest")
 # what np.load raises on a damaged file: a truncated or half-copied .npz is a damaged zip archive
 _DAMAGED = (OSError, KeyError, ValueError, TypeError, EOFError, zipfile.BadZipFile, zlib.error)
@@ -93,10 +96,16 @@ def read_info(path: str | Path | None = None) -> RerankerInfo:
                     scale=data["stack_scale"].astype(np.float64),
                     features_digest=str(data["features_digest"]),
                 )
+            threshold, min_similarity = float(data["threshold"]), float(data["min_similarity"])
+            if (bad := _bad_fields(threshold, min_similarity, stack)) is not None:
+                raise CacheError(
+                    f"The cache reranker {path} is damaged ({bad}): copy it again or retrain it with "
+                    "`python -m hybridllm.cache.train_reranker`, or reinstall hybridllm for the shipped one."
+                )
             return RerankerInfo(
                 path=path,
-                threshold=float(data["threshold"]),
-                min_similarity=float(data["min_similarity"]),
+                threshold=threshold,
+                min_similarity=min_similarity,
                 weights_digest=str(data["weights_digest"]),
                 metrics=dict(zip(names, values, strict=True)),
                 stack=stack,
@@ -105,6 +114,28 @@ def read_info(path: str | Path | None = None) -> RerankerInfo:
         raise
     except _DAMAGED as exc:
         raise CacheError(f"Cannot read the cache reranker {path}: {exc}") from exc
+
+
+def _bad_fields(threshold: float, min_similarity: float, stack: Stack | None) -> str | None:
+    """What is wrong with a file's decision fields, or None. Each compares with a probability or
+    a cosine: NaN compares false both ways (a NaN threshold let every candidate through), a
+    threshold of 0 serves the pairs scored 0.0 for being read in part, and a stack scale of 0 (or
+    not finite) gives an infinite logit, a probability of 1 for any pair."""
+    if not 0.0 < threshold <= 1.0:
+        return f"threshold {threshold!r} is not a probability in (0, 1]"
+    if not -1.0 <= min_similarity <= 1.0:
+        return f"min_similarity {min_similarity!r} is not a cosine in [-1, 1]"
+    if stack is None:
+        return None
+    arrays = (stack.weights, stack.mean, stack.scale)
+    if any(a.shape != (NUM_STACK_INPUTS,) for a in arrays):
+        shapes = ", ".join(str(a.shape) for a in arrays)
+        return f"stack weights, mean and scale of shapes {shapes}, not ({NUM_STACK_INPUTS},)"
+    if not all(np.isfinite(a).all() for a in arrays) or not np.isfinite(stack.bias):
+        return "stack weights that are not finite"
+    if not (stack.scale > 0).all():
+        return "a stack scale that is not positive"
+    return None
 
 
 def read_weights(path: str | Path, base: dict[str, Any] | None = None) -> dict[str, np.ndarray]:

@@ -235,12 +235,21 @@ class SemanticCache:
         if isinstance(verifier, str | Path):
             verifier = load_verifier(verifier)
         self.verifier = verifier
+        given = min_similarity is not None  # else the verifier's own, read from its file
         if min_similarity is None:
             min_similarity = verifier.min_similarity if verifier is not None else COSINE_ONLY_MIN_SIMILARITY
-        # a cosine lies in [-1, 1]: NaN or a value above 1 would silently never hit, and a
-        # string raised a bare ValueError
-        elif not is_real(min_similarity) or not -1.0 <= min_similarity <= 1.0:
-            raise ConfigError(f"min_similarity must be a cosine in [-1, 1] or None, got {min_similarity!r}")
+        # a cosine lies in [-1, 1]: a value above 1 would silently never hit, NaN let every
+        # candidate through (a verifier's own from a damaged file too), and a string raised a
+        # bare ValueError
+        if not is_real(min_similarity) or not -1.0 <= min_similarity <= 1.0:
+            if given:
+                raise ConfigError(
+                    f"min_similarity must be a cosine in [-1, 1] or None, got {min_similarity!r}"
+                )
+            raise ConfigError(
+                f"the verifier's min_similarity ({type(verifier).__name__}) must be a cosine in [-1, 1], "
+                f"got {min_similarity!r}: train or copy the verifier file again"
+            )
         self.min_similarity = float(min_similarity)
         # "~/..." from a config file means the home folder, as `hybridllm cache` reads it
         self.path = Path(path).expanduser() if path is not None else cache_dir() / DEFAULT_FILENAME
@@ -316,9 +325,12 @@ class SemanticCache:
         probs = verifier.predict(
             [query] * len(found), cached, q_vecs, c_vecs, at_least=verifier.threshold
         )
+        # a NaN probability is no score (argmax would pick it over a real one), and a hit needs
+        # "prob >= threshold" to hold: a NaN threshold (a damaged verifier file) served before
+        probs = np.nan_to_num(np.asarray(probs, dtype=np.float64), nan=0.0)
         best = int(np.argmax(probs))
         with self._lock:
-            if probs[best] < verifier.threshold:
+            if not probs[best] >= verifier.threshold:
                 return self._miss()
             return self._serve(found[best][0], found[best][1], float(probs[best])) or self._miss()
 
@@ -480,14 +492,21 @@ class SemanticCache:
             vec = self._embed(query)
         else:
             try:
-                vec = np.asarray(embedding, dtype=np.float32).reshape(-1)
+                raw = np.asarray(embedding)
+                # complex values lost their imaginary part in the cast (a warning only), and texts
+                # ("0.1", ...) were parsed: neither is a vector of real numbers
+                if raw.dtype.kind in "cSU":
+                    raise TypeError(f"got dtype {raw.dtype}, not real numbers")
+                # squeeze, not reshape(-1): a [1, dim] row is one vector, a [2, dim/2] matrix is not
+                vec = np.asarray(raw, dtype=np.float32).squeeze()
             except (TypeError, ValueError) as exc:  # ["a", ...] or a dict: a bare numpy error before
                 raise InvalidRequestError(f"the embedding must be a vector of numbers: {exc}") from exc
         if vec.shape != (self._store.dim,):
             raise InvalidRequestError(
                 f"the embedding has shape {vec.shape}; this cache holds {self._store.dim}-dim vectors"
             )
-        norm = float(np.linalg.norm(vec))
+        # in float64: a float32 sum of squares overflows (components of 1e20) or underflows to 0
+        norm = float(np.linalg.norm(vec.astype(np.float64)))
         if not np.isfinite(norm) or norm == 0.0:
             raise InvalidRequestError("the embedding must be a finite, non-zero vector")
         # the shipped embedder's vectors are unit already: left bit for bit as they are
@@ -550,7 +569,8 @@ class SemanticCache:
                 if eid in looked:  # ranked by the first, narrower search
                     continue
                 looked.add(eid)
-                if sim < self.min_similarity:  # best first: none below is close enough
+                # best first: none below is close enough (nor a NaN cosine, which compares false)
+                if not sim >= self.min_similarity:
                     return found
                 known = self._entries[eid]
                 if self._alive(eid) and conflict(query, known.query) is None and self._fits_whole(known):

@@ -20,7 +20,13 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from cloud_server.engine.sampling_params import SamplingParams
-from cloud_server.exceptions import ContextLengthError, InvalidRequestError, QueueFullError, ServerError
+from cloud_server.exceptions import (
+    ContextLengthError,
+    EngineError,
+    InvalidRequestError,
+    QueueFullError,
+    ServerError,
+)
 from hybridllm.wire.responses import DONE, ChunkWriter, chat_completion, error_event, text_completion
 
 from .errors import error_body, error_kind
@@ -28,6 +34,10 @@ from .metrics import RequestTimer, ServerMetrics
 from .protocol import ChatCompletionRequest, CompletionRequest
 
 logger = logging.getLogger("cloud_server.api")
+
+# The engine's ends that are an answer; its others ("abort": dropped by the engine, "error") are
+# no finish reason OpenAI's types allow, and the text they end is cut short: an error instead.
+_ANSWER_ENDS = frozenset({"stop", "length", None})
 
 
 class Engine(Protocol):
@@ -112,7 +122,10 @@ class Generation:
                 try:
                     out = await self._iter.__anext__()
                 except StopAsyncIteration:
-                    return
+                    # ended without its finishing output (a replica cut off): a half answer is
+                    # an error, not a 200 with "stop" (close() counts it as failed)
+                    self.failed = True
+                    raise EngineError("the engine ended the request before it finished") from None
                 except Exception:
                     self.failed = True
                     raise
@@ -124,6 +137,9 @@ class Generation:
                 if self._energy is not None:  # sets out.energy (usage.energy)
                     self._energy.finish(self._energy_key, out)
                     self._energy_key = None
+                if out.finish_reason not in _ANSWER_ENDS:
+                    self.failed = True
+                    raise EngineError(f"the engine ended the request ({out.finish_reason})")
             yield out
             if out.finished:
                 return
@@ -218,14 +234,23 @@ class OpenAIServing:
         max_len = int(self.engine.max_model_len)
         limit = req.output_limit()
         param = req.limit_param()
-        if len(prompt_ids) >= max_len or (limit is not None and len(prompt_ids) + limit > max_len):
+        if len(prompt_ids) >= max_len:
+            # the prompt alone too long: no max_tokens would help, so name the prompt (and not as
+            # "requested 64 tokens (64 in the prompt, 0 for the completion)" of a 64-token window)
+            what = "messages" if kind == "chat" else "prompt"
+            raise ContextLengthError(
+                f"This model's maximum context length is {max_len} tokens. However, your {what} "
+                f"resulted in {len(prompt_ids)} tokens, which leaves no room for the completion. "
+                f"Please reduce the length of the {what}.",
+                param=what,
+            )
+        if limit is not None and len(prompt_ids) + limit > max_len:
             raise ContextLengthError(
                 f"This model's maximum context length is {max_len} tokens. However, you "
-                f"requested {len(prompt_ids) + (limit or 0)} tokens ({len(prompt_ids)} in the "
-                f"prompt, {limit or 0} for the completion). Please reduce the prompt or the "
+                f"requested {len(prompt_ids) + limit} tokens ({len(prompt_ids)} in the "
+                f"prompt, {limit} for the completion). Please reduce the prompt or the "
                 f"completion length.",
-                # the prompt alone too long: no max_tokens would help, so name the prompt
-                param=("messages" if kind == "chat" else "prompt") if len(prompt_ids) >= max_len else param,
+                param=param,
             )
         params = SamplingParams(
             temperature=1.0 if req.temperature is None else req.temperature,

@@ -194,7 +194,9 @@ class SamplingRequest(_Strict):
     num_speculative_tokens: Annotated[int, Field(ge=0, le=16), _INTEGRAL] | None = None
     presence_penalty: Annotated[Unit, Field(ge=-2.0, le=2.0)] | None = only(minimum=0, maximum=0)
     frequency_penalty: Annotated[Unit, Field(ge=-2.0, le=2.0)] | None = only(minimum=0, maximum=0)
-    logit_bias: dict[str, Annotated[Unit, Field(ge=-100.0, le=100.0)]] | None = only(maxProperties=0)
+    # biases of 0 change nothing: accepted, as a penalty of 0 is (some clients send zeros)
+    logit_bias: dict[str, Annotated[Unit, Field(ge=-100.0, le=100.0)]] | None = only(
+        additionalProperties={"type": "number", "minimum": 0, "maximum": 0})
     user: str | None = None
 
     @field_validator("n")
@@ -214,7 +216,7 @@ class SamplingRequest(_Strict):
     @field_validator("logit_bias")
     @classmethod
     def _no_bias(cls, value: dict[str, float] | None) -> dict[str, float] | None:
-        if value:
+        if value and any(value.values()):
             raise ValueError("logit_bias is not supported by this server")
         return value
 

@@ -715,11 +715,23 @@ class CloudBackend(Backend):
                 last_event = clock()
                 pinged = False  # lines that are no event (keepalives) came since the last event
                 events = False  # a "data:" line came: else what came is kept (its start) to say what it was
+                # the event being read: its "data:" lines (an event's JSON may span several, joined
+                # by line breaks as the SSE standard says) and its "event:" type ("error": its data
+                # is the server's error, not a chunk)
+                pending: list[str] = []
+                pending_size, kind = 0, ""
                 while True:
                     try:
                         line = await asyncio.wait_for(
                             anext(lines), None if quiet is None else last_event + quiet - clock())
                     except StopAsyncIteration:
+                        if pending and finish is None:  # it ended in the middle of an event
+                            data = "\n".join(pending)
+                            if kind == "error":
+                                raise _Retryable(f"the cloud reported an error mid-stream: "
+                                                 f"{data[:200]}") from None
+                            raise _Retryable(f"malformed event from {ep.base_url} (the stream ended in "
+                                             f"it): {data[:80]!r}") from None
                         break
                     except TimeoutError:
                         if finish is not None:  # the answer is whole: only its count and [DONE] are late
@@ -729,26 +741,49 @@ class CloudBackend(Backend):
                                              f"{quiet:g} s") from None
                         raise _Retryable(f"timeout talking to {ep.base_url}: no event within {quiet:g} s "
                                          f"({'keepalives only' if pinged else 'ReadTimeout'})") from None
-                    if not line.startswith("data:"):
+                    field, _, value = line.partition(":")
+                    value = value.strip()
+                    if field == "event":
+                        kind = value
+                    if field == "error" and value:  # llama.cpp's server: "error: {...}", no data line
+                        pending, kind = [value], "error"
+                    elif field == "data" and (value or pending):  # (an empty one alone: a keepalive)
+                        pending.append(value)
+                        pending_size += len(value)
+                        if pending_size > MAX_LINE_CHARS:
+                            raise _Retryable(f"the stream from {ep.base_url} sent an event over "
+                                             f"{MAX_LINE_CHARS >> 20} M characters; not read further")
+                    elif line or not pending:  # no event: a comment (": ping"), an id:, event: ...
+                        kind = kind if line else ""  # a blank line ends the event, its type too
                         pinged = pinged or bool(line)
                         if not events and len(other) < MAX_ERROR_BYTES:
                             other += line[:MAX_ERROR_BYTES] + "\n"
                         continue
                     events, pinged = True, False
                     last_event = clock()
-                    data = line[5:].strip()
+                    data = "\n".join(pending)
                     if data == "[DONE]":
                         done = True
                         break
                     try:
-                        event = json.loads(data)
-                        if event.get("error") and finish is not None:  # the answer is whole already
+                        event: Any = json.loads(data)
+                    except ValueError:
+                        if field == "data":  # its JSON may go on in the next "data:" line
+                            continue
+                        event = None  # not JSON: an error event's text is its message
+                    error_event = kind == "error"
+                    pending, pending_size, kind = [], 0, ""
+                    said = event.get("error") if isinstance(event, dict) else None
+                    if error_event or said:  # OpenAI's {"error": {...}} chunk, or an error event
+                        said = str(said or (data if event is None else event))[:200]
+                        if finish is not None:  # the answer is whole already
                             log.info("the cloud at %s reported an error after the answer's end: %s",
-                                     ep.base_url, str(event["error"])[:200])
+                                     ep.base_url, said)
                             break
-                        if event.get("error"):
-                            raise _Retryable(f"the cloud reported an error mid-stream: "
-                                             f"{str(event['error'])[:200]}")
+                        raise _Retryable(f"the cloud reported an error mid-stream: {said}")
+                    try:
+                        if event is None:
+                            raise ValueError("not JSON")
                         texts, ended, counted = _read_event(event)
                     except (ValueError, TypeError, AttributeError) as exc:  # not the OpenAI shape
                         if finish is not None:  # after the answer's end: it was shown whole already
@@ -1010,12 +1045,26 @@ def _read_completion(resp: Any, where: str) -> tuple[Delta, Delta]:
                               usage=usage or Usage())
 
 
+# finish_reasons of servers that are not quite OpenAI's, as LiteLLM reads them: cut by the length
+# limit (Anthropic's and Gemini's "max_tokens", Mistral's "model_length": its context window), cut
+# by a filter (Gemini's "SAFETY"); and an answer the server gave up on (vLLM's "abort", Mistral's
+# "error"): not whole, so not passed off as one
+LENGTH_WORDS = {"length", "max_tokens", "model_length"}
+FILTER_WORDS = {"content_filter", "content_filtered", "safety"}
+BROKEN_WORDS = {"abort", "error"}
+
+
 def _finish_reason(said: object) -> str:
     """The answer's finish_reason: "length" and "content_filter" (a hosted cloud's filter cut the
-    answer: it is not whole, so not cached, and the caller is told) as the cloud said them; any
-    other ("tool_calls", a server's own word, none) is "stop". Before, a filtered answer read as
-    "stop", was stored in the semantic cache and replayed as whole."""
-    return said if said in ("length", "content_filter") else "stop"
+    answer: it is not whole, so not cached, and the caller is told), under the words of the
+    servers above too; any other ("tool_calls", "eos_token", none) is "stop". An answer the cloud
+    gave up on ("abort", "error") raises, as a stream that broke off. Before, a filtered answer
+    read as "stop", was stored in the semantic cache and replayed as whole (and a cut or aborted
+    one from a server with its own words still was)."""
+    word = str(said).lower() if said else ""
+    if word in BROKEN_WORDS:
+        raise _Retryable(f"the cloud gave up on the answer (finish_reason {str(said)[:40]!r})")
+    return "length" if word in LENGTH_WORDS else "content_filter" if word in FILTER_WORDS else "stop"
 
 
 def _not_events(text: str) -> str:
@@ -1053,12 +1102,17 @@ async def _read_capped(resp: Any, limit: int) -> tuple[Any, bool]:
 async def _lines(resp: Any, where: str) -> AsyncGenerator[str, None]:
     """The lines of an event stream (ended by LF, CRLF or CR), like httpx's ``aiter_lines`` but
     with a bound: a line over ``MAX_LINE_CHARS`` (a server that sends without line breaks) raises
-    instead of growing until memory runs out. A CRLF split between two reads gives one empty line
-    more, which an event stream ignores (only "data:" lines are read)."""
+    instead of growing until memory runs out. A CRLF split between two reads is one line end (an
+    empty line more would end an event whose JSON goes on in its next "data:" line)."""
     pending: list[str] = []  # the start of a line not ended yet
     size = 0
+    after_cr = False  # the last read ended in CR: an LF first in the next ends no other line
     async with aclosing(resp.aiter_text()) as texts:
         async for text in texts:
+            if after_cr and text.startswith("\n"):
+                text, after_cr = text[1:], False
+            if text:
+                after_cr = text.endswith("\r")
             *ended, rest = text.replace("\r\n", "\n").replace("\r", "\n").split("\n")
             for line in ended:
                 yield "".join(pending) + line

@@ -68,6 +68,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from .cli import _UsageError
     from .proxy import API_KEYS_ENV, create_app, serve_hosts
     from .wire.auth import load_api_keys
+    from .wire.middleware import access_log_config
     from .wire.shutdown import GracefulServer
 
     # Keys and settings are checked before the port is bound and the model loads: a bad one is a
@@ -93,7 +94,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
                          allow_origins=args.allow_origin, allow_hosts=serve_hosts(host, args.allow_host))
         # SIGTERM / Ctrl-C: new requests 503, the ones in flight get --shutdown-timeout, the rest end
         # cleanly (wire/shutdown.py); uvicorn's own timeout after it is for clients that stopped reading
-        config = uvicorn.Config(app, log_level=args.log_level, timeout_graceful_shutdown=5)
+        # the access lines (--log-level info) end with [request_id=ID], as the error lines do
+        config = uvicorn.Config(app, log_level=args.log_level, timeout_graceful_shutdown=5,
+                                log_config=access_log_config())
         GracefulServer(config, app.state.drain, args.shutdown_timeout).run(sockets=[sock])
     finally:
         sock.close()

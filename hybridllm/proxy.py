@@ -628,8 +628,10 @@ async def _sse(first: Chunk, stream: Any, rest: AsyncIterator[Chunk], writer: Ch
         yield DONE
     except Exception as exc:
         # Headers are sent: report in-band, as OpenAI does; never the exception's own text.
-        status, etype, message = status_of(exc if isinstance(exc, HybridLLMError) else HybridLLMError())
+        _, etype, message = status_of(exc if isinstance(exc, HybridLLMError) else HybridLLMError())
         logger.error("stream failed: %s", type(exc).__name__)
-        yield error_event(error_body(message, etype, code=code_of(exc) or status))
+        # code: a string or null, as in OpenAI's error objects and the proxy's JSON errors (was the
+        # HTTP status, an integer); the type tells a 503 from a 500 here as there
+        yield error_event(error_body(message, etype, code=code_of(exc)))
     finally:
         await stream.aclose()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import logging
 import uuid
 from collections.abc import Awaitable, Callable
@@ -70,6 +71,30 @@ class RequestIdLog(logging.Filter):
 
 
 _REQUEST_ID_LOG = RequestIdLog()
+
+
+class AccessRequestId(logging.Filter):
+    """Gives uvicorn's access records a ``request_id`` (``-`` outside a request). uvicorn writes the
+    access line from the app's ``send``, inside ``RequestId``, so the id is the one sent back. Its
+    AccessFormatter reads the record's args, so ``RequestIdLog``'s rewrite of the message cannot
+    serve here: the line's format names the field (``access_log_config``)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not hasattr(record, "request_id"):
+            record.request_id = REQUEST_ID.get() or "-"
+        return True
+
+
+def access_log_config() -> dict[str, Any]:
+    """uvicorn's logging config, its access line ending with `` [request_id=ID]`` as the server's
+    own lines do (``log_config`` of ``uvicorn.Config``)."""
+    from uvicorn.config import LOGGING_CONFIG
+
+    config = copy.deepcopy(LOGGING_CONFIG)
+    config.setdefault("filters", {})["request_id"] = {"()": AccessRequestId}
+    config["formatters"]["access"]["fmt"] += " [request_id=%(request_id)s]"
+    config["handlers"]["access"].setdefault("filters", []).append("request_id")
+    return config
 
 
 class RequestId:

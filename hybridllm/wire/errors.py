@@ -41,7 +41,7 @@ class WireError(Exception):
 
 
 def error_body(
-    message: str, type: str, *, param: str | None = None, code: str | int | None = None
+    message: str, type: str, *, param: str | None = None, code: str | None = None
 ) -> dict[str, dict[str, Any]]:
     return {"error": {"message": message, "type": type, "param": param, "code": code}}
 

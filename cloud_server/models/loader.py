@@ -193,7 +193,11 @@ def assemble_model(
         msg = f"weights do not match the {config.architecture} layout: {exc}"
         raise ModelLoadError(msg) from exc
     model.eval().requires_grad_(False)
-    model.setup(max_position, device, dtype)
+    try:  # RoPE tables: a scaling the config check let through (factors of the wrong length)
+        model.setup(max_position, device, dtype)
+    except (KeyError, ValueError, TypeError, RuntimeError) as exc:
+        msg = f"cannot set up the {config.architecture} model (RoPE {config.rope_scaling!r}): {exc}"
+        raise ModelLoadError(msg) from exc
     return model
 
 

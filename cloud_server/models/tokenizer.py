@@ -219,7 +219,7 @@ class HFTokenizer(_ChatTemplateMixin):
         self._specials, self._plain = tokenizers_plain(folder / "tokenizer.json")
         cfg = _read_json(folder / "tokenizer_config.json")
         gen = _read_json(folder / "generation_config.json")
-        self.chat_template = cfg.get("chat_template")
+        self.chat_template = _chat_template(folder, cfg)
         self.bos_token = _token_text(cfg.get("bos_token")) or ""
         self.eos_token = _token_text(cfg.get("eos_token")) or ""
         self.bos_token_id = self._tok.token_to_id(self.bos_token) if self.bos_token else None
@@ -229,9 +229,11 @@ class HFTokenizer(_ChatTemplateMixin):
         eos_id = self._tok.token_to_id(self.eos_token) if self.eos_token else None
         if eos_id is not None:
             ids.add(eos_id)
-        gen_eos = gen.get("eos_token_id")
-        if gen_eos is not None:
-            ids.update(gen_eos if isinstance(gen_eos, list) else [gen_eos])
+        # the stop ids of generation_config.json, else config.json's (as transformers and vLLM take
+        # them): Llama 3.1 lists <|eot_id|> and <|eom_id|> beside the tokenizer's one eos
+        source = "generation_config.json" if "eos_token_id" in gen else "config.json"
+        ids.update(_token_ids(gen if "eos_token_id" in gen else _read_json(folder / source),
+                              "eos_token_id", folder / source))
         self.eos_token_ids = sorted(ids)
         decoder = json.loads(self._tok.decoder.__getstate__()) if self._tok.decoder is not None else {}
         self._byte_level = '"ByteLevel"' in json.dumps(decoder)  # alone or in a decoder Sequence
@@ -270,7 +272,48 @@ class HFTokenizer(_ChatTemplateMixin):
 
 
 def _read_json(path: Path) -> dict:
-    return json.loads(path.read_text()) if path.is_file() else {}
+    """A JSON object file, {} when absent; a damaged one is a ModelLoadError naming it."""
+    if not path.is_file():
+        return {}
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, OSError) as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        raise ModelLoadError(f"cannot read {path}: {exc}") from exc
+    if not isinstance(data, dict):
+        raise ModelLoadError(f"{path} must hold a JSON object, got {type(data).__name__}")
+    return data
+
+
+def _token_ids(data: dict, key: str, path: Path) -> list[int]:
+    """``data[key]``: a token id, a list of them, or null."""
+    value = data.get(key)
+    values = value if isinstance(value, list) else [] if value is None else [value]
+    if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in values):
+        raise ModelLoadError(f"{path}: {key} must be a token id or a list of them, got {value!r}")
+    return values
+
+
+def _chat_template(folder: Path, cfg: dict) -> str | None:
+    """The chat template as transformers reads it: ``chat_template.jinja`` (how transformers
+    saves it since 4.50) over ``tokenizer_config.json``'s, whose value may also be a list of named
+    templates ({"name", "template"}): the one named "default" is the chat template."""
+    jinja = folder / "chat_template.jinja"
+    if jinja.is_file():
+        try:
+            return jinja.read_text(encoding="utf-8")
+        except (ValueError, OSError) as exc:
+            raise ModelLoadError(f"cannot read {jinja}: {exc}") from exc
+    template = cfg.get("chat_template")
+    if isinstance(template, list):
+        named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
+        template = named.get("default")
+        if template is None:
+            raise ModelLoadError(f"{folder / 'tokenizer_config.json'}: chat_template names no "
+                                 f"'default' template (has {sorted(map(str, named))})")
+    if template is not None and not isinstance(template, str):
+        raise ModelLoadError(f"{folder / 'tokenizer_config.json'}: chat_template must be a string "
+                             f"or a list of named templates, got {type(template).__name__}")
+    return template or None
 
 
 def _token_text(value: Any) -> str | None:

@@ -199,6 +199,8 @@ def render_chat_template(
         )
     except jinja2.TemplateError as exc:
         raise InvalidRequestError(f"The model's chat template failed: {exc}") from exc
+    except InvalidRequestError:  # raise_exception's (a ValueError too): its message as it is
+        raise
     except (TypeError, ValueError, RecursionError) as exc:
         # the template's own Python operations on a message shape it cannot take: a role that is
         # not a string ('<|im_start|>' + 5), a tool call without arguments (| tojson on undefined)

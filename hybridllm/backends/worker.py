@@ -14,9 +14,10 @@ model's turn in the same queue, and the reading thread generates the answer itse
 crosses a thread (two thread hops per token cost SmolLM2/Qwen 5-11% of their decode speed).
 
 At interpreter exit every worker is closed (``atexit``): a generation still running is cancelled
-and waited for (one token, at most ``EXIT_WAIT_S``). Without it the model's native code went on
-decoding on a daemon thread while the process tore down the libraries under it: an application
-that quit mid-answer died with a segmentation fault (llama.cpp, about one exit in ten).
+and waited for (one token, at most ``EXIT_WAIT_S`` for all workers together). Without it the
+model's native code went on decoding on a daemon thread while the process tore down the
+libraries under it: an application that quit mid-answer died with a segmentation fault
+(llama.cpp, about one exit in ten).
 """
 
 from __future__ import annotations
@@ -24,9 +25,10 @@ from __future__ import annotations
 import asyncio
 import atexit
 import threading
+import time
 import weakref
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any
 
 from .._exceptions import EdgeBusyError, EdgeError
@@ -45,8 +47,14 @@ _LIVE: weakref.WeakSet[EdgeWorker] = weakref.WeakSet()  # workers whose thread w
 @atexit.register
 def _close_at_exit() -> None:
     """Stop every device generation before the interpreter tears down (see the module's doc)."""
-    for worker in list(_LIVE):
-        worker.close(timeout_s=EXIT_WAIT_S)
+    workers = list(_LIVE)
+    # cancel them all first, then wait: closed one after another, each stuck worker added its
+    # own EXIT_WAIT_S to the exit (the waits now share one deadline)
+    for worker in workers:
+        worker.cancel_all()
+    deadline = time.monotonic() + EXIT_WAIT_S
+    for worker in workers:
+        worker.close(timeout_s=max(0.0, deadline - time.monotonic()))
 
 
 def _stopped(exc: BaseException) -> EdgeError:
@@ -142,6 +150,30 @@ class EdgeJob:
             if self.started.is_set() and not self.done.is_set():
                 # wait for the worker to stop decoding, so a closed stream costs nothing more
                 await asyncio.get_running_loop().run_in_executor(None, self.done.wait, 30.0)
+
+
+class _JobStream:
+    """The async iterator :meth:`EdgeWorker.stream` returns: the job's deltas, and its cancel
+    for a stream closed (``aclose``) or dropped before its first read. The job is queued at once,
+    but an async generator runs no ``finally`` until it is started: such a stream's answer was
+    generated in full for nobody, the device busy meanwhile."""
+
+    def __init__(self, job: EdgeJob, deltas: AsyncIterator[Delta]) -> None:
+        self._job = job
+        self._deltas = deltas
+        # on garbage collection (any thread): cancel only sets an Event; never at exit (the
+        # atexit handler closes the workers itself)
+        weakref.finalize(self, job.cancel).atexit = False
+
+    def __aiter__(self) -> _JobStream:
+        return self
+
+    def __anext__(self) -> Awaitable[Delta]:
+        return self._deltas.__anext__()
+
+    async def aclose(self) -> None:
+        self._job.cancel()  # a started generator's own finally cancels it too (and waits)
+        await self._deltas.aclose()  # type: ignore[attr-defined]
 
 
 class InlineRun:
@@ -390,7 +422,7 @@ class EdgeWorker:
     def stream(self, make: Callable[[], Iterator[Delta]]) -> AsyncIterator[Delta]:
         """Queue ``make`` (called on the worker thread) and return its deltas as they come."""
         job, ahead = self._submit(make)
-        return job.deltas(self.wait_timeout_s, ahead)
+        return _JobStream(job, job.deltas(self.wait_timeout_s, ahead))
 
     def inline(
         self, make: Callable[[], Iterator[Delta]], feed: Callable[[Delta], Any], finish: Callable[[], Any]
@@ -417,16 +449,21 @@ class EdgeWorker:
             with self._cond:
                 self._current = None
 
-    def close(self, timeout_s: float = 30.0) -> bool:
-        """Cancel every job, the running one at its next token, and wait for the thread to end,
-        so the model can be freed safely afterwards. False when the thread is still running after
-        ``timeout_s`` (one token took longer): the model must not be freed under it."""
+    def cancel_all(self) -> threading.Thread | None:
+        """Close to new jobs and cancel every job, the running one at its next token; no wait.
+        Returns the worker's thread (None when it never started)."""
         with self._cond:
             self._closed = True
             for job in [*self._jobs, *([self._current] if self._current else [])]:
                 job.cancel()
             self._cond.notify_all()
-            thread = self._thread
+            return self._thread
+
+    def close(self, timeout_s: float = 30.0) -> bool:
+        """Cancel every job, the running one at its next token, and wait for the thread to end,
+        so the model can be freed safely afterwards. False when the thread is still running after
+        ``timeout_s`` (one token took longer): the model must not be freed under it."""
+        thread = self.cancel_all()
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout_s)
             return not thread.is_alive()

@@ -15,6 +15,7 @@ gradually rather than at midnight. A dollar limit is a token limit at ``price_pe
 from __future__ import annotations
 
 import math
+import numbers
 import threading
 import time
 from collections import deque
@@ -61,21 +62,26 @@ class Budget:
             value = getattr(self, name)
             if value is None:
                 continue
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            # numbers.Integral: numpy's int64 (a limit read with numpy or pandas) was refused as
+            # "not a non-negative integer"; kept as a Python int
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
                 raise ConfigError(
                     f"Budget {name} must be a non-negative integer or None, got {value!r}."
                 )
+            setattr(self, name, int(value))
         price = self.price_per_1k_tokens
         # finite: at an infinite price a call of 0 tokens costs 0 * inf = NaN dollars, never spent
-        if isinstance(price, bool) or not isinstance(price, (int, float)) or not 0 <= price < math.inf:
+        if not is_real(price) or not 0 <= price < math.inf:
             raise ConfigError(f"price_per_1k_tokens must be a finite number >= 0, got {price!r}.")
+        self.price_per_1k_tokens = _plain(price)
         for name in ("max_cloud_usd_per_hour", "max_cloud_usd_per_day"):
             value = getattr(self, name)
             if value is None:
                 continue
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < math.inf:
-                raise ConfigError(f"Budget {name} must be a non-negative number of dollars or None, "
-                                  f"got {value!r}.")
+            if not is_real(value) or not 0 <= value < math.inf:
+                raise ConfigError(f"Budget {name} must be a non-negative number of dollars or "
+                                  f"None, got {value!r}.")
+            setattr(self, name, _plain(value))
             if not price > 0:
                 raise ConfigError(f"Budget {name} counts dollars at price_per_1k_tokens, which is "
                                   f"{price!r}: set the price the cloud charges a 1,000 tokens.")
@@ -243,6 +249,12 @@ def _decimals(limit: float) -> int:
         if math.isclose(round(limit, d), limit, rel_tol=1e-9, abs_tol=1e-12):
             return d
     return 2 if limit >= 0.01 else 6
+
+
+def _plain(value: float) -> float:
+    """A numpy number as a Python float of the same value (numpy's float32 was refused); a
+    Python int or float as it is."""
+    return value if type(value) in (int, float) else float(value)
 
 
 def _check_tokens(tokens: int) -> None:

@@ -22,8 +22,10 @@ The client's pipeline then applies what only it knows: the cloud budget (a ledge
 from __future__ import annotations
 
 import math
+import numbers
 import threading
 from collections.abc import Sequence
+from os import PathLike
 
 import numpy as np
 
@@ -49,9 +51,12 @@ class RoutingPolicy:
             raise ConfigError(
                 f"privacy must be one of {', '.join(PRIVACY_MODES)}, got {privacy!r}."
             )
-        ctx = edge_context_tokens
-        if isinstance(ctx, bool) or not isinstance(ctx, int) or ctx < 1:
+        ctx: object = edge_context_tokens  # object: mypy reads no int as a numbers.Integral
+        # numbers.Integral: numpy's int64 (a backend's context_length read from a model's config)
+        # was refused as "not a positive integer"
+        if isinstance(ctx, bool) or not isinstance(ctx, numbers.Integral) or ctx < 1:
             raise ConfigError(f"edge_context_tokens must be a positive integer, got {ctx!r}.")
+        edge_context_tokens = int(ctx)
         if cascade_band is not None:
             # a scalar, one number or strings failed in unpacking or "<=" with no word of the setting
             band = tuple(cascade_band) if isinstance(cascade_band, Sequence) else ()
@@ -59,6 +64,12 @@ class RoutingPolicy:
                 raise ConfigError(
                     f"cascade_band must be (lo, hi) with 0 <= lo < hi <= 1, got {cascade_band!r}."
                 )
+        given: object = router  # typed Router | None, but a path is what a RouteLLM config holds
+        if isinstance(given, str | PathLike):  # it raised an AttributeError at the first request
+            raise ConfigError(
+                f"router must be a Router object or None (the shipped one), got the path "
+                f"{str(given)!r}; pass load_router({str(given)!r})."
+            )
         self._router = router
         self._router_lock = threading.Lock()  # decide() runs in executor threads: one load
         self.privacy = privacy
@@ -73,7 +84,7 @@ class RoutingPolicy:
                     self._router = load_router()
         return self._router
 
-    def should_escalate(self, mean_logprob: float) -> bool:
+    def should_escalate(self, mean_logprob: float | None) -> bool:
         return self.router.should_escalate(mean_logprob)
 
     def decide(

@@ -103,6 +103,11 @@ class Router:
     # scoring -------------------------------------------------------------------------------
     def score_text(self, text: str, *, embedding: np.ndarray | None = None) -> float:
         """Score one prompt. Pass ``embedding`` (``[384]``) to reuse one the cache computed."""
+        if not isinstance(text, str):  # else a TypeError from len() or a regex deep in the features
+            raise InvalidRequestError(
+                f"score_text() takes the prompt's text, got {type(text).__name__}; "
+                "use score() for a message list (it scores the last user turn)."
+            )
         feats = _text_features(text)
         emb = None
         if self.use_embedding:
@@ -165,9 +170,18 @@ class Router:
         threshold = calibrate_threshold(self.score_texts(texts), float(cf))
         return dataclasses.replace(self, threshold=threshold, info=dict(self.info))
 
-    def should_escalate(self, mean_logprob: float) -> bool:
-        """Cascade: hand the request to the cloud when the edge answer's confidence is low."""
-        return not math.isfinite(mean_logprob) or mean_logprob < self.logprob_threshold
+    def should_escalate(self, mean_logprob: float | None) -> bool:
+        """Cascade: hand the request to the cloud when the edge answer's confidence is low. None
+        (a backend that gave no log-probabilities) is no confidence, as in the client's pipeline."""
+        if mean_logprob is None:
+            return True
+        if not is_real(mean_logprob):  # a string raised a bare TypeError from math.isfinite
+            raise InvalidRequestError(
+                f"should_escalate() takes the edge answer's mean token log-probability (a number, "
+                f"or None), got {type(mean_logprob).__name__}."
+            )
+        # bool(): a numpy number gave numpy's bool, which json.dumps refuses
+        return bool(not math.isfinite(mean_logprob) or mean_logprob < self.logprob_threshold)
 
     # files ---------------------------------------------------------------------------------
     def save(self, folder: str | Path) -> Path:
@@ -264,9 +278,13 @@ def _read_config(folder: Path) -> dict[str, Any]:
             f"No {CONFIG_NAME} in {folder}; pass a folder written by `hybridllm router train`."
         )
     try:
-        config = json.loads(path.read_text(encoding="utf-8"))
+        # utf-8-sig: a file hand-edited where editors save a byte-order mark (Windows Notepad,
+        # PowerShell 5) was refused as corrupt
+        config = json.loads(path.read_text(encoding="utf-8-sig"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise RouterFileError(f"{path} is corrupt ({exc}); retrain or re-copy the router.") from exc
+    except OSError as exc:  # permission denied: else a bare OSError, not the library's error
+        raise RouterFileError(f"{path} cannot be read ({exc}).") from exc
     if not isinstance(config, dict) or config.get("format") != FORMAT:
         raise RouterFileError(f"{path} is not a hybridllm router file.")
     version = config.get("format_version")

@@ -106,29 +106,42 @@ class BlockManager:
         """
         if seq.block_table:
             raise EngineError(f"{seq!r} already has blocks")
-        bs = self.block_size
-        num_lookup = (seq.num_tokens - 1) // bs  # full blocks, leaving the last token to compute
+        for block, h in self._prefix_hits(seq):
+            self._acquire(block)
+            self._reused[block] = True
+            seq.block_table.append(block)
+            seq.block_hashes.append(h)
+        num_cached = len(seq.block_table) * self.block_size
+        seq.num_computed_tokens = num_cached
+        if count:
+            self.count_prefix_lookup(seq.num_tokens, num_cached)
+        return num_cached
+
+    def _prefix_hits(self, seq: Sequence) -> list[tuple[int, int]]:
+        """(block, chain hash) of the cached blocks of ``seq``'s longest cached prefix, taking
+        nothing: full blocks only, leaving the last token to compute."""
         if not self.enable_prefix_caching:
-            if count:
-                self.count_prefix_lookup(seq.num_tokens, 0)
-            return 0
+            return []
+        bs = self.block_size
+        hits: list[tuple[int, int]] = []
         parent: int | None = None
-        for i in range(num_lookup):
+        for i in range((seq.num_tokens - 1) // bs):
             tokens = tuple(seq.token_ids[i * bs : (i + 1) * bs])
             h = chain_hash(parent, tokens)
             block = self._hash_to_block.get(h)
             if block is None or self._block_tokens[block] != tokens:
                 break
-            self._acquire(block)
-            self._reused[block] = True
-            seq.block_table.append(block)
-            seq.block_hashes.append(h)
+            hits.append((block, h))
             parent = h
-        num_cached = len(seq.block_table) * bs
-        seq.num_computed_tokens = num_cached
-        if count:
-            self.count_prefix_lookup(seq.num_tokens, num_cached)
-        return num_cached
+        return hits
+
+    def blocks_to_admit(self, seq: Sequence) -> tuple[int, int]:
+        """For a sequence with no blocks: (new blocks its whole prompt needs beyond its cached
+        prefix, free blocks left once that prefix is taken), without taking anything: the
+        scheduler's admission check, which leaves the LRU order and the blocks' classes alone."""
+        hits = self._prefix_hits(seq)
+        idle = sum(self.ref_counts[block] == 0 for block, _ in hits)  # free now, taken by the hit
+        return self.num_blocks_for(seq.num_tokens) - len(hits), self.num_free_blocks - idle
 
     def count_prefix_lookup(self, num_tokens: int, num_cached: int) -> None:
         """Record one request's lookup: ``num_tokens`` prompt tokens, ``num_cached`` of them hits."""

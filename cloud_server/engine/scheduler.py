@@ -159,14 +159,14 @@ class Scheduler:
             if len(self.running) >= self.max_num_seqs:
                 break
             seq = self.waiting[0]
+            if not self._can_admit(seq):
+                bm.free(seq)  # blocks it may hold go back; retry next step
+                break
             if not seq.block_table:
                 cached = bm.allocate_prefix(seq, count=False)
                 if seq.num_preemptions == 0:  # a comeback finds its own blocks: not a hit
                     seq.num_cached_tokens = cached
             n = min(seq.num_uncomputed_tokens, budget)
-            if not self._can_admit(seq):
-                bm.free(seq)  # give the prefix blocks back; retry next step
-                break
             bm.append_slots(seq, n)
             self.waiting.popleft()
             if seq.num_preemptions == 0:
@@ -181,7 +181,7 @@ class Scheduler:
         return out
 
     def _can_admit(self, seq: Sequence) -> bool:
-        """Whether a waiting sequence (its cached prefix already taken) may start now.
+        """Whether a waiting sequence may start now.
 
         Its whole remaining prompt must fit in the free blocks, not only the first chunk of a
         chunked prefill: admitted on its first chunk, a long prompt's later chunks found the pool
@@ -196,6 +196,13 @@ class Scheduler:
         """
         bm = self.block_manager
         reserve = self.watermark_blocks if self.running else 0
+        if not seq.block_table:
+            # its cached prefix counted without taking it: a lookup given back when the rest did
+            # not fit marked the hit blocks reused and moved them to the newest end of the LRU,
+            # so a request that waited, then was aborted, made one-off blocks outlive a shared
+            # system prompt
+            needed, free = bm.blocks_to_admit(seq)
+            return needed + reserve <= free
         return bm.num_new_blocks_needed(seq, seq.num_uncomputed_tokens) + reserve <= bm.num_free_blocks
 
     def add_drafts(self, scheduled: list[ScheduledSeq], drafts: dict[int, list[int]]) -> None:

@@ -54,6 +54,8 @@ def quantize_rows(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """fp weight [out, in] -> (int8 [out, in], fp32 scales [out])."""
     w = w.float()
     scale = w.abs().amax(dim=1).clamp(min=1e-12) / 127.0  # [out]
+    if not torch.isfinite(scale).all():  # an inf or NaN weight: an inf or NaN scale, NaN outputs
+        raise ValueError("weights not finite: no int8 row scale holds them")
     q = torch.round(w / scale.unsqueeze(1)).clamp_(-127, 127).to(torch.int8)
     return q, scale
 

@@ -35,6 +35,11 @@ class RotaryEmbedding:
             inv_freq = _llama3_scaling(inv_freq, scaling)  # type: ignore[arg-type]
         elif kind not in (None, "default"):
             raise ModelLoadError(f"RoPE scaling {kind!r} is not supported (linear, llama3)")
+        # a factor of 0 or NaN (or a rope_freqs entry of 0) made NaN tables, a negative one turned
+        # the rotation around: both were silent garbage logits. ValueError: the loader's
+        # ModelLoadError names the scaling.
+        if not bool(((inv_freq > 0) & torch.isfinite(inv_freq)).all()):
+            raise ValueError(f"RoPE frequencies must be finite and positive (base {base}, factors > 0)")
         pos = torch.arange(max_position, dtype=torch.float64)
         angles = torch.outer(pos, inv_freq)  # [max_position, head_dim/2]
         self.cos = angles.cos().to(device=device, dtype=dtype)

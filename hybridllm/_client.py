@@ -38,16 +38,29 @@ from .backends.worker import InlineRun
 
 CLOSED_MID_ANSWER = "The client was closed before this answer was complete."
 ASYNC_CLIENT_CLOSED = "This client is closed; create a new AsyncHybridLLM."
-STREAM_CLOSED_MID_ANSWER = ("The stream was closed (close() from another thread) before its answer was "
-                            "complete.")
+# (it said "close() from another thread", for a close() in the reading loop itself too)
+STREAM_CLOSED_MID_ANSWER = ("The stream was closed (its close() or aclose()) while it was being read, "
+                            "before its answer was complete.")
 CLOSED_BEFORE_END = ("This stream was closed before its answer was complete; call stream() again for "
                      "another answer.")
+READ_ELSEWHERE = ("This stream is being read by another thread or task; a stream has one reader at a "
+                  "time.")
 VIEW_STOP_WAIT_S = 10.0  # at close, the longest wait for the answers of wrap() views to stop
 EXECUTOR_WAIT_S = 30.0  # at close, the longest wait for a running cache lookup or router call
 NOT_CLOSED = (
     "{name} was garbage-collected without {close}(); its device model and threads were released "
     "now. Call {close}() when done, or use `{with_} {name}(...) as llm:`."
 )
+
+
+def _refuse_copy(obj: object) -> TypeError:
+    """A client or stream is one live thing (a loaded model, threads, an answer being read): a
+    shallow copy shared them, so closing the copy closed the original (and deepcopy or pickle
+    failed with "cannot pickle '_thread.lock' object")."""
+    name = type(obj).__name__
+    return TypeError(f"{name} cannot be copied or pickled: it holds a live device model, threads "
+                     f"and connections. Share one {name} (between threads or tasks), or create a "
+                     "new one in each process.")
 
 
 class _LoopThread:
@@ -149,6 +162,7 @@ class Stream:
         self._closed = False
         self._inline: InlineRun | None = None  # the device answer the reader's thread is generating
         self._reader: Iterator[Chunk] | None = None  # the chunks next() reads (after the first next())
+        self._next_lock = threading.Lock()  # held by the thread in next()
         self.completion: Completion | None = None
 
     async def _next(self) -> Chunk:
@@ -157,7 +171,7 @@ class Stream:
 
     def __iter__(self) -> Iterator[Chunk]:
         if self._reader is not None and not self._closed:  # next() began it: a for loop reads on
-            return self._reader
+            return self._read_on(self._reader)
         if self._used or self._closed:
             raise StreamConsumedError(
                 "This stream was already read (or closed); a stream yields its answer once. "
@@ -166,14 +180,29 @@ class Stream:
         self._used = True
         return self._iterate()
 
+    def _read_on(self, reader: Iterator[Chunk]) -> Iterator[Chunk]:
+        # leaving this for loop (break, an error) stops the answer, as leaving one begun without
+        # next() does; it read the stream's own reader, left open, and the device generated the
+        # rest of the answer (up to max_tokens) for no one before the next request could start
+        try:
+            yield from reader
+        finally:
+            self.close()
+
     def __next__(self) -> Chunk:
-        if self._reader is None:
-            self._reader = self.__iter__()  # StreamConsumedError when already read or closed
-        elif self._closed and self.completion is None:  # closed half way: not an end of the answer
-            if self._loop.closed:
-                raise HybridLLMError(CLOSED_MID_ANSWER)
-            raise StreamConsumedError(CLOSED_BEFORE_END)
-        return next(self._reader)
+        # next() from two threads at once: the second got "ValueError: generator already executing"
+        if not self._next_lock.acquire(blocking=False):
+            raise StreamConsumedError(READ_ELSEWHERE)
+        try:
+            if self._reader is None:
+                self._reader = self.__iter__()  # StreamConsumedError when already read or closed
+            elif self._closed and self.completion is None:  # closed half way: not an end of the answer
+                if self._loop.closed:
+                    raise HybridLLMError(CLOSED_MID_ANSWER)
+                raise StreamConsumedError(CLOSED_BEFORE_END)
+            return next(self._reader)
+        finally:
+            self._next_lock.release()
 
     async def _resume(self, run: InlineRun) -> Chunk:
         run.deliver()  # the device answer's end (or error) back into the pipeline
@@ -271,6 +300,9 @@ class Stream:
                 concurrent.futures.CancelledError):  # (the client's close() cancelled this close)
             pass  # the client's loop is gone or stuck: nothing more to stop
 
+    def __reduce_ex__(self, protocol: object) -> Any:  # copy, deepcopy and pickle alike
+        raise _refuse_copy(self)
+
     def __enter__(self) -> Stream:
         return self
 
@@ -314,6 +346,9 @@ class AsyncStream:
         self._used = True
 
     async def __anext__(self) -> Chunk:
+        if self._step is not None:  # another task waits for a chunk: refused, its answer left whole
+            # (it raised "asynchronous generator is already running" and closed the answer)
+            raise StreamConsumedError(READ_ELSEWHERE)
         if not self._stepping:
             self._begin()  # (raises when read or closed)
             self._stepping = True
@@ -407,6 +442,9 @@ class AsyncStream:
                 step.cancel()
                 await asyncio.wait([step])
             await self._chunks.aclose()  # type: ignore[attr-defined]
+
+    def __reduce_ex__(self, protocol: object) -> Any:  # copy, deepcopy and pickle alike
+        raise _refuse_copy(self)
 
     async def __aenter__(self) -> AsyncStream:
         return self
@@ -601,6 +639,9 @@ class _Surface:
     def cache(self) -> CachePort | None:
         return self._core.cache
 
+    def __reduce_ex__(self, protocol: object) -> Any:  # copy, deepcopy and pickle alike
+        raise _refuse_copy(self)
+
     def stats(self) -> dict[str, Any]:
         """Requests per route, cache hit rate, cloud fraction, latency/TTFT percentiles, cost,
         and the cloud budget's ledger (calls and tokens in the last hour and day)."""
@@ -633,6 +674,10 @@ class HybridLLM(_Surface):
         # its AsyncHybridLLM.wrap() views: close() stops their answers too (they run on the
         # caller's loops, not on this client's loop thread, and ran on to their end after close())
         self._views: weakref.WeakSet[AsyncHybridLLM] = weakref.WeakSet()
+        # close() from two threads at once: the second waits for the first. It returned at once,
+        # before the client was closed, and closed the parts (the cache) under a lookup still
+        # running, which the first close() waits for (reentrant: a part's close may call it)
+        self._close_lock = threading.RLock()
 
     def chat(self, messages: str | Sequence[Message], **params: Any) -> Completion:
         """Answer ``messages`` (a string or OpenAI-style messages) and return the Completion.
@@ -657,14 +702,15 @@ class HybridLLM(_Surface):
 
     def close(self) -> None:
         """Stop what is running, free the device model, end the client's threads."""
-        self._finalizer.detach()
-        _OPEN_CLIENTS.discard(self)
-        # the views' answers end first, while the parts they use are still open (a loop that is
-        # stuck, in a blocking call, holds close() up for VIEW_STOP_WAIT_S at most)
-        stops = [stop for view in _snapshot(self._views) for stop in view._stop_for_owner()]
-        if stops:
-            concurrent.futures.wait(stops, timeout=VIEW_STOP_WAIT_S)
-        self._loop.close(before_stop=self._core.close)
+        with self._close_lock:
+            self._finalizer.detach()
+            _OPEN_CLIENTS.discard(self)
+            # the views' answers end first, while the parts they use are still open (a loop that
+            # is stuck, in a blocking call, holds close() up for VIEW_STOP_WAIT_S at most)
+            stops = [stop for view in _snapshot(self._views) for stop in view._stop_for_owner()]
+            if stops:
+                concurrent.futures.wait(stops, timeout=VIEW_STOP_WAIT_S)
+            self._loop.close(before_stop=self._core.close)
 
     def __enter__(self) -> HybridLLM:
         return self
@@ -682,6 +728,7 @@ class AsyncHybridLLM(_Surface):
         self._streams: weakref.WeakSet[AsyncStream] = weakref.WeakSet()  # what aclose() stops
         self._closed = False
         self._closed_done = False  # aclose() ran to its end
+        self._closing: asyncio.Future[None] | None = None  # the aclose() under way
         self._finalizer: weakref.finalize[Any, Any] | None = weakref.finalize(
             self, _close_collected, None, self._core, "AsyncHybridLLM")
         self._finalizer.atexit = False  # at exit the device worker stops itself (backends.worker)
@@ -702,6 +749,7 @@ class AsyncHybridLLM(_Surface):
         self._streams = weakref.WeakSet()
         self._closed = False
         self._closed_done = False
+        self._closing = None
         self._finalizer = None
         client._views.add(self)
         return self
@@ -733,9 +781,19 @@ class AsyncHybridLLM(_Surface):
         """Stop the answers still streaming (their readers get ``HybridLLMError``, as with the
         sync client's close()), then free the device model and the cloud's connections; a
         :meth:`wrap` view leaves its sync client's parts open."""
-        if self._closed_done:
-            return
         self._closed = True  # no new stream from here
+        while not self._closed_done:
+            running = self._closing
+            if running is None or running.done() or running.get_loop() is not asyncio.get_running_loop():
+                # its own task: a cancelled caller (asyncio.timeout) cancels it, as before
+                self._closing = running = asyncio.ensure_future(self._aclose())
+                await running
+                return
+            # another task's aclose() is under way: return once it is done, as the sync client's
+            # second close() does (it returned at once, before the device model was freed)
+            await asyncio.wait([running])
+
+    async def _aclose(self) -> None:
         for stream in list(self._streams):  # each ends its cloud call (accounted) or device job
             await stream._stop_for_client()
         if self._owner is None:

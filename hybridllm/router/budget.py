@@ -38,6 +38,9 @@ class Reservation:
 
     id: int
     tokens: int
+    # the Budget that made it (its opaque key): each budget numbers its reservations from 0, so
+    # one settled on another budget freed that budget's hold of the same id; now it is refused
+    owner: object = field(default=None, repr=False)
 
 
 @dataclass
@@ -55,6 +58,7 @@ class Budget:
     # reservations held now: id -> estimated tokens (in flight: inside every window)
     _held: dict[int, int] = field(default_factory=dict, init=False, repr=False)
     _ids: count = field(default_factory=count, init=False, repr=False)
+    _key: object = field(default_factory=object, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         for name in ("max_cloud_calls_per_hour", "max_cloud_calls_per_day",
@@ -113,15 +117,26 @@ class Budget:
             spent = self._spent(now)
             if spent:
                 return None, spent
-            held = Reservation(next(self._ids), int(tokens))
+            held = Reservation(next(self._ids), int(tokens), self._key)
             self._held[held.id] = held.tokens
             return held, None
 
     def settle(self, reservation: Reservation, tokens: int) -> None:
         """The reserved call was made and used ``tokens``: the estimate gives way to the count.
         Only a reservation still held counts: settling it again, or after its release, is
-        harmless (a retried or duplicated settle would count the call twice)."""
-        _check_tokens(tokens)
+        harmless (a retried or duplicated settle would count the call twice). A ``tokens`` that
+        is not a count raises ConfigError and counts nothing, but still frees the hold: kept, it
+        counted as a call in flight for good (with a limit of one call an hour, the cloud stayed
+        closed until the caller settled or released it)."""
+        self._check_own(reservation)
+        try:
+            _check_tokens(tokens)
+        except ConfigError as e:
+            with self._lock:
+                held = self._held.pop(reservation.id, None) is not None
+            if held:
+                raise ConfigError(f"{e} The reservation is released; the call is not counted.") from None
+            raise
         with self._lock:
             if self._held.pop(reservation.id, None) is None:
                 return
@@ -130,9 +145,22 @@ class Budget:
             self._trim(now)
 
     def release(self, reservation: Reservation) -> None:
-        """No cloud call was made after all: free the room. Releasing twice is harmless."""
+        """No cloud call was made after all: free the room. Releasing twice, or after a settle, is
+        harmless."""
+        self._check_own(reservation)
         with self._lock:
             self._held.pop(reservation.id, None)
+
+    def _check_own(self, reservation: Reservation) -> None:
+        """Refuse what is not a reservation this budget made (None, another budget's), whose id
+        would free another hold of this one's; a clear error, not an AttributeError."""
+        if isinstance(reservation, Reservation) and reservation.owner is self._key:
+            return
+        if reservation is None:
+            raise ConfigError("reservation is None: reserve() made none (it returns (None, why) when "
+                              "the budget is spent), so there is nothing to settle or release.")
+        raise ConfigError(f"{reservation!r} is not a reservation of this Budget: settle or release "
+                          f"it on the Budget whose reserve() made it.")
 
     def _trim(self, now: float) -> None:
         while self._events and self._events[0][0] <= now - DAY:
@@ -257,10 +285,16 @@ def _plain(value: float) -> float:
     return value if type(value) in (int, float) else float(value)
 
 
+_MAX_TOKENS = 2.0**63  # no call's count comes near; a larger one overflowed float() in every check
+
+
 def _check_tokens(tokens: int) -> None:
-    # NaN, inf, None or a string would fail later in int() or "<" with an error that names no argument
-    if not is_real(tokens) or not 0 <= tokens < math.inf:
-        raise ConfigError(f"tokens must be a number >= 0 (prompt plus completion tokens), got {tokens!r}.")
+    # NaN, inf, None or a string would fail later in int() or "<" with an error that names no
+    # argument; 10**400 was counted, then every check of the limits raised
+    # OverflowError (int too large to convert to float) for the rest of the day
+    if not is_real(tokens) or not 0 <= tokens < _MAX_TOKENS:
+        raise ConfigError(f"tokens must be a number >= 0 (prompt plus completion tokens, under "
+                          f"2**63), got {tokens!r}.")
 
 
 def _used(window: list[tuple[float, int]], unit: float) -> float:

@@ -107,6 +107,12 @@ def port(text: str) -> int:
     return value
 
 
+def host_port(host: str, port: int) -> str:
+    """``host:port`` as a URL writes it: an IPv6 address in brackets (``[::1]:8080``, not ``::1:8080``,
+    where the port cannot be told from the address)."""
+    return f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"
+
+
 def listen(host: str, port: int, error: type[Exception]) -> socket.socket:
     """A socket listening on ``host:port``, or ``error`` with the reason (address in use, no such
     host, no permission) in one line."""
@@ -115,13 +121,13 @@ def listen(host: str, port: int, error: type[Exception]) -> socket.socket:
             host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
         sock = socket.socket(family, kind, proto)
     except OSError as exc:
-        raise error(f"Cannot listen on {host}:{port}: {exc.strerror or exc}.") from exc
+        raise error(f"Cannot listen on {host_port(host, port)}: {exc.strerror or exc}.") from exc
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
         sock.bind(address)
         sock.listen(2048)
     except OSError as exc:
         sock.close()
-        raise error(f"Cannot listen on {host}:{port}: {exc.strerror or exc}.") from exc
+        raise error(f"Cannot listen on {host_port(host, port)}: {exc.strerror or exc}.") from exc
     sock.set_inheritable(True)
     return sock

@@ -8,7 +8,7 @@ import re
 import sys
 from typing import Any
 
-from ._cli_options import listen, non_negative_float, port, positive_int, unit_interval
+from ._cli_options import host_port, listen, non_negative_float, port, positive_int, unit_interval
 from ._config import public_text
 from ._exceptions import ConfigError
 from ._loopback import is_loopback
@@ -34,8 +34,17 @@ def _settings(args: argparse.Namespace) -> dict[str, Any]:
 def web_origin(value: str) -> str:
     """``--allow-origin``: what a browser sends as ``Origin`` (scheme://host[:port], no path) or ``*``."""
     origin = value.strip().rstrip("/")
-    if origin == "*" or re.fullmatch(r"[A-Za-z][A-Za-z0-9+.-]*://[^/\s?#@]+", origin):
+    if origin == "*":
         return origin
+    match = re.fullmatch(r"([A-Za-z][A-Za-z0-9+.-]*)://([^/\s?#@]+)", origin)
+    if match:
+        # in the spelling a browser sends, which is compared as a string: scheme and host in lower
+        # case, no default port (`https://App.Example:443` would never match `https://app.example`)
+        scheme, netloc = match.group(1).lower(), match.group(2).lower()
+        default = {"http": ":80", "https": ":443"}.get(scheme)
+        if default and netloc.endswith(default):
+            netloc = netloc[: -len(default)]
+        return f"{scheme}://{netloc}"
     raise argparse.ArgumentTypeError(
         f"expected an origin such as https://app.example:3000 (scheme://host[:port], as a browser "
         f"sends it, no path) or '*', got {value!r}")
@@ -50,10 +59,6 @@ def host_option(value: str) -> str:
     raise argparse.ArgumentTypeError(
         f"expected a host name or address as clients write it in the URL (chat.example.com, "
         f"192.168.1.5, [fe80::1]; a port is ignored) or '*', got {value!r}")
-
-
-def _url_host(host: str) -> str:
-    return f"[{host}]" if ":" in host else host
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -85,10 +90,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
         if not api_keys and not is_loopback(host):  # the address bound: a name may resolve off loopback
             print(f"hybridllm serve: warning: no API key and listening on {args.host}: anyone who can "
                   f"reach it can use it (set {API_KEYS_ENV} or --api-key-file)", file=sys.stderr)
+        if not api_keys and "*" in args.allow_origin:  # loopback too: the browser is on this machine
+            print(f"hybridllm serve: warning: no API key and --allow-origin '*': any web page opened "
+                  f"in a browser that can reach it can use it (set {API_KEYS_ENV} or --api-key-file)",
+                  file=sys.stderr)
         llm = HybridLLM(config=args.config, progress=ProgressBar("Preparing the edge model"),
                         **_settings(args))
         cloud = public_text(", ".join(llm.config.cloud_url)) or "none (device only)"  # into logs: no password
-        print(f"hybridllm serve: http://{_url_host(host)}:{bound_port}/v1  edge={llm.edge.model}  "
+        print(f"hybridllm serve: http://{host_port(host, bound_port)}/v1  edge={llm.edge.model}  "
               f"cloud={cloud}  {'API key required' if api_keys else 'open'}", flush=True)
         app = create_app(llm, api_keys=api_keys, max_body_bytes=args.max_body_bytes,
                          allow_origins=args.allow_origin, allow_hosts=serve_hosts(host, args.allow_host))

@@ -74,12 +74,13 @@ def gguf_to_hf_folder(gguf_path: str | Path, out_dir: str | Path) -> Path:
     arch = meta.get("general.architecture")
     if arch not in ("llama", "qwen2") or meta.get("tokenizer.ggml.model") != "gpt2":
         raise ModelLoadError("gguf_to_hf_folder supports Llama and Qwen2 models with a GPT-2 BPE vocabulary")
+    rope_scaling = _rope_scaling(gguf_path, config, meta, arch)
     out.parent.mkdir(parents=True, exist_ok=True)
     # made with the umask's permissions (mkdtemp's 0700 would have stayed on the exported folder)
     work = out.parent / f".{out.name}.{secrets.token_hex(4)}.partial"
     work.mkdir()
     try:
-        _write_folder(gguf_path, work, config, tensors, meta, arch)
+        _write_folder(gguf_path, work, config, tensors, meta, arch, rope_scaling)
         if out.exists():
             out.rmdir()  # empty, checked above
         work.rename(out)
@@ -89,8 +90,31 @@ def gguf_to_hf_folder(gguf_path: str | Path, out_dir: str | Path) -> Path:
     return out
 
 
+def _rope_scaling(gguf_path: str | Path, config: Any, meta: dict, arch: str) -> dict | None:
+    """config.json's ``rope_scaling`` for the GGUF's RoPE scaling (it was dropped: the exported
+    model ran its long positions unscaled). One that no HF rope_scaling spells is refused."""
+    scaling = config.rope_scaling  # load_gguf's: linear (from the metadata), or rope_freqs' factors
+    if scaling is None:
+        kind = meta.get(f"{arch}.rope.scaling.type", "none")
+        factor = meta.get(f"{arch}.rope.scaling.factor")
+        if kind not in ("none", "linear") and factor and float(factor) != 1.0:  # yarn, longrope
+            raise ModelLoadError(f"{gguf_path}: its RoPE scaling {kind!r} (factor {factor}) cannot "
+                                 "be exported; convert the original Hugging Face folder instead")
+        return None
+    if scaling.get("rope_type") == "linear":
+        return {"rope_type": "linear", "factor": scaling["factor"]}
+    if all(f == 1.0 for f in scaling.get("factors", ())):  # rope_freqs of ones: no scaling
+        return None
+    # Llama 3.x: llama.cpp stores only the per-frequency divisors its converter computed from
+    # config.json's rope_scaling (factor, low/high_freq_factor, original_max_position_embeddings),
+    # not those parameters, and no standard HF rope_type takes the divisors themselves
+    raise ModelLoadError(f"{gguf_path}: its RoPE scaling is a rope_freqs tensor (Llama 3.x), which "
+                         "a config.json cannot express without the llama3 parameters the GGUF lacks; "
+                         "use the original Hugging Face folder instead")
+
+
 def _write_folder(gguf_path: str | Path, out: Path, config: Any, tensors: dict, meta: dict,
-                  arch: str) -> None:
+                  arch: str, rope_scaling: dict | None = None) -> None:
     from safetensors.numpy import save_file
 
     hf_config = {
@@ -111,6 +135,8 @@ def _write_folder(gguf_path: str | Path, out: Path, config: Any, tensors: dict, 
         "eos_token_id": int(meta.get("tokenizer.ggml.eos_token_id", 2)),
         "torch_dtype": "float32",
     }
+    if rope_scaling:
+        hf_config["rope_scaling"] = rope_scaling
     if arch == "qwen2":  # Llama's layout with q/k/v biases (loaded under the same names)
         hf_config.update(architectures=["Qwen2ForCausalLM"], model_type="qwen2",
                          use_sliding_window=False, max_window_layers=config.num_layers)

@@ -143,6 +143,10 @@ def _shard_files(folder: Path) -> tuple[list[Path], dict[str, str]]:
     weight_map = index.get("weight_map") if isinstance(index, dict) else None
     if not isinstance(weight_map, dict) or not weight_map:
         raise ModelLoadError(f"{index_path} has no 'weight_map'")
+    for s in weight_map.values():  # "../x" or "/abs/x" would read a file outside the folder
+        if not isinstance(s, str) or s in ("", ".", "..") or any(c in s for c in "/\\\0"):
+            raise ModelLoadError(f"{index_path} names the shard {s!r}: shards must be plain file "
+                                 f"names in {folder}")
     shards = sorted(set(weight_map.values()))
     missing = [s for s in shards if not (folder / s).is_file()]
     if missing:
@@ -185,6 +189,8 @@ def load_safetensors_folder(folder: str | Path) -> tuple[ModelConfig, dict[str, 
             found.add(name)
             name = name.replace("language_model.model.", "model.").replace(
                 "model.language_model.", "model.")
+            if name.startswith("language_model.lm_head."):  # older Gemma 3 checkpoints' head
+                name = name[len("language_model."):]  # transformers maps it to lm_head too
             if any(part in name for part in _SKIPPED):
                 continue
             if not t.is_floating_point() or t.element_size() < 2:  # ints, bools, fp8: not weights

@@ -366,7 +366,11 @@ def _logprob(value: float) -> float | None:
     return max(value, _FLOOR)
 
 
-def _token(decode: Any, token_id: int) -> str:
+def _token(decode: Any, token_id: int, token_bytes: Any = None) -> str:
+    """The token's text: its own bytes' where the tokenizer gives them (a SentencePiece token
+    "▁a" decoded alone loses its space, its bytes keep it), so ``token`` reads as ``bytes``."""
+    if token_bytes is not None:
+        return token_bytes(token_id).decode("utf-8", errors="replace")
     return decode([token_id])
 
 
@@ -376,8 +380,12 @@ def chat_logprobs(entries: list[Any], decode: Any, token_bytes: Any = None) -> d
     U+FFFD but its real bytes, so the entries' bytes joined are the answer's UTF-8."""
 
     def item(token_id: int, logprob: float) -> dict[str, Any]:
-        text = _token(decode, token_id)
-        raw = token_bytes(token_id) if token_bytes is not None else text.encode("utf-8")
+        if token_bytes is None:
+            text = _token(decode, token_id)
+            raw = text.encode("utf-8")
+        else:  # one call: the text is the bytes' (_token)
+            raw = token_bytes(token_id)
+            text = raw.decode("utf-8", errors="replace")
         return {"token": text, "logprob": _logprob(logprob), "bytes": list(raw)}
 
     return {"content": [
@@ -393,7 +401,7 @@ def text_logprobs(entries: list[Any], decode: Any, token_bytes: Any = None) -> d
     key in a ``top_logprobs`` dict (which kept one of them and lost the others)."""
 
     def name(token_id: int) -> str:
-        text = _token(decode, token_id)
+        text = _token(decode, token_id, token_bytes)
         if "\ufffd" in text and token_bytes is not None:
             raw = token_bytes(token_id)
             if raw != text.encode("utf-8"):

@@ -223,7 +223,7 @@ class HFTokenizer(_ChatTemplateMixin):
         self.bos_token = _token_text(cfg.get("bos_token")) or ""
         self.eos_token = _token_text(cfg.get("eos_token")) or ""
         self.bos_token_id = self._tok.token_to_id(self.bos_token) if self.bos_token else None
-        self.add_bos = bool(cfg.get("add_bos_token", False)) and self.bos_token_id is not None
+        self.add_bos = self.bos_token_id is not None and _adds_bos(self._tok, cfg, self.bos_token_id)
         self.vocab_size = self._tok.get_vocab_size(with_added_tokens=True)
         ids: set[int] = set()
         eos_id = self._tok.token_to_id(self.eos_token) if self.eos_token else None
@@ -237,6 +237,14 @@ class HFTokenizer(_ChatTemplateMixin):
         self.eos_token_ids = sorted(ids)
         decoder = json.loads(self._tok.decoder.__getstate__()) if self._tok.decoder is not None else {}
         self._byte_level = '"ByteLevel"' in json.dumps(decoder)  # alone or in a decoder Sequence
+        # A lone token is decoded after these ids (a plain "a"), then cut off them: decoders that
+        # strip the text's leading space (SentencePiece's Strip and Metaspace: "▁a" alone is "a")
+        # would strip the token's own. None where "a" needs byte tokens (a byte token after them
+        # would join their run) or its text is not "a".
+        head = self._tok.encode("a", add_special_tokens=False).ids
+        pieces = [self._tok.id_to_token(i) or "" for i in head]
+        self._head = head if head and self.decode(head) == "a" and not any(
+            _BYTE_TOKEN.fullmatch(p) for p in pieces) else None
 
     def encode(self, text: str, add_special: bool = True) -> list[int]:
         ids = self._tok.encode(_checked_prompt(text), add_special_tokens=False).ids
@@ -248,11 +256,20 @@ class HFTokenizer(_ChatTemplateMixin):
     def decode(self, ids: list[int]) -> str:
         return self._tok.decode(list(ids), skip_special_tokens=True)
 
+    def _lone_text(self, token_id: int) -> str:
+        """The token's text as it reads after other text (above), so a text's tokens join to it."""
+        if self._head is not None:
+            text = self.decode([*self._head, token_id])
+            if text.startswith("a"):  # the head's text
+                return text[1:]
+        return self.decode([token_id])
+
     def token_bytes(self, token_id: int) -> bytes:
-        """The token's own bytes: its decoded text, except for a token that is only part of a
-        character (decoded alone it is U+FFFD), whose raw bytes come from its vocabulary entry: a
-        ``<0xNN>`` byte token, or a byte-level BPE piece read back through the byte alphabet."""
-        text = self.decode([token_id])
+        """The token's own bytes: its text after other text (``_lone_text``), except for a token
+        that is only part of a character (decoded it is U+FFFD), whose raw bytes come from its
+        vocabulary entry: a ``<0xNN>`` byte token, or a byte-level BPE piece read back through the
+        byte alphabet."""
+        text = self._lone_text(token_id)
         if "\ufffd" not in text:
             return text.encode("utf-8")
         piece = self._tok.id_to_token(token_id) or ""
@@ -269,6 +286,20 @@ class HFTokenizer(_ChatTemplateMixin):
 
     def _encode_plain(self, text: str) -> list[int]:
         return self._plain(text)
+
+
+def _adds_bos(tok: Any, cfg: dict, bos_id: int) -> bool:
+    """Whether a raw prompt starts with BOS, as transformers and llama.cpp's GGUF conversion read
+    a folder: tokenizer_config.json's ``add_bos_token`` where it names one; else what the
+    tokenizer.json's post-processor prepends (``encode(add_special_tokens=True)``: Llama 3's adds
+    <|begin_of_text|>, Qwen's ByteLevel one nothing); with no post-processor, a Llama tokenizer
+    class adds it (LlamaTokenizerFast's default, as llama.cpp's for SentencePiece)."""
+    if "add_bos_token" in cfg:
+        return bool(cfg["add_bos_token"])
+    if tok.post_processor is not None:
+        return (tok.encode("a", add_special_tokens=True).ids[:1] == [bos_id]
+                and tok.encode("a", add_special_tokens=False).ids[:1] != [bos_id])
+    return str(cfg.get("tokenizer_class") or "").startswith(("LlamaTokenizer", "CodeLlamaTokenizer"))
 
 
 def _read_json(path: Path) -> dict:

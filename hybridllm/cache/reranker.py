@@ -27,7 +27,6 @@ from typing import Any
 import numpy as np
 
 from .._exceptions import CacheError, ConfigError, ModelError
-from .._types import is_real
 from .encoder import OnnxEncoder
 from .features import NUM_HANDCRAFTED, pair_features
 from .prepare import logit_ranges, prepare_reranker, stderr_notice
@@ -42,7 +41,7 @@ from .reranker_file import (  # noqa: F401  (re-exported: the file format's name
     read_info,
     read_weights,
 )
-from .verifier import HitVerifier
+from .verifier import HitVerifier, bad_decision_fields, is_threshold
 from .verifier import default_path as features_default_path
 
 MAX_TOKENS = 128  # query + cached question; QQP pairs average about 30 tokens together
@@ -151,6 +150,15 @@ class RerankVerifier:
         batch_size: int = 1,
     ) -> None:
         info = reranker.info if reranker is not None else read_info(path)
+        # a probability above 0 (is_threshold): NaN (or above 1) never hit, silently, and 0 served
+        # the pairs scored 0.0 for being read in part ("Is this 🍄 edible?" for "Is this 🌿 edible?");
+        # a hand-built RerankerInfo's fields are checked as read_info checks a file's, before the
+        # stacked feature verifier is loaded
+        if threshold is not None and not is_threshold(threshold):
+            raise ConfigError(f"the reranker threshold must be a probability in (0, 1], got {threshold!r}")
+        bad = bad_decision_fields(info.threshold if threshold is None else threshold, info.min_similarity)
+        if bad is not None:
+            raise CacheError(f"The cache reranker {info.path} has no valid decision fields ({bad})")
         self.batch_size = batch_size
         self.info = info
         self._reranker = reranker
@@ -161,12 +169,6 @@ class RerankVerifier:
         self.features = features
         if self.stack is not None and self.features is None:
             self.features = load_stacked_features(info)
-        # a probability above 0: NaN (or above 1) never hit, silently, and 0 served the pairs
-        # scored 0.0 for being read in part ("Is this 🍄 edible?" for "Is this 🌿 edible?")
-        if threshold is not None and (not is_real(threshold) or not 0.0 < threshold <= 1.0):
-            raise ConfigError(f"the reranker threshold must be a probability in (0, 1], got {threshold!r}")
-        if threshold is None and not 0.0 < info.threshold <= 1.0:
-            raise CacheError(f"The cache reranker {info.path} has no valid threshold ({info.threshold!r})")
         self.threshold = info.threshold if threshold is None else float(threshold)
         self.min_similarity = info.min_similarity
         self.metrics = dict(info.metrics)

@@ -24,6 +24,7 @@ from .._paths import assets_dir, shipped_file
 from ..models.store import sha256_file
 from .features import NUM_HANDCRAFTED
 from .onnx_graph import read_base_weights
+from .verifier import bad_decision_fields
 
 FORMAT = "hybridllm-cache-reranker"
 VERSION = 2  # 2: layer matrices as low-rank changes to the base model
@@ -121,12 +122,8 @@ def _bad_fields(threshold: float, min_similarity: float, stack: Stack | None) ->
     a cosine: NaN compares false both ways (a NaN threshold let every candidate through), a
     threshold of 0 serves the pairs scored 0.0 for being read in part, and a stack scale of 0 (or
     not finite) gives an infinite logit, a probability of 1 for any pair."""
-    if not 0.0 < threshold <= 1.0:
-        return f"threshold {threshold!r} is not a probability in (0, 1]"
-    if not -1.0 <= min_similarity <= 1.0:
-        return f"min_similarity {min_similarity!r} is not a cosine in [-1, 1]"
-    if stack is None:
-        return None
+    if (bad := bad_decision_fields(threshold, min_similarity)) is not None or stack is None:
+        return bad
     arrays = (stack.weights, stack.mean, stack.scale)
     if any(a.shape != (NUM_STACK_INPUTS,) for a in arrays):
         shapes = ", ".join(str(a.shape) for a in arrays)

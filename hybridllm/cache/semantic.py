@@ -68,7 +68,7 @@ from .index import BucketIndex
 from .reranker import FORMAT as RERANKER_FORMAT
 from .reranker import RerankVerifier, get_rerank_verifier
 from .store import CacheStore, Entry
-from .verifier import HitVerifier
+from .verifier import HitVerifier, is_min_similarity
 
 log = logging.getLogger("hybridllm.cache")
 
@@ -241,7 +241,7 @@ class SemanticCache:
         # a cosine lies in [-1, 1]: a value above 1 would silently never hit, NaN let every
         # candidate through (a verifier's own from a damaged file too), and a string raised a
         # bare ValueError
-        if not is_real(min_similarity) or not -1.0 <= min_similarity <= 1.0:
+        if not is_min_similarity(min_similarity):
             if given:
                 raise ConfigError(
                     f"min_similarity must be a cosine in [-1, 1] or None, got {min_similarity!r}"
@@ -294,6 +294,9 @@ class SemanticCache:
         is still found among the nearest questions, and verified as any other)."""
         context, query = split_messages(messages)
         bucket = bucket_key(self._namespace(namespace), model, params_key, context)
+        # a caller's vector is checked as put checks it (put stores no blank question): before, an
+        # empty bucket or an exact repeat answered without a look at it, and the next put refused it
+        vec = self._vector(query, embedding) if embedding is not None and query.strip() else None
         with self._lock:
             self._check_open()
             if not exact_checked and (hit := self._exact_hit(bucket, query)) is not None:
@@ -301,7 +304,8 @@ class SemanticCache:
             # nothing to compare, or nothing to ask: skip the embedder
             if not self._index.bucket_size(bucket) or not query.strip():
                 return self._miss()
-        vec = self._vector(query, embedding)  # outside the lock: the slow part
+        if vec is None:
+            vec = self._vector(query, None)  # outside the lock: the slow part
         with self._lock:
             self._sync()
             # a text longer than the embedder reads was compared by its head only: such a query

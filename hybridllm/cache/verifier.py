@@ -20,11 +20,13 @@ import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from .._exceptions import CacheError
 from .._paths import assets_dir, shipped_file
+from .._types import is_real
 from .features import NUM_HANDCRAFTED, Idf, pair_features
 
 FORMAT = "hybridllm-cache-verifier"
@@ -35,6 +37,43 @@ _TREE_FIELDS = ("feature", "threshold", "left", "right", "value", "is_leaf", "ro
 
 def default_path() -> Path:
     return assets_dir() / DEFAULT_NAME
+
+
+# The rule for the verifiers' decision fields, wherever they come from (a file, a caller, a
+# hand-built RerankerInfo). Each is compared with ">=": NaN compares false both ways (a NaN
+# threshold served every candidate or none, a NaN min_similarity let every candidate through the
+# cosine stage), a threshold of 0 serves the pairs scored 0.0 for being read in part, and a
+# min_similarity above 1 silently never hits.
+def is_threshold(value: Any) -> bool:
+    """A probability in (0, 1]: a hit needs ``prob >= threshold``."""
+    return is_real(value) and 0.0 < value <= 1.0
+
+
+def is_min_similarity(value: Any) -> bool:
+    """A cosine in [-1, 1]: a candidate needs ``cosine >= min_similarity``."""
+    return is_real(value) and -1.0 <= value <= 1.0
+
+
+def bad_decision_fields(threshold: object, min_similarity: object) -> str | None:
+    """What is wrong with a file's ``threshold`` and ``min_similarity``, or None."""
+    if not is_threshold(threshold):
+        return f"threshold {threshold!r} is not a probability in (0, 1]"
+    if not is_min_similarity(min_similarity):
+        return f"min_similarity {min_similarity!r} is not a cosine in [-1, 1]"
+    return None
+
+
+def _bad_linear(linear: tuple[np.ndarray, float, np.ndarray, np.ndarray]) -> str | None:
+    """What is wrong with the linear stage, or None: a scale of 0 (or not finite) made every
+    pair's logit infinite or NaN, and NaN weights a NaN logit the trees then read as large."""
+    w, b, mean, scale = linear
+    if w.ndim != 1 or mean.shape != w.shape or scale.shape != w.shape:
+        return f"lin_w, lin_mean and lin_scale of shapes {w.shape}, {mean.shape}, {scale.shape}"
+    if not (np.isfinite(w).all() and np.isfinite(mean).all() and np.isfinite(b)):
+        return "lin_w, lin_b or lin_mean not finite"
+    if not (np.isfinite(scale).all() and (scale > 0).all()):
+        return "a lin_scale that is not finite and above 0"
+    return None
 
 
 @dataclass
@@ -170,6 +209,17 @@ class HitVerifier:
                         f"Cannot load the cache verifier from {path}: its trees are malformed ({bad}); "
                         "train it again, or reinstall hybridllm for the shipped one."
                     )
+                threshold, min_similarity = float(data["threshold"]), float(data["min_similarity"])
+                # read as they were before: a NaN threshold or min_similarity, or a zero lin_scale,
+                # was found out (if ever) as a cache that served every candidate or none
+                bad = bad_decision_fields(threshold, min_similarity)
+                if bad is None and linear is not None:
+                    bad = _bad_linear(linear)
+                if bad is not None:
+                    raise CacheError(
+                        f"The cache verifier {path} is damaged ({bad}): copy it again or retrain it "
+                        "(python -m hybridllm.cache.train), or reinstall hybridllm for the shipped one."
+                    )
                 idf = Idf(data["idf_words"].tolist(), data["idf_values"].tolist(), float(data["idf_default"]))
                 metrics = dict(
                     zip(data["metric_names"].tolist(), data["metric_values"].tolist(), strict=True)
@@ -178,8 +228,8 @@ class HitVerifier:
                     trees,
                     idf=idf,
                     linear=linear,
-                    threshold=float(data["threshold"]),
-                    min_similarity=float(data["min_similarity"]),
+                    threshold=threshold,
+                    min_similarity=min_similarity,
                     metrics=metrics,
                 )
         except CacheError:

@@ -18,6 +18,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from hybridllm._cli_options import host_port
+
 from ..config import ClusterConfig, EngineConfig
 from ..exceptions import ServerError
 
@@ -123,7 +125,7 @@ def _check_port(host: str, port: int) -> None:
         try:
             sock.bind((host, port))
         except OSError as exc:
-            raise ServerError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from exc
+            raise ServerError(f"cannot listen on {host_port(host, port)}: {exc.strerror or exc}") from exc
 
 
 def start(
@@ -177,7 +179,7 @@ def start(
         if reason is None:
             raise
         raise ServerError(f"the engine replicas could not start: {reason}") from exc
-    url = f"http://{host}:{port}"
+    url = f"http://{host_port(host, port)}"  # an IPv6 address in brackets: http://[::1]:8000
     _wait_healthy(url)
     return url
 

@@ -13,7 +13,7 @@ from hybridllm._exceptions import DataError, HybridLLMError
 from hybridllm.cache import train as train_mod
 from hybridllm.cache import train_reranker as tr
 from hybridllm.cache.evaluate import load_pairs
-from hybridllm.cache.reranker_file import DEFAULT_NAME, Stack, read_info
+from hybridllm.cache.reranker_file import DEFAULT_NAME, NUM_STACK_INPUTS, Stack, read_info
 
 
 def _write_lines(path: Path, rows: list) -> Path:
@@ -113,7 +113,8 @@ class _StoppedReranker:
 
 
 def _reranker_file(path: Path) -> bytes:
-    stack = Stack(weights=np.ones(3), bias=0.1, mean=np.zeros(3), scale=np.ones(3), features_digest="f" * 16)
+    n = NUM_STACK_INPUTS  # a stack of another width is a damaged file (read_info refuses it)
+    stack = Stack(weights=np.ones(n), bias=0.1, mean=np.zeros(n), scale=np.ones(n), features_digest="f" * 16)
     tr._write(path, {"w:head.bias": np.zeros(1, np.float32)}, threshold=0.8, min_similarity=0.5,
               digest="d" * 16, metrics={"epochs": 1.0, "test_precision": 0.96}, stack=stack)
     return path.read_bytes()

@@ -53,14 +53,16 @@ NOT_CLOSED = (
 )
 
 
-def _refuse_copy(obj: object) -> TypeError:
+class _Live:
     """A client or stream is one live thing (a loaded model, threads, an answer being read): a
     shallow copy shared them, so closing the copy closed the original (and deepcopy or pickle
-    failed with "cannot pickle '_thread.lock' object")."""
-    name = type(obj).__name__
-    return TypeError(f"{name} cannot be copied or pickled: it holds a live device model, threads "
-                     f"and connections. Share one {name} (between threads or tasks), or create a "
-                     "new one in each process.")
+    failed with "cannot pickle '_thread.lock' object"). Copy, deepcopy and pickle are refused."""
+
+    def __reduce_ex__(self, protocol: object) -> Any:
+        name = type(self).__name__
+        raise TypeError(f"{name} cannot be copied or pickled: it holds a live device model, threads "
+                        f"and connections. Share one {name} (between threads or tasks), or create a "
+                        "new one in each process.")
 
 
 class _LoopThread:
@@ -140,7 +142,7 @@ class _LoopThread:
             loop.close()
 
 
-class Stream:
+class Stream(_Live):
     """The chunks of one answer, read once. ``completion`` is set after the last chunk.
 
     >>> with llm.stream("hi") as s:
@@ -300,9 +302,6 @@ class Stream:
                 concurrent.futures.CancelledError):  # (the client's close() cancelled this close)
             pass  # the client's loop is gone or stuck: nothing more to stop
 
-    def __reduce_ex__(self, protocol: object) -> Any:  # copy, deepcopy and pickle alike
-        raise _refuse_copy(self)
-
     def __enter__(self) -> Stream:
         return self
 
@@ -310,7 +309,7 @@ class Stream:
         self.close()
 
 
-class AsyncStream:
+class AsyncStream(_Live):
     """The async :class:`Stream`: ``async for`` once, or ``async with``; ``completion`` after.
     ``await anext(s)`` reads the next chunk (as with an openai AsyncStream), and ``async for``
     after it reads on from there."""
@@ -442,9 +441,6 @@ class AsyncStream:
                 step.cancel()
                 await asyncio.wait([step])
             await self._chunks.aclose()  # type: ignore[attr-defined]
-
-    def __reduce_ex__(self, protocol: object) -> Any:  # copy, deepcopy and pickle alike
-        raise _refuse_copy(self)
 
     async def __aenter__(self) -> AsyncStream:
         return self
@@ -594,7 +590,7 @@ def _make_policy(cfg: HybridLLMConfig, edge: Backend) -> PolicyPort:
     )
 
 
-class _Surface:
+class _Surface(_Live):
     """What both clients share: construction, the parts, stats. The constructor's signature is
     the clients' own (a type checker and an IDE see every part's type); each client sets up the
     rest in ``_start``."""
@@ -638,9 +634,6 @@ class _Surface:
     @property
     def cache(self) -> CachePort | None:
         return self._core.cache
-
-    def __reduce_ex__(self, protocol: object) -> Any:  # copy, deepcopy and pickle alike
-        raise _refuse_copy(self)
 
     def stats(self) -> dict[str, Any]:
         """Requests per route, cache hit rate, cloud fraction, latency/TTFT percentiles, cost,

@@ -6,7 +6,7 @@ import math
 import numbers
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field, fields
-from typing import Any
+from typing import Any, TypeGuard
 
 from ._exceptions import InvalidRequestError
 from .prompts import checked_text, text_of_content
@@ -226,6 +226,12 @@ def check_option_names(names: Iterable[str], *, routing: Sequence[str] = ()) -> 
 
 def _is_number(x: Any) -> bool:
     return isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def is_integer(x: object) -> TypeGuard[numbers.Integral]:
+    """An integer of any type (numpy's int64 too: a count read with numpy or from a model's
+    config), not a bool."""
+    return isinstance(x, numbers.Integral) and not isinstance(x, bool)
 
 
 def is_real(x: object) -> bool:

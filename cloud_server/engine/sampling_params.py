@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import numbers
 from dataclasses import dataclass, field
 
+from hybridllm._types import is_integer
 from hybridllm._types import is_real as _real
 
 from ..exceptions import InvalidRequestError
@@ -104,5 +104,4 @@ class SamplingParams:
 
 
 def _int(x: object) -> bool:
-    # any integer type (numpy's int64 too: it was refused as "must be an integer"), not a bool
-    return isinstance(x, numbers.Integral) and not isinstance(x, bool)
+    return is_integer(x)  # numpy's int64 too: it was refused as "must be an integer"

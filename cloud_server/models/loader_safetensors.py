@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -10,6 +9,7 @@ import torch
 
 from ..exceptions import ModelLoadError
 from .config import ModelConfig, gemma3_layer_types
+from .tokenizer import read_json_object
 
 _LLAMA_TYPES = {"llama", "mistral", "qwen2", "smollm", "smollm2"}
 _GEMMA3_TYPES = {"gemma3", "gemma3_text"}
@@ -125,13 +125,6 @@ def _expected_shapes(c: ModelConfig) -> tuple[dict[str, tuple[int, ...]], dict[s
     return need, optional
 
 
-def _read_json(path: Path) -> Any:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ModelLoadError(f"cannot read {path}: {exc}") from exc
-
-
 def _shard_files(folder: Path) -> tuple[list[Path], dict[str, str]]:
     """The safetensors files to read and, from a sharded model's index, tensor -> shard name.
     With an index only the shards it names are read (a Mistral folder also holds
@@ -139,8 +132,8 @@ def _shard_files(folder: Path) -> tuple[list[Path], dict[str, str]]:
     index_path = folder / _INDEX
     if not index_path.is_file():
         return sorted(folder.glob("*.safetensors")), {}
-    index = _read_json(index_path)
-    weight_map = index.get("weight_map") if isinstance(index, dict) else None
+    index = read_json_object(index_path)
+    weight_map = index.get("weight_map")
     if not isinstance(weight_map, dict) or not weight_map:
         raise ModelLoadError(f"{index_path} has no 'weight_map'")
     for s in weight_map.values():  # "../x" or "/abs/x" would read a file outside the folder
@@ -162,7 +155,7 @@ def load_safetensors_folder(folder: str | Path) -> tuple[ModelConfig, dict[str, 
     cfg_path = folder / "config.json"
     if not cfg_path.is_file():
         raise ModelLoadError(f"{folder} has no config.json")
-    raw = _read_json(cfg_path)
+    raw = read_json_object(cfg_path)
     try:
         config = config_from_hf(raw)
     except ModelLoadError as exc:  # say which folder's config.json

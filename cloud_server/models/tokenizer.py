@@ -217,8 +217,8 @@ class HFTokenizer(_ChatTemplateMixin):
         from hybridllm.prompts import tokenizers_plain
 
         self._specials, self._plain = tokenizers_plain(folder / "tokenizer.json")
-        cfg = _read_json(folder / "tokenizer_config.json")
-        gen = _read_json(folder / "generation_config.json")
+        cfg = read_json_object(folder / "tokenizer_config.json")
+        gen = read_json_object(folder / "generation_config.json")
         self.chat_template = _chat_template(folder, cfg)
         self.bos_token = _token_text(cfg.get("bos_token")) or ""
         self.eos_token = _token_text(cfg.get("eos_token")) or ""
@@ -232,7 +232,7 @@ class HFTokenizer(_ChatTemplateMixin):
         # the stop ids of generation_config.json, else config.json's (as transformers and vLLM take
         # them): Llama 3.1 lists <|eot_id|> and <|eom_id|> beside the tokenizer's one eos
         source = "generation_config.json" if "eos_token_id" in gen else "config.json"
-        ids.update(_token_ids(gen if "eos_token_id" in gen else _read_json(folder / source),
+        ids.update(_token_ids(gen if "eos_token_id" in gen else read_json_object(folder / source),
                               "eos_token_id", folder / source))
         self.eos_token_ids = sorted(ids)
         decoder = json.loads(self._tok.decoder.__getstate__()) if self._tok.decoder is not None else {}
@@ -302,8 +302,9 @@ def _adds_bos(tok: Any, cfg: dict, bos_id: int) -> bool:
     return str(cfg.get("tokenizer_class") or "").startswith(("LlamaTokenizer", "CodeLlamaTokenizer"))
 
 
-def _read_json(path: Path) -> dict:
-    """A JSON object file, {} when absent; a damaged one is a ModelLoadError naming it."""
+def read_json_object(path: Path) -> dict:
+    """A JSON object file of a model folder (its configs, a shard index), {} when absent; a
+    damaged one, or one that is not an object, is a ModelLoadError naming it."""
     if not path.is_file():
         return {}
     try:

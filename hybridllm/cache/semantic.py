@@ -46,7 +46,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import numbers
 import threading
 import time
 import warnings
@@ -60,7 +59,7 @@ import numpy as np
 
 from .._exceptions import CacheError, ConfigError, InvalidRequestError
 from .._paths import cache_dir
-from .._types import USER_TEXT, is_real, private_repr
+from .._types import USER_TEXT, is_integer, is_real, private_repr
 from ..prompts import text_of_content, valid_text
 from .embedder import Embedder, get_embedder
 from .guards import conflict, exact_key
@@ -197,7 +196,7 @@ class _Known:
 
 def _is_count(x: object) -> bool:
     """An integer >= 1 (a float such as 2.5 would fail later, inside a search)."""
-    return isinstance(x, numbers.Integral) and not isinstance(x, bool) and int(x) >= 1
+    return is_integer(x) and int(x) >= 1
 
 
 def _fits(model: object, *texts: str) -> bool:

@@ -190,7 +190,6 @@ def _train(args: argparse.Namespace) -> int:
             f"give one --weight per --data file ({len(args.data)} files, "
             f"{len(args.weight)} weights), or none for the default"
         )
-    _check_out_folder(args.out)
     data = args.data[0] if len(args.data) == 1 else list(args.data)
     router = train_from_csv(
         data,
@@ -227,7 +226,8 @@ def _train(args: argparse.Namespace) -> int:
 
 
 def _check_out_folder(out: str) -> None:
-    """Refuse an --out that is a file before the training or embedding, not after it."""
+    """Refuse an --out that is a file before the calibration, not after it (train_from_csv checks
+    its own --out, and the folders above it, first)."""
     if Path(out).exists() and not Path(out).is_dir():
         raise DataError(f"--out {out} is a file; pass a folder for the router.")
 

@@ -15,7 +15,6 @@ gradually rather than at midnight. A dollar limit is a token limit at ``price_pe
 from __future__ import annotations
 
 import math
-import numbers
 import threading
 import time
 from collections import deque
@@ -25,7 +24,7 @@ from itertools import count
 
 from .._durations import duration
 from .._exceptions import ConfigError
-from .._types import is_real
+from .._types import is_integer, is_real
 
 HOUR = 3600.0
 DAY = 86400.0
@@ -66,9 +65,9 @@ class Budget:
             value = getattr(self, name)
             if value is None:
                 continue
-            # numbers.Integral: numpy's int64 (a limit read with numpy or pandas) was refused as
+            # is_integer: numpy's int64 (a limit read with numpy or pandas) was refused as
             # "not a non-negative integer"; kept as a Python int
-            if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
+            if not is_integer(value) or value < 0:
                 raise ConfigError(
                     f"Budget {name} must be a non-negative integer or None, got {value!r}."
                 )

@@ -22,7 +22,6 @@ The client's pipeline then applies what only it knows: the cloud budget (a ledge
 from __future__ import annotations
 
 import math
-import numbers
 import threading
 from collections.abc import Sequence
 from os import PathLike
@@ -30,7 +29,15 @@ from os import PathLike
 import numpy as np
 
 from .._exceptions import ConfigError, InvalidRequestError
-from .._types import Decision, Message, estimate_tokens, is_real, last_user_text, normalize_messages
+from .._types import (
+    Decision,
+    Message,
+    estimate_tokens,
+    is_integer,
+    is_real,
+    last_user_text,
+    normalize_messages,
+)
 from .privacy import pii_kinds_in_messages, pseudonymize_messages, redaction_note
 from .router import NEVER_CLOUD, Router, load_router, sends_to_cloud
 
@@ -52,9 +59,9 @@ class RoutingPolicy:
                 f"privacy must be one of {', '.join(PRIVACY_MODES)}, got {privacy!r}."
             )
         ctx: object = edge_context_tokens  # object: mypy reads no int as a numbers.Integral
-        # numbers.Integral: numpy's int64 (a backend's context_length read from a model's config)
-        # was refused as "not a positive integer"
-        if isinstance(ctx, bool) or not isinstance(ctx, numbers.Integral) or ctx < 1:
+        # is_integer: numpy's int64 (a backend's context_length read from a model's config) was
+        # refused as "not a positive integer"
+        if not is_integer(ctx) or ctx < 1:
             raise ConfigError(f"edge_context_tokens must be a positive integer, got {ctx!r}.")
         edge_context_tokens = int(ctx)
         if cascade_band is not None:

@@ -6,6 +6,11 @@ searched for stop strings and may be sent, the incomplete character waits for it
 at the end it is dropped, never sent as U+FFFD (as vLLM and the edge's llama.cpp backend do: the
 token ids keep its bytes). The last ``max(len(stop)) - 1`` characters are held back, since they may
 begin a stop string that must not reach the client.
+
+The engine gives it the tokenizer's decode of ids as they read after the prompt
+(``HFTokenizer.decode_continuation``): a SentencePiece decoder strips the leading space of a text's
+start only, so an answer's first token "▁Paris" is " Paris" (prompt + text is the decode of prompt
++ answer, as vLLM decodes with the prompt's tokens before the answer's); decoded alone, "Paris".
 """
 
 from __future__ import annotations

@@ -208,6 +208,13 @@ class LLMEngine:
                 param="max_tokens",
             )
 
+    @property
+    def _decode_answer(self) -> Any:
+        """The decode of an answer's ids as they read after its prompt: a SentencePiece decoder
+        keeps the first token's space there (``HFTokenizer.decode_continuation``); a GGUF
+        vocabulary's ``decode`` keeps it already."""
+        return getattr(self.tokenizer, "decode_continuation", self.tokenizer.decode)
+
     def add_request(
         self, request_id: str, prompt: str | list[int], params: SamplingParams | None = None
     ) -> Sequence:
@@ -218,7 +225,7 @@ class LLMEngine:
         self.check_request(prompt_ids, params)
         seq = Sequence(request_id, prompt_ids, params)
         self.scheduler.add(seq)  # QueueFullError when the waiting queue is full
-        self._requests[request_id] = _Request(seq, IncrementalDetokenizer(self.tokenizer.decode, params.stop))
+        self._requests[request_id] = _Request(seq, IncrementalDetokenizer(self._decode_answer, params.stop))
         return seq
 
     def abort(self, request_id: str) -> RequestOutput | None:
@@ -361,7 +368,7 @@ class LLMEngine:
         entries = token_logprobs(rows, tokens, seq.params.logprobs or 0)
         out_ids = seq.output_token_ids
         for j, entry in enumerate(entries):
-            entry.text_offset = text_offset(self.tokenizer.decode, out_ids, first - seq.num_prompt_tokens + j)
+            entry.text_offset = text_offset(self._decode_answer, out_ids, first - seq.num_prompt_tokens + j)
         req.pending_logprobs += entries
         return release(req.pending_logprobs, req.detok.num_sent_chars, final=final, cut=req.detok.stopped)
 

@@ -256,13 +256,19 @@ class HFTokenizer(_ChatTemplateMixin):
     def decode(self, ids: list[int]) -> str:
         return self._tok.decode(list(ids), skip_special_tokens=True)
 
-    def _lone_text(self, token_id: int) -> str:
-        """The token's text as it reads after other text (above), so a text's tokens join to it."""
-        if self._head is not None:
-            text = self.decode([*self._head, token_id])
+    def decode_continuation(self, ids: list[int]) -> str:
+        """``ids`` as they read after other text (above): an answer after its prompt, where a
+        SentencePiece decoder's strip of the leading space does not apply ("▁Paris" is " Paris",
+        as in the decode of prompt + answer). The engine's detokenizer and text offsets use it."""
+        if self._head is not None and ids:
+            text = self.decode([*self._head, *ids])
             if text.startswith("a"):  # the head's text
                 return text[1:]
-        return self.decode([token_id])
+        return self.decode(ids)
+
+    def _lone_text(self, token_id: int) -> str:
+        """The token's text as it reads after other text, so a text's tokens join to it."""
+        return self.decode_continuation([token_id])
 
     def token_bytes(self, token_id: int) -> bytes:
         """The token's own bytes: its text after other text (``_lone_text``), except for a token

@@ -1,7 +1,7 @@
 """``hybridllm-cloud``: the cloud server's command line.
 
     hybridllm-cloud serve --model ID_OR_PATH [--host 127.0.0.1] [--port 8000] [--api-key KEY ...]
-        [--shutdown-timeout S]
+        [--shutdown-timeout S] [--access-log]
         [--replicas N [--ray-address ADDR [--replace]] [--min-replicas A --max-replicas B]] [--power-watts W]
         [--speculative-method ngram|draft --num-speculative-tokens K [--draft-model ID_OR_PATH]]
 
@@ -37,6 +37,7 @@ from hybridllm._cli_options import (
     positive_float,
     positive_int,
 )
+from hybridllm._loopback import is_loopback
 from hybridllm.wire.body import DEFAULT_MAX_BODY_BYTES
 
 PROG = "hybridllm-cloud"
@@ -234,6 +235,11 @@ def build_parser() -> argparse.ArgumentParser:
         "(lossless: the target checks every token; default 32768 for larger vocabularies, 0: all)",
     )
     serve.add_argument(
+        "--access-log", action="store_true",
+        help="log one line per request at --log-level info, ending with [request_id=ID] as the "
+        "error lines do (default: off; the single-process server only)",
+    )
+    serve.add_argument(
         "--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"],
         help="log level (default info)",
     )
@@ -303,6 +309,12 @@ def _cluster_config(args: argparse.Namespace) -> Any:
         raise UsageError("--replicas needs an explicit --port (Ray Serve's proxy binds it)")
     if args.shutdown_timeout is not None:
         raise UsageError("--shutdown-timeout applies to the single-process server, not to --replicas")
+    if (args.device or "").startswith("cuda:"):  # else refused by the deployment, after Ray's import (exit 1)
+        raise UsageError(f"--device {args.device} names one GPU; with --replicas use --device cuda "
+                         "(Ray gives each replica a GPU of its own)")
+    if args.access_log:  # Ray Serve's proxy answers the requests: its own access log, in Ray's logs
+        raise UsageError("--access-log applies to the single-process server, not to --replicas (Ray "
+                         "Serve logs each request under /tmp/ray/session_latest/logs/serve)")
     from cloud_server.config import ClusterConfig
 
     try:
@@ -473,6 +485,7 @@ def serve(args: argparse.Namespace) -> int:
 
     from cloud_server.api.auth import load_api_keys
     from cloud_server.api.server import create_app
+    from hybridllm.wire.middleware import access_log_config
     from hybridllm.wire.shutdown import GracefulServer
 
     # Every option is checked before logging starts and anything loads: a bad one is a usage
@@ -492,13 +505,8 @@ def serve(args: argparse.Namespace) -> int:
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    if not api_keys and args.host not in ("127.0.0.1", "localhost", "::1"):
-        logging.getLogger("cloud_server").warning(
-            "no API key configured and listening on %s: anyone who can reach it can use it",
-            args.host,
-        )
-
     if cluster is not None:  # Ray is imported only here
+        _warn_if_open(api_keys, args.host)  # Ray Serve's proxy binds it
         from cloud_server.cluster.launch import serve_cluster
 
         return serve_cluster(
@@ -539,12 +547,15 @@ def serve(args: argparse.Namespace) -> int:
     )
     sock = listen(args.host, args.port, ServerError)
     host, port = sock.getsockname()[:2]
+    _warn_if_open(api_keys, host)  # the address bound: a name may resolve off loopback
     logging.getLogger("cloud_server").info(
         "listening on http://%s:%s (%s)", host, port, "API key required" if api_keys else "open"
     )
     # uvicorn's own timeout comes after the drain (GracefulServer): only a client that stopped
     # reading could still hold a connection open by then
-    uv_config = uvicorn.Config(app, log_level=args.log_level, timeout_graceful_shutdown=5, access_log=False)
+    # the access lines (--access-log) end with [request_id=ID], as the proxy's and the error lines
+    uv_config = uvicorn.Config(app, log_level=args.log_level, timeout_graceful_shutdown=5,
+                               access_log=args.access_log, log_config=access_log_config())
     grace_s = DEFAULT_SHUTDOWN_TIMEOUT_S if args.shutdown_timeout is None else args.shutdown_timeout
     server = GracefulServer(uv_config, app.state.server.drain, grace_s)
     try:
@@ -559,6 +570,14 @@ def serve(args: argparse.Namespace) -> int:
     if died:
         raise ServerError(f"the engine failed while serving ({died[0]}); start the server again")
     return 0
+
+
+def _warn_if_open(api_keys: Sequence[str], host: str) -> None:
+    """Warn of a server without an API key bound beyond this machine. Loopback is the rule of
+    `hybridllm serve` (``is_loopback``): all of 127.0.0.0/8 and ``::1`` in any spelling."""
+    if not api_keys and not is_loopback(host):
+        logging.getLogger("cloud_server").warning(
+            "no API key configured and listening on %s: anyone who can reach it can use it", host)
 
 
 def _exit_leaving_the_load() -> NoReturn:

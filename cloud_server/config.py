@@ -187,10 +187,11 @@ class ClusterConfig:
                 )
             if not self.min_replicas <= self.replicas <= self.max_replicas:
                 default = "" if given_max else " (its default: the larger of --replicas and --min-replicas)"
+                # the count to start at is one at least, also where --min-replicas 0 lets it shrink to 0
                 raise ConfigError(
                     f"--replicas {self.replicas} must lie within --min-replicas {self.min_replicas} "
                     f"and --max-replicas {self.max_replicas}{default}: give --replicas from "
-                    f"{self.min_replicas} to {self.max_replicas}"
+                    f"{max(1, self.min_replicas)} to {self.max_replicas}"
                 )
         for name in ("upscale_delay_s", "downscale_delay_s", "autoscale_window_s"):
             value = getattr(self, name)

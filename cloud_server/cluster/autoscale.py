@@ -26,17 +26,26 @@ TARGET_NOTE = "target_replicas"  # the fleet board's note: Serve's current targe
 def desired_replicas(
     total_tokens: float, target_tokens_per_replica: int, *, current: int, min_replicas: int, max_replicas: int
 ) -> int:
-    if target_tokens_per_replica < 1:
-        raise ValueError("target_tokens_per_replica must be >= 1")
+    _check_target(target_tokens_per_replica)
     want = math.ceil(total_tokens / target_tokens_per_replica) if total_tokens > 0 else min_replicas
     return max(min_replicas, min(max_replicas, want))
+
+
+def _check_target(value: Any) -> int:
+    """``target_tokens_per_replica`` as an int, or a ValueError naming it and the value given."""
+    if isinstance(value, bool) or not finite_number(value) or value < 1 or value != int(value):
+        raise ValueError(f"target_tokens_per_replica (--target-tokens-per-replica) must be an "
+                         f"integer >= 1, got {value!r}")
+    return int(value)
 
 
 class QueuedTokensPolicy:
     """Serve's custom autoscaling policy (a class: ``policy_kwargs`` reach the constructor)."""
 
     def __init__(self, target_tokens_per_replica: int = 4096, board_name: str | None = None) -> None:
-        self.target_tokens_per_replica = int(target_tokens_per_replica)
+        # refused here, when the app is built: later Serve's controller would log the error on
+        # every autoscaling tick and the fleet would never scale (0.5 was truncated to 0)
+        self.target_tokens_per_replica = _check_target(target_tokens_per_replica)
         self._board_name = board_name
         self._board: Any = None
         self._noted: tuple[float, int] | None = None

@@ -102,7 +102,7 @@ class Budget:
         _check_tokens(tokens)
         with self._lock:
             now = self.clock()
-            self._events.append((now, int(tokens)))
+            self._events.append((now, _whole(tokens)))
             self._trim(now)
 
     def reserve(self, tokens: int = 0) -> tuple[Reservation | None, str | None]:
@@ -116,7 +116,7 @@ class Budget:
             spent = self._spent(now)
             if spent:
                 return None, spent
-            held = Reservation(next(self._ids), int(tokens), self._key)
+            held = Reservation(next(self._ids), _whole(tokens), self._key)
             self._held[held.id] = held.tokens
             return held, None
 
@@ -140,7 +140,7 @@ class Budget:
             if self._held.pop(reservation.id, None) is None:
                 return
             now = self.clock()
-            self._events.append((now, int(tokens)))
+            self._events.append((now, _whole(tokens)))
             self._trim(now)
 
     def release(self, reservation: Reservation) -> None:
@@ -294,6 +294,12 @@ def _check_tokens(tokens: int) -> None:
     if not is_real(tokens) or not 0 <= tokens < _MAX_TOKENS:
         raise ConfigError(f"tokens must be a number >= 0 (prompt plus completion tokens, under "
                           f"2**63), got {tokens!r}.")
+
+
+def _whole(tokens: float) -> int:
+    """A token count as a whole number, a fraction rounded up: a cloud bills whole tokens, and an
+    estimate or a custom cloud's count of 2.9 counted as 2 (int() truncates), under the limit."""
+    return int(tokens) if is_integer(tokens) else math.ceil(tokens)  # ints exact past 2**53
 
 
 def _used(window: list[tuple[float, int]], unit: float) -> float:

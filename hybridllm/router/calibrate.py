@@ -50,4 +50,17 @@ def calibrate_logprob_threshold(mean_logprobs: ArrayLike, correct: ArrayLike) ->
     right_below = np.searchsorted(np.sort(lp[ok]), ts, side="left")
     n_wrong, n_right = int((~ok).sum()), int(ok.sum())
     balanced = (wrong_below / n_wrong + (n_right - right_below) / n_right) / 2.0
-    return float(ts[int(np.argmax(balanced))])
+    best = int(np.argmax(balanced))
+    if best == 0:
+        # t = the lowest value: "lp < t" holds for no answer, a floor that never escalates. It is
+        # the pick only when no t beats chance (balanced accuracy 0.5): all log-probabilities
+        # equal, or the wrong answers no less confident than the right ones
+        same = f"all {len(lp)} are {ts[0]:g}" if len(ts) == 1 else (
+            "the wrong answers are no less confident than the right ones")
+        raise DataError(
+            f"Cascade calibration: the edge answers' mean log-probabilities do not tell wrong "
+            f"answers from right ones ({same}), so the floor would never escalate. Check that they "
+            f"are each answer's own mean token log-probability (`hybridllm router label` writes "
+            f"them), or leave them out to keep the default floor."
+        )
+    return float(ts[best])

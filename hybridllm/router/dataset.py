@@ -264,7 +264,7 @@ def load_routellm_csv(
         raise DataError(f"No row of {p} has both a {weak_col!r} and a {strong_col!r} score.")
     keep = np.flatnonzero(labelled)
     prompts = _prompts(p, rows, keep, prompt_col)
-    logprob = _float_column(rows, LOGPROB_COL) if LOGPROB_COL in header else None
+    logprob = _logprob_column(p, rows, semicolons) if LOGPROB_COL in header else None
     return RoutingData(
         prompts=prompts,
         weak=weak[keep],
@@ -478,8 +478,11 @@ def _csv_rows(path: Path, reader: Any, columns: list[str], delimiter: str) -> li
 
 def _comma_or_semicolon(first_line: str) -> str:
     """A CSV's delimiter: ';' when its header has semicolons and no comma (Excel's CSV where the
-    decimal separator is a comma), else ','."""
-    return ";" if ";" in first_line and "," not in first_line else ","
+    decimal separator is a comma), a tab when it has tabs and neither (a TSV saved as .csv, or
+    Excel's "Unicode Text": read as one column named "prompt\tweak\tstrong"), else ','."""
+    if ";" in first_line and "," not in first_line:
+        return ";"
+    return "\t" if "\t" in first_line and "," not in first_line else ","
 
 
 def _separator_hint(header: list[str]) -> str:
@@ -617,14 +620,29 @@ def _scaled(
     return out
 
 
-def _float_column(rows: list[dict[str, str]], col: str) -> np.ndarray | None:
-    """A numeric column (blank cells become NaN), or None when it holds no number at all."""
+def _logprob_column(p: Path, rows: list[dict[str, str]], decimal_comma: bool = False) -> np.ndarray | None:
+    """The edge answers' mean log-probabilities (blank cells become NaN), or None when no cell
+    holds one. A cell that is not a number, or above 0 (a probability, not its log: the floor
+    calibrated on it escalated every answer), is refused with its row: one such cell dropped the
+    whole column without a word, and the cascade kept the default floor. ``decimal_comma``: -0,31
+    in a ';' file (Excel's CSV where the decimal separator is a comma) is -0.31, as for scores."""
     out = np.full(len(rows), np.nan)
     for i, r in enumerate(rows):
+        cell = (r.get(LOGPROB_COL) or "").strip()
+        if decimal_comma and _DECIMAL_COMMA.fullmatch(cell):
+            cell = cell.replace(",", ".")
+        if cell.lower() in _BLANK:
+            continue
         try:
-            out[i] = float(r.get(col) or "nan")
+            out[i] = float(cell)
         except ValueError:
-            return None
+            out[i] = np.inf  # refused below, as not a number
+        # 1e-6: a mean of log-probabilities computed in float32 may come out a hair above 0
+        if not (out[i] <= 1e-6 or np.isnan(out[i])):
+            raise DataError(
+                f"{p} row {i + 1}: {LOGPROB_COL} is {cell!r}, not a mean token log-probability (a "
+                "number <= 0, blank where unknown); a probability p is written as its log, ln(p)."
+            )
     return out if np.isfinite(out).any() else None
 
 

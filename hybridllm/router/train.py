@@ -337,35 +337,9 @@ def align_folds(oof: np.ndarray, folds: np.ndarray, source_ids: np.ndarray | Non
     return out
 
 
-def train_router(
-    data: RoutingData,
-    *,
-    use_embedding: bool = True,
-    hyper: Hyper = Hyper(),
-    num_folds: int = DEFAULT_FOLDS,
-    embeddings: np.ndarray | None = None,
-    source: str = "",
-    command: str = "",
-    sources: Sources | None = None,
-    cascade_data: list[RoutingData] | None = None,
-    progress: Callable[[int, int], None] | None = None,
-) -> Router:
-    """Cross-validate, then fit on all rows; the router's ``info`` records both. ``progress(done,
-    total)`` counts the fits: one per fold, then the final one."""
-    started = time.perf_counter()
-    if sources is None:
-        sources = Sources([Path(source).name if source else ""], np.zeros(len(data.prompts), np.int64), [1.0])
-    emb = None
-    if use_embedding:
-        emb = cached_embeddings(data.prompts) if embeddings is None else embeddings
-    x = feature_matrix(data.prompts, use_embedding=use_embedding, embeddings=emb)
-    steps = None if progress is None else (lambda done, _: progress(done, num_folds + 1))
-    cv = cross_validate(data, x, emb, hyper=hyper, num_folds=num_folds, sources=sources, progress=steps)
-    scorer = _fit(x, _gain(data), emb, hyper, sources)
-    if progress is not None:
-        progress(num_folds + 1, num_folds + 1)
-    train_scores = np.asarray(scorer.predict(x, emb), dtype=np.float64)
-    threshold, per_source = _threshold_and_source_metrics(data, sources, cv)
+def _cascade_floor(data: RoutingData, cascade_data: list[RoutingData] | None) -> tuple[float, dict[str, Any]]:
+    """The cascade's log-probability floor and its record; a DataError for log-probabilities
+    that do not tell wrong answers from right ones (before any fitting, so it costs nothing)."""
     logprob_threshold = DEFAULT_LOGPROB_THRESHOLD
     cascade: dict[str, Any] = {
         "logprob_threshold": logprob_threshold,
@@ -391,6 +365,39 @@ def train_router(
                 "escalated_when_wrong": round(float(esc[ok == 0].mean()), 4),
                 "kept_when_right": round(float((~esc[ok == 1]).mean()), 4),
             }
+    return logprob_threshold, cascade
+
+
+def train_router(
+    data: RoutingData,
+    *,
+    use_embedding: bool = True,
+    hyper: Hyper = Hyper(),
+    num_folds: int = DEFAULT_FOLDS,
+    embeddings: np.ndarray | None = None,
+    source: str = "",
+    command: str = "",
+    sources: Sources | None = None,
+    cascade_data: list[RoutingData] | None = None,
+    progress: Callable[[int, int], None] | None = None,
+) -> Router:
+    """Cross-validate, then fit on all rows; the router's ``info`` records both. ``progress(done,
+    total)`` counts the fits: one per fold, then the final one."""
+    started = time.perf_counter()
+    logprob_threshold, cascade = _cascade_floor(data, cascade_data)
+    if sources is None:
+        sources = Sources([Path(source).name if source else ""], np.zeros(len(data.prompts), np.int64), [1.0])
+    emb = None
+    if use_embedding:
+        emb = cached_embeddings(data.prompts) if embeddings is None else embeddings
+    x = feature_matrix(data.prompts, use_embedding=use_embedding, embeddings=emb)
+    steps = None if progress is None else (lambda done, _: progress(done, num_folds + 1))
+    cv = cross_validate(data, x, emb, hyper=hyper, num_folds=num_folds, sources=sources, progress=steps)
+    scorer = _fit(x, _gain(data), emb, hyper, sources)
+    if progress is not None:
+        progress(num_folds + 1, num_folds + 1)
+    train_scores = np.asarray(scorer.predict(x, emb), dtype=np.float64)
+    threshold, per_source = _threshold_and_source_metrics(data, sources, cv)
     info: dict[str, Any] = {
         "training": {
             "command": command or SHIPPED_COMMAND,

@@ -63,5 +63,7 @@ def test_all_nan_log_probabilities_are_a_data_error() -> None:
 
 
 def test_constant_log_probabilities_never_escalate() -> None:
-    # no information in them: the threshold is their value, and nothing is below it
-    assert calibrate_logprob_threshold([-1.0] * 4, [1, 0, 1, 0]) == -1.0
+    # no information in them: the threshold would be their value, with nothing below it, a floor
+    # that never escalates; refused (review18), it was returned without a word
+    with pytest.raises(DataError, match="never escalate"):
+        calibrate_logprob_threshold([-1.0] * 4, [1, 0, 1, 0])

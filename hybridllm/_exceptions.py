@@ -72,13 +72,22 @@ class HybridLLMError(Exception):
     def __reduce__(self) -> tuple[Any, ...]:
         # the default rebuilds with cls(*args), which fails for a class with keyword-only
         # arguments (CloudBudgetSpentError's reason); rebuild from args and the attributes instead
-        return (_rebuild, (type(self), self.args, dict(self.__dict__)))
+        fields: dict[str, Any] = {}
+        if isinstance(self, OSError):  # (BrokenInstallError) keeps these out of args and __dict__
+            fields = {k: getattr(self, k) for k in _OS_FIELDS if getattr(self, k, None) is not None}
+        return (_rebuild, (type(self), self.args, dict(self.__dict__), fields))
 
 
-def _rebuild(cls: type[HybridLLMError], args: tuple[Any, ...], state: dict[str, Any]) -> HybridLLMError:
+_OS_FIELDS = ("errno", "strerror", "filename", "filename2")
+
+
+def _rebuild(cls: type[HybridLLMError], args: tuple[Any, ...], state: dict[str, Any],
+             fields: dict[str, Any] | None = None) -> HybridLLMError:
     err = cls.__new__(cls, *args)  # (an OSError subclass sets its errno from args here)
     err.args = args
     err.__dict__.update(state)
+    for name, value in (fields or {}).items():
+        setattr(err, name, value)
     return err
 
 

@@ -32,7 +32,14 @@ from typing import Any
 
 from .._exceptions import ConfigError, EdgeError, ModelCorruptError
 from .._types import GenerationParams, Messages, Usage
-from ..models.onnx_store import DEFAULT_PRECISION, onnx_dir, prepare_command, read_meta, resolve_onnx
+from ..models.onnx_store import (
+    DEFAULT_PRECISION,
+    META_FILE,
+    onnx_dir,
+    prepare_command,
+    read_meta,
+    resolve_onnx,
+)
 from ..models.store import Progress
 from ..prompts import PromptFormat, tokenize_prompt, tokenizers_plain
 from .base import (
@@ -286,9 +293,12 @@ class OnnxBackend(DeviceBackend):
                 f"{self.model_path} has no readable tokenizer.json ({exc}). "
                 + _reprepare_hint(self.model_path, spec, precision)
             ) from exc
-        genai = json.loads((self.model_path / "genai_config.json").read_text())["model"]
+        genai = json.loads((self.model_path / "genai_config.json").read_text(encoding="utf-8"))["model"]
         meta = read_meta(self.model_path)
-        template, bos, eos, add_bos = _prompt_files(self.model_path, meta)
+        try:
+            template, bos, eos, add_bos = _prompt_files(self.model_path, meta)
+        except ModelCorruptError as exc:
+            raise ModelCorruptError(f"{exc} {_reprepare_hint(self.model_path, spec, precision)}") from exc
         if chat_format is None:
             chat_format = (
                 (spec.chat_format if spec else None)
@@ -464,32 +474,59 @@ _EOG_NAMES = frozenset({
 def _named_eog_ids(folder: Path) -> set[int]:
     """Ids of the special tokens in ``folder``'s tokenizer.json named in :data:`_EOG_NAMES`."""
     try:
-        added = json.loads((folder / "tokenizer.json").read_text()).get("added_tokens") or []
+        added = json.loads((folder / "tokenizer.json").read_text(encoding="utf-8")).get("added_tokens") or []
         return {int(t["id"]) for t in added if t.get("special") and t.get("content") in _EOG_NAMES}
     except (OSError, ValueError, TypeError, KeyError, AttributeError):
         return set()
 
 
 def _prompt_files(folder: Path, meta: dict[str, Any]) -> tuple[str | None, str, str, bool]:
-    """(chat template, BOS text, EOS text, add BOS) from our record, else the builder's files."""
+    """(chat template, BOS text, EOS text, add BOS) from our record, else the builder's files.
+
+    The chat template as transformers (and the cloud server) reads it: ``chat_template.jinja`` over
+    the one in our record or ``tokenizer_config.json``, which may also be a list of named templates
+    ({"name", "template"}) whose "default" is the chat template. A file that cannot be read is a
+    :class:`ModelCorruptError` (before: ignored, and the folder's prompt format silently lost)."""
     tok_config: dict[str, Any] = {}
     path = folder / "tokenizer_config.json"
     if path.is_file():
         try:
-            tok_config = json.loads(path.read_text())
-        except ValueError:
-            tok_config = {}
-    template = meta.get("chat_template") or tok_config.get("chat_template")
+            tok_config = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+            raise ModelCorruptError(f"{path} is unreadable ({exc}).") from exc
+        if not isinstance(tok_config, dict):
+            raise ModelCorruptError(f"{path} must hold a JSON object, not a {type(tok_config).__name__}.")
     jinja = folder / "chat_template.jinja"
-    if not template and jinja.is_file():
-        template = jinja.read_text()
+    template: str | None
+    if jinja.is_file():
+        try:
+            template = jinja.read_text(encoding="utf-8")
+        except (OSError, ValueError) as exc:
+            raise ModelCorruptError(f"{jinja} is unreadable ({exc}).") from exc
+    else:
+        template = (_named_template(meta.get("chat_template"), folder / META_FILE)
+                    or _named_template(tok_config.get("chat_template"), path))
 
     def text(key: str) -> str:
         value = meta.get(key) or tok_config.get(key) or ""
         return str(value.get("content", "")) if isinstance(value, dict) else str(value)
 
     add_bos = bool(meta.get("add_bos_token", tok_config.get("add_bos_token", False)))
-    return template, text("bos_token"), text("eos_token"), add_bos
+    return template or None, text("bos_token"), text("eos_token"), add_bos
+
+
+def _named_template(template: Any, path: Path) -> str | None:
+    """A ``chat_template`` value: a string, or transformers' list of named templates."""
+    if isinstance(template, list):
+        named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
+        template = named.get("default")
+        if template is None:
+            raise ModelCorruptError(f"{path}: chat_template names no 'default' template "
+                                    f"(has {sorted(map(str, named))}).")
+    if template is not None and not isinstance(template, str):
+        raise ModelCorruptError(f"{path}: chat_template must be a string or a list of named "
+                                f"templates, not a {type(template).__name__}.")
+    return template or None
 
 
 def _factory(**kwargs: Any) -> OnnxBackend:

@@ -67,10 +67,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
     except ImportError as exc:
         raise ConfigError("`hybridllm serve` needs FastAPI and uvicorn, which the light install leaves "
                           "out: pip install 'hybridllm[proxy]' (no torch)") from exc
+    from ._cli_terminal import _UsageError
     from ._client import HybridLLM
     from ._config import load_config
     from ._progress import ProgressBar
-    from .cli import _UsageError
     from .proxy import API_KEYS_ENV, create_app, serve_hosts
     from .wire.auth import load_api_keys
     from .wire.middleware import access_log_config

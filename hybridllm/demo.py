@@ -139,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _demo(argv: list[str] | None) -> int:
     from ._client import HybridLLM
-    from ._pipeline import EDGE_FALLBACK
+    from ._pipeline.execute import EDGE_FALLBACK
     from .cli import missing_server_module, server_extra_hint
     from .router import load_router
 

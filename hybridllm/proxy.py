@@ -53,7 +53,8 @@ from ._exceptions import (
     InvalidRequestError,
 )
 from ._loopback import LOOPBACK_NAMES, host_name, is_loopback, is_loopback_origin
-from ._pipeline import ForcedCloudOverBudgetError, wait_of
+from ._pipeline.failures import ForcedCloudOverBudgetError
+from ._pipeline.ports import wait_of
 from ._types import Chunk, Completion, estimate_text_tokens, estimate_tokens
 from .wire import (
     DEFAULT_MAX_BODY_BYTES,

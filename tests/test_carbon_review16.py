@@ -9,7 +9,7 @@ import pytest
 
 from hybridllm._config import HybridLLMConfig
 from hybridllm._exceptions import ConfigError
-from hybridllm.backends.cloud import _api_root
+from hybridllm.backends.cloud_http import _api_root
 from hybridllm.carbon import CarbonPlacer, CloudEndpoint
 
 BAD = ["http://h.example:99999/v1", "http://[::1/v1", "http://", "http://h.example:abc/v1"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from hybridllm import cli
+from hybridllm import _chat_cli, _cli_terminal, cli
 
 
 class Recorder:
@@ -347,13 +347,13 @@ def test_piped_chat_that_failed_exits_1(fake, monkeypatch, capsys):
 def test_status_lines_follow_their_own_stream_and_no_color(fake, monkeypatch, capsys):
     """Before: the colour of stderr's trace line was decided by whether stdout was a terminal, and
     NO_COLOR was ignored."""
-    assert cli._style("x", "2", Terminal(True)) == "\x1b[2mx\x1b[0m"
-    assert cli._style("x", "2", Terminal(False)) == "x"
+    assert _cli_terminal._style("x", "2", Terminal(True)) == "\x1b[2mx\x1b[0m"
+    assert _cli_terminal._style("x", "2", Terminal(False)) == "x"
     monkeypatch.setenv("NO_COLOR", "1")
-    assert cli._style("x", "2", Terminal(True)) == "x"
+    assert _cli_terminal._style("x", "2", Terminal(True)) == "x"
     monkeypatch.delenv("NO_COLOR")
     monkeypatch.setattr("sys.stdout", Terminal(True))  # stdout a terminal, stderr captured
-    cli._note("status")
+    _cli_terminal._note("status")
     assert capsys.readouterr().err == "status\n"
 
 
@@ -364,7 +364,7 @@ def test_unknown_slash_commands_are_not_sent_to_the_model(fake, monkeypatch, cap
     out, err = capsys.readouterr()
     assert "unknown command /rest" in err
     assert len(fake.sent) == 1 and fake.sent[0][-1]["content"] == "/usr/bin holds what?"
-    assert cli.CHAT_HELP in out
+    assert _chat_cli.CHAT_HELP in out
 
 
 def test_ctrl_c_stops_the_answer_and_keeps_what_was_shown(fake, monkeypatch, capsys):
@@ -409,7 +409,7 @@ def test_text_that_is_not_utf8_is_replaced_not_refused(fake, monkeypatch, capsys
     surrogate ... half of an emoji'."""
     assert cli.main(["ask", "caf\udce9 au lait"]) == 0
     assert fake.sent[-1] == "caf\ufffd au lait"
-    assert cli._text("\ud83d!") == "?!"
+    assert _cli_terminal._text("\ud83d!") == "?!"
 
 
 def test_ask_reads_stdin_and_takes_system(fake, monkeypatch, capsys):

@@ -8,7 +8,7 @@ import io
 
 import pytest
 
-from hybridllm import cli, demo
+from hybridllm import _chat_cli, cli, demo
 
 
 def test_no_command_is_a_usage_error_on_stderr(capsys):
@@ -55,7 +55,7 @@ def test_a_blank_system_prompt_is_a_usage_error(monkeypatch, capsys, command, sy
     def no_client(args):
         raise AssertionError("the client was built")
 
-    monkeypatch.setattr(cli, "_client", no_client)
+    monkeypatch.setattr(_chat_cli, "_client", no_client)
     argv = [command, "--system", system, *(["hi"] if command == "ask" else [])]
     with pytest.raises(SystemExit) as exit_:
         cli.main(argv)
@@ -66,7 +66,7 @@ def test_a_blank_system_prompt_is_a_usage_error(monkeypatch, capsys, command, sy
 
 def test_a_system_prompt_with_text_is_kept_as_given():
     args = cli.build_parser().parse_args(["ask", "--system", "  Be brief. ", "hi"])
-    assert cli._messages(args, "hi")[0] == {"role": "system", "content": "  Be brief. "}
+    assert _chat_cli._messages(args, "hi")[0] == {"role": "system", "content": "  Be brief. "}
 
 
 class ClosedPipe(io.StringIO):

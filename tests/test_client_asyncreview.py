@@ -13,8 +13,8 @@ from http.server import ThreadingHTTPServer
 import pytest
 
 from hybridllm import AsyncHybridLLM, HybridLLM, HybridLLMError
-from hybridllm._client import CLOSED_MID_ANSWER
 from hybridllm._pipeline import Core
+from hybridllm._stream import CLOSED_MID_ANSWER
 from hybridllm.backends.base import Delta
 from hybridllm.backends.cloud import CloudBackend
 from hybridllm.backends.fake import FakeBackend

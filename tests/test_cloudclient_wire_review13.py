@@ -155,7 +155,7 @@ def slept(monkeypatch):
     async def sleep(seconds: float) -> None:
         waits.append(seconds)
 
-    monkeypatch.setattr("hybridllm.backends.cloud._sleep", sleep)
+    monkeypatch.setattr("hybridllm.backends.cloud_retry._sleep", sleep)
     return waits
 
 
@@ -232,7 +232,7 @@ def test_an_error_body_without_end_is_cut_off(server):
 
 def test_an_event_stream_without_line_breaks_is_cut_off(server, monkeypatch):
     """Before: the line grew in memory (about 10 MB a second here) until the process ran out."""
-    monkeypatch.setattr("hybridllm.backends.cloud.MAX_LINE_CHARS", 2**20, raising=False)
+    monkeypatch.setattr("hybridllm.backends.cloud_stream.MAX_LINE_CHARS", 2**20, raising=False)
     cloud = _cloud(server, "endlessline", read_timeout_s=0.5)
     with pytest.raises(CloudUnavailableError, match=r"sent a line over 1 M characters"):
         _bounded(lambda: cloud.generate(MSGS, P), 10)

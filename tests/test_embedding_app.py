@@ -220,7 +220,7 @@ def test_collected_on_its_own_device_thread_frees_the_model_only_after_the_answe
     """The collector may run on the client's own device thread, mid-answer (a cycle collected
     there). Freeing the model from that thread would free it under the token loop that thread
     returns to; the close is handed to another thread, which waits for the loop to stop."""
-    from hybridllm._client import _close_collected
+    from hybridllm._lifecycle import _close_collected
 
     events: list[str] = []
 

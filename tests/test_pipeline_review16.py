@@ -10,7 +10,7 @@ import threading
 import pytest
 
 from hybridllm import AsyncHybridLLM, CloudUnavailableError, HybridLLM, InvalidRequestError
-from hybridllm._pipeline import Options
+from hybridllm._pipeline.request import Options
 from hybridllm.backends.fake import FakeBackend
 from tests.router.test_budget_concurrency import CloudRouter
 

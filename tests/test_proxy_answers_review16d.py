@@ -66,7 +66,7 @@ def test_a_nan_router_score_streams_as_null_not_as_a_bare_nan(http):
 def test_non_finite_cost_and_energy_are_null_in_the_answer_and_in_stats():
     """A custom cloud's cost and energy: ``cost_usd`` NaN (a price it computed) and energy that
     adds NaN to the stats' totals; the answer and /stats both answer, with null."""
-    from hybridllm import _pipeline
+    from hybridllm._pipeline import core as _pipeline
 
     class Cloud:  # every question to the cloud
         def decide(self, messages, *, force=None, prompt_tokens=None, embedding=None):

@@ -19,12 +19,12 @@ from .test_context_window import LONG, SHORT, Cloud, client
 
 
 def test_a_429_with_retry_after_is_raised_with_its_wait(server, monkeypatch):  # noqa: F811
-    from hybridllm.backends import cloud as cloud_module
+    from hybridllm.backends import cloud_retry
 
     async def no_sleep(seconds: float) -> None:
         pass
 
-    monkeypatch.setattr(cloud_module, "_sleep", no_sleep)
+    monkeypatch.setattr(cloud_retry, "_sleep", no_sleep)
     cloud = CloudBackend(base_url=_url(server, "429-120"), model="m", max_retries=0)
     with pytest.raises(CloudRateLimitError) as err:
         list(cloud.stream([{"role": "user", "content": "hi"}], GenerationParams(max_tokens=4)))

@@ -278,7 +278,7 @@ def test_an_openai_client_through_the_proxy_gets_answers_cut_at_its_stop(peer):
 def test_only_a_refusal_of_the_field_stop_drops_it(message, param, dropped):
     import httpx
 
-    from hybridllm.backends.cloud import _refused_fields
+    from hybridllm.backends.cloud_request import _refused_fields
 
     resp = httpx.Response(400, json={"error": {"message": message, "type": "invalid_request_error",
                                                "param": param, "code": None}})

@@ -79,14 +79,14 @@ def test_retries_dropped_connections_and_5xx_then_succeeds():
 
 def test_429_honours_retry_after(monkeypatch):
     slept = []
-    monkeypatch.setattr("hybridllm.backends.cloud._sleep", _record(slept))
+    monkeypatch.setattr("hybridllm.backends.cloud_retry._sleep", _record(slept))
     script = Script(httpx.Response(429, headers={"Retry-After": "2"}, json={}), sse("ok"))
     assert backend(script).generate(MSGS, P).text == "ok"
     assert slept == [2.0]
 
 
 def test_429_burst_exhausts_retries_with_rate_limit_error(monkeypatch):
-    monkeypatch.setattr("hybridllm.backends.cloud._sleep", _record([]))
+    monkeypatch.setattr("hybridllm.backends.cloud_retry._sleep", _record([]))
     script = Script(httpx.Response(429, headers={"Retry-After": "1"}, json={}))
     with pytest.raises(CloudRateLimitError):
         backend(script, max_retries=2, breaker_threshold=10).generate(MSGS, P)
@@ -275,7 +275,7 @@ def test_a_stream_broken_off_mid_answer_closes_its_line_reader_at_once(monkeypat
     import asyncio
 
     closed = []
-    # the client splits lines itself (cloud._lines: a line has a size bound), over aiter_text
+    # the client splits lines itself (cloud_stream._lines: a line has a size bound), over aiter_text
     texts = httpx.Response.aiter_text
 
     async def tracked(self, *args):

@@ -192,7 +192,7 @@ def test_a_retry_waits_out_the_retry_after_of_an_endpoint_that_asked_while_anoth
     async def sleep(seconds):
         events.append(("sleep", round(seconds, 1)))
 
-    monkeypatch.setattr("hybridllm.backends.cloud._sleep", sleep)
+    monkeypatch.setattr("hybridllm.backends.cloud_retry._sleep", sleep)
     asked = {"a": 0}
 
     def handler(request):

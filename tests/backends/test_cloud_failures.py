@@ -172,7 +172,7 @@ def test_a_refused_connection_is_not_retried_and_another_endpoint_still_answers(
     async def sleep(seconds: float) -> None:
         slept.append(seconds)
 
-    monkeypatch.setattr("hybridllm.backends.cloud._sleep", sleep)
+    monkeypatch.setattr("hybridllm.backends.cloud_retry._sleep", sleep)
     dead = _closed_port()
     cloud = CloudBackend(base_url=[dead, _url(server, "ok")], model="m", max_retries=0)
     cloud.endpoints[1].add(100)  # the dead one is the first pick
@@ -194,7 +194,7 @@ def test_going_back_to_an_endpoint_that_failed_still_waits_its_backoff(server, h
     async def sleep(seconds: float) -> None:
         slept.append(seconds)
 
-    monkeypatch.setattr("hybridllm.backends.cloud._sleep", sleep)
+    monkeypatch.setattr("hybridllm.backends.cloud_retry._sleep", sleep)
     cloud = CloudBackend(base_url=[_url(server, "503"), _closed_port()], model="m", max_retries=1,
                          backoff_base_s=1.0, breaker_threshold=10)
     cloud.endpoints[1].add(100)  # the 503 one is the first pick

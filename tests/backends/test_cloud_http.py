@@ -146,7 +146,7 @@ def slept(monkeypatch):
     async def sleep(seconds: float) -> None:
         waits.append(seconds)
 
-    monkeypatch.setattr("hybridllm.backends.cloud._sleep", sleep)
+    monkeypatch.setattr("hybridllm.backends.cloud_retry._sleep", sleep)
     return waits
 
 
@@ -288,7 +288,7 @@ def test_closing_a_stream_mid_answer_frees_its_connection_at_once(server):
 
 def test_a_slow_model_list_is_not_waited_on_for_the_whole_read_timeout(server, slept, monkeypatch):
     """Before: discovery waited up to cloud_read_timeout_s (120 s by default) per attempt."""
-    monkeypatch.setattr("hybridllm.backends.cloud.MODELS_TIMEOUT_S", 0.3)
+    monkeypatch.setattr("hybridllm.backends.cloud_request.MODELS_TIMEOUT_S", 0.3)
     server.hits.clear()
     cloud = CloudBackend(base_url=_url(server, "slowmodels"), read_timeout_s=60, max_retries=0)
     t0 = time.perf_counter()
@@ -314,6 +314,7 @@ def test_retry_after_dates_are_gmt_and_absurd_values_do_not_ban_an_endpoint(serv
     import email.utils
 
     from hybridllm.backends import cloud as cloud_mod
+    from hybridllm.backends import cloud_retry
 
     monkeypatch.setenv("TZ", "America/New_York")
     time.tzset()
@@ -324,7 +325,7 @@ def test_retry_after_dates_are_gmt_and_absurd_values_do_not_ban_an_endpoint(serv
         monkeypatch.delenv("TZ")
         time.tzset()
     assert cloud_mod.parse_retry_after("inf") is None and cloud_mod.parse_retry_after("nan") is None
-    monkeypatch.setattr(cloud_mod, "COOL_MAX_S", 0.0)  # stands for 5 minutes
+    monkeypatch.setattr(cloud_retry, "COOL_MAX_S", 0.0)  # stands for 5 minutes
     cloud = CloudBackend(base_url=_url(server, "429-86400"), model="m", max_retries=0)
     with pytest.raises(CloudRateLimitError):
         cloud.generate(MSGS, P)

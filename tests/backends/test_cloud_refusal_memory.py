@@ -121,10 +121,10 @@ def test_a_corrupt_or_unwritable_file_is_ignored(tmp_path, caplog):
 def test_a_recalled_refusal_is_warned_of_once_per_process(peer, tmp_path, monkeypatch, caplog):
     """Each HybridLLM (each CloudBackend) of one process recalls the file; the warning that says
     what it leaves out was given again for each of them."""
-    from hybridllm.backends import cloud
+    from hybridllm.backends import cloud_request
 
     monkeypatch.setenv("HYBRIDLLM_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(cloud, "_RECALLS_SAID", set())  # as in a new process
+    monkeypatch.setattr(cloud_request, "_RECALLS_SAID", set())  # as in a new process
     url = f"http://127.0.0.1:{peer.server_address[1]}/openai"
     assert _answer(CloudBackend(base_url=url, model="gpt-x", max_retries=0, remember_refusals=True)) == "fine"
     caplog.clear()

@@ -11,7 +11,7 @@ import pytest
 
 from hybridllm import CloudRateLimitError, ConfigError, GenerationParams
 from hybridllm._config import load_config
-from hybridllm.backends import cloud as cloud_module
+from hybridllm.backends import cloud_retry
 from hybridllm.backends.cloud import CloudBackend
 
 MSGS = [{"role": "user", "content": "hi"}]
@@ -100,7 +100,7 @@ def test_retry_after_ms_is_read(monkeypatch, headers, wait):
     async def no_sleep(seconds):
         pass
 
-    monkeypatch.setattr(cloud_module, "_sleep", no_sleep)
+    monkeypatch.setattr(cloud_retry, "_sleep", no_sleep)
     with pytest.raises(CloudRateLimitError) as err:
         list(_limited(headers).stream(MSGS, P))
     assert err.value.retry_after_s == (None if wait is None else pytest.approx(wait))
@@ -111,12 +111,12 @@ def test_a_long_retry_after_ms_leaves_the_endpoint_alone_for_it_bounded(monkeypa
     async def no_sleep(seconds):
         pass
 
-    monkeypatch.setattr(cloud_module, "_sleep", no_sleep)
+    monkeypatch.setattr(cloud_retry, "_sleep", no_sleep)
     cloud = _limited({"retry-after-ms": str(10**9)})
     with pytest.raises(CloudRateLimitError):
         list(cloud.stream(MSGS, P))
     assert cloud.rate_limited() and not cloud.is_available()
-    assert cloud_module.COOL_MAX_S - 5 < cloud.retry_after_s() <= cloud_module.COOL_MAX_S
+    assert cloud_retry.COOL_MAX_S - 5 < cloud.retry_after_s() <= cloud_retry.COOL_MAX_S
 
 
 @pytest.mark.parametrize("url, problem", [
@@ -148,11 +148,11 @@ def test_the_wait_said_is_the_wait_kept(monkeypatch, headers):
     async def no_sleep(seconds):
         pass
 
-    monkeypatch.setattr(cloud_module, "_sleep", no_sleep)
+    monkeypatch.setattr(cloud_retry, "_sleep", no_sleep)
     cloud = _limited(headers)
     with pytest.raises(CloudRateLimitError) as first:
         list(cloud.stream(MSGS, P))
     with pytest.raises(CloudRateLimitError) as second:
         list(cloud.stream(MSGS, P))
-    assert first.value.retry_after_s == cloud_module.COOL_MAX_S
-    assert cloud_module.COOL_MAX_S - 5 < second.value.retry_after_s <= first.value.retry_after_s
+    assert first.value.retry_after_s == cloud_retry.COOL_MAX_S
+    assert cloud_retry.COOL_MAX_S - 5 < second.value.retry_after_s <= first.value.retry_after_s

@@ -88,7 +88,7 @@ def test_an_error_events_type_ends_at_its_blank_line():
 
 
 def test_an_event_whose_lines_never_end_it_is_bounded(monkeypatch):
-    monkeypatch.setattr("hybridllm.backends.cloud.MAX_LINE_CHARS", 1000)
+    monkeypatch.setattr("hybridllm.backends.cloud_stream.MAX_LINE_CHARS", 1000)
     chunks = [_event("Hi")] + [b'data: {"choices": [' + b"1," * 50 + b"\n"] * 30
     with pytest.raises(CloudUnavailableError, match=r"sent an event over"):
         _read(_cloud(chunks))

@@ -12,7 +12,7 @@ import time
 import pytest
 
 from hybridllm import AsyncHybridLLM
-from hybridllm.backends import cloud
+from hybridllm.backends import cloud_http
 from hybridllm.backends.fake import FakeBackend
 
 pytest.importorskip("fastapi")
@@ -30,7 +30,7 @@ def test_the_first_cloud_call_on_a_loop_reads_the_ca_store_off_the_loop(monkeypa
         return slow(self, *args, **kwargs)
 
     monkeypatch.setattr(ssl.SSLContext, "load_verify_locations", load)
-    monkeypatch.setattr(cloud, "_SSL_CONTEXT", None)  # as in a new process
+    monkeypatch.setattr(cloud_http, "_SSL_CONTEXT", None)  # as in a new process
     server = ThreadServer(create_app(lambda: FakeEngine(step_s=0.001))).start()
     try:
         async def main() -> tuple[float, str]:
@@ -57,10 +57,10 @@ def test_the_first_cloud_call_on_a_loop_reads_the_ca_store_off_the_loop(monkeypa
         worst, route = asyncio.run(main())
         assert route == "cloud"
         assert worst < 0.3, worst  # the loop ticked on while the 0.5 s CA store was read
-        made = cloud._SSL_CONTEXT
+        made = cloud_http._SSL_CONTEXT
         assert isinstance(made, ssl.SSLContext)
         assert asyncio.run(_second_loop(server.url)) == "cloud"
-        assert cloud._SSL_CONTEXT is made  # a second loop's client reuses it: read once
+        assert cloud_http._SSL_CONTEXT is made  # a second loop's client reuses it: read once
     finally:
         server.stop()
 

@@ -77,12 +77,12 @@ def test_real_device_continues_a_hosted_answer_alike_on_the_sync_and_async_paths
 
 def test_real_chat_answers_a_too_long_conversation_on_the_device_when_the_budget_is_spent(
         smollm2_path, hosted, monkeypatch, capsys):
-    from hybridllm import cli
+    from hybridllm import _chat_cli, cli
 
     cloud: HostedCloud = hosted(["never"], mode="whole", usage=(5, 1))
     llm = HybridLLM(edge=_device(smollm2_path, n_ctx=256), cloud_url=cloud.url, policy=CloudRouter(),
                     cache=False, temperature=0.0, cloud_max_retries=0, max_cloud_calls_per_hour=0)
-    monkeypatch.setattr(cli, "_client", lambda args: llm)
+    monkeypatch.setattr(_chat_cli, "_client", lambda args: llm)
     # each turn about 150 tokens: the second makes the conversation too long for n_ctx 256
     turns = ["Say ok. " + "filler " * 140, "Say yes. " + "filler " * 140]
 

@@ -1,0 +1,228 @@
+"""`hybridllm ask` (one prompt) and `hybridllm chat` (a conversation): the commands that answer."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from typing import Any
+
+from ._cli_sampling import _sampling
+from ._cli_terminal import _decode_stdin_leniently, _isatty, _note, _style, _text, _UsageError, trace_line
+from ._exceptions import CloudError, ContextWindowExceededError, HybridLLMError
+
+
+def _client(args: argparse.Namespace) -> Any:
+    from ._client import HybridLLM
+    from ._config import load_config
+    from ._progress import ProgressBar
+
+    # --model wins; otherwise the settings' own order (environment, config.toml, the default)
+    # decides, so edge_model in config.toml is honoured
+    model = args.model or load_config().edge_model
+    backend = {"edge_backend": args.backend} if getattr(args, "backend", None) else {}
+    return HybridLLM(edge_model=args.model, n_threads=args.threads,
+                     progress=ProgressBar(f"Preparing {model}"), **backend)
+
+def _prompt(args: argparse.Namespace) -> str:
+    """The prompt: the argument, or stdin when it is ``-`` or left out (``echo q | hybridllm ask``)."""
+    if args.prompt is not None and args.prompt != "-":
+        # refused here, before the models load, as an empty stdin is (exit 2): `ask ""` used to
+        # build the client first and then fail in it with exit 1
+        if not args.prompt.strip():
+            raise _UsageError('the prompt is empty: hybridllm ask "PROMPT".')
+        return _text(args.prompt)
+    if sys.stdin is None or sys.stdin.isatty():
+        raise _UsageError("ask needs a prompt: hybridllm ask \"PROMPT\", or pipe it in "
+                          "(echo PROMPT | hybridllm ask).")
+    _decode_stdin_leniently()
+    text = _text(sys.stdin.read()).strip()
+    if not text:
+        raise _UsageError("the prompt read from stdin is empty.")
+    return text
+
+
+def _messages(args: argparse.Namespace, prompt: str) -> Any:
+    if not args.system:
+        return prompt
+    return [{"role": "system", "content": _text(args.system)}, {"role": "user", "content": prompt}]
+
+
+def cmd_ask(args: argparse.Namespace) -> int:
+    sampling = _sampling(args)
+    messages = _messages(args, _prompt(args))
+    with _client(args) as llm:
+        if args.json:
+            print(json.dumps(llm.chat(messages, **sampling).to_dict()))
+            return 0
+        stream = llm.stream(messages, **sampling)
+        shown = False
+        try:
+            for chunk in stream:
+                print(chunk.text, end="", flush=True)
+                shown = shown or bool(chunk.text)
+        except (KeyboardInterrupt, HybridLLMError):
+            if shown:  # end the partial answer's line, so "interrupted" or the error is not glued to it
+                print(flush=True)
+            raise
+        print()
+        if stream.completion is not None:
+            _note(trace_line(stream.completion))
+    return 0
+
+
+CHAT_HELP = ("/reset clears the conversation, /exit (or Ctrl-D) quits, /help shows this; "
+             "Ctrl-C stops an answer.")
+_COMMAND = re.compile(r"/[A-Za-z?]+")
+
+
+def _fit(llm: Any, history: list[dict[str, str]], base: int, max_tokens: int | None, *,
+         cloud_failed: bool = False) -> int:
+    """Drop the oldest turns (never the system prompt nor the new question) until the conversation
+    leaves room for the answer in the device model's context; how many messages went. With a cloud
+    configured a long conversation goes there whole, so nothing is dropped unless the cloud could
+    not take it (``cloud_failed``): then the device answers what fits."""
+    if llm.cloud is not None and not cloud_failed:
+        return 0
+    from .backends.base import call_guarded
+
+    edge = llm.edge
+    # a closed backend, or a custom one whose property or tokenizer fails, raises here as the
+    # request itself would (an EdgeError naming the backend): the chat shows it on one line and
+    # goes on, instead of ending on an "internal error"
+    limit = call_guarded(lambda: getattr(edge, "context_length", None), edge, "edge")
+    if not limit or not callable(getattr(edge, "tokenize", None)):
+        return 0
+    room = min(max_tokens or llm.config.max_tokens, limit // 2)
+    dropped = 0
+    while (len(history) - base > 1
+           and len(call_guarded(edge.tokenize, edge, "edge", history)) + room > limit):
+        del history[base]  # the oldest user turn, then its answer
+        if len(history) - base > 1 and history[base]["role"] == "assistant":
+            del history[base]
+            dropped += 1
+        dropped += 1
+    return dropped
+
+
+def _answer(llm: Any, history: list[dict[str, str]], sampling: dict[str, Any], parts: list[str],
+            **options: Any) -> Any:
+    """Stream one answer to stdout, collecting its text in ``parts``; the finished stream."""
+    stream = llm.stream(history, **sampling, **options)
+    for chunk in stream:
+        parts.append(chunk.text)
+        print(chunk.text, end="", flush=True)
+    return stream
+
+
+def cmd_chat(args: argparse.Namespace) -> int:
+    sampling = _sampling(args)
+    if sys.stdin is None:  # started with stdin closed (`<&-`, a service): input() could never work
+        raise _UsageError("chat reads its questions from stdin, which is closed; run it on a "
+                          "terminal, pipe the questions in, or use hybridllm ask \"PROMPT\".")
+    interactive = sys.stdin is not None and sys.stdin.isatty()
+    _decode_stdin_leniently()
+    with _client(args) as llm:
+        history: list[dict[str, str]] = []
+        if args.system:
+            history.append({"role": "system", "content": _text(args.system)})
+        base = len(history)
+        failed = False
+        # the prompt goes where the person looks: with stdout redirected (`hybridllm chat > out`)
+        # input() would write it into the file between the answers, so stderr takes it there
+        to = sys.stdout if _isatty(sys.stdout) else sys.stderr
+        prompt = _style("you> ", "1", to)
+        if interactive and to is sys.stdout:
+            try:
+                import readline  # noqa: F401 - line editing and the arrow keys' history for input()
+            except ImportError:
+                pass
+            else:  # readline must be told which bytes of the prompt take no room on the line
+                prompt = re.sub(r"(\x1b\[[0-9;]*m)", "\x01\\1\x02", prompt)
+        if interactive:
+            _note(f"hybridllm chat with {llm.edge.model}. {CHAT_HELP}")
+        interrupted = False  # Ctrl-C at the prompt: a second one in a row quits
+        while True:
+            try:
+                if interactive and to is not sys.stdout:
+                    print(prompt, end="", file=to, flush=True)
+                line = input(prompt) if interactive and to is sys.stdout else input()
+            except EOFError:
+                if interactive:
+                    print(file=to)
+                return 1 if failed else 0
+            except KeyboardInterrupt:
+                if interrupted or not interactive:
+                    raise
+                interrupted = True
+                print(file=to)
+                _note("(press Ctrl-C again, Ctrl-D or type /exit to quit)")
+                continue
+            interrupted = False
+            text = _text(line).strip()
+            if not text:
+                continue
+            if _COMMAND.fullmatch(text.split()[0]):
+                command = text.split()[0].lower()
+                if command in ("/exit", "/quit", "/bye"):
+                    return 1 if failed else 0
+                if command == "/reset":
+                    del history[base:]
+                    _note("(conversation cleared)")
+                elif command in ("/help", "/?"):
+                    print(CHAT_HELP)
+                else:
+                    _note(f"unknown command {command}; {CHAT_HELP}")
+                    failed = failed or not interactive  # a piped question refused, not answered: exit 1
+                continue
+            history.append({"role": "user", "content": text})
+            parts: list[str] = []
+            try:
+                try:
+                    dropped = _fit(llm, history, base, sampling["max_tokens"])
+                    if dropped:
+                        _note(f"(the conversation outgrew the model's context: dropped its {dropped} "
+                              "oldest messages; /reset starts afresh)")
+                    stream = _answer(llm, history, sampling, parts)
+                except (ContextWindowExceededError, CloudError) as exc:
+                    # too long for the device, and the cloud could not take it (unavailable, failed,
+                    # budget spent: a CloudError with the prompt's numbers; privacy): the device
+                    # answers the most recent turns instead
+                    too_long = not isinstance(exc, CloudError) or exc.context_length is not None
+                    dropped = 0
+                    if too_long:
+                        dropped = _fit(llm, history, base, sampling["max_tokens"], cloud_failed=True)
+                    if not dropped:
+                        raise
+                    if parts:  # the cloud's broken-off start: the device's answer replaces it
+                        print(flush=True)
+                        parts.clear()
+                    _note(f"(the conversation is too long for the device model and the cloud could not "
+                          f"take it: dropped its {dropped} oldest messages and the device answers; "
+                          "/reset starts afresh)")
+                    stream = _answer(llm, history, sampling, parts, route="edge")
+            except KeyboardInterrupt:  # stop this answer, keep the session
+                print(flush=True)
+                if not interactive:  # a piped chat ends, as Ctrl-C at its next read would (130),
+                    raise            # rather than going on to the next question
+                if not parts:
+                    history.pop()
+                    _note("(stopped before the answer began; the question is not kept)")
+                    continue
+                # the conversation goes on from what was shown: the question and the part answered
+                history.append({"role": "assistant", "content": "".join(parts)})
+                _note("(stopped; the partial answer stays in the conversation, /reset clears it)")
+                continue
+            except HybridLLMError as exc:
+                if parts:
+                    print(flush=True)
+                print(f"error: {exc}", file=sys.stderr, flush=True)
+                history.pop()
+                failed = not interactive  # a script learns of it from the exit status
+                continue
+            print()
+            done = stream.completion
+            if done is not None:
+                history.append({"role": "assistant", "content": done.text})
+                _note(trace_line(done))

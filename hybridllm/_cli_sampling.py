@@ -1,0 +1,121 @@
+"""The options `hybridllm chat` and `hybridllm ask` share: model, sampling, threads, backend, system."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from typing import Any
+
+from ._cli_terminal import _UsageError
+from ._cpus import usable_cpus
+from ._types import MAX_STOP
+
+
+def _sampling_value(name: str, convert: Callable[[str], Any]) -> Callable[[str], Any]:
+    """An argparse type: ``convert`` the text, then check it by the request's own rules, so a bad
+    value is a usage error before any model is copied or loaded."""
+
+    def parse(text: str) -> Any:
+        from ._exceptions import InvalidRequestError
+        from ._types import GenerationParams
+
+        value = convert(text)  # a ValueError: argparse says "invalid int value: 'x'"
+        try:
+            GenerationParams(**{name: value})
+        except InvalidRequestError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+        return value
+
+    parse.__name__ = getattr(convert, "__name__", name)
+    return parse
+
+
+def _stop_string(text: str) -> str:
+    """An argparse type for --stop: an empty one would end every answer before it began."""
+    if not text:
+        raise argparse.ArgumentTypeError("a stop string cannot be empty")
+    return text
+
+
+def _system_prompt(text: str) -> str:
+    """An argparse type for --system: a blank one (`--system "  "`, an unset "$VAR") was sent as a
+    system prompt of spaces, or silently dropped when empty; leave the option out for none."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError(f"the system prompt is blank ({text!r}); leave --system out "
+                                         "for none")
+    return text
+
+
+def _threads(text: str) -> int:
+    """An argparse type for --threads: a whole number of CPU threads that llama.cpp takes, so a bad
+    one is a usage error naming the option, not an error about n_threads after parsing."""
+    from .backends.llama_cpp import _MAX_THREADS
+
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if not 1 <= value <= _MAX_THREADS:
+        raise argparse.ArgumentTypeError(
+            f"expected a whole number of CPU threads from 1 to {_MAX_THREADS}, got {text!r} (leave "
+            f"--threads out for all {usable_cpus()} cores this process may use)")
+    return value
+
+
+def _setting(name: str, none: str = "none") -> str:
+    """How --help states a default the settings can change: an option left out takes the setting
+    (see SETTINGS_EPILOG), and only without one the built-in value, read from the settings' own
+    definition so the help cannot drift from it (``none`` says what None means)."""
+    import dataclasses
+
+    from ._config import HybridLLMConfig
+
+    builtin = next(f.default for f in dataclasses.fields(HybridLLMConfig) if f.name == name)
+    return f"default: the {name} setting, else {none if builtin is None else builtin}"
+
+
+# shown under `hybridllm chat --help` and `hybridllm ask --help`
+SETTINGS_EPILOG = ("An option left out takes its setting from the environment (HYBRIDLLM_<NAME>, "
+                   "e.g. HYBRIDLLM_MAX_TOKENS) or config.toml (`hybridllm config show` prints them); "
+                   "the value after 'else' is the built-in one.")
+
+
+def _add_sampling(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default=None,
+                   help="edge model: catalog id, path to a .gguf file, or (--backend onnx) a "
+                        f"prepared folder ({_setting('edge_model')})")
+    p.add_argument("--max-tokens", type=_sampling_value("max_tokens", int), default=None,
+                   help=f"most tokens to generate ({_setting('max_tokens')})")
+    p.add_argument("--temperature", type=_sampling_value("temperature", float), default=None,
+                   help=f"0 = greedy ({_setting('temperature')})")
+    p.add_argument("--top-p", type=_sampling_value("top_p", float), default=None,
+                   help=f"nucleus sampling, 1 = off ({_setting('top_p')})")
+    p.add_argument("--top-k", type=_sampling_value("top_k", int), default=None,
+                   help=f"sample from the k likeliest, 0 = off ({_setting('top_k')})")
+    p.add_argument("--min-p", type=_sampling_value("min_p", float), default=None,
+                   help=f"drop tokens below min_p x the top one, 0 = off ({_setting('min_p')})")
+    p.add_argument("--repeat-penalty", type=_sampling_value("repeat_penalty", float), default=None,
+                   help=f"1 = off ({_setting('repeat_penalty')})")
+    p.add_argument("--seed", type=_sampling_value("seed", int), default=None,
+                   help="sampling seed, for repeatable answers "
+                        f"({_setting('seed', 'none: a new draw each time')})")
+    p.add_argument("--stop", action="append", default=None, type=_stop_string,
+                   help=f"stop string, repeatable up to {MAX_STOP} times (default: none)")
+    p.add_argument("--threads", type=_threads, default=None,
+                   help=f"CPU threads ({_setting('n_threads', 'all cores')})")
+    p.add_argument("--backend", choices=("llama_cpp", "onnx"), default=None,
+                   help="edge runtime: llama_cpp (GGUF) or onnx (ONNX Runtime GenAI) "
+                        f"({_setting('edge_backend')})")
+
+
+def _sampling(args: argparse.Namespace) -> dict[str, Any]:
+    """The sampling options, checked together (the --stop strings too) before anything loads."""
+    from ._types import GenerationParams
+
+    options = {"max_tokens": args.max_tokens, "temperature": args.temperature, "top_p": args.top_p,
+               "top_k": args.top_k, "min_p": args.min_p, "repeat_penalty": args.repeat_penalty,
+               "seed": args.seed, "stop": tuple(args.stop) if args.stop else None}
+    if args.stop and len(args.stop) > MAX_STOP:  # a usage error naming the option, as the others
+        raise _UsageError(f"argument --stop: at most {MAX_STOP} stop strings, got {len(args.stop)}.")
+    GenerationParams.from_kwargs(**options)
+    return options

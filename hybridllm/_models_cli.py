@@ -1,0 +1,138 @@
+"""`hybridllm models`: list, pull, path, verify, prepare and remove the catalog's models."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from ._cli_terminal import _note, _UsageError
+from ._exceptions import HybridLLMError
+
+
+def cmd_models_list(args: argparse.Namespace) -> int:
+    from .models.remove import disk_usage, human_size
+    from .models.store import UNVERIFIED, load_catalog, pull_state
+
+    rows: list[dict[str, Any]] = []
+    for spec in load_catalog().values():
+        size = spec.total_size
+        state = pull_state(spec.id)
+        rows.append({"id": spec.id, "kind": spec.kind, "architecture": spec.architecture,
+                     "chat_format": spec.chat_format, "license": spec.license,
+                     "size_mb": round(size / 1e6, 1) if size else None, "package": spec.package,
+                     "pulled": state == "yes", "state": state, "disk_bytes": disk_usage(spec.id),
+                     "description": spec.description})
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    w = max([len("ID"), *(len(str(r["id"])) for r in rows)]) + 2  # the longest id sets the column
+    pw = len(UNVERIFIED) + 1
+    print(f"{'ID':<{w}}{'KIND':<11}{'ARCH':<9}{'SIZE':>9}  {'PULLED':<{pw}}{'ON DISK':>10}  LICENSE")
+    for r in rows:
+        shown = f"{r['size_mb']} MB" if r["size_mb"] else "-"
+        disk = human_size(r["disk_bytes"]) if r["disk_bytes"] else "-"
+        print(f"{r['id']:<{w}}{r['kind']:<11}{r['architecture']:<9}{shown:>9}  "
+              f"{r['state']:<{pw}}{disk:>10}  {r['license']}")
+    total = sum(r["disk_bytes"] for r in rows)
+    # the total's size sits under ON DISK; `hybridllm models remove ID` frees a model's share
+    print(f"{'total':<{w}}{'on disk':<{11 + 9 + 9 + 2 + pw}}{human_size(total) if total else '-':>10}")
+    unverified = [r["id"] for r in rows if r["state"] == UNVERIFIED]
+    if unverified:  # a data dir copied from elsewhere: its files are there, just not hashed here yet
+        _note(f"unverified: {', '.join(unverified)}: the files are in place (a data dir copied from "
+              "elsewhere?) but not yet checked here against the catalog's sha256; `hybridllm models "
+              "verify ID` checks one now, and its first use does too.")
+    return 0
+
+
+def cmd_models_remove(args: argparse.Namespace) -> int:
+    from .models.remove import RemoveIncompleteError, disk_usage, human_size, plan, remove
+
+    ids = list(dict.fromkeys(args.ids))
+    plans = {mid: plan(mid) for mid in ids}  # an unknown id is refused here, before anything goes
+    for mid in ids:
+        if not plans[mid]:
+            print(f"{mid}: nothing on disk")
+    todo = [mid for mid in ids if plans[mid]]
+    if not todo:
+        return 0
+    if not args.yes:
+        if not sys.stdin or not sys.stdin.isatty():
+            raise _UsageError(f"not on a terminal, so nothing was asked or removed; pass --yes to "
+                              f"remove {' '.join(todo)} without asking.")
+        for mid in todo:
+            for e in plans[mid]:
+                print(f"  {e.path}  {human_size(e.bytes)}", file=sys.stderr)
+        total = sum(e.bytes for mid in todo for e in plans[mid])
+        count = sum(len(plans[mid]) for mid in todo)
+        print(f"Remove {count} path(s) of {', '.join(todo)}, {human_size(total)}? [y/N] ",
+              end="", file=sys.stderr, flush=True)
+        answer = sys.stdin.readline().strip().lower()
+        if answer not in ("y", "yes"):
+            print("nothing removed", file=sys.stderr)
+            return 1
+    failed = False
+    for mid in todo:
+        def waiting(mid: str = mid) -> None:
+            print(f"waiting for a pull or prepare of {mid} in another process ...", file=sys.stderr)
+
+        before = disk_usage(mid)
+        try:
+            gone = remove(mid, on_wait=waiting)
+        except RemoveIncompleteError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            failed = True
+            continue
+        freed = before - disk_usage(mid)
+        print(f"removed {mid}: {len(gone)} path{'s' if len(gone) != 1 else ''}, {human_size(freed)}")
+    return 1 if failed else 0
+
+
+def cmd_models_pull(args: argparse.Namespace) -> int:
+    from ._progress import ProgressBar
+    from .models.store import pull
+
+    path = pull(args.id, progress=ProgressBar(f"Pulling {args.id}"), force=args.force)
+    print(path)
+    return 0
+
+
+def cmd_models_path(args: argparse.Namespace) -> int:
+    from ._progress import ProgressBar
+    from .models.store import pull
+
+    print(pull(args.id, progress=ProgressBar(f"Pulling {args.id}")))
+    return 0
+
+
+def cmd_models_verify(args: argparse.Namespace) -> int:
+    from .models.store import verify
+
+    results = verify(args.id)
+    w = max([len("ID"), *(len(r.id) for r in results)]) + 2
+    for r in results:
+        print(f"{r.id:<{w}}{r.status:<9}{r.detail}")
+    return 1 if any(r.status == "corrupt" for r in results) else 0
+
+
+def cmd_models_prepare(args: argparse.Namespace) -> int:
+    from ._progress import ProgressBar
+    from .models.catalog import get_spec
+
+    spec = get_spec(args.id)
+    if args.backend == "onnx":
+        from .models.onnx_prepare import cli_prepare
+
+        return cli_prepare(args.id, precision=args.precision, force=args.force)
+    if spec.kind != "embedding":
+        from .models.store import pull
+
+        print(pull(args.id, progress=ProgressBar(f"Pulling {args.id}")))
+        return 0
+    try:
+        from .cache._cli import prepare_embedder
+    except ImportError as exc:
+        raise HybridLLMError(f"The embedder export is not available in this install ({exc}).") from exc
+    prepare_embedder(ProgressBar(f"Preparing {args.id}"))
+    return 0

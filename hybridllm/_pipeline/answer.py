@@ -1,0 +1,142 @@
+"""One answer being streamed: deltas in, chunks out, placeholders restored, stops matched."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from .._types import Chunk, Completion, Usage, estimate_text_tokens
+from ..backends.base import Backend, Delta, StopMatcher
+from .request import _CloudCall
+
+if TYPE_CHECKING:
+    from ..router.privacy import Restorer
+
+
+class _RestoredStop:
+    """A :class:`Restorer` whose output is cut at the caller's stop sequences: with
+    privacy="redact" the cloud writes placeholders, and a stop sequence is matched against the text
+    the caller reads (the cloud is sent none). ``hit`` once one matched; nothing passes after it."""
+
+    def __init__(self, restorer: Restorer, stops: Sequence[str]) -> None:
+        self.restorer, self.matcher, self.hit = restorer, StopMatcher(tuple(stops)), False
+
+    def feed(self, piece: str) -> str:
+        return self._match(self.restorer.feed(piece))
+
+    def flush(self) -> str:
+        text = self._match(self.restorer.flush())
+        return text if self.hit else text + self.matcher.flush()
+
+    def cut(self) -> str:
+        """The stream broke: what may start a stop sequence is dropped with it (whoever continues
+        the answer writes on from the text shown)."""
+        text = self._match(self.restorer.cut())
+        self.matcher.pending = ""
+        return text
+
+    def _match(self, text: str) -> str:
+        if self.hit:
+            return ""
+        text, self.hit = self.matcher.feed(text)
+        return text
+
+
+class _Answer:
+    """One answer being streamed: deltas in, chunks out, then the final chunk with the
+    Completion. Shared by the async path and the sync client's inline edge path. A cloud answer's
+    ``call`` records what streamed and the cloud's own count."""
+
+    def __init__(
+        self,
+        backend: Backend,
+        start: float,
+        *,
+        route: str,
+        reason: str,
+        score: float | None,
+        call: _CloudCall | None = None,
+        prefix: str = "",
+        ttft_ms: float | None = None,
+        restorer: Restorer | _RestoredStop | None = None,
+    ) -> None:
+        self.backend, self.start, self.call = backend, start, call
+        self.route, self.reason, self.score, self.prefix = route, reason, score, prefix
+        self.ttft = ttft_ms
+        self.restorer = restorer  # the text is restored as it streams: parts hold what the user sees
+        self.parts: list[str] = [prefix] if prefix else []
+        self.logprobs: list[float] = []
+        self.finish_reason, self.usage = "stop", Usage()
+        self.stopped = False  # the restorer's stop matcher ended the answer (``_RestoredStop``)
+
+    def feed(self, delta: Delta) -> Chunk | None:
+        if delta.logprob is not None:
+            self.logprobs.append(delta.logprob)
+        if delta.finish_reason is not None:
+            self.finish_reason = "stop" if self.stopped else delta.finish_reason
+            self.usage = delta.usage or self.usage
+            if self.call is not None and delta.usage is not None:
+                self.call.usage = delta.usage
+        if not delta.text:
+            return None
+        if self.call is not None:  # until the cloud's own count arrives: ~4 characters a token
+            self.call.streamed += estimate_text_tokens(delta.text)
+        text = self.restorer.feed(delta.text) if self.restorer is not None else delta.text
+        self._note_stop()
+        if not text:  # all of it held back: it may be the start of a placeholder
+            return None
+        if self.ttft is None:  # the first text the caller sees
+            self.ttft = (time.perf_counter() - self.start) * 1000
+        self.parts.append(text)
+        # read per chunk: a cloud learns its model's name from the endpoint
+        return Chunk(text, self.route, self.backend.model)
+
+    def flush(self) -> Chunk | None:
+        """The text the restorer still holds (the stream ended), as one last chunk."""
+        chunk = self._shown(self.restorer.flush() if self.restorer is not None else "")
+        self._note_stop()
+        return chunk
+
+    def _note_stop(self) -> None:
+        """The restorer's stop matcher (``_RestoredStop``) ended the answer: it ends with "stop"."""
+        if isinstance(self.restorer, _RestoredStop) and self.restorer.hit:
+            self.stopped, self.finish_reason = True, "stop"
+
+    def cut(self) -> Chunk | None:
+        """The stream broke: what the restorer holds, if it is whole (``Restorer.cut``)."""
+        return self._shown(self.restorer.cut() if self.restorer is not None else "")
+
+    def _shown(self, text: str) -> Chunk | None:
+        if not text:
+            return None
+        if self.ttft is None:
+            self.ttft = (time.perf_counter() - self.start) * 1000
+        self.parts.append(text)
+        return Chunk(text, self.route, self.backend.model)
+
+    def finish(self) -> Chunk:
+        # the sync client's inline path does not flush: what the restorer holds ends the answer
+        held = self.flush()
+        tail = held.text if held is not None else ""
+        usage = self.usage
+        mean_lp = sum(self.logprobs) / len(self.logprobs) if self.logprobs and not self.prefix else None
+        model = self.backend.model
+        completion = Completion(
+            text="".join(self.parts),
+            route=self.route,
+            reason=self.reason,
+            model=model,
+            usage=usage,
+            latency_ms=(time.perf_counter() - self.start) * 1000,
+            ttft_ms=self.ttft,
+            finish_reason=self.finish_reason,
+            score=self.score,
+            mean_logprob=mean_lp,
+            energy_j=usage.energy_j,
+            energy_source=usage.energy_source,
+            region=usage.region,
+            co2_g=usage.co2_g,
+            co2_saved_g=usage.co2_saved_g,
+        )
+        return Chunk(tail, self.route, model, finish_reason=self.finish_reason, completion=completion)

@@ -1,0 +1,114 @@
+"""The pipeline's cache steps: the lookup before the plan (1) and the store after the answer (4)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from .._types import Completion, Decision, Messages
+from .ports import CacheHitLike, _CoreParts
+from .request import Request
+
+log = logging.getLogger("hybridllm")
+
+
+class _CacheSteps(_CoreParts):
+    # 1. lookup
+    async def _lookup(self, req: Request) -> tuple[Any, CacheHitLike | None]:
+        assert self.cache is not None
+        cache = self.cache
+        ns = req.options.namespace or self.namespace
+
+        def lookup() -> tuple[Any, CacheHitLike | None]:
+            # an exact repeat first, without the embedder (a cache may not offer it: optional)
+            exact = getattr(cache, "get_exact", None)
+            if exact is not None:
+                try:
+                    hit = exact(req.messages, model=self.cache_model, params_key=req.params.cache_key(),
+                                namespace=ns)
+                except Exception as exc:  # noqa: BLE001 - answer without the cache
+                    log.warning("semantic cache lookup failed: %s", exc)
+                    return None, None
+                if hit is not None:
+                    return None, hit
+            # optional too: a cache= needs only get() and put() (the client checks no more), and
+            # a custom cache's own error (not a HybridLLMError) failed every request with it
+            embed = getattr(cache, "embed_query", None)
+            try:
+                vec = embed(req.messages) if embed is not None else None
+            except Exception as exc:  # noqa: BLE001 - a broken cache must not break answering
+                if not self._cache_embed_failed:
+                    self._cache_embed_failed = True
+                    log.warning("semantic cache embedding failed (%s); answering without the cache "
+                                "(logged once)", exc)
+                return None, None
+            # a cache that offers get_exact takes exact_checked= in get (SemanticCache): the exact
+            # repeat was just looked up above, so get does not read it again
+            skip: dict[str, Any] = {"exact_checked": True} if exact is not None else {}
+            try:
+                return vec, cache.get(
+                    req.messages,
+                    model=self.cache_model,
+                    params_key=req.params.cache_key(),
+                    namespace=ns,
+                    embedding=vec,
+                    **skip,
+                )
+            except Exception as exc:  # noqa: BLE001 - same: answer without the cache
+                log.warning("semantic cache lookup failed: %s", exc)
+                return vec, None
+
+        return await asyncio.get_running_loop().run_in_executor(None, lookup)
+
+    # 4. record
+    async def _record(self, req: Request, d: Decision, c: Completion, vec: Any, use_cache: bool,
+                      cloud_tokens: int = 0) -> None:
+        self.stats.record(c, cloud_tokens=cloud_tokens)
+        if not use_cache or not c.text.strip() or self.cache is None:
+            return
+        if c.finish_reason != "stop":  # cut by max_tokens or the context: a hit would replay it as whole
+            return
+        if req.stand_in:  # the device's answer in the cloud's place: the cloud's is stored once it answers
+            return
+        floor = self.cache_min_logprob
+        if floor is not None and c.mean_logprob is not None and c.mean_logprob < floor:
+            log.info(
+                "not caching an unsure answer (mean token log-probability %.2f < %.2f)", c.mean_logprob, floor
+            )
+            return
+        cache, ns = self.cache, req.options.namespace or self.namespace
+        # with no cloud (or no policy) no privacy scan ran in the plan step: the cache's store_pii
+        # still keeps personal data out of the file, so the prompt is scanned here
+        unscanned = self.cloud is None or self.policy is None
+
+        def put() -> None:
+            try:
+                pii = bool(d.pii_kinds) or (unscanned and _holds_pii(req.messages))
+                cache.put(
+                    req.messages,
+                    c.text,
+                    model=self.cache_model,
+                    params_key=req.params.cache_key(),
+                    namespace=ns,
+                    pii=pii,
+                    metadata={"route": c.route, "model": c.model, "tokens": c.usage.total_tokens},
+                    embedding=vec,
+                )
+            except Exception as exc:  # noqa: BLE001 - a cache that cannot write never costs the answer
+                if not self._cache_write_failed:
+                    self._cache_write_failed = True
+                    log.warning(
+                        "the semantic cache cannot store answers (%s: %s); answering "
+                        "without storing (logged once)",
+                        type(exc).__name__,
+                        exc,
+                    )
+
+        await asyncio.get_running_loop().run_in_executor(None, put)
+
+
+def _holds_pii(messages: Messages) -> bool:
+    from ..router.privacy import pii_kinds_in_messages
+
+    return bool(pii_kinds_in_messages(messages))

@@ -1,0 +1,163 @@
+"""The request pipeline shared by HybridLLM and AsyncHybridLLM: one async core, four steps.
+
+    lookup   the semantic cache (the question embedded once, reused by the router and the store)
+    plan     the prompt counted once with the device's tokenizer; policy + router -> one Decision
+             with its reason; a prompt the device cannot hold goes to the cloud (or fails: with
+             ContextWindowExceededError where no cloud may take it, with CloudBudgetSpentError or
+             CloudUnavailableError where it cannot now); a cloud call reserves its room in the
+             budget ledger, and a spent budget or an open circuit turns a cloud decision into an
+             edge one
+    execute  edge (on its own thread), cloud (httpx AsyncClient), cascade, or cloud->edge
+             continuation when a cloud stream breaks mid-answer
+    record   the cache store (confident answers only), the stats; the ledger's reservation is
+             settled with the call's real tokens, or released when no call answered
+
+Every optional part (cache, cloud, policy, budget) may be None; the edge is always there.
+
+Core (here) runs the steps; each lives in its own module of this package: lookup and record in
+``cache_steps``, plan in ``plan``, execute in ``execute`` (streamed by ``emit`` and ``answer``), the
+ledger and the cost in ``accounting``; the request in ``request``, the parts' ports in ``ports``,
+the failures in ``failures``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import time
+from collections.abc import Sequence
+from contextlib import aclosing
+from typing import Any
+
+from .._exceptions import ConfigError, HybridLLMError
+from .._stats import Stats
+from .._types import Chunk, GenerationParams, Message, check_option_names, normalize_messages
+from ..backends.base import Backend
+from ..backends.worker import EdgeWorker
+from .accounting import _account, _tokens_of
+from .cache_steps import _CacheSteps
+from .emit import Chunks
+from .execute import _Executor
+from .ports import CachePort, LedgerPort, PolicyPort
+from .request import Options, Request
+
+log = logging.getLogger("hybridllm")
+
+
+class Core(_CacheSteps, _Executor):
+    def __init__(
+        self,
+        *,
+        edge: Backend,
+        cloud: Backend | None = None,
+        cache: CachePort | None = None,
+        policy: PolicyPort | None = None,
+        ledger: LedgerPort | None = None,
+        defaults: dict[str, Any] | None = None,
+        namespace: str = "default",
+        price_per_1k_tokens: float = 0.0,
+        cache_min_logprob: float | None = None,
+        edge_max_waiting: int = 64,
+        edge_wait_timeout_s: float | None = 300.0,
+    ) -> None:
+        self.edge = edge
+        self.cloud = cloud
+        self.cache = cache
+        self.policy = policy
+        self.ledger = ledger
+        self.defaults = {k: v for k, v in (defaults or {}).items() if v is not None}
+        self.namespace = namespace
+        self.cache_min_logprob = cache_min_logprob
+        self.stats = Stats(price_per_1k_tokens=price_per_1k_tokens)
+        # an answer is keyed by the models that can make it: the configured cloud model too, so
+        # answers of another cloud model are not served after cloud_model changes
+        cloud_name = "" if cloud is None or cloud.model == "cloud" else f":{cloud.model}"
+        self.cache_model = edge.model + ("|cloud" + cloud_name if cloud is not None else "")
+        self.edge_worker = EdgeWorker(edge, max_waiting=edge_max_waiting, wait_timeout_s=edge_wait_timeout_s)
+        # a forced cloud route skips the budget for a library caller (its own money) and is held
+        # to it where callers are not the budget's owner (hybridllm serve's HTTP clients)
+        self.budget_binds_forced_cloud = False
+        self.close_timeout_s = 30.0  # how long close() waits for the device's current step
+        self._closed = False
+        self._cache_write_failed = False
+        self._cache_embed_failed = False  # an embedder that cannot load says so once, not per request
+        GenerationParams.from_kwargs(**self.defaults)  # bad defaults fail at construction
+
+    # -- validation, at the call --------------------------------------------------------------
+    def prepare(self, messages: str | Sequence[Message], params: dict[str, Any]) -> Request:
+        if self._closed:
+            raise HybridLLMError("This client is closed; create a new HybridLLM.")
+        overrides = dict(params)
+        opts = Options.pop_from(overrides)
+        check_option_names(overrides, routing=[f.name for f in dataclasses.fields(Options)])
+        if opts.route == "cloud" and self.cloud is None:
+            raise ConfigError("route='cloud' needs a cloud endpoint: pass cloud_url=...")
+        merged = {**self.defaults, **{k: v for k, v in overrides.items() if v is not None}}
+        return Request(normalize_messages(messages), GenerationParams.from_kwargs(**merged), opts)
+
+    # -- the pipeline -------------------------------------------------------------------------
+    async def run(self, req: Request) -> Chunks:
+        """Yield the answer's chunks; the last one carries the Completion."""
+        start = time.perf_counter()
+        use_cache = self.cache is not None and req.options.cache and req.options.route is None
+        answered = False  # the stats have the answer, with its cloud calls' cost
+        try:
+            vec, hit = await self._lookup(req) if use_cache else (None, None)
+            decision = None if hit is not None else await self._plan(req, vec)
+            source = self._replay_hit(hit, start) if hit is not None else self._execute(req, decision, start)  # type: ignore[arg-type]
+            final: Chunk | None = None
+            async with aclosing(source) as chunks:
+                async for chunk in chunks:
+                    if chunk.completion is not None:  # (an InlineRun has none: passed on)
+                        final = chunk  # held back until recorded, so a caller that stops at the
+                        continue  # finish chunk still leaves stats and cache complete
+                    yield chunk
+            if final is not None and final.completion is not None:
+                if decision is None:  # a cache hit: it saved the call that made the answer it replays
+                    self.stats.record(final.completion, avoided_tokens=_tokens_of(hit))
+                else:
+                    cloud_tokens = _account(self.stats, req, final.completion)
+                    answered = True  # _record's first step: the stats take the answer
+                    await self._record(req, decision, final.completion, vec, use_cache, cloud_tokens)
+                yield final
+        finally:
+            self._settle(req, answered=answered)
+
+    async def aclose(self) -> None:
+        if not self._closed and self.cloud is not None:
+            try:
+                await self.cloud.aclose()  # its connections on this loop
+            except Exception as exc:  # noqa: BLE001 - the device model is freed all the same
+                _close_failed(self.cloud, "cloud", exc)
+        # off the loop: close() waits for the device's current step (a long prompt's prefill took
+        # 1.3 s on SmolLM2, up to close_timeout_s), and the app's loop must keep running meanwhile
+        await asyncio.to_thread(self.close)
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            edge: Backend | None = self.edge
+            if not self.edge_worker.close(timeout_s=self.close_timeout_s):
+                # freeing a llama.cpp / ONNX Runtime model under the thread still running it
+                # would crash the process: it stays loaded until that step ends and the process exits
+                log.warning("the device model was still generating %.0f s after close(); it is left "
+                            "loaded instead of being freed under the running step", self.close_timeout_s)
+                edge = None
+            for side, part in (("edge", edge), ("cloud", self.cloud), ("cache", self.cache)):
+                # (a cache= with get() and put() alone has nothing to close: not a failure to log)
+                if part is not None and (side != "cache" or callable(getattr(part, "close", None))):
+                    try:
+                        part.close()
+                    except Exception as exc:  # noqa: BLE001 - one part's failure must not keep the others open
+                        _close_failed(part, side, exc)
+
+
+def _close_failed(part: object, side: str, exc: Exception) -> None:
+    """A part whose close() raised: said as a warning (the original in the debug log), not raised, so
+    that the client's other parts and its threads are closed too and a ``with`` block's own result
+    (or error) stands."""
+    name = getattr(part, "name", None) or side
+    log.warning("closing the %s part %r (%s) failed: %s: %s; the client's other parts were closed",
+                side, name, type(part).__name__, type(exc).__name__, exc)
+    log.debug("the %s part's close() error", side, exc_info=exc)

@@ -1,0 +1,190 @@
+"""Stream: the sync client's answer, read once, chunk by chunk, on the caller's thread."""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import threading
+from collections.abc import AsyncIterator, Iterator
+
+from ._exceptions import HybridLLMError, StreamConsumedError
+from ._lifecycle import _Live
+from ._loop_thread import _LoopThread
+from ._types import Chunk, Completion
+from .backends.worker import InlineRun
+
+CLOSED_MID_ANSWER = "The client was closed before this answer was complete."
+# (it said "close() from another thread", for a close() in the reading loop itself too)
+STREAM_CLOSED_MID_ANSWER = ("The stream was closed (its close() or aclose()) while it was being read, "
+                            "before its answer was complete.")
+CLOSED_BEFORE_END = ("This stream was closed before its answer was complete; call stream() again for "
+                     "another answer.")
+READ_ELSEWHERE = ("This stream is being read by another thread or task; a stream has one reader at a "
+                  "time.")
+
+
+class Stream(_Live):
+    """The chunks of one answer, read once. ``completion`` is set after the last chunk.
+
+    >>> with llm.stream("hi") as s:
+    ...     for chunk in s:
+    ...         print(chunk.text, end="")
+
+    It is an iterator too, as an openai or httpx stream is: ``next(s)`` reads the next chunk, and a
+    ``for`` loop after it reads on from there. Close it (or use ``with``) when not reading it to
+    its end with ``next()``: leaving a ``for`` loop stops the answer, a pause between ``next()``
+    calls does not.
+    """
+
+    def __init__(self, chunks: AsyncIterator[Chunk], loop: _LoopThread, owner: object = None) -> None:
+        self._chunks = chunks
+        self._loop = loop
+        self._owner = owner  # the client: not collected (and closed) while its stream is read
+        self._task: asyncio.Task | None = None
+        self._used = False
+        self._closed = False
+        self._inline: InlineRun | None = None  # the device answer the reader's thread is generating
+        self._reader: Iterator[Chunk] | None = None  # the chunks next() reads (after the first next())
+        self._next_lock = threading.Lock()  # held by the thread in next()
+        self.completion: Completion | None = None
+
+    async def _next(self) -> Chunk:
+        self._task = asyncio.current_task()
+        return await anext(self._chunks)
+
+    def __iter__(self) -> Iterator[Chunk]:
+        if self._reader is not None and not self._closed:  # next() began it: a for loop reads on
+            return self._read_on(self._reader)
+        if self._used or self._closed:
+            raise StreamConsumedError(
+                "This stream was already read (or closed); a stream yields its answer once. "
+                "Call stream() again for another answer, or read .completion."
+            )
+        self._used = True
+        return self._iterate()
+
+    def _read_on(self, reader: Iterator[Chunk]) -> Iterator[Chunk]:
+        # leaving this for loop (break, an error) stops the answer, as leaving one begun without
+        # next() does; it read the stream's own reader, left open, and the device generated the
+        # rest of the answer (up to max_tokens) for no one before the next request could start
+        try:
+            yield from reader
+        finally:
+            self.close()
+
+    def __next__(self) -> Chunk:
+        # next() from two threads at once: the second got "ValueError: generator already executing"
+        if not self._next_lock.acquire(blocking=False):
+            raise StreamConsumedError(READ_ELSEWHERE)
+        try:
+            if self._reader is None:
+                self._reader = self.__iter__()  # StreamConsumedError when already read or closed
+            elif self._closed and self.completion is None:  # closed half way: not an end of the answer
+                if self._loop.closed:
+                    raise HybridLLMError(CLOSED_MID_ANSWER)
+                raise StreamConsumedError(CLOSED_BEFORE_END)
+            return next(self._reader)
+        finally:
+            self._next_lock.release()
+
+    async def _resume(self, run: InlineRun) -> Chunk:
+        run.deliver()  # the device answer's end (or error) back into the pipeline
+        return await self._next()
+
+    def _iterate(self) -> Iterator[Chunk]:
+        try:
+            step = self._next()
+            started = False
+            while True:
+                try:
+                    fut = self._loop.submit(step)
+                except HybridLLMError:
+                    if started:  # closed between two steps of this answer
+                        raise HybridLLMError(CLOSED_MID_ANSWER) from None
+                    raise
+                started = True
+                try:
+                    chunk = fut.result()
+                except StopAsyncIteration:
+                    if self._closed and self.completion is None:  # close() from another thread
+                        raise StreamConsumedError(STREAM_CLOSED_MID_ANSWER) from None
+                    return
+                except (concurrent.futures.CancelledError, Exception):
+                    if self._loop.closed:  # the client's close() from another thread, mid-answer
+                        raise HybridLLMError(CLOSED_MID_ANSWER) from None
+                    if self._closed:  # this stream's close() from another thread, mid-answer
+                        raise StreamConsumedError(STREAM_CLOSED_MID_ANSWER) from None
+                    fut.cancel()
+                    raise
+                except BaseException:
+                    fut.cancel()  # Ctrl-C while waiting: stop the pipeline too
+                    raise
+                if isinstance(chunk, InlineRun):
+                    # the device answers on this thread: its chunks come straight from the
+                    # model's token loop; leaving the loop here closes it and stops decoding
+                    self._inline = chunk
+                    try:
+                        yield from chunk.chunks()
+                    finally:
+                        self._inline = None
+                    self._check_open()
+                    step = self._resume(chunk)
+                    continue
+                if chunk.completion is not None:
+                    self.completion = chunk.completion
+                yield chunk
+                self._check_open()
+                step = self._next()
+        finally:
+            self.close()
+
+    def _check_open(self) -> None:
+        """Between two chunks: a close() from another thread ends the reader with an error, not
+        with a shorter answer passed off as finished."""
+        if self._closed and self.completion is None:
+            raise StreamConsumedError(STREAM_CLOSED_MID_ANSWER)
+
+    async def _aclose(self) -> None:
+        task = self._task
+        if task is not None and not task.done():
+            task.cancel()
+            await asyncio.wait([task])
+        await self._chunks.aclose()  # type: ignore[attr-defined]
+
+    def close(self) -> None:
+        """Stop generating (the device stops at its next token, the cloud call is dropped)."""
+        if self._closed:
+            return
+        self._closed = True
+        run = self._inline
+        if run is not None:  # the device answers on the reader's thread: it stops at its next token
+            run.cancel()
+        reader = self._reader  # (kept: next() after the end raises StopIteration again)
+        if reader is not None and not getattr(reader, "gi_running", True):
+            # suspended between two next() calls: its own cleanup runs now (a device answer frees
+            # its turn), not whenever it is collected
+            try:
+                reader.close()  # type: ignore[attr-defined]
+            except ValueError:  # another thread resumed it meanwhile: it ends at the closed check
+                pass
+        if self._loop.on_loop_thread():
+            # closed on the loop's own thread: a stream read with next() and dropped is a cycle
+            # (its reader holds it), collected by whichever thread the garbage collector runs on;
+            # waiting there for a step of that same loop stalled it, and every answer of the
+            # client, for the 60 s timeout. The step runs once this returns
+            try:
+                self._loop.submit(self._aclose())
+            except HybridLLMError:
+                pass  # the client is closed: its close() stopped the answer
+            return
+        try:
+            self._loop.submit(self._aclose()).result(timeout=60)
+        except (HybridLLMError, RuntimeError, concurrent.futures.TimeoutError, asyncio.CancelledError,
+                concurrent.futures.CancelledError):  # (the client's close() cancelled this close)
+            pass  # the client's loop is gone or stuck: nothing more to stop
+
+    def __enter__(self) -> Stream:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -45,7 +45,9 @@ NUM_FOLDS = 5  # one fold held out: 20%
 
 def _cloud_tokens(path: Path) -> np.ndarray:
     """The ``cloud_tokens`` column on the rows ``load_routellm_csv`` keeps, in its order."""
-    from hybridllm.router.dataset import _read_table, _to_score, load_routellm_csv
+    from hybridllm.router._dataset_scores import _to_score
+    from hybridllm.router._dataset_table import _read_table
+    from hybridllm.router.dataset import load_routellm_csv
 
     # the loader drops rows without both models' scores: every row of the file here shifted the
     # tokens against the questions (and the held-out mask no longer fit) once a row was unlabelled

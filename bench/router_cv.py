@@ -101,7 +101,7 @@ def _sources(args: argparse.Namespace, mmlu: Any, emb: np.ndarray, x: np.ndarray
 
 def _curve(data: Any, emb: np.ndarray, x: np.ndarray, *, test_rows: int = 4270) -> dict[str, Any]:
     """The shipped design's MMLU figures against training rows and folds, and one test set's spread."""
-    from hybridllm.router import train
+    from hybridllm.router import _train_cv, train
     from hybridllm.router.evaluate import router_metrics
 
     def pick(m: dict[str, float]) -> dict[str, float]:
@@ -116,7 +116,7 @@ def _curve(data: Any, emb: np.ndarray, x: np.ndarray, *, test_rows: int = 4270) 
         for f in range(5):
             test = folds == f
             keep = ~test & (rng.random(len(gain)) < frac)  # a random share of the training folds
-            scorer = train._fit(x, gain, emb, train.Hyper(), None, keep)
+            scorer = _train_cv._fit(x, gain, emb, train.Hyper(), None, keep)
             oof[test] = scorer.predict(x[test], emb[test])
         # fold-aligned as cross_validate's (the "5fold" figure beside it): pooled raw, each fold
         # model's own level ranked whole folds and moved these figures by itself

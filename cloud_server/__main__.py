@@ -382,7 +382,7 @@ def _check_model_header(args: argparse.Namespace, config: Any, cluster: bool) ->
     if args.max_model_len is not None and args.max_model_len > native:
         raise UsageError(f"--max-model-len {args.max_model_len} is more than the context length of "
                          f"{args.model!r} ({native} tokens): give at most {native} or leave it out")
-    from cloud_server.engine.llm_engine import _resolve_device, known_kv_bytes, plan_pool
+    from cloud_server.engine.pool_plan import _resolve_device, known_kv_bytes, plan_pool
 
     # the engine's own plan: a replica's device is its own (its pool is checked there); here the
     # pool is checked where known before the load (given, or the CPU's default)

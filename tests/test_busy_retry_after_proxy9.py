@@ -21,9 +21,10 @@ pytest.importorskip("fastapi")
 
 from hybridllm import HybridLLM  # noqa: E402
 from hybridllm._exceptions import CloudRateLimitError, EdgeBusyError  # noqa: E402
+from hybridllm._proxy_errors import _retry_after_s  # noqa: E402
 from hybridllm._types import Completion  # noqa: E402
 from hybridllm.backends.fake import FakeBackend  # noqa: E402
-from hybridllm.proxy import DEVICE_WAIT_MAX_S, DeviceClock, _retry_after_s, create_app  # noqa: E402
+from hybridllm.proxy import DEVICE_WAIT_MAX_S, DeviceClock, create_app  # noqa: E402
 
 MSGS = [{"role": "user", "content": "hi"}]
 

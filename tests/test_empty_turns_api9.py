@@ -45,7 +45,7 @@ def test_a_labelled_file_s_conversations_may_hold_an_empty_turn(tmp_path):
     requests, not for a whole training file refused over one record."""
     import json
 
-    from hybridllm.router.dataset import _prompt_cell
+    from hybridllm.router._dataset_table import _prompt_cell
 
     turns = [{"role": "user", "content": ""}, {"role": "assistant", "content": "?"},
              {"role": "user", "content": "What is 2+2?"}]

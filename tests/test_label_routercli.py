@@ -12,6 +12,7 @@ import httpx
 import pytest
 
 from hybridllm._exceptions import CloudError, DataError
+from hybridllm.router import _label_backends
 from hybridllm.router import label as label_mod
 from hybridllm.router.label import Question, is_correct
 
@@ -128,7 +129,7 @@ def _firewalled_port():
 def test_openai_cloud_gives_up_connecting_long_before_the_answer_timeout(monkeypatch):
     """A firewalled --cloud failed each try only after the whole --timeout, meant for a long answer
     (15 min by default)."""
-    monkeypatch.setattr(label_mod, "CONNECT_TIMEOUT_S", 0.5, raising=False)
+    monkeypatch.setattr(_label_backends, "CONNECT_TIMEOUT_S", 0.5, raising=False)
     with _firewalled_port() as port:
         generate = label_mod.openai_cloud(f"http://127.0.0.1:{port}", timeout=30.0)
         started = time.monotonic()
@@ -147,7 +148,7 @@ def test_real_edge_with_a_firewalled_cloud_stops_early_through_the_cli(
     whole --timeout and the run stopped only after 20 questions, the edge answering all along."""
     from hybridllm.cli import main
 
-    monkeypatch.setattr(label_mod, "CONNECT_TIMEOUT_S", 0.3, raising=False)
+    monkeypatch.setattr(_label_backends, "CONNECT_TIMEOUT_S", 0.3, raising=False)
     real_edge, edge_calls = label_mod.llama_cpp_edge, []
 
     def counted_edge(*args, **kwargs):

@@ -185,7 +185,7 @@ def test_control_tokens_are_found_longest_first_as_the_tokenizers_find_them():
     import random
     import re
 
-    from hybridllm.prompts import _special_pattern
+    from hybridllm._prompt_tokens import _special_pattern
 
     specials = ["<a>", "<a>b", "<ab>", "<unused1>", "<unused12>", "<unused123>", "[x]", "<"]
     find = _special_pattern(frozenset(specials))

@@ -17,10 +17,11 @@ pytest.importorskip("fastapi")
 from fastapi.testclient import TestClient  # noqa: E402
 
 from hybridllm import HybridLLM  # noqa: E402
+from hybridllm._proxy_answers import _headers  # noqa: E402
 from hybridllm._types import Usage  # noqa: E402
 from hybridllm.backends.base import Delta  # noqa: E402
 from hybridllm.backends.fake import FakeBackend  # noqa: E402
-from hybridllm.proxy import _headers, create_app  # noqa: E402
+from hybridllm.proxy import create_app  # noqa: E402
 
 MSGS = [{"role": "user", "content": "hi"}]
 

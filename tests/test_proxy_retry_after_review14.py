@@ -21,8 +21,9 @@ from hybridllm._exceptions import (  # noqa: E402
     CloudRateLimitError,
     CloudUnavailableError,
 )
+from hybridllm._proxy_errors import _retry_after_s  # noqa: E402
 from hybridllm.backends.fake import FakeBackend  # noqa: E402
-from hybridllm.proxy import CLOUD_WAIT_MAX_S, NEVER_S, DeviceClock, _retry_after_s, create_app  # noqa: E402
+from hybridllm.proxy import CLOUD_WAIT_MAX_S, NEVER_S, DeviceClock, create_app  # noqa: E402
 
 LONG = [{"role": "user", "content": "word " * 50}]  # past the edge's context: only the cloud can
 

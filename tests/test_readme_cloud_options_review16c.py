@@ -41,14 +41,14 @@ def _code_default(option: str):
     ClusterConfig field's of the same name."""
     from cloud_server.__main__ import DEFAULT_SHUTDOWN_TIMEOUT_S
     from cloud_server.config import ClusterConfig, EngineConfig
-    from cloud_server.engine import llm_engine
+    from cloud_server.engine import pool_plan, spec_setup
     from cloud_server.engine.spec_decode.decoder import DEFAULT_K
 
     action = next(a for a in _serve_parser()._actions if option in a.option_strings)
     if action.default is not None:
         return action.default
-    resolved = {"kv_cache_memory_mb": llm_engine._CPU_KV_BYTES >> 20,
-                "draft_vocab_size": llm_engine._DRAFT_VOCAB, "shutdown_timeout": DEFAULT_SHUTDOWN_TIMEOUT_S,
+    resolved = {"kv_cache_memory_mb": pool_plan._CPU_KV_BYTES >> 20,
+                "draft_vocab_size": spec_setup._DRAFT_VOCAB, "shutdown_timeout": DEFAULT_SHUTDOWN_TIMEOUT_S,
                 "num_speculative_tokens": DEFAULT_K["ngram"]}
     if action.dest in resolved:
         return resolved[action.dest]

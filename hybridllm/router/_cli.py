@@ -476,7 +476,7 @@ def _label(args: argparse.Namespace) -> int:
     edge_name = Path(args.edge).name
     edge_name = edge_name[: -len(".gguf")] if edge_name.lower().endswith(".gguf") else edge_name
     edge_col, cloud_col = f"edge:{edge_name}", f"cloud:{args.cloud_model}"
-    # what else decides a grade, checked when a run resumes (see label.settings_path)
+    # what else decides a grade, checked when a run resumes (see _label_files.settings_path)
     settings = {
         "edge": edge_path.name,
         "edge_bytes": edge_path.stat().st_size if edge_path.is_file() else None,

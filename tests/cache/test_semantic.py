@@ -37,10 +37,11 @@ def clock(monkeypatch: pytest.MonkeyPatch) -> list[float]:
     on the real clock expires early whenever a busy host pauses the test between put and get."""
     from types import SimpleNamespace
 
-    from hybridllm.cache import semantic
+    from hybridllm.cache import _mirror, _writes, semantic
 
     now = [time.time()]
-    monkeypatch.setattr(semantic, "time", SimpleNamespace(time=lambda: now[0]))
+    for mod in (semantic, _mirror, _writes):  # the cache's modules that read the clock
+        monkeypatch.setattr(mod, "time", SimpleNamespace(time=lambda: now[0]))
     return now
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from hybridllm.cache import SemanticCache
+from hybridllm.cache import SemanticCache, _candidates, _mirror, _writes
 from hybridllm.cache import semantic as semantic_mod
 
 from .fakes import FakeEmbedder
@@ -35,7 +35,8 @@ QUERY_VEC = _vec(1.0, 1)
 def clock(monkeypatch: pytest.MonkeyPatch) -> list[float]:
     """The cache module's clock, set by the test (the time module itself is left alone)."""
     now = [1_000_000.0]
-    monkeypatch.setattr(semantic_mod, "time", types.SimpleNamespace(time=lambda: now[0]))
+    for mod in (semantic_mod, _mirror, _writes):  # the cache's modules that read the clock
+        monkeypatch.setattr(mod, "time", types.SimpleNamespace(time=lambda: now[0]))
     return now
 
 
@@ -94,7 +95,7 @@ def test_the_widened_search_is_bounded_and_still_refuses_below_min_similarity(tm
     misses; one below min_similarity is never served however many are skipped."""
     cache = SemanticCache(tmp_path / "c.sqlite3", verifier=None, top_k=2, min_similarity=0.9,
                           embedder=FakeEmbedder())
-    n = semantic_mod._MAX_SCANNED + 10
+    n = _candidates._MAX_SCANNED + 10
     for i in range(n):  # all nearer than the live one, all about another year
         cache.put(_msgs(f"What was the population of Paris in {1000 + i}?"), "x",
                   embedding=_vec(0.999 - i * 1e-4, 2 + i), **KW)
@@ -105,7 +106,7 @@ def test_the_widened_search_is_bounded_and_still_refuses_below_min_similarity(tm
     search = cache._index.search
     cache._index.search = lambda *a, **k: calls.append(a[2]) or search(*a, **k)
     assert cache.get(_msgs("What was the population of Paris in 2020?"), embedding=QUERY_VEC, **KW) is None
-    assert calls == [2, semantic_mod._MAX_SCANNED]  # one wider search, not one per skipped row
+    assert calls == [2, _candidates._MAX_SCANNED]  # one wider search, not one per skipped row
     cache.close()
 
 

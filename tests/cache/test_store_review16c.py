@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from hybridllm._exceptions import CacheError
-from hybridllm.cache import SemanticCache
+from hybridllm.cache import SemanticCache, _mirror, _writes
 from hybridllm.cache import semantic as semantic_mod
 from hybridllm.cache.store import CacheStore, Entry
 
@@ -86,7 +86,9 @@ def test_the_answer_a_put_just_rewrote_is_not_evicted_on_a_coarse_clock(
     """max_entries=2, every write in one clock tick: a, b, a again (its answer replaced), then c.
     The least recently written is b; before, a (just rewritten) was evicted and its new answer
     lost."""
-    monkeypatch.setattr(semantic_mod, "time", _FrozenTime(1_000_000.0))
+    clock = _FrozenTime(1_000_000.0)
+    for mod in (semantic_mod, _mirror, _writes):  # the cache's modules that read the clock
+        monkeypatch.setattr(mod, "time", clock)
     path = tmp_path / "c.sqlite3"
     with SemanticCache(path, verifier=None, embedder=FakeEmbedder(), max_entries=2) as cache:
         cache.put(_msgs("how do I bake bread"), "knead", **KW)
@@ -113,7 +115,8 @@ def test_a_put_after_the_clock_was_set_back_keeps_its_answer(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     clock = _FrozenTime(2_000_000.0)
-    monkeypatch.setattr(semantic_mod, "time", clock)
+    for mod in (semantic_mod, _mirror, _writes):  # the cache's modules that read the clock
+        monkeypatch.setattr(mod, "time", clock)
     path = tmp_path / "c.sqlite3"
     with SemanticCache(path, verifier=None, embedder=FakeEmbedder(), max_entries=1) as cache:
         cache.put(_msgs("how do I bake bread"), "knead", **KW)

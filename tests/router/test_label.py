@@ -10,6 +10,7 @@ import pytest
 
 from hybridllm._exceptions import CloudError, DataError
 from hybridllm.router import label as label_mod
+from hybridllm.router._label_backends import _greedy_mean_logprob
 from hybridllm.router.calibrate import calibrate_logprob_threshold
 from hybridllm.router.dataset import load_routellm_csv
 from hybridllm.router.label import (
@@ -264,9 +265,9 @@ def test_greedy_mean_logprob_reads_the_completion_rows():
     scores[2] = [0.0, 0.0, 0.0, 0.0]  # uniform: log(1/4)
     scores[3] = [10.0, -40.0, -40.0, -40.0]  # sure: ~0
     scores[[0, 1, 4, 5]] = [0.0, 0.0, 0.0, 0.0]  # not the completion: must not count
-    got = label_mod._greedy_mean_logprob(scores, 3, 2)
+    got = _greedy_mean_logprob(scores, 3, 2)
     assert got == pytest.approx((np.log(0.25) + 0.0) / 2, abs=1e-6)
-    assert label_mod._greedy_mean_logprob(scores, 3, 0) is None
+    assert _greedy_mean_logprob(scores, 3, 0) is None
 
 
 @pytest.mark.parametrize(

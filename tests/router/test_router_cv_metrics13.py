@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from bench import router_cv
-from hybridllm.router import train
+from hybridllm.router import _train_cv, train
 from hybridllm.router.dataset import RoutingData
 from hybridllm.router.evaluate import router_metrics
 
@@ -38,7 +38,7 @@ def test_train_share_figures_are_fold_aligned_like_cross_validate(monkeypatch):
         oof = x_[:, 0].copy()
         return train.CVResult(metrics=router_metrics(oof, d.weak, d.strong), fold_metrics=[], oof_scores=oof)
 
-    monkeypatch.setattr(train, "_fit", fake_fit)
+    monkeypatch.setattr(_train_cv, "_fit", fake_fit)
     monkeypatch.setattr(train, "cross_validate", fake_cv)
     out = router_cv._curve(data, np.zeros((n, 1)), x, test_rows=50)
     folds = train.fold_ids(prompts, 5)

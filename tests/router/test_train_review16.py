@@ -8,8 +8,8 @@ import unicodedata
 
 import pytest
 
-from hybridllm.router import train
-from hybridllm.router.train import _OPERATORS, question_key
+from hybridllm.router import _train_folds
+from hybridllm.router._train_folds import _OPERATORS, question_key
 
 EDGE_CASES = ["a\u200bb", "x\x00y", "?", "!!", "2+2", "What is 2+2?", "Hi!", "\ud800z", "ﬁ ½ ＡＢ", "", "  ",
               "\u2028\u00ad", "\U000e0001t", "50% of 6*3", "a/b", "e\u0301t\u00e9", "中文，标点。", "🙂!"]
@@ -46,7 +46,7 @@ def test_a_prompt_seen_again_costs_no_per_character_python(monkeypatch):
     question_key(prompt)
     calls = []
     real = unicodedata.category
-    monkeypatch.setattr(train.unicodedata, "category", lambda c: calls.append(c) or real(c))
+    monkeypatch.setattr(_train_folds.unicodedata, "category", lambda c: calls.append(c) or real(c))
     got = question_key(prompt)
     monkeypatch.undo()
     assert got == want

@@ -415,7 +415,7 @@ def test_the_draft_prefills_with_the_target_unless_the_server_is_busy(smollm2_en
 def test_a_draft_with_another_vocabulary_is_a_clear_error(smollm2_engine):
     from types import SimpleNamespace
 
-    from cloud_server.engine.llm_engine import _check_same_tokenizer
+    from cloud_server.engine.spec_setup import _check_same_tokenizer
     from cloud_server.exceptions import ConfigError
 
     eng = smollm2_engine

@@ -98,7 +98,7 @@ def test_cpu_default_is_int4_with_bf16_activations(smollm2_path):
     import torch
 
     from cloud_server.config import EngineConfig
-    from cloud_server.engine.llm_engine import _resolve_device
+    from cloud_server.engine.pool_plan import _resolve_device
 
     device, dtype, quantization = _resolve_device(EngineConfig(str(smollm2_path), device="cpu"))
     assert (device.type, dtype, quantization) == ("cpu", torch.bfloat16, "int4")

@@ -1,0 +1,98 @@
+"""The proxy's chat request: the wire format's chat request plus its own ``hybridllm`` routing options."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from .wire import ChatCompletionRequest, WireError
+from .wire.requests import _STREAM_RULE
+
+
+class HybridOptions(BaseModel):
+    """Routing options of one request (the proxy's own extension of the wire format)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    route: Literal["edge", "cloud"] | None = None
+    cache: bool | None = None
+    cascade: bool | None = None
+    # "" is no namespace (the client refuses it): a 400 naming hybridllm.namespace, and so documented
+    namespace: Annotated[str, Field(min_length=1)] | None = None
+
+
+# a message's content may not be an empty list of parts, and a user turn needs text (the checks of
+# ProxyChatRequest._no_empty_turns; "\S": some character that is not white space)
+_TEXT = {"type": "string", "pattern": "\\S"}
+_TURN_RULE: dict[str, Any] = {
+    "properties": {"content": {"not": {"type": "array", "maxItems": 0}}},
+    "if": {"properties": {"role": {"const": "user"}}, "required": ["role"]},
+    "then": {"properties": {"content": {"anyOf": [
+        _TEXT, {"type": "array", "contains": {"properties": {"text": _TEXT}, "required": ["text"]}}]}}},
+}
+
+
+def _schema_extra(schema: dict[str, Any]) -> None:
+    schema.update(_STREAM_RULE)
+    messages = schema["properties"]["messages"]
+    # HybridLLM answers a user: a conversation needs at least one user turn
+    messages["contains"] = {"properties": {"role": {"const": "user"}}}
+    messages["items"] = {"allOf": [messages["items"], _TURN_RULE]}
+
+
+class ProxyChatRequest(ChatCompletionRequest):
+    model_config = ConfigDict(json_schema_extra=_schema_extra)
+    hybridllm: HybridOptions | None = None
+
+    @model_validator(mode="after")
+    def _needs_a_user_turn(self) -> ProxyChatRequest:
+        if not any(m.role == "user" for m in self.messages):
+            raise WireError("The messages hold no user turn: add {'role': 'user', 'content': ...}.",
+                            param="messages")
+        return self
+
+    @model_validator(mode="after")
+    def _no_empty_turns(self) -> ProxyChatRequest:
+        """As the library refuses ``chat("")``: a user turn without text, or content that is an empty
+        list of parts (which OpenAI refuses too), is a 400 naming the message."""
+        for i, m in enumerate(self.messages):
+            where = f"messages[{i}].content"
+            if isinstance(m.content, list) and not m.content:
+                raise WireError(f"{where} is an empty list of content parts: give at least one "
+                                "{'type': 'text', 'text': '...'}, or a string.", param=where)
+            if m.role == "user" and not m.text().strip():
+                raise WireError(f"messages[{i}] is a user turn without text: write the question in "
+                                f"its content, or leave the message out.", param=where)
+        return self
+
+    @field_validator("stop_token_ids")
+    @classmethod
+    def _no_stop_ids(cls, value: list[int] | None) -> list[int] | None:
+        if value:
+            raise ValueError("stop_token_ids are not supported by this server; use 'stop'")
+        return value
+
+    @field_validator("ignore_eos")
+    @classmethod
+    def _no_ignore_eos(cls, value: bool) -> bool:
+        if value:
+            raise ValueError("ignore_eos is not supported by this server")
+        return value
+
+    def chat_options(self) -> dict[str, Any]:
+        """Keyword options for ``HybridLLM.chat``: sampling, then routing."""
+        opts: dict[str, Any] = {
+            "max_tokens": self.output_limit(),
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            # the wire's -1 ("off", vLLM) is the client's 0
+            "top_k": None if self.top_k is None else max(self.top_k, 0),
+            "min_p": self.min_p,
+            "repeat_penalty": self.repetition_penalty,
+            "seed": self.seed,
+            "stop": tuple(self.stop_list()) if self.stop is not None else None,
+        }
+        opts = {k: v for k, v in opts.items() if v is not None}
+        if self.hybridllm is not None:
+            opts.update(self.hybridllm.model_dump(exclude_none=True))
+        return opts

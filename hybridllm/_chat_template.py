@@ -84,3 +84,18 @@ def render_chat_template(
         raise InvalidRequestError(
             f"The model's chat template cannot render these messages: {type(exc).__name__}: {exc}"
         ) from exc
+
+
+def named_chat_template(value: Any) -> str | None:
+    """A ``chat_template`` value of ``tokenizer_config.json``: a string, or transformers' list of
+    named templates ({"name", "template"}), whose "default" is the chat template; a ValueError
+    saying what is wrong otherwise. The cloud's tokenizer and the edge's ONNX folder read it."""
+    if isinstance(value, list):
+        named = {t.get("name"): t.get("template") for t in value if isinstance(t, dict)}
+        value = named.get("default")
+        if value is None:
+            raise ValueError(f"chat_template names no 'default' template (has {sorted(map(str, named))})")
+    if value is not None and not isinstance(value, str):
+        raise ValueError(f"chat_template must be a string or a list of named templates, not a "
+                         f"{type(value).__name__}")
+    return value or None

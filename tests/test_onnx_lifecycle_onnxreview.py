@@ -32,7 +32,7 @@ def folder():
 
 
 def test_reprepare_hint_without_a_catalog_model_says_what_id_means(tmp_path):
-    from hybridllm.backends.onnx import _reprepare_hint
+    from hybridllm.backends.onnx_folder import _reprepare_hint
 
     hint = _reprepare_hint(tmp_path, None, "int4")
     assert "hybridllm models prepare ID --backend onnx --force" in hint and "catalog model" in hint

@@ -24,6 +24,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from hybridllm._chat_template import named_chat_template
 from hybridllm.prompts import llama_bytes
 
 from ..exceptions import InvalidRequestError, ModelLoadError
@@ -341,17 +342,10 @@ def _chat_template(folder: Path, cfg: dict) -> str | None:
             return jinja.read_text(encoding="utf-8")
         except (ValueError, OSError) as exc:
             raise ModelLoadError(f"cannot read {jinja}: {exc}") from exc
-    template = cfg.get("chat_template")
-    if isinstance(template, list):
-        named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
-        template = named.get("default")
-        if template is None:
-            raise ModelLoadError(f"{folder / 'tokenizer_config.json'}: chat_template names no "
-                                 f"'default' template (has {sorted(map(str, named))})")
-    if template is not None and not isinstance(template, str):
-        raise ModelLoadError(f"{folder / 'tokenizer_config.json'}: chat_template must be a string "
-                             f"or a list of named templates, got {type(template).__name__}")
-    return template or None
+    try:
+        return named_chat_template(cfg.get("chat_template"))
+    except ValueError as exc:
+        raise ModelLoadError(f"{folder / 'tokenizer_config.json'}: {exc}") from exc
 
 
 def _token_text(value: Any) -> str | None:

@@ -10,7 +10,7 @@
 Modules: features (text statistics + embedding), classifier (the scorer's numpy weights), router
 (score, threshold, file format), train, evaluate (RouteLLM metrics), calibrate, label, privacy,
 budget, policy, mixture (several labelled files: one scorer each, blended by a gate), _cli
-(``hybridllm router ...``).
+(``hybridllm router ...``; its commands in _cli_commands and _cli_eval).
 
 The names below are imported on first use (PEP 562), so importing one light submodule (the
 client's pipeline imports ``privacy``) does not load numpy and the scorer with it.

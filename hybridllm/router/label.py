@@ -30,7 +30,7 @@ from .._exceptions import CloudError, DataError, EdgeError
 from ..prompts import valid_text
 
 # SYSTEM_PROMPT, llama_cpp_edge, openai_cloud, settings_path: public names of this module, defined
-# in its private parts now and importable from here as before (router/_cli.py imports the first
+# in its private parts now and importable from here as before (router/_cli_commands.py imports the first
 # three from here, and tests patch label.llama_cpp_edge and label.openai_cloud for it)
 from ._label_backends import SYSTEM_PROMPT, Answer, Generate, llama_cpp_edge, openai_cloud  # noqa: F401
 from ._label_files import (

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from hybridllm.backends.onnx import _HUGE_PAGE, _advise_huge_pages, _anon_regions
+from hybridllm.backends.onnx_memory import _HUGE_PAGE, _advise_huge_pages, _anon_regions
 
 THP = Path("/sys/kernel/mm/transparent_hugepage/enabled")
 pytestmark = pytest.mark.skipif(

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from hybridllm import GenerationParams
-from hybridllm.backends.onnx import _sample
+from hybridllm.backends.onnx_sampling import _sample
 
 PROBS = np.array([0.5, 0.3, 0.15, 0.05])
 ROW = np.log(PROBS).astype(np.float32)

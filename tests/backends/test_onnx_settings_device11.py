@@ -36,7 +36,7 @@ def test_bad_settings_are_the_same_config_error_on_both_backends(settings):
 
 
 def test_n_ctx_zero_without_a_length_in_the_folder_says_what_to_pass(tmp_path):
-    from hybridllm.backends.onnx import _context_size
+    from hybridllm.backends.onnx_folder import _context_size
 
     assert _context_size(0, 8192, tmp_path) == 8192
     assert _context_size(512, 8192, tmp_path) == 512
@@ -45,7 +45,7 @@ def test_n_ctx_zero_without_a_length_in_the_folder_says_what_to_pass(tmp_path):
 
 
 def test_n_ctx_past_the_models_length_is_cut_with_a_warning(tmp_path, caplog):
-    from hybridllm.backends.onnx import _context_size
+    from hybridllm.backends.onnx_folder import _context_size
 
     with caplog.at_level(logging.WARNING, logger="hybridllm.edge"):
         assert _context_size(10_000, 8192, tmp_path) == 8192

@@ -10,8 +10,10 @@ import numpy as np
 import pytest
 
 from hybridllm._exceptions import DataError, HybridLLMError
+from hybridllm.cache import _reranker_calibration
 from hybridllm.cache import train as train_mod
 from hybridllm.cache import train_reranker as tr
+from hybridllm.cache._reranker_weights import _write
 from hybridllm.cache.evaluate import load_pairs
 from hybridllm.cache.reranker_file import DEFAULT_NAME, NUM_STACK_INPUTS, Stack, read_info
 
@@ -115,8 +117,8 @@ class _StoppedReranker:
 def _reranker_file(path: Path) -> bytes:
     n = NUM_STACK_INPUTS  # a stack of another width is a damaged file (read_info refuses it)
     stack = Stack(weights=np.ones(n), bias=0.1, mean=np.zeros(n), scale=np.ones(n), features_digest="f" * 16)
-    tr._write(path, {"w:head.bias": np.zeros(1, np.float32)}, threshold=0.8, min_similarity=0.5,
-              digest="d" * 16, metrics={"epochs": 1.0, "test_precision": 0.96}, stack=stack)
+    _write(path, {"w:head.bias": np.zeros(1, np.float32)}, threshold=0.8, min_similarity=0.5,
+           digest="d" * 16, metrics={"epochs": 1.0, "test_precision": 0.96}, stack=stack)
     return path.read_bytes()
 
 
@@ -127,7 +129,7 @@ def _fake_vectors(texts, **kwargs):
 @pytest.mark.parametrize("calibrate_only", [True, False])
 def test_a_stopped_calibration_leaves_the_reranker_file_as_it_was(tmp_path, monkeypatch, calibrate_only):
     monkeypatch.setattr(tr, "embed_texts", _fake_vectors)
-    monkeypatch.setattr(tr, "Reranker", _StoppedReranker)
+    monkeypatch.setattr(_reranker_calibration, "Reranker", _StoppedReranker)  # looked up in _calibrate
     monkeypatch.setattr(tr, "fine_tune", lambda items, **kw: {"head.bias": np.full(1, 0.3, np.float32)})
     monkeypatch.setattr(tr, "_base_weights", dict)
     out = tmp_path / "out"

@@ -16,6 +16,7 @@ from hybridllm._exceptions import DataError
 from hybridllm.cache import semantic
 from hybridllm.cache import train as train_mod
 from hybridllm.cache import train_reranker as tr
+from hybridllm.cache._reranker_weights import _write
 from hybridllm.cache.evaluate import load_pairs, pair_metrics
 from hybridllm.cache.verifier import HitVerifier
 
@@ -120,8 +121,8 @@ def test_ctrl_c_while_writing_leaves_the_old_files_and_no_temporary(
     with pytest.raises(KeyboardInterrupt):
         train_mod.save_verifier(HitVerifier.load(), target)
     with pytest.raises(KeyboardInterrupt):
-        tr._write(tmp_path / "cache_reranker.npz", {}, threshold=0.5, min_similarity=0.5, digest="d",
-                  metrics={})
+        _write(tmp_path / "cache_reranker.npz", {}, threshold=0.5, min_similarity=0.5, digest="d",
+               metrics={})
     monkeypatch.setattr("hybridllm.cache.embedder.get_embedder", lambda: _Embedder())
     with pytest.raises(KeyboardInterrupt):
         train_mod.embed_texts(["a b"], cache_file=tmp_path / "emb.npz", say=lambda _: None)
@@ -133,8 +134,8 @@ def test_an_undefined_rate_is_written_to_the_reranker_file_as_nan(tmp_path: Path
     """With no hit on the test split the precision is undefined: the file must still be written
     (a TypeError there would lose the fine-tuning just done)."""
     path = tmp_path / "r.npz"
-    tr._write(path, {}, threshold=0.5, min_similarity=0.5, digest="d",
-              metrics={"test_precision": None, "test_recall": 0.0})
+    _write(path, {}, threshold=0.5, min_similarity=0.5, digest="d",
+           metrics={"test_precision": None, "test_recall": 0.0})
     with np.load(path) as data:
         assert list(data["metric_names"]) == ["test_precision", "test_recall"]
         assert np.isnan(data["metric_values"][0]) and data["metric_values"][1] == 0.0

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from hybridllm._exceptions import CacheError
+from hybridllm.cache._reranker_weights import _write
 from hybridllm.cache.reranker_file import read_info, read_weights
-from hybridllm.cache.train_reranker import _write
 
 
 @pytest.fixture

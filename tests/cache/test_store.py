@@ -155,7 +155,7 @@ def test_a_full_disk_never_costs_the_answer(tmp_path):
 
 def test_a_store_whose_writes_fail_raises_cache_error_at_every_step(tmp_path):
     from hybridllm._exceptions import CacheError
-    from hybridllm.cache.store import _Transaction
+    from hybridllm.cache._store_writes import _Transaction
 
     class Conn:
         def __init__(self, fail_at):
@@ -260,7 +260,7 @@ def test_another_process_s_writes_are_read_from_the_change_log_not_by_reloading(
     """Before: every commit by another connection (each hit's recency write included) made this one
     reload every entry; two processes serving hits from a 10,000-entry file spent about 0.3 s of
     each lookup reloading."""
-    from hybridllm.cache import store
+    from hybridllm.cache import _store_writes
 
     path = tmp_path / "shared.sqlite3"
     one = SemanticCache(path, verifier=None, embedder=FakeEmbedder())
@@ -279,7 +279,7 @@ def test_another_process_s_writes_are_read_from_the_change_log_not_by_reloading(
     assert one.clear(namespace="default") == 49
     assert two.get(_ask("question 1"), **KW) is None and two.stats()["entries"] == 0
     assert reloads[0] == 0
-    monkeypatch.setattr(store, "_MAX_LOGGED", 10)  # a bulk change is one mark: reload everything
+    monkeypatch.setattr(_store_writes, "_MAX_LOGGED", 10)  # a bulk change is one mark: reload everything
     for i in range(20):
         one.put(_ask(f"question {i}"), f"answer {i}", **KW)
     assert two.get(_ask("question 19"), **KW).text == "answer 19" and reloads[0] == 0
@@ -292,9 +292,9 @@ def test_another_process_s_writes_are_read_from_the_change_log_not_by_reloading(
 def test_a_reader_behind_the_trimmed_change_log_reloads(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from hybridllm.cache import store
+    from hybridllm.cache import _store_writes
 
-    monkeypatch.setattr(store, "_KEEP_CHANGES", 5)
+    monkeypatch.setattr(_store_writes, "_KEEP_CHANGES", 5)
     path = tmp_path / "trim.sqlite3"
     one = SemanticCache(path, verifier=None, embedder=FakeEmbedder())
     two = SemanticCache(path, verifier=None, embedder=FakeEmbedder())

@@ -55,7 +55,7 @@ def test_cluster_option_combinations_are_usage_errors(model: str, options: list[
 
 @pytest.mark.parametrize("address", ["auto", "10.0.0.5:6379", "ray://head.example:10001", "[::1]:6379"])
 def test_ray_addresses_pass_the_check(address: str) -> None:
-    from cloud_server.__main__ import _check_ray_address
+    from cloud_server.cli_settings import _check_ray_address
 
     _check_ray_address(address)  # no UsageError
 

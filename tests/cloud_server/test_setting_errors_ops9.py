@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from cloud_server.__main__ import _option
+from cloud_server.cli_settings import _option
 from cloud_server.config import EngineConfig, SettingError
 
 ROOT = Path(__file__).resolve().parents[2]

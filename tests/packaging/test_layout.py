@@ -24,6 +24,9 @@ RUNTIME = {
         "features",
         "index",
         "store",
+        "_store_file",
+        "_store_reads",
+        "_store_writes",
         "semantic",
         "_keys",
         "_verifier_spec",
@@ -49,7 +52,16 @@ RUNTIME = {
     },
 }
 BUILD = {
-    "cache": {"export", "train", "train_reranker", "evaluate", "_cli"},
+    "cache": {
+        "export",
+        "train",
+        "train_reranker",
+        "_reranker_tuning",
+        "_reranker_weights",
+        "_reranker_calibration",
+        "evaluate",
+        "_cli",
+    },
     "router": {
         "fit",
         "train",
@@ -70,6 +82,8 @@ BUILD = {
         "preference",
         "evaluate",
         "_cli",
+        "_cli_commands",
+        "_cli_eval",
     },
 }
 

@@ -133,7 +133,7 @@ def test_max_body_bytes_flag() -> None:
 
 
 def test_enforce_eager_flag_reaches_the_engine_config() -> None:
-    from cloud_server.__main__ import _engine_config
+    from cloud_server.cli_settings import _engine_config
 
     parse = build_parser().parse_args
     assert _engine_config(parse(["serve", "--model", "m.gguf"])).enforce_eager is False

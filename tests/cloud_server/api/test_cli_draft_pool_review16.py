@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 
 import cloud_server.__main__ as cli
+from cloud_server.cli_checks import _check_device, _check_model_header
+from cloud_server.cli_settings import _engine_config
 
 from .test_cli_header_review15 import gguf_header
 
@@ -36,7 +38,7 @@ def _memory(monkeypatch: pytest.MonkeyPatch, total: int) -> None:
             return total // 4096
         return real(name)
 
-    monkeypatch.setattr(cli.os, "sysconf", sysconf)
+    monkeypatch.setattr(os, "sysconf", sysconf)
 
 
 def _models(tmp_path: Path) -> tuple[Path, Path]:
@@ -70,5 +72,5 @@ def test_a_draft_pool_that_fits_passes(monkeypatch: pytest.MonkeyPatch, tmp_path
                     []):
         args = parser.parse_args(["serve", "--model", str(target), "--device", "cpu",
                                   "--kv-cache-memory-mb", "1", *options])
-        cli._check_device(cli._engine_config(args))
-        cli._check_model_header(args, cli._engine_config(args), args.replicas is not None)
+        _check_device(_engine_config(args))
+        _check_model_header(args, _engine_config(args), args.replicas is not None)

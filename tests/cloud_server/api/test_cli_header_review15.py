@@ -19,6 +19,8 @@ from pathlib import Path
 import pytest
 
 import cloud_server.__main__ as cli
+from cloud_server.cli_checks import _check_model_header
+from cloud_server.cli_settings import _engine_config
 from cloud_server.models.loader import read_gguf_metadata, read_model_header
 
 
@@ -131,7 +133,7 @@ def test_what_fits_passes(tmp_path: Path, smollm2: Path) -> None:
          "--draft-model", str(gguf_header(tmp_path / "short.gguf", context=512))],
     ):
         args = parser.parse_args(["serve", "--device", "cpu", *options])
-        cli._check_model_header(args, cli._engine_config(args), False)
+        _check_model_header(args, _engine_config(args), False)
 
 
 def test_a_header_that_cannot_be_read_is_left_to_the_load(tmp_path: Path) -> None:
@@ -151,7 +153,7 @@ def test_a_header_that_cannot_be_read_is_left_to_the_load(tmp_path: Path) -> Non
     assert read_model_header(str(bad)) is None
     args = cli.build_parser().parse_args(
         ["serve", "--model", str(damaged), "--max-model-len", "100000", "--kv-cache-memory-mb", "1"])
-    cli._check_model_header(args, cli._engine_config(args), False)
+    _check_model_header(args, _engine_config(args), False)
 
 
 def test_a_kv_pool_that_holds_no_whole_sequence(capsys: pytest.CaptureFixture[str],
@@ -171,7 +173,7 @@ def test_a_kv_pool_that_fits_passes(smollm2: Path) -> None:
     for options in (["--kv-cache-memory-mb", "4", "--max-model-len", "176"], [],
                     ["--kv-cache-memory-mb", "1", "--replicas", "2"]):  # a replica's device: its own
         args = parser.parse_args(["serve", "--model", str(smollm2), "--device", "cpu", *options])
-        cli._check_model_header(args, cli._engine_config(args), args.replicas is not None)
+        _check_model_header(args, _engine_config(args), args.replicas is not None)
 
 
 def test_a_draft_model_with_a_shorter_context(capsys: pytest.CaptureFixture[str],

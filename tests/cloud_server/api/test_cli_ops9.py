@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from cloud_server.__main__ import _option_names
 from cloud_server.api.auth import API_KEYS_ENV, load_api_keys
+from cloud_server.cli_settings import _option_names
 from cloud_server.config import EngineConfig
 from cloud_server.exceptions import ConfigError
 

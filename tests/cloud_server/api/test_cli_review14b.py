@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from cloud_server.__main__ import UsageError, _check_model, main
+from cloud_server.__main__ import UsageError, main
+from cloud_server.cli_checks import _check_model
 from cloud_server.config import EngineConfig, SettingError
 
 MODEL = "smollm2-135m-instruct"  # a catalog id: checked by name, never loaded here

@@ -177,7 +177,8 @@ def test_cluster_config_validation():
 
 
 def test_autoscaling_flags_reach_serves_config():
-    from cloud_server.__main__ import _cluster_config, build_parser
+    from cloud_server.__main__ import build_parser
+    from cloud_server.cli_settings import _cluster_config
 
     args = build_parser().parse_args([
         "serve", "--model", "m.gguf", "--replicas", "1", "--max-replicas", "3",
@@ -209,7 +210,8 @@ def _cli(code: str) -> subprocess.CompletedProcess:
 def test_without_replicas_ray_is_never_imported():
     out = _cli(
         "import sys, asyncio\n"
-        "from cloud_server.__main__ import build_parser, _cluster_config\n"
+        "from cloud_server.__main__ import build_parser\n"
+        "from cloud_server.cli_settings import _cluster_config\n"
         "from cloud_server.api.server import create_app\n"
         "from tests.cloud_server.api.fake_engine import FakeEngine\n"
         "import httpx\n"

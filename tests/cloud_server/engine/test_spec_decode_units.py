@@ -206,7 +206,8 @@ def test_config_and_request_errors_are_clear():
 
 
 def test_cli_flags_reach_the_engine_config():
-    from cloud_server.__main__ import _engine_config, build_parser
+    from cloud_server.__main__ import build_parser
+    from cloud_server.cli_settings import _engine_config
 
     args = build_parser().parse_args(
         [

@@ -1,0 +1,65 @@
+"""The next token from raw logits: repeat penalty, top-k, top-p, min-p, temperature, a seeded draw."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .._types import GenerationParams
+
+_PENALTY_WINDOW = 64  # llama.cpp's default repeat_last_n
+_CANDIDATE_NATS = 30.0
+
+
+def _sample(row: Any, params: GenerationParams, seed: int, step: int, recent: list[int]) -> int:
+    """Pick the ``step``-th answer token from ``row`` ([vocab] raw logits)."""
+    import numpy as np
+
+    penalty = float(getattr(params, "repeat_penalty", 1.0) or 1.0)
+    if penalty != 1.0 and recent:
+        # llama.cpp's rule: a seen token's positive logit is divided by the penalty, a negative one
+        # multiplied, so both move towards "less likely"
+        seen = np.unique(np.asarray(recent[-_PENALTY_WINDOW:]))
+        row = row.copy()
+        row[seen] = np.where(row[seen] > 0, row[seen] / penalty, row[seen] * penalty)
+    if params.temperature == 0.0:
+        return int(row.argmax())
+    min_p = float(getattr(params, "min_p", 0.0) or 0.0)
+    # candidates: tokens within 30 nats of the best at the larger of T and 1 (each one dropped has
+    # p < e^-30 p_max under both softmaxes below), so a sort stays cheap on a 150k vocabulary
+    peak = float(row.max())
+    ids = np.flatnonzero(row >= peak - _CANDIDATE_NATS * max(params.temperature, 1.0))
+    if 0 < params.top_k < ids.shape[0]:
+        ids = ids[np.argpartition(row[ids], ids.shape[0] - params.top_k)[-params.top_k :]]
+    # most likely first: a draw then moves to another token only when the logits really change,
+    # not when numerical noise shifts a cumulative sum taken in vocabulary order
+    ids = ids[np.argsort(-row[ids], kind="stable")]
+    vals = row[ids].astype(np.float64)
+    if params.top_p < 1.0 or min_p > 0.0:  # both judged on the untempered softmax, as llama.cpp does
+        probs = np.exp(vals - vals[0])
+        probs /= probs.sum()
+        keep = ids.shape[0]
+        if params.top_p < 1.0:
+            keep = int(np.searchsorted(np.cumsum(probs), params.top_p) + 1)
+        if min_p > 0.0:
+            keep = min(keep, int((probs >= min_p * probs[0]).sum()))
+        ids, vals = ids[: max(keep, 1)], vals[: max(keep, 1)]
+    # p_i = softmax(logit_i / T) over the kept candidates, drawn by the Gumbel-max rule:
+    #   pick = argmax_i(logit_i / T + g_i),  g_i = -log(-log u_i),  u_i ~ U(0, 1) i.i.d.
+    # with u_i a hash of (seed, step, token id), so a seed repeats its answer even when the logits
+    # differ in the last bits (a cache reused from another request, a chunked prefill)
+    u = _uniform(ids, seed, step)
+    return int(ids[np.argmax((vals - vals[0]) / params.temperature - np.log(-np.log(u)))])
+
+
+def _uniform(ids: Any, seed: int, step: int) -> Any:
+    """One U(0, 1) number per token id, fixed by (seed, step): splitmix64 over the ids."""
+    import numpy as np
+
+    mask = (1 << 64) - 1
+    base = ((seed & mask) * 0x9E3779B97F4A7C15 + (step + 1) * 0xBF58476D1CE4E5B9) & mask
+    with np.errstate(over="ignore"):
+        x = ids.astype(np.uint64) * np.uint64(0x94D049BB133111EB) + np.uint64(base)
+        x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        x = x ^ (x >> np.uint64(31))
+    return ((x >> np.uint64(11)).astype(np.float64) + 0.5) / float(1 << 53)  # in (0, 1)

@@ -1,0 +1,184 @@
+"""Opening the cache's SQLite file: its schema and format checks, and moving a corrupt file aside."""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+import warnings
+from pathlib import Path
+
+from .._exceptions import CacheCorruptError
+from .._locks import lock_exclusive
+from ._store_writes import _Transaction
+
+FORMAT = "hybridllm-semantic-cache"
+SCHEMA_VERSION = 1
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS cache_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS entries (
+    id TEXT PRIMARY KEY,
+    namespace TEXT NOT NULL,
+    bucket TEXT NOT NULL,          -- hash of namespace, model, params and conversation context
+    query TEXT NOT NULL,           -- the last user turn, as embedded
+    response TEXT NOT NULL,
+    embedding BLOB NOT NULL,       -- float32 unit vector
+    created_at REAL NOT NULL,
+    last_used REAL NOT NULL,
+    metadata TEXT
+);
+CREATE INDEX IF NOT EXISTS entries_namespace ON entries(namespace);
+CREATE INDEX IF NOT EXISTS entries_last_used ON entries(last_used);
+CREATE INDEX IF NOT EXISTS entries_created_at ON entries(created_at);
+CREATE TABLE IF NOT EXISTS changes (seq INTEGER PRIMARY KEY AUTOINCREMENT, entry_id TEXT NOT NULL);
+"""
+_COLUMNS = {
+    "cache_meta": ["key", "value"],
+    "entries": ["id", "namespace", "bucket", "query", "response", "embedding", "created_at",
+                "last_used", "metadata"],
+    "changes": ["seq", "entry_id"],
+}
+
+
+class _StoreFile:
+    """How :class:`~.store.CacheStore` opens, checks and rebuilds its file."""
+
+    path: Path
+    dim: int
+    _want_dim: int | None
+
+    def _rebuild_or_fail(self, exc: Exception) -> sqlite3.Connection:
+        try:
+            return self._rebuild(exc)
+        except (OSError, sqlite3.OperationalError) as failed:
+            raise CacheCorruptError(
+                f"The cache {self.path} is corrupt ({exc}) and cannot be rebuilt ({failed}). Move "
+                "it away, point HYBRIDLLM_CACHE_DIR (or cache_path) at a writable folder, or turn "
+                "the cache off (cache=False, HYBRIDLLM_CACHE=0)."
+            ) from failed
+
+    # ------------------------------------------------------------------ opening
+
+    def _open(self) -> sqlite3.Connection:
+        conn = sqlite3.connect(str(self.path), timeout=10.0, check_same_thread=False, isolation_level=None)
+        try:
+            # every check that can refuse the file reads only: a file that is not ours is never
+            # written (WAL mode rewrites the header, the schema adds tables)
+            tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+            if tables and "cache_meta" not in tables:
+                raise _Foreign(
+                    f"{self.path} is an SQLite database but not a hybridllm cache (tables: "
+                    f"{', '.join(sorted(tables))}); it was left untouched. Pass another path."
+                )
+            if (row := conn.execute("PRAGMA quick_check").fetchone()) and row[0] != "ok":
+                raise sqlite3.DatabaseError(f"integrity check failed: {row[0]}")
+            meta = self._read_meta(conn) if tables else {}
+            if meta:
+                self._check_dim(int(meta["dim"]))
+            for table in tables & set(_COLUMNS) - {"cache_meta"}:
+                found = [r[1] for r in conn.execute(f"PRAGMA table_info({table})")]
+                if found != _COLUMNS[table]:  # ours, in a shape this version cannot read
+                    raise sqlite3.DatabaseError(
+                        f"its {table} table has the columns {found}, this version reads {_COLUMNS[table]}"
+                    )
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute("PRAGMA synchronous=NORMAL")
+            # deleted questions and answers are overwritten with zeros, not left readable in free
+            # pages and free space (only some SQLite builds do so by default)
+            conn.execute("PRAGMA secure_delete=ON")
+            conn.executescript(f"BEGIN IMMEDIATE;\n{_SCHEMA}\nCOMMIT;")  # one commit: a small WAL
+            if not meta:  # a new file (or one cut off before its first commit ended)
+                with _Transaction(conn, self.path):
+                    meta = self._read_meta(conn)
+                    if not meta:  # not written by another process meanwhile
+                        meta = {"format": FORMAT, "version": str(SCHEMA_VERSION), "dim": str(self.dim)}
+                        conn.executemany("INSERT INTO cache_meta VALUES (?, ?)", list(meta.items()))
+                self._check_dim(int(meta["dim"]))
+            return conn
+        except BaseException:
+            conn.close()
+            raise
+
+    def _check_dim(self, dim: int) -> None:
+        if self._want_dim is None:
+            self.dim = dim
+        elif dim != self.dim:
+            raise _Foreign(
+                f"{self.path} holds {dim}-dim embeddings, this cache uses {self.dim} (another "
+                "embedder); it was left untouched. Pass another path, or empty the file with "
+                f"`hybridllm cache clear --path {self.path}`."
+            )
+
+    def _read_meta(self, conn: sqlite3.Connection) -> dict[str, str]:
+        """``cache_meta`` as a dict, once it is known to be a hybridllm cache this version reads."""
+        columns = [r[1] for r in conn.execute("PRAGMA table_info(cache_meta)")]
+        if columns != _COLUMNS["cache_meta"]:
+            raise _Foreign(
+                f"{self.path} is an SQLite database but not a hybridllm cache (its cache_meta table "
+                f"has the columns {columns}); it was left untouched. Pass another path."
+            )
+        meta = dict(conn.execute("SELECT key, value FROM cache_meta"))
+        if not meta:
+            return meta
+        if meta.get("format") != FORMAT:
+            raise _Foreign(
+                f"{self.path} was written by another program (format {meta.get('format')!r}); it "
+                "was left untouched. Pass another path."
+            )
+        try:
+            version = int(meta.get("version", ""))
+        except ValueError:  # ours, but its own bookkeeping is garbage: rebuilt like a torn file
+            raise sqlite3.DatabaseError(f"its cache_meta holds {meta}") from None
+        # the version first: a newer schema may keep its bookkeeping (the dim) otherwise, and
+        # must be refused, not moved aside as corrupt
+        if version > SCHEMA_VERSION:
+            raise _Foreign(
+                f"{self.path} was written by a newer hybridllm (schema version {version}, this one "
+                f"reads {SCHEMA_VERSION}); it was left untouched. Upgrade, or pass another path."
+            )
+        try:
+            int(meta.get("dim", ""))
+        except ValueError:
+            raise sqlite3.DatabaseError(f"its cache_meta holds {meta}") from None
+        return meta
+
+    def _rebuild(self, exc: Exception) -> sqlite3.Connection:
+        """Move the corrupt file aside and start an empty one, one process at a time: several
+        processes opening one corrupt file at once each found it corrupt, and each one after the
+        first moved aside the fresh file the others had made (and were writing, through their
+        open connections, to a file renamed ``.corrupt-*``): the processes no longer shared one
+        cache, and what each wrote was lost to the others."""
+        with open(f"{self.path}.rebuild-lock", "a+b") as lock:
+            lock_exclusive(lock.fileno())
+            try:  # rebuilt by another process while this one waited or before it looked again
+                return self._open()
+            except sqlite3.OperationalError:
+                raise  # busy or unreadable, not corrupt: said as such by the caller
+            except sqlite3.DatabaseError as again:
+                if isinstance(again, CacheCorruptError):
+                    raise
+            return self._move_aside_and_open(exc)
+
+    def _move_aside_and_open(self, exc: Exception) -> sqlite3.Connection:
+        stamp = f"{self.path.name}.corrupt-{int(time.time())}"
+        aside, n = self.path.with_name(stamp), 1
+        while any(Path(str(aside) + s).exists() for s in ("", "-wal", "-shm")):
+            aside, n = self.path.with_name(f"{stamp}-{n}"), n + 1  # never over an earlier one
+        for suffix in ("", "-wal", "-shm"):
+            src = Path(str(self.path) + suffix)
+            if src.exists():
+                src.replace(Path(str(aside) + suffix))
+        warnings.warn(
+            f"The cache database {self.path} was corrupt ({exc}); moved it to {aside} and "
+            "started an empty cache.",
+            RuntimeWarning,
+            stacklevel=5,  # the caller of CacheStore(), past the rebuild frames
+        )
+        try:
+            return self._open()
+        except sqlite3.DatabaseError as again:  # e.g. the folder is not writable
+            raise CacheCorruptError(f"Cannot create the cache at {self.path}: {again}") from again
+
+
+class _Foreign(CacheCorruptError, sqlite3.DatabaseError):
+    """A valid database that is not ours: raised, never rebuilt over."""

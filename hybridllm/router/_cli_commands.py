@@ -1,0 +1,169 @@
+"""``hybridllm router train``, ``label`` and ``calibrate``: run the library call, print its JSON summary."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from .._exceptions import DataError
+
+
+def _print(obj: dict[str, Any]) -> None:
+    sys.stdout.write(json.dumps(obj, indent=None if obj.get("_compact") else 2) + "\n")
+
+
+def _train(args: argparse.Namespace) -> int:
+    from .train import Hyper, train_from_csv
+
+    names = ("c", "k", "mix", "topics", "topic_mix")
+    # the ranges of these and of --weight (inf passed "positive", and every row's weight came out
+    # NaN at the fit) are checked as they are parsed (hybridllm._cli_options)
+    given = {k: getattr(args, k) for k in names if getattr(args, k) is not None}
+    if args.weight is not None and len(args.weight) != len(args.data):
+        # a usage error as argparse's own (exit 2, "see --help"), before any file is read
+        args.usage_error(
+            f"give one --weight per --data file ({len(args.data)} files, "
+            f"{len(args.weight)} weights), or none for the default"
+        )
+    data = args.data[0] if len(args.data) == 1 else list(args.data)
+    router = train_from_csv(
+        data,
+        args.out,
+        weak_col=args.weak_col,
+        strong_col=args.strong_col,
+        use_embedding=not args.no_embedding,
+        hyper=Hyper(**given),
+        num_folds=args.folds,
+        weights=args.weight,
+        cascade_paths=args.cascade_data,
+        score_range=args.score_range,
+        prompt_col=args.prompt_col,
+        reference_strong=args.reference_strong,
+        strong_models=args.strong_models,
+        weak_models=args.weak_models,
+        progress=True,
+    )
+    _print(
+        {
+            "out": str(Path(args.out)),
+            "threshold": round(router.threshold, 6),
+            "logprob_threshold": round(router.logprob_threshold, 5),
+            "columns": router.info["training"]["columns"],
+            **(
+                {"skipped_rows": router.info["training"]["skipped_rows"]}
+                if "skipped_rows" in router.info.get("training", {})
+                else {}
+            ),
+            **router.info.get("metrics", {}),
+        }
+    )
+    return 0
+
+
+def _check_out_folder(out: str) -> None:
+    """Refuse an --out that is a file before the calibration, not after it (train_from_csv checks
+    its own --out, and the folders above it, first)."""
+    if Path(out).exists() and not Path(out).is_dir():
+        raise DataError(f"--out {out} is a file; pass a folder for the router.")
+
+
+def _label(args: argparse.Namespace) -> int:
+    from .label import SYSTEM_PROMPT, label_to_csv, llama_cpp_edge, openai_cloud, read_questions
+
+    # --concurrency, --max-tokens, --edge-max-tokens, --limit and --timeout: ranges checked as
+    # they are parsed (hybridllm._cli_options), before any model loads
+    questions = read_questions(args.data)[: args.limit]
+    edge_path = Path(args.edge)
+    if not edge_path.is_file():
+        from ..models import pull
+
+        edge_path = Path(pull(args.edge))
+    api_key = args.api_key or os.environ.get("HYBRIDLLM_CLOUD_API_KEY")
+    edge = llama_cpp_edge(edge_path, max_tokens=args.edge_max_tokens or args.max_tokens)
+    cloud = openai_cloud(
+        args.cloud, model=args.cloud_model, api_key=api_key, max_tokens=args.max_tokens, timeout=args.timeout
+    )
+    # a GGUF file's name without .gguf; a catalog id whole (Path.stem cut qwen2.5-coder-0.5b-instruct
+    # to qwen2.5-coder-0)
+    edge_name = Path(args.edge).name
+    edge_name = edge_name[: -len(".gguf")] if edge_name.lower().endswith(".gguf") else edge_name
+    edge_col, cloud_col = f"edge:{edge_name}", f"cloud:{args.cloud_model}"
+    # what else decides a grade, checked when a run resumes (see _label_files.settings_path)
+    settings = {
+        "edge": edge_path.name,
+        "edge_bytes": edge_path.stat().st_size if edge_path.is_file() else None,
+        "cloud": args.cloud.rstrip("/"),
+        "cloud_model": args.cloud_model,
+        "max_tokens": args.max_tokens,
+        "edge_max_tokens": args.edge_max_tokens or args.max_tokens,
+        "system_prompt": SYSTEM_PROMPT,
+    }
+    run = label_to_csv(
+        questions,
+        edge,
+        cloud,
+        args.out,
+        edge_col=edge_col,
+        cloud_col=cloud_col,
+        concurrency=args.concurrency,
+        answers_out=args.answers,
+        progress=sys.stderr,
+        settings=settings,
+    )
+    n = run.num_rows
+    _print(
+        {
+            "out": str(run.out),
+            "n": n,
+            "added": run.num_added,
+            "resumed_from": run.num_skipped,
+            "failed": run.num_failed,
+            "first_error": run.errors[0] if run.errors else None,
+            "edge_accuracy": round(run.edge_correct / n, 4) if n else None,
+            "cloud_accuracy": round(run.cloud_correct / n, 4) if n else None,
+            "train_with": f"hybridllm router train --data {run.out} --weak-col '{edge_col}' "
+            f"--strong-col '{cloud_col}' --out DIR",
+        }
+    )
+    return 0 if n else 1
+
+
+def _calibrate(args: argparse.Namespace) -> int:
+    import numpy as np
+
+    from .calibrate import calibrate_threshold, read_prompts
+    from .router import load_router, sends_to_cloud
+
+    if args.out is None and args.router is None:
+        raise DataError("Pass --out DIR for the calibrated router (the shipped one is read-only).")
+    if args.out is not None:
+        _check_out_folder(args.out)
+    router = load_router(args.router)
+    prompts = read_prompts(args.prompts, args.prompt_col)
+    embeddings = None
+    if router.use_embedding:  # with progress: ten thousand prompts take over a minute on two cores
+        from .._progress import ProgressBar
+        from .features import embed_texts
+
+        # not through the embeddings cache: these are the user's own requests, kept nowhere
+        embeddings = embed_texts(prompts, progress=ProgressBar("embedding prompts", unit="prompts", scale=1))
+    scores = router.score_texts(prompts, embeddings=embeddings)
+    router.threshold = calibrate_threshold(scores, args.cloud_fraction)
+    out_dir = Path(args.out or args.router)
+    if args.out is None and out_dir.is_file():  # --router named its router.json, as load_router takes
+        out_dir = out_dir.parent
+    out = router.save(out_dir)
+    _print(
+        {
+            "out": str(out),
+            "threshold": round(router.threshold, 6),
+            "n": len(prompts),
+            "target_cloud_fraction": args.cloud_fraction,
+            "realized_cloud_fraction": round(float(np.mean(sends_to_cloud(scores, router.threshold))), 4),
+        }
+    )
+    return 0

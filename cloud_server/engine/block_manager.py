@@ -14,7 +14,8 @@ cached one is evicted.
 Eviction, two classes (as a radix tree frees leaves before the prefixes they hang from):
 
     once:   cached blocks no prefix hit has used yet (answers, one-off questions)
-    reused: blocks that served at least one prefix hit (shared system prompts, few-shot headers)
+    reused: blocks that served at least one prefix hit (shared system prompts, few-shot headers);
+            a preempted sequence taking its own blocks back is no hit by another request
     evict:  the least recently freed "once" block; a "reused" one only when no "once" block is left
     bound:  free "reused" blocks hold at most 4/5 of the pool; past it the least recent one goes
             back to the newest end of "once" (so old conversations cannot fill the cache for good)
@@ -65,6 +66,9 @@ class BlockManager:
         self._evictable: OrderedDict[int, None] = OrderedDict()
         self._evictable_reused: OrderedDict[int, None] = OrderedDict()
         self._reused = [False] * num_blocks
+        # the sequence whose step computed (and registered) the block: its own comeback after a
+        # preemption takes it back through the prefix cache, which is no hit by another request
+        self._block_owner: list[int | None] = [None] * num_blocks
         self._max_free_reused = max(1, num_blocks * 4 // 5)
         # prompt tokens looked up, and of which found in the cache: once per request (see
         # count_prefix_lookup), so they agree with the requests' own cached-token counts
@@ -108,7 +112,8 @@ class BlockManager:
             raise EngineError(f"{seq!r} already has blocks")
         for block, h in self._prefix_hits(seq):
             self._acquire(block)
-            self._reused[block] = True
+            if self._block_owner[block] != seq.seq_id:  # shared with another request
+                self._reused[block] = True
             seq.block_table.append(block)
             seq.block_hashes.append(h)
         num_cached = len(seq.block_table) * self.block_size
@@ -183,6 +188,7 @@ class BlockManager:
             self._block_tokens[block] = None
         self.ref_counts[block] = 1
         self._reused[block] = False
+        self._block_owner[block] = None
         self._draft_ready[block] = False  # new contents: the draft's old keys no longer match
         return block
 
@@ -203,6 +209,7 @@ class BlockManager:
                 self._hash_to_block[h] = block
                 self._block_hash[block] = h
                 self._block_tokens[block] = tokens
+                self._block_owner[block] = seq.seq_id
 
     # -- the draft model's copy of the cache -------------------------------------------------
     def mark_draft_ready(self, seq: Sequence) -> None:
@@ -274,6 +281,7 @@ class BlockManager:
             self._block_tokens[block] = None
             self._draft_ready[block] = False
             self._reused[block] = False
+            self._block_owner[block] = None
             self._fresh.append(block)
         self._evictable.clear()
         self._evictable_reused.clear()

@@ -62,6 +62,7 @@ class SpecSetupMixin:
             if 0 < limit < loaded.config.vocab_size:
                 logger.info("the draft proposes token ids below %d of %d (--draft-vocab-size)",
                             limit, loaded.config.vocab_size)
+            _check_draft_pool(config, self.device, self.dtype, num_blocks, loaded.config)
             draft = DraftProposer(
                 ModelRunner(
                     loaded.model,
@@ -82,6 +83,26 @@ class SpecSetupMixin:
             draft=draft,
             max_spec_rows=config.spec_max_rows,
             row_block=int8_row_block(self.device, self.dtype, self.quantization),
+        )
+
+
+def _check_draft_pool(config: EngineConfig, device: Any, dtype: Any, num_blocks: int,
+                      draft_config: Any) -> None:
+    """The draft's KV pool (as many blocks as the target's, at the draft's bytes a token) comes on
+    top of --kv-cache-memory-mb: on a GPU it must fit the memory left once the target's pool and the
+    draft's weights are in, or the allocation failed with a CUDA out-of-memory traceback. (On a CPU
+    the command line compares both pools with the machine's memory before the load.)"""
+    if device.type != "cuda":
+        return
+    import torch
+
+    need = num_blocks * config.block_size * draft_config.kv_bytes_per_token(dtype.itemsize)
+    free, _ = torch.cuda.mem_get_info(device)
+    if need > free:
+        raise ConfigError(
+            f"the draft model's KV pool needs {need >> 20} MiB ({num_blocks} blocks of "
+            f"{config.block_size} tokens, as many as the target's, beyond --kv-cache-memory-mb) "
+            f"but {device} has {free >> 20} MiB free: lower --kv-cache-memory-mb"
         )
 
 

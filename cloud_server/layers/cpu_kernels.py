@@ -15,6 +15,7 @@ import hashlib
 import logging
 import os
 import platform
+import re
 import shutil
 import subprocess
 import sys
@@ -26,7 +27,8 @@ from typing import Any
 
 import torch
 
-from hybridllm._files import replacing
+from hybridllm._files import remove_leftovers, replacing
+from hybridllm._locks import lock_exclusive
 
 logger = logging.getLogger(__name__)
 
@@ -34,6 +36,8 @@ _SOURCE = Path(__file__).with_name("cpu_kernels.cpp")
 _FLAGS = ["-O3", "-std=c++20", "-shared", "-fPIC", "-fopenmp", "-mavx512f", "-mavx512bw", "-mavx512vl",
           "-mavx512vnni", "-w"]
 _NEEDED_CPU_FLAGS = {"avx512f", "avx512bw", "avx512vl", "avx512_vnni"}
+# the temporaries of _files.replacing for any cpu_kernels.KEY.so (pid last), .NAME.*.tmp
+_LEFTOVER = re.compile(r"\.cpu_kernels\..*\.so\..*\.tmp", re.DOTALL)
 
 
 def _enabled_by_env() -> bool:
@@ -58,6 +62,18 @@ def _build(out: Path) -> None:
         raise RuntimeError("no C++ compiler (g++) on PATH")
     torch_dir = Path(torch.__file__).parent
     out.parent.mkdir(parents=True, exist_ok=True)
+    # One build at a time in the folder (.build.lock): a process that waited finds the library
+    # built, and the one holding the lock removes what builds killed mid-way (SIGKILL, the OOM
+    # killer: no ``finally`` ran) left, which were never loaded but stayed forever.
+    with open(out.parent / ".build.lock", "w") as lock:
+        if lock_exclusive(lock.fileno()):
+            if out.is_file():
+                return
+            remove_leftovers(out.parent, _LEFTOVER)
+        _compile(compiler, torch_dir, out)
+
+
+def _compile(compiler: str, torch_dir: Path, out: Path) -> None:
     # compiled under a temporary name, fsynced and renamed into place; removed on any error
     with replacing(out) as tmp:
         cmd = [compiler, *_FLAGS, f"-I{torch_dir / 'include'}",

@@ -11,6 +11,7 @@ each to its final form before the next is read. Layout differences from Hugging 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -55,7 +56,7 @@ def read_metadata(reader: Any) -> dict[str, Any]:
 def config_from_metadata(meta: dict[str, Any], num_vocab_tokens: int) -> ModelConfig:
     arch = meta.get("general.architecture")
     if arch not in _ARCH_LAYER_NAMES:
-        raise ModelLoadError(f"GGUF architecture {arch!r} is not supported (llama, gemma3)")
+        raise ModelLoadError(f"GGUF architecture {arch!r} is not supported ({', '.join(_ARCH_LAYER_NAMES)})")
 
     def get(key: str, default: Any = None) -> Any:
         return meta.get(f"{arch}.{key}", default)
@@ -65,34 +66,62 @@ def config_from_metadata(meta: dict[str, Any], num_vocab_tokens: int) -> ModelCo
             raise ModelLoadError(f"its metadata lacks {arch}.{key}: the file is incomplete")
         return get(key)
 
-    hidden = int(need("embedding_length"))
-    num_heads = int(need("attention.head_count"))
-    num_layers = int(need("block_count"))
-    head_dim = int(get("attention.key_length", hidden // num_heads))
+    # A value of the wrong type (a string or a per-layer array where one number belongs, a size of
+    # 0) was a bare ValueError, TypeError or ZeroDivisionError out of the loader: named here.
+    def size(key: str, default: Any = None) -> int:
+        value = need(key) if default is None else get(key, default)
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise ModelLoadError(
+                f"its metadata's {arch}.{key} must be a positive whole number, got {value!r}")
+        return value
+
+    def number(key: str, default: float | None) -> float | None:
+        value = get(key, default)
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise ModelLoadError(f"its metadata's {arch}.{key} must be a number, got {value!r}")
+        return float(value)
+
+    hidden = size("embedding_length")
+    num_heads = size("attention.head_count")
+    num_layers = size("block_count")
+    head_dim = size("attention.key_length", hidden // num_heads)
+    rot = get("rope.dimension_count")
+    if rot is not None and rot != head_dim:  # llama.cpp rotates only the first rot dims of a head
+        raise ModelLoadError(f"its metadata's {arch}.rope.dimension_count ({rot!r}) is not the head size "
+                             f"({head_dim}): partial RoPE is not supported")
+    # llama.cpp reads the type as linear where a file gives only a factor (or the older
+    # rope.scale_linear), and never scales with type "none". Any other type (yarn, longrope) is
+    # refused, as the Hugging Face loader refuses it: run as plain RoPE it gave wrong answers.
+    kind = get("rope.scaling.type", "linear")
+    factor = number("rope.scaling.factor", None) or number("rope.scale_linear", None)
+    if kind not in ("linear", "none"):
+        raise ModelLoadError(
+            f"its metadata's {arch}.rope.scaling.type {kind!r} is not supported (linear, none)")
     scaling = None
-    factor = get("rope.scaling.factor")
-    if factor and get("rope.scaling.type", "linear") == "linear" and float(factor) != 1.0:
-        scaling = {"rope_type": "linear", "factor": float(factor)}
+    if kind == "linear" and factor and factor != 1.0:
+        scaling = {"rope_type": "linear", "factor": factor}
     cfg: dict[str, Any] = dict(
         architecture="llama" if arch == "qwen2" else arch,
         attention_bias=arch == "qwen2",
-        vocab_size=int(get("vocab_size", num_vocab_tokens)),
+        vocab_size=size("vocab_size", num_vocab_tokens),
         hidden_size=hidden,
-        intermediate_size=int(need("feed_forward_length")),
+        intermediate_size=size("feed_forward_length"),
         num_layers=num_layers,
         num_heads=num_heads,
-        num_kv_heads=int(get("attention.head_count_kv", num_heads)),
+        num_kv_heads=size("attention.head_count_kv", num_heads),
         head_dim=head_dim,
-        rms_norm_eps=float(get("attention.layer_norm_rms_epsilon", 1e-5)),
-        rope_theta=float(get("rope.freq_base", 10000.0)),
+        rms_norm_eps=number("attention.layer_norm_rms_epsilon", 1e-5),
+        rope_theta=number("rope.freq_base", 10000.0),
         rope_scaling=scaling,
-        max_position_embeddings=int(get("context_length", 4096)),
+        max_position_embeddings=size("context_length", 4096),
     )
     if arch == "gemma3":
         cfg.update(
             tie_word_embeddings=True,
             rope_local_theta=10000.0,
-            sliding_window=int(get("attention.sliding_window", 512)),
+            sliding_window=size("attention.sliding_window", 512),
             layer_types=gemma3_layer_types(num_layers),
             # llama.cpp scales queries by 1/sqrt(head_dim) for every size but 27B.
             query_pre_attn_scalar=float(head_dim),

@@ -27,6 +27,20 @@ def _matvec(matrix: np.ndarray, vec: np.ndarray) -> np.ndarray:
     return np.einsum("nd,d->n", matrix, vec)
 
 
+def _row(vec: np.ndarray, dim: int) -> np.ndarray:
+    """``vec`` as a float32 row of ``dim``, or ValueError. Checked before anything changes: a
+    wrong-length vector raised after its id was recorded (a phantom entry over an uninitialized
+    row), a scalar filled the row, and one NaN or infinite vector (float64 1e40 is inf in float32)
+    made every cosine of the bucket NaN once its projection was built from it."""
+    with np.errstate(over="ignore"):  # a float64 too large for float32: inf, refused below
+        row = np.asarray(vec, dtype=np.float32)
+    if row.shape != (dim,):
+        raise ValueError(f"the index holds vectors of shape ({dim},), got {row.shape}")
+    if not np.isfinite(row).all():
+        raise ValueError("the index holds finite vectors, got NaN or infinite values")
+    return row
+
+
 class FlatIndex:
     """Vectors with string ids; ``search`` returns the ``k`` most similar."""
 
@@ -70,6 +84,7 @@ class FlatIndex:
 
     def add(self, entry_id: str, vec: np.ndarray) -> None:
         """Insert or replace the vector of ``entry_id``."""
+        vec = _row(vec, self.dim)
         row = self._row.get(entry_id)
         if row is None:
             row = len(self._ids)
@@ -123,12 +138,17 @@ class FlatIndex:
         if n == 0 or k < 1:
             return []
         query = np.asarray(query, dtype=np.float32)
-        if self._proj is None or n <= self.num_candidates:
+        if query.shape != (self.dim,):  # before: numpy's broadcast error
+            raise ValueError(f"the index holds vectors of shape ({self.dim},), got a query of {query.shape}")
+        # at least k candidates: with num_candidates, a k of 1000 on a bucket past exact_limit
+        # returned 256 ids
+        candidates = max(self.num_candidates, k)
+        if self._proj is None or n <= candidates:
             rows = np.arange(n)
             sims = _matvec(self._vecs[:n], query)  # [n]
         else:
             approx = _matvec(self._low[:n], query @ self._proj)  # [n], first stage
-            rows = np.argpartition(-approx, self.num_candidates - 1)[: self.num_candidates]
+            rows = np.argpartition(-approx, candidates - 1)[:candidates]
             sims = _matvec(self._vecs[rows], query)  # [num_candidates], exact
         if len(rows) > k:
             best = np.argpartition(-sims, k - 1)[:k]
@@ -150,6 +170,9 @@ class BucketIndex:
         return len(self._bucket_of)
 
     def add(self, bucket: Hashable, entry_id: str, vec: np.ndarray) -> None:
+        # checked first: a bad vector raised after the entry left its old bucket (lost) or
+        # after an empty bucket was made (kept forever)
+        vec = _row(vec, self.dim)
         old = self._bucket_of.get(entry_id)
         if old is not None and old != bucket:
             self.remove(entry_id)

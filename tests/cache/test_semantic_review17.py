@@ -71,12 +71,15 @@ def test_a_verifier_s_own_min_similarity_is_checked(tmp_path: Path, bad: float) 
 
 def test_a_nan_row_in_the_index_is_never_a_candidate(tmp_path: Path) -> None:
     """The store refuses a NaN vector and so does put; were one to reach the index, ``sim <
-    min_similarity`` was False for it and the nearest-first cosine-only lookup served it."""
+    min_similarity`` was False for it and the nearest-first cosine-only lookup served it. The
+    index itself refuses it too now (review 18), keeping the entry's vector as it was."""
     cache = SemanticCache(tmp_path / "c.sqlite3", verifier=None, embedder=FakeEmbedder())
     eid = cache.put(user("How do I learn Python?"), "Practice daily.", **KW)
     bucket = cache._entries[eid].bucket
-    cache._index.add(bucket, eid, np.full(384, np.nan, dtype=np.float32))
+    with pytest.raises(ValueError, match="finite"):
+        cache._index.add(bucket, eid, np.full(384, np.nan, dtype=np.float32))
     assert cache.get(user("What is the capital of France?"), **KW) is None
+    assert cache.get(user("How do I learn Python?"), **KW) is not None
 
 
 def _vec(text: str) -> np.ndarray:

@@ -58,10 +58,19 @@ class _Requests(_Clients, _StatusVerdicts):
     _memory: RefusalMemory | None
     _remember_all: bool
     _recalled: set[tuple[str, str]]
+    _found_models: dict[str, str]  # base URL -> the model its GET /models listed (set lazily)
+    _last_found: str  # the name discovery last put in ``_model``
 
     async def _resolve_model(self, ep: Endpoint) -> str:
-        if self._model:
+        """The model to ask ``ep`` for: the configured one (cloud_model) for every endpoint, else
+        the first its own GET /models lists, once per endpoint (before: the first endpoint's was
+        sent to all, so one serving another model answered 404, or the wrong model answered)."""
+        found: dict[str, str] = self.__dict__.setdefault("_found_models", {})
+        # ``_model`` set, and not by discovery (which keeps it the last name found, for ``model``)
+        if self._model and self._model != self.__dict__.get("_last_found"):
             return self._model
+        if ep.base_url in found:
+            return found[ep.base_url]
         import httpx
 
         # a cheap call: a server slow to answer it is not waited on for the whole read timeout, nor
@@ -86,10 +95,11 @@ class _Requests(_Clients, _StatusVerdicts):
         if resp.status_code != 200:
             self._raise_for_status(resp, listing=True)
         try:
-            self._model = str(resp.json()["data"][0]["id"])
+            name = str(resp.json()["data"][0]["id"])
         except (KeyError, IndexError, ValueError, TypeError) as exc:
             raise _Retryable(f"could not list models at {ep.base_url}: {exc}") from exc
-        return self._model
+        found[ep.base_url] = self._model = self._last_found = name  # ``model`` says the last found
+        return name
 
     def request_body(self, model: str, messages: Messages, params: GenerationParams,
                      omit: frozenset[str] = frozenset()) -> dict:

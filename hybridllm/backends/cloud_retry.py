@@ -109,7 +109,9 @@ class _Retrying(_Streaming):
                 # endpoint failed asked it again at once, long before the end of its wait)
                 if url != waited:
                     await _sleep(max(0.0, left))
-                ep, ticket = self._pick(exclude, priority, seen)
+                # and it is asked now, tried before or not (before: a tried one stayed left out
+                # while others were untried, so the wait was for nothing and the device answered)
+                ep, ticket = self._pick((exclude - {url}) | down, priority, seen)
             if ep is None and isinstance(last, _EndpointDown):  # no endpoint left that can serve
                 wait = (last_ep or self.endpoints[0]).breaker.wait_s  # this opening's, jittered
                 raise CloudUnavailableError(

@@ -142,6 +142,8 @@ class CloudBackend(_Retrying, Backend):
             max_cooldown_s=breaker_max_cooldown_s)) for u in urls]
         self._api_key = api_key if api_key is not None else os.environ.get("HYBRIDLLM_CLOUD_API_KEY")
         self._model = model
+        self._found_models: dict[str, str] = {}  # base URL -> the model its GET /models listed
+        self._last_found = ""  # the name discovery last put in ``_model``
         self.max_retries = max_retries
         self.backoff_base_s = backoff_base_s
         self.backoff_max_s = backoff_max_s

@@ -65,12 +65,11 @@ class _Requests(_Clients, _StatusVerdicts):
         """The model to ask ``ep`` for: the configured one (cloud_model) for every endpoint, else
         the first its own GET /models lists, once per endpoint (before: the first endpoint's was
         sent to all, so one serving another model answered 404, or the wrong model answered)."""
-        found: dict[str, str] = self.__dict__.setdefault("_found_models", {})
         # ``_model`` set, and not by discovery (which keeps it the last name found, for ``model``)
-        if self._model and self._model != self.__dict__.get("_last_found"):
+        if self._model and self._model != self._last_found:
             return self._model
-        if ep.base_url in found:
-            return found[ep.base_url]
+        if ep.base_url in self._found_models:
+            return self._found_models[ep.base_url]
         import httpx
 
         # a cheap call: a server slow to answer it is not waited on for the whole read timeout, nor
@@ -98,7 +97,7 @@ class _Requests(_Clients, _StatusVerdicts):
             name = str(resp.json()["data"][0]["id"])
         except (KeyError, IndexError, ValueError, TypeError) as exc:
             raise _Retryable(f"could not list models at {ep.base_url}: {exc}") from exc
-        found[ep.base_url] = self._model = self._last_found = name  # ``model`` says the last found
+        self._found_models[ep.base_url] = self._model = self._last_found = name  # ``model``: the last found
         return name
 
     def request_body(self, model: str, messages: Messages, params: GenerationParams,

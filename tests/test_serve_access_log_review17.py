@@ -10,8 +10,6 @@ import io
 import logging
 import re
 import socket
-import threading
-import time
 import urllib.request
 
 import pytest
@@ -25,6 +23,7 @@ from hybridllm.backends.fake import FakeBackend  # noqa: E402
 from hybridllm.proxy import create_app  # noqa: E402
 from hybridllm.wire.middleware import access_log_config  # noqa: E402
 from hybridllm.wire.shutdown import GracefulServer  # noqa: E402
+from tests._uvicorn_thread import serving  # noqa: E402
 
 
 def _access_output() -> io.StringIO:
@@ -45,20 +44,13 @@ def test_a_real_servers_access_lines_carry_the_request_id():
                             log_config=access_log_config())
     out = _access_output()
     server = GracefulServer(config, app.state.drain, 0.3)
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
     try:
-        deadline = time.monotonic() + 10
-        while not server.started:
-            assert time.monotonic() < deadline, "server did not start"
-            time.sleep(0.01)
-        url = f"http://127.0.0.1:{port}"
-        given = urllib.request.urlopen(urllib.request.Request(
-            f"{url}/health", headers={"X-Request-Id": "trace-5"}), timeout=10)
-        new = urllib.request.urlopen(f"{url}/v1/models", timeout=10)
+        with serving(server):
+            url = f"http://127.0.0.1:{port}"
+            given = urllib.request.urlopen(urllib.request.Request(
+                f"{url}/health", headers={"X-Request-Id": "trace-5"}), timeout=10)
+            new = urllib.request.urlopen(f"{url}/v1/models", timeout=10)
     finally:
-        server.should_exit = True
-        thread.join(timeout=15)
         llm.close()
     assert given.headers["x-request-id"] == "trace-5"
     lines = [line for line in out.getvalue().splitlines() if line.strip()]

@@ -12,8 +12,6 @@ import io
 import logging
 import re
 import socket
-import threading
-import time
 import urllib.request
 from typing import Any
 
@@ -25,6 +23,7 @@ from cloud_server.__main__ import build_parser
 from cloud_server.api.auth import API_KEYS_ENV
 from cloud_server.config import ClusterConfig
 from cloud_server.exceptions import ConfigError
+from tests._uvicorn_thread import serving
 
 from .fake_engine import FakeEngine
 
@@ -132,20 +131,11 @@ def test_the_access_lines_carry_the_request_id(served) -> None:
     out = io.StringIO()
     (handler,) = logging.getLogger("uvicorn.access").handlers
     handler.setStream(out)
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    try:
-        deadline = time.monotonic() + 10
-        while not server.started:
-            assert time.monotonic() < deadline, "server did not start"
-            time.sleep(0.01)
+    with serving(server):
         url = f"http://127.0.0.1:{port}"
         urllib.request.urlopen(urllib.request.Request(f"{url}/v1/models", headers={"X-Request-Id": "p-7"}),
                                timeout=10)
         new = urllib.request.urlopen(f"{url}/v1/models", timeout=10)
-    finally:
-        server.should_exit = True
-        thread.join(timeout=15)
     lines = [line for line in out.getvalue().splitlines() if "GET /v1/models" in line]
     assert len(lines) == 2, out.getvalue()
     assert lines[0].endswith(" [request_id=p-7]"), lines

@@ -10,21 +10,12 @@ computed marks it reused now.
 from __future__ import annotations
 
 from cloud_server.engine.block_manager import BlockManager
-from cloud_server.engine.sampling_params import SamplingParams
 from cloud_server.engine.scheduler import Scheduler
-from cloud_server.engine.sequence import Sequence
+
+from .test_block_manager_admission_review17 import compute, make_seq
 
 BS = 4
 
-
-def make_seq(tokens: list[int], rid: str) -> Sequence:
-    return Sequence(rid, tokens, SamplingParams(max_tokens=100))
-
-
-def compute(bm: BlockManager, seq: Sequence, n: int) -> None:
-    bm.append_slots(seq, n)
-    seq.num_computed_tokens += n
-    bm.commit(seq)
 
 
 def test_own_blocks_taken_back_after_preemption_stay_in_the_once_class():

@@ -13,11 +13,12 @@ import json
 from pathlib import Path
 
 import pytest
-from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, pre_tokenizers
+from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 
 from cloud_server.engine.logprobs import text_offset
 from cloud_server.engine.sampling_params import SamplingParams
 from cloud_server.models.tokenizer import HFTokenizer
+from tests.cloud_server.models.test_token_bytes_review17 import _sentencepiece as sentencepiece_folder
 
 from .test_fuzz_fake_batching8 import KVFakeRunner, make_engine
 
@@ -27,32 +28,7 @@ PROMPT = "The capital of France is"
 
 def _sentencepiece(path: Path, style: str) -> Path:
     """Llama 2 style (``strip``) or ``metaspace``; byte fallback (<0x00>.. are ids 3..258)."""
-    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, **{f"<0x{b:02X}>": 3 + b for b in range(256)}}
-    merges: list[tuple[str, str]] = []
-    for w in WORDS:
-        for word in ("▁" + w, w):
-            for c in word:
-                vocab.setdefault(c, len(vocab))
-            for i in range(2, len(word) + 1):
-                vocab.setdefault(word[:i], len(vocab))
-                if (word[: i - 1], word[i - 1]) not in merges:
-                    merges.append((word[: i - 1], word[i - 1]))
-    tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, unk_token="<unk>", byte_fallback=True,
-                               fuse_unk=True))
-    if style == "strip":
-        tok.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])
-        tok.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(),
-                                         decoders.Fuse(), decoders.Strip(" ", 1, 0)])
-    else:
-        tok.pre_tokenizer = pre_tokenizers.Metaspace(prepend_scheme="first", split=False)
-        tok.decoder = decoders.Sequence([decoders.ByteFallback(),
-                                         decoders.Metaspace(prepend_scheme="first", split=False)])
-    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in ("<unk>", "<s>", "</s>")])
-    path.mkdir(parents=True, exist_ok=True)
-    tok.save(str(path / "tokenizer.json"))
-    (path / "tokenizer_config.json").write_text(json.dumps(
-        {"bos_token": "<s>", "eos_token": "</s>", "add_bos_token": True}))
-    return path
+    return sentencepiece_folder(path, style, post=False, cfg={"add_bos_token": True}, words=WORDS)
 
 
 def _byte_level(path: Path) -> Path:

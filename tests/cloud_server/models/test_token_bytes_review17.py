@@ -26,12 +26,13 @@ TEXT = "hello world, a 日😀 b  c"
 WORDS = ["hello", "world", "a", "b", "c", ","]
 
 
-def _sentencepiece(path: Path, style: str = "strip", post: bool = True, cfg: dict | None = None) -> Path:
+def _sentencepiece(path: Path, style: str = "strip", post: bool = True, cfg: dict | None = None,
+                   words: list[str] = WORDS) -> Path:
     """Llama 2 style (``strip``: Prepend normalizer, Strip decoder) or the newer ``metaspace`` one;
-    byte fallback (ids 3..258 are <0x00>..<0xFF>), so 日 and 😀 are byte tokens."""
+    byte fallback (ids 3..258 are <0x00>..<0xFF>), so 日 and 😀 are byte tokens; ``words`` merged."""
     vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, **{f"<0x{b:02X}>": 3 + b for b in range(256)}}
     merges = []
-    for w in WORDS:  # "▁hello" and "hello" merged from their characters
+    for w in words:  # "▁hello" and "hello" merged from their characters
         for word in ("▁" + w, w):
             for c in word:
                 vocab.setdefault(c, len(vocab))

@@ -14,8 +14,8 @@ from typing import Annotated
 from pydantic import Field, field_validator, model_validator
 
 from hybridllm.wire.errors import WireError
+from hybridllm.wire.fields import _INTEGRAL
 from hybridllm.wire.requests import (
-    _INTEGRAL,
     ChatCompletionRequest,
     ChatMessage,
     CompletionRequest,

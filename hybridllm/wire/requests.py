@@ -14,14 +14,12 @@ int32, non-finite numbers; and lists whose length the engine pays for on every t
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal, TypeVar, get_args
+from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import (
     BaseModel,
-    BeforeValidator,
     ConfigDict,
     Field,
-    GetJsonSchemaHandler,
     ValidationError,
     field_validator,
     model_validator,
@@ -29,8 +27,9 @@ from pydantic import (
 from pydantic.config import JsonDict
 
 from .errors import WireError
+from .fields import _INTEGRAL, INT32_MAX, TokenCount, TokenId, Unit, _Strict, only
+from .validation import validation_error
 
-INT32_MAX = 2**31 - 1
 SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1  # what torch.Generator.manual_seed accepts
 FLOAT32_TINY = 1.1754943508222875e-38  # smallest normal float32
 MAX_STOP = 4
@@ -38,69 +37,6 @@ MAX_STOP = 4
 # million of them) cost some 30 ms per token in its step, so one request slowed its whole batch.
 # vLLM sets no bound; this one is far beyond any tokenizer's list of end tokens.
 MAX_STOP_TOKEN_IDS = 1024
-
-
-
-def _integral(value: Any) -> Any:
-    # JSON has one number type: 5.0 is the integer 5 (as JSON Schema's "integer" says); 5.5 is not
-    return int(value) if isinstance(value, float) and value.is_integer() else value
-
-
-_INTEGRAL = BeforeValidator(_integral)  # after the bounds, so the JSON schema keeps them
-TokenId = Annotated[int, Field(ge=0, le=INT32_MAX), _INTEGRAL]
-TokenCount = Annotated[int, Field(ge=1, le=INT32_MAX), _INTEGRAL]
-Unit = Annotated[float, Field(allow_inf_nan=False)]
-
-
-def only(**schema: Any) -> Any:
-    """Document in the JSON schema the one value accepted (checked by a validator that names the
-    parameter and says why, rather than by a bare bound)."""
-    return Field(default=None, json_schema_extra=schema)
-
-
-
-def _admits_none(annotation: Any) -> bool:
-    return annotation is None or annotation is type(None) or type(None) in get_args(annotation)
-
-
-class _Strict(BaseModel):
-    """Strict types, unknown fields refused; and JSON null in an optional field is the field left out.
-
-    Clients other than OpenAI's own send null for every optional field they leave unset (vLLM reads
-    it as absent): so a field with a default that null is not a value of (``"echo": null``,
-    ``"stream": null``) takes its default, and the JSON schema lists null beside its type. A field
-    whose type includes None keeps null as its value (``"max_tokens": null``: the server's default);
-    a required field stays required (``"model": null`` is a 400)."""
-
-    model_config = ConfigDict(extra="forbid", strict=True)
-
-    @classmethod
-    def _null_means_default(cls) -> frozenset[str]:
-        return frozenset(
-            name for name, info in cls.model_fields.items()
-            if not info.is_required() and not _admits_none(info.annotation)
-        )
-
-    @model_validator(mode="before")
-    @classmethod
-    def _null_is_absent(cls, data: Any) -> Any:
-        if isinstance(data, dict):
-            defaulted = cls._null_means_default()
-            if any(data.get(name, 0) is None for name in defaulted):
-                data = {k: v for k, v in data.items() if not (v is None and k in defaulted)}
-        return data
-
-    @classmethod
-    def __get_pydantic_json_schema__(cls, core_schema: Any, handler: GetJsonSchemaHandler) -> JsonDict:
-        schema = super().__get_pydantic_json_schema__(core_schema, handler)
-        properties = handler.resolve_ref_schema(schema).get("properties", {})
-        for name in cls._null_means_default():
-            prop = properties.get(name)
-            if prop is None or any(alt.get("type") == "null" for alt in prop.get("anyOf", ())):
-                continue
-            kept = {k: prop.pop(k) for k in ("default", "title") if k in prop}
-            properties[name] = {"anyOf": [prop, {"type": "null"}], **kept}
-        return schema
 
 
 class StreamOptions(_Strict):
@@ -364,59 +300,6 @@ class CompletionRequest(SamplingRequest):
 
 
 R = TypeVar("R", bound=BaseModel)
-
-
-def validation_error(exc: ValidationError) -> WireError:
-    """The most useful pydantic error as one readable message, with the field as ``param``."""
-    errors = exc.errors(include_url=False)
-    if not errors:
-        return WireError("Invalid request.")
-    # An unknown field is the most useful thing to report (often a typo of a known one).
-    # Else the deepest: for a union ("content": string or parts) it names the part that failed;
-    # and one about the value before one saying it is of another union branch's type ("stop": a
-    # list of 5 strings is too long, not "should be a valid string").
-    extra = [e for e in errors if e.get("type") == "extra_forbidden"]
-    first = extra[0] if extra else max(errors, key=lambda e: (
-        len(e.get("loc", ())), not str(e.get("type", "")).endswith("_type")))
-    param = _param(first.get("loc", ()))
-    kind = first.get("type")
-    if kind == "extra_forbidden":
-        return WireError(f"Unrecognized request argument supplied: {param}", param=param)
-    if kind == "missing":
-        return WireError(f"Missing required parameter: '{param}'.", param=param)
-    bound = _BOUNDS.get(str(kind))
-    ctx = first.get("ctx") or {}
-    if bound is not None and bound[1] in ctx:
-        message = f"must {bound[0]} {ctx[bound[1]]!r}"  # repr: 1.1754943508222875e-38, not 0.00...
-    else:
-        message = str(first.get("msg", "invalid")).removeprefix("Value error, ")
-    return WireError(f"Invalid value for '{param}': {message}.", param=param)
-
-
-_BOUNDS = {
-    "greater_than_equal": ("be >=", "ge"),
-    "greater_than": ("be >", "gt"),
-    "less_than_equal": ("be <=", "le"),
-    "less_than": ("be <", "lt"),
-    "too_long": ("have at most this many items:", "max_length"),
-    "too_short": ("have at least this many items:", "min_length"),
-}
-
-
-def _param(loc: tuple[Any, ...]) -> str | None:
-    """OpenAI's spelling of a location: ``messages[0].content``."""
-    out = ""
-    for part in loc:
-        if isinstance(part, int):
-            out += f"[{part}]"
-        elif not _is_union_tag(part):
-            out += f".{part}" if out else str(part)
-    return out or None
-
-
-def _is_union_tag(part: Any) -> bool:
-    # pydantic adds the union member it tried ("str", "list[TextPart]") to the location
-    return isinstance(part, str) and ("[" in part or part in {"str", "int", "float", "bool", "none"})
 
 
 def parse_request(model: type[R], data: dict[str, Any]) -> R:

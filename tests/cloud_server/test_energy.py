@@ -67,7 +67,7 @@ def test_rapl_sums_packages_and_handles_wrap_around(tmp_path):
 
 def test_detect_source_falls_back_to_a_labelled_estimate(monkeypatch):
     assert detect_source("cpu", power_watts=42).name == "estimate"
-    monkeypatch.setattr("cloud_server.energy.POWERCAP", Path("/nonexistent"))
+    monkeypatch.setattr("cloud_server.energy_sources.POWERCAP", Path("/nonexistent"))
     monkeypatch.delenv("HYBRIDLLM_POWER_WATTS", raising=False)
     src = detect_source("cpu", num_threads=2)
     assert src.name == "estimate" and src.watts == 20.0

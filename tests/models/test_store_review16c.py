@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from hybridllm import ModelNotFoundError
-from hybridllm.models import catalog, store
+from hybridllm.models import _sources, catalog, store
 from hybridllm.models.remove import plan, remove, spec_of
 
 DATA = b"GGUF" + os.urandom(4092)
@@ -42,7 +42,7 @@ def tiny(tmp_path, monkeypatch) -> Iterator[Path]:
     real_files = importlib.resources.files
     monkeypatch.setattr(importlib.resources, "files",
                         lambda pkg: tmp_path / "pkg" if pkg == "hybridllm" else real_files(pkg))
-    monkeypatch.setattr(store, "_package_root", lambda spec: tmp_path / "wheel")
+    monkeypatch.setattr(_sources, "_package_root", lambda spec: tmp_path / "wheel")
     catalog.load_catalog.cache_clear()
     yield home
     catalog.load_catalog.cache_clear()

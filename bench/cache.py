@@ -43,39 +43,13 @@ from typing import Any
 
 import numpy as np
 
+from bench._cache_calls import _count_calls, _time_calls
+from bench._cache_inputs import HIT_PAIRS, PAIRS, _corpus, _questions, _verified_set
 from hybridllm._cli_options import positive_int
-
-ROOT = Path(__file__).resolve().parents[1]
-PAIRS = ROOT.parent / "shared" / "data" / "paraphrase" / "qqp_pairs.jsonl"
-FALLBACK = [
-    "How do I learn Python?",
-    "What is the capital of France?",
-    "Why is the sky blue?",
-    "How can I lose weight fast?",
-    "What is the best way to learn guitar?",
-] * 40
-
-HIT_PAIRS = [  # (cached, asked): same question, reworded
-    ("How can I improve my English speaking skills?", "How do I improve my spoken English?"),
-    ("What is the best way to learn Python?", "What's the best way to learn Python?"),
-    ("How do I lose weight quickly?", "How can I lose weight fast?"),
-]
 
 
 def _pct(values: list[float], q: float) -> float:
     return float(np.percentile(np.asarray(values) * 1e3, q))
-
-
-def _questions(n: int) -> list[str]:
-    if not PAIRS.is_file():
-        return FALLBACK[:n]
-    out: list[str] = []
-    with open(PAIRS) as fh:
-        for line in fh:
-            out.append(json.loads(line)["text_b"])
-            if len(out) >= n:
-                break
-    return out
 
 
 def bench_embed(embedder, questions: list[str]) -> dict:
@@ -87,20 +61,6 @@ def bench_embed(embedder, questions: list[str]) -> dict:
         embedder.embed_one(q)
         times.append(time.perf_counter() - start)
     return {"embed_p50_ms": _pct(times, 50), "embed_p99_ms": _pct(times, 99)}
-
-
-def _corpus(embedder, n: int) -> np.ndarray:
-    """``[n, 384]`` unit vectors: the QQP embeddings that training cached, if any, then noise."""
-    from hybridllm._paths import cache_dir
-
-    rng = np.random.default_rng(0)
-    vecs = rng.standard_normal((n, embedder.dim)).astype(np.float32)
-    real = sorted((cache_dir() / "train").glob("qqp-*.npz"))
-    if real:
-        with np.load(real[0], allow_pickle=False) as data:
-            have = data["vecs"][:n]
-        vecs[: len(have)] = have
-    return vecs / np.linalg.norm(vecs, axis=1, keepdims=True)
 
 
 def bench_lookup(embedder, sizes: list[int], queries: np.ndarray) -> dict:
@@ -167,38 +127,6 @@ def bench_hits(embedder, rounds: int) -> dict:
         out[f"verify{suffix}_share"] = float(np.median(np.asarray(verify) / np.asarray(para)))
         out[f"paraphrase_hits{suffix}"] = f"{accepted}/{len(para)}"
     return out
-
-
-def _time_calls(obj: Any, name: str) -> list[float]:
-    """Wrap ``obj.name`` (on the instance) so that each call's seconds are appended to the list
-    returned; ``delattr(obj, name)`` restores the method."""
-    spent: list[float] = []
-    setattr(obj, name, _timed(getattr(obj, name), spent))
-    return spent
-
-
-def _verified_set(n: int, num_queries: int) -> tuple[list[str], list[tuple[str, str, int]]]:
-    """(``n`` distinct cached questions, ``num_queries`` (asked, its pair's question, label)): the
-    asked questions are the ``text_b`` of QQP test-split pairs whose ``text_a`` is cached."""
-    from hybridllm.cache.evaluate import load_pairs
-    from hybridllm.cache.guards import exact_key
-    from hybridllm.cache.train import split_of_pairs
-
-    pairs = load_pairs(PAIRS)
-    test = split_of_pairs(pairs) == 2
-    order = [i for i in range(len(pairs)) if test[i]] + [i for i in range(len(pairs)) if not test[i]]
-    entries: dict[str, str] = {}  # exact key -> question
-    for i in order:
-        for text in (pairs.text_a[i],) if test[i] else (pairs.text_a[i], pairs.text_b[i]):
-            if len(entries) < n:
-                entries.setdefault(exact_key(text), text)
-    asked = [
-        (pairs.text_b[i], pairs.text_a[i], pairs.labels[i])
-        for i in range(len(pairs))
-        if test[i] and entries.get(exact_key(pairs.text_a[i])) == pairs.text_a[i]
-        and exact_key(pairs.text_b[i]) not in entries
-    ]
-    return list(entries.values()), asked[:num_queries]
 
 
 def bench_verified(embedder, n: int, num_queries: int, rounds: int) -> dict:
@@ -284,33 +212,6 @@ def bench_verified(embedder, n: int, num_queries: int, rounds: int) -> dict:
     out[f"verified_{n}_decisions_changed"] = sum(a != b for a, b in zip(*served.values(), strict=True))
     out[f"verified_{n}_graph_skipped"] = float(np.mean(skipped)) if skipped else 0.0
     return out
-
-
-def _count_calls(obj: Any, name: str, count: Any) -> list[int]:
-    """Wrap ``obj.name`` (on the instance) so that ``count(args)`` of each call is appended to the
-    list returned; ``delattr(obj, name)`` restores the method."""
-    seen: list[int] = []
-    method = getattr(obj, name)
-
-    def counted(*args: Any, **kwargs: Any) -> Any:
-        seen.append(count(args))
-        return method(*args, **kwargs)
-
-    setattr(obj, name, counted)
-    return seen
-
-
-def _timed(method: Any, spent: list[float]) -> Any:
-    """``method``, appending each call's seconds to ``spent``."""
-
-    def timed(*args: Any, **kwargs: Any) -> Any:
-        start = time.perf_counter()
-        try:
-            return method(*args, **kwargs)
-        finally:
-            spent.append(time.perf_counter() - start)
-
-    return timed
 
 
 def bench_generate(max_tokens: int, rounds: int) -> dict:

@@ -11,7 +11,7 @@ import asyncio
 
 import pytest
 
-from cloud_server.api.server import ServerState, _watch_engine
+from cloud_server.api.lifespan import ServerState, _watch_engine
 from cloud_server.config import EngineConfig
 from cloud_server.engine.async_engine import AsyncLLMEngine
 from cloud_server.engine.sampling_params import SamplingParams

@@ -15,7 +15,7 @@ import pytest
 pytest.importorskip("fastapi")
 from fastapi.testclient import TestClient  # noqa: E402
 
-from cloud_server.api import server as server_module  # noqa: E402
+from cloud_server.api import lifespan as lifespan_module  # noqa: E402
 from cloud_server.api.server import create_app  # noqa: E402
 
 from .fake_engine import FakeEngine  # noqa: E402
@@ -66,7 +66,7 @@ def test_an_engine_started_but_failing_later_in_the_load_is_stopped(monkeypatch:
     def broken_meter(app: Any, engine: Any) -> None:
         raise OSError("NVML: driver not loaded")
 
-    monkeypatch.setattr(server_module, "_attach_energy_meter", broken_meter)
+    monkeypatch.setattr(lifespan_module, "_attach_energy_meter", broken_meter)
     engine = CountingEngine()
     app = create_app(lambda: engine)
     with TestClient(app) as client:

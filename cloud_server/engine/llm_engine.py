@@ -20,7 +20,7 @@ from .detokenizer import IncrementalDetokenizer
 from .engine_stats import EngineStatsMixin
 from .output_processor import OutputProcessorMixin, _Request
 from .outputs import GenerationResult, RequestOutput
-from .pool_plan import _default_kv_bytes, _max_len_cap, _resolve_device, known_kv_bytes, plan_pool
+from .pool_plan import _max_len_cap, _resolve_device, known_kv_bytes, kv_budget, plan_pool
 from .sampling_params import SamplingParams
 from .scheduler import ScheduledSeq, Scheduler
 from .sequence import Sequence
@@ -72,7 +72,7 @@ class LLMEngine(SpecSetupMixin, OutputProcessorMixin, EngineStatsMixin):
         self.model_name = loaded.name
         self.model_config = loaded.config
         self.tokenizer = loaded.tokenizer
-        budget = config.kv_cache_memory_bytes or _default_kv_bytes(device)
+        budget = kv_budget(config, device)  # ConfigError: a given size the GPU cannot hold
         self.max_model_len, num_blocks = plan(loaded.config, budget)
         self.block_manager = BlockManager(
             num_blocks, config.block_size, enable_prefix_caching=config.enable_prefix_caching

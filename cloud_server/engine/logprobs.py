@@ -23,6 +23,7 @@ class TokenLogprob:
     token_id: int
     logprob: float
     top: list[tuple[int, float]] = field(default_factory=list)  # N most likely, most likely first
+    # (equal log-probabilities: lowest token id first, the lowest ids taking the last places)
     text_offset: int = 0  # where the token's text starts in the completion's text
 
 
@@ -40,8 +41,20 @@ def token_logprobs(rows: Any, tokens: list[int], top_n: int) -> list[TokenLogpro
     top_vals: list[list[float]] = [[] for _ in range(n)]
     top_ids: list[list[int]] = [[] for _ in range(n)]
     if top_n > 0:
-        vals, idx = lp.topk(min(top_n, lp.shape[1]), dim=-1)  # [n, N] each, sorted descending
+        k = min(top_n, lp.shape[1])
+        vals, idx = lp.topk(k, dim=-1)  # [n, N] each, sorted descending
+        # ties: topk's order among equal values (and which of them make the cut) is the kernel's;
+        # the lowest ids go first, so the same distribution always gives the same list
+        num_at_cut = (lp == vals[:, -1:]).sum(dim=-1).tolist()  # tokens tied with the Nth
         top_vals, top_ids = vals.tolist(), idx.tolist()
+        for j in range(n):
+            pairs = sorted(zip(top_ids[j], top_vals[j], strict=True), key=lambda p: (-p[1], p[0]))
+            cut = pairs[-1][1]
+            if num_at_cut[j] > sum(v == cut for _, v in pairs):  # more ties than places: lowest ids
+                above = [p for p in pairs if p[1] != cut]
+                tied = (lp[j] == cut).nonzero().flatten()[: k - len(above)].tolist()
+                pairs = above + [(t, cut) for t in tied]
+            top_ids[j], top_vals[j] = [p[0] for p in pairs], [p[1] for p in pairs]
     return [
         TokenLogprob(t, c, list(zip(i, v, strict=True)))
         for t, c, i, v in zip(tokens, chosen, top_ids, top_vals, strict=True)

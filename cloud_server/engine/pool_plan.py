@@ -49,6 +49,25 @@ def _resolve_device(config: EngineConfig) -> tuple[Any, Any, str]:
     return device, getattr(torch, dtype_name), quantization
 
 
+def kv_budget(config: EngineConfig, device: Any) -> int:
+    """The KV pool's bytes, once the weights are in: --kv-cache-memory-mb, else the default. On a
+    GPU a given size must fit the memory the weights leave free, or the pool's allocation ended the
+    start-up in a CUDA out-of-memory traceback (as the draft's pool is checked, spec_setup)."""
+    given = config.kv_cache_memory_bytes
+    if not given:
+        return _default_kv_bytes(device)
+    if device.type == "cuda":
+        import torch
+
+        free, _ = torch.cuda.mem_get_info(device)
+        if given > free:
+            raise ConfigError(
+                f"the KV pool (--kv-cache-memory-mb) needs {given >> 20} MiB but {device} has "
+                f"{free >> 20} MiB free once the weights are in: lower --kv-cache-memory-mb"
+            )
+    return given
+
+
 def _default_kv_bytes(device: Any) -> int:
     if device.type != "cuda":
         return _CPU_KV_BYTES

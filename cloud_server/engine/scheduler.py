@@ -6,7 +6,8 @@ chunk of an unfinished prefill), then admits waiting sequences FCFS with chunked
 the newest running sequence is preempted: its blocks are freed and it goes back to the front of the
 waiting queue, to be recomputed (prompt + outputs so far, mostly from the prefix cache) later.
 A waiting sequence starts only when its whole prompt fits (a chunked one too), and while others
-run it must leave ``watermark_blocks`` free besides (see ``_can_admit``).
+run it must leave ``watermark_blocks`` free besides (see ``_can_admit``). A sequence grown past
+the whole pool is ended with finish_reason "length" (``SchedulerOutput.finished``), not preempted.
 
 Speculative decoding: ``schedule(lookahead=...)`` reserves draft slots for decoding sequences
 (never at the cost of a preemption: a sequence short of blocks just decodes plainly),
@@ -48,6 +49,8 @@ class ScheduledSeq:
 class SchedulerOutput:
     scheduled: list[ScheduledSeq] = field(default_factory=list)
     preempted: list[Sequence] = field(default_factory=list)
+    # ended by the scheduler with finish_reason "length": grown past the whole KV pool
+    finished: list[Sequence] = field(default_factory=list)
 
     @property
     def num_tokens(self) -> int:
@@ -128,6 +131,8 @@ class Scheduler:
         i = 0
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
+            if self._past_pool(seq, out):
+                continue  # it left self.running: the next one is at i now
             n = min(seq.num_uncomputed_tokens, budget)
             k = 0
             if lookahead is not None and seq.num_uncomputed_tokens == 1:
@@ -159,6 +164,8 @@ class Scheduler:
             if len(self.running) >= self.max_num_seqs:
                 break
             seq = self.waiting[0]
+            if self._past_pool(seq, out):
+                continue
             if not self._can_admit(seq):
                 bm.free(seq)  # blocks it may hold go back; retry next step
                 break
@@ -179,6 +186,20 @@ class Scheduler:
             out.scheduled.append(ScheduledSeq(seq, n))
             budget -= n
         return out
+
+    def _past_pool(self, seq: Sequence, out: SchedulerOutput) -> bool:
+        """End a sequence that has grown past the whole KV pool (finish_reason "length").
+
+        It could never get its next block: preempted, it waited at the head of the queue for good,
+        and every request behind it with it. The engine never gets here (its max_model_len fits
+        the pool and ends a request at it); this guards the scheduler's own callers, who read
+        ``out.finished``."""
+        bm = self.block_manager
+        if bm.num_blocks_for(seq.num_tokens) <= bm.num_blocks:
+            return False
+        self.finish(seq, "length")
+        out.finished.append(seq)
+        return True
 
     def _can_admit(self, seq: Sequence) -> bool:
         """Whether a waiting sequence may start now.

@@ -59,6 +59,10 @@ class SpecSetupMixin:
             limit = config.draft_vocab_size
             if limit is None:
                 limit = _DRAFT_VOCAB if loaded.config.vocab_size > _DRAFT_VOCAB else 0
+            if loaded.config.vocab_size > self.model_config.vocab_size:
+                # a draft padded wider than the target: an id past the target's rows is no token
+                # of their tokenizer, and it indexed past the target's embedding
+                limit = min(limit or loaded.config.vocab_size, self.model_config.vocab_size)
             if 0 < limit < loaded.config.vocab_size:
                 logger.info("the draft proposes token ids below %d of %d (--draft-vocab-size)",
                             limit, loaded.config.vocab_size)
@@ -106,13 +110,25 @@ def _check_draft_pool(config: EngineConfig, device: Any, dtype: Any, num_blocks:
         )
 
 
+def _token_count(tokenizer: Any, model_config: Any) -> int:
+    """The tokenizer's own ids (added tokens included), else the model's embedding rows."""
+    n = getattr(tokenizer, "vocab_size", None)
+    return n if isinstance(n, int) and n > 0 else model_config.vocab_size
+
+
 def _check_same_tokenizer(engine: SpecSetupMixin, draft: Any) -> None:
-    """A draft model must speak the target's token ids: same vocabulary, same pieces."""
+    """A draft model must speak the target's token ids: same vocabulary, same pieces.
+
+    The tokenizers are compared, not the embedding matrices: Qwen-style checkpoints pad those past
+    the tokenizer's ids (151,936 or 152,064 rows for 151,665 ids), differently by model size, and a
+    draft padded otherwise still shares every token (its proposals are cut to the target's rows).
+    """
     target = engine.tokenizer
-    size = engine.model_config.vocab_size
+    size = _token_count(target, engine.model_config)
+    draft_size = _token_count(draft.tokenizer, draft.config)
     problem = None
-    if draft.config.vocab_size != size:
-        problem = f"vocabulary of {draft.config.vocab_size} tokens, the target's has {size}"
+    if draft_size != size:
+        problem = f"vocabulary of {draft_size} tokens, the target's has {size}"
     else:
         sample = "def f(x):\n    return x * 2  # Überprüfung, 数字 42!"
         if draft.tokenizer.encode(sample) != target.encode(sample) or set(
@@ -120,7 +136,8 @@ def _check_same_tokenizer(engine: SpecSetupMixin, draft: Any) -> None:
         ) != set(target.eos_token_ids):
             problem = "a different tokenizer"
         else:
-            ids = list(range(0, size, max(1, size // 2000)))
+            # ids spread over the vocabulary, and its last ones (added and special tokens)
+            ids = sorted({*range(0, size, max(1, size // 2000)), *range(max(0, size - 64), size)})
             try:
                 same = [draft.tokenizer.decode([i]) for i in ids] == [target.decode([i]) for i in ids]
             except Exception:  # noqa: BLE001 - ids past one tokenizer's end differ by definition

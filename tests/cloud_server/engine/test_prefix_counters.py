@@ -62,7 +62,8 @@ def test_waiting_and_preempted_requests_are_counted_once():
 
 
 def test_a_request_that_never_got_blocks_is_not_counted():
-    bm = BlockManager(2, BS)
+    # 3 blocks: a (10 tokens by the end) holds the pool; in 2 it grew past it and was ended
+    bm = BlockManager(3, BS)
     sched = Scheduler(bm, max_num_seqs=4, max_num_batched_tokens=64)
     a = _seq("a", list(range(7)))
     sched.add(a)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import argparse
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from cloud_server.exceptions import ServerError
 from hybridllm._cli_options import (
@@ -24,6 +24,37 @@ class UsageError(ServerError):
     """A bad option value or combination found after parsing: exit status 2, as argparse's own."""
 
 
+def _host(text: str) -> str:
+    """``--host``: an address or name to bind. An empty one (an unset shell variable) failed only at
+    the bind, exit 1 without naming the option, and with ``--replicas`` was bound as every
+    interface; a space in it (``"0.0.0.0 "``) was looked up as a name."""
+    if not text or text != "".join(text.split()):
+        raise argparse.ArgumentTypeError(
+            f"expected an address or host name to bind (127.0.0.1, 0.0.0.0 for every interface, "
+            f"::), got {text!r}")
+    return text
+
+
+def _given(what: str, *, trimmed: bool = False) -> Any:
+    """An argparse type refusing a blank value (an unset shell variable): ``--model ""`` was read as
+    the folder ``.``, ``--served-model-name ""`` silently as the default. ``trimmed``: spaces around
+    the value are refused too (a model name clients must send spaces and all)."""
+
+    def parse(text: str) -> str:
+        if not text.strip() or (trimmed and text != text.strip()):
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
+        return text
+
+    return parse
+
+
+def _system_prompt(text: str) -> str:
+    """``--system-prompt``: '' means none; one of spaces only was sent as a system message."""
+    if text and not text.strip():
+        raise argparse.ArgumentTypeError(f"the system prompt is blank ({text!r}); give '' for none")
+    return text
+
+
 class _Parser(WholeNameParser):
     """Whole option names only (``--mod`` is not ``--model``); usage errors as one line
     (``hybridllm-cloud: error: ...``), exit status 2."""
@@ -41,23 +72,26 @@ def build_parser() -> argparse.ArgumentParser:
         description="Serve a model over the OpenAI-compatible HTTP API. API keys also come from "
         "the HYBRIDLLM_CLOUD_API_KEYS environment variable (comma-separated).",
     )
-    serve.add_argument("--model", required=True, help="catalog id, .gguf file or HF folder")
+    serve.add_argument("--model", required=True, type=_given("a catalog id, .gguf file or HF folder"),
+                       help="catalog id, .gguf file or HF folder")
     serve.add_argument(
-        "--served-model-name",
+        "--served-model-name", type=_given("a model name without spaces around it", trimmed=True),
         help="model name in the API (default: the catalog id, or the .gguf file's or folder's name)",
     )
     serve.add_argument(
-        "--system-prompt", default=None, metavar="TEXT",
+        "--system-prompt", default=None, metavar="TEXT", type=_system_prompt,
         help="system message for chat requests without one (default: the catalog model's own, as "
         "the device uses it; '' for none)",
     )
-    serve.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    serve.add_argument(
+        "--host", default="127.0.0.1", type=_host, help="address to bind (default 127.0.0.1)"
+    )
     serve.add_argument("--port", type=port, default=8000, help="port to bind (default 8000)")
     serve.add_argument(
         "--api-key", action="append", default=[], metavar="KEY", help="accepted key (repeatable)"
     )
     serve.add_argument(
-        "--api-key-file", metavar="PATH",
+        "--api-key-file", metavar="PATH", type=_given("a file's path"),
         help="file with one accepted key a line (preferred over --api-key, which shows in ps)",
     )
     serve.add_argument(
@@ -138,7 +172,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     cluster.add_argument(
         "--ray-address", default=None, metavar="ADDR",
-        help="join this Ray cluster (auto, ray://host:10001); default: start a local one",
+        help="join this Ray cluster (auto, ray://host:10001); default: the one RAY_ADDRESS names, "
+        "as Ray's own, else start a local one",
     )
     cluster.add_argument(
         "--replace", action="store_true",
@@ -159,8 +194,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     cluster.add_argument(
         "--autoscale-window-s", type=positive_float, default=None, metavar="S",
-        help="autoscaling: average the queued tokens over the last S seconds (default 30; "
-        "replicas push their figures every 10 s, so keep it above 10)",
+        help="autoscaling: average the queued tokens over the last S seconds, more than 10 "
+        "(replicas push their figures every 10 s; default 30)",
     )
     cluster.add_argument(
         "--upscale-delay-s", type=non_negative_float, default=None, metavar="S",
@@ -183,6 +218,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     spec.add_argument(
         "--draft-model", default=None, metavar="ID_OR_PATH",
+        type=_given("a catalog id, .gguf file or HF folder"),
         help="draft model for --speculative-method draft: catalog id, .gguf file or HF folder",
     )
     spec.add_argument(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import re
 from typing import Any
 
@@ -86,8 +87,15 @@ def _cluster_config(args: argparse.Namespace) -> Any:
     if tuning and args.min_replicas is None and args.max_replicas is None:
         flags = ", ".join("--" + name.replace("_", "-") for name in tuning)
         raise UsageError(f"{flags} tune autoscaling: add --min-replicas A and/or --max-replicas B")
-    if args.ray_address is not None:
-        _check_ray_address(args.ray_address)
+    ray_address = args.ray_address
+    if ray_address is None and os.environ.get(RAY_ADDRESS_ENV):
+        # ray.init(address=None) joins the cluster RAY_ADDRESS names: taken as --ray-address, or
+        # that cluster was handled as a local Ray (no check for another serve's app, which was
+        # replaced; the fleet board, a detached actor, left on it at exit)
+        ray_address = os.environ[RAY_ADDRESS_ENV]
+        _check_ray_address(ray_address, RAY_ADDRESS_ENV)
+    elif ray_address is not None:
+        _check_ray_address(ray_address)
     elif args.replace:
         raise UsageError("--replace goes with --ray-address: a local Ray instance starts empty")
     if args.port == 0:
@@ -103,23 +111,26 @@ def _cluster_config(args: argparse.Namespace) -> Any:
     from cloud_server.config import ClusterConfig
 
     try:
-        return ClusterConfig(replicas=args.replicas, ray_address=args.ray_address,
+        return ClusterConfig(replicas=args.replicas, ray_address=ray_address,
                              min_replicas=args.min_replicas, max_replicas=args.max_replicas,
                              replace_app=args.replace, **tuning)
     except ConfigError as exc:
         raise UsageError(str(exc)) from exc
 
 
+RAY_ADDRESS_ENV = "RAY_ADDRESS"  # Ray's own: the cluster ray.init joins when given no address
+
 # what Ray's address takes: auto (a cluster on this machine), HOST:PORT (the head's GCS) or
 # ray://HOST:PORT (Ray Client); HOST a name, an IPv4 address or an IPv6 one in brackets
 _RAY_ADDRESS = re.compile(r"(?:ray://)?(?:\[[0-9A-Fa-f:.]+\]|[\w.-]+):(\d{1,5})")
 
 
-def _check_ray_address(address: str) -> None:
+def _check_ray_address(address: str, source: str = "--ray-address") -> None:
     match = _RAY_ADDRESS.fullmatch(address)
     if address != "auto" and (match is None or not 0 < int(match[1]) < 65536):
+        leave = "unset it" if source == RAY_ADDRESS_ENV else "leave it out"
         raise UsageError(
-            f"--ray-address {address!r} is not an address of a Ray cluster: give auto (a cluster "
+            f"{source} {address!r} is not an address of a Ray cluster: give auto (a cluster "
             "started on this machine), HOST:PORT (the address `ray start --head` prints) or "
-            "ray://HOST:10001; leave it out to start a local Ray instance"
+            f"ray://HOST:10001; {leave} to start a local Ray instance"
         )

@@ -14,6 +14,10 @@ _DTYPES = ("float32", "bfloat16", "float16")
 _QUANTIZATIONS = ("none", "int8", "int4")
 _SPEC_METHODS = ("ngram", "draft")
 _NO_VALUE = object()
+# Ray Serve's metrics_interval_s (ray.serve.config.DEFAULT_METRICS_INTERVAL_S, which we leave as it
+# is): each replica pushes its autoscaling figures to the controller this often, and Serve warns of
+# a look_back_period_s not above it (a FutureWarning: "will raise an exception in a future release")
+SERVE_METRICS_INTERVAL_S = 10.0
 
 
 class SettingError(ConfigError):
@@ -199,6 +203,15 @@ class ClusterConfig:
                 kind = "> 0" if name == "autoscale_window_s" else ">= 0"
                 raise ConfigError(f"{_cluster_option(name)} must be a finite number of seconds {kind}, "
                                   f"got {value!r}")
+        if self.autoscale_window_s <= SERVE_METRICS_INTERVAL_S:
+            # each push carries the replica's samples of the last window only: a window not longer
+            # than the push interval leaves the policy part of one push, up to 10 s old. Serve warns
+            # of it only once Ray has started, and means to refuse it
+            raise ConfigError(
+                f"--autoscale-window-s must be more than {SERVE_METRICS_INTERVAL_S:g} seconds, Ray "
+                f"Serve's metrics push interval (replicas report their queued tokens that often, and "
+                f"Serve warns it will refuse a window not above it), got {self.autoscale_window_s!r}"
+            )
         for name in ("replica_cpus", "stats_period_s", "imbalance_ratio", "min_margin_tokens"):
             value = getattr(self, name)
             positive = name in ("replica_cpus", "stats_period_s")

@@ -17,6 +17,8 @@ import math
 import time
 from typing import Any
 
+from hybridllm._types import is_integer
+
 from .fleet import finite_number
 
 METRIC = "outstanding_tokens"
@@ -32,8 +34,10 @@ def desired_replicas(
 
 
 def _check_target(value: Any) -> int:
-    """``target_tokens_per_replica`` as an int, or a ValueError naming it and the value given."""
-    if isinstance(value, bool) or not finite_number(value) or value < 1 or value != int(value):
+    """``target_tokens_per_replica`` as an int, or a ValueError naming it and the value given.
+    The project's rule for integer settings (``hybridllm._types.is_integer``): an integer of any
+    type (numpy's too), never a bool or a float, even ``256.0`` (refused by ``ClusterConfig`` too)."""
+    if not is_integer(value) or value < 1:
         raise ValueError(f"target_tokens_per_replica (--target-tokens-per-replica) must be an "
                          f"integer >= 1, got {value!r}")
     return int(value)

@@ -74,9 +74,10 @@ def _check_model_header(args: argparse.Namespace, config: Any, cluster: bool) ->
     if draft is None:
         return
     differs = None
-    if draft.config.vocab_size != target.config.vocab_size:
-        differs = (f"vocabulary of {draft.config.vocab_size} tokens, the target's "
-                   f"{target.config.vocab_size}")
+    # token counts of two GGUF tokenizers; a folder's embedding rows may be padded, so two folders
+    # (or a folder and a GGUF) are left to the engine's check, which compares the tokenizers
+    if None not in (draft.tokens, target.tokens) and draft.tokens != target.tokens:
+        differs = f"vocabulary of {draft.tokens} tokens, the target's {target.tokens}"
     elif None not in (draft.eos_token_ids, target.eos_token_ids) and (
         draft.eos_token_ids != target.eos_token_ids
     ):

@@ -341,11 +341,13 @@ def _return_freed_memory() -> None:
 @dataclass
 class ModelHeader:
     """What a model's header says, read without its weights (start-up checks): its config as the
-    loader makes it, and ``eos_token_ids`` as the GGUF tokenizer takes them (``None`` for a folder:
-    its tokenizer files say them)."""
+    loader makes it, and ``eos_token_ids`` and ``tokens`` (its id count) as the GGUF tokenizer takes
+    them (``None`` for a folder: its tokenizer files say them, and its ``vocab_size`` counts the
+    embedding's rows, which checkpoints pad: Qwen2.5's 151,936 rows for 151,665 ids)."""
 
     config: ModelConfig
     eos_token_ids: frozenset[int] | None
+    tokens: int | None = None
 
 
 def read_model_header(model: str) -> ModelHeader | None:
@@ -371,7 +373,7 @@ def read_model_header(model: str) -> ModelHeader | None:
             from .loader_safetensors import config_from_hf
 
             config = config_from_hf(json.loads((path / "config.json").read_text(encoding="utf-8")))
-            return ModelHeader(config, None)
+            return ModelHeader(config, None, None)
         from .loader_gguf import config_from_metadata
 
         meta = read_gguf_metadata(path)  # arrays as their lengths: the token count
@@ -382,6 +384,6 @@ def read_model_header(model: str) -> ModelHeader | None:
                     "tokenizer.ggml.eom_token_id")
             eos = frozenset(int(meta[k]) for k in keys
                             if k in meta and 0 <= int(meta[k]) < config.vocab_size)
-        return ModelHeader(config, eos)
+        return ModelHeader(config, eos, int(meta["tokenizer.ggml.tokens"]))
     except Exception:  # noqa: BLE001 - unreadable here: the load reports it
         return None

@@ -69,8 +69,16 @@ class _Answer:
         self.logprobs: list[float] = []
         self.finish_reason, self.usage = "stop", Usage()
         self.stopped = False  # the restorer's stop matcher ended the answer (``_RestoredStop``)
+        self.model: str | None = None  # the model its deltas name (a cloud's endpoints may differ)
+
+    @property
+    def model_name(self) -> str:
+        """The model that wrote this answer: as its deltas say, else the backend's name."""
+        return self.model or self.backend.model
 
     def feed(self, delta: Delta) -> Chunk | None:
+        if delta.model is not None:
+            self.model = delta.model
         if delta.logprob is not None:
             self.logprobs.append(delta.logprob)
         if delta.finish_reason is not None:
@@ -90,7 +98,7 @@ class _Answer:
             self.ttft = (time.perf_counter() - self.start) * 1000
         self.parts.append(text)
         # read per chunk: a cloud learns its model's name from the endpoint
-        return Chunk(text, self.route, self.backend.model)
+        return Chunk(text, self.route, self.model_name)
 
     def flush(self) -> Chunk | None:
         """The text the restorer still holds (the stream ended), as one last chunk."""
@@ -113,7 +121,7 @@ class _Answer:
         if self.ttft is None:
             self.ttft = (time.perf_counter() - self.start) * 1000
         self.parts.append(text)
-        return Chunk(text, self.route, self.backend.model)
+        return Chunk(text, self.route, self.model_name)
 
     def finish(self) -> Chunk:
         # the sync client's inline path does not flush: what the restorer holds ends the answer
@@ -121,7 +129,7 @@ class _Answer:
         tail = held.text if held is not None else ""
         usage = self.usage
         mean_lp = sum(self.logprobs) / len(self.logprobs) if self.logprobs and not self.prefix else None
-        model = self.backend.model
+        model = self.model_name
         completion = Completion(
             text="".join(self.parts),
             route=self.route,

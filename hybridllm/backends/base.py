@@ -35,6 +35,7 @@ class Delta:
     finish_reason: str | None = None  # set on the last delta: "stop" or "length"
     usage: Usage | None = None  # set on the last delta
     logprob: float | None = None  # log-probability of this piece's tokens, when known
+    model: str | None = None  # the model that wrote it, where endpoints serve different ones
 
     __repr__ = private_repr
 

@@ -143,7 +143,7 @@ class CloudBackend(_Retrying, Backend):
         self._api_key = api_key if api_key is not None else os.environ.get("HYBRIDLLM_CLOUD_API_KEY")
         self._model = model
         self._found_models: dict[str, str] = {}  # base URL -> the model its GET /models listed
-        self._last_found = ""  # the name discovery last put in ``_model``
+        self._answered: str | None = None  # the model of the latest answer (``model``)
         self.max_retries = max_retries
         self.backoff_base_s = backoff_base_s
         self.backoff_max_s = backoff_max_s
@@ -169,7 +169,11 @@ class CloudBackend(_Retrying, Backend):
 
     @property
     def model(self) -> str:  # type: ignore[override]
-        return self._model or "cloud"
+        """The model's name. Configured (``model=``, cloud_model): that one, every endpoint is asked
+        for it. Else each endpoint's own, the first its GET /models lists, and endpoints may serve
+        different ones: the model of the latest answer, "cloud" before any. Each answer names the
+        model that wrote it (``Delta.model``, which the client's chunks and completion carry)."""
+        return self._model or self._answered or "cloud"
 
     def stream(self, messages: Messages, params: GenerationParams) -> Iterator[Delta]:
         """Synchronous streaming for callers without an event loop (the pipeline uses astream)."""

@@ -59,14 +59,12 @@ class _Requests(_Clients, _StatusVerdicts):
     _remember_all: bool
     _recalled: set[tuple[str, str]]
     _found_models: dict[str, str]  # base URL -> the model its GET /models listed (set lazily)
-    _last_found: str  # the name discovery last put in ``_model``
 
     async def _resolve_model(self, ep: Endpoint) -> str:
         """The model to ask ``ep`` for: the configured one (cloud_model) for every endpoint, else
         the first its own GET /models lists, once per endpoint (before: the first endpoint's was
         sent to all, so one serving another model answered 404, or the wrong model answered)."""
-        # ``_model`` set, and not by discovery (which keeps it the last name found, for ``model``)
-        if self._model and self._model != self._last_found:
+        if self._model:
             return self._model
         if ep.base_url in self._found_models:
             return self._found_models[ep.base_url]
@@ -94,11 +92,24 @@ class _Requests(_Clients, _StatusVerdicts):
         if resp.status_code != 200:
             self._raise_for_status(resp, listing=True)
         try:
-            name = str(resp.json()["data"][0]["id"])
+            found = resp.json()["data"][0]["id"]
         except (KeyError, IndexError, ValueError, TypeError) as exc:
-            raise _Retryable(f"could not list models at {ep.base_url}: {exc}") from exc
-        self._found_models[ep.base_url] = self._model = self._last_found = name  # ``model``: the last found
+            raise _Retryable(f"could not list models at {ep.base_url}: it lists no model "
+                             f"({type(exc).__name__}: {resp.text[:80]!r})") from exc
+        # a null or empty id was sent on as the model "None" or "" (the server then refused it, or
+        # answered with a model of its choosing, under no name)
+        if isinstance(found, bool) or not isinstance(found, str | int) or not str(found).strip():
+            raise _Retryable(f"could not list models at {ep.base_url}: its first model has no name "
+                             f"(id {found!r})")
+        name = str(found)
+        # (not kept in ``_model``: with endpoints serving different models, every answer was then
+        # named after the last model found, not the one that wrote it)
+        self._found_models[ep.base_url] = name
         return name
+
+    def _model_at(self, ep: Endpoint) -> str | None:
+        """The model ``ep`` is asked for (once known): the configured one, else the one it listed."""
+        return self._model or self._found_models.get(ep.base_url)
 
     def request_body(self, model: str, messages: Messages, params: GenerationParams,
                      omit: frozenset[str] = frozenset()) -> dict:

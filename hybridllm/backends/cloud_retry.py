@@ -35,6 +35,7 @@ class _Retrying(_Streaming):
     backoff_base_s: float
     backoff_max_s: float
     _cool_until: dict[str, tuple[float, int | None]]
+    _answered: str | None  # the model of the latest answer (``model``)
 
     def is_available(self) -> bool:
         """False when every endpoint's circuit is open (a half-open probe counts as available) or
@@ -142,6 +143,10 @@ class _Retrying(_Streaming):
                                 u.energy_j, u.energy_source, u.total_tokens, seen,
                             ).items():
                                 setattr(u, k, v)
+                        # the model that wrote this answer (endpoints may serve different ones):
+                        # on each delta, so an answer names its own model however streams interleave
+                        if (model := self._model_at(ep)) is not None:
+                            self._answered = delta.model = model
                         yield delta
                 ep.breaker.record_success(ticket)
                 return

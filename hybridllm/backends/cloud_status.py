@@ -120,7 +120,9 @@ class _StatusVerdicts:
         status = resp.status_code
         message, code = _error_of(resp)
         try:
-            where = str(resp.request.url)
+            # without its query string: it may carry a key (``?key=``, Azure's ``?code=``), and this
+            # goes into errors, warnings and the reasons of answers from the device
+            where = str(resp.request.url.copy_with(query=None))
         except RuntimeError:  # a response built without its request
             where = url
         cause = f"HTTP {status} from {where}"

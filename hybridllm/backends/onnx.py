@@ -40,9 +40,16 @@ from .base import (
     return_freed_memory,
 )
 from .llama_cpp import DEFAULT_MODEL
-from .onnx_folder import _context_size, _named_eog_ids, _prompt_files, _reprepare_hint
+from .onnx_folder import (
+    _check_graph_io,
+    _context_size,
+    _named_eog_ids,
+    _prompt_files,
+    _reprepare_hint,
+    _trained_context,
+)
 from .onnx_memory import _advise_huge_pages, _anon_regions
-from .onnx_sampling import _sample
+from .onnx_sampling import _finite, _sample
 
 _ORT_LOG_FATAL = 4  # ONNX Runtime's log severities: 0 verbose .. 3 error, 4 fatal
 _CLOSED = "The ONNX backend is closed; create a new OnnxBackend to generate again."
@@ -95,23 +102,8 @@ class OnnxBackend(DeviceBackend):
             ) from exc
         self._og = og
         self.n_threads = n_threads
-        try:
-            config = og.Config(str(self.model_path))
-            # the runtime's own log would print a load failure to stderr as well as raising it
-            # (a raw C++ line in the app's terminal); the error reaches the caller as ours, below
-            options: dict[str, int] = {"log_severity_level": _ORT_LOG_FATAL}
-            if n_threads:
-                options.update(intra_op_num_threads=int(n_threads), inter_op_num_threads=1)
-            config.overlay(json.dumps({"model": {"decoder": {"session_options": options}}}))
-            before = _anon_regions() if huge_pages else {}
-            self._model: Any = og.Model(config)
-            self.huge_page_bytes = _advise_huge_pages(before) if huge_pages else 0
-            self._tok: Any = og.Tokenizer(self._model)
-        except RuntimeError as exc:
-            raise ModelCorruptError(
-                f"ONNX Runtime GenAI could not load {self.model_path} ({exc}): a file of the folder "
-                f"is missing, truncated or corrupt. {_reprepare_hint(self.model_path, spec, precision)}"
-            ) from exc
+        # the folder's own files first: one that is damaged is reported before the weights load
+        # (seconds, and gigabytes), not after
         try:
             self._special_ids, self._encode_plain = tokenizers_plain(self.model_path / "tokenizer.json")
         except Exception as exc:  # tokenizers raises plain Exceptions
@@ -119,7 +111,15 @@ class OnnxBackend(DeviceBackend):
                 f"{self.model_path} has no readable tokenizer.json ({exc}). "
                 + _reprepare_hint(self.model_path, spec, precision)
             ) from exc
-        genai = json.loads((self.model_path / "genai_config.json").read_text(encoding="utf-8"))["model"]
+        try:  # read before the runtime parses it: a damaged config is ours to report
+            genai = json.loads((self.model_path / "genai_config.json").read_text(encoding="utf-8"))["model"]
+            if not isinstance(genai, dict):
+                raise TypeError(f"'model' is a {type(genai).__name__}, not an object")
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise ModelCorruptError(
+                f"{self.model_path / 'genai_config.json'} is unreadable ({exc!r}). "
+                + _reprepare_hint(self.model_path, spec, precision)
+            ) from exc
         meta = read_meta(self.model_path)
         try:
             template, bos, eos, add_bos = _prompt_files(self.model_path, meta)
@@ -145,6 +145,36 @@ class OnnxBackend(DeviceBackend):
         )
         self._add_bos = add_bos
         self._bos_id = genai.get("bos_token_id")
+        try:
+            trained = _trained_context(genai, self.model_path)
+        except ModelCorruptError as exc:
+            raise ModelCorruptError(f"{exc} {_reprepare_hint(self.model_path, spec, precision)}") from None
+        self._n_ctx = _context_size(n_ctx, trained, self.model_path)
+        try:
+            config = og.Config(str(self.model_path))
+            # the runtime's own log would print a load failure to stderr as well as raising it
+            # (a raw C++ line in the app's terminal); the error reaches the caller as ours, below
+            options: dict[str, int] = {"log_severity_level": _ORT_LOG_FATAL}
+            if n_threads:
+                options.update(intra_op_num_threads=int(n_threads), inter_op_num_threads=1)
+            config.overlay(json.dumps({"model": {"decoder": {"session_options": options}}}))
+            try:  # before the weights load: a graph the runtime cannot feed failed on every request
+                _check_graph_io(self.model_path)
+            except ModelCorruptError as exc:
+                hint = _reprepare_hint(self.model_path, spec, precision)
+                raise ModelCorruptError(f"{exc} {hint}") from None
+            before = _anon_regions() if huge_pages else {}
+            self._model: Any = og.Model(config)
+            self.huge_page_bytes = _advise_huge_pages(before) if huge_pages else 0
+            self._tok: Any = og.Tokenizer(self._model)
+        except RuntimeError as exc:
+            # the exception's traceback holds this half-made backend: without this, a caller that
+            # kept the error (to log it, to retry later) kept the loaded weights with it
+            self._model = self._tok = None
+            raise ModelCorruptError(
+                f"ONNX Runtime GenAI could not load {self.model_path} ({exc}): a file of the folder "
+                f"is missing, truncated or corrupt. {_reprepare_hint(self.model_path, spec, precision)}"
+            ) from exc
         eos_ids = genai.get("eos_token_id", [])
         self._eos_ids = set(eos_ids if isinstance(eos_ids, list) else [eos_ids])
         self._eos_ids.update(int(t) for t in self._tok.eos_token_ids)
@@ -154,7 +184,6 @@ class OnnxBackend(DeviceBackend):
         # one, but a chat model may end with another (SmolLM2 and Qwen: <|endoftext|> as well as
         # <|im_end|>); without them ONNX went on writing past the end where llama.cpp stopped
         self._eos_ids.update(_named_eog_ids(self.model_path))
-        self._n_ctx = _context_size(n_ctx, int(genai.get("context_length") or 0), self.model_path)
         self._lock = threading.Lock()
         self._gen: Any = None  # one generator (one KV cache), made on first use
         self._cached: list[int] = []  # the tokens the KV cache holds
@@ -243,7 +272,8 @@ class OnnxBackend(DeviceBackend):
         seq, n_out, finish = list(tokens), 0, "length"
         while n_out < budget:
             # closed half way: say the answer is incomplete, as the llama.cpp backend does
-            row = self._logits(seq, _CLOSED_MID_ANSWER if n_out else _CLOSED)
+            # +inf/-inf logits given their meaning, a NaN refused (the log-probability below too)
+            row = _finite(self._logits(seq, _CLOSED_MID_ANSWER if n_out else _CLOSED))
             token = _sample(row, params, seed, n_out, seq[len(tokens) :])
             if token in self._eos_ids:
                 finish = "stop"

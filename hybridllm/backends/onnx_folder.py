@@ -33,6 +33,22 @@ def _reprepare_hint(folder: Path, spec: Any, precision: str) -> str:
     return f"Prepare it again with {command} and copy the folder it prints to {folder}."
 
 
+def _trained_context(genai: dict[str, Any], folder: Path) -> int:
+    """genai_config.json's ``model.context_length``: a whole number of tokens, 0 where it names none.
+    Another value is a damaged folder (before: "2k" was a raw ValueError from int(), and -1 or
+    true was taken, or silently passed over)."""
+    value = genai.get("context_length")
+    if value is None:
+        return 0
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)  # 2048.0: a whole number all the same
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ModelCorruptError(
+            f"{folder / 'genai_config.json'}: model.context_length must be a whole number of tokens "
+            f"(0 or more), not {value!r}.")
+    return value
+
+
 def _context_size(n_ctx: int, trained: int, folder: Path) -> int:
     """The context a request may fill, as on llama.cpp: n_ctx=0 is the model's own length, and an
     n_ctx past it is cut to it with a warning (before: n_ctx=0 refused every prompt)."""
@@ -106,3 +122,136 @@ def _named_template(template: Any, path: Path) -> str | None:
         return named_chat_template(template)
     except ValueError as exc:
         raise ModelCorruptError(f"{path}: {exc}.") from exc
+
+
+def _varint(buf: Any, pos: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        byte = buf[pos]
+        pos += 1
+        value |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return value, pos
+        shift += 7
+        if shift > 63:
+            raise ValueError("varint too long")
+
+
+def _fields(buf: Any, pos: int, end: int) -> Any:
+    """(field number, (start, end)) of each length-delimited field of the protobuf message in
+    ``buf[pos:end]``; the other wire types are skipped."""
+    while pos < end:
+        tag, pos = _varint(buf, pos)
+        kind = tag & 7
+        if kind == 0:
+            _, pos = _varint(buf, pos)
+        elif kind == 1:
+            pos += 8
+        elif kind == 5:
+            pos += 4
+        elif kind == 2:
+            size, pos = _varint(buf, pos)
+            yield tag >> 3, (pos, pos + size)
+            pos += size
+        else:
+            raise ValueError(f"wire type {kind}")
+    if pos != end:
+        raise ValueError("truncated message")
+
+
+def _graph_io(path: Path) -> tuple[set[str], set[str], set[str]] | None:
+    """(inputs, inputs without an initializer, outputs) of the ONNX graph in ``path``, read from
+    the protobuf's headers alone (a memory map: the weights are skipped, not read); None when the
+    file cannot be parsed (ONNX Runtime's own load then says what is wrong with it)."""
+    import mmap
+
+    def name(buf: Any, span: tuple[int, int], field: int) -> str:
+        for number, (a, b) in _fields(buf, *span):
+            if number == field:
+                return bytes(buf[a:b]).decode("utf-8")
+        return ""
+
+    try:
+        with open(path, "rb") as file, mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+            inputs: set[str] = set()
+            outputs: set[str] = set()
+            weights: set[str] = set()
+            for number, graph in _fields(buf, 0, len(buf)):
+                if number != 7:  # ModelProto.graph
+                    continue
+                for field, span in _fields(buf, *graph):  # GraphProto: 5 initializer, 11 input, 12 output
+                    if field == 5:
+                        weights.add(name(buf, span, 8))  # TensorProto.name
+                    elif field in (11, 12):
+                        (inputs if field == 11 else outputs).add(name(buf, span, 1))  # ValueInfoProto.name
+    except (OSError, ValueError, IndexError):
+        return None
+    return inputs, inputs - weights, outputs
+
+
+def _check_graph_io(folder: Path) -> None:
+    """Refuse a folder whose model.onnx does not take what ONNX Runtime GenAI will feed it.
+
+    The runtime feeds the decoder the inputs genai_config.json names (``model.decoder.inputs``;
+    input_ids, attention_mask and position_ids by default, each only where the graph has it) and
+    reads the outputs it names; a graph of another exporter (KV inputs ``past.N.key`` where the
+    config says ``past_key_values.N.key``, an input of its own) loaded, and then every request
+    failed with the runtime's raw "Missing Input: past.0.value" or "Model output was not found".
+    """
+    try:
+        decoder = json.loads((folder / "genai_config.json").read_text(encoding="utf-8"))["model"]["decoder"]
+        names, outs = decoder.get("inputs") or {}, decoder.get("outputs") or {}
+        filename, layers = decoder.get("filename"), int(decoder.get("num_hidden_layers") or 0)
+    except (OSError, ValueError, TypeError, KeyError, AttributeError):
+        return  # the runtime's own load reports an unreadable config
+    if not isinstance(filename, str) or "pipeline" in decoder or not isinstance(names, dict):
+        return  # a pipeline of several graphs: not checked here
+    graph = _graph_io(folder / filename)
+    if graph is None or not isinstance(outs, dict):
+        return
+    inputs, required, outputs = graph
+
+    def expand(key: str, table: dict[str, Any], default: str) -> list[str]:
+        pattern = str(table.get(key, default))
+        try:  # "past_key_values.%d.key": one name per layer
+            return [pattern % i for i in range(layers)]
+        except (TypeError, ValueError):
+            return [pattern]
+
+    if "past_names" in names:  # one KV tensor per layer (GPT-2 style)
+        kv_in, kv_out = expand("past_names", names, ""), expand("present_names", outs, "present.%d")
+    else:
+        kv_in = expand("past_key_names", names, "past_key_values.%d.key") + expand(
+            "past_value_names", names, "past_key_values.%d.value")
+        kv_out = expand("present_key_names", outs, "present.%d.key") + expand(
+            "present_value_names", outs, "present.%d.value")
+    needed_in = [str(names.get("input_ids", "input_ids")), *kv_in]
+    fed = {"input_ids", "attention_mask", "position_ids", *needed_in}
+    for key, value in names.items():
+        if isinstance(value, str):
+            fed.update(expand(key, names, value))
+    problems = []
+    lacking = [n for n in needed_in if n not in inputs]
+    if lacking:
+        problems.append(f"lacks the inputs {_few(lacking)}")
+    unfed = sorted(required - fed)
+    if unfed:
+        problems.append(f"takes inputs nothing feeds: {_few(unfed)}")
+    lacking = [n for n in [str(outs.get("logits", "logits")), *kv_out] if n not in outputs]
+    if lacking:
+        problems.append(f"lacks the outputs {_few(lacking)}")
+    if problems:
+        raise ModelCorruptError(
+            f"{folder / filename} does not match {folder / 'genai_config.json'}: the graph "
+            f"{'; it '.join(problems)}. ONNX Runtime GenAI feeds the inputs the config names under "
+            "model.decoder.inputs (input_ids, attention_mask and position_ids by default) and reads "
+            "the outputs named under model.decoder.outputs; the folder must hold a model.onnx whose "
+            "inputs and outputs are those (as ONNX Runtime GenAI's model builder writes them: "
+            "input_ids, attention_mask, past_key_values.N.key/value; logits, present.N.key/value), "
+            "or a genai_config.json that names the graph's own.")
+
+
+def _few(names: list[str], most: int = 6) -> str:
+    """``names`` for a message: the first ``most``, then how many more."""
+    more = f" and {len(names) - most} more" if len(names) > most else ""
+    return ", ".join(names[:most]) + more

@@ -18,7 +18,9 @@ def _anon_regions() -> dict[tuple[int, int], tuple[int, bool]]:
     key: tuple[int, int] | None = None
     heap = False
     try:
-        with open("/proc/self/smaps") as smaps:
+        # the kernel's bytes as they are: a mapped file's non-ASCII path (a model folder under
+        # /home/josé) failed the locale's codec (C, ASCII), and no memory was put on huge pages
+        with open("/proc/self/smaps", encoding="utf-8", errors="replace") as smaps:
             for line in smaps:
                 head = line.split()
                 if "-" in head[0] and len(head) >= 5:  # a mapping's header line

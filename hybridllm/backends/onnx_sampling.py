@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from .._exceptions import EdgeError
 from .._types import GenerationParams
 
 _PENALTY_WINDOW = 64  # llama.cpp's default repeat_last_n
@@ -14,6 +15,7 @@ def _sample(row: Any, params: GenerationParams, seed: int, step: int, recent: li
     """Pick the ``step``-th answer token from ``row`` ([vocab] raw logits)."""
     import numpy as np
 
+    row = _finite(row)
     penalty = float(getattr(params, "repeat_penalty", 1.0) or 1.0)
     if penalty != 1.0 and recent:
         # llama.cpp's rule: a seen token's positive logit is divided by the penalty, a negative one
@@ -22,17 +24,22 @@ def _sample(row: Any, params: GenerationParams, seed: int, step: int, recent: li
         row = row.copy()
         row[seen] = np.where(row[seen] > 0, row[seen] / penalty, row[seen] * penalty)
     if params.temperature == 0.0:
-        return int(row.argmax())
+        return int(row.argmax())  # the first of equal maxima: the lowest token id
     min_p = float(getattr(params, "min_p", 0.0) or 0.0)
     # candidates: tokens within 30 nats of the best at the larger of T and 1 (each one dropped has
     # p < e^-30 p_max under both softmaxes below), so a sort stays cheap on a 150k vocabulary
     peak = float(row.max())
     ids = np.flatnonzero(row >= peak - _CANDIDATE_NATS * max(params.temperature, 1.0))
     if 0 < params.top_k < ids.shape[0]:
-        ids = ids[np.argpartition(row[ids], ids.shape[0] - params.top_k)[-params.top_k :]]
-    # most likely first: a draw then moves to another token only when the logits really change,
-    # not when numerical noise shifts a cumulative sum taken in vocabulary order
-    ids = ids[np.argsort(-row[ids], kind="stable")]
+        # the k-th largest logit; of the tokens tied with it, the lowest ids make up the k (before:
+        # argpartition's pick among equal logits, whichever its partition left at the end)
+        kth = np.partition(row[ids], ids.shape[0] - params.top_k)[ids.shape[0] - params.top_k]
+        above, tied = ids[row[ids] > kth], ids[row[ids] == kth]  # ids ascend (flatnonzero)
+        ids = np.concatenate([above, tied[: params.top_k - above.shape[0]]])
+    # most likely first, equal logits in token id order (lowest first), so ties are cut and
+    # summed the same way on every run: a draw then moves to another token only when the logits
+    # really change, not when numerical noise shifts a cumulative sum taken in vocabulary order
+    ids = ids[np.lexsort((ids, -row[ids]))]
     vals = row[ids].astype(np.float64)
     if params.top_p < 1.0 or min_p > 0.0:  # both judged on the untempered softmax, as llama.cpp does
         probs = np.exp(vals - vals[0])
@@ -63,3 +70,23 @@ def _uniform(ids: Any, seed: int, step: int) -> Any:
         x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
         x = x ^ (x >> np.uint64(31))
     return ((x >> np.uint64(11)).astype(np.float64) + 0.5) / float(1 << 53)  # in (0, 1)
+
+
+def _finite(row: Any) -> Any:
+    """``row`` with its non-finite logits given a defined meaning: -inf is a token that cannot come
+    (kept), +inf a certain one (the +inf tokens alone remain, equally likely). A NaN anywhere, or no
+    token left, is an :class:`EdgeError`: the model's numbers are broken, and before, a NaN row was
+    a traceback from an empty argmax (or, greedy, silently the NaN's own token)."""
+    import numpy as np
+
+    if np.isfinite(row).all():
+        return row
+    if np.isnan(row).any():
+        raise EdgeError(
+            f"The model produced NaN logits ({int(np.isnan(row).sum())} of {row.shape[0]}): its "
+            "weights or its graph are damaged; prepare it again or use another backend.")
+    if np.isposinf(row).any():
+        return np.where(np.isposinf(row), 0.0, -np.inf).astype(np.float32)
+    if np.isneginf(row).all():
+        raise EdgeError("The model gave every token a logit of -inf: no next token is possible.")
+    return row

@@ -61,7 +61,7 @@ def _builder_command(hf: Path, out: Path, cache: Path, precision: str) -> list[s
     options = ["hf_token=false"]  # never ask the hub for anything
     if precision in ("int4", "int8"):
         options += [f"{k}={v}" for k, v in QUANT_OPTIONS.items()]
-    tied = json.loads((hf / "config.json").read_text()).get("tie_word_embeddings", False)
+    tied = json.loads((hf / "config.json").read_text(encoding="utf-8")).get("tie_word_embeddings", False)
     if precision == "int4" and not tied:
         # an embedding table of its own (Qwen2.5's GGUF keeps token_embd and output apart) would
         # stay fp32 (544 MB for Qwen 0.5B); int4 it too, as a tied one is (834 MB -> 395 MB)
@@ -90,17 +90,20 @@ def _run_builder(
 ) -> None:
     """Run the builder, teeing its output to ``log_path``; progress counts quantized MatMuls."""
     env = dict(
-        os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", TQDM_DISABLE="1", PYTHONUNBUFFERED="1"
+        os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", TQDM_DISABLE="1", PYTHONUNBUFFERED="1",
+        PYTHONIOENCODING="utf-8",  # its log (paths, model names) in one codec, whatever the locale
     )
     lo, hi = span
     done = 0
     with (
-        log_path.open("w") as log,
+        log_path.open("w", encoding="utf-8") as log,
         subprocess.Popen(
             cmd,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
+            encoding="utf-8",
+            errors="replace",  # a stray byte in the builder's log must not end the build
             env=env,
             bufsize=1,
         ) as proc,
@@ -120,7 +123,7 @@ def _run_builder(
             raise
         code = proc.wait()
     if code != 0:
-        tail = log_path.read_text().strip().splitlines()[-3:]
+        tail = log_path.read_text(encoding="utf-8", errors="replace").strip().splitlines()[-3:]
         raise PrepareError(
             f"ONNX Runtime GenAI's model builder failed (exit {code}): {' | '.join(tail)} "
             f"(full log: {log_path})"
@@ -130,7 +133,7 @@ def _run_builder(
 def _meta(spec: Any, precision: str, hf: Path, seconds: float) -> dict[str, Any]:
     import onnxruntime_genai
 
-    tok_config = json.loads((hf / "tokenizer_config.json").read_text())
+    tok_config = json.loads((hf / "tokenizer_config.json").read_text(encoding="utf-8"))
     return {
         "format_version": FORMAT_VERSION,
         "model_id": spec.id,
@@ -200,7 +203,7 @@ def prepare_onnx(
                 raise _unsupported(spec.id, gguf, exc) from None
             if progress:
                 progress(25, 100)
-            layers = _LAYERS.search((hf / "config.json").read_text())
+            layers = _LAYERS.search((hf / "config.json").read_text(encoding="utf-8"))
             num_matmuls = 5 * int(layers.group(1)) + 1 if layers else 1  # qkv, o, gate, up, down; lm_head
             out = work / "onnx"
             _run_builder(
@@ -229,7 +232,7 @@ def prepare_onnx(
                     "accuracy_level": "4",
                     **counts,
                 }
-            (out / META_FILE).write_text(json.dumps(meta, indent=2))
+            (out / META_FILE).write_text(json.dumps(meta, indent=2), encoding="utf-8")
             old = final.parent / f".{final.name}.{os.getpid()}.old"
             if final.exists():  # a stale or forced rebuild: move the old one aside, then swap
                 final.rename(old)

@@ -42,11 +42,14 @@ def read_meta(folder: Path) -> dict[str, Any]:
     path = folder / META_FILE
     if not path.is_file():
         return {}
-    try:
-        meta = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
+    try:  # utf-8 as written: the locale's codec (cp1252, C) garbled or refused non-ASCII text
+        meta = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:  # UnicodeDecodeError is a ValueError
         raise ModelCorruptError(f"{path} is unreadable ({exc}); prepare the model again.") from exc
-    return meta if isinstance(meta, dict) else {}
+    if not isinstance(meta, dict):  # damaged as much as bad JSON (before: read as {}, silently)
+        raise ModelCorruptError(
+            f"{path} must hold a JSON object, not a {type(meta).__name__}; prepare the model again.")
+    return meta
 
 
 def is_prepared(folder: Path, spec: ModelSpec | None = None) -> bool:
@@ -101,9 +104,9 @@ def resolve_onnx(
         try:
             if is_prepared(folder, spec):
                 return spec.id, folder, spec
-        except ModelCorruptError:  # a damaged record: built again here, as `models prepare` does
+        except ModelCorruptError as exc:  # a damaged record: built again here, as `models prepare` does
             if not prepare or missing_export_modules():
-                raise
+                raise ModelCorruptError(f"{exc} (`{prepare_command(spec.id, precision)} --force`)") from exc
         missing = missing_export_modules()
         if not prepare or missing:
             why = (

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import numbers
 import os
 import re
 import tomllib
@@ -266,6 +267,22 @@ def _type_problem(name: str, value: Any, annotation: Any) -> str | None:
     return None if fits else f"{name} must be {wanted}, got {shown!r}."
 
 
+def _argument_problem(name: str, value: Any, annotation: Any) -> str | None:
+    """Why a constructor argument does not fit its setting, or None: the config file's rule
+    (:func:`_type_problem`), taking what Python code passes besides TOML's types (a Path, a tuple,
+    numpy numbers, 0 or 1 for a switch). Before, an argument was never checked: ``cascade="no"``
+    and ``cache="false"`` (true, as any non-empty text) turned them on, ``n_ctx=1.5`` was kept."""
+    if isinstance(value, os.PathLike):
+        value = os.fspath(value)
+    elif isinstance(value, tuple):
+        value = list(value)
+    elif isinstance(value, numbers.Integral) and not isinstance(value, bool):
+        value = bool(value) if "bool" in str(annotation) and value in (0, 1) else int(value)
+    elif isinstance(value, numbers.Real) and not isinstance(value, bool):
+        value = float(value)
+    return _type_problem(name, value, annotation)
+
+
 def _did_you_mean(unknown: set[str], fields: Any) -> str:
     """`` (did you mean: n_ctxx -> n_ctx?)`` for unknown settings close to a known one (a typo)."""
     import difflib
@@ -300,6 +317,11 @@ def load_config(config: str | os.PathLike[str] | None = None, **overrides: Any) 
     if unknown:
         raise ConfigError(f"Unknown setting(s) {sorted(unknown)}{_did_you_mean(unknown, fields)}; "
                           "see `hybridllm config show`.")
+    for name, value in overrides.items():  # the cloud's settings are checked by its own rule
+        problem = None if value is None or name in CLOUD_RULES else _argument_problem(
+            name, value, fields[name].type)
+        if problem:
+            raise ConfigError(problem)
     values: dict[str, Any] = {}
     # a source's values are checked on their own (so an error names the source), those a later
     # source overrides excepted: arguments override the environment, which overrides the file
@@ -316,6 +338,9 @@ def load_config(config: str | os.PathLike[str] | None = None, **overrides: Any) 
             raise ConfigError(f"Cannot read config file {path}: {exc.strerror or exc}.") from exc
         except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
             raise ConfigError(f"Config file {path} is not valid TOML: {exc}.") from exc
+        except RecursionError:  # arrays or tables nested past the stack: no setting is like that
+            raise ConfigError(f"Config file {path} is not a hybridllm config: its values are nested "
+                              "too deeply to read.") from None
         if "hybridllm" in data and len(data) > 1:
             # keys above the [hybridllm] header, or another table (a typo: [hybridlm]), were
             # silently ignored: the settings go at the top level or under [hybridllm], not both
@@ -337,11 +362,10 @@ def load_config(config: str | os.PathLike[str] | None = None, **overrides: Any) 
         values.update(data)
     for name, f in fields.items():
         env = os.environ.get(f"HYBRIDLLM_{name.upper()}")
-        if env is not None:
+        if env is not None and name not in given:  # an argument overrides it, unread: even a bad one
             values[name] = _coerce(name, env, f.type)
-            if name not in given:
-                shown = public_value(env, secret=name in SECRET_FIELDS)
-                _check_source(f"HYBRIDLLM_{name.upper()}={shown!r}", {name: values[name]})
+            shown = public_value(env, secret=name in SECRET_FIELDS)
+            _check_source(f"HYBRIDLLM_{name.upper()}={shown!r}", {name: values[name]})
     values.update({k: v for k, v in overrides.items() if v is not None})
     try:
         return HybridLLMConfig(**values)

@@ -2,13 +2,15 @@
 
 ``fcntl.flock`` on an open file or folder: released when the descriptor is closed, so a process
 that dies holds nothing. Where files cannot be locked (Windows has no ``fcntl``; some network
-mounts answer ENOLCK, EOPNOTSUPP or ENOSYS) no lock is held and the caller goes on without one, as the
-callers always did there, rather than failing.
+mounts answer ENOLCK, EOPNOTSUPP or ENOSYS; NFS, which emulates flock with a write lock, answers
+EBADF for a descriptor not open for writing, as a folder never is) no lock is held and the caller
+goes on without one, as the callers always did there, rather than failing.
 """
 
 from __future__ import annotations
 
 import errno
+import os
 from collections.abc import Callable
 
 try:
@@ -39,6 +41,16 @@ def lock_exclusive(fd: int, on_wait: Callable[[], None] | None = None) -> bool:
             fcntl.flock(fd, fcntl.LOCK_EX)
         return True
     except OSError as exc:
-        if exc.errno not in _NO_LOCKS:
-            raise
+        if exc.errno in _NO_LOCKS or (exc.errno == errno.EBADF and _is_open(fd)):
+            return False
+        raise
+
+
+def _is_open(fd: int) -> bool:
+    """Whether ``fd`` is an open descriptor: EBADF on one is NFS refusing an exclusive lock on a
+    descriptor opened read-only (a folder, the models' lock); on any other, a real error."""
+    try:
+        os.fstat(fd)
+    except OSError:
         return False
+    return True

@@ -16,15 +16,13 @@ import threading
 import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Any
 
 from .._config import DEFAULT_EDGE_MODEL
 from .._cpus import usable_cpus
 from .._exceptions import ConfigError, EdgeBusyError, EdgeError, ModelCorruptError
 from .._types import GenerationParams, Messages, Usage
-from ..models.catalog import ModelSpec, load_catalog
-from ..models.store import Progress, model_dir, resolve_gguf
+from ..models.store import Progress, resolve_gguf
 from ..prompts import PromptFormat, llama_bytes, llama_plain, tokenize_prompt
 from .base import (
     _MAX_THREADS,  # the command line's --threads check reads it here too
@@ -35,6 +33,13 @@ from .base import (
     register_backend,
     return_freed_memory,
 )
+from .llama_cpp_load import (
+    _LOADING,
+    _llama_version,
+    _repull_hint,
+    _route_llama_logs,
+    _trained_context,
+)
 
 DEFAULT_MODEL = DEFAULT_EDGE_MODEL
 log = logging.getLogger("hybridllm.edge")
@@ -43,79 +48,6 @@ _CLOSED_MID_ANSWER = (
     "The llama.cpp backend was closed while it was generating; the answer is incomplete. Create a "
     "new LlamaCppBackend to generate again."
 )
-
-
-_LOG_HOOK: Any = None  # our llama.cpp log callback (kept referenced: C holds only its pointer)
-_LOADING = threading.local()  # .reasons: llama.cpp's "error loading model" lines while this thread loads
-
-
-def _route_llama_logs() -> None:
-    """llama.cpp's log lines go to the ``hybridllm.llama_cpp`` logger at DEBUG, unless a model was
-    loaded with ``verbose=True`` (then to stderr, as llama-cpp-python prints them). Its default
-    prints ERROR-level lines that are advice, not failures ("using full-size SWA cache" for every
-    Gemma 3 load), onto the clean stderr of `hybridllm ask`; a real load failure still raises."""
-    global _LOG_HOOK
-    if _LOG_HOOK is not None:
-        return
-    import ctypes
-    import sys
-
-    import llama_cpp
-
-    printer = logging.getLogger("llama-cpp-python")  # llama-cpp-python's verbose switch sets its level
-    ours = logging.getLogger("hybridllm.llama_cpp")
-
-    @llama_cpp.llama_log_callback  # type: ignore[misc]
-    def hook(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
-        line = text.decode("utf-8", errors="replace")
-        reasons = getattr(_LOADING, "reasons", None)
-        if reasons is not None and "error loading model:" in line:
-            reasons.append(line.split("error loading model:", 1)[1].strip())
-        if printer.level == logging.DEBUG:  # verbose=True (set_verbose): as llama-cpp-python would
-            print(line, end="", flush=True, file=sys.stderr)
-        elif line.strip():
-            ours.debug("%s", line.rstrip())
-
-    llama_cpp.llama_log_set(hook, ctypes.c_void_p(0))
-    _LOG_HOOK = hook
-
-
-def _trained_context(path: Path) -> int | None:
-    """``{architecture}.context_length`` from a GGUF file's header (None if it cannot be read).
-
-    llama.cpp tells the trained length only once a context was made, and it makes the context at
-    the n_ctx asked: n_ctx=65536 on SmolLM2 (trained on 8192) first filled 1.6 GB of KV cache to
-    keep 190 MB, and n_ctx=10**6 failed as "too little memory" instead of being cut to 8192."""
-    import struct
-
-    from ..models.gguf_header import read_gguf_metadata
-
-    try:
-        meta = read_gguf_metadata(path)
-    except (OSError, ValueError, KeyError, struct.error):  # not readable here: llama.cpp says why
-        return None
-    length = meta.get(f"{meta.get('general.architecture')}.context_length")
-    return length if isinstance(length, int) and not isinstance(length, bool) else None
-
-
-def _llama_version() -> str:
-    import llama_cpp
-
-    return str(getattr(llama_cpp, "__version__", "?"))
-
-
-def _repull_hint(path: Path, spec: ModelSpec | None) -> str:
-    """What to do about a GGUF file llama.cpp cannot read: the command that puts it back."""
-    if spec is None:  # a truncated copy of a catalog file no longer matches its size: by name
-        spec = next((s for s in load_catalog().values()
-                     if s.kind == "gguf" and s.main_file.name == path.name), None)
-        if spec is None:
-            return ("Download it again, or pass another .gguf file (or a catalog id: "
-                    "`hybridllm models list`).")
-    command = f"`hybridllm models pull {spec.id} --force`"
-    if path.resolve() == (model_dir(spec) / spec.main_file.name).resolve():
-        return f"Pull it again with {command}."
-    return f"Pull it again with {command} and copy the file it prints to {path}, or pass another .gguf file."
 
 
 class _Gate:

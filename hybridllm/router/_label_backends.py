@@ -41,7 +41,7 @@ def llama_cpp_edge(
         from llama_cpp import Llama
     except ImportError as exc:
         raise EdgeError("The edge model needs llama-cpp-python: pip install llama-cpp-python") from exc
-    from ..backends.llama_cpp import _route_llama_logs
+    from ..backends.llama_cpp_load import _route_llama_logs
 
     _route_llama_logs()  # its advice lines off the progress bar's stderr
     try:

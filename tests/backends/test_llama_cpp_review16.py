@@ -127,7 +127,7 @@ def test_a_backend_used_directly_stops_decoding_at_exit(smollm2_path, tmp_path):
 
 
 def test_the_trained_length_is_read_from_the_header_past_its_arrays(tmp_path, smollm2_path):
-    from hybridllm.backends.llama_cpp import _trained_context
+    from hybridllm.backends.llama_cpp_load import _trained_context
 
     assert _trained_context(smollm2_path) == 8192  # its tokenizer arrays come first
     path = _write(tmp_path / "m.gguf", "llama", {"token_embd.weight": (4, 8)}, token_list=["a", "bb"],

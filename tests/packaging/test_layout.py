@@ -40,6 +40,7 @@ RUNTIME = {
     },
     "router": {
         "router",
+        "_router_file",
         "classifier",
         "mixture",
         "features",

@@ -107,6 +107,29 @@ def port(text: str) -> int:
     return value
 
 
+def bind_host(text: str) -> str:
+    """``--host``: an address or name to bind. An empty one (an unset shell variable) failed only at
+    the bind, exit 1 without naming the option; a space in it (``"0.0.0.0 "``) was looked up as a
+    name."""
+    if not text or text != "".join(text.split()):
+        raise argparse.ArgumentTypeError(
+            f"expected an address or host name to bind (127.0.0.1, 0.0.0.0 for every interface, "
+            f"::), got {text!r}")
+    return text
+
+
+def given(what: str) -> Any:
+    """An argparse type refusing a blank value (an unset shell variable, ``--config "$CFG"``), which
+    otherwise reads as the option left out, or as a name of spaces that fails once loading."""
+
+    def parse(text: str) -> str:
+        if not text.strip():
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
+        return text
+
+    return parse
+
+
 def host_port(host: str, port: int) -> str:
     """``host:port`` as a URL writes it: an IPv6 address in brackets (``[::1]:8080``, not ``::1:8080``,
     where the port cannot be told from the address)."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import ipaddress
 
 from fastapi.middleware.cors import CORSMiddleware
@@ -9,6 +10,7 @@ from fastapi.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from ._loopback import LOOPBACK_NAMES, host_name, is_loopback, is_loopback_origin
+from ._serve_cli import web_origin
 from .wire import WireError, header_value
 
 
@@ -27,9 +29,14 @@ def cross_site(origin: str) -> WireError:
     on any site the user visits can POST to 127.0.0.1 without asking first (a "simple" request,
     ``text/plain``): unrefused, it would use the device and force the operator's cloud."""
     shown = header_value(origin, 200)
+    try:
+        web_origin(shown)
+        advice = f"To let this page call it, start `hybridllm serve` with --allow-origin {shown}."
+    except argparse.ArgumentTypeError:  # `null` (a file, a sandboxed frame): no origin to name
+        advice = ("A page without an origin of its own (a file, a sandboxed frame) is let in only "
+                  "by --allow-origin '*' (every page), or serve it from http://localhost.")
     return WireError(f"This server does not answer requests from web pages (Origin: {shown}): any site "
-                     "could otherwise use it. To let this page call it, start `hybridllm serve` with "
-                     f"--allow-origin {shown}.", status=403, code="origin_not_allowed")
+                     f"could otherwise use it. {advice}", status=403, code="origin_not_allowed")
 
 
 def serve_hosts(bound: str, allowed: list[str]) -> list[str] | None:

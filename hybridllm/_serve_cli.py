@@ -8,7 +8,16 @@ import re
 import sys
 from typing import Any
 
-from ._cli_options import host_port, listen, non_negative_float, port, positive_int, unit_interval
+from ._cli_options import (
+    bind_host,
+    given,
+    host_port,
+    listen,
+    non_negative_float,
+    port,
+    positive_int,
+    unit_interval,
+)
 from ._config import public_text
 from ._exceptions import ConfigError
 from ._loopback import is_loopback
@@ -125,9 +134,10 @@ def cmd_config_show(args: argparse.Namespace) -> int:
 
 def register(sub: Any) -> None:
     p = sub.add_parser("serve", help="OpenAI-compatible server on the device, routed by HybridLLM")
-    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    p.add_argument("--host", default="127.0.0.1", type=bind_host, help="address to bind (default 127.0.0.1)")
     p.add_argument("--port", type=port, default=8080, help="port to bind (default 8080; 0: any free one)")
-    p.add_argument("--model", default=None, help="edge model id or .gguf path")
+    p.add_argument("--model", default=None, type=given("an edge model id or .gguf path"),
+                   help="edge model id or .gguf path")
     p.add_argument("--backend", choices=("llama_cpp", "onnx"), default=None,
                    help="edge runtime: llama_cpp (default) or onnx (ONNX Runtime GenAI)")
     p.add_argument("--cloud-url", action="append", default=None,
@@ -136,11 +146,13 @@ def register(sub: Any) -> None:
                    help="the router's threshold, a number from 0 to 1: a prompt whose difficulty score "
                    "reaches it goes to the cloud (0: every prompt; 1: none; default: the router's own)")
     p.add_argument("--no-cache", action="store_true", help="disable the semantic cache")
-    p.add_argument("--config", default=None, help="TOML settings file")
+    p.add_argument("--config", default=None, type=given("a TOML file's path"), help="TOML settings file")
+    # a blank key ("$KEY" unset) was dropped: the server ran open, and on loopback said nothing
     p.add_argument("--api-key", action="append", default=[], metavar="KEY",
+                   type=given("an API key (a blank one would leave the server open)"),
                    help="key clients must send as 'Authorization: Bearer KEY' (repeatable; shows "
                    "in ps, so prefer --api-key-file or HYBRIDLLM_SERVE_API_KEYS)")
-    p.add_argument("--api-key-file", default=None, metavar="PATH",
+    p.add_argument("--api-key-file", default=None, metavar="PATH", type=given("a file's path"),
                    help="file with one accepted key a line ('#' comments)")
     p.add_argument("--allow-origin", action="append", default=[], type=web_origin, metavar="ORIGIN",
                    help="a web page origin (https://app.example:3000, or '*') allowed to call this "
@@ -164,5 +176,5 @@ def register(sub: Any) -> None:
     cfg = sub.add_parser("config", help="show the effective settings")
     csub = cfg.add_subparsers(dest="config_command", metavar="ACTION", required=True)
     p = csub.add_parser("show", help="settings after arguments, environment and TOML (secrets masked)")
-    p.add_argument("--config", default=None, help="TOML settings file")
+    p.add_argument("--config", default=None, type=given("a TOML file's path"), help="TOML settings file")
     p.set_defaults(func=cmd_config_show)

@@ -36,7 +36,9 @@ def test_an_empty_config_option_is_not_silently_ignored(tmp_path, capsys, monkey
     """Before: `--config ""` was taken as no option, and the settings came from elsewhere."""
     monkeypatch.setenv("HYBRIDLLM_CONFIG", str(tmp_path / "elsewhere.toml"))
     (tmp_path / "elsewhere.toml").write_text("max_tokens = 7\n")
-    assert cli.main(["config", "show", "--config", ""]) == 2
+    with pytest.raises(SystemExit) as exit_:  # argparse's usage error, as the script exits
+        cli.main(["config", "show", "--config", ""])
+    assert exit_.value.code == 2
     out, err = capsys.readouterr()
     assert out == "" and "argument --config" in err, (out, err)
 

@@ -140,7 +140,8 @@ class GenerationParams:
     __repr__ = private_repr
 
     def __post_init__(self) -> None:
-        if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int):
+        # numbers of any type are taken (numpy's float32 and int64, as the config's arguments are)
+        if not is_integer(self.max_tokens):
             raise InvalidRequestError(f"max_tokens must be an integer, got {self.max_tokens!r}.")
         if self.max_tokens < 1:
             raise InvalidRequestError(
@@ -153,15 +154,14 @@ class GenerationParams:
             )
         if not _is_number(self.top_p) or not 0.0 < self.top_p <= 1.0:
             raise InvalidRequestError(f"top_p must be in (0, 1], got {self.top_p!r}.")
-        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0:
+        if not is_integer(self.top_k) or self.top_k < 0:
             raise InvalidRequestError(f"top_k must be an integer >= 0, got {self.top_k!r}.")
         if not _is_number(self.min_p) or not 0.0 <= self.min_p <= 1.0:
             raise InvalidRequestError(f"min_p must be in [0, 1], got {self.min_p!r}.")
         if not _is_number(self.repeat_penalty) or not 0.0 < self.repeat_penalty <= 10.0:
             raise InvalidRequestError(
                 f"repeat_penalty must be in (0, 10] (1 = off), got {self.repeat_penalty!r}.")
-        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)
-                                      or not -(2**63) <= self.seed < 2**64):
+        if self.seed is not None and (not is_integer(self.seed) or not -(2**63) <= self.seed < 2**64):
             raise InvalidRequestError(f"seed must be a 64-bit integer, got {self.seed!r}.")
         stop = self.stop
         if isinstance(stop, str):
@@ -177,6 +177,13 @@ class GenerationParams:
         if not isinstance(self.logprobs, bool):
             raise InvalidRequestError(f"logprobs must be true or false, got {self.logprobs!r}.")
         object.__setattr__(self, "stop", stop)
+        # ... and kept as Python's own, a float field as a float: temperature=0 and 0.0 key one cache
+        # bucket (the key is JSON: "0" and "0.0" were two), and a cloud's JSON body can hold them
+        for name in ("max_tokens", "top_k", "seed"):
+            if getattr(self, name) is not None:
+                object.__setattr__(self, name, int(getattr(self, name)))
+        for name in ("temperature", "top_p", "min_p", "repeat_penalty"):
+            object.__setattr__(self, name, float(getattr(self, name)))
 
     @property
     def is_sampled(self) -> bool:
@@ -225,7 +232,10 @@ def check_option_names(names: Iterable[str], *, routing: Sequence[str] = ()) -> 
 
 
 def _is_number(x: Any) -> bool:
-    return isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x)
+    try:
+        return is_real(x) and math.isfinite(x)
+    except OverflowError:  # an int past float's range (10**400): raised a bare OverflowError
+        return False
 
 
 def is_integer(x: object) -> TypeGuard[numbers.Integral]:

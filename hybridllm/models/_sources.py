@@ -61,17 +61,18 @@ def _source_parts(spec: ModelSpec, file: FileSpec) -> list[Path]:
         try:
             module = importlib.import_module(src["module"])
             parts = [Path(p) for p in module.chunk_paths()]
-        except ImportError as exc:  # one of its part packages is missing
+        except (ImportError, AttributeError) as exc:  # a part package missing; another version
             raise ModelPackageMissingError(
-                f"Model {spec.id!r}: a part package is missing ({exc}). Install it with: {spec.pip}"
+                f"Model {spec.id!r}: a part package is missing or of another version ({exc})."
+                f"{_version_note(spec)} Install it with: {spec.pip}"
             ) from exc
     else:  # pragma: no cover - catalog error
         raise ModelNotFoundError(f"Model {spec.id!r} has an unknown source type {src['type']!r}.")
     missing = [str(p) for p in parts if not p.is_file()]
     if missing:
         raise ModelPackageMissingError(
-            f"Model {spec.id!r}: files missing from the installed package: {', '.join(missing)}. "
-            f"Reinstall it with: {spec.pip} --force-reinstall"
+            f"Model {spec.id!r}: files missing from the installed package: {', '.join(missing)}."
+            f"{_version_note(spec)} Reinstall it with: {spec.pip} --force-reinstall"
         )
     return parts
 

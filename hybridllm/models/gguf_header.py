@@ -18,7 +18,7 @@ _GGUF_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 
 def read_gguf_metadata(path: str | Path) -> dict[str, Any]:
     """A GGUF file's metadata (version 2 or 3), an array given as its length: the header only, so
     a start-up check costs milliseconds where ``GGUFReader`` takes seconds (it reads the whole
-    vocabulary). ValueError (or struct.error, OSError) on a file that is not one."""
+    vocabulary). ValueError (or struct.error, OSError) on a file that is not one or is damaged."""
     import mmap
     import struct
 
@@ -52,9 +52,12 @@ def read_gguf_metadata(path: str | Path) -> dict[str, Any]:
             return v
 
         meta: dict[str, Any] = {}
-        for _ in range(struct.unpack_from("<Q", buf, 16)[0]):
-            key = string()
-            (kind,) = struct.unpack_from("<I", buf, pos)
-            pos += 4
-            meta[key] = value(kind)
+        try:
+            for _ in range(struct.unpack_from("<Q", buf, 16)[0]):
+                key = string()
+                (kind,) = struct.unpack_from("<I", buf, pos)
+                pos += 4
+                meta[key] = value(kind)
+        except (KeyError, RecursionError) as exc:  # a type no GGUF has; arrays nested past reason
+            raise ValueError(f"{path} has damaged GGUF metadata ({type(exc).__name__})") from None
     return meta

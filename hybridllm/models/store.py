@@ -262,7 +262,12 @@ def verify(model_id: str | None = None) -> list[VerifyResult]:
         bad, missing = [], []
         for file in spec.files:
             path = model_dir(spec) / file.name
-            if not path.is_file():
+            try:
+                there = path.is_file()
+            except OSError as exc:  # a folder on the way that cannot be entered: not "missing"
+                bad.append(f"{file.name} (unreadable: {exc.strerror or exc})")
+                continue
+            if not there:
                 missing.append(file.name)
                 continue
             why = ""
@@ -301,6 +306,22 @@ def check_gguf(path: Path) -> None:
         )
 
 
+def _check_stored(path: Path, spec: ModelSpec, progress: Progress | None) -> None:
+    """The store's own file given by its path (what `models path` prints) gets the check its id
+    gets: unchanged since verified, else hashed again; a damaged one is refused, never loaded."""
+    dest = model_dir(spec) / spec.main_file.name
+    try:
+        if not os.path.samefile(path, dest):
+            return  # a copy elsewhere is the user's file, as any other local .gguf
+    except OSError:
+        return
+    if not (_marker_ok(dest, spec.main_file.sha256) or _adopt(dest, spec.main_file, progress)):
+        raise ModelCorruptError(
+            f"{path} does not match the catalog's sha256 for {spec.id!r} (damaged or changed since "
+            f"it was pulled). Put it back with: hybridllm models pull {spec.id} --force"
+        )
+
+
 def resolve_gguf(
     model: str | os.PathLike[str], *, progress: Progress | None = None
 ) -> tuple[str, Path, ModelSpec | None]:
@@ -319,6 +340,7 @@ def resolve_gguf(
         for spec in load_catalog().values():  # a catalog file given by path keeps its settings
             main = spec.main_file
             if spec.kind == "gguf" and main.name == path.name and main.size in (None, size):
+                _check_stored(path, spec, progress)
                 return spec.id, path, spec
         return path.stem, path, None
     if text.strip() and path.is_dir():  # a model's folder (a Hugging Face snapshot): not a file

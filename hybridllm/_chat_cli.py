@@ -82,7 +82,8 @@ def _fit(llm: Any, history: list[dict[str, str]], base: int, max_tokens: int | N
     """Drop the oldest turns (never the system prompt nor the new question) until the conversation
     leaves room for the answer in the device model's context; how many messages went. With a cloud
     configured a long conversation goes there whole, so nothing is dropped unless the cloud could
-    not take it (``cloud_failed``): then the device answers what fits."""
+    not take it (``cloud_failed``): then the device answers what fits. A new question past the
+    context on its own drops nothing (0): the device refuses it and the conversation stays."""
     if llm.cloud is not None and not cloud_failed:
         return 0
     from .backends.base import call_guarded
@@ -95,14 +96,20 @@ def _fit(llm: Any, history: list[dict[str, str]], base: int, max_tokens: int | N
     if not limit or not callable(getattr(edge, "tokenize", None)):
         return 0
     room = min(max_tokens or llm.config.max_tokens, limit // 2)
+    trial = history[:]
     dropped = 0
-    while (len(history) - base > 1
-           and len(call_guarded(edge.tokenize, edge, "edge", history)) + room > limit):
-        del history[base]  # the oldest user turn, then its answer
-        if len(history) - base > 1 and history[base]["role"] == "assistant":
-            del history[base]
+    while (len(trial) - base > 1
+           and len(call_guarded(edge.tokenize, edge, "edge", trial)) + room > limit):
+        del trial[base]  # the oldest user turn, then its answer
+        if len(trial) - base > 1 and trial[base]["role"] == "assistant":
+            del trial[base]
             dropped += 1
         dropped += 1
+    # a question past the context on its own (a long paste) fails whatever goes: the conversation
+    # is kept, not dropped for nothing before the device refuses the question
+    if dropped and len(call_guarded(edge.tokenize, edge, "edge", trial)) >= limit:
+        return 0
+    history[:] = trial
     return dropped
 
 
@@ -171,7 +178,9 @@ def cmd_chat(args: argparse.Namespace) -> int:
                     del history[base:]
                     _note("(conversation cleared)")
                 elif command in ("/help", "/?"):
-                    print(CHAT_HELP)
+                    # a piped chat's stdout holds only the answers (README): the list goes where
+                    # its prompt would, stderr when stdout is not a terminal
+                    print(CHAT_HELP, file=sys.stdout if interactive else to)
                 else:
                     _note(f"unknown command {command}; {CHAT_HELP}")
                     failed = failed or not interactive  # a piped question refused, not answered: exit 1

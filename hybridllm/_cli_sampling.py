@@ -6,6 +6,7 @@ import argparse
 from collections.abc import Callable
 from typing import Any
 
+from ._cli_options import given
 from ._cli_terminal import _UsageError
 from ._cpus import usable_cpus
 from ._types import MAX_STOP
@@ -81,7 +82,9 @@ SETTINGS_EPILOG = ("An option left out takes its setting from the environment (H
 
 
 def _add_sampling(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default=None,
+    # a blank --model (an unset "$MODEL") was taken as left out: the default model's name shown
+    # while loading, then "Unknown model ''" (exit 1) after the settings were read
+    p.add_argument("--model", default=None, type=given("an edge model id or .gguf path"),
                    help="edge model: catalog id, path to a .gguf file, or (--backend onnx) a "
                         f"prepared folder ({_setting('edge_model')})")
     p.add_argument("--max-tokens", type=_sampling_value("max_tokens", int), default=None,

@@ -45,10 +45,16 @@ class ServerState:
 
     def ready_serving(self) -> OpenAIServing:
         self.drain.check_open()
+        # a failed load and a stopped engine do not come back by themselves (/health: "error"):
+        # "retry shortly" had a client retry a server that needs a restart
+        if self.load_error is not None:
+            raise NotReadyError(f"The model failed to load ({type(self.load_error).__name__}); "
+                                "this server cannot serve until it is restarted.")
         if self.serving is None or self.engine is None:
             raise NotReadyError("The model is still loading; retry shortly.")
         if not self.engine.is_ready:
-            raise NotReadyError("The engine is not running; retry shortly.")
+            raise NotReadyError("The engine has stopped; this server cannot serve until it is "
+                                "restarted.")
         return self.serving
 
     def check_model(self, requested: str) -> None:

@@ -153,20 +153,22 @@ def _build_router(app: FastAPI, checker: ApiKeyChecker, max_body_bytes: int) -> 
 
     add_schemas(app, defs)
 
-    # HEAD as well as GET, as /health answers (RFC 9110): a probe of the model list got 405
-    @v1.head("/models", include_in_schema=False)
-    @v1.get("/models", response_model=ModelList, responses=_errors(*auth, 500, 503))
-    async def list_models() -> dict[str, Any]:
-        state.ready_serving()
+    def model_card() -> dict[str, Any]:
         engine = state.engine
-        card = {
+        return {
             "id": state.model_name,
             "object": "model",
             "created": state.created,
             "owned_by": "hybridllm",
             "max_model_len": engine.max_model_len if engine is not None else None,
         }
-        return {"object": "list", "data": [card]}
+
+    # HEAD as well as GET, as /health answers (RFC 9110): a probe of the model list got 405
+    @v1.head("/models", include_in_schema=False)
+    @v1.get("/models", response_model=ModelList, responses=_errors(*auth, 500, 503))
+    async def list_models() -> dict[str, Any]:
+        state.ready_serving()
+        return {"object": "list", "data": [model_card()]}
 
     @v1.head("/models/{model_id:path}", include_in_schema=False)
     @v1.get("/models/{model_id:path}", response_model=ModelCard,
@@ -174,12 +176,7 @@ def _build_router(app: FastAPI, checker: ApiKeyChecker, max_body_bytes: int) -> 
     async def get_model(model_id: str) -> dict[str, Any]:
         state.ready_serving()
         state.check_model(model_id)
-        return {
-            "id": state.model_name,
-            "object": "model",
-            "created": state.created,
-            "owned_by": "hybridllm",
-        }
+        return model_card()  # the list's card: it lacked max_model_len, which vLLM's carries
 
     return v1
 

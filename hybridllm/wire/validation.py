@@ -58,5 +58,8 @@ def _param(loc: tuple[Any, ...]) -> str | None:
 
 
 def _is_union_tag(part: Any) -> bool:
-    # pydantic adds the union member it tried ("str", "list[TextPart]") to the location
-    return isinstance(part, str) and ("[" in part or part in {"str", "int", "float", "bool", "none"})
+    # pydantic adds the union member it tried ("str", "list[TextPart]") to the location; a
+    # member with constraints is "constrained-str" (a legacy "prompt": null was named
+    # 'prompt.constrained-str', no field of the request)
+    return isinstance(part, str) and (
+        "[" in part or part in {"str", "int", "float", "bool", "none"} or part.startswith("constrained-"))

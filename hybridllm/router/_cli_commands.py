@@ -101,6 +101,10 @@ def _label(args: argparse.Namespace) -> int:
         "max_tokens": args.max_tokens,
         "edge_max_tokens": args.edge_max_tokens or args.max_tokens,
         "system_prompt": SYSTEM_PROMPT,
+        # the questions' file, by name: a second dataset labelled into the same --out (the
+        # default labels.csv) was appended to the first, one file of two sources that `router
+        # train` can only learn from apart (one --data each)
+        "data": Path(args.data).name,
     }
     run = label_to_csv(
         questions,

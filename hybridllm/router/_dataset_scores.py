@@ -73,6 +73,36 @@ def _score_columns(
     return values, boolean
 
 
+def _bad_cell(rows: list[dict[str, str]], col: str, decimal_comma: bool = False) -> tuple[int, str] | None:
+    """The first row (1-based, after the header) whose ``col`` cell is not a score, and the cell."""
+    for i, r in enumerate(rows):
+        cell = r.get(col) or ""
+        if _to_score(cell, decimal_comma) is None:
+            return i + 1, cell
+    return None
+
+
+def _spoiled_columns(
+    header: list[str], rows: list[dict[str, str]], prompt_col: str, numeric: dict[str, np.ndarray],
+    decimal_comma: bool = False,
+) -> str:
+    """What to say of columns left out as scores for a few cells that are not ("maybe", "inf", a
+    typo): at least as many of their cells are scores. Said nowhere, a file whose second model
+    column held one such cell was refused as having "one model column", with no row to fix."""
+    said = []
+    for col in header:
+        if col in (prompt_col, LOGPROB_COL, CLOUD_TOKENS_COL) or col in numeric:
+            continue
+        parsed = [_to_score(r.get(col) or "", decimal_comma) for r in rows]
+        good = sum(v is not None and not np.isnan(v) for v in parsed)
+        bad = _bad_cell(rows, col, decimal_comma)
+        if bad is not None and good >= sum(v is None for v in parsed):
+            said.append(f"column {col!r} is not read as scores: row {bad[0]} holds {bad[1]!r}")
+        if len(said) == 3:
+            break
+    return f" ({'; '.join(said)}; fix or blank such cells)" if said else ""
+
+
 def _scaled(
     numeric: dict[str, np.ndarray], boolean: set[str], score_range: tuple[float, float] | None
 ) -> dict[str, np.ndarray]:

@@ -68,6 +68,13 @@ def _read_done(path: Path, header: list[str], run: LabelRun) -> tuple[set[str], 
                 return set(), header
             # Excel's "CSV UTF-8" starts with a byte-order mark: read as "\ufeffprompt", the file
             # was refused as labels "for other models" that were these very ones
+            if found[0].removeprefix("\ufeff") != header[0]:
+                # not a label CSV at all (--out named the questions file, or notes): said to hold
+                # labels "for other models", named by two fragments of its first line
+                raise DataError(
+                    f"{path} is not a label CSV (its first line does not start with "
+                    f"'{header[0]},'); it is left as it is: pass another --out."
+                )
             if [found[0].removeprefix("\ufeff"), *found[1:3]] != header[:3]:
                 raise DataError(
                     f"{path} already holds labels for other models ({', '.join(found[1:3])}); "

@@ -26,9 +26,11 @@ from ._dataset_scores import (
     _BLANK,
     CLOUD_TOKENS_COL,  # noqa: F401  re-exported for router/label.py, _label_files.py
     LOGPROB_COL,
+    _bad_cell,
     _logprob_column,
     _scaled,
     _score_columns,
+    _spoiled_columns,
     _to_bool,  # noqa: F401  re-exported for router/label.py, _label_files.py
 )
 from ._dataset_table import (
@@ -122,9 +124,12 @@ def load_routellm_csv(
     numeric, boolean = _score_columns(header, rows, prompt_col, decimal_comma=semicolons)
     for col in (weak_col, strong_col):
         if col is not None and col not in numeric:
+            # which row to fix: the first cell that is not a score, else the column is all blank
+            bad = _bad_cell(rows, col, semicolons)
+            where = f" (row {bad[0]} holds {bad[1]!r})" if bad else " (it is blank in every row)"
             raise DataError(
-                f"Column {col!r} of {p} is not all scores: True/False, numbers in [0, 1] (or on "
-                "the --score-range scale), or blank for a row that was not labelled."
+                f"Column {col!r} of {p} is not all scores{where}: True/False, numbers in [0, 1] (or "
+                "on the --score-range scale), or blank for a row that was not labelled."
             )
     values = _scaled(numeric, boolean, score_range)
     if weak_col is None or strong_col is None:
@@ -156,6 +161,7 @@ def load_routellm_csv(
                 blank = [c for c in header if c != prompt_col and c not in numeric
                          and all((r.get(c) or "").strip().lower() in _BLANK for r in rows)]
                 said = f" ({', '.join(blank)} is blank in every row)" if blank else ""
+                said += _spoiled_columns(header, rows, prompt_col, numeric, semicolons)
                 raise DataError(
                     f"{p} has one {kind} model column ({', '.join(known + candidates)}){said}; if it "
                     "grades the weak model against the strong model's answers as the reference "
@@ -173,6 +179,7 @@ def load_routellm_csv(
                     f"{p} has no model score columns: none of {', '.join(others) or 'its columns'} holds "
                     "only True/False (yes/no, 1/0, correct/incorrect, pass/fail), numbers or blanks. "
                     "Write each model's correctness or score in a column of its own."
+                    + _spoiled_columns(header, rows, prompt_col, numeric, semicolons)
                     + _separator_hint(header) + judged
                 )
             raise DataError(

@@ -211,6 +211,12 @@ def train_from_csv(
     labelled files whose edge log-probabilities calibrate the cascade's floor only. ``progress``:
     progress bars on stderr for embedding the prompts and for the fits (work over a second)."""
     paths = [Path(p) for p in (path if isinstance(path, list) else [path])]
+    # one file twice (a shell glob and a name, a copy-pasted command): trained as two sources of the
+    # same rows, each row counted twice, the per-source metrics and columns under one name
+    resolved = [p.resolve() for p in paths]
+    twice = next((p for i, p in enumerate(paths) if resolved[i] in resolved[:i]), None)
+    if twice is not None:
+        raise DataError(f"--data {twice} is given twice; pass each labelled file once.")
     _check_out(out_dir)
     headers = [file_columns(p) for p in paths]
     for flag, col in (("--weak-col", weak_col), ("--strong-col", strong_col), ("--prompt-col", prompt_col)):

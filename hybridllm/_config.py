@@ -92,12 +92,23 @@ class HybridLLMConfig:
     def __post_init__(self) -> None:
         if isinstance(self.cloud_url, str):
             self.cloud_url = [u.strip() for u in self.cloud_url.split(",") if u.strip()]
+        else:  # a list's items stripped as the string's parts are ("https://x.example " was the
+            # host "x.example%20", which never resolves); a space inside one is refused (check_url)
+            self.cloud_url = [u.strip() if isinstance(u, str) else u for u in self.cloud_url]
         if self.cloud_endpoints:
             from .carbon import CloudEndpoint
 
             self.cloud_endpoints = [CloudEndpoint.of(e) for e in self.cloud_endpoints]
             self.cloud_url = list(self.cloud_url) + [
                 e.url for e in self.cloud_endpoints if e.url not in self.cloud_url]
+        for f in dataclasses.fields(self):  # an int past a float's range (cache_ttl_s=10**400)
+            value = getattr(self, f.name)  # passed each comparison and failed later (OverflowError)
+            if "float" in str(f.type) and isinstance(value, int) and not isinstance(value, bool):
+                try:
+                    float(value)
+                except OverflowError:
+                    raise ConfigError(f"{f.name} must be a number, got an integer past a float's "
+                                      "range.") from None
         if not self.cloud_joules_per_token > 0:
             raise ConfigError("cloud_joules_per_token must be positive.")
         for url in self.cloud_url:  # the cloud client's rule: a bad port or no host too
@@ -221,13 +232,17 @@ BUDGET_FIELDS = ("max_cloud_calls_per_hour", "max_cloud_calls_per_day", "max_clo
 
 def _coerce(name: str, raw: str, typ: Any) -> Any:
     text = str(typ)
+    # the spaces around a switch or "none" ignored, as int() and float() ignore them around a
+    # number: HYBRIDLLM_CACHE=" 0 " was refused while HYBRIDLLM_N_CTX=" 4096 " was read; a text
+    # setting (a model name, a key) is kept as given
+    word = raw.lower() if "str" in text else raw.strip().lower()
     try:
-        if raw.lower() in ("none", "") and "None" in text:
+        if word in ("none", "") and "None" in text:
             return None
         if "bool" in text:
-            if raw.lower() in ("1", "true", "yes", "on"):
+            if word in ("1", "true", "yes", "on"):
                 return True
-            if raw.lower() in ("0", "false", "no", "off"):
+            if word in ("0", "false", "no", "off"):
                 return False
             raise ValueError(raw)
         if "list" in text:
@@ -311,6 +326,48 @@ def config_file_path(explicit: str | os.PathLike[str] | None) -> Path | None:
     return default if default.is_file() else None
 
 
+# the largest config file read: every setting fits in a few KiB, with hundreds of cloud_endpoints a
+# few hundred; a larger file is no config (a log, a model named by mistake) and was held in memory
+CONFIG_MAX_BYTES = 1 << 20
+
+
+def _read_config_file(path: Path) -> bytes:
+    """The bytes of the config file ``path``: a regular file of CONFIG_MAX_BYTES at most. Before,
+    ``/dev/zero`` was read until memory ran out and a FIFO with no writer blocked for ever."""
+    import stat
+
+    # non-blocking: opening a FIFO waits for a writer otherwise (a regular file ignores the flag);
+    # FileNotFoundError, PermissionError: the caller's messages
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0))
+    try:
+        st = os.fstat(fd)  # of what was opened: no race with a file replaced meanwhile
+        if stat.S_ISDIR(st.st_mode):
+            raise ConfigError(f"Config file {path} is a folder, not a file.")
+        if not stat.S_ISREG(st.st_mode):
+            if _is_devnull(st):  # HYBRIDLLM_CONFIG=/dev/null: no config file, as before
+                return b""
+            raise ConfigError(f"Config file {path} is not a regular file (a device, a pipe or a socket).")
+        data = b""
+        while len(data) <= CONFIG_MAX_BYTES:  # one byte more than the limit: refused, not cut
+            chunk = os.read(fd, CONFIG_MAX_BYTES + 1 - len(data))
+            if not chunk:
+                break
+            data += chunk
+    finally:
+        os.close(fd)
+    if len(data) > CONFIG_MAX_BYTES:
+        raise ConfigError(f"Config file {path} is over {CONFIG_MAX_BYTES >> 20} MiB: not a hybridllm "
+                          "config (a few KiB hold every setting).")
+    return data
+
+
+def _is_devnull(st: os.stat_result) -> bool:
+    try:
+        return os.path.samestat(st, os.stat(os.devnull))
+    except OSError:
+        return False
+
+
 def load_config(config: str | os.PathLike[str] | None = None, **overrides: Any) -> HybridLLMConfig:
     fields = {f.name: f for f in dataclasses.fields(HybridLLMConfig)}
     unknown = set(overrides) - set(fields)
@@ -331,7 +388,9 @@ def load_config(config: str | os.PathLike[str] | None = None, **overrides: Any) 
     if path is not None:
         try:
             # utf-8-sig: a file saved with a byte order mark (Windows Notepad) was "not valid TOML"
-            data = tomllib.loads(path.read_text(encoding="utf-8-sig"))
+            text = _read_config_file(path).decode("utf-8-sig")
+            # line ends as the text mode that read it before made them (a lone \r too)
+            data = tomllib.loads(text.replace("\r\n", "\n").replace("\r", "\n"))
         except FileNotFoundError:
             raise ConfigError(f"Config file {path} does not exist.") from None
         except OSError as exc:  # a folder, no permission

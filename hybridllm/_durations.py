@@ -11,12 +11,17 @@ _UNITS = (("day", 86_400), ("h", 3_600), ("min", 60), ("s", 1))
 
 def duration(seconds: float) -> str:
     """``seconds`` as people read it, in its largest unit and the next: "45 s", "2 min 05 s",
-    "3 h 07 min", "1 day", "2 days 4 h" (a next unit of 0 is left out).
+    "3 h 07 min", "1 day", "2 days 4 h" (a next unit of 0 is left out); infinite, NaN or past a float's range
+    (``10**400``), "an unknown time".
 
     Rounded to the precision shown (1 h 59 min 59.6 s is "2 h", not "1 h 59 min" nor "60 min");
     a time above 0 but under a second reads "1 s" (a wait is never "0 s"); 0 or less, "0 s".
     """
-    if not math.isfinite(seconds):
+    try:
+        finite = math.isfinite(seconds)
+    except OverflowError:  # an int past a float's range (10**400): as 1e400, which reads as inf
+        finite = False
+    if not finite:
         return "an unknown time"
     if seconds <= 0:
         return "0 s"

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 import random
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -60,6 +61,10 @@ def check_setting(name: str, value: object, rule: str) -> None:
     else:  # seconds: NaN fails every comparison; inf is "no bound" where None is
         ok = (0 <= value < math.inf if rule == "seconds>=0" else value > 0 and
               (value < math.inf or rule == "seconds>0|None"))
+        try:  # an int past a float's range (10**400) passed and failed each call (OverflowError)
+            float(value)
+        except OverflowError:
+            ok, value = False, "a number past a float's range"
     if not ok:
         raise ConfigError(f"{name} must be {wanted}, got {value!r}.")
 
@@ -76,6 +81,14 @@ def check_url(name: str, url: object) -> None:
     shown = public_value(url)  # a user:password@ in it as ***@: errors are printed and logged
     if not isinstance(url, str) or not url.startswith(("http://", "https://")):
         raise ConfigError(f"{name} must start with http:// or https://, got {shown!r}.")
+    # two URLs in one ("https://a,https://b", one item of a list): a host "a,https" that never resolves
+    if re.search(r",\s*https?://", url):
+        raise ConfigError(f"{name} holds several URLs joined by commas, got {shown!r}: give each "
+                          "as an item of a list (a string or the environment variable is split on commas).")
+    # a space or a control character is never part of a URL: httpx sent "x.example " as the host
+    # "x.example%20" (which never resolves: "cannot be reached") and refused a tab at each request
+    if any(c.isspace() or not c.isprintable() for c in url):
+        raise ConfigError(f"{name} has a space or a control character in it, got {shown!r}.")
     try:
         parts = urlsplit(url)
         parts.port  # noqa: B018  # raises ValueError for a port that is not a number in 0-65535
@@ -83,6 +96,8 @@ def check_url(name: str, url: object) -> None:
         raise ConfigError(f"{name} is not a valid URL ({exc}), got {shown!r}.") from None
     if not parts.hostname:
         raise ConfigError(f"{name} has no host, got {shown!r}.")
+    if "," in parts.hostname:  # no host name has one
+        raise ConfigError(f"{name} has a comma in its host, got {shown!r}.")
 
 
 class Ticket:

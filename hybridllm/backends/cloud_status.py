@@ -126,8 +126,8 @@ class _StatusVerdicts:
         except RuntimeError:  # a response built without its request
             where = url
         cause = f"HTTP {status} from {where}"
-        if status in RETRY_STATUS or status >= 500:
-            raise _Retryable(f"HTTP {status}: {message}", status=status, cause=cause,
+        if status in RETRY_STATUS or status >= 500:  # the endpoint named: several may be balanced
+            raise _Retryable(f"HTTP {status}: {message} (from {where})", status=status, cause=cause,
                              retry_after=retry_after_of(resp.headers))
         if status in (401, 403):
             raise CloudAuthError(
@@ -149,8 +149,13 @@ class _StatusVerdicts:
             self._warn_once(url or where, status, text)
             raise CloudUnavailableError(text, status_code=status)
         if 300 <= status < 400:
+            from .._config import public_text  # (here: _config imports backends.circuit)
+
+            # where it points, without its query string or fragment (a captive portal's token) and
+            # with a user:password@ in it masked, as the endpoint's own URL above
+            to = re.split(r"[?#]", resp.headers.get("location") or "", maxsplit=1)[0]
             raise _EndpointDown(f"The cloud at {where} answered HTTP {status}, a redirect to "
-                                f"{resp.headers.get('location') or 'nowhere'}: set cloud_url to the "
+                                f"{public_text(to) or 'nowhere'}: set cloud_url to the "
                                 "address it points to (redirects are not followed)", status=status,
                                 cause=f"{cause}, a redirect")
         raise _EndpointDown(f"The cloud at {where} answered HTTP {status}: {message} (is cloud_url the "

@@ -218,6 +218,8 @@ def build_app(
         router_config["request_router_class"] = TokenPrefixRequestRouter
         router_config["request_router_kwargs"] = {
             "block_size": engine_config.block_size,
+            # replicas that cache no prefix (--no-prefix-caching): no affinity, balance by load
+            "prefix_caching": engine_config.enable_prefix_caching,
             "imbalance_ratio": cluster.imbalance_ratio,
             "min_margin_tokens": cluster.min_margin_tokens,
             # a report older than two of Serve's stats timeouts is from a replica that stopped

@@ -82,8 +82,8 @@ class ReplicaBooks:
     open_requests: dict[str, tuple[int, int, float]] = field(default_factory=dict)
     sent_hashes: OrderedDict[int, float] = field(default_factory=OrderedDict)  # hash -> sent at
     # every prompt block ever sent here (bounded, oldest dropped): where a tenant lives, even
-    # after its blocks were evicted
-    history: OrderedDict[int, None] = field(default_factory=OrderedDict)
+    # after its blocks were evicted; hash -> sent at
+    history: OrderedDict[int, float] = field(default_factory=OrderedDict)
 
     @property
     def sent_tokens(self) -> int:
@@ -152,6 +152,9 @@ class TokenAwareRouter:
         self._request_replica: dict[str, ReplicaKey] = {}
         self._routed: dict[str, ReplicaKey] = {}  # request -> the replica Serve says took it
         self._ended: OrderedDict[str, ReplicaKey] = OrderedDict()  # recent attempts that ended
+        # request -> (replica, sent at, the prompt blocks its booking first put in that replica's
+        # sent blocks, in its history): taken back when the request does not run there
+        self._added: OrderedDict[str, tuple[ReplicaKey, float, list[int], list[int]]] = OrderedDict()
         self.num_prefix_choices = 0  # per request (a request routed again counts once)
         self.num_spill_choices = 0
         self.num_home_choices = 0
@@ -206,6 +209,16 @@ class TokenAwareRouter:
                 break  # oldest first: the rest are younger
             if h not in books.reported_hashes:
                 del books.sent_hashes[h]
+        # a replica that says it has no work runs none of the requests sent to it well before
+        # (``sent_ttl_s``): one still on our books lost its end (Serve calls no end for a request
+        # cancelled between its choice and its send), and would keep the replica busy for ever
+        raw = stats.get("outstanding_tokens")
+        if raw == 0 and not isinstance(raw, bool):
+            for rid in [r for r, (_, _, t) in books.open_requests.items() if now - t >= self.sent_ttl_s]:
+                if self._request_replica.get(rid) == replica:
+                    self.on_done(rid)
+                else:
+                    del books.open_requests[rid]
 
     # -- the decision --------------------------------------------------------------------------
     def choose(self, candidates: Sequence[ReplicaKey], prompt_hashes: Sequence[int]) -> Choice:
@@ -252,6 +265,7 @@ class TokenAwareRouter:
     ) -> None:
         """``num_tokens`` of work (of which ``prefill_tokens`` prompt tokens to prefill) sent."""
         again = request_id in self._request_replica
+        self._withdraw(request_id)  # booked again: it did not run where it was booked before
         self.on_done(request_id)  # a request routed again (a retry) counts once
         if not again and reason is not None:
             if reason == "prefix":
@@ -267,13 +281,17 @@ class TokenAwareRouter:
         prefill = min(prefill_tokens, num_tokens)
         books.open_requests[request_id] = (prefill, num_tokens - prefill, now)
         self._request_replica[request_id] = replica
+        self._added[request_id] = (replica, now, [h for h in prompt_hashes if not books.holds(h)],
+                                   [h for h in prompt_hashes if h not in books.history])
+        while len(self._added) > 4096:
+            self._added.popitem(last=False)
         for h in prompt_hashes:
             books.sent_hashes[h] = now
             books.sent_hashes.move_to_end(h)
         while len(books.sent_hashes) > self.max_sent_hashes:
             books.sent_hashes.popitem(last=False)
         for h in prompt_hashes:
-            books.history[h] = None
+            books.history[h] = now
             books.history.move_to_end(h)
         while len(books.history) > self.max_history:
             books.history.popitem(last=False)
@@ -310,10 +328,35 @@ class TokenAwareRouter:
                 self._ended.popitem(last=False)
             if routed is not None and routed != replica:
                 return
+        if replica is None or routed == replica:  # it ran there: its blocks are there (else
+            self._added.pop(request_id, None)  # a replica turning it away ends it before on_routed)
         self._routed.pop(request_id, None)
         booked = self._request_replica.pop(request_id, None)
         if booked is not None and booked in self.books:
             self.books[booked].open_requests.pop(request_id, None)
+
+    def on_cancelled(self, request_id: str) -> None:
+        """The request was cancelled before it was sent to a replica: it ran nowhere."""
+        self._withdraw(request_id)
+        self.on_done(request_id)
+
+    def _withdraw(self, request_id: str) -> None:
+        """Take back the prompt blocks the request's booking put on a replica that never got it
+        (it turned the request away, or it was cancelled first): else that replica looked as if
+        it held the prefix, drawing the tenant's next requests there, and as its home too (tied
+        with the replica that ran it: the tenant had no home any more). A block sent there since
+        by another request stays."""
+        added = self._added.pop(request_id, None)
+        books = self.books.get(added[0]) if added is not None else None
+        if added is None or books is None:
+            return
+        _, at, sent, history = added
+        for h in sent:
+            if books.sent_hashes.get(h) == at:
+                del books.sent_hashes[h]
+        for h in history:
+            if books.history.get(h) == at:
+                del books.history[h]
 
 
 def estimate_tokens(num_prompt_tokens: int, matched_blocks: int, block_size: int, max_tokens: int) -> int:

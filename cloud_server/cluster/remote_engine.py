@@ -183,6 +183,7 @@ class RemoteEngine:
         self, request_id: str, prompt_ids: list[int], params: dict[str, Any]
     ) -> AsyncIterator[Any]:
         from ray.exceptions import RayError
+        from ray.serve.exceptions import DeploymentUnavailableError
 
         attempt = 0
         while True:
@@ -194,6 +195,11 @@ class RemoteEngine:
                     got_output = True
                     yield out
                 return
+            except DeploymentUnavailableError as exc:
+                # Serve's own refusal, before any replica: the engine deployment failed to deploy
+                # (its replicas crash at start). A 503 that says so, not an anonymous 500
+                raise NotReadyError("no engine replica is available: the engine deployment failed "
+                                    "to start (see the Serve logs)") from exc
             except (ServerError, RayError) as exc:
                 own = _replica_error(exc)
                 # a replica whose engine is gone says so on purpose: a fault of the replica, not

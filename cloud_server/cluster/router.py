@@ -12,12 +12,13 @@ just goes to the least loaded replica.
 
 from __future__ import annotations
 
+import struct
 import time
 from typing import Any
 
 from ray.serve.request_router import PendingRequest, RequestRouter, RunningReplica
 
-from .policy import TokenAwareRouter, estimate_tokens, prompt_block_hashes
+from .policy import TokenAwareRouter, _count, estimate_tokens, prompt_block_hashes
 
 GENERATE = "generate"
 
@@ -29,7 +30,8 @@ def request_shape(pending: PendingRequest | None) -> tuple[list[int], int] | Non
     args = pending.args
     if len(args) < 2 or not isinstance(args[0], list) or not isinstance(args[1], dict):
         return None
-    return args[0], int(args[1].get("max_tokens", 0))
+    # a max_tokens that is no count (None, "8", NaN) books no decode: the replica refuses it
+    return args[0], _count(args[1].get("max_tokens", 0))
 
 
 class TokenPrefixRequestRouter(RequestRouter):
@@ -37,6 +39,7 @@ class TokenPrefixRequestRouter(RequestRouter):
 
     def initialize_state(self, **kwargs: Any) -> None:
         self.block_size = int(kwargs.get("block_size", 16))
+        self.prefix_caching = bool(kwargs.get("prefix_caching", True))
         self.policy = TokenAwareRouter(
             block_size=self.block_size,
             imbalance_ratio=float(kwargs.get("imbalance_ratio", 0.25)),
@@ -77,6 +80,19 @@ class TokenPrefixRequestRouter(RequestRouter):
         except Exception:  # noqa: BLE001 - figures are best effort
             self._board = None
 
+    def _hashes(self, prompt_ids: list[int]) -> list[int]:
+        """The prompt's block hashes; none where the replicas cache no prefix (the books would
+        claim blocks no replica holds, and keep a shared prompt on one replica), or where its ids
+        are no 64-bit ints (a float, a str, 2**64): the replica refuses such a prompt with a clear
+        error, the router must not raise (an exception in ``choose_replicas`` ends Serve's routing
+        task, and the request waits for a replica for ever)."""
+        if not self.prefix_caching:
+            return []
+        try:
+            return prompt_block_hashes(prompt_ids, self.block_size)
+        except (TypeError, ValueError, OverflowError, struct.error):
+            return []
+
     def _refresh(self) -> None:
         self.policy.sync_replicas(self._replicas)
         for gone in [k for k in self._report_stamps if k not in self._replicas]:
@@ -106,7 +122,7 @@ class TokenPrefixRequestRouter(RequestRouter):
         if shape is None or pending_request is None:
             return [[r] for r in sorted(candidate_replicas, key=load)]
         prompt_ids, max_tokens = shape
-        hashes = prompt_block_hashes(prompt_ids, self.block_size)
+        hashes = self._hashes(prompt_ids)
         choice = self.policy.choose([r.replica_id for r in candidate_replicas], hashes)
         tokens = estimate_tokens(len(prompt_ids), choice.matched_blocks, self.block_size, max_tokens)
         self.policy.on_sent(
@@ -130,7 +146,7 @@ class TokenPrefixRequestRouter(RequestRouter):
         if shape is None:
             return
         prompt_ids, max_tokens = shape
-        hashes = prompt_block_hashes(prompt_ids, self.block_size)
+        hashes = self._hashes(prompt_ids)
         rid = pending_request.metadata.internal_request_id
         self.policy.on_routed(replica_id, rid, hashes, len(prompt_ids), max_tokens)
 
@@ -151,6 +167,6 @@ class TokenPrefixRequestRouter(RequestRouter):
         def on_future_done(fut: Any) -> None:
             self._watched.discard(rid)
             if fut.cancelled():
-                self.policy.on_done(rid)
+                self.policy.on_cancelled(rid)
 
         future.add_done_callback(on_future_done)

@@ -78,9 +78,11 @@ class _CacheSteps(_CoreParts):
             )
             return
         cache, ns = self.cache, req.options.namespace or self.namespace
-        # with no cloud (or no policy) no privacy scan ran in the plan step: the cache's store_pii
-        # still keeps personal data out of the file, so the prompt is scanned here
-        unscanned = self.cloud is None or self.policy is None
+        # the plan step's privacy scan runs only in a RoutingPolicy with privacy on: with no cloud,
+        # no policy, privacy="off" or a policy of the caller's own, none ran (or none is known to),
+        # and the cache's store_pii still keeps personal data out of the file, so the prompt is
+        # scanned here (before, privacy="off" wrote an e-mail address to the file in clear)
+        unscanned = self.cloud is None or getattr(self.policy, "privacy", "off") == "off"
 
         def put() -> None:
             try:

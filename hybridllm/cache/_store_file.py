@@ -5,9 +5,10 @@ from __future__ import annotations
 import sqlite3
 import time
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 
-from .._exceptions import CacheCorruptError
+from .._exceptions import CacheCorruptError, CacheError
 from .._locks import lock_exclusive
 from ._store_writes import _Transaction
 
@@ -168,16 +169,67 @@ class _StoreFile:
             src = Path(str(self.path) + suffix)
             if src.exists():
                 src.replace(Path(str(aside) + suffix))
+        try:
+            conn = self._open()
+        except sqlite3.DatabaseError as again:  # e.g. the folder is not writable
+            warnings.warn(f"The cache database {self.path} was corrupt ({exc}); moved it to {aside}.",
+                          RuntimeWarning, stacklevel=5)
+            raise CacheCorruptError(f"Cannot create the cache at {self.path}: {again}") from again
+        kept = self._salvage(aside, conn)
         warnings.warn(
             f"The cache database {self.path} was corrupt ({exc}); moved it to {aside} and "
-            "started an empty cache.",
+            + (f"kept the {kept} entries that could still be read from it." if kept
+               else "started an empty cache."),
             RuntimeWarning,
             stacklevel=5,  # the caller of CacheStore(), past the rebuild frames
         )
+        return conn
+
+    def _salvage(self, aside: Path, conn: sqlite3.Connection) -> int:
+        """Copy the entries still readable from the corrupt file ``aside`` into the new one; the
+        count. Before, a damaged page anywhere (an index, one page of answers) lost every entry.
+        The table is read from both ends, up to the first damaged page each way; a row read whole
+        but holding garbage is dropped on load, as in any file (``_StoreReads._entry``)."""
+        # read only; immutable (no -wal or -shm made beside it) unless its own WAL came along,
+        # which holds committed entries too
+        immutable = "" if Path(f"{aside}-wal").exists() else "&immutable=1"
         try:
-            return self._open()
-        except sqlite3.DatabaseError as again:  # e.g. the folder is not writable
-            raise CacheCorruptError(f"Cannot create the cache at {self.path}: {again}") from again
+            src = sqlite3.connect(f"{aside.resolve().as_uri()}?mode=ro{immutable}", uri=True)
+        except sqlite3.Error:
+            return 0
+        try:
+            meta = dict(src.execute("SELECT key, value FROM cache_meta"))
+            if meta.get("format") != FORMAT or meta.get("dim") != str(self.dim):
+                return 0  # not vectors this cache can compare
+            sql = f"SELECT rowid, {', '.join(_COLUMNS['entries'])} FROM entries ORDER BY rowid"
+            insert = f"INSERT OR IGNORE INTO entries VALUES ({', '.join('?' * len(_COLUMNS['entries']))})"
+            with _Transaction(conn, self.path):
+                last, kept = 0, 0
+                for row in _readable(src, sql):
+                    kept += conn.execute(insert, row[1:]).rowcount
+                    last = row[0]
+                tail = []  # past the first damaged page: read from the other end
+                for row in _readable(src, sql + " DESC"):
+                    if row[0] <= last:
+                        break
+                    tail.append(row[1:])
+                for row in reversed(tail):  # in the order written: lru_ids breaks ties by rowid
+                    kept += conn.execute(insert, row).rowcount
+            return kept
+        except (sqlite3.Error, CacheError):  # unreadable bookkeeping, or a full disk
+            return 0
+        finally:
+            src.close()
+
+
+def _readable(src: sqlite3.Connection, sql: str) -> Iterator[tuple]:
+    """The rows of ``sql`` up to the first one SQLite cannot read."""
+    try:
+        rows = src.execute(sql)
+        while (row := rows.fetchone()) is not None:
+            yield row
+    except sqlite3.DatabaseError:
+        return
 
 
 class _Foreign(CacheCorruptError, sqlite3.DatabaseError):

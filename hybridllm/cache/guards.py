@@ -12,13 +12,16 @@ two different questions can look identical to them:
   two different questions embeds to cosine 1.0): see ``SemanticCache``, which asks the embedder and
   the verifier whether they read each text whole;
 - different numbers ("convert 5 km to miles" / "convert 50 km to miles", "in one sentence" / "in
-  five bullet points", "-40 °C" / "40 °C", "五" / "六", "Ⅲ" / "Ⅳ"), a negation on one side
+  five bullet points", "-40 °C" / "40 °C", "五" / "六", "Ⅲ" / "Ⅳ", "one plus one" / "one plus
+  one plus one", "the first world war" / "the second"), a negation on one side
   only ("is it safe" / "is it unsafe", "ist es nicht sicher", "n'est pas"), and the same words
   with one moved across a word of direction ("flights from Paris to London" / "from London to
-  Paris", "is a shark bigger than a dolphin"): the verifiers usually catch these, not always (and
-  plain cosine never), while a paraphrase rarely does any of them, so :func:`conflict` refuses
-  them outright. On the held-out QQP test split (``hybridllm cache eval``) these rules remove 6
-  of the default verifier's 296 correct hits and 2 of its 13 false ones.
+  Paris", "is a shark bigger than a dolphin"), and a question written in another script (a
+  translation: "Какая столица Франции?" / "What is the capital of France?"): the verifiers
+  usually catch these, not always (and plain cosine never), while a paraphrase rarely does any of
+  them, so :func:`conflict` refuses them outright. On the held-out QQP test split (``hybridllm
+  cache eval``) these rules remove 6 of the default verifier's 296 correct hits and 2 of its 13
+  false ones (measured before "one", "first", "second", "zero" and the script were added).
 
 :func:`exact_key` is the exact-repeat key: for plain questions case, runs of spaces and trailing
 question marks or full stops do not change the question; "5!" (a factorial) keeps its "!"; nor
@@ -37,6 +40,8 @@ _CODE = re.compile(r"[\n`;{}<>=|\\]|\d\s*[-+*/^%×÷]\s*[\d(.]|\d!")
 _NUMBER = re.compile(r"(?:(?<![\w)])[-\u2212])?\d+(?:[.,]\d+)*")
 _WORD = re.compile(r"[^\W_]+(?:'[^\W_]+)?")
 _TRAILING = re.compile(r"[\s?.!]+$")
+_ASCII_LETTER = re.compile(r"[A-Za-z]")
+_OTHER_LETTER = re.compile(r"[^\W\d_\x00-\x7f]")  # a letter (or a CJK ideograph) past ASCII
 NEGATIONS = frozenset(
     {"not", "no", "never", "none", "nobody", "nothing", "neither", "nor", "without", "cannot",
      "nowhere", "dont", "doesnt", "didnt", "isnt", "arent", "wasnt", "cant", "wont", "shouldnt",
@@ -50,10 +55,14 @@ NEGATIONS = frozenset(
 )
 # "one" is left out: "which one is better?" asks what "which is better?" does
 NUMBER_WORDS = frozenset(
-    "two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen sixteen "
-    "seventeen eighteen nineteen twenty thirty forty fifty sixty seventy eighty ninety hundred "
-    "thousand million billion trillion third fourth fifth sixth seventh eighth ninth tenth".split()
+    "zero two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen "
+    "sixteen seventeen eighteen nineteen twenty thirty forty fifty sixty seventy eighty ninety "
+    "hundred thousand million billion trillion third fourth fifth sixth seventh eighth ninth "
+    "tenth".split()
 )
+# numbers that are other words too ("which one", "at first", "a second"): compared only when both
+# sides hold one, so "one plus one" is not "one plus one plus one", nor the first world war the second
+SOFT_NUMBER_WORDS = frozenset({"one", "first", "second"})
 # "un-" and the like turn a word into its opposite: "safe" / "unsafe", "legal" / "illegal"
 _OPPOSITE_PREFIXES = ("un", "in", "im", "il", "ir", "dis", "non")
 # a word moved across one of these changes who does what to whom: "Paris to London"
@@ -127,9 +136,9 @@ def conflict(query: str, cached: str) -> str | None:
     if is_code_like(query) or is_code_like(cached):
         return "code or a formula, served only on an exact repeat"
     words_q, words_c = _words(query), _words(cached)
-    if _numbers(query) != _numbers(cached) or Counter(
-        w for w in words_q if w in NUMBER_WORDS
-    ) != Counter(w for w in words_c if w in NUMBER_WORDS):
+    hard_q, hard_c = (Counter(w for w in ws if w in NUMBER_WORDS) for ws in (words_q, words_c))
+    soft_q, soft_c = (Counter(w for w in ws if w in SOFT_NUMBER_WORDS) for ws in (words_q, words_c))
+    if _numbers(query) != _numbers(cached) or hard_q != hard_c or (soft_q and soft_c and soft_q != soft_c):
         return "different numbers"
     if _negated(words_q) != _negated(words_c):
         return "a negation on one side only"
@@ -137,4 +146,29 @@ def conflict(query: str, cached: str) -> str | None:
         return "a word and its opposite"
     if _swapped(words_q, words_c):
         return "the same words in another direction"
+    if _other_script(_scripts(query), _scripts(cached)):
+        return "another language (another script)"
     return None
+
+
+def _scripts(text: str) -> Counter[str]:
+    """How many of the text's letters each script holds ("LATIN", "CYRILLIC", "CJK", ...)."""
+    counts: Counter[str] = Counter()
+    if ascii_letters := len(_ASCII_LETTER.findall(text)):  # in C: a lookup runs this per candidate
+        counts["LATIN"] = ascii_letters
+    for c in filter(str.isalpha, _OTHER_LETTER.findall(text)):  # not "½" nor "²"
+        name = unicodedata.name(c, "").removeprefix("FULLWIDTH ").removeprefix("HALFWIDTH ")
+        counts[name.split(" ", 1)[0]] += 1
+    return counts
+
+
+def _other_script(a: Counter[str], b: Counter[str]) -> bool:
+    """The script most of one side's letters are written in is not on the other side at all: a
+    question and its translation ("Какая столица Франции?" / "What is the capital of France?"),
+    which the English embedder and reranker may put close (the same names and numbers), while an
+    answer in one language is no answer to the other. Japanese mixes kanji and kana, and a name
+    in another script ("What is 寿司 made of?") is fine: only the main script must be shared."""
+    if not a or not b:
+        return False
+    return any(not any(s in other for s, n in side.items() if n == max(side.values()))
+               for side, other in ((a, b), (b, a)))

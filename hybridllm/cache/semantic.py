@@ -30,9 +30,9 @@ score depends on the pair alone) and skips the run of one that cannot reach the 
 logit the graph gives, which changes no decision.
 
 Whatever the verifier says, :mod:`.guards` refuses what the models cannot see: code and formulas
-are served only on an exact repeat, different numbers or a negation on one side never hit, and
-a text longer than the embedder (or the reranker) reads is matched only exactly, since its unread
-tail may hold the question.
+are served only on an exact repeat, different numbers, a negation on one side or a question
+written in another script never hit, and a text longer than the embedder (or the reranker) reads
+is matched only exactly, since its unread tail may hold the question.
 
 Entries expire ``ttl_s`` after they were written; past ``max_entries`` the least recently used
 are evicted (on a put, and on opening a file that holds more). Several threads may share one

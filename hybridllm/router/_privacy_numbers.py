@@ -63,7 +63,9 @@ _NINO = re.compile(
     re.IGNORECASE,
 )
 _PHONE = re.compile(
-    r"(?<![\w+])(?:"
+    # not after "#": order #123-456-7890, ticket #0171 234 5678 are references ("phone #555-123-4567"
+    # is found by the phone word below)
+    r"(?<![\w+#])(?:"
     # +44 20 7946 0958, (+49) 30 1234567, and DIN 5008's old +49 (0)711 / 123 45-67
     r"(?:\+\d{1,3}|\(\+\d{1,3}\))[ .-]?(?:\(\d{1,4}\)[ .-]?)?\d{1,4}(?:(?:[ .-]| ?/ ?)?\d{2,4}){1,4}"
     # the same after the international prefix 00 (0049 30 1234567, 0049 (0)711 / 123 45-67): a
@@ -87,7 +89,7 @@ _PHONE = re.compile(
 # a number right after a phone word, in any format: "call me on 5551234567", "tel. 030 1234567"
 _PHONE_KEYWORD = re.compile(
     r"\b(?:phone|telephone|tel|mobile|cell ?phone|call me|text me|ring me|sms|whatsapp|fax)"
-    r"(?:[ \t]{0,3}(?:no|number|nr|#))?\.?[ \t]{0,3}(?::|is|at|on)?[ \t]{0,3}"
+    r"(?:[ \t]{0,3}(?:no|number|nr|#))?\.?[ \t]{0,3}(?::|is|at|on)?[ \t]{0,3}#?"
     r"(?P<num>\+?\(?\d[\d ().-]{6,22}\d)(?![\w-])",
     re.IGNORECASE,
 )

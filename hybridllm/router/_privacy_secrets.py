@@ -20,8 +20,9 @@ _SECRET = re.compile(
     r"|\bSG\.[\w-]{22}\.[\w-]{43}"  # SendGrid
     r"|\bAIza[0-9A-Za-z_-]{35}|\bya29\.[\w-]{20,}"  # Google
     r"|(?<![\w-])eyJ[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}"  # JWT
-    # credentials in a URL: postgres://admin:s3cret@db.example.com
-    r"|(?<=://)[^\s/:@]{1,256}:[^\s/@]{1,256}(?=@)"
+    # credentials in a URL: postgres://admin:s3cret@db.example.com, or a password alone
+    # (redis://:s3cret@cache:6379, Redis's AUTH without a user name)
+    r"|(?<=://)[^\s/:@]{0,256}:[^\s/@]{1,256}(?=@)"
     # an Authorization header's credentials, whatever their shape
     r"|(?<=Authorization:)[ \t]{0,3}(?:Bearer|Basic|Token|Bot)?[ \t]{0,3}[A-Za-z0-9._~+/=-]{8,}"
 )

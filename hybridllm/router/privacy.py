@@ -21,6 +21,9 @@ look-alikes (order numbers, version strings, random 16-digit numbers) are not fl
     secret     well-known API-key prefixes, private-key blocks, JWTs, Authorization headers and
                bearer tokens, credentials in URLs, and key=value / "password: ..." assignments
 
+Separators pasted from web pages and word processors (no-break and thin spaces, en dashes, the
+full-width forms of + @ ( ) .) are read as their ASCII forms: "4111\u00a01111..." is a card too.
+
 Names and street addresses need a language model (Presidio's NER) and are not detected. Messages
 are scanned one by one and joined, so a value split across two consecutive turns is found too.
 
@@ -81,6 +84,17 @@ _DETECTORS: dict[str, Callable[[str], list[tuple[int, int]]]] = {
 }
 
 
+# Unicode separators that pasted numbers carry (a web page's or French typography's no-break
+# spaces, a word processor's en dash, full-width forms), one character for one, so that the ASCII
+# patterns see "4111\u00a01111..." as "4111 1111..." and every span still indexes the text as given
+_SEPARATORS = str.maketrans({
+    **dict.fromkeys("\u00a0\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007\u2008\u2009\u200a"
+                    "\u202f\u205f\u3000", " "),
+    **dict.fromkeys("\u2010\u2011\u2012\u2013\u2212\ufe63\uff0d", "-"),
+    "\uff0b": "+", "\uff20": "@", "\uff08": "(", "\uff09": ")", "\uff0e": ".",
+})
+
+
 def detect_pii(text: str, *, kinds: Sequence[str] = PII_KINDS) -> list[PIIMatch]:
     """Non-overlapping matches in text order. Matches that overlap are merged into one that covers
     them all, of the earliest of their kinds in ``PII_KINDS`` (so a redaction leaves no part of
@@ -88,11 +102,12 @@ def detect_pii(text: str, *, kinds: Sequence[str] = PII_KINDS) -> list[PIIMatch]
     unknown = set(kinds) - set(PII_KINDS)
     if unknown:
         raise ValueError(f"Unknown PII kind(s) {sorted(unknown)}; known: {', '.join(PII_KINDS)}.")
+    plain = text.translate(_SEPARATORS)  # as long as text: its spans are text's
     spans = sorted(
         (start, end, rank)
         for rank, kind in enumerate(PII_KINDS)
         if kind in kinds
-        for start, end in _DETECTORS[kind](text)
+        for start, end in _DETECTORS[kind](plain)
         if end > start
     )
     return _merged(spans, text)

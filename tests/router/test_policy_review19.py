@@ -1,0 +1,38 @@
+"""Review 19: a NaN router score is an error, not a silent device route."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from hybridllm._exceptions import RouterError
+from hybridllm.router.policy import RoutingPolicy
+
+from .fakes import length_router
+
+
+def _nan_router(threshold: float = 0.0):
+    # a scale that passes the file check (not 0) but overflows float32: x / 1e-40 = inf, and
+    # 0 * inf in the logits is NaN, so the score is NaN (a corrupt or custom scorer does the same)
+    r = length_router(threshold)
+    scale = np.full_like(r.scorer.scale, 1e-40)
+    return dataclasses.replace(r, scorer=dataclasses.replace(r.scorer, scale=scale))
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # the overflow is the point
+@pytest.mark.parametrize("band", [None, (0.2, 0.8)])
+def test_nan_score_raises_instead_of_routing_to_the_device(band):
+    router = _nan_router(threshold=0.0)  # every real score goes to the cloud
+    assert np.isnan(router.score_text("Prove the Riemann hypothesis."))
+    p = RoutingPolicy(router, privacy="off", cascade_band=band)
+    with pytest.raises(RouterError, match="NaN"):
+        p.decide("Prove the Riemann hypothesis.")
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+def test_forced_and_private_routes_do_not_score():
+    p = RoutingPolicy(_nan_router(), privacy="keep_on_device")
+    assert p.decide("Write a poem.", force="cloud").route == "cloud"
+    assert p.decide("mail jane@example.com a poem").route == "edge"

@@ -20,7 +20,7 @@ from typing import Any
 
 from .._config import DEFAULT_EDGE_MODEL
 from .._cpus import usable_cpus
-from .._exceptions import ConfigError, EdgeBusyError, EdgeError, ModelCorruptError
+from .._exceptions import ConfigError, EdgeBusyError, EdgeError, HybridLLMError, ModelCorruptError
 from .._types import GenerationParams, Messages, Usage
 from ..models.store import Progress, resolve_gguf
 from ..prompts import PromptFormat, llama_bytes, llama_plain, tokenize_prompt
@@ -194,6 +194,7 @@ class LlamaCppBackend(DeviceBackend):
         if chat_format is None:
             chat_format = spec.chat_format if spec else ("template" if self._template else "completion")
         if chat_format == "template" and not self._template:
+            self._llm.close()  # the model and its KV cache are not kept by an error's traceback
             raise ModelCorruptError(
                 f"{self.model_path} has no chat template; use chat_format='completion'."
             )
@@ -310,8 +311,18 @@ class LlamaCppBackend(DeviceBackend):
                     break
                 if n_out >= budget:
                     break
-        except (RuntimeError, OSError) as exc:
-            raise EdgeError(f"llama.cpp failed while generating: {exc}") from exc
+        except HybridLLMError:
+            raise  # ours (closed mid-answer): already says what happened
+        except Exception as exc:
+            # llama-cpp-python raises RuntimeError ("llama_decode returned 1"), but also ValueError
+            # and AssertionError from its own bookkeeping: those went out raw (through HybridLLM:
+            # "fix that backend or pass another as edge=", for the built-in one). The context is
+            # reset by the next generation, so the backend stays usable
+            said = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+            raise EdgeError(
+                f"llama.cpp failed while generating ({said}); the answer is incomplete. Retry the "
+                "request; if it fails again, check the model file (`hybridllm models verify`) or "
+                "lower n_ctx (too little memory).") from exc
         finally:
             gen.close()  # stops decoding at once when the caller breaks out (no native call)
         # the bytes of a character cut by max_tokens (or by the end of the answer) are dropped, never

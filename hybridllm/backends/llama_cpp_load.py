@@ -11,6 +11,7 @@ from ..models.catalog import ModelSpec, load_catalog
 from ..models.store import model_dir
 
 _LOG_HOOK: Any = None  # our llama.cpp log callback (kept referenced: C holds only its pointer)
+_LOG_LOCK = threading.Lock()  # two loads at once: one hook, the one C holds is the one kept
 _LOADING = threading.local()  # .reasons: llama.cpp's "error loading model" lines while this thread loads
 
 
@@ -19,9 +20,16 @@ def _route_llama_logs() -> None:
     loaded with ``verbose=True`` (then to stderr, as llama-cpp-python prints them). Its default
     prints ERROR-level lines that are advice, not failures ("using full-size SWA cache" for every
     Gemma 3 load), onto the clean stderr of `hybridllm ask`; a real load failure still raises."""
+    with _LOG_LOCK:
+        # two threads loading models at once each made and set a hook; the one C kept could be
+        # the one whose reference was overwritten here, freed: the next llama.cpp log line jumped
+        # into freed memory
+        if _LOG_HOOK is None:
+            _set_log_hook()
+
+
+def _set_log_hook() -> None:
     global _LOG_HOOK
-    if _LOG_HOOK is not None:
-        return
     import ctypes
     import sys
 

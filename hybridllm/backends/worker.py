@@ -87,15 +87,20 @@ class EdgeWorker:
                 raise EdgeError(DEVICE_CLOSED)
             self._jobs = deque(j for j in self._jobs if not j.cancelled.is_set())
             ahead = len(self._jobs)
-            if ahead >= self.max_waiting:
+            running = self._current is not None and not self._current.done.is_set()
+            # with the device free, the first queued job is about to run, not waiting: counted as
+            # waiting, a burst of 1 + edge_max_waiting requests on an idle device had one refused
+            # before the worker thread took the first
+            waiting = ahead - (not running and ahead > 0)
+            if waiting >= self.max_waiting:
                 raise EdgeBusyError(
-                    f"{ahead} requests already wait for the device model (edge_max_waiting="
+                    f"{waiting} requests already wait for the device model (edge_max_waiting="
                     f"{self.max_waiting}); retry later."
                 )
             self._jobs.append(job)
             # the requests ahead of this one, for the busy message: the waiting ones and the one
             # running (before, "busy for 300 s (0 request(s) were ahead...)" behind a long answer)
-            ahead += self._current is not None and not self._current.done.is_set()
+            ahead += running
             if isinstance(self._current, InlineRun):
                 self._current.contend()  # an idle sync reader must not hold the device
             if self._thread is None:

@@ -36,6 +36,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -200,9 +201,12 @@ def bench_verified(embedder, n: int, num_queries: int, rounds: int) -> dict:
         # correct: the pair's own question served, for a pair labelled a duplicate
         right = sum(s == a and bool(label) for s, (_, a, label) in zip(served[mode], asked, strict=True))
         out[f"verified_{n}_hits{mode}"] = f"{num_hits}/{len(asked)}"
-        out[f"verified_{n}_precision{mode}"] = right / num_hits if num_hits else 1.0
-        out[f"verified_{n}_recall{mode}"] = right / positives if positives else 0.0
-        out[f"verified_{n}_pairs_scored{mode}"] = sum(scored[mode]) / max(1, sum(candidates))
+        # null where there is nothing to divide by: no hit served, no duplicate pair asked, no
+        # candidate verified (a made-up precision 1.0, recall 0.0 or 0% scored before)
+        out[f"verified_{n}_precision{mode}"] = right / num_hits if num_hits else None
+        out[f"verified_{n}_recall{mode}"] = right / positives if positives else None
+        out[f"verified_{n}_pairs_scored{mode}"] = (
+            sum(scored[mode]) / sum(candidates) if sum(candidates) else None)
     for kind in ("miss", "hit"):
         for q in ("p50", "p95"):
             pair = out.get(f"verified_{n}_{kind}_{q}_ms")
@@ -210,7 +214,7 @@ def bench_verified(embedder, n: int, num_queries: int, rounds: int) -> dict:
                 batched = out[f"verified_{n}_{kind}_batched_{q}_ms"]
                 out[f"verified_{n}_{kind}_{q}_batched_over_pair"] = batched / pair
     out[f"verified_{n}_decisions_changed"] = sum(a != b for a, b in zip(*served.values(), strict=True))
-    out[f"verified_{n}_graph_skipped"] = float(np.mean(skipped)) if skipped else 0.0
+    out[f"verified_{n}_graph_skipped"] = float(np.mean(skipped)) if skipped else None
     return out
 
 
@@ -260,6 +264,9 @@ def run(
         result.update(bench_hits(embedder, rounds))
     if "verified" in parts and PAIRS.is_file():
         result.update(bench_verified(embedder, verified_size, verified_queries, rounds))
+    elif "verified" in parts:  # said, not a run that silently leaves the part out
+        print(f"bench.cache: verified_* left out: {PAIRS} is missing (the QQP pairs of ../shared/data, "
+              "beside this checkout)", file=sys.stderr)
     if "generate" in parts:
         result.update(bench_generate(max_tokens, rounds))
         if "hits" in parts:

@@ -14,8 +14,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 import numpy as np
+
+from hybridllm._cli_options import non_negative_float, positive_int
 
 QUESTIONS = [
     ("What is the capital of France?", "Paris"),
@@ -76,16 +79,28 @@ def forced_mean_logprob(edge, question: str, answer: str) -> float:
     return float(lp.mean())
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def _temperature(text: str) -> float:
+    """``--temperature``: 0 to 2, the range GenerationParams takes (refused there only after the
+    model had loaded, with a traceback)."""
+    value = non_negative_float(text)
+    if value > 2.0:
+        raise argparse.ArgumentTypeError(f"expected a number from 0 to 2, got {text!r}")
+    return value
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.cache_floor", description=__doc__.splitlines()[0])
     ap.add_argument("--model", default=None, help="edge model (default: the client's default)")
-    ap.add_argument("--samples", type=int, default=4, help="answers per question")
-    ap.add_argument("--temperature", type=float, default=0.7, help="sampling temperature (default 0.7)")
-    ap.add_argument("--max-tokens", type=int, default=32, help="tokens per answer (default 32)")
+    # checked here: 0 samples failed after the model loaded, NaN or -1 as a temperature deep in a run
+    ap.add_argument("--samples", type=positive_int, default=4, help="answers per question (default 4)")
+    ap.add_argument("--temperature", type=_temperature, default=0.7,
+                    help="sampling temperature (default 0.7)")
+    ap.add_argument("--max-tokens", type=positive_int, default=32, help="tokens per answer (default 32)")
     ap.add_argument("--json", action="store_true", help="print one JSON object on one line")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
 
     from hybridllm._config import DEFAULT_EDGE_MODEL
+    from hybridllm._exceptions import DataError
     from hybridllm._types import GenerationParams
     from hybridllm.backends.llama_cpp import LlamaCppBackend
     from hybridllm.router.calibrate import calibrate_logprob_threshold
@@ -107,7 +122,15 @@ def main() -> None:
     issue = forced_mean_logprob(edge, "What is the capital of France?", "L'Étoile, est la cité de la France.")
     edge.close()
     lp, right = np.asarray(lps), np.asarray(ok)
-    floor = calibrate_logprob_threshold(lp, right)
+    try:
+        floor = calibrate_logprob_threshold(lp, right)
+    except DataError as exc:
+        # every answer right (or every one wrong): no floor separates them; a null floor and the
+        # reason, not a traceback after the whole run
+        out = {"floor": None, "n": int(len(lp)), "right": int(right.sum()), "error": str(exc)}
+        print(f"bench.cache_floor: no floor: {exc}", file=sys.stderr)
+        print(json.dumps(out) if args.json else json.dumps(out, indent=2))
+        return 1
     kept = lp >= floor
     out = {
         "floor": round(floor, 3),
@@ -125,7 +148,8 @@ def main() -> None:
         "issue_answer_kept": bool(issue >= floor),
     }
     print(json.dumps(out) if args.json else json.dumps(out, indent=2))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

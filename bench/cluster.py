@@ -70,14 +70,27 @@ def _phase_in_child(router: str, argv: list[str], timeout_s: float) -> dict[str,
         try:
             out, _ = proc.communicate(timeout=timeout_s)
         except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.communicate()
-            _kill_session(session_file)
+            _kill_phase(proc, session_file)
             return {"router": router, "valid": False, "invalid_reason": f"phase ran past {timeout_s:.0f} s"}
+        except BaseException:
+            # Ctrl-C: the child runs in its own session (the terminal's SIGINT never reaches it),
+            # so without this its Ray and Serve processes and their port outlived the benchmark
+            _kill_phase(proc, session_file)
+            raise
         if proc.returncode != 0:
             _kill_session(session_file)
             return {"router": router, "valid": False, "invalid_reason": f"phase exited {proc.returncode}"}
         return json.loads(out.strip().splitlines()[-1])
+
+
+def _kill_phase(proc: subprocess.Popen, session_file: str) -> None:
+    """The phase's process group, then what its Ray session left running."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:  # the group has already gone
+        pass
+    proc.communicate()
+    _kill_session(session_file)
 
 
 def _kill_session(session_file: str) -> None:

@@ -161,7 +161,7 @@ class GenerationParams:
         if not _is_number(self.repeat_penalty) or not 0.0 < self.repeat_penalty <= 10.0:
             raise InvalidRequestError(
                 f"repeat_penalty must be in (0, 10] (1 = off), got {self.repeat_penalty!r}.")
-        if self.seed is not None and (not is_integer(self.seed) or not -(2**63) <= self.seed < 2**64):
+        if self.seed is not None and (not is_integer(self.seed) or not -(2**63) <= int(self.seed) < 2**64):
             raise InvalidRequestError(f"seed must be a 64-bit integer, got {self.seed!r}.")
         stop = self.stop
         if isinstance(stop, str):

@@ -107,6 +107,7 @@ class SpecDecoder:
         self.stats = SpecStats()
         self._state: dict[int, _SeqState] = {}
         self._ngram: dict[int, list[int]] = {}  # proposals made in lookahead(), used by propose()
+        self._draft_probs: dict[int, Any] = {}  # q of this step's draft-model drafts, for verify()
 
     def method_for(self, seq: Sequence) -> tuple[str | None, int]:
         """The request's own choice, else the server's."""
@@ -177,7 +178,7 @@ class SpecDecoder:
             else:
                 model_items.append(item)
         self._ngram.clear()
-        self._draft_probs: dict[int, Any] = {}
+        self._draft_probs = {}
         if model_items:
             drafts, probs = self.draft.propose(model_items, blocks)
             out.update(drafts)
@@ -259,6 +260,9 @@ class SpecDecoder:
             for item, a, t in zip(sampled, accepted, emitted, strict=True):
                 accepted_of[item.seq.seq_id] = a
                 new[item.seq.seq_id] = [t]
+        # q lives for one step: kept, it held every drafting sequence's [k, V] rows (on the
+        # device) past the step and past the request's end, while the server sat idle
+        self._draft_probs = {}
         for item in scheduled:
             sid = item.seq.seq_id
             if sid not in accepted_of:

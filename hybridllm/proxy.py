@@ -10,7 +10,8 @@ Requests are read and validated exactly as the cloud server does (``hybridllm.wi
 size limit, strict JSON, the same request model and the same OpenAI-shaped 400s), plus an optional
 ``hybridllm`` object (``{"route": "edge", "cache": false, "cascade": true, "namespace": "t1"}``).
 vLLM extensions the device cannot honour (``stop_token_ids``, ``ignore_eos``) are 400s here.
-The proxy answers under whatever ``model`` name the request gives; ``/v1/models`` lists its names.
+The proxy answers under whatever ``model`` name the request gives (at most 1024 characters: every
+chunk repeats it); ``/v1/models`` lists its names.
 A request from a web page (``Origin``) is a 403 unless its origin is allowed (``--allow-origin``);
 on loopback, one addressed to another name (``Host``: DNS rebinding) is a 403 unless that name is
 allowed (``--allow-host``); and a password in a cloud URL never reaches a client (``public_text``).
@@ -72,7 +73,15 @@ from .wire.auth import ApiKeyChecker
 from .wire.middleware import AnswerUnexpected, RequestId
 from .wire.openapi import add_schemas, error_responses, ok_response, request_body
 from .wire.responses import ChatCompletion, Health, ModelCard, ModelList, error_event
-from .wire.shutdown import SHUTTING_DOWN, ClientGone, Drain, TrackRequests, unless_interrupted, until_expired
+from .wire.shutdown import (
+    SHUTTING_DOWN,
+    ClientGone,
+    Drain,
+    TrackRequests,
+    in_background,
+    unless_interrupted,
+    until_expired,
+)
 from .wire.sse import EventStreamResponse, client_gone, on_client_disconnect
 
 logger = logging.getLogger("hybridllm.proxy")
@@ -197,6 +206,9 @@ def create_app(llm: HybridLLM, *, model_name: str = "hybridllm", api_keys: list[
             chunks = stream.__aiter__()
             try:  # routing is decided with the first chunk: the header can say where
                 first = await unless_interrupted(request, chunks.__anext__(), drain)
+            except WireError:  # the shutdown's 503 goes now, not after the device's step
+                in_background(stream.aclose())
+                raise
             except BaseException:
                 await stream.aclose()
                 raise

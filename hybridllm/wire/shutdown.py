@@ -129,12 +129,33 @@ async def unless_interrupted(request: Request, work: Awaitable[T], drain: Drain)
         if not task.done():
             task.cancel()
     if task.cancelled() or not task.done():
+        if not is_gone:
+            # the 503 now; the cancelled work ends in the background: it may wait for a device step
+            # that cannot be stopped (a long prefill, seconds), and past the server's own shutdown
+            # timeout the request was cut without its answer
+            in_background(task)
+            raise drain.error()
         with contextlib.suppress(asyncio.CancelledError):
             await task
-        if not is_gone:
-            raise drain.error()
         raise ClientGone
     return task.result()
+
+
+_BACKGROUND: set[asyncio.Future] = set()  # strong references: the loop keeps only weak ones
+
+
+def in_background(work: Awaitable[object]) -> None:
+    """Let ``work`` (the close of an answer cut by the shutdown) finish on its own; its outcome is
+    read, so an error in it is no "exception was never retrieved" line."""
+    task = asyncio.ensure_future(work)
+    _BACKGROUND.add(task)
+
+    def done(t: asyncio.Future) -> None:
+        _BACKGROUND.discard(t)
+        if not t.cancelled() and t.exception() is not None:
+            logger.warning("closing an answer ended by the shutdown failed: %s", type(t.exception()).__name__)
+
+    task.add_done_callback(done)
 
 
 async def until_expired(work: Awaitable[T], drain: Drain) -> T:

@@ -65,12 +65,24 @@ class EventStreamResponse(Response):
         sender = asyncio.ensure_future(self._send_all(send))
         watcher = asyncio.ensure_future(wait_for_disconnect(receive))
         stopper = asyncio.ensure_future(self.stop.wait() if self.stop is not None else asyncio.Future())
+        stopped = False
         try:
             await asyncio.wait({sender, watcher, stopper}, return_when=asyncio.FIRST_COMPLETED)
+            # stopped while the client still reads and the events still run: an in-band end
+            stopped = stopper.done() and not sender.done() and not watcher.done()
         finally:
             for task in (sender, watcher, stopper):
                 task.cancel()
             try:
+                if stopped and self.is_started:
+                    # The last events go out first: the sender ends only once the events are closed,
+                    # which waits for the producer's current step (a device's long prefill, seconds),
+                    # and the shutdown cut a stream still waiting then without its error event. A
+                    # cancelled send() wrote nothing (uvicorn waits for the transport before it
+                    # writes), so the last event is whole, and the sender sends nothing more.
+                    with contextlib.suppress(OSError):
+                        last = self.last_events() if callable(self.last_events) else self.last_events
+                        await send({"type": "http.response.body", "body": last.encode(), "more_body": False})
                 # A failed write (OSError from the server) also means the client is gone.
                 with contextlib.suppress(asyncio.CancelledError, OSError):
                     await sender
@@ -83,10 +95,3 @@ class EventStreamResponse(Response):
                 aclose = getattr(self.events, "aclose", None)
                 if aclose is not None:
                     await aclose()
-        # Stopped while the client still reads: an in-band end. A cancelled send() wrote nothing
-        # (uvicorn waits for the transport before it writes), so the last event is whole.
-        stopped = stopper.done() and not stopper.cancelled()
-        if stopped and sender.cancelled() and watcher.cancelled() and self.is_started:
-            with contextlib.suppress(OSError):
-                last = self.last_events() if callable(self.last_events) else self.last_events
-                await send({"type": "http.response.body", "body": last.encode(), "more_body": False})

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from ..exceptions import ModelLoadError
 
 ARCHITECTURES = ("llama", "gemma3")
+LAYER_TYPES = ("sliding_attention", "full_attention")
 # RoPE scalings layers.rope implements -> the keys each needs ("freq_factors": GGUF's rope_freqs)
 ROPE_SCALINGS = {"default": (), "linear": ("factor",),
                  "llama3": ("factor", "original_max_position_embeddings"), "freq_factors": ("factors",)}
@@ -56,6 +57,10 @@ class ModelConfig:
             self.layer_types = ["full_attention"] * self.num_layers
         if len(self.layer_types) != self.num_layers:
             raise ModelLoadError("layer_types must name one type per layer")
+        # any other name ran as a global layer: a typo'd sliding layer silently lost its window
+        unknown = [t for t in self.layer_types if t not in LAYER_TYPES]
+        if unknown:
+            raise ModelLoadError(f"layer_types may only name {LAYER_TYPES}, got {unknown[:3]}")
 
     def _check_rope_scaling(self) -> None:
         """An unsupported or incomplete ``rope_scaling`` fails here, before any weight is read

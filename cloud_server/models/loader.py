@@ -41,6 +41,12 @@ def resolve_model_path(model: str) -> tuple[str, Path]:
         if not path.exists():
             raise ModelLoadError(f"model path {path} does not exist")
         return (path.stem if path.is_file() else path.name), path
+    if path.is_file():  # a model.safetensors (or .bin) given for its folder: not a catalog id
+        raise ModelLoadError(f"model path {path} is a file but not a .gguf; pass a .gguf file or the "
+                             f"Hugging Face folder that holds it ({path.parent})")
+    if "/" in model or "\\" in model or model.startswith(("~", ".")):  # a path; ids have no "/"
+        raise ModelLoadError(f"model path {path} does not exist (nor is {model!r} a catalog id: "
+                             "`hybridllm models list` names them; hub ids are not downloaded)")
     try:
         from hybridllm._progress import ProgressBar
         from hybridllm.models import pull
@@ -215,11 +221,22 @@ def _assign(model: Any, weights: dict[str, Any], dtype: torch.dtype, owned: bool
             fused.setdefault(key, {})[f"{sub}.{kind}"] = weights.pop(name)
     for key, parts in fused.items():
         sub_names = _FUSED[key.split(".layers.", 1)[1].split(".", 1)[1]]
+        layer = key.rsplit(".", 2)[0]  # model.layers.N
+        if key not in modules:  # a layer past the config's num_layers (or not a number)
+            raise ValueError(f"unexpected tensors {[f'{layer}.{n}' for n in sorted(parts)]}")
+        # every part's weight, and each part's bias or none (some biases: rows of the fused
+        # bias would not match its layer's, a failure at the first request)
+        needed = [f"{p}.weight" for p in sub_names]
+        if any(f"{p}.bias" in parts for p in sub_names):
+            needed += [f"{p}.bias" for p in sub_names]
+        lacking = [f"{layer}.{n}" for n in needed if n not in parts]
+        if lacking:
+            raise ValueError(f"missing {', '.join(lacking)}")
         mats = [parts.pop(f"{p}.weight") for p in sub_names]
         biases = [parts.pop(f"{p}.bias") for p in sub_names if f"{p}.bias" in parts]
         if parts:
-            raise KeyError(f"unexpected tensors {sorted(parts)}")
-        _load_linear(modules[key], mats, biases or None)
+            raise ValueError(f"unexpected tensors {[f'{layer}.{n}' for n in sorted(parts)]}")
+        _load_linear(modules[key], mats, biases or None, name=key)
     embed = modules["model.embed_tokens"]
     e = weights.pop("model.embed_tokens.weight")
     if isinstance(e, tuple):
@@ -227,30 +244,43 @@ def _assign(model: Any, weights: dict[str, Any], dtype: torch.dtype, owned: bool
     else:
         embed.load(e, dtype=dtype)
     if "lm_head.weight" in weights:
-        _load_linear(modules["lm_head"], [weights.pop("lm_head.weight")], None, owned)
+        _load_linear(modules["lm_head"], [weights.pop("lm_head.weight")], None, owned, name="lm_head")
     else:
         model.lm_head = embed.as_linear()
+    placed = set()  # the plain parameters given (a norm not given would keep its initial ones)
     for name in list(weights):  # norms and the rest: plain parameters
         t = weights.pop(name)
         module_name, _, kind = name.rpartition(".")
-        if module_name not in modules:
-            raise KeyError(f"unexpected tensor {name}")
-        module = modules[module_name]
+        module = modules.get(module_name)
+        if module is None or (isinstance(module, Linear) and kind != "weight"):  # o_proj.bias
+            raise ValueError(f"unexpected tensor {name}")
         if isinstance(module, Linear):
-            _load_linear(module, [t], None, owned)
+            _load_linear(module, [t], None, owned, name=module_name)
             continue
         old = getattr(module, kind)
         if tuple(old.shape) != tuple(t.shape):
             raise ValueError(f"{name}: shape {tuple(t.shape)} != {tuple(old.shape)}")
         setattr(module, kind, nn.Parameter(t, requires_grad=False))
+        placed.add(name)
     missing = [n for n, m in model.named_modules()
                if (isinstance(m, Linear) and m.weight is None) or (isinstance(m, Embedding) and not m.loaded)]
+    missing += [n for n, _ in model.named_parameters() if n not in placed]  # the norms
     if missing:
-        raise KeyError(f"missing weights for {missing[:5]}")
+        raise ValueError(f"missing weights for {missing[:5]}"
+                         + (f" (and {len(missing) - 5} more)" if len(missing) > 5 else ""))
 
 
-def _load_linear(module: Any, mats: list[Any], biases: list[Any] | None, owned: bool = False) -> None:
-    """``owned``: the caller gave the tensors up (a fused layer's concatenation is always new)."""
+def _load_linear(module: Any, mats: list[Any], biases: list[Any] | None, owned: bool = False,
+                 name: str = "") -> None:
+    """``owned``: the caller gave the tensors up (a fused layer's concatenation is always new).
+    ``name``: the layer's, in the error of weights that do not fit it."""
+    try:
+        _load_linear_parts(module, mats, biases, owned)
+    except ValueError as exc:  # Linear.load's "bias given to a layer without one": say which
+        raise ValueError(f"{name}: {exc}" if name else str(exc)) from exc
+
+
+def _load_linear_parts(module: Any, mats: list[Any], biases: list[Any] | None, owned: bool) -> None:
     bias = torch.cat(biases) if biases else None
     if len({m[0].dtype for m in mats if isinstance(m, tuple)}) > 1:
         # int4 parts beside int8 ones (q|k 4-bit, v 6-bit): all int8 groups, one kernel per layer
@@ -293,10 +323,11 @@ def load_model(
         from .loader_safetensors import load_safetensors_folder
         from .tokenizer import HFTokenizer
 
+        # the tokenizer first: a folder without tokenizer.json fails before its weights are read
+        tokenizer: Any = HFTokenizer(path)
         config, tensors = load_safetensors_folder(path)
         if check is not None:
             check(config)
-        tokenizer: Any = HFTokenizer(path)
         cached, weights = None, None
     else:
         from .loader_gguf import iter_gguf_tensors, open_gguf

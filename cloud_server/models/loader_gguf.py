@@ -83,6 +83,10 @@ def config_from_metadata(meta: dict[str, Any], num_vocab_tokens: int) -> ModelCo
             raise ModelLoadError(f"its metadata's {arch}.{key} must be a number, got {value!r}")
         return float(value)
 
+    experts = get("expert_count")
+    if experts not in (None, 0, 1):  # Mixtral's GGUFs say "llama": expert tensors, no ffn_gate
+        raise ModelLoadError(f"its metadata's {arch}.expert_count is {experts!r}: mixture-of-experts "
+                             "models are not supported")
     hidden = size("embedding_length")
     num_heads = size("attention.head_count")
     num_layers = size("block_count")

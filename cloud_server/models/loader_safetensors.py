@@ -33,6 +33,16 @@ def _number(raw: dict[str, Any], key: str, kind: type = int, default: Any = _MIS
     return kind(value)
 
 
+def _flag(raw: dict[str, Any], key: str, default: bool) -> bool:
+    """A true/false field (null or absent: ``default``); "false" as a string was read as true."""
+    value = raw.get(key)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise ModelLoadError(f"config.json: {key!r} must be true or false, got {value!r}")
+    return value
+
+
 def config_from_hf(raw: dict[str, Any]) -> ModelConfig:
     if not isinstance(raw, dict):
         raise ModelLoadError(f"config.json must hold a JSON object, got {type(raw).__name__}")
@@ -73,14 +83,16 @@ def config_from_hf(raw: dict[str, Any]) -> ModelConfig:
         rope_theta=_number(raw, "rope_theta", float, 10000.0),
         rope_scaling=raw.get("rope_scaling"),
         max_position_embeddings=_number(raw, "max_position_embeddings", default=4096),
-        tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
+        tie_word_embeddings=_flag(raw, "tie_word_embeddings", False),
     )
     if model_type in _LLAMA_TYPES:
-        bias = bool(raw.get("attention_bias", model_type == "qwen2"))
+        bias = _flag(raw, "attention_bias", model_type == "qwen2")
         return ModelConfig(architecture="llama", attention_bias=bias, **common)
     if model_type in _GEMMA3_TYPES:
         n = common["num_layers"]
         common["tie_word_embeddings"] = True
+        if not isinstance(raw.get("layer_types") or [], list):  # list(6) was a bare TypeError
+            raise ModelLoadError(f"config.json: 'layer_types' must be a list, got {raw['layer_types']!r}")
         return ModelConfig(
             architecture="gemma3",
             rope_local_theta=_number(raw, "rope_local_base_freq", float, 10000.0),

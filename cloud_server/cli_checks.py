@@ -43,7 +43,7 @@ def _check_model_header(args: argparse.Namespace, config: Any, cluster: bool) ->
     or end-of-sequence ids are not the target's (the load compares the tokenizers in full) or whose
     context is shorter than the target's (every step past it failed). A model whose header cannot
     be read here (a catalog model not pulled yet) is left to the load."""
-    from cloud_server.models.loader import read_model_header
+    from cloud_server.models.header import read_model_header
 
     target = read_model_header(args.model)
     if target is None:

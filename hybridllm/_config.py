@@ -13,13 +13,13 @@ import dataclasses
 import math
 import numbers
 import os
-import re
 import tomllib
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
+from ._config_file import _read_config_file, config_file_path
 from ._exceptions import ConfigError, InvalidRequestError
+from ._masking import public_text, public_value
 from ._types import GenerationParams
 from .backends.circuit import check_setting, check_url
 
@@ -177,55 +177,6 @@ class HybridLLMConfig:
                 for name, value in dataclasses.asdict(self).items()}
 
 
-# the userinfo (user:password) of a URL (a cloud endpoint behind basic auth), between "://" and
-# the "@" before the host; the last "@" of the authority ends it, as in urllib's netloc
-_URL_USERINFO = re.compile(r"(?P<scheme>\b[A-Za-z][A-Za-z0-9+.-]*://)(?P<userinfo>[^\s/?#]*)@")
-
-
-# a secret in a URL's query string (``?key=``, Azure's ``api-key=``, a SAS ``sig=``, ``token=``): a
-# parameter whose name is, or ends in (after - _ or .), one of these words; its value ends at the
-# next & or # (or a space or quote, in a message that quotes the URL)
-_URL_QUERY_SECRET = re.compile(
-    r"(?P<name>[?&;](?:[\w.-]*[-_.])?(?:key|apikey|token|sig|signature|secret|password|passwd|pwd"
-    r"|auth|authorization|credentials?)=)[^&;#\s'\"<>]+", re.IGNORECASE)
-
-
-def split_userinfo(url: str) -> tuple[str, tuple[str, str] | None]:
-    """(``url`` without its ``user:password@``, (user, password) percent-decoded, or None when it
-    has none): the cloud sends them as basic auth and names the endpoint without them."""
-    from urllib.parse import unquote
-
-    m = _URL_USERINFO.match(url)
-    if m is None:
-        return url, None
-    user, _, password = m["userinfo"].partition(":")
-    return m["scheme"] + url[m.end():], (unquote(user), unquote(password))
-
-
-def public_value(value: Any, *, secret: bool = False) -> Any:
-    """``value`` as it may be shown (a log, a terminal, the proxy's answers): a ``secret`` (the API
-    key) as ``***`` and, when longer than 8 characters, its last 4; any other text with the
-    credentials of every URL in it masked (``https://***@host/v1``, ``?api-key=***``); lists and
-    dicts item by item (``cloud_endpoints``' URLs)."""
-    if isinstance(value, str):
-        if secret:
-            return ("***" + value[-4:] if len(value) > 8 else "***") if value else value
-        value = _URL_USERINFO.sub(r"\g<scheme>***@", value)
-        return _URL_QUERY_SECRET.sub(r"\g<name>***", value)
-    if isinstance(value, list | tuple):
-        return [public_value(v, secret=secret) for v in value]
-    if isinstance(value, dict):
-        return {k: public_value(v, secret=secret) for k, v in value.items()}
-    return value
-
-
-def public_text(text: str) -> str:
-    """``text`` with the credentials of every URL in it masked (:func:`public_value`): what the
-    proxy sends its clients (a route's reason quotes the cloud endpoint it could not reach) and
-    what goes to a log or a terminal."""
-    return public_value(text)
-
-
 BUDGET_FIELDS = ("max_cloud_calls_per_hour", "max_cloud_calls_per_day", "max_cloud_tokens_per_hour",
                  "max_cloud_tokens_per_day", "max_cloud_usd_per_hour", "max_cloud_usd_per_day")
 
@@ -313,59 +264,6 @@ def _check_source(source: str, values: dict[str, Any]) -> None:
         HybridLLMConfig(**values)
     except (ConfigError, TypeError) as exc:  # the source names a URL from the environment: masked
         raise ConfigError(public_text(f"{source}: {exc}")) from None
-
-
-def config_file_path(explicit: str | os.PathLike[str] | None) -> Path | None:
-    if explicit:
-        return Path(explicit).expanduser()
-    if os.environ.get("HYBRIDLLM_CONFIG"):
-        return Path(os.environ["HYBRIDLLM_CONFIG"]).expanduser()
-    import platformdirs
-
-    default = Path(platformdirs.user_config_dir("hybridllm", appauthor=False)) / "config.toml"
-    return default if default.is_file() else None
-
-
-# the largest config file read: every setting fits in a few KiB, with hundreds of cloud_endpoints a
-# few hundred; a larger file is no config (a log, a model named by mistake) and was held in memory
-CONFIG_MAX_BYTES = 1 << 20
-
-
-def _read_config_file(path: Path) -> bytes:
-    """The bytes of the config file ``path``: a regular file of CONFIG_MAX_BYTES at most. Before,
-    ``/dev/zero`` was read until memory ran out and a FIFO with no writer blocked for ever."""
-    import stat
-
-    # non-blocking: opening a FIFO waits for a writer otherwise (a regular file ignores the flag);
-    # FileNotFoundError, PermissionError: the caller's messages
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0))
-    try:
-        st = os.fstat(fd)  # of what was opened: no race with a file replaced meanwhile
-        if stat.S_ISDIR(st.st_mode):
-            raise ConfigError(f"Config file {path} is a folder, not a file.")
-        if not stat.S_ISREG(st.st_mode):
-            if _is_devnull(st):  # HYBRIDLLM_CONFIG=/dev/null: no config file, as before
-                return b""
-            raise ConfigError(f"Config file {path} is not a regular file (a device, a pipe or a socket).")
-        data = b""
-        while len(data) <= CONFIG_MAX_BYTES:  # one byte more than the limit: refused, not cut
-            chunk = os.read(fd, CONFIG_MAX_BYTES + 1 - len(data))
-            if not chunk:
-                break
-            data += chunk
-    finally:
-        os.close(fd)
-    if len(data) > CONFIG_MAX_BYTES:
-        raise ConfigError(f"Config file {path} is over {CONFIG_MAX_BYTES >> 20} MiB: not a hybridllm "
-                          "config (a few KiB hold every setting).")
-    return data
-
-
-def _is_devnull(st: os.stat_result) -> bool:
-    try:
-        return os.path.samestat(st, os.stat(os.devnull))
-    except OSError:
-        return False
 
 
 def load_config(config: str | os.PathLike[str] | None = None, **overrides: Any) -> HybridLLMConfig:

@@ -10,8 +10,8 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any
 
-from ._config import public_text  # a route's reason quotes the cloud URL it could not reach
 from ._exceptions import HybridLLMError
+from ._masking import public_text  # a route's reason quotes the cloud URL it could not reach
 from ._proxy_errors import code_of, status_of
 from ._types import Chunk, Completion, estimate_text_tokens, estimate_tokens
 from .wire import ChunkWriter, chat_completion, error_body, header_value

@@ -18,9 +18,9 @@ from ._cli_options import (
     positive_int,
     unit_interval,
 )
-from ._config import public_text
 from ._exceptions import ConfigError
 from ._loopback import is_loopback
+from ._masking import public_text
 
 DEFAULT_SHUTDOWN_TIMEOUT_S = 5.0
 
@@ -124,7 +124,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_config_show(args: argparse.Namespace) -> int:
-    from ._config import config_file_path, load_config
+    from ._config import load_config
+    from ._config_file import config_file_path
 
     cfg = load_config(args.config)
     path = config_file_path(args.config)

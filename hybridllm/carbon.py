@@ -41,8 +41,8 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from typing import Any
 
-from ._config import split_userinfo
 from ._exceptions import ConfigError, InvalidRequestError
+from ._masking import split_userinfo
 from ._types import is_real
 from .backends.circuit import check_url
 

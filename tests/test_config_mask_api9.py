@@ -1,4 +1,4 @@
-"""One helper for a URL's user:password@ (``_config.split_userinfo`` / ``public_value``): the cloud
+"""One helper for a URL's user:password@ (``_masking.split_userinfo`` / ``public_value``): the cloud
 sends it as basic auth and names the endpoint without it, and everything shown masks it. Before,
 ``config show`` (``public_dict``) masked cloud_url's passwords but printed those of
 cloud_endpoints' URLs whole."""
@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import json
 
-from hybridllm._config import HybridLLMConfig, public_text, split_userinfo
+from hybridllm._config import HybridLLMConfig
+from hybridllm._masking import public_text, split_userinfo
 from hybridllm.backends.cloud import CloudBackend
 
 

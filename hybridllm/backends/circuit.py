@@ -28,6 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from .._exceptions import ConfigError
+from .._masking import public_value
 
 MAX_COOLDOWN_S = 300.0  # the longest wait between probes of an endpoint that stays down
 # each opening waits cooldown_s * u, u uniform in [JITTER_LOW, 1]: processes that opened together
@@ -76,7 +77,6 @@ def check_url(name: str, url: object) -> None:
     each request with a traceback (httpx's InvalidURL, a ValueError) or a misleading "cannot reach"."""
     from urllib.parse import urlsplit
 
-    from .._config import public_value  # (here: _config imports this module)
 
     shown = public_value(url)  # a user:password@ in it as ***@: errors are printed and logged
     if not isinstance(url, str) or not url.startswith(("http://", "https://")):

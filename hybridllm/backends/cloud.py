@@ -69,8 +69,8 @@ import os
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
-from .._config import split_userinfo
 from .._exceptions import ConfigError
+from .._masking import split_userinfo
 from .._types import GenerationParams, Messages
 from .base import Backend, Delta, drain_loop, register_backend
 from .circuit import MAX_COOLDOWN_S, CircuitBreaker, Endpoint, check_setting, check_url

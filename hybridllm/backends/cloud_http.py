@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator
 from contextlib import aclosing, asynccontextmanager
 from typing import Any
 
-from .._config import split_userinfo
+from .._masking import split_userinfo
 from .._request_id import REQUEST_ID
 from .cloud_status import _Retryable
 

@@ -11,6 +11,7 @@ import time
 from typing import Any
 
 from .._exceptions import CloudAuthError, CloudUnavailableError, InvalidRequestError
+from .._masking import public_text
 from .circuit import Endpoint
 
 log = logging.getLogger("hybridllm.cloud")
@@ -149,7 +150,6 @@ class _StatusVerdicts:
             self._warn_once(url or where, status, text)
             raise CloudUnavailableError(text, status_code=status)
         if 300 <= status < 400:
-            from .._config import public_text  # (here: _config imports backends.circuit)
 
             # where it points, without its query string or fragment (a captive portal's token) and
             # with a user:password@ in it masked, as the endpoint's own URL above

@@ -21,7 +21,7 @@ import pytest
 import cloud_server.__main__ as cli
 from cloud_server.cli_checks import _check_model_header
 from cloud_server.cli_settings import _engine_config
-from cloud_server.models.loader import read_gguf_metadata, read_model_header
+from cloud_server.models.header import read_gguf_metadata, read_model_header
 
 
 @pytest.fixture(autouse=True)

@@ -28,7 +28,7 @@ from os import PathLike
 
 import numpy as np
 
-from .._exceptions import ConfigError, InvalidRequestError, RouterError
+from .._exceptions import ConfigError, InvalidRequestError
 from .._types import (
     Decision,
     Message,
@@ -39,7 +39,7 @@ from .._types import (
     normalize_messages,
 )
 from .privacy import pii_kinds_in_messages, pseudonymize_messages, redaction_note
-from .router import NEVER_CLOUD, Router, load_router, sends_to_cloud
+from .router import NEVER_CLOUD, Router, load_router, routable, sends_to_cloud
 
 PRIVACY_MODES = ("keep_on_device", "redact", "off")
 ROUTES = ("edge", "cloud")
@@ -139,12 +139,7 @@ class RoutingPolicy:
                 f"({self.edge_context_tokens})"
             )
         router = self.router
-        score = router.score_text(last_user_text(msgs), embedding=embedding)
-        if math.isnan(score):
-            # NaN compares false with every bound: the prompt stayed on the device, reason
-            # "score nan < threshold", whatever it asked (weights that overflow, a custom scorer)
-            raise RouterError("The router scored the prompt NaN, so it cannot route it; nothing was "
-                              "sent. Check or retrain the router (its weights overflow on this prompt).")
+        score = routable(router.score_text(last_user_text(msgs), embedding=embedding))
         if self.cascade_band is not None and self.cascade_band[0] <= score < self.cascade_band[1]:
             return decision("edge", f"borderline score {score:.3f}: edge first, cloud if unsure",
                             score, cascade=True)

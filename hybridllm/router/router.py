@@ -57,6 +57,16 @@ DEFAULT_LOGPROB_THRESHOLD = -1.0  # used by should_escalate when the router carr
 NEVER_CLOUD = 1.0  # the threshold that sends no prompt to the cloud by its score
 
 
+def routable(score: float) -> float:
+    """``score``, or a RouterError when it is NaN: NaN compares false with every bound, so the
+    prompt stayed on the device (reason "score nan < threshold"), whatever it asked (weights that
+    overflow on it, a custom scorer)."""
+    if math.isnan(score):
+        raise RouterError("The router scored the prompt NaN, so it cannot route it; nothing was "
+                          "sent. Check or retrain the router (its weights overflow on this prompt).")
+    return score
+
+
 def sends_to_cloud(scores: Any, threshold: float) -> np.ndarray:
     """The routing rule on one score or an array of them: ``score >= threshold``, and nothing at
     threshold 1 (see the module's doc). Every place that routes by the score goes through here."""
@@ -151,7 +161,7 @@ class Router:
     def route(
         self, messages: str | Sequence[Message], *, embedding: np.ndarray | None = None
     ) -> tuple[str, float]:
-        s = self.score(messages, embedding=embedding)
+        s = routable(self.score(messages, embedding=embedding))
         return ("cloud" if sends_to_cloud(s, self.threshold) else "edge"), s
 
     def calibrated(

@@ -36,3 +36,10 @@ def test_forced_and_private_routes_do_not_score():
     p = RoutingPolicy(_nan_router(), privacy="keep_on_device")
     assert p.decide("Write a poem.", force="cloud").route == "cloud"
     assert p.decide("mail jane@example.com a poem").route == "edge"
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+def test_router_route_refuses_a_nan_score_too():
+    """Router.route (used directly, not through the policy) sent a NaN score to the device."""
+    with pytest.raises(RouterError, match="NaN"):
+        _nan_router(threshold=0.0).route("Prove the Riemann hypothesis.")

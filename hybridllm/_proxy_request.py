@@ -40,14 +40,8 @@ def _schema_extra(schema: dict[str, Any]) -> None:
     messages["items"] = {"allOf": [messages["items"], _TURN_RULE]}
 
 
-# The answer repeats the request's model name in every chunk: a 3 MB name made a 300-token stream
-# 774 MB (6 s of the event loop's time). Names are ids or paths; this is far beyond any of them.
-MAX_MODEL_CHARS = 1024
-
-
 class ProxyChatRequest(ChatCompletionRequest):
     model_config = ConfigDict(json_schema_extra=_schema_extra)
-    model: Annotated[str, Field(max_length=MAX_MODEL_CHARS)]
     hybridllm: HybridOptions | None = None
 
     @model_validator(mode="after")

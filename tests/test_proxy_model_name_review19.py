@@ -15,7 +15,7 @@ from hybridllm.backends.fake import FakeBackend  # noqa: E402
 from hybridllm.proxy import create_app  # noqa: E402
 
 MSGS = [{"role": "user", "content": "hi"}]
-MAX_MODEL_CHARS = 1024  # hybridllm._proxy_request.MAX_MODEL_CHARS
+MAX_MODEL_CHARS = 1024  # hybridllm.wire.requests.MAX_MODEL_CHARS
 
 
 @pytest.mark.parametrize("stream", [False, True])

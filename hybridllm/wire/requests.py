@@ -106,12 +106,18 @@ _STREAM_RULE: JsonDict = {
 }
 
 
+# The answer repeats the request's model name in every chunk (and a 404 quotes it): a 3 MB name made
+# a 300-token stream 774 MB (6 s of the event loop's time). Names are ids or paths; this is far
+# beyond any of them. The proxy and the cloud server share it.
+MAX_MODEL_CHARS = 1024
+
+
 class SamplingRequest(_Strict):
     """Fields shared by chat and legacy completions. ``None`` means "the server's default"."""
 
     model_config = ConfigDict(json_schema_extra=_STREAM_RULE)
 
-    model: str
+    model: Annotated[str, Field(max_length=MAX_MODEL_CHARS)]
     max_tokens: TokenCount | None = None
     temperature: Annotated[Unit, Field(ge=0.0, le=2.0)] | None = None
     top_p: Annotated[Unit, Field(ge=FLOAT32_TINY, le=1.0)] | None = None

@@ -95,3 +95,16 @@ def test_a_stopped_engine_is_not_called_retry_shortly() -> None:
         assert r.status_code == 503
         assert "restarted" in r.json()["error"]["message"]
         assert "retry shortly" not in r.json()["error"]["message"]
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions"])
+def test_a_model_name_past_the_bound_is_a_400_that_does_not_quote_it(
+        served: tuple[TestClient, FakeEngine], path: str) -> None:
+    """The 404 for an unknown model quoted the name whole (a 3 MB name, a 3 MB error); the bound is
+    the proxy's, in the shared request model (hybridllm.wire.requests.MAX_MODEL_CHARS)."""
+    http, _ = served
+    body = dict(CHAT) if path.endswith("chat/completions") else {"model": "", "prompt": "hi"}
+    body["model"] = "m" * 100_000
+    r = http.post(path, json=body)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "model"
+    assert len(r.content) < 2_000

@@ -219,6 +219,9 @@ class _Executor(_Planner, _Emitter, _Accounting):
                 len(exc.text),
                 exc.cause,
             )
+            # the device wrote the rest in the cloud's place: not stored, so the cloud's whole
+            # answer is, once it answers (before, the stitched answer was served from the cache)
+            req.stand_in = True
             async with aclosing(
                 self._emit_edge(
                     req,

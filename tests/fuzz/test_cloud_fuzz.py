@@ -13,6 +13,7 @@ import pytest
 pytest.importorskip("schemathesis")
 
 from cloud_server.api.server import create_app  # noqa: E402
+from hybridllm.wire.requests import MAX_MODEL_CHARS  # noqa: E402
 from tests.cloud_server.api.fake_engine import FakeEngine  # noqa: E402
 from tests.cloud_server.api.helpers import ThreadServer  # noqa: E402
 
@@ -23,8 +24,10 @@ POSTS = ("POST /v1/chat/completions", "POST /v1/completions")
 
 
 def served_model(case: Any) -> None:
-    """Name the served model where the fuzzer wrote some string, so requests reach the engine."""
-    if isinstance(case.body, dict) and isinstance(case.body.get("model"), str):
+    """Name the served model where the fuzzer wrote some string, so requests reach the engine; a
+    name past the schema's bound is left as it is (a negative case the server must refuse)."""
+    model = case.body.get("model") if isinstance(case.body, dict) else None
+    if isinstance(model, str) and len(model) <= MAX_MODEL_CHARS:
         case.body["model"] = "fake-model"
 
 

@@ -415,14 +415,23 @@ def test_the_draft_prefills_with_the_target_unless_the_server_is_busy(smollm2_en
 def test_a_draft_with_another_vocabulary_is_a_clear_error(smollm2_engine):
     from types import SimpleNamespace
 
-    from cloud_server.engine.spec_setup import _check_same_tokenizer
+    from cloud_server.engine.spec_setup import _check_same_tokenizer, _token_count
     from cloud_server.exceptions import ConfigError
 
     eng = smollm2_engine
-    other = SimpleNamespace(
-        config=SimpleNamespace(vocab_size=eng.model_config.vocab_size + 7), tokenizer=eng.tokenizer
-    )
+
+    class Wider:  # the target's tokenizer with 7 ids more
+        vocab_size = _token_count(eng.tokenizer, eng.model_config) + 7
+
+        def __getattr__(self, name: str):
+            return getattr(eng.tokenizer, name)
+
+    other = SimpleNamespace(config=eng.model_config, tokenizer=Wider())
     with pytest.raises(ConfigError, match="vocabulary"):
         _check_same_tokenizer(eng, other)
     same = SimpleNamespace(config=eng.model_config, tokenizer=eng.tokenizer)
     _check_same_tokenizer(eng, same)  # the same tokenizer passes
+    # the same tokenizer with an embedding padded to more rows (as Qwen2.5's sizes differ) passes
+    padded = SimpleNamespace(config=SimpleNamespace(vocab_size=eng.model_config.vocab_size + 7),
+                             tokenizer=eng.tokenizer)
+    _check_same_tokenizer(eng, padded)

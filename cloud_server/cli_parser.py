@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import argparse
-from typing import Any, NoReturn
+from typing import NoReturn
 
 from cloud_server.exceptions import ServerError
 from hybridllm._cli_options import (
     WholeNameParser,
+    bind_host,
+    given,
     non_negative_float,
     non_negative_int,
     port,
@@ -22,30 +24,6 @@ DEFAULT_SHUTDOWN_TIMEOUT_S = 5.0
 
 class UsageError(ServerError):
     """A bad option value or combination found after parsing: exit status 2, as argparse's own."""
-
-
-def _host(text: str) -> str:
-    """``--host``: an address or name to bind. An empty one (an unset shell variable) failed only at
-    the bind, exit 1 without naming the option, and with ``--replicas`` was bound as every
-    interface; a space in it (``"0.0.0.0 "``) was looked up as a name."""
-    if not text or text != "".join(text.split()):
-        raise argparse.ArgumentTypeError(
-            f"expected an address or host name to bind (127.0.0.1, 0.0.0.0 for every interface, "
-            f"::), got {text!r}")
-    return text
-
-
-def _given(what: str, *, trimmed: bool = False) -> Any:
-    """An argparse type refusing a blank value (an unset shell variable): ``--model ""`` was read as
-    the folder ``.``, ``--served-model-name ""`` silently as the default. ``trimmed``: spaces around
-    the value are refused too (a model name clients must send spaces and all)."""
-
-    def parse(text: str) -> str:
-        if not text.strip() or (trimmed and text != text.strip()):
-            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
-        return text
-
-    return parse
 
 
 def _system_prompt(text: str) -> str:
@@ -72,10 +50,10 @@ def build_parser() -> argparse.ArgumentParser:
         description="Serve a model over the OpenAI-compatible HTTP API. API keys also come from "
         "the HYBRIDLLM_CLOUD_API_KEYS environment variable (comma-separated).",
     )
-    serve.add_argument("--model", required=True, type=_given("a catalog id, .gguf file or HF folder"),
+    serve.add_argument("--model", required=True, type=given("a catalog id, .gguf file or HF folder"),
                        help="catalog id, .gguf file or HF folder")
     serve.add_argument(
-        "--served-model-name", type=_given("a model name without spaces around it", trimmed=True),
+        "--served-model-name", type=given("a model name without spaces around it", trimmed=True),
         help="model name in the API (default: the catalog id, or the .gguf file's or folder's name)",
     )
     serve.add_argument(
@@ -84,14 +62,14 @@ def build_parser() -> argparse.ArgumentParser:
         "the device uses it; '' for none)",
     )
     serve.add_argument(
-        "--host", default="127.0.0.1", type=_host, help="address to bind (default 127.0.0.1)"
+        "--host", default="127.0.0.1", type=bind_host, help="address to bind (default 127.0.0.1)"
     )
     serve.add_argument("--port", type=port, default=8000, help="port to bind (default 8000)")
     serve.add_argument(
         "--api-key", action="append", default=[], metavar="KEY", help="accepted key (repeatable)"
     )
     serve.add_argument(
-        "--api-key-file", metavar="PATH", type=_given("a file's path"),
+        "--api-key-file", metavar="PATH", type=given("a file's path"),
         help="file with one accepted key a line (preferred over --api-key, which shows in ps)",
     )
     serve.add_argument(
@@ -218,7 +196,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     spec.add_argument(
         "--draft-model", default=None, metavar="ID_OR_PATH",
-        type=_given("a catalog id, .gguf file or HF folder"),
+        type=given("a catalog id, .gguf file or HF folder"),
         help="draft model for --speculative-method draft: catalog id, .gguf file or HF folder",
     )
     spec.add_argument(

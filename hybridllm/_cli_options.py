@@ -108,9 +108,10 @@ def port(text: str) -> int:
 
 
 def bind_host(text: str) -> str:
-    """``--host``: an address or name to bind. An empty one (an unset shell variable) failed only at
-    the bind, exit 1 without naming the option; a space in it (``"0.0.0.0 "``) was looked up as a
-    name."""
+    """``--host``: an address or name to bind (``hybridllm serve`` and ``hybridllm-cloud serve``). An
+    empty one (an unset shell variable) failed only at the bind, exit 1 without naming the option
+    (and with ``--replicas`` was bound as every interface); a space in it (``"0.0.0.0 "``) was
+    looked up as a name."""
     if not text or text != "".join(text.split()):
         raise argparse.ArgumentTypeError(
             f"expected an address or host name to bind (127.0.0.1, 0.0.0.0 for every interface, "
@@ -118,12 +119,14 @@ def bind_host(text: str) -> str:
     return text
 
 
-def given(what: str) -> Any:
+def given(what: str, *, trimmed: bool = False) -> Any:
     """An argparse type refusing a blank value (an unset shell variable, ``--config "$CFG"``), which
-    otherwise reads as the option left out, or as a name of spaces that fails once loading."""
+    otherwise reads as the option left out, or as a name of spaces that fails once loading.
+    ``trimmed``: spaces around the value are refused too (a model name clients must send spaces
+    and all)."""
 
     def parse(text: str) -> str:
-        if not text.strip():
+        if not text.strip() or (trimmed and text != text.strip()):
             raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
         return text
 

@@ -171,8 +171,9 @@ class CloudBackend(_Retrying, Backend):
     def model(self) -> str:  # type: ignore[override]
         """The model's name. Configured (``model=``, cloud_model): that one, every endpoint is asked
         for it. Else each endpoint's own, the first its GET /models lists, and endpoints may serve
-        different ones: the model of the latest answer, "cloud" before any. Each answer names the
-        model that wrote it (``Delta.model``, which the client's chunks and completion carry)."""
+        different ones: the model asked for by the latest answer, "cloud" before any. Each answer names
+        the model that wrote it (``Delta.model``, which the client's chunks and completion carry):
+        as the server's answer names it (``model``: "gpt-4o-2024-08-06" for "gpt-4o"), else this."""
         return self._model or self._answered or "cloud"
 
     def stream(self, messages: Messages, params: GenerationParams) -> Iterator[Delta]:

@@ -145,8 +145,11 @@ class _Retrying(_Streaming):
                                 setattr(u, k, v)
                         # the model that wrote this answer (endpoints may serve different ones):
                         # on each delta, so an answer names its own model however streams interleave
+                        # as the server names it (``model`` of its chunks, _stream_once), else as
+                        # asked; the backend's ``model`` (the cache key's) stays the name asked for
                         if (model := self._model_at(ep)) is not None:
-                            self._answered = delta.model = model
+                            self._answered = model
+                            delta.model = delta.model or model
                         yield delta
                 ep.breaker.record_success(ticket)
                 return

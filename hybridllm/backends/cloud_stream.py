@@ -22,6 +22,9 @@ log = logging.getLogger("hybridllm.cloud")
 # event stream with no line breaks) is cut off there, not read until the process runs out of memory
 MAX_BODY_BYTES = 32 * 2**20  # a whole (non-streamed) completion
 MAX_LINE_CHARS = 4 * 2**20  # one line of an event stream (one event: a token and its logprobs)
+# the longest model name an answer may report: the wire model's bound (hybridllm.wire.requests,
+# not imported: it needs pydantic, which the light client does not)
+MAX_MODEL_CHARS = 1024
 
 
 class _Streaming(_Requests):
@@ -44,6 +47,9 @@ class _Streaming(_Requests):
         # event), else ~4 characters a token; the call's count when the stream is closed at a stop
         # sequence before the cloud's own count, sent last, arrives
         received = 0
+        # the model the server says answered (each chunk's ``model``: OpenAI answers "gpt-4o" as
+        # "gpt-4o-2024-08-06"), the first one named; None: the requested name stands (cloud_retry)
+        served: str | None = None
         other = ""  # the start of what came that is no event (an error's JSON, a mislabelled body)
         try:
             async with AsyncExitStack() as stack:
@@ -63,7 +69,7 @@ class _Streaming(_Requests):
                     whole, final = _read_completion(resp, ep.base_url)
                     if matcher is not None:
                         text, hit = matcher.feed(whole.text)
-                        whole = Delta(text if hit else text + matcher.flush())
+                        whole = Delta(text if hit else text + matcher.flush(), model=whole.model)
                         if hit:  # the cloud's usage stays as it is: what it generated and bills
                             final.finish_reason = "stop"
                     if whole.text:
@@ -166,6 +172,7 @@ class _Streaming(_Requests):
                         raise _Retryable(f"malformed event from {ep.base_url}: {data[:80]!r}") from exc
                     usage = counted or usage
                     finish = ended or finish
+                    served = served or _model_of(event)
                     hit = False
                     for text in texts:
                         if self.stall_timeout_s is not None:
@@ -177,7 +184,7 @@ class _Streaming(_Requests):
                                 tail = text  # passed on once the stream is closed
                                 break
                         if text:
-                            yield Delta(text)
+                            yield Delta(text, model=served)
                     if hit:
                         # a stop sequence: the answer is over for the caller. The stream is closed
                         # now (leaving the block), not read to its end, so the cloud's count, sent
@@ -211,8 +218,8 @@ class _Streaming(_Requests):
         if matcher is not None:  # the end of an answer with no stop sequence: what was held back
             tail += matcher.flush()
         if tail:
-            yield Delta(tail)
-        yield Delta("", finish_reason=_finish_reason(finish), usage=usage or Usage())
+            yield Delta(tail, model=served)
+        yield Delta("", finish_reason=_finish_reason(finish), usage=usage or Usage(), model=served)
 
 
 def _read_event(event: dict) -> tuple[list[str], str | None, Usage | None]:
@@ -229,6 +236,17 @@ def _read_event(event: dict) -> tuple[list[str], str | None, Usage | None]:
         if choice.get("finish_reason"):
             finish = str(choice["finish_reason"])
     return texts, finish, usage
+
+
+def _model_of(body: object) -> str | None:
+    """The model an answer or chunk names (``model``), when it is a name: a non-blank, printable
+    string of at most ``MAX_MODEL_CHARS``; else None (a server that leaves it out, sends "" or
+    garbage: the requested or discovered name stands)."""
+    name = body.get("model") if isinstance(body, dict) else None
+    if not isinstance(name, str) or not name.strip() or len(name) > MAX_MODEL_CHARS \
+            or not name.isprintable():
+        return None
+    return name
 
 
 def _count(value: object) -> int | None:
@@ -277,8 +295,9 @@ def _read_completion(resp: Any, where: str) -> tuple[Delta, Delta]:
         _, _, usage = _read_event({"usage": body.get("usage")})
     except (ValueError, TypeError, AttributeError, KeyError, IndexError) as exc:
         raise _Retryable(f"malformed answer from {where}: {resp.text[:80]!r}") from exc
-    return Delta(text), Delta("", finish_reason=_finish_reason(choice.get("finish_reason")),
-                              usage=usage or Usage())
+    served = _model_of(body)
+    return Delta(text, model=served), Delta("", finish_reason=_finish_reason(choice.get("finish_reason")),
+                                            usage=usage or Usage(), model=served)
 
 
 # finish_reasons of servers that are not quite OpenAI's, as LiteLLM reads them: cut by the length

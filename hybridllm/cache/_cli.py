@@ -32,16 +32,14 @@ def _settings(args: argparse.Namespace) -> tuple[Path, Any]:
     it), else the default file in the user cache dir."""
     from .._config import load_config
     from .._exceptions import CacheError
-    from .._paths import cache_dir
+    from .._paths import cache_dir, setting_path
     from .semantic import DEFAULT_FILENAME
 
     cfg = load_config()
     if args.path is not None:
         path = args.path.expanduser()  # a quoted "~/c.sqlite3", as cache_path is read
-    elif cfg.cache_path:
-        path = Path(cfg.cache_path).expanduser()
-    else:
-        path = cache_dir() / DEFAULT_FILENAME
+    else:  # cache_path read as SemanticCache reads it (a blank one is no path)
+        path = setting_path(cfg.cache_path, "cache_path") or cache_dir() / DEFAULT_FILENAME
     if path.is_dir():
         raise CacheError(f"{path} is a folder; pass the path of a cache database file.")
     if args.path is not None and not path.is_file():  # a typo must not make a new, empty cache

@@ -51,7 +51,7 @@ from pathlib import Path
 import numpy as np
 
 from .._exceptions import CacheError, ConfigError
-from .._paths import cache_dir
+from .._paths import cache_dir, setting_path
 from .._types import USER_TEXT, is_integer, is_real, private_repr
 from ._candidates import _fits
 from ._keys import bucket_key, entry_id_for, split_messages
@@ -132,8 +132,10 @@ class SemanticCache(_Writes):
                 f"got {min_similarity!r}: train or copy the verifier file again"
             )
         self.min_similarity = float(min_similarity)
-        # "~/..." from a config file means the home folder, as `hybridllm cache` reads it
-        self.path = Path(path).expanduser() if path is not None else cache_dir() / DEFAULT_FILENAME
+        # "~/..." from a config file means the home folder, as `hybridllm cache` reads it; a
+        # relative one is made absolute once (the stats and a later client after an os.chdir name
+        # this file, not one in the new working folder); a blank one is no path
+        self.path = setting_path(path, "cache_path") or cache_dir() / DEFAULT_FILENAME
         self.namespace = namespace
         # plain Python numbers: SQLite binds no numpy integer (np.int64 reached `LIMIT ?`)
         self.ttl_s = float(ttl_s) if ttl_s is not None else None

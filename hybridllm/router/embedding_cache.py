@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .._paths import data_dir
+from .._paths import data_dir, env_folder
 from .dataset import texts_digest
 from .features import EMBEDDER_ID, EMBEDDING_DIM, embed_texts
 
@@ -38,8 +38,8 @@ def feature_cache_dir() -> Path:
     The files are keyed by content (embedder file hash and texts digest), so a folder may be shared
     by data dirs: the test suite keeps one outside its empty per-session data dir.
     """
-    override = os.environ.get("HYBRIDLLM_EMBEDDINGS_DIR")
-    return Path(override).expanduser() if override else data_dir() / "router_features"
+    override = env_folder("HYBRIDLLM_EMBEDDINGS_DIR")  # made absolute once, as HYBRIDLLM_HOME
+    return override if override is not None else data_dir() / "router_features"
 
 
 def cached_embeddings(

@@ -147,7 +147,13 @@ class EdgeBusyError(EdgeError):
     """The device model is busy: too many requests wait for it, or one waited past its timeout.
 
     The device answers one request at a time, in order of arrival; ``edge_max_waiting`` and
-    ``edge_wait_timeout_s`` bound the queue."""
+    ``edge_wait_timeout_s`` bound the queue. ``retry_after_s`` is about how long the queue ahead
+    of a retry takes (the requests waiting plus the one running, times the device's recent time
+    per answer), where that is known, else None (no answer timed yet; a backend used directly)."""
+
+    def __init__(self, message: str, *, retry_after_s: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
 
 
 class CloudError(BackendError):

@@ -69,6 +69,8 @@ def code_of(exc: BaseException) -> str | None:
         return "cloud_budget_spent"  # a 429: wait and retry, the prompt is fine
     if isinstance(exc, CloudRateLimitError):
         return "cloud_rate_limited"  # a 429 of the cloud's, not of this server's device or budget
+    if isinstance(exc, EdgeBusyError):
+        return "rate_limit_exceeded"  # OpenAI's code for its own 429s: the device's queue is full
     return None
 
 
@@ -96,8 +98,8 @@ def _retry_after_s(exc: HybridLLMError, llm: HybridLLM, device: DeviceClock) -> 
     """Retry-After (whole seconds, rounded up, at least 1) for a 429 or 503, from what is known:
     - a spent budget: when its sliding windows have room again (the error's, else the ledger's);
     - a busy device: the queue ahead served one answer at a time, (waiting + the running one) x
-      the device's recent time per answer (``DeviceClock``; 1 s before one is timed), at most
-      ``DEVICE_WAIT_MAX_S``;
+      the device's recent time per answer (the error's, from the worker's own timing, else
+      ``DeviceClock``'s; 1 s before one is timed), at most ``DEVICE_WAIT_MAX_S``;
     - the cloud: its own Retry-After or its circuit's cooldown (the error's, else the soonest
       endpoint's), at most ``CLOUD_WAIT_MAX_S``; 1 s when nothing is known."""
     wait: float | None
@@ -107,8 +109,10 @@ def _retry_after_s(exc: HybridLLMError, llm: HybridLLM, device: DeviceClock) -> 
             wait = wait_of(llm._core.ledger)
         return _whole_s(wait, unknown=NEVER_S)
     if isinstance(exc, EdgeBusyError):
-        ahead = llm._core.edge_worker.num_waiting + 1
-        wait = ahead * (device.service_s or 1.0)
+        wait = exc.retry_after_s
+        if wait is None:
+            ahead = llm._core.edge_worker.num_waiting + 1
+            wait = ahead * (device.service_s or 1.0)
         return _whole_s(wait, unknown=1, cap=DEVICE_WAIT_MAX_S)
     wait = exc.retry_after_s if isinstance(exc, CloudError) else None
     if wait is None:

@@ -46,7 +46,7 @@ def _last_error(error: Exception) -> dict:
 
 @pytest.mark.parametrize(("error", "etype", "code"), [
     (RuntimeError("boom"), "server_error", None),
-    (EdgeBusyError("busy"), "requests", None),
+    (EdgeBusyError("busy"), "requests", "rate_limit_exceeded"),
     (ContextWindowExceededError("too long"), "invalid_request_error", "context_length_exceeded"),
 ])
 def test_an_in_band_errors_code_is_a_string_or_null(error, etype, code):

@@ -67,6 +67,8 @@ class EdgeWorker:
         self._thread: threading.Thread | None = None
         self._current: EdgeJob | InlineRun | None = None
         self._closed = False
+        self._clock: Callable[[], float] = time.monotonic
+        self._service_s: float | None = None  # the recent time a job held the device (average)
 
     def on_worker_thread(self) -> bool:
         """Whether the caller runs on this worker's own thread (there, ``close`` cannot wait)."""
@@ -76,6 +78,16 @@ class EdgeWorker:
     def num_waiting(self) -> int:
         with self._cond:
             return sum(not j.cancelled.is_set() for j in self._jobs)
+
+    def retry_after_s(self) -> float | None:
+        """About how long a request queued now waits for its turn: the jobs ahead (waiting, and
+        the one running) times the recent time per job; None before a job was timed."""
+        with self._cond:
+            if self._service_s is None:
+                return None
+            ahead = sum(not j.cancelled.is_set() for j in self._jobs)
+            ahead += self._current is not None and not self._current.done.is_set()
+            return ahead * self._service_s
 
     def _submit(self, make: Callable[[], Iterator[Delta]]) -> tuple[EdgeJob, int]:
         job = EdgeJob(make, asyncio.get_running_loop())
@@ -95,7 +107,7 @@ class EdgeWorker:
             if waiting >= self.max_waiting:
                 raise EdgeBusyError(
                     f"{waiting} requests already wait for the device model (edge_max_waiting="
-                    f"{self.max_waiting}); retry later."
+                    f"{self.max_waiting}); retry later.", retry_after_s=self.retry_after_s()
                 )
             self._jobs.append(job)
             # the requests ahead of this one, for the busy message: the waiting ones and the one
@@ -113,14 +125,15 @@ class EdgeWorker:
     def stream(self, make: Callable[[], Iterator[Delta]]) -> AsyncIterator[Delta]:
         """Queue ``make`` (called on the worker thread) and return its deltas as they come."""
         job, ahead = self._submit(make)
-        return _JobStream(job, job.deltas(self.wait_timeout_s, ahead))
+        return _JobStream(job, job.deltas(self.wait_timeout_s, ahead, self.retry_after_s))
 
     def inline(
         self, make: Callable[[], Iterator[Delta]], feed: Callable[[Delta], Any], finish: Callable[[], Any]
     ) -> InlineRun:
         """Queue a turn for ``make`` to run on the reader's thread (see :class:`InlineRun`);
         called on the pipeline's loop. Raises :class:`EdgeBusyError` when too many wait."""
-        job = InlineRun(make, feed, finish, wait_timeout_s=self.wait_timeout_s)
+        job = InlineRun(make, feed, finish, wait_timeout_s=self.wait_timeout_s,
+                        retry_after=self.retry_after_s)
         job.ahead = self._enqueue(job)
         return job
 
@@ -133,12 +146,18 @@ class EdgeWorker:
                     return
                 job = self._current = self._jobs.popleft()
                 others = bool(self._jobs)
+            ran = not job.cancelled.is_set()  # (a job cancelled while it waited only ends here)
+            start = self._clock()
             if isinstance(job, InlineRun):
                 job.run(contended=others)
             else:
                 job.run()
+            took = self._clock() - start
             with self._cond:
                 self._current = None
+                if ran:  # a moving average: the newest job weighs a quarter (as the proxy's DeviceClock)
+                    s = self._service_s
+                    self._service_s = took if s is None else 0.75 * s + 0.25 * took
 
     def cancel_all(self) -> threading.Thread | None:
         """Close to new jobs and cancel every job, the running one at its next token; no wait.

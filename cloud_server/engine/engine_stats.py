@@ -94,10 +94,8 @@ class EngineStatsMixin:
             "max_batch_num_seqs": self._max_batch_num_seqs,
             "kv_peak_allocated_slots": self._peak_slots,
             "kv_unused_slots_at_peak": self._unused_slots_at_peak,
-            "spec_decode_num_drafts": self.spec.stats.num_drafts,
-            "spec_decode_num_draft_tokens": self.spec.stats.num_draft_tokens,
-            "spec_decode_num_accepted_tokens": self.spec.stats.num_accepted_tokens,
-            "spec_decode_num_accepted_tokens_per_pos": list(self.spec.stats.accepted_per_pos),
+            # one consistent copy: the engine thread may be counting a draft meanwhile
+            **self.spec.stats.snapshot(),
         }
 
     def load_report(self) -> dict[str, Any]:

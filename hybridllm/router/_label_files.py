@@ -6,7 +6,7 @@ import csv
 import json
 import os
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
@@ -41,14 +41,21 @@ class LabelRun:
     errors: list[str] = field(default_factory=list)
 
 
-def _read_done(path: Path, header: list[str], run: LabelRun) -> tuple[set[str], list[str]]:
+def _read_done(
+    path: Path, header: list[str], run: LabelRun, again: Collection[str] = frozenset(),
+    progress: TextIO | None = None,
+) -> tuple[set[str], list[str]]:
     """Prompts already labelled in ``path`` (resuming), and the file's columns; the header's first
     three must match this run's.
 
     A last row cut off mid-write (a killed run: no line end, or a quoted prompt never closed) is
     removed from the file to be labelled again; appended to, it would swallow the rows after it.
-    A quote never closed further up (a hand edit) is refused: cutting there lost every row after
-    it. A file saved by a spreadsheet (a byte-order mark, TRUE/FALSE) resumes as written."""
+    So is a last row with all its cells but no line end whose prompt is in ``again`` (this run's
+    questions): rows are written here with their line end, so its last cell may be cut short
+    (-0.53 read -0.5, a token count 12 read 1). One that cannot be labelled again is kept, as a
+    spreadsheet saves it (said on ``progress``). A quote never closed further up (a hand edit) is
+    refused: cutting there lost every row after it. A file saved by a spreadsheet (a byte-order
+    mark, TRUE/FALSE) resumes as written."""
     if not path.is_file() or path.stat().st_size == 0:
         return set(), header
     csv.field_size_limit(min(sys.maxsize, 2**31 - 1))
@@ -96,6 +103,8 @@ def _read_done(path: Path, header: list[str], run: LabelRun) -> tuple[set[str], 
                 raw.clear()
                 if text.count('"') % 2 or not (text.endswith(("\n", "\r")) or len(cells) >= len(found)):
                     break  # half-written, so the last: the reader ran to the end of the file
+                if not text.endswith(("\n", "\r")) and cells and cells[0] in again:
+                    break  # all its cells, but the last may be cut short: labelled again
                 end += len(text.encode("utf-8"))
                 ended = text.endswith(("\n", "\r"))
                 if len(cells) < 3:
@@ -108,6 +117,12 @@ def _read_done(path: Path, header: list[str], run: LabelRun) -> tuple[set[str], 
                 run.cloud_correct += _to_bool(cells[2]) == 1.0
     except UnicodeDecodeError as exc:
         raise DataError(f"{path} is not a UTF-8 CSV file ({exc}); pass another --out.") from exc
+    if progress is not None and end < path.stat().st_size:
+        progress.write(f"{path}: its last row has no line end (a run stopped mid-write); it is "
+                       "removed, to be labelled again\n")
+    elif progress is not None and not ended:
+        progress.write(f"{path}: its last row has no line end and is not among these questions, so it "
+                       "is kept as written (a run stopped mid-write may have cut its last cell)\n")
     if end < path.stat().st_size or not ended:
         with path.open("r+b") as raw_fh:
             raw_fh.truncate(end)

@@ -39,6 +39,8 @@ DEFAULT_TOPIC_MIX = 0.5
 _NEIGHBOR_ROWS = 2048  # rows of a batch scored at once: 2048 x 60,000 float32 similarities, 0.5 GB
 TOPIC_RESTARTS = 5
 SHRINK = 10.0
+_MIN_SCALE = 1e-9  # the fit's floor is 1e-8 (float32 rounds it to just below)
+_MAX_EMBEDDING_PART = 1e6  # far above a fitted value (<= 1), far below a float32 overflow
 
 
 @dataclass(frozen=True)
@@ -71,8 +73,14 @@ class GainScorer:
         return self.centroids is not None and self.topic_mix > 0
 
     def linear_gain(self, x: np.ndarray) -> np.ndarray:
-        z = (np.atleast_2d(x) - self.mean) / self.scale
-        logits = z @ self.coef.T + self.intercept  # [n, num_classes]
+        with np.errstate(over="ignore", invalid="ignore"):
+            z = (np.atleast_2d(x) - self.mean) / self.scale
+            logits = z @ self.coef.T + self.intercept  # [n, num_classes]
+        if not np.all(np.isfinite(logits)):
+            # weights near float32's limits (a coef of 1e38) overflowed a logit to inf, and inf - inf
+            # scored NaN, which never reaches the threshold; float64 holds any finite float32 weights
+            z = (np.atleast_2d(x).astype(np.float64) - self.mean) / self.scale
+            logits = z @ self.coef.T + self.intercept
         logits -= logits.max(axis=1, keepdims=True)
         p = np.exp(logits)
         p /= p.sum(axis=1, keepdims=True)
@@ -161,9 +169,17 @@ class GainScorer:
                 f"{intercept.shape}, classes {classes.shape}; this version needs {num_features} "
                 "features and one class per row of coef. Retrain it."
             )
-        arrays = (mean, scale, coef, intercept, classes)
-        if not all(np.all(np.isfinite(v)) for v in arrays) or np.any(scale == 0):
-            raise RouterFileError("The router weights hold NaN, inf or zero scales; retrain it.")
+        arrays = {"mean": mean, "scale": scale, "coef": coef, "intercept": intercept, "classes": classes}
+        bad = [n for n, v in arrays.items() if not np.all(np.isfinite(v))]
+        if bad:
+            raise RouterFileError(f"The router weights hold NaN, inf or zero scales (in {', '.join(bad)}); "
+                                  "retrain it.")
+        # the fit writes standard deviations, 1 for a constant column: one below its floor of 1e-8
+        # (or negative) is damage, and a feature divided by it outweighed every other
+        if np.any(scale < _MIN_SCALE):
+            raise RouterFileError(f"The router weights' scale holds {float(scale.min()):g}, below the "
+                                  f"{_MIN_SCALE:g} the fit writes at least; retrain it.")
+        _check_gains(classes, "classes")
         proj_mean = proj = refs = ref_gains = None
         if "refs" in a:
             if not all(n in a for n in ("proj_mean", "proj", "ref_gains")):
@@ -178,8 +194,14 @@ class GainScorer:
                 raise RouterFileError("The router's neighbor arrays do not match; retrain it.")
             # a NaN here makes every score NaN, and a NaN score never reaches the threshold: the
             # router would keep all traffic on the device without a word
-            if not all(np.all(np.isfinite(v)) for v in (refs, ref_gains, proj_mean, proj)):
-                raise RouterFileError("The router's neighbor arrays hold NaN or inf; retrain it.")
+            parts = {"refs": refs, "ref_gains": ref_gains, "proj_mean": proj_mean, "proj": proj}
+            bad = [n for n, v in parts.items() if not np.all(np.isfinite(v))]
+            if bad:
+                raise RouterFileError(f"The router's neighbor arrays hold NaN or inf (in {', '.join(bad)}); "
+                                      "retrain it.")
+            _check_gains(ref_gains, "ref_gains")
+            for n in ("refs", "proj_mean", "proj"):
+                _check_bound(parts[n], n)
         centroids = topic_gains = None
         topic_mix = 0.0
         if "centroids" in a:
@@ -194,6 +216,8 @@ class GainScorer:
                   and bool(np.all(np.isfinite(centroids))) and bool(np.all(np.isfinite(topic_gains))))
             if not ok:
                 raise RouterFileError("The router's topic arrays do not match; retrain it.")
+            _check_gains(topic_gains, "topic_gains")
+            _check_bound(centroids, "centroids")
         k, mix = _one_number(a, "k"), _one_number(a, "mix")
         if k != int(k) or k < 1:
             raise RouterFileError(f"The router weights have k {k:g}, not a whole number of neighbors "
@@ -203,6 +227,21 @@ class GainScorer:
         return cls(mean=mean, scale=scale, coef=coef, intercept=intercept, classes=classes,
                    proj_mean=proj_mean, proj=proj, refs=refs, ref_gains=ref_gains, k=int(k), mix=mix,
                    centroids=centroids, topic_gains=topic_gains, topic_mix=topic_mix)
+
+
+def _check_gains(v: np.ndarray, name: str) -> None:
+    """Gains are strong - weak scores, in [-1, 1]; one outside made every score 0 or 1 (clipped)."""
+    if v.size and (float(v.min()) < -1.0 or float(v.max()) > 1.0):
+        raise RouterFileError(f"The router weights' {name} holds {float(np.abs(v).max()):g}, a gain outside "
+                              "[-1, 1]; retrain it.")
+
+
+def _check_bound(v: np.ndarray, name: str) -> None:
+    """The embedding side is scored in float32: fitted, these are unit vectors, their mean and
+    centroids (|v| <= 1); one beyond ``_MAX_EMBEDDING_PART`` overflows a projection to inf, then NaN."""
+    if v.size and float(np.abs(v).max()) > _MAX_EMBEDDING_PART:
+        raise RouterFileError(f"The router weights' {name} holds {float(np.abs(v).max()):g}, beyond the "
+                              f"{_MAX_EMBEDDING_PART:g} an embedding part can hold; retrain it.")
 
 
 def _one_number(a: dict[str, np.ndarray], name: str) -> float:

@@ -170,7 +170,7 @@ def label_to_csv(
         raise DataError(f"{path} is a folder; pass the CSV file to write with --out.")
     header = _header(edge_col, cloud_col)
     run = LabelRun(out=path)
-    done, columns = _read_done(path, header, run)
+    done, columns = _read_done(path, header, run, {q.prompt for q in questions}, progress)
     if settings is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
         _check_settings(path, settings, has_rows=bool(run.num_rows))

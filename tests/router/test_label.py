@@ -275,7 +275,9 @@ def test_greedy_mean_logprob_reads_the_completion_rows():
     [
         "What is 5 + 5?,Tr",  # killed mid-row: appended to, it ran into the next row
         '"What is 5 + 5?\nand, more',  # a quoted prompt never closed swallowed every later row
-        "What is 5 + 5?,True,False,-0.20000,3",  # a whole row, only its line end missing: kept
+        # all its cells, only its line end missing: its last cell may be cut short (3 of 37), so
+        # a question of this run is labelled again (one that is not is kept: test_label_review20)
+        "What is 5 + 5?,True,False,-0.20000,3",
     ],
 )
 def test_label_to_csv_resumes_past_a_half_written_last_row(tmp_path, tail):
@@ -287,8 +289,7 @@ def test_label_to_csv_resumes_past_a_half_written_last_row(tmp_path, tail):
     with out.open("a", newline="", encoding="utf-8") as fh:
         fh.write(tail)
     run = label_mod.label_to_csv(_sum_questions(8), _edge, cloud, out, edge_col="e", cloud_col="c")
-    whole = tail.count(",") == 4
-    assert (run.num_skipped, run.num_added, run.num_rows) == ((6, 2, 8) if whole else (5, 3, 8))
+    assert (run.num_skipped, run.num_added, run.num_rows) == (5, 3, 8)
     data = load_routellm_csv(out, weak_col="e", strong_col="c")
     assert sorted(data.prompts) == sorted(q.prompt for q in _sum_questions(8))
     assert len(data.prompts) == 8

@@ -30,7 +30,7 @@ from ray.serve.config import RequestRouterConfig
 from ..config import ClusterConfig, EngineConfig
 from ..exceptions import ConfigError
 from .autoscale import METRIC, QueuedTokensPolicy
-from .fleet import FleetBoard
+from .fleet import FleetBoard, board_lost
 from .router import TokenPrefixRequestRouter
 
 log = logging.getLogger("cloud_server.cluster")
@@ -65,6 +65,7 @@ class EngineReplica:
         device = str(self.engine.engine.device)
         self.meter = meter_for(device, power_watts=power_watts, num_threads=config.num_threads)
         self.replica = serve.get_replica_context().replica_id.unique_id
+        self._board_name = board_name
         self._board = board_handle(board_name)
         self._reports = 0
         self._last_report: dict[str, Any] | None = None
@@ -74,12 +75,17 @@ class EngineReplica:
         while True:
             # a replica whose engine loop died posts nothing: /health must not count it as up
             # while Serve's health check (every 2 s, then its restart) catches up with it
-            with contextlib.suppress(Exception):
+            try:
                 if self.engine.is_ready:
-                    self._board.post.remote(
+                    # awaited (at most a few seconds): a board whose actor died says so here
+                    await asyncio.wait_for(self._board.post.remote(
                         self.replica,
                         {"stats": self.engine.stats(), "pid": os.getpid(), "energy_source": self.meter.name},
-                    )
+                    ), 5.0)
+            except Exception as exc:  # noqa: BLE001 - stats are best effort
+                if board_lost(exc):  # got again, or created again: the replicas' posts refill it
+                    with contextlib.suppress(Exception):
+                        self._board = await asyncio.to_thread(board_handle, self._board_name)
             await asyncio.sleep(1.0)
 
     def _load_report(self) -> dict[str, Any]:
@@ -145,6 +151,7 @@ class FrontendIngress:
     ) -> None:
         self._engine_handle = engine
         self._model = model
+        self._board_name = board_name
         self._board = board_handle(board_name)
         self._target = target_replicas
         self._options = app_options
@@ -155,7 +162,8 @@ class FrontendIngress:
 
         def make_engine() -> RemoteEngine:
             return RemoteEngine(
-                self._engine_handle, self._model, board=self._board, target_replicas=self._target
+                self._engine_handle, self._model, board=self._board, target_replicas=self._target,
+                renew_board=lambda: board_handle(self._board_name),  # once its actor died
             )
 
         return create_app(make_engine, energy="remote", **self._options)  # type: ignore[arg-type]

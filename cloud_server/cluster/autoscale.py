@@ -19,7 +19,7 @@ from typing import Any
 
 from hybridllm._types import is_integer
 
-from .fleet import finite_number
+from .fleet import finite_number, sent_to_lost_board, watch_sent
 
 METRIC = "outstanding_tokens"
 TARGET_NOTE = "target_replicas"  # the fleet board's note: Serve's current target replica count
@@ -52,6 +52,7 @@ class QueuedTokensPolicy:
         self.target_tokens_per_replica = _check_target(target_tokens_per_replica)
         self._board_name = board_name
         self._board: Any = None
+        self._sent: Any = None  # the last note's future: it fails once the board's actor died
         self._noted: tuple[float, int] | None = None
 
     def _note_target(self, target: int) -> None:
@@ -63,11 +64,13 @@ class QueuedTokensPolicy:
             return
         self._noted = (now, target)
         try:
-            if self._board is None:
+            if self._board is None or sent_to_lost_board(self._sent):
                 import ray
 
+                # a board whose actor died is got again by name (created again by a replica)
+                self._board, self._sent = None, None
                 self._board = ray.get_actor(self._board_name, namespace="hybridllm")
-            self._board.note.remote(TARGET_NOTE, target)
+            self._sent = watch_sent(self._board.note.remote(TARGET_NOTE, target))
         except Exception:  # noqa: BLE001 - the board may not exist yet; health falls back
             self._board = None
 

@@ -91,6 +91,31 @@ class FleetCounters:
         return out
 
 
+def board_lost(exc: BaseException | None) -> bool:
+    """``exc`` says the board's actor died or cannot be reached (Ray's ``RayActorError``:
+    ``ActorDiedError``, ``ActorUnavailableError``): its handle is no use any more, the board is
+    got again by name (a detached actor that died is not restarted; its name is free again)."""
+    if exc is None:
+        return False
+    try:
+        from ray.exceptions import RayActorError  # lazily: this module must not import Ray
+    except ImportError:
+        return False
+    return isinstance(exc, RayActorError)
+
+
+def watch_sent(ref: Any) -> Any:
+    """The future of a fire-and-forget call to the board (``ObjectRef.future()``), to learn on
+    the next call whether it failed; None where there is nothing to watch."""
+    future = getattr(ref, "future", None)
+    return future() if callable(future) else None
+
+
+def sent_to_lost_board(sent: Any) -> bool:
+    """A fire-and-forget call's future (``ObjectRef.future()``) that failed as the board died."""
+    return sent is not None and sent.done() and not sent.cancelled() and board_lost(sent.exception())
+
+
 class FleetBoard:
     """Plain class; ``ray.remote(FleetBoard)`` makes it the named actor (see ``app.py``)."""
 

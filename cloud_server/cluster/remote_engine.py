@@ -29,7 +29,7 @@ from typing import Any
 
 from ..exceptions import EngineDeadError, EngineError, NotReadyError, ServerError
 from .autoscale import TARGET_NOTE
-from .fleet import FleetCounters
+from .fleet import FleetCounters, board_lost
 
 log = logging.getLogger("cloud_server.cluster")
 
@@ -71,10 +71,12 @@ class RemoteEngine:
         target_replicas: int = 1,
         retries: int = 2,
         stale_after_s: float = 3.0,
+        renew_board: Any = None,
     ) -> None:
         self._handle = handle
         self._model = model
         self._board = board
+        self._renew_board = renew_board  # () -> the board's handle, got or created again
         self.target_replicas = target_replicas
         self.retries = retries
         self.stale_after_s = stale_after_s
@@ -127,10 +129,18 @@ class RemoteEngine:
             fleet = await asyncio.wait_for(self._board.snapshot.remote(self.stale_after_s), wait)
             notes = await asyncio.wait_for(self._board.notes.remote(), wait)
             self._fleet, self._fleet_at = fleet, time.monotonic()
-            target = notes.get(TARGET_NOTE)
-            self._serve_target = int(target) if isinstance(target, int) and target >= 0 else None
+            if TARGET_NOTE in notes:  # a board created again lacks it until the policy notes it
+                target = notes[TARGET_NOTE]
+                self._serve_target = int(target) if isinstance(target, int) and target >= 0 else None
         except Exception as exc:  # noqa: BLE001 - stats are best effort
             log.debug("fleet board unreachable: %s", exc)
+            if board_lost(exc) and self._renew_board is not None:
+                # its actor died (killed, its node lost): got or created again by name, the
+                # replicas' next posts refill it; else /health would say 503 for good
+                try:
+                    self._board = await asyncio.to_thread(self._renew_board)
+                except Exception as renew_exc:  # noqa: BLE001 - tried again on the next poll
+                    log.debug("fleet board not created again: %s", renew_exc)
             # its last answer is all we know: once older than stale_after_s, no replica is known
             # to be up (the board's own rule), not the fleet as it was then for ever
             if self._fleet_at is None or time.monotonic() - self._fleet_at > self.stale_after_s:

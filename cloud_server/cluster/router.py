@@ -18,6 +18,7 @@ from typing import Any
 
 from ray.serve.request_router import PendingRequest, RequestRouter, RunningReplica
 
+from .fleet import sent_to_lost_board, watch_sent
 from .policy import TokenAwareRouter, _count, estimate_tokens, prompt_block_hashes
 
 GENERATE = "generate"
@@ -52,6 +53,7 @@ class TokenPrefixRequestRouter(RequestRouter):
         self._watched: set[str] = set()  # requests whose pending future we watch for a cancel
         self._board_name = kwargs.get("board_name")
         self._board: Any = None
+        self._sent: Any = None  # the last note's future: it fails once the board's actor died
         self._posted_at = 0.0
 
     def _post_decisions(self) -> None:
@@ -61,12 +63,14 @@ class TokenPrefixRequestRouter(RequestRouter):
             return
         self._posted_at = now
         try:
-            if self._board is None:
+            if self._board is None or sent_to_lost_board(self._sent):
                 import ray
 
+                # a board whose actor died is got again by name (created again by a replica)
+                self._board, self._sent = None, None
                 self._board = ray.get_actor(self._board_name, namespace="hybridllm")
             p = self.policy
-            self._board.note.remote(
+            self._sent = watch_sent(self._board.note.remote(
                 "router",
                 {
                     "prefix_choices": p.num_prefix_choices,
@@ -76,7 +80,7 @@ class TokenPrefixRequestRouter(RequestRouter):
                     "open_tokens": [b.sent_tokens for b in p.books.values()],
                     "reported_tokens": [b.reported_tokens for b in p.books.values()],
                 },
-            )
+            ))
         except Exception:  # noqa: BLE001 - figures are best effort
             self._board = None
 

@@ -163,3 +163,31 @@ def test_replica_killed_under_load(cluster):
         model=MODEL, messages=[{"role": "user", "content": "Hi"}], max_tokens=4
     )
     assert r.usage.completion_tokens > 0
+
+
+def test_a_killed_fleet_board_is_created_again(cluster):
+    # review 20: the board's actor dies (killed, its node lost). Before, it was never created
+    # again: /health said 503 for good while requests were still served, the router's notes lost
+    from ray.exceptions import RayActorError
+
+    client = _client(cluster)
+    ray.kill(ray.get_actor(BOARD, namespace="hybridllm"))
+    fleet, deadline = {}, time.monotonic() + 60
+    while time.monotonic() < deadline and len(fleet) < 2:
+        time.sleep(0.5)
+        try:
+            fleet = _fleet()
+        except (ValueError, RayActorError):  # not created again yet, or the old handle
+            fleet = {}
+    assert len(fleet) == 2  # the replicas' posts refilled the board created again
+    deadline = time.monotonic() + 30
+    while httpx.get(f"{cluster}/health", timeout=10).json()["status"] != "ok":
+        assert time.monotonic() < deadline, "/health did not come back to ok"
+        time.sleep(0.5)
+    for _ in range(3):  # the router's first note goes to the dead actor; it then gets the new one
+        r = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}],
+                                           max_tokens=2)
+        assert r.usage.completion_tokens > 0
+        time.sleep(1.1)
+    board = ray.get_actor(BOARD, namespace="hybridllm")
+    assert "router" in ray.get(board.notes.remote())

@@ -18,11 +18,42 @@ def _isolated_dirs(tmp_path_factory):
     semantic cache are never touched (``make test`` also points both at empty folders)."""
     mp = pytest.MonkeyPatch()
     mp.setenv("HYBRIDLLM_HOME", str(tmp_path_factory.mktemp("hybridllm-home")))
-    mp.setenv("HYBRIDLLM_CACHE_DIR", str(tmp_path_factory.mktemp("hybridllm-cache")))
+    cache = tmp_path_factory.mktemp("hybridllm-cache")
+    mp.setenv("HYBRIDLLM_CACHE_DIR", str(cache))
     # embeddings of whole datasets (minutes to compute) are keyed by content: kept across sessions
     shared = Path.home() / ".cache" / "hybridllm" / "embeddings"
     mp.setenv("HYBRIDLLM_EMBEDDINGS_DIR", os.environ.get("HYBRIDLLM_EMBEDDINGS_DIR") or str(shared))
     mp.delenv("HYBRIDLLM_CONFIG", raising=False)
+    yield cache
+    mp.undo()
+
+
+# What a test shares with the rest of the session in the cache folder: builds keyed by their
+# content (the engine's CPU kernels, training-set embeddings), slow to make and never read as state.
+_SHARED_IN_CACHE_DIR = ("kernels", "train")
+
+
+@pytest.fixture(autouse=True)
+def _own_cache_dir(_isolated_dirs: Path):
+    """Each test gets its own HYBRIDLLM_CACHE_DIR, so a client built without ``cache=False`` or a
+    ``cache_path`` (``SemanticCache()`` too) starts from an empty semantic cache, and from no
+    remembered cloud refusals, whatever ran before. With one folder for the session every such test
+    read and wrote one file: a test could be served another test's cached answer ("cache" instead of
+    "edge") and pass or fail by the (random) order. The content-keyed builds are links to the
+    session folder's, built once; the models the cache runs live under HYBRIDLLM_HOME, shared.
+
+    Fixtures of a wider scope are set up first, so a module's or the session's client keeps the
+    session folder; a test that sets HYBRIDLLM_CACHE_DIR itself (``monkeypatch``) overrides this."""
+    import tempfile
+
+    root = _isolated_dirs.with_name(_isolated_dirs.name + "-tests")
+    root.mkdir(exist_ok=True)
+    own = Path(tempfile.mkdtemp(dir=root))  # O(1), unlike numbering under tmp_path_factory
+    for name in _SHARED_IN_CACHE_DIR:
+        (_isolated_dirs / name).mkdir(exist_ok=True)
+        (own / name).symlink_to(_isolated_dirs / name, target_is_directory=True)
+    mp = pytest.MonkeyPatch()
+    mp.setenv("HYBRIDLLM_CACHE_DIR", str(own))
     yield
     mp.undo()
 

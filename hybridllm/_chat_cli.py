@@ -178,9 +178,9 @@ def cmd_chat(args: argparse.Namespace) -> int:
                     del history[base:]
                     _note("(conversation cleared)")
                 elif command in ("/help", "/?"):
-                    # a piped chat's stdout holds only the answers (README): the list goes where
-                    # its prompt would, stderr when stdout is not a terminal
-                    print(CHAT_HELP, file=sys.stdout if interactive else to)
+                    # stdout that is not a terminal holds only the answers (README), piped or
+                    # redirected (`hybridllm chat > out`): the list goes where the prompt does
+                    print(CHAT_HELP, file=to)
                 else:
                     _note(f"unknown command {command}; {CHAT_HELP}")
                     failed = failed or not interactive  # a piped question refused, not answered: exit 1
@@ -212,7 +212,10 @@ def cmd_chat(args: argparse.Namespace) -> int:
                           "/reset starts afresh)")
                     stream = _answer(llm, history, sampling, parts, route="edge")
             except KeyboardInterrupt:  # stop this answer, keep the session
-                print(flush=True)
+                if parts:  # end the partial answer's line
+                    print(flush=True)
+                elif interactive:  # off the ^C line; not a blank line into piped/redirected answers
+                    print(file=to, flush=True)
                 if not interactive:  # a piped chat ends, as Ctrl-C at its next read would (130),
                     raise            # rather than going on to the next question
                 if not parts:

@@ -364,7 +364,7 @@ def test_unknown_slash_commands_are_not_sent_to_the_model(fake, monkeypatch, cap
     out, err = capsys.readouterr()
     assert "unknown command /rest" in err
     assert len(fake.sent) == 1 and fake.sent[0][-1]["content"] == "/usr/bin holds what?"
-    assert _chat_cli.CHAT_HELP in out
+    assert _chat_cli.CHAT_HELP in err and _chat_cli.CHAT_HELP not in out  # stdout is no terminal
 
 
 def test_ctrl_c_stops_the_answer_and_keeps_what_was_shown(fake, monkeypatch, capsys):

@@ -11,6 +11,15 @@ from ._cli_terminal import _note, _UsageError
 from ._exceptions import HybridLLMError
 
 
+def _catalog_id(model_id: str) -> str:
+    """The catalog's spelling of ``model_id``. These commands take catalog ids only: an unknown one
+    (a .gguf path too) is refused without the "or pass the path to a local .gguf file" of the
+    model-loading commands, which told `models path ./x.gguf` to do what it had just done."""
+    from .models.remove import spec_of
+
+    return spec_of(model_id).id
+
+
 def cmd_models_list(args: argparse.Namespace) -> int:
     from .models.remove import disk_usage, human_size
     from .models.store import UNVERIFIED, load_catalog, pull_state
@@ -68,7 +77,14 @@ def cmd_models_remove(args: argparse.Namespace) -> int:
         count = sum(len(plans[mid]) for mid in todo)
         print(f"Remove {count} path(s) of {', '.join(todo)}, {human_size(total)}? [y/N] ",
               end="", file=sys.stderr, flush=True)
-        answer = sys.stdin.readline().strip().lower()
+        try:
+            line = sys.stdin.readline()
+        except KeyboardInterrupt:  # Ctrl-C at the question: `interrupted` on a line of its own
+            print(file=sys.stderr)
+            raise
+        if not line.endswith("\n"):  # Ctrl-D (end of input) left the cursor after "[y/N] "
+            print(file=sys.stderr)
+        answer = line.strip().lower()
         if answer not in ("y", "yes"):
             print("nothing removed", file=sys.stderr)
             return 1
@@ -93,7 +109,8 @@ def cmd_models_pull(args: argparse.Namespace) -> int:
     from ._progress import ProgressBar
     from .models.store import pull
 
-    path = pull(args.id, progress=ProgressBar(f"Pulling {args.id}"), force=args.force)
+    mid = _catalog_id(args.id)
+    path = pull(mid, progress=ProgressBar(f"Pulling {mid}"), force=args.force)
     print(path)
     return 0
 
@@ -102,14 +119,15 @@ def cmd_models_path(args: argparse.Namespace) -> int:
     from ._progress import ProgressBar
     from .models.store import pull
 
-    print(pull(args.id, progress=ProgressBar(f"Pulling {args.id}")))
+    mid = _catalog_id(args.id)
+    print(pull(mid, progress=ProgressBar(f"Pulling {mid}")))
     return 0
 
 
 def cmd_models_verify(args: argparse.Namespace) -> int:
     from .models.store import verify
 
-    results = verify(args.id)
+    results = verify(None if args.id is None else _catalog_id(args.id))  # "" is no id, not "all"
     w = max([len("ID"), *(len(r.id) for r in results)]) + 2
     for r in results:
         print(f"{r.id:<{w}}{r.status:<9}{r.detail}")
@@ -120,7 +138,7 @@ def cmd_models_prepare(args: argparse.Namespace) -> int:
     from ._progress import ProgressBar
     from .models.catalog import get_spec
 
-    spec = get_spec(args.id)
+    spec = get_spec(_catalog_id(args.id))
     if args.backend == "onnx":
         from .models.onnx_prepare import cli_prepare
 
@@ -128,11 +146,11 @@ def cmd_models_prepare(args: argparse.Namespace) -> int:
     if spec.kind != "embedding":
         from .models.store import pull
 
-        print(pull(args.id, progress=ProgressBar(f"Pulling {args.id}")))
+        print(pull(spec.id, progress=ProgressBar(f"Pulling {spec.id}")))
         return 0
     try:
         from .cache._cli import prepare_embedder
     except ImportError as exc:
         raise HybridLLMError(f"The embedder export is not available in this install ({exc}).") from exc
-    prepare_embedder(ProgressBar(f"Preparing {args.id}"))
+    prepare_embedder(ProgressBar(f"Preparing {spec.id}"))
     return 0

@@ -10,6 +10,17 @@ from typing import TextIO
 
 from ._durations import duration
 
+# the bar whose terminal line is drawn but not yet ended (work cut short by an error or Ctrl-C,
+# a total never known); one at most, as a terminal has one current line
+_open: ProgressBar | None = None
+
+
+def end_line() -> None:
+    """End the line of a bar left unfinished on a terminal, so that what is printed next (the
+    CLI's ``error: ...`` or ``interrupted``, a path) starts a line of its own, not after the bar."""
+    if _open is not None:
+        _open.close()
+
 
 class ProgressBar:
     """Call with (done, total). Redraws in place on a terminal, prints every 25% otherwise.
@@ -24,6 +35,8 @@ class ProgressBar:
     ``detail`` (set by the caller, e.g. the file of a several-file model being copied) is shown at
     the end of the line. On a terminal the line is cut to its width: a longer one wraps, and each
     redraw then starts a new line instead of drawing over the last.
+
+    ``close()`` (or ``end_line()`` for whichever bar drew last) ends a terminal line left unfinished.
     """
 
     def __init__(self, label: str, *, unit: str = "MB", scale: float = 1e6,
@@ -42,6 +55,7 @@ class ProgressBar:
         self.detail = ""
 
     def __call__(self, done: int, total: int | None) -> None:
+        global _open
         now = time.perf_counter()
         if self._first is None:
             self._first = (now, done)
@@ -61,6 +75,9 @@ class ProgressBar:
             self.stream.write("\r" + line.ljust(self._width))
             if final:
                 self.stream.write("\n")
+                _open = None
+            else:
+                _open = self
         else:
             quarter = int(100 * done / total) // 25 if total else 0
             if quarter == self._last_quarter and not final:
@@ -69,6 +86,18 @@ class ProgressBar:
             self.stream.write(self._line(done, total, now) + "\n")
         self.finished = final
         self.stream.flush()
+
+    def close(self) -> None:
+        """End the bar's terminal line if it was drawn and not finished; otherwise nothing."""
+        global _open
+        if _open is not self:
+            return
+        _open = None
+        try:
+            self.stream.write("\n")
+            self.stream.flush()
+        except (OSError, ValueError):  # a terminal gone, a closed stream: nothing left to end
+            pass
 
     def _columns(self) -> int:
         """The longest line that fits the terminal: its width less one (a line that fills the

@@ -27,6 +27,7 @@ from ._models_cli import (
     cmd_models_remove,
     cmd_models_verify,
 )
+from ._progress import end_line
 
 # Command groups that live beside the code they drive; each module has register(subparsers).
 _GROUPS = ("hybridllm.router._cli", "hybridllm.cache._cli", "hybridllm._serve_cli")
@@ -171,7 +172,10 @@ def _main(argv: Sequence[str] | None) -> int:
         parser.error(f"a command is required: {', '.join(commands.choices)}")
     try:
         _check_config_option(args)
-        return int(args.func(args) or 0)
+        try:
+            return int(args.func(args) or 0)
+        finally:  # a progress bar cut short ends its line before `error: ...` or `interrupted`
+            end_line()
     except _UsageError as exc:
         print(f"{parser.prog} {args.command}: error: {exc}", file=sys.stderr)
         return 2

@@ -37,13 +37,14 @@ from dataclasses import dataclass
 import numpy as np
 
 from .._exceptions import RouterError, RouterFileError
-from .classifier import GainScorer, project_embeddings
+from .classifier import _MIN_SCALE, GainScorer, _check_bound, project_embeddings
 
 EXPERT_PREFIX = "expert{}_"
 SUPPORT_K = 10  # neighbors whose mean similarity measures how typical a prompt is of a source
 RANGE_DIMS = 64  # principal axes of all the files' embeddings, the space of the range test
 RANGE_REFS = 2000  # at most this many prompts per file stand for it in the range test
 ALPHA = 0.01  # out of an expert's range: less typical of its file than 99% of the file's own prompts
+_MAX_UNIT = 1.01  # range refs are unit vectors and supports cosine similarities: |v| <= 1 (+ float16 error)
 
 
 @dataclass(frozen=True)
@@ -63,7 +64,9 @@ class SourceMixture:
         s, e = len(self.experts), self.gate_mean.shape[0]
         if s < 2 or self.gate_coef.shape != (s, e) or self.gate_intercept.shape != (s,):
             raise RouterError("A source mixture needs two or more experts and one gate row each.")
-        if self.gate_scale.shape != (e,) or len({ex.num_features for ex in self.experts}) != 1:
+        # a gate_mean of shape [e, 1] broadcast each prompt into e rows (a batch: numpy's ValueError)
+        if (self.gate_mean.ndim != 1 or self.gate_scale.shape != (e,)
+                or len({ex.num_features for ex in self.experts}) != 1):
             raise RouterError("The experts and the gate of a source mixture do not match.")
         dims = self.range_proj.shape[0]
         ok = (
@@ -89,8 +92,14 @@ class SourceMixture:
 
     def gate(self, emb: np.ndarray) -> np.ndarray:
         """``[n, sources]``: P(source | embedding), rows sum to 1."""
-        z = (np.atleast_2d(emb) - self.gate_mean) / self.gate_scale
-        logits = z @ self.gate_coef.T + self.gate_intercept
+        with np.errstate(over="ignore", invalid="ignore"):
+            z = (np.atleast_2d(emb) - self.gate_mean) / self.gate_scale
+            logits = z @ self.gate_coef.T + self.gate_intercept
+        if not np.all(np.isfinite(logits)):
+            # float32 weights near their limits overflowed a logit to inf, and inf - inf gave every
+            # weight NaN (a NaN score never reaches the threshold); float64 holds them
+            z = (np.atleast_2d(emb).astype(np.float64) - self.gate_mean) / self.gate_scale
+            logits = z @ self.gate_coef.T + self.gate_intercept
         logits -= logits.max(axis=1, keepdims=True)
         p = np.exp(logits)
         return p / p.sum(axis=1, keepdims=True)
@@ -143,8 +152,18 @@ class SourceMixture:
         if any(n not in a for n in need):
             raise RouterFileError("The router's source gate is incomplete; retrain it.")
         gate = [np.asarray(a[n], np.float32) for n in need]
-        if not all(np.all(np.isfinite(v)) for v in gate) or np.any(gate[1] == 0):
-            raise RouterFileError("The router's source gate holds NaN, inf or zero scales; retrain it.")
+        bad = [n for n, v in zip(need, gate, strict=True) if not np.all(np.isfinite(v))]
+        if bad:
+            raise RouterFileError(f"The router's source gate holds NaN or inf (in {', '.join(bad)}); "
+                                  "retrain it.")
+        # the fit writes the embedding's standard deviations, at least 1e-8 (1 for a constant
+        # column): one below (or negative) is damage, and the dimension divided by it decided the gate
+        if gate[1].size and float(gate[1].min()) < _MIN_SCALE:
+            raise RouterFileError(f"The router's source gate's gate_scale holds {float(gate[1].min()):g}, "
+                                  f"below the {_MIN_SCALE:g} the fit writes at least; retrain it.")
+        for n, v in zip(need, gate, strict=True):
+            if n in ("gate_mean", "range_mean", "range_proj"):  # embedding means and unit axes
+                _check_bound(v, n)
         experts, refs, supports = [], [], []
         for i in range(len(gate[3])):
             prefix = EXPERT_PREFIX.format(i)
@@ -162,8 +181,17 @@ class SourceMixture:
                 raise RouterFileError(f"Expert {i}'s range in the router holds NaN or inf; retrain it.")
             if np.any(np.diff(support) < 0):
                 raise RouterFileError("An expert's range in the router is not sorted; retrain it.")
+            # fitted, refs are unit vectors and supports cosine similarities; a ref of 100 put every
+            # prompt near it in the expert's range, a support of 5 put every prompt out of it
+            for n, v in ((prefix + "range_refs", ref), (prefix + "support", support)):
+                if v.size and float(np.abs(v).max()) > _MAX_UNIT:
+                    raise RouterFileError(f"The router's {n} holds {float(np.abs(v).max()):g}, beyond the "
+                                          "1 a unit vector or a cosine similarity can hold; retrain it.")
             refs.append(ref)
-            experts.append(GainScorer.from_arrays(part, num_features=num_features))
+            try:
+                experts.append(GainScorer.from_arrays(part, num_features=num_features))
+            except RouterFileError as exc:  # its messages name the array without the expert's prefix
+                raise RouterFileError(f"Expert {i} (arrays {prefix}*): {exc}") from exc
             supports.append(support)
         try:
             return cls(tuple(experts), gate_mean=gate[0], gate_scale=gate[1], gate_coef=gate[2],

@@ -133,7 +133,7 @@ class EdgeWorker:
         """Queue a turn for ``make`` to run on the reader's thread (see :class:`InlineRun`);
         called on the pipeline's loop. Raises :class:`EdgeBusyError` when too many wait."""
         job = InlineRun(make, feed, finish, wait_timeout_s=self.wait_timeout_s,
-                        retry_after=self.retry_after_s)
+                        retry_after=self.retry_after_s, clock=self._clock)
         job.ahead = self._enqueue(job)
         return job
 
@@ -146,16 +146,20 @@ class EdgeWorker:
                     return
                 job = self._current = self._jobs.popleft()
                 others = bool(self._jobs)
-            ran = not job.cancelled.is_set()  # (a job cancelled while it waited only ends here)
             start = self._clock()
             if isinstance(job, InlineRun):
                 job.run(contended=others)
+                took = job.device_s  # its token loop's steps, not a slow reader's pauses
             else:
-                job.run()
-            took = self._clock() - start
+                job.run()  # generates into the job's buffer: a slow reader does not hold it
+                took = self._clock() - start
             with self._cond:
                 self._current = None
-                if ran:  # a moving average: the newest job weighs a quarter (as the proxy's DeviceClock)
+                # a moving average: the newest job weighs a quarter (as the proxy's DeviceClock).
+                # Only a job that generated: one cancelled while it waited, or refused by the
+                # backend at once (a prompt it cannot take), took ~0 s, and a few of them in a row
+                # made the next busy error's retry_after_s a fraction of a real answer's time
+                if job.answered:
                     s = self._service_s
                     self._service_s = took if s is None else 0.75 * s + 0.25 * took
 
@@ -164,8 +168,15 @@ class EdgeWorker:
         Returns the worker's thread (None when it never started)."""
         with self._cond:
             self._closed = True
-            for job in [*self._jobs, *([self._current] if self._current else [])]:
+            if self._current is not None:
+                self._current.cancel()
+            # the waiting ones end here, their readers told at once that the device is closed:
+            # left for the worker, they waited out the running job's step (a long prompt's
+            # prefill), or edge_wait_timeout_s and a "busy" error when close() timed out on it
+            waiting, self._jobs = self._jobs, deque()
+            for job in waiting:
                 job.cancel()
+                job.run()  # cancelled: only says so to its reader, never blocks
             self._cond.notify_all()
             return self._thread
 

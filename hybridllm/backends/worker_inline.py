@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -35,11 +36,18 @@ class InlineRun:
         *,
         wait_timeout_s: float | None,
         retry_after: Callable[[], float | None] = lambda: None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._make, self._feed, self._finish = make, feed, finish
         self._wait_timeout_s = wait_timeout_s
         self._retry_after = retry_after  # a retry's wait (the worker's queue), for a busy error
         self.ahead = 0
+        self._clock = clock
+        # the time spent in the token loop's steps (reader's and worker's): what the device took.
+        # Not the time the turn was held: a reader printing slowly holds it (nobody waiting) and
+        # made the worker's time per answer, so a busy error's retry_after_s, far too large
+        self.device_s = 0.0
+        self.answered = False  # a delta was generated (see EdgeJob.answered)
         self.outcome: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self.cancelled = threading.Event()
         self.started = threading.Event()
@@ -104,11 +112,16 @@ class InlineRun:
         it = self._it
         try:
             while not self.cancelled.is_set():
-                if it is None:
-                    it = self._it = self._make()
-                delta = next(it, None)
+                t = self._clock()
+                try:
+                    if it is None:
+                        it = self._it = self._make()
+                    delta = next(it, None)
+                finally:
+                    self.device_s += self._clock() - t
                 if delta is None:
                     break
+                self.answered = True
                 with self._cond:
                     self._buffer.append(delta)
                     self._cond.notify_all()
@@ -131,11 +144,17 @@ class InlineRun:
         """The next delta: from the token loop itself, or from the buffer after a takeover."""
         with self._gen_lock:
             if self._owner == "reader":
-                if self._it is None:
-                    self._it = self._make()
-                delta = next(self._it, None)
+                t = self._clock()
+                try:
+                    if self._it is None:
+                        self._it = self._make()
+                    delta = next(self._it, None)
+                finally:
+                    self.device_s += self._clock() - t
                 if delta is None:
                     self._reader_done = True
+                else:
+                    self.answered = True
                 return delta
         with self._cond:
             while not self._buffer and not self._worker_done:

@@ -36,6 +36,7 @@ class EdgeJob:
         self.cancelled = threading.Event()
         self.started = threading.Event()
         self.done = threading.Event()
+        self.answered = False  # a delta was generated: the worker's time per answer counts the job
 
     def cancel(self) -> None:
         self.cancelled.set()
@@ -64,6 +65,7 @@ class EdgeJob:
             it = self._make()
             for delta in it:
                 self._post(delta)
+                self.answered = True
                 finished = delta.finish_reason is not None
                 if self.cancelled.is_set():
                     break

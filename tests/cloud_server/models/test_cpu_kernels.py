@@ -33,8 +33,17 @@ from cloud_server.layers.linear import (  # noqa: E402
     pack_int8_scales,
 )
 
-needs_kernels = pytest.mark.skipif(cpu_kernels.int4_mm() is None,
-                                   reason="the engine's CPU kernels need x86-64 AVX-512 VNNI and g++")
+
+@pytest.fixture
+def _kernels():
+    """Skips where the kernels cannot be built. A fixture, not a skipif evaluated at import: that
+    built them at collection, before the session's isolated HYBRIDLLM_CACHE_DIR was set, into the
+    user's own cache folder."""
+    if cpu_kernels.int4_mm() is None:
+        pytest.skip("the engine's CPU kernels need x86-64 AVX-512 VNNI and g++")
+
+
+needs_kernels = pytest.mark.usefixtures("_kernels")
 
 
 def _int4(n: int, k: int, seed: int):

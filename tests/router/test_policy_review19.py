@@ -14,11 +14,16 @@ from .fakes import length_router
 
 
 def _nan_router(threshold: float = 0.0):
-    # a scale that passes the file check (not 0) but overflows float32: x / 1e-40 = inf, and
-    # 0 * inf in the logits is NaN, so the score is NaN (a corrupt or custom scorer does the same)
+    # a scorer that scores NaN (a corrupt or custom one; a float32 overflow did it here until the
+    # classifier redid overflowing logits in float64, see test_classifier_review20)
     r = length_router(threshold)
-    scale = np.full_like(r.scorer.scale, 1e-40)
-    return dataclasses.replace(r, scorer=dataclasses.replace(r.scorer, scale=scale))
+
+    class NaNScorer(type(r.scorer)):
+        def predict(self, x, emb=None):
+            return np.full(len(np.atleast_2d(x)), np.nan)
+
+    fields = {f.name: getattr(r.scorer, f.name) for f in dataclasses.fields(r.scorer)}
+    return dataclasses.replace(r, scorer=NaNScorer(**fields))
 
 
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")  # the overflow is the point

@@ -30,6 +30,7 @@ from ray.serve.config import RequestRouterConfig
 from ..config import ClusterConfig, EngineConfig
 from ..exceptions import ConfigError
 from .autoscale import METRIC, QueuedTokensPolicy
+from .builder_args import typed_args
 from .fleet import FleetBoard, board_lost
 from .router import TokenPrefixRequestRouter
 
@@ -42,10 +43,16 @@ GRACEFUL_SHUTDOWN_S = 20.0  # a replica being removed finishes its answers withi
 
 
 def board_handle(name: str) -> Any:
-    """The fleet board actor, created by whoever asks first (detached: it outlives a replica)."""
+    """The fleet board actor, created by whoever asks first: in practice the front end, whose
+    ``__init__`` asks before any engine replica has loaded its model. Not detached: Ray kills an
+    actor with the worker that created it, so the board goes with the app (deleted, or replaced
+    by a redeploy, which names a board of its own) and never outlives it. A detached one was left
+    on the cluster by every KubeRay redeploy (nothing there kills it) and by a stop whose app
+    deletion failed. A board that goes with its creator while the app runs (an engine replica
+    that created it scaled away) is created again by the next to ask (``board_lost``)."""
     return (
         ray.remote(num_cpus=0)(FleetBoard)
-        .options(name=name, namespace=NAMESPACE, get_if_exists=True, lifetime="detached")
+        .options(name=name, namespace=NAMESPACE, get_if_exists=True)
         .remote()
     )
 
@@ -270,13 +277,15 @@ def build_app(
 def app_builder(args: dict[str, Any]) -> Any:
     """A Serve config file's ``import_path: cloud_server.cluster.app:app_builder`` (KubeRay's
     RayService): ``args`` hold ``model`` and any EngineConfig or ClusterConfig field, plus
-    ``served_model_name``, ``system_prompt``, ``api_keys``, ``max_body_bytes``, ``power_watts``."""
+    ``served_model_name``, ``system_prompt``, ``api_keys``, ``max_body_bytes``, ``power_watts``;
+    strings (``serve run``'s ``key=value``) are typed as the fields say (``builder_args``)."""
     engine_fields = {f.name for f in dataclasses.fields(EngineConfig)}
     cluster_fields = {f.name for f in dataclasses.fields(ClusterConfig)}
     app_fields = {"served_model_name", "system_prompt", "api_keys", "max_body_bytes"}
     unknown = set(args) - engine_fields - cluster_fields - app_fields - {"power_watts"}
     if unknown:
         raise ValueError(f"unknown app_builder args {sorted(unknown)}")
+    args = typed_args(args)  # `serve run ...:app_builder replicas=2` passes strings
     engine = EngineConfig(**{k: v for k, v in args.items() if k in engine_fields})
     cluster = ClusterConfig(**{k: v for k, v in args.items() if k in cluster_fields})
     options = {k: v for k, v in args.items() if k in app_fields}

@@ -23,11 +23,20 @@ COUNTER_KEYS = frozenset({
 })
 
 
+# engine.stats() keys holding a list, summed by position (/metrics exports them per position,
+# cloud_server/api/metrics.py); every other key is a number
+_LIST_KEYS = frozenset({"spec_decode_num_accepted_tokens_per_pos"})
+
+
 def aggregate_stats(per_replica: list[dict[str, Any]]) -> dict[str, Any]:
-    """Sum counters and counts over replicas; take the largest of per-step values."""
+    """Sum counters and counts over replicas; take the largest of per-step values. A value of
+    the wrong kind for its key (a list where a number belongs, or the reverse: replicas of two
+    versions in a rolling upgrade) is left out; the key's other values still count."""
     out: dict[str, Any] = {}
     for stats in per_replica:
         for key, value in stats.items():
+            if isinstance(value, list) != (key in _LIST_KEYS):
+                continue  # the kind is the key's, not the first replica's: the same in any order
             if isinstance(value, list) and all(finite_number(v) for v in value):
                 # per-position counters (spec_decode_num_accepted_tokens_per_pos): summed by
                 # position, the longest list sets the length

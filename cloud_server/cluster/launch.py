@@ -284,7 +284,7 @@ def stop(cluster: ClusterConfig, board_name: str | None = None, *, drain: bool =
          delete_app: bool = True) -> None:
     """Delete the app, which drains it: Serve sends no new request to its replicas and gives those
     in flight up to ``GRACEFUL_SHUTDOWN_S`` to finish. On an existing cluster its fleet board
-    ``board_name`` (a detached actor) goes too, and the app only when ``delete_app`` (this run
+    ``board_name`` goes too once the app is gone, and the app only when ``delete_app`` (this run
     deployed it: a run stopped before, or refused, leaves another run's app alone); a local Ray is
     then stopped whole (at once when not ``drain``: a fleet that never served has nothing in
     flight). Not ``serve.shutdown()``: it adds Ray's own "graceful_shutdown failed ... killed by
@@ -302,13 +302,20 @@ def stop(cluster: ClusterConfig, board_name: str | None = None, *, drain: bool =
                 with contextlib.suppress(Exception):
                     serve.delete(APP_NAME)
         else:
+            app_gone = not delete_app  # not ours to delete: the board, if any, is this run's alone
             try:
                 if delete_app:
                     serve.delete(APP_NAME)
+                    app_gone = True
             finally:
-                if board_name is not None:
+                # only once the app is gone: its replicas, still running after a failed deletion,
+                # would create the board again at once (it goes with them instead)
+                if board_name is not None and app_gone:
                     with contextlib.suppress(ValueError):  # never created (no replica started)
                         ray.kill(ray.get_actor(board_name, namespace=NAMESPACE))
+                elif board_name is not None:
+                    log.warning("the app %r was not deleted: its fleet board %r is left to go with "
+                                "its replicas", APP_NAME, board_name)
     finally:
         if cluster.ray_address is None:
             ray.shutdown()

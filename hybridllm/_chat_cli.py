@@ -73,7 +73,8 @@ def cmd_ask(args: argparse.Namespace) -> int:
 
 
 CHAT_HELP = ("/reset clears the conversation, /exit (or Ctrl-D) quits, /help shows this; "
-             "Ctrl-C stops an answer.")
+             "Ctrl-C stops an answer; a line that starts with // is sent with one / less "
+             "(//tmp is what? sends /tmp is what?).")
 _COMMAND = re.compile(r"/[A-Za-z?]+")
 
 
@@ -170,7 +171,11 @@ def cmd_chat(args: argparse.Namespace) -> int:
             text = _text(line).strip()
             if not text:
                 continue
-            if _COMMAND.fullmatch(text.split()[0]):
+            if text.startswith("//"):  # the escape: a question that itself starts with a slash
+                text = text[1:]
+            # a first word with a further slash (/usr/bin/env, /tmp/x) is a path, not a command:
+            # it is sent as text, as is a lone "/"
+            elif _COMMAND.fullmatch(text.split()[0]):
                 command = text.split()[0].lower()
                 if command in ("/exit", "/quit", "/bye"):
                     return 1 if failed else 0
@@ -182,17 +187,22 @@ def cmd_chat(args: argparse.Namespace) -> int:
                     # redirected (`hybridllm chat > out`): the list goes where the prompt does
                     print(CHAT_HELP, file=to)
                 else:
-                    _note(f"unknown command {command}; {CHAT_HELP}")
+                    _note(f"unknown command {command}, not sent (to send the line as text, start "
+                          f"it with //: /{text.split()[0]} ...); {CHAT_HELP}")
                     failed = failed or not interactive  # a piped question refused, not answered: exit 1
                 continue
             history.append({"role": "user", "content": text})
             parts: list[str] = []
+            stream = None
             try:
                 try:
-                    dropped = _fit(llm, history, base, sampling["max_tokens"])
+                    # the turns go only once their note has printed: a Ctrl-C before it keeps them
+                    trial = history[:]
+                    dropped = _fit(llm, trial, base, sampling["max_tokens"])
                     if dropped:
                         _note(f"(the conversation outgrew the model's context: dropped its {dropped} "
                               "oldest messages; /reset starts afresh)")
+                        history[:] = trial
                     stream = _answer(llm, history, sampling, parts)
                 except (ContextWindowExceededError, CloudError) as exc:
                     # too long for the device, and the cloud could not take it (unavailable, failed,
@@ -200,8 +210,9 @@ def cmd_chat(args: argparse.Namespace) -> int:
                     # answers the most recent turns instead
                     too_long = not isinstance(exc, CloudError) or exc.context_length is not None
                     dropped = 0
+                    trial = history[:]
                     if too_long:
-                        dropped = _fit(llm, history, base, sampling["max_tokens"], cloud_failed=True)
+                        dropped = _fit(llm, trial, base, sampling["max_tokens"], cloud_failed=True)
                     if not dropped:
                         raise
                     if parts:  # the cloud's broken-off start: the device's answer replaces it
@@ -210,7 +221,17 @@ def cmd_chat(args: argparse.Namespace) -> int:
                     _note(f"(the conversation is too long for the device model and the cloud could not "
                           f"take it: dropped its {dropped} oldest messages and the device answers; "
                           "/reset starts afresh)")
+                    history[:] = trial  # only now, as above: never dropped unannounced
                     stream = _answer(llm, history, sampling, parts, route="edge")
+                # the whole answer joins the conversation before its line ends and its trace line
+                # prints: a Ctrl-C there returns to the prompt with it kept (it ended the chat, 130)
+                done = stream.completion
+                if done is not None:
+                    history.append({"role": "assistant", "content": done.text})
+                print()
+                parts.clear()  # the answer's line is ended
+                if done is not None:
+                    _note(trace_line(done))
             except KeyboardInterrupt:  # stop this answer, keep the session
                 if parts:  # end the partial answer's line
                     print(flush=True)
@@ -218,6 +239,11 @@ def cmd_chat(args: argparse.Namespace) -> int:
                     print(file=to, flush=True)
                 if not interactive:  # a piped chat ends, as Ctrl-C at its next read would (130),
                     raise            # rather than going on to the next question
+                if history[-1]["role"] == "assistant":  # the answer was whole and is kept
+                    continue
+                if stream is not None and stream.completion is not None:  # whole, not yet kept
+                    history.append({"role": "assistant", "content": stream.completion.text})
+                    continue
                 if not parts:
                     history.pop()
                     _note("(stopped before the answer began; the question is not kept)")
@@ -233,8 +259,3 @@ def cmd_chat(args: argparse.Namespace) -> int:
                 history.pop()
                 failed = not interactive  # a script learns of it from the exit status
                 continue
-            print()
-            done = stream.completion
-            if done is not None:
-                history.append({"role": "assistant", "content": done.text})
-                _note(trace_line(done))

@@ -36,6 +36,10 @@ def _finite(value: Any) -> Any:
 
 def _trace(c: Completion, usage: Mapping[str, int] | None = None) -> dict[str, Any]:
     return _finite({
+        # the model that wrote the answer (the device's, the cloud's as its server names it); the
+        # answer's own "model" repeats the request's name, which clients match on. A cache hit:
+        # null, no model ran (its Completion names the cache's key, "edge|cloud:...")
+        "model": None if c.route == "cache" else c.model,
         "route": c.route, "reason": public_text(c.reason), "score": c.score,
         "cache_similarity": c.cache_similarity, "latency_ms": round(c.latency_ms, 1),
         "ttft_ms": None if c.ttft_ms is None else round(c.ttft_ms, 1),

@@ -7,6 +7,8 @@ import ipaddress
 
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse
+from starlette.datastructures import Headers
+from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from ._loopback import LOOPBACK_NAMES, host_name, is_loopback, is_loopback_origin
@@ -22,6 +24,23 @@ class LoopbackCORS(CORSMiddleware):
 
     def is_allowed_origin(self, origin: str) -> bool:
         return is_loopback_origin(origin) or super().is_allowed_origin(origin)
+
+    def preflight_response(self, request_headers: Headers) -> Response:
+        """A refused preflight as every other refusal: OpenAI's JSON error, and for a page whose
+        origin is not let in, the POST's own message with its advice (Starlette's is a bare
+        ``text/plain`` "Disallowed CORS origin"). The status (400) and CORS headers stay."""
+        response = super().preflight_response(request_headers)
+        if response.status_code == 200:
+            return response
+        origin = request_headers["origin"]
+        if not self.is_allowed_origin(origin):
+            error = cross_site(origin)
+        else:  # a method (or a header) this server does not take from a page
+            method = header_value(request_headers["access-control-request-method"], 40)
+            error = WireError(f"This server does not answer {method} requests from web pages (CORS "
+                              "preflight): it answers GET and POST.", code="cors_not_allowed")
+        headers = {k: v for k, v in response.headers.items() if k not in ("content-length", "content-type")}
+        return JSONResponse(error.body(), response.status_code, headers=headers)
 
 
 def cross_site(origin: str) -> WireError:

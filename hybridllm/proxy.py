@@ -11,7 +11,8 @@ size limit, strict JSON, the same request model and the same OpenAI-shaped 400s)
 ``hybridllm`` object (``{"route": "edge", "cache": false, "cascade": true, "namespace": "t1"}``).
 vLLM extensions the device cannot honour (``stop_token_ids``, ``ignore_eos``) are 400s here.
 The proxy answers under whatever ``model`` name the request gives (at most 1024 characters: every
-chunk repeats it); ``/v1/models`` lists its names.
+chunk repeats it; ``hybridllm.model`` names the model that wrote the answer); ``/v1/models``
+lists its names.
 A request from a web page (``Origin``) is a 403 unless its origin is allowed (``--allow-origin``);
 on loopback, one addressed to another name (``Host``: DNS rebinding) is a 403 unless that name is
 allowed (``--allow-host``); and a password in a cloud URL never reaches a client (``public_text``).

@@ -31,6 +31,7 @@ from cloud_server.cli_settings import _cluster_config, _engine_config
 from cloud_server.exceptions import ConfigError, ServerError
 from hybridllm._cli_options import listen
 from hybridllm._loopback import is_loopback
+from hybridllm._progress import end_line
 
 
 def _system_prompt(model: str, given: str | None) -> str | None:
@@ -151,11 +152,13 @@ def _exit_leaving_the_load() -> NoReturn:
     cannot be interrupted, and the interpreter would wait for it (minutes for a large model)
     before exiting. Nothing was served and the weight cache is written atomically, so leave now,
     removing the cache file the load may be writing (``os._exit`` runs no cleanup)."""
+    end_line()  # the load's bar (a catalog model being assembled): its line ends before the log's
     logging.getLogger("cloud_server").info("shut down while the model was loading: not waiting for it")
     weight_cache = sys.modules.get("cloud_server.models.weight_cache")
     if weight_cache is not None:
         weight_cache.remove_partial_files()
     logging.shutdown()
+    end_line()  # drawn again by the load's thread since: the shell's prompt starts a line
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
@@ -165,8 +168,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        if args.command == "serve":
-            return serve(args)
+        try:
+            if args.command == "serve":
+                return serve(args)
+        finally:  # a progress bar cut short ends its line before `error: ...`, as in hybridllm's CLI
+            end_line()
     except KeyboardInterrupt:
         return 130
     except UsageError as exc:  # as argparse's own: exit status 2

@@ -125,9 +125,21 @@ def cmd_models_path(args: argparse.Namespace) -> int:
 
 
 def cmd_models_verify(args: argparse.Namespace) -> int:
+    from ._progress import ProgressBar
+    from .models.catalog import load_catalog
     from .models.store import verify
 
-    results = verify(None if args.id is None else _catalog_id(args.id))  # "" is no id, not "all"
+    ids = sorted(load_catalog()) if args.id is None else [_catalog_id(args.id)]  # "" is no id, not "all"
+    results = []
+    for mid in ids:
+        # one bar per model, on a terminal only (hashing 1.1 GB takes a minute): a log gets the
+        # results alone, and stdout stays the table
+        bar = ProgressBar(f"Verifying {mid}") if sys.stderr.isatty() else None
+        try:
+            results += verify(mid, progress=bar)
+        finally:  # cut short (Ctrl-C, an error): the line ends before what is printed next
+            if bar is not None:
+                bar.close()
     w = max([len("ID"), *(len(r.id) for r in results)]) + 2
     for r in results:
         print(f"{r.id:<{w}}{r.status:<9}{r.detail}")

@@ -51,7 +51,11 @@ def resolve_model_path(model: str) -> tuple[str, Path]:
         from hybridllm.models.catalog import get_spec
 
         spec = get_spec(model)  # the first run assembles the file (a bar on stderr)
-        return spec.id, Path(pull(model, progress=ProgressBar(f"Preparing {spec.id}")))
+        bar = ProgressBar(f"Preparing {spec.id}")
+        try:
+            return spec.id, Path(pull(model, progress=bar))
+        finally:  # cut short (a failure, Ctrl-C): end its line, so the error starts one of its own
+            bar.close()
     except ModelLoadError:
         raise
     except Exception as exc:  # the client package's own errors, mapped at the boundary

@@ -1,0 +1,90 @@
+"""Verifying pulled models: every materialized file re-hashed against the catalog.
+
+Split from ``store`` (its size); ``store.verify`` is this ``verify``. The store's helpers are used
+through the module, so a test that patches ``store.get_spec`` or ``store._write_marker`` reaches here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import stat
+from dataclasses import dataclass
+
+from .._progress import ProgressBar
+from . import store
+from ._tally import Progress
+from .catalog import ModelSpec
+
+
+@dataclass
+class VerifyResult:
+    id: str
+    status: str  # "ok", "missing", "corrupt"
+    detail: str
+
+
+def verify(model_id: str | None = None, *, progress: Progress | None = None) -> list[VerifyResult]:
+    """Re-hash every materialized file of one model (or all); report ok / missing / corrupt.
+
+    ``progress`` gets (bytes hashed, bytes of all the files there to hash), one total for all; a
+    :class:`ProgressBar` shows the current file's name when there are several."""
+    ids = [model_id] if model_id else sorted(store.load_catalog())
+    specs = [store.get_spec(mid) for mid in ids]
+    base, total = 0, _sizes_there(specs) if progress else 0
+    bar = progress if isinstance(progress, ProgressBar) and sum(len(s.files) for s in specs) > 1 else None
+    results = []
+    for spec in specs:
+        mid = spec.id  # the catalog's spelling of an id given in another case
+        bad, missing = [], []
+        for file in spec.files:
+            path = store.model_dir(spec) / file.name
+            try:
+                there = path.is_file()
+            except OSError as exc:  # a folder on the way that cannot be entered: not "missing"
+                bad.append(f"{file.name} (unreadable: {exc.strerror or exc})")
+                continue
+            if not there:
+                missing.append(file.name)
+                continue
+            why, done = "", 0
+            if bar is not None:
+                bar.detail = file.name
+
+            def report(n: int, _size: int | None, start: int = base) -> None:
+                nonlocal done
+                done = n
+                if progress and start + n < total:  # the end once, below (a file grown since too)
+                    progress(start + n, total)
+            try:
+                ok = (store.sha256_file(path, report) if progress else store.sha256_file(path)) == file.sha256
+            except OSError as exc:  # unreadable (permissions, an I/O error): as bad as corrupt
+                ok, why = False, f" (unreadable: {exc.strerror or exc})"
+            base += done
+            if not ok:
+                bad.append(file.name + why)
+                with contextlib.suppress(OSError):  # a read-only data dir is still verified
+                    store._marker(path).unlink(missing_ok=True)
+            else:
+                with contextlib.suppress(OSError):
+                    store._write_marker(path, file.sha256)
+        if bad:
+            results.append(VerifyResult(mid, "corrupt", f"checksum mismatch: {', '.join(bad)}; "
+                                        f"run `hybridllm models pull {mid} --force`"))
+        elif missing:
+            results.append(VerifyResult(mid, "missing", f"not pulled; run `hybridllm models pull {mid}`"))
+        else:
+            results.append(VerifyResult(mid, "ok", str(store.model_dir(spec))))
+    if progress and total:  # also when a file shrank or could not be read: the bar ends
+        progress(total, total)
+    return results
+
+
+def _sizes_there(specs: list[ModelSpec]) -> int:
+    """The bytes of the models' files that are there (what `verify` hashes)."""
+    total = 0
+    for spec in specs:
+        for file in spec.files:
+            with contextlib.suppress(OSError):
+                st = (store.model_dir(spec) / file.name).stat()
+                total += st.st_size if stat.S_ISREG(st.st_mode) else 0
+    return total

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import threading
+import weakref
 from collections.abc import AsyncIterator, Iterator
 
 from ._exceptions import HybridLLMError, StreamConsumedError
@@ -54,21 +55,34 @@ class Stream(_Live):
 
     def __iter__(self) -> Iterator[Chunk]:
         if self._reader is not None and not self._closed:  # next() began it: a for loop reads on
-            return self._read_on(self._reader)
+            if self._next_lock.locked():  # another thread is in next(): refused, its answer left whole
+                raise StreamConsumedError(READ_ELSEWHERE)
+            return self._read_on()
+        self._begin()
+        return self._iterate()
+
+    def _begin(self) -> None:
         if self._used or self._closed:
             raise StreamConsumedError(
                 "This stream was already read (or closed); a stream yields its answer once. "
                 "Call stream() again for another answer, or read .completion."
             )
         self._used = True
-        return self._iterate()
 
-    def _read_on(self, reader: Iterator[Chunk]) -> Iterator[Chunk]:
+    def _read_on(self) -> Iterator[Chunk]:
         # leaving this for loop (break, an error) stops the answer, as leaving one begun without
         # next() does; it read the stream's own reader, left open, and the device generated the
-        # rest of the answer (up to max_tokens) for no one before the next request could start
+        # rest of the answer (up to max_tokens) for no one before the next request could start.
+        # Each chunk is read as next() reads it: a `yield from` the reader met another thread's
+        # next() with "ValueError: generator already executing" (and closed that thread's answer),
+        # and after a close() from another thread between two chunks it ended as if complete
         try:
-            yield from reader
+            while True:
+                try:
+                    chunk = self.__next__()
+                except StopIteration:
+                    return
+                yield chunk
         finally:
             self.close()
 
@@ -78,7 +92,12 @@ class Stream(_Live):
             raise StreamConsumedError(READ_ELSEWHERE)
         try:
             if self._reader is None:
-                self._reader = self.__iter__()  # StreamConsumedError when already read or closed
+                self._begin()  # StreamConsumedError when already read or closed
+                # the reader kept on the stream holds it weakly: with ``self`` in its frame the two
+                # were a cycle, so a stream read with next() and dropped was closed
+                # only at the next cyclic GC, and meanwhile a device answer was generated to its
+                # end for no one as soon as another request came
+                self._reader = Stream._iterate(weakref.proxy(self))
             elif self._closed and self.completion is None:  # closed half way: not an end of the answer
                 if self._loop.closed:
                     raise HybridLLMError(CLOSED_MID_ANSWER)
@@ -182,6 +201,11 @@ class Stream(_Live):
         except (HybridLLMError, RuntimeError, concurrent.futures.TimeoutError, asyncio.CancelledError,
                 concurrent.futures.CancelledError):  # (the client's close() cancelled this close)
             pass  # the client's loop is gone or stuck: nothing more to stop
+
+    def __del__(self) -> None:
+        # dropped unclosed, half read with next(): stop its answer now (the device frees its turn)
+        if getattr(self, "_reader", None) is not None and not self._closed:
+            self.close()
 
     def __enter__(self) -> Stream:
         return self

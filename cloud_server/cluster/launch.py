@@ -9,10 +9,8 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import random
 import re
 import signal
-import socket
 import threading
 import time
 from collections.abc import Callable
@@ -22,6 +20,7 @@ from hybridllm._cli_options import host_port
 
 from ..config import ClusterConfig, EngineConfig
 from ..exceptions import ServerError
+from .net import _check_port, _check_reachable, _connect_hint, free_port  # noqa: F401 - launch.free_port (bench, tests)
 
 log = logging.getLogger("cloud_server.cluster")
 INSTALL_HINT = "pip install 'hybridllm[cluster]'"
@@ -62,72 +61,6 @@ def init_ray(address: str | None, attempts: int = 3, **kwargs: Any) -> None:
             ray.shutdown()
 
 
-def _check_reachable(address: str, timeout_s: float = 5.0) -> None:
-    """Fail in seconds, not after Ray's minutes of retries, when ``HOST:PORT`` (the head's GCS)
-    or ``ray://HOST:PORT`` takes no TCP connection. ``auto`` and other forms are left to Ray."""
-    target = address[len("ray://"):] if address.startswith("ray://") else address
-    host, sep, port = target.rpartition(":")
-    if not sep or not host or not port.isdigit():
-        return
-    try:
-        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s):
-            pass
-    except OSError as exc:
-        raise ServerError(
-            f"nothing answers at --ray-address {address} ({exc.strerror or exc}): start the head with "
-            f"`ray start --head` (it prints the address to use) or check the host and port"
-        ) from exc
-
-
-def _connect_hint(address: str) -> str:
-    """What to check when joining ``address`` fails. Ray sends its token to an explicit address
-    only when told to (``RAY_AUTH_MODE=token``); ``auto`` finds a local cluster and its token."""
-    if address == "auto":
-        return ("--ray-address auto joins a cluster that runs on this machine (`ray start --head` "
-                "starts one); without --ray-address a local Ray instance is started for this command")
-    if os.environ.get("RAY_AUTH_MODE", "").lower() == "token":
-        return ("Check that the address is the head's GCS address (ray start --head prints it) and "
-                "that this token (RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token) is the "
-                "cluster's")
-    return ("Check that the address is the head's GCS address (ray start --head prints it). A "
-            "cluster with token authentication (the default of `ray start` when a token exists) "
-            "needs RAY_AUTH_MODE=token and its token in RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH or "
-            "~/.ray/auth_token; on a node of the cluster, --ray-address auto finds both")
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A port free now, below the OS's ephemeral range (and above Ray's worker ports, 10002-19999).
-
-    A port picked by binding port 0 is an ephemeral one, and while a cluster starts Ray's own
-    processes take ephemeral ports: one of them can take it before Serve's proxy binds it ("Failed
-    to bind to address"). Ports between 20000 and the ephemeral range are handed out to nobody."""
-    low, high = 20000, 32768
-    try:
-        with open("/proc/sys/net/ipv4/ip_local_port_range", encoding="ascii") as fh:
-            high = min(high, int(fh.read().split()[0]))
-    except (OSError, ValueError, IndexError):
-        pass  # not Linux: 32768 is below the ephemeral ranges of macOS and Windows (49152)
-    rng = random.SystemRandom()
-    for _ in range(200):
-        port = rng.randrange(low, max(high, low + 1))
-        try:
-            _check_port(host, port)
-        except ServerError:
-            continue
-        return port
-    raise ServerError(f"no free port between {low} and {high} on {host}")
-
-
-def _check_port(host: str, port: int) -> None:
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind((host, port))
-        except OSError as exc:
-            raise ServerError(f"cannot listen on {host_port(host, port)}: {exc.strerror or exc}") from exc
-
-
 def start(
     engine_config: EngineConfig,
     cluster: ClusterConfig,
@@ -152,6 +85,9 @@ def start(
 
     if port == 0:
         raise ServerError("--replicas needs an explicit --port (Ray Serve's proxy binds it)")
+    if host.startswith("["):  # a URL's form: Serve's proxy (on every node) would fail to bind it
+        raise ServerError(f"--host {host}: write an IPv6 address without brackets "
+                          f"(--host {host.strip('[]')})")
     num_gpus = replica_num_gpus(engine_config)  # a bad --device before Ray starts
     if cluster.ray_address is None:
         _check_port(host, port)
@@ -162,6 +98,7 @@ def start(
     serve.start(http_options={"host": host, "port": port})
     if cluster.ray_address is not None:
         _check_app_free(APP_NAME, cluster.ray_address, replace=cluster.replace_app)
+    _check_proxy(host, port, cluster.ray_address)  # after: another serve running there says more
     app = build_app(
         engine_config,
         cluster,
@@ -182,6 +119,34 @@ def start(
     url = f"http://{host_port(host, port)}"  # an IPv6 address in brackets: http://[::1]:8000
     _wait_healthy(url)
     return url
+
+
+def _check_proxy(host: str, port: int, address: str | None) -> None:
+    """Serve keeps the HTTP options it was first started with: where it already runs (a cluster
+    we joined), ``serve.start`` only logs that ours are ignored, and its proxy listens elsewhere
+    (``_wait_healthy`` then polled a port nobody serves for minutes). Refuse at once, saying where
+    it listens."""
+    try:
+        from ray.serve.context import _get_global_client  # Serve's client: its http_config is the proxy's
+
+        client = _get_global_client()
+        assert client is not None  # serve.start ran: else the except below, as unreadable
+        have_host, have_port = client.http_config.host, int(client.http_config.port)
+    except Exception:  # unreadable (Ray's private API moved): _wait_healthy says what is wrong
+        return
+    where = f"the Ray cluster at {address}" if address is not None else "this Ray instance"
+    stop_it = ("or stop Serve there first with `serve shutdown` on a node of the cluster (it deletes "
+               "every Serve app there)")
+    if have_host is None:  # Serve started without HTTP proxies (proxy_location Disabled)
+        raise ServerError(f"Ray Serve already runs on {where} without an HTTP proxy, so the app "
+                          f"would not be reachable on {host_port(host, port)}: {stop_it}")
+    if (str(have_host).strip("[]"), have_port) == (host.strip("[]"), port):
+        return
+    raise ServerError(
+        f"Ray Serve already runs on {where}, its proxy listening on {host_port(have_host, have_port)}, "
+        f"not on the {host_port(host, port)} asked for (Serve keeps the HTTP options it was started "
+        f"with): pass --host {have_host} --port {have_port}, {stop_it}"
+    )
 
 
 def _check_app_free(app_name: str, address: str, *, replace: bool) -> None:
@@ -266,7 +231,8 @@ def _wait_healthy(url: str, timeout_s: float = 300.0) -> None:
     last: Any = None
     while time.monotonic() < deadline:
         try:
-            resp = httpx.get(f"{url}/health", timeout=5.0)
+            # straight to the port Serve listens on here: HTTP_PROXY & co (a corporate proxy) cannot reach it
+            resp = httpx.get(f"{url}/health", timeout=5.0, trust_env=False)
             last = (resp.status_code, resp.text[:200])
             if resp.status_code == 200 and resp.json().get("status") == "ok":
                 return
@@ -308,6 +274,11 @@ def stop(cluster: ClusterConfig, board_name: str | None = None, *, drain: bool =
                     serve.delete(APP_NAME)
                     app_gone = True
             finally:
+                if not app_gone:  # failed, or a second Ctrl-C: its replicas keep their CPUs (GPUs)
+                    log.warning("the app %r is left on the Ray cluster at %s: the next `hybridllm-cloud "
+                                "serve --replicas ... --ray-address %s --replace` takes it over (and "
+                                "deletes it on exit), `serve shutdown` deletes every app there",
+                                APP_NAME, cluster.ray_address, cluster.ray_address)
                 # only once the app is gone: its replicas, still running after a failed deletion,
                 # would create the board again at once (it goes with them instead)
                 if board_name is not None and app_gone:

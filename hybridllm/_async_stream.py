@@ -36,9 +36,27 @@ class AsyncStream(_Live):
 
     def __aiter__(self) -> AsyncIterator[Chunk]:
         if self._stepping and not self._closed:  # anext() began it: async for reads on
-            return self._iterate()
+            if self._step is not None:  # another task waits in anext(): refused, its answer left whole
+                raise StreamConsumedError(READ_ELSEWHERE)
+            return self._read_on()
         self._begin()
         return self._iterate()
+
+    async def _read_on(self) -> AsyncGenerator[Chunk, None]:
+        # each chunk is read as anext() reads it: reading _next() here met another task's anext()
+        # with "RuntimeError: anext(): asynchronous generator is already running", and its cleanup
+        # closed the answer under that task. A refusal (READ_ELSEWHERE) closes nothing; any other
+        # error has closed the answer in __anext__, and leaving the loop (break, an error) closes it
+        while True:
+            try:
+                chunk = await self.__anext__()
+            except StopAsyncIteration:
+                return
+            try:
+                yield chunk
+            except BaseException:  # the loop was left here: its answer stops, as in _iterate
+                await self.aclose()
+                raise
 
     def _begin(self) -> None:
         if self._client_closed:

@@ -76,15 +76,22 @@ class Stream(_Live):
         # Each chunk is read as next() reads it: a `yield from` the reader met another thread's
         # next() with "ValueError: generator already executing" (and closed that thread's answer),
         # and after a close() from another thread between two chunks it ended as if complete
+        # A refusal (READ_ELSEWHERE: an iterator taken before another thread entered next()) closes
+        # nothing: it closed that thread's answer after one chunk
+        refused = False
         try:
             while True:
                 try:
                     chunk = self.__next__()
                 except StopIteration:
                     return
+                except StreamConsumedError as exc:
+                    refused = exc.args[:1] == (READ_ELSEWHERE,)
+                    raise
                 yield chunk
         finally:
-            self.close()
+            if not refused:
+                self.close()
 
     def __next__(self) -> Chunk:
         # next() from two threads at once: the second got "ValueError: generator already executing"

@@ -196,3 +196,36 @@ def test_a_for_loop_after_next_does_not_end_as_complete_when_closed_half_way():
         with pytest.raises(StreamConsumedError):
             next(it)  # it ended as if the answer were complete (StopIteration)
         assert s.completion is None
+
+
+@pytest.mark.parametrize("route", ["edge", "cloud"])
+def test_an_iterator_taken_before_another_thread_entered_next_is_refused_closing_nothing(route):
+    """iter(s) while no thread reads, then another thread enters next(s): the iterator's read is
+    refused and the other thread's answer stays whole (the refusal closed it after one chunk)."""
+    gated = _Gated()
+    with HybridLLM(edge=gated, cloud=gated, cache=False) as llm:
+        s = llm.stream("go", route=route)
+        text = [next(s).text]
+        it = iter(s)  # no one reads yet: a for loop's iterator, allowed
+        got: dict[str, object] = {}
+
+        def read() -> None:
+            try:
+                while True:
+                    text.append(next(s).text)
+            except StopIteration:
+                got["end"] = True
+            except BaseException as exc:  # noqa: BLE001 - what the reader gets is the test
+                got["error"] = exc
+
+        reader = threading.Thread(target=read, daemon=True)
+        reader.start()
+        assert gated.waiting.wait(10)
+        try:
+            with pytest.raises(StreamConsumedError, match="another thread"):
+                next(it)
+        finally:
+            gated.gate.set()
+            reader.join(10)
+        assert got == {"end": True}
+        assert "".join(text) == "w w w w w" and s.completion is not None

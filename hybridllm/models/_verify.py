@@ -35,7 +35,7 @@ def verify(model_id: str | None = None, *, progress: Progress | None = None) -> 
     results = []
     for spec in specs:
         mid = spec.id  # the catalog's spelling of an id given in another case
-        bad, missing = [], []
+        bad, missing, changed = [], [], []
         for file in spec.files:
             path = store.model_dir(spec) / file.name
             try:
@@ -56,20 +56,25 @@ def verify(model_id: str | None = None, *, progress: Progress | None = None) -> 
                 if progress and start + n < total:  # the end once, below (a file grown since too)
                     progress(start + n, total)
             try:
+                before = path.stat()  # the state the hash sees: the marker records it, if unchanged
                 ok = (store.sha256_file(path, report) if progress else store.sha256_file(path)) == file.sha256
+                moved = store._changed(path, before)  # written to while hashed: the hash saw a mix
             except OSError as exc:  # unreadable (permissions, an I/O error): as bad as corrupt
-                ok, why = False, f" (unreadable: {exc.strerror or exc})"
+                ok, moved, why = False, False, f" (unreadable: {exc.strerror or exc})"
             base += done
-            if not ok:
-                bad.append(file.name + why)
+            if moved or not ok:
+                (changed if moved else bad).append(file.name + why)
                 with contextlib.suppress(OSError):  # a read-only data dir is still verified
                     store._marker(path).unlink(missing_ok=True)
             else:
                 with contextlib.suppress(OSError):
-                    store._write_marker(path, file.sha256)
+                    store._write_marker(path, file.sha256, before)
         if bad:
             results.append(VerifyResult(mid, "corrupt", f"checksum mismatch: {', '.join(bad)}; "
                                         f"run `hybridllm models pull {mid} --force`"))
+        elif changed:  # not known good: "corrupt", so the command fails (exit 1), told why
+            results.append(VerifyResult(mid, "corrupt", f"changed while it was checked: "
+                                        f"{', '.join(changed)}; run `hybridllm models verify {mid}` again"))
         elif missing:
             results.append(VerifyResult(mid, "missing", f"not pulled; run `hybridllm models pull {mid}`"))
         else:

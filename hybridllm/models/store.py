@@ -119,11 +119,30 @@ def _marker(path: Path) -> Path:
     return path.with_name(f".{path.name}.verified")
 
 
-def _write_marker(path: Path, sha256: str) -> None:
-    st = path.stat()
-    _marker(path).write_text(
-        json.dumps({"sha256": sha256, "size": st.st_size, "mtime_ns": st.st_mtime_ns})
-    )
+def _state(st: os.stat_result) -> dict[str, int]:
+    """A file's state within one run: which file (inode) and its last change (mtime, ctime). A
+    hash taken while it moved covered a mix (see `_changed`)."""
+    return {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "ino": st.st_ino, "ctime_ns": st.st_ctime_ns}
+
+
+def _changed(path: Path, before: os.stat_result) -> bool:
+    """Whether ``path`` is no longer in the state ``before`` saw (written, replaced or removed since):
+    a hash taken in between covered a mix, and must not be recorded."""
+    try:
+        return _state(path.stat()) != _state(before)
+    except OSError:
+        return True
+
+
+def _write_marker(path: Path, sha256: str, st: os.stat_result | None = None) -> None:
+    """Record ``path`` as verified; ``st``: its stat taken before it was hashed (the state the hash
+    saw, checked unchanged by the caller), else its state now (a file this process just wrote).
+
+    The marker keys on size and mtime only, not inode or ctime: a data dir baked into a container
+    image or copied with its times (`rsync -a`) keeps those, while overlay file systems and copies
+    give new inodes and ctimes, and a 3 GB model hashed on every start is the cost of keying on them."""
+    st = st or path.stat()
+    _marker(path).write_text(json.dumps({"sha256": sha256, "size": st.st_size, "mtime_ns": st.st_mtime_ns}))
 
 
 def _marker_ok(path: Path, sha256: str) -> bool:
@@ -155,22 +174,16 @@ def _adopt(dest: Path, file: FileSpec, progress: Progress | None) -> bool:
     machine, whose copy changed the times; a marker lost) when its sha256 is right: the package that
     carries it need not be installed, and a read-only folder works."""
     try:
-        size = dest.stat().st_size
-        if file.size is not None and size != file.size:
+        before = dest.stat()
+        if file.size is not None and before.st_size != file.size:
             return False
-        digest, done = hashlib.sha256(), 0
-        with dest.open("rb") as f:
-            while block := f.read(_BLOCK):
-                digest.update(block)
-                done += len(block)
-                if progress:
-                    progress(done, size)
+        digest = sha256_file(dest, progress) if progress else sha256_file(dest)
     except OSError:
         return False
-    if digest.hexdigest() != file.sha256:
+    if digest != file.sha256 or _changed(dest, before):  # changed while hashed: not trusted
         return False
     with contextlib.suppress(OSError):  # a read-only data dir: checked again next time
-        _write_marker(dest, file.sha256)
+        _write_marker(dest, file.sha256, before)
     return True
 
 

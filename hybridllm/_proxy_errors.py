@@ -74,6 +74,12 @@ def code_of(exc: BaseException) -> str | None:
     return None
 
 
+def param_of(exc: BaseException) -> str | None:
+    """OpenAI's error ``param``: a prompt past the context names the conversation, as OpenAI's own
+    ``context_length_exceeded`` does (``"messages"``; this server has no legacy ``prompt`` endpoint)."""
+    return "messages" if isinstance(exc, ContextWindowExceededError) else None
+
+
 def _error(status: int, message: str, etype: str, param: str | None = None,
            code: str | None = None, headers: Mapping[str, str] | None = None) -> JSONResponse:
     return JSONResponse(error_body(message, etype, param=param, code=code), status, headers=headers)
@@ -86,7 +92,7 @@ def _sdk_error(exc: HybridLLMError, llm: HybridLLM, device: DeviceClock) -> JSON
     headers = None
     if status in (429, 503):
         headers = {"Retry-After": str(_retry_after_s(exc, llm, device))}
-    return _error(status, message, etype, code=code_of(exc), headers=headers)
+    return _error(status, message, etype, param=param_of(exc), code=code_of(exc), headers=headers)
 
 
 DEVICE_WAIT_MAX_S = 60  # past a minute a queue estimate is a guess; the client asks again then

@@ -98,7 +98,7 @@ def create_app(llm: HybridLLM, *, model_name: str = "hybridllm", api_keys: list[
     whose Host header names none of them is a 403 (DNS rebinding); None answers any Host.
     ``app.state.drain`` is its shutdown state (``wire.shutdown.GracefulServer`` drains it)."""
     app = FastAPI(title="hybridllm local proxy", docs_url=None, redoc_url=None)
-    drain = app.state.drain = Drain()
+    drain = app.state.drain = Drain(_shutting_down)
     allm = AsyncHybridLLM.wrap(llm)
     # a library caller that forces the cloud spends its own budget; an HTTP client must not spend
     # past the operator's (max_cloud_calls_per_hour, ...): refused with 429, never sent, and held
@@ -144,7 +144,7 @@ def create_app(llm: HybridLLM, *, model_name: str = "hybridllm", api_keys: list[
     @app.get("/health", responses={200: {"model": Health}, 503: {"model": Health}})
     async def health() -> JSONResponse:
         if drain.is_closing:  # a supervisor or load balancer stops sending here
-            return JSONResponse({"status": "shutting_down"}, status_code=503)
+            return JSONResponse({"status": "shutting_down"}, status_code=503, headers=_SHUTDOWN_WAIT)
         return JSONResponse({"status": "ok"})
 
     @app.get("/stats", responses=error_responses(*auth))
@@ -254,6 +254,17 @@ def create_app(llm: HybridLLM, *, model_name: str = "hybridllm", api_keys: list[
 
     add_schemas(app, defs)
     return app
+
+
+# a 503 of the shutdown says when to retry, as every 503 here does: this server knows nothing of
+# when it (or another behind the same address) answers again, so the "nothing known" wait, 1 s
+_SHUTDOWN_WAIT = {"Retry-After": "1"}
+
+
+def _shutting_down() -> WireError:
+    """The shutdown's 503 (``wire.shutdown.shutting_down``) with its Retry-After."""
+    return WireError(SHUTTING_DOWN, status=503, type="server_error", code="server_shutting_down",
+                     headers=_SHUTDOWN_WAIT)
 
 
 _SHUTDOWN_EVENTS = error_event(error_body(SHUTTING_DOWN, "server_error", code="server_shutting_down"))

@@ -31,7 +31,7 @@ from cloud_server.cli_settings import _cluster_config, _engine_config
 from cloud_server.exceptions import ConfigError, ServerError
 from hybridllm._cli_options import listen
 from hybridllm._loopback import is_loopback
-from hybridllm._progress import end_line
+from hybridllm._progress import end_line, log_lines_apart
 
 
 def _system_prompt(model: str, given: str | None) -> str | None:
@@ -72,6 +72,7 @@ def serve(args: argparse.Namespace) -> int:
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    log_lines_apart()  # a record logged while the load's bar is drawn starts a line of its own
     if cluster is not None:  # Ray is imported only here
         _warn_if_open(api_keys, args.host)  # Ray Serve's proxy binds it
         from cloud_server.cluster.launch import serve_cluster
@@ -123,6 +124,7 @@ def serve(args: argparse.Namespace) -> int:
     # the access lines (--access-log) end with [request_id=ID], as the proxy's and the error lines
     uv_config = uvicorn.Config(app, log_level=args.log_level, timeout_graceful_shutdown=5,
                                access_log=args.access_log, log_config=access_log_config())
+    log_lines_apart()  # uvicorn's handlers (set up by Config): the model loads while it serves
     grace_s = DEFAULT_SHUTDOWN_TIMEOUT_S if args.shutdown_timeout is None else args.shutdown_timeout
     server = GracefulServer(uv_config, app.state.server.drain, grace_s)
     try:

@@ -3,9 +3,12 @@ labelling): the amount done, the rate and the time left."""
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
+import threading
 import time
+from collections.abc import Callable
 from typing import TextIO
 
 from ._durations import duration
@@ -13,13 +16,54 @@ from ._durations import duration
 # the bar whose terminal line is drawn but not yet ended (work cut short by an error or Ctrl-C,
 # a total never known); one at most, as a terminal has one current line
 _open: ProgressBar | None = None
+# held while a bar draws on a terminal and while a log record is written to one (log_lines_apart):
+# the bar is drawn from a loading thread, and neither may write between the other's line end and line
+_lock = threading.RLock()
 
 
 def end_line() -> None:
     """End the line of a bar left unfinished on a terminal, so that what is printed next (the
     CLI's ``error: ...`` or ``interrupted``, a path) starts a line of its own, not after the bar."""
-    if _open is not None:
-        _open.close()
+    with _lock:
+        bar = _open  # read once: another thread may end it meanwhile
+        if bar is not None:
+            bar.close()
+
+
+def log_lines_apart() -> None:
+    """Make the log handlers that write to the terminal (stderr or stdout) end the line of a bar
+    drawn there before each record, so that the record starts a line of its own (uvicorn's
+    ``Started server process``, a warning, an access line while the model loads) and the bar goes
+    on below it at its next update. Call after logging is configured (``basicConfig``, uvicorn's
+    ``dictConfig``); handlers added later are not covered, calling again is harmless. Nothing
+    changes when stderr, where the bars are drawn, is not a terminal."""
+    if not _isatty(sys.stderr):
+        return
+    handlers = [*logging.getLogger().handlers, logging.lastResort]
+    for logger in list(logging.Logger.manager.loggerDict.values()):
+        handlers += getattr(logger, "handlers", [])  # a PlaceHolder has none
+    for handler in handlers:
+        if (isinstance(handler, logging.StreamHandler) and _isatty(handler.stream)
+                and not getattr(handler, "_ends_bar_line", False)):
+            handler.emit = _emitting_apart(handler.emit)  # type: ignore[method-assign]
+            handler._ends_bar_line = True  # type: ignore[attr-defined]
+
+
+def _emitting_apart(emit: Callable[[logging.LogRecord], None]) -> Callable[[logging.LogRecord], None]:
+    def emit_apart(record: logging.LogRecord) -> None:
+        # one lock, uncontended but while a bar draws: no bar can draw between the line end and
+        # the record (end_line's check alone would let one slip in from the loading thread)
+        with _lock:
+            end_line()
+            emit(record)
+    return emit_apart
+
+
+def _isatty(stream: object) -> bool:
+    try:
+        return bool(stream.isatty())  # type: ignore[attr-defined]
+    except (AttributeError, OSError, ValueError):  # no stream, a closed one
+        return False
 
 
 class ProgressBar:
@@ -72,32 +116,36 @@ class ProgressBar:
             cols = self._columns()
             line = self._line(done, total, now)[:cols]
             self._width = min(max(self._width, len(line)), cols)
-            self.stream.write("\r" + line.ljust(self._width))
-            if final:
-                self.stream.write("\n")
-                _open = None
-            else:
-                _open = self
-        else:
-            quarter = int(100 * done / total) // 25 if total else 0
-            if quarter == self._last_quarter and not final:
-                return
-            self._last_quarter = quarter
-            self.stream.write(self._line(done, total, now) + "\n")
+            with _lock:  # not between a log record's line end and the record (log_lines_apart)
+                self.stream.write("\r" + line.ljust(self._width))
+                if final:
+                    self.stream.write("\n")
+                    _open = None
+                else:
+                    _open = self
+                self.finished = final
+                self.stream.flush()
+            return
+        quarter = int(100 * done / total) // 25 if total else 0
+        if quarter == self._last_quarter and not final:
+            return
+        self._last_quarter = quarter
+        self.stream.write(self._line(done, total, now) + "\n")
         self.finished = final
         self.stream.flush()
 
     def close(self) -> None:
         """End the bar's terminal line if it was drawn and not finished; otherwise nothing."""
         global _open
-        if _open is not self:
-            return
-        _open = None
-        try:
-            self.stream.write("\n")
-            self.stream.flush()
-        except (OSError, ValueError):  # a terminal gone, a closed stream: nothing left to end
-            pass
+        with _lock:
+            if _open is not self:
+                return
+            _open = None
+            try:
+                self.stream.write("\n")
+                self.stream.flush()
+            except (OSError, ValueError):  # a terminal gone, a closed stream: nothing left to end
+                pass
 
     def _columns(self) -> int:
         """The longest line that fits the terminal: its width less one (a line that fills the

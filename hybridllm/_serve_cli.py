@@ -79,7 +79,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from ._cli_terminal import _UsageError
     from ._client import HybridLLM
     from ._config import load_config
-    from ._progress import ProgressBar
+    from ._progress import ProgressBar, log_lines_apart
     from .proxy import API_KEYS_ENV, create_app, serve_hosts
     from .wire.auth import load_api_keys
     from .wire.middleware import access_log_config
@@ -103,6 +103,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             print(f"hybridllm serve: warning: no API key and --allow-origin '*': any web page opened "
                   f"in a browser that can reach it can use it (set {API_KEYS_ENV} or --api-key-file)",
                   file=sys.stderr)
+        log_lines_apart()  # a warning logged while the model's bar is drawn starts a line of its own
         llm = HybridLLM(config=args.config, progress=ProgressBar("Preparing the edge model"),
                         **_settings(args))
         cloud = public_text(", ".join(llm.config.cloud_url)) or "none (device only)"  # into logs: no password

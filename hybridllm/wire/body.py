@@ -7,8 +7,8 @@ Checks, in order, each an OpenAI-shaped 4xx:
 - time: a body not received whole within ``BODY_TIMEOUT_S`` (a client that trickles it, or announces
   a ``Content-Length`` and never sends it) is refused (408), as nginx and Node do: without a
   deadline it held a connection and a task for ever;
-- JSON: UTF-8, no ``NaN``/``Infinity`` literals, no key twice in one object, an object at the
-  top (400);
+- JSON: UTF-8 (a body that is not is told so, not asked for valid JSON), no ``NaN``/``Infinity``
+  literals, no key twice in one object, an object at the top (400);
 - nesting deeper than ``MAX_DEPTH`` (400; the stdlib parser would raise ``RecursionError``);
 - strings holding a lone UTF-16 surrogate (``"\\ud800"`` is valid JSON but no valid text: it
   cannot be encoded as UTF-8, so a tokenizer or a log line would fail on it later) (400).
@@ -118,11 +118,20 @@ def decode_json_object(body: bytes) -> dict[str, Any]:
     try:
         # utf-8-sig: a leading byte order mark (PowerShell 5's and Notepad's UTF-8) is no part of
         # the JSON; RFC 8259 lets a parser ignore it, and json.loads(bytes) does, as do its peers
-        data = json.loads(body.decode("utf-8-sig"), parse_constant=_reject_constant,
-                          object_pairs_hook=_unique_keys)
+        text = body.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        # "send valid JSON with Content-Type: application/json" misled a client that had (a Latin-1
+        # or UTF-16 body): say what is wrong, and where
+        at = exc.start + len(body) - len(exc.object)  # utf-8-sig reports past a byte order mark
+        raise WireError(
+            f"The request body is not valid UTF-8 (byte 0x{body[at]:02x} at offset {at}); JSON "
+            "must be sent as UTF-8 (RFC 8259)."
+        ) from None
+    try:
+        data = json.loads(text, parse_constant=_reject_constant, object_pairs_hook=_unique_keys)
     except RecursionError:
         raise WireError(f"The JSON body is nested deeper than {MAX_DEPTH} levels.") from None
-    except (ValueError, UnicodeDecodeError):
+    except ValueError:
         raise WireError(
             "We could not parse the JSON body of your request. Send valid JSON with "
             "'Content-Type: application/json'."

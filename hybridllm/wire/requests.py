@@ -9,7 +9,7 @@ parameter otherwise, so a client never silently gets something other than what i
 Values the engine cannot represent are refused here too: ``seed`` outside 64 bits, ``top_p`` below
 float32's smallest normal number (it would round to 0 and drop every token), token counts past
 int32, non-finite numbers; and lists whose length the engine pays for on every token
-(``stop_token_ids`` past ``MAX_STOP_TOKEN_IDS``).
+(``stop_token_ids`` past ``MAX_STOP_TOKEN_IDS``, ``stop`` past ``MAX_STOP``).
 """
 
 from __future__ import annotations
@@ -32,7 +32,12 @@ from .validation import validation_error
 
 SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1  # what torch.Generator.manual_seed accepts
 FLOAT32_TINY = 1.1754943508222875e-38  # smallest normal float32
-MAX_STOP = 4
+# OpenAI takes 4 stop strings, vLLM any number; IDE plugins send more (Continue's autocomplete 9 and
+# up, SillyTavern a user's own list), which were 400s here. Each is searched for in the new text every
+# step (cloud_server.engine.detokenizer): 32 short ones cost microseconds; the worst case, a stop
+# string longer than the answer (all text searched each step), measured ~7 ms a step at 200k
+# characters against ~2 ms with 4. hybridllm's own requests (the device proxy) keep OpenAI's 4.
+MAX_STOP = 32
 # The engine tests every new token against the whole list: a 4 MiB body of ids ([0,0,...], two
 # million of them) cost some 30 ms per token in its step, so one request slowed its whole batch.
 # vLLM sets no bound; this one is far beyond any tokenizer's list of end tokens.
@@ -41,6 +46,16 @@ MAX_STOP_TOKEN_IDS = 1024
 
 class StreamOptions(_Strict):
     include_usage: bool = False
+    # vLLM: usage in every chunk; not sent by these servers, so accepted only as false
+    continuous_usage_stats: bool = Field(default=False, json_schema_extra={"enum": [False]})
+
+    @field_validator("continuous_usage_stats")
+    @classmethod
+    def _no_continuous_usage(cls, value: bool) -> bool:
+        if value:
+            raise ValueError("continuous_usage_stats is not supported by this server; usage comes in "
+                             "the last chunk (include_usage)")
+        return value
 
 
 class TextPart(_Strict):
@@ -117,7 +132,7 @@ class SamplingRequest(_Strict):
 
     model_config = ConfigDict(json_schema_extra=_STREAM_RULE)
 
-    model: Annotated[str, Field(max_length=MAX_MODEL_CHARS)]
+    model: Annotated[str, Field(min_length=1, max_length=MAX_MODEL_CHARS)]
     max_tokens: TokenCount | None = None
     temperature: Annotated[Unit, Field(ge=0.0, le=2.0)] | None = None
     top_p: Annotated[Unit, Field(ge=FLOAT32_TINY, le=1.0)] | None = None
@@ -140,6 +155,15 @@ class SamplingRequest(_Strict):
     logit_bias: dict[str, Annotated[Unit, Field(ge=-100.0, le=100.0)]] | None = only(
         additionalProperties={"type": "number", "minimum": 0, "maximum": 0})
     user: str | None = None
+
+    @field_validator("model", mode="before")
+    @classmethod
+    def _model_named(cls, value: Any) -> Any:
+        # OpenAI's 400 for "model": "" (not a 404 quoting an empty name); spaces name no model either
+        if isinstance(value, str) and not value.strip():
+            raise WireError("you must provide a model parameter (GET /v1/models lists this server's).",
+                            param="model")
+        return value
 
     @field_validator("n")
     @classmethod
@@ -183,7 +207,7 @@ class ChatCompletionRequest(SamplingRequest):
     max_completion_tokens: TokenCount | None = None
     logprobs: bool | None = only(enum=[False, None])
     top_logprobs: Annotated[int, Field(ge=0, le=20), _INTEGRAL] | None = only(maximum=0)
-    tools: list[dict[str, Any]] | None = only(maxItems=0)
+    tools: list[dict[str, Any]] | None = only(type="null")
     tool_choice: Literal["none", "auto", "required"] | dict[str, Any] | None = only(enum=["none", None])
     parallel_tool_calls: bool | None = None
     response_format: ResponseFormat | None = None
@@ -208,6 +232,9 @@ class ChatCompletionRequest(SamplingRequest):
     @field_validator("tools")
     @classmethod
     def _no_tools(cls, value: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
+        if value == []:  # OpenAI's 400: leave tools out rather than send none
+            raise WireError("Invalid 'tools': empty array. Expected an array with minimum length 1, "
+                            "but got an empty array instead.", param="tools", code="empty_array")
         if value:
             raise ValueError("tools (function calling) are not supported by this server")
         return value
@@ -224,6 +251,9 @@ class ChatCompletionRequest(SamplingRequest):
     def _text_format_only(cls, value: ResponseFormat | None) -> ResponseFormat | None:
         if value is not None and value.type != "text":
             raise ValueError(f"response_format type '{value.type}' is not supported; only 'text' is")
+        if value is not None and value.json_schema is not None:  # a schema belongs to json_schema
+            raise WireError("response_format.json_schema is only allowed with type 'json_schema'.",
+                            param="response_format.json_schema")
         return value
 
     def output_limit(self) -> int | None:

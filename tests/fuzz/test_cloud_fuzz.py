@@ -25,9 +25,10 @@ POSTS = ("POST /v1/chat/completions", "POST /v1/completions")
 
 def served_model(case: Any) -> None:
     """Name the served model where the fuzzer wrote some string, so requests reach the engine; a
-    name past the schema's bound is left as it is (a negative case the server must refuse)."""
+    name past the schema's bounds (empty, or too long) is left as it is (a negative case the server
+    must refuse)."""
     model = case.body.get("model") if isinstance(case.body, dict) else None
-    if isinstance(model, str) and len(model) <= MAX_MODEL_CHARS:
+    if isinstance(model, str) and 1 <= len(model) <= MAX_MODEL_CHARS:
         case.body["model"] = "fake-model"
 
 

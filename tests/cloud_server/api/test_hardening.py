@@ -266,8 +266,9 @@ def test_short_fuzz_against_the_real_engine(server: ThreadServer) -> None:
     def reach_the_engine(case: Any) -> None:
         body = case.body
         if isinstance(body, dict):
-            # a name past the schema's bound stays: a negative case the server must refuse
-            if isinstance(body.get("model"), str) and len(body["model"]) <= MAX_MODEL_CHARS:
+            # a name past the schema's bounds (empty, or too long) stays: a negative case the
+            # server must refuse
+            if isinstance(body.get("model"), str) and 1 <= len(body["model"]) <= MAX_MODEL_CHARS:
                 body["model"] = MODEL
             if body.get("max_tokens") is None and body.get("max_completion_tokens") is None:
                 body["max_tokens"] = 4  # else the default is the rest of the context window

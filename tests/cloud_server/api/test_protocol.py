@@ -6,6 +6,7 @@ import pytest
 
 from cloud_server.api.protocol import ChatCompletionRequest, CompletionRequest, parse_request
 from hybridllm.wire import WireError, decode_json_object
+from hybridllm.wire.requests import MAX_STOP
 
 MSGS = [{"role": "user", "content": "hi"}]
 
@@ -47,8 +48,9 @@ def test_limits_and_stop() -> None:
     assert chat(stream=True, stream_options={"include_usage": True}).include_usage()
     assert chat(temperature=1).temperature == 1.0  # an integer is a number
     assert chat(max_tokens=5.0).max_tokens == 5  # and 5.0 is the integer 5, as in JSON Schema
-    too_many = rejected(stop=["a", "b", "c", "d", "e"])  # the list branch's error, not "a valid string"
-    assert too_many.param == "stop" and "at most this many items: 4" in str(too_many), str(too_many)
+    # the list branch's error, not "a valid string" (past MAX_STOP: more than OpenAI's 4 are served)
+    too_many = rejected(stop=[f"s{i}" for i in range(MAX_STOP + 1)])
+    assert too_many.param == "stop" and f"at most this many items: {MAX_STOP}" in str(too_many), str(too_many)
     assert "valid string" in str(rejected(stop=5))  # no branch fits: the first one's type error
     assert rejected(top_p=0).param == "top_p"
     assert rejected(stream_options={"include_usage": True, "extra": 1}, stream=True).param == (

@@ -45,7 +45,7 @@ def log_lines_apart() -> None:
     for handler in handlers:
         if (isinstance(handler, logging.StreamHandler) and _isatty(handler.stream)
                 and not getattr(handler, "_ends_bar_line", False)):
-            handler.emit = _emitting_apart(handler.emit)  # type: ignore[method-assign]
+            handler.emit = _emitting_apart(handler.emit)  # type: ignore[method-assign,assignment]
             handler._ends_bar_line = True  # type: ignore[attr-defined]
 
 

@@ -35,7 +35,9 @@ def verify(model_id: str | None = None, *, progress: Progress | None = None) -> 
     results = []
     for spec in specs:
         mid = spec.id  # the catalog's spelling of an id given in another case
-        bad, missing, changed = [], [], []
+        bad: list[str] = []
+        missing: list[str] = []
+        changed: list[str] = []
         for file in spec.files:
             path = store.model_dir(spec) / file.name
             try:

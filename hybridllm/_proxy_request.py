@@ -79,16 +79,6 @@ class ProxyChatRequest(ChatCompletionRequest):
             raise ValueError("ignore_eos is not supported by this server")
         return value
 
-    def chat_messages(self) -> list[dict[str, str]]:
-        """The messages for ``HybridLLM.chat``. An assistant turn that refused (``content`` null or
-        empty, its words in ``refusal``, as the official clients echo a refused answer back) is
-        its refusal text: the model sees what it said, not an empty turn."""
-        messages = super().chat_messages()
-        for m, out in zip(self.messages, messages, strict=True):
-            if m.role == "assistant" and not out["content"] and m.refusal:
-                out["content"] = m.refusal
-        return messages
-
     def chat_options(self) -> dict[str, Any]:
         """Keyword options for ``HybridLLM.chat``: sampling, then routing."""
         opts: dict[str, Any] = {

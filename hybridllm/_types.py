@@ -52,7 +52,14 @@ def normalize_messages(messages: str | Sequence[Message], *, allow_empty: bool =
         if isinstance(raw, list) and not raw and not allow_empty:
             raise InvalidRequestError(f"messages[{i}]['content'] is an empty list of content parts: give "
                                       "at least one {'type': 'text', 'text': '...'}, or a string.")
+        if isinstance(raw, list) and role == "assistant":  # OpenAI's refusal part is its text
+            raw = [_refusal_as_text(p, f"messages[{i}]['content'][{j}]") for j, p in enumerate(raw)]
         content = text_of_content(raw, where=f"messages[{i}]['content']")
+        if role == "assistant" and not content and msg.get("refusal") is not None:
+            # a refused answer echoed back (openai's message.model_dump(): content null, the words
+            # in "refusal"): the model sees what it said, as the HTTP servers read it
+            content = _refusal_as_text({"type": "refusal", "refusal": msg["refusal"]},
+                                       f"messages[{i}]")["text"]
         if role == "user" and not content.strip() and not allow_empty:  # as chat("") is refused
             raise InvalidRequestError(f"messages[{i}] is a user turn without text: write the question "
                                       "in its content, or leave the message out.")
@@ -60,6 +67,17 @@ def normalize_messages(messages: str | Sequence[Message], *, allow_empty: bool =
     if not any(m["role"] == "user" for m in out):
         raise InvalidRequestError("The messages hold no user turn: add {'role': 'user', ...}.")
     return out
+
+
+def _refusal_as_text(part: Any, where: str) -> Any:
+    """An OpenAI refusal (``{"type": "refusal", "refusal": "..."}``) as a text part; any other part
+    as it is."""
+    if not isinstance(part, dict) or part.get("type") != "refusal":
+        return part
+    words = part.get("refusal")
+    if not isinstance(words, str):
+        raise InvalidRequestError(f"{where}['refusal'] must be a string, got {type(words).__name__}.")
+    return {"type": "text", "text": checked_text(words, f"{where}['refusal']")}
 
 
 def estimate_text_tokens(text: str) -> int:

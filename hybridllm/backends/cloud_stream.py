@@ -228,11 +228,15 @@ def _read_event(event: dict) -> tuple[list[str], str | None, Usage | None]:
     usage = _usage_of(event["usage"]) if event.get("usage") else None
     texts, finish = [], None
     for choice in event.get("choices") or []:
-        text = (choice.get("delta") or {}).get("content") or ""
-        if not isinstance(text, str):
-            raise TypeError(f"content is {type(text).__name__}, not text")
-        if text:
-            texts.append(text)
+        delta = choice.get("delta") or {}
+        # a model that refuses sends its words as "refusal" (OpenAI), content null: they are the
+        # answer's text (there is no refusal field to carry them; before, the answer read as "")
+        for key in ("content", "refusal"):
+            text = delta.get(key) or ""
+            if not isinstance(text, str):
+                raise TypeError(f"{key} is {type(text).__name__}, not text")
+            if text:
+                texts.append(text)
         if choice.get("finish_reason"):
             finish = str(choice["finish_reason"])
     return texts, finish, usage
@@ -289,7 +293,10 @@ def _read_completion(resp: Any, where: str) -> tuple[Delta, Delta]:
         if body.get("error"):
             raise _Retryable(f"the cloud reported an error: {str(body['error'])[:200]}")
         choice = body["choices"][0]
-        text = (choice.get("message") or {}).get("content") or ""
+        message = choice.get("message") or {}
+        text = message.get("content") or ""
+        if not text:  # a refused answer: content null, the words in "refusal" (as streamed above)
+            text = message.get("refusal") or ""
         if not isinstance(text, str):
             raise TypeError(f"content is {type(text).__name__}, not text")
         _, _, usage = _read_event({"usage": body.get("usage")})

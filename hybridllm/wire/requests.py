@@ -14,13 +14,14 @@ int32, non-finite numbers; and lists whose length the engine pays for on every t
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal, TypeVar
+from typing import Annotated, Any, Literal, TypeVar, cast
 
 from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -76,10 +77,24 @@ _CONTENT_RULE: JsonDict = {
 }
 
 
+# OpenAI's assistant content part {"type": "refusal", "refusal": "..."}: read as a text part
+_REFUSAL_PART: JsonDict = {
+    "type": "object", "required": ["type", "refusal"], "additionalProperties": False,
+    "properties": {"type": {"const": "refusal"}, "refusal": {"type": "string"}},
+}
+
+
+def _with_refusal_parts(schema: JsonDict) -> None:
+    """``content``'s schema: a list's items are a text part or a refusal part."""
+    for member in cast(list[dict[str, Any]], schema.get("anyOf", [])):
+        if member.get("type") == "array":
+            member["items"] = {"anyOf": [member["items"], _REFUSAL_PART]}
+
+
 class ChatMessage(_Strict):
     model_config = ConfigDict(json_schema_extra=_CONTENT_RULE)
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[TextPart] | None = None
+    content: Annotated[str | list[TextPart] | None, Field(json_schema_extra=_with_refusal_parts)] = None
     name: str | None = None
     # Echoed back by clients that replay a conversation; only text is read from them.
     tool_calls: list[dict[str, Any]] | None = None
@@ -88,8 +103,10 @@ class ChatMessage(_Strict):
 
     @field_validator("content", mode="before")
     @classmethod
-    def _text_parts_only(cls, value: Any) -> Any:
+    def _text_parts_only(cls, value: Any, info: ValidationInfo) -> Any:
         if isinstance(value, list):
+            if info.data.get("role") == "assistant":  # a refusal part is the assistant's text
+                value = [_refusal_as_text(part) for part in value]
             for part in value:
                 kind = part.get("type") if isinstance(part, dict) else None
                 if kind is not None and kind != "text":
@@ -112,6 +129,16 @@ class ChatMessage(_Strict):
         if isinstance(self.content, str):
             return self.content
         return "\n".join(part.text for part in self.content)
+
+
+def _refusal_as_text(part: Any) -> Any:
+    """OpenAI's refusal part as a text part (its words the text); any other part as it is."""
+    if not isinstance(part, dict) or part.get("type") != "refusal":
+        return part
+    if not isinstance(part.get("refusal"), str):
+        raise ValueError("a content part of type 'refusal' needs its words as a string in 'refusal'")
+    # any other key stays, so the text part's own check refuses it by name
+    return {**{k: v for k, v in part.items() if k != "refusal"}, "type": "text", "text": part["refusal"]}
 
 
 # stream_options only with "stream": true
@@ -263,11 +290,17 @@ class ChatCompletionRequest(SamplingRequest):
         return "max_completion_tokens" if self.max_completion_tokens is not None else "max_tokens"
 
     def chat_messages(self) -> list[dict[str, str]]:
-        # "developer" is OpenAI's new name for "system"; chat templates only know the latter.
-        return [
-            {"role": "system" if m.role == "developer" else m.role, "content": m.text()}
-            for m in self.messages
-        ]
+        # "developer" is OpenAI's new name for "system"; chat templates only know the latter. An
+        # assistant turn that refused (content null or empty, its words in "refusal", as the official
+        # clients echo a refused answer back) is its refusal text, as hybridllm.normalize_messages
+        # reads it: the model sees what it said, not an empty turn.
+        out = []
+        for m in self.messages:
+            text = m.text()
+            if not text and m.role == "assistant" and m.refusal:
+                text = m.refusal
+            out.append({"role": "system" if m.role == "developer" else m.role, "content": text})
+        return out
 
 
 class CompletionRequest(SamplingRequest):

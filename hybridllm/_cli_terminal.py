@@ -16,7 +16,7 @@ class _UsageError(HybridLLMError):
 def _isatty(stream: Any) -> bool:
     try:
         return bool(stream.isatty())
-    except (AttributeError, ValueError):  # a closed or stand-in stream
+    except (AttributeError, OSError, ValueError):  # a closed, gone or stand-in stream
         return False
 
 

@@ -11,6 +11,7 @@ import time
 from collections.abc import Callable
 from typing import TextIO
 
+from ._cli_terminal import _isatty
 from ._durations import duration
 
 # the bar whose terminal line is drawn but not yet ended (work cut short by an error or Ctrl-C,
@@ -57,13 +58,6 @@ def _emitting_apart(emit: Callable[[logging.LogRecord], None]) -> Callable[[logg
             end_line()
             emit(record)
     return emit_apart
-
-
-def _isatty(stream: object) -> bool:
-    try:
-        return bool(stream.isatty())  # type: ignore[attr-defined]
-    except (AttributeError, OSError, ValueError):  # no stream, a closed one
-        return False
 
 
 class ProgressBar:

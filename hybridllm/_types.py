@@ -16,6 +16,10 @@ Messages = list[Message]
 
 ROLES = ("system", "user", "assistant", "developer", "tool")
 MAX_STOP = 4  # stop strings a request may give, as OpenAI's API takes
+# The longest model name: an answer repeats the request's name in every chunk (and a 404 quotes it),
+# and a 3 MB name made a 300-token stream 774 MB. Names are ids or paths; this is far beyond any of
+# them. The wire model (both servers) and the cloud client's reading of an answer's name share it.
+MAX_MODEL_CHARS = 1024
 
 
 def normalize_messages(messages: str | Sequence[Message], *, allow_empty: bool = False) -> Messages:

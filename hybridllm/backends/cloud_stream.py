@@ -10,7 +10,14 @@ from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import AsyncExitStack, aclosing
 from typing import Any
 
-from .._types import GenerationParams, Messages, Usage, estimate_text_tokens, estimate_tokens
+from .._types import (
+    MAX_MODEL_CHARS,  # the longest model name an answer may report, as a request may give
+    GenerationParams,
+    Messages,
+    Usage,
+    estimate_text_tokens,
+    estimate_tokens,
+)
 from .base import Delta, StopMatcher
 from .circuit import Endpoint
 from .cloud_http import MAX_ERROR_BYTES, _read_capped, _trickle_bound
@@ -22,9 +29,6 @@ log = logging.getLogger("hybridllm.cloud")
 # event stream with no line breaks) is cut off there, not read until the process runs out of memory
 MAX_BODY_BYTES = 32 * 2**20  # a whole (non-streamed) completion
 MAX_LINE_CHARS = 4 * 2**20  # one line of an event stream (one event: a token and its logprobs)
-# the longest model name an answer may report: the wire model's bound (hybridllm.wire.requests,
-# not imported: it needs pydantic, which the light client does not)
-MAX_MODEL_CHARS = 1024
 
 
 class _Streaming(_Requests):

@@ -27,6 +27,7 @@ from pydantic import (
 )
 from pydantic.config import JsonDict
 
+from .._types import MAX_MODEL_CHARS  # the bound on model names (see there)
 from .errors import WireError
 from .fields import _INTEGRAL, INT32_MAX, TokenCount, TokenId, Unit, _Strict, only
 from .validation import validation_error
@@ -146,12 +147,6 @@ _STREAM_RULE: JsonDict = {
     "if": {"not": {"required": ["stream"], "properties": {"stream": {"const": True}}}},
     "then": {"properties": {"stream_options": {"type": "null"}}},
 }
-
-
-# The answer repeats the request's model name in every chunk (and a 404 quotes it): a 3 MB name made
-# a 300-token stream 774 MB (6 s of the event loop's time). Names are ids or paths; this is far
-# beyond any of them. The proxy and the cloud server share it.
-MAX_MODEL_CHARS = 1024
 
 
 class SamplingRequest(_Strict):

@@ -1,7 +1,8 @@
 """A circuit breaker per cloud endpoint, and token-aware balancing across endpoints.
 
 closed --(threshold consecutive failures, or one trip())--> open --(cooldown elapsed)--> half-open
-half-open lets exactly one probe through: success closes the circuit, failure opens it again.
+half-open lets exactly one probe through: success closes the circuit (a streamed probe's first
+token, cloud_retry), failure opens it again.
 While open, calls fail fast (the client answers on the device instead of waiting on timeouts).
 
 Each failed probe doubles the cooldown, up to ``max_cooldown_s`` (5 minutes by default), and a
@@ -22,6 +23,7 @@ from __future__ import annotations
 import math
 import random
 import re
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -35,6 +37,30 @@ MAX_COOLDOWN_S = 300.0  # the longest wait between probes of an endpoint that st
 # spread their probes over half the cooldown (not full jitter from 0: a down endpoint still gets at
 # least half the wait); the doubling and the cap stay on the nominal cooldown_s, never exceeded
 JITTER_LOW = 0.5
+
+
+def _sleep_counting_clock_id() -> int | None:
+    """The clock that keeps counting while the machine sleeps and that no one sets: Linux's
+    CLOCK_BOOTTIME, macOS's CLOCK_MONOTONIC; None where there is neither (time.monotonic)."""
+    clock_id = getattr(time, "CLOCK_BOOTTIME", None)
+    if clock_id is None and sys.platform == "darwin":
+        clock_id = getattr(time, "CLOCK_MONOTONIC", None)
+    try:
+        if clock_id is not None:
+            time.clock_gettime(clock_id)
+    except OSError:  # a kernel that lacks it
+        clock_id = None
+    return clock_id
+
+
+_CLOCK_ID = _sleep_counting_clock_id()
+
+
+def awake_clock() -> float:
+    """Seconds, for the budget's windows and the circuit's cooldowns: like time.monotonic (a change
+    of the system clock does not move it) but it counts a laptop's sleep, which time.monotonic does
+    not on Linux and macOS; a per-hour budget spent before an hour's sleep has room on waking."""
+    return time.monotonic() if _CLOCK_ID is None else time.clock_gettime(_CLOCK_ID)
 
 
 def check_setting(name: str, value: object, rule: str) -> None:
@@ -115,7 +141,7 @@ class Ticket:
 class CircuitBreaker:
     def __init__(self, *, threshold: int = 3, cooldown_s: float = 10.0,
                  max_cooldown_s: float = MAX_COOLDOWN_S,
-                 clock: Callable[[], float] = time.monotonic,
+                 clock: Callable[[], float] = awake_clock,
                  rng: Callable[[], float] = random.random) -> None:
         """``rng``: uniform in [0, 1), drawn once per opening for its jitter (tests pin it)."""
         # a NaN or infinite cooldown never elapses (the circuit stayed open for good after its first

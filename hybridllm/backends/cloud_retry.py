@@ -135,6 +135,11 @@ class _Retrying(_Streaming):
                     async for delta in deltas:
                         if placer is not None and not started:
                             placer.observe_ttft(ep.base_url, time.perf_counter() - sent)
+                        if not started and ticket is not None and ticket.probe:
+                            # the probe's first token shows the endpoint serves: the circuit closes
+                            # now, not when its answer ends (a long answer, or a stream its caller
+                            # holds unread, kept every other request on the device meanwhile)
+                            ep.breaker.record_success(ticket)
                         started = True
                         if placer is not None and delta.finish_reason is not None and delta.usage:
                             u = delta.usage

@@ -32,7 +32,17 @@ def _card_prefix_ok(digits: str) -> bool:
         return 14 <= n <= 19  # Diners Club
     if p2 == 62:
         return 16 <= n <= 19  # UnionPay
+    # Europe's debit cards and the national schemes (these went to the cloud as plain numbers)
+    if digits.startswith(_MAESTRO):
+        return 13 <= n <= 19  # Maestro
+    if 2200 <= p4 <= 2204:
+        return 16 <= n <= 19  # Mir
+    if p2 in (60, 81, 82) or digits.startswith("508"):
+        return n == 16  # RuPay
     return False
+
+
+_MAESTRO = ("5018", "5020", "5038", "5893", "6304", "6759", "6761", "6762", "6763")
 
 
 def iban_ok(compact: str) -> bool:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import math
 import threading
-import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -25,6 +24,7 @@ from itertools import count
 from .._durations import duration
 from .._exceptions import ConfigError
 from .._types import is_integer, is_real
+from ..backends.circuit import awake_clock
 
 HOUR = 3600.0
 DAY = 86400.0
@@ -51,7 +51,9 @@ class Budget:
     max_cloud_usd_per_hour: float | None = None
     max_cloud_usd_per_day: float | None = None
     price_per_1k_tokens: float = 0.002  # USD a 1,000 tokens, what the dollar limits count in
-    clock: Callable[[], float] = time.monotonic
+    # the windows count a laptop's sleep too: on time.monotonic a day's budget spent at night stayed
+    # spent for most of the next day (Linux and macOS stop it while the machine sleeps)
+    clock: Callable[[], float] = awake_clock
     _events: deque[tuple[float, int]] = field(default_factory=deque, init=False, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
     # reservations held now: id -> estimated tokens (in flight: inside every window)

@@ -5,10 +5,12 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable
 from typing import Any
 
 from ._cli_terminal import _note, _UsageError
 from ._exceptions import HybridLLMError
+from ._progress import end_line
 
 
 def _catalog_id(model_id: str) -> str:
@@ -110,9 +112,18 @@ def cmd_models_pull(args: argparse.Namespace) -> int:
     from .models.store import pull
 
     mid = _catalog_id(args.id)
-    path = pull(mid, progress=ProgressBar(f"Pulling {mid}"), force=args.force)
+    path = pull(mid, progress=ProgressBar(f"Pulling {mid}"), force=args.force, on_wait=_waiting(mid))
     print(path)
     return 0
+
+
+def _waiting(mid: str) -> Callable[[], None]:
+    """The note for a pull that waits on another process's pull (a minute for 1.1 GB), so that it
+    is not taken for a hang."""
+    def note() -> None:
+        end_line()  # a bar of files hashed before the wait ends its line first
+        print(f"waiting for a pull, prepare or remove of {mid} in another process ...", file=sys.stderr)
+    return note
 
 
 def cmd_models_path(args: argparse.Namespace) -> int:
@@ -120,7 +131,7 @@ def cmd_models_path(args: argparse.Namespace) -> int:
     from .models.store import pull
 
     mid = _catalog_id(args.id)
-    print(pull(mid, progress=ProgressBar(f"Pulling {mid}")))
+    print(pull(mid, progress=ProgressBar(f"Pulling {mid}"), on_wait=_waiting(mid)))
     return 0
 
 
@@ -141,9 +152,20 @@ def cmd_models_verify(args: argparse.Namespace) -> int:
             if bar is not None:
                 bar.close()
     w = max([len("ID"), *(len(r.id) for r in results)]) + 2
+    sw = max(len(r.status) for r in results) + 2 if results else 0
     for r in results:
-        print(f"{r.id:<{w}}{r.status:<9}{r.detail}")
-    return 1 if any(r.status == "corrupt" for r in results) else 0
+        print(f"{r.id:<{w}}{r.status:<{sw}}{r.detail}")
+    return _verify_status(results, named=args.id is not None)
+
+
+def _verify_status(results: list[Any], *, named: bool) -> int:
+    """The exit status, as `sha256sum -c` would give it: a model named is checked for use, so it
+    fails unless it is there and intact (a `verify ID && run` never goes on without its model); all
+    of them check what is on disk, like `sha256sum -c --ignore-missing`: a model never pulled is
+    no failure, a corrupt or half-pulled one is."""
+    if named:
+        return 0 if all(r.status == "ok" for r in results) else 1
+    return 1 if any(r.status in ("corrupt", "incomplete") for r in results) else 0
 
 
 def cmd_models_prepare(args: argparse.Namespace) -> int:
@@ -158,7 +180,7 @@ def cmd_models_prepare(args: argparse.Namespace) -> int:
     if spec.kind != "embedding":
         from .models.store import pull
 
-        print(pull(spec.id, progress=ProgressBar(f"Pulling {spec.id}")))
+        print(pull(spec.id, progress=ProgressBar(f"Pulling {spec.id}"), on_wait=_waiting(spec.id)))
         return 0
     try:
         from .cache._cli import prepare_embedder

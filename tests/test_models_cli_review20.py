@@ -46,7 +46,7 @@ def test_verify_of_an_empty_id_is_refused_not_every_model(home, capsys):
 def test_an_id_in_another_case_is_pulled_and_labelled_by_its_catalog_id(home, monkeypatch, capsys):
     seen = []
 
-    def pull(model_id, *, progress=None, force=False):
+    def pull(model_id, *, progress=None, force=False, on_wait=None):
         seen.append((model_id, progress.label))
         return Path("/data/m.gguf")
     monkeypatch.setattr(store, "pull", pull)

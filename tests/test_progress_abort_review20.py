@@ -39,7 +39,7 @@ def _on_tty(monkeypatch) -> _Tty:
 
 
 def _failing_pull(exc: BaseException):
-    def pull(model_id, *, progress=None, force=False):
+    def pull(model_id, *, progress=None, force=False, on_wait=None):
         progress(1_000_000, 4_000_000)  # a quarter drawn, no line end yet
         raise exc
     return pull
@@ -94,7 +94,7 @@ def test_close_ends_only_an_unfinished_terminal_line():
 def test_a_bar_of_unknown_total_is_ended_when_the_command_returns(monkeypatch):
     tty = _on_tty(monkeypatch)
     """A total of None never draws a final line: the command's output followed the bar."""
-    def pull(model_id, *, progress=None, force=False):
+    def pull(model_id, *, progress=None, force=False, on_wait=None):
         progress(3_000_000, None)
         return "/data/m.gguf"
     monkeypatch.setattr(store, "pull", pull)

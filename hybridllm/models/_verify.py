@@ -19,12 +19,13 @@ from .catalog import ModelSpec
 @dataclass
 class VerifyResult:
     id: str
-    status: str  # "ok", "missing", "corrupt"
+    status: str  # "ok", "missing" (no file there), "incomplete" (some files missing), "corrupt"
     detail: str
 
 
 def verify(model_id: str | None = None, *, progress: Progress | None = None) -> list[VerifyResult]:
-    """Re-hash every materialized file of one model (or all); report ok / missing / corrupt.
+    """Re-hash every materialized file of one model (or all); report ok / missing / incomplete /
+    corrupt (see :class:`VerifyResult`).
 
     ``progress`` gets (bytes hashed, bytes of all the files there to hash), one total for all; a
     :class:`ProgressBar` shows the current file's name when there are several."""
@@ -77,6 +78,10 @@ def verify(model_id: str | None = None, *, progress: Progress | None = None) -> 
         elif changed:  # not known good: "corrupt", so the command fails (exit 1), told why
             results.append(VerifyResult(mid, "corrupt", f"changed while it was checked: "
                                         f"{', '.join(changed)}; run `hybridllm models verify {mid}` again"))
+        elif 0 < len(missing) < len(spec.files):  # some files there: a pull cut short, not "not pulled"
+            results.append(VerifyResult(mid, "incomplete", f"{len(missing)} of {len(spec.files)} "
+                                        f"files missing ({_names(missing)}; a pull cut short?); "
+                                        f"run `hybridllm models pull {mid}`"))
         elif missing:
             results.append(VerifyResult(mid, "missing", f"not pulled; run `hybridllm models pull {mid}`"))
         else:
@@ -84,6 +89,11 @@ def verify(model_id: str | None = None, *, progress: Progress | None = None) -> 
     if progress and total:  # also when a file shrank or could not be read: the bar ends
         progress(total, total)
     return results
+
+
+def _names(names: list[str]) -> str:
+    """Up to three file names, then how many more (minilm-l6-v2 has 9 files)."""
+    return ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
 
 
 def _sizes_there(specs: list[ModelSpec]) -> int:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import json
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -90,11 +91,23 @@ def find_spec(model_id: str) -> ModelSpec | None:
     return next((spec for mid, spec in catalog.items() if mid.casefold() == key), None)
 
 
+def did_you_mean(model_id: str) -> str:
+    """The end of an unknown-id error for a typo or a short form of catalog ids: the ids it starts,
+    else the closest spellings (`` Did you mean 'smollm2-135m-instruct'?``); "" when none is near."""
+    if not isinstance(model_id, str) or not model_id.strip():
+        return ""
+    key = model_id.strip().casefold()
+    ids = sorted(load_catalog())
+    near = [mid for mid in ids if mid.casefold().startswith(key)] or difflib.get_close_matches(
+        key, ids, n=3, cutoff=0.6)
+    return f" Did you mean {' or '.join(repr(mid) for mid in near[:3])}?" if near else ""
+
+
 def get_spec(model_id: str) -> ModelSpec:
     spec = find_spec(model_id)
     if spec is None:
         raise ModelNotFoundError(
             f"Unknown model {model_id!r}. Known models: {', '.join(sorted(load_catalog()))}; "
-            "or pass the path to a local .gguf file. See `hybridllm models list`."
+            f"or pass the path to a local .gguf file. See `hybridllm models list`.{did_you_mean(model_id)}"
         )
     return spec

@@ -21,7 +21,7 @@ from typing import Any
 
 from .._exceptions import ModelCorruptError, ModelNotFoundError
 from .._paths import data_dir
-from .catalog import ModelSpec, find_spec, get_spec, load_catalog
+from .catalog import ModelSpec, did_you_mean, find_spec, get_spec, load_catalog
 from .store import Progress
 
 META_FILE = "hybridllm.json"
@@ -151,4 +151,5 @@ def resolve_onnx(
     raise ModelNotFoundError(
         f"Unknown model {text!r}: neither a catalog id ({', '.join(sorted(load_catalog()))}) nor a "
         f"prepared ONNX folder. See `hybridllm models list`; prepare one with `{prepare_command('ID')}`."
+        f"{did_you_mean(text)}"
     )

@@ -28,7 +28,7 @@ from pathlib import Path
 from .._exceptions import ModelError, ModelNotFoundError
 from .._locks import HAVE_LOCKS, lock_exclusive  # without locks (Windows) removed without one
 from .._paths import data_dir
-from .catalog import ModelSpec, find_spec, load_catalog
+from .catalog import ModelSpec, did_you_mean, find_spec, load_catalog
 from .store import _folder_lock, model_dir
 
 _CACHE_LOCK = ".prepare.lock"  # the cache's preparers lock this file in their folder
@@ -100,7 +100,7 @@ def spec_of(model_id: str) -> ModelSpec:
     if spec is None:
         raise ModelNotFoundError(
             f"Unknown model {model_id!r}. Known models: {', '.join(sorted(load_catalog()))}. "
-            "See `hybridllm models list`."
+            f"See `hybridllm models list`.{did_you_mean(model_id)}"
         )
     return spec
 

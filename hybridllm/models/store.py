@@ -216,10 +216,13 @@ def pull_state(model_id: str) -> str:
     return UNVERIFIED
 
 
-def pull(model_id: str, *, progress: Progress | None = None, force: bool = False) -> Path:
+def pull(model_id: str, *, progress: Progress | None = None, force: bool = False,
+         on_wait: Callable[[], None] | None = None) -> Path:
     """Materialize a catalog model into the data dir (if needed) and return its path.
 
     For a GGUF model the path is the .gguf file; for an embedding model it is the folder.
+    ``on_wait`` is called once when another process (a pull, prepare or remove) holds the model's
+    folder and this pull waits for it.
     """
     spec = get_spec(model_id)
     root = model_dir(spec)
@@ -232,20 +235,19 @@ def pull(model_id: str, *, progress: Progress | None = None, force: bool = False
         else:
             todo.append(f)
     if todo:
-        _copy_files(spec, root, todo, tally, force=force)
+        _copy_files(spec, root, todo, tally, force=force, on_wait=on_wait)
     return root / spec.main_file.name if spec.kind == "gguf" else root
 
 
-def _copy_files(
-    spec: ModelSpec, root: Path, todo: list[FileSpec], tally: _Tally, *, force: bool
-) -> None:
+def _copy_files(spec: ModelSpec, root: Path, todo: list[FileSpec], tally: _Tally, *, force: bool,
+                on_wait: Callable[[], None] | None = None) -> None:
     """Copy ``todo`` into ``root`` holding the model folder's lock (the one `models remove` and
     `models prepare` take, also for a file in a subfolder), and check every other file again under
     it: another pull may have copied one while this one waited, a remove deleted the rest."""
     name = todo[0].name
     try:
         root.mkdir(parents=True, exist_ok=True)
-        with _folder_lock(root) as locked:
+        with _folder_lock(root, on_wait=on_wait) as locked:
             for file in spec.files:
                 dest, name = root / file.name, file.name
                 if file in todo:

@@ -140,7 +140,8 @@ def test_the_cli_writes_nothing_extra_to_a_log(home, monkeypatch, capsys):
 def test_a_model_not_pulled_draws_no_bar(home, monkeypatch, capsys):
     terminal = _on_terminal(monkeypatch)
     (home / "models" / SINGLE / "one.bin").unlink()
-    assert cli.main(["models", "verify", SINGLE]) == 0
+    # exit 1: a model named and not pulled fails its verify (test_models_cli_review21)
+    assert cli.main(["models", "verify", SINGLE]) == 1
     assert "missing" in capsys.readouterr().out and terminal.getvalue() == ""
 
 

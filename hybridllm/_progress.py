@@ -8,8 +8,8 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Callable
-from typing import TextIO
+from collections.abc import Callable, Iterable
+from typing import Any, TextIO, cast
 
 from ._cli_terminal import _isatty
 from ._durations import duration
@@ -17,8 +17,9 @@ from ._durations import duration
 # the bar whose terminal line is drawn but not yet ended (work cut short by an error or Ctrl-C,
 # a total never known); one at most, as a terminal has one current line
 _open: ProgressBar | None = None
-# held while a bar draws on a terminal and while a log record is written to one (log_lines_apart):
-# the bar is drawn from a loading thread, and neither may write between the other's line end and line
+# held while a bar draws on a terminal and while a log record or other text is written to one
+# (log_lines_apart): the bar is drawn from a loading thread, and neither may write between the
+# other's line end and line
 _lock = threading.RLock()
 
 
@@ -32,14 +33,16 @@ def end_line() -> None:
 
 
 def log_lines_apart() -> None:
-    """Make the log handlers that write to the terminal (stderr or stdout) end the line of a bar
-    drawn there before each record, so that the record starts a line of its own (uvicorn's
-    ``Started server process``, a warning, an access line while the model loads) and the bar goes
-    on below it at its next update. Call after logging is configured (``basicConfig``, uvicorn's
-    ``dictConfig``); handlers added later are not covered, calling again is harmless. Nothing
-    changes when stderr, where the bars are drawn, is not a terminal."""
+    """Make what is written to the terminal (stderr or stdout) end the line of a bar drawn there
+    first, so that it starts a line of its own (uvicorn's ``Started server process``, a log
+    record, a ``warnings.warn``, an access line while the model loads) and the bar goes on below it
+    at its next update. ``sys.stderr`` and ``sys.stdout`` become streams that do so (a handler
+    added later, a warning, a ``print`` write through them), and the handlers already holding the
+    terminal do so per record. Calling again is harmless. Nothing changes when stderr, where the
+    bars are drawn, is not a terminal."""
     if not _isatty(sys.stderr):
         return
+    sys.stderr, sys.stdout = _apart(sys.stderr), _apart(sys.stdout)
     handlers = [*logging.getLogger().handlers, logging.lastResort]
     for logger in list(logging.Logger.manager.loggerDict.values()):
         handlers += getattr(logger, "handlers", [])  # a PlaceHolder has none
@@ -58,6 +61,37 @@ def _emitting_apart(emit: Callable[[logging.LogRecord], None]) -> Callable[[logg
             end_line()
             emit(record)
     return emit_apart
+
+
+def _apart(stream: TextIO) -> TextIO:
+    """``stream`` ending a bar's line before each write, when it is a terminal; itself otherwise."""
+    if isinstance(stream, _LineApart) or not _isatty(stream):
+        return stream
+    return cast(TextIO, _LineApart(stream))
+
+
+class _LineApart:
+    """A terminal's stream (``sys.stderr``, ``sys.stdout``) that ends the line of a bar drawn on
+    the terminal before any text written to it; all else is the stream's own. A bar draws on the
+    stream underneath (``ProgressBar`` unwraps it), so its redraws stay on its line."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self.stream = stream
+
+    def write(self, text: str) -> int:
+        with _lock:  # no bar draws between the line end and the text (as for a log record)
+            if text:
+                end_line()
+            return self.stream.write(text)
+
+    def writelines(self, lines: Iterable[str]) -> None:
+        for line in lines:
+            self.write(line)
+
+    def __getattr__(self, name: str) -> Any:  # fileno, flush, isatty, encoding, buffer...
+        if name == "stream":  # not set yet (a copy being made): no endless lookup
+            raise AttributeError(name)
+        return getattr(self.stream, name)
 
 
 class ProgressBar:
@@ -80,7 +114,9 @@ class ProgressBar:
     def __init__(self, label: str, *, unit: str = "MB", scale: float = 1e6,
                  stream: TextIO | None = None, quiet_for: float = 1.0) -> None:
         self.label, self.unit, self.scale = label, unit, scale
-        self.stream = stream or sys.stderr
+        stream = stream or sys.stderr
+        # the terminal itself: a bar's own redraws must not end its line (_LineApart)
+        self.stream = stream.stream if isinstance(stream, _LineApart) else stream
         self.tty = self.stream.isatty()
         self.start = time.perf_counter()
         self._last_draw = 0.0

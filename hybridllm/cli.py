@@ -27,7 +27,7 @@ from ._models_cli import (
     cmd_models_remove,
     cmd_models_verify,
 )
-from ._progress import end_line
+from ._progress import end_line, log_lines_apart
 
 # Command groups that live beside the code they drive; each module has register(subparsers).
 _GROUPS = ("hybridllm.router._cli", "hybridllm.cache._cli", "hybridllm._serve_cli")
@@ -170,6 +170,7 @@ def _main(argv: Sequence[str] | None) -> int:
         # (the help used to go to stdout, with exit 2, so `hybridllm | less` paged an "error")
         commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
         parser.error(f"a command is required: {', '.join(commands.choices)}")
+    log_lines_apart()  # a warning or log record while a bar is drawn starts a line of its own
     try:
         _check_config_option(args)
         try:

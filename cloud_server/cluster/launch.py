@@ -20,10 +20,20 @@ from hybridllm._cli_options import host_port
 
 from ..config import ClusterConfig, EngineConfig
 from ..exceptions import ServerError
-from .net import _check_port, _check_reachable, _connect_hint, free_port  # noqa: F401 - launch.free_port (bench, tests)
+from .net import (  # noqa: F401 - launch.free_port (bench, tests)
+    _check_port,
+    _check_reachable,
+    _connect_hint,
+    _wait_healthy,
+    client_head,
+    free_port,
+    health_url,
+    on_node_url,
+)
 
 log = logging.getLogger("cloud_server.cluster")
 INSTALL_HINT = "pip install 'hybridllm[cluster]'"
+REMOTE_UNANSWERED_S = 30.0  # Ray Client: a proxy on the cluster that never answers here is out of reach
 
 
 def require_ray() -> None:
@@ -116,9 +126,29 @@ def start(
         if reason is None:
             raise
         raise ServerError(f"the engine replicas could not start: {reason}") from exc
+    return _await_front_end(host, port, cluster.ray_address)
+
+
+def _await_front_end(host: str, port: int, address: str | None) -> str:
+    """Wait for the front end's ``/health`` where this machine reaches Serve's proxy; the app's URL.
+    With Ray Client the proxy is on the cluster: one this machine cannot reach (loopback there,
+    a firewall) is named, with how to check it there, instead of polled for minutes."""
     url = f"http://{host_port(host, port)}"  # an IPv6 address in brackets: http://[::1]:8000
-    _wait_healthy(url)
-    return url
+    probe = health_url(host, port, address)
+    if probe is None:
+        log.warning("the app is served on the Ray cluster at %s, on %s of its head node (and of each "
+                    "node with a replica): loopback there, out of this machine's reach, so its "
+                    "/health is not checked from here. Check it on the head with `curl %s/health`; "
+                    "to serve other machines, run again with --host 0.0.0.0", address,
+                    host_port(host, port), on_node_url(host, port))
+        return url
+    if probe == url:
+        _wait_healthy(url)
+    elif not _wait_healthy(probe, unanswered_s=REMOTE_UNANSWERED_S):  # it runs there: kept, and said where
+        log.warning("the app runs on the Ray cluster at %s, but %s/health does not answer from this "
+                    "machine (a firewall between here and the head may block port %d): check it on "
+                    "the head with `curl %s/health`", address, probe, port, on_node_url(host, port))
+    return probe
 
 
 def _check_proxy(host: str, port: int, address: str | None) -> None:
@@ -137,9 +167,14 @@ def _check_proxy(host: str, port: int, address: str | None) -> None:
     where = f"the Ray cluster at {address}" if address is not None else "this Ray instance"
     stop_it = ("or stop Serve there first with `serve shutdown` on a node of the cluster (it deletes "
                "every Serve app there)")
-    if have_host is None:  # Serve started without HTTP proxies (proxy_location Disabled)
-        raise ServerError(f"Ray Serve already runs on {where} without an HTTP proxy, so the app "
-                          f"would not be reachable on {host_port(host, port)}: {stop_it}")
+    if have_host is None or _proxy_disabled(client):  # Serve started without HTTP proxies
+        raise ServerError(
+            f"Ray Serve already runs on {where} without an HTTP proxy (its proxy_location is "
+            f"Disabled), so the app would not be reachable on {host_port(host, port)}: run Serve "
+            f"there with proxy_location EveryNode or HeadOnly (in the Serve config it was deployed "
+            f"with, or `serve shutdown` then `serve start --proxy-location EveryNode --http-host "
+            f"{host} --http-port {port}` on a node of the cluster; `serve shutdown` deletes every "
+            f"Serve app there)")
     if (str(have_host).strip("[]"), have_port) == (host.strip("[]"), port):
         return
     raise ServerError(
@@ -147,6 +182,16 @@ def _check_proxy(host: str, port: int, address: str | None) -> None:
         f"not on the {host_port(host, port)} asked for (Serve keeps the HTTP options it was started "
         f"with): pass --host {have_host} --port {have_port}, {stop_it}"
     )
+
+
+def _proxy_disabled(client: Any) -> bool:
+    """Whether Serve runs with proxy_location Disabled (older Rays: NoServer), its HTTP options
+    as set as ever: newer Rays keep the location beside them (in Serve's details), older ones in
+    them. Unreadable: not known to be disabled."""
+    places = [getattr(client.http_config, "location", None)]
+    with contextlib.suppress(Exception):
+        places.append(client.get_serve_details().get("proxy_location"))
+    return any(str(getattr(place, "value", place)) in ("Disabled", "NoServer") for place in places)
 
 
 def _check_app_free(app_name: str, address: str, *, replace: bool) -> None:
@@ -219,31 +264,6 @@ def _replica_error(app_name: str) -> str | None:
         if deployment.message:
             return deployment.message.strip().splitlines()[-1]
     return None
-
-
-def _wait_healthy(url: str, timeout_s: float = 300.0) -> None:
-    """``serve.run`` returns when the deployments are up, but the front end still builds its
-    OpenAI layer in the background (503 "still loading" meanwhile): wait for ``/health`` to say
-    ``ok``. A fleet that is only ``degraded`` by then still serves (logged); none is an error."""
-    import httpx
-
-    deadline = time.monotonic() + timeout_s
-    last: Any = None
-    while time.monotonic() < deadline:
-        try:
-            # straight to the port Serve listens on here: HTTP_PROXY & co (a corporate proxy) cannot reach it
-            resp = httpx.get(f"{url}/health", timeout=5.0, trust_env=False)
-            last = (resp.status_code, resp.text[:200])
-            if resp.status_code == 200 and resp.json().get("status") == "ok":
-                return
-        except (httpx.HTTPError, ValueError) as exc:
-            last = exc
-        time.sleep(0.25)
-    if isinstance(last, tuple) and last[0] == 200:
-        log.warning("the cluster serves, but not every replica is up yet: %s", last[1])
-        return
-    raise ServerError(f"the cluster did not become healthy within {timeout_s:.0f} s (last /health: "
-                      f"{last}); see Ray's logs under /tmp/ray/session_latest/logs")
 
 
 def stop(cluster: ClusterConfig, board_name: str | None = None, *, drain: bool = True,
@@ -330,8 +350,10 @@ def serve_cluster(
             else str(cluster.replicas)
         )
         log.info(
-            "listening on %s: %s engine replicas on Ray Serve (%s)",
+            "listening on %s%s: %s engine replicas on Ray Serve (%s)",
             url,
+            f" (Ray Serve's proxy on the cluster at {cluster.ray_address})"
+            if client_head(cluster.ray_address) else "",
             replicas,
             "API key required" if app_options.get("api_keys") else "open",
         )

@@ -1,15 +1,23 @@
 """Network checks of the cluster launch, without Ray: a port free to listen on, a Ray head that
-takes a connection, and what to check when joining one fails."""
+takes a connection, what to check when joining one fails, and where (and whether) this machine
+reaches the app's Serve proxy to wait for its front end."""
 
 from __future__ import annotations
 
+import ipaddress
+import logging
 import os
 import random
 import socket
+import time
+from typing import Any
 
 from hybridllm._cli_options import host_port
+from hybridllm._loopback import is_loopback
 
 from ..exceptions import ServerError
+
+log = logging.getLogger("cloud_server.cluster")
 
 
 def _check_reachable(address: str, timeout_s: float = 5.0) -> None:
@@ -29,20 +37,62 @@ def _check_reachable(address: str, timeout_s: float = 5.0) -> None:
         ) from exc
 
 
+def client_head(address: str | None) -> str | None:
+    """The head's host in a Ray Client address (``ray://HOST:PORT``, an IPv6 one without its
+    brackets); None for any other address (``auto``, ``HOST:PORT``: the driver runs on a node)."""
+    if address is None or not address.startswith("ray://"):
+        return None
+    host = address[len("ray://"):].rpartition(":")[0].strip("[]")
+    return host or None
+
+
+def _every_interface(host: str) -> bool:
+    try:
+        return host == "" or ipaddress.ip_address(host).is_unspecified  # 0.0.0.0, ::
+    except ValueError:
+        return False
+
+
+def health_url(host: str, port: int, address: str | None) -> str | None:
+    """Where this machine reaches the Serve proxy that listens on ``host:port``. With Ray Client
+    (``ray://HEAD:PORT``) the proxy runs on the cluster (its head node always), not here: one on
+    every interface is reached at HEAD, one on a given address there, and one on loopback only
+    from the cluster's own nodes (None: nothing on this machine can reach it)."""
+    head = client_head(address)
+    bare = host.strip("[]")
+    if head is None:
+        return f"http://{host_port(bare, port)}"
+    if _every_interface(bare):
+        return f"http://{host_port(head, port)}"
+    return None if is_loopback(bare) else f"http://{host_port(bare, port)}"
+
+
+def on_node_url(host: str, port: int) -> str:
+    """The URL of a proxy listening on ``host:port`` from a node it runs on (every interface: loopback)."""
+    bare = host.strip("[]")
+    if _every_interface(bare):
+        bare = "::1" if ":" in bare else "127.0.0.1"
+    return f"http://{host_port(bare, port)}"
+
+
 def _connect_hint(address: str) -> str:
     """What to check when joining ``address`` fails. Ray sends its token to an explicit address
     only when told to (``RAY_AUTH_MODE=token``); ``auto`` finds a local cluster and its token."""
     if address == "auto":
         return ("--ray-address auto joins a cluster that runs on this machine (`ray start --head` "
                 "starts one); without --ray-address a local Ray instance is started for this command")
+    # Ray Client (ray://): a server of its own on the head, which takes only its own Ray and Python
+    what = ("the head's Ray Client server (`ray start --head` runs it on port 10001 unless "
+            "--ray-client-server-port says otherwise) and that this machine has the cluster's Ray and "
+            "Python versions (Ray Client needs the same)" if address.startswith("ray://")
+            else "the head's GCS address (ray start --head prints it)")
     if os.environ.get("RAY_AUTH_MODE", "").lower() == "token":
-        return ("Check that the address is the head's GCS address (ray start --head prints it) and "
-                "that this token (RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token) is the "
-                "cluster's")
-    return ("Check that the address is the head's GCS address (ray start --head prints it). A "
-            "cluster with token authentication (the default of `ray start` when a token exists) "
-            "needs RAY_AUTH_MODE=token and its token in RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH or "
-            "~/.ray/auth_token; on a node of the cluster, --ray-address auto finds both")
+        return (f"Check that the address is {what}, and that this token (RAY_AUTH_TOKEN, "
+                "RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token) is the cluster's")
+    return (f"Check that the address is {what}. A cluster with token authentication (the default of "
+            "`ray start` when a token exists) needs RAY_AUTH_MODE=token and its token in "
+            "RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token; on a node of the cluster, "
+            "--ray-address auto finds both")
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -76,3 +126,32 @@ def _check_port(host: str, port: int) -> None:
             sock.bind((host, port))
         except OSError as exc:
             raise ServerError(f"cannot listen on {host_port(host, port)}: {exc.strerror or exc}") from exc
+
+
+def _wait_healthy(url: str, timeout_s: float = 300.0, unanswered_s: float | None = None) -> bool:
+    """``serve.run`` returns when the deployments are up, but the front end still builds its
+    OpenAI layer in the background (503 "still loading" meanwhile): wait for ``/health`` to say
+    ``ok``. A fleet that is only ``degraded`` by then still serves (logged); none is an error.
+    False when no HTTP answer at all came within ``unanswered_s`` (a proxy out of reach)."""
+    import httpx
+
+    start = time.monotonic()
+    deadline, answered = start + timeout_s, False
+    last: Any = None
+    while time.monotonic() < deadline:
+        try:
+            # straight to the port Serve listens on: HTTP_PROXY & co (a corporate proxy) cannot reach it
+            resp = httpx.get(f"{url}/health", timeout=5.0, trust_env=False)
+            last, answered = (resp.status_code, resp.text[:200]), True
+            if resp.status_code == 200 and resp.json().get("status") == "ok":
+                return True
+        except (httpx.HTTPError, ValueError) as exc:
+            last = exc
+        if unanswered_s is not None and not answered and time.monotonic() - start > unanswered_s:
+            return False
+        time.sleep(0.25)
+    if isinstance(last, tuple) and last[0] == 200:
+        log.warning("the cluster serves, but not every replica is up yet: %s", last[1])
+        return True
+    raise ServerError(f"the cluster did not become healthy within {timeout_s:.0f} s (last /health: "
+                      f"{last}); see Ray's logs under /tmp/ray/session_latest/logs")

@@ -81,7 +81,7 @@ def serve(args: argparse.Namespace) -> int:
             config, cluster, host=args.host, port=args.port, power_watts=args.power_watts,
             app_options={"api_keys": api_keys, "served_model_name": args.served_model_name,
                          "system_prompt": _system_prompt(args.model, args.system_prompt),
-                         "max_body_bytes": args.max_body_bytes},
+                         "max_body_bytes": args.max_body_bytes, "allow_origins": args.allow_origin},
         )
 
     def make_engine() -> Any:
@@ -112,6 +112,7 @@ def serve(args: argparse.Namespace) -> int:
         max_body_bytes=args.max_body_bytes,
         power_watts=args.power_watts,
         on_engine_dead=on_engine_dead,
+        allow_origins=args.allow_origin,
     )
     sock = listen(args.host, args.port, ServerError)
     host, port = sock.getsockname()[:2]

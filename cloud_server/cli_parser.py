@@ -16,6 +16,7 @@ from hybridllm._cli_options import (
     positive_float,
     positive_int,
 )
+from hybridllm._serve_cli import web_origin
 from hybridllm.wire.body import DEFAULT_MAX_BODY_BYTES
 
 PROG = "hybridllm-cloud"
@@ -71,6 +72,11 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--api-key-file", metavar="PATH", type=given("a file's path"),
         help="file with one accepted key a line (preferred over --api-key, which shows in ps)",
+    )
+    serve.add_argument(
+        "--allow-origin", action="append", default=[], type=web_origin, metavar="ORIGIN",
+        help="a web page origin (https://app.example:3000, or '*') allowed to call this server from "
+        "a browser, with CORS (repeatable; default: none, the API key is still checked)",
     )
     serve.add_argument(
         "--max-body-bytes", type=positive_int, default=DEFAULT_MAX_BODY_BYTES, metavar="N",

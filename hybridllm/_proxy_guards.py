@@ -5,42 +5,27 @@ from __future__ import annotations
 import argparse
 import ipaddress
 
-from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse
-from starlette.datastructures import Headers
-from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from ._loopback import LOOPBACK_NAMES, host_name, is_loopback, is_loopback_origin
 from ._serve_cli import web_origin
 from .wire import WireError, header_value
+from .wire.cors import JsonErrorCORS
 
 
-class LoopbackCORS(CORSMiddleware):
+class LoopbackCORS(JsonErrorCORS):
     """CORS for the origins allowed and for every page served from this machine (a local chat UI on
     http://localhost:3000, http://127.0.0.2:8000): the same test as the Origin check
     (``is_loopback_origin``). A hostile site's page has its own origin, whatever address it makes
-    the browser call."""
+    the browser call. A refused preflight is OpenAI's JSON error; for a page whose origin is not let
+    in, the POST's own message with its advice (:func:`cross_site`)."""
 
     def is_allowed_origin(self, origin: str) -> bool:
         return is_loopback_origin(origin) or super().is_allowed_origin(origin)
 
-    def preflight_response(self, request_headers: Headers) -> Response:
-        """A refused preflight as every other refusal: OpenAI's JSON error, and for a page whose
-        origin is not let in, the POST's own message with its advice (Starlette's is a bare
-        ``text/plain`` "Disallowed CORS origin"). The status (400) and CORS headers stay."""
-        response = super().preflight_response(request_headers)
-        if response.status_code == 200:
-            return response
-        origin = request_headers["origin"]
-        if not self.is_allowed_origin(origin):
-            error = cross_site(origin)
-        else:  # a method (or a header) this server does not take from a page
-            method = header_value(request_headers["access-control-request-method"], 40)
-            error = WireError(f"This server does not answer {method} requests from web pages (CORS "
-                              "preflight): it answers GET and POST.", code="cors_not_allowed")
-        headers = {k: v for k, v in response.headers.items() if k not in ("content-length", "content-type")}
-        return JSONResponse(error.body(), response.status_code, headers=headers)
+    def origin_refused(self, origin: str) -> WireError:
+        return cross_site(origin)
 
 
 def cross_site(origin: str) -> WireError:

@@ -49,6 +49,27 @@ class CloudChatCompletionRequest(ChatCompletionRequest):
             raise WireError("top_logprobs needs logprobs set to true.", param="top_logprobs")
         return self
 
+    @model_validator(mode="after")
+    def _no_empty_part_lists(self) -> CloudChatCompletionRequest:
+        # OpenAI's 400 for "content": [] (the model was asked an empty turn); hybridllm serve and
+        # the library refuse it too
+        for i, message in enumerate(self.messages):
+            if isinstance(message.content, list) and not message.content:
+                raise WireError(f"Invalid 'messages[{i}].content': empty array. Expected an array with "
+                                "minimum length 1, but got an empty array instead.",
+                                param=f"messages[{i}].content", code="empty_array")
+        return self
+
+    def chat_messages(self) -> list[dict[str, str]]:
+        # a message's "name" (a participant's name, a tool's) reaches the chat template: one that
+        # reads message.name gets it; the Qwen and SmolLM templates ignore it. Its text is the
+        # message's own, so control-token text in it stays plain text (hybridllm._prompt_tokens).
+        out = super().chat_messages()
+        for message, sent in zip(self.messages, out, strict=True):
+            if message.name:
+                sent["name"] = message.name
+        return out
+
     def num_logprobs(self) -> int | None:
         """None: no log-probabilities; N: each token's and its N most likely alternatives."""
         return (self.top_logprobs or 0) if self.logprobs else None

@@ -37,6 +37,7 @@ from hybridllm.wire.shutdown import ClientGone, Drain, TrackRequests, unless_int
 from hybridllm.wire.sse import EventStreamResponse, client_gone
 
 from .auth import ApiKeyChecker
+from .cors import add_cors
 from .errors import error_body, error_kind, error_response, install_error_handlers
 from .lifespan import ServerState, _lifespan
 from .metrics import ServerMetrics
@@ -192,6 +193,7 @@ def create_app(
     energy: str = "auto",
     power_watts: float | None = None,
     on_engine_dead: Callable[[EngineError], None] | None = None,
+    allow_origins: list[str] | None = None,
 ) -> FastAPI:
     """The ASGI app; ``engine_factory`` builds an unstarted engine (run in a worker thread).
     ``system_prompt`` is put first in chat requests that carry no system message; a body over
@@ -200,7 +202,8 @@ def create_app(
     figure), "remote" records what the engine's outputs carry (the cluster's replicas measure),
     "off" neither. ``on_engine_dead`` is called once the engine has stopped by itself while serving
     (the requests in flight ended first, with a 500 naming its error); without it such a server
-    answers 503 until it is restarted."""
+    answers 503 until it is restarted. ``allow_origins``: web page origins (``*``: any) that may
+    call it from a browser, with CORS; none by default."""
     app = FastAPI(title="hybridllm cloud server", lifespan=_lifespan, docs_url=None, redoc_url=None)
     state = ServerState(engine_factory, served_model_name, on_load_error, system_prompt or None,
                         on_engine_dead=on_engine_dead)
@@ -260,6 +263,7 @@ def create_app(
     app.include_router(_build_router(app, ApiKeyChecker(api_keys or []), max_body_bytes))
     _drop_validation_422(app)
     app.add_middleware(TrackRequests, drain=state.drain)
+    add_cors(app, allow_origins or [])  # outside the drain: its 503 carries the CORS headers too
     # outermost: every answer carries X-Request-Id (the client's, as the proxy forwards its own, or a
     # new one) and the error lines written while serving it name it
     app.add_middleware(RequestId, log_names=("cloud_server.api",))

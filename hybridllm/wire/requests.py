@@ -9,7 +9,8 @@ parameter otherwise, so a client never silently gets something other than what i
 Values the engine cannot represent are refused here too: ``seed`` outside 64 bits, ``top_p`` below
 float32's smallest normal number (it would round to 0 and drop every token), token counts past
 int32, non-finite numbers; and lists whose length the engine pays for on every token
-(``stop_token_ids`` past ``MAX_STOP_TOKEN_IDS``, ``stop`` past ``MAX_STOP``).
+(``stop_token_ids`` past ``MAX_STOP_TOKEN_IDS``, ``stop`` past ``MAX_STOP`` strings or one past
+``MAX_STOP_CHARS`` characters).
 """
 
 from __future__ import annotations
@@ -44,6 +45,15 @@ MAX_STOP = 32
 # million of them) cost some 30 ms per token in its step, so one request slowed its whole batch.
 # vLLM sets no bound; this one is far beyond any tokenizer's list of end tokens.
 MAX_STOP_TOKEN_IDS = 1024
+# The longest stop string. Real ones are markers and short (a turn header such as Llama 3's
+# "<|start_header_id|>user<|end_header_id|>" is 40 characters, an IDE plugin's line of code a few
+# hundred at most); a streamed answer holds back its last len(stop)-1 characters (they may begin a
+# stop string) and the engine searches that much text per string each step, so one megabyte-long
+# string froze the stream and slowed its batch. OpenAI documents no bound; this is 5x the longest.
+MAX_STOP_CHARS = 1024
+
+
+StopString = Annotated[str, Field(max_length=MAX_STOP_CHARS)]  # the JSON schema states the bound
 
 
 class StreamOptions(_Strict):
@@ -164,7 +174,7 @@ class SamplingRequest(_Strict):
     n: Annotated[int, Field(ge=1, le=128, json_schema_extra={"maximum": 1}), _INTEGRAL] = 1
     stream: bool = False
     stream_options: StreamOptions | None = None
-    stop: str | Annotated[list[str], Field(max_length=MAX_STOP)] | None = None
+    stop: StopString | Annotated[list[StopString], Field(max_length=MAX_STOP)] | None = None
     stop_token_ids: Annotated[list[TokenId], Field(max_length=MAX_STOP_TOKEN_IDS)] | None = None  # vLLM
     seed: Annotated[int, Field(ge=SEED_MIN, le=SEED_MAX), _INTEGRAL] | None = None
     ignore_eos: bool = False  # vLLM, for benchmarks
@@ -185,6 +195,18 @@ class SamplingRequest(_Strict):
         if isinstance(value, str) and not value.strip():
             raise WireError("you must provide a model parameter (GET /v1/models lists this server's).",
                             param="model")
+        return value
+
+    @field_validator("stop", mode="before")
+    @classmethod
+    def _short_stops(cls, value: Any) -> Any:
+        # before the type's own bound, so the 400 names "stop" and says which string and its length
+        texts = [value] if isinstance(value, str) else value if isinstance(value, list) else []
+        for i, text in enumerate(texts):
+            if isinstance(text, str) and len(text) > MAX_STOP_CHARS:
+                where = "stop" if isinstance(value, str) else f"stop[{i}]"
+                raise WireError(f"Invalid 'stop': {where} is {len(text)} characters long; a stop string "
+                                f"may be at most {MAX_STOP_CHARS}.", param="stop")
         return value
 
     @field_validator("n")

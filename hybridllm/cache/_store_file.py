@@ -195,6 +195,10 @@ class _StoreFile:
         immutable = "" if Path(f"{aside}-wal").exists() else "&immutable=1"
         try:
             src = sqlite3.connect(f"{aside.resolve().as_uri()}?mode=ro{immutable}", uri=True)
+            # a file cut short (a copy or a disk that filled up) is shorter than its header says,
+            # which SQLite calls corrupt before reading any page, so no entry was kept; with
+            # writable_schema it reads the pages the file still has (read only: mode=ro)
+            src.execute("PRAGMA writable_schema=ON")
         except sqlite3.Error:
             return 0
         try:

@@ -13,7 +13,8 @@ two different questions can look identical to them:
   the verifier whether they read each text whole;
 - different numbers ("convert 5 km to miles" / "convert 50 km to miles", "in one sentence" / "in
   five bullet points", "-40 °C" / "40 °C", "五" / "六", "Ⅲ" / "Ⅳ", "one plus one" / "one plus
-  one plus one", "the first world war" / "the second"), a negation on one side
+  one plus one", "the first world war" / "the second", "the eleventh" / "the twelfth", "the
+  eighties" / "the nineties", "half of 100" / "double 100"), a negation on one side
   only ("is it safe" / "is it unsafe", "ist es nicht sicher", "n'est pas"), and the same words
   with one moved across a word of direction ("flights from Paris to London" / "from London to
   Paris", "is a shark bigger than a dolphin"), and a question written in another script (a
@@ -58,11 +59,17 @@ NUMBER_WORDS = frozenset(
     "zero two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen "
     "sixteen seventeen eighteen nineteen twenty thirty forty fifty sixty seventy eighty ninety "
     "hundred thousand million billion trillion third fourth fifth sixth seventh eighth ninth "
-    "tenth".split()
+    "tenth eleventh twelfth thirteenth fourteenth fifteenth sixteenth seventeenth eighteenth "
+    "nineteenth twentieth thirtieth fortieth fiftieth sixtieth seventieth eightieth ninetieth "
+    "hundredth thousandth millionth billionth dozen twenties thirties forties fifties sixties "
+    "seventies eighties nineties".split()
 )
 # numbers that are other words too ("which one", "at first", "a second"): compared only when both
 # sides hold one, so "one plus one" is not "one plus one plus one", nor the first world war the second
 SOFT_NUMBER_WORDS = frozenset({"one", "first", "second"})
+# multiples and fractions, other words too ("double vision", "a half marathon", "once I know"):
+# compared as sets, and only when both sides hold one, so "half of 100" is not "double 100"
+MULTIPLE_WORDS = frozenset({"half", "double", "twice", "triple", "thrice", "quarter", "once"})
 # "un-" and the like turn a word into its opposite: "safe" / "unsafe", "legal" / "illegal"
 _OPPOSITE_PREFIXES = ("un", "in", "im", "il", "ir", "dis", "non")
 # a word moved across one of these changes who does what to whom: "Paris to London"
@@ -138,7 +145,9 @@ def conflict(query: str, cached: str) -> str | None:
     words_q, words_c = _words(query), _words(cached)
     hard_q, hard_c = (Counter(w for w in ws if w in NUMBER_WORDS) for ws in (words_q, words_c))
     soft_q, soft_c = (Counter(w for w in ws if w in SOFT_NUMBER_WORDS) for ws in (words_q, words_c))
-    if _numbers(query) != _numbers(cached) or hard_q != hard_c or (soft_q and soft_c and soft_q != soft_c):
+    multi_q, multi_c = ({w for w in ws if w in MULTIPLE_WORDS} for ws in (words_q, words_c))
+    if (_numbers(query) != _numbers(cached) or hard_q != hard_c or (soft_q and soft_c and soft_q != soft_c)
+            or (multi_q and multi_c and multi_q != multi_c)):
         return "different numbers"
     if _negated(words_q) != _negated(words_c):
         return "a negation on one side only"

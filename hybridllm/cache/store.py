@@ -7,7 +7,8 @@ power cut. A half-written transaction is rolled back by SQLite on the next open.
 A file that is not a usable SQLite database (garbage, truncated, failing its integrity check) is
 moved aside to ``<name>.corrupt-<time>`` and a fresh cache is created with a warning, holding the
 entries still readable from the old one (its table read from both ends up to the first damaged
-page each way; a table lacking a column this version reads gives none): the cache only holds
+page each way, or to the end of a file cut short; a table lacking a column this version reads
+gives none): the cache only holds
 answers that can be generated again, and a rebuild cannot loop because the new file is valid; so
 is a hybridllm cache whose tables do not have the columns this version reads. A
 valid SQLite database that is not a hybridllm cache (no ``cache_meta`` table, or a newer schema)

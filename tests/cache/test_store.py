@@ -102,7 +102,8 @@ def test_truncated_database_is_rebuilt(tmp_path: Path) -> None:
     path.write_bytes(data[: len(data) // 3] + b"\x00" * 100)
     with pytest.warns(RuntimeWarning):
         cache = SemanticCache(path, verifier=None, embedder=FakeEmbedder())
-    assert cache.stats()["entries"] == 0
+    # the entries on the pages the file still has are kept (review 21: before, none was)
+    assert 0 < cache.stats()["entries"] < 200
     cache.close()
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import sys
 from pathlib import Path
 from typing import Any
@@ -71,27 +72,47 @@ def _check_out_folder(out: str) -> None:
         raise DataError(f"--out {out} is a file; pass a folder for the router.")
 
 
+def _edge_file(edge: str) -> Path:
+    """--edge as a GGUF file: the file named, else the catalog model pulled. A path that is not
+    there (a typo in a folder or file name) is said to be missing, not an unknown catalog id."""
+    path = Path(edge).expanduser()
+    if path.is_file():
+        return path
+    if path.is_dir() or "/" in edge or os.sep in edge or edge.lower().endswith(".gguf"):
+        what = "is a folder" if path.is_dir() else "does not exist"
+        raise DataError(
+            f"--edge {edge} {what}; pass a GGUF file or a catalog model id (see `hybridllm models list`)."
+        )
+    from ..models import pull
+
+    return Path(pull(edge))
+
+
 def _label(args: argparse.Namespace) -> int:
-    from .label import SYSTEM_PROMPT, label_to_csv, llama_cpp_edge, openai_cloud, read_questions
+    from .label import (
+        SYSTEM_PROMPT,
+        check_out_paths,
+        check_resumable,
+        label_to_csv,
+        llama_cpp_edge,
+        openai_cloud,
+        read_questions,
+    )
 
     # --concurrency, --max-tokens, --edge-max-tokens, --limit and --timeout: ranges checked as
     # they are parsed (hybridllm._cli_options), before any model loads
     questions = read_questions(args.data)[: args.limit]
-    edge_path = Path(args.edge)
-    if not edge_path.is_file():
-        from ..models import pull
-
-        edge_path = Path(pull(args.edge))
-    api_key = args.api_key or os.environ.get("HYBRIDLLM_CLOUD_API_KEY")
-    edge = llama_cpp_edge(edge_path, max_tokens=args.edge_max_tokens or args.max_tokens)
-    cloud = openai_cloud(
-        args.cloud, model=args.cloud_model, api_key=api_key, max_tokens=args.max_tokens, timeout=args.timeout
-    )
     # a GGUF file's name without .gguf; a catalog id whole (Path.stem cut qwen2.5-coder-0.5b-instruct
     # to qwen2.5-coder-0)
     edge_name = Path(args.edge).name
     edge_name = edge_name[: -len(".gguf")] if edge_name.lower().endswith(".gguf") else edge_name
     edge_col, cloud_col = f"edge:{edge_name}", f"cloud:{args.cloud_model}"
+    # --out and --answers before the edge model is pulled and loaded: a folder there, or labels
+    # of other models, was said only after it (or as an internal error)
+    check_out_paths(args.out, args.answers)
+    check_resumable(args.out, edge_col=edge_col, cloud_col=cloud_col)
+    edge_path = _edge_file(args.edge)
+    api_key = args.api_key or os.environ.get("HYBRIDLLM_CLOUD_API_KEY")
     # what else decides a grade, checked when a run resumes (see _label_files.settings_path)
     settings = {
         "edge": edge_path.name,
@@ -106,6 +127,11 @@ def _label(args: argparse.Namespace) -> int:
         # train` can only learn from apart (one --data each)
         "data": Path(args.data).name,
     }
+    check_resumable(args.out, edge_col=edge_col, cloud_col=cloud_col, settings=settings)
+    edge = llama_cpp_edge(edge_path, max_tokens=args.edge_max_tokens or args.max_tokens)
+    cloud = openai_cloud(
+        args.cloud, model=args.cloud_model, api_key=api_key, max_tokens=args.max_tokens, timeout=args.timeout
+    )
     run = label_to_csv(
         questions,
         edge,
@@ -129,11 +155,17 @@ def _label(args: argparse.Namespace) -> int:
             "first_error": run.errors[0] if run.errors else None,
             "edge_accuracy": round(run.edge_correct / n, 4) if n else None,
             "cloud_accuracy": round(run.cloud_correct / n, 4) if n else None,
-            "train_with": f"hybridllm router train --data {run.out} --weak-col '{edge_col}' "
-            f"--strong-col '{cloud_col}' --out DIR",
+            # quoted for a shell: an --out with a space, a column with a quote, pasted as they are
+            "train_with": f"hybridllm router train --data {shlex.quote(str(run.out))} --weak-col "
+            f"{_single_quoted(edge_col)} --strong-col {_single_quoted(cloud_col)} --out DIR",
         }
     )
     return 0 if n else 1
+
+
+def _single_quoted(text: str) -> str:
+    """``text`` in single quotes for a POSIX shell, a quote in it closed, escaped and reopened."""
+    return "'" + text.replace("'", "'\\''") + "'"
 
 
 def _calibrate(args: argparse.Namespace) -> int:

@@ -73,20 +73,7 @@ def _read_done(
             found = next(reader, None)
             if found is None:
                 return set(), header
-            # Excel's "CSV UTF-8" starts with a byte-order mark: read as "\ufeffprompt", the file
-            # was refused as labels "for other models" that were these very ones
-            if found[0].removeprefix("\ufeff") != header[0]:
-                # not a label CSV at all (--out named the questions file, or notes): said to hold
-                # labels "for other models", named by two fragments of its first line
-                raise DataError(
-                    f"{path} is not a label CSV (its first line does not start with "
-                    f"'{header[0]},'); it is left as it is: pass another --out."
-                )
-            if [found[0].removeprefix("\ufeff"), *found[1:3]] != header[:3]:
-                raise DataError(
-                    f"{path} already holds labels for other models ({', '.join(found[1:3])}); "
-                    "pass another --out, or the same --edge and --cloud-model to resume it."
-                )
+            _check_header(path, found, header)
             text = "".join(raw)
             end = len(text.encode("utf-8"))  # bytes up to the end of the last whole row
             ended = text.endswith(("\n", "\r"))
@@ -143,6 +130,63 @@ def _holds_rows(lines: list[str]) -> bool:
     return False
 
 
+def check_out_paths(out: str | Path, answers_out: str | Path | None = None) -> None:
+    """Refuse an --out or --answers that cannot be a file, before any model loads: a folder, or a
+    path under a file (both ended in "internal error: IsADirectoryError" or FileExistsError, after
+    the edge model had loaded)."""
+    for flag, given in (("--out", out), ("--answers", answers_out)):
+        if given is None or given == "":
+            continue
+        path = Path(given)
+        if path.is_dir():
+            what = "the CSV file" if flag == "--out" else "the JSON Lines file"
+            raise DataError(f"{path} is a folder; pass {what} to write with {flag}.")
+        above = next((q for q in path.parents if q.exists()), None)
+        if above is not None and not above.is_dir():
+            raise DataError(f"{flag} {path}: {above} is a file, not a folder; pass a path in a folder.")
+
+
+def check_resumable(
+    out: str | Path, *, edge_col: str, cloud_col: str, settings: dict[str, Any] | None = None
+) -> None:
+    """What :func:`label_to_csv` refuses in an existing --out, checked without writing anything, so
+    that the CLI says it before the edge model is pulled and loaded: a file that is not a label
+    CSV, one of other models, or (given ``settings``) one with rows made with other settings."""
+    path, header = Path(out), _header(edge_col, cloud_col)
+    if not path.is_file() or path.stat().st_size == 0:
+        return
+    try:
+        with path.open(newline="", encoding="utf-8") as fh:
+            reader = csv.reader(fh)
+            found = next(reader, None)
+            has_rows = found is not None and next(reader, None) is not None
+    except (UnicodeDecodeError, csv.Error):
+        return  # said by label_to_csv, with the rest of its reading
+    if found is None:
+        return
+    _check_header(path, found, header)
+    if settings is not None and has_rows:
+        _refuse_changed(path, settings)
+
+
+def _check_header(path: Path, found: list[str], header: list[str]) -> None:
+    """A resumed file's first line must be a label CSV header of this run's models."""
+    # Excel's "CSV UTF-8" starts with a byte-order mark: read as "\ufeffprompt", the file was
+    # refused as labels "for other models" that were these very ones
+    if found[0].removeprefix("\ufeff") != header[0]:
+        # not a label CSV at all (--out named the questions file, or notes): said to hold
+        # labels "for other models", named by two fragments of its first line
+        raise DataError(
+            f"{path} is not a label CSV (its first line does not start with "
+            f"'{header[0]},'); it is left as it is: pass another --out."
+        )
+    if [found[0].removeprefix("\ufeff"), *found[1:3]] != header[:3]:
+        raise DataError(
+            f"{path} already holds labels for other models ({', '.join(found[1:3])}); "
+            "pass another --out, or the same --edge and --cloud-model to resume it."
+        )
+
+
 def settings_path(out: Path) -> Path:
     """Where a label run keeps the settings its rows were made with: ``OUT.settings.json``."""
     return out.with_name(out.name + ".settings.json")
@@ -164,10 +208,17 @@ def _check_settings(path: Path, settings: dict[str, Any], has_rows: bool) -> Non
         tmp.write_text(json.dumps(settings, indent=2) + "\n", encoding="utf-8")
         tmp.replace(side)
         return
+    _refuse_changed(path, settings)
+
+
+def _refuse_changed(path: Path, settings: dict[str, Any]) -> None:
+    """Refuse ``settings`` that differ from those recorded beside ``path`` (none recorded, or an
+    unreadable record: nothing to compare)."""
+    side = settings_path(path)
     try:
         before = json.loads(side.read_text(encoding="utf-8"))
     except (ValueError, UnicodeDecodeError, OSError):
-        return  # unreadable: as if absent
+        return  # absent or unreadable
     if not isinstance(before, dict):
         return
     changed = [

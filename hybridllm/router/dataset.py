@@ -188,6 +188,11 @@ def load_routellm_csv(
             )
         else:
             pair = known + candidates
+            # off the scale (a --score-range column outside it): said here, since telling the roles
+            # apart reads both columns' scores (an internal KeyError, when the names did not tell)
+            off = next((c for c in pair if c not in values), None)
+            if off is not None:
+                raise DataError(_off_scale(p, off, numeric[off], score_range))
             if weak_col is None and strong_col is None:
                 weak_col, strong_col = _pick_roles(p, pair, values)
             elif weak_col is None:
@@ -198,11 +203,7 @@ def load_routellm_csv(
         raise DataError(f"{p}: could not tell the weak and the strong model columns apart.")
     for col in (weak_col, strong_col):
         if col not in values:
-            lo, hi = np.nanmin(numeric[col]), np.nanmax(numeric[col])
-            raise DataError(
-                f"Column {col!r} of {p} holds scores from {lo:g} to {hi:g}, outside [0, 1]: pass "
-                "their scale with --score-range LO,HI (say 1,10 for a judge's marks)."
-            )
+            raise DataError(_off_scale(p, col, numeric[col], score_range))
     weak, strong = values[weak_col], values[strong_col]
     labelled = ~(np.isnan(weak) | np.isnan(strong))
     if not labelled.any():
@@ -220,6 +221,19 @@ def load_routellm_csv(
         skipped=int(len(rows) - len(keep)),
         prompt_col=prompt_col,
     )
+
+
+def _off_scale(p: Path, col: str, scores: np.ndarray, score_range: tuple[float, float] | None) -> str:
+    """What to say of a score column outside the scale it is read on: [0, 1], or the --score-range
+    given (there the message asked for the --score-range the user had passed)."""
+    lo, hi = np.nanmin(scores), np.nanmax(scores)
+    if score_range is None:
+        return (f"Column {col!r} of {p} holds scores from {lo:g} to {hi:g}, outside [0, 1]: pass "
+                "their scale with --score-range LO,HI (say 1,10 for a judge's marks).")
+    a, b = score_range
+    return (f"Column {col!r} of {p} holds scores from {lo:g} to {hi:g}, outside --score-range "
+            f"{a:g},{b:g}: pass the scale its scores are on (the range applies to every --data file, "
+            "so train files on other scales apart, or rescale one).")
 
 
 def _load_judgements(

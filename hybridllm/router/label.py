@@ -41,6 +41,8 @@ from ._label_files import (
     _header,
     _keep_latest_answers,
     _read_done,
+    check_out_paths,
+    check_resumable,  # noqa: F401 - router/_cli_commands.py checks --out with it before a model loads
     settings_path,  # noqa: F401
 )
 from ._label_grading import is_correct
@@ -166,8 +168,7 @@ def label_to_csv(
     if concurrency < 1:
         raise DataError("--concurrency must be at least 1.")
     path = Path(out)
-    if path.is_dir():
-        raise DataError(f"{path} is a folder; pass the CSV file to write with --out.")
+    check_out_paths(path, answers_out)  # a folder, or a path under a file
     header = _header(edge_col, cloud_col)
     run = LabelRun(out=path)
     done, columns = _read_done(path, header, run, {q.prompt for q in questions}, progress)

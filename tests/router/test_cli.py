@@ -170,6 +170,9 @@ def test_label_names_the_edge_column_after_the_model(tmp_path, monkeypatch, caps
     monkeypatch.setattr(hybridllm.models, "pull", lambda model_id: tmp_path / "model.gguf")
     monkeypatch.setattr(label_mod, "llama_cpp_edge", lambda path, **kw: lambda p: ("The answer is 4", -0.1))
     monkeypatch.setattr(label_mod, "openai_cloud", lambda url, **kw: lambda p: ("The answer is 4", None))
+    if edge.endswith(".gguf"):  # a GGUF path names a file that is there (a missing one is refused)
+        monkeypatch.chdir(tmp_path)
+        (tmp_path / edge).write_bytes(b"GGUF")
     questions = tmp_path / "q.jsonl"
     questions.write_text('{"question": "2 + 2?", "answer": "4"}\n')
     out = tmp_path / "l.csv"

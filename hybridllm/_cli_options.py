@@ -6,6 +6,7 @@ command imports it on the light install too."""
 from __future__ import annotations
 
 import argparse
+import errno
 import math
 import socket
 import sys
@@ -154,6 +155,9 @@ def listen(host: str, port: int, error: type[Exception]) -> socket.socket:
         sock.listen(2048)
     except OSError as exc:
         sock.close()
-        raise error(f"Cannot listen on {host_port(host, port)}: {exc.strerror or exc}.") from exc
+        # the port is the likely clash (8080 is llama.cpp's server's too): say how to get past it
+        advice = (" Another program is listening there (a server still running?): stop it, or pick "
+                  "another port with --port (0 takes any free one).") if exc.errno == errno.EADDRINUSE else ""
+        raise error(f"Cannot listen on {host_port(host, port)}: {exc.strerror or exc}.{advice}") from exc
     sock.set_inheritable(True)
     return sock

@@ -80,6 +80,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from ._client import HybridLLM
     from ._config import load_config
     from ._progress import ProgressBar, log_lines_apart
+    from ._serve_loading import LoadingAnswers
     from .proxy import API_KEYS_ENV, create_app, serve_hosts
     from .wire.auth import load_api_keys
     from .wire.middleware import access_log_config
@@ -104,8 +105,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
                   f"in a browser that can reach it can use it (set {API_KEYS_ENV} or --api-key-file)",
                   file=sys.stderr)
         log_lines_apart()  # a warning logged while the model's bar is drawn starts a line of its own
-        llm = HybridLLM(config=args.config, progress=ProgressBar("Preparing the edge model"),
-                        **_settings(args))
+        with LoadingAnswers(sock, args.max_body_bytes):  # meanwhile each request gets a 503 "loading"
+            llm = HybridLLM(config=args.config, progress=ProgressBar("Preparing the edge model"),
+                            **_settings(args))
         cloud = public_text(", ".join(llm.config.cloud_url)) or "none (device only)"  # into logs: no password
         print(f"hybridllm serve: http://{host_port(host, bound_port)}/v1  edge={llm.edge.model}  "
               f"cloud={cloud}  {'API key required' if api_keys else 'open'}", flush=True)

@@ -117,6 +117,7 @@ class HybridLLM(_Surface):
         # its AsyncHybridLLM.wrap() views: close() stops their answers too (they run on the
         # caller's loops, not on this client's loop thread, and ran on to their end after close())
         self._views: weakref.WeakSet[AsyncHybridLLM] = weakref.WeakSet()
+        self._streams: weakref.WeakSet[Stream] = weakref.WeakSet()  # its answers: close() stops them
         # close() from two threads at once: the second waits for the first. It returned at once,
         # before the client was closed, and closed the parts (the cache) under a lookup still
         # running, which the first close() waits for (reentrant: a part's close may call it)
@@ -141,7 +142,9 @@ class HybridLLM(_Surface):
         the loop or closing the stream stops generation."""
         req = self._core.prepare(messages, params)
         req.inline_edge = True  # a device answer is generated on the reading thread
-        return Stream(self._core.run(req), self._loop, owner=self)
+        stream = Stream(self._core.run(req), self._loop, owner=self)
+        self._streams.add(stream)
+        return stream
 
     def close(self) -> None:
         """Stop what is running, free the device model, end the client's threads."""
@@ -153,6 +156,13 @@ class HybridLLM(_Surface):
             stops = [stop for view in _snapshot(self._views) for stop in view._stop_for_owner()]
             if stops:
                 concurrent.futures.wait(stops, timeout=VIEW_STOP_WAIT_S)
+            # then its own answers being read, one at a time, each from its outermost generator.
+            # Left to the loop's shutdown, the generators of an answer paused between two chunks
+            # were closed all at once, each while the one above it closed it: a cloud answer
+            # printed "aclose(): asynchronous generator is already running" tracebacks
+            for stream in _snapshot(self._streams):
+                if stream._used:  # (one never read has nothing running; reading it says closed)
+                    stream._stop_for_client()
             self._loop.close(before_stop=self._core.close)
 
     def __enter__(self) -> HybridLLM:

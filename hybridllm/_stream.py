@@ -44,6 +44,7 @@ class Stream(_Live):
         self._task: asyncio.Task | None = None
         self._used = False
         self._closed = False
+        self._client_closed = False  # stopped by its client's close(): the reader is told so
         self._inline: InlineRun | None = None  # the device answer the reader's thread is generating
         self._reader: Iterator[Chunk] | None = None  # the chunks next() reads (after the first next())
         self._next_lock = threading.Lock()  # held by the thread in next()
@@ -106,7 +107,7 @@ class Stream(_Live):
                 # end for no one as soon as another request came
                 self._reader = Stream._iterate(weakref.proxy(self))
             elif self._closed and self.completion is None:  # closed half way: not an end of the answer
-                if self._loop.closed:
+                if self._client_closed or self._loop.closed:
                     raise HybridLLMError(CLOSED_MID_ANSWER)
                 raise StreamConsumedError(CLOSED_BEFORE_END)
             return next(self._reader)
@@ -133,13 +134,11 @@ class Stream(_Live):
                     chunk = fut.result()
                 except StopAsyncIteration:
                     if self._closed and self.completion is None:  # close() from another thread
-                        raise StreamConsumedError(STREAM_CLOSED_MID_ANSWER) from None
+                        raise self._cut_off() from None
                     return
                 except (concurrent.futures.CancelledError, Exception):
-                    if self._loop.closed:  # the client's close() from another thread, mid-answer
-                        raise HybridLLMError(CLOSED_MID_ANSWER) from None
-                    if self._closed:  # this stream's close() from another thread, mid-answer
-                        raise StreamConsumedError(STREAM_CLOSED_MID_ANSWER) from None
+                    if self._closed or self._loop.closed:  # a close() from another thread, mid-answer
+                        raise self._cut_off() from None
                     fut.cancel()
                     raise
                 except BaseException:
@@ -168,7 +167,20 @@ class Stream(_Live):
         """Between two chunks: a close() from another thread ends the reader with an error, not
         with a shorter answer passed off as finished."""
         if self._closed and self.completion is None:
-            raise StreamConsumedError(STREAM_CLOSED_MID_ANSWER)
+            raise self._cut_off()
+
+    def _cut_off(self) -> HybridLLMError:
+        """The error of a reader whose answer was stopped half way from outside: by the client's
+        close() (which stops its streams first), else by this stream's close()."""
+        if self._client_closed or self._loop.closed:
+            return HybridLLMError(CLOSED_MID_ANSWER)
+        return StreamConsumedError(STREAM_CLOSED_MID_ANSWER)
+
+    def _stop_for_client(self) -> None:
+        """The client's close(): this answer stops as close() stops it, its whole pipeline closed
+        from its outermost generator, and the reader gets ``HybridLLMError``."""
+        self._client_closed = True
+        self.close()
 
     async def _aclose(self) -> None:
         task = self._task
@@ -192,6 +204,11 @@ class Stream(_Live):
             try:
                 reader.close()  # type: ignore[attr-defined]
             except ValueError:  # another thread resumed it meanwhile: it ends at the closed check
+                pass
+            except ReferenceError:
+                # closed by __del__ when the garbage collector took the stream (a cycle, or at
+                # exit): the reader's cleanup found the stream gone ("Exception ignored in
+                # Stream.__del__", printed) and the rest of this close was skipped
                 pass
         if self._loop.on_loop_thread():
             # closed on the loop's own thread: a stream read with next() and dropped is a cycle

@@ -120,6 +120,10 @@ class Core(_CacheSteps, _Executor):
                     cloud_tokens = _account(self.stats, req, final.completion)
                     answered = True  # _record's first step: the stats take the answer
                     await self._record(req, decision, final.completion, vec, use_cache, cloud_tokens)
+                # the ledger settles before the last chunk goes out (the finally finds nothing left):
+                # a reader that stopped at the finish chunk and kept the stream held the call's
+                # reservation (prompt + max_tokens) while stats() already counted its real tokens
+                self._settle(req, answered=answered)
                 yield final
         finally:
             self._settle(req, answered=answered)

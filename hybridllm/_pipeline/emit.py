@@ -10,7 +10,7 @@ from contextlib import aclosing
 from typing import TYPE_CHECKING
 
 from .._exceptions import CloudRateLimitError, CloudUnavailableError
-from .._types import Chunk, Completion, Usage
+from .._types import MAX_MODEL_CHARS, Chunk, Completion, Usage
 from ..backends.base import Backend, Delta, guarded
 from ..backends.worker import InlineRun
 from .answer import _Answer, _RestoredStop
@@ -183,9 +183,18 @@ class _Emitter(_CoreParts):
         )
         return self._replay(
             hit.text,
-            self.cache_model,
+            _writer_of(hit) or self.cache_model,
             start,
             route="cache",
             reason=f"cache hit ({how})",
             similarity=hit.similarity,
         )
+
+
+def _writer_of(hit: CacheHitLike) -> str | None:
+    """The model that wrote a cached answer, as stored with it: a hit's ``model`` names it, as the
+    answer it replays did (it named the cache's key, "edge-model|cloud:cloud-model"). None for an
+    entry stored without one (a custom cache, an older entry)."""
+    metadata = getattr(hit, "metadata", None)
+    model = metadata.get("model") if isinstance(metadata, dict) else None
+    return model if isinstance(model, str) and 0 < len(model) <= MAX_MODEL_CHARS else None

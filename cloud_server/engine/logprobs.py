@@ -17,6 +17,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+# ids decoded again before the new ones (as the detokenizer does), so the decoder reads them
+# mid-text: a SentencePiece word's space, the bytes of a character split over tokens
+_CONTEXT = 6
+
 
 @dataclass
 class TokenLogprob:
@@ -61,23 +65,87 @@ def token_logprobs(rows: Any, tokens: list[int], top_n: int) -> list[TokenLogpro
     ]
 
 
-def text_offset(decode: Callable[[list[int]], str], output_ids: list[int], index: int) -> int:
-    """Where token ``index``'s text starts: the length of the complete text before it (an
-    incomplete character at the end of that text is still to come, so it counts as this token's)."""
-    if not index:
-        return 0
-    before = decode(output_ids[:index])
-    complete = len(before.rstrip("\ufffd"))
-    if complete == len(before):
+class TextOffsets:
+    """One request's text offsets, token after token, each text read from a checkpoint: the
+    decode of the answer's first ids (it ends with a whole character) and its last few ids
+    (context). Decoding the whole answer before each token made ``logprobs`` cost the square of
+    the answer's length in the engine thread (a 4,000-token answer: tens of seconds).
+
+    The ids only grow (earlier ids never change); offsets are asked for in increasing order."""
+
+    def __init__(self, decode: Callable[[list[int]], str]) -> None:
+        self._decode = decode
+        self._done, self._done_text = 0, ""  # the checkpoint: the text of the first ``_done`` ids
+        self._ctx_ids: list[int] = []  # the last ids before it, with their own decode
+        self._ctx_text = ""
+        self._last: tuple[int, str] = (0, "")  # the latest prefix decoded (the next token's)
+
+    def offset(self, output_ids: list[int], index: int) -> int:
+        """Where token ``index``'s text starts: the length of the complete text before it (an
+        incomplete character at the end of that text is still to come, so it counts as this
+        token's)."""
+        if not index:
+            return 0
+        before = self._prefix(output_ids, index)
+        complete = len(before.rstrip("\ufffd"))
+        if complete == len(before):
+            return complete
+        # A trailing U+FFFD is an incomplete character, or bytes that are none (a stray byte the
+        # text keeps as U+FFFD, as the detokenizer sends it): the text with this token tells them
+        # apart. The U+FFFDs it keeps, short of its own incomplete end, are text before this token.
+        after = self._prefix(output_ids, index + 1)
+        end = min(len(before), len(after.rstrip("\ufffd")))
+        while complete < end and before[complete] == after[complete]:
+            complete += 1
         return complete
-    # A trailing U+FFFD is an incomplete character, or bytes that are none (a stray byte the text
-    # keeps as U+FFFD, as the detokenizer sends it): the text with this token tells them apart.
-    # The U+FFFDs it keeps, short of its own incomplete end, are text before this token.
-    after = decode(output_ids[: index + 1])
-    end = min(len(before), len(after.rstrip("\ufffd")))
-    while complete < end and before[complete] == after[complete]:
-        complete += 1
-    return complete
+
+    def _prefix(self, ids: list[int], n: int) -> str:
+        """The text of ``ids[:n]``: the checkpoint's text, then what the ids after it add, read
+        after its context. Where the context reads otherwise there, the whole prefix is decoded."""
+        if n == self._last[0]:
+            return self._last[1]
+        text = None
+        start = self._done - len(self._ctx_ids)
+        if self._done and n >= self._done and ids[start : self._done] == self._ctx_ids:
+            tail = self._decode(ids[start:n])
+            if tail.startswith(self._ctx_text):
+                text = self._done_text + tail[len(self._ctx_text) :]
+            elif tail.endswith("\ufffd"):
+                # A byte-fallback decoder (SentencePiece) reads a run of byte ids as U+FFFD each
+                # while the character at its end is incomplete, the whole characters before it
+                # too: those stay as the checkpoint has them, the new ids read after it.
+                text = self._done_text + self._decode(ids[self._done : n])
+        if text is None:
+            text = self._decode(ids[:n])
+        self._last = (n, text)
+        self._advance(ids, n, text)
+        return text
+
+    def _advance(self, ids: list[int], n: int, text: str) -> None:
+        """Move the checkpoint to ``n`` where ``text`` ends with a whole character and a context
+        of its last ids reads alone as it does there. A context that starts inside a character
+        split over byte ids reads as U+FFFD: one of four lengths in a row starts on a character's
+        first byte. A context with no text (special ids) would join byte ids across it: none."""
+        if n <= self._done or not text or text.endswith("\ufffd"):
+            return
+        for size in range(_CONTEXT, _CONTEXT + 4):
+            ctx_ids = ids[max(0, n - size) : n]
+            ctx_text = self._decode(ctx_ids)
+            if ctx_text and text.endswith(ctx_text):
+                self._ctx_ids, self._ctx_text = ctx_ids, ctx_text
+                self._done, self._done_text = n, text
+                return
+            if size >= n:
+                return
+
+
+def text_offset(decode: Callable[[list[int]], str], output_ids: list[int], index: int) -> int:
+    """Token ``index``'s offset on its own, read through the tokens before it as the engine reads
+    them (``TextOffsets``): an engine request keeps one for all its tokens instead."""
+    offsets = TextOffsets(decode)
+    for i in range(index):
+        offsets.offset(output_ids, i)
+    return offsets.offset(output_ids, index)
 
 
 def release(

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .detokenizer import IncrementalDetokenizer
-from .logprobs import TokenLogprob, release, text_offset, token_logprobs
+from .logprobs import TextOffsets, TokenLogprob, release, token_logprobs
 from .outputs import RequestOutput
 from .scheduler import Scheduler
 from .sequence import Sequence
@@ -18,6 +18,7 @@ class _Request:
     detok: IncrementalDetokenizer
     num_sent_tokens: int = 0
     pending_logprobs: list[TokenLogprob] = field(default_factory=list)  # text not sent yet
+    offsets: TextOffsets | None = None  # the logprobs' text offsets, once asked for
 
 
 class OutputProcessorMixin:
@@ -98,8 +99,10 @@ class OutputProcessorMixin:
         seq = req.seq
         entries = token_logprobs(rows, tokens, seq.params.logprobs or 0)
         out_ids = seq.output_token_ids
+        if req.offsets is None:
+            req.offsets = TextOffsets(self._decode_answer)
         for j, entry in enumerate(entries):
-            entry.text_offset = text_offset(self._decode_answer, out_ids, first - seq.num_prompt_tokens + j)
+            entry.text_offset = req.offsets.offset(out_ids, first - seq.num_prompt_tokens + j)
         req.pending_logprobs += entries
         return release(req.pending_logprobs, req.detok.num_sent_chars, final=final, cut=req.detok.stopped)
 

@@ -21,6 +21,7 @@ from ..layers.linear import (
     unpack_int4_codes,
 )
 from .config import ModelConfig
+from .finite import all_finite, check_converted, not_finite_error
 from .loader_gguf import RowChunks, is_quantized
 
 
@@ -95,10 +96,12 @@ def convert_weights(
     device: torch.device,
     dtype: torch.dtype,
     quantization: str = "none",
+    origin: Callable[[str], str] | None = None,
 ) -> dict[str, Any]:
     """HF-named fp tensors -> {name: tensor in ``dtype``, or for matrices (int8, fp16 scale_zero of
     its groups), (int8, scales of its rows, where a row is not whole groups) or (int4 codes uint8,
-    scale_zero) (the formats of ``layers.linear``)}."""
+    scale_zero) (the formats of ``layers.linear``)}. A NaN or inf weight (or block scale) is a
+    ModelLoadError naming the tensor and its file, ``origin(name)``."""
     if quantization not in QUANTIZATIONS:
         raise ModelLoadError(f"quantization must be one of {QUANTIZATIONS}, got {quantization!r}")
     items = tensors.items() if isinstance(tensors, dict) else tensors
@@ -110,10 +113,14 @@ def convert_weights(
         rows = raw.raw.shape[0] if isinstance(raw, RowChunks) else None
         parts = _Bands(rows)  # float row bands, or int8 / int4 codes when quantizing
         scales = _Bands(rows)
+        where = origin(name) if origin is not None else ""
         for chunk in chunks:
             if isinstance(chunk, tuple):  # an int4 or int8 band: (codes, scale_zero), kept as they are
                 if not quantize:
                     raise ModelLoadError(f"{name}: quantized bands given to a {quantization!r} conversion")
+                if not all_finite(chunk[1]):  # codes are integers: only a scale can be NaN or inf
+                    raise not_finite_error(name, where, chunk[1], row_offset=parts.filled,
+                                           what="block scales")
                 parts.add(chunk[0].to(device))
                 scales.add(chunk[1].to(device))
                 del chunk
@@ -123,13 +130,18 @@ def convert_weights(
                 grouped = t.shape[-1] % INT8_GROUP == 0
                 try:
                     q, s = quantize_groups(t.to(device)) if grouped else quantize_rows(t.to(device))
-                except ValueError as exc:  # weights fp16 scales cannot hold: say which tensor
+                except ValueError as exc:  # a NaN or inf, or weights fp16 scales cannot hold
+                    if not all_finite(t):
+                        raise not_finite_error(name, where, t, row_offset=parts.filled) from None
                     raise ModelLoadError(f"{name}: {exc}; load it with quantization='none'") from exc
                 parts.add(q)
                 scales.add(s)
                 del q, s
             else:
-                parts.add(t.to(device, dtype))
+                out = t.to(device, dtype)
+                check_converted(name, where, t, out, parts.filled)
+                parts.add(out)
+                del out
             del t, chunk
         joined = parts.joined()
         if quantize:
@@ -321,13 +333,16 @@ def load_model(
     """
     name, path = resolve_model_path(model)
     tensors: Any
+    origin: Callable[[str], str]  # the file a tensor came from
     if path.is_dir():
         from .loader_safetensors import load_safetensors_folder
         from .tokenizer import HFTokenizer
 
         # the tokenizer first: a folder without tokenizer.json fails before its weights are read
         tokenizer: Any = HFTokenizer(path)
-        config, tensors = load_safetensors_folder(path)
+        origins: dict[str, str] = {}  # tensor -> its file, named in the errors of its weights
+        config, tensors = load_safetensors_folder(path, origins)
+        origin = lambda name: origins.get(name, str(path))  # noqa: E731
         if check is not None:
             check(config)
         cached, weights = None, None
@@ -345,9 +360,11 @@ def load_model(
         weights = cached.read() if cached is not None else None
         if weights is None:
             tensors = iter_gguf_tensors(gguf_file, config, quantization=quantization)
+        origin = lambda _name: f"GGUF file {path}"  # noqa: E731
     max_pos = min(max_position or config.max_position_embeddings, config.max_position_embeddings)
     if weights is None:
-        weights = convert_weights(tensors, device=device, dtype=dtype, quantization=quantization)
+        weights = convert_weights(tensors, device=device, dtype=dtype, quantization=quantization,
+                                  origin=origin)
         del tensors
         if cached is not None:
             cached.write(weights)

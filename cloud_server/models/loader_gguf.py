@@ -176,6 +176,11 @@ def open_gguf(path: str | Path) -> tuple[ModelConfig, GGUFTensors, dict[str, Any
     except OSError as exc:
         raise ModelLoadError(f"cannot read GGUF file {path}: {exc}") from exc
     except Exception as exc:  # the reader's numpy errors on a file cut short or damaged
+        if "GGMLQuantizationType" in str(exc):  # a tensor type newer than the gguf package
+            raise ModelLoadError(
+                f"GGUF file {path} holds tensors of a type this server cannot read ({exc}); pick a "
+                "GGUF of a common type (Q4_K_M, Q8_0, F16) or upgrade the gguf package"
+            ) from exc
         raise ModelLoadError(
             f"cannot read GGUF file {path}: it is truncated or damaged ({type(exc).__name__}: {exc}); "
             "copy or download it again (a catalog model: `hybridllm models pull ID --force`)"

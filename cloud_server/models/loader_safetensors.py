@@ -159,8 +159,11 @@ def _shard_files(folder: Path) -> tuple[list[Path], dict[str, str]]:
     return [folder / s for s in shards], weight_map
 
 
-def load_safetensors_folder(folder: str | Path) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
-    """Returns (config, HF-named tensors in the engine's conventions)."""
+def load_safetensors_folder(
+    folder: str | Path, origins: dict[str, str] | None = None
+) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
+    """Returns (config, HF-named tensors in the engine's conventions); ``origins``, if given, is
+    filled with each tensor's file (for errors about its weights)."""
     from safetensors.torch import load_file
 
     folder = Path(folder)
@@ -186,7 +189,8 @@ def load_safetensors_folder(folder: str | Path) -> tuple[ModelConfig, dict[str, 
             loaded = load_file(str(f))
         except Exception as exc:  # safetensors' own error on a file cut short or damaged
             raise ModelLoadError(
-                f"cannot read {f}: it is truncated or damaged ({type(exc).__name__}: {exc})"
+                f"cannot read {f}: it is truncated or damaged ({type(exc).__name__}: {exc}); "
+                "download it again (an interrupted copy leaves such a file)"
             ) from exc
         for name, t in loaded.items():
             if weight_map and weight_map.get(name) != f.name:
@@ -232,4 +236,6 @@ def load_safetensors_folder(folder: str | Path) -> tuple[ModelConfig, dict[str, 
         config.tie_word_embeddings = True
     elif config.tie_word_embeddings:
         tensors.pop("lm_head.weight")
+    if origins is not None:
+        origins.update({name: str(folder / source[name]) for name in tensors})
     return config, tensors

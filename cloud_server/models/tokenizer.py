@@ -211,6 +211,8 @@ class HFTokenizer(_ChatTemplateMixin):
         from tokenizers import Tokenizer
 
         folder = Path(folder)
+        if not (folder / "tokenizer.json").is_file():
+            raise ModelLoadError(_no_tokenizer(folder))
         try:
             self._tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
         except Exception as exc:  # tokenizers raises plain Exceptions
@@ -307,6 +309,17 @@ def _adds_bos(tok: Any, cfg: dict, bos_id: int) -> bool:
         return (tok.encode("a", add_special_tokens=True).ids[:1] == [bos_id]
                 and tok.encode("a", add_special_tokens=False).ids[:1] != [bos_id])
     return str(cfg.get("tokenizer_class") or "").startswith(("LlamaTokenizer", "CodeLlamaTokenizer"))
+
+
+def _no_tokenizer(folder: Path) -> str:
+    """Why a folder without tokenizer.json cannot be served, and what to do (the tokenizer is
+    read first, so a folder that is no model at all, a path one level off, is told so here)."""
+    if not (folder / "config.json").is_file():
+        return (f"{folder} is not a Hugging Face model folder (it has no config.json nor "
+                "tokenizer.json): pass the folder that holds the model's config.json, "
+                "tokenizer.json and *.safetensors files, or a .gguf file")
+    return (f"{folder} has no tokenizer.json: download the model's tokenizer.json into it (it "
+            "comes beside config.json in the model's repository)")
 
 
 def read_json_object(path: Path) -> dict:

@@ -40,6 +40,8 @@ import torch
 
 from hybridllm._files import fsync_file, fsync_folder
 
+from .finite import all_finite
+
 try:
     import fcntl
 except ImportError:  # Windows: no flock; partial folders of other processes are left alone
@@ -158,6 +160,11 @@ class WeightCache:
                 raise ValueError(f"written for another model or version ({meta.get('key')})")
             weights: dict[str, Any] = {}
             for name, t in flat.items():
+                # what was written had been checked, but no checksum covers the bytes since: a
+                # NaN scale or norm here is a damaged file (its float part is small, its codes
+                # integers: the check costs little)
+                if not all_finite(t):
+                    raise ValueError(f"{name} holds a NaN or inf")
                 if name.endswith((_Q, _Q4)):
                     base = name[: -len(_Q)]
                     weights[base] = (t, flat[base + _SCALE])  # KeyError: a matrix without scales

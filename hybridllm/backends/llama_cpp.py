@@ -284,6 +284,8 @@ class LlamaCppBackend(DeviceBackend):
             min_p=params.min_p, repeat_penalty=params.repeat_penalty, reset=True,
         )
         try:
+            with self._gate.enter():
+                _prefill_head(llm, tokens)
             while True:
                 # each step (a decode, the token's logits and text) runs inside the gate: close()
                 # from another thread waits for the step, and the next one finds the backend closed.
@@ -349,6 +351,27 @@ class LlamaCppBackend(DeviceBackend):
             llm.close()
             del llm
             return_freed_memory()
+
+
+def _prefill_head(llm: Any, tokens: list[int]) -> None:
+    """Decode every prompt token but the last into the KV cache, keeping the prefix it holds.
+
+    llama.cpp's logits for a token decoded alone differ in the last bits from its logits in a
+    batch, and llama-cpp-python decodes a cached prompt's last token again alone: a new prompt
+    (decoded in one batch) and the same prompt asked again got different answers at temperature 0
+    (SmolLM2 alternated between two). With the rest cached, ``generate`` decodes the last token
+    alone every time, as the ONNX backend does."""
+    import numpy as np
+
+    head = tokens[:-1]
+    cached = llm.input_ids[: min(llm.n_tokens, len(head))]
+    differ = np.flatnonzero(cached != np.asarray(head[: len(cached)], dtype=cached.dtype))
+    common = int(differ[0]) if differ.size else len(cached)
+    if common < llm.n_tokens and not llm._ctx.kv_cache_seq_rm(-1, common, -1):
+        llm.reset()  # a cache that cannot be cut (a recurrent model): decoded from the start
+        common = 0
+    llm.n_tokens = common
+    llm.eval(head[common:])
 
 
 def _factory(**kwargs: Any) -> LlamaCppBackend:

@@ -65,7 +65,9 @@ def _trained_context(path: Path) -> int | None:
 
     try:
         meta = read_gguf_metadata(path)
-    except (OSError, ValueError, KeyError, struct.error):  # not readable here: llama.cpp says why
+    except (OSError, ValueError, KeyError, struct.error, OverflowError):
+        # not readable here (OverflowError: a damaged length past any offset, which escaped as a
+        # raw traceback where llama.cpp names the damaged file): llama.cpp says why
         return None
     length = meta.get(f"{meta.get('general.architecture')}.context_length")
     return length if isinstance(length, int) and not isinstance(length, bool) else None

@@ -12,6 +12,7 @@ from __future__ import annotations
 import threading
 import time
 
+import numpy as np
 import pytest
 
 llama_cpp = pytest.importorskip("llama_cpp")
@@ -31,6 +32,13 @@ class _FakeLlm:
         self.pieces, self.fail_at, self.exc = pieces, fail_at, exc
         self._model = type("M", (), {"vocab": None})()
         self.generations = 0
+        # the KV cache's tokens: the backend decodes a prompt's head itself (review 21)
+        self.input_ids, self.n_tokens = np.zeros(64, dtype=np.intc), 0
+        self._ctx = type("C", (), {"kv_cache_seq_rm": lambda self, seq, start, end: True})()
+
+    def eval(self, tokens) -> None:
+        self.input_ids[self.n_tokens : self.n_tokens + len(tokens)] = tokens
+        self.n_tokens += len(tokens)
 
     def set_seed(self, seed: int) -> None:
         pass

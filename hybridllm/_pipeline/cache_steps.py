@@ -7,10 +7,51 @@ import logging
 from typing import Any
 
 from .._types import Completion, Decision, Messages
+from ..backends.base import Backend
 from .ports import CacheHitLike, _CoreParts
 from .request import Request
 
 log = logging.getLogger("hybridllm")
+
+_DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
+def cache_model_of(edge: Backend, cloud: Backend | None) -> str:
+    """The model part of every cache key: what can make an answer. The edge model; with a cloud, its
+    configured model ("edge|cloud:gpt-4o"), else its endpoints, which may serve any model
+    ("edge|cloud@https://api.example/v1"): pointing cloud_url elsewhere serves none of the old
+    server's answers. A backend with neither (a custom one) stays "edge|cloud"."""
+    if cloud is None:
+        return edge.model
+    if cloud.model != "cloud":
+        return f"{edge.model}|cloud:{cloud.model}"
+    # sorted and deduplicated, so the order the endpoints are listed in does not matter
+    names = sorted({n for e in getattr(cloud, "endpoints", None) or ()
+                    if (n := _endpoint_name(getattr(e, "base_url", None))) is not None})
+    return f"{edge.model}|cloud" + ("@" + " ".join(names) if names else "")
+
+
+def _endpoint_name(url: object) -> str | None:
+    """An endpoint as the cache key names it: scheme, host and API root, rebuilt from the URL's
+    parts so no user:password@, query string (a ?key=) or fragment is ever in it; the scheme and
+    the host in lower case, a default port left out (http://H:80/v1/ is http://h/v1)."""
+    from urllib.parse import urlsplit
+
+    from ..backends.cloud_http import _api_root
+
+    if not isinstance(url, str):
+        return None
+    try:
+        parts = urlsplit(_api_root(url))
+        port, host = parts.port, parts.hostname
+    except ValueError:
+        return None
+    scheme = parts.scheme.lower()
+    if not host or scheme not in _DEFAULT_PORTS:
+        return None
+    host = f"[{host}]" if ":" in host else host  # an IPv6 address
+    shown = host if port is None or port == _DEFAULT_PORTS[scheme] else f"{host}:{port}"
+    return f"{scheme}://{shown}{parts.path.rstrip('/')}"
 
 
 class _CacheSteps(_CoreParts):

@@ -36,7 +36,7 @@ from .._types import Chunk, GenerationParams, Message, check_option_names, norma
 from ..backends.base import Backend
 from ..backends.worker import EdgeWorker
 from .accounting import _account, _tokens_of
-from .cache_steps import _CacheSteps
+from .cache_steps import _CacheSteps, cache_model_of
 from .emit import Chunks
 from .execute import _Executor
 from .ports import CachePort, LedgerPort, PolicyPort
@@ -70,10 +70,10 @@ class Core(_CacheSteps, _Executor):
         self.namespace = namespace
         self.cache_min_logprob = cache_min_logprob
         self.stats = Stats(price_per_1k_tokens=price_per_1k_tokens)
-        # an answer is keyed by the models that can make it: the configured cloud model too, so
-        # answers of another cloud model are not served after cloud_model changes
-        cloud_name = "" if cloud is None or cloud.model == "cloud" else f":{cloud.model}"
-        self.cache_model = edge.model + ("|cloud" + cloud_name if cloud is not None else "")
+        # an answer is keyed by what can make it: the edge model and the cloud model, or with no
+        # cloud_model the cloud's endpoints (cache_model_of), so changing either serves none of
+        # the old one's answers
+        self.cache_model = cache_model_of(edge, cloud)
         self.edge_worker = EdgeWorker(edge, max_waiting=edge_max_waiting, wait_timeout_s=edge_wait_timeout_s)
         # a forced cloud route skips the budget for a library caller (its own money) and is held
         # to it where callers are not the budget's owner (hybridllm serve's HTTP clients)

@@ -74,7 +74,10 @@ def register(subparsers: Any) -> None:
     _score_range_arg(p)
     _reference_arg(p)
     _tier_args(p)
-    p.add_argument("--out", required=True, help="folder to write router.json and weights.npz")
+    p.add_argument("--out", required=True,
+                   help="folder to write router.json and weights.npz; a router already there is "
+                   "replaced once training succeeds, with a note on stderr (a failed or stopped run "
+                   "leaves it as it was)")
     # the defaults written out are train.Hyper's (a test holds them together): importing it here
     # would load numpy for every `hybridllm` command
     p.add_argument("--c", type=_inverse_strength, default=None,
@@ -109,7 +112,10 @@ def register(subparsers: Any) -> None:
     _reference_arg(p)
     _tier_args(p)
     p.add_argument("--json", action="store_true", help="print one JSON object")
-    p.add_argument("--plot", help="write the cost/quality curves to this PNG (default: no plot)")
+    p.add_argument("--plot", metavar="PATH",
+                   help="write the cost/quality curves to this image file and print its path (a name "
+                   "without an extension gets .png; an existing folder, or a path ending in /, gets "
+                   "a PNG inside named after the --data file) (default: no plot)")
     p.set_defaults(func=_eval)
 
     p = sub.add_parser("label", help="run an edge and a cloud model on questions, write a CSV")

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from .._exceptions import DataError
+from ._cli_eval import check_router_option
 
 
 def _print(obj: dict[str, Any]) -> None:
@@ -31,6 +32,7 @@ def _train(args: argparse.Namespace) -> int:
             f"{len(args.weight)} weights), or none for the default"
         )
     data = args.data[0] if len(args.data) == 1 else list(args.data)
+    replacing = _router_in(args.out)
     router = train_from_csv(
         data,
         args.out,
@@ -62,7 +64,22 @@ def _train(args: argparse.Namespace) -> int:
             **router.info.get("metrics", {}),
         }
     )
+    if replacing is not None:  # --out is replaced whole (atomically), as documented: said, not silent
+        sys.stderr.write(f"note: replaced the router that was in {args.out} ({replacing})\n")
     return 0
+
+
+def _router_in(out: str) -> str | None:
+    """What the router already in ``out`` was trained on, read leniently (a damaged one is still
+    replaced), or None where there is none."""
+    config = Path(out) / "router.json"  # as train_from_csv writes it
+    if not config.is_file():
+        return None
+    try:
+        data = json.loads(config.read_text(encoding="utf-8-sig"))["training"]["data"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return "its training data unknown"
+    return f"trained on {data}"
 
 
 def _check_out_folder(out: str) -> None:
@@ -176,6 +193,7 @@ def _calibrate(args: argparse.Namespace) -> int:
 
     if args.out is None and args.router is None:
         raise DataError("Pass --out DIR for the calibrated router (the shipped one is read-only).")
+    check_router_option(args.router)
     if args.out is not None:
         _check_out_folder(args.out)
     router = load_router(args.router)

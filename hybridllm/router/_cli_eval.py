@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
+
+from .._exceptions import DataError
 
 
 def evaluate_router_on(
@@ -111,8 +114,27 @@ def evaluate_router_on(
             "length": quality_curve([len(p) for p in data.prompts], data.weak, data.strong),
             "random": quality_curve(np.zeros(len(scores)), data.weak, data.strong),
         }
-        result["plot"] = str(plot_curves(curves, plot, title=Path(data_path).name))
+        result["plot"] = str(plot_curves(curves, plot_target(plot, data_path), title=Path(data_path).name))
     return result
+
+
+def plot_target(plot: str, data_path: str) -> str:
+    """Where ``--plot`` writes: an existing folder, or a path ending in a separator, gets a PNG
+    inside named after the data file (``--plot plots/ --data heldout.csv``: ``plots/heldout.png``);
+    any other path is the file itself (without an extension, ``.png`` is added)."""
+    if plot.endswith(("/", os.sep)) or Path(plot).expanduser().is_dir():
+        return str(Path(plot).expanduser() / f"{Path(data_path).stem}.png")
+    return plot
+
+
+def check_router_option(router: str | None) -> None:
+    """A ``--router`` folder that is not there, said with the flag to pass or leave out (the
+    library's own message speaks of load_router's argument)."""
+    if router is not None and not Path(router).expanduser().exists():
+        raise DataError(
+            f"--router {router} does not exist; pass the folder `hybridllm router train --out` wrote "
+            "(or its router.json), or leave out --router for the shipped router."
+        )
 
 
 def _trained_roles(info: dict[str, Any], header: list[str]) -> tuple[str | None, str | None]:
@@ -128,6 +150,7 @@ def _trained_roles(info: dict[str, Any], header: list[str]) -> tuple[str | None,
 
 
 def _eval(args: argparse.Namespace) -> int:
+    check_router_option(args.router)
     result = evaluate_router_on(
         args.data,
         args.router,
@@ -173,5 +196,7 @@ def _eval(args: argparse.Namespace) -> int:
             f"data (figures on them may read better than on new prompts); on the {u.get('n')} others: "
             f"{figures}"
         )
+    if "plot" in result:  # the path written: a bare name gains .png, a folder gets a file inside
+        lines.append(f"plot: {result['plot']}")
     sys.stdout.write("\n".join(lines) + "\n")
     return 0

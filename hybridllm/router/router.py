@@ -288,7 +288,7 @@ def load_router(path: str | Path | None = None) -> Router:
     if not folder.is_dir():
         raise RouterFileError(
             f"Router folder {folder} does not exist; pass the folder `hybridllm router train --out` "
-            "wrote (or its router.json), or None for the shipped router."
+            "wrote (or its router.json), or leave the router path out for the shipped router."
         )
     config = _read_config(folder)
     use_embedding = config.get("embedding") is not None

@@ -8,7 +8,8 @@
 Errors are printed as one line on stderr, no traceback: a bad option value or combination (an
 engine setting, a model or key that is not there, a setting the model's header rules out
 (``--max-model-len``, the KV pool, a draft model of another tokenizer), cluster options without
-``--replicas`` or a ``--ray-address`` that is no address, all checked before anything loads) with
+``--replicas`` or a ``--ray-address`` that is no address, a ``HYBRIDLLM_POWER_WATTS`` that is not
+a positive number of watts, all checked before anything loads) with
 exit status 2 naming the option, as argparse's own; a port in use, a model that fails to load, a
 Ray cluster that does not answer or an engine that dies while serving with 1.
 SIGTERM or Ctrl-C shuts the server down gracefully (``hybridllm/wire/shutdown.py``) and the exit
@@ -25,7 +26,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
-from cloud_server.cli_checks import _check_device, _check_model, _check_model_header
+from cloud_server.cli_checks import _check_device, _check_model, _check_model_header, _check_power_env
 from cloud_server.cli_parser import DEFAULT_SHUTDOWN_TIMEOUT_S, PROG, UsageError, build_parser
 from cloud_server.cli_settings import _cluster_config, _engine_config
 from cloud_server.exceptions import ConfigError, ServerError
@@ -63,6 +64,7 @@ def serve(args: argparse.Namespace) -> int:
         raise UsageError(str(exc)) from exc
     config = _engine_config(args)
     cluster = _cluster_config(args)
+    _check_power_env(args.power_watts)  # read by each replica too: the same variable, the same rule
     _check_model(args.model)
     if args.draft_model is not None:
         _check_model(args.draft_model, "--draft-model")

@@ -35,6 +35,25 @@ def _check_model(model: str, option: str = "--model") -> None:
         )
 
 
+def _check_power_env(power_watts: float | None) -> None:
+    """Refuse a bad ``HYBRIDLLM_POWER_WATTS`` before the load, by the energy meter's own rule
+    (``check_watts``): the meter (each replica's with --replicas) reads it once the model has
+    loaded, minutes in. Empty is unset, and under --power-watts it is not read, as the meter."""
+    value = os.environ.get(POWER_WATTS_ENV)
+    if power_watts is not None or not value:
+        return
+    from cloud_server.energy_sources import check_watts
+
+    try:
+        check_watts(value, POWER_WATTS_ENV)
+    except ValueError as exc:
+        raise UsageError(f"{exc}: set it to the power this machine draws in watts (e.g. 300), "
+                         "or unset it") from exc
+
+
+POWER_WATTS_ENV = "HYBRIDLLM_POWER_WATTS"  # the estimate's figure (cloud_server/energy.py)
+
+
 def _check_model_header(args: argparse.Namespace, config: Any, cluster: bool) -> None:
     """Refuse what the models' headers already rule out (read without the weights; the engine
     found it only once the server had started, exit 1): a ``--max-model-len`` beyond the model's

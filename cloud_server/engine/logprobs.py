@@ -17,9 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-# ids decoded again before the new ones (as the detokenizer does), so the decoder reads them
-# mid-text: a SentencePiece word's space, the bytes of a character split over tokens
-_CONTEXT = 6
+from .text_checkpoint import TextCheckpoint
 
 
 @dataclass
@@ -74,10 +72,7 @@ class TextOffsets:
     The ids only grow (earlier ids never change); offsets are asked for in increasing order."""
 
     def __init__(self, decode: Callable[[list[int]], str]) -> None:
-        self._decode = decode
-        self._done, self._done_text = 0, ""  # the checkpoint: the text of the first ``_done`` ids
-        self._ctx_ids: list[int] = []  # the last ids before it, with their own decode
-        self._ctx_text = ""
+        self._checkpoint = TextCheckpoint(decode, byte_runs=True)
         self._last: tuple[int, str] = (0, "")  # the latest prefix decoded (the next token's)
 
     def offset(self, output_ids: list[int], index: int) -> int:
@@ -100,43 +95,13 @@ class TextOffsets:
         return complete
 
     def _prefix(self, ids: list[int], n: int) -> str:
-        """The text of ``ids[:n]``: the checkpoint's text, then what the ids after it add, read
-        after its context. Where the context reads otherwise there, the whole prefix is decoded."""
+        """The text of ``ids[:n]``, read from the checkpoint, which then moves to ``n``."""
         if n == self._last[0]:
             return self._last[1]
-        text = None
-        start = self._done - len(self._ctx_ids)
-        if self._done and n >= self._done and ids[start : self._done] == self._ctx_ids:
-            tail = self._decode(ids[start:n])
-            if tail.startswith(self._ctx_text):
-                text = self._done_text + tail[len(self._ctx_text) :]
-            elif tail.endswith("\ufffd"):
-                # A byte-fallback decoder (SentencePiece) reads a run of byte ids as U+FFFD each
-                # while the character at its end is incomplete, the whole characters before it
-                # too: those stay as the checkpoint has them, the new ids read after it.
-                text = self._done_text + self._decode(ids[self._done : n])
-        if text is None:
-            text = self._decode(ids[:n])
+        text = self._checkpoint.decode(ids, n)
         self._last = (n, text)
-        self._advance(ids, n, text)
+        self._checkpoint.advance(ids, n, text)
         return text
-
-    def _advance(self, ids: list[int], n: int, text: str) -> None:
-        """Move the checkpoint to ``n`` where ``text`` ends with a whole character and a context
-        of its last ids reads alone as it does there. A context that starts inside a character
-        split over byte ids reads as U+FFFD: one of four lengths in a row starts on a character's
-        first byte. A context with no text (special ids) would join byte ids across it: none."""
-        if n <= self._done or not text or text.endswith("\ufffd"):
-            return
-        for size in range(_CONTEXT, _CONTEXT + 4):
-            ctx_ids = ids[max(0, n - size) : n]
-            ctx_text = self._decode(ctx_ids)
-            if ctx_text and text.endswith(ctx_text):
-                self._ctx_ids, self._ctx_text = ctx_ids, ctx_text
-                self._done, self._done_text = n, text
-                return
-            if size >= n:
-                return
 
 
 def text_offset(decode: Callable[[list[int]], str], output_ids: list[int], index: int) -> int:

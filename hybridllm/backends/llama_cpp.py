@@ -33,6 +33,7 @@ from .base import (
     register_backend,
     return_freed_memory,
 )
+from .cancel import stop_requested
 from .llama_cpp_load import (
     _LOADING,
     _llama_version,
@@ -287,6 +288,8 @@ class LlamaCppBackend(DeviceBackend):
             with self._gate.enter():
                 _prefill_head(llm, tokens)
             while True:
+                if stop_requested():  # its reader left: stop here, text or none (see .cancel)
+                    return
                 # each step (a decode, the token's logits and text) runs inside the gate: close()
                 # from another thread waits for the step, and the next one finds the backend closed.
                 # The yield is outside it, so a reader that stops reading never holds close() up.

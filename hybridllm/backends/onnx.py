@@ -39,6 +39,7 @@ from .base import (
     register_backend,
     return_freed_memory,
 )
+from .cancel import stop_requested
 from .llama_cpp import DEFAULT_MODEL
 from .onnx_folder import (
     _check_graph_io,
@@ -271,6 +272,8 @@ class OnnxBackend(DeviceBackend):
         matcher = StopMatcher(stops)
         seq, n_out, finish = list(tokens), 0, "length"
         while n_out < budget:
+            if stop_requested():  # its reader left: stop here, text or none (see .cancel)
+                return
             # closed half way: say the answer is incomplete, as the llama.cpp backend does
             # +inf/-inf logits given their meaning, a NaN refused (the log-probability below too)
             row = _finite(self._logits(seq, _CLOSED_MID_ANSWER if n_out else _CLOSED))

@@ -11,6 +11,7 @@ from typing import Any
 
 from .._exceptions import EdgeBusyError, EdgeError
 from .base import Delta
+from .cancel import watch
 from .worker_job import CLOSED_MID_ANSWER, DEVICE_CLOSED
 
 
@@ -110,6 +111,7 @@ class InlineRun:
 
     def _generate_rest(self) -> None:
         it = self._it
+        previous = watch(self.cancelled)  # the token loop stops at its next token once cancelled
         try:
             while not self.cancelled.is_set():
                 t = self._clock()
@@ -135,6 +137,7 @@ class InlineRun:
             except BaseException as exc:  # noqa: BLE001
                 with self._cond:
                     self._buffer.append(exc)
+            watch(previous)
             with self._cond:
                 self._worker_done = self._released = True
                 self._cond.notify_all()
@@ -145,11 +148,14 @@ class InlineRun:
         with self._gen_lock:
             if self._owner == "reader":
                 t = self._clock()
+                # set for this step only: between steps this thread may step another answer
+                previous = watch(self.cancelled)
                 try:
                     if self._it is None:
                         self._it = self._make()
                     delta = next(self._it, None)
                 finally:
+                    watch(previous)
                     self.device_s += self._clock() - t
                 if delta is None:
                     self._reader_done = True

@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 
 from .._exceptions import EdgeBusyError, EdgeError
 from .base import Delta
+from .cancel import watch
 
 _STARTED = object()
 _END = object()
@@ -58,6 +59,8 @@ class EdgeJob:
         self._post(_STARTED)
         it: Iterator[Delta] | None = None
         finished = False
+        # the backend's token loop stops at its next token once cancelled, even a token without text
+        previous = watch(self.cancelled)
         try:
             if self.cancelled.is_set():  # closed (or the reader's loop closed) just now: no
                 self._post(EdgeError(DEVICE_CLOSED))  # prefill and token decoded for nobody
@@ -86,6 +89,7 @@ class EdgeJob:
                     close()  # stops decoding at once
                 except BaseException as exc:  # noqa: BLE001 - a failing close must not kill the worker
                     self._post(exc if isinstance(exc, Exception) else _stopped(exc))
+            watch(previous)
             self._post(_END)
             self.done.set()
 

@@ -81,10 +81,13 @@ class ResponseFormat(_Strict):
     json_schema: dict[str, Any] | None = None
 
 
-# "content" may be left out (or null) only by an assistant message that carried tool calls
+# "content" may be left out (or null) only by an assistant message that carried tool calls, and
+# only an assistant's content may hold a refusal part (the validator below refuses it elsewhere)
 _CONTENT_RULE: JsonDict = {
     "if": {"properties": {"role": {"not": {"const": "assistant"}}}},
-    "then": {"required": ["content"], "properties": {"content": {"not": {"type": "null"}}}},
+    "then": {"required": ["content"], "properties": {"content": {"not": {"anyOf": [{"type": "null"}, {
+        "type": "array", "contains": {"required": ["type"], "properties": {"type": {"const": "refusal"}}},
+    }]}}}},
 }
 
 

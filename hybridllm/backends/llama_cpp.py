@@ -293,7 +293,8 @@ class LlamaCppBackend(DeviceBackend):
                 # each step (a decode, the token's logits and text) runs inside the gate: close()
                 # from another thread waits for the step, and the next one finds the backend closed.
                 # The yield is outside it, so a reader that stops reading never holds close() up.
-                with self._gate.enter(_CLOSED_MID_ANSWER if n_out else _CLOSED):
+                # the prompt is in (its prefill above): a close from here on cut an answer begun
+                with self._gate.enter(_CLOSED_MID_ANSWER):
                     token = next(gen, None)
                     if token is None:  # the generator ended on its own (it does not, today)
                         break

@@ -21,9 +21,10 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from .wire import error_body
+from .wire.errors import MODEL_LOADING
 from .wire.middleware import request_id_of
 
-LOADING = "The model is still loading; retry shortly."
+LOADING = MODEL_LOADING  # the cloud server's words
 # a load takes seconds (a model on disk) to minutes (a first download): ask again in a few seconds
 LOADING_RETRY_AFTER_S = 5
 READ_TIMEOUT_S = 5.0  # a client that sends nothing holds only its own thread, this long

@@ -13,7 +13,7 @@ from typing import Any
 from fastapi import FastAPI
 
 from cloud_server.exceptions import EngineError, ModelNotFoundError, NotReadyError, ShuttingDownError
-from hybridllm.wire.errors import WireError
+from hybridllm.wire.errors import MODEL_LOADING, WireError
 from hybridllm.wire.shutdown import SHUTTING_DOWN, Drain
 
 from .serving import Engine, OpenAIServing
@@ -51,7 +51,7 @@ class ServerState:
             raise NotReadyError(f"The model failed to load ({type(self.load_error).__name__}); "
                                 "this server cannot serve until it is restarted.")
         if self.serving is None or self.engine is None:
-            raise NotReadyError("The model is still loading; retry shortly.")
+            raise NotReadyError(MODEL_LOADING)
         if not self.engine.is_ready:
             raise NotReadyError("The engine has stopped; this server cannot serve until it is "
                                 "restarted.")

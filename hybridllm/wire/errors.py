@@ -10,6 +10,9 @@ from __future__ import annotations
 
 from typing import Any
 
+# the answer of a server whose model is still loading (503 model_not_ready), on both servers
+MODEL_LOADING = "The model is still loading; retry shortly."
+
 
 class WireError(Exception):
     """A request the OpenAI wire format (or this server) does not accept: an HTTP 4xx."""

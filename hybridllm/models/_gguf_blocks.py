@@ -124,27 +124,29 @@ def rtn8(w: np.ndarray, block: int = 32) -> Blocks:
 
 
 def gguf_blocks(gguf_path: Path) -> tuple[dict[str, Any], Any]:
-    """GGUF tensors by name, and a function ``name -> Blocks`` (HF row order: q/k unpermuted)."""
-    import gguf
+    """GGUF tensors by name, and a function ``name -> Blocks`` (HF row order: q/k unpermuted).
 
-    from cloud_server.models.loader_gguf import unpermute_qk
+    The header alone is read (the vocabulary skipped), and each tensor's bytes when it is loaded.
+    """
+    from cloud_server.models.loader_gguf import _read_raw, read_gguf, unpermute_qk
 
-    reader = gguf.GGUFReader(str(gguf_path))
-    tensors = {t.name: t for t in reader.tensors}
-    arch = str(reader.fields["general.architecture"].contents())
-    heads = int(reader.fields[f"{arch}.attention.head_count"].contents())
-    kv_field = reader.fields.get(f"{arch}.attention.head_count_kv")
-    kv_heads = int(kv_field.contents()) if kv_field is not None else heads
+    meta, _, infos = read_gguf(gguf_path)
+    tensors = {t.name: t for t in infos}
+    arch = str(meta["general.architecture"])
+    heads = int(meta[f"{arch}.attention.head_count"])
+    kv_heads = int(meta.get(f"{arch}.attention.head_count_kv", heads))
 
     def load(name: str) -> Blocks:
         t = tensors[name]
-        k, rows = (int(x) for x in t.shape[:2])  # GGUF shape: [K (contiguous), rows]
+        rows = int(t.shape[0])  # numpy shape: [rows, K] ([rows, row bytes] for block formats)
+        k = t.n_elements // rows
+        raw = _read_raw(str(gguf_path), t)
         try:
-            blocks = decode(np.asarray(t.data), t.tensor_type.name, rows, k)
+            blocks = decode(raw, t.tensor_type.name, rows, k)
         except NotImplementedError:
             from gguf.quants import dequantize
 
-            blocks = rtn8(np.asarray(dequantize(t.data, t.tensor_type), np.float32).reshape(rows, k))
+            blocks = rtn8(np.asarray(dequantize(raw, t.tensor_type), np.float32).reshape(rows, k))
         if arch == "llama" and name.endswith(("attn_q.weight", "attn_k.weight")):
             # llama.cpp permutes q/k rows; whole rows move, so the blocks along K are untouched
             n = heads if "attn_q" in name else kv_heads

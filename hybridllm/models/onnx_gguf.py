@@ -55,10 +55,10 @@ _PARTS = {
 
 def gguf_architecture(gguf_path: Path) -> str:
     """The GGUF's ``general.architecture`` (its header only), "unknown" when unreadable."""
-    try:
-        import gguf
+    from .gguf_header import read_gguf_metadata
 
-        return str(gguf.GGUFReader(str(gguf_path)).fields["general.architecture"].contents())
+    try:
+        return str(read_gguf_metadata(gguf_path)["general.architecture"])
     except Exception:  # only for an error message: never hide the error it explains
         return "unknown"
 

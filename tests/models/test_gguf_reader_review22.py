@@ -203,8 +203,9 @@ def test_gguf_blocks_reads_the_stored_blocks(tmp_path):
 
 
 @pytest.mark.real
-@pytest.mark.parametrize("model", ["smollm2-135m-instruct", "qwen2.5-coder-0.5b-instruct"])
-def test_the_catalog_ggufs_read_as_gguf_reader_reads_them(model):
+def test_the_catalog_gguf_reads_as_gguf_reader_reads_it():
+    """SmolLM2's GGUF (a 49k-token vocabulary): GGUFReader takes 5 s over it. Qwen2.5-Coder-0.5B's
+    read the same too (2026-12-03), but GGUFReader takes 19 s there, so it is not repeated."""
     from hybridllm.models import pull
 
-    _assert_reads_as_gguf_reader(pull(model))
+    _assert_reads_as_gguf_reader(pull("smollm2-135m-instruct"))

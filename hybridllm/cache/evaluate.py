@@ -17,13 +17,19 @@ from __future__ import annotations
 
 import json
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from .._cpus import usable_cpus
 from .._exceptions import DataError
+
+if TYPE_CHECKING:
+    from .semantic import SemanticCache
 
 
 @dataclass
@@ -107,33 +113,90 @@ def pair_metrics(hits: Sequence[bool] | np.ndarray, labels: Sequence[int] | np.n
     }
 
 
+def embed_pairs(pairs: PairSet) -> dict[str, np.ndarray]:
+    """The embedder's vector of each distinct text of ``pairs``, bit for bit what the cache's
+    ``put`` and ``get`` compute (each text alone, on several threads: :meth:`.Embedder.embed`).
+    Passed to :func:`evaluate_pairs` as ``vectors``, several verifiers are scored on one set of
+    pairs while its texts are embedded once."""
+    from .embedder import get_embedder
+
+    texts = list(dict.fromkeys([*pairs.text_a, *pairs.text_b]))
+    return dict(zip(texts, get_embedder().embed(texts), strict=True))
+
+
 def evaluate_pairs(
     pairs: PairSet,
     *,
     verifier: object = "default",
     progress: Callable[[int, int], None] | None = None,
+    vectors: Mapping[str, np.ndarray] | None = None,
+    workers: int | None = None,
 ) -> dict:
-    """Run the protocol above through a throwaway :class:`SemanticCache`; return the metrics."""
+    """Run the protocol above through a throwaway :class:`SemanticCache`; return the metrics.
+
+    Each pair has a namespace of its own, so its outcome depends on that pair alone: the pairs are
+    looked up on ``workers`` threads (default: one per usable CPU, at most 8), each outcome the one
+    a lone lookup gives. ``vectors`` (from :func:`embed_pairs`) stand in for embedding the texts
+    they hold. ``progress(done, total)`` is called per pair, in order, from the calling thread."""
+    from .embedder import get_embedder
     from .semantic import SemanticCache
 
-    hits = []
+    # given vectors, the cache still needs its embedder: its length checks (a text longer than it
+    # reads is served on an exact repeat only) must run; else the cache loads it at its first put
+    options: dict[str, Any] = {"embedder": get_embedder()} if vectors else {}
     with tempfile.TemporaryDirectory(prefix="hybridllm-cache-eval-") as tmp:
         cache = SemanticCache(
             Path(tmp) / "eval.sqlite3",
             ttl_s=None,
             max_entries=len(pairs) + 1,
             verifier=verifier,  # type: ignore[arg-type]
+            **options,
         )
         try:
-            for i, (a, b) in enumerate(zip(pairs.text_a, pairs.text_b, strict=True)):
-                ns = f"pair-{i}"
-                user_a = [{"role": "user", "content": a}]
-                cache.put(user_a, f"answer {i}", model="eval", params_key={}, namespace=ns)
-                user_b = [{"role": "user", "content": b}]
-                hit = cache.get(user_b, model="eval", params_key={}, namespace=ns)
-                hits.append(hit is not None)
-                if progress is not None:
-                    progress(i + 1, len(pairs))
+            hits = _lookups(cache, pairs, vectors or {}, progress, _workers(workers, len(pairs)))
         finally:
             cache.close()
     return pair_metrics(hits, pairs.labels)
+
+
+def _workers(workers: int | None, num_pairs: int) -> int:
+    """Lookup threads: ``workers``, else one per usable CPU (at most 8) but 16 pairs a thread at
+    the least, so a handful of pairs never starts a pool."""
+    if workers is not None:
+        if workers < 1:
+            raise ValueError("workers must be at least 1")
+        return workers
+    return max(1, min(usable_cpus(), 8, num_pairs // 16))
+
+
+def _lookups(
+    cache: SemanticCache,
+    pairs: PairSet,
+    vectors: Mapping[str, np.ndarray],
+    progress: Callable[[int, int], None] | None,
+    workers: int,
+) -> list[bool]:
+    """Whether each pair's ``text_b`` was served ``text_a``'s answer, pair by pair in order."""
+
+    def lookup(i: int) -> bool:
+        a, b = pairs.text_a[i], pairs.text_b[i]
+        ns = f"pair-{i}"
+        cache.put([{"role": "user", "content": a}], f"answer {i}", model="eval", params_key={},
+                  namespace=ns, embedding=vectors.get(a))
+        hit = cache.get([{"role": "user", "content": b}], model="eval", params_key={},
+                        namespace=ns, embedding=vectors.get(b))
+        return hit is not None
+
+    hits: list[bool] = []
+    pool = ThreadPoolExecutor(workers, thread_name_prefix="hybridllm-eval") if workers > 1 else None
+    try:
+        # the embedder and reranker runs (most of a lookup) release the GIL: threads share the CPUs
+        outcomes = pool.map(lookup, range(len(pairs))) if pool is not None else map(lookup, range(len(pairs)))
+        for hit in outcomes:
+            hits.append(hit)
+            if progress is not None:
+                progress(len(hits), len(pairs))
+    finally:
+        if pool is not None:  # an error or Ctrl-C: drop the lookups not started
+            pool.shutdown(wait=True, cancel_futures=True)
+    return hits

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from hybridllm._exceptions import CacheError, DataError
-from hybridllm.cache.evaluate import evaluate_pairs, load_pairs, pair_metrics
+from hybridllm.cache.evaluate import load_pairs, pair_metrics
 from hybridllm.cache.features import HANDCRAFTED, NUM_HANDCRAFTED, Idf, handcrafted, pair_features
 from hybridllm.cache.verifier import HitVerifier, Trees, default_path
 
@@ -99,19 +99,12 @@ def test_pair_metrics_and_bad_pairs_file(tmp_path: Path) -> None:
 
 
 @pytest.mark.real
-def test_shipped_verifier_on_held_out_qqp_pairs(shared_data: Path) -> None:
-    """The feature verifier (``verifier="features"``) on unseen test-split pairs (2,000 of them)."""
-    from hybridllm.cache.train import split_of_pairs
-
-    pairs = load_pairs(shared_data / "paraphrase" / "qqp_pairs.jsonl")
-    test_idx = np.nonzero(split_of_pairs(pairs) == 2)[0]
-    sample = np.random.default_rng(0).choice(test_idx, size=2000, replace=False)
-    subset = type(pairs)(
-        [pairs.text_a[i] for i in sample],
-        [pairs.text_b[i] for i in sample],
-        [pairs.labels[i] for i in sample],
-    )
-    metrics = evaluate_pairs(subset, verifier="features")
+def test_shipped_verifier_on_held_out_qqp_pairs(features_on_held_out: dict) -> None:
+    """The feature verifier (``verifier="features"``) on unseen test-split pairs: the session's
+    3,000-pair sample (``held_out_qqp``), the one the reranker is compared with, measured once for
+    both tests. Before, 2,000 pairs of their own (45 hits) were embedded for this test alone (31 s
+    in CI); the 3,000 give 46 hits (precision 1.0, recall 0.041, false-hit rate 0.0)."""
+    metrics = features_on_held_out
     print(json.dumps(metrics))
     # ~45 hits in a sample this size: precision is loose here, the false-hit rate is not
     assert metrics["false_hit_rate"] <= 0.005, metrics

@@ -2,10 +2,15 @@
 (greedy, token for token), and the int4 build against fp32 (teacher-forced argmax).
 
 Each build is prepared from the catalog's GGUF into the session's empty HYBRIDLLM_HOME, once per
-session (a second ``prepare_onnx`` finds the folder).
+session (a second ``prepare_onnx`` finds the folder); transformers reads the Hugging Face folder the
+fp32 build exported on its way.
 """
 
 from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
 
 import pytest
 
@@ -62,12 +67,43 @@ def _teacher_forced_argmax(backend, ids, continuation):
     return [int(backend._logits(list(ids) + continuation[:i]).argmax()) for i in range(len(continuation))]
 
 
+def _link_or_copy(src: str, dst: str) -> None:
+    try:
+        os.link(src, dst)
+    except OSError:  # another file system
+        shutil.copy2(src, dst)
+
+
+def _prepare_keeping_hf(precision: str, keep: Path) -> Path | None:
+    """``prepare_onnx``, keeping the Hugging Face folder it exports from the GGUF on its way (linked
+    out before the build's work folder is removed): transformers reads that same folder, which
+    exporting it again took 14 s. None when the build was already there (nothing exported)."""
+    from cloud_server.models import export_hf
+    from hybridllm.models.onnx_prepare import prepare_onnx
+
+    export, kept = export_hf.gguf_to_hf_folder, []
+
+    def export_and_keep(*args, **kwargs):
+        hf = export(*args, **kwargs)
+        shutil.copytree(hf, keep, copy_function=_link_or_copy)
+        kept.append(keep)
+        return hf
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(export_hf, "gguf_to_hf_folder", export_and_keep)
+        prepare_onnx(MODEL, precision=precision)
+    return kept[0] if kept else None
+
+
 @pytest.fixture(scope="module")
-def fp32():
-    backend = _backend("fp32")
+def fp32(tmp_path_factory):
+    from hybridllm.backends.onnx import OnnxBackend
+
+    hf = _prepare_keeping_hf("fp32", tmp_path_factory.mktemp("onnx-parity") / "hf")
+    backend = OnnxBackend(MODEL, precision="fp32", n_ctx=1024)
     prompts = [backend.tokenize([{"role": "user", "content": q}]) for q in QUESTIONS]
     refs = [_greedy(backend, ids) for ids in prompts]
-    yield backend, prompts, refs
+    yield backend, prompts, refs, hf
     backend.close()
 
 
@@ -80,8 +116,8 @@ def test_fp32_greedy_matches_transformers_fp32(fp32, tmp_path):
     from cloud_server.models.export_hf import gguf_to_hf_folder
     from hybridllm.models import pull
 
-    _, prompts, refs = fp32
-    hf = gguf_to_hf_folder(pull(MODEL), tmp_path / "hf")
+    _, prompts, refs, hf = fp32
+    hf = hf or gguf_to_hf_folder(pull(MODEL), tmp_path / "hf")  # the same export, when none was kept
     model = AutoModelForCausalLM.from_pretrained(str(hf), dtype=torch.float32).eval()
     same = 0
     for ids, ref in zip(prompts[:10], refs[:10], strict=True):
@@ -94,7 +130,7 @@ def test_fp32_greedy_matches_transformers_fp32(fp32, tmp_path):
 def test_int4_agrees_with_fp32_teacher_forced(fp32):
     # int4 computes with the GGUF's own blocks (onnx_gguf): measured 0.971 on these 20 prompts;
     # the builder's own int4 (a second rounding of 4-bit weights) gave 0.64-0.69 here
-    _, prompts, refs = fp32
+    _, prompts, refs, _ = fp32
     precision, floor = "int4", 0.95
     quant = _backend(precision)
     try:

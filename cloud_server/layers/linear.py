@@ -280,23 +280,20 @@ class Linear(nn.Module):
             y = y.to(x2.dtype)  # [N, out]
         elif scale is not None and scale.dim() == 3:  # int8 groups off the CPU: widened per call
             y = F.linear(x2, int8_groups_dequantize(self.weight, scale).to(x2.dtype))
-        elif x2.device.type == "cpu":
+        elif x2.device.type == "cpu" and x2.dtype == torch.bfloat16 and self.in_features % 16 == 0:
             assert scale is not None
             # torch's kernel reads bf16 activations 16 columns at a time with no tail: at
             # in % 16 != 0 it returns NaN or garbage, or crashes the process (torch 2.13; a per-row
-            # matrix is exactly one whose rows are not whole groups of 32). fp32 has no such limit.
-            xk = x2.float() if x2.dtype == torch.bfloat16 and self.in_features % 16 else x2
-            if xk.dtype == torch.bfloat16:
-                y = torch.ops.aten._weight_int8pack_mm(xk, self.weight, scale.to(xk.dtype)).to(x2.dtype)
-            else:
-                # fp32 activations: y = x (Q s)^T = (x Q^T) * s, so widen Q and run BLAS, then scale the
-                # columns. torch 2.13's _weight_int8pack_mm has no fast fp32 path on AVX2: on an AMD EPYC
-                # (2 cores, SmolLM2's 576 -> 1536, 2026-12-03) it took 71 ms for 64 rows where this takes
-                # 2 ms, and 0.76 ms against 0.45 ms for one row; with bf16 it is the faster (3.3 ms, 0.08).
-                y = (F.linear(xk, self.weight.to(xk.dtype)) * scale.to(xk.dtype)).to(x2.dtype)
+            # matrix is exactly one whose rows are not whole groups of 32), so those go below in fp32
+            y = torch.ops.aten._weight_int8pack_mm(x2, self.weight, scale.to(x2.dtype))
         else:
             assert scale is not None
-            y = F.linear(x2, self.weight.to(x2.dtype)) * scale.to(x2.dtype)
+            # y = x (Q s)^T = (x Q^T) * s: widen Q, run the float matmul, scale the columns. On the
+            # CPU this is also the fp32 path: torch 2.13's _weight_int8pack_mm has no fast fp32 path on
+            # AVX2 (AMD EPYC, 2 cores, SmolLM2's 576 -> 1536, 2026-12-03: 71 ms for 64 rows where this
+            # takes 2 ms, 0.76 ms against 0.45 for one row; with bf16 it is the faster, 3.3 and 0.08)
+            xk = x2.float() if x2.device.type == "cpu" and x2.dtype == torch.bfloat16 else x2
+            y = (F.linear(xk, self.weight.to(xk.dtype)) * scale.to(xk.dtype)).to(x2.dtype)
         if self.bias is not None:
             y = y + self.bias
         return y.reshape(*shape[:-1], self.out_features)

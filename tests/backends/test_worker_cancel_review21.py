@@ -121,6 +121,9 @@ def test_a_closed_async_stream_stops_the_model_at_its_next_token(monkeypatch, ba
         worker = EdgeWorker(edge, wait_timeout_s=5.0)
         stream = worker.stream(_make(edge))
         assert (await asyncio.wait_for(stream.__anext__(), 5)).text == "a"
+        # the model is in its second step when the stream closes: without this wait a slow worker
+        # thread saw the close before its second step and stopped after one (seen once: 1 != 2)
+        assert await asyncio.get_running_loop().run_in_executor(None, script.in_step_1.wait, 5)
         closing = asyncio.ensure_future(stream.aclose())
         await asyncio.sleep(0)  # the job is cancelled before aclose() waits for the worker
         script.go.set()

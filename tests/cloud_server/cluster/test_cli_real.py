@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import secrets
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -35,20 +37,52 @@ pytestmark = pytest.mark.real
 BIN = Path(sys.executable).parent
 
 
-def _serve_apps(address: str, env: dict[str, str]) -> list[str]:
-    """The Serve applications on the cluster and our named actors (the fleet board), asked from
-    a separate driver process."""
-    code = (
-        "import ray, json\n"
+class _Watcher:
+    """A driver process on the cluster that reports, on each ask, the Serve applications there and
+    our named actors (the fleet board). One ``ray.init`` for the test's three looks (a fresh
+    driver each time took seconds to start), made while the app starts; each answer is read from
+    the cluster as it is at that ask."""
+
+    CODE = (
+        "import ray, json, sys\n"
         "from ray import serve\n"
-        f"ray.init(address={address!r}, log_to_driver=False)\n"
-        "ours = [a['name'] for a in ray.util.list_named_actors(all_namespaces=True)\n"
-        "        if a['namespace'] == 'hybridllm']\n"
-        "print(json.dumps(sorted(serve.status().applications) + sorted(ours)))\n"
+        "ray.init(address=sys.argv[1], log_to_driver=False)\n"
+        "for _ in sys.stdin:\n"
+        "    ours = [a['name'] for a in ray.util.list_named_actors(all_namespaces=True)\n"
+        "            if a['namespace'] == 'hybridllm']\n"
+        "    print('APPS ' + json.dumps(sorted(serve.status().applications) + sorted(ours)), flush=True)\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
-    assert out.returncode == 0, out.stderr[-2000:]
-    return json.loads(out.stdout.strip().splitlines()[-1])
+
+    def __init__(self, address: str, env: dict[str, str], log: Path) -> None:
+        self.log = log
+        with log.open("w") as err:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-c", self.CODE, address], stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE, stderr=err, text=True, env=env,
+            )
+        self.lines: queue.Queue[str | None] = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.put(line)
+        self.lines.put(None)  # the driver ended
+
+    def apps(self, timeout_s: float = 120) -> list[str]:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write("?\n")
+        self.proc.stdin.flush()
+        deadline = time.monotonic() + timeout_s
+        while (line := self.lines.get(timeout=max(0.1, deadline - time.monotonic()))) is not None:
+            if line.startswith("APPS "):  # Ray's own lines may come first
+                return json.loads(line[len("APPS "):])
+        raise AssertionError(self.log.read_text()[-2000:])
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait(timeout=30)
 
 
 def _serve_command(model, port: int, *extra: str) -> list[str]:
@@ -74,10 +108,13 @@ def _wait_ok(url: str, server: subprocess.Popen, log: Path, timeout_s: float = 2
 
 def test_local_fleet_says_why_a_replica_cannot_start_and_stops_on_sigterm(smollm2_path, tmp_path):
     port = free_port()
-    # a 1 MiB KV pool holds less than one sequence: the engine refuses it in every replica
+    # a 1 MiB KV pool holds less than one sequence: the engine refuses it in every replica. Serve
+    # tries a failing replica 3 times by default, each failing alike (4 s apiece here): once is
+    # enough to read why, and the error line is the same
     bad = subprocess.run(
         _serve_command(smollm2_path, port, "--kv-cache-memory-mb", "1"),
         capture_output=True, text=True, timeout=300,
+        env={**os.environ, "RAY_SERVE_MAX_PER_REPLICA_RETRY_COUNT": "1"},
     )
     assert bad.returncode == 1, bad.stderr[-3000:]
     last = bad.stderr.strip().splitlines()[-1]
@@ -139,12 +176,13 @@ def test_cli_joins_an_existing_cluster_and_leaves_it_running(smollm2_path, tmp_p
         capture_output=True, text=True, timeout=180, env=env,
     )
     assert head.returncode == 0, head.stdout[-2000:] + head.stderr[-2000:]
-    server = None
+    server = watcher = None
     command = _serve_command(
         smollm2_path, http_port, "--ray-address", address, "--max-model-len", "1024",
         "--kv-cache-memory-mb", "48",
     )
     try:
+        watcher = _Watcher(address, env, tmp_path / "watcher.log")  # its start-up overlaps the app's
         refused = subprocess.run(command, capture_output=True, text=True, timeout=180, env=plain)
         assert refused.returncode == 1, refused.stderr[-3000:]
         last = refused.stderr.strip().splitlines()[-1]
@@ -161,7 +199,7 @@ def test_cli_joins_an_existing_cluster_and_leaves_it_running(smollm2_path, tmp_p
             model="smollm2", messages=[{"role": "user", "content": "Hi"}], max_tokens=8, temperature=0
         )
         assert r.choices[0].message.content and r.usage.completion_tokens > 0
-        apps = _serve_apps(address, env)
+        apps = watcher.apps()
         assert apps[0] == "hybridllm" and [a.split("-")[:2] for a in apps[1:]] == [["hybridllm", "fleet"]]
 
         # a second serve on the same cluster is refused in one line and leaves the first one's
@@ -179,15 +217,17 @@ def test_cli_joins_an_existing_cluster_and_leaves_it_running(smollm2_path, tmp_p
             model="smollm2", messages=[{"role": "user", "content": "Hi"}], max_tokens=4, temperature=0
         )
         assert r.usage.completion_tokens > 0
-        assert _serve_apps(address, env) == apps
+        assert watcher.apps() == apps
 
         server.send_signal(signal.SIGTERM)
         assert server.wait(timeout=90) == 0, (tmp_path / "serve.log").read_text()[-3000:]
         text = (tmp_path / "serve.log").read_text()
         assert "Traceback" not in text, text[-3000:]
         # the app and its fleet board (a detached actor) are deleted, the cluster still answers
-        assert _serve_apps(address, env) == []
+        assert watcher.apps() == []
     finally:
+        if watcher is not None:
+            watcher.close()
         if server is not None:
             if server.poll() is None:
                 server.kill()

@@ -1,6 +1,7 @@
 # Two commands: `make run` and `make test`. Both create .venv and install what they need on a fresh
 # machine, and are quick the second time (a stamp file records the installed requirements).
 PYTHON ?= python3.11
+TEST_WORKERS ?= 2
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
@@ -55,6 +56,9 @@ run: $(STAMP)
 # every first-use path (model copies, the cache's ONNX preparation) runs each time. What is slow and
 # keyed by content stays cached outside them: the llama.cpp wheel (WHEEL_DIR) and pip's cache, which
 # tests/packaging reuses to install the built wheel into a fresh torch-free venv.
+# TEST_WORKERS: pytest processes (pytest-xdist, default 2: much of the suite waits on sockets, child
+# processes and model loads, so two workers keep both cores busy); each module runs whole on one
+# worker and the Ray modules share one (tests/conftest.py). TEST_WORKERS=0 runs in this process.
 # HYBRIDLLM_TEST_FAST_EXIT: the pytest process ends with the session's status without interpreter
 # teardown, where native libraries' destructors once crashed after every test had passed
 # (tests/conftest.py says more).
@@ -62,7 +66,7 @@ test: $(STAMP)
 	@home=$$(mktemp -d) && cache=$$(mktemp -d) && seed=$${TEST_SEED:-$$(od -An -N2 -tu2 /dev/urandom | tr -d ' ')} && \
 	echo "HYBRIDLLM_HOME=$$home HYBRIDLLM_CACHE_DIR=$$cache (empty); random order seed $$seed (TEST_SEED=$$seed make test repeats it)" && \
 	HYBRIDLLM_HOME=$$home HYBRIDLLM_CACHE_DIR=$$cache LLAMA_WHEEL_DIR=$(WHEEL_DIR) HYBRIDLLM_TEST_FAST_EXIT=1 \
-	  $(PY) -m pytest -q --durations=30 -p randomly --randomly-seed=$$seed tests; rc=$$?; rm -rf "$$home" "$$cache"; exit $$rc
+	  $(PY) -m pytest -q --durations=30 -p randomly --randomly-seed=$$seed -n $(TEST_WORKERS) --dist loadscope tests; rc=$$?; rm -rf "$$home" "$$cache"; exit $$rc
 
 lint: $(STAMP)
 	$(PY) -m ruff check hybridllm cloud_server bench tests

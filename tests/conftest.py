@@ -87,6 +87,36 @@ def minilm_dir() -> Path:
     return pull("minilm-l6-v2")
 
 
+# Modules that start a local Ray cluster: under xdist they run on one worker, one after another
+# (two local clusters on one machine fight over its ports and cores)
+_RAY_MODULES = "tests/cloud_server/cluster/test_*_real.py"
+
+
+class _WholeModules:
+    """``pytest -n N --dist loadscope`` (``make test``): each module runs whole on one worker, so
+    its module-scoped fixtures (an engine, a server, a Ray cluster) are built once, and the Ray
+    modules form one unit. xdist's ``loadgroup`` marks cannot say this here: they rewrite
+    ``item._nodeid``, which pytest 9 no longer reads."""
+
+    @staticmethod
+    def pytest_xdist_make_scheduler(config: pytest.Config, log):
+        from fnmatch import fnmatch
+
+        from xdist.scheduler import LoadScopeScheduling
+
+        class Scheduler(LoadScopeScheduling):
+            def _split_scope(self, nodeid: str) -> str:
+                module = nodeid.split("::", 1)[0]
+                return "ray" if fnmatch(module, _RAY_MODULES) else module
+
+        return Scheduler(config, log)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if config.pluginmanager.hasplugin("xdist") and config.getoption("dist", None) == "loadscope":
+        config.pluginmanager.register(_WholeModules(), "hybridllm-whole-modules")
+
+
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     session.config.stash[_EXIT_STATUS] = int(exitstatus)
 

@@ -33,14 +33,24 @@ def shipped():
     return load_router()
 
 
-def test_shipped_router_routes_mmlu_better_than_length_and_random(mmlu, shipped):
+@pytest.fixture(scope="module")
+def shipped_mmlu_scores(mmlu, shipped):
+    """The shipped router's scores of the 9,772 MMLU prompts, measured once for the three tests
+    that read them (each ``score_texts`` over them rebuilt the text features and neighbors)."""
+    data, emb = mmlu
+    scores = shipped.score_texts(data.prompts, embeddings=emb)
+    scores.flags.writeable = False  # shared: no test may change another's figures
+    return scores
+
+
+def test_shipped_router_routes_mmlu_better_than_length_and_random(mmlu, shipped, shipped_mmlu_scores):
     """Measured, not read back from router.json: the shipped router's scores on the data it was
     trained on beat the length and random baselines, and its threshold splits the traffic."""
     from hybridllm.router.evaluate import length_baseline, random_baseline, router_metrics
 
-    data, emb = mmlu
+    data, _ = mmlu
     assert shipped.info["training"]["command"].startswith("hybridllm router train --data")
-    scores = shipped.score_texts(data.prompts, embeddings=emb)
+    scores = shipped_mmlu_scores
     got = router_metrics(scores, data.weak, data.strong)
     assert got["n"] == len(data.prompts) == 9772
     assert got["apgr"] > length_baseline(data.prompts, data.weak, data.strong)["apgr"] + 0.05
@@ -58,7 +68,7 @@ def _shipped_sources(shared_data, shipped):
     return [where.get(n, root / "bench" / "data" / n) for n in names]
 
 
-def test_retrain_matches_shipped(mmlu, shipped, shared_data):
+def test_retrain_matches_shipped(mmlu, shipped, shipped_mmlu_scores, shared_data):
     from hybridllm.router.train import pool
 
     t = shipped.info["training"]
@@ -66,9 +76,8 @@ def test_retrain_matches_shipped(mmlu, shipped, shared_data):
     parts = [(p.name, mmlu[0] if p.name == "mmlu_responses.csv" else load_routellm_csv(p)) for p in paths]
     given = [s["weight"] for s in t.get("sources", [])]
     data, sources = pool(parts, given if given and None not in given else None)
-    emb = np.concatenate(
-        [mmlu[1] if n == "mmlu_responses.csv" else cached_embeddings(d.prompts) for n, d in parts]
-    )
+    embs = [mmlu[1] if n == "mmlu_responses.csv" else cached_embeddings(d.prompts) for n, d in parts]
+    emb = np.concatenate(embs)
     hyper = Hyper(
         c=t["c"], k=t["k"], mix=t["mix"], dims=t["dims"], topics=t["topics"], topic_mix=t["topic_mix"]
     )
@@ -96,16 +105,20 @@ def test_retrain_matches_shipped(mmlu, shipped, shared_data):
         for key in ("cpt50", "cpt80", "calls_at_95"):
             assert got[key] == pytest.approx(want[key], abs=0.025), (split, key)
     ours = router.score_texts(data.prompts, embeddings=emb)
-    theirs = shipped.score_texts(data.prompts, embeddings=emb)
+    # row by row as score_texts(data.prompts) scores them: a prompt's score is its own
+    theirs = np.concatenate([
+        shipped_mmlu_scores if n == "mmlu_responses.csv" else shipped.score_texts(d.prompts, embeddings=e)
+        for (n, d), e in zip(parts, embs, strict=True)
+    ])
     rank = lambda s: np.argsort(np.argsort(s))  # noqa: E731
     assert float(np.corrcoef(rank(ours), rank(theirs))[0, 1]) > 0.98  # the same order of prompts
     assert router.threshold == pytest.approx(shipped.threshold, abs=0.02)
     assert router.logprob_threshold == pytest.approx(shipped.logprob_threshold, abs=0.05)
 
 
-def test_calibration_on_held_back_prompts(mmlu, shipped):
-    data, emb = mmlu
-    scores = shipped.score_texts(data.prompts, embeddings=emb)
+def test_calibration_on_held_back_prompts(mmlu, shipped_mmlu_scores):
+    data, _ = mmlu
+    scores = shipped_mmlu_scores
     held = fold_ids(data.prompts, 2) == 1  # split by question: calibrate on one half
     for target in (0.1, 0.3, 0.6):
         t = calibrate_threshold(scores[~held], target)

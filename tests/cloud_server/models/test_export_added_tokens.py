@@ -17,27 +17,19 @@ import pytest
 from cloud_server.models.export_hf import _tokenizer_json
 
 
-class _Field:
-    def __init__(self, value):
-        self.value = value
-
-    def contents(self):
-        return self.value
-
-
-def _toy_fields():
-    """GGUF tokenizer fields of a tiny byte-level BPE vocabulary: letters, one merge, a control
-    token (type 3) and two user-defined ones (type 4)."""
+def _toy_meta():
+    """GGUF tokenizer metadata (as ``read_gguf_header`` gives it) of a tiny byte-level BPE
+    vocabulary: letters, one merge, a control token (type 3) and two user-defined ones (type 4)."""
     tokens = ["<", ">", "/", "a", "b", "t", "ab", "<|end|>", "<t>", "</t>"]
     types = [1, 1, 1, 1, 1, 1, 1, 3, 4, 4]
-    return {"tokenizer.ggml.tokens": _Field(tokens), "tokenizer.ggml.token_type": _Field(types),
-            "tokenizer.ggml.merges": _Field(["a b"])}
+    return {"tokenizer.ggml.tokens": tokens, "tokenizer.ggml.token_type": types,
+            "tokenizer.ggml.merges": ["a b"]}
 
 
 def test_user_defined_tokens_are_exported_unflagged(tmp_path):
     from hybridllm.prompts import tokenizers_plain
 
-    _tokenizer_json(_toy_fields(), tmp_path)
+    _tokenizer_json(_toy_meta(), tmp_path)
     added = {t["content"]: (t["id"], t["special"])
              for t in json.loads((tmp_path / "tokenizer.json").read_text())["added_tokens"]}
     assert added == {"<|end|>": (7, True), "<t>": (8, False), "</t>": (9, False)}

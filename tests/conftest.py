@@ -93,7 +93,7 @@ _RAY_MODULES = "tests/cloud_server/cluster/test_*_real.py"
 
 
 class _WholeModules:
-    """``pytest -n N --dist loadscope`` (``make test``): each module runs whole on one worker, so
+    """``TEST_WORKERS=N make test`` (``-n N --dist loadscope``): each module runs whole on one worker, so
     its module-scoped fixtures (an engine, a server, a Ray cluster) are built once, and the Ray
     modules form one unit. xdist's ``loadgroup`` marks cannot say this here: they rewrite
     ``item._nodeid``, which pytest 9 no longer reads."""

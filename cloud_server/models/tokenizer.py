@@ -14,13 +14,9 @@ caller writes whole.
 
 from __future__ import annotations
 
-import contextlib
 import functools
-import io
 import json
 import re
-import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -121,24 +117,6 @@ def _byte_level_alphabet() -> dict[str, int]:
     return table
 
 
-# A vocabulary-only load has no training context (0), so llama.cpp warns about any context size.
-_VOCAB_ONLY_WARNING = "possible training context overflow"
-
-
-@contextlib.contextmanager
-def _without_vocab_only_warning() -> Iterator[None]:
-    """Hold back llama.cpp's context-overflow warning of a vocabulary-only load (llama-cpp-python
-    prints it to ``sys.stderr`` even with ``verbose=False``); every other line goes through."""
-    buf = io.StringIO()
-    try:
-        with contextlib.redirect_stderr(buf):
-            yield
-    finally:
-        kept = [ln for ln in buf.getvalue().splitlines(keepends=True) if _VOCAB_ONLY_WARNING not in ln]
-        if kept:
-            sys.stderr.write("".join(kept))
-
-
 class GGUFTokenizer(_ChatTemplateMixin):
     """llama.cpp's vocabulary (``vocab_only=True``): token ids match the edge model exactly."""
 
@@ -147,11 +125,21 @@ class GGUFTokenizer(_ChatTemplateMixin):
             from llama_cpp import Llama
         except ImportError as exc:  # pragma: no cover
             raise ModelLoadError("GGUF tokenizers need llama-cpp-python") from exc
+        from hybridllm.backends.llama_cpp_load import _LOADING, _route_llama_logs
+
+        # llama.cpp's lines (a vocabulary-only load warns of a "training context overflow": it has
+        # no training context) go to a DEBUG logger, and the load leaves stdout and stderr alone:
+        # the server answers /health and logs on other threads meanwhile
+        _route_llama_logs()
+        reasons: list[str] = []
+        _LOADING.reasons = reasons
         try:
-            with _without_vocab_only_warning():
-                self._llama = Llama(model_path=str(path), vocab_only=True, verbose=False)
+            self._llama = Llama(model_path=str(path), vocab_only=True, verbose=False)
         except (ValueError, RuntimeError) as exc:
-            raise ModelLoadError(f"llama.cpp cannot read the vocabulary of {path}: {exc}") from exc
+            why = f"{exc}: {reasons[-1]}" if reasons else str(exc)
+            raise ModelLoadError(f"llama.cpp cannot read the vocabulary of {path}: {why}") from exc
+        finally:
+            _LOADING.reasons = None
         meta: dict[str, Any] = self._llama.metadata
         self.chat_template = meta.get("tokenizer.chat_template")
         self.bos_token_id = self._llama.token_bos()

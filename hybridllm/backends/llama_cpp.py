@@ -35,11 +35,11 @@ from .base import (
 )
 from .cancel import stop_requested
 from .llama_cpp_load import (
-    _LOADING,
     _llama_version,
     _repull_hint,
     _route_llama_logs,
     _trained_context,
+    load_reasons,
 )
 
 DEFAULT_MODEL = DEFAULT_EDGE_MODEL
@@ -148,34 +148,31 @@ class LlamaCppBackend(DeviceBackend):
             log.warning("n_ctx=%d is more than %s was trained on (%d tokens); its context is %d",
                         n_ctx, self.model, trained, trained)
             n_ctx = trained
-        reasons: list[str] = []
-        _LOADING.reasons = reasons
-        try:
-            self._llm: Any = load(n_ctx)
-        except (ValueError, RuntimeError, OSError, MemoryError) as exc:
-            # the model loaded, then its context (KV cache), batch or logits could not be made
-            if isinstance(exc, MemoryError) or "llama_context" in str(exc) or "llama_batch" in str(exc):
-                raise ConfigError(
-                    f"llama.cpp loaded {self.model_path} but could not make a context of n_ctx="
-                    f"{n_ctx} tokens with n_batch={n_batch} ({exc}): too little memory for its KV "
-                    "cache, or values this model does not allow. Lower n_ctx (0: the model's own)."
-                ) from exc
-            # llama-cpp-python's own message is only "Failed to load model from file": llama.cpp
-            # said why in its log. A model of an architecture this llama.cpp does not know is
-            # whole: downloading it again (the advice for a damaged file) cannot help
-            why = reasons[-1] if reasons else str(exc)
-            if "unknown model architecture" in why:
+        with load_reasons() as reasons:
+            try:
+                self._llm: Any = load(n_ctx)
+            except (ValueError, RuntimeError, OSError, MemoryError) as exc:
+                # the model loaded, then its context (KV cache), batch or logits could not be made
+                if isinstance(exc, MemoryError) or "llama_context" in str(exc) or "llama_batch" in str(exc):
+                    raise ConfigError(
+                        f"llama.cpp loaded {self.model_path} but could not make a context of n_ctx="
+                        f"{n_ctx} tokens with n_batch={n_batch} ({exc}): too little memory for its KV "
+                        "cache, or values this model does not allow. Lower n_ctx (0: the model's own)."
+                    ) from exc
+                # llama-cpp-python's own message is only "Failed to load model from file": llama.cpp
+                # said why in its log. A model of an architecture this llama.cpp does not know is
+                # whole: downloading it again (the advice for a damaged file) cannot help
+                why = reasons[-1] if reasons else str(exc)
+                if "unknown model architecture" in why:
+                    raise ModelCorruptError(
+                        f"llama.cpp could not load {self.model_path} ({why}): this llama.cpp "
+                        f"(llama-cpp-python {_llama_version()}) cannot run models of that architecture. "
+                        "Pass a GGUF of a supported one, or a catalog id (`hybridllm models list`)."
+                    ) from exc
                 raise ModelCorruptError(
-                    f"llama.cpp could not load {self.model_path} ({why}): this llama.cpp "
-                    f"(llama-cpp-python {_llama_version()}) cannot run models of that architecture. "
-                    "Pass a GGUF of a supported one, or a catalog id (`hybridllm models list`)."
+                    f"llama.cpp could not load {self.model_path} ({why}). The file is truncated, "
+                    f"corrupt or of an unsupported architecture. {_repull_hint(self.model_path, spec)}"
                 ) from exc
-            raise ModelCorruptError(
-                f"llama.cpp could not load {self.model_path} ({why}). The file is truncated, "
-                f"corrupt or of an unsupported architecture. {_repull_hint(self.model_path, spec)}"
-            ) from exc
-        finally:
-            _LOADING.reasons = None
         trained = int(self._llm._model.n_ctx_train())
         if trained > 0 and n_ctx > trained:  # a header the reader above could not read
             log.warning("n_ctx=%d is more than %s was trained on (%d tokens); its context is %d",

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -32,17 +34,21 @@ def _route_llama_logs() -> None:
             _keep_output_streams()
 
 
-class _StreamsKept:
+@contextlib.contextmanager
+def load_reasons() -> Iterator[list[str]]:
+    """llama.cpp's "error loading model" lines while this thread loads (our log hook collects
+    them): llama-cpp-python's own error says only "Failed to load model from file"."""
+    reasons: list[str] = []
+    _LOADING.reasons = reasons
+    try:
+        yield reasons
+    finally:
+        _LOADING.reasons = None
+
+
+def _streams_kept(disable: bool = True) -> contextlib.nullcontext[None]:
     """llama-cpp-python's ``suppress_stdout_stderr``, doing nothing (its signature kept)."""
-
-    def __init__(self, disable: bool = True) -> None:
-        self.disable = disable
-
-    def __enter__(self) -> _StreamsKept:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        return None
+    return contextlib.nullcontext()
 
 
 def _keep_output_streams() -> None:
@@ -56,7 +62,7 @@ def _keep_output_streams() -> None:
 
     for module in (llama_cpp.llama, llama_cpp._internals):
         if hasattr(module, "suppress_stdout_stderr"):
-            module.suppress_stdout_stderr = _StreamsKept  # type: ignore[attr-defined]
+            module.suppress_stdout_stderr = _streams_kept  # type: ignore[attr-defined]
 
 
 def _set_log_hook() -> None:

@@ -23,6 +23,7 @@ from ..exceptions import ServerError
 from .net import (  # noqa: F401 - launch.free_port (bench, tests)
     _check_port,
     _check_reachable,
+    _check_token,
     _connect_hint,
     _wait_healthy,
     client_head,
@@ -51,6 +52,7 @@ def init_ray(address: str | None, attempts: int = 3, **kwargs: Any) -> None:
 
     if address is not None:
         _check_reachable(address)
+        _check_token(address)
     # ray.init installs its core's failure handler for SIGTERM over a Python one (it logs a stack
     # and aborts the process halfway through our cleanup): put the Python one back afterwards
     python_handler = signal.getsignal(signal.SIGTERM)

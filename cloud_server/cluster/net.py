@@ -1,6 +1,6 @@
-"""Network checks of the cluster launch, without Ray: a port free to listen on, a Ray head that
-takes a connection, what to check when joining one fails, and where (and whether) this machine
-reaches the app's Serve proxy to wait for its front end."""
+"""Network checks of the cluster launch, before Ray starts: a port free to listen on, a Ray head that
+takes a connection and this process's token, what to check when joining one fails, and where (and
+whether) this machine reaches the app's Serve proxy to wait for its front end."""
 
 from __future__ import annotations
 
@@ -35,6 +35,42 @@ def _check_reachable(address: str, timeout_s: float = 5.0) -> None:
             f"nothing answers at --ray-address {address} ({exc.strerror or exc}): start the head with "
             f"`ray start --head` (it prints the address to use) or check the host and port"
         ) from exc
+
+
+_CLUSTER_ID_METHOD = "/ray.rpc.NodeInfoGcsService/GetClusterId"  # what ray.init asks the GCS first
+
+
+def _check_token(address: str, timeout_s: float = 5.0) -> None:
+    """Fail at once when the head at ``HOST:PORT`` turns this process's token away (or its lack of
+    one): ``ray.init`` retries that answer for 20 s before its "Failed to connect". One call to the
+    GCS with the metadata Ray itself would send; any other answer (or none) is left to Ray."""
+    target = address[len("ray://"):] if address.startswith("ray://") else address
+    host, sep, port = target.rpartition(":")
+    if address.startswith("ray://") or not sep or not host or not port.isdigit():
+        return  # Ray Client has a server of its own; "auto" finds a local cluster and its token
+    try:
+        import grpc
+        from ray._private.authentication.authentication_utils import is_token_auth_enabled
+        from ray._private.authentication.grpc_authentication_client_interceptor import (
+            SyncAuthenticationMetadataClientInterceptor as WithToken,
+        )
+    except ImportError:  # another Ray: its own connect, however long it takes
+        return
+    channel = grpc.insecure_channel(target)
+    try:
+        if is_token_auth_enabled():  # the token Ray would send (read once a process, as Ray reads it)
+            channel = grpc.intercept_channel(channel, WithToken())
+        # GetClusterIdRequest has no fields: its encoding is empty
+        channel.unary_unary(_CLUSTER_ID_METHOD)(b"", timeout=timeout_s)
+    except grpc.RpcError as exc:
+        if exc.code() == grpc.StatusCode.UNAUTHENTICATED:
+            reason = (exc.details() or "authentication failed").rstrip(".")
+            raise ServerError(
+                f"the Ray cluster at --ray-address {address} turned this process away ({reason}). "
+                f"{_connect_hint(address)}"
+            ) from None
+    finally:
+        channel.close()
 
 
 def client_head(address: str | None) -> str | None:

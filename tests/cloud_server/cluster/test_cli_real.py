@@ -188,6 +188,8 @@ def test_cli_joins_an_existing_cluster_and_leaves_it_running(smollm2_path, tmp_p
         last = refused.stderr.strip().splitlines()[-1]
         assert last.startswith("hybridllm-cloud: error:") and "RAY_AUTH_MODE=token" in last, last
         assert "Traceback" not in refused.stderr
+        # refused on the GCS's first answer, not after ray.init's 20 s of retrying it
+        assert "Failed to get cluster ID" not in refused.stderr, refused.stderr[-3000:]
 
         log = (tmp_path / "serve.log").open("w")
         server = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)

@@ -20,15 +20,20 @@ from ..exceptions import ServerError
 log = logging.getLogger("cloud_server.cluster")
 
 
+def _host_and_port(target: str) -> tuple[str, int] | None:
+    """``HOST:PORT`` (an IPv6 host in brackets) as (host without brackets, port); None otherwise."""
+    host, sep, port = target.rpartition(":")
+    return (host.strip("[]"), int(port)) if sep and host and port.isdigit() else None
+
+
 def _check_reachable(address: str, timeout_s: float = 5.0) -> None:
     """Fail in seconds, not after Ray's minutes of retries, when ``HOST:PORT`` (the head's GCS)
     or ``ray://HOST:PORT`` takes no TCP connection. ``auto`` and other forms are left to Ray."""
-    target = address[len("ray://"):] if address.startswith("ray://") else address
-    host, sep, port = target.rpartition(":")
-    if not sep or not host or not port.isdigit():
+    target = _host_and_port(address[len("ray://"):] if address.startswith("ray://") else address)
+    if target is None:
         return
     try:
-        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s):
+        with socket.create_connection(target, timeout=timeout_s):
             pass
     except OSError as exc:
         raise ServerError(
@@ -44,9 +49,7 @@ def _check_token(address: str, timeout_s: float = 5.0) -> None:
     """Fail at once when the head at ``HOST:PORT`` turns this process's token away (or its lack of
     one): ``ray.init`` retries that answer for 20 s before its "Failed to connect". One call to the
     GCS with the metadata Ray itself would send; any other answer (or none) is left to Ray."""
-    target = address[len("ray://"):] if address.startswith("ray://") else address
-    host, sep, port = target.rpartition(":")
-    if address.startswith("ray://") or not sep or not host or not port.isdigit():
+    if address.startswith("ray://") or _host_and_port(address) is None:
         return  # Ray Client has a server of its own; "auto" finds a local cluster and its token
     try:
         import grpc
@@ -56,7 +59,7 @@ def _check_token(address: str, timeout_s: float = 5.0) -> None:
         )
     except ImportError:  # another Ray: its own connect, however long it takes
         return
-    channel = grpc.insecure_channel(target)
+    channel = grpc.insecure_channel(address)
     try:
         if is_token_auth_enabled():  # the token Ray would send (read once a process, as Ray reads it)
             channel = grpc.intercept_channel(channel, WithToken())

@@ -88,15 +88,16 @@ def test_the_drain_in_process_on_the_fake_engine() -> None:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning")
-    server = GracefulServer(config, app.state.server.drain, grace_s=1.0)
+    server = GracefulServer(config, app.state.server.drain, grace_s=2.0)
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     wait_healthy_url(url, timeout_s=10)
     fake = {"model": "fake-model", "ignore_eos": True}
     with ThreadPoolExecutor(max_workers=3) as pool:
         plain = pool.submit(httpx.post, f"{url}/v1/chat/completions", timeout=30,
-                            json=chat(max_tokens=400, **fake))  # 4 s of steps
-        long_raw, short = RawStream(url, max_tokens=400, **fake), RawStream(url, max_tokens=40, **fake)
+                            json=chat(max_tokens=450, **fake))  # 4.5 s of steps
+        # the short one needs 0.4 s of steps: a busy machine still ends it within the 2 s grace
+        long_raw, short = RawStream(url, max_tokens=450, **fake), RawStream(url, max_tokens=40, **fake)
         for stream in (long_raw, short):
             pool.submit(stream.run)
             assert stream.started.wait(10)

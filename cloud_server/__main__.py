@@ -71,9 +71,7 @@ def serve(args: argparse.Namespace) -> int:
     if cluster is None:
         _check_device(config)
     _check_model_header(args, config, cluster is not None)
-    logging.basicConfig(
-        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    _configure_logging(args.log_level)
     log_lines_apart()  # a record logged while the load's bar is drawn starts a line of its own
     if cluster is not None:  # Ray is imported only here
         _warn_if_open(api_keys, args.host)  # Ray Serve's proxy binds it
@@ -142,6 +140,14 @@ def serve(args: argparse.Namespace) -> int:
     if died:
         raise ServerError(f"the engine failed while serving ({died[0]}); start the server again")
     return 0
+
+
+def _configure_logging(level: str) -> None:
+    """The server's log format at ``level``. httpx logs every request it sends at INFO (the
+    cluster's health polls: "HTTP Request: GET .../health"): those only with ``--log-level debug``."""
+    logging.basicConfig(level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if level.lower() != "debug":
+        logging.getLogger("httpx").setLevel(logging.WARNING)
 
 
 def _warn_if_open(api_keys: Sequence[str], host: str) -> None:

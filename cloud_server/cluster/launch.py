@@ -107,7 +107,8 @@ def start(
         init_ray(cluster.ray_address, **(ray_init or {}))
         if cluster.ray_address is None:
             check_capacity(cluster, ray.cluster_resources(), num_gpus=num_gpus)
-    serve.start(http_options={"host": host, "port": port})
+    with _quiet_serve_reconnects():
+        serve.start(http_options={"host": host, "port": port})
     if cluster.ray_address is not None:
         _check_app_free(APP_NAME, cluster.ray_address, replace=cluster.replace_app)
     _check_proxy(host, port, cluster.ray_address)  # after: another serve running there says more
@@ -122,13 +123,36 @@ def start(
     if deploying is not None:
         deploying()
     try:
-        serve.run(app, name=APP_NAME, route_prefix="/")
+        with _quiet_serve_reconnects():
+            serve.run(app, name=APP_NAME, route_prefix="/")
     except RuntimeError as exc:  # Serve says only which deployment failed; say why
         reason = _replica_error(APP_NAME)
         if reason is None:
             raise
         raise ServerError(f"the engine replicas could not start: {reason}") from exc
     return _await_front_end(host, port, cluster.ray_address)
+
+
+class _DropReconnects(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return _RECONNECT_LINE not in record.getMessage()
+
+
+_RECONNECT_LINE = "New http_options/controller_options will not be applied"
+
+
+@contextlib.contextmanager
+def _quiet_serve_reconnects() -> Any:
+    """Without Serve's "Connecting to existing Serve app ... New http_options/controller_options
+    will not be applied.": ``serve.run`` logs it right after this command's own ``serve.start``
+    (whose options were applied), and on a cluster that already runs Serve ``_check_proxy`` says
+    in one line whether its host and port are the ones asked for. Any other line is kept."""
+    logger, drop = logging.getLogger("ray.serve"), _DropReconnects()
+    logger.addFilter(drop)
+    try:
+        yield
+    finally:
+        logger.removeFilter(drop)
 
 
 def _await_front_end(host: str, port: int, address: str | None) -> str:

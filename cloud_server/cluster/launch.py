@@ -392,6 +392,12 @@ def serve_cluster(
     except Exception as exc:  # Ray's own errors: one line, no traceback
         raise ServerError(f"the Ray Serve deployment failed: {type(exc).__name__}: {exc}") from exc
     finally:
+        if ended[0] and url is not None:  # stopped while serving: say what the wait is for
+            from .app import GRACEFUL_SHUTDOWN_S
+
+            log.info("stopping: deleting the app, its answers in flight get up to %.0f s to finish%s",
+                     GRACEFUL_SHUTDOWN_S, ", then the local Ray instance stops"
+                     if cluster.ray_address is None else "; the Ray cluster keeps running")
         try:
             stop(cluster, board, drain=url is not None, delete_app=deployed.is_set())
         except Exception as exc:  # Ray's own (a joined cluster gone meanwhile): one line, no traceback

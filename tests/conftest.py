@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import secrets
 from pathlib import Path
 
 import pytest
@@ -24,6 +25,12 @@ def _isolated_dirs(tmp_path_factory):
     shared = Path.home() / ".cache" / "hybridllm" / "embeddings"
     mp.setenv("HYBRIDLLM_EMBEDDINGS_DIR", os.environ.get("HYBRIDLLM_EMBEDDINGS_DIR") or str(shared))
     mp.delenv("HYBRIDLLM_CONFIG", raising=False)
+    # Ray 2.60's local ray.init() turns token auth on and, with no token given, writes one to
+    # ~/.ray/auth_token, after which the user's own `ray start` runs with token auth too: the
+    # session's local clusters take a token from the environment instead (tests that need another
+    # set their own; one given by the user is kept)
+    if not any(os.environ.get(k) for k in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")):
+        mp.setenv("RAY_AUTH_TOKEN", secrets.token_hex(32))
     yield cache
     mp.undo()
 

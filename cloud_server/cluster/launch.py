@@ -133,12 +133,8 @@ def start(
     return _await_front_end(host, port, cluster.ray_address)
 
 
-class _DropReconnects(logging.Filter):
-    def filter(self, record: logging.LogRecord) -> bool:
-        return _RECONNECT_LINE not in record.getMessage()
-
-
-_RECONNECT_LINE = "New http_options/controller_options will not be applied"
+def _not_a_reconnect(record: logging.LogRecord) -> bool:
+    return "New http_options/controller_options will not be applied" not in record.getMessage()
 
 
 @contextlib.contextmanager
@@ -147,12 +143,12 @@ def _quiet_serve_reconnects() -> Any:
     will not be applied.": ``serve.run`` logs it right after this command's own ``serve.start``
     (whose options were applied), and on a cluster that already runs Serve ``_check_proxy`` says
     in one line whether its host and port are the ones asked for. Any other line is kept."""
-    logger, drop = logging.getLogger("ray.serve"), _DropReconnects()
-    logger.addFilter(drop)
+    logger = logging.getLogger("ray.serve")
+    logger.addFilter(_not_a_reconnect)
     try:
         yield
     finally:
-        logger.removeFilter(drop)
+        logger.removeFilter(_not_a_reconnect)
 
 
 def _await_front_end(host: str, port: int, address: str | None) -> str:

@@ -5,6 +5,7 @@ answer, and all of a request's feeds are asked at once (the slowest one's wait, 
 from __future__ import annotations
 
 import asyncio
+import gc
 import time
 
 import pytest
@@ -14,6 +15,8 @@ from hybridllm.backends.fake import FakeBackend
 from hybridllm.carbon import CarbonPlacer, CloudEndpoint
 
 pytest.importorskip("fastapi")
+
+FEED_S = 0.8  # the slow feed's answer time in the event-loop test (its timeout is 1 s)
 
 
 def _slow(seconds: float, value: float, calls: list[float] | None = None):
@@ -28,7 +31,11 @@ def _slow(seconds: float, value: float, calls: list[float] | None = None):
 
 def test_a_slow_feed_does_not_hold_the_event_loop():
     """Before: the feed was waited for inline in the cloud client's coroutine, so the loop (every
-    other request of the app) stood still for the feed's whole answer time."""
+    other request of the app) stood still for the feed's whole answer time.
+
+    The feed takes 0.8 s and the loop may stall at most half of that: waiting on the feed stalls it
+    the feed's whole time, while a busy machine's scheduling does not come near it. The collector
+    is off during the request (a full collection of a long suite's heap once took 0.6 s here)."""
     from cloud_server.api.server import create_app
     from tests.cloud_server.api.fake_engine import FakeEngine
     from tests.cloud_server.api.helpers import ThreadServer
@@ -50,7 +57,7 @@ def test_a_slow_feed_does_not_hold_the_event_loop():
 
             async with AsyncHybridLLM(
                 edge=FakeBackend(), cache=False, max_tokens=4, cloud_model="fake-model",
-                cloud_endpoints=[CloudEndpoint(a.url, region="slow", carbon_intensity=_slow(0.6, 20.0)),
+                cloud_endpoints=[CloudEndpoint(a.url, region="slow", carbon_intensity=_slow(FEED_S, 20.0)),
                                  {"url": b.url, "region": "dirty", "carbon_intensity": 700}],
             ) as llm:
                 tick = asyncio.create_task(ticker())
@@ -60,9 +67,14 @@ def test_a_slow_feed_does_not_hold_the_event_loop():
                 await tick
             return max(gaps), c.region
 
-        worst, region = asyncio.run(main())
+        gc.collect()
+        gc.disable()
+        try:
+            worst, region = asyncio.run(main())
+        finally:
+            gc.enable()
         assert region == "slow"  # the feed's figure still placed the request
-        assert worst < 0.3, worst  # the loop ticked on while the 0.6 s feed answered
+        assert worst < FEED_S / 2, worst  # the loop ticked on while the feed answered
     finally:
         a.stop()
         b.stop()

@@ -6,6 +6,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from ._types import MAX_STOP  # the library's bound (OpenAI's 4), not the wire's 32
 from .wire import ChatCompletionRequest, WireError
 from .wire.requests import _STREAM_RULE
 
@@ -38,6 +39,11 @@ def _schema_extra(schema: dict[str, Any]) -> None:
     # HybridLLM answers a user: a conversation needs at least one user turn
     messages["contains"] = {"properties": {"role": {"const": "user"}}}
     messages["items"] = {"allOf": [messages["items"], _TURN_RULE]}
+    # the wire's list takes 32 stop strings (the cloud server's); this server passes them to
+    # HybridLLM, which takes OpenAI's 4 (its cloud route may be OpenAI): the document says so
+    for alt in schema["properties"]["stop"]["anyOf"]:
+        if alt.get("type") == "array":
+            alt["maxItems"] = MAX_STOP
 
 
 class ProxyChatRequest(ChatCompletionRequest):
@@ -64,6 +70,18 @@ class ProxyChatRequest(ChatCompletionRequest):
                 raise WireError(f"messages[{i}] is a user turn without text: write the question in "
                                 f"its content, or leave the message out.", param=where)
         return self
+
+    @field_validator("stop")
+    @classmethod
+    def _at_most_four_stops(cls, value: str | list[str] | None) -> str | list[str] | None:
+        # refused here, naming "stop" as OpenAI's 400 does; past the door, HybridLLM's own refusal
+        # was a 400 with no param, and the document allowed 32. Empty strings stop nothing and are
+        # dropped (stop_list), as before: they do not count.
+        given = len([s for s in value if s]) if isinstance(value, list) else 0
+        if given > MAX_STOP:
+            raise WireError(f"Invalid 'stop': {given} stop strings; this server takes at most "
+                            f"{MAX_STOP}, as OpenAI does.", param="stop")
+        return value
 
     @field_validator("stop_token_ids")
     @classmethod

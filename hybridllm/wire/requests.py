@@ -105,6 +105,9 @@ def _with_refusal_parts(schema: JsonDict) -> None:
             member["items"] = {"anyOf": [member["items"], _REFUSAL_PART]}
 
 
+_ANSWER_FIELDS = frozenset({"function_call", "audio", "annotations"})  # an answer's, echoed back
+
+
 class ChatMessage(_Strict):
     model_config = ConfigDict(json_schema_extra=_CONTENT_RULE)
     role: Literal["system", "developer", "user", "assistant", "tool"]
@@ -114,6 +117,12 @@ class ChatMessage(_Strict):
     tool_calls: list[dict[str, Any]] | None = None
     tool_call_id: str | None = None
     refusal: str | None = None
+    # Fields of OpenAI's answer message that the official clients send back with it (the message
+    # object appended to ``messages``, or its ``model_dump()``): null or as OpenAI wrote them, and
+    # not read. Only an assistant turn carries them.
+    function_call: dict[str, Any] | None = None
+    audio: dict[str, Any] | None = None
+    annotations: list[dict[str, Any]] | None = None
 
     @field_validator("content", mode="before")
     @classmethod
@@ -134,6 +143,9 @@ class ChatMessage(_Strict):
     def _content_required(self) -> ChatMessage:
         if self.content is None and self.role != "assistant":
             raise ValueError(f"a '{self.role}' message needs 'content'")
+        if self.role != "assistant" and (echoed := _ANSWER_FIELDS & self.model_fields_set):
+            raise ValueError(f"{', '.join(repr(f) for f in sorted(echoed))} belong to assistant "
+                             f"messages, not to a '{self.role}' message")
         return self
 
     def text(self) -> str:

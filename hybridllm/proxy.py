@@ -177,7 +177,7 @@ def create_app(llm: HybridLLM, *, model_name: str = "hybridllm", api_keys: list[
         openapi_extra=request_body(ProxyChatRequest, defs,
                                    neutral_only={"ignore_eos": False, "stop_token_ids": []}),
         responses={**ok_response(ChatCompletion, streams=True),
-                   **error_responses(400, *auth, 413, 429, 500, 502, 503)},
+                   **error_responses(400, *auth, 408, 413, 429, 500, 502, 503)},
     )
     async def chat(request: Request) -> Any:
         admit(request)

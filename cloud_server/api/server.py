@@ -108,7 +108,7 @@ def _build_router(app: FastAPI, checker: ApiKeyChecker, max_body_bytes: int) -> 
     state: ServerState = app.state.server
     defs: dict[str, Any] = {}
     auth = (401,) if checker.is_enabled else ()
-    post_errors = _errors(400, *auth, 404, 413, 429, 500, 503)
+    post_errors = _errors(400, *auth, 404, 408, 413, 429, 500, 503)  # 408: a body that came too slowly
     neutral = unsupported_sampling()
 
     async def require_key(request: Request) -> None:

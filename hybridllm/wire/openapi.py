@@ -20,6 +20,8 @@ ERROR_TEXT = {
     401: "Missing or wrong API key",
     403: "A request from a web page whose origin this server does not allow",
     404: "Unknown model",
+    408: "The request body did not arrive whole in time (code request_timeout); the connection is "
+         "closed",
     413: "Request body too large",
     429: "Too many requests now (a full queue, a rate limit or a spent budget); retry after the "
          "Retry-After header",

@@ -4,11 +4,15 @@ Before, it listed neither the 500 of a failed step or of a dead engine (engine_d
 and it promised a 422 on ``GET /v1/models/{model_id}`` that the server never answers (a validation
 error is a 400 here). The statuses are not read from the document's own code: each one is produced
 by a real request to a real server (a fake engine behind it), then looked up in /openapi.json.
+The 408 of a body that comes too slowly was answered and not listed (2026-12-04): a raw socket
+sends part of a body and stops.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
+import socket
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -18,6 +22,7 @@ import httpx
 from cloud_server.api.server import create_app
 from cloud_server.engine.sampling_params import SamplingParams
 from cloud_server.exceptions import EngineError, NotReadyError, QueueFullError
+from hybridllm.wire import body as wire_body
 
 from .fake_engine import FakeEngine, FakeOutput
 from .helpers import ThreadServer
@@ -61,6 +66,20 @@ def _route(path: str) -> str:
     return "/v1/models/{model_id}" if path.startswith("/v1/models/") else path
 
 
+def _slow_body_status(url: str, path: str) -> int:
+    """The status answered to a body announced whole and sent in part (its first bytes, then
+    nothing), read off a raw socket: httpx cannot send a body that stops."""
+    body = json.dumps(POSTS[path]).encode()
+    head = (f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {KEY}\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n").encode()
+    host, port = url.removeprefix("http://").rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        sock.sendall(head + body[:10])  # and the rest never
+        answer = sock.recv(65536)  # the server answers when its body timeout is over
+    assert answer.startswith(b"HTTP/1.1 "), answer[:80]
+    return int(answer.split(b" ", 2)[1])
+
+
 def _observe(url: str, engine: _Scripted, dead: list[EngineError]) -> set[tuple[str, str, int]]:
     seen: set[tuple[str, str, int]] = set()
     with httpx.Client(base_url=url, headers=AUTH, timeout=10) as client:
@@ -83,6 +102,7 @@ def _observe(url: str, engine: _Scripted, dead: list[EngineError]) -> set[tuple[
                 engine.fault = fault
                 post(path)
             engine.fault = ""
+            seen.add(("post", path, _slow_body_status(url, path)))  # 408
         for path in GETS:
             get(path)  # 200
             get(path, headers={"Authorization": "Bearer wrong"})  # 401
@@ -113,7 +133,8 @@ def _documented(url: str) -> set[tuple[str, str, int]]:
             for status in operation["responses"]}
 
 
-def test_the_document_lists_each_status_the_routes_answer_and_no_other() -> None:
+def test_the_document_lists_each_status_the_routes_answer_and_no_other(monkeypatch) -> None:
+    monkeypatch.setattr(wire_body, "BODY_TIMEOUT_S", 0.3)  # a slow body's 408 within the test
     engine = _Scripted()
     dead: list[EngineError] = []
     server = ThreadServer(create_app(lambda: engine, api_keys=[KEY], max_body_bytes=4096,
@@ -129,7 +150,7 @@ def test_the_document_lists_each_status_the_routes_answer_and_no_other() -> None
     finally:
         loading.stop()
     statuses = {status for _, _, status in seen}
-    assert {200, 400, 401, 404, 413, 429, 500, 503} <= statuses, sorted(seen)
+    assert {200, 400, 401, 404, 408, 413, 429, 500, 503} <= statuses, sorted(seen)
     assert ("get", "/v1/models", 500) in seen  # engine_dead reaches the routes without an engine call
     missing = seen - documented
     assert not missing, f"answered but not in /openapi.json: {sorted(missing)}"

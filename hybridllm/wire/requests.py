@@ -81,13 +81,16 @@ class ResponseFormat(_Strict):
     json_schema: dict[str, Any] | None = None
 
 
-# "content" may be left out (or null) only by an assistant message that carried tool calls, and
-# only an assistant's content may hold a refusal part (the validator below refuses it elsewhere)
+_ANSWER_FIELDS = ("annotations", "audio", "function_call")  # an answer message's, echoed back
+
+# "content" may be left out (or null) only by an assistant message that carried tool calls, only
+# an assistant's content may hold a refusal part, and only an assistant message may carry the
+# answer's own fields (the validators below refuse them elsewhere)
 _CONTENT_RULE: JsonDict = {
     "if": {"properties": {"role": {"not": {"const": "assistant"}}}},
     "then": {"required": ["content"], "properties": {"content": {"not": {"anyOf": [{"type": "null"}, {
         "type": "array", "contains": {"required": ["type"], "properties": {"type": {"const": "refusal"}}},
-    }]}}}},
+    }]}}}, "not": {"anyOf": [{"required": [name]} for name in _ANSWER_FIELDS]}},
 }
 
 
@@ -103,9 +106,6 @@ def _with_refusal_parts(schema: JsonDict) -> None:
     for member in cast(list[dict[str, Any]], schema.get("anyOf", [])):
         if member.get("type") == "array":
             member["items"] = {"anyOf": [member["items"], _REFUSAL_PART]}
-
-
-_ANSWER_FIELDS = frozenset({"function_call", "audio", "annotations"})  # an answer's, echoed back
 
 
 class ChatMessage(_Strict):
@@ -143,7 +143,7 @@ class ChatMessage(_Strict):
     def _content_required(self) -> ChatMessage:
         if self.content is None and self.role != "assistant":
             raise ValueError(f"a '{self.role}' message needs 'content'")
-        if self.role != "assistant" and (echoed := _ANSWER_FIELDS & self.model_fields_set):
+        if self.role != "assistant" and (echoed := set(_ANSWER_FIELDS) & self.model_fields_set):
             raise ValueError(f"{', '.join(repr(f) for f in sorted(echoed))} belong to assistant "
                              f"messages, not to a '{self.role}' message")
         return self

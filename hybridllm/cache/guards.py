@@ -15,7 +15,9 @@ two different questions can look identical to them:
   five bullet points", "-40 °C" / "40 °C", "五" / "六", "Ⅲ" / "Ⅳ", "one plus one" / "one plus
   one plus one", "the first world war" / "the second", "the eleventh" / "the twelfth", "the
   eighties" / "the nineties", "half of 100" / "double 100"), a negation on one side
-  only ("is it safe" / "is it unsafe", "ist es nicht sicher", "n'est pas"), and the same words
+  only ("is it safe" / "is it unsafe", "ist es nicht sicher", "n'est pas"), a word turned into
+  its opposite when that is all that differs ("is Python faster" / "slower than Java", "is it
+  true" / "false that bats are blind", "buy" / "sell", "men" / "women"), and the same words
   with one moved across a word of direction ("flights from Paris to London" / "from London to
   Paris", "is a shark bigger than a dolphin"), and a question written in another script (a
   translation: "Какая столица Франции?" / "What is the capital of France?"): the verifiers
@@ -72,6 +74,42 @@ SOFT_NUMBER_WORDS = frozenset({"one", "first", "second"})
 MULTIPLE_WORDS = frozenset({"half", "double", "twice", "triple", "thrice", "quarter", "once"})
 # "un-" and the like turn a word into its opposite: "safe" / "unsafe", "legal" / "illegal"
 _OPPOSITE_PREFIXES = ("un", "in", "im", "il", "ir", "dis", "non")
+# a word and its opposite (or its counterpart): when they are all that differs, the question asks
+# the other way round ("Is Python faster than Java?" / "... slower than Java?", "Is it true that
+# bats are blind?" / "... false ...", both served by the reranker at 0.95 and 0.96). Only as the
+# whole difference: a paraphrase that also words the rest otherwise ("Is X better than Y?" / "Is
+# Y worse than X?") is left to the verifier, and misses here, which is a miss, never a wrong answer
+_OPPOSITE_WORDS = (
+    "faster slower|fast slow|quicker slower|more less|more fewer|most least|bigger smaller|"
+    "big small|larger smaller|large small|largest smallest|biggest smallest|higher lower|"
+    "high low|highest lowest|better worse|best worst|good bad|heavier lighter|heaviest lightest|"
+    "heavy light|hotter colder|hot cold|hottest coldest|warmer cooler|warmer colder|warm cold|"
+    "longer shorter|long short|longest shortest|older younger|old young|oldest youngest|"
+    "old new|older newer|oldest newest|stronger weaker|strongest weakest|strong weak|"
+    "richer poorer|richest poorest|rich poor|easier harder|easiest hardest|easy hard|"
+    "easy difficult|deeper shallower|deep shallow|closer farther|closer further|"
+    "nearest farthest|near far|wider narrower|wide narrow|thicker thinner|thick thin|"
+    "cheaper pricier|cheap expensive|true false|increase decrease|increase reduce|"
+    "increases decreases|increasing decreasing|increased decreased|rise fall|up down|"
+    "open close|open closed|on off|in out|before after|earlier later|early late|first last|"
+    "start end|start stop|begin end|win lose|won lost|buy sell|buying selling|bought sold|"
+    "import export|push pull|upload download|encrypt decrypt|encode decode|compress decompress|"
+    "add remove|add subtract|multiply divide|enable disable|maximum minimum|max min|pros cons|"
+    "advantages disadvantages|strengths weaknesses|above below|over under|north south|"
+    "east west|left right|top bottom|inside outside|internal external|positive negative|"
+    "gain lose|accept reject|accept decline|safe dangerous|love hate|always never|wet dry|"
+    "light dark|success failure|succeed fail|pass fail|profit loss|private public|entry exit|"
+    "enter exit|arrive leave|arrival departure|past future|yesterday tomorrow|sunrise sunset|"
+    "ascending descending|uppercase lowercase|horizontal vertical|input output|send receive|"
+    "give take|lend borrow|male female|men women|man woman|boy girl|boys girls|husband wife|"
+    "mother father|son daughter|brother sister|employer employee|buyer seller|landlord tenant|"
+    "teacher student|parent child|parents children|winner loser|predator prey"
+)
+OPPOSITES: dict[str, frozenset[str]] = {}
+for _pair in _OPPOSITE_WORDS.split("|"):
+    _a, _b = _pair.split()
+    OPPOSITES[_a] = OPPOSITES.get(_a, frozenset()) | {_b}
+    OPPOSITES[_b] = OPPOSITES.get(_b, frozenset()) | {_a}
 # a word moved across one of these changes who does what to whom: "Paris to London"
 _DIRECTIONAL = frozenset(
     {"to", "into", "onto", "than", "over", "from", "against", "versus", "vs", "of", "by", "toward",
@@ -122,6 +160,20 @@ def _opposite_pair(only_a: set[str], only_b: set[str]) -> bool:
     return False
 
 
+def _turned_around(words_a: list[str], words_b: list[str]) -> bool:
+    """The words that differ, and only they, pair up as opposites ("faster" / "slower")."""
+    only_a, only_b = Counter(words_a) - Counter(words_b), Counter(words_b) - Counter(words_a)
+    if not only_a or only_a.total() != only_b.total():
+        return False
+    rest = list(only_b.elements())
+    for word in only_a.elements():
+        match = next((other for other in rest if other in OPPOSITES.get(word, ())), None)
+        if match is None:
+            return False
+        rest.remove(match)
+    return True
+
+
 def _swapped(words_a: list[str], words_b: list[str]) -> bool:
     """The same words, one of them moved across a word of direction ("Paris to London")."""
     if Counter(words_a) != Counter(words_b):
@@ -151,7 +203,8 @@ def conflict(query: str, cached: str) -> str | None:
         return "different numbers"
     if _negated(words_q) != _negated(words_c):
         return "a negation on one side only"
-    if _opposite_pair(set(words_q) - set(words_c), set(words_c) - set(words_q)):
+    if (_opposite_pair(set(words_q) - set(words_c), set(words_c) - set(words_q))
+            or _turned_around(words_q, words_c)):
         return "a word and its opposite"
     if _swapped(words_q, words_c):
         return "the same words in another direction"

@@ -202,21 +202,33 @@ class _StoreFile:
         except sqlite3.Error:
             return 0
         try:
-            meta = dict(src.execute("SELECT key, value FROM cache_meta"))
-            if meta.get("format") != FORMAT or meta.get("dim") != str(self.dim):
+            try:
+                meta: dict | None = dict(src.execute("SELECT key, value FROM cache_meta"))
+            except sqlite3.DatabaseError:
+                # its one page damaged: the entries are still there, and their vectors' length
+                # says which this cache can compare (before, every entry was lost with that page)
+                meta = None
+            if meta is not None and (meta.get("format") != FORMAT or meta.get("dim") != str(self.dim)):
                 return 0  # not vectors this cache can compare
             sql = f"SELECT rowid, {', '.join(_COLUMNS['entries'])} FROM entries ORDER BY rowid"
             insert = f"INSERT OR IGNORE INTO entries VALUES ({', '.join('?' * len(_COLUMNS['entries']))})"
+            size = 4 * self.dim  # float32
+
+            def comparable(row: tuple) -> bool:
+                return meta is not None or (isinstance(row[6], bytes) and len(row[6]) == size)
+
             with _Transaction(conn, self.path):
                 last, kept = 0, 0
                 for row in _readable(src, sql):
-                    kept += conn.execute(insert, row[1:]).rowcount
+                    if comparable(row):
+                        kept += conn.execute(insert, row[1:]).rowcount
                     last = row[0]
                 tail = []  # past the first damaged page: read from the other end
                 for row in _readable(src, sql + " DESC"):
                     if row[0] <= last:
                         break
-                    tail.append(row[1:])
+                    if comparable(row):
+                        tail.append(row[1:])
                 for row in reversed(tail):  # in the order written: lru_ids breaks ties by rowid
                     kept += conn.execute(insert, row).rowcount
             return kept

@@ -38,11 +38,16 @@ class _Emitter(_CoreParts):
         logprobs: bool = False,
         inline: bool = True,
         restorer: Restorer | _RestoredStop | None = None,
+        max_tokens: int | None = None,
     ) -> Chunks:
+        """The device answers; with ``prefix``, it continues that answer, writing at most
+        ``max_tokens`` (what the prefix left of the request's own) new tokens."""
         # log-probabilities are cheap on the device: ask for them whenever the cache may keep
         # the answer, since an unsure answer is not stored
         want = logprobs or (self.cache is not None and self.cache_min_logprob is not None)
         params = dataclasses.replace(req.params, logprobs=True) if want else req.params
+        if max_tokens is not None:
+            params = dataclasses.replace(params, max_tokens=max_tokens)
         edge, msgs = self.edge, req.messages
 
         def run() -> Iterator[Delta]:
@@ -112,7 +117,7 @@ class _Emitter(_CoreParts):
             if held is not None:
                 yield held
             if answer.parts:
-                raise _PartialOutput(exc, "".join(answer.parts), answer.ttft) from exc
+                raise _PartialOutput(exc, "".join(answer.parts), answer.ttft, answer.model) from exc
             raise _NoOutput(exc) from exc
         except NotImplementedError as exc:
             if not prefix:
@@ -153,15 +158,17 @@ class _Emitter(_CoreParts):
         finish: str = "stop",
         ttft_ms: float | None = None,
         mean_logprob: float | None = None,
+        prefix: str = "",
     ) -> Chunks:
-        """Stream a finished answer (a cache hit, a held-back cascade draft) word by word."""
+        """Stream a finished answer (a cache hit, a held-back cascade draft) word by word; with
+        ``prefix`` (already sent to the caller), ``text`` is the rest of it."""
         for piece in re.findall(r"\S*\s*", text) or [text]:
             if piece:
                 if ttft_ms is None:
                     ttft_ms = (time.perf_counter() - start) * 1000
                 yield Chunk(piece, route, model)
         completion = Completion(
-            text=text,
+            text=prefix + text,
             route=route,
             reason=reason,
             model=model,

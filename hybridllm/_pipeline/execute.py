@@ -222,6 +222,18 @@ class _Executor(_Planner, _Emitter, _Accounting):
             # the device wrote the rest in the cloud's place: not stored, so the cloud's whole
             # answer is, once it answers (before, the stitched answer was served from the cache)
             req.stand_in = True
+            # max_tokens bounds the whole answer the caller reads: the device writes what the
+            # cloud's part left of it, counted as the answer's usage counts that part
+            left = req.params.max_tokens - call.cost().completion_tokens
+            if left < 1:  # the cloud's part used it all: the answer ends here, cut at max_tokens
+                async with aclosing(self._replay(
+                        "", exc.model or cloud.model, start, route=route, finish="length",
+                        score=d.score, ttft_ms=exc.ttft_ms, prefix=exc.text,
+                        reason=f"{reason}; cloud stream broke after {len(exc.text)} characters "
+                        f"({exc.cause}), with max_tokens ({req.params.max_tokens}) used")) as source:
+                    async for chunk in source:
+                        yield chunk
+                return
             async with aclosing(
                 self._emit_edge(
                     req,
@@ -229,6 +241,7 @@ class _Executor(_Planner, _Emitter, _Accounting):
                     route=f"{route}->edge",
                     score=d.score,
                     prefix=exc.text,
+                    max_tokens=left,
                     ttft_ms=exc.ttft_ms,
                     reason=f"{reason}; cloud stream broke after {len(exc.text)} characters "
                     f"({exc.cause}); the device finished the answer",

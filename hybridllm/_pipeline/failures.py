@@ -35,11 +35,12 @@ class _NoOutput(Exception):
 class _PartialOutput(Exception):
     """The cloud failed after streaming ``text``: the device continues from there."""
 
-    def __init__(self, cause: Exception, text: str, ttft_ms: float | None) -> None:
+    def __init__(self, cause: Exception, text: str, ttft_ms: float | None, model: str | None = None) -> None:
         super().__init__(str(cause))
         self.cause = cause
         self.text = text
         self.ttft_ms = ttft_ms
+        self.model = model  # the model that wrote ``text``, as its deltas named it
 
 
 def _too_long(req: Request, why: str, what: str) -> ContextWindowExceededError:

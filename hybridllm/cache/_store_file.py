@@ -10,6 +10,7 @@ from pathlib import Path
 
 from .._exceptions import CacheCorruptError, CacheError
 from .._locks import lock_exclusive
+from ._store_reads import text_or_bytes
 from ._store_writes import _Transaction
 
 FORMAT = "hybridllm-semantic-cache"
@@ -62,6 +63,7 @@ class _StoreFile:
 
     def _open(self) -> sqlite3.Connection:
         conn = sqlite3.connect(str(self.path), timeout=10.0, check_same_thread=False, isolation_level=None)
+        conn.text_factory = text_or_bytes  # a damaged text is one damaged row, not an unreadable file
         try:
             # every check that can refuse the file reads only: a file that is not ours is never
             # written (WAL mode rewrites the header, the schema adds tables)
@@ -199,6 +201,7 @@ class _StoreFile:
             # which SQLite calls corrupt before reading any page, so no entry was kept; with
             # writable_schema it reads the pages the file still has (read only: mode=ro)
             src.execute("PRAGMA writable_schema=ON")
+            src.text_factory = text_or_bytes  # a text that is not UTF-8 stopped the read there
         except sqlite3.Error:
             return 0
         try:

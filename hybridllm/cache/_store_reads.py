@@ -14,6 +14,26 @@ from .._types import USER_TEXT, private_repr
 _RELOAD_MARK = "*"  # a change-log id that means: reload every entry
 
 
+def text_or_bytes(raw: bytes) -> str | bytes:
+    """A TEXT value as a str, or as its bytes when they are not UTF-8 (the connections'
+    ``text_factory``). A flipped bit in a stored question or answer is damage SQLite's integrity
+    check does not look at; the default decoder raised ``OperationalError: Could not decode to
+    UTF-8`` on the whole query, so one such row made the cache impossible to open. Now such a
+    value reaches :meth:`_StoreReads._entry` as bytes, which reads the row as damaged."""
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return raw
+
+
+def id_of(value: object) -> str:
+    """A row's id as a str: an id that is not UTF-8 (damaged) keeps its bytes as lone surrogates,
+    which no real id holds, so :meth:`~._store_writes._StoreWrites.delete` can still find it."""
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "surrogateescape")
+    return str(value)
+
+
 @dataclass(frozen=True)
 class Entry:
     """One stored answer; its repr shows the question's and answer's sizes, not their text."""
@@ -110,10 +130,12 @@ class _StoreReads:
                 raise ValueError("an embedding that is not a finite, non-zero vector")
             if abs(norm - 1.0) > 1e-3:
                 vec = vec / np.float32(norm)
+            if row[8] is not None and not isinstance(row[8], str):
+                raise TypeError("metadata that is not text")
             metadata = json.loads(row[8]) if row[8] else None
             created_at, last_used = float(row[6]), float(row[7])
         except (TypeError, ValueError):
-            self.unreadable.add(str(row[0]))
+            self.unreadable.add(id_of(row[0]))
             return None
         return Entry(
             id=row[0],

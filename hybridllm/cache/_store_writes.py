@@ -9,10 +9,19 @@ from pathlib import Path
 import numpy as np
 
 from .._exceptions import CacheError
-from ._store_reads import _RELOAD_MARK, Entry, _StoreReads
+from ._store_reads import _RELOAD_MARK, Entry, _StoreReads, id_of
 
 _KEEP_CHANGES = 10000  # ids kept in the change log
 _MAX_LOGGED = 1000  # a change of more entries is logged as one reload mark
+
+
+def _damaged(entry_id: str) -> bool:
+    """An id read from a row whose id is not UTF-8 (see :func:`~._store_reads.id_of`)."""
+    try:
+        entry_id.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
 
 
 class _StoreWrites(_StoreReads):
@@ -69,14 +78,19 @@ class _StoreWrites(_StoreReads):
     def delete(self, entry_ids: list[str]) -> int:
         if not entry_ids:
             return 0
+        clean = [(i,) for i in entry_ids if not _damaged(i)]
         with self._write():
-            cur = self._conn.executemany("DELETE FROM entries WHERE id = ?", [(i,) for i in entry_ids])
+            removed = self._conn.executemany("DELETE FROM entries WHERE id = ?", clean).rowcount
+            if damaged := [(i.encode("utf-8", "surrogateescape"),) for i in entry_ids if _damaged(i)]:
+                # an id that is not UTF-8 (see id_of), found by its bytes
+                sql = "DELETE FROM entries WHERE CAST(id AS BLOB) = ?"
+                removed += self._conn.executemany(sql, damaged).rowcount
             self._log(entry_ids)
-            return cur.rowcount
+            return removed
 
     def expired_ids(self, before: float) -> list[str]:
         sql = "SELECT id FROM entries WHERE created_at < ?"
-        return [r[0] for r in self._conn.execute(sql, (before,))]
+        return [id_of(r[0]) for r in self._conn.execute(sql, (before,))]
 
     def lru_ids(self, num: int) -> list[str]:
         """The ``num`` least recently used entries, oldest first, never the latest write (the
@@ -90,20 +104,21 @@ class _StoreWrites(_StoreReads):
             "SELECT id FROM entries WHERE rowid != (SELECT MAX(rowid) FROM entries) "
             "ORDER BY last_used ASC, created_at ASC, rowid ASC LIMIT ?"
         )
-        ids = [r[0] for r in self._conn.execute(sql, (num,))]
+        ids = [id_of(r[0]) for r in self._conn.execute(sql, (num,))]
         if len(ids) < num:  # every row asked for: the latest write comes last
-            ids += [r[0] for r in self._conn.execute("SELECT id FROM entries ORDER BY rowid DESC LIMIT 1")]
+            last = "SELECT id FROM entries ORDER BY rowid DESC LIMIT 1"
+            ids += [id_of(r[0]) for r in self._conn.execute(last)]
         return ids
 
     def clear(self, namespace: str | None = None) -> list[str]:
         with self._write():
             if namespace is None:
-                ids = [r[0] for r in self._conn.execute("SELECT id FROM entries")]
+                ids = [id_of(r[0]) for r in self._conn.execute("SELECT id FROM entries")]
                 self._conn.execute("DELETE FROM entries")
                 self._conn.execute("DELETE FROM cache_meta WHERE key IN ('hits', 'misses')")
             else:
                 sql = "SELECT id FROM entries WHERE namespace = ?"
-                ids = [r[0] for r in self._conn.execute(sql, (namespace,))]
+                ids = [id_of(r[0]) for r in self._conn.execute(sql, (namespace,))]
                 self._conn.execute("DELETE FROM entries WHERE namespace = ?", (namespace,))
             self._log(ids)
         self._scrub(vacuum=namespace is None)
@@ -129,6 +144,8 @@ class _StoreWrites(_StoreReads):
 
     def _log(self, entry_ids: list[str]) -> None:
         """Append to the change log (inside the caller's transaction) and trim it."""
+        # a damaged id (not UTF-8) is in no process's index: nothing to tell them
+        entry_ids = [i for i in entry_ids if not _damaged(i)]
         if not entry_ids:
             return
         if len(entry_ids) > _MAX_LOGGED:

@@ -159,7 +159,12 @@ class _StoreReads:
         """Entries per namespace (written at or after ``not_before`` only, when given)."""
         where, args = ("WHERE created_at >= ?", (not_before,)) if not_before is not None else ("", ())
         sql = f"SELECT namespace, COUNT(*) FROM entries {where} GROUP BY namespace ORDER BY namespace"
-        return {ns: int(n) for ns, n in self._conn.execute(sql, args)}
+        counts: dict[str, int] = {}
+        for ns, n in self._conn.execute(sql, args):
+            # a damaged name (not UTF-8, see text_or_bytes) is shown with U+FFFD, never raised on
+            name = ns.decode("utf-8", "replace") if isinstance(ns, bytes) else ns
+            counts[name] = counts.get(name, 0) + int(n)
+        return counts
 
     def lookup_counts(self) -> tuple[int, int]:
         """The hits and misses counted in the file."""

@@ -83,3 +83,21 @@ def test_a_damaged_id_is_found_by_evictions_and_deletes(tmp_path: Path) -> None:
         assert len(store.clear()) == 4 and store.count() == 0
     finally:
         store.close()
+
+
+def test_a_damaged_namespace_is_counted_under_a_readable_name(tmp_path: Path) -> None:
+    # `hybridllm cache stats` reads the counts per namespace without loading the entries: a name
+    # that is not UTF-8 came back as bytes, and the command failed on it (an internal error)
+    path = tmp_path / "c.sqlite3"
+    with SemanticCache(path, verifier=None) as cache:
+        for i in range(3):
+            cache.put(_ask(f"q{i}?"), f"a{i}", model="m", params_key={}, embedding=_vec(i))
+    con = sqlite3.connect(path)
+    con.execute("UPDATE entries SET namespace = CAST(x'ff' AS TEXT) WHERE query = 'q1?'")
+    con.commit()
+    con.close()
+    store = CacheStore(path, dim=None)
+    try:
+        assert store.namespaces() == {"default": 2, "\ufffd": 1}
+    finally:
+        store.close()

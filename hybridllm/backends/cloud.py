@@ -45,7 +45,8 @@ Resilience, in the order a request meets it:
    its finish_reason has come, the answer is whole: a connection that breaks, an error event or
    garbage before the count and [DONE] end it as it is, never fail it;
 7. a stream that goes quiet for ``stall_timeout_s`` after its first token is broken off (a hung
-   server), apart from ``read_timeout_s``, which bounds the wait for the first token (keepalive
+   server; the time its reader holds a delta is not the server's silence), apart from
+   ``read_timeout_s``, which bounds the wait for the first token (keepalive
    comments are no event: they count as quiet, here and before the first token; headers that
    trickle in get ``connect_timeout_s + 2 * read_timeout_s`` in all, a whole answer sent as JSON
    ``2 * read_timeout_s``), and no answer is held in memory

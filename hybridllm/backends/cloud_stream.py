@@ -188,7 +188,14 @@ class _Streaming(_Requests):
                                 tail = text  # passed on once the stream is closed
                                 break
                         if text:
+                            paused = clock()
                             yield Delta(text, model=served)
+                            # the time the reader held this piece is not the server's silence: a
+                            # caller that paused longer than the stall timeout between two chunks
+                            # (slow work per chunk, a slow client of hybridllm serve) had a healthy
+                            # answer broken off, finished by the device and counted as a failure
+                            # of the endpoint, the rest of it already waiting in the socket
+                            last_event += clock() - paused
                     if hit:
                         # a stop sequence: the answer is over for the caller. The stream is closed
                         # now (leaving the block), not read to its end, so the cloud's count, sent

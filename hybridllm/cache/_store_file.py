@@ -123,6 +123,8 @@ class _StoreFile:
         meta = dict(conn.execute("SELECT key, value FROM cache_meta"))
         if not meta:
             return meta
+        if _damaged_meta(meta):  # ours, rebuilt like a torn file, not refused as another program's
+            raise sqlite3.DatabaseError("its cache_meta holds text that is not UTF-8")
         if meta.get("format") != FORMAT:
             raise _Foreign(
                 f"{self.path} was written by another program (format {meta.get('format')!r}); it "
@@ -211,6 +213,8 @@ class _StoreFile:
                 # its one page damaged: the entries are still there, and their vectors' length
                 # says which this cache can compare (before, every entry was lost with that page)
                 meta = None
+            if meta is not None and _damaged_meta(meta):  # a flipped bit there: the same
+                meta = None
             if meta is not None and (meta.get("format") != FORMAT or meta.get("dim") != str(self.dim)):
                 return 0  # not vectors this cache can compare
             sql = f"SELECT rowid, {', '.join(_COLUMNS['entries'])} FROM entries ORDER BY rowid"
@@ -239,6 +243,17 @@ class _StoreFile:
             return 0
         finally:
             src.close()
+
+
+_META_KEYS = frozenset({"format", "version", "dim", "hits", "misses"})
+
+
+def _damaged_meta(meta: dict) -> bool:
+    """``cache_meta`` as this version writes it, with a key or value that is not UTF-8 (read as
+    bytes, see ``text_or_bytes``): a flipped bit in the format made the file read as another
+    program's, refused for good, and one in the dimension lost every entry on the rebuild."""
+    damaged = any(isinstance(k, bytes) or isinstance(v, bytes) for k, v in meta.items())
+    return damaged and {k for k in meta if isinstance(k, str)} <= _META_KEYS
 
 
 def _readable(src: sqlite3.Connection, sql: str) -> Iterator[tuple]:

@@ -10,6 +10,7 @@ import warnings
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from hybridllm.cache.semantic import SemanticCache
 
@@ -75,3 +76,32 @@ def test_vectors_of_another_dimension_are_not_kept_without_cache_meta(tmp_path: 
         with SemanticCache(path, verifier=None) as cache:
             assert cache.stats()["entries"] == 0
             assert cache.get(_ask("q3"), model="m", params_key={}) is None
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        "UPDATE cache_meta SET value = CAST(x'68796272ff' AS TEXT) WHERE key = 'format'",
+        "UPDATE cache_meta SET value = CAST(x'33ff34' AS TEXT) WHERE key = 'dim'",
+        "UPDATE cache_meta SET key = CAST(x'666f726dff74' AS TEXT) WHERE key = 'format'",
+    ],
+)
+def test_a_flipped_bit_in_cache_meta_text_keeps_the_entries(tmp_path: Path, damage: str) -> None:
+    # a cache_meta value or key that is not UTF-8: before, the file could not be opened at all
+    # (OperationalError 'Could not decode to UTF-8'); read as bytes, a damaged format made it
+    # "written by another program" (refused for good) and a damaged dimension lost every entry
+    path = tmp_path / "c.sqlite3"
+    with SemanticCache(path, verifier=None) as cache:
+        for i in range(30):
+            cache.put(_ask(f"question {i}?"), f"answer {i}", model="m", params_key={}, embedding=_vec(i))
+    con = sqlite3.connect(path)
+    con.execute(damage)
+    con.commit()
+    con.close()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        cache = SemanticCache(path, verifier=None)
+    assert any("kept the 30 entries" in str(w.message) for w in caught), [str(w.message) for w in caught]
+    with cache:
+        hit = cache.get(_ask("question 3?"), model="m", params_key={})
+        assert hit is not None and hit.text == "answer 3"

@@ -5,12 +5,13 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+from collections.abc import AsyncIterator
 from contextlib import aclosing
 from typing import TYPE_CHECKING
 
 from .._exceptions import CloudRateLimitError, CloudUnavailableError, ContextWindowExceededError
 from .._types import Completion, Decision
-from ..backends.base import aguarded
+from ..backends.base import Delta, aguarded
 from .accounting import _Accounting
 from .answer import _RestoredStop
 from .emit import Chunks, _Emitter
@@ -191,13 +192,19 @@ class _Executor(_Planner, _Emitter, _Accounting):
                 # stop "@" let "alice@example.com" through, stop "EMAIL" cut "[EMAIL_1]" to "[")
                 restorer = _RestoredStop(restorer, params.stop)
                 params = dataclasses.replace(params, stop=())
+        opened: list[AsyncIterator[Delta]] = []  # the cloud's stream, once it is made
+
+        def astream() -> AsyncIterator[Delta]:
+            stream = cloud.astream(d.messages_for_cloud, params,  # type: ignore[call-arg]
+                                   **({"priority": req.options.priority} if req.options.priority else {}))
+            opened.append(stream)
+            return stream
+
         try:
             async with aclosing(
                 self._emit(
                     # a custom cloud backend's own error is a CloudUnavailableError: the device answers
-                    aguarded(lambda: cloud.astream(d.messages_for_cloud, params,  # type: ignore[call-arg]
-                                                   **({"priority": req.options.priority}
-                                                      if req.options.priority else {})), cloud, "cloud"),
+                    aguarded(astream, cloud, "cloud"),
                     self.cloud,
                     start,
                     route=route,
@@ -211,7 +218,13 @@ class _Executor(_Planner, _Emitter, _Accounting):
                 async for chunk in source:
                     yield chunk
         except (GeneratorExit, asyncio.CancelledError):
-            call.hung_up = True  # the caller stopped the call: the cloud had the prompt by then
+            # the caller stopped the call: the cloud had the prompt by then, if a request of it
+            # was out. The CloudBackend's stream says (``request_out``); a custom backend's
+            # is taken to have sent it. Not while it waited out a Retry-After or a backoff, or
+            # before it was made: such a call counted its prompt as a cloud call, so callers that
+            # timed out against a cloud answering 429 spent the budget (3 calls an hour: the
+            # device answered for an hour) with not one answer from the cloud
+            call.hung_up = bool(opened) and getattr(opened[0], "request_out", True) is not False
             raise
         except _PartialOutput as exc:
             log.warning(

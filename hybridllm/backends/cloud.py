@@ -67,7 +67,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 from .._exceptions import ConfigError
@@ -76,7 +76,7 @@ from .._types import GenerationParams, Messages
 from .base import Backend, Delta, drain_loop, register_backend
 from .circuit import MAX_COOLDOWN_S, CircuitBreaker, Endpoint, check_setting, check_url
 from .cloud_http import _api_root, _query_of
-from .cloud_retry import _Retrying
+from .cloud_retry import CloudCallStream, _Retrying
 from .cloud_status import parse_retry_after, retry_after_of  # noqa: F401 - this module's public names
 from .refusals import RefusalMemory
 
@@ -199,10 +199,11 @@ class CloudBackend(_Retrying, Backend):
             loop.close()
 
     def astream(self, messages: Messages, params: GenerationParams, *,
-                priority: str | None = None) -> AsyncIterator[Delta]:
+                priority: str | None = None) -> CloudCallStream:
         """``priority``: "interactive" (the fastest endpoint) or "batch" (the lowest carbon
-        intensity), when endpoints carry one (``carbon=``); else balanced by outstanding tokens."""
-        return self._astream(messages, params, priority)
+        intensity), when endpoints carry one (``carbon=``); else balanced by outstanding tokens.
+        The stream says whether its request is at an endpoint now (``request_out``)."""
+        return CloudCallStream(lambda out: self._astream(messages, params, priority, out))
 
 
 def _factory(**kwargs: Any) -> CloudBackend:

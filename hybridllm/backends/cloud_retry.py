@@ -6,9 +6,9 @@ import asyncio
 import logging
 import random
 import time
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from contextlib import aclosing
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from .._exceptions import CloudRateLimitError, CloudUnavailableError
 from .._types import GenerationParams, Messages, estimate_tokens
@@ -24,6 +24,34 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("hybridllm.cloud")
 COOL_MAX_S = 300.0  # the longest an endpoint is left alone on its Retry-After (then asked again)
+
+
+class CloudCallStream:
+    """The deltas of one request to the cloud (what ``CloudBackend.astream`` returns: an async
+    generator's surface, ``async for``, ``anext``, ``aclose``), and whether the request is at an
+    endpoint now (``request_out``). A caller that stops before the first token learns from it
+    whether the cloud had the prompt: it had while a request was out; it had not while the request
+    waited out a Retry-After or the backoff before its next attempt, nor once an attempt failed
+    (a 429 or 5xx is not a call the cloud bills)."""
+
+    def __init__(self, make: Callable[[CloudCallStream], AsyncGenerator[Delta, None]]) -> None:
+        self.request_out = False
+        self._agen = make(self)
+
+    def __aiter__(self) -> CloudCallStream:
+        return self
+
+    def __anext__(self) -> Awaitable[Delta]:
+        return self._agen.__anext__()
+
+    def asend(self, value: None) -> Awaitable[Delta]:
+        return self._agen.asend(value)
+
+    def athrow(self, *args: Any) -> Awaitable[Delta]:
+        return self._agen.athrow(*args)
+
+    def aclose(self) -> Awaitable[None]:
+        return self._agen.aclose()
 
 
 class _Retrying(_Streaming):
@@ -76,8 +104,9 @@ class _Retrying(_Streaming):
                            f"{max(0.0, until - now):.0f} s left")
         return "; ".join(dict.fromkeys(why)) or "circuit open"
 
-    async def _astream(self, messages: Messages, params: GenerationParams,
-                       priority: str | None = None) -> AsyncGenerator[Delta, None]:
+    async def _astream(self, messages: Messages, params: GenerationParams, priority: str | None = None,
+                       out: CloudCallStream | None = None) -> AsyncGenerator[Delta, None]:
+        """``out``: told whether a request is at an endpoint now (``request_out``)."""
         tried: set[str] = set()
         down: set[str] = set()  # endpoints that cannot serve: this request does not ask them again
         last: _Retryable | None = None
@@ -130,7 +159,7 @@ class _Retrying(_Streaming):
             try:
                 # closed here, not by the garbage collector later: breaking off a stream frees its
                 # connection before aclose() returns
-                deltas = self._stream_once(ep, messages, params)
+                deltas = self._stream_once(ep, messages, params, out)
                 async with aclosing(deltas):  # type: ignore[type-var]  # an async generator
                     async for delta in deltas:
                         if placer is not None and not started:
@@ -159,6 +188,8 @@ class _Retrying(_Streaming):
                 ep.breaker.record_success(ticket)
                 return
             except _Retryable as exc:
+                if out is not None:  # the endpoint failed it: no request is out until the next attempt
+                    out.request_out = False
                 ep.last_failure = exc.cause
                 if started:  # cannot retry mid-answer without duplicating text
                     ep.breaker.record_failure(ticket)

@@ -36,11 +36,14 @@ class _Streaming(_Requests):
 
     stall_timeout_s: float | None
 
-    async def _stream_once(self, ep: Endpoint, messages: Messages,
-                           params: GenerationParams) -> AsyncIterator[Delta]:
+    async def _stream_once(self, ep: Endpoint, messages: Messages, params: GenerationParams,
+                           out: Any = None) -> AsyncIterator[Delta]:
+        """``out`` (a ``CloudCallStream``): its ``request_out`` is set once the request goes out."""
         import httpx
 
         model = await self._resolve_model(ep)
+        if out is not None:  # the prompt goes now (the model list before it carries none)
+            out.request_out = True
         finish, usage = None, None
         done = False
         # the stop sequences of a model that refused them ('stop' left out): applied here, to what

@@ -172,8 +172,18 @@ class _Retrying(_Streaming):
                         started = True
                         if placer is not None and delta.finish_reason is not None and delta.usage:
                             u = delta.usage
+                            base = fastest
+                            if base is not None and base is not ep and base.base_url in tried:
+                                # the fastest failed this request: always using the fastest would
+                                # have ended where an interactive request does, at the fastest of
+                                # those that did not fail. Before, the baseline stayed the failing
+                                # endpoint, so while a clean one answered 500s every answer, an
+                                # interactive one too, read as CO2 lost against it (saved < 0)
+                                ranked = placer.order(self.endpoints, tried - {ep.base_url},
+                                                      "interactive", seen)
+                                base = ranked[0] if ranked else ep
                             for k, v in placer.account(
-                                ep.base_url, fastest.base_url if fastest is not None else None,
+                                ep.base_url, base.base_url if base is not None else None,
                                 u.energy_j, u.energy_source, u.total_tokens, seen,
                             ).items():
                                 setattr(u, k, v)

@@ -14,18 +14,19 @@ two different questions can look identical to them:
 - different numbers ("convert 5 km to miles" / "convert 50 km to miles", "in one sentence" / "in
   five bullet points", "-40 °C" / "40 °C", "五" / "六", "Ⅲ" / "Ⅳ", "one plus one" / "one plus one
   plus one", "the first world war" / "the second", "the eleventh" / "the twelfth", "the eighties"
-  / "the nineties", "half of 100" / "double 100", "Henry VII" / "Henry VIII"), a negation on one
-  side only ("is it safe" / "is it unsafe", "ist es nicht sicher", "n'est pas"), a word turned
-  into its opposite when that is all that differs ("is Python faster" / "slower than Java", "is it
-  true" / "false that bats are blind", "buy" / "sell", "men" / "women"), and the same words with
-  one moved across a word of direction ("flights from Paris to London" / "from London to Paris",
-  "is a shark bigger than a dolphin") or with the possessive moved to another word ("should the
-  employer pay the employee's taxes" / "the employee ... the employer's"), and a question written
-  in another script (a translation: "Какая столица Франции?" / "What is the capital of France?"):
-  the verifiers usually catch these, not always (and plain cosine never), while a paraphrase
-  rarely does any of them, so :func:`conflict` refuses them outright. On the held-out QQP test
-  split (``hybridllm cache eval``) these rules remove 6 of the default verifier's 296 correct hits
-  and 2 of its 13 false ones (measured before "one", "first", "second", "zero" and the script were
+  / "the nineties", "half of 100" / "double 100", "Henry VII" / "Henry VIII", "UTC+2" / "UTC-2"),
+  a negation on one side only ("is it safe" / "is it unsafe", "ist es nicht sicher", "n'est pas"),
+  a word turned into its opposite when that is all that differs ("is Python faster" / "slower than
+  Java", "is it true" / "false that bats are blind", "buy" / "sell", "men" / "women"), and the
+  same words with their numbers in another order ("10 minus 3" / "3 minus 10") or with one moved
+  across a word of direction ("flights from Paris to London" / "from London to Paris", "is a shark
+  bigger than a dolphin") or with the possessive moved to another word ("should the employer pay
+  the employee's taxes" / "the employee ... the employer's"), and a question written in another
+  script (a translation: "Какая столица Франции?" / "What is the capital of France?"): the
+  verifiers usually catch these, not always (and plain cosine never), while a paraphrase rarely
+  does any of them, so :func:`conflict` refuses them outright. On the held-out QQP test split
+  (``hybridllm cache eval``) these rules remove 6 of the default verifier's 296 correct hits and 2
+  of its 13 false ones (measured before "one", "first", "second", "zero" and the script were
   added).
 
 :func:`exact_key` is the exact-repeat key: for plain questions case, runs of spaces and trailing
@@ -43,6 +44,8 @@ _CODE = re.compile(r"[\n`;{}<>=|\\]|\d\s*[-+*/^%×÷]\s*[\d(.]|\d!")
 # a minus sign belongs to the number when nothing word-like stands before it: "-40 °C" is not
 # "40 °C", while "COVID-19" holds 19 (and "10-3" is arithmetic, see _CODE)
 _NUMBER = re.compile(r"(?:(?<![\w)])[-\u2212])?\d+(?:[.,]\d+)*")
+# an explicit sign before a number, after a word too ("UTC+2" / "UTC-2", which _NUMBER reads as 2)
+_SIGNED = re.compile(r"([+\-\u2212])(\d+(?:[.,]\d+)*)")
 _WORD = re.compile(r"[^\W_]+(?:'[^\W_]+)?")
 # a Roman numeral in capitals up to 89 ("Henry VIII", "Louis XIV", "Episode IV"), compared only
 # when both sides hold one: a lone "I" is the pronoun, and "C", "D", "M" start too many acronyms
@@ -142,12 +145,24 @@ def _words(text: str) -> list[str]:
     return _WORD.findall(text.casefold().replace("’", "'"))
 
 
+def _number_list(text: str) -> list[str]:
+    """The numbers written with digits, in order; U+2212 is a minus too."""
+    return [n.replace("\u2212", "-") for n in _NUMBER.findall(text)]
+
+
 def _numbers(text: str) -> Counter[str]:
-    found = Counter(n.replace("\u2212", "-") for n in _NUMBER.findall(text))  # U+2212 is a minus too
+    found = Counter(_number_list(text))
     # numbers not written with digits, which the embedder reads as one unknown token or not at
     # all: "五" / "六" (CJK), "Ⅲ" / "Ⅳ" (Roman numeral signs), "5²" / "5³", "½" / "¼"
     found.update(c for c in text if c.isnumeric() and not c.isdecimal())
     return found
+
+
+def _opposite_signs(a: str, b: str) -> bool:
+    """A number written with "+" on one side and "-" on the other only ("UTC+2" / "UTC-2")."""
+    signs_a = {("-" if s != "+" else "+", n) for s, n in _SIGNED.findall(a)}
+    signs_b = {("-" if s != "+" else "+", n) for s, n in _SIGNED.findall(b)}
+    return any(("+" if s == "-" else "-", n) in signs_b and (s, n) not in signs_b for s, n in signs_a)
 
 
 def _romans(text: str) -> set[str]:
@@ -240,6 +255,10 @@ def conflict(query: str, cached: str) -> str | None:
     if (_numbers(query) != _numbers(cached) or hard_q != hard_c or (soft_q and soft_c and soft_q != soft_c)
             or (multi_q and multi_c and multi_q != multi_c) or (roman_q and roman_c and roman_q != roman_c)):
         return "different numbers"
+    if _opposite_signs(query, cached) or _opposite_signs(cached, query):
+        return "different numbers"
+    if Counter(words_q) == Counter(words_c) and _number_list(query) != _number_list(cached):
+        return "the same words in another direction"  # "10 minus 3" / "3 minus 10"
     if _negated(words_q) != _negated(words_c):
         return "a negation on one side only"
     if (_opposite_pair(set(words_q) - set(words_c), set(words_c) - set(words_q))

@@ -7,12 +7,20 @@ import argparse
 import math
 from typing import Any
 
-from .._cli_options import non_negative_int, positive_float, positive_int, unit_interval
+from .._cli_options import given, non_negative_int, positive_float, positive_int, unit_interval
 from ._cli_commands import _calibrate, _label, _train
 from ._cli_eval import (
     _eval,
     evaluate_router_on,  # noqa: F401 - re-exported: a public name; tests (test_other_pairs, ...) import it here
 )
+
+# paths given blank (an unset shell variable, `--out "$DIR"`) are usage errors: Path("") is the
+# current folder, so `train --out ""` wrote router.json there (over a router already in it),
+# `calibrate --out ""` rewrote the --router folder in place, `--plot ""` and `--answers ""` were
+# dropped without a word, and `--router ""` said "No router.json in ."
+_FILE = given("a file path")
+_FOLDER = given("a folder path")
+_ROUTER = given("a router folder (leave --router out for the shipped router)")
 
 # how --weak-col / --strong-col are found when not given (dataset.load_routellm_csv)
 _DETECTED = "the file's two True/False or score columns, the strong one told by the names or accuracy"
@@ -46,6 +54,7 @@ def register(subparsers: Any) -> None:
         "--data",
         required=True,
         action="append",
+        type=_FILE,
         help="labelled file, CSV or JSON Lines, with a prompt column and two model score "
         "columns (True/False or graded); repeat it to train on several sources "
         "(cross-validation still folds by question)",
@@ -62,6 +71,7 @@ def register(subparsers: Any) -> None:
         "--cascade-data",
         action="append",
         default=None,
+        type=_FILE,
         help="labelled CSV (from `router label`) whose edge log-probabilities only calibrate the "
         "cascade's floor, without training the scorer; repeatable (default: the --data files' own, "
         "else -1.0)",
@@ -74,7 +84,7 @@ def register(subparsers: Any) -> None:
     _score_range_arg(p)
     _reference_arg(p)
     _tier_args(p)
-    p.add_argument("--out", required=True,
+    p.add_argument("--out", required=True, type=_FOLDER,
                    help="folder to write router.json and weights.npz; a router already there is "
                    "replaced once training succeeds, with a note on stderr (a failed or stopped run "
                    "leaves it as it was)")
@@ -102,8 +112,9 @@ def register(subparsers: Any) -> None:
     p.set_defaults(func=_train, usage_error=p.error)
 
     p = sub.add_parser("eval", help="RouteLLM metrics of a router on a labelled CSV or JSON Lines file")
-    p.add_argument("--data", required=True, help="labelled file, CSV or JSON Lines (as for train)")
-    p.add_argument("--router", help="router folder (default: the shipped router)")
+    p.add_argument("--data", required=True, type=_FILE,
+                   help="labelled file, CSV or JSON Lines (as for train)")
+    p.add_argument("--router", type=_ROUTER, help="router folder (default: the shipped router)")
     p.add_argument("--weak-col", help="the weak model's column (default: the router's training "
                    f"columns where the file has them, else {_DETECTED})")
     p.add_argument("--strong-col", help="the strong model's column (default: as for --weak-col)")
@@ -112,16 +123,17 @@ def register(subparsers: Any) -> None:
     _reference_arg(p)
     _tier_args(p)
     p.add_argument("--json", action="store_true", help="print one JSON object")
-    p.add_argument("--plot", metavar="PATH",
+    p.add_argument("--plot", metavar="PATH", type=_FILE,
                    help="write the cost/quality curves to this image file and print its path (a name "
                    "without an extension gets .png; an existing folder, or a path ending in /, gets "
                    "a PNG inside named after the --data file) (default: no plot)")
     p.set_defaults(func=_eval)
 
     p = sub.add_parser("label", help="run an edge and a cloud model on questions, write a CSV")
-    p.add_argument("--data", required=True, help="JSONL with question and answer per line")
-    p.add_argument("--edge", required=True, help="catalog id or GGUF path of the edge model")
-    p.add_argument("--cloud", required=True, help="OpenAI-compatible base URL")
+    p.add_argument("--data", required=True, type=_FILE, help="JSONL with question and answer per line")
+    p.add_argument("--edge", required=True, type=given("a catalog model id or a GGUF file path"),
+                   help="catalog id or GGUF path of the edge model")
+    p.add_argument("--cloud", required=True, type=_http_url, help="OpenAI-compatible base URL")
     p.add_argument(
         "--cloud-model",
         default="default",
@@ -131,12 +143,14 @@ def register(subparsers: Any) -> None:
     p.add_argument(
         "--out",
         default="labels.csv",
+        type=_FILE,
         help="CSV to write; if it exists, its prompts are skipped (resume) and new rows are appended "
         "(default: labels.csv)",
     )
     p.add_argument(
         "--answers",
         default=None,
+        type=_FILE,
         help="also append both answers per question to this JSONL, for checking grades (default: "
         "not kept)",
     )
@@ -165,6 +179,7 @@ def register(subparsers: Any) -> None:
     p.add_argument(
         "--prompts",
         required=True,
+        type=_FILE,
         help="JSON Lines (strings or objects), CSV/TSV with a prompt column, or one prompt a line",
     )
     _prompt_col_arg(p)
@@ -175,9 +190,27 @@ def register(subparsers: Any) -> None:
         help="share of these prompts to send to the cloud, 0..1; the threshold is set to that "
         "quantile (0: threshold 1, no prompt goes; 1: threshold 0, every prompt)",
     )
-    p.add_argument("--router", help="router folder (default: the shipped router)")
-    p.add_argument("--out", help="folder for the calibrated router (default: --router)")
+    p.add_argument("--router", type=_ROUTER, help="router folder (default: the shipped router)")
+    p.add_argument("--out", type=_FOLDER, help="folder for the calibrated router (default: --router)")
     p.set_defaults(func=_calibrate)
+
+
+def _http_url(text: str) -> str:
+    """--cloud: an http:// or https:// URL, as the cloud_url setting must be. Without the scheme
+    (`--cloud localhost:8731`, or blank) it was refused only by the first request, after the
+    --out file and its settings had been written with that URL."""
+    from urllib.parse import urlsplit
+
+    try:
+        parts = urlsplit(text)
+        ok = parts.scheme.lower() in ("http", "https") and bool(parts.hostname)
+    except ValueError:  # an unclosed [ of an IPv6 address, a port that is no number
+        ok = False
+    if not ok:
+        raise argparse.ArgumentTypeError(
+            f"expected the cloud's base URL, starting with http:// or https:// "
+            f"(say http://127.0.0.1:8731), got {text!r}")
+    return text
 
 
 def _score_range(text: str) -> tuple[float, float]:

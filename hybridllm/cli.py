@@ -147,6 +147,17 @@ def _drop_stdout() -> None:
         pass
 
 
+def _check_stdout(args: argparse.Namespace) -> None:
+    """A command started with stdout closed (`>&-`; Python then has no sys.stdout) is a usage error
+    before anything loads, as `chat` with stdin closed is: its result had nowhere to go. `ask`,
+    `config show` and `models list` exited 0 with the answer thrown away, `router eval --json`
+    ended in an "internal error", `router calibrate` did so after rewriting the router, and `serve`
+    after loading the model (uvicorn's log setup needs a stdout)."""
+    if sys.stdout is None:
+        raise _UsageError("stdout is closed (started with >&-), and this command writes its result "
+                          "there; redirect it instead (> FILE, or > /dev/null to drop it).")
+
+
 def _check_config_option(args: argparse.Namespace) -> None:
     """A --config file that is not there is a usage error (exit 2) for every command that takes it,
     as it was for `serve` only (`config show` exited 1); an empty one is too (it was ignored, and
@@ -172,6 +183,7 @@ def _main(argv: Sequence[str] | None) -> int:
         parser.error(f"a command is required: {', '.join(commands.choices)}")
     log_lines_apart()  # a warning or log record while a bar is drawn starts a line of its own
     try:
+        _check_stdout(args)
         _check_config_option(args)
         try:
             return int(args.func(args) or 0)

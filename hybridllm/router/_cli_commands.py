@@ -126,7 +126,7 @@ def _label(args: argparse.Namespace) -> int:
     edge_col, cloud_col = f"edge:{edge_name}", f"cloud:{args.cloud_model}"
     # --out and --answers before the edge model is pulled and loaded: a folder there, or labels
     # of other models, was said only after it (or as an internal error)
-    check_out_paths(args.out, args.answers)
+    check_out_paths(args.out, args.answers, data=args.data)
     check_resumable(args.out, edge_col=edge_col, cloud_col=cloud_col)
     edge_path = _edge_file(args.edge)
     api_key = args.api_key or os.environ.get("HYBRIDLLM_CLOUD_API_KEY")

@@ -130,10 +130,22 @@ def _holds_rows(lines: list[str]) -> bool:
     return False
 
 
-def check_out_paths(out: str | Path, answers_out: str | Path | None = None) -> None:
+def check_out_paths(
+    out: str | Path, answers_out: str | Path | None = None, *, data: str | Path | None = None
+) -> None:
     """Refuse an --out or --answers that cannot be a file, before any model loads: a folder, or a
     path under a file (both ended in "internal error: IsADirectoryError" or FileExistsError, after
-    the edge model had loaded)."""
+    the edge model had loaded); and an --answers that is the --out CSV, its settings file or the
+    questions' --data file (``data``), whose answer lines were appended to it: the labels no longer
+    loaded, and the questions file gained a question per answer (each line has a prompt and a
+    reference), exit 0 both."""
+    if answers_out is not None and answers_out != "":
+        taken = (("the --out file", out), ("the settings file of --out", settings_path(Path(out))),
+                 ("the --data file", data))
+        for what, other in taken:
+            if other is not None and other != "" and _same_file(answers_out, other):
+                raise DataError(f"--answers {answers_out} is {what}; pass another JSON Lines file "
+                                "for the answers.")
     for flag, given in (("--out", out), ("--answers", answers_out)):
         if given is None or given == "":
             continue
@@ -144,6 +156,17 @@ def check_out_paths(out: str | Path, answers_out: str | Path | None = None) -> N
         above = next((q for q in path.parents if q.exists()), None)
         if above is not None and not above.is_dir():
             raise DataError(f"{flag} {path}: {above} is a file, not a folder; pass a path in a folder.")
+
+
+def _same_file(a: str | Path, b: str | Path) -> bool:
+    """Whether two paths name one file: the same path once resolved, or one file by two names (a
+    link, another spelling)."""
+    try:
+        if Path(a).resolve() == Path(b).resolve():
+            return True
+        return os.path.samefile(a, b)
+    except (OSError, ValueError):  # either not there yet (nor the same path): not one file
+        return False
 
 
 def check_resumable(

@@ -156,6 +156,29 @@ def check_out_paths(
         above = next((q for q in path.parents if q.exists()), None)
         if above is not None and not above.is_dir():
             raise DataError(f"{flag} {path}: {above} is a file, not a folder; pass a path in a folder.")
+    if answers_out is not None and answers_out != "":
+        _check_answers_file(Path(answers_out))
+
+
+def _check_answers_file(path: Path) -> None:
+    """An --answers file already there must be one a label run wrote: its first line an answer
+    line, or the start of one (a run killed while writing it). Any other file (a CSV, notes) had
+    the answers appended to it, and its last line cut off when it did not end in a line end (taken
+    for a half-written answer)."""
+    if not path.is_file():
+        return
+    try:
+        with path.open("rb") as fh:
+            first = fh.readline()
+    except OSError:
+        return  # said where the file is opened, with the reason
+    if not first:
+        return
+    whole = first.endswith(b"\n")
+    if (_answer_prompt(first) is not None) if whole else first.startswith(b'{"prompt": '):
+        return
+    raise DataError(f"--answers {path} is not an answers file of `router label` (its first line is "
+                    "not a JSON answer line); it is left as it is: pass another --answers.")
 
 
 def _same_file(a: str | Path, b: str | Path) -> bool:

@@ -27,6 +27,14 @@ from ..models.config import ModelConfig
 from .cuda_graph import DecodeGraphs
 from .scheduler import ScheduledSeq
 
+# Keys every attention row reads at least (masked past the row's own context). torch's CPU softmax
+# sums a row shorter than its vector width (16 floats on AVX-512) in another order than the same
+# row padded with masked keys to a longer one: a lone decode of a 9-token context and the same
+# decode padded to a batch-mate's 36 keys differed in the last bit of the normalizer, the bf16
+# probabilities with it, and at a near tie greedy picked another token than the request alone.
+# Every row reads at least this many keys, so its sum runs one way whatever its batch.
+MIN_KEYS = 16
+
 
 @dataclass
 class StepResult:
@@ -135,7 +143,8 @@ class ModelRunner:
             lens_t = torch.tensor(pos, dtype=torch.long) + 1  # [B] context incl. the row's token
             rows = [s.num_new_tokens for s in decode]
             # one row of slots per sequence, and the sequence of each decode row
-            gather = self._slot_table([s.seq.block_table for s in decode], int(lens_t.max()))  # [S, L]
+            width = max(int(lens_t.max()), MIN_KEYS)
+            gather = self._slot_table([s.seq.block_table for s in decode], width)  # [S, L]
             owner = torch.repeat_interleave(torch.arange(len(rows)), torch.tensor(rows))  # [B]
             slot_parts.append(gather[owner, lens_t - 1])  # [B]
             if max(rows) > 1 and self.graphs is None and dev.type == "cpu":
@@ -151,8 +160,9 @@ class ModelRunner:
             start = len(ids)
             ids.extend(s.seq.token_ids[c : c + n])
             pos.extend(range(c, c + n))
-            ctx_slots = self._slot_table([s.seq.block_table], c + n)[0]  # [c + n]
-            slot_parts.append(ctx_slots[c:])
+            # keys past c + n (to MIN_KEYS) lie after every query: the causal mask hides them
+            ctx_slots = self._slot_table([s.seq.block_table], max(c + n, MIN_KEYS))[0]  # [>= c + n]
+            slot_parts.append(ctx_slots[c : c + n])
             meta.prefills.append(PrefillSpan(start, start + n, ctx_slots.to(dev), c))
         meta.slot_mapping = torch.cat(slot_parts).to(dev)  # [T]
         input_ids = torch.tensor(ids, dtype=torch.long, device=dev)  # [T]

@@ -30,7 +30,8 @@ def _device(smollm2_path):
 def test_real_device_finishes_a_redacted_cloud_answer_from_the_restored_text(smollm2_path):
     cloud = BreakingCloud(["Sure. I will write to [EMA", "IL_1] today, and"])
     policy = RoutingPolicy(HardRouter(), privacy="redact")
-    with HybridLLM(edge=_device(smollm2_path), cloud=cloud, policy=policy, cache=False, max_tokens=8,
+    # max_tokens bounds the whole answer: the cloud's part (about 11 tokens) leaves the device 13
+    with HybridLLM(edge=_device(smollm2_path), cloud=cloud, policy=policy, cache=False, max_tokens=24,
                    temperature=0.0, price_per_1k_tokens=0.002, max_cloud_calls_per_hour=5) as llm:
         stream = llm.stream(PROMPT)
         chunks = [ch.text for ch in stream]
@@ -46,8 +47,9 @@ def test_real_device_finishes_a_redacted_cloud_answer_from_the_restored_text(smo
 
 def test_real_device_that_cannot_hold_the_broken_answer_reports_the_cloud_failure(smollm2_path):
     cloud = BreakingCloud(["word " * 300])  # more than the device's 256 tokens of context
+    # a max_tokens the cloud's part (about 375 tokens) leaves room in: the device is asked to go on
     with HybridLLM(edge=_device(smollm2_path), cloud=cloud, policy=CloudRouter(), cache=False,
-                   max_tokens=8, max_cloud_calls_per_hour=5) as llm:
+                   max_tokens=400, max_cloud_calls_per_hour=5) as llm:
         n = llm.edge.count_tokens([{"role": "user", "content": "Say hi."}])
         with pytest.raises(CloudUnavailableError, match="cannot finish the answer") as info:
             llm.chat("Say hi.")

@@ -40,7 +40,9 @@ def evaluate_router_on(
     from .router import load_router, sends_to_cloud
 
     if plot:  # before the work: a --plot under a file failed only once every prompt was embedded
-        _check_plot_folder(plot, plot_target(plot, data_path))
+        from ._label_files import refuse_path_under_file
+
+        refuse_path_under_file(Path(plot_target(plot, data_path)).expanduser(), f"--plot {plot}")
     router = load_router(router_path)
     if weak_col is None and strong_col is None and not (strong_models or weak_models):
         # the roles the router was trained with, where this file has those columns: decided again
@@ -127,14 +129,6 @@ def plot_target(plot: str, data_path: str) -> str:
     if plot.endswith(("/", os.sep)) or Path(plot).expanduser().is_dir():
         return str(Path(plot).expanduser() / f"{Path(data_path).stem}.png")
     return plot
-
-
-def _check_plot_folder(plot: str, target: str) -> None:
-    """Refuse a --plot path under a file (``--plot data.csv/curve.png``), said as such: it was found
-    only after the evaluation, as "cannot write the plot (File exists)"."""
-    above = next((q for q in Path(target).expanduser().parents if q.exists()), None)
-    if above is not None and not above.is_dir():
-        raise DataError(f"--plot {plot}: {above} is a file, not a folder; pass a path in a folder.")
 
 
 def check_router_option(router: str | None) -> None:

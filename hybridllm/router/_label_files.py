@@ -153,11 +153,17 @@ def check_out_paths(
         if path.is_dir():
             what = "the CSV file" if flag == "--out" else "the JSON Lines file"
             raise DataError(f"{path} is a folder; pass {what} to write with {flag}.")
-        above = next((q for q in path.parents if q.exists()), None)
-        if above is not None and not above.is_dir():
-            raise DataError(f"{flag} {path}: {above} is a file, not a folder; pass a path in a folder.")
+        refuse_path_under_file(path, f"{flag} {path}")
     if answers_out is not None and answers_out != "":
         _check_answers_file(Path(answers_out))
+
+
+def refuse_path_under_file(path: Path, said: str) -> None:
+    """Refuse a path to write under a file (``data.csv/x``; ``said``: the option as given), before
+    any work: writing it failed only at the end, as FileExistsError or "File exists"."""
+    above = next((q for q in path.parents if q.exists()), None)
+    if above is not None and not above.is_dir():
+        raise DataError(f"{said}: {above} is a file, not a folder; pass a path in a folder.")
 
 
 def _check_answers_file(path: Path) -> None:

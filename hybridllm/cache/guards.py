@@ -159,10 +159,14 @@ def _numbers(text: str) -> Counter[str]:
 
 
 def _opposite_signs(a: str, b: str) -> bool:
-    """A number written with "+" on one side and "-" on the other only ("UTC+2" / "UTC-2")."""
-    signs_a = {("-" if s != "+" else "+", n) for s, n in _SIGNED.findall(a)}
-    signs_b = {("-" if s != "+" else "+", n) for s, n in _SIGNED.findall(b)}
-    return any(("+" if s == "-" else "-", n) in signs_b and (s, n) not in signs_b for s, n in signs_a)
+    """A number written with "+" on one side and "-" on the other only ("UTC+2" / "UTC-2"), either
+    way round."""
+    signed_a, signed_b = ({(s == "+", n) for s, n in _SIGNED.findall(t)} for t in (a, b))  # (+?, n)
+
+    def one_way(x: set[tuple[bool, str]], y: set[tuple[bool, str]]) -> bool:
+        return any((not plus, n) in y and (plus, n) not in y for plus, n in x)
+
+    return one_way(signed_a, signed_b) or one_way(signed_b, signed_a)
 
 
 def _romans(text: str) -> set[str]:
@@ -255,7 +259,7 @@ def conflict(query: str, cached: str) -> str | None:
     if (_numbers(query) != _numbers(cached) or hard_q != hard_c or (soft_q and soft_c and soft_q != soft_c)
             or (multi_q and multi_c and multi_q != multi_c) or (roman_q and roman_c and roman_q != roman_c)):
         return "different numbers"
-    if _opposite_signs(query, cached) or _opposite_signs(cached, query):
+    if _opposite_signs(query, cached):
         return "different numbers"
     if Counter(words_q) == Counter(words_c) and _number_list(query) != _number_list(cached):
         return "the same words in another direction"  # "10 minus 3" / "3 minus 10"

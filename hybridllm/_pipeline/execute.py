@@ -227,26 +227,24 @@ class _Executor(_Planner, _Emitter, _Accounting):
             call.hung_up = bool(opened) and getattr(opened[0], "request_out", True) is not False
             raise
         except _PartialOutput as exc:
-            log.warning(
-                "cloud stream broke after %d characters (%s); the device finishes it",
-                len(exc.text),
-                exc.cause,
-            )
-            # the device wrote the rest in the cloud's place: not stored, so the cloud's whole
-            # answer is, once it answers (before, the stitched answer was served from the cache)
+            broke = f"cloud stream broke after {len(exc.text)} characters ({exc.cause})"
+            # the cloud's answer is not whole: not stored, so the cloud's whole answer is, once it
+            # answers (before, the stitched answer was served from the cache)
             req.stand_in = True
             # max_tokens bounds the whole answer the caller reads: the device writes what the
             # cloud's part left of it, counted as the answer's usage counts that part
             left = req.params.max_tokens - call.cost().completion_tokens
             if left < 1:  # the cloud's part used it all: the answer ends here, cut at max_tokens
+                log.warning("%s, with max_tokens used: the answer ends there", broke)
                 async with aclosing(self._replay(
                         "", exc.model or cloud.model, start, route=route, finish="length",
                         score=d.score, ttft_ms=exc.ttft_ms, prefix=exc.text,
-                        reason=f"{reason}; cloud stream broke after {len(exc.text)} characters "
-                        f"({exc.cause}), with max_tokens ({req.params.max_tokens}) used")) as source:
+                        reason=f"{reason}; {broke}, with max_tokens ({req.params.max_tokens}) used",
+                )) as source:
                     async for chunk in source:
                         yield chunk
                 return
+            log.warning("%s; the device finishes it", broke)
             async with aclosing(
                 self._emit_edge(
                     req,
@@ -256,8 +254,7 @@ class _Executor(_Planner, _Emitter, _Accounting):
                     prefix=exc.text,
                     max_tokens=left,
                     ttft_ms=exc.ttft_ms,
-                    reason=f"{reason}; cloud stream broke after {len(exc.text)} characters "
-                    f"({exc.cause}); the device finished the answer",
+                    reason=f"{reason}; {broke}; the device finished the answer",
                     # the device writes on through the same restorer: a placeholder it repeats
                     # from the answer so far is restored too
                     restorer=restorer,

@@ -8,7 +8,7 @@ import logging
 import math
 from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import AsyncExitStack, aclosing
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .._types import (
     MAX_MODEL_CHARS,  # the longest model name an answer may report, as a request may give
@@ -24,6 +24,9 @@ from .cloud_http import MAX_ERROR_BYTES, _read_capped, _trickle_bound
 from .cloud_request import _Requests
 from .cloud_status import _EndpointDown, _Retryable
 
+if TYPE_CHECKING:
+    from .cloud_retry import CloudCallStream
+
 log = logging.getLogger("hybridllm.cloud")
 # the most of an answer held in memory: a server that sends without end (a runaway error page, an
 # event stream with no line breaks) is cut off there, not read until the process runs out of memory
@@ -37,8 +40,8 @@ class _Streaming(_Requests):
     stall_timeout_s: float | None
 
     async def _stream_once(self, ep: Endpoint, messages: Messages, params: GenerationParams,
-                           out: Any = None) -> AsyncIterator[Delta]:
-        """``out`` (a ``CloudCallStream``): its ``request_out`` is set once the request goes out."""
+                           out: CloudCallStream | None = None) -> AsyncIterator[Delta]:
+        """``out``: its ``request_out`` is set once the request goes out."""
         import httpx
 
         model = await self._resolve_model(ep)

@@ -22,7 +22,7 @@ with ``raise ... from exc``. Each message says what went wrong and what to do ab
     │   └── CloudError              the cloud endpoint
     │       ├── CloudUnavailableError  connection failed, timed out, circuit open, or a custom
     │       │                          cloud= backend's own error (its original as __cause__)
-    │       ├── CloudRateLimitError    429 after the retries
+    │       ├── CloudRateLimitError    429 after the retries, or a Retry-After too long to wait
     │       │   └── CloudBudgetSpentError  the client's cloud budget is spent and the device cannot
     │       │                              stand in (retry later)
     │       └── CloudAuthError         401 / 403
@@ -176,7 +176,10 @@ class CloudUnavailableError(CloudError):
 
 
 class CloudRateLimitError(CloudError):
-    """The cloud kept answering 429 after the retries."""
+    """The cloud is rate-limiting: it kept answering 429 after the retries, or it asked to wait
+    (Retry-After) longer than the client waits (``backoff_max_s``) and no other endpoint is left;
+    ``retry_after_s`` says how long, where known (CloudBackend's: 5 minutes at most, when the
+    endpoint is asked again)."""
 
 
 class CloudBudgetSpentError(CloudRateLimitError):

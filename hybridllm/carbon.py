@@ -1,9 +1,10 @@
 """Carbon-aware choice among cloud endpoints.
 
 A cloud endpoint may carry a region and the carbon intensity of its grid in gCO2/kWh, a number or
-a callable returning one (asked once per request, so a live feed can be plugged in; the figure
-that placed a request also accounts it; a feed that fails, hangs past ``feed_timeout_s`` or gives a
-bogus value is unknown for that request, warned about once per outage)::
+a callable returning one, plain or ``async def`` (asked once per request, so a live feed can be
+plugged in; the figure that placed a request also accounts it; a feed that fails, hangs past
+``feed_timeout_s`` or gives a bogus value is unknown for that request, warned about once per
+outage)::
 
     HybridLLM(cloud_endpoints=[
         {"url": "https://eu-north.example/v1", "region": "eu-north-1", "carbon_intensity": 30},
@@ -23,19 +24,22 @@ Per request (``priority=``):
 
 "Healthy": its circuit breaker admits a call. The energy of a request is what the server reports
 (``usage.energy.joules``; our cloud server measures it) or else an estimate, ``joules_per_token``
-times the request's tokens. Its carbon is ``energy_kWh * intensity``; what it saved is the same
-energy priced at the intensity of the endpoint an interactive request would have used, minus
-its own: ``stats()["co2_saved_g"]`` sums that against always using the fastest endpoint.
+times the request's tokens (neither, a stream without usage: no figures). Its carbon is
+``energy_kWh * intensity``; what it saved is the same energy priced at the intensity of the
+endpoint an interactive request would have used, minus its own: ``stats()["co2_saved_g"]`` sums
+that against always using the fastest endpoint.
 """
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import logging
 import math
 import numbers
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
@@ -129,7 +133,13 @@ class CloudEndpoint:
 
         def ask() -> None:
             try:
-                future.set_result(feed())
+                value = feed()
+                if inspect.isawaitable(value):
+                    # an async feed (``async def``, or a lambda calling one): awaited on this
+                    # thread's own event loop. Before, its coroutine was taken for a bogus figure,
+                    # never awaited: the endpoint's intensity was unknown on every request
+                    value = asyncio.run(_awaited(value))
+                future.set_result(value)
             except Exception as exc:  # noqa: BLE001 - handed to the request that waits
                 future.set_exception(exc)
             except BaseException as exc:  # noqa: BLE001 - a feed's sys.exit() is its failure, not
@@ -147,6 +157,10 @@ class CloudEndpoint:
         else:
             log.debug("carbon intensity of %s %s; treated as unknown", self._name, why)
         return None
+
+
+async def _awaited(value: Awaitable[Any]) -> Any:
+    return await value
 
 
 def _valid_intensity(value: Any) -> bool:
@@ -225,7 +239,15 @@ class CarbonPlacer:
     def ask_feeds(self, seen: dict[str, float | None]) -> None:
         """Ask every endpoint's feed for one request, all at once (the slowest one's wait, not
         their sum), into ``seen``; blocking, so async callers run it in a worker thread."""
-        calls = {root: meta._feed() for root, meta in self.by_root.items() if callable(meta.carbon_intensity)}
+        self.collect_feeds(self.start_feeds(), seen)
+
+    def start_feeds(self) -> dict[str, tuple[Future, float]]:
+        """Every endpoint's feed asked now, each in its own thread, without waiting for them."""
+        return {root: meta._feed() for root, meta in self.by_root.items() if callable(meta.carbon_intensity)}
+
+    def collect_feeds(self, calls: dict[str, tuple[Future, float]], seen: dict[str, float | None]) -> None:
+        """The figures of ``start_feeds``'s calls into ``seen``, each waited for what is left of its
+        timeout; blocking, so async callers run it in a worker thread."""
         for root, meta in self.by_root.items():
             if root not in seen:
                 seen[root] = meta.intensity(calls.get(root))
@@ -260,20 +282,25 @@ class CarbonPlacer:
         seen: dict[str, float | None] | None = None,
     ) -> dict[str, Any]:
         """Energy, carbon and carbon saved (vs ``fastest``) of one request, for its Usage: the
-        server's figure (labelled with its source) or ``joules_per_token`` (``estimate``)."""
-        if joules is None:
-            joules, source = tokens * self.joules_per_token, "estimate"
-        source = source or "server"
-        kwh = joules / J_PER_KWH
+        server's figure (labelled with its source) or ``joules_per_token`` (``estimate``). A
+        server that reports neither energy nor a token count gives no figures (None): estimated
+        from 0 tokens, a whole answer read as 0 J and 0 g of CO2."""
         meta = self.by_root.get(used)
-        ci = self.intensity(used, seen)
         out: dict[str, Any] = {
-            "energy_j": joules,
-            "energy_source": source,
+            "energy_j": None,
+            "energy_source": None,
             "region": meta.region if meta is not None else None,
-            "co2_g": None if ci is None else kwh * ci,
+            "co2_g": None,
             "co2_saved_g": None,
         }
+        if joules is None:
+            if not tokens:  # no count to estimate from (the stream carried no usage)
+                return out
+            joules, source = tokens * self.joules_per_token, "estimate"
+        kwh = joules / J_PER_KWH
+        ci = self.intensity(used, seen)
+        out["energy_j"], out["energy_source"] = joules, source or "server"
+        out["co2_g"] = None if ci is None else kwh * ci
         base_ci = self.intensity(fastest, seen)
         if ci is not None and base_ci is not None:
             out["co2_saved_g"] = kwh * (base_ci - ci)

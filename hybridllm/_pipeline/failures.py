@@ -18,10 +18,12 @@ if TYPE_CHECKING:
 
 class ForcedCloudOverBudgetError(CloudBudgetSpentError):
     """A forced cloud route met a spent budget where forced routes are held to it
-    (``Core.budget_binds_forced_cloud``): refused, sent nowhere."""
+    (``Core.budget_binds_forced_cloud``): refused, sent nowhere. ``retry_after_s``: when the
+    budget has room again (the ledger's), as every other spent budget's error says; None for a
+    limit of 0 (never)."""
 
-    def __init__(self, reason: str) -> None:
-        super().__init__(reason, reason=reason)
+    def __init__(self, reason: str, *, retry_after_s: float | None = None) -> None:
+        super().__init__(reason, reason=reason, retry_after_s=retry_after_s)
 
 
 class _NoOutput(Exception):

@@ -54,7 +54,7 @@ class _Planner(_CoreParts):
             # one step under the ledger's lock: of concurrent requests, only as many as fit pass
             req.reservation, spent = self.ledger.reserve(self._estimate(req))
             if spent and d.forced:  # the caller chose the cloud: refused, not moved to the device
-                raise ForcedCloudOverBudgetError(spent)
+                raise ForcedCloudOverBudgetError(spent, retry_after_s=wait_of(self.ledger))
             if spent:
                 if not req.fits_edge:  # the device cannot stand in: wait for the budget
                     raise _waits_for_cloud(req, f"the cloud {spent}", "once the budget has room",

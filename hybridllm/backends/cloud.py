@@ -51,7 +51,8 @@ Resilience, in the order a request meets it:
    trickle in get ``connect_timeout_s + 2 * read_timeout_s`` in all, a whole answer sent as JSON
    ``2 * read_timeout_s``), and no answer is held in memory
    past a bound (``MAX_BODY_BYTES``, ``MAX_LINE_CHARS``; an error's first ``MAX_ERROR_BYTES``);
-8. repeated failures open the endpoint's circuit, and the client fails fast with
+8. repeated failures open the endpoint's circuit (a 429 is none: the endpoint answers, and its
+   ``Retry-After`` keeps requests away for as long as it asks, no longer), and the client fails fast with
    :class:`CloudUnavailableError`, which the pipeline turns into an answer from the device; the
    error says what the cloud last did ("circuit open after: HTTP 404 from http://h/v1/..."). Each
    failed probe doubles the wait before the next, up to ``breaker_max_cooldown_s``; each opening
@@ -154,7 +155,7 @@ class CloudBackend(_Retrying, Backend):
         self._transport = transport
         self._clients: dict[asyncio.AbstractEventLoop, Any] = {}
         self.placer = placer
-        # base URL -> (monotonic time its Retry-After ends, the status that asked for it)
+        # base URL -> (when its Retry-After ends, on awake_clock; the status that asked for it)
         self._cool_until: dict[str, tuple[float, int | None]] = {}
         self._warned: set[tuple[str, int]] = set()  # (endpoint, status) already logged as a warning
         # (base URL, model) -> the fields it refused (OPTIONAL_FIELDS, MODEL_FIELDS): not sent to it

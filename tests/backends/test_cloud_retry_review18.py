@@ -65,7 +65,7 @@ def test_the_endpoint_whose_retry_after_was_waited_out_is_asked(monkeypatch):
         slept.append(s)
 
     monkeypatch.setattr("hybridllm.backends.cloud_retry._sleep", sleep)
-    monkeypatch.setattr("hybridllm.backends.cloud_retry.time.monotonic", lambda: 1000.0 + sum(slept))
+    monkeypatch.setattr("hybridllm.backends.cloud_retry.awake_clock", lambda: 1000.0 + sum(slept))
     calls = []
 
     def handler(request):

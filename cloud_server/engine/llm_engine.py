@@ -169,9 +169,11 @@ class LLMEngine(SpecSetupMixin, OutputProcessorMixin, EngineStatsMixin):
         belongs to one request (its sampling settings) ends that request alone, with an error.
         """
         spec = self.spec
+        marks = spec.adaptive_marks()
         sched = self.scheduler.schedule(spec.lookahead)
         if sched.is_empty:
             return []
+        draws = self._seeded_draws(sched.scheduled)
         try:
             if any(item.num_spec_slots for item in sched.scheduled):
                 drafts = spec.propose(sched.scheduled, self.block_manager)
@@ -181,6 +183,9 @@ class LLMEngine(SpecSetupMixin, OutputProcessorMixin, EngineStatsMixin):
                          self.scheduler.max_num_batched_tokens)
         except Exception as exc:  # a model failure is an engine failure, not a request error
             self.scheduler.rollback(sched.scheduled)
+            for gen, state in draws:  # the retry draws what this step drew: same seed, same answer
+                gen.set_state(state)
+            spec.restore_marks(marks)  # and drafts as many tokens as this step did
             # the batch that failed: requests still waiting were not in it, and the engine keeps
             # every request (a later step retries), so a caller may fail these alone
             raise EngineError(f"model step failed: {exc}",
@@ -209,6 +214,26 @@ class LLMEngine(SpecSetupMixin, OutputProcessorMixin, EngineStatsMixin):
         self._log_spec()
         return outputs
 
+
+    def _seeded_draws(self, scheduled: list[ScheduledSeq]) -> list[tuple[Any, Any]]:
+        """(generator, state) of each seeded sampled request's own generators, the target's and
+        the draft model's, before the step draws from them.
+
+        A step that fails after drawing (the draft's prefill after the target sampled, the
+        target's pass after the draft proposed) is retried by a later step; restored, the retry
+        draws the same numbers, and the request gives the answer it gives without the failure."""
+        samplers = [self.runner.sampler]
+        if self.spec.draft is not None:
+            samplers.append(self.spec.draft.runner.sampler)
+        draws = []
+        for item in scheduled:
+            seq = item.seq
+            if seq.params.seed is None or seq.params.is_greedy:
+                continue  # greedy rows draw nothing; unseeded ones share a generator, no promise
+            for sampler in samplers:
+                gen = sampler.generator(seq.seq_id, seq.params, self.device)
+                draws.append((gen, gen.get_state()))
+        return draws
 
     def score(self, token_ids: list[int]) -> Any:
         """Logits at every position of ``token_ids`` (teacher forcing): ``[n, vocab]`` fp32.

@@ -138,8 +138,10 @@ class Scheduler:
             if lookahead is not None and seq.num_uncomputed_tokens == 1:
                 k = max(0, min(lookahead(seq, num_decoding), budget - 1))
                 # drafts never take a block another sequence's plain step needs: at most the
-                # slots of the sequence's own blocks plus the spare ones
-                room = (len(seq.block_table) + max(0, spare)) * bm.block_size
+                # slots of the sequence's own blocks plus the spare ones, and of the block its
+                # plain step takes anyway (its next token starts one) while every plain step fits
+                own = len(seq.block_table) + (bm.num_new_blocks_needed(seq, 1) if spare >= 0 else 0)
+                room = (own + max(0, spare)) * bm.block_size
                 k = max(0, min(k, room - seq.num_tokens))
                 spare -= bm.num_new_blocks_needed(seq, 1 + k) - bm.num_new_blocks_needed(seq, 1)
             if k:

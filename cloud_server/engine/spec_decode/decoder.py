@@ -332,6 +332,21 @@ class SpecDecoder:
     def needs_probs(self, scheduled: list[ScheduledSeq]) -> bool:
         return any(s.num_lookahead and not s.seq.params.is_greedy for s in scheduled)
 
+    def adaptive_marks(self) -> dict[int, tuple[int, bool]]:
+        """Each sequence's step count and "accepted whole" mark, before a step's ``lookahead``
+        calls change them: ``restore_marks`` takes a failed step's changes back."""
+        return {sid: (state.steps, state.whole) for sid, state in self._state.items()}
+
+    def restore_marks(self, marks: dict[int, tuple[int, bool]]) -> None:
+        """After a failed step: its ``lookahead`` calls leave no trace, so the retry drafts as
+        many tokens as the failed step did (a seeded sampled request draws one number a draft,
+        and a shorter draft after the failure sent it on another course)."""
+        for sid in list(self._state):
+            if sid not in marks:  # first seen by the failed step
+                del self._state[sid]
+            else:
+                self._state[sid].steps, self._state[sid].whole = marks[sid]
+
     def release(self, seq_id: int) -> None:
         """Forget a finished sequence: its acceptance state, lookup index, draft KV and q (held
         past its step when the step failed: verify() never ran, and its aborted requests end here)."""

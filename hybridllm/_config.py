@@ -20,6 +20,7 @@ from typing import Any
 from ._config_file import _read_config_file, config_file_path
 from ._exceptions import ConfigError, InvalidRequestError
 from ._masking import public_text, public_value
+from ._message_text import check_namespace
 from ._types import GenerationParams
 from .backends.circuit import check_setting, check_url
 
@@ -117,8 +118,7 @@ class HybridLLMConfig:
             raise ConfigError(f"edge_backend must be one of {EDGE_BACKENDS}, got {self.edge_backend!r}.")
         if self.privacy not in PRIVACY_MODES:
             raise ConfigError(f"privacy must be one of {PRIVACY_MODES}, got {self.privacy!r}.")
-        if not (isinstance(self.namespace, str) and self.namespace):
-            raise ConfigError(f"namespace must be a non-empty string, got {self.namespace!r}.")
+        check_namespace(self.namespace, ConfigError)
         if self.threshold is not None and not 0.0 <= self.threshold <= 1.0:
             raise ConfigError(f"threshold must be in [0, 1], got {self.threshold}.")
         # cache_ttl_s too (None: no expiry): before, 0 or nan passed here and failed only when the

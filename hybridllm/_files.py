@@ -9,9 +9,18 @@ import os
 import re
 import secrets
 import shutil
+import zipfile
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
+
+# What reading a damaged .npz (np.load) raises, every one the file's fault: a truncated or half-copied
+# archive (BadZipFile, EOFError, zlib's error), a member missing or of another shape (KeyError,
+# ValueError, TypeError), and a flipped byte in a zip header naming a compression method, version or
+# flag zipfile does not implement (NotImplementedError, which came out as an internal error)
+DAMAGED_NPZ_ERRORS = (OSError, ValueError, TypeError, KeyError, EOFError, zipfile.BadZipFile, zlib.error,
+                      NotImplementedError)
 
 
 @contextlib.contextmanager

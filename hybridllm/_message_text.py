@@ -30,6 +30,21 @@ def checked_text(text: str, where: str) -> str:
     return text
 
 
+def check_namespace(namespace: Any, error: type[Exception]) -> str:
+    """``namespace``, as a cache namespace may be, or ``error`` saying why not: the one rule of
+    the cache (put, clear, its default), a call's ``namespace=`` and the ``namespace`` setting.
+
+    A non-empty string: "" is not the default namespace (a tenant named "" would read its answers).
+    Valid text: it is stored as UTF-8, which half an emoji (a lone surrogate, as bytes that are
+    not UTF-8 in argv or the environment arrive) cannot be."""
+    if not isinstance(namespace, str) or not namespace:
+        raise error(f"namespace must be a non-empty string, got {namespace!r}.")
+    if LONE_SURROGATE.search(namespace):
+        raise error(f"namespace holds a lone UTF-16 surrogate (such as \\ud83d, half of an emoji, or "
+                    f"bytes that are not UTF-8), which is not valid text: {namespace!r}.")
+    return namespace
+
+
 def text_of_content(content: Any, *, where: str = "content") -> str:
     """The text of a message's ``content``: a string, or OpenAI content parts (text only); text
     that is not valid Unicode is refused (:func:`checked_text`)."""

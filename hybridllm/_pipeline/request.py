@@ -6,6 +6,7 @@ import dataclasses
 from typing import Any
 
 from .._exceptions import InvalidRequestError
+from .._message_text import check_namespace
 from .._types import GenerationParams, Messages, Usage
 
 
@@ -33,9 +34,8 @@ class Options:
                                           f"default; got {name}={value!r}.")
         if opts.cache is None:
             opts.cache = True
-        if opts.namespace is not None and not (isinstance(opts.namespace, str) and opts.namespace):
-            # "" is not the default namespace: a tenant named "" would read the default's answers
-            raise InvalidRequestError(f"namespace must be a non-empty string, got {opts.namespace!r}.")
+        if opts.namespace is not None:  # refused here, not by every cache lookup (logged) after
+            check_namespace(opts.namespace, InvalidRequestError)
         from ..carbon import check_priority
 
         check_priority(opts.priority)

@@ -161,9 +161,14 @@ def cmd_stats(args: argparse.Namespace) -> int:
 
 def cmd_clear(args: argparse.Namespace) -> int:
     from .._exceptions import CacheError
+    from .._message_text import LONE_SURROGATE
 
     if args.namespace is not None and not args.namespace:
         raise CacheError("--namespace must not be empty; leave it out to clear every namespace.")
+    if args.namespace is not None and LONE_SURROGATE.search(args.namespace):
+        # bytes that are not UTF-8 in argv (Python keeps them as lone surrogates): no namespace is
+        # named so, and SQLite cannot take them (an "internal error" before)
+        raise CacheError(f"--namespace {args.namespace!r} is not valid UTF-8 text; no namespace is named so.")
     path, _ = _settings(args)
     if not _holds_cache(path):
         print(f"no cache database at {path}: nothing to clear")

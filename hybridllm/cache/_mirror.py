@@ -124,6 +124,10 @@ class _Mirror:
         """Catch up with what other processes committed since we last looked: the entries their
         writes named in the store's change log (everything, when the log cannot tell)."""
         self._check_open()
+        if self._store.replaced():  # moved aside as corrupt by another process: its successor
+            self._store.reopen()
+            self._reload()
+            return
         version = self._store.data_version()
         if version == self._seen_version:
             return

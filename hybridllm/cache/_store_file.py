@@ -10,6 +10,7 @@ from pathlib import Path
 
 from .._exceptions import CacheCorruptError, CacheError
 from .._locks import lock_exclusive
+from ._pages import table_leaf_rows
 from ._store_reads import text_or_bytes
 from ._store_writes import _Transaction
 
@@ -73,8 +74,9 @@ class _StoreFile:
                     f"{self.path} is an SQLite database but not a hybridllm cache (tables: "
                     f"{', '.join(sorted(tables))}); it was left untouched. Pass another path."
                 )
-            if (row := conn.execute("PRAGMA quick_check").fetchone()) and row[0] != "ok":
-                raise sqlite3.DatabaseError(f"integrity check failed: {row[0]}")
+            report = [r[0] for r in conn.execute("PRAGMA quick_check")]
+            if report and report != ["ok"]:
+                raise sqlite3.DatabaseError(f"integrity check failed: {_first_problem(report)}")
             meta = self._read_meta(conn) if tables else {}
             if meta:
                 self._check_dim(int(meta["dim"]))
@@ -224,25 +226,41 @@ class _StoreFile:
             def comparable(row: tuple) -> bool:
                 return meta is not None or (isinstance(row[6], bytes) and len(row[6]) == size)
 
+            rows: dict[int, tuple] = {}  # by rowid
+            last = 0
+            for row in _readable(src, sql):
+                if comparable(row):
+                    rows[row[0]] = row[1:]
+                last = row[0]
+            for row in _readable(src, sql + " DESC"):  # past the first damaged page, from the end
+                if row[0] <= last:
+                    break
+                if comparable(row):
+                    rows[row[0]] = row[1:]
+            if not _wal_frames(aside):  # see _leaf_rows
+                for rowid, row in _leaf_rows(aside, size):
+                    rows.setdefault(rowid, row)
+            latest: dict = {}  # one row per id, the last written (a page left over: an older one)
+            for rowid in sorted(rows, reverse=True):
+                latest.setdefault(rows[rowid][0], rowid)
             with _Transaction(conn, self.path):
-                last, kept = 0, 0
-                for row in _readable(src, sql):
-                    if comparable(row):
-                        kept += conn.execute(insert, row[1:]).rowcount
-                    last = row[0]
-                tail = []  # past the first damaged page: read from the other end
-                for row in _readable(src, sql + " DESC"):
-                    if row[0] <= last:
-                        break
-                    if comparable(row):
-                        tail.append(row[1:])
-                for row in reversed(tail):  # in the order written: lru_ids breaks ties by rowid
-                    kept += conn.execute(insert, row).rowcount
-            return kept
+                # in the order written: lru_ids breaks ties by rowid
+                return sum(conn.execute(insert, rows[r]).rowcount for r in sorted(latest.values()))
         except (sqlite3.Error, CacheError):  # unreadable bookkeeping, or a full disk
             return 0
         finally:
             src.close()
+
+
+def _first_problem(report: list[str]) -> str:
+    """SQLite's integrity report in a few words: its first problem and how many more. The whole
+    report (one damaged root page: "Page 4: btreeInitPage() returns error code 11" and 102 lines
+    "Page N is never used") made the rebuild's warning a hundred lines long."""
+    lines = [line.strip() for text in report for line in str(text).splitlines()]
+    problems = [line for line in lines if line and not line.startswith("***")]
+    if len(problems) <= 1:
+        return problems[0] if problems else "no details"
+    return f"{problems[0]} (and {len(problems) - 1} more reported)"  # SQLite stops at 100
 
 
 _META_KEYS = frozenset({"format", "version", "dim", "hits", "misses"})
@@ -254,6 +272,41 @@ def _damaged_meta(meta: dict) -> bool:
     program's, refused for good, and one in the dimension lost every entry on the rebuild."""
     damaged = any(isinstance(k, bytes) or isinstance(v, bytes) for k, v in meta.items())
     return damaged and {k for k in meta if isinstance(k, str)} <= _META_KEYS
+
+
+def _wal_frames(db: Path) -> bool:
+    """Whether ``db`` has a WAL beside it holding any frame (a page newer than the file's). One
+    with none, only its 32-byte header or empty (what a process that has the file open keeps while
+    it writes nothing), leaves the file's own pages current."""
+    try:
+        return Path(f"{db}-wal").stat().st_size > 32
+    except OSError:
+        return False
+
+
+def _leaf_rows(aside: Path, embedding_size: int) -> Iterator[tuple[int, tuple]]:
+    """(rowid, row) of the entries found on the file's leaf pages, whatever its b-tree pages
+    say: with the table's root page damaged, SQL reads no row of it, and every entry was lost
+    (300 of 300) though the pages holding them were intact. Not read when a WAL came along: the
+    file's pages are then older than the WAL's, and may still hold entries deleted since."""
+    try:
+        for rowid, types, values in table_leaf_rows(aside):
+            if _entry_shaped(types, embedding_size):
+                yield rowid, tuple(v if i in (5, 6, 7) or v is None else text_or_bytes(v)
+                                   for i, v in enumerate(values))
+    except (OSError, ValueError):  # unreadable, or empty (mmap)
+        return
+
+
+def _entry_shaped(types: list[int], embedding_size: int) -> bool:
+    """Whether a record's serial types are an entries row's: five texts, an embedding of this
+    cache's size, two numbers, and a text or NULL (fileformat2, "Record Format")."""
+    def text(kind: int) -> bool:
+        return kind >= 13 and kind % 2 == 1
+
+    return (len(types) == len(_COLUMNS["entries"]) and all(text(k) for k in types[:5])
+            and types[5] == 12 + 2 * embedding_size and all(1 <= k <= 9 for k in types[6:8])
+            and (types[8] == 0 or text(types[8])))
 
 
 def _readable(src: sqlite3.Connection, sql: str) -> Iterator[tuple]:

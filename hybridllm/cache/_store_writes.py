@@ -24,6 +24,15 @@ def _damaged(entry_id: str) -> bool:
     return False
 
 
+def _raw_id(entry_id: str) -> bytes | None:
+    """The bytes of a damaged id read by :func:`~._store_reads.id_of`; None for a string no row's
+    id reads as (a caller's "x\\ud800" raised a bare UnicodeEncodeError from delete)."""
+    try:
+        return entry_id.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:
+        return None
+
+
 class _StoreWrites(_StoreReads):
     """How :class:`~.store.CacheStore` writes: entries, recency, counts, deletes and clears."""
 
@@ -81,7 +90,7 @@ class _StoreWrites(_StoreReads):
         clean = [(i,) for i in entry_ids if not _damaged(i)]
         with self._write():
             removed = self._conn.executemany("DELETE FROM entries WHERE id = ?", clean).rowcount
-            if damaged := [(i.encode("utf-8", "surrogateescape"),) for i in entry_ids if _damaged(i)]:
+            if damaged := [(raw,) for i in entry_ids if _damaged(i) and (raw := _raw_id(i)) is not None]:
                 # an id that is not UTF-8 (see id_of), found by its bytes
                 sql = "DELETE FROM entries WHERE CAST(id AS BLOB) = ?"
                 removed += self._conn.executemany(sql, damaged).rowcount

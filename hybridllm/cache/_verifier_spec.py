@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from .._exceptions import CacheError, ConfigError
+from .._files import DAMAGED_NPZ_ERRORS
 from .reranker import FORMAT as RERANKER_FORMAT
 from .reranker import RerankVerifier, get_rerank_verifier
 from .verifier import HitVerifier
@@ -27,12 +28,10 @@ def load_verifier(spec: str | Path) -> Verifier | None:
     if spec == "cosine":
         return None
     path = Path(spec)
-    # a truncated or damaged .npz is a zip error (BadZipFile, zlib's): the file's fault, not ours
-    damaged = (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error)
     try:
         with np.load(path, allow_pickle=False) as data:
             kind = str(data["format"]) if "format" in data.files else ""
-    except damaged as exc:
+    except DAMAGED_NPZ_ERRORS as exc:  # the file's fault, not ours
         raise ConfigError(
             f"Cache verifier {spec!r} is neither one of {VERIFIER_CHOICES} nor a readable file: {exc}"
         ) from exc
@@ -43,7 +42,7 @@ def load_verifier(spec: str | Path) -> Verifier | None:
     except CacheError as exc:
         # a member past the header damaged (HitVerifier.load says CacheError, naming the file): a
         # setting's fault here, as an unreadable file is above
-        if isinstance(exc.__cause__, zipfile.BadZipFile | zlib.error | EOFError):
+        if isinstance(exc.__cause__, zipfile.BadZipFile | zlib.error | EOFError | NotImplementedError):
             raise ConfigError(
                 f"Cache verifier {spec!r} is damaged ({exc.__cause__}): copy or train it again"
             ) from exc

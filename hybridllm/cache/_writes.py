@@ -10,6 +10,7 @@ import time
 import numpy as np
 
 from .._exceptions import CacheError, InvalidRequestError
+from .._message_text import check_namespace
 from ..prompts import valid_text
 from ._candidates import _Candidates
 from ._keys import bucket_key, entry_id_for, split_messages
@@ -102,10 +103,8 @@ class _Writes(_Candidates):
     def _namespace(self, namespace: str | None) -> str:
         if namespace is None:
             return self.namespace
-        if not isinstance(namespace, str) or not namespace:
-            # "" must not mean the default namespace: a tenant named "" would read its answers
-            raise InvalidRequestError(f"namespace must be a non-empty string, got {namespace!r}")
-        return namespace
+        # half an emoji ("\ud83d") raised a bare UnicodeEncodeError from put and clear
+        return check_namespace(namespace, InvalidRequestError)
 
     def _take_counts(self) -> tuple[int, int]:
         """The unsaved hit and miss counts, handed to a write that adds them to the file. They

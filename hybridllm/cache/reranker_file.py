@@ -11,8 +11,6 @@ metrics measured on held-out pairs. Training writes it (:mod:`.train_reranker`).
 
 from __future__ import annotations
 
-import zipfile
-import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from .._exceptions import CacheError
+from .._files import DAMAGED_NPZ_ERRORS
 from .._paths import assets_dir, shipped_file
 from ..models.store import sha256_file
 from .features import NUM_HANDCRAFTED
@@ -33,8 +32,7 @@ DELTA_PREFIX = "u:"  # a low-rank change: factors "u:<name>" @ "v:<name>", int8,
 # the stack's inputs: the reranker's logit, the feature verifier's logit, the surface features
 NUM_STACK_INPUTS = 2 + NUM_HANDCRAFTED
 _INFO_KEYS = ("format", "version", "threshold", "min_similarity", "weights_digest")
-# what np.load raises on a damaged file: a truncated or half-copied .npz is a damaged zip archive
-_DAMAGED = (OSError, KeyError, ValueError, TypeError, EOFError, zipfile.BadZipFile, zlib.error)
+_DAMAGED = DAMAGED_NPZ_ERRORS  # what np.load raises on a damaged file
 
 
 def default_path() -> Path:

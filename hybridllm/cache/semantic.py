@@ -51,6 +51,7 @@ from pathlib import Path
 import numpy as np
 
 from .._exceptions import CacheError, ConfigError
+from .._message_text import check_namespace
 from .._paths import cache_dir, setting_path
 from .._types import USER_TEXT, is_integer, is_real, private_repr
 from ._candidates import _fits
@@ -111,8 +112,7 @@ class SemanticCache(_Writes):
             raise ConfigError(f"max_entries must be an integer of at least 1, got {max_entries!r}")
         if not _is_count(top_k):
             raise ConfigError(f"top_k must be an integer of at least 1, got {top_k!r}")
-        if not isinstance(namespace, str) or not namespace:
-            raise ConfigError(f"namespace must be a non-empty string, got {namespace!r}")
+        check_namespace(namespace, ConfigError)
         if isinstance(verifier, str | Path):
             verifier = load_verifier(verifier)
         self.verifier = verifier

@@ -7,8 +7,8 @@ power cut. A half-written transaction is rolled back by SQLite on the next open.
 A file that is not a usable SQLite database (garbage, truncated, failing its integrity check) is
 moved aside to ``<name>.corrupt-<time>`` and a fresh cache is created with a warning, holding the
 entries still readable from the old one (its table read from both ends up to the first damaged
-page each way, or to the end of a file cut short; a table lacking a column this version reads
-gives none): the cache only holds
+page each way, or to the end of a file cut short, and the rows on its leaf pages read without
+SQLite, see ``_pages``; a table lacking a column this version reads gives none): the cache only holds
 answers that can be generated again, and a rebuild cannot loop because the new file is valid; so
 is a hybridllm cache whose tables do not have the columns this version reads. A
 valid SQLite database that is not a hybridllm cache (no ``cache_meta`` table, or a newer schema)
@@ -27,10 +27,12 @@ only costs misses, since a hit re-reads its entry).
 
 from __future__ import annotations
 
+import os
 import sqlite3
 from pathlib import Path
 
 from .._exceptions import CacheCorruptError
+from .._locks import lock_exclusive
 from ._store_file import _StoreFile
 from ._store_reads import Entry  # noqa: F401 - a public name of this module (_mirror, _writes, tests)
 from ._store_writes import _StoreWrites
@@ -52,9 +54,37 @@ class CacheStore(_StoreFile, _StoreWrites):
                 f"The cache path {self.path} is a folder; pass the path of a database file "
                 "(it is created if missing)."
             )
+        self._conn = self._connect()
+        self._identity = _identity(self.path)
+
+    def replaced(self) -> bool:
+        """Whether the file at ``path`` is no longer the one open: another process found it
+        corrupt, moved it aside and started a new one (or it was deleted). The reader then
+        reopens (``reopen``): before, it went on reading and writing the moved-aside file, so
+        what it stored was lost to every other process, and to itself at its next start."""
+        return _identity(self.path) != self._identity
+
+    def reopen(self) -> None:
+        """Open the file now at ``path`` (creating it if it was deleted) in place of the old one."""
+        # a rebuild under way (files being moved aside one by one, entries salvaged) holds this
+        # lock: waited out, so the new file is never opened beside the old one's WAL. Released
+        # before opening, which may rebuild, taking it again (flock does not nest in a process)
+        try:
+            with open(f"{self.path}.rebuild-lock", "a+b") as lock:
+                lock_exclusive(lock.fileno())
+        except OSError:  # a folder that cannot be written: no rebuild can be under way in it
+            pass
+        old = self._conn
+        self._conn = self._connect()
+        self._identity = _identity(self.path)
+        self.last_logged = (0, 0)
+        self.unreadable.clear()
+        old.close()
+
+    def _connect(self) -> sqlite3.Connection:
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._conn = self._open()
+            return self._open()
         except (OSError, sqlite3.OperationalError) as exc:
             # cannot create, open or lock the file (read-only folder, locked, I/O error): the file
             # is not known to be corrupt, so it is left as it is
@@ -65,7 +95,16 @@ class CacheStore(_StoreFile, _StoreWrites):
         except sqlite3.DatabaseError as exc:
             if isinstance(exc, CacheCorruptError):
                 raise
-            self._conn = self._rebuild_or_fail(exc)
+            return self._rebuild_or_fail(exc)
 
     def close(self) -> None:
         self._conn.close()
+
+
+def _identity(path: Path) -> tuple[int, int] | None:
+    """The file at ``path`` (device, inode), None when there is none: one stat, ~2 us."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino

@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from .._exceptions import DataError, HybridLLMError
+from .._files import DAMAGED_NPZ_ERRORS
 from .._paths import cache_dir
 from .evaluate import PairSet, load_pairs, pair_metrics
 from .features import NUM_HANDCRAFTED, Idf, pair_features
@@ -103,7 +104,6 @@ def embed_texts(
     threads, the same vectors to the bit). ``cache_file`` keeps them with the embedder's
     fingerprint: a file another embedder wrote (a new quantization recipe), or one that cannot be
     read (damaged), is embedded again."""
-    import zipfile
 
     from .embedder import get_embedder
 
@@ -113,7 +113,7 @@ def embed_texts(
             with np.load(cache_file, allow_pickle=False) as data:
                 same = "embedder" in data.files and str(data["embedder"]) == embedder.fingerprint
                 known = dict(zip(data["texts"].tolist(), data["vecs"], strict=True)) if same else {}
-        except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile, zlib.error) as exc:
+        except DAMAGED_NPZ_ERRORS as exc:
             say(f"embedding again: cannot read {cache_file} ({exc})")
             same, known = False, {}
         if same and all(t in known for t in texts):

@@ -15,8 +15,6 @@ split for precision) and ``min_similarity`` (the cosine below which a candidate 
 
 from __future__ import annotations
 
-import zipfile
-import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from .._exceptions import CacheError
+from .._files import DAMAGED_NPZ_ERRORS
 from .._paths import assets_dir, shipped_file
 from .._types import is_real
 from .features import NUM_HANDCRAFTED, Idf, pair_features
@@ -234,7 +233,7 @@ class HitVerifier:
                 )
         except CacheError:
             raise
-        except (OSError, KeyError, ValueError, TypeError, EOFError, zipfile.BadZipFile, zlib.error) as exc:
+        except DAMAGED_NPZ_ERRORS as exc:
             # a truncated, empty or damaged .npz is a zip or EOF error: before, it reached the
             # caller as a bare zipfile.BadZipFile
             raise CacheError(

@@ -13,6 +13,8 @@ import pytest
 from hybridllm.cache.guards import conflict
 from hybridllm.cache.semantic import SemanticCache
 
+from .guard_pairs import assert_none_served
+
 # each was a wrong hit of the shipped cache (real MiniLM embedder and reranker), 2026-12-04
 SERVED_BEFORE = [
     ("Is Python faster than Java?", "Is Python slower than Java?"),
@@ -55,12 +57,7 @@ def test_opposites_among_other_changes_are_left_to_the_verifier(a: str, b: str) 
 @pytest.mark.real
 def test_the_shipped_cache_no_longer_serves_the_opposite_question(tmp_path: Path) -> None:
     with SemanticCache(tmp_path / "c.sqlite3") as cache:
-        for i, (cached, asked) in enumerate(SERVED_BEFORE):
-            ns = f"pair{i}"
-            cache.put([{"role": "user", "content": cached}], f"answer to {cached}", model="m",
-                      params_key={}, namespace=ns)
-            assert cache.get([{"role": "user", "content": asked}], model="m", params_key={},
-                             namespace=ns) is None, (cached, asked)
+        assert_none_served(cache, SERVED_BEFORE)
         # a paraphrase of a cached question is still served
         cache.put([{"role": "user", "content": "How can I improve my English?"}], "Read daily.",
                   model="m", params_key={}, namespace="para")

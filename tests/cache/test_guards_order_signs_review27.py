@@ -15,6 +15,8 @@ import pytest
 from hybridllm.cache.guards import conflict
 from hybridllm.cache.semantic import SemanticCache
 
+from .guard_pairs import assert_none_served
+
 REORDERED = [
     ("What is 10 minus 3?", "What is 3 minus 10?"),
     ("Is 7 divisible by 21?", "Is 21 divisible by 7?"),
@@ -55,9 +57,4 @@ def test_other_pairs_are_left_to_the_verifier(a: str, b: str) -> None:
 @pytest.mark.real
 def test_plain_cosine_no_longer_serves_them(tmp_path: Path) -> None:
     with SemanticCache(tmp_path / "c.sqlite3", verifier=None) as cache:
-        for i, (cached, asked) in enumerate([REORDERED[0], OPPOSITE_SIGNS[0]]):
-            ns = f"pair{i}"
-            cache.put([{"role": "user", "content": cached}], f"answer to {cached}", model="m",
-                      params_key={}, namespace=ns)
-            assert cache.get([{"role": "user", "content": asked}], model="m", params_key={},
-                             namespace=ns) is None, (cached, asked)
+        assert_none_served(cache, [REORDERED[0], OPPOSITE_SIGNS[0]])

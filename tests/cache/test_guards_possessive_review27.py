@@ -15,6 +15,8 @@ import pytest
 from hybridllm.cache.guards import conflict
 from hybridllm.cache.semantic import SemanticCache
 
+from .guard_pairs import assert_none_served
+
 SERVED_BEFORE = [
     ("Should the employer pay the employee's taxes?", "Should the employee pay the employer's taxes?"),
     ("What does a mother call her son's wife?", "What does a son call his mother's wife?"),
@@ -50,13 +52,4 @@ def test_other_possessives_are_left_to_the_verifier(a: str, b: str) -> None:
 @pytest.mark.real
 def test_the_shipped_cache_no_longer_serves_the_other_owner(tmp_path: Path) -> None:
     with SemanticCache(tmp_path / "c.sqlite3") as cache:
-        for i, (cached, asked) in enumerate(SERVED_BEFORE):
-            ns = f"pair{i}"
-            cache.put([{"role": "user", "content": cached}], f"answer to {cached}", model="m",
-                      params_key={}, namespace=ns)
-            assert cache.get([{"role": "user", "content": asked}], model="m", params_key={},
-                             namespace=ns) is None, (cached, asked)
-            # the question itself is still served
-            hit = cache.get([{"role": "user", "content": cached.lower()}], model="m", params_key={},
-                            namespace=ns)
-            assert hit is not None and hit.text == f"answer to {cached}"
+        assert_none_served(cache, SERVED_BEFORE, the_question_itself=True)

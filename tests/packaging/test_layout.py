@@ -25,6 +25,7 @@ RUNTIME = {
         "index",
         "store",
         "_store_file",
+        "_pages",
         "_store_reads",
         "_store_writes",
         "semantic",

@@ -82,6 +82,8 @@ def _read_table(
                 if sep_line:  # Excel's "sep=;" line: not the header (the rows keep their line numbers)
                     next(reader, None)
                 columns = next(reader, [])
+                _refuse_json(path)
+                _refuse_repeated_columns(path, columns)
                 return columns, ([] if header_only else _csv_rows(path, reader, columns, delimiter))
         except (UnicodeDecodeError, csv.Error) as exc:
             raise DataError(f"{path} is not a readable UTF-8 CSV file ({exc}).") from exc
@@ -153,6 +155,41 @@ def _csv_rows(path: Path, reader: Any, columns: list[str], delimiter: str) -> li
             "to_csv, Python's csv module), or write the file as JSON Lines."
         )
     return rows
+
+
+def _refuse_json(path: Path) -> None:
+    """A CSV-named file whose first line is a JSON object, or opens a JSON array, holds JSON (a
+    .jsonl saved as .csv): read as CSV, its first record became the column names, and the error
+    said it had no 'prompt' column while listing '{"prompt": ...' among them."""
+    with path.open(encoding="utf-8-sig") as fh:  # read errors: raised, as the CSV reader's
+        line = fh.readline().strip()
+    if line == "[" or line.startswith(("[{", '["')):
+        suffix = ".json"  # an array
+    else:
+        try:
+            suffix = ".jsonl" if line.startswith("{") and isinstance(json.loads(line), dict) else ""
+        except json.JSONDecodeError:
+            suffix = ""
+    if suffix:
+        shown = line if len(line) <= 60 else line[:60] + "..."
+        raise DataError(
+            f"{path} holds JSON, not CSV (its first line is {shown}); rename it to "
+            f"{path.with_suffix(suffix).name} to read it as JSON."
+        )
+
+
+def _refuse_repeated_columns(path: Path, columns: list[str]) -> None:
+    """A header naming one column twice (two files' columns pasted side by side) is refused: read
+    by name, the later column's cells silently stood for both (pandas reads them as 'weak' and
+    'weak.1'). Blank names (a trailing delimiter) may repeat."""
+    seen: dict[str, int] = {}
+    for i, name in enumerate(columns, start=1):
+        if name.strip() and name in seen:
+            raise DataError(
+                f"{path} has two columns named {name!r} (columns {seen[name]} and {i} of its header); "
+                "rename one, so that each model's scores are read from their own column."
+            )
+        seen.setdefault(name, i)
 
 
 def _comma_or_semicolon(first_line: str) -> str:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import codecs
 import csv
+import io
 import json
 import os
 import sys
@@ -58,6 +60,11 @@ def _read_done(
     mark, TRUE/FALSE) resumes as written."""
     if not path.is_file() or path.stat().st_size == 0:
         return set(), header
+    if _only_cut_header(path, header):
+        path.write_bytes(b"")  # no row yet: the file starts again, its header written whole
+        if progress is not None:
+            progress.write(f"{path}: its header was cut off mid-write (a run stopped); it is written again\n")
+        return set(), header
     csv.field_size_limit(min(sys.maxsize, 2**31 - 1))
     raw: list[str] = []  # the lines of the record the reader is on
 
@@ -68,7 +75,7 @@ def _read_done(
 
     done: set[str] = set()
     try:
-        with path.open(newline="", encoding="utf-8") as fh:
+        with _utf8_lines(path) as fh:
             reader = csv.reader(lines(fh))
             found = next(reader, None)
             if found is None:
@@ -117,6 +124,30 @@ def _read_done(
                 raw_fh.seek(end)
                 raw_fh.write(b"\r\n")
     return done, found
+
+
+def _only_cut_header(path: Path, header: list[str]) -> bool:
+    """Whether ``path`` holds only the start of this run's header line, short of its line end: a
+    run stopped while writing it, before any row. Resumed as it was, its rows got the cut
+    header's columns (``...,edge_mean_lo``: every log-probability and token count left out), or it
+    was refused as labels of other models (``prompt,edge:m,``)."""
+    buf = io.StringIO()
+    csv.writer(buf).writerow(header)
+    line = buf.getvalue().encode("utf-8")
+    try:
+        return path.stat().st_size < len(line) and line.startswith(path.read_bytes())
+    except OSError:
+        return False  # said where the file is read
+
+
+def _utf8_lines(path: Path) -> io.StringIO:
+    """The file's text to read as CSV (``newline=""``), less a character cut off at its very end:
+    rows are written whole with their line end, so only a run stopped mid-write (killed, the disk
+    full) leaves one, inside its last row, which is then cut off as any half-written row is (read
+    strictly, its first byte was "not a UTF-8 CSV file" and the run could not resume). Invalid
+    UTF-8 anywhere else still raises :class:`UnicodeDecodeError`."""
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    return io.StringIO(decoder.decode(path.read_bytes(), final=False), newline="")
 
 
 def _holds_rows(lines: list[str]) -> bool:
@@ -205,7 +236,7 @@ def check_resumable(
     that the CLI says it before the edge model is pulled and loaded: a file that is not a label
     CSV, one of other models, or (given ``settings``) one with rows made with other settings."""
     path, header = Path(out), _header(edge_col, cloud_col)
-    if not path.is_file() or path.stat().st_size == 0:
+    if not path.is_file() or path.stat().st_size == 0 or _only_cut_header(path, header):
         return
     try:
         with path.open(newline="", encoding="utf-8") as fh:

@@ -21,6 +21,7 @@ CONFIG_NAME = "router.json"
 WEIGHTS_NAME = "weights.npz"
 TRAIN_HASHES = "train_prompt_hashes"  # in weights.npz; older readers ignore arrays they do not know
 
+
 _RESERVED = {"format", "format_version", "classifier", "text_features", "embedding", "threshold",
              "logprob_threshold", "save_id"}
 

@@ -8,6 +8,7 @@ import numpy as np
 
 from .._exceptions import DataError
 from .dataset import RoutingData
+from .fit import share_fractions
 
 
 @dataclass(frozen=True)
@@ -28,7 +29,7 @@ class Sources:
         if len(self.names) < 2:
             return None
         counts = np.bincount(self.ids, minlength=len(self.names)).astype(np.float64)
-        share = np.asarray(self.weights, dtype=np.float64) / np.sum(self.weights)
+        share = share_fractions(self.weights)
         per_row = share / np.maximum(counts, 1) * len(self.ids)
         return per_row[self.ids]
 
@@ -48,6 +49,11 @@ def pool(
         raise DataError(
             f"Give one positive, finite --weight per --data file ({len(parts)} files, "
             f"{len(weights)} weights)."
+        )
+    if len(parts) > 1 and not np.all(share_fractions(weights) > 0):
+        raise DataError(
+            f"The --weight values ({', '.join(f'{w:g}' for w in weights)}) are too far apart: the "
+            "smallest is no share at all beside the largest. Give shares in a smaller range."
         )
     if len(parts) == 1:
         name, data = parts[0]

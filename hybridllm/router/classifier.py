@@ -192,7 +192,11 @@ class GainScorer:
             ref_gains = np.asarray(a["ref_gains"], np.float32)
             proj_mean = np.asarray(a["proj_mean"], np.float32)
             proj = np.asarray(a["proj"], np.float32)
+            # proj_mean one-dimensional: one of shape [e, 1] broadcast each prompt into e rows, and
+            # the router scored the first of those (a single scorer: silently) or failed at the
+            # first request (a mixture's experts: numpy's "all input arrays must have the same shape")
             ok = (refs.ndim == 2 and len(refs) > 0 and ref_gains.shape == (len(refs),)
+                  and proj_mean.ndim == 1
                   and proj.ndim == 2 and proj.shape == (refs.shape[1], proj_mean.shape[0]))
             if not ok:
                 raise RouterFileError("The router's neighbor arrays do not match; retrain it.")

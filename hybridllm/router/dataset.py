@@ -300,6 +300,8 @@ def read_prompts(path: str | Path, prompt_col: str | None = None) -> list[str]:
             prompts.append(_prompt_cell(p, i, rec[keys[0]]))
     elif suffix in TSV_SUFFIXES or suffix == ".csv" or suffix in BINARY_SUFFIXES:
         header, rows = _read_table(p)
+        if not header:  # else "no 'prompt' column (columns: )" for a file with nothing in it
+            raise DataError(f"{p} is empty; it needs a header with a prompt column, then one prompt a row.")
         col = _prompt_column(p, header, prompt_col)
         prompts = [_text_prompt(p, i, r.get(col) or "", False) for i, r in enumerate(rows)]
     else:

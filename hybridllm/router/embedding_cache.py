@@ -14,12 +14,12 @@ import contextlib
 import hashlib
 import os
 import warnings
-import zipfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
 
+from .._files import DAMAGED_NPZ_ERRORS
 from .._paths import data_dir, env_folder
 from .dataset import texts_digest
 from .features import EMBEDDER_ID, EMBEDDING_DIM, embed_texts
@@ -113,7 +113,7 @@ def _read(path: Path) -> tuple[np.ndarray, np.ndarray | None] | None:
         with loaded as npz:
             emb = np.asarray(npz["embeddings"], dtype=np.float32)
             keys = np.asarray(npz["keys"]) if "keys" in npz.files else None
-    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile):
+    except DAMAGED_NPZ_ERRORS:
         return None
     if emb.ndim != 2 or emb.shape[1] != EMBEDDING_DIM or not np.all(np.isfinite(emb)):
         return None  # the embedder's vectors are finite: a NaN would train the router on NaN

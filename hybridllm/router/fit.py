@@ -112,6 +112,15 @@ def fit_gain_scorer(
     )
 
 
+def share_fractions(shares: list[float]) -> np.ndarray:
+    """Relative shares (positive, finite) as fractions summing to 1, scaled by the largest first:
+    summed as given, two shares of 1e308 overflowed to inf and every row's weight came out 0 (an
+    internal error from the fit). A share too small beside the largest to be held comes out 0."""
+    s = np.asarray(shares, dtype=np.float64)
+    s = s / s.max()
+    return s / s.sum()
+
+
 def learnable(gain: np.ndarray) -> bool:
     """Some prompt gains from the strong model and the gains differ (else there is no order)."""
     g = np.asarray(gain, dtype=np.float64)
@@ -275,8 +284,7 @@ def fit_source_mixture(
     scale[scale < 1e-8] = 1.0
     w = None
     if shares is not None:
-        share = np.asarray(shares, dtype=np.float64) / float(np.sum(shares))
-        w = (share / counts * len(ids))[ids]
+        w = (share_fractions(shares) / counts * len(ids))[ids]
     gate = LogisticRegression(C=gate_c, max_iter=3000).fit((e64 - mean) / scale, ids, sample_weight=w)
     coef, intercept = gate.coef_, gate.intercept_
     if num == 2:  # sklearn keeps one row (the second class's log-odds) for two classes

@@ -18,7 +18,6 @@ import json
 import math
 import os
 import uuid
-import zipfile
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from .._exceptions import DataError, InvalidRequestError, RouterError, RouterFileError
+from .._files import DAMAGED_NPZ_ERRORS
 from .._types import Message, is_real, last_user_text, normalize_messages
 from ._router_file import (
     _RESERVED,
@@ -302,7 +302,7 @@ def load_router(path: str | Path | None = None) -> Router:
             arrays = {k: np.asarray(npz[k]) for k in npz.files}
     except FileNotFoundError as exc:
         raise RouterFileError(f"{weights} is missing; retrain or re-copy the router.") from exc
-    except (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile) as exc:
+    except DAMAGED_NPZ_ERRORS as exc:
         raise RouterFileError(f"{weights} is corrupt ({exc}); retrain or re-copy it.") from exc
     save_id = arrays.pop("save_id", None)  # none in files written before it
     train_hashes = arrays.pop(TRAIN_HASHES, None)  # none in files written before it
@@ -349,6 +349,13 @@ def calibrate_threshold(scores: Any, cloud_fraction: float) -> float:
         raise DataError("Calibration needs at least one prompt.")
     if not np.all(np.isfinite(s)):  # np.sort puts NaN last: the threshold would come out NaN
         raise DataError("Calibration got NaN or inf scores; check the router file.")
+    if s[0] < 0.0 or s[-1] > 1.0:
+        # a threshold is a number in [0, 1]: on a custom scorer's 0-10 scores the one returned was
+        # clamped below 1 and sent 90% of the prompts where 30% was asked, without a word
+        raise DataError(
+            f"Calibration takes router scores in [0, 1], got scores from {s[0]:g} to {s[-1]:g}; "
+            "map a custom scorer's scores to [0, 1] (higher: the cloud adds more)."
+        )
     # the ends are the user's words, "none" and "all", for prompts outside the sample too
     if cloud_fraction == 0.0:
         return NEVER_CLOUD

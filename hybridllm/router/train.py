@@ -64,7 +64,7 @@ from .features import TEXT_FEATURES, feature_matrix
 from .fit import GATE_C, learnable
 from .mixture import SourceMixture
 from .preference import is_preference
-from .router import Router
+from .router import NEVER_CLOUD, Router
 
 SHIPPED_COMMAND = (
     "hybridllm router train --data ../shared/data/routellm/mmlu_responses.csv --out hybridllm/_data/router"
@@ -100,7 +100,7 @@ def train_router(
     if progress is not None:
         progress(num_folds + 1, num_folds + 1)
     train_scores = np.asarray(scorer.predict(x, emb), dtype=np.float64)
-    threshold, per_source = _threshold_and_source_metrics(data, sources, cv)
+    threshold, per_source = _threshold_and_source_metrics(data, sources, cv, train_scores)
     info: dict[str, Any] = {
         "training": {
             "command": command or SHIPPED_COMMAND,
@@ -165,9 +165,15 @@ def _threshold_and_source_metrics(
     data: RoutingData,
     sources: Sources,
     cv: CVResult,
+    train_scores: np.ndarray,
 ) -> tuple[float, dict[str, dict[str, float]]]:
     """Per source: the out-of-fold score quantile sending its CV ``calls_at_95`` fraction to the cloud.
-    The router's threshold is the lowest of them, so every source keeps 95% of strong quality."""
+    The router's threshold is the lowest of them, so every source keeps 95% of strong quality.
+
+    A source whose prompts the final scorer (``train_scores``) scores all alike (no feature tells
+    them apart: text features only, prompts of one shape) can keep it only by sending all of them:
+    its quantile, set on out-of-fold scores a hair apart, fell on either side of that one score by
+    rounding, and one such router sent none of its prompts to the cloud (calls at 95%: 0.93)."""
     threshold, per_source = 1.0, {}
     for i, name in enumerate(sources.names):
         rows = sources.ids == i
@@ -180,6 +186,9 @@ def _threshold_and_source_metrics(
         fraction = float(m["calls_at_95"])
         if fraction > 0:
             threshold = min(threshold, float(np.quantile(cv.oof_scores[rows], 1.0 - fraction)))
+            alike = train_scores[rows]
+            if np.all(alike == alike[0]):  # below 1.0: threshold 1 sends nothing
+                threshold = min(threshold, float(alike[0]), float(np.nextafter(NEVER_CLOUD, 0.0)))
     return threshold, per_source
 
 

@@ -12,6 +12,7 @@ import codecs
 import logging
 import os
 import random
+import re
 import threading
 import weakref
 from collections.abc import Callable, Iterator
@@ -161,9 +162,13 @@ class LlamaCppBackend(DeviceBackend):
                     ) from exc
                 # llama-cpp-python's own message is only "Failed to load model from file": llama.cpp
                 # said why in its log. A model of an architecture this llama.cpp does not know is
-                # whole: downloading it again (the advice for a damaged file) cannot help
+                # whole: downloading it again (the advice for a damaged file) cannot help. A name
+                # that is empty or not plain ASCII (llama.cpp's are letters, digits, '-', '_', '.')
+                # is no architecture: a damaged header (a flipped byte in the key
+                # general.architecture or in its value), which was blamed on this llama.cpp, with
+                # no re-pull advice
                 why = reasons[-1] if reasons else str(exc)
-                if "unknown model architecture" in why:
+                if re.search(r"unknown model architecture: '[A-Za-z0-9_.\-]+'", why):
                     raise ModelCorruptError(
                         f"llama.cpp could not load {self.model_path} ({why}): this llama.cpp "
                         f"(llama-cpp-python {_llama_version()}) cannot run models of that architecture. "
@@ -295,6 +300,7 @@ class LlamaCppBackend(DeviceBackend):
                     token = next(gen, None)
                     if token is None:  # the generator ended on its own (it does not, today)
                         break
+                    _check_finite(llm._ctx.get_logits(), token, self._n_vocab)
                     if C.llama_vocab_is_eog(llm._model.vocab, token):
                         finish = "stop"
                         break
@@ -352,6 +358,24 @@ class LlamaCppBackend(DeviceBackend):
             llm.close()
             del llm
             return_freed_memory()
+
+
+def _check_finite(logits: Any, token: int, n_vocab: int) -> None:
+    """Refuse a drawn token whose logit is NaN, as the ONNX backend refuses NaN logits.
+
+    Damaged weights (a NaN in a norm or a scale) make every logit NaN, and llama.cpp's samplers
+    still pick a token: greedy keeps the first (SmolLM2's <|endoftext|>, so an empty answer that
+    "stopped"), a sampled draw any ("........"), with no error. A NaN row always gives a NaN pick,
+    so only that logit is read (``logits``: llama.cpp's float pointer, the position that produced
+    ``token``); the whole row is counted only to say so."""
+    if logits[token] != logits[token]:  # NaN
+        import numpy as np
+
+        row = np.ctypeslib.as_array(logits, shape=(n_vocab,))
+        raise EdgeError(
+            f"The model produced NaN logits ({int(np.isnan(row).sum())} of {row.shape[0]}): its "
+            "weights are damaged. Check the model file (`hybridllm models verify`) and pull it "
+            "again, or pass another.")
 
 
 def _prefill_head(llm: Any, tokens: list[int]) -> None:

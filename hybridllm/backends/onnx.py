@@ -168,13 +168,14 @@ class OnnxBackend(DeviceBackend):
             self._model: Any = og.Model(config)
             self.huge_page_bytes = _advise_huge_pages(before) if huge_pages else 0
             self._tok: Any = og.Tokenizer(self._model)
-        except RuntimeError as exc:
+        except (RuntimeError, UnicodeDecodeError) as exc:
             # the exception's traceback holds this half-made backend: without this, a caller that
             # kept the error (to log it, to retry later) kept the loaded weights with it
             self._model = self._tok = None
             raise ModelCorruptError(
-                f"ONNX Runtime GenAI could not load {self.model_path} ({exc}): a file of the folder "
-                f"is missing, truncated or corrupt. {_reprepare_hint(self.model_path, spec, precision)}"
+                f"ONNX Runtime GenAI could not load {self.model_path} ({_runtime_said(exc)}): a file of "
+                f"the folder is missing, truncated or corrupt. "
+                f"{_reprepare_hint(self.model_path, spec, precision)}"
             ) from exc
         eos_ids = genai.get("eos_token_id", [])
         self._eos_ids = set(eos_ids if isinstance(eos_ids, list) else [eos_ids])
@@ -305,6 +306,15 @@ class OnnxBackend(DeviceBackend):
             self._tok = self._model = None
         if had_model:
             return_freed_memory()
+
+
+def _runtime_said(exc: Exception) -> str:
+    """The runtime's error message. One that quotes a damaged name from model.onnx (a flipped
+    byte: not UTF-8) reaches Python as a UnicodeDecodeError of the message itself, which went out
+    raw ("'utf-8' codec can't decode byte 0xe6"): its bytes are the message, read leniently."""
+    if isinstance(exc, UnicodeDecodeError):
+        return bytes(exc.object).decode("utf-8", errors="replace")
+    return str(exc)
 
 
 def _factory(**kwargs: Any) -> OnnxBackend:

@@ -68,15 +68,22 @@ def _context_size(n_ctx: int, trained: int, folder: Path) -> int:
 # the token texts llama.cpp's vocabulary loader marks end-of-generation by name (llama-vocab.cpp)
 _EOG_NAMES = frozenset({
     "<|endoftext|>", "<|im_end|>", "<|eot_id|>", "<|eom_id|>", "<|end|>", "<end_of_turn>", "<EOT>",
-    "_<EOT>", "<|end\u2581of\u2581sentence|>", "<end_of_utterance>",
+    "_<EOT>", "<|end\u2581of\u2581sentence|>", "<end_of_utterance>", "<|end_of_text|>",
+    # and the fill-in-the-middle pad, repo and file-separator tokens it finds by name, which it ends
+    # on too: SmolLM2's <reponame>, Qwen2.5-Coder's <|fim_pad|>, <|repo_name|> and <|file_sep|>
+    "<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>",
+    "<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>",
+    "<|file_sep|>",
 })
 
 
 def _named_eog_ids(folder: Path) -> set[int]:
-    """Ids of the special tokens in ``folder``'s tokenizer.json named in :data:`_EOG_NAMES`."""
+    """Ids of the added tokens in ``folder``'s tokenizer.json named in :data:`_EOG_NAMES`, whether
+    or not marked special: llama.cpp goes by the text alone, and Qwen's tokenizer.json marks its
+    fill-in-the-middle tokens not special (ONNX wrote on past <|file_sep|> where llama.cpp stopped)."""
     try:
         added = json.loads((folder / "tokenizer.json").read_text(encoding="utf-8")).get("added_tokens") or []
-        return {int(t["id"]) for t in added if t.get("special") and t.get("content") in _EOG_NAMES}
+        return {int(t["id"]) for t in added if t.get("content") in _EOG_NAMES}
     except (OSError, ValueError, TypeError, KeyError, AttributeError):
         return set()
 

@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import threading
 import time
 
@@ -34,7 +35,10 @@ class _FakeLlm:
         self.generations = 0
         # the KV cache's tokens: the backend decodes a prompt's head itself (review 21)
         self.input_ids, self.n_tokens = np.zeros(64, dtype=np.intc), 0
-        self._ctx = type("C", (), {"kv_cache_seq_rm": lambda self, seq, start, end: True})()
+        # finite logits: the backend reads the drawn token's own (a NaN one is refused)
+        logits = (ctypes.c_float * 128)()
+        self._ctx = type("C", (), {"kv_cache_seq_rm": lambda self, seq, start, end: True,
+                                   "get_logits": lambda self: logits})()
 
     def eval(self, tokens) -> None:
         self.input_ids[self.n_tokens : self.n_tokens + len(tokens)] = tokens

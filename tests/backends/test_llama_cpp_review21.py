@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import struct
 import threading
 
@@ -28,6 +29,9 @@ EOS = 99
 class _Ctx:
     def kv_cache_seq_rm(self, seq: int, start: int, end: int) -> bool:
         return True
+
+    def get_logits(self):  # finite: the backend reads the drawn token's own (a NaN one is refused)
+        return (ctypes.c_float * 128)()
 
 
 class _BatchSensitiveLlm:

@@ -11,6 +11,7 @@ its second step until the test has closed the stream, so "one step after the clo
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import threading
 import types
 from collections.abc import Iterator
@@ -50,6 +51,8 @@ class _Llm:
     def __init__(self, script: _Script) -> None:
         self.script = script
         self._model = types.SimpleNamespace(vocab=None)
+        # finite logits: the backend reads the drawn token's own (a NaN one is refused)
+        self._ctx = types.SimpleNamespace(get_logits=lambda: (ctypes.c_float * 16)())
 
     def set_seed(self, seed: int) -> None:
         pass

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import re
 import sys
@@ -36,11 +37,34 @@ def _prompt(args: argparse.Namespace) -> str:
     if sys.stdin is None or sys.stdin.isatty():
         raise _UsageError("ask needs a prompt: hybridllm ask \"PROMPT\", or pipe it in "
                           "(echo PROMPT | hybridllm ask).")
-    _decode_stdin_leniently()
-    text = _text(sys.stdin.read()).strip()
+    text = _text(_read_stdin()).strip()
     if not text:
         raise _UsageError("the prompt read from stdin is empty.")
     return text
+
+
+# The most `ask` reads from stdin: the request body that `hybridllm serve` and the cloud server take
+# by default (4 MiB, wire.body.DEFAULT_MAX_BODY_BYTES, not imported: it needs pydantic). That is over
+# 100 bytes a token for the largest context in the catalog (32,768 tokens), so a longer prompt
+# could never be answered; reading on only filled memory (`hybridllm ask < /dev/zero` until killed).
+MAX_STDIN_BYTES = 4 * 2**20
+
+
+def _read_stdin() -> str:
+    """stdin's text, read up to MAX_STDIN_BYTES (a usage error past it), decoded as stdin decodes
+    (its encoding, universal newlines), bytes it cannot decode kept for _text() to replace."""
+    raw = getattr(sys.stdin, "buffer", None)
+    if not isinstance(raw, (io.BufferedIOBase, io.RawIOBase)):  # a stand-in stdin (StringIO)
+        _decode_stdin_leniently()
+        return str(sys.stdin.read())
+    data = raw.read(MAX_STDIN_BYTES + 1) or b""
+    if len(data) > MAX_STDIN_BYTES:
+        raise _UsageError(f"the prompt read from stdin is over {MAX_STDIN_BYTES >> 20} MiB, the most ask "
+                          "reads: the servers' default request limit, and far past the catalog models' "
+                          "contexts (32,768 tokens at most); send only the part that matters "
+                          "(head -c, split).")
+    encoding = getattr(sys.stdin, "encoding", None) or "utf-8"
+    return io.TextIOWrapper(io.BytesIO(data), encoding=encoding, errors="surrogateescape").read()
 
 
 def _messages(args: argparse.Namespace, prompt: str) -> Any:
@@ -124,6 +148,22 @@ def _answer(llm: Any, history: list[dict[str, str]], sampling: dict[str, Any], p
     return stream
 
 
+def _piped_line(interactive: bool) -> str:
+    """The next question from a stdin that is not a terminal, as input() reads it, but at most
+    MAX_STDIN_BYTES characters: input() read a line whole, so `hybridllm chat < /dev/zero` (or a
+    file of one huge line) filled memory until killed. A stand-in stdin that is no text stream
+    (an app's own object) is read by input() as before."""
+    if interactive or not isinstance(sys.stdin, io.TextIOBase):
+        return input()
+    line = sys.stdin.readline(MAX_STDIN_BYTES + 1)
+    if not line:
+        raise EOFError
+    if len(line) > MAX_STDIN_BYTES and not line.endswith("\n"):  # its newline aside, it is over
+        raise _UsageError(f"a line read from stdin is over {MAX_STDIN_BYTES:,} characters, more than "
+                          "any model here takes as a question; send only the part that matters.")
+    return line[:-1] if line.endswith("\n") else line
+
+
 def cmd_chat(args: argparse.Namespace) -> int:
     sampling = _sampling(args)
     if sys.stdin is None:  # started with stdin closed (`<&-`, a service): input() could never work
@@ -155,7 +195,7 @@ def cmd_chat(args: argparse.Namespace) -> int:
             try:
                 if interactive and to is not sys.stdout:
                     print(prompt, end="", file=to, flush=True)
-                line = input(prompt) if interactive and to is sys.stdout else input()
+                line = input(prompt) if interactive and to is sys.stdout else _piped_line(interactive)
             except EOFError:
                 if interactive:
                     print(file=to)

@@ -168,19 +168,34 @@ def _verify_status(results: list[Any], *, named: bool) -> int:
     return 1 if any(r.status in ("corrupt", "incomplete") for r in results) else 0
 
 
+def _check_prepare_options(args: argparse.Namespace, spec: Any) -> None:
+    """An option `prepare` would not use is a usage error, not dropped: `--precision int8` without
+    --backend onnx pulled the GGUF and said nothing, and --force on a GGUF model did not copy it
+    again (now it does, as `pull --force`) nor on the embedder rebuild anything (it still cannot)."""
+    if args.precision is not None and args.backend != "onnx":
+        raise _UsageError(f"--precision picks the ONNX weights: add --backend onnx (the llama_cpp "
+                          f"form of {spec.id} is its GGUF file, as pulled).")
+    if args.force and args.backend != "onnx" and spec.kind == "embedding":
+        raise _UsageError(f"--force does not rebuild {spec.id}'s export; `hybridllm models remove "
+                          f"{spec.id}` deletes it (with its files), and prepare then builds it anew.")
+
+
 def cmd_models_prepare(args: argparse.Namespace) -> int:
     from ._progress import ProgressBar
     from .models.catalog import get_spec
 
     spec = get_spec(_catalog_id(args.id))
+    _check_prepare_options(args, spec)
     if args.backend == "onnx":
         from .models.onnx_prepare import cli_prepare
+        from .models.onnx_store import DEFAULT_PRECISION
 
-        return cli_prepare(args.id, precision=args.precision, force=args.force)
+        return cli_prepare(spec.id, precision=args.precision or DEFAULT_PRECISION, force=args.force)
     if spec.kind != "embedding":
         from .models.store import pull
 
-        print(pull(spec.id, progress=ProgressBar(f"Pulling {spec.id}"), on_wait=_waiting(spec.id)))
+        print(pull(spec.id, progress=ProgressBar(f"Pulling {spec.id}"), force=args.force,
+                   on_wait=_waiting(spec.id)))
         return 0
     try:
         from .cache._cli import prepare_embedder

@@ -76,9 +76,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--backend", choices=("llama_cpp", "onnx"), default="llama_cpp",
                    help="onnx: build the ONNX Runtime GenAI folder, needs the [export] extra "
                    "(default llama_cpp: the GGUF file)")
-    p.add_argument("--precision", choices=("int4", "int8", "fp32"), default="int4",
-                   help="ONNX weights (default int4)")
-    p.add_argument("--force", action="store_true", help="build again even if prepared")
+    p.add_argument("--precision", choices=("int4", "int8", "fp32"), default=None,
+                   help="ONNX weights, with --backend onnx (default int4)")
+    p.add_argument("--force", action="store_true",
+                   help="build again even if prepared (a GGUF model: copy it again, as pull --force)")
     p.set_defaults(func=cmd_models_prepare)
     p = msub.add_parser("remove", aliases=["rm"],
                         help="delete a model's pulled files and prepared forms from the data dir")
@@ -108,7 +109,23 @@ def _lenient_stdout() -> None:
         pass
 
 
+def _closed_stderr_to_devnull() -> None:
+    """Started with stderr closed (`2>&-`, some service managers): Python has no sys.stderr, and
+    print(file=None) writes to stdout, so errors, notes and trace lines went into the result
+    (`hybridllm models path ID 2>&- > f` wrote "error: ..." into f, `ask` its trace line after the
+    answer). They are dropped instead, as `2>/dev/null` drops them; the exit status still tells.
+    The null device takes descriptor 2 when it is free, so what C libraries write there (llama.cpp's
+    log) cannot land in a file opened later that would have been given it."""
+    if sys.stderr is not None:
+        return
+    try:
+        sys.stderr = open(os.devnull, "w", encoding="utf-8")  # noqa: SIM115 - for the whole process
+    except OSError:  # no null device (a minimal sandbox): as before
+        pass
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    _closed_stderr_to_devnull()
     _lenient_stdout()
     try:
         try:
@@ -233,6 +250,12 @@ def missing_server_module() -> str | None:
 def cloud_main() -> int:
     """``hybridllm-cloud``: the cloud server's command. Its modules need the [server] extra (torch,
     FastAPI); without it, say so on one line instead of an import traceback."""
+    # checked by name first: the [proxy] extra brings FastAPI and pydantic, so the command's own
+    # modules import, and torch or prometheus_client is found missing only when serving starts
+    missing = missing_server_module()
+    if missing is not None:
+        print(f"hybridllm-cloud: error: {server_extra_hint(missing)}", file=sys.stderr)
+        return 1
     try:
         from cloud_server.__main__ import main as cloud
     except ModuleNotFoundError as exc:

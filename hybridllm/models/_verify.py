@@ -19,7 +19,9 @@ from .catalog import ModelSpec
 @dataclass
 class VerifyResult:
     id: str
-    status: str  # "ok", "missing" (no file there), "incomplete" (some files missing), "corrupt"
+    # "ok", "missing" (no file there), "incomplete" (some files missing), "corrupt" (a file damaged,
+    # unreadable or changed while hashed, or something other than a file in its place)
+    status: str
     detail: str
 
 
@@ -39,6 +41,7 @@ def verify(model_id: str | None = None, *, progress: Progress | None = None) -> 
         bad: list[str] = []
         missing: list[str] = []
         changed: list[str] = []
+        blocked: list[str] = []
         for file in spec.files:
             path = store.model_dir(spec) / file.name
             try:
@@ -47,7 +50,8 @@ def verify(model_id: str | None = None, *, progress: Progress | None = None) -> 
                 bad.append(f"{file.name} (unreadable: {exc.strerror or exc})")
                 continue
             if not there:
-                missing.append(file.name)
+                why = store.in_the_way(store.model_dir(spec), file)
+                (blocked if why else missing).append(why or file.name)
                 continue
             why, done = "", 0
             if bar is not None:
@@ -72,7 +76,11 @@ def verify(model_id: str | None = None, *, progress: Progress | None = None) -> 
             else:
                 with contextlib.suppress(OSError):
                     store._write_marker(path, file.sha256, before)
-        if bad:
+        if blocked:  # something else where a file belongs: pull would refuse to copy over it
+            results.append(VerifyResult(mid, "corrupt", f"{'; '.join(dict.fromkeys(blocked))}: move it "
+                                        f"out of the way (or `hybridllm models remove {mid}`), then run "
+                                        f"`hybridllm models pull {mid}`"))
+        elif bad:
             results.append(VerifyResult(mid, "corrupt", f"checksum mismatch: {', '.join(bad)}; "
                                         f"run `hybridllm models pull {mid} --force`"))
         elif changed:  # not known good: "corrupt", so the command fails (exit 1), told why

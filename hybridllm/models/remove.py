@@ -99,10 +99,25 @@ def spec_of(model_id: str) -> ModelSpec:
     spec = find_spec(model_id)  # case and spaces around the id aside, as everywhere else
     if spec is None:
         raise ModelNotFoundError(
-            f"Unknown model {model_id!r}. Known models: {', '.join(sorted(load_catalog()))}. "
-            f"See `hybridllm models list`.{did_you_mean(model_id)}"
+            f"Unknown model {model_id!r}{_local(model_id)}. Known models: "
+            f"{', '.join(sorted(load_catalog()))}. See `hybridllm models list`.{did_you_mean(model_id)}"
         )
     return spec
+
+
+def _local(text: str) -> str:
+    """`` (a local folder, ...)`` when ``text`` names a path that is there: `models verify ~/llama/`
+    was told only that the catalog lacks it, as if misspelt; a local model has no catalog sha256
+    to verify it against, nor files of hybridllm's to pull or remove."""
+    try:
+        path = Path(text).expanduser()
+        if not text.strip() or not os.path.lexists(path):
+            return ""
+        kind = "folder" if path.is_dir() else "file"
+    except (OSError, RuntimeError, ValueError):  # ~nosuchuser, a NUL in the name
+        return ""
+    return (f" (a local {kind}, not a catalog id; a local model is used by its path, "
+            "with no catalog sha256 to verify it against)")
 
 
 def _tops(model_id: str) -> list[Path]:

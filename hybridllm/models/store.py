@@ -77,6 +77,27 @@ def same_file(fd: int, path: Path) -> bool:
     return (st.st_dev, st.st_ino) == (held.st_dev, held.st_ino)
 
 
+def in_the_way(root: Path, file: FileSpec) -> str | None:
+    """What keeps ``file`` from its place under ``root`` (the model folder), said in a clause: a
+    folder where the file belongs (made or copied there by hand), or a file where a folder on its
+    way belongs (``1_Pooling``, or the model folder itself); None when nothing does (the file is
+    there, or nothing is). `verify` called such a model "not pulled" and `pull` copied it all only
+    to fail at the rename with "Is a directory ... point HYBRIDLLM_HOME at a writable folder"."""
+    steps = Path(file.name).parts
+    for depth in range(len(steps) + 1):  # the model folder, each folder within, then the file
+        path = root.joinpath(*steps[:depth])
+        try:
+            mode = path.stat().st_mode
+        except OSError:  # nothing there (the rest is missing, not blocked), or unreadable: left to the caller
+            return None
+        want_file = depth == len(steps)
+        if stat.S_ISREG(mode) if want_file else stat.S_ISDIR(mode):
+            continue
+        kind = "a folder" if stat.S_ISDIR(mode) else "a file" if stat.S_ISREG(mode) else "a special file"
+        return f"{path} is {kind}, not {'a file' if want_file else 'a folder'}"
+    return None
+
+
 def _tmp_prefix(dest: Path) -> str:
     return f".{dest.name}."
 
@@ -245,6 +266,12 @@ def _copy_files(spec: ModelSpec, root: Path, todo: list[FileSpec], tally: _Tally
     `models prepare` take, also for a file in a subfolder), and check every other file again under
     it: another pull may have copied one while this one waited, a remove deleted the rest."""
     name = todo[0].name
+    for file in spec.files:  # refused before a byte is copied; never deleted: hybridllm did not write it
+        blocked = in_the_way(root, file)
+        if blocked:
+            raise ModelError(f"Cannot copy {file.name} into {root}: {blocked}. Move it out of the way "
+                             f"(`hybridllm models remove {spec.id}` deletes the model's folder), then "
+                             "pull again.")
     try:
         root.mkdir(parents=True, exist_ok=True)
         with _folder_lock(root, on_wait=on_wait) as locked:

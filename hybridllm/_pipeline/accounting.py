@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 import dataclasses
+import logging
 from typing import Any
 
 from .._stats import Stats
-from .._types import Completion, Usage
+from .._types import Completion, Usage, _is_number, is_real
+from ..backends.base import Backend
+from ..router.budget import _MAX_TOKENS
 from .ports import _CoreParts
 from .request import Request
+
+log = logging.getLogger("hybridllm")
+_ENERGY = ("energy_j", "co2_g", "co2_saved_g")  # co2_saved_g may be negative: a dirtier grid
 
 
 class _Accounting(_CoreParts):
@@ -77,6 +83,36 @@ def _account(stats: Stats, req: Request, c: Completion) -> int:
             c.usage = dataclasses.replace(c.usage, prompt_tokens=cloud.prompt_tokens,
                                           completion_tokens=cloud.completion_tokens)
     return cloud.total_tokens
+
+
+def checked_usage(usage: Usage, backend: Backend, side: str) -> Usage:
+    """A backend's usage as the pipeline counts it: a figure that is not a number, or is NaN,
+    infinite or negative, is unknown for this request, as from a server that reports none: an
+    energy or CO2 figure None (out of ``stats()``'s totals), a token count 0 (the pipeline
+    estimates the call's tokens); one warning names the backend. Before, a custom cloud's NaN
+    energy made ``stats()["cloud_energy_j"]`` NaN for good, and a NaN count failed the request
+    with the budget's ConfigError."""
+    counts = (usage.prompt_tokens, usage.completion_tokens)
+    bad = {k: getattr(usage, k) for k in _ENERGY if not _figure(getattr(usage, k), k == "co2_saved_g")}
+    if not (all(is_real(n) and n >= 0 for n in counts) and sum(counts) < _MAX_TOKENS):
+        bad.update(prompt_tokens=counts[0], completion_tokens=counts[1])
+    if not bad:
+        return usage
+    name = getattr(backend, "name", None) or "backend"
+    log.warning("the %s backend %r (%s) reported %s in its usage (not a finite number, or below 0): "
+                "unknown for this request, as when none is reported", side, name, type(backend).__name__,
+                ", ".join(f"{k}={v!r}" for k, v in bad.items()))
+    unknown: dict[str, Any] = {k: None for k in bad if k in _ENERGY}
+    if "energy_j" in bad:
+        unknown["energy_source"] = None
+    if "prompt_tokens" in bad:
+        unknown.update(prompt_tokens=0, completion_tokens=0)
+    return dataclasses.replace(usage, **unknown)
+
+
+def _figure(value: Any, signed: bool) -> bool:
+    """None (not reported) or a number finite as a float, >= 0 unless ``signed``."""
+    return value is None or (_is_number(value) and (signed or value >= 0))
 
 
 def _tokens_of(hit: Any) -> int:

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 from .._types import Chunk, Completion, Usage, estimate_text_tokens
 from ..backends.base import Backend, Delta, StopMatcher
+from .accounting import checked_usage
 from .request import _CloudCall
 
 if TYPE_CHECKING:
@@ -83,9 +84,12 @@ class _Answer:
             self.logprobs.append(delta.logprob)
         if delta.finish_reason is not None:
             self.finish_reason = "stop" if self.stopped else delta.finish_reason
-            self.usage = delta.usage or self.usage
-            if self.call is not None and delta.usage is not None:
-                self.call.usage = delta.usage
+            if delta.usage is not None:
+                # a custom backend's NaN, infinite or negative figure is unknown, kept out of stats()
+                self.usage = checked_usage(delta.usage, self.backend,
+                                           "device" if self.call is None else "cloud")
+                if self.call is not None:
+                    self.call.usage = self.usage
         if not delta.text:
             return None
         if self.call is not None:  # until the cloud's own count arrives: ~4 characters a token

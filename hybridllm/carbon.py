@@ -102,7 +102,7 @@ class CloudEndpoint:
         ci = self.carbon_intensity
         if not callable(ci):
             return None if ci is None else float(ci)
-        future, started = call or self._feed()  # ``call``: one started earlier by ask_feeds
+        future, started = call or self._feed()  # ``call``: one started earlier by start_feeds
         try:
             value = future.result(timeout=max(0.0, started + self.feed_timeout_s - time.monotonic()))
         except FutureTimeout:
@@ -236,13 +236,9 @@ class CarbonPlacer:
         """Whether any endpoint's intensity is a callable (a wait that must stay off event loops)."""
         return any(callable(e.carbon_intensity) for e in self.by_root.values())
 
-    def ask_feeds(self, seen: dict[str, float | None]) -> None:
-        """Ask every endpoint's feed for one request, all at once (the slowest one's wait, not
-        their sum), into ``seen``; blocking, so async callers run it in a worker thread."""
-        self.collect_feeds(self.start_feeds(), seen)
-
     def start_feeds(self) -> dict[str, tuple[Future, float]]:
-        """Every endpoint's feed asked now, each in its own thread, without waiting for them."""
+        """Every endpoint's feed asked now for one request, each in its own thread, without waiting
+        for them: all at once, so ``collect_feeds`` waits for the slowest one, not their sum."""
         return {root: meta._feed() for root, meta in self.by_root.items() if callable(meta.carbon_intensity)}
 
     def collect_feeds(self, calls: dict[str, tuple[Future, float]], seen: dict[str, float | None]) -> None:
@@ -271,10 +267,6 @@ class CarbonPlacer:
             if ep.breaker.allow():
                 return ep
         return None
-
-    def fastest(self, endpoints: Sequence[Any]) -> Any:
-        ranked = self.order(endpoints, set(), "interactive")
-        return ranked[0] if ranked else None
 
     # -- accounting ----------------------------------------------------------------------------
     def account(

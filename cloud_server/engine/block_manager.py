@@ -245,7 +245,19 @@ class BlockManager:
         for block in reversed(seq.block_table[keep:]):
             self._release(block)
         del seq.block_table[keep:]
-        del seq.block_hashes[seq.num_computed_tokens // self.block_size :]
+        self.uncommit(seq)
+
+    def uncommit(self, seq: Sequence) -> None:
+        """Forget the hashes of the sequence's blocks that are no longer full and computed (a
+        failed step rolled back), and the prefix-cache entries ``commit`` made for those it
+        still holds: its retry may write other tokens there."""
+        num_full = seq.num_computed_tokens // self.block_size
+        for block, h in zip(seq.block_table[num_full:], seq.block_hashes[num_full:], strict=False):
+            if self._block_hash[block] == h and self._hash_to_block.get(h) == block:
+                del self._hash_to_block[h]
+                self._block_hash[block] = None
+                self._block_tokens[block] = None
+        del seq.block_hashes[num_full:]
 
     def _release(self, block: int) -> None:
         self.ref_counts[block] -= 1

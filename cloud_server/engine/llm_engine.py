@@ -181,7 +181,16 @@ class LLMEngine(SpecSetupMixin, OutputProcessorMixin, EngineStatsMixin):
             result = self.runner.execute(sched.scheduled, return_probs=spec.needs_probs(sched.scheduled))
             spec.prefill(sched.scheduled, self.block_manager, len(self.scheduler.running),
                          self.scheduler.max_num_batched_tokens)
+            new_tokens, num_rejected = spec.verify(
+                sched.scheduled,
+                result.tokens,
+                result.probs,
+                lambda seq: self.runner.sampler.generator(seq.seq_id, seq.params, self.device),
+            )
+            appended = self.scheduler.update(sched.scheduled, new_tokens, num_rejected)
         except Exception as exc:  # a model failure is an engine failure, not a request error
+            # verification and the update too: the step is taken back whole (sequences, blocks,
+            # draws, speculation state and counters), so a retry gives what no failure gives
             self.scheduler.rollback(sched.scheduled)
             for gen, state in draws:  # the retry draws what this step drew: same seed, same answer
                 gen.set_state(state)
@@ -191,17 +200,11 @@ class LLMEngine(SpecSetupMixin, OutputProcessorMixin, EngineStatsMixin):
             raise EngineError(f"model step failed: {exc}",
                               request_ids=[item.seq.request_id for item in sched.scheduled]) from exc
         self._record_batch(len(sched.scheduled), sched.num_tokens)
-        new_tokens, num_rejected = spec.verify(
-            sched.scheduled,
-            result.tokens,
-            result.probs,
-            lambda seq: self.runner.sampler.generator(seq.seq_id, seq.params, self.device),
-        )
         outputs = [
             self._process_tokens(
                 self._requests[seq.request_id], tokens, (result.logprobs or {}).get(seq.seq_id)
             )
-            for seq, tokens in self.scheduler.update(sched.scheduled, new_tokens, num_rejected)
+            for seq, tokens in appended
         ]
         if spec.draft is not None:  # one place records the draft's full blocks (freed: no table)
             for item in sched.scheduled:

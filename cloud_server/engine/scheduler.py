@@ -33,6 +33,11 @@ class ScheduledSeq:
     num_new_tokens: int  # tokens to compute in this step, from seq.num_computed_tokens on
     num_lookahead: int = 0  # of which trailing speculative tokens, verified by this step
     num_spec_slots: int = 0  # draft slots reserved by schedule(), filled by add_drafts()
+    # where the step starts (num_tokens, num_computed_tokens): what ``rollback`` goes back to
+    start: tuple[int, int] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.start = (self.seq.num_tokens, self.seq.num_computed_tokens)
 
     @property
     def samples(self) -> bool:
@@ -238,21 +243,26 @@ class Scheduler:
                 item.num_lookahead = len(tokens)
 
     def rollback(self, scheduled: list[ScheduledSeq]) -> None:
-        """After a failed step: drop the drafts and the slots reserved for them.
+        """After a failed step: each sequence goes back to where the step started.
 
+        That drops the drafts and the slots reserved for them, and what a failed ``update`` had
+        done (tokens appended, computed tokens counted, blocks registered in the prefix cache).
         A draft model's proposal already counted the drafts' positions as in its cache; without
         the drafts those positions are gone, so its progress falls back to the tokens the target
         has (as ``update`` does), or the next proposal would start past the sequence's end.
         """
+        bm = self.block_manager
         for item in scheduled:
             seq = item.seq
-            if item.num_lookahead:
-                del seq.token_ids[seq.num_tokens - item.num_lookahead :]
-                item.num_new_tokens -= item.num_lookahead
-                item.num_lookahead = 0
+            num_tokens, seq.num_computed_tokens = item.start
+            del seq.token_ids[num_tokens:]
+            item.num_new_tokens -= item.num_lookahead
+            item.num_lookahead = 0
             seq.num_draft_computed_tokens = min(seq.num_draft_computed_tokens, seq.num_computed_tokens)
             if item.num_spec_slots:
-                self.block_manager.trim(seq)
+                bm.trim(seq)
+            else:
+                bm.uncommit(seq)
 
     def update(
         self,

@@ -36,7 +36,7 @@ of the engine's int8-activation kernels (4 rows 1.13x a plain step, 8 rows 1.47x
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..scheduler import ScheduledSeq
@@ -86,6 +86,14 @@ class SpecStats:
                 "spec_decode_num_accepted_tokens": self.num_accepted_tokens,
                 "spec_decode_num_accepted_tokens_per_pos": list(self.accepted_per_pos),
             }
+
+    def restore(self, counts: dict[str, Any]) -> None:
+        """Go back to a ``snapshot`` (a failed step's drafts are not counted)."""
+        with self._lock:
+            self.num_drafts = counts["spec_decode_num_drafts"]
+            self.num_draft_tokens = counts["spec_decode_num_draft_tokens"]
+            self.num_accepted_tokens = counts["spec_decode_num_accepted_tokens"]
+            self.accepted_per_pos = list(counts["spec_decode_num_accepted_tokens_per_pos"])
 
     @property
     def mean_acceptance_length(self) -> float:
@@ -332,20 +340,19 @@ class SpecDecoder:
     def needs_probs(self, scheduled: list[ScheduledSeq]) -> bool:
         return any(s.num_lookahead and not s.seq.params.is_greedy for s in scheduled)
 
-    def adaptive_marks(self) -> dict[int, tuple[int, bool]]:
-        """Each sequence's step count and "accepted whole" mark, before a step's ``lookahead``
-        calls change them: ``restore_marks`` takes a failed step's changes back."""
-        return {sid: (state.steps, state.whole) for sid, state in self._state.items()}
+    def adaptive_marks(self) -> tuple[dict[int, _SeqState], dict[str, Any]]:
+        """Each sequence's state (step count, "accepted whole" mark, acceptance) and the draft
+        counters, before a step's ``lookahead`` and ``verify`` calls change them:
+        ``restore_marks`` takes a failed step's changes back."""
+        return {sid: replace(state) for sid, state in self._state.items()}, self.stats.snapshot()
 
-    def restore_marks(self, marks: dict[int, tuple[int, bool]]) -> None:
-        """After a failed step: its ``lookahead`` calls leave no trace, so the retry drafts as
-        many tokens as the failed step did (a seeded sampled request draws one number a draft,
-        and a shorter draft after the failure sent it on another course)."""
-        for sid in list(self._state):
-            if sid not in marks:  # first seen by the failed step
-                del self._state[sid]
-            else:
-                self._state[sid].steps, self._state[sid].whole = marks[sid]
+    def restore_marks(self, marks: tuple[dict[int, _SeqState], dict[str, Any]]) -> None:
+        """After a failed step: its ``lookahead`` and ``verify`` calls leave no trace, so the
+        retry drafts as many tokens as the failed step did (a seeded sampled request draws one
+        number a draft, and a shorter draft after the failure sent it on another course), and
+        its drafts are counted once."""
+        self._state, counts = marks
+        self.stats.restore(counts)
 
     def release(self, seq_id: int) -> None:
         """Forget a finished sequence: its acceptance state, lookup index, draft KV and q (held

@@ -33,14 +33,19 @@ def _params(method: str):
 
 
 def _run(eng, rid: str, method: str) -> tuple[list[int], list[str]]:
+    """The request's output tokens and the failed steps' errors (the sea prompt)."""
+    return _steps(eng, rid, _prompt(eng), _params(method), 4 * MAX_TOKENS)
+
+
+def _steps(eng, rid: str, prompt: list[int], params, max_steps: int) -> tuple[list[int], list[str]]:
     """The request's output tokens, stepping past failed steps (as the async loop does)."""
     from cloud_server.exceptions import EngineError
 
-    eng.add_request(rid, _prompt(eng), _params(method))
+    eng.add_request(rid, prompt, params)
     ids: list[int] = []
     errors: list[str] = []
     try:
-        for _ in range(4 * MAX_TOKENS):
+        for _ in range(max_steps):
             if not eng.has_unfinished():
                 break
             try:
@@ -150,28 +155,13 @@ def test_a_failed_step_does_not_shorten_a_seeded_prompt_lookup_draft(smollm2_eng
     course than the same request without the failure. (Temperature 1: at 0.3 the tokens hardly
     depend on the draws, and the test passed without the fix.)"""
     from cloud_server.engine.sampling_params import SamplingParams
-    from cloud_server.exceptions import EngineError
 
     eng = smollm2_engine
     params = SamplingParams(temperature=1.0, seed=99, max_tokens=24, ignore_eos=True,
                             speculative_method="ngram", num_speculative_tokens=6)
 
     def run(rid: str) -> tuple[list[int], list[str]]:
-        eng.add_request(rid, _repeat_prompt(eng), params)
-        ids: list[int] = []
-        errors: list[str] = []
-        try:
-            for _ in range(100):
-                if not eng.has_unfinished():
-                    break
-                try:
-                    for out in eng.step():
-                        ids += out.delta_token_ids
-                except EngineError as exc:
-                    errors.append(str(exc))
-        finally:
-            eng.abort(rid)
-        return ids, errors
+        return _steps(eng, rid, _repeat_prompt(eng), params, 100)
 
     ref, errors = run("ref")
     assert errors == [] and len(ref) == 24

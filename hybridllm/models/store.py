@@ -272,9 +272,10 @@ def _copy_files(spec: ModelSpec, root: Path, todo: list[FileSpec], tally: _Tally
             raise ModelError(f"Cannot copy {file.name} into {root}: {blocked}. Move it out of the way "
                              f"(`hybridllm models remove {spec.id}` deletes the model's folder), then "
                              "pull again.")
+    made: list[Path] = []  # the folders this pull makes: a failed one leaves none of them empty
     try:
-        root.mkdir(parents=True, exist_ok=True)
-        with _folder_lock(root, on_wait=on_wait) as locked:
+        _make_folder(root, made)
+        with _folder_lock(root, on_wait=on_wait) as locked, _unmade_on_error(made, locked):
             for file in spec.files:
                 dest, name = root / file.name, file.name
                 if file in todo:
@@ -284,7 +285,7 @@ def _copy_files(spec: ModelSpec, root: Path, todo: list[FileSpec], tally: _Tally
                         continue
                 elif _marker_ok(dest, file.sha256) or _adopt(dest, file, None):
                     continue
-                dest.parent.mkdir(parents=True, exist_ok=True)
+                _make_folder(dest.parent, made)
                 if locked:
                     _remove_stale_tmps(dest)
                 # a file outside todo (a remove deleted it while this pull waited) is not in the
@@ -301,6 +302,31 @@ def _copy_files(spec: ModelSpec, root: Path, todo: list[FileSpec], tally: _Tally
             f"Cannot copy {name} into {root} ({exc.strerror or exc}). Point "
             "HYBRIDLLM_HOME at a writable folder with enough free space."
         ) from exc
+
+
+def _make_folder(folder: Path, made: list[Path]) -> None:
+    """``mkdir -p folder``, adding the folders it makes under the data dir to ``made``."""
+    top = data_dir()
+    missing = [p for p in (folder, *folder.parents) if p.is_relative_to(top) and p != top
+               and not os.path.lexists(p)]
+    folder.mkdir(parents=True, exist_ok=True)
+    made += reversed(missing)
+
+
+@contextlib.contextmanager
+def _unmade_on_error(made: list[Path], locked: bool) -> Iterator[None]:
+    """On an error (a package not installed, a full disk, Ctrl-C), remove the folders in ``made``
+    that are still empty, deepest first: a failed pull left an empty ``models/<id>/`` behind. Only
+    under the model folder's lock (without one, another process may be about to write into it); a
+    file that is there (a whole file verified before the error, another pull's) keeps its folder."""
+    try:
+        yield
+    except BaseException:
+        if locked:
+            for folder in reversed(made):
+                with contextlib.suppress(OSError):  # not empty, or gone: left as it is
+                    folder.rmdir()
+        raise
 
 
 def check_gguf(path: Path) -> None:

@@ -12,6 +12,7 @@ from typing import Any
 from ._cli_sampling import _sampling
 from ._cli_terminal import _decode_stdin_leniently, _isatty, _note, _style, _text, _UsageError, trace_line
 from ._exceptions import CloudError, ContextWindowExceededError, HybridLLMError
+from ._finite import _finite
 
 
 def _client(args: argparse.Namespace) -> Any:
@@ -78,7 +79,7 @@ def cmd_ask(args: argparse.Namespace) -> int:
     messages = _messages(args, _prompt(args))
     with _client(args) as llm:
         if args.json:
-            print(json.dumps(llm.chat(messages, **sampling).to_dict()))
+            print(json.dumps(_finite(llm.chat(messages, **sampling).to_dict())))  # NaN: null
             return 0
         stream = llm.stream(messages, **sampling)
         shown = False

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any
 
 from ._exceptions import HybridLLMError
+from ._finite import _finite
 from ._masking import public_text  # a route's reason quotes the cloud URL it could not reach
 from ._proxy_errors import code_of, status_of
 from ._types import Chunk, Completion, estimate_text_tokens, estimate_tokens
@@ -18,20 +18,6 @@ from .wire import ChunkWriter, chat_completion, error_body, header_value
 from .wire.responses import DONE, error_event
 
 logger = logging.getLogger("hybridllm.proxy")
-
-
-def _finite(value: Any) -> Any:
-    """``value`` with every NaN or infinity (in dicts and lists too) made None: JSON has no such
-    number. A custom router's NaN score or a custom cloud's NaN cost or energy made a finished
-    answer a 500 (``JSONResponse`` refuses them) and a stream's last chunk a bare ``NaN`` that no
-    client but Python's can parse; null is "not known", as an absent score is."""
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, Mapping):
-        return {k: _finite(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_finite(v) for v in value]
-    return value
 
 
 def _trace(c: Completion, usage: Mapping[str, int] | None = None) -> dict[str, Any]:

@@ -16,12 +16,24 @@ SIGTERM or Ctrl-C shuts the server down gracefully (``hybridllm/wire/shutdown.py
 status is 0, at once if the model is still loading.
 """
 
+# ruff: noqa: E402 - `python -m cloud_server` checks the [server] extra before the imports below
+
 from __future__ import annotations
+
+import os
+import sys
+
+if __name__ == "__main__":
+    # `python -m cloud_server` is `hybridllm-cloud` (hybridllm.cli.cloud_main): without the [server]
+    # extra, one line naming it instead of the traceback of an import below (pydantic, FastAPI,
+    # torch); with it, main() of this file imported as cloud_server.__main__
+    from hybridllm.cli import cloud_main
+
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    sys.exit(cloud_main())
 
 import argparse
 import logging
-import os
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn
@@ -196,7 +208,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.error(f"unknown command {args.command!r}")
     return 2
 
-
-if __name__ == "__main__":
-    os.environ.setdefault("PYTHONUNBUFFERED", "1")
-    sys.exit(main())

@@ -189,6 +189,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--downscale-delay-s", type=non_negative_float, default=None, metavar="S",
         help="autoscaling: remove replicas once fewer have been wanted for S seconds (default 600)",
     )
+    cluster.add_argument(
+        "--graceful-shutdown-s", type=non_negative_float, default=None, metavar="S",
+        help="a replica being removed (scaled down, or at exit) finishes its answers in flight "
+        "within S seconds, then is killed and they fail (default 120)",
+    )
     spec = serve.add_argument_group("speculative decoding (off by default)")
     spec.add_argument(
         "--speculative-method", default=None, choices=["ngram", "draft"],

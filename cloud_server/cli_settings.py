@@ -80,9 +80,9 @@ def _cluster_config(args: argparse.Namespace) -> Any:
     }
     if args.replicas is None:
         if (args.min_replicas is not None or args.max_replicas is not None or args.ray_address or tuning
-                or args.replace):
-            raise UsageError("--ray-address, --replace, --min-replicas, --max-replicas and the "
-                             "autoscaling options go with --replicas N")
+                or args.replace or args.graceful_shutdown_s is not None):
+            raise UsageError("--ray-address, --replace, --min-replicas, --max-replicas, "
+                             "--graceful-shutdown-s and the autoscaling options go with --replicas N")
         return None
     if tuning and args.min_replicas is None and args.max_replicas is None:
         flags = ", ".join("--" + name.replace("_", "-") for name in tuning)
@@ -113,7 +113,9 @@ def _cluster_config(args: argparse.Namespace) -> Any:
     try:
         return ClusterConfig(replicas=args.replicas, ray_address=ray_address,
                              min_replicas=args.min_replicas, max_replicas=args.max_replicas,
-                             replace_app=args.replace, **tuning)
+                             replace_app=args.replace, **tuning,
+                             **({} if args.graceful_shutdown_s is None
+                                else {"graceful_shutdown_s": args.graceful_shutdown_s}))
     except ConfigError as exc:
         raise UsageError(str(exc)) from exc
 

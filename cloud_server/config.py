@@ -149,6 +149,8 @@ class ClusterConfig:
     Autoscaling averages the queued tokens over ``autoscale_window_s`` (Serve's
     ``look_back_period_s``) and acts on a wanted count only after it has held for
     ``upscale_delay_s`` (more replicas) or ``downscale_delay_s`` (fewer); the defaults are Serve's.
+    A replica being removed (scaled down, or the app deleted at exit) gets ``graceful_shutdown_s``
+    to finish its answers in flight, then is killed and they fail.
     """
 
     replicas: int = 1
@@ -164,6 +166,9 @@ class ClusterConfig:
     upscale_delay_s: float = 30.0
     downscale_delay_s: float = 600.0
     autoscale_window_s: float = 30.0
+    # Serve's default of 20 s cut answers off on CPU replicas: a long answer there takes minutes
+    # (a 2-core machine's SmolLM2 replica with 4 answers of 160 tokens at once: over 20 s)
+    graceful_shutdown_s: float = 120.0
     replace_app: bool = False  # --replace: deploy over an app of ours already on a joined cluster
 
     @property
@@ -197,7 +202,7 @@ class ClusterConfig:
                     f"and --max-replicas {self.max_replicas}{default}: give --replicas from "
                     f"{max(1, self.min_replicas)} to {self.max_replicas}"
                 )
-        for name in ("upscale_delay_s", "downscale_delay_s", "autoscale_window_s"):
+        for name in ("upscale_delay_s", "downscale_delay_s", "autoscale_window_s", "graceful_shutdown_s"):
             value = getattr(self, name)
             if not finite_number(value) or value < 0 or (name == "autoscale_window_s" and value == 0):
                 kind = "> 0" if name == "autoscale_window_s" else ">= 0"
@@ -223,7 +228,7 @@ class ClusterConfig:
 # ClusterConfig fields that `hybridllm-cloud serve` sets from an option of the same name
 _CLUSTER_OPTIONS = frozenset({
     "replicas", "min_replicas", "max_replicas", "target_tokens_per_replica", "upscale_delay_s",
-    "downscale_delay_s", "autoscale_window_s",
+    "downscale_delay_s", "autoscale_window_s", "graceful_shutdown_s",
 })
 
 

@@ -39,7 +39,6 @@ APP_NAME = "hybridllm"
 ENGINE = "hybridllm-engine"
 FRONTEND = "hybridllm-frontend"
 NAMESPACE = "hybridllm"
-GRACEFUL_SHUTDOWN_S = 20.0  # a replica being removed finishes its answers within this, then is killed
 
 
 def board_handle(name: str) -> Any:
@@ -250,8 +249,9 @@ def build_app(
         "max_ongoing_requests": cluster.max_ongoing_requests,
         "health_check_period_s": 2.0,
         "health_check_timeout_s": 30.0,
-        # a replica the autoscaler removes gets this long to finish its answers (Serve's default)
-        "graceful_shutdown_timeout_s": GRACEFUL_SHUTDOWN_S,
+        # a replica the autoscaler removes, or the app's deletion at exit, gets this long to finish
+        # its answers, then is killed
+        "graceful_shutdown_timeout_s": cluster.graceful_shutdown_s,
         "request_router_config": RequestRouterConfig(**router_config),
     }
     if cluster.autoscaling:
@@ -264,6 +264,8 @@ def build_app(
         num_replicas=1,
         ray_actor_options={"num_cpus": 0},
         max_ongoing_requests=4096,
+        # it streams the engine replicas' answers: at exit it waits as long as they do
+        graceful_shutdown_timeout_s=cluster.graceful_shutdown_s,
     )
     return frontend.bind(
         engine.bind(engine_kwargs, board, power_watts),

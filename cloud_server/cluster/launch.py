@@ -291,7 +291,7 @@ def _replica_error(app_name: str) -> str | None:
 def stop(cluster: ClusterConfig, board_name: str | None = None, *, drain: bool = True,
          delete_app: bool = True) -> None:
     """Delete the app, which drains it: Serve sends no new request to its replicas and gives those
-    in flight up to ``GRACEFUL_SHUTDOWN_S`` to finish. On an existing cluster its fleet board
+    in flight up to ``cluster.graceful_shutdown_s`` to finish. On an existing cluster its fleet board
     ``board_name`` goes too once the app is gone, and the app only when ``delete_app`` (this run
     deployed it: a run stopped before, or refused, leaves another run's app alone); a local Ray is
     then stopped whole (at once when not ``drain``: a fleet that never served has nothing in
@@ -389,10 +389,8 @@ def serve_cluster(
         raise ServerError(f"the Ray Serve deployment failed: {type(exc).__name__}: {exc}") from exc
     finally:
         if ended[0] and url is not None:  # stopped while serving: say what the wait is for
-            from .app import GRACEFUL_SHUTDOWN_S
-
             log.info("stopping: deleting the app, its answers in flight get up to %.0f s to finish%s",
-                     GRACEFUL_SHUTDOWN_S, ", then the local Ray instance stops"
+                     cluster.graceful_shutdown_s, ", then the local Ray instance stops"
                      if cluster.ray_address is None else "; the Ray cluster keeps running")
         try:
             stop(cluster, board, drain=url is not None, delete_app=deployed.is_set())

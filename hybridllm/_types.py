@@ -170,17 +170,17 @@ class GenerationParams:
                 f"max_tokens must be at least 1, got {self.max_tokens}; "
                 "leave it out for the default (256)."
             )
-        if not _is_number(self.temperature) or not 0.0 <= self.temperature <= 2.0:
+        if not is_number(self.temperature) or not 0.0 <= self.temperature <= 2.0:
             raise InvalidRequestError(
                 f"temperature must be between 0 and 2, got {self.temperature!r}."
             )
-        if not _is_number(self.top_p) or not 0.0 < self.top_p <= 1.0:
+        if not is_number(self.top_p) or not 0.0 < self.top_p <= 1.0:
             raise InvalidRequestError(f"top_p must be in (0, 1], got {self.top_p!r}.")
         if not is_integer(self.top_k) or self.top_k < 0:
             raise InvalidRequestError(f"top_k must be an integer >= 0, got {self.top_k!r}.")
-        if not _is_number(self.min_p) or not 0.0 <= self.min_p <= 1.0:
+        if not is_number(self.min_p) or not 0.0 <= self.min_p <= 1.0:
             raise InvalidRequestError(f"min_p must be in [0, 1], got {self.min_p!r}.")
-        if not _is_number(self.repeat_penalty) or not 0.0 < self.repeat_penalty <= 10.0:
+        if not is_number(self.repeat_penalty) or not 0.0 < self.repeat_penalty <= 10.0:
             raise InvalidRequestError(
                 f"repeat_penalty must be in (0, 10] (1 = off), got {self.repeat_penalty!r}.")
         if self.seed is not None and (not is_integer(self.seed) or not -(2**63) <= int(self.seed) < 2**64):
@@ -253,7 +253,8 @@ def check_option_names(names: Iterable[str], *, routing: Sequence[str] = ()) -> 
     )
 
 
-def _is_number(x: Any) -> bool:
+def is_number(x: Any) -> bool:
+    """A real number (:func:`is_real`) that is finite as a float: not NaN, inf or past float's range."""
     try:
         return is_real(x) and math.isfinite(x)
     except OverflowError:  # an int past float's range (10**400): raised a bare OverflowError

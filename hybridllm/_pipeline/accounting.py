@@ -7,9 +7,9 @@ import logging
 from typing import Any
 
 from .._stats import Stats
-from .._types import Completion, Usage, _is_number, is_real
+from .._types import Completion, Usage, is_number, is_real
 from ..backends.base import Backend
-from ..router.budget import _MAX_TOKENS
+from ..router.budget import MAX_TOKENS
 from .ports import _CoreParts
 from .request import Request
 
@@ -85,22 +85,28 @@ def _account(stats: Stats, req: Request, c: Completion) -> int:
     return cloud.total_tokens
 
 
-def checked_usage(usage: Usage, backend: Backend, side: str) -> Usage:
+def checked_usage(usage: object, backend: Backend, side: str) -> Usage:
     """A backend's usage as the pipeline counts it: a figure that is not a number, or is NaN,
     infinite or negative, is unknown for this request, as from a server that reports none: an
     energy or CO2 figure None (out of ``stats()``'s totals), a token count 0 (the pipeline
     estimates the call's tokens); one warning names the backend. Before, a custom cloud's NaN
     energy made ``stats()["cloud_energy_j"]`` NaN for good, and a NaN count failed the request
-    with the budget's ConfigError."""
+    with the budget's ConfigError. A usage that is not a :class:`Usage` at all (a dict, a number)
+    is wholly unknown the same way (it failed the request with an AttributeError)."""
+    if not isinstance(usage, Usage):
+        log.warning("the %s backend %s sent a usage of type %s, not a hybridllm.Usage: unknown for "
+                    "this request, as when none is reported (yield Delta(..., usage=Usage("
+                    "prompt_tokens=..., completion_tokens=...)))", side, _named(backend),
+                    type(usage).__name__)
+        return Usage()
     counts = (usage.prompt_tokens, usage.completion_tokens)
     bad = {k: getattr(usage, k) for k in _ENERGY if not _figure(getattr(usage, k), k == "co2_saved_g")}
-    if not (all(is_real(n) and n >= 0 for n in counts) and sum(counts) < _MAX_TOKENS):
+    if not (all(is_real(n) and n >= 0 for n in counts) and sum(counts) < MAX_TOKENS):
         bad.update(prompt_tokens=counts[0], completion_tokens=counts[1])
     if not bad:
         return usage
-    name = getattr(backend, "name", None) or "backend"
-    log.warning("the %s backend %r (%s) reported %s in its usage (not a finite number, or below 0): "
-                "unknown for this request, as when none is reported", side, name, type(backend).__name__,
+    log.warning("the %s backend %s reported %s in its usage (not a finite number, or below 0): "
+                "unknown for this request, as when none is reported", side, _named(backend),
                 ", ".join(f"{k}={v!r}" for k, v in bad.items()))
     unknown: dict[str, Any] = {k: None for k in bad if k in _ENERGY}
     if "energy_j" in bad:
@@ -110,9 +116,14 @@ def checked_usage(usage: Usage, backend: Backend, side: str) -> Usage:
     return dataclasses.replace(usage, **unknown)
 
 
+def _named(backend: Backend) -> str:
+    """How a warning names a backend: its name and its class (``'metered' (MyCloud)``)."""
+    return f"{getattr(backend, 'name', None) or 'backend'!r} ({type(backend).__name__})"
+
+
 def _figure(value: Any, signed: bool) -> bool:
     """None (not reported) or a number finite as a float, >= 0 unless ``signed``."""
-    return value is None or (_is_number(value) and (signed or value >= 0))
+    return value is None or (is_number(value) and (signed or value >= 0))
 
 
 def _tokens_of(hit: Any) -> int:

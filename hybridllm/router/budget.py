@@ -286,14 +286,14 @@ def _plain(value: float) -> float:
     return value if type(value) in (int, float) else float(value)
 
 
-_MAX_TOKENS = 2.0**63  # no call's count comes near; a larger one overflowed float() in every check
+MAX_TOKENS = 2.0**63  # no call's count comes near; a larger one overflowed float() in every check
 
 
 def _check_tokens(tokens: int) -> None:
     # NaN, inf, None or a string would fail later in int() or "<" with an error that names no
     # argument; 10**400 was counted, then every check of the limits raised
     # OverflowError (int too large to convert to float) for the rest of the day
-    if not is_real(tokens) or not 0 <= tokens < _MAX_TOKENS:
+    if not is_real(tokens) or not 0 <= tokens < MAX_TOKENS:
         raise ConfigError(f"tokens must be a number >= 0 (prompt plus completion tokens, under "
                           f"2**63), got {tokens!r}.")
 

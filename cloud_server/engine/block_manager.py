@@ -252,6 +252,8 @@ class BlockManager:
         failed step rolled back), and the prefix-cache entries ``commit`` made for those it
         still holds: its retry may write other tokens there."""
         num_full = seq.num_computed_tokens // self.block_size
+        for block in seq.block_table[num_full:]:  # a rolled-back step's draft record too
+            self._draft_ready[block] = False
         for block, h in zip(seq.block_table[num_full:], seq.block_hashes[num_full:], strict=False):
             if self._block_hash[block] == h and self._hash_to_block.get(h) == block:
                 del self._hash_to_block[h]

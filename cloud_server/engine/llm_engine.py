@@ -7,6 +7,7 @@ runs a list of prompts to completion for offline use, tests and benchmarks.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import deque
 from typing import Any
@@ -25,6 +26,8 @@ from .sampling_params import SamplingParams
 from .scheduler import ScheduledSeq, Scheduler
 from .sequence import Sequence
 from .spec_setup import SpecSetupMixin
+
+logger = logging.getLogger(__name__)
 
 
 class LLMEngine(SpecSetupMixin, OutputProcessorMixin, EngineStatsMixin):
@@ -188,9 +191,13 @@ class LLMEngine(SpecSetupMixin, OutputProcessorMixin, EngineStatsMixin):
                 lambda seq: self.runner.sampler.generator(seq.seq_id, seq.params, self.device),
             )
             appended = self.scheduler.update(sched.scheduled, new_tokens, num_rejected)
+            if spec.draft is not None:  # one place records the draft's full blocks
+                for item in sched.scheduled:
+                    self.block_manager.mark_draft_ready(item.seq)
         except Exception as exc:  # a model failure is an engine failure, not a request error
-            # verification and the update too: the step is taken back whole (sequences, blocks,
-            # draws, speculation state and counters), so a retry gives what no failure gives
+            # verification, the update and its block records too: the step is taken back whole
+            # (sequences, blocks, draws, speculation state and counters), so a retry gives what
+            # no failure gives
             self.scheduler.rollback(sched.scheduled)
             for gen, state in draws:  # the retry draws what this step drew: same seed, same answer
                 gen.set_state(state)
@@ -200,19 +207,21 @@ class LLMEngine(SpecSetupMixin, OutputProcessorMixin, EngineStatsMixin):
             raise EngineError(f"model step failed: {exc}",
                               request_ids=[item.seq.request_id for item in sched.scheduled]) from exc
         self._record_batch(len(sched.scheduled), sched.num_tokens)
-        outputs = [
-            self._process_tokens(
-                self._requests[seq.request_id], tokens, (result.logprobs or {}).get(seq.seq_id)
-            )
-            for seq, tokens in appended
-        ]
-        if spec.draft is not None:  # one place records the draft's full blocks (freed: no table)
-            for item in sched.scheduled:
-                self.block_manager.mark_draft_ready(item.seq)
+        rows = result.logprobs or {}
+        outputs = []
+        for seq, tokens in appended:
+            req = self._requests[seq.request_id]
+            try:
+                outputs.append(self._process_tokens(req, tokens, rows.get(seq.seq_id)))
+            except Exception as exc:  # noqa: BLE001 - this request's text, stops or logprobs
+                # the step stands (the others' outputs go out); this request ends with the error,
+                # its blocks freed: retried, the same tokens would fail the same way
+                logger.error("request %s failed after its step", seq.request_id, exc_info=exc)
+                outputs.append(self._fail(req, exc))
         for item in sched.scheduled:
             error = result.tokens.get(item.seq.seq_id)
             if isinstance(error, BaseException) and item.seq.request_id in self._requests:
-                outputs.append(self._fail(item.seq.request_id, error))
+                outputs.append(self._fail(self._requests[item.seq.request_id], error))
         self._record_kv()
         self._log_spec()
         return outputs

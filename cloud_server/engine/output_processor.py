@@ -42,8 +42,10 @@ class OutputProcessorMixin:
         self.runner.release(seq_id)
         self.spec.release(seq_id)
 
-    def _fail(self, request_id: str, error: BaseException) -> RequestOutput:
-        req = self._requests.pop(request_id)
+    def _fail(self, req: _Request, error: BaseException) -> RequestOutput:
+        """End a request with ``error``, wherever its step's processing stopped (it may have
+        left ``_requests`` and the scheduler already: its blocks are freed once)."""
+        self._requests.pop(req.seq.request_id, None)
         self.scheduler.finish(req.seq, "error")
         self._release(req.seq.seq_id)
         out = self._output(req, "", [], "error")

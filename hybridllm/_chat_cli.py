@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import io
-import json
 import re
 import sys
 from typing import Any
@@ -12,7 +11,7 @@ from typing import Any
 from ._cli_sampling import _sampling
 from ._cli_terminal import _decode_stdin_leniently, _isatty, _note, _style, _text, _UsageError, trace_line
 from ._exceptions import CloudError, ContextWindowExceededError, HybridLLMError
-from ._finite import _finite
+from ._finite import finite_json
 
 
 def _client(args: argparse.Namespace) -> Any:
@@ -79,7 +78,7 @@ def cmd_ask(args: argparse.Namespace) -> int:
     messages = _messages(args, _prompt(args))
     with _client(args) as llm:
         if args.json:
-            print(json.dumps(_finite(llm.chat(messages, **sampling).to_dict())))  # NaN: null
+            print(finite_json(llm.chat(messages, **sampling).to_dict()))  # NaN: null
             return 0
         stream = llm.stream(messages, **sampling)
         shown = False

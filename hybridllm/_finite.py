@@ -1,7 +1,8 @@
-"""The numbers hybridllm writes as JSON (the proxy's answers, ``hybridllm ask --json``), made valid."""
+"""The numbers hybridllm writes as JSON (the proxy's answers, the CLI's JSON output), made valid."""
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Mapping
 from typing import Any
@@ -19,3 +20,11 @@ def _finite(value: Any) -> Any:
     if isinstance(value, list | tuple):
         return [_finite(v) for v in value]
     return value
+
+
+def finite_json(value: Any, **options: Any) -> str:
+    """``value`` as JSON text for the CLI's output (``ask --json``, ``config show``, ``models list
+    --json``, the router commands' summaries), each NaN or infinity null (:func:`_finite`).
+    ``allow_nan=False``: a non-finite number that slips past it is a ValueError here, never a bare
+    ``NaN`` or ``Infinity`` in the output that strict JSON parsers refuse."""
+    return json.dumps(_finite(value), allow_nan=False, **options)

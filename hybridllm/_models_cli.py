@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections.abc import Callable
 from typing import Any
 
 from ._cli_terminal import _note, _UsageError
 from ._exceptions import HybridLLMError
+from ._finite import finite_json
 from ._progress import end_line
 
 
@@ -36,7 +36,7 @@ def cmd_models_list(args: argparse.Namespace) -> int:
                      "pulled": state == "yes", "state": state, "disk_bytes": disk_usage(spec.id),
                      "description": spec.description})
     if args.json:
-        print(json.dumps(rows, indent=2))
+        print(finite_json(rows, indent=2))  # a catalog's NaN size: null
         return 0
     w = max([len("ID"), *(len(str(r["id"])) for r in rows)]) + 2  # the longest id sets the column
     pw = len(UNVERIFIED) + 1

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import re
 import sys
 from typing import Any
@@ -19,6 +18,7 @@ from ._cli_options import (
     unit_interval,
 )
 from ._exceptions import ConfigError
+from ._finite import finite_json
 from ._loopback import is_loopback
 from ._masking import public_text
 
@@ -132,7 +132,8 @@ def cmd_config_show(args: argparse.Namespace) -> int:
 
     cfg = load_config(args.config)
     path = config_file_path(args.config)
-    print(json.dumps({"config_file": str(path) if path else None, **cfg.public_dict()}, indent=2))
+    # inf (no bound, as None, for the timeouts and cache_ttl_s) is null: JSON has no Infinity
+    print(finite_json({"config_file": str(path) if path else None, **cfg.public_dict()}, indent=2))
     return 0
 
 

@@ -11,11 +11,12 @@ from pathlib import Path
 from typing import Any
 
 from .._exceptions import DataError
+from .._finite import finite_json
 from ._cli_eval import check_router_option
 
 
 def _print(obj: dict[str, Any]) -> None:
-    sys.stdout.write(json.dumps(obj, indent=None if obj.get("_compact") else 2) + "\n")
+    sys.stdout.write(finite_json(obj, indent=None if obj.get("_compact") else 2) + "\n")  # NaN: null
 
 
 def _train(args: argparse.Namespace) -> int:

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from pathlib import Path
 from typing import Any
 
 from .._exceptions import DataError
+from .._finite import finite_json
 
 
 def evaluate_router_on(
@@ -168,7 +168,7 @@ def _eval(args: argparse.Namespace) -> int:
         weak_models=args.weak_models,
     )
     if args.json:
-        sys.stdout.write(json.dumps(result) + "\n")
+        sys.stdout.write(finite_json(result) + "\n")  # a NaN figure: null
         return 0
     base = result["baselines"]
     n = result.get("skipped_rows")

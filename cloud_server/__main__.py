@@ -24,13 +24,15 @@ import os
 import sys
 
 if __name__ == "__main__":
-    # `python -m cloud_server` is `hybridllm-cloud` (hybridllm.cli.cloud_main): without the [server]
+    # `python -m cloud_server` is `hybridllm-cloud` (cloud_server/_entry.py): without the [server]
     # extra, one line naming it instead of the traceback of an import below (pydantic, FastAPI,
-    # torch); with it, main() of this file imported as cloud_server.__main__
-    from hybridllm.cli import cloud_main
+    # torch); with it, main() at the end of this file, run here: the entry's import of it by name
+    # (cloud_server.__main__) loaded this file a second time
+    from cloud_server._entry import check_extra
 
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
-    sys.exit(cloud_main())
+    if (_code := check_extra()) is not None:
+        sys.exit(_code)
 
 import argparse
 import logging
@@ -208,3 +210,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.error(f"unknown command {args.command!r}")
     return 2
 
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -249,22 +249,10 @@ def missing_server_module() -> str | None:
 
 def cloud_main() -> int:
     """``hybridllm-cloud``: the cloud server's command. Its modules need the [server] extra (torch,
-    FastAPI); without it, say so on one line instead of an import traceback."""
-    # checked by name first: the [proxy] extra brings FastAPI and pydantic, so the command's own
-    # modules import, and torch or prometheus_client is found missing only when serving starts
-    missing = missing_server_module()
-    if missing is not None:
-        print(f"hybridllm-cloud: error: {server_extra_hint(missing)}", file=sys.stderr)
-        return 1
-    try:
-        from cloud_server.__main__ import main as cloud
-    except ModuleNotFoundError as exc:
-        if (exc.name or "").split(".")[0] in ("hybridllm", "cloud_server") or os.environ.get(
-            "HYBRIDLLM_DEBUG"
-        ):
-            raise
-        print(f"hybridllm-cloud: error: {server_extra_hint(exc.name)}", file=sys.stderr)
-        return 1
+    FastAPI); without it, one line says so instead of an import traceback. The entry is
+    ``cloud_server/_entry.py``'s, which ``python -m cloud_server`` uses too."""
+    from cloud_server._entry import main as cloud
+
     return cloud()
 
 

@@ -11,11 +11,13 @@ from pathlib import Path
 from .._exceptions import CacheCorruptError, CacheError
 from .._locks import lock_exclusive
 from ._pages import table_leaf_rows
-from ._store_reads import text_or_bytes
+from ._store_reads import _StoreReads, row_checksum, sealed, text_or_bytes
 from ._store_writes import _Transaction
 
 FORMAT = "hybridllm-semantic-cache"
-SCHEMA_VERSION = 1
+# 2: each entry holds a checksum of its values (files of version 1 are migrated on open; an older
+# hybridllm refuses a version-2 file as newer, so it never writes a row without one)
+SCHEMA_VERSION = 2
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS cache_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -28,7 +30,8 @@ CREATE TABLE IF NOT EXISTS entries (
     embedding BLOB NOT NULL,       -- float32 unit vector
     created_at REAL NOT NULL,
     last_used REAL NOT NULL,
-    metadata TEXT
+    metadata TEXT,
+    checksum BLOB                  -- _store_reads.row_checksum of the row, checked on every read
 );
 CREATE INDEX IF NOT EXISTS entries_namespace ON entries(namespace);
 CREATE INDEX IF NOT EXISTS entries_last_used ON entries(last_used);
@@ -38,12 +41,13 @@ CREATE TABLE IF NOT EXISTS changes (seq INTEGER PRIMARY KEY AUTOINCREMENT, entry
 _COLUMNS = {
     "cache_meta": ["key", "value"],
     "entries": ["id", "namespace", "bucket", "query", "response", "embedding", "created_at",
-                "last_used", "metadata"],
+                "last_used", "metadata", "checksum"],
     "changes": ["seq", "entry_id"],
 }
+_V1_ENTRIES = _COLUMNS["entries"][:-1]  # schema version 1: no checksum column
 
 
-class _StoreFile:
+class _StoreFile(_StoreReads):
     """How :class:`~.store.CacheStore` opens, checks and rebuilds its file."""
 
     path: Path
@@ -82,6 +86,8 @@ class _StoreFile:
                 self._check_dim(int(meta["dim"]))
             for table in tables & set(_COLUMNS) - {"cache_meta"}:
                 found = [r[1] for r in conn.execute(f"PRAGMA table_info({table})")]
+                if table == "entries" and found == _V1_ENTRIES and _version(meta) < 2:
+                    continue  # migrated below
                 if found != _COLUMNS[table]:  # ours, in a shape this version cannot read
                     raise sqlite3.DatabaseError(
                         f"its {table} table has the columns {found}, this version reads {_COLUMNS[table]}"
@@ -99,10 +105,37 @@ class _StoreFile:
                         meta = {"format": FORMAT, "version": str(SCHEMA_VERSION), "dim": str(self.dim)}
                         conn.executemany("INSERT INTO cache_meta VALUES (?, ?)", list(meta.items()))
                 self._check_dim(int(meta["dim"]))
+            self._migrate(conn, meta)
             return conn
         except BaseException:
             conn.close()
             raise
+
+    def _migrate(self, conn: sqlite3.Connection, meta: dict[str, str]) -> None:
+        """Bring a version-1 file to this schema in one transaction: add the checksum column and
+        fill it for every row (they are read as they are: a row damaged before this cannot be told
+        from a good one, as before). A process that died midway left the file as it was; two
+        opening it at once migrate it once (the second finds the column there)."""
+        columns = [r[1] for r in conn.execute("PRAGMA table_info(entries)")]
+        if columns == _COLUMNS["entries"] and _version(meta) >= SCHEMA_VERSION:
+            return
+        with _Transaction(conn, self.path):
+            if [r[1] for r in conn.execute("PRAGMA table_info(entries)")] == _V1_ENTRIES:
+                conn.execute("ALTER TABLE entries ADD COLUMN checksum BLOB")
+                last = None
+                while True:  # in rowid order, a batch at a time: a large cache is not all in memory
+                    rows = conn.execute(
+                        "SELECT rowid, * FROM entries WHERE rowid > COALESCE(?, -9223372036854775808) "
+                        "ORDER BY rowid LIMIT 500", (last,)).fetchall()
+                    if not rows:
+                        break
+                    conn.executemany("UPDATE entries SET checksum = ? WHERE rowid = ?",
+                                     [(_checksum_or_none(r[1:10]), r[0]) for r in rows])
+                    last = rows[-1][0]
+            conn.execute(
+                "UPDATE cache_meta SET value = ? WHERE key = 'version' AND CAST(value AS INTEGER) < ?",
+                (str(SCHEMA_VERSION), SCHEMA_VERSION),
+            )
 
     def _check_dim(self, dim: int) -> None:
         if self._want_dim is None:
@@ -195,7 +228,9 @@ class _StoreFile:
         """Copy the entries still readable from the corrupt file ``aside`` into the new one; the
         count. Before, a damaged page anywhere (an index, one page of answers) lost every entry.
         The table is read from both ends, up to the first damaged page each way; a row read whole
-        but holding garbage is dropped on load, as in any file (``_StoreReads._entry``)."""
+        but holding garbage is dropped on load, as in any file (``_StoreReads._entry``). A row
+        with a checksum column is kept only when its checksum matches; one of a version-1 file
+        (none) gets one, as a migration gives it."""
         # read only; immutable (no -wal or -shm made beside it) unless its own WAL came along,
         # which holds committed entries too
         immutable = "" if Path(f"{aside}-wal").exists() else "&immutable=1"
@@ -219,7 +254,11 @@ class _StoreFile:
                 meta = None
             if meta is not None and (meta.get("format") != FORMAT or meta.get("dim") != str(self.dim)):
                 return 0  # not vectors this cache can compare
-            sql = f"SELECT rowid, {', '.join(_COLUMNS['entries'])} FROM entries ORDER BY rowid"
+            checked = _has_checksums(src)
+            if checked is None and meta is not None:  # its schema unreadable: its version says
+                checked = meta.get("version") != "1"
+            columns = _V1_ENTRIES if checked is False else _COLUMNS["entries"]
+            sql = f"SELECT rowid, {', '.join(columns)} FROM entries ORDER BY rowid"
             insert = f"INSERT OR IGNORE INTO entries VALUES ({', '.join('?' * len(_COLUMNS['entries']))})"
             size = 4 * self.dim  # float32
 
@@ -240,6 +279,13 @@ class _StoreFile:
             if not _wal_frames(aside):  # see _leaf_rows
                 for rowid, row in _leaf_rows(aside, size):
                     rows.setdefault(rowid, row)
+            for rowid in list(rows):
+                row = rows[rowid]
+                if len(row) == len(_V1_ENTRIES) and not checked:  # version 1: nothing to check against
+                    rows[rowid] = (*row, _checksum_or_none(row))
+                elif not sealed(row):
+                    self.report_checksum(row[0])
+                    del rows[rowid]
             latest: dict = {}  # one row per id, the last written (a page left over: an older one)
             for rowid in sorted(rows, reverse=True):
                 latest.setdefault(rows[rowid][0], rowid)
@@ -250,6 +296,21 @@ class _StoreFile:
             return 0
         finally:
             src.close()
+
+
+def _version(meta: dict[str, str]) -> int:
+    """The schema version ``cache_meta`` names (0 for a file without one yet); checked readable
+    by ``_read_meta``."""
+    return int(meta.get("version", 0))
+
+
+def _checksum_or_none(row: tuple) -> bytes | None:
+    """The checksum of a version-1 row; None (failing every read) for one with a created_at
+    that is no number, which no read can serve either."""
+    try:
+        return row_checksum(row)
+    except (TypeError, ValueError):
+        return None
 
 
 def _first_problem(report: list[str]) -> str:
@@ -292,7 +353,7 @@ def _leaf_rows(aside: Path, embedding_size: int) -> Iterator[tuple[int, tuple]]:
     try:
         for rowid, types, values in table_leaf_rows(aside):
             if _entry_shaped(types, embedding_size):
-                yield rowid, tuple(v if i in (5, 6, 7) or v is None else text_or_bytes(v)
+                yield rowid, tuple(v if i in (5, 6, 7, 9) or v is None else text_or_bytes(v)
                                    for i, v in enumerate(values))
     except (OSError, ValueError):  # unreadable, or empty (mmap)
         return
@@ -300,13 +361,28 @@ def _leaf_rows(aside: Path, embedding_size: int) -> Iterator[tuple[int, tuple]]:
 
 def _entry_shaped(types: list[int], embedding_size: int) -> bool:
     """Whether a record's serial types are an entries row's: five texts, an embedding of this
-    cache's size, two numbers, and a text or NULL (fileformat2, "Record Format")."""
+    cache's size, two numbers, a text or NULL, and (schema version 2) a checksum blob or NULL
+    (fileformat2, "Record Format")."""
     def text(kind: int) -> bool:
         return kind >= 13 and kind % 2 == 1
 
-    return (len(types) == len(_COLUMNS["entries"]) and all(text(k) for k in types[:5])
+    return (len(types) in (len(_V1_ENTRIES), len(_COLUMNS["entries"]))
+            and all(text(k) for k in types[:5])
             and types[5] == 12 + 2 * embedding_size and all(1 <= k <= 9 for k in types[6:8])
-            and (types[8] == 0 or text(types[8])))
+            and (types[8] == 0 or text(types[8]))
+            and (len(types) == len(_V1_ENTRIES) or types[9] == 0 or types[9] == 12 + 2 * 16))
+
+
+def _has_checksums(src: sqlite3.Connection) -> bool | None:
+    """Whether the entries table of a file being salvaged has a checksum column; None when its
+    schema cannot be read (no SQL read of it works then; its leaf pages are still read)."""
+    try:
+        src.execute("SELECT checksum FROM entries LIMIT 0")
+        return True
+    except sqlite3.OperationalError as exc:
+        return False if "no such column" in str(exc) else None
+    except sqlite3.DatabaseError:
+        return None
 
 
 def _readable(src: sqlite3.Connection, sql: str) -> Iterator[tuple]:

@@ -2,16 +2,60 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
+import logging
 import sqlite3
-from collections.abc import Iterator
+import struct
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 
 from .._types import USER_TEXT, private_repr
 
 _RELOAD_MARK = "*"  # a change-log id that means: reload every entry
+# the columns a row's checksum covers: everything a hit serves or is found by; not last_used,
+# which each hit rewrites
+_SEALED = (0, 1, 2, 3, 4, 5, 6, 8)
+
+log = logging.getLogger("hybridllm.cache")
+
+
+def row_checksum(row: Sequence) -> bytes:
+    """The checksum of an entries row (its first nine columns, in table order): a damaged answer
+    that is still valid UTF-8 (a flipped bit, another program's edit) read as any other, and was
+    served; SQLite's integrity check does not look inside values. blake2b-128 over the values,
+    after a header of each one's kind and length (so no two rows hash the same bytes): ~10 us
+    for a 2 kB row, and no chance collision in any cache's lifetime (crc32's 1 in 4e9 is not)."""
+    kinds, sizes, parts = bytearray(), [], []
+    for i in _SEALED:
+        value = row[i]
+        if value is None:
+            kinds += b"N"
+            raw = b""
+        elif isinstance(value, str):
+            kinds += b"T"
+            raw = value.encode("utf-8", "surrogatepass")
+        elif isinstance(value, bytes):
+            kinds += b"B"
+            raw = value
+        else:  # created_at: the double SQLite keeps (a whole number may come back as an int)
+            kinds += b"R"
+            raw = struct.pack("<d", float(value))
+        sizes.append(len(raw))
+        parts.append(raw)
+    head = bytes(kinds) + struct.pack(f"<{len(sizes)}Q", *sizes)
+    return hashlib.blake2b(head + b"".join(parts), digest_size=16, person=b"hybridllm-row").digest()
+
+
+def sealed(row: Sequence) -> bool:
+    """Whether ``row`` (the entries table's ten columns) holds the checksum of its values."""
+    try:
+        return len(row) == 10 and isinstance(row[9], bytes) and row[9] == row_checksum(row)
+    except (TypeError, ValueError):  # a created_at that is no number
+        return False
 
 
 def text_or_bytes(raw: bytes) -> str | bytes:
@@ -55,8 +99,11 @@ class _StoreReads:
     """How :class:`~.store.CacheStore` reads its entries, counts and change log."""
 
     _conn: sqlite3.Connection
+    path: Path
     dim: int
     unreadable: set[str]
+    checksum_failures: int
+    _reported: set[str]
 
     # ------------------------------------------------------------------ reads
 
@@ -112,9 +159,14 @@ class _StoreReads:
 
     def _entry(self, row: tuple) -> Entry | None:
         """The entry of ``row``; None for a row this version cannot read (a damaged embedding,
-        metadata or text, which SQLite's integrity check does not look at), its id added to
-        ``unreadable`` for the caller to delete. Before, one such row raised on every load
-        (a numpy ValueError, or CacheCorruptError), so the cache could not be opened at all."""
+        metadata or text, which SQLite's integrity check does not look at) or whose checksum
+        does not match, its id added to ``unreadable`` for the caller to delete. Before, one such
+        row raised on every load (a numpy ValueError, or CacheCorruptError), so the cache could
+        not be opened at all; and a damaged answer that was still text was served."""
+        if not sealed(row):
+            self.report_checksum(row[0])
+            self.unreadable.add(id_of(row[0]))
+            return None
         try:
             if not all(isinstance(row[i], str) for i in (0, 1, 2, 3, 4)):
                 raise TypeError("text columns that are not text")
@@ -147,6 +199,19 @@ class _StoreReads:
             created_at=created_at,
             last_used=last_used,
             metadata=metadata,
+        )
+
+    def report_checksum(self, raw_id: object) -> None:
+        """Say once per row that it failed its checksum, and count it (``checksum_failures``)."""
+        entry_id = id_of(raw_id)
+        if entry_id in self._reported:  # a file that cannot be written keeps it: said once
+            return
+        self._reported.add(entry_id)
+        self.checksum_failures += 1
+        log.warning(
+            "Cache entry %s in %s failed its checksum (its question, answer, vector or metadata "
+            "changed in the file since it was written: disk damage or another program's edit); "
+            "it is not served and is removed.", ascii(entry_id), self.path,
         )
 
     def count(self, namespace: str | None = None) -> int:

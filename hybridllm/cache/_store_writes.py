@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from .._exceptions import CacheError
-from ._store_reads import _RELOAD_MARK, Entry, _StoreReads, id_of
+from ._store_reads import _RELOAD_MARK, Entry, _StoreReads, id_of, row_checksum
 
 _KEEP_CHANGES = 10000  # ids kept in the change log
 _MAX_LOGGED = 1000  # a change of more entries is logged as one reload mark
@@ -48,19 +48,11 @@ class _StoreWrites(_StoreReads):
         with self._write():
             # REPLACE (delete, then insert), not an update in place: the row gets the largest
             # rowid, which orders writes within one clock tick for :meth:`lru_ids`
+            row = (entry.id, entry.namespace, entry.bucket, entry.query, entry.response, blob,
+                   float(entry.created_at), float(entry.last_used), meta)
             self._conn.execute(
-                "INSERT OR REPLACE INTO entries VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (
-                    entry.id,
-                    entry.namespace,
-                    entry.bucket,
-                    entry.query,
-                    entry.response,
-                    blob,
-                    entry.created_at,
-                    entry.last_used,
-                    meta,
-                ),
+                "INSERT OR REPLACE INTO entries VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (*row, row_checksum(row)),
             )
             self._log([entry.id])
             self._add_counts(*counts)

@@ -269,6 +269,8 @@ class SemanticCache(_Writes):
                 "total_hits": total_hits,
                 "total_misses": total_misses,
                 "total_hit_rate": total_hits / total if total else 0.0,
+                # rows this object found failing their checksum: each a miss, removed, logged once
+                "checksum_failures": self._store.checksum_failures,
                 "verifier": "cosine" if self.verifier is None else self.verifier.kind,
                 "threshold": None if self.verifier is None else self.verifier.threshold,
                 "min_similarity": self.min_similarity,

@@ -23,6 +23,11 @@ The log keeps the last ``_KEEP_CHANGES`` ids; a reader further behind, or a bulk
 reloads everything. The table is an addition to schema version 1: an older hybridllm that opens the
 file ignores it (its writes are then seen by newer readers only at their next start; a stale view
 only costs misses, since a hit re-reads its entry).
+
+Checksums (schema version 2). Each row holds ``row_checksum`` of every value a hit serves or is
+found by; every read that indexes or serves a row checks it, and a row that fails is a miss,
+deleted, logged once and counted (``checksum_failures``). A version-1 file is migrated on open, in
+one transaction; an older hybridllm refuses a version-2 file, so no row is written without one.
 """
 
 from __future__ import annotations
@@ -49,6 +54,8 @@ class CacheStore(_StoreFile, _StoreWrites):
         self.dim = dim if dim is not None else 384
         self.last_logged = (0, 0)  # the first and last change numbers of our latest logged write
         self.unreadable: set[str] = set()  # ids of rows found damaged by a read, to be deleted
+        self.checksum_failures = 0  # rows found failing their checksum (each said once in the log)
+        self._reported: set[str] = set()
         if self.path.is_dir():  # never moved aside as if it were a corrupt database
             raise CacheCorruptError(
                 f"The cache path {self.path} is a folder; pass the path of a database file "

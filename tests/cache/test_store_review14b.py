@@ -9,6 +9,7 @@ import pytest
 
 from hybridllm._exceptions import CacheCorruptError
 from hybridllm.cache import SemanticCache
+from hybridllm.cache._store_file import SCHEMA_VERSION
 
 from .fakes import FakeEmbedder
 
@@ -21,7 +22,7 @@ def test_a_newer_schema_without_our_dim_key_is_refused_and_left_untouched(tmp_pa
     path = tmp_path / "newer.sqlite3"
     SemanticCache(path, verifier=None, embedder=FakeEmbedder()).close()
     with sqlite3.connect(path) as conn:
-        conn.execute("UPDATE cache_meta SET value = '2' WHERE key = 'version'")
+        conn.execute("UPDATE cache_meta SET value = ? WHERE key = 'version'", (str(SCHEMA_VERSION + 1),))
         if dim is None:
             conn.execute("DELETE FROM cache_meta WHERE key = 'dim'")
         else:

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from hybridllm.cache import SemanticCache
+from hybridllm.cache._store_reads import row_checksum
 
 from .fakes import FakeEmbedder
 
@@ -26,9 +27,13 @@ def _axis(i: int) -> np.ndarray:
 
 
 def _set_embedding(path: Path, entry_id: str, vec: np.ndarray) -> None:
+    """Store ``vec`` as the entry's vector with a matching checksum: a row written so by a version
+    that did not normalize (and migrated), not damage the checksum would catch."""
     with sqlite3.connect(path) as conn:
         conn.execute("UPDATE entries SET embedding = ? WHERE id = ?",
                      (np.asarray(vec, dtype=np.float32).tobytes(), entry_id))
+        row = conn.execute("SELECT * FROM entries WHERE id = ?", (entry_id,)).fetchone()
+        conn.execute("UPDATE entries SET checksum = ? WHERE id = ?", (row_checksum(row), entry_id))
     conn.close()
 
 

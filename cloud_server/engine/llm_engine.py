@@ -234,14 +234,17 @@ class LLMEngine(SpecSetupMixin, OutputProcessorMixin, EngineStatsMixin):
         A step that fails after drawing (the draft's prefill after the target sampled, the
         target's pass after the draft proposed) is retried by a later step; restored, the retry
         draws the same numbers, and the request gives the answer it gives without the failure."""
-        samplers = [self.runner.sampler]
-        if self.spec.draft is not None:
-            samplers.append(self.spec.draft.runner.sampler)
+        draft = self.spec.draft
         draws = []
         for item in scheduled:
             seq = item.seq
             if seq.params.seed is None or seq.params.is_greedy:
                 continue  # greedy rows draw nothing; unseeded ones share a generator, no promise
+            # only the generators the step draws from (a state is a 5 KB copy): the target's
+            # where it samples, the draft model's where it proposes
+            samplers = [self.runner.sampler] if item.samples else []
+            if draft is not None and item.num_spec_slots and self.spec.method_for(seq)[0] == "draft":
+                samplers.append(draft.runner.sampler)
             for sampler in samplers:
                 gen = sampler.generator(seq.seq_id, seq.params, self.device)
                 draws.append((gen, gen.get_state()))

@@ -133,6 +133,8 @@ class SpecDecoder:
         self._state: dict[int, _SeqState] = {}
         self._ngram: dict[int, list[int]] = {}  # proposals made in lookahead(), used by propose()
         self._draft_probs: dict[int, Any] = {}  # q of this step's draft-model drafts, for verify()
+        # the step's start value of each state it changed (None: it had none), for restore_marks
+        self._journal: dict[int, _SeqState | None] = {}
 
     def method_for(self, seq: Sequence) -> tuple[str | None, int]:
         """The request's own choice, else the server's."""
@@ -172,7 +174,7 @@ class SpecDecoder:
         k = min(k, self._room(seq))
         if k < 1:
             return 0
-        state = self._state.setdefault(seq.seq_id, _SeqState())
+        state = self._own_state(seq.seq_id)
         state.steps += 1
         if state.acceptance < self.min_acceptance:
             if state.steps % self.probe_every:
@@ -294,7 +296,7 @@ class SpecDecoder:
                 continue
             k, a = item.num_lookahead, accepted_of[sid]
             self.stats.record(k, a)
-            state = self._state.setdefault(sid, _SeqState())
+            state = self._own_state(sid)
             state.acceptance += _EMA * (a / k - state.acceptance)
             state.whole = a == k
             rejected[sid] = k - a
@@ -340,18 +342,35 @@ class SpecDecoder:
     def needs_probs(self, scheduled: list[ScheduledSeq]) -> bool:
         return any(s.num_lookahead and not s.seq.params.is_greedy for s in scheduled)
 
-    def adaptive_marks(self) -> tuple[dict[int, _SeqState], dict[str, Any]]:
-        """Each sequence's state (step count, "accepted whole" mark, acceptance) and the draft
-        counters, before a step's ``lookahead`` and ``verify`` calls change them:
-        ``restore_marks`` takes a failed step's changes back."""
-        return {sid: replace(state) for sid, state in self._state.items()}, self.stats.snapshot()
+    def _own_state(self, sid: int) -> _SeqState:
+        """The sequence's state, for ``lookahead`` or ``verify`` to change: its value at the
+        step's start is kept first (a copy per sequence that drafts, not per running one)."""
+        state = self._state.get(sid)
+        if sid not in self._journal:
+            self._journal[sid] = None if state is None else replace(state)
+        if state is None:
+            state = self._state[sid] = _SeqState()
+        return state
 
-    def restore_marks(self, marks: tuple[dict[int, _SeqState], dict[str, Any]]) -> None:
+    def adaptive_marks(self) -> tuple[dict[int, _SeqState | None], dict[str, Any]]:
+        """Start a step: the states its ``lookahead`` and ``verify`` calls change (step count,
+        "accepted whole" mark, acceptance) are kept as they were, with the draft counters, so
+        ``restore_marks`` can take a failed step's changes back."""
+        self._journal = {}
+        return self._journal, self.stats.snapshot()
+
+    def restore_marks(self, marks: tuple[dict[int, _SeqState | None], dict[str, Any]]) -> None:
         """After a failed step: its ``lookahead`` and ``verify`` calls leave no trace, so the
         retry drafts as many tokens as the failed step did (a seeded sampled request draws one
         number a draft, and a shorter draft after the failure sent it on another course), and
         its drafts are counted once."""
-        self._state, counts = marks
+        journal, counts = marks
+        for sid, state in journal.items():
+            if state is None:
+                self._state.pop(sid, None)
+            else:
+                self._state[sid] = state
+        journal.clear()
         self.stats.restore(counts)
 
     def release(self, seq_id: int) -> None:

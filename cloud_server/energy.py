@@ -14,7 +14,9 @@ Sources (``energy_sources.py``), the first that works wins (``detect_source``):
               thread / 300 W per GPU): a rough figure
 
 Per request: the energy the source reports between two events (a request starting or ending) is
-shared equally among the requests active in that interval; idle energy goes to nobody. Per token
+shared equally among the requests active in that interval; idle energy goes to nobody. A request
+is active from when the engine first schedules it (``begin(queued=True)``, then ``started``):
+one still waiting in the queue uses none of it. Per token
 is the request's joules over its output tokens. The figures reach ``/metrics``
 (``hybridllm_energy_joules``, ``hybridllm_energy_per_output_token_joules``, labelled ``source``)
 and each response's ``usage.energy`` (``joules``, ``joules_per_output_token``, ``source``).
@@ -106,6 +108,7 @@ class EnergyMeter:
         self._lock = threading.Lock()
         self._ids = itertools.count()
         self._active: dict[int, float] = {}
+        self._queued: set[int] = set()  # begun, not scheduled yet: no share
         self._estimated: dict[int, float] = {}  # the same requests' shares at fallback_watts
         self._last = source.read_joules()
         self._at = clock()
@@ -165,15 +168,32 @@ class EnergyMeter:
                 self._active[key] += share
             self.attributed_joules += delta
 
-    def begin(self) -> int:
+    def begin(self, *, queued: bool = False) -> int:
+        """A request's key: its share starts now, or at ``started`` when it is ``queued``."""
         with self._lock:
-            self._advance()
             key = next(self._ids)
-            self._active[key] = self._estimated[key] = 0.0
+            if queued:
+                self._queued.add(key)
+            else:
+                self._start(key)
             return key
+
+    def started(self, key: int) -> None:
+        """The engine has scheduled the queued request ``key``: its share starts now (once)."""
+        with self._lock:
+            if key in self._queued:
+                self._queued.discard(key)
+                self._start(key)
+
+    def _start(self, key: int) -> None:
+        self._advance()  # what was spent before it ran is the others'
+        self._active[key] = self._estimated[key] = 0.0
 
     def end(self, key: int) -> float:
         with self._lock:
+            if key in self._queued:  # it never ran
+                self._queued.discard(key)
+                return 0.0
             self._advance()
             self._estimated.pop(key, None)
             return self._active.pop(key, 0.0)
@@ -214,8 +234,13 @@ class EnergyAccounting:
             registry=registry,
         )
 
-    def start(self) -> int | None:
-        return self.meter.begin() if self.meter is not None else None
+    def start(self, *, queued: bool = False) -> int | None:
+        """A request's key; ``queued``: its share starts at ``started`` (the engine scheduled it)."""
+        return self.meter.begin(queued=queued) if self.meter is not None else None
+
+    def started(self, key: int | None) -> None:
+        if key is not None and self.meter is not None:
+            self.meter.started(key)
 
     def close(self) -> None:
         """At the server's stop: release the meter's counter (NVML's session)."""

@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from cloud_server.engine.async_engine import AsyncLLMEngine
 from cloud_server.engine.sampling_params import SamplingParams
 from cloud_server.exceptions import EngineError, InvalidRequestError, QueueFullError
 
@@ -67,9 +68,21 @@ class Generation:
         self.request_id = prepared.request_id
         self.timer = timer
         self._energy = energy  # cloud_server.energy.EnergyAccounting, or None
-        # generate() validates at the call (429, 400): a refused request takes no energy share
-        self._iter = engine.generate(prepared.request_id, prepared.prompt_ids, prepared.params)
-        self._energy_key = energy.start() if energy is not None else None
+        self._energy_key: int | None = None
+        self._iter: AsyncIterator[Any]
+        args = (prepared.request_id, prepared.prompt_ids, prepared.params)
+        if energy is not None and energy.meter is not None and isinstance(engine, AsyncLLMEngine):
+            # its share starts when the engine first schedules it, not while it waits in the queue
+            key = self._energy_key = energy.start(queued=True)
+            try:
+                self._iter = engine.generate(*args, on_scheduled=lambda: energy.started(key))
+            except BaseException:  # refused at the call (429, 400): no share
+                self._cancel_energy()
+                raise
+        else:
+            # generate() validates at the call (429, 400): a refused request takes no energy share
+            self._iter = engine.generate(*args)
+            self._energy_key = energy.start() if energy is not None else None
         self._first: Any = None
         self.finished = False
         self.failed = False  # the engine ended it with an error (not the client, not a shutdown)
@@ -122,10 +135,13 @@ class Generation:
             if out.finished:
                 return
 
-    async def close(self) -> None:
+    def _cancel_energy(self) -> None:
         if self._energy is not None and self._energy_key is not None:
             self._energy.cancel(self._energy_key)
             self._energy_key = None
+
+    async def close(self) -> None:
+        self._cancel_energy()
         with contextlib.suppress(Exception):
             aclose = getattr(self._iter, "aclose", None)
             if aclose is not None:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -130,9 +130,11 @@ class AsyncLLMEngine:
 
     # -- requests ----------------------------------------------------------------------------
     def generate(
-        self, request_id: str, prompt: str | list[int], params: SamplingParams
+        self, request_id: str, prompt: str | list[int], params: SamplingParams,
+        on_scheduled: Callable[[], None] | None = None,
     ) -> AsyncIterator[RequestOutput]:
-        """Validate now (ContextLengthError, QueueFullError, ...), then stream the outputs."""
+        """Validate now (ContextLengthError, QueueFullError, ...), then stream the outputs.
+        ``on_scheduled``: ``LLMEngine.add_request``'s, called in the engine thread."""
         engine = self._require_engine()
         if not self.is_ready:
             raise NotReadyError("the engine loop is not running")
@@ -147,7 +149,7 @@ class AsyncLLMEngine:
         if engine.scheduler.num_queued_beyond_slots + pending - self._free_slots_left(engine) >= \
                 self.config.max_waiting:
             raise QueueFullError(f"the waiting queue is full ({self.config.max_waiting} requests)")
-        return self._stream(request_id, prompt_ids, params)
+        return self._stream(request_id, prompt_ids, params, on_scheduled)
 
     @staticmethod
     def _free_slots_left(engine: Any) -> int:
@@ -156,7 +158,8 @@ class AsyncLLMEngine:
         return max(0, sched.max_num_seqs - len(sched.running) - len(sched.waiting))
 
     async def _stream(
-        self, request_id: str, prompt_ids: list[int], params: SamplingParams
+        self, request_id: str, prompt_ids: list[int], params: SamplingParams,
+        on_scheduled: Callable[[], None] | None = None,
     ) -> AsyncIterator[RequestOutput]:
         if not self.is_ready:  # read after the loop ended: no loop would ever answer it
             raise self._ended_error()
@@ -166,7 +169,8 @@ class AsyncLLMEngine:
             raise InvalidRequestError(f"duplicate request id {request_id!r}")
         queue: asyncio.Queue = asyncio.Queue()
         self._queues[request_id] = queue
-        self._push("add", (request_id, prompt_ids, params))
+        hook = (on_scheduled,) if on_scheduled is not None else ()  # an engine without hooks: as before
+        self._push("add", (request_id, prompt_ids, params, *hook))
         finished = False
         try:
             while True:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 from hybridllm._cpus import usable_cpus
@@ -140,8 +141,11 @@ class LLMEngine(SpecSetupMixin, OutputProcessorMixin, EngineStatsMixin):
 
 
     def add_request(
-        self, request_id: str, prompt: str | list[int], params: SamplingParams | None = None
+        self, request_id: str, prompt: str | list[int], params: SamplingParams | None = None,
+        on_scheduled: Callable[[], None] | None = None,
     ) -> Sequence:
+        """``on_scheduled``: called (in the engine's thread) when a step first schedules the
+        request, e.g. so that its energy share starts then, not while it waits in the queue."""
         params = params or SamplingParams()
         if request_id in self._requests:
             raise InvalidRequestError(f"duplicate request id {request_id!r}")
@@ -149,7 +153,8 @@ class LLMEngine(SpecSetupMixin, OutputProcessorMixin, EngineStatsMixin):
         self.check_request(prompt_ids, params)
         seq = Sequence(request_id, prompt_ids, params)
         self.scheduler.add(seq)  # QueueFullError when the waiting queue is full
-        self._requests[request_id] = _Request(seq, IncrementalDetokenizer(self._decode_answer, params.stop))
+        self._requests[request_id] = _Request(seq, IncrementalDetokenizer(self._decode_answer, params.stop),
+                                              on_scheduled=on_scheduled)
         return seq
 
     def abort(self, request_id: str) -> RequestOutput | None:
@@ -176,6 +181,7 @@ class LLMEngine(SpecSetupMixin, OutputProcessorMixin, EngineStatsMixin):
         sched = self.scheduler.schedule(spec.lookahead)
         if sched.is_empty:
             return []
+        self._tell_scheduled(sched.admitted)
         draws = self._seeded_draws(sched.scheduled)
         try:
             if any(item.num_spec_slots for item in sched.scheduled):
@@ -226,6 +232,18 @@ class LLMEngine(SpecSetupMixin, OutputProcessorMixin, EngineStatsMixin):
         self._log_spec()
         return outputs
 
+
+    def _tell_scheduled(self, admitted: list[Sequence]) -> None:
+        """Call the ``on_scheduled`` of the requests this step starts for the first time."""
+        for seq in admitted:
+            req = self._requests.get(seq.request_id)
+            if req is None or req.on_scheduled is None:
+                continue
+            fn, req.on_scheduled = req.on_scheduled, None
+            try:
+                fn()
+            except Exception as exc:  # noqa: BLE001 - a caller's hook must not fail the step
+                logger.warning("on_scheduled of request %s failed", seq.request_id, exc_info=exc)
 
     def _seeded_draws(self, scheduled: list[ScheduledSeq]) -> list[tuple[Any, Any]]:
         """(generator, state) of each seeded sampled request's own generators, the target's and

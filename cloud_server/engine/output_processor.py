@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,6 +20,7 @@ class _Request:
     num_sent_tokens: int = 0
     pending_logprobs: list[TokenLogprob] = field(default_factory=list)  # text not sent yet
     offsets: TextOffsets | None = None  # the logprobs' text offsets, once asked for
+    on_scheduled: Callable[[], None] | None = None  # called once, when a step first runs it
 
 
 class OutputProcessorMixin:

@@ -56,6 +56,8 @@ class SchedulerOutput:
     preempted: list[Sequence] = field(default_factory=list)
     # ended by the scheduler with finish_reason "length": grown past the whole KV pool
     finished: list[Sequence] = field(default_factory=list)
+    # waiting sequences started in this step (a first start, or a comeback after a preemption)
+    admitted: list[Sequence] = field(default_factory=list)
 
     @property
     def num_tokens(self) -> int:
@@ -191,6 +193,7 @@ class Scheduler:
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
             out.scheduled.append(ScheduledSeq(seq, n))
+            out.admitted.append(seq)
             budget -= n
         return out
 

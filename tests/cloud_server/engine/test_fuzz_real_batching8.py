@@ -17,6 +17,7 @@ import random
 
 import pytest
 
+from ._stepping import step_past_failures
 from .test_fuzz_fake_batching8 import check_invariants
 
 pytestmark = pytest.mark.real
@@ -142,7 +143,6 @@ def test_a_failed_step_with_model_drafts_is_rolled_back_and_the_request_finishes
     from cloud_server.engine.model_runner import ModelRunner
     from cloud_server.engine.sampling_params import SamplingParams
     from cloud_server.engine.spec_decode.draft import DraftProposer
-    from cloud_server.exceptions import EngineError
 
     eng = smollm2_engine
     prompt = eng.tokenizer.encode(eng.tokenizer.apply_chat_template(
@@ -162,21 +162,12 @@ def test_a_failed_step_with_model_drafts_is_rolled_back_and_the_request_finishes
 
     eng.runner.execute = flaky
     try:
-        eng.add_request("rb", prompt, SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True,
-                                                     speculative_method="draft", num_speculative_tokens=3))
-        ids, errors = [], []
-        for _ in range(30):
-            if not eng.has_unfinished():
-                break
-            try:
-                for out in eng.step():
-                    ids += out.delta_token_ids
-            except EngineError as exc:
-                errors.append(str(exc))
+        ids, errors = step_past_failures(
+            eng, "rb", prompt, SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True,
+                                              speculative_method="draft", num_speculative_tokens=3), 30)
     finally:
         eng.runner.execute = real
         eng.spec.draft = None
-        eng.abort("rb")
         bm.reset_prefix_cache()
     assert errors == ["model step failed: device lost"]
     assert ids == ref.token_ids

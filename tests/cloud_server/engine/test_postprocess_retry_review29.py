@@ -12,48 +12,26 @@ the same counters, and every block back once the requests finish.
 from __future__ import annotations
 
 import pytest
-import torch
 
-from cloud_server.engine.model_runner import ModelRunner
 from cloud_server.engine.sampling_params import SamplingParams
 from cloud_server.engine.spec_decode.draft import DraftProposer
 from cloud_server.exceptions import EngineError
-from cloud_server.models.config import ModelConfig
-from cloud_server.models.loader import assemble_model, convert_weights
 
+from ._tiny_model import tiny_config, tiny_model, tiny_runner, tiny_weights
 from .test_fuzz_fake_batching8 import BS, check_invariants, make_engine
 
 NUM_BLOCKS = 24
-CFG = ModelConfig("llama", 64, 32, 48, 1, 4, 2, 8)
-_DEV, _DTYPE = torch.device("cpu"), torch.float32
+CFG = tiny_config()
 
 
-def _model():
-    g = torch.Generator().manual_seed(0)
-    shapes = {"model.embed_tokens.weight": (64, 32), "lm_head.weight": (64, 32),
-              "model.norm.weight": None, "model.layers.0.input_layernorm.weight": None,
-              "model.layers.0.post_attention_layernorm.weight": None,
-              "model.layers.0.self_attn.q_proj.weight": (32, 32),
-              "model.layers.0.self_attn.k_proj.weight": (16, 32),
-              "model.layers.0.self_attn.v_proj.weight": (16, 32),
-              "model.layers.0.self_attn.o_proj.weight": (32, 32),
-              "model.layers.0.mlp.gate_proj.weight": (48, 32),
-              "model.layers.0.mlp.up_proj.weight": (48, 32),
-              "model.layers.0.mlp.down_proj.weight": (32, 48)}
-    tensors = {k: torch.ones(32) if s is None else torch.randn(*s, generator=g)
-               for k, s in shapes.items()}
-    weights = convert_weights(tensors, device=_DEV, dtype=_DTYPE)
-    return assemble_model(CFG, weights, device=_DEV, dtype=_DTYPE, max_position=64)
-
-
-def _runner(model) -> ModelRunner:
-    return ModelRunner(model, CFG, num_blocks=NUM_BLOCKS, block_size=BS, device=_DEV, dtype=_DTYPE)
+def _runner(model):
+    return tiny_runner(model, CFG, num_blocks=NUM_BLOCKS, block_size=BS)
 
 
 def _engine():
     """The engine's scheduler, block manager and speculative decoder around the tiny model, which
     also drafts for itself (its drafts pass often, so accepted drafts are rolled back too)."""
-    model = _model()
+    model = tiny_model(CFG, tiny_weights(CFG))
     eng = make_engine(NUM_BLOCKS, max_num_seqs=4, budget=32)
     eng.model_config = CFG
     eng.runner = _runner(model)

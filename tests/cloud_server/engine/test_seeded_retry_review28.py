@@ -15,6 +15,8 @@ import contextlib
 
 import pytest
 
+from ._stepping import step_past_failures as _steps
+
 pytestmark = pytest.mark.real
 
 MAX_TOKENS = 12
@@ -35,27 +37,6 @@ def _params(method: str):
 def _run(eng, rid: str, method: str) -> tuple[list[int], list[str]]:
     """The request's output tokens and the failed steps' errors (the sea prompt)."""
     return _steps(eng, rid, _prompt(eng), _params(method), 4 * MAX_TOKENS)
-
-
-def _steps(eng, rid: str, prompt: list[int], params, max_steps: int) -> tuple[list[int], list[str]]:
-    """The request's output tokens, stepping past failed steps (as the async loop does)."""
-    from cloud_server.exceptions import EngineError
-
-    eng.add_request(rid, prompt, params)
-    ids: list[int] = []
-    errors: list[str] = []
-    try:
-        for _ in range(max_steps):
-            if not eng.has_unfinished():
-                break
-            try:
-                for out in eng.step():
-                    ids += out.delta_token_ids
-            except EngineError as exc:
-                errors.append(str(exc))
-    finally:
-        eng.abort(rid)
-    return ids, errors
 
 
 @contextlib.contextmanager

@@ -30,33 +30,17 @@ def test_int8_rows_bf16_matches_float(out_features, in_features, rows):
 
 def test_a_model_whose_mlp_rows_are_not_whole_groups_runs_in_int8_bf16():
     """End to end: intermediate_size 40 makes down_proj a per-row int8 matrix of 40 columns."""
-    from cloud_server.engine.model_runner import ModelRunner
     from cloud_server.engine.sampling_params import SamplingParams
     from cloud_server.engine.scheduler import ScheduledSeq
     from cloud_server.engine.sequence import Sequence
-    from cloud_server.models.config import ModelConfig
-    from cloud_server.models.loader import assemble_model, convert_weights
+    from tests.cloud_server.engine._tiny_model import tiny_config, tiny_model, tiny_runner, tiny_weights
 
-    cfg = ModelConfig("llama", 64, 32, 40, 1, 4, 2, 8)
-    g = torch.Generator().manual_seed(0)
-    shapes = {"model.embed_tokens.weight": (64, 32), "lm_head.weight": (64, 32),
-              "model.norm.weight": None, "model.layers.0.input_layernorm.weight": None,
-              "model.layers.0.post_attention_layernorm.weight": None,
-              "model.layers.0.self_attn.q_proj.weight": (32, 32),
-              "model.layers.0.self_attn.k_proj.weight": (16, 32),
-              "model.layers.0.self_attn.v_proj.weight": (16, 32),
-              "model.layers.0.self_attn.o_proj.weight": (32, 32),
-              "model.layers.0.mlp.gate_proj.weight": (40, 32),
-              "model.layers.0.mlp.up_proj.weight": (40, 32),
-              "model.layers.0.mlp.down_proj.weight": (32, 40)}
-    tensors = {k: torch.ones(32) if s is None else torch.randn(*s, generator=g) * 0.3
-               for k, s in shapes.items()}
-    dev, dtype = torch.device("cpu"), torch.bfloat16
+    cfg = tiny_config(intermediate_size=40)
+    tensors = tiny_weights(cfg, scale=0.3)
 
     def logits(quantization):
-        weights = convert_weights(dict(tensors), device=dev, dtype=dtype, quantization=quantization)
-        model = assemble_model(cfg, weights, device=dev, dtype=dtype, max_position=64)
-        runner = ModelRunner(model, cfg, num_blocks=4, block_size=4, device=dev, dtype=dtype)
+        model = tiny_model(cfg, tensors, dtype=torch.bfloat16, quantization=quantization)
+        runner = tiny_runner(model, cfg, num_blocks=4, block_size=4, dtype=torch.bfloat16)
         seq = Sequence("r", [1, 5, 9, 13, 2, 7, 3, 11, 4], SamplingParams(temperature=0.0))
         seq.block_table = [2, 0, 3]
         return runner.prompt_logits(ScheduledSeq(seq, 9))

@@ -136,10 +136,12 @@ class EngineReplica:
         from ..energy import energy_report
         from ..engine.sampling_params import SamplingParams
 
-        key = self.meter.begin()
+        # its share of the replica's energy starts at its first engine step, not while it waits
+        key = self.meter.begin(queued=True)
         done = False
         try:
-            async for out in self.engine.generate(request_id, prompt_ids, SamplingParams(**params)):
+            async for out in self.engine.generate(request_id, prompt_ids, SamplingParams(**params),
+                                                  on_scheduled=lambda: self.meter.started(key)):
                 if out.finished:
                     out.energy = energy_report(self.meter.end(key), out.num_output_tokens, self.meter.name)
                     done = True

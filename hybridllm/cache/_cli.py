@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import argparse
-import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from .._cli_options import positive_int
+from .._finite import finite_json
 
 
 def prepare_embedder(progress: Callable[[int, int | None], None] | None = None) -> Path:
@@ -139,7 +139,7 @@ def cmd_stats(args: argparse.Namespace) -> int:
     path, cfg = _settings(args)
     stats = _stats(path, cfg)
     if args.json:
-        print(json.dumps(stats))
+        print(finite_json(stats))  # ttl_s may be inf (no bound): null, as config show has it
         return 0
     if not path.exists():
         print(f"no cache database at {path} yet: nothing has been cached")
@@ -198,7 +198,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     bar = ProgressBar("Evaluating pairs", unit="pairs", scale=1)
     metrics = evaluate_pairs(pairs, verifier=args.verifier, progress=bar)
     if args.json:
-        print(json.dumps(metrics))
+        print(finite_json(metrics))
     else:
         rates = "  ".join(f"{k}={_rate(metrics[k])}" for k in ("precision", "recall", "false_hit_rate"))
         print(f"n={metrics['n']}  {rates}")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import math
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
@@ -71,12 +72,60 @@ def _parse_catalog(raw: Any) -> dict[str, ModelSpec]:
         )
         if not files or not isinstance(entry["id"], str):
             raise ValueError(f"the entry {entry['id']!r} has no files or a non-text id")
+        _check_numbers(entry)
         specs[entry["id"]] = ModelSpec(
             files=files,
             extra={k: v for k, v in entry.items() if k not in known and k != "files"},
             **{k: entry[k] for k in known},
         )
     return specs
+
+
+# Counts the code uses as ints (a size in bytes compared with a file's, a range() bound): a whole
+# number, not a bool (JSON true), a text "12", NaN or 1e999 (Python's json reads both as floats).
+_COUNTS = {"context_length": 1, "dimensions": 1}  # field -> its least value
+
+
+def _check_numbers(entry: dict[str, Any]) -> None:
+    """Refuse an entry whose sizes and counts are not whole numbers in range, or any other number
+    in it that is not finite and 0 or more; the error names the entry and the field."""
+    mid = entry["id"]
+
+    def count(value: Any, where: str, least: int = 0) -> None:
+        if isinstance(value, bool) or not isinstance(value, int) or value < least:
+            raise ValueError(f"the entry {mid!r} has {where} = {_shown(value)}; it must be a whole "
+                             f"number, {least} or more")
+
+    for name, meta in entry["files"].items():
+        if meta.get("size") is not None:  # null: size unknown, measured from the source
+            count(meta["size"], f"files[{name!r}].size")
+    for key, least in _COUNTS.items():
+        if key in entry:
+            count(entry[key], key, least)
+    if isinstance(entry["source"], dict) and "count" in entry["source"]:
+        count(entry["source"]["count"], "source.count", 1)
+
+    def other(value: Any, where: str) -> None:  # a number nothing reads yet: finite and not negative
+        if isinstance(value, dict):
+            for k, v in value.items():
+                other(v, f"{where}.{k}" if where else str(k))
+        elif isinstance(value, list):
+            for i, v in enumerate(value):
+                other(v, f"{where}[{i}]")
+        elif isinstance(value, float) and not (math.isfinite(value) and value >= 0):
+            raise ValueError(f"the entry {mid!r} has {where} = {_shown(value)}; it must be a finite "
+                             "number, 0 or more")
+        elif isinstance(value, int) and not isinstance(value, bool) and value < 0:
+            raise ValueError(f"the entry {mid!r} has {where} = {value}; it must be 0 or more")
+
+    other(entry, "")
+
+
+def _shown(value: Any) -> str:
+    """A catalog value as the JSON file spells it (NaN, Infinity, true, "12")."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
+    return json.dumps(value)
 
 
 def find_spec(model_id: str) -> ModelSpec | None:

@@ -12,6 +12,10 @@ the llama.cpp backend does, for the same behaviour on both runtimes:
   (``rewind_to``), so a conversation's next turn prefills only what is new. Each step takes the
   lock and re-syncs the cache to its own sequence, so no lock is held while the caller reads and
   two streams from any threads interleave correctly (each step re-prefills what the other changed).
+  Their answers may still differ from one-at-a-time runs, greedy too: the re-prefill runs as one
+  chunk, which the int4 kernels round differently from single tokens, so a near-tie can flip. That
+  is rounding, not a race (tests/backends/test_onnx_threads_review30.py); run requests one at a
+  time (as HybridLLM does) where answers must repeat exactly.
 - on Linux the memory the model load allocated (the runtime's repacked weights) is moved onto 2 MB
   pages (``huge_pages``, see :func:`.onnx_memory._advise_huge_pages`): each decode step reads every
   weight, and on 4 kB pages a step took 15-20% longer (SmolLM2 and Qwen 0.5B, one thread, measured).

@@ -10,8 +10,10 @@ import inspect
 import json
 import logging
 import pickle
+import sys
 import threading
 import tomllib
+import traceback
 import warnings
 from pathlib import Path
 
@@ -214,7 +216,8 @@ def _read_until_closed(llm: HybridLLM, n_threads: int, how: str) -> tuple[list[s
         except HybridLLMError as exc:
             errors.append(str(exc))
 
-    threads = [threading.Thread(target=reader, args=(i,)) for i in range(n_threads)]
+    # daemons: a reader left waiting fails this test, not the whole run's exit
+    threads = [threading.Thread(target=reader, args=(i,), daemon=True) for i in range(n_threads)]
     for t in threads:
         t.start()
     started.wait()
@@ -223,7 +226,11 @@ def _read_until_closed(llm: HybridLLM, n_threads: int, how: str) -> tuple[list[s
     llm.close()
     for t in threads:
         t.join(timeout=30)
-    assert not any(t.is_alive() for t in threads)
+    # where a reader still waits (a reader waiting for the device's turn, dropped unrun, hung here)
+    frames = sys._current_frames()
+    alive = {t.name: "".join(traceback.format_stack(frames[t.ident])) if t.ident in frames else "?"
+             for t in threads if t.is_alive()}
+    assert not alive, alive
     return errors, answers
 
 

@@ -97,7 +97,16 @@ class EdgeWorker:
         with self._cond:
             if self._closed:
                 raise EdgeError(DEVICE_CLOSED)
-            self._jobs = deque(j for j in self._jobs if not j.cancelled.is_set())
+            # a cancelled job leaves the queue, but through its run(), which only tells a reader
+            # still waiting for its turn (never blocks, as in cancel_all): dropped silently, that
+            # reader waited out edge_wait_timeout_s for a turn that never came
+            kept: deque[EdgeJob | InlineRun] = deque()
+            for j in self._jobs:
+                if j.cancelled.is_set():
+                    j.run()
+                else:
+                    kept.append(j)
+            self._jobs = kept
             ahead = len(self._jobs)
             running = self._current is not None and not self._current.done.is_set()
             # with the device free, the first queued job is about to run, not waiting: counted as

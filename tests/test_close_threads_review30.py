@@ -100,7 +100,8 @@ def test_a_stream_closed_while_waiting_for_its_turn_ends_its_reader():
 
 def test_close_while_a_reader_waits_and_another_request_starts_ends_every_reader():
     """The client's close() cancels the waiting answer, and a request that starts while close()
-    runs (a reader's next question) queues after it: each reader still ends, with HybridLLMError."""
+    runs (a reader's next question) queues after it: each reader still ends (the two that were
+    there with HybridLLMError)."""
     backend = _GatedBackend()
     llm = HybridLLM(edge=backend, cache=False, edge_wait_timeout_s=WAIT_S)
     out: dict[str, object] = {}
@@ -137,8 +138,13 @@ def test_close_while_a_reader_waits_and_another_request_starts_ends_every_reader
         for t in (waiter, holder, *late, closer):
             t.join(timeout=10)
             assert not t.is_alive(), f"{t.name} still runs after close():\n" + _where(t)
-        for prompt in ("hold", "wait", "late"):
+        for prompt in ("hold", "wait"):
             assert isinstance(out[prompt], HybridLLMError) and "closed" in str(out[prompt]), out
+        # "late" started while close() ran: under load the device may give it its turn (and its
+        # whole answer) before close() reaches the device; either way its reader ended
+        late_out = out["late"]
+        assert late_out == "echo: late" or (
+            isinstance(late_out, HybridLLMError) and "closed" in str(late_out)), out
     finally:
         backend.gate.set()
         llm.close()

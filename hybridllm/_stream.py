@@ -148,12 +148,10 @@ class Stream(_Live):
                     # the device answers on this thread: its chunks come straight from the
                     # model's token loop; leaving the loop here closes it and stops decoding
                     self._inline = chunk
-                    if self._closed or chunk.cancelled.is_set():
-                        # closed (or its turn given up) before this thread took the run: close()
-                        # found no run to wake, and a cancelled job may be dropped from the
-                        # device's queue unrun; it must not wait for its turn (it ends below)
+                    if self._closed:
+                        # closed before this thread took the run: close() found no run to cancel;
+                        # cancelled, it does not wait for its turn (it ends below)
                         chunk.cancel()
-                        chunk.started.set()
                     try:
                         yield from chunk.chunks()
                     finally:
@@ -202,11 +200,7 @@ class Stream(_Live):
         self._closed = True
         run = self._inline
         if run is not None:  # the device answers on the reader's thread: it stops at its next token
-            run.cancel()
-            # a reader still waiting for its turn wakes now, finds it cancelled and ends: the
-            # worker drops a cancelled job from its queue unrun when the next request queues, and
-            # the reader waited out edge_wait_timeout_s (300 s) for a turn that never came
-            run.started.set()
+            run.cancel()  # a reader still waiting for its turn wakes and ends (InlineRun.cancel)
         reader = self._reader  # (kept: next() after the end raises StopIteration again)
         if reader is not None and not getattr(reader, "gi_running", True):
             # suspended between two next() calls: its own cleanup runs now (a device answer frees

@@ -70,6 +70,9 @@ class InlineRun:
     def cancel(self) -> None:
         with self._cond:
             self.cancelled.set()
+            # a reader still waiting for its turn wakes, finds the run cancelled and ends: the
+            # turn may never come (a cancelled job leaves the queue without running)
+            self.started.set()
             self._cond.notify_all()
 
     def contend(self) -> None:
@@ -82,6 +85,7 @@ class InlineRun:
         """The reader will not run (it gave up waiting, or never came): never hold the worker."""
         with self._cond:
             self.cancelled.set()
+            self.started.set()  # as in cancel: nobody waits for a turn that may never come
             self._released = True
             self._cond.notify_all()
 

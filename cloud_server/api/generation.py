@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from cloud_server.engine.async_engine import AsyncLLMEngine
 from cloud_server.engine.sampling_params import SamplingParams
 from cloud_server.exceptions import EngineError, InvalidRequestError, QueueFullError
 
@@ -28,8 +27,12 @@ class Engine(Protocol):
     tokenizer: Any
 
     def generate(
-        self, request_id: str, prompt: str | list[int], params: SamplingParams
-    ) -> AsyncIterator[Any]: ...
+        self, request_id: str, prompt: str | list[int], params: SamplingParams,
+        on_scheduled: Callable[[], None] | None = None,
+    ) -> AsyncIterator[Any]:
+        """Validate at the call (429, 400), then stream the outputs. ``on_scheduled``: called
+        once when the request first runs (its energy share starts then, not while it queues)."""
+        ...
 
     async def start(self) -> None: ...
 
@@ -71,18 +74,14 @@ class Generation:
         self._energy_key: int | None = None
         self._iter: AsyncIterator[Any]
         args = (prepared.request_id, prepared.prompt_ids, prepared.params)
-        if energy is not None and energy.meter is not None and isinstance(engine, AsyncLLMEngine):
-            # its share starts when the engine first schedules it, not while it waits in the queue
-            key = self._energy_key = energy.start(queued=True)
-            try:
-                self._iter = engine.generate(*args, on_scheduled=lambda: energy.started(key))
-            except BaseException:  # refused at the call (429, 400): no share
-                self._cancel_energy()
-                raise
-        else:
-            # generate() validates at the call (429, 400): a refused request takes no energy share
-            self._iter = engine.generate(*args)
-            self._energy_key = energy.start() if energy is not None else None
+        # its share starts when the engine first schedules it, not while it waits in the queue
+        key = self._energy_key = energy.start(queued=True) if energy is not None else None
+        on_scheduled = (lambda: energy.started(key)) if key is not None else None
+        try:
+            self._iter = engine.generate(*args, on_scheduled=on_scheduled)
+        except BaseException:  # refused at the call (429, 400): no share
+            self._cancel_energy()
+            raise
         self._first: Any = None
         self.finished = False
         self.failed = False  # the engine ended it with an error (not the client, not a shutdown)

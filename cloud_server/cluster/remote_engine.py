@@ -24,7 +24,7 @@ import contextlib
 import dataclasses
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from ..exceptions import EngineDeadError, EngineError, NotReadyError, ServerError
@@ -183,14 +183,18 @@ class RemoteEngine:
         return {"status": status, "replicas": {"healthy": up, "wanted": wanted}}
 
     # -- requests ------------------------------------------------------------------------------
-    def generate(self, request_id: str, prompt: str | list[int], params: Any) -> AsyncIterator[Any]:
+    def generate(self, request_id: str, prompt: str | list[int], params: Any,
+                 on_scheduled: Callable[[], None] | None = None) -> AsyncIterator[Any]:
+        """``on_scheduled`` is called at the replica's first output: the replica has scheduled
+        the request by then (it measures its own energy from its own first step)."""
         if not self._ready:
             raise NotReadyError("the cluster front end is still starting")
         ids = list(self.tokenizer.encode(prompt)) if isinstance(prompt, str) else list(prompt)
-        return self._stream(request_id, ids, dataclasses.asdict(params))
+        return self._stream(request_id, ids, dataclasses.asdict(params), on_scheduled)
 
     async def _stream(
-        self, request_id: str, prompt_ids: list[int], params: dict[str, Any]
+        self, request_id: str, prompt_ids: list[int], params: dict[str, Any],
+        on_scheduled: Callable[[], None] | None = None,
     ) -> AsyncIterator[Any]:
         from ray.exceptions import RayError
         from ray.serve.exceptions import DeploymentUnavailableError
@@ -202,6 +206,8 @@ class RemoteEngine:
             got_output = False
             try:
                 async for out in stream:
+                    if not got_output and on_scheduled is not None:
+                        on_scheduled()  # once: no retry follows a first output
                     got_output = True
                     yield out
                 return

@@ -192,9 +192,9 @@ def test_our_own_server_samples_as_before_and_answers_min_p_it_cannot_do():
     seen = []
 
     class Recording(FakeEngine):
-        def generate(self, request_id, prompt, params):
+        def generate(self, request_id, prompt, params, on_scheduled=None):
             seen.append(params)
-            return super().generate(request_id, prompt, params)
+            return super().generate(request_id, prompt, params, on_scheduled)
 
     engine = Recording(max_model_len=512)
     srv = ThreadServer(create_app(lambda: engine)).start()

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 from cloud_server.engine.sampling_params import SamplingParams
@@ -80,6 +80,9 @@ class FakeEngine:
         self.max_batch = 0
         self.aborted: set[str] = set()
         self.live: set[str] = set()
+        # each live request's on_scheduled (generate's), called once it has a batch slot; kept
+        # apart from _run's arguments, which subclasses override with the three of them
+        self.on_scheduled: dict[str, Callable[[], None]] = {}
         # a prefix cache in miniature: whole prompts seen before count as hits
         self.prefix_cache_queries = 0
         self.prefix_cache_hits = 0
@@ -134,10 +137,11 @@ class FakeEngine:
         }
 
     def generate(
-        self, request_id: str, prompt: str | list[int], params: SamplingParams
+        self, request_id: str, prompt: str | list[int], params: SamplingParams,
+        on_scheduled: Callable[[], None] | None = None,
     ) -> AsyncIterator[FakeOutput]:
         """Validate at the call, as the real engine does (ContextLengthError, QueueFullError),
-        then return the stream of outputs."""
+        then return the stream of outputs; ``on_scheduled`` once it has a batch slot."""
         ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
         if len(ids) + params.max_tokens > self.max_model_len:
             raise ContextLengthError("too long", param="max_tokens")
@@ -150,6 +154,8 @@ class FakeEngine:
         self._seen_prompts.add(tuple(ids))
         self.live.add(request_id)
         self.num_waiting += 1  # counted at once, so a burst of calls sees the others
+        if on_scheduled is not None:
+            self.on_scheduled[request_id] = on_scheduled
         return self._run(request_id, ids, params)
 
     async def _run(
@@ -167,6 +173,8 @@ class FakeEngine:
                 self.num_free_blocks -= blocks
                 self.num_running += 1
                 self.max_batch = max(self.max_batch, self.num_running)
+                if (on_scheduled := self.on_scheduled.pop(request_id, None)) is not None:
+                    on_scheduled()
                 reply = self.reply
                 for n in range(1, params.max_tokens + 1):
                     await asyncio.sleep(self.step_s)
@@ -186,3 +194,4 @@ class FakeEngine:
         finally:
             self.live.discard(request_id)
             self.aborted.discard(request_id)
+            self.on_scheduled.pop(request_id, None)  # ended before it had a slot

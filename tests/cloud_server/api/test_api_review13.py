@@ -8,7 +8,7 @@ import contextlib
 import logging
 import re
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 
 import httpx
 import pytest
@@ -57,7 +57,8 @@ class _Crashes(FakeEngine):
     """An engine whose generate fails with an error no handler names, quoting the prompt."""
 
     def generate(
-        self, request_id: str, prompt: str | list[int], params: SamplingParams
+        self, request_id: str, prompt: str | list[int], params: SamplingParams,
+        on_scheduled: Callable[[], None] | None = None,
     ) -> AsyncIterator[FakeOutput]:
         text = self.tokenizer.decode(prompt) if isinstance(prompt, list) else prompt
         raise RuntimeError(f"bad state at /srv/secret/engine.py for {text}")
@@ -120,9 +121,10 @@ class _FailsMidway(FakeEngine):
     """The engine's step fails after two tokens (as AsyncLLMEngine ends a failed batch)."""
 
     def generate(
-        self, request_id: str, prompt: str | list[int], params: SamplingParams
+        self, request_id: str, prompt: str | list[int], params: SamplingParams,
+        on_scheduled: Callable[[], None] | None = None,
     ) -> AsyncIterator[FakeOutput]:
-        inner = super().generate(request_id, prompt, params)
+        inner = super().generate(request_id, prompt, params, on_scheduled)
 
         async def failing() -> AsyncIterator[FakeOutput]:
             n = 0

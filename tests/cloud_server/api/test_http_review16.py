@@ -30,8 +30,8 @@ class _OddLogprobs(FakeEngine):
     """Attaches a log-probability entry to each token, from ``_ODD`` in turn."""
 
     def generate(self, request_id: str, prompt: str | list[int],
-                 params: SamplingParams) -> AsyncIterator[Any]:
-        inner = super().generate(request_id, prompt, params)
+                 params: SamplingParams, on_scheduled: Any = None) -> AsyncIterator[Any]:
+        inner = super().generate(request_id, prompt, params, on_scheduled)
 
         async def outputs() -> AsyncIterator[Any]:
             n = 0

@@ -13,7 +13,7 @@ from tests.cloud_server.api.helpers import ThreadServer
 
 def _late(exc):
     class LateRefusal(FakeEngine):  # as RemoteEngine: the refusal arrives at the first output
-        def generate(self, request_id, prompt, params):
+        def generate(self, request_id, prompt, params, on_scheduled=None):
             async def gen():
                 raise exc
                 yield

@@ -43,9 +43,9 @@ class RecordingEngine(FakeEngine):
         self.tokenizer = NamingTokenizer()
         self.prompts: list[list[int]] = []
 
-    def generate(self, request_id: str, prompt: Any, params: Any) -> Any:
+    def generate(self, request_id: str, prompt: Any, params: Any, on_scheduled: Any = None) -> Any:
         self.prompts.append(list(prompt))
-        return super().generate(request_id, prompt, params)
+        return super().generate(request_id, prompt, params, on_scheduled)
 
 
 @pytest.fixture(scope="module")

@@ -42,14 +42,14 @@ class _Scripted(FakeEngine):
     fault: str = ""
 
     def generate(self, request_id: str, prompt: str | list[int],
-                 params: SamplingParams) -> AsyncIterator[FakeOutput]:
+                 params: SamplingParams, on_scheduled: Any = None) -> AsyncIterator[FakeOutput]:
         if self.fault == "queue full":
             raise QueueFullError("the waiting queue is full", retry_after_s=1.0)
         if self.fault == "not ready":
             raise NotReadyError("the engine loop is not running")
         if self.fault == "step fails":
             return self._fails()
-        return super().generate(request_id, prompt, params)
+        return super().generate(request_id, prompt, params, on_scheduled)
 
     async def _fails(self) -> AsyncIterator[FakeOutput]:
         await asyncio.sleep(0)

@@ -54,7 +54,7 @@ def test_an_absent_or_unfit_id_is_replaced_by_a_new_one(http: TestClient) -> Non
 
 
 class _Fails(FakeEngine):
-    def generate(self, request_id, prompt, params):  # type: ignore[override]
+    def generate(self, request_id, prompt, params, on_scheduled=None):  # type: ignore[override]
         raise RuntimeError("internal")
 
 

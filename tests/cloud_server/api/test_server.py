@@ -460,8 +460,8 @@ def test_fake_engine_validates_at_the_call_like_the_real_one() -> None:
 class _BreaksMidStream(FakeEngine):
     """Fails after two tokens with an error whose text is internal (and quotes the prompt)."""
 
-    def generate(self, request_id, prompt, params):  # type: ignore[no-untyped-def]
-        inner = super().generate(request_id, prompt, params)
+    def generate(self, request_id, prompt, params, on_scheduled=None):  # type: ignore[no-untyped-def]
+        inner = super().generate(request_id, prompt, params, on_scheduled)
         text = self.tokenizer.decode(list(prompt)) if not isinstance(prompt, str) else prompt
 
         async def broken():  # type: ignore[no-untyped-def]

@@ -33,6 +33,8 @@ class ScriptedEngine(FakeEngine):
                    params: SamplingParams) -> AsyncIterator[FakeOutput]:
         try:
             self.num_waiting -= 1
+            if (on_scheduled := self.on_scheduled.pop(request_id, None)) is not None:
+                on_scheduled()  # runs at once: no batch to wait for
             n = 0
             for i, (text, reason) in enumerate(self.script):
                 n += len(text)

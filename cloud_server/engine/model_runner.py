@@ -22,7 +22,7 @@ from torch import nn
 
 from ..layers.attention import AttentionMetadata, DecodeGroups, PrefillSpan
 from ..layers.linear import Linear
-from ..layers.sampler import Sampler
+from ..layers.sampler import Sampler, TokenHistory
 from ..models.config import ModelConfig
 from .cuda_graph import DecodeGraphs
 from .scheduler import ScheduledSeq
@@ -190,7 +190,7 @@ class ModelRunner:
             return StepResult({})
         logits = self.model.compute_logits(hidden[rows], head=self.head)  # [R, vocab or limit]
         out = self.sampler(logits, [s.seq.seq_id for s in owners], [s.seq.params for s in owners],
-                           return_probs=return_probs)
+                           return_probs=return_probs, histories=self._histories(order))
         tokens: dict[int, list[int] | BaseException] = {}
         probs: dict[int, list[torch.Tensor]] = {}
         for i, (s, tok) in enumerate(zip(owners, out.tokens, strict=True)):
@@ -208,6 +208,23 @@ class ModelRunner:
             logprobs.setdefault(owners[i].seq.seq_id, []).append(row)
         lp = {sid: torch.stack(r) for sid, r in logprobs.items()} if logprobs else None
         return StepResult(tokens, stacked, lp)
+
+    @staticmethod
+    def _histories(order: list[ScheduledSeq]) -> list[TokenHistory | None] | None:
+        """Per output row, the tokens its penalties read (None when no row's request has any):
+        the row at position i predicts token i + 1, so its context is token_ids[: i + 1], the
+        drafts before it included."""
+        if not any(s.num_outputs and s.seq.params.has_penalties for s in order):
+            return None
+        out: list[TokenHistory | None] = []
+        for s in order:
+            seq, k = s.seq, s.num_outputs
+            if not seq.params.has_penalties:
+                out.extend([None] * k)
+                continue
+            end = seq.num_computed_tokens + s.num_new_tokens  # one past this step's last position
+            out.extend(TokenHistory(seq.token_ids, seq.num_prompt_tokens, end - k + 1 + j) for j in range(k))
+        return out
 
     @torch.inference_mode()
     def prompt_logits(self, scheduled: ScheduledSeq) -> torch.Tensor:

@@ -11,6 +11,7 @@ from ..exceptions import InvalidRequestError
 
 MAX_SPECULATIVE_TOKENS = 16  # the most drafts a request may ask for (EngineConfig's bound too)
 MAX_LOGPROBS = 20  # the most alternatives per token a request may ask for (OpenAI's bound)
+MAX_LOGIT_BIAS = 300  # the most token ids one request may bias (OpenAI's bound)
 
 
 @dataclass
@@ -23,6 +24,12 @@ class SamplingParams:
     size) moves its draws, so there it repeats for the same batch sizes only.
     ``logprobs``: None for none; N in 0..20 reports each emitted token's log-probability and the
     N most likely tokens at its position (of the raw distribution, before any sampling filter).
+
+    vLLM's and OpenAI's controls (``layers/sampler.py`` states the math and the order):
+    ``logit_bias`` {token id: -100..100} added to the logits; ``repetition_penalty`` (> 0, 1 off)
+    on every token of the prompt and output; ``presence_penalty`` and ``frequency_penalty``
+    (-2..2, 0 off) on the output's tokens; ``min_p`` (0..1, 0 off) drops the tokens less likely
+    than min_p times the most likely one.
     """
 
     temperature: float = 1.0
@@ -36,6 +43,11 @@ class SamplingParams:
     speculative_method: str | None = None
     num_speculative_tokens: int | None = None
     logprobs: int | None = None
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logit_bias: dict[int, float] | None = None
 
     def __post_init__(self) -> None:
         # a wrong type is the caller's error too, never a TypeError from a comparison below (None,
@@ -97,6 +109,42 @@ class SamplingParams:
             if getattr(self, name) is not None:
                 setattr(self, name, int(getattr(self, name)))
         self.stop_token_ids = [int(t) for t in self.stop_token_ids]
+        self._check_controls()
+
+    def _check_controls(self) -> None:
+        """min_p, the penalties and logit_bias: checked, then plain floats and ints (the sampler's
+        tensors take those only)."""
+        if not _real(self.min_p) or not 0 <= self.min_p <= 1:
+            raise InvalidRequestError("min_p must be a number in [0, 1]", param="min_p")
+        r = self.repetition_penalty
+        if not _real(r) or not 0 < r < float("inf"):
+            raise InvalidRequestError("repetition_penalty must be a finite number > 0",
+                                      param="repetition_penalty")
+        for name in ("presence_penalty", "frequency_penalty"):
+            v = getattr(self, name)
+            if not _real(v) or not -2 <= v <= 2:
+                raise InvalidRequestError(f"{name} must be a number in [-2, 2]", param=name)
+        for name in ("min_p", "repetition_penalty", "presence_penalty", "frequency_penalty"):
+            setattr(self, name, float(getattr(self, name)))
+        bias = self.logit_bias
+        if bias is None:
+            return
+        if not isinstance(bias, dict):
+            raise InvalidRequestError("logit_bias must map token ids to biases", param="logit_bias")
+        if len(bias) > MAX_LOGIT_BIAS:
+            raise InvalidRequestError(f"logit_bias may hold at most {MAX_LOGIT_BIAS} token ids",
+                                      param="logit_bias")
+        if any(not _int(t) or t < 0 for t in bias):
+            raise InvalidRequestError("logit_bias keys must be token ids (integers >= 0)", param="logit_bias")
+        if any(not _real(b) or not -100 <= b <= 100 for b in bias.values()):
+            raise InvalidRequestError("logit_bias values must be numbers in [-100, 100]", param="logit_bias")
+        # a bias of 0 changes nothing: dropped, so an all-zero map costs the sampler nothing
+        self.logit_bias = {int(t): float(b) for t, b in bias.items() if b} or None
+
+    @property
+    def has_penalties(self) -> bool:
+        """Whether sampling reads the tokens so far (repetition, presence or frequency penalty)."""
+        return self.repetition_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
 
     @property
     def is_greedy(self) -> bool:

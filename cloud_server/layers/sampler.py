@@ -1,5 +1,17 @@
 """Pick next tokens for a whole batch of rows at once, on the logits' device.
 
+vLLM's and OpenAI's controls come first, in this order, on the rows that ask only (a batch where
+none does takes the plain path, and a row that does not is bit for bit what it is alone):
+1. ``logit_bias``: its bias is added to each listed token's logit.
+2. ``repetition_penalty`` r (the CTRL rule, as vLLM and llama.cpp): for every token that appears in
+   the prompt or the output so far, logit / r where the logit is > 0, logit * r otherwise.
+3. ``presence_penalty`` p and ``frequency_penalty`` f (OpenAI's), over the output tokens so far:
+   logit[t] -= p * [count[t] > 0] + f * count[t].
+4. temperature, top_k, top_p (below), then ``min_p`` m: the tokens whose probability is below
+   m * (the largest probability) are dropped, and the rest renormalized.
+Greedy rows take the argmax of the biased and penalised logits. "So far" is the row's own
+position: a speculative step's row j counts the drafts before it (the output, if accepted).
+
 Sampling: p = softmax(logits / T); keep the top_k most likely tokens, then the smallest set whose
 mass reaches top_p (the most likely token always stays; of tied ones the lowest id first);
 renormalize and draw. The draw is argmax(p / E) with E ~ Exponential(1) per token, which picks
@@ -10,16 +22,28 @@ A failure that belongs to one row (its settings, its generator) ends that row on
 retried row by row and the failing rows come back as exceptions instead of tokens.
 
 Log-probabilities, for the rows whose request asks for them only: log_softmax of the raw logits,
-the model's own distribution before temperature, top-k and top-p (what OpenAI and vLLM report).
+the model's own distribution before bias, penalties, temperature, top-k, top-p and min-p (what
+OpenAI and vLLM report).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
 from ..engine.sampling_params import SamplingParams
+from ..exceptions import InvalidRequestError
+
+
+class TokenHistory(NamedTuple):
+    """What a row's penalties read: ``token_ids[:end]`` is its context (prompt, then output)."""
+
+    token_ids: list[int]
+    num_prompt_tokens: int
+    end: int
 
 
 @dataclass
@@ -47,6 +71,9 @@ class Sampler:
         # which of a seeded request's streams this sampler draws: 0 the target's, 1 a draft
         # model's (``DraftProposer`` sets it on its runner's sampler)
         self.stream = 0
+        # a draft model's head may cover the first ids only: a bias on a later id is for a token
+        # it never proposes, not a bad request (``DraftProposer`` sets it)
+        self.partial_vocab = False
 
     def release(self, seq_id: int) -> None:
         self._per_seq.pop(seq_id, None)
@@ -75,10 +102,12 @@ class Sampler:
         params: list[SamplingParams],
         *,
         return_probs: bool = False,
+        histories: Sequence[TokenHistory | None] | None = None,  # per row; needed by penalties
     ) -> SamplerOutput:
         logprobs = raw_logprobs(logits, params)
+        hist: list[TokenHistory | None] = list(histories) if histories is not None else [None] * len(params)
         try:
-            tokens, probs = self._sample(logits, seq_ids, params, return_probs)
+            tokens, probs = self._sample(logits, seq_ids, params, return_probs, hist)
             return SamplerOutput(list(tokens), probs, logprobs)
         except Exception:  # find the rows at fault; the others still get their tokens
             out: list[int | BaseException] = []
@@ -86,7 +115,8 @@ class Sampler:
             for i in range(logits.shape[0]):
                 try:
                     tok, p = self._sample(
-                        logits[i : i + 1], seq_ids[i : i + 1], params[i : i + 1], return_probs
+                        logits[i : i + 1], seq_ids[i : i + 1], params[i : i + 1], return_probs,
+                        hist[i : i + 1],
                     )
                     out.append(tok[0])
                     rows.append(p)
@@ -104,8 +134,10 @@ class Sampler:
         seq_ids: list[int],
         params: list[SamplingParams],
         return_probs: bool,
+        histories: list[TokenHistory | None],
     ) -> tuple[list[int], torch.Tensor | None]:
         dev = logits.device
+        logits = self._bias_and_penalise(logits, params, histories)
         greedy = logits.argmax(dim=-1)  # [N]
         # argmax takes a NaN for the largest logit, so a row with one would emit the NaN's id, and
         # a row of -inf only (every token masked) would emit id 0: neither has a distribution, so
@@ -142,6 +174,14 @@ class Sampler:
             # renormalize the filtered rows only: a top_p = 1 row stays bit for bit what it is alone
             cut = (limit < float("inf")).unsqueeze(1)  # [N, 1]
             probs = torch.where(cut, filtered / filtered.sum(dim=-1, keepdim=True), probs)
+        min_p = [p.min_p for p in params]
+        if any(min_p):
+            # drop t where p_t < m * max(p): top-k and top-p keep the most likely token and scale
+            # the kept ones alike, so the ratio is the temperature distribution's; renormalize
+            # the m > 0 rows only (the others stay bit for bit what they are alone)
+            m = torch.tensor(min_p, device=dev).unsqueeze(1)  # [N, 1]
+            kept = probs.masked_fill(probs < m * probs.amax(dim=-1, keepdim=True), 0.0)
+            probs = torch.where(m > 0, kept / kept.sum(dim=-1, keepdim=True), probs)
         tokens = greedy.clone()
         if sampled:
             idx = torch.tensor(sampled, device=dev)
@@ -158,6 +198,87 @@ class Sampler:
                 noise[row].exponential_(generator=self.generator(seq_ids[i], params[i], dev))
             tokens[idx] = (chosen / noise).argmax(dim=-1)
         return _no_nan(tokens.tolist()), (probs if return_probs else None)
+
+
+    def _bias_and_penalise(
+        self, logits: torch.Tensor, params: list[SamplingParams], histories: list[TokenHistory | None]
+    ) -> torch.Tensor:
+        """The logits with ``logit_bias`` and the penalties applied (the same tensor when no row
+        asks): tensors are built for the rows that ask only."""
+        biased = [i for i, p in enumerate(params) if p.logit_bias]
+        penalised = [i for i, p in enumerate(params) if p.has_penalties]
+        if not biased and not penalised:
+            return logits
+        dev, vocab = logits.device, logits.shape[1]
+        logits = logits.float().clone()  # [N, V]: the raw logits stay the logprobs' source
+        if biased:
+            rows: list[int] = []
+            ids: list[int] = []
+            values: list[float] = []
+            for i in biased:
+                bias = params[i].logit_bias or {}
+                if not self.partial_vocab and any(t >= vocab for t in bias):
+                    raise InvalidRequestError(f"logit_bias holds a token id outside the vocabulary "
+                                              f"(0..{vocab - 1})", param="logit_bias")
+                for t, b in bias.items():
+                    if t < vocab:
+                        rows.append(i)
+                        ids.append(t)
+                        values.append(b)
+            if rows:
+                index = (torch.tensor(rows, device=dev), torch.tensor(ids, device=dev))
+                logits.index_put_(index, torch.tensor(values, device=dev), accumulate=True)
+        if penalised:
+            logits[penalised] = self._penalise(logits[penalised], [params[i] for i in penalised],
+                                               [histories[i] for i in penalised])
+        return logits
+
+    @staticmethod
+    def _penalise(
+        logits: torch.Tensor, params: list[SamplingParams], histories: list[TokenHistory | None]
+    ) -> torch.Tensor:
+        """Repetition, presence and frequency penalties of P rows: [P, V] in, [P, V] out."""
+        dev, (num, vocab) = logits.device, logits.shape
+        context_rows: list[torch.Tensor] = []
+        output_rows: list[torch.Tensor] = []
+        whole: dict[int, torch.Tensor] = {}  # one tensor per token list (a sequence's spec rows share it)
+        for h in histories:
+            if h is None:
+                raise ValueError("penalties need the row's token history")
+            ids = whole.get(id(h.token_ids))
+            if ids is None:
+                ids = whole[id(h.token_ids)] = torch.tensor(h.token_ids, dtype=torch.long, device=dev)
+            context_rows.append(ids[: h.end])
+            output_rows.append(ids[h.num_prompt_tokens : h.end])
+        # ids past a cut draft head are tokens it never proposes: not counted
+        context = _row_index(context_rows, vocab)
+        output = _row_index(output_rows, vocab)
+        seen = torch.zeros(num * vocab, dtype=torch.bool, device=dev)
+        seen[context] = True
+        counts = torch.zeros(num * vocab, dtype=logits.dtype, device=dev)
+        counts.index_add_(0, output, torch.ones_like(output, dtype=logits.dtype))
+        seen, counts = seen.view(num, vocab), counts.view(num, vocab)  # [P, V]
+        r = torch.tensor([sp.repetition_penalty for sp in params], device=dev).unsqueeze(1)  # [P, 1]
+        pres = torch.tensor([sp.presence_penalty for sp in params], device=dev).unsqueeze(1)  # [P, 1]
+        freq = torch.tensor([sp.frequency_penalty for sp in params], device=dev).unsqueeze(1)  # [P, 1]
+        # CTRL: on tokens seen in prompt or output, a positive logit / r, a negative one * r
+        #   logit[t] = logit[t] / r if logit[t] > 0 else logit[t] * r     (t seen, r != 1)
+        # OpenAI: logit[t] -= p * [count[t] > 0] + f * count[t]           (output tokens only)
+        repeated = torch.where(logits > 0, logits / r, logits * r)
+        logits = torch.where(seen & (r != 1.0), repeated, logits)
+        return logits - pres * (counts > 0) - freq * counts
+
+
+def _row_index(rows: list[torch.Tensor], vocab: int) -> torch.Tensor:
+    """Flat indices row * vocab + token of every row's tokens below ``vocab``: [sum of lengths]."""
+    if not rows:
+        return torch.empty(0, dtype=torch.long)
+    dev = rows[0].device
+    owner = torch.repeat_interleave(torch.arange(len(rows), device=dev),
+                                    torch.tensor([len(r) for r in rows], device=dev))
+    ids = torch.cat(rows)
+    inside = ids < vocab
+    return (owner * vocab + ids)[inside]
 
 
 def _no_nan(tokens: list[int]) -> list[int]:

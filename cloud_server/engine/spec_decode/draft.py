@@ -12,7 +12,8 @@ another sequence's draft wrote holds the same keys and values and is simply rewr
 
 Per step with k slots: position c (the last, uncomputed token) and then each new draft token is
 one draft decode row, all drafting sequences batched; sampled requests draw from the draft's
-filtered distribution q (same temperature/top-k/top-p), kept for the rejection rule.
+filtered distribution q (same logit_bias, penalties, temperature, top-k, top-p and min-p, the
+penalties counting the drafts before each), kept for the rejection rule.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ class _DraftView:
         self.params = seq.params
         self.block_table = seq.block_table
         self.token_ids = seq.token_ids[: seq.num_tokens]  # a copy: drafts go here first
+        self.num_prompt_tokens = seq.num_prompt_tokens  # penalties count the output after it
         self.num_computed_tokens = seq.num_draft_computed_tokens
 
     @property
@@ -45,6 +47,7 @@ class DraftProposer:
         self.runner = runner  # a ModelRunner over the draft model, sized like the target's pool
         # a seeded request's draft draws from a stream of its own, not the target's (Sampler)
         runner.sampler.stream = 1
+        runner.sampler.partial_vocab = True  # a bias past a cut head's ids: a token never proposed
 
     def propose(
         self, items: list[ScheduledSeq], blocks: Any = None

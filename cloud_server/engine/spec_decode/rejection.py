@@ -2,8 +2,9 @@
 
 For one sequence with drafts ``d_1..d_k`` the target step gives, at each of the k + 1 positions,
 its token ``o_i`` (argmax, or a draw from p_i) and, when sampling, its filtered distribution p_i
-(temperature, top-k and top-p applied exactly as without speculation). The draft's distributions
-are q_i (for prompt lookup q_i is one-hot on d_i).
+(logit_bias, penalties, temperature, top-k, top-p and min-p applied exactly as without
+speculation; the penalties of position i count d_1..d_i, the output if they are accepted). The
+draft's distributions are q_i (for prompt lookup q_i is one-hot on d_i).
 
 Greedy: accept d_i while d_i == o_{i-1}; then emit the target's own o_a. The result is the token
 sequence plain greedy decoding gives.

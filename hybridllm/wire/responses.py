@@ -7,17 +7,20 @@ check real responses against those documents.
 
 from __future__ import annotations
 
-import json
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
+
+from .._finite import finite_json
 
 DONE = "data: [DONE]\n\n"
 
 
 def sse_event(payload: dict[str, Any]) -> str:
-    """One server-sent event. ``ensure_ascii`` keeps the frame ASCII whatever the text holds."""
-    return f"data: {json.dumps(payload, separators=(',', ':'))}\n\n"
+    """One server-sent event. ``ensure_ascii`` keeps the frame ASCII whatever the text holds. A
+    NaN or infinity (a replica's energy figure, an unfloored logprob) goes out as null, as in the
+    proxy's finished answers (``finite_json``): a bare ``NaN`` strict JSON clients refuse."""
+    return f"data: {finite_json(payload, separators=(',', ':'))}\n\n"
 
 
 def usage_dict(prompt_tokens: int, completion_tokens: int, cached_tokens: int | None = None) -> dict:

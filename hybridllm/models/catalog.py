@@ -83,12 +83,14 @@ def _parse_catalog(raw: Any) -> dict[str, ModelSpec]:
 
 # Counts the code uses as ints (a size in bytes compared with a file's, a range() bound): a whole
 # number, not a bool (JSON true), a text "12", NaN or 1e999 (Python's json reads both as floats).
+# The fields checked so are named: files[*].size, these, and a parts source's count (every number
+# the schema has today); another field's number may be below 0 (a score, an offset, a bias).
 _COUNTS = {"context_length": 1, "dimensions": 1}  # field -> its least value
 
 
 def _check_numbers(entry: dict[str, Any]) -> None:
-    """Refuse an entry whose sizes and counts are not whole numbers in range, or any other number
-    in it that is not finite and 0 or more; the error names the entry and the field."""
+    """Refuse an entry whose sizes and counts (the fields named above) are not whole numbers in
+    range, or any other number in it that is not finite; the error names the entry and the field."""
     mid = entry["id"]
 
     def count(value: Any, where: str, least: int = 0) -> None:
@@ -105,18 +107,16 @@ def _check_numbers(entry: dict[str, Any]) -> None:
     if isinstance(entry["source"], dict) and "count" in entry["source"]:
         count(entry["source"]["count"], "source.count", 1)
 
-    def other(value: Any, where: str) -> None:  # a number nothing reads yet: finite and not negative
+    def other(value: Any, where: str) -> None:  # any number: finite (no JSON has NaN), any sign
         if isinstance(value, dict):
             for k, v in value.items():
                 other(v, f"{where}.{k}" if where else str(k))
         elif isinstance(value, list):
             for i, v in enumerate(value):
                 other(v, f"{where}[{i}]")
-        elif isinstance(value, float) and not (math.isfinite(value) and value >= 0):
+        elif isinstance(value, float) and not math.isfinite(value):
             raise ValueError(f"the entry {mid!r} has {where} = {_shown(value)}; it must be a finite "
-                             "number, 0 or more")
-        elif isinstance(value, int) and not isinstance(value, bool) and value < 0:
-            raise ValueError(f"the entry {mid!r} has {where} = {value}; it must be 0 or more")
+                             "number")
 
     other(entry, "")
 

@@ -4,7 +4,9 @@ The cloud server and the local proxy accept the same bodies with the same checks
 unknown fields refused, unsupported features a 400 naming the parameter); see
 ``hybridllm/wire/requests.py`` for what is accepted and why. One difference: this server reports
 token log-probabilities (``CloudChatCompletionRequest``, ``CloudCompletionRequest``), which the
-proxy refuses, since its device route cannot always give them.
+proxy refuses, since its device route cannot always give them; and it serves ``presence_penalty``,
+``frequency_penalty`` and ``logit_bias`` (the engine's sampler applies them), which the proxy
+accepts at their neutral values only.
 """
 
 from __future__ import annotations
@@ -13,8 +15,9 @@ from typing import Annotated
 
 from pydantic import Field, field_validator, model_validator
 
+from cloud_server.engine.sampling_params import MAX_LOGIT_BIAS
 from hybridllm.wire.errors import WireError
-from hybridllm.wire.fields import _INTEGRAL
+from hybridllm.wire.fields import _INTEGRAL, INT32_MAX, Unit
 from hybridllm.wire.requests import (
     ChatCompletionRequest,
     ChatMessage,
@@ -25,18 +28,51 @@ from hybridllm.wire.requests import (
     parse_request,
 )
 
+Penalty = Annotated[Unit, Field(ge=-2.0, le=2.0)]  # OpenAI's bounds; 0 is off
+# OpenAI's: token ids (as JSON keys, strings) to biases in -100..100, at most 300 of them
+LogitBias = Annotated[dict[str, Annotated[Unit, Field(ge=-100.0, le=100.0)]],
+                      Field(json_schema_extra={"maxProperties": MAX_LOGIT_BIAS})]
+
+
+def _bias_keys(value: dict[str, float] | None) -> dict[str, float] | None:
+    """logit_bias's keys are token ids: a 400 naming it for a key that is not one, or past 300 keys
+    (which ids the vocabulary holds is checked where the request is prepared)."""
+    if value is None:
+        return value
+    if len(value) > MAX_LOGIT_BIAS:
+        raise WireError(f"Invalid 'logit_bias': {len(value)} token ids; at most {MAX_LOGIT_BIAS} may be "
+                        "biased.", param="logit_bias")
+    for key in value:
+        if not (key.isascii() and key.isdigit()) or int(key) > INT32_MAX:
+            raise WireError(f"Invalid key in 'logit_bias': {key[:40]!r} is not a token id (an integer "
+                            "from 0).", param="logit_bias")
+    return value
+
 
 class CloudChatCompletionRequest(ChatCompletionRequest):
     """A chat body with OpenAI's ``logprobs`` (bool) and ``top_logprobs`` (0..20) served."""
 
     logprobs: bool | None = None
     top_logprobs: Annotated[int, Field(ge=0, le=20), _INTEGRAL] | None = None
+    presence_penalty: Penalty | None = None
+    frequency_penalty: Penalty | None = None
+    logit_bias: LogitBias | None = None
 
     # same names as the shared model's refusing validators: these replace them
     @field_validator("logprobs")
     @classmethod
     def _no_logprobs(cls, value: bool | None) -> bool | None:
         return value
+
+    @field_validator("presence_penalty", "frequency_penalty")
+    @classmethod
+    def _no_penalty(cls, value: float | None) -> float | None:
+        return value
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _no_bias(cls, value: dict[str, float] | None) -> dict[str, float] | None:
+        return _bias_keys(value)
 
     @field_validator("top_logprobs")
     @classmethod
@@ -79,11 +115,24 @@ class CloudCompletionRequest(CompletionRequest):
     """A legacy completions body with ``logprobs`` (0..5 alternatives per token) served."""
 
     logprobs: Annotated[int, Field(ge=0, le=5), _INTEGRAL] | None = None
+    presence_penalty: Penalty | None = None
+    frequency_penalty: Penalty | None = None
+    logit_bias: LogitBias | None = None
 
     @field_validator("logprobs")
     @classmethod
     def _no_logprobs(cls, value: int | None) -> int | None:
         return value
+
+    @field_validator("presence_penalty", "frequency_penalty")
+    @classmethod
+    def _no_penalty(cls, value: float | None) -> float | None:
+        return value
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _no_bias(cls, value: dict[str, float] | None) -> dict[str, float] | None:
+        return _bias_keys(value)
 
     def num_logprobs(self) -> int | None:
         return self.logprobs

@@ -110,7 +110,7 @@ class OpenAIServing:
             num_speculative_tokens=req.num_speculative_tokens,
             # the shared models (the proxy's) have no num_logprobs: they refuse logprobs
             logprobs=getattr(req, "num_logprobs", lambda: None)(),
-            **_extra_sampling(req),
+            **_extra_sampling(req, _vocab_size(tokenizer)),
         )
         return Prepared(
             kind=kind,
@@ -205,16 +205,41 @@ def unsupported_sampling() -> dict[str, float]:
     return {name: v for name, v in (("min_p", 0.0), ("repetition_penalty", 1.0)) if name not in known}
 
 
-def _extra_sampling(req: ChatCompletionRequest | CompletionRequest) -> dict[str, Any]:
-    """vLLM's ``min_p`` and ``repetition_penalty``: passed on when the engine has them, else
-    accepted only at their neutral value (0 and 1)."""
+# vLLM's and OpenAI's sampling controls, with the value that turns each off
+_CONTROLS = (("min_p", 0.0), ("repetition_penalty", 1.0), ("presence_penalty", 0.0),
+             ("frequency_penalty", 0.0))
+
+
+def _extra_sampling(req: ChatCompletionRequest | CompletionRequest, vocab_size: int | None = None
+                    ) -> dict[str, Any]:
+    """``min_p``, ``repetition_penalty``, ``presence_penalty``, ``frequency_penalty`` and
+    ``logit_bias``, for SamplingParams: a field the engine lacks is accepted only at its neutral
+    value, and a biased token id must be in the vocabulary (``vocab_size``: the tokenizer's),
+    checked here so the request is a 400, not a failure at its first token."""
     known = {f.name for f in dataclasses.fields(SamplingParams)}
     out: dict[str, Any] = {}
-    for name, neutral in (("min_p", 0.0), ("repetition_penalty", 1.0)):
-        value = getattr(req, name)
+    for name, neutral in _CONTROLS:
+        value = getattr(req, name, None)
         if value is None or value == neutral:
             continue
         if name not in known:
             raise InvalidRequestError(f"{name} is not supported by this server.", param=name)
         out[name] = value
+    bias = getattr(req, "logit_bias", None)
+    if bias:
+        ids: dict[int, float] = {}
+        for key, value in bias.items():
+            token = int(key) if key.isascii() and key.isdigit() else -1
+            if token < 0 or (vocab_size is not None and token >= vocab_size):
+                where = f" (this model's vocabulary is 0..{vocab_size - 1})" if vocab_size else ""
+                raise InvalidRequestError(f"Invalid key in 'logit_bias': {key[:40]!r} is not a token id"
+                                          f"{where}.", param="logit_bias")
+            ids[token] = value
+        if any(ids.values()):  # all zeros change nothing: the engine is not asked
+            out["logit_bias"] = ids
     return out
+
+
+def _vocab_size(tokenizer: Any) -> int | None:
+    size = getattr(tokenizer, "vocab_size", None)
+    return size if isinstance(size, int) and not isinstance(size, bool) and size > 0 else None

@@ -176,9 +176,11 @@ def test_the_window_check_with_max_tokens_keeps_its_numbers(client: httpx.Client
 @pytest.mark.parametrize("path", PATHS)
 def test_a_logit_bias_of_zeros_is_neutral(client: httpx.Client, path: str) -> None:
     """``logit_bias`` whose biases are all 0 changes nothing (as ``presence_penalty: 0``): before, a
-    400; a real bias stays a 400 naming it."""
+    400. A real bias is served since review 31 (test_sampling_controls_review31.py); a key that is
+    no token id is a 400 naming it."""
     assert _post(client, path, False, logit_bias={"50256": 0, "42": 0.0}).status_code == 200
-    r = _post(client, path, False, logit_bias={"50256": 0, "42": -100})
+    assert _post(client, path, False, logit_bias={"50256": 0, "42": -100}).status_code == 200
+    r = _post(client, path, False, logit_bias={"x42": -100})
     assert r.status_code == 400 and r.json()["error"]["param"] == "logit_bias"
 
 

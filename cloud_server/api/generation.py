@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import dataclasses
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
@@ -57,6 +59,7 @@ class Prepared:
     include_usage: bool
     created: int
     logprobs: bool = False  # the answer reports token log-probabilities
+    n: int = 1  # choices: n engine requests sharing the prompt (Choices)
     # when the request was taken up (perf_counter), before its tokenization: TTFT and end-to-end
     # latency count from here, the wait a client sees (a long prompt's tokenizing included)
     arrival: float = field(default_factory=time.perf_counter)
@@ -64,6 +67,11 @@ class Prepared:
 
 class Generation:
     """One admitted engine request: iterate its outputs; ``close`` aborts it if unfinished."""
+
+    counts_prompt = True  # False: a further choice of one request, whose prompt /metrics counted
+    # False: an abort counts no finish (a sibling choice was refused: the request is counted once,
+    # as rejected)
+    counts_abort = True
 
     def __init__(self, engine: Engine, prepared: Prepared, timer: RequestTimer,
                  energy: Any = None) -> None:
@@ -120,7 +128,7 @@ class Generation:
                     self.failed = True
                     raise
             self.last = out
-            self.timer.on_tokens(len(out.delta_token_ids), out.num_prompt_tokens)
+            self.timer.on_tokens(len(out.delta_token_ids), out.num_prompt_tokens if self.counts_prompt else 0)
             if out.finished:
                 self.finished = True
                 self.timer.on_finish(out.finish_reason)
@@ -149,7 +157,8 @@ class Generation:
             self.finished = True
             # the engine's own word for a request that failed: /metrics keeps failures apart from
             # the aborts of clients that hung up
-            self.timer.on_finish("error" if self.failed else "abort")
+            if self.counts_abort:
+                self.timer.on_finish("error" if self.failed else "abort")
             with contextlib.suppress(Exception):
                 await self.engine.abort(self.request_id)
 
@@ -160,7 +169,7 @@ class _ClosingEvents:
     headers went out (EventStreamResponse then closes the events unstarted) left the engine
     request running, its energy share open and no finish recorded."""
 
-    def __init__(self, events: AsyncIterator[str], generation: Generation) -> None:
+    def __init__(self, events: AsyncIterator[str], generation: Generation | Choices) -> None:
         self._events = events
         self._generation = generation
 
@@ -175,3 +184,109 @@ class _ClosingEvents:
             await self._events.aclose()  # type: ignore[attr-defined]
         finally:
             await self._generation.close()  # a second close does nothing
+
+
+def choice_prepared(prepared: Prepared, index: int) -> Prepared:
+    """Choice ``index`` of an ``n`` > 1 request: its own engine request id and, with a seed, its
+    own seed; choice 0 samples as the same request with n=1 would."""
+    if prepared.n == 1:
+        return prepared
+    params = prepared.params
+    if params.seed is not None and index:
+        # seed_i = (seed + i) mod 2^64     choice i's own stream (vLLM's rule: seed + index), so
+        # seed_0 = seed                     the n answers differ and the response is reproducible;
+        # the sampler reads seeds mod 2^64: the wrap keeps it in the engine's range, same stream
+        params = dataclasses.replace(params, seed=(params.seed + index) % 2**64)
+    return dataclasses.replace(prepared, request_id=f"{prepared.request_id}-{index}", params=params)
+
+
+class Choices:
+    """The ``n`` engine requests of one response (``n`` = 1: one ``Generation``, iterated as it is).
+
+    ``admit`` admits choice 0 alone, waits for its first output (its prompt is then prefilled and
+    its full blocks in the prefix cache), then the others, which find those blocks: the prompt is
+    computed once, bar the tokens of its last partial block per choice. Each choice is checked
+    against the queue as a request of its own (at ``generate`` and by the scheduler as it is
+    added); a refusal of any is the whole request's (429 or 400), and the others are aborted.
+    ``outputs`` yields (index, output) as the choices produce them; an error of one ends it, and
+    ``close`` aborts every unfinished one.
+    """
+
+    def __init__(self, generations: list[Generation]) -> None:
+        self.generations = generations
+        self._pumps: list[asyncio.Task] = []
+
+    @classmethod
+    async def admit(cls, engine: Engine, prepared: Prepared, timer: Callable[[], RequestTimer],
+                    energy: Any = None) -> Choices:
+        generations: list[Generation] = []
+        admitting: list[asyncio.Future] = []
+        try:
+            first = Generation(engine, choice_prepared(prepared, 0), timer(), energy)
+            generations.append(first)
+            await first.admit()
+            for i in range(1, prepared.n):
+                generation = Generation(engine, choice_prepared(prepared, i), timer(), energy)
+                generation.counts_prompt = False  # usage and /metrics count the prompt once
+                generations.append(generation)
+                admitting.append(asyncio.ensure_future(generation.admit()))
+            for result in await asyncio.gather(*admitting, return_exceptions=True):
+                if isinstance(result, BaseException):
+                    raise result
+        except BaseException as exc:
+            if isinstance(exc, QueueFullError | InvalidRequestError):
+                for generation in generations:  # rejected once (429, 400): no finish per choice
+                    generation.counts_abort = False
+            for task in admitting:
+                task.cancel()
+            await asyncio.gather(*admitting, return_exceptions=True)
+            await asyncio.gather(*(g.close() for g in generations), return_exceptions=True)
+            raise
+        return cls(generations)
+
+    async def outputs(self) -> AsyncIterator[tuple[int, Any]]:
+        if len(self.generations) == 1:
+            async for out in self.generations[0].outputs():
+                yield 0, out
+            return
+        queue: asyncio.Queue[tuple[int, Any]] = asyncio.Queue()
+        done = object()
+
+        async def pump(index: int, generation: Generation) -> None:
+            try:
+                async for out in generation.outputs():
+                    queue.put_nowait((index, out))
+            except Exception as exc:  # noqa: BLE001 - handed to the reader, who ends the request
+                queue.put_nowait((index, exc))
+            else:
+                queue.put_nowait((index, done))
+
+        self._pumps = [asyncio.create_task(pump(i, g)) for i, g in enumerate(self.generations)]
+        try:
+            remaining = len(self._pumps)
+            while remaining:
+                index, item = await queue.get()
+                if item is done:
+                    remaining -= 1
+                elif isinstance(item, Exception):
+                    raise item
+                else:
+                    yield index, item
+        finally:
+            await self._stop_pumps()
+
+    async def _stop_pumps(self) -> None:
+        pumps, self._pumps = self._pumps, []
+        for task in pumps:
+            task.cancel()
+        await asyncio.gather(*pumps, return_exceptions=True)
+
+    @property
+    def lasts(self) -> list[Any]:
+        """Each choice's last output (None for one that gave none)."""
+        return [g.last for g in self.generations]
+
+    async def close(self) -> None:
+        """Abort every unfinished choice, at once (one engine step answers all the aborts)."""
+        await self._stop_pumps()
+        await asyncio.gather(*(g.close() for g in self.generations), return_exceptions=True)

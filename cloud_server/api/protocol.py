@@ -110,6 +110,14 @@ class CloudChatCompletionRequest(ChatCompletionRequest):
         """None: no log-probabilities; N: each token's and its N most likely alternatives."""
         return (self.top_logprobs or 0) if self.logprobs else None
 
+    # n choices, each its own engine request (serving.py); the proxy's model refuses n > 1
+    n: Annotated[int, Field(ge=1, le=128), _INTEGRAL] = 1
+
+    @field_validator("n")
+    @classmethod
+    def _one_choice(cls, value: int) -> int:
+        return value
+
 
 class CloudCompletionRequest(CompletionRequest):
     """A legacy completions body with ``logprobs`` (0..5 alternatives per token) served."""
@@ -136,6 +144,14 @@ class CloudCompletionRequest(CompletionRequest):
 
     def num_logprobs(self) -> int | None:
         return self.logprobs
+
+    # n choices, each its own engine request (serving.py); the proxy's model refuses n > 1
+    n: Annotated[int, Field(ge=1, le=128), _INTEGRAL] = 1
+
+    @field_validator("n")
+    @classmethod
+    def _one_choice(cls, value: int) -> int:
+        return value
 
 
 __all__ = [

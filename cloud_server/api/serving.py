@@ -11,37 +11,63 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import time
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
+from cloud_server.energy import energy_report
 from cloud_server.engine.sampling_params import SamplingParams
 from cloud_server.exceptions import ContextLengthError, InvalidRequestError, ServerError
-from hybridllm.wire.responses import DONE, ChunkWriter, chat_completion, error_event, text_completion
+from hybridllm.wire.responses import (
+    DONE,
+    ChunkWriter,
+    chat_choice,
+    chat_completion,
+    error_event,
+    text_choice,
+    text_completion,
+)
 
 from .errors import error_body, error_kind
-from .generation import Engine, Generation, Prepared, _ClosingEvents
+from .generation import Choices, Engine, Prepared, _ClosingEvents
 from .logprobs import chat_logprobs, text_logprobs
-from .metrics import ServerMetrics
+from .metrics import RequestTimer, ServerMetrics
 from .protocol import ChatCompletionRequest, CompletionRequest
 
 logger = logging.getLogger("cloud_server.api")
 
 
-def usage_of(out: Any) -> dict[str, Any]:
+def usage_of(out: Any, *more: Any) -> dict[str, Any]:
+    """The usage of a response from its choices' last outputs: the prompt (and its cached tokens,
+    choice 0's lookup) counted once, the completion tokens and the energy summed over choices."""
+    outs = (out, *more)
+    completion = sum(o.num_output_tokens for o in outs)
     usage: dict[str, Any] = {
         "prompt_tokens": out.num_prompt_tokens,
-        "completion_tokens": out.num_output_tokens,
-        "total_tokens": out.num_prompt_tokens + out.num_output_tokens,
+        "completion_tokens": completion,
+        "total_tokens": out.num_prompt_tokens + completion,
     }
     cached = getattr(out, "num_cached_tokens", None)
     if cached is not None:
         usage["prompt_tokens_details"] = {"cached_tokens": cached}
-    energy = getattr(out, "energy", None)  # joules, joules_per_output_token, source
-    if energy:
+    energy = getattr(out, "energy", None) if not more else _energy_of(outs, completion)
+    if energy:  # joules, joules_per_output_token, source
         usage["energy"] = energy
     return usage
+
+
+def _energy_of(outs: tuple[Any, ...], num_output_tokens: int) -> dict[str, Any] | None:
+    """The request's energy: the sum of its choices' (each its share of what the source measured
+    while it ran); none unless every choice has a figure."""
+    reports = [getattr(o, "energy", None) for o in outs]
+    joules = [r.get("joules") if isinstance(r, dict) else None for r in reports]
+    if not all(isinstance(j, int | float) and not isinstance(j, bool) and math.isfinite(j) and j >= 0
+               for j in joules):
+        return None
+    sources = sorted({str(r.get("source") or "unknown") for r in reports if isinstance(r, dict)})
+    return energy_report(sum(joules), num_output_tokens, "+".join(sources))  # type: ignore[arg-type]
 
 
 class OpenAIServing:
@@ -122,58 +148,68 @@ class OpenAIServing:
             created=int(time.time()),
             logprobs=params.logprobs is not None,
             arrival=arrival,
+            n=req.n,
         )
 
-    async def admit(self, prepared: Prepared) -> Generation:
-        generation = Generation(self.engine, prepared, self.metrics.request_timer(prepared.arrival),
-                                energy=self.metrics.energy)
-        await generation.admit()
-        return generation
+    async def admit(self, prepared: Prepared) -> Choices:
+        def timer() -> RequestTimer:  # one per choice: each is an engine request in /metrics
+            return self.metrics.request_timer(prepared.arrival)
+
+        return await Choices.admit(self.engine, prepared, timer, energy=self.metrics.energy)
 
     # -- responses -----------------------------------------------------------------------------
 
-    async def full_response(self, prepared: Prepared, generation: Generation) -> dict[str, Any]:
-        parts: list[str] = []
-        entries: list[Any] = []
+    async def full_response(self, prepared: Prepared, choices: Choices) -> dict[str, Any]:
+        """The whole answer, every choice; an error of one is the request's (no half answer)."""
+        n = len(choices.generations)
+        parts: list[list[str]] = [[] for _ in range(n)]
+        entries: list[list[Any]] = [[] for _ in range(n)]
         try:
-            async for out in generation.outputs():
-                parts.append(out.delta_text)
-                entries += getattr(out, "logprobs", None) or []
+            async for i, out in choices.outputs():
+                parts[i].append(out.delta_text)
+                entries[i] += getattr(out, "logprobs", None) or []
         finally:
-            await generation.close()
-        last = generation.last
-        if last is None:
+            await choices.close()
+        lasts = choices.lasts
+        if any(last is None for last in lasts):
             raise ServerError("the engine returned no output")
-        build = chat_completion if prepared.kind == "chat" else text_completion
-        return build(
+        chat = prepared.kind == "chat"
+        build, choice = (chat_completion, chat_choice) if chat else (text_completion, text_choice)
+        body = build(
             id=prepared.request_id,
             created=prepared.created,
             model=self.model_name,
-            text="".join(parts),
-            finish_reason=last.finish_reason or "stop",
-            usage=usage_of(last),
-            logprobs=self._logprobs(prepared, entries),
+            text="".join(parts[0]),
+            finish_reason=lasts[0].finish_reason or "stop",
+            usage=usage_of(*lasts),
+            logprobs=self._logprobs(prepared, entries[0]),
         )
+        body["choices"] += [choice("".join(parts[i]), lasts[i].finish_reason or "stop",
+                                   self._logprobs(prepared, entries[i]), index=i) for i in range(1, n)]
+        return body
 
-    def stream_events(self, prepared: Prepared, generation: Generation) -> AsyncIterator[str]:
-        """The SSE events of ``generation``; closing them ends it, even if none was ever sent."""
-        return _ClosingEvents(self._events(prepared, generation), generation)
+    def stream_events(self, prepared: Prepared, choices: Choices) -> AsyncIterator[str]:
+        """The SSE events of ``choices``; closing them ends it, even if none was ever sent."""
+        return _ClosingEvents(self._events(prepared, choices), choices)
 
-    async def _events(self, prepared: Prepared, generation: Generation) -> AsyncIterator[str]:
+    async def _events(self, prepared: Prepared, choices: Choices) -> AsyncIterator[str]:
+        """Each choice's chunks carry its index; they interleave as the choices produce them."""
         chat = prepared.kind == "chat"
         writer = ChunkWriter(id=prepared.request_id, created=prepared.created, model=self.model_name,
                              chat=chat, include_usage=prepared.include_usage)
         try:
             if chat:
-                yield writer.role()
-            async for out in generation.outputs():
+                for i in range(len(choices.generations)):
+                    yield writer.role(index=i)
+            async for i, out in choices.outputs():
                 entries = getattr(out, "logprobs", None) or []
                 if out.delta_text or entries:  # each chunk carries the entries of its tokens
-                    yield writer.text(out.delta_text, self._logprobs(prepared, entries))
+                    yield writer.text(out.delta_text, self._logprobs(prepared, entries), index=i)
                 if out.finished:
-                    yield writer.finish(out.finish_reason or "stop")
-            if prepared.include_usage and generation.last is not None:
-                yield writer.usage(usage_of(generation.last))
+                    yield writer.finish(out.finish_reason or "stop", index=i)
+            lasts = choices.lasts
+            if prepared.include_usage and all(last is not None for last in lasts):
+                yield writer.usage(usage_of(*lasts))
             yield DONE
         except Exception as exc:
             # Headers are gone already: report in-band, as OpenAI does, then end the stream. A
@@ -187,7 +223,7 @@ class OpenAIServing:
                 message, param = "The server had an error while streaming.", None
             yield error_event(error_body(message, kind, param=param))
         finally:
-            await generation.close()
+            await choices.close()
 
     def _logprobs(self, prepared: Prepared, entries: list[Any]) -> dict[str, Any] | None:
         if not prepared.logprobs:

@@ -34,6 +34,23 @@ def usage_dict(prompt_tokens: int, completion_tokens: int, cached_tokens: int | 
     return usage
 
 
+def chat_choice(text: str, finish_reason: str, logprobs: dict[str, Any] | None = None,
+                index: int = 0) -> dict[str, Any]:
+    """One entry of a chat answer's ``choices`` (``index``: which of the request's ``n``)."""
+    return {
+        "index": index,
+        "message": {"role": "assistant", "content": text},
+        "logprobs": logprobs,
+        "finish_reason": finish_reason,
+    }
+
+
+def text_choice(text: str, finish_reason: str, logprobs: dict[str, Any] | None = None,
+                index: int = 0) -> dict[str, Any]:
+    """One entry of a legacy completion's ``choices``."""
+    return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
+
+
 def chat_completion(
     *,
     id: str,
@@ -45,12 +62,7 @@ def chat_completion(
     logprobs: dict[str, Any] | None = None,
     **extra: Any,
 ) -> dict[str, Any]:
-    choice = {
-        "index": 0,
-        "message": {"role": "assistant", "content": text},
-        "logprobs": logprobs,
-        "finish_reason": finish_reason,
-    }
+    choice = chat_choice(text, finish_reason, logprobs)
     return {
         "id": id,
         "object": "chat.completion",
@@ -73,7 +85,7 @@ def text_completion(
     usage: dict[str, Any],
     logprobs: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    choice = {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
+    choice = text_choice(text, finish_reason, logprobs)
     return {
         "id": id,
         "object": "text_completion",
@@ -87,7 +99,8 @@ def text_completion(
 
 class ChunkWriter:
     """The SSE events of one streamed answer: ``role()`` first (chat), ``text()`` per delta,
-    ``finish()``, ``usage()`` when asked for, then ``DONE``."""
+    ``finish()``, ``usage()`` when asked for, then ``DONE``. ``index``: the choice an event belongs
+    to (the cloud server's ``n`` > 1 interleaves its choices' events)."""
 
     def __init__(self, *, id: str, created: int, model: str, chat: bool, include_usage: bool) -> None:
         self.chat = chat
@@ -101,26 +114,26 @@ class ChunkWriter:
         }
 
     def _event(self, text: str | None, finish: str | None, role: bool = False,
-               logprobs: dict[str, Any] | None = None, **extra: Any) -> str:
+               logprobs: dict[str, Any] | None = None, index: int = 0, **extra: Any) -> str:
         if self.chat:
             delta: dict[str, Any] = {"role": "assistant"} if role else {}
             if text is not None:
                 delta["content"] = text
-            choice = {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
+            choice = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
         else:
-            choice = {"index": 0, "text": text or "", "logprobs": logprobs, "finish_reason": finish}
+            choice = {"index": index, "text": text or "", "logprobs": logprobs, "finish_reason": finish}
         usage_null = {"usage": None} if self.include_usage else {}
         return sse_event({**self.base, "choices": [choice], **usage_null, **extra})
 
-    def role(self) -> str:
-        return self._event("", None, role=True)
+    def role(self, index: int = 0) -> str:
+        return self._event("", None, role=True, index=index)
 
-    def text(self, text: str, logprobs: dict[str, Any] | None = None) -> str:
+    def text(self, text: str, logprobs: dict[str, Any] | None = None, index: int = 0) -> str:
         """A text delta; ``logprobs``: the entries of the tokens it carries (cloud server only)."""
-        return self._event(text, None, logprobs=logprobs)
+        return self._event(text, None, logprobs=logprobs, index=index)
 
-    def finish(self, reason: str, **extra: Any) -> str:
-        return self._event(None, reason, **extra)
+    def finish(self, reason: str, index: int = 0, **extra: Any) -> str:
+        return self._event(None, reason, index=index, **extra)
 
     def usage(self, usage: dict[str, Any]) -> str:
         return sse_event({**self.base, "choices": [], "usage": usage})

@@ -111,7 +111,7 @@ def _stats(path: Path, cfg: Any) -> dict:
 
     verifier, threshold, min_similarity = _verifier_info(cfg.cache_verifier)
     stats: dict[str, Any] = {"path": str(path), "entries": 0, "expired": 0, "namespaces": {},
-                             "size_bytes": 0, "total_hits": 0, "total_misses": 0}
+                             "size_bytes": 0, "total_hits": 0, "total_misses": 0, "damaged_entries": 0}
     if _holds_cache(path):
         store = _open_store(path)
         try:
@@ -120,6 +120,7 @@ def _stats(path: Path, cfg: Any) -> dict:
             stats["entries"] = sum(stats["namespaces"].values())
             stats["expired"] = store.count() - stats["entries"]
             stats["total_hits"], stats["total_misses"] = store.lookup_counts()
+            stats["damaged_entries"] = store.damaged_count()
         finally:
             store.close()
         stats["size_bytes"] = sum(p.stat().st_size for p in (path, Path(f"{path}-wal")) if p.exists())
@@ -151,6 +152,9 @@ def cmd_stats(args: argparse.Namespace) -> int:
     print(f"ttl:         {stats['ttl_s']} s" if stats["ttl_s"] else "ttl:         none")
     print(f"lookups:     {stats['total_hits']} hits, {stats['total_misses']} misses "
           f"(hit rate {stats['total_hit_rate']:.1%})")
+    damaged = stats["damaged_entries"]
+    print(f"damaged:     {damaged} entr{'y' if damaged == 1 else 'ies'} found damaged and removed"
+          if damaged else "damaged:     none found")
     threshold = "" if stats["threshold"] is None else f", threshold {stats['threshold']:.3f}"
     similarity = "" if stats["min_similarity"] is None else f", min similarity {stats['min_similarity']:.2f}"
     print(f"verifier:    {stats['verifier']}{threshold}{similarity}")

@@ -100,7 +100,7 @@ class _Mirror:
         self._store.unreadable.clear()
         self._forget(bad)
         try:
-            self._store.delete(bad)
+            self._store.delete(bad, damaged=True)
         except CacheError:
             return
         self._seen()

@@ -324,7 +324,7 @@ def _first_problem(report: list[str]) -> str:
     return f"{problems[0]} (and {len(problems) - 1} more reported)"  # SQLite stops at 100
 
 
-_META_KEYS = frozenset({"format", "version", "dim", "hits", "misses"})
+_META_KEYS = frozenset({"format", "version", "dim", "hits", "misses", "damaged"})
 
 
 def _damaged_meta(meta: dict) -> bool:

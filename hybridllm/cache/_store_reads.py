@@ -231,6 +231,15 @@ class _StoreReads:
             counts[name] = counts.get(name, 0) + int(n)
         return counts
 
+    def damaged_count(self) -> int:
+        """The rows found damaged and removed, by every process, since the file was made or last
+        cleared (a meta key: files without it read 0, and older versions ignore it)."""
+        row = self._conn.execute("SELECT value FROM cache_meta WHERE key = 'damaged'").fetchone()
+        try:
+            return int(row[0]) if row else 0
+        except (TypeError, ValueError):
+            return 0
+
     def lookup_counts(self) -> tuple[int, int]:
         """The hits and misses counted in the file."""
         rows = dict(self._conn.execute("SELECT key, value FROM cache_meta WHERE key IN ('hits', 'misses')"))

@@ -67,8 +67,8 @@ class _StoreWrites(_StoreReads):
         with self._write():
             self._add_counts(hits, misses)
 
-    def _add_counts(self, hits: int, misses: int) -> None:
-        for key, n in (("hits", hits), ("misses", misses)):
+    def _add_counts(self, hits: int, misses: int, damaged: int = 0) -> None:
+        for key, n in (("hits", hits), ("misses", misses), ("damaged", damaged)):
             if n:
                 self._conn.execute(
                     "INSERT INTO cache_meta VALUES (?, ?) ON CONFLICT(key) DO UPDATE "
@@ -76,17 +76,22 @@ class _StoreWrites(_StoreReads):
                     (key, n),
                 )
 
-    def delete(self, entry_ids: list[str]) -> int:
+    def delete(self, entry_ids: list[str], *, damaged: bool = False) -> int:
+        """Delete the entries; ``damaged``: rows found damaged, added to the file's count of them
+        (``damaged_count``) as many as this write removed, so two processes that found one row
+        count it once."""
         if not entry_ids:
             return 0
         clean = [(i,) for i in entry_ids if not _damaged(i)]
         with self._write():
             removed = self._conn.executemany("DELETE FROM entries WHERE id = ?", clean).rowcount
-            if damaged := [(raw,) for i in entry_ids if _damaged(i) and (raw := _raw_id(i)) is not None]:
+            if damaged_ids := [(raw,) for i in entry_ids if _damaged(i) and (raw := _raw_id(i)) is not None]:
                 # an id that is not UTF-8 (see id_of), found by its bytes
                 sql = "DELETE FROM entries WHERE CAST(id AS BLOB) = ?"
-                removed += self._conn.executemany(sql, damaged).rowcount
+                removed += self._conn.executemany(sql, damaged_ids).rowcount
             self._log(entry_ids)
+            if damaged:
+                self._add_counts(0, 0, removed)
             return removed
 
     def expired_ids(self, before: float) -> list[str]:
@@ -116,7 +121,7 @@ class _StoreWrites(_StoreReads):
             if namespace is None:
                 ids = [id_of(r[0]) for r in self._conn.execute("SELECT id FROM entries")]
                 self._conn.execute("DELETE FROM entries")
-                self._conn.execute("DELETE FROM cache_meta WHERE key IN ('hits', 'misses')")
+                self._conn.execute("DELETE FROM cache_meta WHERE key IN ('hits', 'misses', 'damaged')")
             else:
                 sql = "SELECT id FROM entries WHERE namespace = ?"
                 ids = [id_of(r[0]) for r in self._conn.execute(sql, (namespace,))]

@@ -245,8 +245,9 @@ class SemanticCache(_Writes):
 
     def stats(self) -> dict:
         """Live entries (expired ones not counted) per namespace, file size, and lookups: ``hits``
-        and ``misses`` of this object, ``total_hits`` and ``total_misses`` of every process that
-        used the file since it was created or cleared."""
+        and ``misses`` of this object, ``total_hits``, ``total_misses`` and ``damaged_entries``
+        (rows found damaged and removed) of every process that used the file since it was
+        created or cleared."""
         with self._lock:
             self._sync()
             size = sum(p.stat().st_size for p in (self.path, Path(f"{self.path}-wal")) if p.exists())
@@ -271,6 +272,8 @@ class SemanticCache(_Writes):
                 "total_hit_rate": total_hits / total if total else 0.0,
                 # rows this object found failing their checksum: each a miss, removed, logged once
                 "checksum_failures": self._store.checksum_failures,
+                # rows found damaged and removed by every process (the file's count, as total_hits)
+                "damaged_entries": self._store.damaged_count(),
                 "verifier": "cosine" if self.verifier is None else self.verifier.kind,
                 "threshold": None if self.verifier is None else self.verifier.threshold,
                 "min_similarity": self.min_similarity,

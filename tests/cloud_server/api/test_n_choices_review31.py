@@ -412,3 +412,20 @@ def test_a_client_gone_while_choices_are_admitted_leaves_nothing_behind(engine: 
     loop = engine._loop_task.get_loop()  # type: ignore[union-attr]
     asyncio.run_coroutine_threadsafe(main(), loop).result(timeout=30)
     _idle(engine)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_each_choice_has_its_own_logprobs(client: Any, stream: bool) -> None:
+    kw: dict[str, Any] = dict(model=MODEL, prompt=PROMPT, n=2, seed=9, logprobs=1, **SAMPLED)
+    if not stream:
+        body = client.completions.create(**kw)
+        texts = _texts(body.choices, chat=False)
+        tokens = [c.logprobs.tokens for c in body.choices]
+    else:
+        chunks = list(client.completions.create(**kw, stream=True))
+        texts = ["".join(c.choices[0].text for c in chunks if c.choices[0].index == i) for i in range(2)]
+        tokens = [[t for c in chunks if c.choices[0].index == i and c.choices[0].logprobs
+                   for t in c.choices[0].logprobs.tokens] for i in range(2)]
+    assert texts[0] != texts[1]
+    assert ["".join(t) for t in tokens] == texts  # each choice's entries are its own tokens'
+    assert [len(t) for t in tokens] == [8, 8]

@@ -21,10 +21,11 @@ from cloud_server.api.server import create_app
 from cloud_server.api.serving import usage_of
 from cloud_server.config import EngineConfig
 from cloud_server.engine.async_engine import AsyncLLMEngine
-from cloud_server.exceptions import EngineError
+from cloud_server.exceptions import EngineError, QueueFullError
 
 from ..engine._tiny_model import tiny_config, tiny_model, tiny_runner, tiny_weights
 from ..engine.test_fuzz_fake_batching8 import make_engine
+from .fake_engine import FakeEngine
 from .helpers import ThreadServer, metric_value, sse_payloads
 
 openai = pytest.importorskip("openai")
@@ -429,3 +430,60 @@ def test_each_choice_has_its_own_logprobs(client: Any, stream: bool) -> None:
     assert texts[0] != texts[1]
     assert ["".join(t) for t in tokens] == texts  # each choice's entries are its own tokens'
     assert [len(t) for t in tokens] == [8, 8]
+
+
+class _Replicas(FakeEngine):
+    """As the cluster's front end: choice ``refuse`` is refused at its first output (a replica's
+    queue full), and each answer's last output carries its replica's energy report."""
+
+    refuse: int | None = None
+
+    def generate(self, request_id: str, prompt: Any, params: Any, on_scheduled: Any = None
+                 ) -> AsyncIterator[Any]:
+        if self.refuse is not None and request_id.endswith(f"-{self.refuse}"):
+            async def refused() -> AsyncIterator[Any]:
+                raise QueueFullError("the replica's queue is full", retry_after_s=1.0)
+                yield
+
+            return refused()
+        inner = super().generate(request_id, prompt, params)
+        joules = 1.5 if request_id.endswith("-0") else 2.5
+
+        async def reported() -> AsyncIterator[Any]:
+            async for out in inner:
+                if out.finished:
+                    out.energy = {"joules": joules, "source": "nvml", "joules_per_output_token": 0.1}
+                yield out
+
+        return reported()
+
+
+def test_cluster_style_refusal_and_replica_energy() -> None:
+    engine = _Replicas(step_s=0.01)
+    srv = ThreadServer(create_app(lambda: engine, energy="remote")).start()
+    try:
+        body = {"model": "fake-model", "prompt": "hi", "max_tokens": 20, "ignore_eos": True}
+        engine.refuse = 2
+        # 300 tokens take 3 s: choices 0 and 1 end long before unless they are aborted
+        refused = httpx.post(f"{srv.url}/v1/completions", json={**body, "n": 3, "max_tokens": 300},
+                             timeout=30)
+        assert refused.status_code == 429, refused.text
+        deadline = time.monotonic() + 1.5
+
+        def whole() -> bool:
+            return not engine.live and engine.num_free_blocks == engine.num_total_blocks
+
+        while not whole() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert whole()  # choices 0 and 1 were aborted: the fake's pool is whole
+        text = httpx.get(f"{srv.url}/metrics").text
+        assert metric_value(text, "hybridllm_requests_rejected_total", status="429") == 1
+        assert metric_value(text, "hybridllm_requests_finished_total", finish_reason="abort") is None
+        engine.refuse = None
+        served = httpx.post(f"{srv.url}/v1/completions", json={**body, "n": 2}, timeout=30).json()
+        assert served["usage"]["energy"] == {"joules": 4.0, "source": "nvml",
+                                             "joules_per_output_token": 0.1}  # 4 J over 40 tokens
+        text = httpx.get(f"{srv.url}/metrics").text
+        assert metric_value(text, "hybridllm_energy_joules_total", source="nvml") == 4.0
+    finally:
+        srv.stop()

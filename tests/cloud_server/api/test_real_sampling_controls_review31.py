@@ -9,9 +9,11 @@ import math
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 
-from .helpers import free_port, spawn_server, stop_process, wait_healthy_url
+from ..kernels import engine_kernels
+from .helpers import free_port, metric_value, spawn_server, stop_process, wait_healthy_url
 
 pytestmark = pytest.mark.real
 openai = pytest.importorskip("openai")
@@ -98,3 +100,28 @@ def test_min_p_keeps_only_tokens_near_the_top(client) -> None:
 
     assert below({"min_p": m}) == 0
     assert below({}) > 0  # without it, a seeded draw at T 1.5 does go below the floor
+
+
+def test_speculation_keeps_the_penalised_greedy_output(client) -> None:
+    """Prompt lookup on a repeating text drafts every step; the penalties of each verified position
+    count the drafts before it, so the output is the one without speculation (to the token with
+    the engine's kernels; with torch's, a verified run can round a near tie the other way, as in
+    test_real_server_spec.py, so there the first half at least)."""
+    url = str(client.base_url).rstrip("/").removesuffix("/v1")
+    drafted = "hybridllm_spec_decode_num_draft_tokens_total"
+
+    def tokens(method: str) -> list[str]:
+        r = client.completions.create(
+            model=MODEL, prompt=CATS, temperature=0, max_tokens=24, logprobs=0, frequency_penalty=0.3,
+            extra_body={"ignore_eos": True, "repetition_penalty": 1.2, "speculative_method": method,
+                        "num_speculative_tokens": 4})
+        return r.choices[0].logprobs.tokens
+
+    plain = tokens("none")
+    before = metric_value(httpx.get(f"{url}/metrics", timeout=10).text, drafted, model=MODEL) or 0.0
+    got = tokens("ngram")
+    assert (metric_value(httpx.get(f"{url}/metrics", timeout=10).text, drafted, model=MODEL) or 0.0) > before
+    if engine_kernels():
+        assert got == plain
+    else:
+        assert got[: len(plain) // 2] == plain[: len(plain) // 2], (got, plain)

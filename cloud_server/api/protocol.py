@@ -31,7 +31,8 @@ from hybridllm.wire.requests import (
 Penalty = Annotated[Unit, Field(ge=-2.0, le=2.0)]  # OpenAI's bounds; 0 is off
 # OpenAI's: token ids (as JSON keys, strings) to biases in -100..100, at most 300 of them
 LogitBias = Annotated[dict[str, Annotated[Unit, Field(ge=-100.0, le=100.0)]],
-                      Field(json_schema_extra={"maxProperties": MAX_LOGIT_BIAS})]
+                      Field(json_schema_extra={"maxProperties": MAX_LOGIT_BIAS,
+                                               "propertyNames": {"pattern": "^[0-9]+$"}})]
 
 
 def _bias_keys(value: dict[str, float] | None) -> dict[str, float] | None:

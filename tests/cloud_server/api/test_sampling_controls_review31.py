@@ -146,3 +146,7 @@ def test_the_schema_documents_the_controls_as_served(client: httpx.Client) -> No
         text = str({k: props[k] for k in ("presence_penalty", "frequency_penalty", "logit_bias", "min_p",
                                             "repetition_penalty")})
         assert "'maximum': 0" not in text and "'enum': [0" not in text, (name, text)
+        # the keys' rule and the bound, for generated clients and fuzzers
+        bias = next(alt for alt in props["logit_bias"]["anyOf"] if alt.get("type") == "object")
+        bias = {**props["logit_bias"], **bias}
+        assert bias["maxProperties"] == 300 and bias["propertyNames"] == {"pattern": "^[0-9]+$"}, bias

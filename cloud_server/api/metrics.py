@@ -48,7 +48,8 @@ _ENGINE_SERIES: dict[str, tuple[str, str, str]] = {
     ),
     "prefix_cache_hits": (
         "prefix_cache_hits",
-        "Prompt tokens found in the prefix cache (the sum of the responses' cached_tokens).",
+        "Prompt tokens found in the prefix cache (each request once; each of an n > 1 "
+        "response's choices is a request, its usage.cached_tokens is choice 0's).",
         "counter",
     ),
     "num_preemptions": ("num_preemptions", "Sequences preempted for lack of KV blocks.", "counter"),

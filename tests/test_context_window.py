@@ -22,6 +22,7 @@ from hybridllm._types import GenerationParams, Messages, Usage, last_user_text
 from hybridllm.backends.base import Delta, DeviceBackend
 from hybridllm.backends.fake import FakeBackend
 from hybridllm.prompts import PromptFormat
+from tests._open_clients import close_clients_left_open  # noqa: F401 - an autouse fixture
 
 
 class WordDevice(DeviceBackend):

@@ -14,6 +14,7 @@ from hybridllm._types import last_user_text
 from hybridllm.backends.base import Delta
 from hybridllm.backends.fake import FakeBackend
 from hybridllm.router import RoutingPolicy
+from tests._open_clients import close_clients_left_open  # noqa: F401 - an autouse fixture
 
 PROMPT = "Write to jane.doe@example.com and cc bob@example.org about the invoice."
 

@@ -17,6 +17,7 @@ from hybridllm import (
 )
 from hybridllm._types import last_user_text
 from hybridllm.backends.fake import FakeBackend
+from tests._open_clients import close_clients_left_open  # noqa: F401 - an autouse fixture
 
 
 class FakeCache:

@@ -7,6 +7,7 @@ import pytest
 
 from hybridllm import CloudUnavailableError, HybridLLM, RouterError
 from hybridllm.backends.fake import FakeBackend
+from tests._open_clients import close_clients_left_open  # noqa: F401 - an autouse fixture
 from tests.test_pipeline import FakeCache, FakePolicy, FlakyCloud, make
 
 

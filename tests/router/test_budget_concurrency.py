@@ -14,6 +14,7 @@ from hybridllm._types import Usage, last_user_text
 from hybridllm.backends.base import Delta
 from hybridllm.backends.fake import FakeBackend
 from hybridllm.router.budget import Budget
+from tests._open_clients import close_clients_left_open  # noqa: F401 - an autouse fixture
 
 
 class CloudRouter:

@@ -200,6 +200,9 @@ def choice_prepared(prepared: Prepared, index: int) -> Prepared:
     return dataclasses.replace(prepared, request_id=f"{prepared.request_id}-{index}", params=params)
 
 
+_DONE = object()  # a choice's pump: its outputs are all in the queue
+
+
 class Choices:
     """The ``n`` engine requests of one response (``n`` = 1: one ``Generation``, iterated as it is).
 
@@ -208,65 +211,71 @@ class Choices:
     computed once, bar the tokens of its last partial block per choice. Each choice is checked
     against the queue as a request of its own (at ``generate`` and by the scheduler as it is
     added); a refusal of any is the whole request's (429 or 400), and the others are aborted.
-    ``outputs`` yields (index, output) as the choices produce them; an error of one ends it, and
-    ``close`` aborts every unfinished one.
+    The response starts once every choice has its first output; meanwhile the admitted choices
+    run on (a task per choice pulls its outputs into one queue), so with ``n`` past the batch the
+    later choices take the slots the earlier ones free, whether the engine runs its requests by
+    itself or only as they are read. ``outputs`` yields (index, output) as the choices produce
+    them; an error of one ends it, and ``close`` aborts every unfinished one.
     """
 
-    def __init__(self, generations: list[Generation]) -> None:
+    def __init__(self, generations: list[Generation], queue: asyncio.Queue | None = None,
+                 pumps: list[asyncio.Task] | None = None) -> None:
         self.generations = generations
-        self._pumps: list[asyncio.Task] = []
+        self._queue = queue
+        self._pumps = pumps or []
 
     @classmethod
     async def admit(cls, engine: Engine, prepared: Prepared, timer: Callable[[], RequestTimer],
                     energy: Any = None) -> Choices:
         generations: list[Generation] = []
-        admitting: list[asyncio.Future] = []
+        pumps: list[asyncio.Task] = []
+        admitted: list[asyncio.Future] = []
+        queue: asyncio.Queue[tuple[int, Any]] = asyncio.Queue()
         try:
             first = Generation(engine, choice_prepared(prepared, 0), timer(), energy)
             generations.append(first)
             await first.admit()
+            if prepared.n == 1:
+                return cls(generations)
+            pumps.append(asyncio.create_task(_pump(0, first, queue)))
+            loop = asyncio.get_running_loop()
             for i in range(1, prepared.n):
                 generation = Generation(engine, choice_prepared(prepared, i), timer(), energy)
                 generation.counts_prompt = False  # usage and /metrics count the prompt once
                 generations.append(generation)
-                admitting.append(asyncio.ensure_future(generation.admit()))
-            for result in await asyncio.gather(*admitting, return_exceptions=True):
-                if isinstance(result, BaseException):
-                    raise result
+                admitted.append(loop.create_future())
+                pumps.append(asyncio.create_task(_pump(i, generation, queue, admitted[-1])))
+            # the first refusal ends the wait (the others may wait for slots a long time)
+            done, _ = await asyncio.wait(admitted, return_when=asyncio.FIRST_EXCEPTION)
+            for future in done:
+                if future.cancelled():
+                    raise EngineError("a choice ended before it was admitted")
+                if (exc := future.exception()) is not None:
+                    raise exc
         except BaseException as exc:
             if isinstance(exc, QueueFullError | InvalidRequestError):
                 for generation in generations:  # rejected once (429, 400): no finish per choice
                     generation.counts_abort = False
-            for task in admitting:
+            for task in pumps:
                 task.cancel()
-            await asyncio.gather(*admitting, return_exceptions=True)
+            await asyncio.gather(*pumps, return_exceptions=True)
+            for future in admitted:  # each refusal read (asyncio logs an unread one)
+                if future.done() and not future.cancelled():
+                    future.exception()
             await asyncio.gather(*(g.close() for g in generations), return_exceptions=True)
             raise
-        return cls(generations)
+        return cls(generations, queue, pumps)
 
     async def outputs(self) -> AsyncIterator[tuple[int, Any]]:
-        if len(self.generations) == 1:
+        if self._queue is None:
             async for out in self.generations[0].outputs():
                 yield 0, out
             return
-        queue: asyncio.Queue[tuple[int, Any]] = asyncio.Queue()
-        done = object()
-
-        async def pump(index: int, generation: Generation) -> None:
-            try:
-                async for out in generation.outputs():
-                    queue.put_nowait((index, out))
-            except Exception as exc:  # noqa: BLE001 - handed to the reader, who ends the request
-                queue.put_nowait((index, exc))
-            else:
-                queue.put_nowait((index, done))
-
-        self._pumps = [asyncio.create_task(pump(i, g)) for i, g in enumerate(self.generations)]
         try:
             remaining = len(self._pumps)
             while remaining:
-                index, item = await queue.get()
-                if item is done:
+                index, item = await self._queue.get()
+                if item is _DONE:
                     remaining -= 1
                 elif isinstance(item, Exception):
                     raise item
@@ -290,3 +299,30 @@ class Choices:
         """Abort every unfinished choice, at once (one engine step answers all the aborts)."""
         await self._stop_pumps()
         await asyncio.gather(*(g.close() for g in self.generations), return_exceptions=True)
+
+
+async def _pump(index: int, generation: Generation, queue: asyncio.Queue,
+                admitted: asyncio.Future | None = None) -> None:
+    """Choice ``index``'s outputs into ``queue``, then ``_DONE`` (or its error); with ``admitted``,
+    admit it first and say how that went there (its refusal is the request's, not an output)."""
+    try:
+        if admitted is not None:
+            try:
+                await generation.admit()
+            except Exception as exc:  # noqa: BLE001 - the admitting request raises it
+                admitted.set_exception(exc)
+                return
+            admitted.set_result(None)
+        async for out in generation.outputs():
+            queue.put_nowait((index, out))
+        # closed at once, not with the response: an engine whose stream holds the request's batch
+        # slot until it is closed (one that runs requests only as they are read) frees it for the
+        # choices still waiting for one
+        await generation.close()
+    except Exception as exc:  # noqa: BLE001 - handed to the reader, who ends the request
+        queue.put_nowait((index, exc))
+    else:
+        queue.put_nowait((index, _DONE))
+    finally:
+        if admitted is not None and not admitted.done():
+            admitted.cancel()  # cancelled while admitting: the wait must not hang

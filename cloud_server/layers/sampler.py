@@ -28,6 +28,7 @@ OpenAI and vLLM report).
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -229,16 +230,18 @@ class Sampler:
                 index = (torch.tensor(rows, device=dev), torch.tensor(ids, device=dev))
                 logits.index_put_(index, torch.tensor(values, device=dev), accumulate=True)
         if penalised:
-            logits[penalised] = self._penalise(logits[penalised], [params[i] for i in penalised],
-                                               [histories[i] for i in penalised])
+            self._penalise(logits, penalised, [params[i] for i in penalised],
+                           [histories[i] for i in penalised])
         return logits
 
     @staticmethod
     def _penalise(
-        logits: torch.Tensor, params: list[SamplingParams], histories: list[TokenHistory | None]
-    ) -> torch.Tensor:
-        """Repetition, presence and frequency penalties of P rows: [P, V] in, [P, V] out."""
-        dev, (num, vocab) = logits.device, logits.shape
+        logits: torch.Tensor, rows: list[int], params: list[SamplingParams],
+        histories: list[TokenHistory | None],
+    ) -> None:
+        """Repetition, presence and frequency penalties of ``rows`` (their ``params`` and
+        ``histories``), in place on ``logits`` [N, V]."""
+        dev, vocab = logits.device, logits.shape[1]
         context_rows: list[torch.Tensor] = []
         output_rows: list[torch.Tensor] = []
         whole: dict[int, torch.Tensor] = {}  # one tensor per token list (a sequence's spec rows share it)
@@ -247,38 +250,52 @@ class Sampler:
                 raise ValueError("penalties need the row's token history")
             ids = whole.get(id(h.token_ids))
             if ids is None:
-                ids = whole[id(h.token_ids)] = torch.tensor(h.token_ids, dtype=torch.long, device=dev)
+                ids = whole[id(h.token_ids)] = _long_tensor(h.token_ids, dev)
             context_rows.append(ids[: h.end])
             output_rows.append(ids[h.num_prompt_tokens : h.end])
-        # ids past a cut draft head are tokens it never proposes: not counted
-        context = _row_index(context_rows, vocab)
-        output = _row_index(output_rows, vocab)
-        seen = torch.zeros(num * vocab, dtype=torch.bool, device=dev)
-        seen[context] = True
-        counts = torch.zeros(num * vocab, dtype=logits.dtype, device=dev)
-        counts.index_add_(0, output, torch.ones_like(output, dtype=logits.dtype))
-        seen, counts = seen.view(num, vocab), counts.view(num, vocab)  # [P, V]
-        r = torch.tensor([sp.repetition_penalty for sp in params], device=dev).unsqueeze(1)  # [P, 1]
-        pres = torch.tensor([sp.presence_penalty for sp in params], device=dev).unsqueeze(1)  # [P, 1]
-        freq = torch.tensor([sp.frequency_penalty for sp in params], device=dev).unsqueeze(1)  # [P, 1]
+        # ids past a cut draft head are tokens it never proposes: not counted. Only the entries
+        # of tokens a row has seen change, so the rules run on those (flat row * V + token
+        # indices), not on every [N, V] entry: the cost follows the histories' length. A token
+        # seen twice is written twice with the same value (both read the logit before the write)
+        row_of = torch.tensor(rows, device=dev)  # [P]: penalised row p is logits' row row_of[p]
+        seen, seen_p = _row_index(context_rows, row_of, vocab)  # [S], [S]
+        out_index, out_p = _row_index(output_rows, row_of, vocab)
+        emitted, where, counts = torch.unique(out_index, return_inverse=True, return_counts=True)  # [O]
+        emitted_p = torch.empty_like(emitted).scatter_(0, where, out_p)  # [O]: each one's p
+        r = torch.tensor([sp.repetition_penalty for sp in params], device=dev)  # [P]
+        pres = torch.tensor([sp.presence_penalty for sp in params], device=dev)  # [P]
+        freq = torch.tensor([sp.frequency_penalty for sp in params], device=dev)  # [P]
+        flat = logits.view(-1)  # [N * V], a view: writes land in logits
         # CTRL: on tokens seen in prompt or output, a positive logit / r, a negative one * r
         #   logit[t] = logit[t] / r if logit[t] > 0 else logit[t] * r     (t seen, r != 1)
         # OpenAI: logit[t] -= p * [count[t] > 0] + f * count[t]           (output tokens only)
-        repeated = torch.where(logits > 0, logits / r, logits * r)
-        logits = torch.where(seen & (r != 1.0), repeated, logits)
-        return logits - pres * (counts > 0) - freq * counts
+        row_r = r[seen_p]
+        seen, row_r = seen[row_r != 1.0], row_r[row_r != 1.0]
+        values = flat[seen]
+        flat[seen] = torch.where(values > 0, values / row_r, values * row_r)
+        flat[emitted] = flat[emitted] - pres[emitted_p] - freq[emitted_p] * counts.to(logits.dtype)
 
 
-def _row_index(rows: list[torch.Tensor], vocab: int) -> torch.Tensor:
-    """Flat indices row * vocab + token of every row's tokens below ``vocab``: [sum of lengths]."""
+def _long_tensor(ids: list[int], device: torch.device) -> torch.Tensor:
+    """``torch.tensor(ids)``, 4x faster on a long list (through a machine-word array)."""
+    if not ids:
+        return torch.empty(0, dtype=torch.long, device=device)
+    return torch.frombuffer(array("q", ids), dtype=torch.long).to(device)
+
+
+def _row_index(rows: list[torch.Tensor], row_of: torch.Tensor,
+               vocab: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Flat indices row_of[p] * vocab + token of each list p's tokens below ``vocab``, and each
+    one's p: two [sum of lengths] tensors."""
+    dev = row_of.device
     if not rows:
-        return torch.empty(0, dtype=torch.long)
-    dev = rows[0].device
+        return torch.empty(0, dtype=torch.long, device=dev), torch.empty(0, dtype=torch.long, device=dev)
     owner = torch.repeat_interleave(torch.arange(len(rows), device=dev),
                                     torch.tensor([len(r) for r in rows], device=dev))
     ids = torch.cat(rows)
     inside = ids < vocab
-    return (owner * vocab + ids)[inside]
+    owner, ids = owner[inside], ids[inside]
+    return row_of[owner] * vocab + ids, owner
 
 
 def _no_nan(tokens: list[int]) -> list[int]:

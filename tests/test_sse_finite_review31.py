@@ -89,4 +89,5 @@ def test_a_replicas_nan_energy_reaches_the_stream_as_null():
     payloads = [_strict(f + "\n\n") for f in frames[:-1]]
     usage = payloads[-1]["usage"]
     assert usage["completion_tokens"] == 3
-    assert usage["energy"] == {"joules": None, "source": "nvml", "joules_per_output_token": None}
+    # review 31 later: a report that is no number of joules is left out (usage_of), streamed or not
+    assert "energy" not in usage

@@ -52,7 +52,9 @@ def usage_of(out: Any, *more: Any) -> dict[str, Any]:
     cached = getattr(out, "num_cached_tokens", None)
     if cached is not None:
         usage["prompt_tokens_details"] = {"cached_tokens": cached}
-    energy = getattr(out, "energy", None) if not more else _energy_of(outs, completion)
+    # one choice too: a replica's report of NaN or negative joules is no figure (a non-streamed
+    # answer carrying it failed with a 500, JSON has no NaN; a stream carried null joules)
+    energy = _energy_of(outs, completion)
     if energy:  # joules, joules_per_output_token, source
         usage["energy"] = energy
     return usage

@@ -38,7 +38,7 @@ LOSES = {"stream_options": "the cloud reports no token count, so each answer's t
          "stop": "the client cuts each answer at its stop sequences itself and closes the stream there "
                  "(the call is then counted from what the cloud sent, ~4 characters a token)"}
 # how servers reject a field they do not know: OpenAI "Unrecognized request argument supplied: top_k",
-# pydantic "Extra inputs are not permitted", Google "Unknown name", our server "min_p is not supported"
+# pydantic "Extra inputs are not permitted", Google "Unknown name", one lacking it "min_p is not supported"
 UNKNOWN_WORDS = re.compile(r"unrecogni[sz]ed|unknown|unsupported|not supported|not permitted|not allowed"
                            r"|extra|unexpected|additional propert", re.IGNORECASE)
 # how a model refuses a field of OpenAI's API (narrower: "not allowed" may be a bad value's wording)

@@ -180,11 +180,11 @@ def test_vllm_gets_top_k_as_before_and_no_field_when_it_is_off(server, hits):
     assert "top_k" not in hits[1][1]
 
 
-def test_our_own_server_samples_as_before_and_answers_min_p_it_cannot_do():
+def test_our_own_server_samples_as_before_and_is_sent_min_p():
     """Our server over real HTTP (fake engine): the default top_k 40 still reaches the engine (the
     server turns top_k off when it is absent, so leaving it out would change its answers), and
-    min_p, which our engine lacks ("min_p is not supported by this server", HTTP 400), is dropped
-    and the request answered. Before: InvalidRequestError for every request that set min_p."""
+    min_p reaches the engine (our server serves it since review 31; before, it answered 400 "min_p
+    is not supported by this server" and the client dropped the field for good)."""
     from cloud_server.api.server import create_app
     from tests.cloud_server.api.fake_engine import FakeEngine
     from tests.cloud_server.api.helpers import ThreadServer
@@ -205,7 +205,9 @@ def test_our_own_server_samples_as_before_and_answers_min_p_it_cannot_do():
         assert cloud.generate(MSGS, GenerationParams(max_tokens=8, top_k=0)).text.strip()
         assert seen[-1].top_k in (-1, 0)  # off
         assert cloud.generate(MSGS, GenerationParams(max_tokens=8, top_k=9, min_p=0.1)).text.strip()
-        assert seen[-1].top_k == 9  # only the field it rejected was dropped
+        assert seen[-1].top_k == 9 and seen[-1].min_p == 0.1
+        assert cloud.generate(MSGS, GenerationParams(max_tokens=8, min_p=0.2)).text.strip()
+        assert seen[-1].min_p == 0.2  # still sent: never taken for a field the server lacks
         assert cloud.endpoints[0].breaker.state == "closed"
         cloud.close()
     finally:

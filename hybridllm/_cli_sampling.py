@@ -99,6 +99,11 @@ def _add_sampling(p: argparse.ArgumentParser) -> None:
                    help=f"drop tokens below min_p x the top one, 0 = off ({_setting('min_p')})")
     p.add_argument("--repeat-penalty", type=_sampling_value("repeat_penalty", float), default=None,
                    help=f"1 = off ({_setting('repeat_penalty')})")
+    p.add_argument("--presence-penalty", type=_sampling_value("presence_penalty", float), default=None,
+                   help="-2..2: lower a token's odds once it is in the answer, 0 = off (default: 0)")
+    p.add_argument("--frequency-penalty", type=_sampling_value("frequency_penalty", float),
+                   default=None, help="-2..2: lower a token's odds for each time it is in the answer, "
+                                      "0 = off (default: 0)")
     p.add_argument("--seed", type=_sampling_value("seed", int), default=None,
                    help="sampling seed, for repeatable answers "
                         f"({_setting('seed', 'none: a new draw each time')})")
@@ -117,6 +122,7 @@ def _sampling(args: argparse.Namespace) -> dict[str, Any]:
 
     options = {"max_tokens": args.max_tokens, "temperature": args.temperature, "top_p": args.top_p,
                "top_k": args.top_k, "min_p": args.min_p, "repeat_penalty": args.repeat_penalty,
+               "presence_penalty": args.presence_penalty, "frequency_penalty": args.frequency_penalty,
                "seed": args.seed, "stop": tuple(args.stop) if args.stop else None}
     if args.stop and len(args.stop) > MAX_STOP:  # a usage error naming the option, as the others
         raise _UsageError(f"argument --stop: at most {MAX_STOP} stop strings, got {len(args.stop)}.")

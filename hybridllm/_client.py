@@ -127,8 +127,8 @@ class HybridLLM(_Surface):
         """Answer ``messages`` (a string or OpenAI-style messages) and return the Completion.
 
         Keyword options: sampling (max_tokens, temperature, top_p, top_k, min_p,
-        repeat_penalty, seed, stop) and routing (route="edge"|"cloud", cache=False,
-        cascade=True|False, namespace="tenant").
+        repeat_penalty, presence_penalty, frequency_penalty, seed, stop) and routing
+        (route="edge"|"cloud", cache=False, cascade=True|False, namespace="tenant").
         """
         with self.stream(messages, **params) as stream:
             for _ in stream:

@@ -139,7 +139,11 @@ def private_repr(self: Any) -> str:
 class GenerationParams:
     """Sampling settings of one request, validated on construction.
 
-    ``top_k`` 0 and ``min_p`` 0 and ``repeat_penalty`` 1 turn those filters off. The cloud is sent
+    ``top_k`` 0 and ``min_p`` 0 and ``repeat_penalty`` 1 turn those filters off, as do
+    ``presence_penalty`` and ``frequency_penalty`` at 0 (OpenAI's, in [-2, 2]: a token's logit is
+    lowered by ``presence_penalty`` once it is in the answer so far, and by ``frequency_penalty`` for
+    each time it is; negative values favour repeats; sent to the cloud under their own names when
+    not 0). The cloud is sent
     ``top_k``, ``min_p`` and ``repetition_penalty`` (vLLM's names) when they are not off (a missing
     one is off to our server and to vLLM; the default ``top_k`` 40 is sent), and an endpoint that
     rejects one as unknown (a hosted API: HTTP 400 "Unrecognized request argument supplied: top_k")
@@ -158,6 +162,9 @@ class GenerationParams:
     # the caller's stop strings; in repr by their count and sizes only (user text)
     stop: tuple[str, ...] = field(default=(), metadata=USER_TEXT)
     logprobs: bool = False  # report the log-probability of each sampled token
+    # OpenAI's penalties over the answer's own tokens (0 = off); last, so positional use stays as it was
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
 
     __repr__ = private_repr
 
@@ -183,6 +190,10 @@ class GenerationParams:
         if not is_number(self.repeat_penalty) or not 0.0 < self.repeat_penalty <= 10.0:
             raise InvalidRequestError(
                 f"repeat_penalty must be in (0, 10] (1 = off), got {self.repeat_penalty!r}.")
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            if not is_number(value) or not -2.0 <= value <= 2.0:
+                raise InvalidRequestError(f"{name} must be in [-2, 2] (0 = off), got {value!r}.")
         if self.seed is not None and (not is_integer(self.seed) or not -(2**63) <= int(self.seed) < 2**64):
             raise InvalidRequestError(f"seed must be a 64-bit integer, got {self.seed!r}.")
         stop = self.stop
@@ -204,7 +215,8 @@ class GenerationParams:
         for name in ("max_tokens", "top_k", "seed"):
             if getattr(self, name) is not None:
                 object.__setattr__(self, name, int(getattr(self, name)))
-        for name in ("temperature", "top_p", "min_p", "repeat_penalty"):
+        for name in ("temperature", "top_p", "min_p", "repeat_penalty", "presence_penalty",
+                     "frequency_penalty"):
             object.__setattr__(self, name, float(getattr(self, name)))
 
     @property
@@ -226,9 +238,14 @@ class GenerationParams:
         """Every setting that changes an answer (keys the semantic cache); only ``logprobs``,
         which changes what is reported and not the text, is left out. The stop strings as a set: an
         answer is cut at the first match of any of them, so ``["a", "b"]``, ``["b", "a"]`` and
-        ``["a", "a", "b"]`` are one request."""
+        ``["a", "a", "b"]`` are one request. A penalty at 0 (off) is left out, so a request without
+        penalties keys the bucket it keyed before they existed (cache files written then still hit),
+        and one with a penalty never shares that bucket."""
         key = {f: getattr(self, f) for f in self.__dataclass_fields__ if f != "logprobs"}
         key["stop"] = sorted(set(self.stop))
+        for name in ("presence_penalty", "frequency_penalty"):
+            if key[name] == 0.0:  # -0.0 too
+                del key[name]
         return key
 
 

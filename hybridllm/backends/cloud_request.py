@@ -127,6 +127,11 @@ class _Requests(_Clients, _StatusVerdicts):
             body["min_p"] = params.min_p
         if params.repeat_penalty != 1.0:
             body["repetition_penalty"] = params.repeat_penalty
+        # OpenAI's own fields (hosted APIs take them): not optional, so a refusal stays an error
+        if params.presence_penalty != 0.0:
+            body["presence_penalty"] = params.presence_penalty
+        if params.frequency_penalty != 0.0:
+            body["frequency_penalty"] = params.frequency_penalty
         if params.seed is not None:
             body["seed"] = params.seed
         if params.stop:

@@ -282,9 +282,12 @@ class LlamaCppBackend(DeviceBackend):
         decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         matcher = StopMatcher(stops)
         n_out, finish = 0, "length"
+        # llama.cpp's penalties count the tokens its sampler drew (the answer, not the prompt),
+        # over its last 64 (last_n_tokens_size): presence and frequency as OpenAI's rule
         gen = llm.generate(  # lazy: nothing runs before the first next()
             tokens, temp=params.temperature, top_p=params.top_p, top_k=params.top_k,
             min_p=params.min_p, repeat_penalty=params.repeat_penalty, reset=True,
+            presence_penalty=params.presence_penalty, frequency_penalty=params.frequency_penalty,
         )
         try:
             with self._gate.enter():

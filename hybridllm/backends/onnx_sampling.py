@@ -1,4 +1,5 @@
-"""The next token from raw logits: repeat penalty, top-k, top-p, min-p, temperature, a seeded draw."""
+"""The next token from raw logits: repeat, presence and frequency penalties, top-k, top-p, min-p,
+temperature, a seeded draw."""
 
 from __future__ import annotations
 
@@ -23,6 +24,15 @@ def _sample(row: Any, params: GenerationParams, seed: int, step: int, recent: li
         seen = np.unique(np.asarray(recent[-_PENALTY_WINDOW:]))
         row = row.copy()
         row[seen] = np.where(row[seen] > 0, row[seen] / penalty, row[seen] * penalty)
+    presence = float(getattr(params, "presence_penalty", 0.0) or 0.0)
+    frequency = float(getattr(params, "frequency_penalty", 0.0) or 0.0)
+    if (presence or frequency) and recent:
+        # OpenAI's rule (and the cloud engine's), over every answer token so far, not the prompt:
+        #   logit[t] -= presence * [count[t] > 0] + frequency * count[t]
+        # count[t]: how often t is in the answer; unseen tokens keep their logits
+        seen, counts = np.unique(np.asarray(recent), return_counts=True)
+        row = row.copy()
+        row[seen] -= (presence + frequency * counts).astype(row.dtype)
     if params.temperature == 0.0:
         return int(row.argmax())  # the first of equal maxima: the lowest token id
     min_p = float(getattr(params, "min_p", 0.0) or 0.0)

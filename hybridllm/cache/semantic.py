@@ -10,10 +10,13 @@ question: putting the same question twice replaces the answer instead of duplica
 exact repeat is found without running the embedder.
 
 Sampled answers. The key holds every setting that changes an answer (temperature, top_p, top_k,
-min_p, repeat_penalty, seed, max_tokens, stop), so a seeded request is only ever served its own
-seed's draw. At temperature > 0 without a seed, HybridLLM stores the first answer the model was
-sure of and serves it to later asks with the same settings: the assistant answers a question once
-and then repeats itself, which is what a user asking the same thing twice expects; pass
+min_p, repeat_penalty, presence_penalty, frequency_penalty, seed, max_tokens, stop), so a seeded
+request is only ever served its own seed's draw, and an answer drawn with penalties only a request
+with the same ones. A penalty at 0 is left out of the key, so the buckets written before the
+penalties existed are those of requests without them. At temperature > 0 without a seed,
+HybridLLM stores the first answer the model was sure of and serves it to later asks with the same
+settings: the assistant answers a question once and then repeats itself, which is what a user
+asking the same thing twice expects; pass
 ``cache=False`` (or a seed) for a fresh draw. Unsure answers are never stored: the pipeline skips
 an edge answer whose mean token log-probability is below ``cache_min_logprob`` (calibrated by
 ``python -m bench.cache_floor``), which is how a sampled slip such as "L'Étoile, est la cité de la

@@ -107,6 +107,8 @@ class ProxyChatRequest(ChatCompletionRequest):
             "top_k": None if self.top_k is None else max(self.top_k, 0),
             "min_p": self.min_p,
             "repeat_penalty": self.repetition_penalty,
+            "presence_penalty": self.presence_penalty,
+            "frequency_penalty": self.frequency_penalty,
             "seed": self.seed,
             "stop": tuple(self.stop_list()) if self.stop is not None else None,
         }

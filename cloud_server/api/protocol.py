@@ -4,9 +4,10 @@ The cloud server and the local proxy accept the same bodies with the same checks
 unknown fields refused, unsupported features a 400 naming the parameter); see
 ``hybridllm/wire/requests.py`` for what is accepted and why. One difference: this server reports
 token log-probabilities (``CloudChatCompletionRequest``, ``CloudCompletionRequest``), which the
-proxy refuses, since its device route cannot always give them; and it serves ``presence_penalty``,
-``frequency_penalty`` and ``logit_bias`` (the engine's sampler applies them), which the proxy
-accepts at their neutral values only.
+proxy refuses, since its device route cannot always give them; and it serves ``logit_bias`` (the
+engine's sampler applies it), which the proxy accepts at its neutral value only (token ids of the
+cloud's tokenizer mean nothing to a device model). ``presence_penalty`` and ``frequency_penalty``
+are the shared models' own (both servers serve them, with the same bounds).
 """
 
 from __future__ import annotations
@@ -28,7 +29,6 @@ from hybridllm.wire.requests import (
     parse_request,
 )
 
-Penalty = Annotated[Unit, Field(ge=-2.0, le=2.0)]  # OpenAI's bounds; 0 is off
 # OpenAI's: token ids (as JSON keys, strings) to biases in -100..100, at most 300 of them
 LogitBias = Annotated[dict[str, Annotated[Unit, Field(ge=-100.0, le=100.0)]],
                       Field(json_schema_extra={"maxProperties": MAX_LOGIT_BIAS,
@@ -55,19 +55,13 @@ class CloudChatCompletionRequest(ChatCompletionRequest):
 
     logprobs: bool | None = None
     top_logprobs: Annotated[int, Field(ge=0, le=20), _INTEGRAL] | None = None
-    presence_penalty: Penalty | None = None
-    frequency_penalty: Penalty | None = None
     logit_bias: LogitBias | None = None
 
-    # same names as the shared model's refusing validators: these replace them
+    # same names as the shared model's refusing validators: these replace them (the penalties are
+    # the shared model's own: hybridllm/wire/requests.py)
     @field_validator("logprobs")
     @classmethod
     def _no_logprobs(cls, value: bool | None) -> bool | None:
-        return value
-
-    @field_validator("presence_penalty", "frequency_penalty")
-    @classmethod
-    def _no_penalty(cls, value: float | None) -> float | None:
         return value
 
     @field_validator("logit_bias")
@@ -124,18 +118,11 @@ class CloudCompletionRequest(CompletionRequest):
     """A legacy completions body with ``logprobs`` (0..5 alternatives per token) served."""
 
     logprobs: Annotated[int, Field(ge=0, le=5), _INTEGRAL] | None = None
-    presence_penalty: Penalty | None = None
-    frequency_penalty: Penalty | None = None
     logit_bias: LogitBias | None = None
 
     @field_validator("logprobs")
     @classmethod
     def _no_logprobs(cls, value: int | None) -> int | None:
-        return value
-
-    @field_validator("presence_penalty", "frequency_penalty")
-    @classmethod
-    def _no_penalty(cls, value: float | None) -> float | None:
         return value
 
     @field_validator("logit_bias")

@@ -3,8 +3,10 @@
 What OpenAI does, this does: unknown fields are a 400 ("Unrecognized request argument"), types
 are strict (``"stream": "yes"`` is a 400, not ``True``), and parameters OpenAI knows but these
 servers cannot honour are accepted only at their neutral value (``n=1``, no logprobs, no tools,
-``response_format`` of type ``text``, zero penalties, text-only content) and a 400 that names the
+``response_format`` of type ``text``, no ``logit_bias``, text-only content) and a 400 that names the
 parameter otherwise, so a client never silently gets something other than what it asked for.
+``presence_penalty`` and ``frequency_penalty`` (OpenAI's, in [-2, 2]) are served by both: the cloud
+engine's sampler, the library's device backends and its cloud route apply them.
 
 Values the engine cannot represent are refused here too: ``seed`` outside 64 bits, ``top_p`` below
 float32's smallest normal number (it would round to 0 and drop every token), token counts past
@@ -54,6 +56,7 @@ MAX_STOP_CHARS = 1024
 
 
 StopString = Annotated[str, Field(max_length=MAX_STOP_CHARS)]  # the JSON schema states the bound
+Penalty = Annotated[Unit, Field(ge=-2.0, le=2.0)]  # OpenAI's presence/frequency bounds; 0 is off
 
 
 class StreamOptions(_Strict):
@@ -196,8 +199,8 @@ class SamplingRequest(_Strict):
     # hybridllm cloud server: this request's speculative decoding ("none" turns it off)
     speculative_method: Literal["ngram", "draft", "none"] | None = None
     num_speculative_tokens: Annotated[int, Field(ge=0, le=16), _INTEGRAL] | None = None
-    presence_penalty: Annotated[Unit, Field(ge=-2.0, le=2.0)] | None = only(minimum=0, maximum=0)
-    frequency_penalty: Annotated[Unit, Field(ge=-2.0, le=2.0)] | None = only(minimum=0, maximum=0)
+    presence_penalty: Penalty | None = None
+    frequency_penalty: Penalty | None = None
     # biases of 0 change nothing: accepted, as a penalty of 0 is (some clients send zeros)
     logit_bias: dict[str, Annotated[Unit, Field(ge=-100.0, le=100.0)]] | None = only(
         additionalProperties={"type": "number", "minimum": 0, "maximum": 0})
@@ -231,18 +234,13 @@ class SamplingRequest(_Strict):
             raise ValueError("only n=1 is supported")
         return value
 
-    @field_validator("presence_penalty", "frequency_penalty")
-    @classmethod
-    def _no_penalty(cls, value: float | None) -> float | None:
-        if value:
-            raise ValueError("only 0 is supported by this server")
-        return value
-
     @field_validator("logit_bias")
     @classmethod
     def _no_bias(cls, value: dict[str, float] | None) -> dict[str, float] | None:
         if value and any(value.values()):
-            raise ValueError("logit_bias is not supported by this server")
+            # its keys are token ids: the device model and the cloud number tokens differently
+            raise ValueError("logit_bias is not supported by this server (its route, device or cloud, "
+                             "is chosen per request, and their models' token ids differ)")
         return value
 
     @model_validator(mode="after")

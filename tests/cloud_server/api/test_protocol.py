@@ -62,7 +62,7 @@ def test_limits_and_stop() -> None:
     ("fields", "param"),
     [
         ({"n": 3}, "n"),
-        ({"presence_penalty": 0.5}, "presence_penalty"),
+        ({"presence_penalty": 2.5}, "presence_penalty"),  # served in [-2, 2] since review 31
         ({"logprobs": True}, "logprobs"),
         ({"tools": [{"type": "function"}]}, "tools"),
         ({"tool_choice": "auto"}, "tool_choice"),

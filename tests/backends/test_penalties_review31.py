@@ -149,3 +149,34 @@ def test_llama_cpp_applies_a_frequency_penalty(smollm2_path) -> None:  # type: i
         assert penalised.lower().count("apple") < plain.lower().count("apple") / 2, (plain, penalised)
     finally:
         backend.close()
+
+
+@pytest.mark.real
+def test_onnx_applies_the_penalties_over_the_answer_only(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """SmolLM2 on ONNX Runtime GenAI: the sampler is given the answer's tokens (never the prompt's),
+    and a large penalty breaks the repetition."""
+    pytest.importorskip("onnxruntime_genai")
+    from hybridllm.backends import onnx
+    from hybridllm.models.onnx_prepare import prepare_onnx
+
+    prepare_onnx("smollm2-135m-instruct")
+    backend = onnx.OnnxBackend("smollm2-135m-instruct", n_ctx=1024)
+    seen: list[list[int]] = []
+    sample = onnx._sample
+
+    def recording(row, params, seed, step, recent):  # type: ignore[no-untyped-def]
+        seen.append(list(recent))
+        return sample(row, params, seed, step, recent)
+
+    monkeypatch.setattr(onnx, "_sample", recording)
+    try:
+        common = {"temperature": 0.0, "seed": 7, "max_tokens": 40}
+        plain = backend.generate(REPEAT, GenerationParams(**common)).text
+        penalised = backend.generate(REPEAT, GenerationParams(**common, frequency_penalty=2.0)).text
+        assert plain.lower().count("apple") >= 10, plain
+        assert penalised.lower().count("apple") < plain.lower().count("apple") / 2, (plain, penalised)
+        # each step sees the answer so far: nothing at the first, one more token each step after
+        starts = [i for i, r in enumerate(seen) if not r]
+        assert starts == [0, starts[1]] and all(len(r) == i for i, r in enumerate(seen[starts[1]:]))
+    finally:
+        backend.close()

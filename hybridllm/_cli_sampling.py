@@ -100,10 +100,11 @@ def _add_sampling(p: argparse.ArgumentParser) -> None:
     p.add_argument("--repeat-penalty", type=_sampling_value("repeat_penalty", float), default=None,
                    help=f"1 = off ({_setting('repeat_penalty')})")
     p.add_argument("--presence-penalty", type=_sampling_value("presence_penalty", float), default=None,
-                   help="-2..2: lower a token's odds once it is in the answer, 0 = off (default: 0)")
+                   help="-2..2: lower a token's odds once it is in the answer, 0 = off "
+                   f"({_setting('presence_penalty')})")
     p.add_argument("--frequency-penalty", type=_sampling_value("frequency_penalty", float),
                    default=None, help="-2..2: lower a token's odds for each time it is in the answer, "
-                                      "0 = off (default: 0)")
+                                      f"0 = off ({_setting('frequency_penalty')})")
     p.add_argument("--seed", type=_sampling_value("seed", int), default=None,
                    help="sampling seed, for repeatable answers "
                         f"({_setting('seed', 'none: a new draw each time')})")

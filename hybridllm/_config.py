@@ -88,6 +88,8 @@ class HybridLLMConfig:
     top_k: int = 40
     min_p: float = 0.0
     repeat_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
     seed: int | None = None
 
     def __post_init__(self) -> None:
@@ -167,7 +169,8 @@ class HybridLLMConfig:
         try:
             GenerationParams(
                 max_tokens=self.max_tokens, temperature=self.temperature, top_p=self.top_p,
-                top_k=self.top_k, min_p=self.min_p, repeat_penalty=self.repeat_penalty, seed=self.seed)
+                top_k=self.top_k, min_p=self.min_p, repeat_penalty=self.repeat_penalty, seed=self.seed,
+                presence_penalty=self.presence_penalty, frequency_penalty=self.frequency_penalty)
         except InvalidRequestError as exc:
             raise ConfigError(str(exc)) from None
 

@@ -41,6 +41,8 @@ def _build_core(
         "top_k": cfg.top_k,
         "min_p": cfg.min_p,
         "repeat_penalty": cfg.repeat_penalty,
+        "presence_penalty": cfg.presence_penalty,
+        "frequency_penalty": cfg.frequency_penalty,
         "seed": cfg.seed,
     }
     made: list[Any] = []

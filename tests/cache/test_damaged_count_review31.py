@@ -21,7 +21,7 @@ from hybridllm import cli
 from hybridllm.cache import SemanticCache
 from hybridllm.cache.store import CacheStore
 
-from .test_row_checksum_review30 import BAD_Q, GOOD_A, GOOD_Q, KW, _edit, _filled, _msgs, _open
+from .test_row_checksum_review30 import BAD_Q, GOOD_A, GOOD_Q, KW, _edit, _filled, _ids, _msgs, _open
 
 
 def _stats_json(capsys: pytest.CaptureFixture[str], path: Path) -> dict:
@@ -115,11 +115,3 @@ def test_the_count_is_a_meta_key_not_a_schema_change(tmp_path: Path) -> None:
     finally:
         con.close()
     assert int(meta["damaged"]) == 1 and (meta["version"],) == before
-
-
-def _ids(path: Path) -> set[str]:
-    con = sqlite3.connect(path)
-    try:
-        return {r[0] for r in con.execute("SELECT id FROM entries")}
-    finally:
-        con.close()

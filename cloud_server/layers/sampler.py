@@ -272,8 +272,15 @@ class Sampler:
         row_r = r[seen_p]
         seen, row_r = seen[row_r != 1.0], row_r[row_r != 1.0]
         values = flat[seen]
-        flat[seen] = torch.where(values > 0, values / row_r, values * row_r)
+        # a penalty near 0 (any r > 0 is valid) divided logits past float32's range: inf, then NaN
+        # in the softmax, and the request failed (a 500). |logit| <= 1e30 is certain already
+        # (softmax saturates far below) and keeps logit / T finite for every T >= 1e-5
+        penalised = torch.where(values > 0, values / row_r, values * row_r)
+        flat[seen] = penalised.clamp(-_LOGIT_CAP, _LOGIT_CAP)
         flat[emitted] = flat[emitted] - pres[emitted_p] - freq[emitted_p] * counts.to(logits.dtype)
+
+
+_LOGIT_CAP = 1e30  # the largest magnitude a penalty may give a logit (see Sampler._penalise)
 
 
 def _long_tensor(ids: list[int], device: torch.device) -> torch.Tensor:

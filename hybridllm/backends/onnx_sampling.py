@@ -23,7 +23,12 @@ def _sample(row: Any, params: GenerationParams, seed: int, step: int, recent: li
         # multiplied, so both move towards "less likely"
         seen = np.unique(np.asarray(recent[-_PENALTY_WINDOW:]))
         row = row.copy()
-        row[seen] = np.where(row[seen] > 0, row[seen] / penalty, row[seen] * penalty)
+        # a penalty near 0 (any > 0 is valid) divides past float32's range: inf, then NaN once
+        # tempered, and the draw read the NaN. |logit| <= 1e30 is certain already and stays
+        # finite through any temperature (the cloud engine caps the same)
+        with np.errstate(over="ignore", divide="ignore"):
+            penalised = np.where(row[seen] > 0, row[seen] / penalty, row[seen] * penalty)
+        row[seen] = np.clip(penalised, -1e30, 1e30)
     presence = float(getattr(params, "presence_penalty", 0.0) or 0.0)
     frequency = float(getattr(params, "frequency_penalty", 0.0) or 0.0)
     if (presence or frequency) and recent:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -90,6 +91,24 @@ def stop_process(proc: subprocess.Popen, timeout_s: float = 15.0) -> str:
             proc.kill()
             proc.wait(timeout=5)
     return proc.stdout.read() if proc.stdout else ""
+
+
+@contextlib.contextmanager
+def served_smollm2(model_path: Path, name: str, *args: str) -> Iterator[str]:
+    """``hybridllm-cloud serve`` of ``model_path`` as ``name`` on a free port (``args``: more
+    options), healthy: yields its base URL; stopped after, and its output must hold no traceback."""
+    port = free_port()
+    proc = spawn_server(["serve", "--model", str(model_path), "--served-model-name", name,
+                         "--port", str(port), "--log-level", "warning", *args])
+    base = f"http://127.0.0.1:{port}"
+    try:
+        wait_healthy_url(base, timeout_s=180, proc=proc)
+    except Exception:
+        print(stop_process(proc))
+        raise
+    yield base
+    output = stop_process(proc)
+    assert "Traceback" not in output, output
 
 
 def sse_payloads(lines: Iterator[str]) -> list[Any]:

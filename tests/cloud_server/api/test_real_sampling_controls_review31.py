@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from ..kernels import engine_kernels
-from .helpers import free_port, metric_value, spawn_server, stop_process, wait_healthy_url
+from .helpers import metric_value, served_smollm2
 
 pytestmark = pytest.mark.real
 openai = pytest.importorskip("openai")
@@ -26,20 +26,8 @@ GREEDY = {"temperature": 0, "max_tokens": 24, "extra_body": {"ignore_eos": True}
 
 @pytest.fixture(scope="module")
 def client(smollm2_path: Path) -> Iterator[object]:
-    port = free_port()
-    proc = spawn_server([
-        "serve", "--model", str(smollm2_path), "--served-model-name", MODEL, "--port", str(port),
-        "--max-model-len", "1024", "--log-level", "warning",
-    ])  # fmt: skip
-    base = f"http://127.0.0.1:{port}"
-    try:
-        wait_healthy_url(base, timeout_s=180, proc=proc)
-    except Exception:
-        print(stop_process(proc))
-        raise
-    yield openai.OpenAI(base_url=f"{base}/v1", api_key="none", max_retries=0, timeout=120)
-    output = stop_process(proc)
-    assert "Traceback" not in output, output
+    with served_smollm2(smollm2_path, MODEL, "--max-model-len", "1024") as base:
+        yield openai.OpenAI(base_url=f"{base}/v1", api_key="none", max_retries=0, timeout=120)
 
 
 @pytest.fixture(scope="module")

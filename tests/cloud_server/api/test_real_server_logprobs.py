@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from .helpers import free_port, spawn_server, stop_process, wait_healthy_url
+from .helpers import served_smollm2
 
 pytestmark = pytest.mark.real
 openai = pytest.importorskip("openai")
@@ -23,20 +23,8 @@ NO_EOS = {"ignore_eos": True}
 
 @pytest.fixture(scope="module")
 def client(smollm2_path: Path) -> Iterator[object]:
-    port = free_port()
-    proc = spawn_server([
-        "serve", "--model", str(smollm2_path), "--served-model-name", MODEL, "--port", str(port),
-        "--max-model-len", "1024", "--log-level", "warning",
-    ])  # fmt: skip
-    base = f"http://127.0.0.1:{port}"
-    try:
-        wait_healthy_url(base, timeout_s=180, proc=proc)
-    except Exception:
-        print(stop_process(proc))
-        raise
-    yield openai.OpenAI(base_url=f"{base}/v1", api_key="none", max_retries=0, timeout=120)
-    output = stop_process(proc)
-    assert "Traceback" not in output, output
+    with served_smollm2(smollm2_path, MODEL, "--max-model-len", "1024") as base:
+        yield openai.OpenAI(base_url=f"{base}/v1", api_key="none", max_retries=0, timeout=120)
 
 
 def _check_chat_entries(content: list, text: str, top_n: int) -> None:

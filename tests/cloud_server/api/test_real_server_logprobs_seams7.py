@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from .helpers import free_port, metric_value, spawn_server, sse_payloads, stop_process, wait_healthy_url
+from .helpers import metric_value, served_smollm2, sse_payloads
 
 pytestmark = pytest.mark.real
 
@@ -25,20 +25,8 @@ SPLIT = [{"role": "user", "content": "Write 'café naïve 日本語 😀' three 
 
 @pytest.fixture(scope="module")
 def url(smollm2_path: Path) -> Iterator[str]:
-    port = free_port()
-    proc = spawn_server([
-        "serve", "--model", str(smollm2_path), "--served-model-name", MODEL, "--port", str(port),
-        "--max-model-len", "256", "--log-level", "warning",
-    ])  # fmt: skip
-    base = f"http://127.0.0.1:{port}"
-    try:
-        wait_healthy_url(base, timeout_s=180, proc=proc)
-    except Exception:
-        print(stop_process(proc))
-        raise
-    yield base
-    output = stop_process(proc)
-    assert "Traceback" not in output, output
+    with served_smollm2(smollm2_path, MODEL, "--max-model-len", "256") as base:
+        yield base
 
 
 def _chat(url: str, **body) -> httpx.Response:

@@ -19,7 +19,7 @@ import httpx
 import pytest
 
 from ..kernels import engine_kernels
-from .helpers import free_port, metric_value, spawn_server, stop_process, wait_healthy_url
+from .helpers import metric_value, served_smollm2
 
 pytestmark = pytest.mark.real
 openai = pytest.importorskip("openai")
@@ -40,21 +40,10 @@ def _counter(url: str, name: str) -> float:
 
 @pytest.fixture(scope="module")
 def url(smollm2_path: Path) -> Iterator[str]:
-    port = free_port()
-    proc = spawn_server([
-        "serve", "--model", str(smollm2_path), "--served-model-name", MODEL, "--port", str(port),
-        "--speculative-method", "draft", "--draft-model", str(smollm2_path),
-        "--num-speculative-tokens", "3", "--max-model-len", "1024", "--log-level", "warning",
-    ])  # fmt: skip
-    base = f"http://127.0.0.1:{port}"
-    try:
-        wait_healthy_url(base, timeout_s=180, proc=proc)
-    except Exception:
-        print(stop_process(proc))
-        raise
-    yield base
-    output = stop_process(proc)
-    assert "Traceback" not in output, output
+    draft = ("--speculative-method", "draft", "--draft-model", str(smollm2_path),
+             "--num-speculative-tokens", "3")
+    with served_smollm2(smollm2_path, MODEL, *draft, "--max-model-len", "1024") as base:
+        yield base
 
 
 def _same_answer(got: str, plain: str, method: str) -> None:

@@ -264,18 +264,18 @@ class EnergyAccounting:
         model, source = self._model(), str(report.get("source") or "unknown")
         # a replica's figures are taken only when they are joules: a negative one made inc() raise
         # (the finished answer then failed) and a NaN or inf poisoned the counter for good
-        joules = _joules(report.get("joules") or 0.0)
+        joules = joules_of(report.get("joules") or 0.0)
         if joules is None:
             log.warning("energy report %r of a finished request not recorded: not a number of "
                         "joules", report)
             return
         self.joules.labels(model, source).inc(joules)
-        per_token = _joules(report.get("joules_per_output_token"))
+        per_token = joules_of(report.get("joules_per_output_token"))
         if per_token is not None:
             self.per_token.labels(model, source).observe(per_token)
 
 
-def _joules(value: Any) -> float | None:
+def joules_of(value: Any) -> float | None:
     """A finite, non-negative figure of joules, or None (absent, NaN, inf, negative, not a number)."""
     try:
         joules = math.nan if value is None or isinstance(value, bool) else float(value)

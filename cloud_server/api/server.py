@@ -43,7 +43,7 @@ from .lifespan import ServerState, _lifespan
 from .metrics import ServerMetrics
 from .protocol import CloudChatCompletionRequest as ChatCompletionRequest
 from .protocol import CloudCompletionRequest as CompletionRequest
-from .serving import Engine, unsupported_sampling
+from .serving import Engine
 
 R = TypeVar("R", bound=BaseModel)
 
@@ -109,7 +109,6 @@ def _build_router(app: FastAPI, checker: ApiKeyChecker, max_body_bytes: int) -> 
     defs: dict[str, Any] = {}
     auth = (401,) if checker.is_enabled else ()
     post_errors = _errors(400, *auth, 404, 408, 413, 429, 500, 503)  # 408: a body that came too slowly
-    neutral = unsupported_sampling()
 
     async def require_key(request: Request) -> None:
         checker.check(request.headers.get("authorization"))
@@ -134,7 +133,7 @@ def _build_router(app: FastAPI, checker: ApiKeyChecker, max_body_bytes: int) -> 
 
     @v1.post(
         "/chat/completions",
-        openapi_extra=request_body(ChatCompletionRequest, defs, neutral_only=neutral),
+        openapi_extra=request_body(ChatCompletionRequest, defs),
         responses={**ok_response(ChatCompletion, streams=True), **post_errors},
     )
     async def chat_completions(request: Request) -> Any:
@@ -144,7 +143,7 @@ def _build_router(app: FastAPI, checker: ApiKeyChecker, max_body_bytes: int) -> 
 
     @v1.post(
         "/completions",
-        openapi_extra=request_body(CompletionRequest, defs, neutral_only=neutral),
+        openapi_extra=request_body(CompletionRequest, defs),
         responses={**ok_response(TextCompletion, streams=True), **post_errors},
     )
     async def completions(request: Request) -> Any:

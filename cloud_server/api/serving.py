@@ -9,15 +9,13 @@ request if it had not finished, so its KV blocks go back to the pool.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
-import math
 import time
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
-from cloud_server.energy import energy_report
+from cloud_server.energy import energy_report, joules_of
 from cloud_server.engine.sampling_params import SamplingParams
 from cloud_server.exceptions import ContextLengthError, InvalidRequestError, ServerError
 from hybridllm.wire.responses import (
@@ -64,12 +62,12 @@ def _energy_of(outs: tuple[Any, ...], num_output_tokens: int) -> dict[str, Any] 
     """The request's energy: the sum of its choices' (each its share of what the source measured
     while it ran); none unless every choice has a figure."""
     reports = [getattr(o, "energy", None) for o in outs]
-    joules = [r.get("joules") if isinstance(r, dict) else None for r in reports]
-    if not all(isinstance(j, int | float) and not isinstance(j, bool) and math.isfinite(j) and j >= 0
-               for j in joules):
+    # the rule /metrics records a replica's report by (EnergyAccounting.finish)
+    joules = [joules_of(r.get("joules")) if isinstance(r, dict) else None for r in reports]
+    if any(j is None for j in joules):
         return None
     sources = sorted({str(r.get("source") or "unknown") for r in reports if isinstance(r, dict)})
-    return energy_report(sum(joules), num_output_tokens, "+".join(sources))  # type: ignore[arg-type]
+    return energy_report(sum(j for j in joules if j is not None), num_output_tokens, "+".join(sources))
 
 
 class OpenAIServing:
@@ -237,12 +235,6 @@ class OpenAIServing:
 
 
 
-def unsupported_sampling() -> dict[str, float]:
-    """vLLM sampling fields this engine lacks, with the one (neutral) value accepted for each."""
-    known = {f.name for f in dataclasses.fields(SamplingParams)}
-    return {name: v for name, v in (("min_p", 0.0), ("repetition_penalty", 1.0)) if name not in known}
-
-
 # vLLM's and OpenAI's sampling controls, with the value that turns each off
 _CONTROLS = (("min_p", 0.0), ("repetition_penalty", 1.0), ("presence_penalty", 0.0),
              ("frequency_penalty", 0.0))
@@ -251,17 +243,14 @@ _CONTROLS = (("min_p", 0.0), ("repetition_penalty", 1.0), ("presence_penalty", 0
 def _extra_sampling(req: ChatCompletionRequest | CompletionRequest, vocab_size: int | None = None
                     ) -> dict[str, Any]:
     """``min_p``, ``repetition_penalty``, ``presence_penalty``, ``frequency_penalty`` and
-    ``logit_bias``, for SamplingParams: a field the engine lacks is accepted only at its neutral
-    value, and a biased token id must be in the vocabulary (``vocab_size``: the tokenizer's),
-    checked here so the request is a 400, not a failure at its first token."""
-    known = {f.name for f in dataclasses.fields(SamplingParams)}
+    ``logit_bias``, for SamplingParams (those at their neutral value left out); a biased token id
+    must be in the vocabulary (``vocab_size``: the tokenizer's), checked here so the request is a
+    400, not a failure at its first token."""
     out: dict[str, Any] = {}
     for name, neutral in _CONTROLS:
         value = getattr(req, name, None)
         if value is None or value == neutral:
             continue
-        if name not in known:
-            raise InvalidRequestError(f"{name} is not supported by this server.", param=name)
         out[name] = value
     bias = getattr(req, "logit_bias", None)
     if bias:

@@ -3,8 +3,10 @@
 What OpenAI does, this does: unknown fields are a 400 ("Unrecognized request argument"), types
 are strict (``"stream": "yes"`` is a 400, not ``True``), and parameters OpenAI knows but these
 servers cannot honour are accepted only at their neutral value (``n=1``, no logprobs, no tools,
-``response_format`` of type ``text``, no ``logit_bias``, text-only content) and a 400 that names the
-parameter otherwise, so a client never silently gets something other than what it asked for.
+no ``logit_bias``, text-only content) and a 400 that names the parameter otherwise, so a client never
+silently gets something other than what it asked for. ``response_format`` (text, json_object,
+json_schema) is served by both, as a grammar over the answer's tokens (``hybridllm/_structured``):
+a schema the grammar core refuses is a 400 naming the schema's field, before anything runs.
 ``presence_penalty`` and ``frequency_penalty`` (OpenAI's, in [-2, 2]) are served by both: the cloud
 engine's sampler, the library's device backends and its cloud route apply them.
 
@@ -79,9 +81,27 @@ class TextPart(_Strict):
 
 
 class ResponseFormat(_Strict):
-    # OpenAI's three types are understood; only "text" is served (the document says so)
-    type: Literal["text", "json_object", "json_schema"] = Field(json_schema_extra={"enum": ["text"]})
+    # OpenAI's three types, each served (checked_response_format reads the schema)
+    type: Literal["text", "json_object", "json_schema"]
     json_schema: dict[str, Any] | None = None
+
+
+def checked_response_format(value: ResponseFormat | None) -> ResponseFormat | None:
+    """A format as the grammar core takes it: a schema belongs to type json_schema, and a format
+    the core refuses is a 400 naming its field (``response_format.json_schema.schema.…``)."""
+    if value is None:
+        return None
+    if value.type != "json_schema" and value.json_schema is not None:
+        raise WireError(f"response_format.json_schema is only allowed with type 'json_schema', not "
+                        f"'{value.type}'.", param="response_format.json_schema")
+    if value.type != "text":
+        from .._structured import ResponseFormatError, parse_response_format
+
+        try:  # compiled once: the same format asked again is the core's kept grammar
+            parse_response_format(value.model_dump(exclude_none=True))
+        except ResponseFormatError as exc:
+            raise WireError(str(exc), param=exc.param) from None
+    return value
 
 
 _ANSWER_FIELDS = ("annotations", "audio", "function_call")  # an answer message's, echoed back
@@ -305,13 +325,8 @@ class ChatCompletionRequest(SamplingRequest):
 
     @field_validator("response_format")
     @classmethod
-    def _text_format_only(cls, value: ResponseFormat | None) -> ResponseFormat | None:
-        if value is not None and value.type != "text":
-            raise ValueError(f"response_format type '{value.type}' is not supported; only 'text' is")
-        if value is not None and value.json_schema is not None:  # a schema belongs to json_schema
-            raise WireError("response_format.json_schema is only allowed with type 'json_schema'.",
-                            param="response_format.json_schema")
-        return value
+    def _format(cls, value: ResponseFormat | None) -> ResponseFormat | None:
+        return checked_response_format(value)
 
     def output_limit(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens

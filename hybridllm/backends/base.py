@@ -163,8 +163,14 @@ class DeviceBackend(Backend):
                             params: GenerationParams) -> Iterator[Delta]:
         # the rendered prompt ends with the assistant turn's opening, so the prefix reads as the
         # start of this model's own answer; up to max_tokens new tokens follow it (the prefix's
-        # tokens are not counted against max_tokens)
-        return self._stream(messages, params, prefix)
+        # tokens are not counted against max_tokens). A structured answer goes on from the
+        # prefix's place in its format's grammar (a backend's ``_formats``: backends/structured.py;
+        # _run reads the prefix when it starts the request's constraint, before it returns)
+        formats = getattr(self, "_formats", None)
+        if formats is None or getattr(params, "response_format", None) is None:
+            return self._stream(messages, params, prefix)
+        with formats.continuing(prefix):
+            return self._stream(messages, params, prefix)
 
     def _stream(self, messages: Messages, params: GenerationParams, prefix: str) -> Iterator[Delta]:
         stops = tuple(dict.fromkeys(params.stop + self.prompt_format.stops(messages)))

@@ -9,6 +9,7 @@ from contextlib import AsyncExitStack
 from typing import Any
 
 from .._durations import duration
+from .._exceptions import InvalidRequestError
 from .._types import GenerationParams, Messages
 from .circuit import Endpoint
 from .cloud_http import MAX_ERROR_BYTES, _Clients, _read_capped, _traced, _trickle_bound
@@ -136,6 +137,10 @@ class _Requests(_Clients, _StatusVerdicts):
             body["seed"] = params.seed
         if params.stop:
             body["stop"] = list(params.stop)
+        # structured output, OpenAI's field as the core normalized it: not optional either (a
+        # server that ignored it would answer free text), so a refusal is the caller's error
+        if params.response_format is not None:
+            body["response_format"] = params.response_format
         for name in omit:
             value = body.pop(name, None)
             if name in RENAMED and value is not None:
@@ -171,6 +176,7 @@ class _Requests(_Clients, _StatusVerdicts):
                 resp, _ = await _read_capped(resp, MAX_ERROR_BYTES)
             new = _refused_fields(resp, body) - refused
             if not new:
+                _raise_if_format_refused(resp, body, ep.base_url, model)
                 self._raise_for_status(resp, ep.base_url)
             learned = new - self._refused.get(key, frozenset())  # another request may have learned it
             self._refused[key] = self._refused.get(key, frozenset()) | new
@@ -213,6 +219,34 @@ class _Requests(_Clients, _StatusVerdicts):
                     duration(time.time() - at), self._memory.path, "them" if len(new) > 1 else "it", loses)
 
 
+def _message_and_param(resp: Any) -> tuple[str, str]:
+    """An error answer's message and the ``param`` it names ("" when none)."""
+    message, _ = _error_of(resp)
+    try:
+        error = resp.json().get("error")
+        param = str(error.get("param") or "") if isinstance(error, dict) else ""
+    except (ValueError, AttributeError):
+        param = ""
+    return message, param
+
+
+def _raise_if_format_refused(resp: Any, body: dict, base_url: str, model: str) -> None:
+    """A 400 or 422 that names ``response_format`` (its ``param``, or the message) when the body
+    carried one: the endpoint or its model does not serve that structured output. Said so, with
+    what to do, instead of the bare "the cloud rejected the request"."""
+    if "response_format" not in body or resp.status_code not in (400, 422):
+        return
+    message, param = _message_and_param(resp)
+    if "response_format" not in f"{param} {message} {resp.text[:2000]}":  # a 422 lists it in text
+        return
+    kind = body["response_format"].get("type", "?")
+    raise InvalidRequestError(
+        f"The cloud at {base_url} (model {model}) refused response_format {kind!r} (HTTP "
+        f"{resp.status_code}{', param ' + param if param else ''}: {message}). It or its model does "
+        "not serve this structured output: ask with route='edge' (the device model constrains its "
+        "own answer), point cloud_url at a server that serves it, or leave response_format out.")
+
+
 def _refused_fields(resp: Any, body: dict) -> frozenset[str]:
     """The fields of ``body`` that a 400 or 422 refuses and that the request can do without: an
     OPTIONAL_FIELDS one the server does not know (named anywhere in the answer: a 422 may list
@@ -221,12 +255,7 @@ def _refused_fields(resp: Any, body: dict) -> frozenset[str]:
     value for 'temperature'") stays the caller's error."""
     if resp.status_code not in (400, 422):
         return frozenset()
-    message, _ = _error_of(resp)
-    try:
-        error = resp.json().get("error")
-        param = str(error.get("param") or "") if isinstance(error, dict) else ""
-    except (ValueError, AttributeError):
-        param = ""
+    message, param = _message_and_param(resp)
     refused = set()
     text = f"{message} {param} {resp.text[:2000]}"
     if UNKNOWN_WORDS.search(text):

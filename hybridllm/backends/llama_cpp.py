@@ -42,6 +42,7 @@ from .llama_cpp_load import (
     _trained_context,
     load_reasons,
 )
+from .structured import Constraint, DeviceFormats, llama_vocabulary, response_format_of
 
 DEFAULT_MODEL = DEFAULT_EDGE_MODEL
 log = logging.getLogger("hybridllm.edge")
@@ -214,6 +215,8 @@ class LlamaCppBackend(DeviceBackend):
         padded = int(self._llm.n_ctx())
         self._n_ctx = min(asked, padded) if asked > 0 else padded
         self._plain: tuple[dict[str, int], Callable[[str], list[int]]] | None = None
+        # response_format: the token index, built at the first structured request
+        self._formats = DeviceFormats(self._vocabulary)
         self.prompt_format = PromptFormat(
             chat_template=self._template if chat_format == "template" else None,
             bos_token=self._piece(self._llm.token_bos()),
@@ -253,8 +256,19 @@ class LlamaCppBackend(DeviceBackend):
             ids[:0] = start
         return ids
 
+    def _vocabulary(self) -> tuple[list[bytes | None], set[int]]:
+        with self._gate.enter():  # reads the model's vocabulary: never after close
+            return llama_vocabulary(self._llm)
+
     def _run(self, tokens: list[int], params: GenerationParams,
              stops: tuple[str, ...]) -> Iterator[Delta]:
+        # a response_format is parsed here, so a bad one fails before the stream starts; a
+        # request without one touches none of it
+        constraint = None if response_format_of(params) is None else self._formats.start(params)
+        return self._run_alone(tokens, params, stops, constraint)
+
+    def _run_alone(self, tokens: list[int], params: GenerationParams, stops: tuple[str, ...],
+                   constraint: Constraint | None) -> Iterator[Delta]:
         # one llama.cpp context runs one generation at a time. HybridLLM queues requests on one
         # thread (backends/worker.py); a direct caller overlapping two streams gets a clear
         # error at once instead of a lock that a reader holds while it reads
@@ -263,12 +277,12 @@ class LlamaCppBackend(DeviceBackend):
                 "This LlamaCppBackend is already generating; one stream at a time. Use HybridLLM "
                 "(which queues requests) or close the other stream first.")
         try:
-            yield from self._generate(tokens, params, stops)
+            yield from self._generate(tokens, params, stops, constraint)
         finally:
             self._busy.release()
 
     def _generate(self, tokens: list[int], params: GenerationParams,
-                  stops: tuple[str, ...]) -> Iterator[Delta]:
+                  stops: tuple[str, ...], constraint: Constraint | None = None) -> Iterator[Delta]:
         import numpy as np
         from llama_cpp import llama_cpp as C
 
@@ -282,17 +296,26 @@ class LlamaCppBackend(DeviceBackend):
         decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         matcher = StopMatcher(stops)
         n_out, finish = 0, "length"
+        if constraint is not None:
+            constraint.bind()  # the model's first structured request builds the token index
         # llama.cpp's penalties count the tokens its sampler drew (the answer, not the prompt),
-        # over its last 64 (last_n_tokens_size): presence and frequency as OpenAI's rule
+        # over its last 64 (last_n_tokens_size): presence and frequency as OpenAI's rule. A
+        # response_format's mask is the first stage of its sampler chain (before the penalties,
+        # top-k/top-p/min-p and temperature, as vLLM orders them): refused tokens get -inf
         gen = llm.generate(  # lazy: nothing runs before the first next()
             tokens, temp=params.temperature, top_p=params.top_p, top_k=params.top_k,
             min_p=params.min_p, repeat_penalty=params.repeat_penalty, reset=True,
             presence_penalty=params.presence_penalty, frequency_penalty=params.frequency_penalty,
+            logits_processor=[constraint.logits_processor()] if constraint is not None else None,
         )
         try:
             with self._gate.enter():
                 _prefill_head(llm, tokens)
-            while True:
+            # a continuation whose prefix completed the value: nothing may follow it
+            done = constraint is not None and constraint.finished
+            if done:
+                finish = "stop"
+            while not done:
                 if stop_requested():  # its reader left: stop here, text or none (see .cancel)
                     return
                 # each step (a decode, the token's logits and text) runs inside the gate: close()
@@ -304,9 +327,13 @@ class LlamaCppBackend(DeviceBackend):
                     if token is None:  # the generator ended on its own (it does not, today)
                         break
                     _check_finite(llm._ctx.get_logits(), token, self._n_vocab)
+                    if constraint is not None:
+                        constraint.check()  # an error inside the mask's native callback
                     if C.llama_vocab_is_eog(llm._model.vocab, token):
                         finish = "stop"
                         break
+                    if constraint is not None:
+                        constraint.feed(token)
                     n_out += 1
                     logprob = None
                     if params.logprobs:
@@ -318,7 +345,9 @@ class LlamaCppBackend(DeviceBackend):
                 text, hit = matcher.feed(decoder.decode(piece))
                 if text or logprob is not None:
                     yield Delta(text, logprob=logprob)
-                if hit:
+                # a structured answer ends once its value is complete and nothing may follow
+                # (the end-of-text token the mask would force next is not drawn)
+                if hit or (constraint is not None and constraint.finished):
                     finish = "stop"
                     break
                 if n_out >= budget:
@@ -357,6 +386,9 @@ class LlamaCppBackend(DeviceBackend):
             return
         llm, self._llm = getattr(self, "_llm", None), None
         self._plain = None  # its encoder holds the Llama object: it must go with it
+        formats = getattr(self, "_formats", None)
+        if formats is not None:  # the token index: megabytes, of no use once the model is gone
+            formats.forget()
         if llm is not None:
             llm.close()
             del llm

@@ -55,6 +55,7 @@ from .onnx_folder import (
 )
 from .onnx_memory import _advise_huge_pages, _anon_regions
 from .onnx_sampling import _finite, _sample
+from .structured import Constraint, DeviceFormats, response_format_of, tokenizers_vocabulary
 
 _ORT_LOG_FATAL = 4  # ONNX Runtime's log severities: 0 verbose .. 3 error, 4 fatal
 _CLOSED = "The ONNX backend is closed; create a new OnnxBackend to generate again."
@@ -190,6 +191,12 @@ class OnnxBackend(DeviceBackend):
         # one, but a chat model may end with another (SmolLM2 and Qwen: <|endoftext|> as well as
         # <|im_end|>); without them ONNX went on writing past the end where llama.cpp stopped
         self._eos_ids.update(_named_eog_ids(self.model_path))
+        # response_format: the token index (from the folder's tokenizer.json, as wide as the
+        # model's head), built at the first structured request
+        head = genai.get("vocab_size")
+        head = head if isinstance(head, int) and not isinstance(head, bool) and head > 0 else 0
+        self._formats = DeviceFormats(lambda: tokenizers_vocabulary(
+            self.model_path / "tokenizer.json", head, self._eos_ids))
         self._lock = threading.Lock()
         self._gen: Any = None  # one generator (one KV cache), made on first use
         self._cached: list[int] = []  # the tokens the KV cache holds
@@ -266,6 +273,13 @@ class OnnxBackend(DeviceBackend):
     def _run(
         self, tokens: list[int], params: GenerationParams, stops: tuple[str, ...]
     ) -> Iterator[Delta]:
+        # a response_format is parsed here, so a bad one fails before the stream starts; a
+        # request without one touches none of it
+        constraint = None if response_format_of(params) is None else self._formats.start(params)
+        return self._steps(tokens, params, stops, constraint)
+
+    def _steps(self, tokens: list[int], params: GenerationParams, stops: tuple[str, ...],
+               constraint: Constraint | None) -> Iterator[Delta]:
         import numpy as np
 
         seed = params.seed if params.seed is not None else random.randrange(2**31)
@@ -276,16 +290,26 @@ class OnnxBackend(DeviceBackend):
             detok = self._tok.create_stream()
         matcher = StopMatcher(stops)
         seq, n_out, finish = list(tokens), 0, "length"
+        if constraint is not None:
+            constraint.bind()  # the model's first structured request builds the token index
+            if constraint.finished:  # a continuation whose prefix completed the value
+                budget, finish = 0, "stop"
         while n_out < budget:
             if stop_requested():  # its reader left: stop here, text or none (see .cancel)
                 return
             # closed half way: say the answer is incomplete, as the llama.cpp backend does
             # +inf/-inf logits given their meaning, a NaN refused (the log-probability below too)
             row = _finite(self._logits(seq, _CLOSED_MID_ANSWER if n_out else _CLOSED))
-            token = _sample(row, params, seed, n_out, seq[len(tokens) :])
+            if constraint is None:
+                token = _sample(row, params, seed, n_out, seq[len(tokens) :])
+            else:  # the format's mask goes first in the sampler (onnx_sampling._sample)
+                token = _sample(row, params, seed, n_out, seq[len(tokens) :],
+                                allowed=constraint.allowed(row.shape[0]))
             if token in self._eos_ids:
                 finish = "stop"
                 break
+            if constraint is not None:
+                constraint.feed(token)
             n_out += 1
             logprob = None
             if params.logprobs:
@@ -294,7 +318,9 @@ class OnnxBackend(DeviceBackend):
             text, hit = matcher.feed(detok.decode(token))
             if text or logprob is not None:
                 yield Delta(text, logprob=logprob)  # the caller may stop here: nothing else runs
-            if hit:
+            # a structured answer ends once its value is complete and nothing may follow (the
+            # end-of-text token the mask would force next is not drawn)
+            if hit or (constraint is not None and constraint.finished):
                 finish = "stop"
                 break
             seq.append(token)
@@ -308,6 +334,9 @@ class OnnxBackend(DeviceBackend):
             had_model = self._model is not None
             self._gen, self._cached, self._last_row = None, [], None
             self._tok = self._model = None
+        formats = getattr(self, "_formats", None)
+        if formats is not None:  # the token index: megabytes, of no use once the model is gone
+            formats.forget()
         if had_model:
             return_freed_memory()
 

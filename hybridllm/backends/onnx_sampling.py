@@ -12,11 +12,21 @@ _PENALTY_WINDOW = 64  # llama.cpp's default repeat_last_n
 _CANDIDATE_NATS = 30.0
 
 
-def _sample(row: Any, params: GenerationParams, seed: int, step: int, recent: list[int]) -> int:
-    """Pick the ``step``-th answer token from ``row`` ([vocab] raw logits)."""
+def _sample(row: Any, params: GenerationParams, seed: int, step: int, recent: list[int],
+            allowed: Any = None) -> int:
+    """Pick the ``step``-th answer token from ``row`` ([vocab] raw logits); ``allowed`` ([vocab]
+    bools, a response_format's mask): the only tokens that may be picked."""
     import numpy as np
 
     row = _finite(row)
+    if allowed is not None:
+        # first, as vLLM orders it: the refused tokens are out before the penalties, top-k,
+        # top-p, min-p and temperature see the row (greedy: the best allowed token)
+        row = np.where(allowed, row, -np.inf).astype(row.dtype, copy=False)
+        if not np.isfinite(row.max()):
+            raise EdgeError(
+                "The model gave every token the response_format allows here a logit of -inf: no "
+                "next token is possible.")
     penalty = float(getattr(params, "repeat_penalty", 1.0) or 1.0)
     if penalty != 1.0 and recent:
         # llama.cpp's rule: a seen token's positive logit is divided by the penalty, a negative one
@@ -28,7 +38,8 @@ def _sample(row: Any, params: GenerationParams, seed: int, step: int, recent: li
         # finite through any temperature (the cloud engine caps the same)
         with np.errstate(over="ignore", divide="ignore"):
             penalised = np.where(row[seen] > 0, row[seen] / penalty, row[seen] * penalty)
-        row[seen] = np.clip(penalised, -1e30, 1e30)
+        # (a token that cannot come, -inf, stays so: a response_format's mask)
+        row[seen] = np.where(np.isneginf(row[seen]), row[seen], np.clip(penalised, -1e30, 1e30))
     presence = float(getattr(params, "presence_penalty", 0.0) or 0.0)
     frequency = float(getattr(params, "frequency_penalty", 0.0) or 0.0)
     if (presence or frequency) and recent:

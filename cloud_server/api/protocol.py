@@ -7,14 +7,17 @@ token log-probabilities (``CloudChatCompletionRequest``, ``CloudCompletionReques
 proxy refuses, since its device route cannot always give them; and it serves ``logit_bias`` (the
 engine's sampler applies it), which the proxy accepts at its neutral value only (token ids of the
 cloud's tokenizer mean nothing to a device model). ``presence_penalty`` and ``frequency_penalty``
-are the shared models' own (both servers serve them, with the same bounds).
+are the shared models' own (both servers serve them, with the same bounds). And it serves
+OpenAI's structured output, ``response_format`` of type ``json_object`` or ``json_schema``, on both
+endpoints (as vLLM does): the format is parsed here by the grammar core (``hybridllm._structured``),
+so a schema it cannot serve is a 400 naming the schema's field.
 """
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, PrivateAttr, field_validator, model_validator
 
 from cloud_server.engine.sampling_params import MAX_LOGIT_BIAS
 from hybridllm.wire.errors import WireError
@@ -23,9 +26,11 @@ from hybridllm.wire.requests import (
     ChatCompletionRequest,
     ChatMessage,
     CompletionRequest,
+    ResponseFormat,
     SamplingRequest,
     StreamOptions,
     TextPart,
+    checked_response_format,
     parse_request,
 )
 
@@ -50,15 +55,41 @@ def _bias_keys(value: dict[str, float] | None) -> dict[str, float] | None:
     return value
 
 
-class CloudChatCompletionRequest(ChatCompletionRequest):
+def _grammar_of(value: ResponseFormat | None) -> Any:
+    """The format's Grammar (None for text); a format the core refuses is a 400 with its field."""
+    if value is None:
+        return None
+    from hybridllm._structured import ResponseFormatError, parse_response_format
+
+    try:
+        return parse_response_format(value.model_dump(exclude_none=True))
+    except ResponseFormatError as exc:
+        raise WireError(str(exc), param=exc.param or "response_format") from None
+
+
+class _StructuredMixin:
+    """``response_format`` parsed once, at validation; ``response_grammar()`` hands it over."""
+
+    _grammar: Any = PrivateAttr(default=None)
+
+    def response_grammar(self) -> Any:
+        return self._grammar
+
+
+class CloudChatCompletionRequest(_StructuredMixin, ChatCompletionRequest):
     """A chat body with OpenAI's ``logprobs`` (bool) and ``top_logprobs`` (0..20) served."""
 
     logprobs: bool | None = None
     top_logprobs: Annotated[int, Field(ge=0, le=20), _INTEGRAL] | None = None
     logit_bias: LogitBias | None = None
 
-    # same names as the shared model's refusing validators: these replace them (the penalties are
-    # the shared model's own: hybridllm/wire/requests.py)
+    # same names as the shared model's refusing validators: these replace them (the penalties and
+    # response_format are the shared model's own: hybridllm/wire/requests.py)
+    @model_validator(mode="after")
+    def _parse_format(self) -> CloudChatCompletionRequest:
+        self._grammar = _grammar_of(self.response_format)
+        return self
+
     @field_validator("logprobs")
     @classmethod
     def _no_logprobs(cls, value: bool | None) -> bool | None:
@@ -114,11 +145,23 @@ class CloudChatCompletionRequest(ChatCompletionRequest):
         return value
 
 
-class CloudCompletionRequest(CompletionRequest):
-    """A legacy completions body with ``logprobs`` (0..5 alternatives per token) served."""
+class CloudCompletionRequest(_StructuredMixin, CompletionRequest):
+    """A legacy completions body with ``logprobs`` (0..5 alternatives per token) served, and
+    ``response_format`` (vLLM's extension of this endpoint)."""
 
     logprobs: Annotated[int, Field(ge=0, le=5), _INTEGRAL] | None = None
     logit_bias: LogitBias | None = None
+    response_format: ResponseFormat | None = None
+
+    @field_validator("response_format")
+    @classmethod
+    def _format(cls, value: ResponseFormat | None) -> ResponseFormat | None:
+        return checked_response_format(value)
+
+    @model_validator(mode="after")
+    def _parse_format(self) -> CloudCompletionRequest:
+        self._grammar = _grammar_of(self.response_format)
+        return self
 
     @field_validator("logprobs")
     @classmethod

@@ -136,6 +136,8 @@ class OpenAIServing:
             num_speculative_tokens=req.num_speculative_tokens,
             # the shared models (the proxy's) have no num_logprobs: they refuse logprobs
             logprobs=getattr(req, "num_logprobs", lambda: None)(),
+            # the Grammar its response_format was parsed to (None: plain text)
+            response_format=getattr(req, "response_grammar", lambda: None)(),
             **_extra_sampling(req, _vocab_size(tokenizer)),
         )
         return Prepared(

@@ -190,7 +190,11 @@ class RemoteEngine:
         if not self._ready:
             raise NotReadyError("the cluster front end is still starting")
         ids = list(self.tokenizer.encode(prompt)) if isinstance(prompt, str) else list(prompt)
-        return self._stream(request_id, ids, dataclasses.asdict(params), on_scheduled)
+        fields = dataclasses.asdict(dataclasses.replace(params, response_format=None))
+        # a Grammar travels as its normalized OpenAI dict, which the replica's SamplingParams parses
+        grammar = params.response_format
+        fields["response_format"] = grammar.response_format if grammar is not None else None
+        return self._stream(request_id, ids, fields, on_scheduled)
 
     async def _stream(
         self, request_id: str, prompt_ids: list[int], params: dict[str, Any],

@@ -131,6 +131,9 @@ class LLMEngine(SpecSetupMixin, OutputProcessorMixin, EngineStatsMixin):
             )
         if not prompt_ids:
             raise InvalidRequestError("the prompt is empty", param="prompt")
+        if params.response_format is not None and not hasattr(self.tokenizer, "structured_token_bytes"):
+            raise InvalidRequestError("response_format needs a tokenizer that gives each token's bytes; "
+                                      "this model's does not", param="response_format")
         total = len(prompt_ids) + params.max_tokens
         if total > self.max_model_len:
             raise ContextLengthError(
@@ -151,11 +154,26 @@ class LLMEngine(SpecSetupMixin, OutputProcessorMixin, EngineStatsMixin):
             raise InvalidRequestError(f"duplicate request id {request_id!r}")
         prompt_ids = self.encode_prompt(prompt)
         self.check_request(prompt_ids, params)
+        if params.response_format is not None:
+            self._structured_index()
         seq = Sequence(request_id, prompt_ids, params)
         self.scheduler.add(seq)  # QueueFullError when the waiting queue is full
         self._requests[request_id] = _Request(seq, IncrementalDetokenizer(self._decode_answer, params.stop),
                                               on_scheduled=on_scheduled)
         return seq
+
+    def _structured_index(self) -> Any:
+        """The model's TokenIndex, built at the first response_format request (a pass over the
+        vocabulary: about a second for 150k tokens, once), not at start-up."""
+        if self._token_index is None:
+            from .structured import build_index
+
+            started = time.perf_counter()
+            self._token_index = build_index(self.tokenizer, self.model_config.vocab_size,
+                                            list(self.tokenizer.eos_token_ids))
+            self.runner.token_index = self.spec.token_index = self._token_index
+            logger.info("response_format token index built in %.2f s", time.perf_counter() - started)
+        return self._token_index
 
     def abort(self, request_id: str) -> RequestOutput | None:
         """Drop a request; its KV blocks go back to the pool at once."""

@@ -26,6 +26,7 @@ from ..layers.sampler import Sampler, TokenHistory
 from ..models.config import ModelConfig
 from .cuda_graph import DecodeGraphs
 from .scheduler import ScheduledSeq
+from .structured import row_masks
 
 # Keys every attention row reads at least (masked past the row's own context). torch's CPU softmax
 # sums a row shorter than its vector width (16 floats on AVX-512) in another order than the same
@@ -95,6 +96,8 @@ class ModelRunner:
         # a draft's cut head: tokens are sampled among ids below vocab_limit only
         head = cast(Linear, model.lm_head)
         self.head = head.first_rows(vocab_limit) if vocab_limit else None
+        # the engine's TokenIndex, set at its first response_format request (engine/structured.py)
+        self.token_index: Any = None
 
     def _slot_table(self, tables: list[list[int]], length: int) -> torch.Tensor:
         """Slots of positions 0..length-1 for each block table: [B, length] (0 past the end)."""
@@ -190,7 +193,8 @@ class ModelRunner:
             return StepResult({})
         logits = self.model.compute_logits(hidden[rows], head=self.head)  # [R, vocab or limit]
         out = self.sampler(logits, [s.seq.seq_id for s in owners], [s.seq.params for s in owners],
-                           return_probs=return_probs, histories=self._histories(order))
+                           return_probs=return_probs, histories=self._histories(order),
+                           masks=row_masks(order, self.token_index, logits.device))
         tokens: dict[int, list[int] | BaseException] = {}
         probs: dict[int, list[torch.Tensor]] = {}
         for i, (s, tok) in enumerate(zip(owners, out.tokens, strict=True)):

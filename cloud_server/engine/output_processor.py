@@ -11,6 +11,7 @@ from .logprobs import TextOffsets, TokenLogprob, release, token_logprobs
 from .outputs import RequestOutput
 from .scheduler import Scheduler
 from .sequence import Sequence
+from .structured import advance
 
 
 @dataclass
@@ -32,6 +33,7 @@ class OutputProcessorMixin:
     runner: Any
     spec: Any
     _requests: dict[str, _Request]
+    _token_index: Any = None  # the TokenIndex, once a response_format request came (LLMEngine)
 
     @property
     def _decode_answer(self) -> Any:
@@ -66,14 +68,22 @@ class OutputProcessorMixin:
         first = seq.num_tokens - len(tokens)  # index of the first new token
         # text token by token only where a stop string ends inside a multi-token run
         each = len(tokens) > 1 and req.detok.finds_stop(seq.output_token_ids)
+        matcher = seq.matcher
         for j, token in enumerate(tokens):
             end = first + j + 1  # sequence length up to and including this token
-            if (token in self.tokenizer.eos_token_ids and not p.ignore_eos) or (token in p.stop_token_ids):
+            eos = token in self.tokenizer.eos_token_ids
+            if matcher is not None and not eos:
+                advance(self._token_index, matcher, token)
+            if (eos and (not p.ignore_eos or matcher is not None)) or (token in p.stop_token_ids):
+                # a grammar allows an EOS only once its value is complete: ignore_eos has no tokens
+                # to add then, and the request ends
                 reason, stop_token = "stop", True
+            elif matcher is not None and matcher.finished:
+                reason = "stop"  # the value is complete and nothing may follow it, EOS included
             elif end - seq.num_prompt_tokens >= p.max_tokens or end >= self.max_model_len:
                 reason = "length"
             if reason is not None or each or j == len(tokens) - 1:
-                text_end = end - 1 if reason == "stop" else end  # a stop token's text is not sent
+                text_end = end - 1 if stop_token else end  # a stop token's text is not sent
                 text_ids = seq.token_ids[seq.num_prompt_tokens : text_end]
                 delta += req.detok.update(text_ids, final=reason is not None)
                 if req.detok.stopped:

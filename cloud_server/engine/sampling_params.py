@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from hybridllm._types import is_integer
 from hybridllm._types import is_real as _real
@@ -48,6 +49,7 @@ class SamplingParams:
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     logit_bias: dict[int, float] | None = None
+    response_format: Any = None  # a Grammar (or OpenAI's dict, parsed to one) or None
 
     def __post_init__(self) -> None:
         # a wrong type is the caller's error too, never a TypeError from a comparison below (None,
@@ -110,6 +112,25 @@ class SamplingParams:
                 setattr(self, name, int(getattr(self, name)))
         self.stop_token_ids = [int(t) for t in self.stop_token_ids]
         self._check_controls()
+        self._check_response_format()
+
+    def _check_response_format(self) -> None:
+        """OpenAI's dict (or a Grammar) -> a Grammar, or None for {"type": "text"}; a format the
+        grammar core refuses is an error naming its field."""
+        value = self.response_format
+        if value is None:
+            return
+        from hybridllm._structured import Grammar, ResponseFormatError, parse_response_format
+
+        if isinstance(value, Grammar):
+            return
+        if not isinstance(value, dict):
+            raise InvalidRequestError("response_format must be an object such as {\"type\": \"json_object\"}",
+                                      param="response_format")
+        try:
+            self.response_format = parse_response_format(value)
+        except ResponseFormatError as exc:
+            raise InvalidRequestError(str(exc), param=exc.param or "response_format") from None
 
     def _check_controls(self) -> None:
         """min_p, the penalties and logit_bias: checked, then plain floats and ints (the sampler's

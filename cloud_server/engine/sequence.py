@@ -40,6 +40,9 @@ class Sequence:
         self.num_preemptions = 0
         self.finish_reason: str | None = None
         self.arrival_time = time.monotonic()
+        # a response_format request's grammar state at the end of its output (engine/structured.py)
+        grammar = params.response_format
+        self.matcher = grammar.matcher() if grammar is not None else None
 
     @property
     def num_tokens(self) -> int:

@@ -7,9 +7,13 @@ none does takes the plain path, and a row that does not is bit for bit what it i
    the prompt or the output so far, logit / r where the logit is > 0, logit * r otherwise.
 3. ``presence_penalty`` p and ``frequency_penalty`` f (OpenAI's), over the output tokens so far:
    logit[t] -= p * [count[t] > 0] + f * count[t].
-4. temperature, top_k, top_p (below), then ``min_p`` m: the tokens whose probability is below
+4. ``response_format`` (vLLM's grammar mask, which it applies with logit_bias, first): the tokens
+   the row's grammar does not allow get -inf. Steps 1-3 act on each token's own logit, so their
+   order against the mask changes nothing; it comes after them only so that the penalties' clamp
+   to +-1e30 cannot lift a masked -inf back.
+5. temperature, top_k, top_p (below), then ``min_p`` m: the tokens whose probability is below
    m * (the largest probability) are dropped, and the rest renormalized.
-Greedy rows take the argmax of the biased and penalised logits. "So far" is the row's own
+Greedy rows take the argmax of the biased, penalised and masked logits. "So far" is the row's own
 position: a speculative step's row j counts the drafts before it (the output, if accepted).
 
 Sampling: p = softmax(logits / T); keep the top_k most likely tokens, then the smallest set whose
@@ -22,8 +26,8 @@ A failure that belongs to one row (its settings, its generator) ends that row on
 retried row by row and the failing rows come back as exceptions instead of tokens.
 
 Log-probabilities, for the rows whose request asks for them only: log_softmax of the raw logits,
-the model's own distribution before bias, penalties, temperature, top-k, top-p and min-p (what
-OpenAI and vLLM report).
+the model's own distribution before bias, penalties, grammar mask, temperature, top-k, top-p and
+min-p (what OpenAI and vLLM report).
 """
 
 from __future__ import annotations
@@ -104,11 +108,13 @@ class Sampler:
         *,
         return_probs: bool = False,
         histories: Sequence[TokenHistory | None] | None = None,  # per row; needed by penalties
+        masks: Sequence[torch.Tensor | None] | None = None,  # per row: [V] bool, the grammar's tokens
     ) -> SamplerOutput:
         logprobs = raw_logprobs(logits, params)
         hist: list[TokenHistory | None] = list(histories) if histories is not None else [None] * len(params)
+        mask: list[torch.Tensor | None] | None = list(masks) if masks is not None else None
         try:
-            tokens, probs = self._sample(logits, seq_ids, params, return_probs, hist)
+            tokens, probs = self._sample(logits, seq_ids, params, return_probs, hist, mask)
             return SamplerOutput(list(tokens), probs, logprobs)
         except Exception:  # find the rows at fault; the others still get their tokens
             out: list[int | BaseException] = []
@@ -117,7 +123,7 @@ class Sampler:
                 try:
                     tok, p = self._sample(
                         logits[i : i + 1], seq_ids[i : i + 1], params[i : i + 1], return_probs,
-                        hist[i : i + 1],
+                        hist[i : i + 1], mask[i : i + 1] if mask is not None else None,
                     )
                     out.append(tok[0])
                     rows.append(p)
@@ -136,9 +142,12 @@ class Sampler:
         params: list[SamplingParams],
         return_probs: bool,
         histories: list[TokenHistory | None],
+        masks: list[torch.Tensor | None] | None = None,
     ) -> tuple[list[int], torch.Tensor | None]:
         dev = logits.device
         logits = self._bias_and_penalise(logits, params, histories)
+        if masks is not None:
+            logits = _grammar_mask(logits, masks)
         greedy = logits.argmax(dim=-1)  # [N]
         # argmax takes a NaN for the largest logit, so a row with one would emit the NaN's id, and
         # a row of -inf only (every token masked) would emit id 0: neither has a distribution, so
@@ -281,6 +290,22 @@ class Sampler:
 
 
 _LOGIT_CAP = 1e30  # the largest magnitude a penalty may give a logit (see Sampler._penalise)
+
+
+def _grammar_mask(logits: torch.Tensor, masks: list[torch.Tensor | None]) -> torch.Tensor:
+    """``logits`` [N, V] with -inf where a row's grammar mask [V] is False (rows without a mask
+    as they are): a new tensor, the raw logits stay the logprobs' source (and the per-row retry's)."""
+    rows = [i for i, m in enumerate(masks) if m is not None]
+    if not rows:
+        return logits
+    vocab = logits.shape[1]
+    allowed = torch.stack([m[:vocab] for m in masks if m is not None])  # [S, V] bool
+    out = logits.float().clone()  # [N, V]
+    index = torch.tensor(rows, device=logits.device)  # [S]
+    # logit[t] = -inf where the grammar refuses t; softmax then gives it 0, argmax never picks it
+    # (only the S structured rows are written: a batch of plain rows beside one costs them nothing)
+    out[index] = out[index].masked_fill(~allowed, float("-inf"))
+    return out
 
 
 def _long_tensor(ids: list[int], device: torch.device) -> torch.Tensor:

@@ -14,13 +14,16 @@ caller writes whole.
 
 from __future__ import annotations
 
-import functools
 import json
-import re
 from pathlib import Path
 from typing import Any
 
 from hybridllm._chat_template import named_chat_template
+
+# a SentencePiece byte-fallback token (<0xNN>) and the byte-level BPE alphabet, as the grammar core
+# reads vocabularies (one table for both)
+from hybridllm._structured._tokens import BYTE_PIECE as _BYTE_TOKEN
+from hybridllm._structured._tokens import byte_level_alphabet as _byte_level_alphabet
 from hybridllm.prompts import llama_bytes
 
 from ..exceptions import InvalidRequestError, ModelLoadError
@@ -101,22 +104,6 @@ class _ChatTemplateMixin:
         return tuple(self.prompt_format().stops(messages))
 
 
-# A SentencePiece byte-fallback token: one raw byte, written <0xNN>.
-_BYTE_TOKEN = re.compile(r"<0x([0-9A-Fa-f]{2})>")
-
-
-@functools.cache
-def _byte_level_alphabet() -> dict[str, int]:
-    """A byte-level BPE vocabulary writes each byte as one printable character: bytes that are
-    printable Latin-1 stay themselves, the others become U+0100 onward in byte order. Inverted here:
-    character -> byte."""
-    kept = [*range(0x21, 0x7F), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
-    table = {chr(b): b for b in kept}
-    moved = [b for b in range(256) if b not in table.values()]
-    table.update({chr(0x100 + n): b for n, b in enumerate(moved)})
-    return table
-
-
 class GGUFTokenizer(_ChatTemplateMixin):
     """llama.cpp's vocabulary (``vocab_only=True``): token ids match the edge model exactly."""
 
@@ -181,6 +168,12 @@ class GGUFTokenizer(_ChatTemplateMixin):
     def token_bytes(self, token_id: int) -> bytes:
         """The token's own bytes (part of a character for some tokens), as ``decode`` reads them."""
         return self._bytes([token_id])
+
+    def structured_token_bytes(self) -> list[bytes | None]:
+        """Per id, the bytes the token adds to an answer's text; None for a marker (control)
+        token: what ``response_format``'s token index reads (engine/structured.py)."""
+        markers = set(self._special_ids().values())
+        return [None if i in markers else self._bytes([i]) or None for i in range(self.vocab_size)]
 
     def _bytes(self, ids: list[int]) -> bytes:
         # An id outside the vocabulary (an output head wider than the token list, an id given by a
@@ -274,6 +267,18 @@ class HFTokenizer(_ChatTemplateMixin):
         if self._byte_level and all(c in alphabet for c in piece):
             return bytes(alphabet[c] for c in piece)
         return text.encode("utf-8")
+
+    def structured_token_bytes(self) -> list[bytes | None]:
+        """Per id, the bytes the token adds to an answer's text (None for a special token), by
+        the grammar core's reading of ``tokenizers`` vocabularies; the template's other markers
+        (Qwen's unflagged ``<tool_call>``) are None too."""
+        from hybridllm._structured import token_bytes_from_tokenizer
+
+        out = list(token_bytes_from_tokenizer(self._tok))
+        for i in self._specials.values():
+            if 0 <= i < len(out):
+                out[i] = None
+        return out
 
     def _special_ids(self) -> dict[str, int]:
         return self._specials

@@ -41,6 +41,7 @@ from typing import Any
 
 from ..scheduler import ScheduledSeq
 from ..sequence import Sequence
+from ..structured import grammar_prefix
 from .ngram import propose_ngram
 from .rejection import verify_greedy, verify_sampled
 
@@ -135,6 +136,7 @@ class SpecDecoder:
         self._draft_probs: dict[int, Any] = {}  # q of this step's draft-model drafts, for verify()
         # the step's start value of each state it changed (None: it had none), for restore_marks
         self._journal: dict[int, _SeqState | None] = {}
+        self.token_index: Any = None  # the engine's, once a response_format request came
 
     def method_for(self, seq: Sequence) -> tuple[str | None, int]:
         """The request's own choice, else the server's."""
@@ -184,6 +186,8 @@ class SpecDecoder:
             if not state.whole:
                 k = min(k, _RAMP)
             drafts = propose_ngram(seq.token_ids, k, fallback_k=_FALLBACK)
+            if seq.matcher is not None and self.token_index is not None:  # a response_format request
+                drafts = grammar_prefix(self.token_index, seq.matcher, drafts)
             state.whole = False  # verify() sets it again when these drafts all pass
             if drafts:
                 self._ngram[seq.seq_id] = drafts

@@ -67,7 +67,11 @@ def test_limits_and_stop() -> None:
         ({"tools": [{"type": "function"}]}, "tools"),
         ({"tool_choice": "auto"}, "tool_choice"),
         ({"stream_options": {"include_usage": True}}, "stream_options"),
-        ({"response_format": {"type": "json_object"}}, "response_format"),
+        # json_object and json_schema are served (review 32): a schema beside another type is not
+        ({"response_format": {"type": "json_object", "json_schema": {}}}, "response_format.json_schema"),
+        ({"response_format": {"type": "json_schema",
+                              "json_schema": {"schema": {"type": "string", "pattern": "a"}}}},
+         "response_format.json_schema.schema.pattern"),
         ({"logit_bias": {"42": 5}}, "logit_bias"),
         ({"unknown_field": 1}, "unknown_field"),
     ],

@@ -90,6 +90,27 @@ def test_chat_and_stream(cluster):
     assert 'hybridllm_energy_joules_total{model="smollm2",source=' in metrics
 
 
+def test_structured_output_through_the_replicas(cluster):
+    # the front end sends the format as its dict, each replica compiles it and masks its tokens:
+    # the answers are the schema's whatever replica takes them (two requests, streamed and not)
+    import json
+
+    schema = {"type": "object", "required": ["capital", "population"],
+              "properties": {"capital": {"type": "string"}, "population": {"type": "integer"}}}
+    fmt = {"type": "json_schema", "json_schema": {"name": "city", "schema": schema}}
+    client = _client(cluster)
+    messages = [{"role": "user", "content": "The capital of France and its population, as JSON."}]
+    r = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=60, temperature=0,
+                                       response_format=fmt)
+    assert r.choices[0].finish_reason == "stop", r.choices[0].message.content
+    value = json.loads(r.choices[0].message.content)
+    assert list(value) == ["capital", "population"] and isinstance(value["population"], int), value
+    stream = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=60, temperature=0,
+                                            response_format=fmt, stream=True)
+    text = "".join(c.delta.content or "" for chunk in stream for c in chunk.choices)
+    assert text == r.choices[0].message.content  # greedy: the same answer on either replica
+
+
 def test_concurrent_clients_spread_by_tokens_and_stick_by_prefix(cluster):
     client = _client(cluster)
     before = {k: v["stats"].get("steps", 0) for k, v in _fleet().items()}

@@ -63,6 +63,54 @@ def _threads(text: str) -> int:
     return value
 
 
+MAX_SCHEMA_BYTES = 1 << 20  # far past any schema a model can follow; a wrong file named, not read whole
+
+
+def _json_schema(path: str) -> dict[str, Any]:
+    """An argparse type for --json-schema: the file's JSON Schema as OpenAI's response_format,
+    checked by the request's rules (what the grammar core does not support is named), so a bad
+    file is a usage error before any model loads. The file holds a schema, or OpenAI's
+    ``json_schema`` object ({"name", "schema", ...}), or a whole response_format."""
+    import json
+    import re
+    from pathlib import Path
+
+    from ._exceptions import InvalidRequestError
+    from ._types import GenerationParams
+
+    try:
+        with open(path, "rb") as f:
+            data = f.read(MAX_SCHEMA_BYTES + 1)
+    except OSError as exc:
+        raise argparse.ArgumentTypeError(f"cannot read {path!r} ({exc.strerror or exc}); give the path "
+                                         "of a JSON file holding a JSON Schema") from None
+    if len(data) > MAX_SCHEMA_BYTES:
+        raise argparse.ArgumentTypeError(f"{path!r} is over {MAX_SCHEMA_BYTES >> 20} MiB: is it the "
+                                         "schema? Give a JSON file holding one JSON Schema")
+    try:
+        doc = json.loads(data)
+    except ValueError as exc:  # bad JSON, or bytes that are no UTF-8 text
+        raise argparse.ArgumentTypeError(f"{path!r} is not JSON ({exc}); it must hold one JSON "
+                                         "Schema object, such as {\"type\": \"object\", ...}") from None
+    if not isinstance(doc, dict):
+        kind = {"list": "array", "str": "string", "NoneType": "null", "bool": "boolean"}.get(
+            type(doc).__name__, "number")
+        raise argparse.ArgumentTypeError(f"{path!r} holds a JSON {kind}, not a JSON "
+                                         "Schema object ({\"type\": \"object\", ...})")
+    if doc.get("type") == "json_schema" and "json_schema" in doc:  # a whole response_format
+        fmt = doc
+    elif "schema" in doc and "name" in doc:  # OpenAI's json_schema object
+        fmt = {"type": "json_schema", "json_schema": doc}
+    else:  # a bare schema, named after its file (OpenAI's names: letters, digits, _ and -)
+        name = re.sub(r"[^A-Za-z0-9_-]", "_", Path(path).stem)[:64] or "schema"
+        fmt = {"type": "json_schema", "json_schema": {"name": name, "schema": doc}}
+    try:
+        GenerationParams(response_format=fmt)
+    except InvalidRequestError as exc:
+        raise argparse.ArgumentTypeError(f"{path!r}: {exc}") from None
+    return fmt
+
+
 def _setting(name: str, none: str = "none") -> str:
     """How --help states a default the settings can change: an option left out takes the setting
     (see SETTINGS_EPILOG), and only without one the built-in value, read from the settings' own
@@ -110,11 +158,26 @@ def _add_sampling(p: argparse.ArgumentParser) -> None:
                         f"({_setting('seed', 'none: a new draw each time')})")
     p.add_argument("--stop", action="append", default=None, type=_stop_string,
                    help=f"stop string, repeatable up to {MAX_STOP} times (default: none)")
+    structured = p.add_mutually_exclusive_group()
+    structured.add_argument("--json-object", action="store_true", default=False,
+                            help="answer with one JSON object (OpenAI's response_format json_object; "
+                                 "default: plain text)")
+    structured.add_argument("--json-schema", type=_json_schema, default=None, metavar="FILE",
+                            help="answer with JSON that FILE's JSON Schema describes (response_format "
+                                 "json_schema; FILE holds the schema, or OpenAI's whole json_schema "
+                                 "object with name and schema; default: plain text)")
     p.add_argument("--threads", type=_threads, default=None,
                    help=f"CPU threads ({_setting('n_threads', 'all cores')})")
     p.add_argument("--backend", choices=("llama_cpp", "onnx"), default=None,
                    help="edge runtime: llama_cpp (GGUF) or onnx (ONNX Runtime GenAI) "
                         f"({_setting('edge_backend')})")
+
+
+def _response_format(args: argparse.Namespace) -> dict[str, Any] | None:
+    """--json-object or --json-schema FILE as OpenAI's response_format; None for plain text."""
+    if getattr(args, "json_schema", None) is not None:
+        return args.json_schema  # type: ignore[no-any-return]
+    return {"type": "json_object"} if getattr(args, "json_object", False) else None
 
 
 def _sampling(args: argparse.Namespace) -> dict[str, Any]:
@@ -124,7 +187,8 @@ def _sampling(args: argparse.Namespace) -> dict[str, Any]:
     options = {"max_tokens": args.max_tokens, "temperature": args.temperature, "top_p": args.top_p,
                "top_k": args.top_k, "min_p": args.min_p, "repeat_penalty": args.repeat_penalty,
                "presence_penalty": args.presence_penalty, "frequency_penalty": args.frequency_penalty,
-               "seed": args.seed, "stop": tuple(args.stop) if args.stop else None}
+               "seed": args.seed, "stop": tuple(args.stop) if args.stop else None,
+               "response_format": _response_format(args)}
     if args.stop and len(args.stop) > MAX_STOP:  # a usage error naming the option, as the others
         raise _UsageError(f"argument --stop: at most {MAX_STOP} stop strings, got {len(args.stop)}.")
     GenerationParams.from_kwargs(**options)

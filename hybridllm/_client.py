@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import json
 import os
 import threading
 import weakref
@@ -33,11 +34,23 @@ from ._lifecycle import _OPEN_CLIENTS, _close_collected, _Live, _snapshot
 from ._loop_thread import _LoopThread
 from ._parts import _build_core
 from ._pipeline import CachePort, Core, PolicyPort
+from ._pipeline.request import Request
 from ._stream import Stream
-from ._types import Completion, Message
+from ._types import Completion, GenerationParams, Message
 from .backends.base import Backend
 
 VIEW_STOP_WAIT_S = 10.0  # at close, the longest wait for the answers of wrap() views to stop
+
+
+def _with_parsed(completion: Completion, params: GenerationParams) -> Completion:
+    """``completion.parsed``: its text read as JSON when the request asked for structured output
+    (left None when the text is not JSON: an answer cut by max_tokens)."""
+    if params.response_format is not None:
+        try:
+            completion.__dict__["_parsed"] = json.loads(completion.text)
+        except ValueError:
+            pass
+    return completion
 
 
 class _Surface(_Live):
@@ -127,24 +140,30 @@ class HybridLLM(_Surface):
         """Answer ``messages`` (a string or OpenAI-style messages) and return the Completion.
 
         Keyword options: sampling (max_tokens, temperature, top_p, top_k, min_p,
-        repeat_penalty, presence_penalty, frequency_penalty, seed, stop) and routing
+        repeat_penalty, presence_penalty, frequency_penalty, seed, stop), structured output
+        (response_format={"type": "json_object"}, a json_schema dict, or a pydantic model class;
+        ``Completion.parsed`` then holds the answer read as JSON) and routing
         (route="edge"|"cloud", cache=False, cascade=True|False, namespace="tenant").
         """
-        with self.stream(messages, **params) as stream:
+        req, stream = self._open(messages, params)
+        with stream:
             for _ in stream:
                 pass
         if stream.completion is None:  # the pipeline always ends with one
             raise HybridLLMError("The backend ended without finishing the answer.")
-        return stream.completion
+        return _with_parsed(stream.completion, req.params)
 
     def stream(self, messages: str | Sequence[Message], **params: Any) -> Stream:
         """Stream the answer chunk by chunk. Bad input raises here, before any chunk; leaving
         the loop or closing the stream stops generation."""
+        return self._open(messages, params)[1]
+
+    def _open(self, messages: str | Sequence[Message], params: dict[str, Any]) -> tuple[Request, Stream]:
         req = self._core.prepare(messages, params)
         req.inline_edge = True  # a device answer is generated on the reading thread
         stream = Stream(self._core.run(req), self._loop, owner=self)
         self._streams.add(stream)
-        return stream
+        return req, stream
 
     def close(self) -> None:
         """Stop what is running, free the device model, end the client's threads."""
@@ -214,21 +233,25 @@ class AsyncHybridLLM(_Surface):
         return [stop for stop in stops if stop is not None]
 
     async def chat(self, messages: str | Sequence[Message], **params: Any) -> Completion:
-        async with self.stream(messages, **params) as stream:
+        req, stream = self._open(messages, params)
+        async with stream:
             async for _ in stream:
                 pass
         if stream.completion is None:
             raise HybridLLMError("The backend ended without finishing the answer.")
-        return stream.completion
+        return _with_parsed(stream.completion, req.params)
 
     def stream(self, messages: str | Sequence[Message], **params: Any) -> AsyncStream:
         """An :class:`AsyncStream` of chunks; bad input raises here, at the call."""
+        return self._open(messages, params)[1]
+
+    def _open(self, messages: str | Sequence[Message], params: dict[str, Any]) -> tuple[Request, AsyncStream]:
         if self._closed:
             raise HybridLLMError(ASYNC_CLIENT_CLOSED)
         req = self._core.prepare(messages, params)
         stream = AsyncStream(self._core.run(req), owner=self)
         self._streams.add(stream)
-        return stream
+        return req, stream
 
     async def aclose(self) -> None:
         """Stop the answers still streaming (their readers get ``HybridLLMError``, as with the

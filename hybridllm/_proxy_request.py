@@ -6,7 +6,9 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from ._types import MAX_STOP  # the library's bound (OpenAI's 4), not the wire's 32
+from ._types import (
+    MAX_STOP,  # the library's bound (OpenAI's 4), not the wire's 32
+    )
 from .wire import ChatCompletionRequest, WireError
 from .wire.requests import _STREAM_RULE
 
@@ -49,7 +51,6 @@ def _schema_extra(schema: dict[str, Any]) -> None:
 class ProxyChatRequest(ChatCompletionRequest):
     model_config = ConfigDict(json_schema_extra=_schema_extra)
     hybridllm: HybridOptions | None = None
-
     @model_validator(mode="after")
     def _needs_a_user_turn(self) -> ProxyChatRequest:
         if not any(m.role == "user" for m in self.messages):
@@ -111,6 +112,9 @@ class ProxyChatRequest(ChatCompletionRequest):
             "frequency_penalty": self.frequency_penalty,
             "seed": self.seed,
             "stop": tuple(self.stop_list()) if self.stop is not None else None,
+            "response_format": (self.response_format.model_dump(exclude_none=True)
+                                if self.response_format is not None and self.response_format.type != "text"
+                                else None),
         }
         opts = {k: v for k, v in opts.items() if v is not None}
         if self.hybridllm is not None:

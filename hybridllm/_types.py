@@ -165,6 +165,9 @@ class GenerationParams:
     # OpenAI's penalties over the answer's own tokens (0 = off); last, so positional use stays as it was
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
+    # structured output: OpenAI's response_format, kept normalized (the core's Grammar.response_format);
+    # None for plain text. compare-only, not hashed: a dict has no hash
+    response_format: dict[str, Any] | None = field(default=None, hash=False)
 
     __repr__ = private_repr
 
@@ -210,6 +213,7 @@ class GenerationParams:
         if not isinstance(self.logprobs, bool):
             raise InvalidRequestError(f"logprobs must be true or false, got {self.logprobs!r}.")
         object.__setattr__(self, "stop", stop)
+        object.__setattr__(self, "response_format", _normalized_format(self.response_format))
         # ... and kept as Python's own, a float field as a float: temperature=0 and 0.0 key one cache
         # bucket (the key is JSON: "0" and "0.0" were two), and a cloud's JSON body can hold them
         for name in ("max_tokens", "top_k", "seed"):
@@ -246,7 +250,58 @@ class GenerationParams:
         for name in ("presence_penalty", "frequency_penalty"):
             if key[name] == 0.0:  # -0.0 too
                 del key[name]
+        # plain text keys the bucket it keyed before structured output existed; a format keys its
+        # own by the grammar's canonical key, so text and structured answers never meet
+        if self.response_format is None:
+            del key["response_format"]
+        else:
+            key["response_format"] = grammar_of(self.response_format).key
         return key
+
+
+def _normalized_format(value: Any) -> dict[str, Any] | None:
+    """``response_format`` as the core normalizes it: None for plain text, else OpenAI's dict. A
+    pydantic model class (as openai's ``parse`` takes) is its JSON schema, under its class name."""
+    if value is None:
+        return None
+    if isinstance(value, type) and callable(getattr(value, "model_json_schema", None)):
+        model: Any = value
+        try:
+            schema = model.model_json_schema()
+        except Exception as exc:  # a model pydantic cannot describe (an arbitrary type in a field)
+            raise InvalidRequestError(
+                f"response_format: pydantic could not make a JSON schema of {value.__name__} "
+                f"({type(exc).__name__}: {exc}); pass the schema as a dict instead.") from exc
+        value = {"type": "json_schema", "json_schema": {"name": value.__name__, "schema": schema,
+                                                          "strict": True}}
+    if not isinstance(value, dict):
+        raise InvalidRequestError(
+            "response_format must be a dict such as {'type': 'json_object'} or {'type': 'json_schema', "
+            "'json_schema': {'name': ..., 'schema': {...}}}, or a pydantic model class; got "
+            f"{type(value).__name__}.")
+    grammar = grammar_of(value)
+    return None if grammar is None else grammar.response_format  # type: ignore[no-any-return]
+
+
+def grammar_of(response_format: dict[str, Any]) -> Any:
+    """The core's Grammar of a response format, None for plain text (the core keeps each format's
+    grammar: the request, its cache key and a backend ask for the same one). ResponseFormatError
+    becomes the caller's InvalidRequestError, naming the field and what to do."""
+    import json
+
+    from ._structured import ResponseFormatError, parse_response_format  # at the first format only
+
+    try:  # in the caller's key order: a schema's property order is the answer's key order
+        text = json.dumps(response_format, allow_nan=False)
+    except (TypeError, ValueError) as exc:  # a set, an object, NaN: no JSON, so no schema
+        raise InvalidRequestError(f"response_format must hold JSON values only ({exc}).") from exc
+    try:  # as JSON reads it (a tuple is a list)
+        return parse_response_format(json.loads(text))
+    except ResponseFormatError as exc:
+        where = getattr(exc, "param", None) or "response_format"
+        error = InvalidRequestError(f"{where}: {exc}")
+        error.param = where  # type: ignore[attr-defined]  # the field, for a server's 400
+        raise error from exc
 
 
 def check_option_names(names: Iterable[str], *, routing: Sequence[str] = ()) -> None:
@@ -357,6 +412,13 @@ class Completion:
     co2_saved_g: float | None = None  # against always using the fastest cloud endpoint
 
     __repr__ = private_repr
+
+    @property
+    def parsed(self) -> Any:
+        """The answer read as JSON (``json.loads(text)``) when ``chat()`` was asked for structured
+        output (``response_format``); None without one, and None when the text is not JSON (an
+        answer cut by max_tokens: ``finish_reason`` "length"). Not part of :meth:`to_dict`."""
+        return self.__dict__.get("_parsed")
 
     @property
     def energy_j_per_token(self) -> float | None:

@@ -100,8 +100,8 @@ NESTED = (b'{"model": "x", "messages": [{"role": "user", "content": "hi"}], "x":
     ({"stream_options": "x", "stream": True}, "stream_options"),
     ({"messages": [{"role": "user", "content": [{"type": "text", "text": {}}]}]},
      "messages[0].content[0].text"),
-    # item 9: accepted and silently ignored before
-    ({"response_format": {"type": "json_object"}}, "response_format"),
+    # item 9: accepted and silently ignored before (json_object / json_schema are served since review 32)
+    ({"response_format": {"type": "xml"}}, "response_format.type"),
     ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
     ({"logprobs": True}, "logprobs"),
     ({"frobnicate": 1}, "frobnicate"),

@@ -13,7 +13,10 @@ Sampled answers. The key holds every setting that changes an answer (temperature
 min_p, repeat_penalty, presence_penalty, frequency_penalty, seed, max_tokens, stop), so a seeded
 request is only ever served its own seed's draw, and an answer drawn with penalties only a request
 with the same ones. A penalty at 0 is left out of the key, so the buckets written before the
-penalties existed are those of requests without them. At temperature > 0 without a seed,
+penalties existed are those of requests without them. A structured request (``response_format``)
+keys its own bucket by its grammar's key, so plain and structured answers never meet, and a cached
+answer its grammar does not accept (cut short by max_tokens, written by another tool) is passed
+over, not served. At temperature > 0 without a seed,
 HybridLLM stores the first answer the model was sure of and serves it to later asks with the same
 settings: the assistant answers a question once and then repeats itself, which is what a user
 asking the same thing twice expects; pass
@@ -46,17 +49,19 @@ An empty question is never stored nor looked up; an empty (or blank) answer is n
 
 from __future__ import annotations
 
+import json
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-from .._exceptions import CacheError, ConfigError
+from .._exceptions import CacheError, ConfigError, HybridLLMError
 from .._message_text import check_namespace
 from .._paths import cache_dir, setting_path
-from .._types import USER_TEXT, is_integer, is_real, private_repr
+from .._types import USER_TEXT, grammar_of, is_integer, is_real, private_repr
 from ._candidates import _fits
 from ._keys import bucket_key, entry_id_for, split_messages
 from ._mirror import _Known
@@ -84,6 +89,19 @@ class CacheHit:
     metadata: dict | None = None
 
     __repr__ = private_repr
+
+
+def _format_check(params_key: dict) -> Callable[[str], bool] | None:
+    """A structured request's check of a cached answer (its grammar's ``validate``), None for
+    plain text. The key holds the grammar's own key: the normalized format as canonical JSON."""
+    key = params_key.get("response_format")
+    if not isinstance(key, str):
+        return None
+    try:
+        grammar = grammar_of(json.loads(key))
+    except (ValueError, HybridLLMError):  # a key that is no format this core takes: serve nothing
+        return lambda text: False
+    return (lambda text: False) if grammar is None else grammar.validate  # type: ignore[no-any-return]
 
 
 def _is_count(x: object) -> bool:
@@ -180,12 +198,13 @@ class SemanticCache(_Writes):
         is still found among the nearest questions, and verified as any other)."""
         context, query = split_messages(messages)
         bucket = bucket_key(self._namespace(namespace), model, params_key, context)
+        valid = _format_check(params_key)
         # a caller's vector is checked as put checks it (put stores no blank question): before, an
         # empty bucket or an exact repeat answered without a look at it, and the next put refused it
         vec = self._vector(query, embedding) if embedding is not None and query.strip() else None
         with self._lock:
             self._check_open()
-            if not exact_checked and (hit := self._exact_hit(bucket, query)) is not None:
+            if not exact_checked and (hit := self._exact_hit(bucket, query, valid)) is not None:
                 return hit
             # nothing to compare, or nothing to ask: skip the embedder
             if not self._index.bucket_size(bucket) or not query.strip():
@@ -203,7 +222,7 @@ class SemanticCache(_Writes):
                 return self._miss()
             verifier = self.verifier
             if verifier is None:
-                return self._serve(found[0][0], found[0][1], None) or self._miss()
+                return self._serve(found[0][0], found[0][1], None, valid) or self._miss()
             cached = [self._entries[eid].query for eid, _ in found]
             c_vecs = np.stack([self._index.vector(eid) for eid, _ in found])  # [k, dim]
         # the verifier runs outside the lock, as the embedder does: a reranker pass (tens of ms)
@@ -222,7 +241,7 @@ class SemanticCache(_Writes):
         with self._lock:
             if not probs[best] >= verifier.threshold:
                 return self._miss()
-            return self._serve(found[best][0], found[best][1], float(probs[best])) or self._miss()
+            return self._serve(found[best][0], found[best][1], float(probs[best]), valid) or self._miss()
 
     def get_exact(
         self, messages: list[dict], *, model: str, params_key: dict, namespace: str | None = None
@@ -233,9 +252,10 @@ class SemanticCache(_Writes):
         context, query = split_messages(messages)
         bucket = bucket_key(self._namespace(namespace), model, params_key, context)
         with self._lock:
-            return self._exact_hit(bucket, query)
+            return self._exact_hit(bucket, query, _format_check(params_key))
 
-    def _exact_hit(self, bucket: str, query: str) -> CacheHit | None:
+    def _exact_hit(self, bucket: str, query: str,
+                   valid: Callable[[str], bool] | None = None) -> CacheHit | None:
         """The entry of this very question, served; None when there is none (no miss counted).
         The caller holds the lock."""
         self._sync()
@@ -243,7 +263,7 @@ class SemanticCache(_Writes):
         if exact in self._entries and self._alive(exact):
             # gone from the file (an older hybridllm, which logs no change, deleted it): not
             # counted here, the caller's lookup goes on and counts one miss, not two
-            return self._serve(exact, 1.0, None)
+            return self._serve(exact, 1.0, None, valid)
         return None
 
     def stats(self) -> dict:
@@ -313,13 +333,17 @@ class SemanticCache(_Writes):
         self._unsaved[1] += 1
         return None
 
-    def _serve(self, entry_id: str, similarity: float, prob: float | None) -> CacheHit | None:
-        """The hit, counted; None (no miss counted: the caller's) when the entry is gone."""
+    def _serve(self, entry_id: str, similarity: float, prob: float | None,
+               valid: Callable[[str], bool] | None = None) -> CacheHit | None:
+        """The hit, counted; None (no miss counted: the caller's) when the entry is gone, or when
+        ``valid`` (a structured request's grammar) refuses its answer."""
         self._check_open()  # closed by another thread while the verifier ran
         entry = self._store.get(entry_id)
         if entry is None:  # deleted since the last sync (by another process, or while verified) or unreadable
             self._forget([entry_id])
             self._drop_unreadable()
+            return None
+        if valid is not None and not valid(entry.response):  # (cut short, or written by another tool)
             return None
         now = time.time()
         self._hits += 1

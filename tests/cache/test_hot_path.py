@@ -113,9 +113,9 @@ def test_the_pipeline_checks_the_exact_repeat_once_per_lookup(tmp_path: Path) ->
     calls = Counter()
     exact_hit = cache._exact_hit
 
-    def counting(bucket: str, query: str):
+    def counting(bucket: str, query: str, *rest):  # (rest: a structured request's answer check)
         calls[query] += 1
-        return exact_hit(bucket, query)
+        return exact_hit(bucket, query, *rest)
 
     cache._exact_hit = counting  # type: ignore[method-assign]
     llm = HybridLLM(edge=FakeBackend(model="edge-model", reply=lambda m: "edge answer"), cache=cache)

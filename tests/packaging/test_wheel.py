@@ -145,9 +145,19 @@ def test_the_installed_wheel_answers_without_torch(
         "reworded = client.chat('What is the capital city of France?', temperature=0)\n"
         "print(first.route, '|', first.text, '|', repeat.route, '|', repeat.text == first.text, '|',\n"
         "      'Paris' in reworded.text)\n"
+        # structured output on the light install: the grammar core (numpy only) holds the device's
+        # tokens to the schema
+        "schema = {'type': 'object', 'properties': {'capital': {'type': 'string'}},\n"
+        "          'required': ['capital']}\n"
+        "fmt = {'type': 'json_schema', 'json_schema': {'name': 'c', 'schema': schema}}\n"
+        "shaped = client.chat('Name the capital of France.', temperature=0, max_tokens=40,\n"
+        "                     response_format=fmt)\n"
+        "print(repr(shaped.parsed))\n"
     )
     out = _run([py, "-c", api], cwd=tmp_path, env=user_env)
-    route, text, repeat_route, same, reworded = (part.strip() for part in out.stdout.strip().split("|"))
+    answers, shaped = out.stdout.strip().splitlines()[-2:]
+    assert shaped.startswith("{'capital': "), out.stdout  # parsed: a dict with the one key
+    route, text, repeat_route, same, reworded = (part.strip() for part in answers.split("|"))
     assert route in ("edge", "cache") and "Paris" in text, out.stdout
     assert repeat_route == "cache" and same == "True", out.stdout  # the cache is on and serves it
     assert reworded == "True", out.stdout  # from the cache or the edge, a real answer

@@ -8,6 +8,7 @@ runs a list of prompts to completion for offline use, tests and benchmarks.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections import deque
 from collections.abc import Callable
@@ -29,6 +30,10 @@ from .sequence import Sequence
 from .spec_setup import SpecSetupMixin
 
 logger = logging.getLogger(__name__)
+
+# held while an engine builds its response_format TokenIndex, so threads that need it at once build
+# it once (rare, at most once per engine: one lock for all of a process's engines is enough)
+_INDEX_LOCK = threading.Lock()
 
 
 class LLMEngine(SpecSetupMixin, OutputProcessorMixin, EngineStatsMixin):
@@ -162,17 +167,28 @@ class LLMEngine(SpecSetupMixin, OutputProcessorMixin, EngineStatsMixin):
                                               on_scheduled=on_scheduled)
         return seq
 
-    def _structured_index(self) -> Any:
-        """The model's TokenIndex, built at the first response_format request (a pass over the
-        vocabulary: about a second for 150k tokens, once), not at start-up."""
-        if self._token_index is None:
-            from .structured import build_index
+    _built_index: Any = None  # the TokenIndex once built (prepare_structured)
 
-            started = time.perf_counter()
-            self._token_index = build_index(self.tokenizer, self.model_config.vocab_size,
-                                            list(self.tokenizer.eos_token_ids))
+    def prepare_structured(self) -> Any:
+        """The model's TokenIndex, built at the first call (a pass over the vocabulary: about a
+        second for 150k tokens, once), not at start-up. Safe from any thread: the async front end
+        calls it in a worker thread before it hands a first response_format request to the engine
+        thread, so the running batch keeps stepping while the index is built."""
+        with _INDEX_LOCK:
+            if self._built_index is None:
+                from .structured import build_index
+
+                started = time.perf_counter()
+                self._built_index = build_index(self.tokenizer, self.model_config.vocab_size,
+                                                list(self.tokenizer.eos_token_ids))
+                logger.info("response_format token index built in %.2f s", time.perf_counter() - started)
+            return self._built_index
+
+    def _structured_index(self) -> Any:
+        """The TokenIndex, installed in the runner and the speculator (engine thread only)."""
+        if self._token_index is None:
+            self._token_index = self.prepare_structured()
             self.runner.token_index = self.spec.token_index = self._token_index
-            logger.info("response_format token index built in %.2f s", time.perf_counter() - started)
         return self._token_index
 
     def abort(self, request_id: str) -> RequestOutput | None:

@@ -6,7 +6,7 @@ logits to the tokens the matcher accepts (``TokenIndex.allowed``); the output pr
 the matcher over every token the step appends (``advance``); speculative drafts are masked at
 their own positions (``row_masks``), so verification keeps the output exact. The ``TokenIndex``
 (the bytes each token adds to the text) is built once per engine, at its first structured request,
-not at start-up.
+not at start-up, and by the async front end off the engine thread (the running batch goes on).
 Rows without a grammar never reach this module.
 """
 

@@ -1,0 +1,91 @@
+"""The first ``response_format`` request builds the vocabulary's TokenIndex (seconds for Qwen2.5's
+151,936 tokens on a small CPU). The async front end builds it in a worker thread before it hands
+the request to the engine thread, so a batch already running goes on stepping meanwhile. Before,
+``add_request`` built it on the engine thread: every running stream stalled until it was done.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+
+import cloud_server.engine.structured as structured
+from cloud_server.config import EngineConfig
+from cloud_server.engine.async_engine import AsyncLLMEngine
+from cloud_server.engine.sampling_params import SamplingParams
+
+from .test_structured_output_review32 import JSON_OBJECT, PROMPTS, json_engine
+
+
+async def _text(stream) -> str:
+    text = ""
+    async for out in stream:
+        text += out.delta_text
+    return text
+
+
+def test_a_running_stream_keeps_stepping_while_the_first_index_is_built(monkeypatch) -> None:
+    release, building = threading.Event(), threading.Event()
+    real_build = structured.build_index
+
+    def slow_build(*args, **kwargs):  # a large vocabulary's pass, held until the test lets it go
+        building.set()
+        release.wait(30)
+        return real_build(*args, **kwargs)
+
+    monkeypatch.setattr(structured, "build_index", slow_build)
+    eng = json_engine(1.0)
+
+    async def main():
+        engine = AsyncLLMEngine(EngineConfig(model="stub", max_waiting=1000), engine=eng)
+        await engine.start()
+        try:
+            plain = asyncio.create_task(_text(engine.generate(
+                "plain", PROMPTS[0], SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True))))
+            await asyncio.sleep(0)
+            shaped = asyncio.create_task(_text(engine.generate(
+                "json", PROMPTS[1], SamplingParams(temperature=0.0, max_tokens=280,
+                                                   response_format=JSON_OBJECT))))
+            assert await asyncio.to_thread(building.wait, 10)
+            # the index is still being built: the plain stream must finish all the same
+            done, _ = await asyncio.wait({plain}, timeout=10)
+            finished_while_building = plain in done and not release.is_set()
+            release.set()
+            return finished_while_building, await asyncio.wait_for(plain, 10), \
+                await asyncio.wait_for(shaped, 30)
+        finally:
+            release.set()
+            await engine.stop()
+
+    finished_while_building, plain_text, json_text = asyncio.run(main())
+    assert finished_while_building, "the plain stream stalled while the index was built"
+    assert plain_text
+    assert isinstance(json.loads(json_text), dict)
+    assert eng.runner.token_index is not None and eng.runner.token_index is eng.prepare_structured()
+
+
+def test_concurrent_first_requests_build_the_index_once(monkeypatch) -> None:
+    calls = []
+    real_build = structured.build_index
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return real_build(*args, **kwargs)
+
+    monkeypatch.setattr(structured, "build_index", counted)
+    eng = json_engine(1.0)
+
+    async def main():
+        engine = AsyncLLMEngine(EngineConfig(model="stub", max_waiting=1000), engine=eng)
+        await engine.start()
+        try:
+            params = SamplingParams(temperature=0.0, max_tokens=280, response_format=JSON_OBJECT)
+            return await asyncio.wait_for(asyncio.gather(
+                *(_text(engine.generate(f"j{i}", p, params)) for i, p in enumerate(PROMPTS))), 60)
+        finally:
+            await engine.stop()
+
+    texts = asyncio.run(main())
+    assert len(calls) == 1
+    assert all(isinstance(json.loads(t), dict) for t in texts)

@@ -64,7 +64,7 @@ def test_serve_accepts_structured_formats_and_passes_them_to_the_device() -> Non
             assert edge.params[-1].response_format is None
             seen = len(edge.params)
             bad = {"type": "json_schema", "json_schema": {"name": "x", "schema": {
-                "type": "object", "properties": {"code": {"type": "string", "pattern": "^[A-Z]+$"}}}}}
+                "type": "object", "properties": {"code": {"type": "string", "pattern": "^([A-Z])\\1$"}}}}}
             r = post(response_format=bad)
             assert r.status_code == 400, r.text
             err = r.json()["error"]

@@ -37,7 +37,7 @@ def test_params_keep_the_normalized_format_and_text_is_none() -> None:
     ("json", "must be a dict"),
     ({"type": "xml"}, "response_format"),
     ({"type": "json_schema", "json_schema": {"name": "x", "schema": {
-        "type": "object", "properties": {"a": {"type": "string", "pattern": "^a"}}}}},
+        "type": "object", "properties": {"a": {"type": "string", "pattern": "^(a)\\1"}}}}},
      "response_format.json_schema.schema"),
     ({"type": "json_object", "extra": float("nan")}, "JSON"),
 ])

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import threading
-from bisect import bisect_left
+from bisect import bisect_left, bisect_right
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -13,6 +13,7 @@ import numpy as np
 from . import _nodes as n
 
 _MEMO_SIZE = 2048  # masks kept per index (bit-packed: vocabulary / 8 bytes each)
+_PATTERN_GROUPS = 64  # patterns whose token groups an index keeps (see TokenIndex._in_pattern)
 
 
 class Matcher:
@@ -113,6 +114,8 @@ class TokenIndex:
         self._escaped = [(t, np.array(ids, dtype=np.int64)) for t, ids in escaped.items()]
         self._memo: OrderedDict[Any, np.ndarray] = OrderedDict()
         self._lock = threading.Lock()
+        self._groups: OrderedDict[Any, tuple[list, np.ndarray]] = OrderedDict()
+        self._texts: list[tuple[int, str]] | None = None  # whole-character plain tokens' text
 
     def allowed(self, matcher: Matcher) -> np.ndarray:
         """Per token id: whether it may come next (end-of-output ids once the value is whole)."""
@@ -149,6 +152,8 @@ class TokenIndex:
             room = n.string_room(only)
             if room is not None:
                 return mask | self._in_string(only, *room)
+            if n.in_pattern(only):
+                return mask | self._in_pattern(only)
         hits: list[int] = []
         self._walk(states, 0, len(self._toks), 0, hits)
         if hits:
@@ -173,6 +178,70 @@ class TokenIndex:
             if _feed(frozenset((state,)), token):
                 mask[ids] = True
         return mask
+
+    def _in_pattern(self, state: tuple) -> np.ndarray:
+        """The mask inside a pattern's string, between characters. A regex tells apart only the
+        classes of code points its character sets cut out, so the whole-character plain tokens
+        are grouped by their text's class sequence (built once per pattern): each group is run
+        through the regex once, on one code point per class, groups sharing a prefix sharing its
+        steps. The rest (a quote, a backslash, a character cut short) are fed one by one."""
+        node, _, chars, _, rstate, _ = state[-1]
+        regex, lo, hi = node.a, node.b, node.c
+        groups, others = self._pattern_groups(regex)
+        mask = np.zeros(self.vocab_size, dtype=bool)
+        prev: tuple = ()
+        stack = [rstate]  # stack[j]: the regex's state after j characters of prev (empty: refused)
+        for reps, ids in groups:
+            k = 0
+            limit = min(len(prev), len(reps), len(stack) - 1)
+            while k < limit and prev[k] == reps[k]:
+                k += 1
+            del stack[k + 1:]
+            while len(stack) <= len(reps) and stack[-1]:
+                c = chars + len(stack) - 1  # characters before this one
+                room = None if hi is None else hi - c - 1
+                nxt = regex.step_within(stack[-1], reps[len(stack) - 1], lo - c - 1, room) \
+                    if room is None or room >= 0 else frozenset()
+                stack.append(nxt)
+            if len(stack) == len(reps) + 1 and stack[-1]:
+                mask[ids] = True
+            prev = reps
+        start = frozenset((state,))
+        for i in others:
+            if _feed(start, self._bytes[i]):  # type: ignore[arg-type]
+                mask[i] = True
+        return mask
+
+    def _pattern_groups(self, regex: Any) -> tuple[list, np.ndarray]:
+        with self._lock:
+            found = self._groups.get(regex)
+            if found is not None:
+                self._groups.move_to_end(regex)
+                return found
+        if self._texts is None:
+            texts = []
+            for tid in np.flatnonzero(self._plain).tolist():
+                try:
+                    texts.append((tid, self._bytes[tid].decode("utf-8")))  # type: ignore[union-attr]
+                except UnicodeDecodeError:
+                    pass
+            self._texts = texts
+        bounds = regex.class_bounds()
+        reps_of = [0, *bounds]  # a class's first code point stands for it
+        by_reps: dict[tuple, list[int]] = {}
+        for i, text in self._texts:
+            by_reps.setdefault(tuple(reps_of[bisect_right(bounds, ord(ch))] for ch in text), []).append(i)
+        groups = [(reps, np.array(ids, dtype=np.int64)) for reps, ids in sorted(by_reps.items())]
+        whole = np.zeros(self.vocab_size, dtype=bool)
+        whole[[i for i, _ in self._texts]] = True
+        others = np.flatnonzero((self._plain & ~whole) | self._quoted)
+        others = np.union1d(others, np.concatenate([ids for _, ids in self._escaped] or [others[:0]]))
+        found = (groups, others)
+        with self._lock:
+            self._groups[regex] = found
+            while len(self._groups) > _PATTERN_GROUPS:
+                self._groups.popitem(last=False)
+        return found
 
     def _walk(self, states: frozenset, lo: int, hi: int, depth: int, hits: list[int]) -> None:
         # self._toks[lo:hi] share their first ``depth`` bytes, which led to ``states``

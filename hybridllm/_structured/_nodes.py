@@ -20,7 +20,7 @@ MAX_DEPTH = 64  # the deepest nesting a stack may reach
 _serials = itertools.count()
 
 # frame kinds
-ROOT, OBJ, ARR, STR, NUM, LIT, ANY, ALT, KEY = range(9)
+ROOT, OBJ, ARR, STR, NUM, LIT, ANY, ALT, KEY, PAT = range(10)
 # outcomes of one byte on the top frame
 STAY, PUSH, POP, POP_BEFORE = range(4)
 
@@ -55,6 +55,7 @@ class Node:
 #        keys' values or None (no other keys), c = STR node of free keys (json_object) or None
 #   ARR: a = item node, b = min items, c = max items or None
 #   STR: a = min length, b = max length or None (in characters; None and 0: unbounded, not counted)
+#   PAT: a = the _regex.Regex its text matches (pattern or format), b = min length, c = max length
 #   NUM: a = integer only
 #   LIT: a = the options' JSON bytes
 #   ALT: a = the alternatives
@@ -78,6 +79,10 @@ def array(item: Node, lo: int = 0, hi: int | None = None) -> Node:
 
 def string(lo: int = 0, hi: int | None = None) -> Node:
     return Node(STR, lo, hi)
+
+
+def pattern(regex: Any, lo: int = 0, hi: int | None = None) -> Node:
+    return Node(PAT, regex, lo, hi)
 
 
 def number(integer: bool) -> Node:
@@ -114,6 +119,9 @@ def begin(node: Node) -> list[tuple]:
         return [(node, 0, 0, 0)]  # phase, items, whitespace run
     if kind == STR:
         return [(node, 0, 0, 0, 0)]  # phase, characters, hex digits due, UTF-8 bytes due
+    if kind == PAT:
+        # phase, characters, UTF-8 state or hex digits due, the regex's state, the code point so far
+        return [(node, 0, 0, 0, node.a.start, 0)]  # type: ignore[attr-defined]
     if kind == NUM:
         return [(node, 0, 0)]  # phase, length
     if kind == LIT:
@@ -194,6 +202,8 @@ def advance(frame: tuple, b: int) -> list[tuple]:
         return [(STAY, (node, 3, chars, hexes - 1, 0) if hexes > 1 else (node, 1, chars, 0, 0))]
     if kind == NUM:
         return _number(frame, b)
+    if kind == PAT:
+        return _pattern(frame, b)
     if kind == LIT:
         got = frame[1] + bytes((b,))
         out: list[tuple] = []
@@ -215,6 +225,89 @@ def advance(frame: tuple, b: int) -> list[tuple]:
     if kind == ROOT:  # the answer is the value: nothing before it, nothing after it
         return [] if frame[1] == 1 else [(PUSH, (node, 0, 0), node.a)]
     raise AssertionError(kind)
+
+
+_ESCAPED = {0x22: 0x22, 0x5C: 0x5C, 0x2F: 0x2F, 0x62: 0x08, 0x66: 0x0C, 0x6E: 0x0A, 0x72: 0x0D, 0x74: 0x09}
+
+
+def _pattern(frame: tuple, b: int) -> list[tuple]:
+    # A string whose text (its characters, escapes read) matches a regex. Phases: 0 before '"',
+    # 1 between characters or inside a UTF-8 one (``pend``: utf8_next's state), 2 after '\',
+    # 3 in \u's hex digits (``pend``: digits due). A byte is taken only while some character it
+    # may begin leads the regex on within the length bounds, so no state is a dead end.
+    node, phase, chars, pend, state, code = frame
+    regex = node.a
+    if phase == 0:
+        return [(STAY, (node, 1, 0, 0, state, 0))] if b == 0x22 else []
+    if phase == 1 and not pend:
+        if b == 0x22:
+            return [(POP, None)] if regex.accepts(state) and chars >= node.b else []  # type: ignore[attr-defined]
+        if b == 0x5C:  # an escape: kept if some character it may write leads on
+            return _pattern_partial((node, 2, chars, 0, state, 0), 0, 0, 16)
+        if b < 0x20:
+            return []
+        nxt = utf8_next(0, b)
+        if nxt is None:
+            return []
+        if not nxt:
+            return _pattern_char(frame, b)
+        left = nxt[0]
+        lead = b & (0x1F if left == 1 else 0x0F if left == 2 else 0x07)
+        return _pattern_partial(frame, (nxt, left + 1), lead, 6 * left)
+    if phase == 1:  # inside a multi-byte character: pend = (utf8_next's state, its length)
+        nxt = utf8_next(pend[0], b)
+        if nxt is None:
+            return []
+        code = (code << 6) | (b & 0x3F)
+        if not nxt:
+            return _pattern_char(frame, code)
+        return _pattern_partial(frame, (nxt, pend[1]), code, 6 * nxt[0])
+    if phase == 2:
+        if b == 0x75:  # \u: four hex digits
+            return _pattern_partial((node, 3, chars, 0, state, 0), 4, 0, 16)
+        return _pattern_char(frame, _ESCAPED[b]) if b in _ESCAPED else []
+    if b not in _HEX:  # phase 3
+        return []
+    code = code * 16 + int(chr(b), 16)
+    if pend > 1:
+        return _pattern_partial(frame, pend - 1, code, 4 * (pend - 1))
+    if 0xD800 <= code <= 0xDFFF:  # a surrogate: a pair is not read here
+        return []
+    return _pattern_char(frame, code)
+
+
+_UTF8_LOWEST = {2: 0x80, 3: 0x800, 4: 0x10000}  # no overlong forms
+_UTF8_HIGHEST = {2: 0x7FF, 3: 0xFFFF, 4: 0x10FFFF}
+
+
+def _pattern_partial(frame: tuple, pend: Any, code: int, bits: int) -> list[tuple]:
+    """A character begun: kept if some code point it may still become leads the regex on."""
+    node, phase, chars, _, state, _ = frame
+    need, room = _pattern_room(node, chars)
+    if room is not None and room < 0:
+        return []
+    lo, hi = code << bits, (code << bits) | ((1 << bits) - 1)
+    if isinstance(pend, tuple):  # UTF-8: a character of n bytes is one of n bytes' code points
+        lo, hi = max(lo, _UTF8_LOWEST[pend[1]]), min(hi, _UTF8_HIGHEST[pend[1]])
+    if lo > hi or not node.a.can_step(state, lo, hi, need, room):  # type: ignore[attr-defined]
+        return []
+    return [(STAY, (node, phase, chars, pend, state, code))]
+
+
+def _pattern_room(node: Node, chars: int) -> tuple[int, int | None]:
+    """After one more character: the characters still due and the most that may still come."""
+    return node.b - chars - 1, None if node.c is None else node.c - chars - 1  # type: ignore[operator]
+
+
+def _pattern_char(frame: tuple, code: int) -> list[tuple]:
+    """A whole character: the regex's next state, if it leaves a match within the bounds."""
+    node, _, chars, _, state, _ = frame
+    need, room = _pattern_room(node, chars)
+    if room is not None and room < 0:
+        return []
+    nxt = node.a.step_within(state, code, need, room)  # type: ignore[attr-defined]
+    counted = chars + 1 if node.b or node.c is not None else 0  # unbounded: not counted (states repeat)
+    return [(STAY, (node, 1, counted, 0, nxt, 0))] if nxt else []
 
 
 def _number(frame: tuple, b: int) -> list[tuple]:
@@ -474,6 +567,12 @@ def string_room(stack: tuple) -> tuple[int, int | None] | None:
     if node.b is None and not node.a:
         return 0, None
     return node.a - top[2], None if node.b is None else node.b - top[2]  # type: ignore[operator]
+
+
+def in_pattern(stack: tuple) -> bool:
+    """Inside a pattern's string between two characters (no escape, no character half read)."""
+    top = stack[-1]
+    return top[0].kind == PAT and top[1] == 1 and not top[3]
 
 
 def unbounded(stack: tuple) -> tuple:

@@ -19,7 +19,7 @@ _ANNOTATIONS = frozenset({
 _BY_TYPE = {
     "object": {"properties", "required", "additionalProperties"},
     "array": {"items", "minItems", "maxItems"},
-    "string": {"minLength", "maxLength"},
+    "string": {"minLength", "maxLength", "pattern", "format"},
     "number": set(), "integer": set(), "boolean": set(), "null": set(),
 }
 _GENERAL = {"type", "enum", "const", "anyOf", "oneOf", "$ref", "$defs", "definitions", "nullable"}
@@ -61,7 +61,8 @@ class _Compiler:
             raise ResponseFormatError(
                 f"The JSON Schema keyword '{unknown[0]}' is not supported in response_format (supported: "
                 "type, properties, required, additionalProperties, items, minItems, maxItems, enum, const, "
-                "anyOf, oneOf, minLength, maxLength, $ref to $defs). Remove it and check the value yourself.",
+                "anyOf, oneOf, minLength, maxLength, pattern, format, $ref to $defs). Remove it and check "
+                "the value yourself.",
                 f"{path}.{unknown[0]}")
         if "$ref" in schema:
             return self._ref(schema["$ref"], f"{path}.$ref")
@@ -131,7 +132,14 @@ class _Compiler:
             hi = _count(schema, "maxLength", path, None)
             if hi is not None and hi < lo:
                 raise ResponseFormatError("maxLength is below minLength.", f"{path}.maxLength")
-            return n.string(lo, hi)
+            regex = _string_regex(schema, path)
+            if regex is None:
+                return n.string(lo, hi)
+            if not regex.fits(regex.start, lo, hi):
+                raise ResponseFormatError("No string of the length minLength / maxLength allow matches "
+                                          "the pattern or format.", f"{path}.maxLength" if hi is not None
+                                          else f"{path}.minLength")
+            return n.pattern(regex, lo, hi)
         if t == "array":
             lo = _count(schema, "minItems", path, 0)
             hi = _count(schema, "maxItems", path, None)
@@ -172,6 +180,40 @@ class _Compiler:
         else:
             other = self.compile(other_schema, f"{path}.additionalProperties")
         return n.obj(tuple(compiled), other)
+
+
+def _string_regex(schema: Mapping, path: str) -> Any:
+    """The compiled ``pattern`` or ``format`` of a string schema; None without either."""
+    from ._regex import FORMATS, Regex, format_regex
+
+    if "pattern" in schema and "format" in schema:
+        raise ResponseFormatError("A string with both 'pattern' and 'format' is not supported: keep one "
+                                  "(a format is a pattern too, see the README).", f"{path}.format")
+    if "format" in schema:
+        name = schema["format"]
+        if name not in FORMATS:
+            raise ResponseFormatError(
+                f"The string format {name!r} is not supported (supported: {', '.join(FORMATS)}); use "
+                "'pattern' instead, or remove it and check the value yourself.", f"{path}.format")
+        return format_regex(name)
+    if "pattern" in schema:
+        pattern = schema["pattern"]
+        if not isinstance(pattern, str):
+            raise ResponseFormatError("'pattern' must be a string.", f"{path}.pattern")
+        if pattern not in _PATTERNS:
+            try:
+                compiled = Regex(pattern)
+            except ValueError as exc:
+                raise ResponseFormatError(f"The pattern cannot be served: {exc}.",
+                                          f"{path}.pattern") from None
+            _PATTERNS[pattern] = compiled
+            while len(_PATTERNS) > 256:
+                del _PATTERNS[next(iter(_PATTERNS))]
+        return _PATTERNS[pattern]
+    return None
+
+
+_PATTERNS: dict[str, Any] = {}  # compiled patterns, the last 256 (insertion order)
 
 
 def _count(schema: Mapping, key: str, path: str, default: int | None) -> Any:

@@ -111,6 +111,33 @@ def test_a_continuation_goes_on_from_its_prefix(edge: Any) -> None:
     assert json.loads(prefix + rest)["name"] == "Rex"
 
 
+EVENT = {"type": "json_schema", "json_schema": {"name": "event", "strict": True, "schema": {
+    "type": "object",
+    "properties": {
+        "title": {"type": "string", "pattern": "^[A-Z][a-z]+( [a-z]+)*$", "maxLength": 30},
+        "day": {"type": "string", "format": "date"},
+        "starts": {"type": "string", "format": "date-time"},
+        "room": {"type": "string", "pattern": "^[A-D]-\\d{3}$"},
+    },
+    "required": ["title", "day", "starts", "room"], "additionalProperties": False}}}
+
+
+@pytest.mark.parametrize("seed", [None, 0])
+def test_patterns_and_formats_hold_on_the_device(edge: Any, seed: int | None) -> None:
+    # review 33: before, 'pattern' and 'format' were refused
+    import datetime
+    import re
+
+    ask = [{"role": "user", "content": "A team meeting next Monday morning, as JSON."}]
+    out = edge.generate(ask, _params(EVENT, seed, max_tokens=200))
+    assert out.finish_reason == "stop", out.text
+    event = json.loads(out.text)
+    assert re.fullmatch(r"[A-Z][a-z]+( [a-z]+)*", event["title"]) and len(event["title"]) <= 30, out.text
+    assert len(event["day"]) == 10 and datetime.date.fromisoformat(event["day"]), out.text
+    assert datetime.datetime.fromisoformat(event["starts"]).tzinfo is not None, out.text
+    assert re.fullmatch(r"[A-D]-\d{3}", event["room"]), out.text
+
+
 def test_without_a_format_a_greedy_answer_is_unchanged(edge: Any) -> None:
     plain = GenerationParams(temperature=0.0, max_tokens=40)
     before = edge.generate(PERSON, plain)

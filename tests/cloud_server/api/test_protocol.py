@@ -70,7 +70,7 @@ def test_limits_and_stop() -> None:
         # json_object and json_schema are served (review 32): a schema beside another type is not
         ({"response_format": {"type": "json_object", "json_schema": {}}}, "response_format.json_schema"),
         ({"response_format": {"type": "json_schema",
-                              "json_schema": {"schema": {"type": "string", "pattern": "a"}}}},
+                              "json_schema": {"schema": {"type": "string", "pattern": "(a)\\1"}}}},
          "response_format.json_schema.schema.pattern"),
         ({"logit_bias": {"42": 5}}, "logit_bias"),
         ({"unknown_field": 1}, "unknown_field"),

@@ -1,6 +1,7 @@
 """Structured output on llama.cpp: our response_format token masks against llama.cpp's own grammar.
 
-    python -m bench.structured [--json] [--model ID_OR_GGUF] [--prompts 6] [--max-tokens 96] [--threads 2]
+    python -m bench.structured [--json] [--model ID_OR_GGUF] [--schema person|event] [--prompts 6]
+                               [--max-tokens 96] [--threads 2]
 
 Three sides on the same GGUF, chat prompts and greedy settings, taking turns prompt by prompt:
 ``gbnf`` is llama-cpp-python's ``create_chat_completion`` with the grammar llama.cpp writes for the
@@ -12,7 +13,9 @@ second over the whole call (prompt included, ``gbnf_tok_s``, ``ours_tok_s``, ``p
 (``ours_over_plain``, ``gbnf_over_plain``); the answers that ended and pass the schema
 (``ours_valid``, ``gbnf_valid``, ``plain_valid``, of ``prompts``); the index's build time
 (``index_s``) and the mean mask time per token with the memo cold and warm (``mask_cold_ms``,
-``mask_warm_ms``). llama.cpp's OpenMP threads spin while they wait: run it on an idle machine.
+``mask_warm_ms``). ``--schema event`` asks for strings held to a ``pattern`` and to the ``date``
+and ``date-time`` formats (both grammars serve them) instead of the person's plain fields.
+llama.cpp's OpenMP threads spin while they wait: run it on an idle machine.
 """
 
 from __future__ import annotations
@@ -49,6 +52,35 @@ PEOPLE = [
 ]
 
 
+EVENT = {
+    "type": "object",
+    "properties": {
+        "title": {"type": "string", "pattern": "^[A-Z][A-Za-z ]{2,40}$"},
+        "day": {"type": "string", "format": "date"},
+        "starts": {"type": "string", "format": "date-time"},
+        "room": {"type": "string", "pattern": "^[A-Z]-[0-9]{3}$"},
+    },
+    "required": ["title", "day", "starts", "room"],
+    "additionalProperties": False,
+}
+EVENTS = [
+    "Quarterly planning on 3 March 2025, starting 09:30 UTC in room B-204.",
+    "The design review is on 2025-06-17 at 14:00 Berlin time (+02:00), room A-101.",
+    "Team lunch: Friday 12 September 2025 at noon UTC, meet in C-300.",
+    "Board meeting, 1 December 2025, 08:00 New York time (-05:00), room D-410.",
+    "Release retrospective on 2025-02-28, 16:15 UTC, room B-118.",
+    "Hiring sync, 21 July 2025, 10:00 Tokyo time (+09:00), room A-007.",
+    "Security training on 5 May 2025 at 13:00 UTC in room C-222.",
+    "Customer call on 2025-11-04 at 17:30 London time (+00:00), room D-019.",
+]
+SCHEMAS = {
+    "person": (SCHEMA, PEOPLE, "Extract the person as JSON with the keys name, age, city, languages and "
+               "employed."),
+    "event": (EVENT, EVENTS, "Extract the event as JSON with the keys title, day (YYYY-MM-DD), starts "
+              "(an RFC 3339 date-time with its offset) and room."),
+}
+
+
 class Masker:
     """Our mask as llama-cpp-python's logits processor, for one answer."""
 
@@ -71,12 +103,24 @@ class Masker:
         return scores
 
 
-def valid(text: str) -> bool:
+def valid(text: str, schema: dict = SCHEMA) -> bool:
+    """The answer fits the schema (jsonschema: patterns too), its dates parsing as Python reads them."""
+    import datetime
+
     import jsonschema
 
     try:
-        jsonschema.validate(json.loads(text), SCHEMA)
-    except (ValueError, jsonschema.ValidationError):
+        value = json.loads(text)
+        jsonschema.validate(value, schema)
+        for name, sub in schema["properties"].items():
+            if sub.get("format") == "date" and len(value[name]) != 10:
+                return False
+            if sub.get("format") == "date":
+                datetime.date.fromisoformat(value[name])
+            if sub.get("format") == "date-time" and (
+                    "T" not in value[name] or datetime.datetime.fromisoformat(value[name]).tzinfo is None):
+                return False
+    except (ValueError, TypeError, KeyError, jsonschema.ValidationError):
         return False
     return True
 
@@ -85,13 +129,16 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", action="store_true", help="print one JSON object only")
     ap.add_argument("--model", default="smollm2-135m-instruct", help="catalog id or .gguf path")
+    ap.add_argument("--schema", choices=sorted(SCHEMAS), default="person",
+                    help="what to extract: a person (plain fields) or an event (pattern, date, date-time)")
     ap.add_argument("--prompts", type=positive_int, default=6,
-                    help=f"people to extract (at most {len(PEOPLE)})")
+                    help=f"texts to extract from (at most {len(PEOPLE)})")
     ap.add_argument("--max-tokens", type=positive_int, default=96, help="answer tokens at most")
     ap.add_argument("--threads", type=positive_int, default=2, help="llama.cpp threads")
     args = ap.parse_args(argv)
-    if args.prompts > len(PEOPLE):
-        ap.error(f"--prompts: at most {len(PEOPLE)}")
+    schema, texts, system = SCHEMAS[args.schema]
+    if args.prompts > len(texts):
+        ap.error(f"--prompts: at most {len(texts)}")
 
     from llama_cpp import Llama, LlamaGrammar, LogitsProcessorList
 
@@ -106,16 +153,15 @@ def main(argv: list[str] | None = None) -> None:
     table, ends = llama_vocabulary(llm)  # what the SDK's llama.cpp backend reads
     index = TokenIndex(table, ends)
     index_s = time.perf_counter() - t0
-    fmt = {"type": "json_schema", "json_schema": {"name": "person", "schema": SCHEMA}}
+    fmt = {"type": "json_schema", "json_schema": {"name": args.schema, "schema": schema}}
     grammar = parse_response_format(fmt)
-    gbnf = LlamaGrammar.from_json_schema(json.dumps(SCHEMA), verbose=False)
-    system = "Extract the person as JSON with the keys name, age, city, languages and employed."
+    gbnf = LlamaGrammar.from_json_schema(json.dumps(schema), verbose=False)
     names = ("ours", "gbnf", "plain")
     sides: dict[str, dict[str, float]] = {s: {"tokens": 0, "seconds": 0.0, "valid": 0} for s in names}
     cold: list[float] = []
     warm: list[float] = []
-    for k, person in enumerate(PEOPLE[:args.prompts]):
-        messages: Any = [{"role": "system", "content": system}, {"role": "user", "content": person}]
+    for k, text_in in enumerate(texts[:args.prompts]):
+        messages: Any = [{"role": "system", "content": system}, {"role": "user", "content": text_in}]
         order = names[k % 3:] + names[:k % 3]
         for side in order:
             extra: dict[str, Any] = {}
@@ -133,7 +179,7 @@ def main(argv: list[str] | None = None) -> None:
             sides[side]["tokens"] += out["usage"]["completion_tokens"]
             text = out["choices"][0]["message"]["content"] or ""
             ended = out["choices"][0]["finish_reason"] == "stop"
-            sides[side]["valid"] += ended and valid(text)
+            sides[side]["valid"] += ended and valid(text, schema)
             if masker is not None:
                 (cold if k == 0 else warm).extend(masker.times)
             if not args.json:
@@ -141,7 +187,8 @@ def main(argv: list[str] | None = None) -> None:
     llm.close()
     rate = {s: v["tokens"] / v["seconds"] if v["seconds"] else None for s, v in sides.items()}
     result = {
-        "model": args.model, "prompts": args.prompts, "max_tokens": args.max_tokens, "threads": args.threads,
+        "model": args.model, "schema": args.schema, "prompts": args.prompts, "max_tokens": args.max_tokens,
+        "threads": args.threads,
         "vocab_size": index.vocab_size, "index_s": round(index_s, 3),
         "ours_tok_s": rate["ours"], "gbnf_tok_s": rate["gbnf"], "plain_tok_s": rate["plain"],
         "ours_over_gbnf": rate["ours"] / rate["gbnf"] if rate["ours"] and rate["gbnf"] else None,

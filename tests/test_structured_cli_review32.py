@@ -47,7 +47,7 @@ def test_the_cli_options_give_the_response_format(tmp_path: Path) -> None:
     (None, "cannot read"),
     ("{not json", "is not JSON"),
     ("[1, 2]", "holds a JSON array, not a JSON Schema object"),
-    (json.dumps({"type": "object", "properties": {"mail": {"type": "string", "format": "email"}}}),
+    (json.dumps({"type": "object", "properties": {"mail": {"type": "string", "format": "ipv6"}}}),
      "properties.mail.format"),
 ])
 def test_a_bad_schema_file_is_a_usage_error_saying_what_to_do(tmp_path: Path, content: str | None, says: str,

@@ -13,7 +13,8 @@ import numpy as np
 from . import _nodes as n
 
 _MEMO_SIZE = 2048  # masks kept per index (bit-packed: vocabulary / 8 bytes each)
-_PATTERN_GROUPS = 64  # patterns whose token groups an index keeps (see TokenIndex._in_pattern)
+_PATTERN_GROUPS = 16  # patterns whose token groups an index keeps (TokenIndex._in_pattern: int32 ids,
+# about 4 bytes a token each)
 
 
 class Matcher:
@@ -231,7 +232,7 @@ class TokenIndex:
         by_reps: dict[tuple, list[int]] = {}
         for i, text in self._texts:
             by_reps.setdefault(tuple(reps_of[bisect_right(bounds, ord(ch))] for ch in text), []).append(i)
-        groups = [(reps, np.array(ids, dtype=np.int64)) for reps, ids in sorted(by_reps.items())]
+        groups = [(reps, np.array(ids, dtype=np.int32)) for reps, ids in sorted(by_reps.items())]
         whole = np.zeros(self.vocab_size, dtype=bool)
         whole[[i for i, _ in self._texts]] = True
         others = np.flatnonzero((self._plain & ~whole) | self._quoted)

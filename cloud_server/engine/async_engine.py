@@ -163,9 +163,10 @@ class AsyncLLMEngine:
     ) -> AsyncIterator[RequestOutput]:
         prepare = getattr(self.engine, "prepare_structured", None)
         if params.response_format is not None and prepare is not None:
-            # the first such request builds the vocabulary's index (seconds for a large one) here,
-            # off the engine thread: the requests already running go on stepping meanwhile
-            await asyncio.to_thread(prepare)
+            # the first such request builds the vocabulary's index (seconds for a large one), and
+            # a new pattern its token groups, here, off the engine thread: the requests already
+            # running go on stepping meanwhile
+            await asyncio.to_thread(prepare, params.response_format)
         if not self.is_ready:  # read after the loop ended: no loop would ever answer it
             raise self._ended_error()
         # generate() checked, but two streams of one id may both be made before either is read:

@@ -169,11 +169,18 @@ class LLMEngine(SpecSetupMixin, OutputProcessorMixin, EngineStatsMixin):
 
     _built_index: Any = None  # the TokenIndex once built (prepare_structured)
 
-    def prepare_structured(self) -> Any:
+    def prepare_structured(self, grammar: Any = None) -> Any:
         """The model's TokenIndex, built at the first call (a pass over the vocabulary: about a
-        second for 150k tokens, once), not at start-up. Safe from any thread: the async front end
-        calls it in a worker thread before it hands a first response_format request to the engine
-        thread, so the running batch keeps stepping while the index is built."""
+        second for 150k tokens, once), not at start-up, and ready for ``grammar``'s patterns
+        (a pass each, kept). Safe from any thread: the async front end calls it in a worker thread
+        before it hands a response_format request to the engine thread, so the running batch
+        keeps stepping meanwhile."""
+        index = self._build_index()
+        if grammar is not None:
+            index.prepare(grammar)
+        return index
+
+    def _build_index(self) -> Any:
         with _INDEX_LOCK:
             if self._built_index is None:
                 from .structured import build_index
@@ -187,7 +194,7 @@ class LLMEngine(SpecSetupMixin, OutputProcessorMixin, EngineStatsMixin):
     def _structured_index(self) -> Any:
         """The TokenIndex, installed in the runner and the speculator (engine thread only)."""
         if self._token_index is None:
-            self._token_index = self.prepare_structured()
+            self._token_index = self._build_index()
             self.runner.token_index = self.spec.token_index = self._token_index
         return self._token_index
 

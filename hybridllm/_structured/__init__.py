@@ -39,6 +39,27 @@ class Grammar:
     def matcher(self) -> Matcher:
         return Matcher(frozenset((f,) for f in _nodes.begin(self._root)))
 
+    def regexes(self) -> list[Any]:
+        """The compiled patterns and formats its strings are held to (``TokenIndex.prepare``)."""
+        found: dict[int, Any] = {}
+        seen: set[int] = set()
+        todo = [self._root]
+        while todo:
+            node = todo.pop()
+            if node.serial in seen:
+                continue
+            seen.add(node.serial)
+            if node.kind == _nodes.PAT:
+                found[id(node.a)] = node.a
+            elif node.kind == _nodes.OBJ:
+                todo.extend(p[2] for p in node.a)  # type: ignore[attr-defined]
+                todo.extend(x for x in (node.b,) if x is not None)  # type: ignore[misc]
+            elif node.kind in (_nodes.ARR, _nodes.ROOT):
+                todo.append(node.a)  # type: ignore[arg-type]
+            elif node.kind == _nodes.ALT:
+                todo.extend(node.a)  # type: ignore[arg-type]
+        return list(found.values())
+
     def validate(self, text: str) -> bool:
         """Whether ``text`` is a value this grammar produces (whitespace around it allowed)."""
         m = self.matcher()

@@ -213,6 +213,13 @@ class TokenIndex:
                 mask[i] = True
         return mask
 
+    def prepare(self, grammar: Any) -> None:
+        """Do now, ahead of the first mask, the per-pattern work a grammar's strings need (a pass
+        over the vocabulary each: a fraction of a second for a large one), e.g. off a serving
+        loop's thread."""
+        for regex in grammar.regexes():
+            self._pattern_groups(regex)
+
     def _pattern_groups(self, regex: Any) -> tuple[list, np.ndarray]:
         with self._lock:
             found = self._groups.get(regex)

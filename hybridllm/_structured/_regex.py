@@ -18,6 +18,10 @@ from collections.abc import Iterable
 MAX_CODE = 0x10FFFF
 MAX_REPEAT = 1000  # the largest bound a quantifier may give
 MAX_STATES = 20_000  # the largest NFA a pattern may make
+# the most (state, state reached without a character) pairs a pattern's closures may hold: a
+# pattern of many optional parts in a row (``(a|b?){1000}``) makes them quadratic, and compiling
+# one took 13 s; this many take about a tenth of a second
+MAX_CLOSURE = 300_000
 
 Ranges = tuple[tuple[int, int], ...]  # sorted, disjoint, inclusive code point ranges
 
@@ -306,7 +310,8 @@ class Regex:
         first = nfa.state()
         accept = _build(nfa, tree, first)
         self._chars, self._accept = nfa.chars, accept
-        closure = [_closure(nfa, i) for i in range(len(nfa.chars))]
+        budget = [MAX_CLOSURE]
+        closure = [_closure(nfa, i, budget) for i in range(len(nfa.chars))]
         # the graph of positions: character-reading states and the accept state
         succ = {i: frozenset(j for j in closure[nfa.next[i]] if nfa.chars[j] is not None or j == accept)
                 for i, c in enumerate(nfa.chars) if c is not None}
@@ -378,13 +383,18 @@ def _escaped_end(body: str) -> bool:
     return run % 2 == 1
 
 
-def _closure(nfa: _Nfa, i: int) -> frozenset:
+def _closure(nfa: _Nfa, i: int, budget: list[int]) -> frozenset:
+    """The states ``i`` reaches without reading a character (itself included)."""
     seen, todo = {i}, [i]
     while todo:
         for j in nfa.eps[todo.pop()]:
             if j not in seen:
                 seen.add(j)
                 todo.append(j)
+    budget[0] -= len(seen)
+    if budget[0] < 0:
+        raise ValueError("the pattern is too complex to serve (too many optional parts in a row); "
+                         "simplify its repeats")
     return frozenset(seen)
 
 

@@ -89,3 +89,37 @@ def test_concurrent_first_requests_build_the_index_once(monkeypatch) -> None:
     texts = asyncio.run(main())
     assert len(calls) == 1
     assert all(isinstance(json.loads(t), dict) for t in texts)
+
+
+def test_a_new_patterns_token_groups_are_built_off_the_engine_thread(monkeypatch) -> None:
+    # a pattern's first mask needs a pass over the vocabulary (its token groups): the front end
+    # makes it beside the batch too, not the engine thread in the middle of a step
+    from hybridllm._structured import TokenIndex
+
+    from .test_pattern_format_engine_review33 import EVENT, _check
+
+    threads: list[str] = []
+    real = TokenIndex._pattern_groups
+
+    def recorded(self, regex):
+        with self._lock:
+            new = regex not in self._groups
+        if new:
+            threads.append(threading.current_thread().name)
+        return real(self, regex)
+
+    monkeypatch.setattr(TokenIndex, "_pattern_groups", recorded)
+    eng = json_engine(1.0)
+
+    async def main():
+        engine = AsyncLLMEngine(EngineConfig(model="stub", max_waiting=1000), engine=eng)
+        await engine.start()
+        try:
+            params = SamplingParams(temperature=0.0, max_tokens=280, response_format=EVENT)
+            return await asyncio.wait_for(_text(engine.generate("e", PROMPTS[0], params)), 60)
+        finally:
+            await engine.stop()
+
+    _check(asyncio.run(main()))
+    assert len(threads) == 3, threads  # the date format and two patterns, once each
+    assert not any(name.startswith("hybridllm-engine") for name in threads), threads

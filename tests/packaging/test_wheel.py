@@ -11,6 +11,7 @@ from __future__ import annotations
 import glob
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -147,7 +148,8 @@ def test_the_installed_wheel_answers_without_torch(
         "      'Paris' in reworded.text)\n"
         # structured output on the light install: the grammar core (numpy only) holds the device's
         # tokens to the schema
-        "schema = {'type': 'object', 'properties': {'capital': {'type': 'string'}},\n"
+        "schema = {'type': 'object', 'properties': {'capital': {'type': 'string',\n"
+        "          'pattern': '^[A-Z][a-z]+$'}},\n"  # the pattern compiler ships too
         "          'required': ['capital']}\n"
         "fmt = {'type': 'json_schema', 'json_schema': {'name': 'c', 'schema': schema}}\n"
         "shaped = client.chat('Name the capital of France.', temperature=0, max_tokens=40,\n"
@@ -157,6 +159,7 @@ def test_the_installed_wheel_answers_without_torch(
     out = _run([py, "-c", api], cwd=tmp_path, env=user_env)
     answers, shaped = out.stdout.strip().splitlines()[-2:]
     assert shaped.startswith("{'capital': "), out.stdout  # parsed: a dict with the one key
+    assert re.fullmatch(r"\{'capital': '[A-Z][a-z]+'\}", shaped), out.stdout  # held to the pattern
     route, text, repeat_route, same, reworded = (part.strip() for part in answers.split("|"))
     assert route in ("edge", "cache") and "Paris" in text, out.stdout
     assert repeat_route == "cache" and same == "True", out.stdout  # the cache is on and serves it

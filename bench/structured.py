@@ -13,8 +13,8 @@ second over the whole call (prompt included, ``gbnf_tok_s``, ``ours_tok_s``, ``p
 (``ours_over_plain``, ``gbnf_over_plain``); the answers that ended and pass the schema
 (``ours_valid``, ``gbnf_valid``, ``plain_valid``, of ``prompts``); the index's build time
 (``index_s``) and the mean mask time per token with the memo cold and warm (``mask_cold_ms``,
-``mask_warm_ms``). ``--schema event`` asks for strings held to a ``pattern`` and to the ``date``
-and ``date-time`` formats (both grammars serve them) instead of the person's plain fields.
+``mask_warm_ms``). ``--schema event`` asks for strings held to patterns and to the date and
+date-time formats (both grammars serve them) instead of the person's plain fields.
 llama.cpp's OpenMP threads spin while they wait: run it on an idle machine.
 """
 

@@ -196,10 +196,16 @@ def advance(frame: tuple, b: int) -> list[tuple]:
             if hi is not None and counted > hi:
                 return []
             return [(STAY, (node, 3, counted, 4, 0) if b == 0x75 else (node, 1, counted, 0, 0))]
-        # phase 3: \u's hex digits
+        # phase 3: \u's hex digits (the code so far in the last slot)
         if b not in _HEX:
             return []
-        return [(STAY, (node, 3, chars, hexes - 1, 0) if hexes > 1 else (node, 1, chars, 0, 0))]
+        code = utf * 16 + int(chr(b), 16)
+        if hexes > 1:
+            bits = 4 * (hexes - 1)
+            if not _escapable(code << bits, (code << bits) | ((1 << bits) - 1)):
+                return []
+            return [(STAY, (node, 3, chars, hexes - 1, code))]
+        return [(STAY, (node, 1, chars, 0, 0))] if _escapable(code, code) else []
     if kind == NUM:
         return _number(frame, b)
     if kind == PAT:
@@ -271,13 +277,25 @@ def _pattern(frame: tuple, b: int) -> list[tuple]:
     code = code * 16 + int(chr(b), 16)
     if pend > 1:
         return _pattern_partial(frame, pend - 1, code, 4 * (pend - 1))
-    if 0xD800 <= code <= 0xDFFF:  # a surrogate: a pair is not read here
+    if 0xD800 <= code <= 0xDFFF or not _escapable(code, code):  # a surrogate: a pair is not read here
         return []
     return _pattern_char(frame, code)
 
 
 _UTF8_LOWEST = {2: 0x80, 3: 0x800, 4: 0x10000}  # no overlong forms
 _UTF8_HIGHEST = {2: 0x7FF, 3: 0xFFFF, 4: 0x10FFFF}
+
+
+# What a \uXXXX escape may write: what JSON writers escape that way (control characters, the quote
+# and the backslash, and what lies past ASCII: ensure_ascii). '9' written as \u0039 is valid JSON
+# but no writer's: a model let into it spent its tokens on escapes (SmolLM2 wrote a date as
+# "12\u00391\u002d1\u0032..." and ran out of tokens).
+_ESCAPABLE = ((0x00, 0x1F), (0x22, 0x22), (0x5C, 0x5C), (0x7F, 0xFFFF))
+
+
+def _escapable(lo: int, hi: int) -> list[tuple[int, int]]:
+    """The parts of [lo, hi] a \\u escape may write."""
+    return [(max(lo, a), min(hi, b)) for a, b in _ESCAPABLE if max(lo, a) <= min(hi, b)]
 
 
 def _pattern_partial(frame: tuple, pend: Any, code: int, bits: int) -> list[tuple]:
@@ -288,8 +306,12 @@ def _pattern_partial(frame: tuple, pend: Any, code: int, bits: int) -> list[tupl
         return []
     lo, hi = code << bits, (code << bits) | ((1 << bits) - 1)
     if isinstance(pend, tuple):  # UTF-8: a character of n bytes is one of n bytes' code points
-        lo, hi = max(lo, _UTF8_LOWEST[pend[1]]), min(hi, _UTF8_HIGHEST[pend[1]])
-    if lo > hi or not node.a.can_step(state, lo, hi, need, room):  # type: ignore[attr-defined]
+        parts = [(max(lo, _UTF8_LOWEST[pend[1]]), min(hi, _UTF8_HIGHEST[pend[1]]))]
+    elif phase == 3:  # a \u escape: only what writers escape
+        parts = _escapable(lo, hi)
+    else:  # after '\\': a short escape (its characters are escapable ones, and '/') or \\u
+        parts = [*_escapable(lo, hi), (0x2F, 0x2F)]
+    if not any(a <= b and node.a.can_step(state, a, b, need, room) for a, b in parts):  # type: ignore[attr-defined]
         return []
     return [(STAY, (node, phase, chars, pend, state, code))]
 

@@ -146,13 +146,29 @@ def test_each_served_format_takes_its_values_and_refuses_others(fmt: str) -> Non
         for ascii_only in (False, True):  # raw, and every character as the escape a writer may use
             text = json.dumps(value, ensure_ascii=ascii_only)
             assert grammar.validate(text), (fmt, text)
-        assert grammar.validate('"' + "".join(f"\\u{ord(c):04x}" for c in value) + '"'), value
+        # ASCII written as \\u escapes is JSON, but no writer's: refused (see below)
+        assert not grammar.validate('"' + "".join(f"\\u{ord(c):04x}" for c in value) + '"'), value
         if fmt in ("date", "date-time", "time", "uuid", "ipv4"):
             assert _parses_as(fmt, value)
     for value in bad:
         assert not grammar.validate(json.dumps(value)), (fmt, value)
         if fmt in ("date", "date-time", "time", "uuid", "ipv4"):
             assert not _parses_as(fmt, value) or fmt in ("time", "date-time"), value
+
+
+@pytest.mark.parametrize("schema", [{"type": "string"}, {"type": "string", "maxLength": 9},
+                                    {"type": "string", "pattern": "^[^0-9]*$"}])
+def test_a_u_escape_writes_only_what_json_writers_escape(schema: dict) -> None:
+    # before, '"\\u0041"' was as good as '"A"', and a model let into such escapes wasted its
+    # tokens on them (SmolLM2 wrote a date as "12\\u00391\\u002d1..." and ran out of tokens)
+    grammar = parse_response_format(schema_format(schema))
+    for text in ['"\\u0041"', '"a\\u0020b"', '"\\u007e"']:
+        assert not grammar.validate(text), text
+    for text in ['"\\u00e9"', '"\\u000a\\u0022\\u005c"', '"\\u007f"', '"\\u65e5"', '"A\\/"', '"\\n\\t"']:
+        assert grammar.validate(text), text
+        assert json.loads(text) == json.loads(text)  # (and it is JSON)
+    m = grammar.matcher()
+    assert m.feed(b'"\\u00') and not m.copy().feed(b"3") and not m.copy().feed(b"4") and m.copy().feed(b"e")
 
 
 def sample_checked(grammar, rng: random.Random, index: TokenIndex, vocab, limit: int = 500):

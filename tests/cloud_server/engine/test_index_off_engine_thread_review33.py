@@ -25,6 +25,20 @@ async def _text(stream) -> str:
     return text
 
 
+def _texts(eng, requests: list[tuple[str, list[int], SamplingParams]]) -> list[str]:
+    """Each request's text, streamed at once from an AsyncLLMEngine driving ``eng``."""
+    async def main():
+        engine = AsyncLLMEngine(EngineConfig(model="stub", max_waiting=1000), engine=eng)
+        await engine.start()
+        try:
+            return await asyncio.wait_for(asyncio.gather(
+                *(_text(engine.generate(rid, prompt, params)) for rid, prompt, params in requests)), 60)
+        finally:
+            await engine.stop()
+
+    return asyncio.run(main())
+
+
 def test_a_running_stream_keeps_stepping_while_the_first_index_is_built(monkeypatch) -> None:
     release, building = threading.Event(), threading.Event()
     real_build = structured.build_index
@@ -74,19 +88,8 @@ def test_concurrent_first_requests_build_the_index_once(monkeypatch) -> None:
         return real_build(*args, **kwargs)
 
     monkeypatch.setattr(structured, "build_index", counted)
-    eng = json_engine(1.0)
-
-    async def main():
-        engine = AsyncLLMEngine(EngineConfig(model="stub", max_waiting=1000), engine=eng)
-        await engine.start()
-        try:
-            params = SamplingParams(temperature=0.0, max_tokens=280, response_format=JSON_OBJECT)
-            return await asyncio.wait_for(asyncio.gather(
-                *(_text(engine.generate(f"j{i}", p, params)) for i, p in enumerate(PROMPTS))), 60)
-        finally:
-            await engine.stop()
-
-    texts = asyncio.run(main())
+    params = SamplingParams(temperature=0.0, max_tokens=280, response_format=JSON_OBJECT)
+    texts = _texts(json_engine(1.0), [(f"j{i}", p, params) for i, p in enumerate(PROMPTS)])
     assert len(calls) == 1
     assert all(isinstance(json.loads(t), dict) for t in texts)
 
@@ -109,17 +112,8 @@ def test_a_new_patterns_token_groups_are_built_off_the_engine_thread(monkeypatch
         return real(self, regex)
 
     monkeypatch.setattr(TokenIndex, "_pattern_groups", recorded)
-    eng = json_engine(1.0)
-
-    async def main():
-        engine = AsyncLLMEngine(EngineConfig(model="stub", max_waiting=1000), engine=eng)
-        await engine.start()
-        try:
-            params = SamplingParams(temperature=0.0, max_tokens=280, response_format=EVENT)
-            return await asyncio.wait_for(_text(engine.generate("e", PROMPTS[0], params)), 60)
-        finally:
-            await engine.stop()
-
-    _check(asyncio.run(main()))
+    params = SamplingParams(temperature=0.0, max_tokens=280, response_format=EVENT)
+    (text,) = _texts(json_engine(1.0), [("e", PROMPTS[0], params)])
+    _check(text)
     assert len(threads) == 3, threads  # the date format and two patterns, once each
     assert not any(name.startswith("hybridllm-engine") for name in threads), threads

@@ -20,7 +20,7 @@ MAX_DEPTH = 64  # the deepest nesting a stack may reach
 _serials = itertools.count()
 
 # frame kinds
-ROOT, OBJ, ARR, STR, NUM, LIT, ANY, ALT, KEY, PAT = range(10)
+ROOT, OBJ, ARR, STR, NUM, LIT, ANY, ALT, KEY, PAT, RNUM = range(11)
 # outcomes of one byte on the top frame
 STAY, PUSH, POP, POP_BEFORE = range(4)
 
@@ -56,6 +56,7 @@ class Node:
 #   ARR: a = item node, b = min items, c = max items or None
 #   STR: a = min length, b = max length or None (in characters; None and 0: unbounded, not counted)
 #   PAT: a = the _regex.Regex its text matches (pattern or format), b = min length, c = max length
+#   RNUM: a = the _regex.Regex of an integer's digits (minimum / maximum: _regex.integer_range)
 #   NUM: a = integer only
 #   LIT: a = the options' JSON bytes
 #   ALT: a = the alternatives
@@ -83,6 +84,10 @@ def string(lo: int = 0, hi: int | None = None) -> Node:
 
 def pattern(regex: Any, lo: int = 0, hi: int | None = None) -> Node:
     return Node(PAT, regex, lo, hi)
+
+
+def ranged(regex: Any) -> Node:
+    return Node(RNUM, regex)
 
 
 def number(integer: bool) -> Node:
@@ -124,6 +129,8 @@ def begin(node: Node) -> list[tuple]:
         return [(node, 0, 0, 0, node.a.start, 0)]  # type: ignore[attr-defined]
     if kind == NUM:
         return [(node, 0, 0)]  # phase, length
+    if kind == RNUM:
+        return [(node, node.a.start, 0)]  # type: ignore[attr-defined]  # the regex's state, length
     if kind == LIT:
         return [(node, b"")]  # bytes so far
     if kind == ROOT:
@@ -210,6 +217,8 @@ def advance(frame: tuple, b: int) -> list[tuple]:
         return _number(frame, b)
     if kind == PAT:
         return _pattern(frame, b)
+    if kind == RNUM:
+        return _ranged(frame, b)
     if kind == LIT:
         got = frame[1] + bytes((b,))
         out: list[tuple] = []
@@ -330,6 +339,20 @@ def _pattern_char(frame: tuple, code: int) -> list[tuple]:
     nxt = node.a.step_within(state, code, need, room)  # type: ignore[attr-defined]
     counted = chars + 1 if node.b or node.c is not None else 0  # unbounded: not counted (states repeat)
     return [(STAY, (node, 1, counted, 0, nxt, 0))] if nxt else []
+
+
+def _ranged(frame: tuple, b: int) -> list[tuple]:
+    # an integer within bounds: its digits held to the range's regex; like a number, it ends
+    # before the first byte that cannot go on it
+    node, state, length = frame
+    out: list[tuple] = []
+    if length < MAX_NUMBER and (b == 0x2D or b in _DIGITS):
+        nxt = node.a.step(state, b)  # type: ignore[attr-defined]
+        if nxt:
+            out.append((STAY, (node, nxt, length + 1)))
+    if length and node.a.accepts(state):  # type: ignore[attr-defined]
+        out.append((POP_BEFORE, None))
+    return out
 
 
 def _number(frame: tuple, b: int) -> list[tuple]:
@@ -572,7 +595,8 @@ def can_end(stack: tuple) -> bool:
     top = stack[-1]
     if len(stack) == 1:
         return top[1] == 1
-    if top[0].kind == NUM and top[1] in (2, 3, 5, 8):
+    if (top[0].kind == NUM and top[1] in (2, 3, 5, 8)) or (
+            top[0].kind == RNUM and top[2] and top[0].a.accepts(top[1])):  # type: ignore[attr-defined]
         parent = child_done(stack[-2], None)
         return parent is not None and can_end(stack[:-2] + (parent,))
     return False

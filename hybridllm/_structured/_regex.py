@@ -523,3 +523,58 @@ def format_regex(name: str) -> Regex:
 
 
 _FORMAT_CACHE: dict[str, Regex] = {}
+
+
+def integer_range(lo: int | None, hi: int | None) -> str:
+    """A pattern of the JSON integers in [lo, hi] (None: no bound), as JSON writes them: no
+    leading zeros, no '-0'. Split by sign, then by digit count, then by leading digit, so each
+    part is a run of fixed digits, one class and free digits: O(digits) parts a length."""
+    parts: list[str] = []
+    if hi is None or hi >= 0:
+        parts += _natural_range(max(lo, 0) if lo is not None else 0, hi)
+    if lo is None or lo < 0:
+        # n < 0: '-' and |n| in [max(1, -hi), -lo]
+        low_abs = max(1, -hi) if hi is not None else 1
+        parts += ["-" + p for p in _natural_range(low_abs, -lo if lo is not None else None)]
+    if not parts:
+        raise ValueError("no integer lies within the bounds")
+    return "^(?:" + "|".join(parts) + ")$"
+
+
+def _natural_range(a: int, b: int | None) -> list[str]:
+    """Patterns for a <= n <= b (n >= 0; b None: no bound)."""
+    if b is not None and b < a:
+        return []
+    parts: list[str] = []
+    top_len = len(str(b)) if b is not None else len(str(a))
+    for length in range(len(str(a)), top_len + 1):
+        first = 10 ** (length - 1) if length > 1 else 0
+        last = 10 ** length - 1
+        lo, hi = max(a, first), last if b is None else min(b, last)
+        if lo <= hi:
+            parts += _same_length(str(lo), str(hi))
+    if b is None:  # every number longer than a's digits
+        parts.append(f"[1-9]\\d{{{len(str(a))},}}")
+    return parts
+
+
+def _same_length(lo: str, hi: str) -> list[str]:
+    """Patterns for the numbers from lo to hi, both written with the same number of digits."""
+    if len(lo) == 1:
+        return [f"[{lo}-{hi}]" if lo != hi else lo]
+    if lo[0] == hi[0]:
+        return [lo[0] + p for p in _same_length(lo[1:], hi[1:])]
+    rest = len(lo) - 1
+    parts: list[str] = []
+    start, end = int(lo[0]), int(hi[0])
+    if lo[1:] != "0" * rest:  # lo .. lo[0]99..9
+        parts += [lo[0] + p for p in _same_length(lo[1:], "9" * rest)]
+        start += 1
+    tail_full = hi[1:] == "9" * rest
+    if not tail_full:
+        end -= 1
+    if start <= end:  # whole decades: a leading digit, then any digits
+        parts.append((f"[{start}-{end}]" if start != end else str(start)) + f"\\d{{{rest}}}")
+    if not tail_full:  # hi[0]00..0 .. hi
+        parts += [hi[0] + p for p in _same_length("0" * rest, hi[1:])]
+    return parts

@@ -16,11 +16,12 @@ _ANNOTATIONS = frozenset({
     "title", "description", "default", "examples", "$schema", "$id", "$comment", "deprecated",
     "readOnly", "writeOnly", "discriminator", "strict",
 })
+_BOUNDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
 _BY_TYPE = {
     "object": {"properties", "required", "additionalProperties"},
     "array": {"items", "minItems", "maxItems"},
     "string": {"minLength", "maxLength", "pattern", "format"},
-    "number": set(), "integer": set(), "boolean": set(), "null": set(),
+    "number": set(_BOUNDS), "integer": set(_BOUNDS), "boolean": set(), "null": set(),
 }
 _GENERAL = {"type", "enum", "const", "anyOf", "oneOf", "$ref", "$defs", "definitions", "nullable"}
 _KNOWN = _GENERAL | set().union(*_BY_TYPE.values()) | _ANNOTATIONS
@@ -61,7 +62,8 @@ class _Compiler:
             raise ResponseFormatError(
                 f"The JSON Schema keyword '{unknown[0]}' is not supported in response_format (supported: "
                 "type, properties, required, additionalProperties, items, minItems, maxItems, enum, const, "
-                "anyOf, oneOf, minLength, maxLength, pattern, format, $ref to $defs). Remove it and check "
+                "anyOf, oneOf, minLength, maxLength, pattern, format, minimum / maximum on integers, $ref to "
+                "$defs). Remove it and check "
                 "the value yourself.",
                 f"{path}.{unknown[0]}")
         if "$ref" in schema:
@@ -85,7 +87,7 @@ class _Compiler:
                 return n.choice(self.compile(b, f"{path}.{key}[{i}]") for i, b in enumerate(branches))
         types = schema.get("type")
         if types is None:
-            types = [t for t in ("object", "array", "string") if _BY_TYPE[t] & set(schema)]
+            types = [t for t in ("object", "array", "string", "number") if _BY_TYPE[t] & set(schema)]
             if not types:
                 return n.ANY_VALUE
         if isinstance(types, str):
@@ -126,7 +128,7 @@ class _Compiler:
         if t == "boolean":
             return n.literal([b"true", b"false"])
         if t in ("number", "integer"):
-            return n.number(t == "integer")
+            return _numeric(t, schema, path)
         if t == "string":
             lo = _count(schema, "minLength", path, 0)
             hi = _count(schema, "maxLength", path, None)
@@ -180,6 +182,49 @@ class _Compiler:
         else:
             other = self.compile(other_schema, f"{path}.additionalProperties")
         return n.obj(tuple(compiled), other)
+
+
+MAX_BOUND = 10**30  # the largest integer bound served (a number is at most MAX_NUMBER bytes)
+
+
+def _numeric(t: str, schema: Mapping, path: str) -> n.Node:
+    """A number, or an integer within minimum / maximum / exclusiveMinimum / exclusiveMaximum."""
+    import math
+
+    given = [k for k in _BOUNDS if k in schema]
+    if not given:
+        return n.number(t == "integer")
+    if t == "number":
+        raise ResponseFormatError(
+            f"'{given[0]}' is served on integers only: give the value \"type\": \"integer\", or "
+            "remove it and check the number yourself.", f"{path}.{given[0]}")
+    lo: int | None = None
+    hi: int | None = None
+    for key in given:
+        value = schema[key]
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise ResponseFormatError(f"'{key}' must be a number (the boolean form of older drafts is "
+                                      "not supported).", f"{path}.{key}")
+        if abs(value) > MAX_BOUND:
+            raise ResponseFormatError(f"'{key}' is beyond +-1e30, the widest bound served.",
+                                      f"{path}.{key}")
+        if key == "minimum":
+            bound = math.ceil(value)
+        elif key == "exclusiveMinimum":
+            bound = math.floor(value) + 1
+        elif key == "maximum":
+            bound = math.floor(value)
+        else:
+            bound = math.ceil(value) - 1
+        if key.lower().endswith("minimum"):
+            lo = bound if lo is None else max(lo, bound)
+        else:
+            hi = bound if hi is None else min(hi, bound)
+    if lo is not None and hi is not None and lo > hi:
+        raise ResponseFormatError("No integer lies within minimum / maximum.", f"{path}.{given[-1]}")
+    from ._regex import Regex, integer_range
+
+    return n.ranged(Regex(integer_range(lo, hi)))
 
 
 def _string_regex(schema: Mapping, path: str) -> Any:

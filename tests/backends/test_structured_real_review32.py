@@ -118,13 +118,14 @@ EVENT = {"type": "json_schema", "json_schema": {"name": "event", "strict": True,
         "day": {"type": "string", "format": "date"},
         "starts": {"type": "string", "format": "date-time"},
         "room": {"type": "string", "pattern": "^[A-D]-\\d{3}$"},
+        "people": {"type": "integer", "minimum": 2, "maximum": 40},
     },
-    "required": ["title", "day", "starts", "room"], "additionalProperties": False}}}
+    "required": ["title", "day", "starts", "room", "people"], "additionalProperties": False}}}
 
 
 @pytest.mark.parametrize("seed", [None, 0])
 def test_patterns_and_formats_hold_on_the_device(edge: Any, seed: int | None) -> None:
-    # review 33: before, 'pattern' and 'format' were refused
+    # review 33: before, 'pattern', 'format' and integer 'minimum' / 'maximum' were refused
     import datetime
     import re
 
@@ -136,6 +137,7 @@ def test_patterns_and_formats_hold_on_the_device(edge: Any, seed: int | None) ->
     assert len(event["day"]) == 10 and datetime.date.fromisoformat(event["day"]), out.text
     assert datetime.datetime.fromisoformat(event["starts"]).tzinfo is not None, out.text
     assert re.fullmatch(r"[A-D]-\d{3}", event["room"]), out.text
+    assert isinstance(event["people"], int) and 2 <= event["people"] <= 40, out.text
 
 
 def test_without_a_format_a_greedy_answer_is_unchanged(edge: Any) -> None:

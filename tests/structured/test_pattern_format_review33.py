@@ -243,3 +243,95 @@ def test_pydantic_models_with_dates_uuids_and_patterns_are_served() -> None:
     assert grammar.validate(text.replace("+00:00", "Z")) or grammar.validate(text)
     assert not grammar.validate(text.replace("Launch", "launch"))
     assert not grammar.validate(text.replace("2025-03-01", "2025-3-1", 1))
+
+
+# -- integers within minimum / maximum ------------------------------------------------------------
+
+RANGES = [(0, None), (1, 5), (18, None), (None, 0), (-5, 5), (None, -3), (-120, -7), (0, 0), (7, 7),
+          (100, 999), (95, 1234), (None, None), (-1000, 250), (3, 10**12)]
+
+
+@pytest.mark.parametrize(("lo", "hi"), RANGES)
+def test_an_integer_range_takes_exactly_the_integers_in_it_as_json_writes_them(lo, hi) -> None:
+    from hybridllm._structured._regex import integer_range
+
+    regex = Regex(integer_range(lo, hi))
+    rng = random.Random(f"{lo},{hi}")
+    numbers = [rng.randint(-3000, 3000) for _ in range(1500)]
+    numbers += [rng.randint(-10**13, 10**13) for _ in range(300)]
+    numbers += [b + d for b in (lo, hi) if b is not None for d in (-1, 0, 1)]
+    for number in numbers:
+        within = (lo is None or number >= lo) and (hi is None or number <= hi)
+        assert full(regex, str(number)) == within, number
+    for text in ("-0", "007", "01", "", "-", "1.0", "+1", "1e3"):
+        assert not full(regex, text), text
+
+
+@pytest.mark.parametrize(("schema", "inside", "outside"), [
+    ({"type": "integer", "minimum": 1, "maximum": 5}, [1, 3, 5], [0, 6, -1]),
+    ({"type": "integer", "exclusiveMinimum": 0, "exclusiveMaximum": 10}, [1, 9], [0, 10]),
+    ({"type": "integer", "minimum": 0.5, "maximum": 2.5}, [1, 2], [0, 3]),  # the integers between
+    ({"type": "integer", "exclusiveMinimum": -3.5, "maximum": -1}, [-3, -1], [-4, 0]),
+    ({"type": ["integer", "null"], "minimum": 10}, [10, 10**20, None], [9, -10]),
+])
+def test_integer_bounds_hold(schema: dict, inside: list, outside: list) -> None:
+    grammar = parse_response_format(schema_format(schema))
+    for value in inside:
+        assert grammar.validate(json.dumps(value)), value
+    for value in outside:
+        assert not grammar.validate(json.dumps(value)), value
+    assert not grammar.validate("1.5") and not grammar.validate("-0")
+
+
+@pytest.mark.parametrize(("schema", "param", "words"), [
+    ({"type": "number", "minimum": 0}, S + ".minimum", "integers only"),
+    ({"maximum": 3}, S + ".maximum", "integers only"),  # no type: read as a number
+    ({"type": "integer", "minimum": 5, "maximum": 4}, S + ".maximum", "No integer"),
+    ({"type": "integer", "exclusiveMinimum": True}, S + ".exclusiveMinimum", "boolean form"),
+    ({"type": "integer", "maximum": 1e40}, S + ".maximum", "1e30"),
+    ({"type": "integer", "multipleOf": 2}, S + ".multipleOf", "multipleOf"),
+])
+def test_bounds_that_cannot_be_served_are_refused(schema: dict, param: str, words: str) -> None:
+    with pytest.raises(ResponseFormatError) as err:
+        parse_response_format(schema_format(schema))
+    assert err.value.param == param and words in str(err.value)
+
+
+RANGED = {"type": "object", "properties": {
+    "stars": {"type": "integer", "minimum": 1, "maximum": 5},
+    "delta": {"type": "integer", "minimum": -20, "exclusiveMaximum": -2},
+    "big": {"type": "integer", "minimum": 1000},
+    "list": {"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 99}, "maxItems": 3},
+}, "required": ["stars", "delta", "big", "list"]}
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_ranged_integer_masks_match_brute_force_and_walks_stay_in_range(seed: int) -> None:
+    grammar = parse_response_format(schema_format(RANGED))
+    rng = random.Random(seed)
+    ended = 0
+    for _ in range(3):
+        out, done = sample_checked(grammar, rng, INDEX, VOCAB, limit=600)
+        if not done:
+            continue
+        ended += 1
+        value = json.loads(out)
+        assert 1 <= value["stars"] <= 5 and -20 <= value["delta"] < -2 and value["big"] >= 1000, value
+        assert all(isinstance(x, int) and 0 <= x <= 99 for x in value["list"]), value
+    assert ended
+
+
+def test_a_bounded_integer_may_end_the_answer_and_a_pydantic_rating_is_served() -> None:
+    grammar = parse_response_format(schema_format({"type": "integer", "minimum": 10, "maximum": 12}))
+    m = grammar.matcher()
+    assert m.feed(b"1") and not m.done and m.feed(b"1") and m.done  # "1" is no answer, "11" is
+    pydantic = pytest.importorskip("pydantic")
+
+    class Review(pydantic.BaseModel):
+        stars: int = pydantic.Field(ge=1, le=5)
+        votes: int = pydantic.Field(gt=0)
+
+    grammar = parse_response_format(schema_format(Review.model_json_schema()))
+    assert grammar.validate('{"stars": 4, "votes": 12}')
+    assert not grammar.validate('{"stars": 6, "votes": 12}')
+    assert not grammar.validate('{"stars": 4, "votes": 0}')

@@ -21,13 +21,15 @@ EVENT = {"type": "json_schema", "json_schema": {"name": "event", "schema": {
         "day": {"type": "string", "format": "date"},
         "code": {"type": "string", "pattern": "^[a-c]{2}-\\d{1,3}$"},
         "tag": {"type": "string", "pattern": "^(red|green|blue)[0-9]*$", "maxLength": 6},
+        "n": {"type": "integer", "minimum": -5, "maximum": 300},
     },
-    "required": ["day", "code", "tag"], "additionalProperties": False}}}
+    "required": ["day", "code", "tag", "n"], "additionalProperties": False}}}
 
 
 def _check(text: str) -> None:
     value = json.loads(text)
-    assert list(value) == ["day", "code", "tag"], text
+    assert list(value) == ["day", "code", "tag", "n"], text
+    assert isinstance(value["n"], int) and -5 <= value["n"] <= 300, text
     assert len(value["day"]) == 10 and datetime.date.fromisoformat(value["day"]), text
     assert re.fullmatch(r"[a-c]{2}-\d{1,3}", value["code"]), text
     assert re.fullmatch(r"(red|green|blue)[0-9]*", value["tag"]) and len(value["tag"]) <= 6, text

@@ -56,7 +56,7 @@ class Node:
 #   ARR: a = item node, b = min items, c = max items or None
 #   STR: a = min length, b = max length or None (in characters; None and 0: unbounded, not counted)
 #   PAT: a = the _regex.Regex its text matches (pattern or format), b = min length, c = max length
-#   RNUM: a = the _regex.Regex of an integer's digits (minimum / maximum: _regex.integer_range)
+#   RNUM: a = the _regex.Regex of a bounded number's text (_regex.integer_range, number_range)
 #   NUM: a = integer only
 #   LIT: a = the options' JSON bytes
 #   ALT: a = the alternatives
@@ -342,12 +342,13 @@ def _pattern_char(frame: tuple, code: int) -> list[tuple]:
 
 
 def _ranged(frame: tuple, b: int) -> list[tuple]:
-    # an integer within bounds: its digits held to the range's regex; like a number, it ends
+    # a number within bounds: its text held to the range's regex; like a number, it ends
     # before the first byte that cannot go on it
     node, state, length = frame
     out: list[tuple] = []
-    if length < MAX_NUMBER and (b == 0x2D or b in _DIGITS):
-        nxt = node.a.step(state, b)  # type: ignore[attr-defined]
+    if length < MAX_NUMBER and (b in (0x2D, 0x2E) or b in _DIGITS):
+        # taken only if the number can still end within MAX_NUMBER bytes after it
+        nxt = node.a.step_within(state, b, 0, MAX_NUMBER - length - 1)  # type: ignore[attr-defined]
         if nxt:
             out.append((STAY, (node, nxt, length + 1)))
     if length and node.a.accepts(state):  # type: ignore[attr-defined]

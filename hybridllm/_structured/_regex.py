@@ -578,3 +578,47 @@ def _same_length(lo: str, hi: str) -> list[str]:
     if not tail_full:  # hi[0]00..0 .. hi
         parts += [hi[0] + p for p in _same_length("0" * rest, hi[1:])]
     return parts
+
+
+def number_range(lo: tuple[int, bool] | None, hi: tuple[int, bool] | None) -> str:
+    """A pattern of the JSON numbers within whole-number bounds, each (bound, inclusive) or None,
+    written as JSON writes them but without an exponent (the bounds are read off the digits):
+    an integer part, then perhaps a fraction. Negative numbers are '-' and y = -x > 0, so
+    both sides are one rule on a positive part y with its own bounds."""
+    parts: list[str] = []
+    if hi is None or hi[0] > 0 or (hi[0] == 0 and hi[1]):  # x >= 0
+        low = (0, True) if lo is None or lo[0] < 0 else lo
+        parts += _unsigned_range(low, hi)
+    if lo is None or lo[0] < 0:  # x < 0: y = -x, y > 0
+        low = (-hi[0], hi[1]) if hi is not None and hi[0] < 0 else (0, False)
+        high = (-lo[0], lo[1]) if lo is not None else None
+        parts += ["-" + p for p in _unsigned_range(low, high)]
+    if not parts:
+        raise ValueError("no number lies within the bounds")
+    return "^(?:" + "|".join(parts) + ")$"
+
+
+_ANY_FRACTION = r"(?:\.\d+)?"
+_ZERO_FRACTION = r"(?:\.0+)?"
+_SOME_FRACTION = r"\.\d*[1-9]\d*"
+
+
+def _unsigned_range(low: tuple[int, bool], high: tuple[int, bool] | None) -> list[str]:
+    """Patterns for l <(=) y <(=) h, y >= 0 an integer part and an optional fraction: the whole
+    parts strictly inside take any fraction, a bound's own whole part only the fractions that
+    keep y on the right side of it (none past h, a non-zero one past an exclusive l)."""
+    lo, lo_in = low
+    first_any = lo if lo_in else lo + 1  # whole parts from here take any fraction
+    last_any = None if high is None else high[0] - 1  # ... up to here
+    parts: list[str] = []
+
+    def whole(a: int, b: int | None) -> str:
+        return "(?:" + "|".join(_natural_range(a, b)) + ")"
+
+    if last_any is None or first_any <= last_any:
+        parts.append(whole(first_any, last_any) + _ANY_FRACTION)
+    if not lo_in and (high is None or lo < high[0]):  # lo itself, with a fraction above zero
+        parts.append(whole(lo, lo) + _SOME_FRACTION)
+    if high is not None and high[1] and (high[0] > lo or (high[0] == lo and lo_in)):
+        parts.append(whole(high[0], high[0]) + _ZERO_FRACTION)  # h itself, no fraction past it
+    return parts

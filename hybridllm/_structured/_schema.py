@@ -62,7 +62,7 @@ class _Compiler:
             raise ResponseFormatError(
                 f"The JSON Schema keyword '{unknown[0]}' is not supported in response_format (supported: "
                 "type, properties, required, additionalProperties, items, minItems, maxItems, enum, const, "
-                "anyOf, oneOf, minLength, maxLength, pattern, format, minimum / maximum on integers, $ref to "
+                "anyOf, oneOf, minLength, maxLength, pattern, format, minimum, maximum, $ref to "
                 "$defs). Remove it and check "
                 "the value yourself.",
                 f"{path}.{unknown[0]}")
@@ -188,18 +188,15 @@ MAX_BOUND = 10**30  # the largest integer bound served (a number is at most MAX_
 
 
 def _numeric(t: str, schema: Mapping, path: str) -> n.Node:
-    """A number, or an integer within minimum / maximum / exclusiveMinimum / exclusiveMaximum."""
+    """A number, or one within minimum / maximum / exclusiveMinimum / exclusiveMaximum: an
+    integer within any bounds, a number within whole-number bounds."""
     import math
 
     given = [k for k in _BOUNDS if k in schema]
     if not given:
         return n.number(t == "integer")
-    if t == "number":
-        raise ResponseFormatError(
-            f"'{given[0]}' is served on integers only: give the value \"type\": \"integer\", or "
-            "remove it and check the number yourself.", f"{path}.{given[0]}")
-    lo: int | None = None
-    hi: int | None = None
+    low: tuple[float, bool] | None = None  # (bound, inclusive), the tighter of those given
+    high: tuple[float, bool] | None = None
     for key in given:
         value = schema[key]
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
@@ -208,23 +205,30 @@ def _numeric(t: str, schema: Mapping, path: str) -> n.Node:
         if abs(value) > MAX_BOUND:
             raise ResponseFormatError(f"'{key}' is beyond +-1e30, the widest bound served.",
                                       f"{path}.{key}")
-        if key == "minimum":
-            bound = math.ceil(value)
-        elif key == "exclusiveMinimum":
-            bound = math.floor(value) + 1
-        elif key == "maximum":
-            bound = math.floor(value)
+        if t == "number" and value != int(value):
+            raise ResponseFormatError(
+                f"'{key}' {value} is not a whole number: a number's bounds are served when they are "
+                "whole (0, 1, 100, ...); remove it and check the value yourself.", f"{path}.{key}")
+        bound = (value, key in ("minimum", "maximum"))
+        if key.endswith("inimum"):  # the larger lower bound; at a tie the exclusive one
+            low = bound if low is None or (value, not bound[1]) > (low[0], not low[1]) else low
         else:
-            bound = math.ceil(value) - 1
-        if key.lower().endswith("minimum"):
-            lo = bound if lo is None else max(lo, bound)
-        else:
-            hi = bound if hi is None else min(hi, bound)
-    if lo is not None and hi is not None and lo > hi:
-        raise ResponseFormatError("No integer lies within minimum / maximum.", f"{path}.{given[-1]}")
-    from ._regex import Regex, integer_range
+            high = bound if high is None or (value, bound[1]) < (high[0], high[1]) else high
+    from ._regex import Regex, integer_range, number_range
 
-    return n.ranged(Regex(integer_range(lo, hi)))
+    try:
+        if t == "integer":
+            lo = None if low is None else (math.ceil(low[0]) if low[1] else math.floor(low[0]) + 1)
+            hi = None if high is None else (math.floor(high[0]) if high[1] else math.ceil(high[0]) - 1)
+            if lo is not None and hi is not None and lo > hi:
+                raise ValueError("No integer lies within minimum / maximum.")
+            return n.ranged(Regex(integer_range(lo, hi)))
+        return n.ranged(Regex(number_range(None if low is None else (int(low[0]), low[1]),
+                                           None if high is None else (int(high[0]), high[1]))))
+    except ValueError as exc:
+        message = str(exc)
+        raise ResponseFormatError(message[0].upper() + message[1:].rstrip(".") + ".",
+                                  f"{path}.{given[-1]}") from None
 
 
 def _string_regex(schema: Mapping, path: str) -> Any:

@@ -284,8 +284,9 @@ def test_integer_bounds_hold(schema: dict, inside: list, outside: list) -> None:
 
 
 @pytest.mark.parametrize(("schema", "param", "words"), [
-    ({"type": "number", "minimum": 0}, S + ".minimum", "integers only"),
-    ({"maximum": 3}, S + ".maximum", "integers only"),  # no type: read as a number
+    ({"type": "number", "minimum": 0.5}, S + ".minimum", "not a whole number"),
+    ({"maximum": 2.5}, S + ".maximum", "not a whole number"),  # no type: read as a number
+    ({"type": "number", "exclusiveMinimum": 3, "maximum": 3}, S + ".exclusiveMinimum", "No number"),
     ({"type": "integer", "minimum": 5, "maximum": 4}, S + ".maximum", "No integer"),
     ({"type": "integer", "exclusiveMinimum": True}, S + ".exclusiveMinimum", "boolean form"),
     ({"type": "integer", "maximum": 1e40}, S + ".maximum", "1e30"),
@@ -302,7 +303,9 @@ RANGED = {"type": "object", "properties": {
     "delta": {"type": "integer", "minimum": -20, "exclusiveMaximum": -2},
     "big": {"type": "integer", "minimum": 1000},
     "list": {"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 99}, "maxItems": 3},
-}, "required": ["stars", "delta", "big", "list"]}
+    "score": {"type": "number", "minimum": 0, "maximum": 1},
+    "debt": {"type": "number", "exclusiveMaximum": 0, "minimum": -3},
+}, "required": ["stars", "delta", "big", "list", "score", "debt"]}
 
 
 @pytest.mark.parametrize("seed", range(3))
@@ -318,7 +321,38 @@ def test_ranged_integer_masks_match_brute_force_and_walks_stay_in_range(seed: in
         value = json.loads(out)
         assert 1 <= value["stars"] <= 5 and -20 <= value["delta"] < -2 and value["big"] >= 1000, value
         assert all(isinstance(x, int) and 0 <= x <= 99 for x in value["list"]), value
+        assert 0 <= value["score"] <= 1 and -3 <= value["debt"] < 0, value
     assert ended
+
+
+NUMBER_RANGES = [((0, True), (1, True)), ((0, False), (1, False)), ((1, True), (5, True)),
+                 ((-5, True), (5, False)), (None, (0, True)), (None, (0, False)), ((0, True), None),
+                 ((0, False), None), ((-3, False), (-1, True)), ((2, True), (2, True)), (None, None),
+                 ((-10, True), None), (None, (-2, False)), ((7, False), (8, False))]
+
+
+@pytest.mark.parametrize(("lo", "hi"), NUMBER_RANGES)
+def test_a_number_range_takes_exactly_the_numbers_in_it(lo, hi) -> None:
+    from fractions import Fraction
+
+    from hybridllm._structured._regex import number_range
+
+    regex = Regex(number_range(lo, hi))
+    rng = random.Random(f"{lo},{hi}")
+    for _ in range(2000):
+        text = str(rng.choice([0, 0, 1, 2, 3, 5, 7, 8, 9, 10, 11, 100, rng.randint(0, 5000)]))
+        if rng.random() < 0.6:
+            text += "." + "".join(rng.choice("0000123456789") for _ in range(rng.randint(1, 4)))
+        if rng.random() < 0.5:
+            text = "-" + text
+        x = Fraction(text)
+        within = (lo is None or (x >= lo[0] if lo[1] else x > lo[0])) and (
+            hi is None or (x <= hi[0] if hi[1] else x < hi[0]))
+        if text.startswith("-") and x == 0:
+            within = False  # '-0' forms are not written
+        assert full(regex, text) == within, text
+    for text in ("1e3", "01", ".5", "1.", "+1"):
+        assert not full(regex, text), text
 
 
 def test_a_bounded_integer_may_end_the_answer_and_a_pydantic_rating_is_served() -> None:

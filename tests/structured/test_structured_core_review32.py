@@ -201,7 +201,7 @@ S = "response_format.json_schema.schema"
     (schema_format({"type": "string", "pattern": "(a)\\1"}), S + ".pattern", "pattern"),
     (schema_format({"type": "object", "properties": {"d": {"type": "string", "format": "ipv6"}}}),
      S + ".properties.d.format", "format"),
-    (schema_format({"type": "number", "minimum": 0}), S + ".minimum", "minimum"),
+    (schema_format({"type": "number", "minimum": 0.5}), S + ".minimum", "minimum"),
     (schema_format({"type": "object", "required": ["x"]}), S + ".required", "x"),
     (schema_format({"$ref": "#/$defs/N", "$defs": {"N": {"type": "object", "properties": {
         "next": {"$ref": "#/$defs/N"}}}}}), S + ".$defs.N.properties.next.$ref", "recursive"),

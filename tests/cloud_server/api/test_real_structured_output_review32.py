@@ -90,7 +90,7 @@ def test_json_schema_plain_and_streamed(client) -> None:
 
 def test_a_refused_schema_is_a_400_naming_it(client) -> None:
     fmt = {"type": "json_schema", "json_schema": {"name": "x", "schema": {
-        "type": "object", "properties": {"age": {"type": "number", "minimum": 0}}}}}
+        "type": "object", "properties": {"age": {"type": "number", "minimum": 0.5}}}}}
     with pytest.raises(openai.BadRequestError) as err:
         client.chat.completions.create(model=MODEL, messages=ASK, max_tokens=10, response_format=fmt)
     assert err.value.body["param"].startswith("response_format.json_schema.schema.properties.age")

@@ -111,7 +111,7 @@ def test_text_is_plain_output(client: httpx.Client) -> None:
 @pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions"])
 @pytest.mark.parametrize(("fmt", "param"), [
     ({"type": "json_schema", "json_schema": {"name": "p", "schema": {
-        "type": "object", "properties": {"age": {"type": "number", "minimum": 0}}}}},
+        "type": "object", "properties": {"age": {"type": "number", "minimum": 0.5}}}}},
      "response_format.json_schema.schema.properties.age"),
     ({"type": "json_schema"}, "response_format.json_schema"),
     ({"type": "text", "json_schema": {"name": "p", "schema": {}}}, "response_format.json_schema"),

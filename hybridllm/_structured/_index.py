@@ -14,7 +14,8 @@ from . import _nodes as n
 
 _MEMO_SIZE = 2048  # masks kept per index (bit-packed: vocabulary / 8 bytes each)
 _PATTERN_GROUPS = 16  # patterns whose token groups an index keeps (TokenIndex._in_pattern: int32 ids,
-# about 4 bytes a token each)
+# about 4 bytes a token each), more when one prepared grammar has more, up to:
+_PATTERN_GROUPS_MAX = 256
 
 
 class Matcher:
@@ -116,6 +117,7 @@ class TokenIndex:
         self._memo: OrderedDict[Any, np.ndarray] = OrderedDict()
         self._lock = threading.Lock()
         self._groups: OrderedDict[Any, tuple[list, np.ndarray]] = OrderedDict()
+        self._group_limit = _PATTERN_GROUPS
         self._texts: list[tuple[int, str]] | None = None  # whole-character plain tokens' text
 
     def allowed(self, matcher: Matcher) -> np.ndarray:
@@ -217,7 +219,10 @@ class TokenIndex:
         """Do now, ahead of the first mask, the per-pattern work a grammar's strings need (a pass
         over the vocabulary each: a fraction of a second for a large one), e.g. off a serving
         loop's thread."""
-        for regex in grammar.regexes():
+        regexes = grammar.regexes()
+        with self._lock:  # a schema of many patterns keeps them all (else its masks rebuild them)
+            self._group_limit = max(self._group_limit, min(len(regexes), _PATTERN_GROUPS_MAX))
+        for regex in regexes:
             self._pattern_groups(regex)
 
     def _pattern_groups(self, regex: Any) -> tuple[list, np.ndarray]:
@@ -247,7 +252,7 @@ class TokenIndex:
         found = (groups, others)
         with self._lock:
             self._groups[regex] = found
-            while len(self._groups) > _PATTERN_GROUPS:
+            while len(self._groups) > self._group_limit:
                 self._groups.popitem(last=False)
         return found
 

@@ -79,22 +79,27 @@ class DeviceFormats:
                 "The answer to continue does not fit the request's response_format (its text so "
                 "far is not the start of a value the format allows), so the device cannot continue "
                 "it. Retry the request.")
-        return Constraint(self, matcher)
+        return Constraint(self, matcher, grammar)
 
 
 class Constraint:
     """One answer's matcher and the masks it allows, step by step."""
 
-    def __init__(self, formats: DeviceFormats, matcher: Any) -> None:
+    def __init__(self, formats: DeviceFormats, matcher: Any, grammar: Any = None) -> None:
         self._formats = formats
         self.matcher = matcher
+        self.grammar = grammar
         self.index: Any = None
         self.error: BaseException | None = None  # raised inside a native callback, re-raised after
 
     def bind(self) -> None:
-        """Fetch (or build, on the model's first structured request) the token index."""
+        """Fetch (or build, on the model's first structured request) the token index, ready for
+        the grammar's patterns (a pass over the vocabulary each, the first time: before the first
+        token rather than inside a step)."""
         if self.index is None:
             self.index = self._formats.index()
+            if self.grammar is not None:
+                self.index.prepare(self.grammar)
 
     @property
     def finished(self) -> bool:

@@ -369,3 +369,32 @@ def test_a_bounded_integer_may_end_the_answer_and_a_pydantic_rating_is_served() 
     assert grammar.validate('{"stars": 4, "votes": 12}')
     assert not grammar.validate('{"stars": 6, "votes": 12}')
     assert not grammar.validate('{"stars": 4, "votes": 0}')
+
+
+def test_a_prepared_schema_of_many_patterns_keeps_them_all(monkeypatch) -> None:
+    # 20 patterns, more than the 16 an index keeps by default: prepared once, none rebuilt while
+    # its masks are computed (before, the least recent were dropped and rebuilt at each string)
+    from hybridllm._structured import _index
+
+    props = {f"p{i}": {"type": "string", "pattern": f"^{chr(97 + i)}+$"} for i in range(20)}
+    grammar = parse_response_format(schema_format(
+        {"type": "object", "properties": props, "required": list(props)}))
+    assert len(grammar.regexes()) == 20
+    index = TokenIndex(VOCAB, [EOS])
+    index.prepare(grammar)
+    builds = []
+    real = _index.TokenIndex._pattern_groups
+
+    def counted(self, regex):
+        with self._lock:
+            if regex not in self._groups:
+                builds.append(regex.pattern)
+        return real(self, regex)
+
+    monkeypatch.setattr(_index.TokenIndex, "_pattern_groups", counted)
+    m = grammar.matcher()
+    text = "{" + ", ".join(f'"p{i}": "{chr(97 + i) * 2}"' for i in range(20)) + "}"
+    for byte in text.encode():
+        index.allowed(m)
+        assert m.feed(bytes((byte,)))
+    assert m.done and builds == []

@@ -9,7 +9,7 @@ from collections.abc import AsyncGenerator, AsyncIterator
 from ._exceptions import HybridLLMError, StreamConsumedError
 from ._lifecycle import _Live
 from ._stream import CLOSED_BEFORE_END, CLOSED_MID_ANSWER, READ_ELSEWHERE, STREAM_CLOSED_MID_ANSWER
-from ._types import Chunk, Completion
+from ._types import Chunk, Completion, read_parsed
 
 ASYNC_CLIENT_CLOSED = "This client is closed; create a new AsyncHybridLLM."
 
@@ -33,6 +33,7 @@ class AsyncStream(_Live):
         self._stepping = False
         self._loop: asyncio.AbstractEventLoop | None = None  # where it is read: a sync close() stops it there
         self.completion: Completion | None = None
+        self._structured = False  # a response_format request: its completion gets .parsed
 
     def __aiter__(self) -> AsyncIterator[Chunk]:
         if self._stepping and not self._closed:  # anext() began it: async for reads on
@@ -117,6 +118,8 @@ class AsyncStream(_Live):
             self._step = None
         if chunk.completion is not None:
             self.completion = chunk.completion
+            if self._structured:
+                read_parsed(chunk.completion)
         return chunk
 
     async def _anext(self) -> Chunk:

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import json
 import os
 import threading
 import weakref
@@ -36,7 +35,7 @@ from ._parts import _build_core
 from ._pipeline import CachePort, Core, PolicyPort
 from ._pipeline.request import Request
 from ._stream import Stream
-from ._types import Completion, GenerationParams, Message
+from ._types import Completion, GenerationParams, Message, read_parsed
 from .backends.base import Backend
 
 VIEW_STOP_WAIT_S = 10.0  # at close, the longest wait for the answers of wrap() views to stop
@@ -46,10 +45,7 @@ def _with_parsed(completion: Completion, params: GenerationParams) -> Completion
     """``completion.parsed``: its text read as JSON when the request asked for structured output
     (left None when the text is not JSON: an answer cut by max_tokens)."""
     if params.response_format is not None:
-        try:
-            completion.__dict__["_parsed"] = json.loads(completion.text)
-        except ValueError:
-            pass
+        read_parsed(completion)
     return completion
 
 
@@ -162,6 +158,7 @@ class HybridLLM(_Surface):
         req = self._core.prepare(messages, params)
         req.inline_edge = True  # a device answer is generated on the reading thread
         stream = Stream(self._core.run(req), self._loop, owner=self)
+        stream._structured = req.params.response_format is not None  # its completion gets .parsed
         self._streams.add(stream)
         return req, stream
 
@@ -250,6 +247,7 @@ class AsyncHybridLLM(_Surface):
             raise HybridLLMError(ASYNC_CLIENT_CLOSED)
         req = self._core.prepare(messages, params)
         stream = AsyncStream(self._core.run(req), owner=self)
+        stream._structured = req.params.response_format is not None  # its completion gets .parsed
         self._streams.add(stream)
         return req, stream
 

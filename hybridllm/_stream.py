@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator, Iterator
 from ._exceptions import HybridLLMError, StreamConsumedError
 from ._lifecycle import _Live
 from ._loop_thread import _LoopThread
-from ._types import Chunk, Completion
+from ._types import Chunk, Completion, read_parsed
 from .backends.worker import InlineRun
 
 CLOSED_MID_ANSWER = "The client was closed before this answer was complete."
@@ -49,6 +49,7 @@ class Stream(_Live):
         self._reader: Iterator[Chunk] | None = None  # the chunks next() reads (after the first next())
         self._next_lock = threading.Lock()  # held by the thread in next()
         self.completion: Completion | None = None
+        self._structured = False  # a response_format request: its completion gets .parsed
 
     async def _next(self) -> Chunk:
         self._task = asyncio.current_task()
@@ -161,6 +162,8 @@ class Stream(_Live):
                     continue
                 if chunk.completion is not None:
                     self.completion = chunk.completion
+                    if self._structured:
+                        read_parsed(chunk.completion)
                 yield chunk
                 self._check_open()
                 step = self._next()

@@ -283,6 +283,16 @@ def _normalized_format(value: Any) -> dict[str, Any] | None:
     return None if grammar is None else grammar.response_format  # type: ignore[no-any-return]
 
 
+def read_parsed(completion: Completion) -> None:
+    """Set ``completion.parsed`` from its text (left None when the text is not JSON)."""
+    import json
+
+    try:
+        completion.__dict__["_parsed"] = json.loads(completion.text)
+    except ValueError:
+        pass
+
+
 def grammar_of(response_format: dict[str, Any]) -> Any:
     """The core's Grammar of a response format, None for plain text (the core keeps each format's
     grammar: the request, its cache key and a backend ask for the same one). ResponseFormatError
@@ -415,9 +425,10 @@ class Completion:
 
     @property
     def parsed(self) -> Any:
-        """The answer read as JSON (``json.loads(text)``) when ``chat()`` was asked for structured
-        output (``response_format``); None without one, and None when the text is not JSON (an
-        answer cut by max_tokens: ``finish_reason`` "length"). Not part of :meth:`to_dict`."""
+        """The answer read as JSON (``json.loads(text)``) when ``chat()`` or ``stream()`` (its
+        ``completion``) was asked for structured output (``response_format``); None without one,
+        and None when the text is not JSON (an answer cut by max_tokens: ``finish_reason``
+        "length"). Not part of :meth:`to_dict`."""
         return self.__dict__.get("_parsed")
 
     @property

@@ -207,23 +207,24 @@ PATTERNED = {
 }
 
 
+def walked_values(schema: dict, seed: int, limit: int) -> list:
+    """The values three masked walks (masks checked by brute force) ended with; at least one."""
+    grammar = parse_response_format(schema_format(schema))
+    rng = random.Random(seed)
+    walks = [sample_checked(grammar, rng, INDEX, VOCAB, limit=limit) for _ in range(3)]
+    values = [json.loads(out) for out, done in walks if done]
+    assert values  # the walk reaches the end at least once in three tries
+    return values
+
+
 @pytest.mark.parametrize("seed", range(4))
 def test_pattern_masks_match_brute_force_and_walks_end_in_valid_values(seed: int) -> None:
-    grammar = parse_response_format(schema_format(PATTERNED))
-    rng = random.Random(seed)
-    ended = 0
-    for _ in range(3):
-        out, done = sample_checked(grammar, rng, INDEX, VOCAB, limit=900)
-        if not done:
-            continue
-        ended += 1
-        value = json.loads(out)
+    for value in walked_values(PATTERNED, seed, limit=900):
         for fmt, key in (("date", "day"), ("date-time", "at"), ("uuid", "id"), ("ipv4", "ip")):
             assert _parses_as(fmt, value[key]), (key, value[key])
         assert re.fullmatch(r"[A-Z]{2,3}-\d+", value["code"]) and 5 <= len(value["code"]) <= 6
         assert re.fullmatch(r"(é|e)+[a-c]?", value["word"]) and len(value["word"]) <= 4
         assert "x" in value["tag"]
-    assert ended
 
 
 def test_pydantic_models_with_dates_uuids_and_patterns_are_served() -> None:
@@ -310,19 +311,10 @@ RANGED = {"type": "object", "properties": {
 
 @pytest.mark.parametrize("seed", range(3))
 def test_ranged_integer_masks_match_brute_force_and_walks_stay_in_range(seed: int) -> None:
-    grammar = parse_response_format(schema_format(RANGED))
-    rng = random.Random(seed)
-    ended = 0
-    for _ in range(3):
-        out, done = sample_checked(grammar, rng, INDEX, VOCAB, limit=600)
-        if not done:
-            continue
-        ended += 1
-        value = json.loads(out)
+    for value in walked_values(RANGED, seed, limit=600):
         assert 1 <= value["stars"] <= 5 and -20 <= value["delta"] < -2 and value["big"] >= 1000, value
         assert all(isinstance(x, int) and 0 <= x <= 99 for x in value["list"]), value
         assert 0 <= value["score"] <= 1 and -3 <= value["debt"] < 0, value
-    assert ended
 
 
 NUMBER_RANGES = [((0, True), (1, True)), ((0, False), (1, False)), ((1, True), (5, True)),

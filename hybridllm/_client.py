@@ -35,18 +35,10 @@ from ._parts import _build_core
 from ._pipeline import CachePort, Core, PolicyPort
 from ._pipeline.request import Request
 from ._stream import Stream
-from ._types import Completion, GenerationParams, Message, read_parsed
+from ._types import Completion, Message
 from .backends.base import Backend
 
 VIEW_STOP_WAIT_S = 10.0  # at close, the longest wait for the answers of wrap() views to stop
-
-
-def _with_parsed(completion: Completion, params: GenerationParams) -> Completion:
-    """``completion.parsed``: its text read as JSON when the request asked for structured output
-    (left None when the text is not JSON: an answer cut by max_tokens)."""
-    if params.response_format is not None:
-        read_parsed(completion)
-    return completion
 
 
 class _Surface(_Live):
@@ -141,13 +133,13 @@ class HybridLLM(_Surface):
         ``Completion.parsed`` then holds the answer read as JSON) and routing
         (route="edge"|"cloud", cache=False, cascade=True|False, namespace="tenant").
         """
-        req, stream = self._open(messages, params)
+        _, stream = self._open(messages, params)
         with stream:
             for _ in stream:
                 pass
         if stream.completion is None:  # the pipeline always ends with one
             raise HybridLLMError("The backend ended without finishing the answer.")
-        return _with_parsed(stream.completion, req.params)
+        return stream.completion  # its .parsed set by the stream (a response_format request)
 
     def stream(self, messages: str | Sequence[Message], **params: Any) -> Stream:
         """Stream the answer chunk by chunk. Bad input raises here, before any chunk; leaving
@@ -230,13 +222,13 @@ class AsyncHybridLLM(_Surface):
         return [stop for stop in stops if stop is not None]
 
     async def chat(self, messages: str | Sequence[Message], **params: Any) -> Completion:
-        req, stream = self._open(messages, params)
+        _, stream = self._open(messages, params)
         async with stream:
             async for _ in stream:
                 pass
         if stream.completion is None:
             raise HybridLLMError("The backend ended without finishing the answer.")
-        return _with_parsed(stream.completion, req.params)
+        return stream.completion  # its .parsed set by the stream (a response_format request)
 
     def stream(self, messages: str | Sequence[Message], **params: Any) -> AsyncStream:
         """An :class:`AsyncStream` of chunks; bad input raises here, at the call."""

@@ -27,7 +27,7 @@ __all__ = [
 class Grammar:
     """One ``response_format``: the values an output may be."""
 
-    __slots__ = ("key", "kind", "response_format", "_root")
+    __slots__ = ("key", "kind", "response_format", "_root", "_regexes")
 
     def __init__(self, response_format: dict, value: _nodes.Node) -> None:
         self.response_format = response_format
@@ -35,12 +35,16 @@ class Grammar:
         # the user's property order is part of the grammar (keys come out in it): no sort_keys
         self.key = json.dumps(response_format, separators=(",", ":"), ensure_ascii=False)
         self._root = _nodes.root(value)
+        self._regexes: list[Any] | None = None
 
     def matcher(self) -> Matcher:
         return Matcher(frozenset((f,) for f in _nodes.begin(self._root)))
 
     def regexes(self) -> list[Any]:
-        """The compiled patterns and formats its strings are held to (``TokenIndex.prepare``)."""
+        """The compiled patterns and formats its strings are held to (``TokenIndex.prepare``;
+        found once, the grammar is kept across requests)."""
+        if self._regexes is not None:
+            return self._regexes
         found: dict[int, Any] = {}
         seen: set[int] = set()
         todo = [self._root]
@@ -58,7 +62,8 @@ class Grammar:
                 todo.append(node.a)  # type: ignore[arg-type]
             elif node.kind == _nodes.ALT:
                 todo.extend(node.a)  # type: ignore[arg-type]
-        return list(found.values())
+        self._regexes = list(found.values())
+        return self._regexes
 
     def validate(self, text: str) -> bool:
         """Whether ``text`` is a value this grammar produces (whitespace around it allowed)."""

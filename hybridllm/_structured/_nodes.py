@@ -25,7 +25,7 @@ ROOT, OBJ, ARR, STR, NUM, LIT, ANY, ALT, KEY, PAT, RNUM = range(11)
 STAY, PUSH, POP, POP_BEFORE = range(4)
 
 _DIGITS = frozenset(b"0123456789")
-_ESCAPES = frozenset(b'"\\/bfnrtu')
+_ESCAPES = frozenset(b'"\\/bfnrtu')  # after a backslash (the short ones: _ESCAPED below, and u)
 _HEX = frozenset(b"0123456789abcdefABCDEF")
 
 

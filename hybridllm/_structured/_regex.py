@@ -13,6 +13,7 @@ lookarounds, ``\\b``, anchors inside, flags. As JSON Schema says, a pattern is a
 from __future__ import annotations
 
 from bisect import bisect_right
+from collections import OrderedDict
 from collections.abc import Iterable
 
 MAX_CODE = 0x10FFFF
@@ -418,7 +419,7 @@ def _distances(succ: dict[int, frozenset], accept: int) -> tuple[dict[int, int],
     live = set(shortest)
     # longest: a live position on a live loop, or one that reaches such, has no bound; the rest
     # form a DAG, taken in reverse topological order
-    comp = _components(live, succ)
+    comp = _components(live, succ, pred)
     size: dict[int, int] = {}
     for c in comp.values():
         size[c] = size.get(c, 0) + 1
@@ -445,7 +446,7 @@ def _distances(succ: dict[int, frozenset], accept: int) -> tuple[dict[int, int],
     return shortest, longest
 
 
-def _components(live: set, succ: dict[int, frozenset]) -> dict[int, int]:
+def _components(live: set, succ: dict[int, frozenset], pred: dict[int, list[int]]) -> dict[int, int]:
     """Strongly connected components of the live positions (Kosaraju, without recursion)."""
     order: list[int] = []
     seen: set[int] = set()
@@ -464,11 +465,6 @@ def _components(live: set, succ: dict[int, frozenset]) -> dict[int, int]:
             else:
                 stack.pop()
                 order.append(node)
-    pred: dict[int, list[int]] = {i: [] for i in live}
-    for i in live:
-        for j in succ[i]:
-            if j in live:
-                pred[j].append(i)
     comp: dict[int, int] = {}
     for root in reversed(order):
         if root in comp:
@@ -477,7 +473,7 @@ def _components(live: set, succ: dict[int, frozenset]) -> dict[int, int]:
         todo = [root]
         while todo:
             for k in pred[todo.pop()]:
-                if k not in comp:
+                if k in live and k not in comp:
                     comp[k] = root
                     todo.append(k)
     return comp
@@ -514,15 +510,21 @@ FORMATS = {
 }
 
 
-def format_regex(name: str) -> Regex:
-    """The compiled pattern of a ``format`` (KeyError for one not served), compiled once."""
-    found = _FORMAT_CACHE.get(name)
+def compiled(pattern: str) -> Regex:
+    """``Regex(pattern)``, kept for the last 256 patterns: a pattern (a format's too) asked again,
+    by any schema, is the same object, so a token index's groups for it serve them all."""
+    found = _COMPILED.get(pattern)
     if found is None:
-        found = _FORMAT_CACHE[name] = Regex(FORMATS[name])
+        found = Regex(pattern)  # a ValueError for a pattern outside the subset
+        _COMPILED[pattern] = found
+        while len(_COMPILED) > 256:
+            _COMPILED.popitem(last=False)
+    else:
+        _COMPILED.move_to_end(pattern)
     return found
 
 
-_FORMAT_CACHE: dict[str, Regex] = {}
+_COMPILED: OrderedDict[str, Regex] = OrderedDict()
 
 
 def integer_range(lo: int | None, hi: int | None) -> str:

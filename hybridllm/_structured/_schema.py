@@ -214,7 +214,7 @@ def _numeric(t: str, schema: Mapping, path: str) -> n.Node:
             low = bound if low is None or (value, not bound[1]) > (low[0], not low[1]) else low
         else:
             high = bound if high is None or (value, bound[1]) < (high[0], high[1]) else high
-    from ._regex import Regex, integer_range, number_range
+    from ._regex import compiled, integer_range, number_range
 
     try:
         if t == "integer":
@@ -222,8 +222,8 @@ def _numeric(t: str, schema: Mapping, path: str) -> n.Node:
             hi = None if high is None else (math.floor(high[0]) if high[1] else math.ceil(high[0]) - 1)
             if lo is not None and hi is not None and lo > hi:
                 raise ValueError("No integer lies within minimum / maximum.")
-            return n.ranged(Regex(integer_range(lo, hi)))
-        return n.ranged(Regex(number_range(None if low is None else (int(low[0]), low[1]),
+            return n.ranged(compiled(integer_range(lo, hi)))
+        return n.ranged(compiled(number_range(None if low is None else (int(low[0]), low[1]),
                                            None if high is None else (int(high[0]), high[1]))))
     except ValueError as exc:
         message = str(exc)
@@ -233,7 +233,7 @@ def _numeric(t: str, schema: Mapping, path: str) -> n.Node:
 
 def _string_regex(schema: Mapping, path: str) -> Any:
     """The compiled ``pattern`` or ``format`` of a string schema; None without either."""
-    from ._regex import FORMATS, Regex, format_regex
+    from ._regex import FORMATS, compiled
 
     if "pattern" in schema and "format" in schema:
         raise ResponseFormatError("A string with both 'pattern' and 'format' is not supported: keep one "
@@ -244,25 +244,16 @@ def _string_regex(schema: Mapping, path: str) -> Any:
             raise ResponseFormatError(
                 f"The string format {name!r} is not supported (supported: {', '.join(FORMATS)}); use "
                 "'pattern' instead, or remove it and check the value yourself.", f"{path}.format")
-        return format_regex(name)
+        return compiled(FORMATS[name])
     if "pattern" in schema:
         pattern = schema["pattern"]
         if not isinstance(pattern, str):
             raise ResponseFormatError("'pattern' must be a string.", f"{path}.pattern")
-        if pattern not in _PATTERNS:
-            try:
-                compiled = Regex(pattern)
-            except ValueError as exc:
-                raise ResponseFormatError(f"The pattern cannot be served: {exc}.",
-                                          f"{path}.pattern") from None
-            _PATTERNS[pattern] = compiled
-            while len(_PATTERNS) > 256:
-                del _PATTERNS[next(iter(_PATTERNS))]
-        return _PATTERNS[pattern]
+        try:
+            return compiled(pattern)
+        except ValueError as exc:
+            raise ResponseFormatError(f"The pattern cannot be served: {exc}.", f"{path}.pattern") from None
     return None
-
-
-_PATTERNS: dict[str, Any] = {}  # compiled patterns, the last 256 (insertion order)
 
 
 def _count(schema: Mapping, key: str, path: str, default: int | None) -> Any:

@@ -8,6 +8,10 @@ from pathlib import Path
 
 import pytest
 
+# as in the server: cloud_server's import caps oneDNN below AMX before torch runs a bf16 matmul
+# (cloud_server/cpu_features.py), whichever test a worker happens to run first
+import cloud_server  # noqa: F401,I001 - imported for that effect, before any test module's torch
+
 ROOT = Path(__file__).resolve().parents[1]
 SHARED_DATA = ROOT.parent / "shared" / "data"
 

@@ -17,6 +17,7 @@ from typing import Any
 from hybridllm._cpus import usable_cpus
 
 from ..config import EngineConfig
+from ..cpu_features import CAPPED_ISA, ISA_VARIABLE, bf16_rows_invariant, onednn_cap_state
 from ..exceptions import ConfigError, ContextLengthError, EngineError, InvalidRequestError
 from .block_manager import BlockManager
 from .detokenizer import IncrementalDetokenizer
@@ -47,6 +48,14 @@ class LLMEngine(SpecSetupMixin, OutputProcessorMixin, EngineStatsMixin):
         device, dtype, quantization = _resolve_device(config)
         if device.type == "cpu":
             torch.set_num_threads(config.num_threads or usable_cpus())  # a container's cpuset, not the host
+            if dtype == torch.bfloat16 and onednn_cap_state() == "late" and not bf16_rows_invariant():
+                logger.warning(
+                    "torch ran a bf16 matmul before cloud_server was imported, so oneDNN keeps its AMX "
+                    "kernels on this CPU: a batched request may differ from the same request alone in "
+                    "the last bit of a bf16 (a greedy near-tie can then pick another token); import "
+                    "cloud_server first, or start the process with %s=%s",
+                    ISA_VARIABLE, CAPPED_ISA,
+                )
         cap = _max_len_cap(device.type)
 
         def plan(model_config: Any, budget: int | None) -> tuple[int, int]:

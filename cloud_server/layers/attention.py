@@ -11,8 +11,10 @@ once and its rows attend as the queries of one group (``DecodeGroups``), each ma
 length, instead of one gathered copy of the whole context per row (at a 500-token context the
 1.5B's 28 layers gather 14 MB a row). A row's result stays bit for bit what it is alone (the
 scores and the weighted sum are row by row, and a key past a row's end gets probability exactly
-0), provided the CPU's matmul computes a row the same way whatever the number of rows, as it
-does here; ``test_multi_token_step.py`` checks it against lone decodes.
+0), provided the CPU's matmul computes a row the same way whatever the number of rows: true of
+oneDNN's AVX-512 BF16 kernels (and of the AMD EPYCs' earlier runs), not of its AMX ones, which
+``cloud_server`` keeps off where the CPU has them (``cpu_features.py``);
+``test_multi_token_step.py`` checks it against lone decodes.
 Each prefill chunk gathers its sequence's keys and attends with a causal mask offset by the
 tokens already cached (prefix hits and earlier chunks).
 """

@@ -30,6 +30,8 @@ import torch
 from hybridllm._files import remove_leftovers, replacing
 from hybridllm._locks import lock_exclusive
 
+from ..cpu_features import cpu_flags
+
 logger = logging.getLogger(__name__)
 
 _SOURCE = Path(__file__).with_name("cpu_kernels.cpp")
@@ -42,17 +44,6 @@ _LEFTOVER = re.compile(r"\.cpu_kernels\..*\.so\..*\.tmp", re.DOTALL)
 
 def _enabled_by_env() -> bool:
     return os.environ.get("HYBRIDLLM_CPU_KERNELS", "1").strip().lower() not in ("0", "false", "no", "off")
-
-
-def _cpu_flags() -> set[str]:
-    try:
-        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as fh:
-            for line in fh:
-                if line.startswith("flags"):
-                    return set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return set()
 
 
 def _build(out: Path) -> None:
@@ -108,7 +99,7 @@ def _load() -> Any | None:
         return None
     if sys.platform != "linux" or platform.machine() not in ("x86_64", "AMD64"):
         return None
-    if not _NEEDED_CPU_FLAGS <= _cpu_flags():
+    if not _NEEDED_CPU_FLAGS <= cpu_flags():
         return None
     try:
         from hybridllm._paths import cache_dir

@@ -185,7 +185,7 @@ def test_the_kernels_build_and_load_wherever_the_cpu_and_a_compiler_allow(monkey
     import platform
     import shutil
 
-    if not (cpu_kernels._NEEDED_CPU_FLAGS <= cpu_kernels._cpu_flags() and platform.machine() == "x86_64"
+    if not (cpu_kernels._NEEDED_CPU_FLAGS <= cpu_kernels.cpu_flags() and platform.machine() == "x86_64"
             and shutil.which("g++") and cpu_kernels._enabled_by_env()):
         pytest.skip("this machine cannot use the kernels (no AVX-512 VNNI, no g++, or turned off)")
     monkeypatch.setenv("HYBRIDLLM_CACHE_DIR", str(tmp_path))  # a build from the source, not a cached file

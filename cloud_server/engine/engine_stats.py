@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import logging
+import os
 import time
 from typing import Any
 
+from ..cpu_features import ISA_VARIABLE
 from .block_manager import BlockManager
 from .scheduler import Scheduler
 
@@ -72,6 +74,8 @@ class EngineStatsMixin:
         parts = [f"{self.device}", dtype, f"quantization {self.quantization}"]
         if self.device.type == "cuda":
             parts.append("CUDA graphs " + ("on" if self.runner.graphs is not None else "off"))
+        elif self.device.type == "cpu" and os.environ.get(ISA_VARIABLE):  # cpu_features.py: AMX kept off
+            parts.append(f"oneDNN up to {os.environ[ISA_VARIABLE]}")
         if self.spec.method:
             parts.append(f"speculative {self.spec.method} k={self.spec.server_k}")
         return ", ".join(parts)

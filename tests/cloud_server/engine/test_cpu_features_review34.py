@@ -122,3 +122,12 @@ def test_the_engine_warns_when_the_cap_came_too_late(smollm2_path):
     got = _late(str(smollm2_path))
     assert got["warned"] is (not got["invariant"])
     assert got["warned"] is _amx()
+
+
+@pytest.mark.real
+def test_the_start_up_line_names_the_cap(smollm2_engine):
+    """The server's "model ... ready" line says how far oneDNN may go on this CPU."""
+    text = smollm2_engine.describe()
+    assert ("oneDNN up to AVX512_CORE_BF16" in text) is (os.environ.get(ISA_VARIABLE) == CAPPED_ISA)
+    assert ("oneDNN up to" in text) is bool(os.environ.get(ISA_VARIABLE))
+    assert (os.environ.get(ISA_VARIABLE) == CAPPED_ISA) is _amx()

@@ -10,7 +10,10 @@ cloud's tokenizer mean nothing to a device model). ``presence_penalty`` and ``fr
 are the shared models' own (both servers serve them, with the same bounds). And it serves
 OpenAI's structured output, ``response_format`` of type ``json_object`` or ``json_schema``, on both
 endpoints (as vLLM does): the format is parsed here by the grammar core (``hybridllm._structured``),
-so a schema it cannot serve is a 400 naming the schema's field.
+so a schema it cannot serve is a 400 naming the schema's field. vLLM's own fields are served as
+well, so a vLLM client's requests run unchanged: ``structured_outputs`` (``{"json": schema}``,
+``{"regex": pattern}`` or ``{"choice": [strings]}``) and the older ``guided_json``,
+``guided_regex`` and ``guided_choice``, one of them at most, and not beside a ``response_format``.
 """
 
 from __future__ import annotations
@@ -67,13 +70,47 @@ def _grammar_of(value: ResponseFormat | None) -> Any:
         raise WireError(str(exc), param=exc.param or "response_format") from None
 
 
+_VLLM_FIELDS = ("structured_outputs", "guided_json", "guided_regex", "guided_choice")
+
+
+def _vllm_grammar(req: Any) -> Any:
+    """The Grammar of vLLM's structured_outputs (or a guided_* field), None without one; a 400
+    naming the field for two of them, one beside a response_format, or what the core refuses."""
+    given = [name for name in _VLLM_FIELDS if getattr(req, name) is not None]
+    if not given:
+        return None
+    if len(given) > 1:
+        raise WireError(f"Only one of {', '.join(_VLLM_FIELDS)} may be given; got {' and '.join(given)}.",
+                        param=given[1])
+    name = given[0]
+    if req.response_format is not None and req.response_format.type != "text":
+        raise WireError(f"response_format and {name} cannot both be given: use one.", param=name)
+    from hybridllm._structured import ResponseFormatError, parse_structured_outputs
+
+    value = getattr(req, name)
+    spec = value if name == "structured_outputs" else {name.removeprefix("guided_"): value}
+    try:
+        return parse_structured_outputs(spec, field=name)
+    except ResponseFormatError as exc:
+        raise WireError(str(exc), param=exc.param or name) from None
+
+
 class _StructuredMixin:
-    """``response_format`` parsed once, at validation; ``response_grammar()`` hands it over."""
+    """``response_format`` (or vLLM's fields) parsed once, at validation; ``response_grammar()``
+    hands it over."""
 
     _grammar: Any = PrivateAttr(default=None)
 
     def response_grammar(self) -> Any:
         return self._grammar
+
+    def _set_grammar(self) -> None:
+        self._grammar = _vllm_grammar(self) or _grammar_of(self.response_format)  # type: ignore[attr-defined]
+
+
+# vLLM's fields, as the two request models declare them
+StructuredOutputs = dict[str, Any]
+GuidedJson = dict[str, Any] | str
 
 
 class CloudChatCompletionRequest(_StructuredMixin, ChatCompletionRequest):
@@ -83,11 +120,16 @@ class CloudChatCompletionRequest(_StructuredMixin, ChatCompletionRequest):
     top_logprobs: Annotated[int, Field(ge=0, le=20), _INTEGRAL] | None = None
     logit_bias: LogitBias | None = None
 
+    structured_outputs: StructuredOutputs | None = None
+    guided_json: GuidedJson | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+
     # same names as the shared model's refusing validators: these replace them (the penalties and
     # response_format are the shared model's own: hybridllm/wire/requests.py)
     @model_validator(mode="after")
     def _parse_format(self) -> CloudChatCompletionRequest:
-        self._grammar = _grammar_of(self.response_format)
+        self._set_grammar()
         return self
 
     @field_validator("logprobs")
@@ -147,11 +189,15 @@ class CloudChatCompletionRequest(_StructuredMixin, ChatCompletionRequest):
 
 class CloudCompletionRequest(_StructuredMixin, CompletionRequest):
     """A legacy completions body with ``logprobs`` (0..5 alternatives per token) served, and
-    ``response_format`` (vLLM's extension of this endpoint)."""
+    ``response_format`` and ``structured_outputs`` (vLLM's extensions of this endpoint)."""
 
     logprobs: Annotated[int, Field(ge=0, le=5), _INTEGRAL] | None = None
     logit_bias: LogitBias | None = None
     response_format: ResponseFormat | None = None
+    structured_outputs: StructuredOutputs | None = None
+    guided_json: GuidedJson | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
 
     @field_validator("response_format")
     @classmethod
@@ -160,7 +206,7 @@ class CloudCompletionRequest(_StructuredMixin, CompletionRequest):
 
     @model_validator(mode="after")
     def _parse_format(self) -> CloudCompletionRequest:
-        self._grammar = _grammar_of(self.response_format)
+        self._set_grammar()
         return self
 
     @field_validator("logprobs")

@@ -115,12 +115,13 @@ class SamplingParams:
         self._check_response_format()
 
     def _check_response_format(self) -> None:
-        """OpenAI's dict (or a Grammar) -> a Grammar, or None for {"type": "text"}; a format the
-        grammar core refuses is an error naming its field."""
+        """OpenAI's dict (or a Grammar, or a Grammar's own dict: a vLLM regex or choice, as one
+        reaches a replica) -> a Grammar, or None for {"type": "text"}; a format the grammar core
+        refuses is an error naming its field."""
         value = self.response_format
         if value is None:
             return
-        from hybridllm._structured import Grammar, ResponseFormatError, parse_response_format
+        from hybridllm._structured import Grammar, ResponseFormatError, parse_grammar
 
         if isinstance(value, Grammar):
             return
@@ -128,7 +129,7 @@ class SamplingParams:
             raise InvalidRequestError("response_format must be an object such as {\"type\": \"json_object\"}",
                                       param="response_format")
         try:
-            self.response_format = parse_response_format(value)
+            self.response_format = parse_grammar(value)
         except ResponseFormatError as exc:
             raise InvalidRequestError(str(exc), param=exc.param or "response_format") from None
 

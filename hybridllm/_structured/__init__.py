@@ -1,7 +1,9 @@
 """Structured output: OpenAI's ``response_format`` (``json_object``, ``json_schema``) as a grammar
-that masks each next token, on every route (cloud engine, llama.cpp, ONNX Runtime) alike.
+that masks each next token, on every route (cloud engine, llama.cpp, ONNX Runtime) alike; and
+vLLM's ``structured_outputs`` (``json``, ``regex``, ``choice``), which the cloud server takes too.
 
-``parse_response_format`` reads the request's field into a ``Grammar`` (or None for text);
+``parse_response_format`` reads the request's field into a ``Grammar`` (or None for text),
+``parse_structured_outputs`` vLLM's;
 ``Grammar.matcher()`` follows one output byte by byte; a ``TokenIndex`` built once per vocabulary
 gives the tokens a matcher allows next.
 """
@@ -20,12 +22,16 @@ from ._tokens import token_bytes_from_tokenizer
 
 __all__ = [
     "Grammar", "Matcher", "ResponseFormatError", "TokenIndex", "parse_response_format",
-    "token_bytes_from_tokenizer",
+    "parse_grammar", "parse_structured_outputs", "token_bytes_from_tokenizer",
 ]
 
 
+RAW_KINDS = ("regex", "choice")  # plain text, not JSON: vLLM's structured_outputs regex and choice
+
+
 class Grammar:
-    """One ``response_format``: the values an output may be."""
+    """One ``response_format`` (or vLLM's regex or choice, ``kind`` saying which): the outputs it
+    allows."""
 
     __slots__ = ("key", "kind", "response_format", "_root", "_regexes")
 
@@ -66,9 +72,12 @@ class Grammar:
         return self._regexes
 
     def validate(self, text: str) -> bool:
-        """Whether ``text`` is a value this grammar produces (whitespace around it allowed)."""
+        """Whether ``text`` is an output this grammar produces (JSON: whitespace around it allowed;
+        a regex or a choice: the text exactly)."""
         m = self.matcher()
-        return m.feed(text.strip().encode("utf-8", "surrogatepass")) and m.done
+        if self.kind not in RAW_KINDS:
+            text = text.strip()
+        return m.feed(text.encode("utf-8", "surrogatepass")) and m.done
 
     def __repr__(self) -> str:
         return f"Grammar({self.key})"
@@ -77,6 +86,117 @@ class Grammar:
 _GRAMMARS: OrderedDict[str, Grammar] = OrderedDict()
 _GRAMMARS_SIZE = 256  # formats kept compiled
 _lock = threading.Lock()
+
+
+def _cached(seen: str | None, build: Any) -> Grammar:
+    """The Grammar kept under ``seen`` (a request field's JSON), else ``build()`` kept under it."""
+    if seen is not None:
+        with _lock:
+            found = _GRAMMARS.get(seen)
+            if found is not None:
+                _GRAMMARS.move_to_end(seen)
+                return found
+    grammar = build()
+    with _lock:
+        grammar = _GRAMMARS.setdefault(grammar.key, grammar)
+        if seen is not None:
+            _GRAMMARS[seen] = grammar
+        while len(_GRAMMARS) > _GRAMMARS_SIZE:
+            _GRAMMARS.popitem(last=False)
+    return grammar
+
+
+_SO = "structured_outputs"
+_SO_KINDS = ("json", "regex", "choice")
+_SO_REFUSED = {
+    "grammar": "a context-free grammar (EBNF/GBNF) is not served",
+    "structural_tag": "structural tags are not served",
+    "whitespace_pattern": "the whitespace between JSON tokens is fixed (a space, or a newline and an indent)",
+}
+_SO_IGNORED = ("disable_fallback", "disable_any_whitespace", "disable_additional_properties")
+
+
+def parse_structured_outputs(value: Any, field: str = _SO) -> Grammar:
+    """vLLM's ``structured_outputs`` (``{"json": schema}``, ``{"regex": pattern}`` or ``{"choice":
+    [strings]}``, exactly one) as a grammar. ``json``: as ``response_format``'s ``json_schema``
+    with that schema (a JSON text of one is read too); ``regex``: the whole output matches the
+    pattern (anchors implied; the subset ``_regex`` serves); ``choice``: the output is one of the
+    strings exactly. Raises ``ResponseFormatError`` with ``param`` naming the field (``field``, the
+    request's name for it: vLLM's older ``guided_json`` and the like are read through here too)."""
+    if not isinstance(value, dict):
+        raise ResponseFormatError(f"{field} must be an object such as {{\"choice\": [\"yes\", \"no\"]}}.",
+                                  field)
+    for key in value:
+        if key in _SO_REFUSED:
+            raise ResponseFormatError(f"{field}.{key}: {_SO_REFUSED[key]}; use json, regex or choice.",
+                                      f"{field}.{key}")
+        if key not in _SO_KINDS and key not in _SO_IGNORED:
+            raise ResponseFormatError(f"{field}.{key} is not a field of {field}: use json, regex or choice.",
+                                      f"{field}.{key}")
+    given = [k for k in _SO_KINDS if value.get(k) is not None]
+    if len(given) != 1:
+        raise ResponseFormatError(f"{field} needs exactly one of json, regex and choice"
+                                  + (f"; got {', '.join(given)}." if given else "."), field)
+    kind = given[0]
+    spec = value[kind]
+    where = field if field.startswith("guided_") else f"{field}.{kind}"
+    try:
+        # kept apart from response_format's keys: {"choice": [...]} sent as one must stay refused
+        seen = "structured_outputs:" + json.dumps({kind: spec}, separators=(",", ":"), ensure_ascii=False,
+                                                  allow_nan=False)
+    except (TypeError, ValueError):
+        raise ResponseFormatError(f"{where} must be plain JSON.", where) from None
+    if kind == "json":
+        return _json_structured(spec, where)
+    return _cached(seen, lambda: _raw_grammar(kind, spec, where))
+
+
+def _json_structured(spec: Any, where: str) -> Grammar:
+    if isinstance(spec, str):
+        try:
+            spec = json.loads(spec)
+        except ValueError as exc:
+            raise ResponseFormatError(f"{where}: a JSON schema given as text must be valid JSON ({exc}).",
+                                      where) from None
+    if not isinstance(spec, dict):
+        raise ResponseFormatError(f"{where} must be a JSON schema (an object).", where)
+    try:
+        grammar = parse_response_format({"type": "json_schema",
+                                         "json_schema": {"name": "structured_outputs", "schema": spec}})
+    except ResponseFormatError as exc:  # its field, named from this request's side
+        param = exc.param.replace("response_format.json_schema.schema", where, 1)
+        raise ResponseFormatError(exc.message.replace("response_format.json_schema.schema", where), param) \
+            from None
+    assert grammar is not None
+    return grammar
+
+
+def _raw_grammar(kind: str, spec: Any, where: str) -> Grammar:
+    from . import _regex
+
+    if kind == "choice":
+        if not isinstance(spec, list) or not spec or not all(isinstance(c, str) and c for c in spec):
+            raise ResponseFormatError(f"{where} must be a list of one or more non-empty strings.", where)
+        options = [c.encode("utf-8", "surrogatepass") for c in spec]
+        if not all(_nodes.utf8_prefix(o) for o in options):
+            raise ResponseFormatError(f"{where}: a choice is not valid text (a lone surrogate).", where)
+        return Grammar({"type": "choice", "choice": list(spec)}, _nodes.literal(options))
+    if not isinstance(spec, str) or not spec:
+        raise ResponseFormatError(f"{where} must be a non-empty string (a regular expression).", where)
+    # the whole output matches: the pattern's own ^ and $ at its ends are implied anyway
+    body = spec[1:] if spec.startswith("^") else spec
+    if body.endswith("$") and not _regex._escaped_end(body):
+        body = body[:-1]
+    try:
+        regex = _regex.compiled(f"^(?:{body})$")
+    except ValueError as exc:
+        message = str(exc)
+        try:  # the error as the user's own pattern has it (its positions, not the wrapper's)
+            _regex.Regex(spec)
+        except ValueError as own:
+            message = str(own)
+        raise ResponseFormatError(f"{where}: {message.rstrip('.')}.", where) from None
+    return Grammar({"type": "regex", "regex": spec}, _nodes.raw(regex))
 
 
 def parse_response_format(value: Any) -> Grammar | None:
@@ -91,19 +211,22 @@ def parse_response_format(value: Any) -> Grammar | None:
         seen = None  # not plain JSON (a pydantic object): compiled afresh, normalize rules on it
     if seen is not None:
         with _lock:
-            grammar = _GRAMMARS.get(seen)
-            if grammar is not None:
+            found = _GRAMMARS.get(seen)
+            if found is not None:
                 _GRAMMARS.move_to_end(seen)
-                return grammar
+                return found
     normalized, node = normalize(value)
     if normalized is None or node is None:
         return None
-    grammar = Grammar(normalized, node)
-    with _lock:
-        # a format written as its own normalized form is the same grammar
-        grammar = _GRAMMARS.setdefault(grammar.key, grammar)
-        if seen is not None:
-            _GRAMMARS[seen] = grammar
-        while len(_GRAMMARS) > _GRAMMARS_SIZE:
-            _GRAMMARS.popitem(last=False)
-    return grammar
+    # a format written as its own normalized form is the same grammar
+    return _cached(seen, lambda: Grammar(normalized, node))
+
+
+def parse_grammar(value: Any) -> Grammar | None:
+    """A grammar from its own ``Grammar.response_format`` dict, whatever its kind (how one travels
+    to an engine replica): ``{"type": "regex", ...}`` and ``{"type": "choice", ...}`` as vLLM's
+    fields, anything else as OpenAI's ``response_format``."""
+    if isinstance(value, dict) and value.get("type") in RAW_KINDS:
+        kind = value["type"]
+        return parse_structured_outputs({kind: value.get(kind)})
+    return parse_response_format(value)

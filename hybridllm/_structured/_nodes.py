@@ -20,7 +20,7 @@ MAX_DEPTH = 64  # the deepest nesting a stack may reach
 _serials = itertools.count()
 
 # frame kinds
-ROOT, OBJ, ARR, STR, NUM, LIT, ANY, ALT, KEY, PAT, RNUM = range(11)
+ROOT, OBJ, ARR, STR, NUM, LIT, ANY, ALT, KEY, PAT, RNUM, RAW = range(12)
 # outcomes of one byte on the top frame
 STAY, PUSH, POP, POP_BEFORE = range(4)
 
@@ -57,6 +57,8 @@ class Node:
 #   STR: a = min length, b = max length or None (in characters; None and 0: unbounded, not counted)
 #   PAT: a = the _regex.Regex its text matches (pattern or format), b = min length, c = max length
 #   RNUM: a = the _regex.Regex of a bounded number's text (_regex.integer_range, number_range)
+#   RAW: a = the _regex.Regex the whole output matches, as plain text (vLLM's structured_outputs
+#        regex; only ever the root's value)
 #   NUM: a = integer only
 #   LIT: a = the options' JSON bytes
 #   ALT: a = the alternatives
@@ -88,6 +90,10 @@ def pattern(regex: Any, lo: int = 0, hi: int | None = None) -> Node:
 
 def ranged(regex: Any) -> Node:
     return Node(RNUM, regex)
+
+
+def raw(regex: Any) -> Node:
+    return Node(RAW, regex)
 
 
 def number(integer: bool) -> Node:
@@ -131,6 +137,8 @@ def begin(node: Node) -> list[tuple]:
         return [(node, 0, 0)]  # phase, length
     if kind == RNUM:
         return [(node, node.a.start, 0)]  # type: ignore[attr-defined]  # the regex's state, length
+    if kind == RAW:
+        return [(node, node.a.start, 0, 0)]  # type: ignore[attr-defined]  # state, UTF-8 due, code so far
     if kind == LIT:
         return [(node, b"")]  # bytes so far
     if kind == ROOT:
@@ -219,6 +227,8 @@ def advance(frame: tuple, b: int) -> list[tuple]:
         return _pattern(frame, b)
     if kind == RNUM:
         return _ranged(frame, b)
+    if kind == RAW:
+        return _raw(frame, b)
     if kind == LIT:
         got = frame[1] + bytes((b,))
         out: list[tuple] = []
@@ -354,6 +364,35 @@ def _ranged(frame: tuple, b: int) -> list[tuple]:
     if length and node.a.accepts(state):  # type: ignore[attr-defined]
         out.append((POP_BEFORE, None))
     return out
+
+
+def _raw(frame: tuple, b: int) -> list[tuple]:
+    # Plain text held to a regex, a UTF-8 character at a time (``pend``: utf8_next's state and the
+    # character's length; ``code``: its bits so far). A byte is taken only while some character it
+    # may begin leads the regex on, so no state is a dead end; the text may end wherever the
+    # regex accepts (can_end), and nothing comes after it.
+    node, state, pend, code = frame
+    regex = node.a
+    nxt = utf8_next(pend[0] if pend else 0, b)
+    if nxt is None:
+        return []
+    if not pend:
+        if not nxt:  # ASCII: a whole character
+            after = regex.step(state, b)  # type: ignore[attr-defined]
+            return [(STAY, (node, after, 0, 0))] if after else []
+        left = nxt[0]
+        code, length = b & (0x1F if left == 1 else 0x0F if left == 2 else 0x07), left + 1
+    else:
+        code, length = (code << 6) | (b & 0x3F), pend[1]
+    if not nxt:
+        after = regex.step(state, code)  # type: ignore[attr-defined]
+        return [(STAY, (node, after, 0, 0))] if after else []
+    bits = 6 * nxt[0]
+    lo = max(code << bits, _UTF8_LOWEST[length])
+    hi = min((code << bits) | ((1 << bits) - 1), _UTF8_HIGHEST[length])
+    if lo > hi or not regex.can_step(state, lo, hi):  # type: ignore[attr-defined]
+        return []
+    return [(STAY, (node, state, (nxt, length), code))]
 
 
 def _number(frame: tuple, b: int) -> list[tuple]:
@@ -595,7 +634,10 @@ def can_end(stack: tuple) -> bool:
     """Whether the output may end here (a whole value, or a number that may end)."""
     top = stack[-1]
     if len(stack) == 1:
-        return top[1] == 1
+        # a raw text's regex may match the empty text: then nothing at all is an answer
+        return top[1] == 1 or (top[0].a.kind == RAW and top[0].a.a.accepts(top[0].a.a.start))  # type: ignore[attr-defined]
+    if top[0].kind == RAW:
+        return not top[2] and top[0].a.accepts(top[1])  # type: ignore[attr-defined]
     if (top[0].kind == NUM and top[1] in (2, 3, 5, 8)) or (
             top[0].kind == RNUM and top[2] and top[0].a.accepts(top[1])):  # type: ignore[attr-defined]
         parent = child_done(stack[-2], None)

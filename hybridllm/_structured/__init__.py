@@ -88,14 +88,22 @@ _GRAMMARS_SIZE = 256  # formats kept compiled
 _lock = threading.Lock()
 
 
+def _kept(seen: str | None) -> Grammar | None:
+    """The Grammar kept under ``seen`` (a request field's JSON), if any."""
+    if seen is None:
+        return None
+    with _lock:
+        found = _GRAMMARS.get(seen)
+        if found is not None:
+            _GRAMMARS.move_to_end(seen)
+        return found
+
+
 def _cached(seen: str | None, build: Any) -> Grammar:
-    """The Grammar kept under ``seen`` (a request field's JSON), else ``build()`` kept under it."""
-    if seen is not None:
-        with _lock:
-            found = _GRAMMARS.get(seen)
-            if found is not None:
-                _GRAMMARS.move_to_end(seen)
-                return found
+    """The Grammar kept under ``seen``, else ``build()``, then kept under it (and its own key)."""
+    found = _kept(seen)
+    if found is not None:
+        return found
     grammar = build()
     with _lock:
         grammar = _GRAMMARS.setdefault(grammar.key, grammar)
@@ -209,12 +217,9 @@ def parse_response_format(value: Any) -> Grammar | None:
         seen = json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
     except (TypeError, ValueError):
         seen = None  # not plain JSON (a pydantic object): compiled afresh, normalize rules on it
-    if seen is not None:
-        with _lock:
-            found = _GRAMMARS.get(seen)
-            if found is not None:
-                _GRAMMARS.move_to_end(seen)
-                return found
+    found = _kept(seen)
+    if found is not None:
+        return found
     normalized, node = normalize(value)
     if normalized is None or node is None:
         return None

@@ -9,19 +9,17 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import pytest
-import torch
 
-from cloud_server.api.server import create_app
-from cloud_server.config import EngineConfig
-from cloud_server.engine.async_engine import AsyncLLMEngine
+from ..engine.test_structured_output_review32 import JSON_SCHEMA, fits_schema
+from . import test_structured_output_review32 as _tiny
+from .helpers import sse_payloads
 
-from ..engine.test_structured_output_review32 import JSON_SCHEMA, fits_schema, json_engine
-from .helpers import ThreadServer, sse_payloads
+server = _tiny.server  # the tiny engine's in-process server, a fixture of this module too
+http = _tiny.client  # and an httpx client of it
 
 MSGS = [{"role": "user", "content": "pick one"}]
 BASE = {"model": "tiny-json", "max_tokens": 60}
@@ -29,27 +27,8 @@ COLOURS = ["red", "green", "blue", "é"]
 PATTERN = r"[a-f]{2,5}-\d{1,3}"
 
 
-@pytest.fixture(scope="module")
-def server() -> Iterator[ThreadServer]:
-    def factory() -> AsyncLLMEngine:
-        eng = json_engine(1.0)
-        eng.model_name = "tiny-json"
-        eng.device, eng.dtype, eng.quantization = torch.device("cpu"), torch.float32, "none"
-        return AsyncLLMEngine(EngineConfig(model="stub", max_waiting=1000), engine=eng)
-
-    srv = ThreadServer(create_app(factory)).start()
-    yield srv
-    srv.stop()
-
-
-@pytest.fixture()
-def client(server: ThreadServer) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=server.url, timeout=60) as c:
-        yield c
-
-
-def _chat(client: httpx.Client, **body: Any) -> httpx.Response:
-    return client.post("/v1/chat/completions", json={**BASE, "messages": MSGS, **body})
+def _chat(http: httpx.Client, **body: Any) -> httpx.Response:
+    return http.post("/v1/chat/completions", json={**BASE, "messages": MSGS, **body})
 
 
 def _texts(r: httpx.Response) -> list[str]:
@@ -62,31 +41,31 @@ def _texts(r: httpx.Response) -> list[str]:
 
 
 @pytest.mark.parametrize("field", [{"structured_outputs": {"choice": COLOURS}}, {"guided_choice": COLOURS}])
-def test_a_choice_answers_one_of_the_strings(client: httpx.Client, field: dict) -> None:
-    texts = _texts(_chat(client, n=6, temperature=1.0, seed=5, **field))
+def test_a_choice_answers_one_of_the_strings(http: httpx.Client, field: dict) -> None:
+    texts = _texts(_chat(http, n=6, temperature=1.0, seed=5, **field))
     assert all(t in COLOURS for t in texts), texts
     assert len(set(texts)) > 1  # sampled among them, not one forced answer
 
 
 @pytest.mark.parametrize("field", [{"structured_outputs": {"regex": PATTERN}}, {"guided_regex": PATTERN}])
-def test_a_regex_holds_the_whole_answer(client: httpx.Client, field: dict) -> None:
-    for text in _texts(_chat(client, n=4, temperature=1.0, seed=2, **field)):
+def test_a_regex_holds_the_whole_answer(http: httpx.Client, field: dict) -> None:
+    for text in _texts(_chat(http, n=4, temperature=1.0, seed=2, **field)):
         assert re.fullmatch(PATTERN, text), text
 
 
 @pytest.mark.parametrize("field", [{"structured_outputs": {"json": JSON_SCHEMA["json_schema"]["schema"]}},
                                    {"guided_json": JSON_SCHEMA["json_schema"]["schema"]},
                                    {"guided_json": json.dumps(JSON_SCHEMA["json_schema"]["schema"])}])
-def test_json_gives_a_value_of_the_schema(client: httpx.Client, field: dict) -> None:
+def test_json_gives_a_value_of_the_schema(http: httpx.Client, field: dict) -> None:
     body = {**BASE, "max_tokens": 250}
-    r = client.post("/v1/chat/completions", json={**body, "messages": MSGS, "temperature": 0.7, "seed": 1,
+    r = http.post("/v1/chat/completions", json={**body, "messages": MSGS, "temperature": 0.7, "seed": 1,
                                                   **field})
     for text in _texts(r):
         assert fits_schema(json.loads(text)), text
 
 
-def test_streamed_and_on_completions(client: httpx.Client) -> None:
-    with client.stream("POST", "/v1/completions", json={
+def test_streamed_and_on_completions(http: httpx.Client) -> None:
+    with http.stream("POST", "/v1/completions", json={
             **BASE, "prompt": "x", "stream": True, "n": 2, "temperature": 0.9, "seed": 4,
             "structured_outputs": {"regex": PATTERN}}) as r:
         assert r.status_code == 200
@@ -96,7 +75,7 @@ def test_streamed_and_on_completions(client: httpx.Client) -> None:
         for c in e.get("choices") or []:
             texts[c["index"]] += c.get("text") or ""
     assert all(re.fullmatch(PATTERN, t) for t in texts), texts
-    r = client.post("/v1/completions", json={**BASE, "prompt": "x", "temperature": 0,
+    r = http.post("/v1/completions", json={**BASE, "prompt": "x", "temperature": 0,
                                              "guided_choice": COLOURS, "logprobs": 1})
     assert _texts(r)[0] in COLOURS
 
@@ -116,10 +95,10 @@ def test_streamed_and_on_completions(client: httpx.Client) -> None:
     ({"guided_choice": "a"}, "guided_choice", ""),
     ({"structured_outputs": ["a"]}, "structured_outputs", ""),
 ])
-def test_what_cannot_be_served_is_a_400_naming_the_field(client: httpx.Client, path: str, body: dict,
+def test_what_cannot_be_served_is_a_400_naming_the_field(http: httpx.Client, path: str, body: dict,
                                                          param: str, words: str) -> None:
     extra = {"messages": MSGS} if "chat" in path else {"prompt": "x"}
-    r = client.post(path, json={**BASE, **extra, **body})
+    r = http.post(path, json={**BASE, **extra, **body})
     assert r.status_code == 400, r.text
     err = r.json()["error"]
     assert err["type"] == "invalid_request_error"
@@ -127,6 +106,6 @@ def test_what_cannot_be_served_is_a_400_naming_the_field(client: httpx.Client, p
     assert words in err["message"] and "Traceback" not in err["message"], err
 
 
-def test_a_text_response_format_beside_a_choice_is_no_conflict(client: httpx.Client) -> None:
-    texts = _texts(_chat(client, temperature=0, guided_choice=COLOURS, response_format={"type": "text"}))
+def test_a_text_response_format_beside_a_choice_is_no_conflict(http: httpx.Client) -> None:
+    texts = _texts(_chat(http, temperature=0, guided_choice=COLOURS, response_format={"type": "text"}))
     assert texts[0] in COLOURS

@@ -47,8 +47,8 @@ class Grammar:
         return Matcher(frozenset((f,) for f in _nodes.begin(self._root)))
 
     def regexes(self) -> list[Any]:
-        """The compiled patterns and formats its strings are held to (``TokenIndex.prepare``;
-        found once, the grammar is kept across requests)."""
+        """The compiled patterns and formats its strings are held to, or its plain text's regex
+        (``TokenIndex.prepare``; found once, the grammar is kept across requests)."""
         if self._regexes is not None:
             return self._regexes
         found: dict[int, Any] = {}
@@ -59,7 +59,7 @@ class Grammar:
             if node.serial in seen:
                 continue
             seen.add(node.serial)
-            if node.kind == _nodes.PAT:
+            if node.kind in (_nodes.PAT, _nodes.RAW):
                 found[id(node.a)] = node.a
             elif node.kind == _nodes.OBJ:
                 todo.extend(p[2] for p in node.a)  # type: ignore[attr-defined]

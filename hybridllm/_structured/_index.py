@@ -119,6 +119,7 @@ class TokenIndex:
         self._groups: OrderedDict[Any, tuple[list, np.ndarray]] = OrderedDict()
         self._group_limit = _PATTERN_GROUPS
         self._texts: list[tuple[int, str]] | None = None  # whole-character plain tokens' text
+        self._raw_texts: list[tuple[int, str]] | None = None  # every whole-character token's text
 
     def allowed(self, matcher: Matcher) -> np.ndarray:
         """Per token id: whether it may come next (end-of-output ids once the value is whole)."""
@@ -157,6 +158,9 @@ class TokenIndex:
                 return mask | self._in_string(only, *room)
             if n.in_pattern(only):
                 return mask | self._in_pattern(only)
+            place = n.raw_place(only)
+            if place is not None:
+                return mask | self._in_raw(place)
         hits: list[int] = []
         self._walk(states, 0, len(self._toks), 0, hits)
         if hits:
@@ -191,6 +195,29 @@ class TokenIndex:
         node, _, chars, _, rstate, _ = state[-1]
         regex, lo, hi = node.a, node.b, node.c
         groups, others = self._pattern_groups(regex)
+
+        def advance(j: int, rs: frozenset, code: int) -> frozenset:
+            c = chars + j  # characters before this one
+            room = None if hi is None else hi - c - 1
+            return regex.step_within(rs, code, lo - c - 1, room) if room is None or room >= 0 else frozenset()
+
+        return self._through_groups(state, rstate, groups, others, advance)
+
+    def _in_raw(self, state: tuple) -> np.ndarray:
+        """The mask of a plain-text regex (vLLM's structured_outputs regex), between characters:
+        as ``_in_pattern``, over every token that is whole UTF-8 text (a quote, a backslash, a
+        control character are characters like any other here); tokens that cut a character
+        short are fed one by one."""
+        _, rstate, _, _ = state[-1]
+        regex = state[-1][0].a
+        groups, others = self._pattern_groups(regex, raw=True)
+        return self._through_groups(state, rstate, groups, others, lambda _j, rs, code: regex.step(rs, code))
+
+    def _through_groups(self, state: tuple, rstate: frozenset, groups: list, others: np.ndarray,
+                        advance: Any) -> np.ndarray:
+        """Each group of tokens run through the regex from ``rstate`` once (``advance(j, state,
+        code)``: the state after the j-th character), groups sharing a prefix sharing its steps;
+        ``others`` fed from the grammar state one by one."""
         mask = np.zeros(self.vocab_size, dtype=bool)
         prev: tuple = ()
         stack = [rstate]  # stack[j]: the regex's state after j characters of prev (empty: refused)
@@ -201,11 +228,7 @@ class TokenIndex:
                 k += 1
             del stack[k + 1:]
             while len(stack) <= len(reps) and stack[-1]:
-                c = chars + len(stack) - 1  # characters before this one
-                room = None if hi is None else hi - c - 1
-                nxt = regex.step_within(stack[-1], reps[len(stack) - 1], lo - c - 1, room) \
-                    if room is None or room >= 0 else frozenset()
-                stack.append(nxt)
+                stack.append(advance(len(stack) - 1, stack[-1], reps[len(stack) - 1]))
             if len(stack) == len(reps) + 1 and stack[-1]:
                 mask[ids] = True
             prev = reps
@@ -222,39 +245,56 @@ class TokenIndex:
         regexes = grammar.regexes()
         with self._lock:  # a schema of many patterns keeps them all (else its masks rebuild them)
             self._group_limit = max(self._group_limit, min(len(regexes), _PATTERN_GROUPS_MAX))
+        raw = grammar.kind == "regex"  # a plain-text regex: its tokens are grouped as text
         for regex in regexes:
-            self._pattern_groups(regex)
+            self._pattern_groups(regex, raw)
 
-    def _pattern_groups(self, regex: Any) -> tuple[list, np.ndarray]:
+    def _pattern_groups(self, regex: Any, raw: bool = False) -> tuple[list, np.ndarray]:
+        """(groups of whole-character tokens by their class sequence, the tokens fed one by one)
+        for a pattern inside a JSON string, or (``raw``) for plain text."""
+        key = (regex, raw)
         with self._lock:
-            found = self._groups.get(regex)
+            found = self._groups.get(key)
             if found is not None:
-                self._groups.move_to_end(regex)
+                self._groups.move_to_end(key)
                 return found
-        if self._texts is None:
+        texts = self._whole_texts(raw)
+        bounds = regex.class_bounds()
+        reps_of = [0, *bounds]  # a class's first code point stands for it
+        by_reps: dict[tuple, list[int]] = {}
+        for i, text in texts:
+            by_reps.setdefault(tuple(reps_of[bisect_right(bounds, ord(ch))] for ch in text), []).append(i)
+        groups = [(reps, np.array(ids, dtype=np.int32)) for reps, ids in sorted(by_reps.items())]
+        whole = np.zeros(self.vocab_size, dtype=bool)
+        whole[[i for i, _ in texts]] = True
+        if raw:  # every other token with bytes: a character cut short, or a stray byte
+            others = np.setdiff1d(self._ids, np.flatnonzero(whole))
+        else:
+            others = np.flatnonzero((self._plain & ~whole) | self._quoted)
+            others = np.union1d(others, np.concatenate([ids for _, ids in self._escaped] or [others[:0]]))
+        found = (groups, others)
+        with self._lock:
+            self._groups[key] = found
+            while len(self._groups) > self._group_limit:
+                self._groups.popitem(last=False)
+        return found
+
+    def _whole_texts(self, raw: bool) -> list[tuple[int, str]]:
+        """(token id, text) of the tokens that are whole UTF-8 text: a string's plain ones, or
+        (``raw``) any but the end-of-output ids."""
+        texts = self._raw_texts if raw else self._texts
+        if texts is None:
             texts = []
-            for tid in np.flatnonzero(self._plain).tolist():
+            for tid in (self._ids.tolist() if raw else np.flatnonzero(self._plain).tolist()):
                 try:
                     texts.append((tid, self._bytes[tid].decode("utf-8")))  # type: ignore[union-attr]
                 except UnicodeDecodeError:
                     pass
-            self._texts = texts
-        bounds = regex.class_bounds()
-        reps_of = [0, *bounds]  # a class's first code point stands for it
-        by_reps: dict[tuple, list[int]] = {}
-        for i, text in self._texts:
-            by_reps.setdefault(tuple(reps_of[bisect_right(bounds, ord(ch))] for ch in text), []).append(i)
-        groups = [(reps, np.array(ids, dtype=np.int32)) for reps, ids in sorted(by_reps.items())]
-        whole = np.zeros(self.vocab_size, dtype=bool)
-        whole[[i for i, _ in self._texts]] = True
-        others = np.flatnonzero((self._plain & ~whole) | self._quoted)
-        others = np.union1d(others, np.concatenate([ids for _, ids in self._escaped] or [others[:0]]))
-        found = (groups, others)
-        with self._lock:
-            self._groups[regex] = found
-            while len(self._groups) > self._group_limit:
-                self._groups.popitem(last=False)
-        return found
+            if raw:
+                self._raw_texts = texts
+            else:
+                self._texts = texts
+        return texts
 
     def _walk(self, states: frozenset, lo: int, hi: int, depth: int, hits: list[int]) -> None:
         # self._toks[lo:hi] share their first ``depth`` bytes, which led to ``states``

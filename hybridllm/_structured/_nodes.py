@@ -664,6 +664,17 @@ def in_pattern(stack: tuple) -> bool:
     return top[0].kind == PAT and top[1] == 1 and not top[3]
 
 
+def raw_place(stack: tuple) -> tuple | None:
+    """Inside a plain-text regex's output between two characters, or before its first (the root
+    about to take it): the stack with the regex's frame on top; None elsewhere."""
+    top = stack[-1]
+    if top[0].kind == RAW:
+        return stack if not top[2] else None
+    if len(stack) == 1 and top[0].kind == ROOT and top[1] == 0 and top[0].a.kind == RAW:  # type: ignore[attr-defined]
+        return stack + tuple(begin(top[0].a))  # type: ignore[arg-type]
+    return None
+
+
 def unbounded(stack: tuple) -> tuple:
     """The same place with the string's length bounds taken off."""
     return stack[:-1] + ((FREE_STRING, 1, 0, 0, 0),)

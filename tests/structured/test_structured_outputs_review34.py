@@ -155,3 +155,36 @@ def test_masked_sampling_keeps_every_output_in_the_language(kind):
                 assert fits(text), (spec, text)
                 ended += 1
         assert ended, spec
+
+
+@pytest.mark.parametrize("kind", ["bytelevel", "sentencepiece"])
+def test_the_grouped_masks_of_a_plain_text_regex_are_the_walks(kind, monkeypatch):
+    """``TokenIndex._in_raw`` (tokens grouped by their class sequence, run through the regex once
+    per group) allows exactly what feeding each token would: compared, state by state along random
+    outputs, with the masks of the generic trie walk."""
+    from hybridllm._structured import _nodes
+
+    tok = _trained(kind)
+    end = tok.token_to_id("<|end|>")
+    table = token_bytes_from_tokenizer(tok)
+    fast, slow = TokenIndex(table, [end]), TokenIndex(table, [end])
+    patterns = [r'[^\n]{1,40}', r'"[a-z]+" \\ é{0,2}日?', r'(The|the) [a-z]{1,8}\.\n?', r'\d+|[a-f]{3,}',
+                r'[^a-z"]*']
+    rng = random.Random(11)
+    compared = 0
+    for pattern in patterns:
+        grammar = parse_structured_outputs({"regex": pattern})
+        for _ in range(4):
+            m = grammar.matcher()
+            for _ in range(25):
+                want_fast = fast.allowed(m)
+                with monkeypatch.context() as mp:
+                    mp.setattr(_nodes, "raw_place", lambda _stack: None)
+                    want_slow = slow._compute(m)
+                np.testing.assert_array_equal(want_fast, want_slow, err_msg=f"{pattern} after {m.key}")
+                compared += 1
+                choices = [t for t in np.flatnonzero(want_fast) if t != end]
+                if not choices:
+                    break
+                assert fast.feed_token(m, int(rng.choice(choices)))
+    assert compared > 100

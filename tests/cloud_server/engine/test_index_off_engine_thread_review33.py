@@ -104,12 +104,12 @@ def test_a_new_patterns_token_groups_are_built_off_the_engine_thread(monkeypatch
     threads: list[str] = []
     real = TokenIndex._pattern_groups
 
-    def recorded(self, regex):
+    def recorded(self, regex, raw=False):
         with self._lock:
-            new = regex not in self._groups
+            new = (regex, raw) not in self._groups
         if new:
             threads.append(threading.current_thread().name)
-        return real(self, regex)
+        return real(self, regex, raw)
 
     monkeypatch.setattr(TokenIndex, "_pattern_groups", recorded)
     params = SamplingParams(temperature=0.0, max_tokens=280, response_format=EVENT)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import os
+import re
 import signal
 import time
 
@@ -109,6 +110,13 @@ def test_structured_output_through_the_replicas(cluster):
                                             response_format=fmt, stream=True)
     text = "".join(c.delta.content or "" for chunk in stream for c in chunk.choices)
     assert text == r.choices[0].message.content  # greedy: the same answer on either replica
+    # vLLM's fields travel too: a choice and a regex, as plain text, through either replica
+    for extra, pattern in (({"structured_outputs": {"choice": ["Paris", "Lyon"]}}, "Paris|Lyon"),
+                           ({"guided_regex": "[A-Z][a-z]{2,9}"}, "[A-Z][a-z]{2,9}")):
+        r = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=12, temperature=0,
+                                           extra_body=extra)
+        assert r.choices[0].finish_reason == "stop", r
+        assert re.fullmatch(pattern, r.choices[0].message.content), r
 
 
 def test_concurrent_clients_spread_by_tokens_and_stick_by_prefix(cluster):

@@ -22,25 +22,28 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Mapping, MutableMapping
+from collections.abc import Mapping, MutableMapping, Set
+from functools import cache
 
 ISA_VARIABLE = "ONEDNN_MAX_CPU_ISA"
 CAPPED_ISA = "AVX512_CORE_BF16"  # oneDNN's level below AMX: AVX-512 with the BF16 instructions
 
 
-def cpu_flags(path: str = "/proc/cpuinfo") -> set[str]:
-    """The first ``flags`` line of ``/proc/cpuinfo`` as a set; empty where there is none."""
+@cache
+def cpu_flags(path: str = "/proc/cpuinfo") -> frozenset[str]:
+    """The first ``flags`` line of ``/proc/cpuinfo`` as a set; empty where there is none (read once:
+    the import's cap and the kernels' check both ask)."""
     try:
         with open(path, encoding="ascii", errors="replace") as fh:
             for line in fh:
                 if line.startswith("flags"):
-                    return set(line.split(":", 1)[1].split())
+                    return frozenset(line.split(":", 1)[1].split())
     except OSError:
         pass
-    return set()
+    return frozenset()
 
 
-def onednn_cap(flags: set[str], env: Mapping[str, str]) -> str | None:
+def onednn_cap(flags: Set[str], env: Mapping[str, str]) -> str | None:
     """The ``ONEDNN_MAX_CPU_ISA`` value to set for CPU ``flags`` under ``env``, or None to leave it:
     a CPU with AMX and BF16 (``amx_bf16``, ``avx512_bf16``) and no value given by the user."""
     if ISA_VARIABLE in env:
@@ -51,7 +54,7 @@ def onednn_cap(flags: set[str], env: Mapping[str, str]) -> str | None:
 _state = "not applied"
 
 
-def cap_onednn_isa(env: MutableMapping[str, str] | None = None, flags: set[str] | None = None) -> str:
+def cap_onednn_isa(env: MutableMapping[str, str] | None = None, flags: Set[str] | None = None) -> str:
     """Set the cap where ``onednn_cap`` says so, and return (and remember) what was done: ``"capped"``;
     ``"late"`` (capped, but torch was imported first, so a bf16 matmul may already have run
     uncapped); ``"user"`` (the user's own value kept); ``"not needed"`` (no AMX, or not Linux)."""

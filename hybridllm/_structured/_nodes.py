@@ -277,8 +277,7 @@ def _pattern(frame: tuple, b: int) -> list[tuple]:
         if not nxt:
             return _pattern_char(frame, b)
         left = nxt[0]
-        lead = b & (0x1F if left == 1 else 0x0F if left == 2 else 0x07)
-        return _pattern_partial(frame, (nxt, left + 1), lead, 6 * left)
+        return _pattern_partial(frame, (nxt, left + 1), _lead_bits(b, left), 6 * left)
     if phase == 1:  # inside a multi-byte character: pend = (utf8_next's state, its length)
         nxt = utf8_next(pend[0], b)
         if nxt is None:
@@ -302,6 +301,11 @@ def _pattern(frame: tuple, b: int) -> list[tuple]:
 
 
 _UTF8_LOWEST = {2: 0x80, 3: 0x800, 4: 0x10000}  # no overlong forms
+
+
+def _lead_bits(b: int, left: int) -> int:
+    """A UTF-8 lead byte's own bits of its code point (``left`` continuation bytes to come)."""
+    return b & (0x1F if left == 1 else 0x0F if left == 2 else 0x07)
 _UTF8_HIGHEST = {2: 0x7FF, 3: 0xFFFF, 4: 0x10FFFF}
 
 
@@ -381,7 +385,7 @@ def _raw(frame: tuple, b: int) -> list[tuple]:
             after = regex.step(state, b)  # type: ignore[attr-defined]
             return [(STAY, (node, after, 0, 0))] if after else []
         left = nxt[0]
-        code, length = b & (0x1F if left == 1 else 0x0F if left == 2 else 0x07), left + 1
+        code, length = _lead_bits(b, left), left + 1
     else:
         code, length = (code << 6) | (b & 0x3F), pend[1]
     if not nxt:

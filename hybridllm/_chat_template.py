@@ -50,8 +50,11 @@ def render_chat_template(
     bos_token: str,
     eos_token: str,
     add_generation_prompt: bool = True,
+    tools: Sequence[dict[str, Any]] | None = None,
 ) -> str:
-    """Render a model's own Jinja chat template; a template error is an InvalidRequestError."""
+    """Render a model's own Jinja chat template; a template error is an InvalidRequestError.
+    ``tools``: OpenAI's function tools (``{"type": "function", "function": {...}}``), as
+    transformers passes them to the templates that describe tools to the model."""
     import jinja2
 
     def raise_exception(message: str) -> None:
@@ -65,7 +68,8 @@ def render_chat_template(
         return str(
             compiled.render(
                 messages=_plain(messages),
-                tools=None,  # as transformers passes them: "tools is not none" must be false
+                # as transformers passes them: none is None ("tools is not none" must be false)
+                tools=list(tools) if tools else None,
                 documents=None,
                 bos_token=bos_token,
                 eos_token=eos_token,

@@ -56,6 +56,7 @@ def prompt_segments(
     *,
     prefix: str = "",
     add_generation_prompt: bool = True,
+    tools: Sequence[dict[str, Any]] | None = None,
 ) -> list[tuple[str, bool]]:
     """The prompt as ``(text, is_control_token)`` pieces, in order, that join to
     ``fmt.render(messages) + prefix``.
@@ -68,7 +69,8 @@ def prompt_segments(
     changes, into plain text.
 
     How: each control-token text inside a message (every string in it, however deep: content
-    parts joined, a tool call's function name and arguments, the keys of an arguments object) is
+    parts joined, a tool call's function name and arguments, the keys of an arguments object, and
+    every string of ``tools``, the function tools the template describes to the model) is
     swapped for a placeholder unique to this call before rendering, and swapped back as plain text
     after, so the template sees the same messages and decides the same way (an empty content is
     still empty, ``| trim`` still trims). A placeholder the template wrote through ``| tojson``
@@ -79,7 +81,8 @@ def prompt_segments(
     """
     find = _special_pattern(frozenset(specials))
     if find is None:
-        return [(fmt.render(messages, add_generation_prompt=add_generation_prompt) + prefix, False)]
+        return [(fmt.render(messages, add_generation_prompt=add_generation_prompt, tools=tools) + prefix,
+                 False)]
     nonce = f"{secrets.randbelow(10**16):016d}"  # digits: no case filter changes them
     held: list[str] = []
 
@@ -115,11 +118,12 @@ def prompt_segments(
 
     try:
         plain_messages = [hidden(msg) for msg in _plain(fmt._with_system(messages))]
+        plain_tools = hidden(list(tools)) if tools else None
     except RecursionError:
         raise InvalidRequestError("A message is nested too deeply to render.") from None
     token = _TOJSON_HOOK.set(rehide)
     try:
-        rendered = fmt.render(plain_messages, add_generation_prompt=add_generation_prompt)
+        rendered = fmt.render(plain_messages, add_generation_prompt=add_generation_prompt, tools=plain_tools)
     finally:
         _TOJSON_HOOK.reset(token)
     # re.split with one group: [text, index, text, index, ..., text]
@@ -144,7 +148,7 @@ def prompt_segments(
     if "".join(plain):
         out.append(("".join(plain), False))
     if suspect and "".join(text for text, _ in out) != fmt.render(
-        messages, add_generation_prompt=add_generation_prompt
+        messages, add_generation_prompt=add_generation_prompt, tools=tools
     ) + prefix:  # the template cut a hole or rewrote it: its marker cannot be told apart
         raise InvalidRequestError(
             "A message holds control-token text (such as <|im_end|>) in a field the model's chat "
@@ -162,6 +166,7 @@ def tokenize_prompt(
     encode_plain: Callable[[str], Sequence[int]],
     prefix: str = "",
     add_generation_prompt: bool = True,
+    tools: Sequence[dict[str, Any]] | None = None,
 ) -> list[int]:
     """The prompt's token ids (no BOS added: the caller adds it as its tokenizer would).
 
@@ -171,7 +176,7 @@ def tokenize_prompt(
     """
     ids: list[int] = []
     for text, control in prompt_segments(
-        fmt, messages, special_ids, prefix=prefix, add_generation_prompt=add_generation_prompt
+        fmt, messages, special_ids, prefix=prefix, add_generation_prompt=add_generation_prompt, tools=tools
     ):
         ids.extend([special_ids[text]] if control else encode_plain(text))
     return ids

@@ -34,6 +34,7 @@ an answer the cloud broke off, and what makes "both sides answer alike" hold.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -117,7 +118,9 @@ class PromptFormat:
         """``"template"`` (chat-tuned) or ``"completion"`` (base model)."""
         return "template" if self.chat_template else "completion"
 
-    def render(self, messages: Sequence[dict[str, Any]], *, add_generation_prompt: bool = True) -> str:
+    def render(self, messages: Sequence[dict[str, Any]], *, add_generation_prompt: bool = True,
+               tools: Sequence[dict[str, Any]] | None = None) -> str:
+        """The prompt text; ``tools`` (function tools) reach a chat template (none other has them)."""
         if not self.chat_template:
             return render_completion_prompt(messages)
         return render_chat_template(
@@ -126,7 +129,12 @@ class PromptFormat:
             bos_token=self.bos_token,
             eos_token=self.eos_token,
             add_generation_prompt=add_generation_prompt,
+            tools=tools,
         )
+
+    def renders_tools(self) -> bool:
+        """Whether the chat template describes function tools to the model (reads ``tools``)."""
+        return bool(self.chat_template) and re.search(r"\btools\b", self.chat_template or "") is not None
 
     def _with_system(self, messages: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         """``messages`` with the default system prompt first when a template conversation has none."""

@@ -60,6 +60,7 @@ class Prepared:
     created: int
     logprobs: bool = False  # the answer reports token log-probabilities
     n: int = 1  # choices: n engine requests sharing the prompt (Choices)
+    tools: Any = None  # a ToolPlan: each choice's answer is read for tool calls (tools.py)
     # when the request was taken up (perf_counter), before its tokenization: TTFT and end-to-end
     # latency count from here, the wait a client sees (a long prompt's tokenizing included)
     arrival: float = field(default_factory=time.perf_counter)

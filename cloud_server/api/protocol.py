@@ -18,7 +18,7 @@ well, so a vLLM client's requests run unchanged: ``structured_outputs`` (``{"jso
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, PrivateAttr, field_validator, model_validator
 
@@ -36,6 +36,8 @@ from hybridllm.wire.requests import (
     checked_response_format,
     parse_request,
 )
+
+from .tools import ToolPlan, checked_tools, template_messages, tool_choice_of
 
 # OpenAI's: token ids (as JSON keys, strings) to biases in -100..100, at most 300 of them
 LogitBias = Annotated[dict[str, Annotated[Unit, Field(ge=-100.0, le=100.0)]],
@@ -125,12 +127,55 @@ class CloudChatCompletionRequest(_StructuredMixin, ChatCompletionRequest):
     guided_regex: str | None = None
     guided_choice: list[str] | None = None
 
+    # function calling (cloud_server/api/tools.py)
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: Literal["none", "auto", "required"] | dict[str, Any] | None = None
+    _tool_plan: ToolPlan | None = PrivateAttr(default=None)
+
     # same names as the shared model's refusing validators: these replace them (the penalties and
     # response_format are the shared model's own: hybridllm/wire/requests.py)
     @model_validator(mode="after")
     def _parse_format(self) -> CloudChatCompletionRequest:
         self._set_grammar()
+        self._plan_tools()
         return self
+
+    @field_validator("tools")
+    @classmethod
+    def _no_tools(cls, value: list[Any] | None) -> list[dict[str, Any]] | None:
+        if value == []:  # OpenAI's 400: leave tools out rather than send none
+            raise WireError("Invalid 'tools': empty array. Expected an array with minimum length 1, "
+                            "but got an empty array instead.", param="tools", code="empty_array")
+        return checked_tools(value) if value else value
+
+    @field_validator("tool_choice")
+    @classmethod
+    def _no_tool_choice(cls, value: Any) -> Any:
+        return value
+
+    def _plan_tools(self) -> None:
+        """How the answer is read (``tool_plan``); a forced call's grammar becomes the request's."""
+        if self.tools is None:
+            if self.tool_choice not in (None, "none"):
+                raise WireError("tool_choice is only allowed when tools are specified.", param="tool_choice")
+            return
+        mode, name = tool_choice_of(self.tool_choice, self.tools)
+        if mode == "none":
+            return
+        if self._grammar is not None:
+            given = next((f for f in _VLLM_FIELDS if getattr(self, f) is not None), "response_format")
+            raise WireError(f"tools cannot be combined with {given} (a call's arguments follow the "
+                            "tool's own parameters schema): send one, or tool_choice 'none'.", param=given)
+        if self.logprobs:
+            raise WireError("logprobs are not served beside tools: send tool_choice 'none' or leave "
+                            "logprobs out.", param="logprobs")
+        plan = ToolPlan(self.tools, mode, name, self.parallel_tool_calls is not False)
+        self._grammar = plan.grammar()
+        self._tool_plan = plan
+
+    def tool_plan(self) -> ToolPlan | None:
+        """The request's tools and how its answer is read; None: a text answer, no tools."""
+        return self._tool_plan
 
     @field_validator("logprobs")
     @classmethod
@@ -172,6 +217,7 @@ class CloudChatCompletionRequest(_StructuredMixin, ChatCompletionRequest):
         for message, sent in zip(self.messages, out, strict=True):
             if message.name:
                 sent["name"] = message.name
+        template_messages(self.messages, out)  # earlier calls and results, for the template
         return out
 
     def num_logprobs(self) -> int | None:

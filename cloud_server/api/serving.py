@@ -89,15 +89,17 @@ class OpenAIServing:
             messages = req.chat_messages()
             if self.system_prompt and not any(m["role"] == "system" for m in messages):
                 messages = [{"role": "system", "content": self.system_prompt}, *messages]
+            tools = _tools_for(req, tokenizer)
             # a message's text is plain text: only the template's markers become control tokens
             # (cloud_server.models.tokenizer)
-            prompt_ids = list(tokenizer.encode_chat(messages))
+            prompt_ids = list(tokenizer.encode_chat(messages, tools=tools.tools) if tools
+                              else tokenizer.encode_chat(messages))
             # a base model's transcript must not run on into the user's next turn: the prompt
             # format's own stops (the device adds the same ones, hybridllm.prompts)
             format_stops = list(tokenizer.stop_strings(messages))
         else:
             kind, prefix = "completion", "cmpl"
-            format_stops = []
+            format_stops, tools = [], None
             prompt = req.single_prompt()
             prompt_ids = list(tokenizer.encode(prompt)) if isinstance(prompt, str) else list(prompt)
         if not prompt_ids:
@@ -151,6 +153,7 @@ class OpenAIServing:
             logprobs=params.logprobs is not None,
             arrival=arrival,
             n=req.n,
+            tools=tools,
         )
 
     async def admit(self, prepared: Prepared) -> Choices:
@@ -176,6 +179,8 @@ class OpenAIServing:
         if any(last is None for last in lasts):
             raise ServerError("the engine returned no output")
         chat = prepared.kind == "chat"
+        if chat and prepared.tools is not None:
+            return self._tool_response(prepared, parts, lasts)
         build, choice = (chat_completion, chat_choice) if chat else (text_completion, text_choice)
         body = build(
             id=prepared.request_id,
@@ -190,6 +195,18 @@ class OpenAIServing:
                                    self._logprobs(prepared, entries[i]), index=i) for i in range(1, n)]
         return body
 
+    def _tool_response(self, prepared: Prepared, parts: list[list[str]], lasts: list[Any]) -> dict[str, Any]:
+        """A chat answer whose choices are read for tool calls (as a stream reads them)."""
+        body = chat_completion(id=prepared.request_id, created=prepared.created, model=self.model_name,
+                               text="", finish_reason="stop", usage=usage_of(*lasts))
+        body["choices"] = []
+        for i, (texts, last) in enumerate(zip(parts, lasts, strict=True)):
+            reader = prepared.tools.reader()
+            reader.feed("".join(texts))
+            _, calls, reason = reader.finish(last.finish_reason or "stop")
+            body["choices"].append(chat_choice(reader.content(), reason, index=i, tool_calls=calls))
+        return body
+
     def stream_events(self, prepared: Prepared, choices: Choices) -> AsyncIterator[str]:
         """The SSE events of ``choices``; closing them ends it, even if none was ever sent."""
         return _ClosingEvents(self._events(prepared, choices), choices)
@@ -199,16 +216,27 @@ class OpenAIServing:
         chat = prepared.kind == "chat"
         writer = ChunkWriter(id=prepared.request_id, created=prepared.created, model=self.model_name,
                              chat=chat, include_usage=prepared.include_usage)
+        # each choice's answer read for tool calls: its text until a call begins, the calls at its end
+        readers = ([prepared.tools.reader() for _ in choices.generations]
+                   if chat and prepared.tools is not None else None)
         try:
             if chat:
                 for i in range(len(choices.generations)):
                     yield writer.role(index=i)
             async for i, out in choices.outputs():
                 entries = getattr(out, "logprobs", None) or []
-                if out.delta_text or entries:  # each chunk carries the entries of its tokens
-                    yield writer.text(out.delta_text, self._logprobs(prepared, entries), index=i)
+                text = readers[i].feed(out.delta_text) if readers else out.delta_text
+                if text or entries:  # each chunk carries the entries of its tokens
+                    yield writer.text(text, self._logprobs(prepared, entries), index=i)
                 if out.finished:
-                    yield writer.finish(out.finish_reason or "stop", index=i)
+                    reason = out.finish_reason or "stop"
+                    if readers:
+                        rest, calls, reason = readers[i].finish(reason)
+                        if rest:
+                            yield writer.text(rest, index=i)
+                        for position, call in enumerate(calls):
+                            yield writer.tool_call(call, position, index=i)
+                    yield writer.finish(reason, index=i)
             lasts = choices.lasts
             if prepared.include_usage and all(last is not None for last in lasts):
                 yield writer.usage(usage_of(*lasts))
@@ -235,6 +263,21 @@ class OpenAIServing:
             return chat_logprobs(entries, tokenizer.decode, getattr(tokenizer, "token_bytes", None))
         return text_logprobs(entries, tokenizer.decode, getattr(tokenizer, "token_bytes", None))
 
+
+
+def _tools_for(req: Any, tokenizer: Any) -> Any:
+    """The request's ToolPlan (None without tools); "auto" needs a chat template that describes
+    tools to the model (a 400 otherwise: a forced call is constrained by its grammar alone)."""
+    plan = getattr(req, "tool_plan", lambda: None)()
+    if plan is None or plan.mode != "auto":
+        return plan
+    fmt = getattr(tokenizer, "prompt_format", None)
+    if fmt is not None and not fmt().renders_tools():
+        raise InvalidRequestError(
+            "This model's chat template does not describe tools to the model, so it cannot choose "
+            "to call one: send tool_choice 'required' or name a function (the answer is then "
+            "constrained to a call of it), or use a model whose template takes tools.", param="tool_choice")
+    return plan
 
 
 # vLLM's and OpenAI's sampling controls, with the value that turns each off

@@ -68,24 +68,27 @@ class _ChatTemplateMixin:
         return _prompt_format(self.chat_template, self.bos_token, self.eos_token, self.system_prompt)
 
     def apply_chat_template(
-        self, messages: list[dict], *, add_generation_prompt: bool = True
+        self, messages: list[dict], *, add_generation_prompt: bool = True, tools: list[dict] | None = None
     ) -> str:
         from hybridllm._exceptions import InvalidRequestError as PromptError
 
         try:
-            return self.prompt_format().render(messages, add_generation_prompt=add_generation_prompt)
+            return self.prompt_format().render(messages, add_generation_prompt=add_generation_prompt,
+                                               tools=tools)
         except PromptError as exc:
             raise InvalidRequestError(str(exc), param="messages") from exc
 
-    def encode_chat(self, messages: list[dict], *, add_generation_prompt: bool = True) -> list[int]:
-        """The prompt ids of ``messages``; control-token text inside a message stays plain text."""
+    def encode_chat(self, messages: list[dict], *, add_generation_prompt: bool = True,
+                    tools: list[dict] | None = None) -> list[int]:
+        """The prompt ids of ``messages`` (and ``tools``, the function tools the template describes);
+        control-token text inside a message or a tool stays plain text."""
         from hybridllm._exceptions import InvalidRequestError as PromptError
         from hybridllm.prompts import tokenize_prompt
 
         try:
             ids = tokenize_prompt(self.prompt_format(), messages, special_ids=self._special_ids(),
                                   encode_plain=self._encode_plain,
-                                  add_generation_prompt=add_generation_prompt)
+                                  add_generation_prompt=add_generation_prompt, tools=tools)
         except PromptError as exc:
             raise InvalidRequestError(str(exc), param="messages") from exc
         bos = self.bos_token_id

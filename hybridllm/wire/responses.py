@@ -34,12 +34,16 @@ def usage_dict(prompt_tokens: int, completion_tokens: int, cached_tokens: int | 
     return usage
 
 
-def chat_choice(text: str, finish_reason: str, logprobs: dict[str, Any] | None = None,
-                index: int = 0) -> dict[str, Any]:
-    """One entry of a chat answer's ``choices`` (``index``: which of the request's ``n``)."""
+def chat_choice(text: str | None, finish_reason: str, logprobs: dict[str, Any] | None = None,
+                index: int = 0, tool_calls: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """One entry of a chat answer's ``choices`` (``index``: which of the request's ``n``);
+    ``tool_calls``: the functions the answer calls (the cloud server's; ``text`` then may be None)."""
+    message: dict[str, Any] = {"role": "assistant", "content": text}
+    if tool_calls:
+        message["tool_calls"] = tool_calls
     return {
         "index": index,
-        "message": {"role": "assistant", "content": text},
+        "message": message,
         "logprobs": logprobs,
         "finish_reason": finish_reason,
     }
@@ -132,6 +136,13 @@ class ChunkWriter:
         """A text delta; ``logprobs``: the entries of the tokens it carries (cloud server only)."""
         return self._event(text, None, logprobs=logprobs, index=index)
 
+    def tool_call(self, call: dict[str, Any], position: int, index: int = 0) -> str:
+        """One whole tool call of the answer (``position``: its place among the answer's calls)."""
+        delta = {"tool_calls": [{"index": position, **call}]}
+        event = {**self.base, "choices": [{"index": index, "delta": delta, "logprobs": None,
+                                           "finish_reason": None}]}
+        return sse_event({**event, "usage": None} if self.include_usage else event)
+
     def finish(self, reason: str, index: int = 0, **extra: Any) -> str:
         return self._event(None, reason, index=index, **extra)
 
@@ -173,9 +184,21 @@ class Usage(_Doc):
     prompt_tokens_details: PromptTokensDetails | None = None
 
 
+class FunctionCall(_Doc):
+    name: str
+    arguments: str  # a JSON text
+
+
+class ToolCall(_Doc):
+    id: str
+    type: Literal["function"]
+    function: FunctionCall
+
+
 class AssistantMessage(_Doc):
     role: Literal["assistant"]
-    content: str
+    content: str | None  # None: the answer only calls tools
+    tool_calls: list[ToolCall] | None = None
 
 
 class ChatChoice(_Doc):

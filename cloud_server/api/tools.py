@@ -1,0 +1,326 @@
+"""OpenAI function calling on the cloud server: the request's tools told to the model, its answer
+read back as tool calls.
+
+- ``tools`` reach the model's chat template (Qwen2.5's lists them in its system turn), and the
+  conversation's earlier calls and results reach it too (``template_messages``).
+- ``tool_choice``: ``"auto"`` (the default with tools) lets the model answer or call; its calls
+  are read from the ``<tool_call>{"name": ..., "arguments": ...}</tool_call>`` blocks the
+  template taught it (the Hermes format, Qwen2.5's), or from an answer that is one such object
+  alone (Qwen2.5-Coder-0.5B writes it without the tags). ``"required"`` and a named function are
+  constrained by a grammar, so the answer is always a call whose arguments fit the function's
+  ``parameters`` schema: a JSON array of ``{"name", "arguments"}`` for ``"required"`` (one
+  item when ``parallel_tool_calls`` is false), the arguments object alone for a named function.
+  ``"none"``: the tools are not shown to the model and its answer is text.
+- Streamed, an auto answer's text streams until a call begins; the calls come whole, one delta
+  per call, when the choice ends (a forced answer is all call: nothing streams before it). An
+  auto answer that starts with ``{`` may be a bare call: it is held and sent whole at its end.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from hybridllm.wire.errors import WireError
+
+OPEN, CLOSE = "<tool_call>", "</tool_call>"
+_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")  # OpenAI's rule for a function's name
+_TOOL_KEYS = {"type", "function"}
+_FUNCTION_KEYS = {"name", "description", "parameters", "strict"}
+_SCHEMA_PATH = "response_format.json_schema.schema"
+
+
+def checked_tools(value: list[Any]) -> list[dict[str, Any]]:
+    """The request's ``tools`` as the template gets them (``{"type": "function", "function":
+    {...}}``), or a 400 naming the field at fault."""
+    out: list[dict[str, Any]] = []
+    seen: set[str] = set()
+    for i, tool in enumerate(value):
+        where = f"tools[{i}]"
+        if not isinstance(tool, dict):
+            raise WireError(f"Invalid '{where}': expected an object such as {{\"type\": \"function\", "
+                            "\"function\": {\"name\": \"get_weather\", \"parameters\": {...}}}.", param=where)
+        if tool.get("type") != "function":
+            raise WireError(f"Invalid '{where}.type': {tool.get('type')!r}; only 'function' tools are "
+                            "supported.", param=f"{where}.type")
+        extra = sorted(set(tool) - _TOOL_KEYS)
+        if extra:
+            raise WireError(f"Unrecognized field '{where}.{extra[0]}'.", param=f"{where}.{extra[0]}")
+        fn = tool.get("function")
+        if not isinstance(fn, dict):
+            raise WireError(f"Missing required parameter: '{where}.function'.", param=f"{where}.function")
+        extra = sorted(set(fn) - _FUNCTION_KEYS)
+        if extra:
+            raise WireError(f"Unrecognized field '{where}.function.{extra[0]}'.",
+                            param=f"{where}.function.{extra[0]}")
+        name = fn.get("name")
+        if not isinstance(name, str) or not _NAME.fullmatch(name):
+            raise WireError(f"Invalid '{where}.function.name': {str(name)[:80]!r} does not match "
+                            "'^[a-zA-Z0-9_-]{1,64}$'.", param=f"{where}.function.name")
+        if name in seen:
+            raise WireError(f"Invalid '{where}.function.name': {name!r} names two tools; each needs its "
+                            "own name.", param=f"{where}.function.name")
+        seen.add(name)
+        if "description" in fn and not isinstance(fn["description"], str):
+            raise WireError(f"Invalid '{where}.function.description': expected a string.",
+                            param=f"{where}.function.description")
+        if "parameters" in fn and not isinstance(fn["parameters"], dict):
+            raise WireError(f"Invalid '{where}.function.parameters': expected a JSON schema (an object).",
+                            param=f"{where}.function.parameters")
+        if "strict" in fn and not isinstance(fn["strict"], bool | None):
+            raise WireError(f"Invalid '{where}.function.strict': expected a boolean.",
+                            param=f"{where}.function.strict")
+        out.append({"type": "function", "function": {k: v for k, v in fn.items() if v is not None}})
+    return out
+
+
+def tool_choice_of(choice: Any, tools: list[dict[str, Any]]) -> tuple[str, str | None]:
+    """``(mode, name)``: mode "none", "auto", "required" or "named" (then ``name``: the function)."""
+    if choice is None:
+        return "auto", None
+    if isinstance(choice, str):
+        return choice, None
+    fn = choice.get("function") if choice.get("type") == "function" else None
+    name = fn.get("name") if isinstance(fn, dict) else None
+    if not isinstance(name, str) or set(choice) != {"type", "function"} or set(fn or ()) != {"name"}:
+        raise WireError("Invalid 'tool_choice': expected 'none', 'auto', 'required' or "
+                        "{\"type\": \"function\", \"function\": {\"name\": \"...\"}}.", param="tool_choice")
+    names = [t["function"]["name"] for t in tools]
+    if name not in names:
+        raise WireError(f"Invalid 'tool_choice': no function named {name[:80]!r} in 'tools' (they are "
+                        f"{', '.join(names)}).", param="tool_choice")
+    return "named", name
+
+
+def template_messages(messages: list[Any], sent: list[dict[str, Any]]) -> None:
+    """Earlier calls and results in ``sent`` (the template's messages), in place: an assistant
+    turn's ``tool_calls`` (their ``arguments``, a JSON text on the wire, as the object the
+    templates write with ``| tojson``; a text that is not JSON stays a text) and a tool turn's
+    ``tool_call_id``. A call without a function name is a 400 naming it."""
+    for i, (message, out) in enumerate(zip(messages, sent, strict=True)):
+        if message.tool_call_id is not None and message.role == "tool":
+            out["tool_call_id"] = message.tool_call_id
+        if not message.tool_calls or message.role != "assistant":
+            continue
+        calls = []
+        for j, call in enumerate(message.tool_calls):
+            where = f"messages[{i}].tool_calls[{j}]"
+            fn = call.get("function")
+            if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+                raise WireError(f"Invalid '{where}': expected {{\"id\": ..., \"type\": \"function\", "
+                                "\"function\": {\"name\": ..., \"arguments\": \"{...}\"}}.", param=where)
+            args = fn.get("arguments", "{}")
+            if isinstance(args, str):
+                try:
+                    args = json.loads(args) if args.strip() else {}
+                except ValueError:
+                    pass  # as written: the template writes it as a JSON string
+            calls.append({"id": call.get("id"), "type": "function",
+                          "function": {"name": fn["name"], "arguments": args}})
+        out["tool_calls"] = calls
+
+
+@dataclass(frozen=True)
+class ToolPlan:
+    """A request's tools and how its answer is read: ``mode`` "auto", "required" or "named"."""
+
+    tools: list[dict[str, Any]]
+    mode: str
+    name: str | None = None
+    parallel: bool = True
+
+    def grammar(self) -> Any:
+        """The grammar a forced call is constrained by (None for "auto"); a 400 naming the tool's
+        ``parameters`` when the grammar core cannot serve its schema."""
+        if self.mode == "auto":
+            return None
+        from hybridllm._structured import ResponseFormatError, parse_response_format
+
+        if self.mode == "named":
+            index = next(i for i, t in enumerate(self.tools) if t["function"]["name"] == self.name)
+            schema = _parameters(self.tools[index])
+            where = [(re.escape(_SCHEMA_PATH), f"tools[{index}].function.parameters")]
+        else:
+            schema = self._calls_schema()
+            where = [(re.escape(_SCHEMA_PATH) + r"\.items\.anyOf\[(\d+)\]\.properties\.arguments",
+                      r"tools[\1].function.parameters"), (re.escape(_SCHEMA_PATH), "tools")]
+        try:
+            return parse_response_format({"type": "json_schema",
+                                          "json_schema": {"name": "tool_call", "schema": schema}})
+        except ResponseFormatError as exc:
+            message, param = exc.message, exc.param
+            for pattern, name in where:  # the field as the request names it
+                message, param = re.sub(pattern, name, message), re.sub(pattern, name, param)
+            raise WireError(f"A tool's parameters cannot be served as a grammar: {message}",
+                            param=param) from None
+
+    def _calls_schema(self) -> dict[str, Any]:
+        """The answer of "required": an array of calls, each a tool's name and its arguments. Each
+        tool's ``$defs`` move to the root, where ``$ref`` finds them (two tools defining one name
+        differently are a 400)."""
+        defs: dict[str, Any] = {}
+        calls = []
+        for i, tool in enumerate(self.tools):
+            params = dict(_parameters(tool))
+            for key in ("$defs", "definitions"):
+                for name, value in (params.pop(key, None) or {}).items():
+                    if defs.setdefault(f"{key}/{name}", value) != value:
+                        raise WireError(f"Invalid 'tools[{i}].function.parameters.{key}.{name}': another "
+                                        "tool defines it differently; give it another name.",
+                                        param=f"tools[{i}].function.parameters.{key}.{name}")
+            calls.append({"type": "object", "additionalProperties": False, "required": ["name", "arguments"],
+                          "properties": {"name": {"const": tool["function"]["name"]}, "arguments": params}})
+        schema: dict[str, Any] = {"type": "array", "minItems": 1, "items": {"anyOf": calls}}
+        if not self.parallel:
+            schema["maxItems"] = 1
+        for path, value in defs.items():
+            key, name = path.split("/", 1)
+            schema.setdefault(key, {})[name] = value
+        return schema
+
+    def reader(self) -> ToolCallReader:
+        return ToolCallReader(self)
+
+
+def _parameters(tool: dict[str, Any]) -> dict[str, Any]:
+    # OpenAI: a function without parameters takes none (an empty object)
+    return tool["function"].get("parameters") or {"type": "object", "properties": {}}
+
+
+def _call(name: str, arguments: str) -> dict[str, Any]:
+    return {"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
+            "function": {"name": name, "arguments": arguments}}
+
+
+@dataclass
+class ToolCallReader:
+    """One choice's answer read as it streams: ``feed`` gives the text that may go out now (an
+    auto answer's text before its first call; a prefix of ``<tool_call>`` is held back until it
+    is told apart), ``finish`` the rest: ``(text, calls, finish_reason)``."""
+
+    plan: ToolPlan
+    _held: str = ""
+    _calls_text: str | None = None  # from the first <tool_call> on (auto); all of it (forced)
+    _sent: list[str] = field(default_factory=list)
+
+    def feed(self, delta: str) -> str:
+        if self.plan.mode != "auto":
+            self._held += delta
+            return ""
+        if self._calls_text is not None:
+            self._calls_text += delta
+            return ""
+        text = self._held + delta
+        if not self._sent:  # the answer's start: a bare JSON call is held whole until its end
+            head = text.lstrip()
+            if not head or head.startswith("{"):
+                self._held, self._calls_text = ("", text) if head else (text, None)
+                return ""
+        at = text.find(OPEN)
+        if at >= 0:
+            self._held, self._calls_text = "", text[at:]
+            return self._send(text[:at])
+        keep = next((k for k in range(min(len(OPEN) - 1, len(text)), 0, -1) if OPEN.startswith(text[-k:])), 0)
+        self._held = text[len(text) - keep:] if keep else ""
+        return self._send(text[:len(text) - keep])
+
+    def _send(self, text: str) -> str:
+        if text:
+            self._sent.append(text)
+        return text
+
+    def finish(self, reason: str) -> tuple[str, list[dict[str, Any]], str]:
+        """``(text still to send, calls, finish_reason)``: "tool_calls" when an auto or required
+        answer called (OpenAI's; a named function's answer ends with "stop"), "length" kept."""
+        if self.plan.mode == "named":
+            assert self.plan.name is not None
+            return "", [_call(self.plan.name, self._held)], reason
+        if self.plan.mode == "required":
+            calls = _array_calls(self._held)
+            if calls is None:  # cut short (max_tokens): no call can be read, the text is the answer
+                return self._send(self._held), [], reason
+            return "", calls, "tool_calls" if reason == "stop" else reason
+        rest = self._held
+        if self._calls_text is not None:
+            calls = _tagged_calls(self._calls_text, {t["function"]["name"] for t in self.plan.tools})
+            if calls is not None:  # parallel_tool_calls false: the first call is the answer's
+                kept = calls if self.plan.parallel else calls[:1]
+                return "", kept, "tool_calls" if reason == "stop" else reason
+            rest += self._calls_text  # not calls after all: the model's text, as it wrote it
+        return self._send(rest), [], reason
+
+    def content(self) -> str | None:
+        """The whole text sent (an answer that only called has none: null, as OpenAI's)."""
+        text = "".join(self._sent)
+        return text if text.strip() else None
+
+
+def _array_calls(text: str) -> list[dict[str, Any]] | None:
+    try:
+        items = json.loads(text)
+    except ValueError:
+        return None
+    if not isinstance(items, list) or not all(isinstance(i, dict) and "name" in i for i in items):
+        return None
+    return [_call(item["name"], json.dumps(item["arguments"], ensure_ascii=False)) for item in items]
+
+
+def _tagged_calls(text: str, names: set[str]) -> list[dict[str, Any]] | None:
+    """The calls in ``<tool_call>{json}</tool_call>`` blocks (the last may be left open: the answer
+    ended there), or one call written bare (``{"name": ..., "arguments": {...}}`` alone, as small
+    models write it without the tags); None when one is not a call of a known function with an
+    arguments object (then the model's text is its answer)."""
+    text = text.strip()
+    if not text.startswith(OPEN):
+        return _bare_calls(text, names)
+    calls = []
+    for block in text.split(OPEN)[1:]:
+        body, _, after = block.partition(CLOSE)
+        if after.strip():  # only whitespace may stand between or after the blocks
+            return None
+        call = _one_call(body, names)
+        if call is None:
+            return None
+        calls.append(call)
+    return calls
+
+
+def _bare_calls(text: str, names: set[str]) -> list[dict[str, Any]] | None:
+    """Calls written as JSON objects one after another (whitespace between), without the tags."""
+    decoder, calls, at = json.JSONDecoder(), [], 0
+    while at < len(text):
+        try:
+            value, end = decoder.raw_decode(text, at)
+        except ValueError:
+            return None
+        call = _one_call(value, names)
+        if call is None:
+            return None
+        calls.append(call)
+        at = len(text) - len(text[end:].lstrip())
+    return calls or None
+
+
+def _one_call(text: Any, names: set[str]) -> dict[str, Any] | None:
+    """A call from its JSON object (or that object's text); None when it is not one."""
+    if isinstance(text, str):
+        try:
+            value = json.loads(text)
+        except ValueError:
+            return None
+    else:
+        value = text
+    if not isinstance(value, dict) or value.get("name") not in names:
+        return None
+    args = value.get("arguments", value.get("parameters", {}))
+    if isinstance(args, str):  # arguments written as a JSON text
+        try:
+            args = json.loads(args)
+        except ValueError:
+            return None
+    if not isinstance(args, dict):
+        return None
+    return _call(value["name"], json.dumps(args, ensure_ascii=False))

@@ -1,0 +1,286 @@
+"""Function calling on the cloud server (review 35): ``tools`` and ``tool_choice`` accepted and
+checked, the answer read back as tool calls (streamed and not), the conversation's earlier calls
+given to the template. Before, any ``tools`` was a 400. The real model's answers are in
+``test_real_tools_review35.py``; here the request models, the reader and a fake engine's app."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+
+from cloud_server.api.protocol import ChatCompletionRequest, CloudChatCompletionRequest, parse_request
+from cloud_server.api.server import create_app
+from cloud_server.api.tools import ToolPlan
+from hybridllm.wire.errors import WireError
+
+from .fake_engine import CharTokenizer, FakeEngine
+from .helpers import sse_payloads
+
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "The weather in a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"},
+                                                    "unit": {"enum": ["celsius", "fahrenheit"]}},
+                   "required": ["city"], "additionalProperties": False}}}
+ADD = {"type": "function", "function": {
+    "name": "add", "parameters": {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+                                  "required": ["a", "b"], "additionalProperties": False}}}
+ASK = [{"role": "user", "content": "Weather in Paris?"}]
+
+
+def cloud(**fields: Any) -> CloudChatCompletionRequest:
+    return parse_request(CloudChatCompletionRequest, {"model": "m", "messages": ASK, **fields})
+
+
+def refused(**fields: Any) -> WireError:
+    with pytest.raises(WireError) as err:
+        cloud(**fields)
+    return err.value
+
+
+# -- the request ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("tools", "param", "words"), [
+    ([{"type": "retrieval"}], "tools[0].type", "only 'function'"),
+    ([{"type": "function"}], "tools[0].function", "Missing"),
+    ([{"type": "function", "function": {"name": "get weather"}}], "tools[0].function.name", "match"),
+    ([{"type": "function", "function": {"name": "x" * 65}}], "tools[0].function.name", "match"),
+    ([WEATHER, WEATHER], "tools[1].function.name", "two tools"),
+    ([{"type": "function", "function": {"name": "f", "params": {}}}], "tools[0].function.params", "Unrecognized"),
+    ([{"type": "function", "function": {"name": "f", "parameters": []}}], "tools[0].function.parameters",
+     "JSON schema"),
+    ([{"type": "function", "function": {"name": "f", "description": 3}}], "tools[0].function.description",
+     "string"),
+    ([{"type": "function", "function": {"name": "f"}, "x": 1}], "tools[0].x", "Unrecognized"),
+    ([], "tools", "empty array"),
+])
+def test_a_malformed_tool_is_a_400_naming_its_field(tools: list, param: str, words: str) -> None:
+    err = refused(tools=tools)
+    assert err.param == param and words in str(err), (err.param, str(err))
+
+
+@pytest.mark.parametrize(("fields", "param", "words"), [
+    ({"tool_choice": "auto"}, "tool_choice", "only allowed when tools"),
+    ({"tool_choice": {"type": "function", "function": {"name": "get_weather"}}}, "tool_choice",
+     "only allowed when tools"),
+    ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "add"}}}, "tool_choice",
+     "no function named 'add'"),
+    ({"tools": [WEATHER], "tool_choice": {"type": "function", "name": "get_weather"}}, "tool_choice", "Expected"),
+    ({"tools": [WEATHER], "tool_choice": "sometimes"}, "tool_choice", ""),
+    ({"tools": [WEATHER], "response_format": {"type": "json_object"}}, "response_format", "cannot be combined"),
+    ({"tools": [WEATHER], "structured_outputs": {"choice": ["a"]}}, "structured_outputs", "cannot be combined"),
+    ({"tools": [WEATHER], "logprobs": True}, "logprobs", "not served beside tools"),
+    # a forced call's grammar: a schema the core cannot serve is named where the request has it
+    ({"tools": [WEATHER, {"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "properties": {"x": {"type": "string", "pattern": "(a)\\1"}}}}}],
+      "tool_choice": "required"}, "tools[1].function.parameters.properties.x.pattern", "backreferences"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "properties": {"x": {"type": "string", "pattern": "(a)\\1"}}}}}],
+      "tool_choice": {"type": "function", "function": {"name": "f"}}},
+     "tools[0].function.parameters.properties.x.pattern", "backreferences"),
+])
+def test_a_tool_choice_that_cannot_be_served_is_a_400(fields: dict, param: str, words: str) -> None:
+    err = refused(**fields)
+    assert err.param == param and words.lower() in str(err).lower(), (err.param, str(err))
+
+
+def test_the_plan_follows_tool_choice() -> None:
+    assert cloud().tool_plan() is None
+    assert cloud(tools=[WEATHER], tool_choice="none").tool_plan() is None  # a text answer
+    assert cloud(tools=[WEATHER], tool_choice="none").response_grammar() is None
+    auto = cloud(tools=[WEATHER, ADD])
+    assert auto.tool_plan().mode == "auto" and auto.response_grammar() is None  # the model chooses
+    required = cloud(tools=[WEATHER, ADD], tool_choice="required")
+    assert required.tool_plan().mode == "required" and required.response_grammar() is not None
+    named = cloud(tools=[WEATHER, ADD], tool_choice={"type": "function", "function": {"name": "add"}})
+    assert (named.tool_plan().mode, named.tool_plan().name) == ("named", "add")
+    # tool_choice "none" beside a response_format: the format holds, no tools
+    assert cloud(tools=[WEATHER], tool_choice="none", response_format={"type": "json_object"}).response_grammar()
+
+
+def test_the_proxy_still_refuses_tools() -> None:
+    # hybridllm serve's model: its device route has no function calling
+    with pytest.raises(WireError) as err:
+        parse_request(ChatCompletionRequest, {"model": "m", "messages": ASK, "tools": [WEATHER]})
+    assert err.value.param == "tools"
+
+
+def test_a_forced_call_grammar_allows_calls_of_the_tools_only() -> None:
+    required = cloud(tools=[WEATHER, ADD], tool_choice="required").response_grammar()
+    assert required.validate('[{"name": "add", "arguments": {"a": 1, "b": 2}}]')
+    assert required.validate('[{"name": "get_weather", "arguments": {"city": "Oslo"}}, '
+                             '{"name": "add", "arguments": {"a": 1, "b": 2}}]')
+    assert not required.validate("[]")  # at least one call
+    assert not required.validate('[{"name": "sub", "arguments": {"a": 1, "b": 2}}]')  # no such tool
+    assert not required.validate('[{"name": "add", "arguments": {"a": "1", "b": 2}}]')  # its schema
+    assert not required.validate('[{"name": "get_weather", "arguments": {"a": 1, "b": 2}}]')
+    one = cloud(tools=[WEATHER, ADD], tool_choice="required", parallel_tool_calls=False).response_grammar()
+    assert one.validate('[{"name": "add", "arguments": {"a": 1, "b": 2}}]')
+    assert not one.validate('[{"name": "add", "arguments": {"a": 1, "b": 2}}, '
+                            '{"name": "add", "arguments": {"a": 3, "b": 4}}]')
+    named = cloud(tools=[WEATHER, ADD], tool_choice={"type": "function", "function": {"name": "add"}})
+    assert named.response_grammar().validate('{"a": 1, "b": 2}')
+    assert not named.response_grammar().validate('{"city": "Oslo"}')
+    # a function without parameters takes none: an empty object
+    bare = cloud(tools=[{"type": "function", "function": {"name": "now"}}], tool_choice="required")
+    assert bare.response_grammar().validate('[{"name": "now", "arguments": {}}]')
+
+
+def test_each_tools_defs_are_found_by_their_refs() -> None:
+    def tool(name: str, defs_value: dict) -> dict:
+        return {"type": "function", "function": {"name": name, "parameters": {
+            "type": "object", "properties": {"p": {"$ref": "#/$defs/P"}}, "required": ["p"],
+            "$defs": {"P": defs_value}}}}
+
+    point = {"type": "object", "properties": {"x": {"type": "integer"}}, "required": ["x"]}
+    ok = cloud(tools=[tool("f", point), tool("g", point)], tool_choice="required").response_grammar()
+    assert ok.validate('[{"name": "g", "arguments": {"p": {"x": 1}}}]')
+    assert not ok.validate('[{"name": "g", "arguments": {"p": {"x": "1"}}}]')
+    err = refused(tools=[tool("f", point), tool("g", {"type": "string"})], tool_choice="required")
+    assert err.param == "tools[1].function.parameters.$defs.P"
+
+
+def test_earlier_calls_and_results_reach_the_template() -> None:
+    req = cloud(tools=[WEATHER], messages=[
+        *ASK,
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}},
+            {"id": "call_2", "type": "function", "function": {"name": "get_weather", "arguments": "not json"}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": '{"c": 18}'},
+    ])
+    sent = req.chat_messages()
+    # the arguments as the object the templates write with | tojson; a text that is not JSON stays
+    assert sent[1]["tool_calls"][0]["function"] == {"name": "get_weather", "arguments": {"city": "Paris"}}
+    assert sent[1]["tool_calls"][1]["function"]["arguments"] == "not json"
+    assert sent[1]["content"] == "" and sent[2]["tool_call_id"] == "call_1"
+    with pytest.raises(WireError) as err:
+        cloud(messages=[*ASK, {"role": "assistant", "tool_calls": [{"id": "c", "function": {}}]}]).chat_messages()
+    assert err.value.param == "messages[1].tool_calls[0]"
+
+
+# -- reading the answer --------------------------------------------------------------------------
+
+
+def read(plan: ToolPlan, pieces: list[str], reason: str = "stop") -> tuple[str, str | None, list, str]:
+    """(the text streamed, in order, the answer's content, the calls, the finish reason)"""
+    reader = plan.reader()
+    streamed = "".join(reader.feed(p) for p in pieces)
+    rest, calls, reason = reader.finish(reason)
+    return streamed + rest, reader.content(), [(c["function"]["name"], json.loads(c["function"]["arguments"]))
+                                               for c in calls], reason
+
+
+AUTO = ToolPlan([WEATHER, ADD], "auto")
+
+
+def chars(text: str) -> list[str]:
+    return list(text)  # one character a delta: every place a marker may be cut
+
+
+def test_auto_reads_tagged_calls_and_streams_the_text_before_them() -> None:
+    answer = ('Let me check.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>\n'
+              '<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call>')
+    for pieces in (chars(answer), [answer]):
+        streamed, content, calls, reason = read(AUTO, pieces)
+        assert streamed == content == "Let me check.\n"
+        assert calls == [("get_weather", {"city": "Paris"}), ("add", {"a": 1, "b": 2})] and reason == "tool_calls"
+    # parallel_tool_calls false: the first call only
+    assert read(ToolPlan([WEATHER, ADD], "auto", parallel=False), [answer])[2] == [("get_weather", {"city": "Paris"})]
+    # a call left open at the answer's end (it stopped at its end of turn) is still a call
+    assert read(AUTO, ['<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}'])[2] == [("add", {"a": 1, "b": 2})]
+
+
+def test_auto_reads_a_bare_call_and_keeps_other_json_as_text() -> None:
+    bare = '{"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius"}}'
+    streamed, content, calls, reason = read(AUTO, chars(bare))
+    assert (streamed, content, reason) == ("", None, "tool_calls")
+    assert calls == [("get_weather", {"city": "Paris", "unit": "celsius"})]
+    two = bare + '\n{"name": "add", "arguments": "{\\"a\\": 1, \\"b\\": 2}"}'  # arguments as a JSON text too
+    assert read(AUTO, [two])[2] == [("get_weather", {"city": "Paris", "unit": "celsius"}), ("add", {"a": 1, "b": 2})]
+    for text in ('{"name": "say_hello", "arguments": {}}',  # no such tool
+                 '{"city": "Paris"}',  # JSON, not a call
+                 '{"name": "add", "arguments": [1, 2]}',  # arguments not an object
+                 bare + "\nThat is all.",  # a call and then prose: the model's text
+                 '{"name": "get_weather", "arguments": {"city": "Pa'):  # cut short
+        streamed, content, calls, reason = read(AUTO, chars(text), reason="stop")
+        assert (streamed, content, calls, reason) == (text, text, [], "stop"), text
+
+
+def test_auto_text_streams_and_a_tag_like_text_is_not_lost() -> None:
+    text = "Use <tool> tags, or <tool_call without closing, and 3 < 4."
+    reader = AUTO.reader()
+    sent = [reader.feed(ch) for ch in text]
+    assert "".join(sent) + reader.finish("stop")[0] == text
+    assert sum(1 for s in sent if s) > len(text) // 2  # streamed as it came, not held to the end
+    # a tagged block whose JSON is not a call: all of it is the answer's text
+    broken = "Here: <tool_call>\n{not json}\n</tool_call>"
+    assert read(AUTO, chars(broken))[:3] == (broken, broken, [])
+    # cut at max_tokens inside a call: the reason stays "length", the text is the answer
+    assert read(AUTO, ['<tool_call>\n{"name": "add"'], reason="length")[2:] == ([], "length")
+
+
+def test_forced_answers_are_calls() -> None:
+    required = ToolPlan([WEATHER, ADD], "required")
+    answer = '[{"name": "add", "arguments": {"a": 1, "b": 2}}, {"name": "get_weather", "arguments": {"city": "Rome"}}]'
+    assert read(required, chars(answer)) == ("", None, [("add", {"a": 1, "b": 2}),
+                                                        ("get_weather", {"city": "Rome"})], "tool_calls")
+    cut = '[{"name": "add", "arguments": {"a": 1'
+    assert read(required, [cut], reason="length") == (cut, cut, [], "length")
+    named = ToolPlan([WEATHER, ADD], "named", "add")
+    # OpenAI's finish for a named function is "stop"
+    assert read(named, chars('{"a": 1, "b": 2}')) == ("", None, [("add", {"a": 1, "b": 2})], "stop")
+
+
+# -- through the app (a fake engine answers with a call) -----------------------------------------
+
+
+class _ToolTokenizer(CharTokenizer):
+    """The fake's tokenizer with a template that lists the tools (what the app passes it)."""
+
+    seen_tools: Any = None
+
+    def encode_chat(self, messages: list[dict[str, Any]], tools: Any = None) -> list[int]:  # type: ignore[override]
+        type(self).seen_tools = tools
+        return self.encode(self.apply_chat_template(messages) + json.dumps(tools or []))
+
+
+CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+
+
+@pytest.fixture()
+def app_client() -> Any:
+    def factory() -> FakeEngine:
+        engine = FakeEngine(step_s=0.0, reply=CALL, max_model_len=4096)
+        engine.tokenizer = _ToolTokenizer()
+        return engine
+
+    with TestClient(create_app(factory)) as client:
+        yield client
+
+
+def test_the_app_answers_with_tool_calls_streamed_or_not(app_client: Any) -> None:
+    body = {"model": "fake-model", "messages": ASK, "tools": [WEATHER], "max_tokens": 200}
+    r = app_client.post("/v1/chat/completions", json=body)
+    assert r.status_code == 200, r.text
+    choice = r.json()["choices"][0]
+    assert choice["finish_reason"] == "tool_calls" and choice["message"]["content"] is None
+    (call,) = choice["message"]["tool_calls"]
+    assert call["type"] == "function" and call["id"].startswith("call_")
+    assert call["function"] == {"name": "get_weather", "arguments": '{"city": "Paris"}'}
+    assert _ToolTokenizer.seen_tools == [WEATHER]  # the template was given the tools
+    with app_client.stream("POST", "/v1/chat/completions", json={**body, "stream": True}) as s:
+        events = sse_payloads(s.iter_lines())
+    chunks = [e for e in events if isinstance(e, dict)]
+    deltas = [c["choices"][0]["delta"] for c in chunks]
+    assert not any(d.get("content") for d in deltas)  # the call's text is not sent as text
+    calls = [d["tool_calls"] for d in deltas if "tool_calls" in d]
+    assert len(calls) == 1 and calls[0][0]["index"] == 0
+    assert calls[0][0]["function"] == call["function"]
+    assert chunks[-1]["choices"][0]["finish_reason"] == "tool_calls"
+    # tool_choice none: the tools are not shown and the text is the answer
+    r = app_client.post("/v1/chat/completions", json={**body, "tool_choice": "none"})
+    assert r.json()["choices"][0]["message"]["content"] == CALL and "tool_calls" not in r.json()["choices"][0]["message"]
+    assert _ToolTokenizer.seen_tools is None

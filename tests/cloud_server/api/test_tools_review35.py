@@ -284,3 +284,17 @@ def test_the_app_answers_with_tool_calls_streamed_or_not(app_client: Any) -> Non
     r = app_client.post("/v1/chat/completions", json={**body, "tool_choice": "none"})
     assert r.json()["choices"][0]["message"]["content"] == CALL and "tool_calls" not in r.json()["choices"][0]["message"]
     assert _ToolTokenizer.seen_tools is None
+
+
+def test_each_of_n_choices_is_read_alone(app_client: Any) -> None:
+    body = {"model": "fake-model", "messages": ASK, "tools": [WEATHER], "max_tokens": 200, "n": 2}
+    choices = app_client.post("/v1/chat/completions", json=body).json()["choices"]
+    assert [c["index"] for c in choices] == [0, 1]
+    ids = [c["message"]["tool_calls"][0]["id"] for c in choices]
+    assert len(set(ids)) == 2 and all(c["finish_reason"] == "tool_calls" for c in choices)
+    with app_client.stream("POST", "/v1/chat/completions", json={**body, "stream": True}) as s:
+        chunks = [e for e in sse_payloads(s.iter_lines()) if isinstance(e, dict) and e["choices"]]
+    called = sorted(c["choices"][0]["index"] for c in chunks if "tool_calls" in c["choices"][0]["delta"])
+    finished = sorted((c["choices"][0]["index"], c["choices"][0]["finish_reason"]) for c in chunks
+                      if c["choices"][0]["finish_reason"])
+    assert called == [0, 1] and finished == [(0, "tool_calls"), (1, "tool_calls")]

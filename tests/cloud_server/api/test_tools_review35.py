@@ -19,14 +19,31 @@ from hybridllm.wire.errors import WireError
 from .fake_engine import CharTokenizer, FakeEngine
 from .helpers import sse_payloads
 
-WEATHER = {"type": "function", "function": {
-    "name": "get_weather", "description": "The weather in a city",
-    "parameters": {"type": "object", "properties": {"city": {"type": "string"},
-                                                    "unit": {"enum": ["celsius", "fahrenheit"]}},
-                   "required": ["city"], "additionalProperties": False}}}
-ADD = {"type": "function", "function": {
-    "name": "add", "parameters": {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
-                                  "required": ["a", "b"], "additionalProperties": False}}}
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The weather in a city",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}, "unit": {"enum": ["celsius", "fahrenheit"]}},
+            "required": ["city"],
+            "additionalProperties": False,
+        },
+    },
+}
+ADD = {
+    "type": "function",
+    "function": {
+        "name": "add",
+        "parameters": {
+            "type": "object",
+            "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+            "required": ["a", "b"],
+            "additionalProperties": False,
+        },
+    },
+}
 ASK = [{"role": "user", "content": "Weather in Paris?"}]
 
 
@@ -43,45 +60,111 @@ def refused(**fields: Any) -> WireError:
 # -- the request ---------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("tools", "param", "words"), [
-    ([{"type": "retrieval"}], "tools[0].type", "only 'function'"),
-    ([{"type": "function"}], "tools[0].function", "Missing"),
-    ([{"type": "function", "function": {"name": "get weather"}}], "tools[0].function.name", "match"),
-    ([{"type": "function", "function": {"name": "x" * 65}}], "tools[0].function.name", "match"),
-    ([WEATHER, WEATHER], "tools[1].function.name", "two tools"),
-    ([{"type": "function", "function": {"name": "f", "params": {}}}], "tools[0].function.params", "Unrecognized"),
-    ([{"type": "function", "function": {"name": "f", "parameters": []}}], "tools[0].function.parameters",
-     "JSON schema"),
-    ([{"type": "function", "function": {"name": "f", "description": 3}}], "tools[0].function.description",
-     "string"),
-    ([{"type": "function", "function": {"name": "f"}, "x": 1}], "tools[0].x", "Unrecognized"),
-    ([], "tools", "empty array"),
-])
+@pytest.mark.parametrize(
+    ("tools", "param", "words"),
+    [
+        ([{"type": "retrieval"}], "tools[0].type", "only 'function'"),
+        ([{"type": "function"}], "tools[0].function", "Missing"),
+        ([{"type": "function", "function": {"name": "get weather"}}], "tools[0].function.name", "match"),
+        ([{"type": "function", "function": {"name": "x" * 65}}], "tools[0].function.name", "match"),
+        ([WEATHER, WEATHER], "tools[1].function.name", "two tools"),
+        (
+            [{"type": "function", "function": {"name": "f", "params": {}}}],
+            "tools[0].function.params",
+            "Unrecognized",
+        ),
+        (
+            [{"type": "function", "function": {"name": "f", "parameters": []}}],
+            "tools[0].function.parameters",
+            "JSON schema",
+        ),
+        (
+            [{"type": "function", "function": {"name": "f", "description": 3}}],
+            "tools[0].function.description",
+            "string",
+        ),
+        ([{"type": "function", "function": {"name": "f"}, "x": 1}], "tools[0].x", "Unrecognized"),
+        ([], "tools", "empty array"),
+    ],
+)
 def test_a_malformed_tool_is_a_400_naming_its_field(tools: list, param: str, words: str) -> None:
     err = refused(tools=tools)
     assert err.param == param and words in str(err), (err.param, str(err))
 
 
-@pytest.mark.parametrize(("fields", "param", "words"), [
-    ({"tool_choice": "auto"}, "tool_choice", "only allowed when tools"),
-    ({"tool_choice": {"type": "function", "function": {"name": "get_weather"}}}, "tool_choice",
-     "only allowed when tools"),
-    ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "add"}}}, "tool_choice",
-     "no function named 'add'"),
-    ({"tools": [WEATHER], "tool_choice": {"type": "function", "name": "get_weather"}}, "tool_choice", "Expected"),
-    ({"tools": [WEATHER], "tool_choice": "sometimes"}, "tool_choice", ""),
-    ({"tools": [WEATHER], "response_format": {"type": "json_object"}}, "response_format", "cannot be combined"),
-    ({"tools": [WEATHER], "structured_outputs": {"choice": ["a"]}}, "structured_outputs", "cannot be combined"),
-    ({"tools": [WEATHER], "logprobs": True}, "logprobs", "not served beside tools"),
-    # a forced call's grammar: a schema the core cannot serve is named where the request has it
-    ({"tools": [WEATHER, {"type": "function", "function": {"name": "f", "parameters": {
-        "type": "object", "properties": {"x": {"type": "string", "pattern": "(a)\\1"}}}}}],
-      "tool_choice": "required"}, "tools[1].function.parameters.properties.x.pattern", "backreferences"),
-    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {
-        "type": "object", "properties": {"x": {"type": "string", "pattern": "(a)\\1"}}}}}],
-      "tool_choice": {"type": "function", "function": {"name": "f"}}},
-     "tools[0].function.parameters.properties.x.pattern", "backreferences"),
-])
+@pytest.mark.parametrize(
+    ("fields", "param", "words"),
+    [
+        ({"tool_choice": "auto"}, "tool_choice", "only allowed when tools"),
+        (
+            {"tool_choice": {"type": "function", "function": {"name": "get_weather"}}},
+            "tool_choice",
+            "only allowed when tools",
+        ),
+        (
+            {"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "add"}}},
+            "tool_choice",
+            "no function named 'add'",
+        ),
+        (
+            {"tools": [WEATHER], "tool_choice": {"type": "function", "name": "get_weather"}},
+            "tool_choice",
+            "Expected",
+        ),
+        ({"tools": [WEATHER], "tool_choice": "sometimes"}, "tool_choice", ""),
+        (
+            {"tools": [WEATHER], "response_format": {"type": "json_object"}},
+            "response_format",
+            "cannot be combined",
+        ),
+        (
+            {"tools": [WEATHER], "structured_outputs": {"choice": ["a"]}},
+            "structured_outputs",
+            "cannot be combined",
+        ),
+        ({"tools": [WEATHER], "logprobs": True}, "logprobs", "not served beside tools"),
+        # a forced call's grammar: a schema the core cannot serve is named where the request has it
+        (
+            {
+                "tools": [
+                    WEATHER,
+                    {
+                        "type": "function",
+                        "function": {
+                            "name": "f",
+                            "parameters": {
+                                "type": "object",
+                                "properties": {"x": {"type": "string", "pattern": "(a)\\1"}},
+                            },
+                        },
+                    },
+                ],
+                "tool_choice": "required",
+            },
+            "tools[1].function.parameters.properties.x.pattern",
+            "backreferences",
+        ),
+        (
+            {
+                "tools": [
+                    {
+                        "type": "function",
+                        "function": {
+                            "name": "f",
+                            "parameters": {
+                                "type": "object",
+                                "properties": {"x": {"type": "string", "pattern": "(a)\\1"}},
+                            },
+                        },
+                    }
+                ],
+                "tool_choice": {"type": "function", "function": {"name": "f"}},
+            },
+            "tools[0].function.parameters.properties.x.pattern",
+            "backreferences",
+        ),
+    ],
+)
 def test_a_tool_choice_that_cannot_be_served_is_a_400(fields: dict, param: str, words: str) -> None:
     err = refused(**fields)
     assert err.param == param and words.lower() in str(err).lower(), (err.param, str(err))
@@ -98,7 +181,9 @@ def test_the_plan_follows_tool_choice() -> None:
     named = cloud(tools=[WEATHER, ADD], tool_choice={"type": "function", "function": {"name": "add"}})
     assert (named.tool_plan().mode, named.tool_plan().name) == ("named", "add")
     # tool_choice "none" beside a response_format: the format holds, no tools
-    assert cloud(tools=[WEATHER], tool_choice="none", response_format={"type": "json_object"}).response_grammar()
+    assert cloud(
+        tools=[WEATHER], tool_choice="none", response_format={"type": "json_object"}
+    ).response_grammar()
 
 
 def test_the_proxy_still_refuses_tools() -> None:
@@ -111,16 +196,19 @@ def test_the_proxy_still_refuses_tools() -> None:
 def test_a_forced_call_grammar_allows_calls_of_the_tools_only() -> None:
     required = cloud(tools=[WEATHER, ADD], tool_choice="required").response_grammar()
     assert required.validate('[{"name": "add", "arguments": {"a": 1, "b": 2}}]')
-    assert required.validate('[{"name": "get_weather", "arguments": {"city": "Oslo"}}, '
-                             '{"name": "add", "arguments": {"a": 1, "b": 2}}]')
+    assert required.validate(
+        '[{"name": "get_weather", "arguments": {"city": "Oslo"}}, '
+        '{"name": "add", "arguments": {"a": 1, "b": 2}}]'
+    )
     assert not required.validate("[]")  # at least one call
     assert not required.validate('[{"name": "sub", "arguments": {"a": 1, "b": 2}}]')  # no such tool
     assert not required.validate('[{"name": "add", "arguments": {"a": "1", "b": 2}}]')  # its schema
     assert not required.validate('[{"name": "get_weather", "arguments": {"a": 1, "b": 2}}]')
     one = cloud(tools=[WEATHER, ADD], tool_choice="required", parallel_tool_calls=False).response_grammar()
     assert one.validate('[{"name": "add", "arguments": {"a": 1, "b": 2}}]')
-    assert not one.validate('[{"name": "add", "arguments": {"a": 1, "b": 2}}, '
-                            '{"name": "add", "arguments": {"a": 3, "b": 4}}]')
+    assert not one.validate(
+        '[{"name": "add", "arguments": {"a": 1, "b": 2}}, {"name": "add", "arguments": {"a": 3, "b": 4}}]'
+    )
     named = cloud(tools=[WEATHER, ADD], tool_choice={"type": "function", "function": {"name": "add"}})
     assert named.response_grammar().validate('{"a": 1, "b": 2}')
     assert not named.response_grammar().validate('{"city": "Oslo"}')
@@ -131,9 +219,18 @@ def test_a_forced_call_grammar_allows_calls_of_the_tools_only() -> None:
 
 def test_each_tools_defs_are_found_by_their_refs() -> None:
     def tool(name: str, defs_value: dict) -> dict:
-        return {"type": "function", "function": {"name": name, "parameters": {
-            "type": "object", "properties": {"p": {"$ref": "#/$defs/P"}}, "required": ["p"],
-            "$defs": {"P": defs_value}}}}
+        return {
+            "type": "function",
+            "function": {
+                "name": name,
+                "parameters": {
+                    "type": "object",
+                    "properties": {"p": {"$ref": "#/$defs/P"}},
+                    "required": ["p"],
+                    "$defs": {"P": defs_value},
+                },
+            },
+        }
 
     point = {"type": "object", "properties": {"x": {"type": "integer"}}, "required": ["x"]}
     ok = cloud(tools=[tool("f", point), tool("g", point)], tool_choice="required").response_grammar()
@@ -144,20 +241,38 @@ def test_each_tools_defs_are_found_by_their_refs() -> None:
 
 
 def test_earlier_calls_and_results_reach_the_template() -> None:
-    req = cloud(tools=[WEATHER], messages=[
-        *ASK,
-        {"role": "assistant", "content": None, "tool_calls": [
-            {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}},
-            {"id": "call_2", "type": "function", "function": {"name": "get_weather", "arguments": "not json"}}]},
-        {"role": "tool", "tool_call_id": "call_1", "content": '{"c": 18}'},
-    ])
+    req = cloud(
+        tools=[WEATHER],
+        messages=[
+            *ASK,
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {
+                        "id": "call_1",
+                        "type": "function",
+                        "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
+                    },
+                    {
+                        "id": "call_2",
+                        "type": "function",
+                        "function": {"name": "get_weather", "arguments": "not json"},
+                    },
+                ],
+            },
+            {"role": "tool", "tool_call_id": "call_1", "content": '{"c": 18}'},
+        ],
+    )
     sent = req.chat_messages()
     # the arguments as the object the templates write with | tojson; a text that is not JSON stays
     assert sent[1]["tool_calls"][0]["function"] == {"name": "get_weather", "arguments": {"city": "Paris"}}
     assert sent[1]["tool_calls"][1]["function"]["arguments"] == "not json"
     assert sent[1]["content"] == "" and sent[2]["tool_call_id"] == "call_1"
     with pytest.raises(WireError) as err:
-        cloud(messages=[*ASK, {"role": "assistant", "tool_calls": [{"id": "c", "function": {}}]}]).chat_messages()
+        cloud(
+            messages=[*ASK, {"role": "assistant", "tool_calls": [{"id": "c", "function": {}}]}]
+        ).chat_messages()
     assert err.value.param == "messages[1].tool_calls[0]"
 
 
@@ -169,8 +284,12 @@ def read(plan: ToolPlan, pieces: list[str], reason: str = "stop") -> tuple[str, 
     reader = plan.reader()
     streamed = "".join(reader.feed(p) for p in pieces)
     rest, calls, reason = reader.finish(reason)
-    return streamed + rest, reader.content(), [(c["function"]["name"], json.loads(c["function"]["arguments"]))
-                                               for c in calls], reason
+    return (
+        streamed + rest,
+        reader.content(),
+        [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in calls],
+        reason,
+    )
 
 
 AUTO = ToolPlan([WEATHER, ADD], "auto")
@@ -181,16 +300,25 @@ def chars(text: str) -> list[str]:
 
 
 def test_auto_reads_tagged_calls_and_streams_the_text_before_them() -> None:
-    answer = ('Let me check.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>\n'
-              '<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call>')
+    answer = (
+        'Let me check.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>\n'
+        '<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call>'
+    )
     for pieces in (chars(answer), [answer]):
         streamed, content, calls, reason = read(AUTO, pieces)
         assert streamed == content == "Let me check.\n"
-        assert calls == [("get_weather", {"city": "Paris"}), ("add", {"a": 1, "b": 2})] and reason == "tool_calls"
+        assert (
+            calls == [("get_weather", {"city": "Paris"}), ("add", {"a": 1, "b": 2})]
+            and reason == "tool_calls"
+        )
     # parallel_tool_calls false: the first call only
-    assert read(ToolPlan([WEATHER, ADD], "auto", parallel=False), [answer])[2] == [("get_weather", {"city": "Paris"})]
+    assert read(ToolPlan([WEATHER, ADD], "auto", parallel=False), [answer])[2] == [
+        ("get_weather", {"city": "Paris"})
+    ]
     # a call left open at the answer's end (it stopped at its end of turn) is still a call
-    assert read(AUTO, ['<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}'])[2] == [("add", {"a": 1, "b": 2})]
+    assert read(AUTO, ['<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}'])[2] == [
+        ("add", {"a": 1, "b": 2})
+    ]
 
 
 def test_auto_reads_a_bare_call_and_keeps_other_json_as_text() -> None:
@@ -199,12 +327,17 @@ def test_auto_reads_a_bare_call_and_keeps_other_json_as_text() -> None:
     assert (streamed, content, reason) == ("", None, "tool_calls")
     assert calls == [("get_weather", {"city": "Paris", "unit": "celsius"})]
     two = bare + '\n{"name": "add", "arguments": "{\\"a\\": 1, \\"b\\": 2}"}'  # arguments as a JSON text too
-    assert read(AUTO, [two])[2] == [("get_weather", {"city": "Paris", "unit": "celsius"}), ("add", {"a": 1, "b": 2})]
-    for text in ('{"name": "say_hello", "arguments": {}}',  # no such tool
-                 '{"city": "Paris"}',  # JSON, not a call
-                 '{"name": "add", "arguments": [1, 2]}',  # arguments not an object
-                 bare + "\nThat is all.",  # a call and then prose: the model's text
-                 '{"name": "get_weather", "arguments": {"city": "Pa'):  # cut short
+    assert read(AUTO, [two])[2] == [
+        ("get_weather", {"city": "Paris", "unit": "celsius"}),
+        ("add", {"a": 1, "b": 2}),
+    ]
+    for text in (
+        '{"name": "say_hello", "arguments": {}}',  # no such tool
+        '{"city": "Paris"}',  # JSON, not a call
+        '{"name": "add", "arguments": [1, 2]}',  # arguments not an object
+        bare + "\nThat is all.",  # a call and then prose: the model's text
+        '{"name": "get_weather", "arguments": {"city": "Pa',
+    ):  # cut short
         streamed, content, calls, reason = read(AUTO, chars(text), reason="stop")
         assert (streamed, content, calls, reason) == (text, text, [], "stop"), text
 
@@ -224,9 +357,16 @@ def test_auto_text_streams_and_a_tag_like_text_is_not_lost() -> None:
 
 def test_forced_answers_are_calls() -> None:
     required = ToolPlan([WEATHER, ADD], "required")
-    answer = '[{"name": "add", "arguments": {"a": 1, "b": 2}}, {"name": "get_weather", "arguments": {"city": "Rome"}}]'
-    assert read(required, chars(answer)) == ("", None, [("add", {"a": 1, "b": 2}),
-                                                        ("get_weather", {"city": "Rome"})], "tool_calls")
+    answer = (
+        '[{"name": "add", "arguments": {"a": 1, "b": 2}}, '
+        '{"name": "get_weather", "arguments": {"city": "Rome"}}]'
+    )
+    assert read(required, chars(answer)) == (
+        "",
+        None,
+        [("add", {"a": 1, "b": 2}), ("get_weather", {"city": "Rome"})],
+        "tool_calls",
+    )
     cut = '[{"name": "add", "arguments": {"a": 1'
     assert read(required, [cut], reason="length") == (cut, cut, [], "length")
     named = ToolPlan([WEATHER, ADD], "named", "add")
@@ -282,7 +422,10 @@ def test_the_app_answers_with_tool_calls_streamed_or_not(app_client: Any) -> Non
     assert chunks[-1]["choices"][0]["finish_reason"] == "tool_calls"
     # tool_choice none: the tools are not shown and the text is the answer
     r = app_client.post("/v1/chat/completions", json={**body, "tool_choice": "none"})
-    assert r.json()["choices"][0]["message"]["content"] == CALL and "tool_calls" not in r.json()["choices"][0]["message"]
+    assert (
+        r.json()["choices"][0]["message"]["content"] == CALL
+        and "tool_calls" not in r.json()["choices"][0]["message"]
+    )
     assert _ToolTokenizer.seen_tools is None
 
 
@@ -295,6 +438,9 @@ def test_each_of_n_choices_is_read_alone(app_client: Any) -> None:
     with app_client.stream("POST", "/v1/chat/completions", json={**body, "stream": True}) as s:
         chunks = [e for e in sse_payloads(s.iter_lines()) if isinstance(e, dict) and e["choices"]]
     called = sorted(c["choices"][0]["index"] for c in chunks if "tool_calls" in c["choices"][0]["delta"])
-    finished = sorted((c["choices"][0]["index"], c["choices"][0]["finish_reason"]) for c in chunks
-                      if c["choices"][0]["finish_reason"])
+    finished = sorted(
+        (c["choices"][0]["index"], c["choices"][0]["finish_reason"])
+        for c in chunks
+        if c["choices"][0]["finish_reason"]
+    )
     assert called == [0, 1] and finished == [(0, "tool_calls"), (1, "tool_calls")]

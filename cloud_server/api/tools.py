@@ -237,7 +237,11 @@ class ToolCallReader:
         answer called (OpenAI's; a named function's answer ends with "stop"), "length" kept."""
         if self.plan.mode == "named":
             assert self.plan.name is not None
-            return "", [_call(self.plan.name, self._held)], reason
+            try:
+                args = json.loads(self._held)
+            except ValueError:  # cut short (max_tokens): no call can be read, the text is the answer
+                return self._send(self._held), [], reason
+            return "", [_call(self.plan.name, json.dumps(args, ensure_ascii=False))], reason
         if self.plan.mode == "required":
             calls = _array_calls(self._held)
             if calls is None:  # cut short (max_tokens): no call can be read, the text is the answer

@@ -370,6 +370,7 @@ def test_forced_answers_are_calls() -> None:
     cut = '[{"name": "add", "arguments": {"a": 1'
     assert read(required, [cut], reason="length") == (cut, cut, [], "length")
     named = ToolPlan([WEATHER, ADD], "named", "add")
+    assert read(named, ['{"a": 1, "b"'], reason="length") == ('{"a": 1, "b"', '{"a": 1, "b"', [], "length")
     # OpenAI's finish for a named function is "stop"
     assert read(named, chars('{"a": 1, "b": 2}')) == ("", None, [("add", {"a": 1, "b": 2})], "stop")
 

@@ -117,6 +117,15 @@ def test_structured_output_through_the_replicas(cluster):
                                            extra_body=extra)
         assert r.choices[0].finish_reason == "stop", r
         assert re.fullmatch(pattern, r.choices[0].message.content), r
+    # a forced tool call: its grammar travels to the replica, the ingress reads the call back
+    weather = {"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string", "maxLength": 20}}, "required": ["city"]}}}
+    r = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=60, temperature=0,
+                                       tools=[weather], tool_choice="required", parallel_tool_calls=False)
+    (call,) = r.choices[0].message.tool_calls
+    args = json.loads(call.function.arguments)
+    assert call.function.name == "get_weather" and isinstance(args["city"], str), args
+    assert r.choices[0].finish_reason == "tool_calls"
 
 
 def test_concurrent_clients_spread_by_tokens_and_stick_by_prefix(cluster):

@@ -28,6 +28,7 @@ from hybridllm.wire.errors import WireError
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 _NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")  # OpenAI's rule for a function's name
+MAX_TOOLS = 128  # OpenAI's limit on a request's tools
 _TOOL_KEYS = {"type", "function"}
 _FUNCTION_KEYS = {"name", "description", "parameters", "strict"}
 _SCHEMA_PATH = "response_format.json_schema.schema"
@@ -36,6 +37,10 @@ _SCHEMA_PATH = "response_format.json_schema.schema"
 def checked_tools(value: list[Any]) -> list[dict[str, Any]]:
     """The request's ``tools`` as the template gets them (``{"type": "function", "function":
     {...}}``), or a 400 naming the field at fault."""
+    if len(value) > MAX_TOOLS:
+        raise WireError(f"Invalid 'tools': array too long. Expected an array with maximum length "
+                        f"{MAX_TOOLS}, but got an array with length {len(value)} instead.", param="tools",
+                        code="array_above_max_length")
     out: list[dict[str, Any]] = []
     seen: set[str] = set()
     for i, tool in enumerate(value):

@@ -85,6 +85,8 @@ def refused(**fields: Any) -> WireError:
         ),
         ([{"type": "function", "function": {"name": "f"}, "x": 1}], "tools[0].x", "Unrecognized"),
         ([], "tools", "empty array"),
+        ([{"type": "function", "function": {"name": f"f{i}"}} for i in range(129)], "tools",
+         "maximum length 128"),
     ],
 )
 def test_a_malformed_tool_is_a_400_naming_its_field(tools: list, param: str, words: str) -> None:

@@ -45,6 +45,14 @@ ADD = {
     },
 }
 ASK = [{"role": "user", "content": "Weather in Paris?"}]
+# a tool whose parameters the grammar core cannot serve (a backreference)
+BACKREF = {
+    "type": "function",
+    "function": {
+        "name": "f",
+        "parameters": {"type": "object", "properties": {"x": {"type": "string", "pattern": "(a)\\1"}}},
+    },
+}
 
 
 def cloud(**fields: Any) -> CloudChatCompletionRequest:
@@ -85,8 +93,11 @@ def refused(**fields: Any) -> WireError:
         ),
         ([{"type": "function", "function": {"name": "f"}, "x": 1}], "tools[0].x", "Unrecognized"),
         ([], "tools", "empty array"),
-        ([{"type": "function", "function": {"name": f"f{i}"}} for i in range(129)], "tools",
-         "maximum length 128"),
+        (
+            [{"type": "function", "function": {"name": f"f{i}"}} for i in range(129)],
+            "tools",
+            "maximum length 128",
+        ),
     ],
 )
 def test_a_malformed_tool_is_a_400_naming_its_field(tools: list, param: str, words: str) -> None:
@@ -128,19 +139,7 @@ def test_a_malformed_tool_is_a_400_naming_its_field(tools: list, param: str, wor
         # a forced call's grammar: a schema the core cannot serve is named where the request has it
         (
             {
-                "tools": [
-                    WEATHER,
-                    {
-                        "type": "function",
-                        "function": {
-                            "name": "f",
-                            "parameters": {
-                                "type": "object",
-                                "properties": {"x": {"type": "string", "pattern": "(a)\\1"}},
-                            },
-                        },
-                    },
-                ],
+                "tools": [WEATHER, BACKREF],
                 "tool_choice": "required",
             },
             "tools[1].function.parameters.properties.x.pattern",
@@ -148,18 +147,7 @@ def test_a_malformed_tool_is_a_400_naming_its_field(tools: list, param: str, wor
         ),
         (
             {
-                "tools": [
-                    {
-                        "type": "function",
-                        "function": {
-                            "name": "f",
-                            "parameters": {
-                                "type": "object",
-                                "properties": {"x": {"type": "string", "pattern": "(a)\\1"}},
-                            },
-                        },
-                    }
-                ],
+                "tools": [BACKREF],
                 "tool_choice": {"type": "function", "function": {"name": "f"}},
             },
             "tools[0].function.parameters.properties.x.pattern",

@@ -24,7 +24,7 @@ from pydantic import Field, PrivateAttr, field_validator, model_validator
 
 from cloud_server.engine.sampling_params import MAX_LOGIT_BIAS
 from hybridllm.wire.errors import WireError
-from hybridllm.wire.fields import _INTEGRAL, INT32_MAX, Unit
+from hybridllm.wire.fields import _INTEGRAL, INT32_MAX, TokenId, Unit, _Strict
 from hybridllm.wire.requests import (
     ChatCompletionRequest,
     ChatMessage,
@@ -277,14 +277,54 @@ class CloudCompletionRequest(_StructuredMixin, CompletionRequest):
         return value
 
 
+class TokenizeRequest(_Strict):
+    """vLLM's ``/tokenize`` body: a ``prompt`` (tokenized as ``/v1/completions`` reads it) or chat
+    ``messages`` (and ``tools``), rendered and tokenized as ``/v1/chat/completions`` does, so its
+    ``count`` is that request's ``usage.prompt_tokens``."""
+
+    model: Annotated[str, Field(min_length=1, max_length=256)] | None = None
+    prompt: str | None = None
+    messages: Annotated[list[dict[str, Any]], Field(min_length=1)] | None = None
+    tools: list[dict[str, Any]] | None = None
+    add_generation_prompt: bool = True
+    add_special_tokens: bool = True  # a prompt's BOS, where the model adds one
+    return_token_strs: bool = False
+
+    @model_validator(mode="after")
+    def _one_input(self) -> TokenizeRequest:
+        if (self.prompt is None) == (self.messages is None):
+            raise WireError("Send exactly one of 'prompt' and 'messages'.",
+                            param="messages" if self.messages is not None else "prompt")
+        if self.tools is not None and self.messages is None:
+            raise WireError("'tools' go with 'messages' (a chat's prompt), not with a 'prompt'.",
+                            param="tools")
+        return self
+
+    def chat_request(self, model: str) -> CloudChatCompletionRequest:
+        """The chat request whose prompt this counts (its messages and tools checked as there)."""
+        body: dict[str, Any] = {"model": self.model or model, "messages": self.messages}
+        if self.tools is not None:
+            body["tools"] = self.tools
+        return parse_request(CloudChatCompletionRequest, body)
+
+
+class DetokenizeRequest(_Strict):
+    """vLLM's ``/detokenize`` body: token ids of this model's vocabulary."""
+
+    model: Annotated[str, Field(min_length=1, max_length=256)] | None = None
+    tokens: list[TokenId]
+
+
 __all__ = [
     "ChatCompletionRequest",
     "ChatMessage",
     "CloudChatCompletionRequest",
     "CloudCompletionRequest",
     "CompletionRequest",
+    "DetokenizeRequest",
     "SamplingRequest",
     "StreamOptions",
     "TextPart",
+    "TokenizeRequest",
     "parse_request",
 ]

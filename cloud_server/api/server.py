@@ -1,6 +1,7 @@
 """The FastAPI app: routes, authentication, model loading in the background.
 
     POST /v1/chat/completions   POST /v1/completions   GET /v1/models     (API key when configured)
+    POST /tokenize              POST /detokenize                            (vLLM's; API key too)
     GET /health                 GET /metrics                                (open)
 
 The app starts answering at once; the engine is built and started in a background task, and until
@@ -43,9 +44,25 @@ from .lifespan import ServerState, _lifespan
 from .metrics import ServerMetrics
 from .protocol import CloudChatCompletionRequest as ChatCompletionRequest
 from .protocol import CloudCompletionRequest as CompletionRequest
+from .protocol import DetokenizeRequest, TokenizeRequest
 from .serving import Engine
 
 R = TypeVar("R", bound=BaseModel)
+
+
+class Tokenized(BaseModel):
+    """``/tokenize``'s answer (vLLM's shape)."""
+
+    count: int
+    max_model_len: int
+    tokens: list[int]
+    token_strs: list[str] | None = None
+
+
+class Detokenized(BaseModel):
+    """``/detokenize``'s answer (vLLM's shape)."""
+
+    prompt: str
 
 
 async def _parse(request: Request, model_type: type[R], max_body_bytes: int, drain: Drain) -> R:
@@ -151,6 +168,31 @@ def _build_router(app: FastAPI, checker: ApiKeyChecker, max_body_bytes: int) -> 
         req = await _parse(request, CompletionRequest, max_body_bytes, state.drain)
         return await complete(request, req)
 
+    # vLLM's tokenizer routes (at the root, as vLLM serves them; the API key guards them too)
+    top = APIRouter(dependencies=[Depends(require_key)])
+    util_errors = _errors(400, *auth, 404, 408, 413, 500, 503)
+
+    @top.post("/tokenize", openapi_extra=request_body(TokenizeRequest, defs),
+              responses={200: {"model": Tokenized}, **util_errors})
+    async def tokenize(request: Request) -> Any:
+        state.drain.check_open()
+        req = await _parse(request, TokenizeRequest, max_body_bytes, state.drain)
+        serving = state.ready_serving()
+        if req.model is not None:
+            state.check_model(req.model)
+        return JSONResponse(await asyncio.to_thread(serving.tokenize, req))
+
+    @top.post("/detokenize", openapi_extra=request_body(DetokenizeRequest, defs),
+              responses={200: {"model": Detokenized}, **util_errors})
+    async def detokenize(request: Request) -> Any:
+        state.drain.check_open()
+        req = await _parse(request, DetokenizeRequest, max_body_bytes, state.drain)
+        serving = state.ready_serving()
+        if req.model is not None:
+            state.check_model(req.model)
+        return JSONResponse(await asyncio.to_thread(serving.detokenize, req))
+
+    app.include_router(top)
     add_schemas(app, defs)
 
     def model_card() -> dict[str, Any]:

@@ -32,7 +32,7 @@ from .errors import error_body, error_kind
 from .generation import Choices, Engine, Prepared, _ClosingEvents
 from .logprobs import chat_logprobs, text_logprobs
 from .metrics import RequestTimer, ServerMetrics
-from .protocol import ChatCompletionRequest, CompletionRequest
+from .protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
 
 logger = logging.getLogger("cloud_server.api")
 
@@ -86,17 +86,8 @@ class OpenAIServing:
         tokenizer = self.engine.tokenizer
         if isinstance(req, ChatCompletionRequest):
             kind, prefix = "chat", "chatcmpl"
-            messages = req.chat_messages()
-            if self.system_prompt and not any(m["role"] == "system" for m in messages):
-                messages = [{"role": "system", "content": self.system_prompt}, *messages]
             tools = _tools_for(req, tokenizer)
-            # a message's text is plain text: only the template's markers become control tokens
-            # (cloud_server.models.tokenizer)
-            prompt_ids = list(tokenizer.encode_chat(messages, tools=tools.tools) if tools
-                              else tokenizer.encode_chat(messages))
-            # a base model's transcript must not run on into the user's next turn: the prompt
-            # format's own stops (the device adds the same ones, hybridllm.prompts)
-            format_stops = list(tokenizer.stop_strings(messages))
+            prompt_ids, format_stops = self.chat_prompt(req)
         else:
             kind, prefix = "completion", "cmpl"
             format_stops, tools = [], None
@@ -155,6 +146,52 @@ class OpenAIServing:
             n=req.n,
             tools=tools,
         )
+
+    def chat_prompt(self, req: ChatCompletionRequest, *, add_generation_prompt: bool = True
+                    ) -> tuple[list[int], list[str]]:
+        """A chat request's prompt ids and its prompt format's stop strings (the default system
+        prompt first where the conversation has none; its tools, if any, for the template)."""
+        tokenizer = self.engine.tokenizer
+        messages = req.chat_messages()
+        if self.system_prompt and not any(m["role"] == "system" for m in messages):
+            messages = [{"role": "system", "content": self.system_prompt}, *messages]
+        plan = getattr(req, "tool_plan", lambda: None)()
+        kwargs: dict[str, Any] = {}
+        if not add_generation_prompt:
+            kwargs["add_generation_prompt"] = False
+        if plan is not None:
+            kwargs["tools"] = plan.tools
+        # a message's text is plain text: only the template's markers become control tokens
+        # (cloud_server.models.tokenizer)
+        prompt_ids = list(tokenizer.encode_chat(messages, **kwargs))
+        # a base model's transcript must not run on into the user's next turn: the prompt
+        # format's own stops (the device adds the same ones, hybridllm.prompts)
+        return prompt_ids, list(tokenizer.stop_strings(messages))
+
+    def tokenize(self, req: TokenizeRequest) -> dict[str, Any]:
+        """vLLM's ``/tokenize`` answer (CPU work: run in a worker thread)."""
+        tokenizer = self.engine.tokenizer
+        if req.messages is not None:
+            chat = req.chat_request(self.model_name)
+            ids, _ = self.chat_prompt(chat, add_generation_prompt=req.add_generation_prompt)
+        elif not req.prompt:
+            ids = []  # as vLLM answers an empty prompt
+        else:  # as /v1/completions reads it (its BOS too, unless add_special_tokens is false)
+            ids = list(tokenizer.encode(req.prompt) if req.add_special_tokens
+                       else tokenizer.encode(req.prompt, add_special=False))
+        strs = [tokenizer.decode([i]) for i in ids] if req.return_token_strs else None
+        return {"count": len(ids), "max_model_len": int(self.engine.max_model_len), "tokens": ids,
+                "token_strs": strs}
+
+    def detokenize(self, req: DetokenizeRequest) -> dict[str, Any]:
+        """vLLM's ``/detokenize`` answer: the text of the ids (an id outside the vocabulary a 400)."""
+        tokenizer = self.engine.tokenizer
+        size = _vocab_size(tokenizer)
+        for i, token in enumerate(req.tokens):
+            if size is not None and token >= size:
+                raise InvalidRequestError(f"Invalid 'tokens[{i}]': {token} is not a token id of this model "
+                                          f"(its vocabulary is 0..{size - 1}).", param=f"tokens[{i}]")
+        return {"prompt": tokenizer.decode(list(req.tokens))}
 
     async def admit(self, prepared: Prepared) -> Choices:
         def timer() -> RequestTimer:  # one per choice: each is an engine request in /metrics

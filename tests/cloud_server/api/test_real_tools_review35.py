@@ -194,3 +194,23 @@ def test_a_template_without_tools_serves_forced_calls_only(smollm2_path: Path) -
         )
         ((name, args),) = calls_of(r.choices[0].message)
         assert name == "get_weather" and isinstance(args["city"], str)
+
+
+def test_tokenize_counts_a_chat_with_tools_as_the_chat_route_does(client) -> None:
+    import httpx
+
+    root = str(client.base_url).rstrip("/").removesuffix("/v1")
+    r = client.chat.completions.create(model=MODEL, messages=ASK, tools=[WEATHER, ADD], max_tokens=1)
+    counted = httpx.post(
+        f"{root}/tokenize", json={"messages": ASK, "tools": [WEATHER, ADD]}, timeout=60
+    ).json()
+    assert counted["count"] == r.usage.prompt_tokens == len(counted["tokens"])
+    assert counted["max_model_len"] == 2048
+    text = "Paris, 18 °C — cloudy"
+    ids = httpx.post(f"{root}/tokenize", json={"prompt": text}, timeout=60).json()["tokens"]
+    c = client.completions.create(model=MODEL, prompt=text, max_tokens=1)
+    assert len(ids) == c.usage.prompt_tokens
+    back = httpx.post(f"{root}/detokenize", json={"model": MODEL, "tokens": ids}, timeout=60).json()
+    assert back == {"prompt": text}
+    vocab = httpx.post(f"{root}/detokenize", json={"tokens": [10**7]}, timeout=60)
+    assert vocab.status_code == 400 and vocab.json()["error"]["param"] == "tokens[0]"

@@ -5,15 +5,17 @@ read back as tool calls.
   conversation's earlier calls and results reach it too (``template_messages``).
 - ``tool_choice``: ``"auto"`` (the default with tools) lets the model answer or call; its calls
   are read from the ``<tool_call>{"name": ..., "arguments": ...}</tool_call>`` blocks the
-  template taught it (the Hermes format, Qwen2.5's), or from an answer that is one such object
-  alone (Qwen2.5-Coder-0.5B writes it without the tags). ``"required"`` and a named function are
+  template taught it (the Hermes format, Qwen2.5's), or from an answer that is such objects alone
+  (Qwen2.5-Coder-0.5B writes them without the tags), bare or in one Markdown JSON block (the
+  1.5B writes them so). ``"required"`` and a named function are
   constrained by a grammar, so the answer is always a call whose arguments fit the function's
   ``parameters`` schema: a JSON array of ``{"name", "arguments"}`` for ``"required"`` (one
   item when ``parallel_tool_calls`` is false), the arguments object alone for a named function.
   ``"none"``: the tools are not shown to the model and its answer is text.
 - Streamed, an auto answer's text streams until a call begins; the calls come whole, one delta
   per call, when the choice ends (a forced answer is all call: nothing streams before it). An
-  auto answer that starts with ``{`` may be a bare call: it is held and sent whole at its end.
+  auto answer that starts with ``{`` or a JSON block may be a bare call: it is held and sent whole
+  at its end.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from typing import Any
 from hybridllm.wire.errors import WireError
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
+FENCE = "```json"  # a Markdown JSON block: Qwen2.5-Coder-1.5B writes its calls in one
 _NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")  # OpenAI's rule for a function's name
 MAX_TOOLS = 128  # OpenAI's limit on a request's tools
 _TOOL_KEYS = {"type", "function"}
@@ -219,10 +222,13 @@ class ToolCallReader:
             self._calls_text += delta
             return ""
         text = self._held + delta
-        if not self._sent:  # the answer's start: a bare JSON call is held whole until its end
+        if not self._sent:  # the answer's start: a bare JSON call (fenced or not) is held whole
             head = text.lstrip()
-            if not head or head.startswith("{"):
-                self._held, self._calls_text = ("", text) if head else (text, None)
+            if not head or (len(head) < len(FENCE) and FENCE.startswith(head)):  # not told apart yet
+                self._held = text
+                return ""
+            if head.startswith(("{", FENCE)):
+                self._held, self._calls_text = "", text
                 return ""
         at = text.find(OPEN)
         if at >= 0:
@@ -279,10 +285,14 @@ def _array_calls(text: str) -> list[dict[str, Any]] | None:
 
 def _tagged_calls(text: str, names: set[str]) -> list[dict[str, Any]] | None:
     """The calls in ``<tool_call>{json}</tool_call>`` blocks (the last may be left open: the answer
-    ended there), or one call written bare (``{"name": ..., "arguments": {...}}`` alone, as small
-    models write it without the tags); None when one is not a call of a known function with an
+    ended there), or calls written bare (``{"name": ..., "arguments": {...}}`` alone, as small
+    models write them without the tags), or bare in a Markdown JSON block and nothing else (as
+    Qwen2.5-Coder-1.5B writes them); None when one is not a call of a known function with an
     arguments object (then the model's text is its answer)."""
     text = text.strip()
+    if text.startswith(FENCE):  # the calls in a Markdown JSON block, alone
+        body = text[len(FENCE):]
+        return _bare_calls(body.removesuffix("```").strip(), names)
     if not text.startswith(OPEN):
         return _bare_calls(text, names)
     calls = []

@@ -332,6 +332,24 @@ def test_auto_reads_a_bare_call_and_keeps_other_json_as_text() -> None:
         assert (streamed, content, calls, reason) == (text, text, [], "stop"), text
 
 
+def test_auto_reads_calls_in_a_json_block_alone() -> None:
+    # as Qwen2.5-Coder-1.5B writes its calls
+    fenced = '```json\n{\n  "name": "add",\n  "arguments": {\n    "a": 1234,\n    "b": 4321\n  }\n}\n```'
+    for pieces in (chars(fenced), [fenced]):
+        assert read(AUTO, pieces) == ("", None, [("add", {"a": 1234, "b": 4321})], "tool_calls")
+    # a block with something else, or prose around it, is the model's text; so is a code block
+    # in another language, which streams as it comes
+    for text in (
+        '```json\n{"a": 1}\n```',
+        'Here:\n```json\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n```',
+        '```json\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n```\nDone.',
+    ):
+        assert read(AUTO, chars(text))[:3] == (text, text, []), text
+    reader = AUTO.reader()
+    code = "```python\nprint(1)\n```"
+    assert "".join(reader.feed(ch) for ch in code[:12]) == code[:12]  # not held: not a JSON block
+
+
 def test_auto_text_streams_and_a_tag_like_text_is_not_lost() -> None:
     text = "Use <tool> tags, or <tool_call without closing, and 3 < 4."
     reader = AUTO.reader()

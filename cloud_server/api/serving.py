@@ -265,13 +265,15 @@ class OpenAIServing:
                 text = readers[i].feed(out.delta_text) if readers else out.delta_text
                 if text or entries:  # each chunk carries the entries of its tokens
                     yield writer.text(text, self._logprobs(prepared, entries), index=i)
+                for delta in readers[i].take_deltas() if readers else ():
+                    yield writer.tool_call(delta, 0, index=i)  # a named function's arguments
                 if out.finished:
                     reason = out.finish_reason or "stop"
                     if readers:
                         rest, calls, reason = readers[i].finish(reason)
                         if rest:
                             yield writer.text(rest, index=i)
-                        for position, call in enumerate(calls):
+                        for position, call in enumerate(calls[readers[i].streamed:], readers[i].streamed):
                             yield writer.tool_call(call, position, index=i)
                     yield writer.finish(reason, index=i)
             lasts = choices.lasts

@@ -12,10 +12,11 @@ read back as tool calls.
   ``parameters`` schema: a JSON array of ``{"name", "arguments"}`` for ``"required"`` (one
   item when ``parallel_tool_calls`` is false), the arguments object alone for a named function.
   ``"none"``: the tools are not shown to the model and its answer is text.
-- Streamed, an auto answer's text streams until a call begins; the calls come whole, one delta
-  per call, when the choice ends (a forced answer is all call: nothing streams before it). An
-  auto answer that starts with ``{`` or a JSON block may be a bare call: it is held and sent whole
-  at its end.
+- Streamed, a named function's arguments stream as they come (its first delta carries the call's
+  id and name), as OpenAI streams them and as partial-object clients read them. An auto answer's
+  text streams until a call begins; its calls, and "required"'s, come whole, one delta per call,
+  when the choice ends (they are read from the whole answer). An auto answer that starts with
+  ``{`` or a JSON block may be a bare call: it is held and sent whole at its end.
 """
 
 from __future__ import annotations
@@ -198,8 +199,12 @@ def _parameters(tool: dict[str, Any]) -> dict[str, Any]:
     return tool["function"].get("parameters") or {"type": "object", "properties": {}}
 
 
-def _call(name: str, arguments: str) -> dict[str, Any]:
-    return {"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
+def _call_id() -> str:
+    return f"call_{uuid.uuid4().hex[:24]}"
+
+
+def _call(name: str, arguments: str, call_id: str | None = None) -> dict[str, Any]:
+    return {"id": call_id or _call_id(), "type": "function",
             "function": {"name": name, "arguments": arguments}}
 
 
@@ -207,14 +212,32 @@ def _call(name: str, arguments: str) -> dict[str, Any]:
 class ToolCallReader:
     """One choice's answer read as it streams: ``feed`` gives the text that may go out now (an
     auto answer's text before its first call; a prefix of ``<tool_call>`` is held back until it
-    is told apart), ``finish`` the rest: ``(text, calls, finish_reason)``."""
+    is told apart), ``take_deltas`` the tool-call deltas that may (a named function's arguments),
+    ``finish`` the rest: ``(text, calls, finish_reason)``; the first ``streamed`` calls were begun
+    by deltas already."""
 
     plan: ToolPlan
     _held: str = ""
     _calls_text: str | None = None  # from the first <tool_call> on (auto); all of it (forced)
     _sent: list[str] = field(default_factory=list)
+    # a named function's call streams: its id, and the argument deltas not yet taken
+    _id: str = field(default_factory=lambda: _call_id())
+    _deltas: list[dict[str, Any]] = field(default_factory=list)
+    streamed: int = 0  # calls already begun by deltas (their whole form is not sent again)
 
     def feed(self, delta: str) -> str:
+        if self.plan.mode == "named":  # all of it is the arguments: they stream as they come
+            start = not self._held.strip()
+            self._held += delta
+            if not self._held.strip():
+                return ""
+            if start:
+                self.streamed = 1
+                self._deltas.append({"id": self._id, "type": "function",
+                                     "function": {"name": self.plan.name, "arguments": self._held.lstrip()}})
+            elif delta:
+                self._deltas.append({"function": {"arguments": delta}})
+            return ""
         if self.plan.mode != "auto":
             self._held += delta
             return ""
@@ -238,6 +261,11 @@ class ToolCallReader:
         self._held = text[len(text) - keep:] if keep else ""
         return self._send(text[:len(text) - keep])
 
+    def take_deltas(self) -> list[dict[str, Any]]:
+        """The tool-call deltas ready to go out (a named function's arguments, as they come)."""
+        out, self._deltas = self._deltas, []
+        return out
+
     def _send(self, text: str) -> str:
         if text:
             self._sent.append(text)
@@ -246,13 +274,9 @@ class ToolCallReader:
     def finish(self, reason: str) -> tuple[str, list[dict[str, Any]], str]:
         """``(text still to send, calls, finish_reason)``: "tool_calls" when an auto or required
         answer called (OpenAI's; a named function's answer ends with "stop"), "length" kept."""
-        if self.plan.mode == "named":
+        if self.plan.mode == "named":  # its arguments as written (cut short where max_tokens cut them)
             assert self.plan.name is not None
-            try:
-                args = json.loads(self._held)
-            except ValueError:  # cut short (max_tokens): no call can be read, the text is the answer
-                return self._send(self._held), [], reason
-            return "", [_call(self.plan.name, json.dumps(args, ensure_ascii=False))], reason
+            return "", [_call(self.plan.name, self._held.strip(), self._id)], reason
         if self.plan.mode == "required":
             calls = _array_calls(self._held)
             if calls is None:  # cut short (max_tokens): no call can be read, the text is the answer

@@ -127,6 +127,25 @@ def test_required_and_named_choices_always_call_with_valid_arguments(client) -> 
     ((name, args),) = calls_of(named.choices[0].message)
     assert name == "add" and set(args) == {"a", "b"} and all(isinstance(v, int) for v in args.values()), args
     assert named.choices[0].finish_reason == "stop"  # OpenAI's finish for a named function
+    # streamed, its arguments come as they are written: several deltas that join to the whole
+    choice = {"type": "function", "function": {"name": "get_weather"}}
+    whole = client.chat.completions.create(
+        model=MODEL, messages=ASK, tools=[WEATHER, ADD], max_tokens=40, tool_choice=choice, temperature=0
+    )
+    stream = client.chat.completions.create(
+        model=MODEL,
+        messages=ASK,
+        tools=[WEATHER, ADD],
+        max_tokens=40,
+        tool_choice=choice,
+        temperature=0,
+        stream=True,
+    )
+    deltas = [t for c in stream if c.choices for t in c.choices[0].delta.tool_calls or []]
+    assert len(deltas) > 3 and deltas[0].function.name == "get_weather"
+    joined = "".join(d.function.arguments or "" for d in deltas)
+    assert joined == whole.choices[0].message.tool_calls[0].function.arguments
+    assert json.loads(joined)["city"] == "Paris", joined
 
 
 def test_the_result_goes_back_into_the_conversation(client) -> None:

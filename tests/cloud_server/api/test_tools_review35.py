@@ -378,9 +378,29 @@ def test_forced_answers_are_calls() -> None:
     cut = '[{"name": "add", "arguments": {"a": 1'
     assert read(required, [cut], reason="length") == (cut, cut, [], "length")
     named = ToolPlan([WEATHER, ADD], "named", "add")
-    assert read(named, ['{"a": 1, "b"'], reason="length") == ('{"a": 1, "b"', '{"a": 1, "b"', [], "length")
     # OpenAI's finish for a named function is "stop"
     assert read(named, chars('{"a": 1, "b": 2}')) == ("", None, [("add", {"a": 1, "b": 2})], "stop")
+
+
+def test_a_named_functions_arguments_stream_as_they_come() -> None:
+    reader = ToolPlan([WEATHER, ADD], "named", "add").reader()
+    deltas = []
+    for piece in ["\n", '{"a"', ": 1,", ' "b": 2', "}"]:
+        assert reader.feed(piece) == ""  # no text: all of it is the call's
+        deltas.append(reader.take_deltas())
+    assert deltas[0] == []  # whitespace first: nothing to send yet
+    first = deltas[1][0]
+    assert first["type"] == "function" and first["function"] == {"name": "add", "arguments": '{"a"'}
+    rest = [d["function"]["arguments"] for batch in deltas[2:] for d in batch]
+    assert rest == [": 1,", ' "b": 2', "}"] and all(set(d) == {"function"} for b in deltas[2:] for d in b)
+    _, calls, reason = reader.finish("stop")
+    assert reader.streamed == 1 and calls[0]["id"] == first["id"]  # the same call, not sent again
+    assert calls[0]["function"]["arguments"] == '{"a": 1, "b": 2}' and reason == "stop"
+    # cut short by max_tokens: the call keeps the arguments written so far, as OpenAI's does
+    cut = ToolPlan([WEATHER, ADD], "named", "add").reader()
+    cut.feed('{"a": 1, "b"')
+    _, calls, reason = cut.finish("length")
+    assert calls[0]["function"]["arguments"] == '{"a": 1, "b"' and reason == "length"
 
 
 # -- through the app (a fake engine answers with a call) -----------------------------------------
@@ -453,3 +473,32 @@ def test_each_of_n_choices_is_read_alone(app_client: Any) -> None:
         if c["choices"][0]["finish_reason"]
     )
     assert called == [0, 1] and finished == [(0, "tool_calls"), (1, "tool_calls")]
+
+
+def test_a_named_call_streams_its_arguments_through_the_app() -> None:
+    args = '{"city": "Paris"}'
+
+    def factory() -> FakeEngine:
+        engine = FakeEngine(step_s=0.0, reply=args, max_model_len=4096)
+        engine.tokenizer = _ToolTokenizer()
+        return engine
+
+    body = {
+        "model": "fake-model",
+        "messages": ASK,
+        "tools": [WEATHER, ADD],
+        "max_tokens": 200,
+        "tool_choice": {"type": "function", "function": {"name": "get_weather"}},
+    }
+    with TestClient(create_app(factory)) as client:
+        whole = client.post("/v1/chat/completions", json=body).json()["choices"][0]
+        with client.stream("POST", "/v1/chat/completions", json={**body, "stream": True}) as s:
+            chunks = [e for e in sse_payloads(s.iter_lines()) if isinstance(e, dict) and e["choices"]]
+    assert whole["message"]["tool_calls"][0]["function"] == {"name": "get_weather", "arguments": args}
+    assert whole["finish_reason"] == "stop"
+    deltas = [t for c in chunks for t in c["choices"][0]["delta"].get("tool_calls", [])]
+    assert len(deltas) == len(args)  # one a token (the fake's token is a character)
+    assert deltas[0]["function"]["name"] == "get_weather" and deltas[0]["id"].startswith("call_")
+    assert all(d["index"] == 0 for d in deltas) and all("id" not in d for d in deltas[1:])
+    assert "".join(d["function"]["arguments"] for d in deltas) == args
+    assert chunks[-1]["choices"][0]["finish_reason"] == "stop"

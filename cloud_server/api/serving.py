@@ -266,7 +266,7 @@ class OpenAIServing:
                 if text or entries:  # each chunk carries the entries of its tokens
                     yield writer.text(text, self._logprobs(prepared, entries), index=i)
                 for delta in readers[i].take_deltas() if readers else ():
-                    yield writer.tool_call(delta, 0, index=i)  # a named function's arguments
+                    yield writer.tool_call(delta, index=i)  # a forced call's start, its arguments
                 if out.finished:
                     reason = out.finish_reason or "stop"
                     if readers:
@@ -274,7 +274,7 @@ class OpenAIServing:
                         if rest:
                             yield writer.text(rest, index=i)
                         for position, call in enumerate(calls[readers[i].streamed:], readers[i].streamed):
-                            yield writer.tool_call(call, position, index=i)
+                            yield writer.tool_call({"index": position, **call}, index=i)
                     yield writer.finish(reason, index=i)
             lasts = choices.lasts
             if prepared.include_usage and all(last is not None for last in lasts):

@@ -12,11 +12,12 @@ read back as tool calls.
   ``parameters`` schema: a JSON array of ``{"name", "arguments"}`` for ``"required"`` (one
   item when ``parallel_tool_calls`` is false), the arguments object alone for a named function.
   ``"none"``: the tools are not shown to the model and its answer is text.
-- Streamed, a named function's arguments stream as they come (its first delta carries the call's
-  id and name), as OpenAI streams them and as partial-object clients read them. An auto answer's
-  text streams until a call begins; its calls, and "required"'s, come whole, one delta per call,
-  when the choice ends (they are read from the whole answer). An auto answer that starts with
-  ``{`` or a JSON block may be a bare call: it is held and sent whole at its end.
+- Streamed, a forced call's arguments stream as they come (a call's first delta carries its
+  index, id and name; "required"'s calls begin one after another as each name is out), as OpenAI
+  streams them and as partial-object clients read them. An auto answer's text streams until a
+  call begins; its calls come whole, one delta per call, when the choice ends (they are read from
+  the whole answer). An auto answer that starts with ``{`` or a JSON block may be a bare call: it
+  is held and sent whole at its end.
 """
 
 from __future__ import annotations
@@ -208,11 +209,97 @@ def _call(name: str, arguments: str, call_id: str | None = None) -> dict[str, An
             "function": {"name": name, "arguments": arguments}}
 
 
+# an item of "required"'s array up to its arguments' value: the grammar writes the keys in this order
+_ITEM_HEAD = re.compile(r'\s*[\[,]\s*\{\s*"name"\s*:\s*"([A-Za-z0-9_-]{1,64})"\s*,\s*"arguments"\s*:\s*')
+_ITEM_TAIL = re.compile(r"\s*\}")
+
+
+class _CallArray:
+    """"required"'s answer, ``[{"name": ..., "arguments": ...}, ...]``, read as it is written: each
+    call begins when its name is out and its arguments follow as they come. Its grammar fixes the
+    shape (key order, JSON), so a header read once is never taken back."""
+
+    def __init__(self) -> None:
+        self.text = ""
+        self.calls: list[dict[str, Any]] = []
+        self._at = 0  # how far the text is read
+        self._phase = "head"  # head: before an item's arguments; args: inside them; tail: after
+        self._depth = 0
+        self._started = False  # the arguments' value has begun
+        self._in_string = self._escaped = False
+
+    def feed(self, delta: str) -> list[dict[str, Any]]:
+        """The deltas ``delta`` completes: a call's start (id, name) and its arguments' text."""
+        self.text += delta
+        out: list[dict[str, Any]] = []
+        while self._at < len(self.text):
+            if self._phase == "head":
+                found = _ITEM_HEAD.match(self.text, self._at)
+                if found is None:
+                    break  # not whole yet (or the array's end)
+                call = _call(found.group(1), "")
+                self.calls.append(call)
+                out.append({"index": len(self.calls) - 1, **call, "function": dict(call["function"])})
+                self._at, self._phase, self._depth, self._started = found.end(), "args", 0, False
+            elif self._phase == "args":
+                if not self._started:  # whitespace before the value is not the arguments'
+                    while self._at < len(self.text) and self.text[self._at] in " \t\r\n":
+                        self._at += 1
+                    if self._at == len(self.text):
+                        break
+                    self._started = True
+                start = self._at
+                while self._at < len(self.text) and self._phase == "args":
+                    self._step(self.text[self._at])
+                piece = self.text[start:self._at]
+                if piece:
+                    self.calls[-1]["function"]["arguments"] += piece
+                    out.append({"index": len(self.calls) - 1, "function": {"arguments": piece}})
+            else:
+                found = _ITEM_TAIL.match(self.text, self._at)
+                if found is None:
+                    break
+                self._at, self._phase = found.end(), "head"
+        return out
+
+    def _step(self, ch: str) -> None:
+        """One character of an arguments value (an object, as OpenAI's parameters are; any JSON
+        value is followed): the value ends where its brackets close, or its string or scalar ends."""
+        if self._in_string:
+            if self._escaped:
+                self._escaped = False
+            elif ch == "\\":
+                self._escaped = True
+            elif ch == '"':
+                self._in_string = False
+                if self._depth == 0:  # a string value: it ends here
+                    self._at += 1
+                    self._phase = "tail"
+                    return
+            self._at += 1
+            return
+        if ch in "{[":
+            self._depth += 1
+        elif ch in "}]" or (ch in ", \t\r\n" and self._depth == 0):
+            if self._depth == 0:  # a scalar's end: the delimiter is not the value's
+                self._phase = "tail"
+                return
+            self._depth -= 1
+            if self._depth == 0:
+                self._at += 1
+                self._phase = "tail"
+                return
+        elif ch == '"':
+            self._in_string = True
+        self._at += 1
+
+
 @dataclass
 class ToolCallReader:
     """One choice's answer read as it streams: ``feed`` gives the text that may go out now (an
     auto answer's text before its first call; a prefix of ``<tool_call>`` is held back until it
-    is told apart), ``take_deltas`` the tool-call deltas that may (a named function's arguments),
+    is told apart), ``take_deltas`` the tool-call deltas that may (a forced call's start and its
+    arguments),
     ``finish`` the rest: ``(text, calls, finish_reason)``; the first ``streamed`` calls were begun
     by deltas already."""
 
@@ -224,6 +311,7 @@ class ToolCallReader:
     _id: str = field(default_factory=lambda: _call_id())
     _deltas: list[dict[str, Any]] = field(default_factory=list)
     streamed: int = 0  # calls already begun by deltas (their whole form is not sent again)
+    _array: _CallArray | None = None  # "required"'s answer, read as it comes
 
     def feed(self, delta: str) -> str:
         if self.plan.mode == "named":  # all of it is the arguments: they stream as they come
@@ -233,10 +321,17 @@ class ToolCallReader:
                 return ""
             if start:
                 self.streamed = 1
-                self._deltas.append({"id": self._id, "type": "function",
+                self._deltas.append({"index": 0, "id": self._id, "type": "function",
                                      "function": {"name": self.plan.name, "arguments": self._held.lstrip()}})
             elif delta:
-                self._deltas.append({"function": {"arguments": delta}})
+                self._deltas.append({"index": 0, "function": {"arguments": delta}})
+            return ""
+        if self.plan.mode == "required":  # each call begins once its name is out, then its arguments
+            if self._array is None:
+                self._array = _CallArray()
+            self._held += delta
+            self._deltas += self._array.feed(delta)
+            self.streamed = len(self._array.calls)
             return ""
         if self.plan.mode != "auto":
             self._held += delta
@@ -262,7 +357,7 @@ class ToolCallReader:
         return self._send(text[:len(text) - keep])
 
     def take_deltas(self) -> list[dict[str, Any]]:
-        """The tool-call deltas ready to go out (a named function's arguments, as they come)."""
+        """The tool-call deltas ready to go out (a forced call's start, its arguments as they come)."""
         out, self._deltas = self._deltas, []
         return out
 
@@ -277,11 +372,11 @@ class ToolCallReader:
         if self.plan.mode == "named":  # its arguments as written (cut short where max_tokens cut them)
             assert self.plan.name is not None
             return "", [_call(self.plan.name, self._held.strip(), self._id)], reason
-        if self.plan.mode == "required":
-            calls = _array_calls(self._held)
-            if calls is None:  # cut short (max_tokens): no call can be read, the text is the answer
+        if self.plan.mode == "required":  # the calls as written (the last cut where max_tokens cut it)
+            made = self._array.calls if self._array is not None else []
+            if not made:  # cut short before a call's name: the text is the answer
                 return self._send(self._held), [], reason
-            return "", calls, "tool_calls" if reason == "stop" else reason
+            return "", made, "tool_calls" if reason == "stop" else reason
         rest = self._held
         if self._calls_text is not None:
             calls = _tagged_calls(self._calls_text, {t["function"]["name"] for t in self.plan.tools})
@@ -295,16 +390,6 @@ class ToolCallReader:
         """The whole text sent (an answer that only called has none: null, as OpenAI's)."""
         text = "".join(self._sent)
         return text if text.strip() else None
-
-
-def _array_calls(text: str) -> list[dict[str, Any]] | None:
-    try:
-        items = json.loads(text)
-    except ValueError:
-        return None
-    if not isinstance(items, list) or not all(isinstance(i, dict) and "name" in i for i in items):
-        return None
-    return [_call(item["name"], json.dumps(item["arguments"], ensure_ascii=False)) for item in items]
 
 
 def _tagged_calls(text: str, names: set[str]) -> list[dict[str, Any]] | None:

@@ -136,9 +136,10 @@ class ChunkWriter:
         """A text delta; ``logprobs``: the entries of the tokens it carries (cloud server only)."""
         return self._event(text, None, logprobs=logprobs, index=index)
 
-    def tool_call(self, call: dict[str, Any], position: int, index: int = 0) -> str:
-        """One whole tool call of the answer (``position``: its place among the answer's calls)."""
-        delta = {"tool_calls": [{"index": position, **call}]}
+    def tool_call(self, call: dict[str, Any], index: int = 0) -> str:
+        """One tool-call delta of the answer (its ``index``: the call's place among the answer's
+        calls): a whole call, or a call's start or more of its arguments (cloud server only)."""
+        delta = {"tool_calls": [call]}
         event = {**self.base, "choices": [{"index": index, "delta": delta, "logprobs": None,
                                            "finish_reason": None}]}
         return sse_event({**event, "usage": None} if self.include_usage else event)

@@ -114,6 +114,21 @@ def test_required_and_named_choices_always_call_with_valid_arguments(client) -> 
         temperature=0,
     )
     assert len(calls_of(one.choices[0].message)) == 1
+    # streamed, each call begins once its name is out and its arguments follow as they come
+    stream = client.chat.completions.create(
+        model=MODEL,
+        messages=ask,
+        tools=[WEATHER, ADD],
+        tool_choice="required",
+        max_tokens=120,
+        temperature=0,
+        stream=True,
+    )
+    deltas = [t for c in stream if c.choices for t in c.choices[0].delta.tool_calls or []]
+    starts = [d for d in deltas if d.id]
+    assert [d.index for d in starts] == [0, 1] and len(deltas) > 4
+    joined = ["".join(d.function.arguments or "" for d in deltas if d.index == i) for i in (0, 1)]
+    assert [json.loads(a) for a in joined] == [args for _, args in calls]
     # a named function, even one the question does not need: its arguments fit its schema
     named = client.chat.completions.create(
         model=MODEL,

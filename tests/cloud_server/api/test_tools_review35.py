@@ -375,11 +375,47 @@ def test_forced_answers_are_calls() -> None:
         [("add", {"a": 1, "b": 2}), ("get_weather", {"city": "Rome"})],
         "tool_calls",
     )
-    cut = '[{"name": "add", "arguments": {"a": 1'
-    assert read(required, [cut], reason="length") == (cut, cut, [], "length")
+    # whitespace anywhere the grammar allows it (a newline and an indent), one character at a time
+    spaced = '[\n  {\n    "name": "add",\n    "arguments": {\n      "a": 1,\n      "b": 2\n    }\n  }\n]'
+    assert read(required, chars(spaced))[2:] == ([("add", {"a": 1, "b": 2})], "tool_calls")
+    # cut short by max_tokens: the calls written so far, the last with its arguments so far (as a
+    # named function's); cut before any call's name, the text is the answer
+    reader = required.reader()
+    reader.feed('[{"name": "add", "arguments": {"a": 1, "b": 2}}, {"name": "add", "arguments": {"a": 1')
+    _, calls, reason = reader.finish("length")
+    assert [c["function"]["arguments"] for c in calls] == [
+        '{"a": 1, "b": 2}',
+        '{"a": 1',
+    ] and reason == "length"
+    assert read(required, ['[{"name": "ad'], reason="length") == (
+        '[{"name": "ad',
+        '[{"name": "ad',
+        [],
+        "length",
+    )
     named = ToolPlan([WEATHER, ADD], "named", "add")
     # OpenAI's finish for a named function is "stop"
     assert read(named, chars('{"a": 1, "b": 2}')) == ("", None, [("add", {"a": 1, "b": 2})], "stop")
+
+
+def test_required_calls_stream_as_they_come() -> None:
+    reader = ToolPlan([WEATHER, ADD], "required").reader()
+    answer = (
+        '[{"name": "get_weather", "arguments": {"city": "Ro\\"me}"}}, '
+        '{"name": "add", "arguments": {"a": [1]}}]'
+    )
+    deltas = []
+    for ch in answer:
+        reader.feed(ch)
+        deltas += reader.take_deltas()
+    starts = [d for d in deltas if "id" in d]
+    assert [(d["index"], d["function"]["name"]) for d in starts] == [(0, "get_weather"), (1, "add")]
+    # a call's start comes before its arguments, which come a character at a time here
+    args = {i: "".join(d["function"]["arguments"] for d in deltas if d["index"] == i) for i in (0, 1)}
+    assert args == {0: '{"city": "Ro\\"me}"}', 1: '{"a": [1]}'}  # a quote and a brace inside a string
+    _, calls, reason = reader.finish("stop")
+    assert reader.streamed == 2 and [c["id"] for c in calls] == [d["id"] for d in starts]
+    assert [c["function"]["arguments"] for c in calls] == [args[0], args[1]] and reason == "tool_calls"
 
 
 def test_a_named_functions_arguments_stream_as_they_come() -> None:
@@ -392,7 +428,9 @@ def test_a_named_functions_arguments_stream_as_they_come() -> None:
     first = deltas[1][0]
     assert first["type"] == "function" and first["function"] == {"name": "add", "arguments": '{"a"'}
     rest = [d["function"]["arguments"] for batch in deltas[2:] for d in batch]
-    assert rest == [": 1,", ' "b": 2', "}"] and all(set(d) == {"function"} for b in deltas[2:] for d in b)
+    assert rest == [": 1,", ' "b": 2', "}"] and all(
+        set(d) == {"index", "function"} for b in deltas[2:] for d in b
+    )
     _, calls, reason = reader.finish("stop")
     assert reader.streamed == 1 and calls[0]["id"] == first["id"]  # the same call, not sent again
     assert calls[0]["function"]["arguments"] == '{"a": 1, "b": 2}' and reason == "stop"

@@ -172,25 +172,25 @@ def _build_router(app: FastAPI, checker: ApiKeyChecker, max_body_bytes: int) -> 
     top = APIRouter(dependencies=[Depends(require_key)])
     util_errors = _errors(400, *auth, 404, 408, 413, 500, 503)
 
-    @top.post("/tokenize", openapi_extra=request_body(TokenizeRequest, defs),
-              responses={200: {"model": Tokenized}, **util_errors})
-    async def tokenize(request: Request) -> Any:
+    async def tokenizer_answer(request: Request, body_type: type[TokenizeRequest] | type[DetokenizeRequest]
+                               ) -> Any:
         state.drain.check_open()
-        req = await _parse(request, TokenizeRequest, max_body_bytes, state.drain)
+        req = await _parse(request, body_type, max_body_bytes, state.drain)
         serving = state.ready_serving()
         if req.model is not None:
             state.check_model(req.model)
-        return JSONResponse(await asyncio.to_thread(serving.tokenize, req))
+        answer = serving.tokenize if isinstance(req, TokenizeRequest) else serving.detokenize
+        return JSONResponse(await asyncio.to_thread(answer, req))  # type: ignore[arg-type]
+
+    @top.post("/tokenize", openapi_extra=request_body(TokenizeRequest, defs),
+              responses={200: {"model": Tokenized}, **util_errors})
+    async def tokenize(request: Request) -> Any:
+        return await tokenizer_answer(request, TokenizeRequest)
 
     @top.post("/detokenize", openapi_extra=request_body(DetokenizeRequest, defs),
               responses={200: {"model": Detokenized}, **util_errors})
     async def detokenize(request: Request) -> Any:
-        state.drain.check_open()
-        req = await _parse(request, DetokenizeRequest, max_body_bytes, state.drain)
-        serving = state.ready_serving()
-        if req.model is not None:
-            state.check_model(req.model)
-        return JSONResponse(await asyncio.to_thread(serving.detokenize, req))
+        return await tokenizer_answer(request, DetokenizeRequest)
 
     app.include_router(top)
     add_schemas(app, defs)

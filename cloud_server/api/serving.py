@@ -18,6 +18,7 @@ from typing import Any
 from cloud_server.energy import energy_report, joules_of
 from cloud_server.engine.sampling_params import SamplingParams
 from cloud_server.exceptions import ContextLengthError, InvalidRequestError, ServerError
+from hybridllm._message_text import valid_text
 from hybridllm.wire.responses import (
     DONE,
     ChunkWriter,
@@ -179,7 +180,7 @@ class OpenAIServing:
         else:  # as /v1/completions reads it (its BOS too, unless add_special_tokens is false)
             ids = list(tokenizer.encode(req.prompt) if req.add_special_tokens
                        else tokenizer.encode(req.prompt, add_special=False))
-        strs = [tokenizer.decode([i]) for i in ids] if req.return_token_strs else None
+        strs = [valid_text(tokenizer.decode([i])) for i in ids] if req.return_token_strs else None
         return {"count": len(ids), "max_model_len": int(self.engine.max_model_len), "tokens": ids,
                 "token_strs": strs}
 
@@ -191,7 +192,8 @@ class OpenAIServing:
             if size is not None and token >= size:
                 raise InvalidRequestError(f"Invalid 'tokens[{i}]': {token} is not a token id of this model "
                                           f"(its vocabulary is 0..{size - 1}).", param=f"tokens[{i}]")
-        return {"prompt": tokenizer.decode(list(req.tokens))}
+        # a decoder that writes half a surrogate pair must not fail the answer's UTF-8
+        return {"prompt": valid_text(tokenizer.decode(list(req.tokens)))}
 
     async def admit(self, prepared: Prepared) -> Choices:
         def timer() -> RequestTimer:  # one per choice: each is an engine request in /metrics

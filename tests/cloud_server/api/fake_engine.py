@@ -20,8 +20,10 @@ REPLY = "Hello from the fake engine. "
 
 class CharTokenizer:
     eos_token_ids = [0]
+    vocab_size = 0x110000  # one id a Unicode code point
 
-    def encode(self, text: str) -> list[int]:
+    def encode(self, text: str, add_special: bool = True) -> list[int]:
+        # the engine tokenizers' signature (no BOS here either way)
         return [ord(ch) for ch in text]
 
     def decode(self, ids: list[int]) -> str:

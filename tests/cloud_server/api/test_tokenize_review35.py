@@ -84,3 +84,19 @@ def test_the_openapi_document_lists_them(client: Any) -> None:
     paths = client.get("/openapi.json").json()["paths"]
     for path in ("/tokenize", "/detokenize"):
         assert {"200", "400", "401", "404", "503"} <= set(paths[path]["post"]["responses"]), path
+
+
+def test_ids_that_make_no_text_are_refused_or_replaced(client: Any) -> None:
+    # found by the fuzzer: an id past the vocabulary was a 500, and so was a text the JSON answer
+    # could not encode (the fake reads id 0xD800 as half a surrogate pair)
+    r = client.post("/detokenize", json={"tokens": [0x110000]}, headers=AUTH)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "tokens[0]", r.text
+    assert client.post("/detokenize", json={"tokens": [97, 0xD800]}, headers=AUTH).json() == {
+        "prompt": "a\ufffd"
+    }
+    r = client.post(
+        "/tokenize",
+        json={"prompt": "ab", "add_special_tokens": False, "return_token_strs": True},
+        headers=AUTH,
+    )
+    assert r.json()["token_strs"] == ["a", "b"], r.text

@@ -23,6 +23,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, PrivateAttr, field_validator, model_validator
 
 from cloud_server.engine.sampling_params import MAX_LOGIT_BIAS
+from hybridllm._types import MAX_MODEL_CHARS
 from hybridllm.wire.errors import WireError
 from hybridllm.wire.fields import _INTEGRAL, INT32_MAX, TokenId, Unit, _Strict
 from hybridllm.wire.requests import (
@@ -282,7 +283,7 @@ class TokenizeRequest(_Strict):
     ``messages`` (and ``tools``), rendered and tokenized as ``/v1/chat/completions`` does, so its
     ``count`` is that request's ``usage.prompt_tokens``."""
 
-    model: Annotated[str, Field(min_length=1, max_length=256)] | None = None
+    model: Annotated[str, Field(min_length=1, max_length=MAX_MODEL_CHARS)] | None = None
     prompt: str | None = None
     messages: Annotated[list[dict[str, Any]], Field(min_length=1)] | None = None
     tools: list[dict[str, Any]] | None = None
@@ -311,7 +312,7 @@ class TokenizeRequest(_Strict):
 class DetokenizeRequest(_Strict):
     """vLLM's ``/detokenize`` body: token ids of this model's vocabulary."""
 
-    model: Annotated[str, Field(min_length=1, max_length=256)] | None = None
+    model: Annotated[str, Field(min_length=1, max_length=MAX_MODEL_CHARS)] | None = None
     tokens: list[TokenId]
 
 

@@ -45,7 +45,7 @@ from .metrics import ServerMetrics
 from .protocol import CloudChatCompletionRequest as ChatCompletionRequest
 from .protocol import CloudCompletionRequest as CompletionRequest
 from .protocol import DetokenizeRequest, TokenizeRequest
-from .serving import Engine
+from .serving import Engine, OpenAIServing
 
 R = TypeVar("R", bound=BaseModel)
 
@@ -172,25 +172,25 @@ def _build_router(app: FastAPI, checker: ApiKeyChecker, max_body_bytes: int) -> 
     top = APIRouter(dependencies=[Depends(require_key)])
     util_errors = _errors(400, *auth, 404, 408, 413, 500, 503)
 
-    async def tokenizer_answer(request: Request, body_type: type[TokenizeRequest] | type[DetokenizeRequest]
-                               ) -> Any:
+    async def tokenizer_answer(request: Request, body_type: type[R],
+                               answer: Callable[[OpenAIServing, R], dict[str, Any]]) -> Any:
         state.drain.check_open()
         req = await _parse(request, body_type, max_body_bytes, state.drain)
         serving = state.ready_serving()
-        if req.model is not None:
-            state.check_model(req.model)
-        answer = serving.tokenize if isinstance(req, TokenizeRequest) else serving.detokenize
-        return JSONResponse(await asyncio.to_thread(answer, req))  # type: ignore[arg-type]
+        model = getattr(req, "model", None)
+        if model is not None:
+            state.check_model(model)
+        return JSONResponse(await asyncio.to_thread(answer, serving, req))
 
     @top.post("/tokenize", openapi_extra=request_body(TokenizeRequest, defs),
               responses={200: {"model": Tokenized}, **util_errors})
     async def tokenize(request: Request) -> Any:
-        return await tokenizer_answer(request, TokenizeRequest)
+        return await tokenizer_answer(request, TokenizeRequest, OpenAIServing.tokenize)
 
     @top.post("/detokenize", openapi_extra=request_body(DetokenizeRequest, defs),
               responses={200: {"model": Detokenized}, **util_errors})
     async def detokenize(request: Request) -> Any:
-        return await tokenizer_answer(request, DetokenizeRequest)
+        return await tokenizer_answer(request, DetokenizeRequest, OpenAIServing.detokenize)
 
     app.include_router(top)
     add_schemas(app, defs)

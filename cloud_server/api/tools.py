@@ -308,7 +308,7 @@ class ToolCallReader:
     _calls_text: str | None = None  # from the first <tool_call> on (auto); all of it (forced)
     _sent: list[str] = field(default_factory=list)
     # a named function's call streams: its id, and the argument deltas not yet taken
-    _id: str = field(default_factory=lambda: _call_id())
+    _id: str = field(default_factory=_call_id)
     _deltas: list[dict[str, Any]] = field(default_factory=list)
     streamed: int = 0  # calls already begun by deltas (their whole form is not sent again)
     _array: _CallArray | None = None  # "required"'s answer, read as it comes

@@ -118,11 +118,14 @@ class ChunkWriter:
         }
 
     def _event(self, text: str | None, finish: str | None, role: bool = False,
-               logprobs: dict[str, Any] | None = None, index: int = 0, **extra: Any) -> str:
+               logprobs: dict[str, Any] | None = None, index: int = 0,
+               tool_calls: list[dict[str, Any]] | None = None, **extra: Any) -> str:
         if self.chat:
             delta: dict[str, Any] = {"role": "assistant"} if role else {}
             if text is not None:
                 delta["content"] = text
+            if tool_calls is not None:
+                delta["tool_calls"] = tool_calls
             choice = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
         else:
             choice = {"index": index, "text": text or "", "logprobs": logprobs, "finish_reason": finish}
@@ -139,10 +142,7 @@ class ChunkWriter:
     def tool_call(self, call: dict[str, Any], index: int = 0) -> str:
         """One tool-call delta of the answer (its ``index``: the call's place among the answer's
         calls): a whole call, or a call's start or more of its arguments (cloud server only)."""
-        delta = {"tool_calls": [call]}
-        event = {**self.base, "choices": [{"index": index, "delta": delta, "logprobs": None,
-                                           "finish_reason": None}]}
-        return sse_event({**event, "usage": None} if self.include_usage else event)
+        return self._event(None, None, index=index, tool_calls=[call])
 
     def finish(self, reason: str, index: int = 0, **extra: Any) -> str:
         return self._event(None, reason, index=index, **extra)

@@ -30,6 +30,7 @@ from ._exceptions import (
     RouterFileError,
     StreamConsumedError,
 )
+from ._tools import Function, ToolCall, ToolCallDelta
 from ._types import Chunk, Completion, Decision, GenerationParams, Usage
 from .backends.base import Backend, Delta
 
@@ -56,6 +57,7 @@ __all__ = [
     "Delta",
     "EdgeBusyError",
     "EdgeError",
+    "Function",
     "GenerationParams",
     "HybridLLM",
     "HybridLLMError",
@@ -68,6 +70,8 @@ __all__ = [
     "RouterFileError",
     "Stream",
     "StreamConsumedError",
+    "ToolCall",
+    "ToolCallDelta",
     "Usage",
     "__version__",
 ]

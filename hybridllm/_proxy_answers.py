@@ -77,6 +77,7 @@ def _completion_json(c: Completion, model: str, usage: dict[str, int]) -> dict[s
     return chat_completion(
         id=f"chatcmpl-{uuid.uuid4().hex[:24]}", created=int(time.time()), model=model,
         text=c.text, finish_reason=c.finish_reason, usage=usage, hybridllm=_trace(c, usage),
+        tool_calls=[call.to_dict() for call in c.tool_calls] or None,
     )
 
 
@@ -88,6 +89,8 @@ async def _sse(first: Chunk, stream: Any, rest: AsyncIterator[Chunk], writer: Ch
         while chunk is not None:
             if chunk.text:
                 yield writer.text(chunk.text)
+            for piece in chunk.tool_calls:  # a tool call's start or more of its arguments
+                yield writer.tool_call(piece.to_dict())
             if chunk.completion is not None:
                 c = chunk.completion
                 usage = await usage_of(c)

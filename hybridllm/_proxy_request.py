@@ -10,7 +10,7 @@ from ._types import (
     MAX_STOP,  # the library's bound (OpenAI's 4), not the wire's 32
     )
 from .wire import ChatCompletionRequest, WireError
-from .wire.requests import _STREAM_RULE
+from .wire.requests import _STREAM_RULE, checked_calls, checked_tools, tool_choice_of
 
 
 class HybridOptions(BaseModel):
@@ -51,6 +51,34 @@ def _schema_extra(schema: dict[str, Any]) -> None:
 class ProxyChatRequest(ChatCompletionRequest):
     model_config = ConfigDict(json_schema_extra=_schema_extra)
     hybridllm: HybridOptions | None = None
+    # function calling: passed to the cloud model, the only one that calls tools (README)
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: Literal["none", "auto", "required"] | dict[str, Any] | None = None
+
+    # same names as the wire model's refusing validators: these replace them
+    @field_validator("tools")
+    @classmethod
+    def _no_tools(cls, value: list[Any] | None) -> list[dict[str, Any]] | None:
+        return checked_tools(value) if value is not None else value
+
+    @field_validator("tool_choice")
+    @classmethod
+    def _no_tool_choice(cls, value: Any) -> Any:
+        return value
+
+    @model_validator(mode="after")
+    def _tools_fit(self) -> ProxyChatRequest:
+        """``tool_choice`` names a given tool; forced calls follow their own schema, not a format;
+        and each earlier call in the conversation is whole (a 400 naming it)."""
+        mode, _ = tool_choice_of(self.tool_choice, self.tools)
+        if mode != "none" and self.response_format is not None and self.response_format.type != "text":
+            raise WireError("tools cannot be combined with response_format (a call's arguments follow "
+                            "the tool's own parameters schema): send one, or tool_choice 'none'.",
+                            param="response_format")
+        for i, m in enumerate(self.messages):
+            if m.role == "assistant" and m.tool_calls:
+                checked_calls(m.tool_calls, f"messages[{i}].tool_calls")
+        return self
     @model_validator(mode="after")
     def _needs_a_user_turn(self) -> ProxyChatRequest:
         if not any(m.role == "user" for m in self.messages):
@@ -98,6 +126,17 @@ class ProxyChatRequest(ChatCompletionRequest):
             raise ValueError("ignore_eos is not supported by this server")
         return value
 
+    def chat_messages(self) -> list[dict[str, Any]]:
+        """The wire's messages, with what ties calls and results together: an assistant turn's
+        ``tool_calls`` and a tool turn's ``tool_call_id`` (the cloud model reads them)."""
+        out: list[dict[str, Any]] = list(super().chat_messages())
+        for m, turn in zip(self.messages, out, strict=True):
+            if m.role == "assistant" and m.tool_calls:
+                turn["tool_calls"] = m.tool_calls
+            if m.role == "tool" and m.tool_call_id is not None:
+                turn["tool_call_id"] = m.tool_call_id
+        return out
+
     def chat_options(self) -> dict[str, Any]:
         """Keyword options for ``HybridLLM.chat``: sampling, then routing."""
         opts: dict[str, Any] = {
@@ -116,6 +155,9 @@ class ProxyChatRequest(ChatCompletionRequest):
                                 if self.response_format is not None and self.response_format.type != "text"
                                 else None),
         }
+        if self.tools is not None:
+            opts.update(tools=self.tools, tool_choice=self.tool_choice,
+                        parallel_tool_calls=self.parallel_tool_calls)
         opts = {k: v for k, v in opts.items() if v is not None}
         if self.hybridllm is not None:
             opts.update(self.hybridllm.model_dump(exclude_none=True))

@@ -6,10 +6,13 @@ import math
 import numbers
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field, fields
-from typing import Any, TypeGuard
+from typing import TYPE_CHECKING, Any, TypeGuard
 
 from ._exceptions import InvalidRequestError
 from .prompts import checked_text, text_of_content
+
+if TYPE_CHECKING:
+    from ._tools import ToolCall, ToolCallDelta
 
 Message = dict[str, Any]  # OpenAI shape: {"role": "user", "content": "..."}
 Messages = list[Message]
@@ -67,7 +70,19 @@ def normalize_messages(messages: str | Sequence[Message], *, allow_empty: bool =
         if role == "user" and not content.strip() and not allow_empty:  # as chat("") is refused
             raise InvalidRequestError(f"messages[{i}] is a user turn without text: write the question "
                                       "in its content, or leave the message out.")
-        out.append({"role": "system" if role == "developer" else role, "content": content})
+        turn: Message = {"role": "system" if role == "developer" else role, "content": content}
+        # function calling: an answer's calls and a tool's result keep what ties them together
+        # (the cloud's template shows the model which call each result answers)
+        if role == "assistant" and msg.get("tool_calls"):
+            from ._tools import check_calls
+
+            turn["tool_calls"] = check_calls(msg["tool_calls"], f"messages[{i}]['tool_calls']")
+        if role == "tool" and msg.get("tool_call_id") is not None:
+            if not isinstance(msg["tool_call_id"], str):
+                raise InvalidRequestError(f"messages[{i}]['tool_call_id'] must be a string (the id of "
+                                          "the call it answers).")
+            turn["tool_call_id"] = msg["tool_call_id"]
+        out.append(turn)
     if not any(m["role"] == "user" for m in out):
         raise InvalidRequestError("The messages hold no user turn: add {'role': 'user', ...}.")
     return out
@@ -112,8 +127,12 @@ USER_TEXT = {"user_text": True}
 
 def _size_of(value: Any) -> str:
     """What a repr shows for user text: how much there is, not what it says."""
+    if value is None:
+        return "None"
     if isinstance(value, str):
         return f"<{len(value)} chars>"
+    if isinstance(value, tuple) and value and all(isinstance(t, dict) for t in value):  # tools
+        return f"<{len(value)} tool{'' if len(value) == 1 else 's'}>"
     if isinstance(value, list):  # messages
         chars = sum(len(str(m.get("content", ""))) if isinstance(m, dict) else len(str(m)) for m in value)
         return f"<{len(value)} message{'' if len(value) == 1 else 's'}, {chars} chars>"
@@ -168,6 +187,12 @@ class GenerationParams:
     # structured output: OpenAI's response_format, kept normalized (the core's Grammar.response_format);
     # None for plain text. compare-only, not hashed: a dict has no hash
     response_format: dict[str, Any] | None = field(default=None, hash=False)
+    # function calling (hybridllm._tools): OpenAI's tools, kept checked as a tuple; tool_choice
+    # "none" / "auto" (the default with tools) / "required" / {"type": "function", "function":
+    # {"name": ...}}; parallel_tool_calls False: at most one call. Only the cloud model calls tools
+    tools: tuple[dict[str, Any], ...] | None = field(default=None, hash=False, metadata=USER_TEXT)
+    tool_choice: str | dict[str, Any] | None = field(default=None, hash=False)
+    parallel_tool_calls: bool | None = None
 
     __repr__ = private_repr
 
@@ -214,6 +239,7 @@ class GenerationParams:
             raise InvalidRequestError(f"logprobs must be true or false, got {self.logprobs!r}.")
         object.__setattr__(self, "stop", stop)
         object.__setattr__(self, "response_format", _normalized_format(self.response_format))
+        self._check_tools()
         # ... and kept as Python's own, a float field as a float: temperature=0 and 0.0 key one cache
         # bucket (the key is JSON: "0" and "0.0" were two), and a cloud's JSON body can hold them
         for name in ("max_tokens", "top_k", "seed"):
@@ -222,6 +248,21 @@ class GenerationParams:
         for name in ("temperature", "top_p", "min_p", "repeat_penalty", "presence_penalty",
                      "frequency_penalty"):
             object.__setattr__(self, name, float(getattr(self, name)))
+
+    def _check_tools(self) -> None:
+        """``tools``, ``tool_choice`` and ``parallel_tool_calls`` checked, the tools kept as a tuple."""
+        from ._tools import check_tools, tool_choice_mode
+
+        tools = None if self.tools is None else tuple(check_tools(self.tools))
+        tool_choice_mode(self.tool_choice, list(tools or ()))
+        if self.parallel_tool_calls is not None and not isinstance(self.parallel_tool_calls, bool):
+            raise InvalidRequestError(
+                f"parallel_tool_calls must be true or false, got {self.parallel_tool_calls!r}.")
+        if tools is not None and self.response_format is not None and self.tool_choice != "none":
+            raise InvalidRequestError("tools cannot be combined with response_format (a call's arguments "
+                                      "follow the tool's own parameters schema): send one, or "
+                                      "tool_choice='none'.")
+        object.__setattr__(self, "tools", tools)
 
     @property
     def is_sampled(self) -> bool:
@@ -256,6 +297,12 @@ class GenerationParams:
             del key["response_format"]
         else:
             key["response_format"] = grammar_of(self.response_format).key
+        # (a request with tools is never cached; its key still tells it apart)
+        for name in ("tools", "tool_choice", "parallel_tool_calls"):
+            if key[name] is None:
+                del key[name]
+        if self.tools is not None:
+            key["tools"] = list(self.tools)
         return key
 
 
@@ -420,8 +467,20 @@ class Completion:
     region: str | None = None
     co2_g: float | None = None
     co2_saved_g: float | None = None  # against always using the fastest cloud endpoint
+    # the functions the answer calls (a request with tools; finish_reason "tool_calls"), in order
+    tool_calls: list[ToolCall] = field(default_factory=list)
 
     __repr__ = private_repr
+
+    def message(self) -> Message:
+        """The answer as the assistant turn to append to the conversation (OpenAI's shape): its
+        text, and its ``tool_calls`` when it calls tools; then each call's result as a ``tool``
+        turn, and ask again."""
+        out: Message = {"role": "assistant", "content": self.text}
+        if self.tool_calls:
+            out["content"] = self.text or None
+            out["tool_calls"] = [call.to_dict() for call in self.tool_calls]
+        return out
 
     @property
     def parsed(self) -> Any:
@@ -464,11 +523,17 @@ class Chunk:
     model: str
     finish_reason: str | None = None
     completion: Completion | None = None  # set on the last chunk: the whole answer and its trace
+    # pieces of the answer's tool calls, as OpenAI streams them (a call's first piece names it,
+    # later ones add to its arguments); the last chunk's completion has them whole
+    tool_calls: list[ToolCallDelta] = field(default_factory=list)
 
     __repr__ = private_repr
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready, as :meth:`Completion.to_dict` (the last chunk's ``completion`` in that form)."""
-        return {"text": self.text, "route": self.route, "model": self.model,
-                "finish_reason": self.finish_reason,
-                "completion": self.completion.to_dict() if self.completion is not None else None}
+        out: dict[str, Any] = {"text": self.text, "route": self.route, "model": self.model,
+               "finish_reason": self.finish_reason,
+               "completion": self.completion.to_dict() if self.completion is not None else None}
+        if self.tool_calls:
+            out["tool_calls"] = [d.to_dict() for d in self.tool_calls]
+        return out

@@ -189,6 +189,11 @@ def create_app(llm: HybridLLM, *, model_name: str = "hybridllm", api_keys: list[
 
         req = await asyncio.to_thread(decode) if is_large(body) else decode()
         messages, opts = req.chat_messages(), req.chat_options()
+        if "tools" in opts and llm._core.cloud is None:
+            raise WireError("tools need a cloud endpoint (only the cloud model calls them), and this "
+                            "server has none: start `hybridllm serve` with --cloud-url URL (or set "
+                            "cloud_url in its config file or HYBRIDLLM_CLOUD_URL), or leave out tools.",
+                            param="tools")
         if opts.get("route") == "cloud" and llm._core.cloud is None:
             # the library's own refusal says "pass cloud_url=...", a keyword no HTTP client or
             # operator of this server can pass: name the server's setting

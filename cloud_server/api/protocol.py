@@ -144,10 +144,7 @@ class CloudChatCompletionRequest(_StructuredMixin, ChatCompletionRequest):
     @field_validator("tools")
     @classmethod
     def _no_tools(cls, value: list[Any] | None) -> list[dict[str, Any]] | None:
-        if value == []:  # OpenAI's 400: leave tools out rather than send none
-            raise WireError("Invalid 'tools': empty array. Expected an array with minimum length 1, "
-                            "but got an empty array instead.", param="tools", code="empty_array")
-        return checked_tools(value) if value else value
+        return checked_tools(value) if value is not None else value
 
     @field_validator("tool_choice")
     @classmethod
@@ -156,12 +153,8 @@ class CloudChatCompletionRequest(_StructuredMixin, ChatCompletionRequest):
 
     def _plan_tools(self) -> None:
         """How the answer is read (``tool_plan``); a forced call's grammar becomes the request's."""
-        if self.tools is None:
-            if self.tool_choice not in (None, "none"):
-                raise WireError("tool_choice is only allowed when tools are specified.", param="tool_choice")
-            return
         mode, name = tool_choice_of(self.tool_choice, self.tools)
-        if mode == "none":
+        if mode == "none" or self.tools is None:
             return
         if self._grammar is not None:
             given = next((f for f in _VLLM_FIELDS if getattr(self, f) is not None), "response_format")

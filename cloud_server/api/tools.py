@@ -29,80 +29,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hybridllm.wire.errors import WireError
+from hybridllm.wire.requests import checked_tools, tool_choice_of
+
+__all__ = ["FENCE", "ToolCallReader", "ToolPlan", "checked_tools", "template_messages", "tool_choice_of"]
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 FENCE = "```json"  # a Markdown JSON block: Qwen2.5-Coder-1.5B writes its calls in one
-_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")  # OpenAI's rule for a function's name
-MAX_TOOLS = 128  # OpenAI's limit on a request's tools
-_TOOL_KEYS = {"type", "function"}
-_FUNCTION_KEYS = {"name", "description", "parameters", "strict"}
 _SCHEMA_PATH = "response_format.json_schema.schema"
-
-
-def checked_tools(value: list[Any]) -> list[dict[str, Any]]:
-    """The request's ``tools`` as the template gets them (``{"type": "function", "function":
-    {...}}``), or a 400 naming the field at fault."""
-    if len(value) > MAX_TOOLS:
-        raise WireError(f"Invalid 'tools': array too long. Expected an array with maximum length "
-                        f"{MAX_TOOLS}, but got an array with length {len(value)} instead.", param="tools",
-                        code="array_above_max_length")
-    out: list[dict[str, Any]] = []
-    seen: set[str] = set()
-    for i, tool in enumerate(value):
-        where = f"tools[{i}]"
-        if not isinstance(tool, dict):
-            raise WireError(f"Invalid '{where}': expected an object such as {{\"type\": \"function\", "
-                            "\"function\": {\"name\": \"get_weather\", \"parameters\": {...}}}.", param=where)
-        if tool.get("type") != "function":
-            raise WireError(f"Invalid '{where}.type': {tool.get('type')!r}; only 'function' tools are "
-                            "supported.", param=f"{where}.type")
-        extra = sorted(set(tool) - _TOOL_KEYS)
-        if extra:
-            raise WireError(f"Unrecognized field '{where}.{extra[0]}'.", param=f"{where}.{extra[0]}")
-        fn = tool.get("function")
-        if not isinstance(fn, dict):
-            raise WireError(f"Missing required parameter: '{where}.function'.", param=f"{where}.function")
-        extra = sorted(set(fn) - _FUNCTION_KEYS)
-        if extra:
-            raise WireError(f"Unrecognized field '{where}.function.{extra[0]}'.",
-                            param=f"{where}.function.{extra[0]}")
-        name = fn.get("name")
-        if not isinstance(name, str) or not _NAME.fullmatch(name):
-            raise WireError(f"Invalid '{where}.function.name': {str(name)[:80]!r} does not match "
-                            "'^[a-zA-Z0-9_-]{1,64}$'.", param=f"{where}.function.name")
-        if name in seen:
-            raise WireError(f"Invalid '{where}.function.name': {name!r} names two tools; each needs its "
-                            "own name.", param=f"{where}.function.name")
-        seen.add(name)
-        if "description" in fn and not isinstance(fn["description"], str):
-            raise WireError(f"Invalid '{where}.function.description': expected a string.",
-                            param=f"{where}.function.description")
-        if "parameters" in fn and not isinstance(fn["parameters"], dict):
-            raise WireError(f"Invalid '{where}.function.parameters': expected a JSON schema (an object).",
-                            param=f"{where}.function.parameters")
-        if "strict" in fn and not isinstance(fn["strict"], bool | None):
-            raise WireError(f"Invalid '{where}.function.strict': expected a boolean.",
-                            param=f"{where}.function.strict")
-        out.append({"type": "function", "function": {k: v for k, v in fn.items() if v is not None}})
-    return out
-
-
-def tool_choice_of(choice: Any, tools: list[dict[str, Any]]) -> tuple[str, str | None]:
-    """``(mode, name)``: mode "none", "auto", "required" or "named" (then ``name``: the function)."""
-    if choice is None:
-        return "auto", None
-    if isinstance(choice, str):
-        return choice, None
-    fn = choice.get("function") if choice.get("type") == "function" else None
-    name = fn.get("name") if isinstance(fn, dict) else None
-    if not isinstance(name, str) or set(choice) != {"type", "function"} or set(fn or ()) != {"name"}:
-        raise WireError("Invalid 'tool_choice': expected 'none', 'auto', 'required' or "
-                        "{\"type\": \"function\", \"function\": {\"name\": \"...\"}}.", param="tool_choice")
-    names = [t["function"]["name"] for t in tools]
-    if name not in names:
-        raise WireError(f"Invalid 'tool_choice': no function named {name[:80]!r} in 'tools' (they are "
-                        f"{', '.join(names)}).", param="tool_choice")
-    return "named", name
 
 
 def template_messages(messages: list[Any], sent: list[dict[str, Any]]) -> None:

@@ -6,6 +6,7 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from .._tools import CallsReader, Function, ToolCall, ToolCallDelta
 from .._types import Chunk, Completion, Usage, estimate_text_tokens
 from ..backends.base import Backend, Delta, StopMatcher
 from .accounting import checked_usage
@@ -71,6 +72,7 @@ class _Answer:
         self.finish_reason, self.usage = "stop", Usage()
         self.stopped = False  # the restorer's stop matcher ended the answer (``_RestoredStop``)
         self.model: str | None = None  # the model its deltas name (a cloud's endpoints may differ)
+        self.calls = CallsReader()  # the answer's tool calls (a request with tools; the cloud's)
 
     @property
     def model_name(self) -> str:
@@ -90,19 +92,46 @@ class _Answer:
                                            "device" if self.call is None else "cloud")
                 if self.call is not None:
                     self.call.usage = self.usage
-        if not delta.text:
+        shown_calls = self._feed_calls(delta.tool_calls) if delta.tool_calls else []
+        if not delta.text and not shown_calls:
             return None
-        if self.call is not None:  # until the cloud's own count arrives: ~4 characters a token
-            self.call.streamed += estimate_text_tokens(delta.text)
-        text = self.restorer.feed(delta.text) if self.restorer is not None else delta.text
-        self._note_stop()
-        if not text:  # all of it held back: it may be the start of a placeholder
+        text = ""
+        if delta.text:
+            if self.call is not None:  # until the cloud's own count arrives: ~4 characters a token
+                self.call.streamed += estimate_text_tokens(delta.text)
+            text = self.restorer.feed(delta.text) if self.restorer is not None else delta.text
+            self._note_stop()
+        if not text and not shown_calls:  # all of it held back: it may be the start of a placeholder
             return None
         if self.ttft is None:  # the first text the caller sees
             self.ttft = (time.perf_counter() - self.start) * 1000
-        self.parts.append(text)
+        if text:
+            self.parts.append(text)
         # read per chunk: a cloud learns its model's name from the endpoint
-        return Chunk(text, self.route, self.model_name)
+        return Chunk(text, self.route, self.model_name, tool_calls=shown_calls)
+
+    def _feed_calls(self, pieces: list[ToolCallDelta]) -> list[ToolCallDelta]:
+        """A delta's tool-call pieces: kept, and passed on as they are. With placeholders for
+        personal data (privacy="redact") they are held and passed on whole, restored, with the
+        last chunk: a value is never shown half way between its placeholder and itself."""
+        self.calls.feed([p.to_dict() for p in pieces])
+        if self.call is not None:
+            self.call.streamed += sum(estimate_text_tokens(p.arguments) for p in pieces)
+        return [] if self.restorer is not None else pieces
+
+    def _whole_calls(self) -> tuple[list[ToolCall], list[ToolCallDelta]]:
+        """The answer's calls, and what of them the caller has not been shown yet (with
+        placeholders: all of them, restored)."""
+        if not self.calls:
+            return [], []
+        calls = self.calls.calls()
+        if self.restorer is None:
+            return calls, []
+        base = self.restorer.restorer if isinstance(self.restorer, _RestoredStop) else self.restorer
+        calls = [ToolCall(c.id, Function(c.function.name, base.restore(c.function.arguments)))
+                 for c in calls]
+        whole = [ToolCallDelta(i, c.id, c.function.name, c.function.arguments) for i, c in enumerate(calls)]
+        return calls, whole
 
     def flush(self) -> Chunk | None:
         """The text the restorer still holds (the stream ended), as one last chunk."""
@@ -131,6 +160,7 @@ class _Answer:
         # the sync client's inline path does not flush: what the restorer holds ends the answer
         held = self.flush()
         tail = held.text if held is not None else ""
+        tool_calls, unshown = self._whole_calls()
         usage = self.usage
         mean_lp = sum(self.logprobs) / len(self.logprobs) if self.logprobs and not self.prefix else None
         model = self.model_name
@@ -150,5 +180,7 @@ class _Answer:
             region=usage.region,
             co2_g=usage.co2_g,
             co2_saved_g=usage.co2_saved_g,
+            tool_calls=tool_calls,
         )
-        return Chunk(tail, self.route, model, finish_reason=self.finish_reason, completion=completion)
+        return Chunk(tail, self.route, model, finish_reason=self.finish_reason, completion=completion,
+                     tool_calls=unshown)

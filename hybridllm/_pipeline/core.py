@@ -30,8 +30,9 @@ from collections.abc import Sequence
 from contextlib import aclosing
 from typing import Any
 
-from .._exceptions import ConfigError, HybridLLMError
+from .._exceptions import ConfigError, HybridLLMError, InvalidRequestError
 from .._stats import Stats
+from .._tools import uses_tools
 from .._types import Chunk, GenerationParams, Message, check_option_names, normalize_messages
 from ..backends.base import Backend
 from ..backends.worker import EdgeWorker
@@ -94,13 +95,24 @@ class Core(_CacheSteps, _Executor):
         if opts.route == "cloud" and self.cloud is None:
             raise ConfigError("route='cloud' needs a cloud endpoint: pass cloud_url=...")
         merged = {**self.defaults, **{k: v for k, v in overrides.items() if v is not None}}
-        return Request(normalize_messages(messages), GenerationParams.from_kwargs(**merged), opts)
+        req = Request(normalize_messages(messages), GenerationParams.from_kwargs(**merged), opts)
+        if req.params.tools is not None:  # only the cloud model calls tools
+            if self.cloud is None:
+                raise ConfigError("tools need a cloud endpoint (function calling runs on the cloud "
+                                  "model, not on the device): pass cloud_url=...")
+            if opts.route == "edge":
+                raise InvalidRequestError("route='edge' cannot take tools: only the cloud model calls "
+                                          "them. Leave out route, or the tools.")
+        return req
 
     # -- the pipeline -------------------------------------------------------------------------
     async def run(self, req: Request) -> Chunks:
         """Yield the answer's chunks; the last one carries the Completion."""
         start = time.perf_counter()
-        use_cache = self.cache is not None and req.options.cache and req.options.route is None
+        # a request with tools, or a conversation with calls and results in it, is never served
+        # from the cache nor kept there: its answer depends on what the tools did
+        use_cache = (self.cache is not None and req.options.cache and req.options.route is None
+                     and not uses_tools(req.messages, req.params.tools))
         answered = False  # the stats have the answer, with its cloud calls' cost
         try:
             vec, hit = await self._lookup(req) if use_cache else (None, None)

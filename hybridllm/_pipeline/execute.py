@@ -36,7 +36,7 @@ class _Executor(_Planner, _Emitter, _Accounting):
             down = self._cloud_down()
             if down is not None:
                 why, err = down
-                if not req.fits_edge:  # the device cannot stand in
+                if not req.edge_can_answer:  # the device cannot stand in
                     limited = rate_limited(self.cloud)  # waiting out its 429: a rate limit, not an outage
                     raise _waits_for_cloud(
                         req, f"the cloud is {'rate-limiting' if limited else 'unavailable'} ({why})",
@@ -71,11 +71,13 @@ class _Executor(_Planner, _Emitter, _Accounting):
                 raise _waits_for_cloud(req, "the cloud's stream broke off mid-answer",
                                        "once the cloud is back") from exc
             except _NoOutput as exc:  # nothing was streamed yet: the device answers instead
+                if req.params.tools is not None and getattr(exc.cause, "status_code", None) in _REFUSED:
+                    raise exc.cause from None  # the cloud refused the request (its tools): its own words
                 if not req.fits_edge and getattr(exc.cause, "status_code", None) in _REFUSED:
                     # the cloud's own window (or size limit) refuses it too: only a shorter prompt helps
                     raise _too_long(req, f"the cloud failed ({exc.cause}): it refuses it too",
                                     "or use a cloud model with a longer context") from exc.cause
-                if not req.fits_edge:
+                if not req.edge_can_answer:
                     limited = isinstance(exc.cause, CloudRateLimitError)  # up, but asks to wait (429)
                     raise _waits_for_cloud(req, f"the cloud {'is rate-limiting' if limited else 'failed'} "
                                            f"({exc.cause})", "once its Retry-After is over" if limited
@@ -228,6 +230,9 @@ class _Executor(_Planner, _Emitter, _Accounting):
             raise
         except _PartialOutput as exc:
             broke = f"cloud stream broke after {len(exc.text)} characters ({exc.cause})"
+            if req.params.tools is not None:  # the device calls no tools: it cannot finish this one
+                raise CloudUnavailableError(f"The {broke}; only the cloud model calls tools, so the "
+                                            "device cannot finish the answer: retry the request.") from exc
             # the cloud's answer is not whole: not stored, so the cloud's whole answer is, once it
             # answers (before, the stitched answer was served from the cache)
             req.stand_in = True

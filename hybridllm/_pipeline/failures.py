@@ -58,14 +58,19 @@ def _too_long(req: Request, why: str, what: str) -> ContextWindowExceededError:
 
 def _waits_for_cloud(req: Request, why: str, when: str, *, spent: str | None = None, limited: bool = False,
                      retry_after_s: float | None = None) -> CloudError:
-    """A prompt past the device model's context whose cloud cannot take it now (down, failing,
-    rate-limiting (``limited``), its budget spent): a request to retry, not a prompt to shorten (not
-    ContextWindowExceededError, which tells an OpenAI client to trim a conversation that the cloud
-    takes once it can)."""
+    """A prompt past the device model's context (or a request with tools) whose cloud cannot take
+    it now (down, failing, rate-limiting (``limited``), its budget spent): a request to retry, not
+    a prompt to shorten (not ContextWindowExceededError, which tells an OpenAI client to trim a
+    conversation that the cloud takes once it can)."""
     n, limit = req.prompt_tokens, req.context_length
-    message = (f"The prompt is {n} tokens, past the device model's context ({limit}, n_ctx), so only "
-               f"the cloud can answer it; and {why}. Retry {when}; or shorten the conversation "
-               "(drop its oldest turns) for the device to answer it.")
+    if req.params.tools is not None:
+        message = (f"The request gives tools, which only the cloud model calls, so only the cloud can "
+                   f"answer it; and {why}. Retry {when}; or send it without tools for the device to "
+                   "answer it.")
+    else:
+        message = (f"The prompt is {n} tokens, past the device model's context ({limit}, n_ctx), so only "
+                   f"the cloud can answer it; and {why}. Retry {when}; or shorten the conversation "
+                   "(drop its oldest turns) for the device to answer it.")
     if spent is not None:
         return CloudBudgetSpentError(message, reason=spent, prompt_tokens=n, context_length=limit,
                                      retry_after_s=retry_after_s)

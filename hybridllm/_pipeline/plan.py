@@ -6,7 +6,7 @@ import asyncio
 import dataclasses
 from typing import Any
 
-from .._exceptions import HybridLLMError, RouterError
+from .._exceptions import HybridLLMError, InvalidRequestError, RouterError
 from .._types import Decision, estimate_tokens
 from ..backends.base import call_guarded
 from .failures import ForcedCloudOverBudgetError, _too_long, _waits_for_cloud
@@ -43,7 +43,9 @@ class _Planner(_CoreParts):
             if not isinstance(d, Decision):  # else an AttributeError on .route, far from its cause
                 raise RouterError(f"The routing policy {type(policy).__name__}.decide() returned "
                                   f"{type(d).__name__}, not a hybridllm.Decision; nothing was sent.")
-        if not req.fits_edge:
+        if req.params.tools is not None:
+            d = _tools_to_the_cloud(d)
+        elif not req.fits_edge:
             d = self._beyond_the_edge(req, d)
         elif opts.cascade is not None:
             d = dataclasses.replace(
@@ -56,7 +58,7 @@ class _Planner(_CoreParts):
             if spent and d.forced:  # the caller chose the cloud: refused, not moved to the device
                 raise ForcedCloudOverBudgetError(spent, retry_after_s=wait_of(self.ledger))
             if spent:
-                if not req.fits_edge:  # the device cannot stand in: wait for the budget
+                if not req.edge_can_answer:  # the device cannot stand in: wait for the budget
                     raise _waits_for_cloud(req, f"the cloud {spent}", "once the budget has room",
                                            spent=spent, retry_after_s=wait_of(self.ledger))
                 reason = f"{_sent_nowhere(d)}; {spent}"
@@ -113,6 +115,21 @@ class _Planner(_CoreParts):
             return call_guarded(said, cloud, "cloud"), None
         except HybridLLMError as exc:
             return f"its unavailable_reason() raised {_named(exc)}", exc
+
+
+def _tools_to_the_cloud(d: Decision) -> Decision:
+    """A request with tools goes to the cloud whatever the router scored (only the cloud model
+    calls tools), unless privacy keeps it on the device: then a clear error."""
+    if d.private:
+        found = f"it contains {', '.join(d.pii_kinds)}" if d.pii_kinds else d.reason
+        raise InvalidRequestError(
+            f"privacy keeps this request on the device ({found}), and only the cloud model calls "
+            "tools: set privacy='redact' to send the cloud placeholders instead of the values, or "
+            "leave out tools for the device to answer.")
+    if d.route == "cloud" and d.forced:
+        return d
+    reason = f"tools: only the cloud model calls them{_redacted(d)}"
+    return dataclasses.replace(d, route="cloud", reason=reason, cascade=False)
 
 
 def _ask_policy(policy: object, method: str, call: Any) -> Any:

@@ -74,6 +74,12 @@ class Request:
         n, limit = self.prompt_tokens, self.context_length
         return n is None or limit is None or n + 1 <= limit
 
+    @property
+    def edge_can_answer(self) -> bool:
+        """The device may answer in the cloud's place: the prompt fits it and the request gives
+        no tools (only the cloud model calls them)."""
+        return self.fits_edge and self.params.tools is None
+
 
 @dataclasses.dataclass
 class _CloudCall:

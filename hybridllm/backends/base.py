@@ -15,7 +15,7 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from .._cpus import usable_cpus
 from .._exceptions import (
@@ -28,6 +28,9 @@ from .._exceptions import (
 from .._types import USER_TEXT, GenerationParams, Messages, Usage, private_repr
 from ..prompts import PromptFormat
 
+if TYPE_CHECKING:
+    from .._tools import ToolCallDelta
+
 
 @dataclass
 class Delta:
@@ -36,6 +39,7 @@ class Delta:
     usage: Usage | None = None  # set on the last delta
     logprob: float | None = None  # log-probability of this piece's tokens, when known
     model: str | None = None  # the model that wrote it, where endpoints serve different ones
+    tool_calls: list[ToolCallDelta] | None = None  # pieces of the answer's tool calls (the cloud's)
 
     __repr__ = private_repr
 

@@ -141,6 +141,16 @@ class _Requests(_Clients, _StatusVerdicts):
         # server that ignored it would answer free text), so a refusal is the caller's error
         if params.response_format is not None:
             body["response_format"] = params.response_format
+        # function calling: not optional either (a server that ignored tools would answer text)
+        if params.tools is not None:
+            body["tools"] = list(params.tools)
+            if params.tool_choice is not None:
+                body["tool_choice"] = params.tool_choice
+            if params.parallel_tool_calls is not None:
+                body["parallel_tool_calls"] = params.parallel_tool_calls
+        if any("tool_calls" in m for m in messages):  # a turn that only called tools: content null
+            body["messages"] = [{**m, "content": m["content"] or None} if m.get("tool_calls") else m
+                                for m in messages]
         for name in omit:
             value = body.pop(name, None)
             if name in RENAMED and value is not None:

@@ -10,6 +10,7 @@ from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import AsyncExitStack, aclosing
 from typing import TYPE_CHECKING, Any
 
+from .._tools import CallsReader, ToolCallDelta
 from .._types import (
     MAX_MODEL_CHARS,  # the longest model name an answer may report, as a request may give
     GenerationParams,
@@ -49,6 +50,7 @@ class _Streaming(_Requests):
             out.request_out = True
         finish, usage = None, None
         done = False
+        calls = CallsReader()  # the answer's tool calls, as their pieces come
         # the stop sequences of a model that refused them ('stop' left out): applied here, to what
         # the cloud sends, as the server would have: the answer ends before the earliest one
         matcher: StopMatcher | None = None
@@ -173,7 +175,7 @@ class _Streaming(_Requests):
                     try:
                         if event is None:
                             raise ValueError("not JSON")
-                        texts, ended, counted = _read_event(event)
+                        texts, ended, counted = _read_event(event, calls)
                     except (ValueError, TypeError, AttributeError) as exc:  # not the OpenAI shape
                         if finish is not None:  # after the answer's end: it was shown whole already
                             log.info("ignored a malformed event from %s after the answer's end: %r",
@@ -202,6 +204,12 @@ class _Streaming(_Requests):
                             # answer broken off, finished by the device and counted as a failure
                             # of the endpoint, the rest of it already waiting in the socket
                             last_event += clock() - paused
+                    if calls.pending and not hit:
+                        pieces, calls.pending = calls.pending, []
+                        received += sum(estimate_text_tokens(p.arguments) for p in pieces) or 1
+                        paused = clock()
+                        yield Delta("", model=served, tool_calls=pieces)
+                        last_event += clock() - paused
                     if hit:
                         # a stop sequence: the answer is over for the caller. The stream is closed
                         # now (leaving the block), not read to its end, so the cloud's count, sent
@@ -236,16 +244,24 @@ class _Streaming(_Requests):
             tail += matcher.flush()
         if tail:
             yield Delta(tail, model=served)
-        yield Delta("", finish_reason=_finish_reason(finish), usage=usage or Usage(), model=served)
+        if calls:
+            try:
+                calls.calls()
+            except ValueError as exc:  # a call whose name never came: not a whole answer
+                raise _Retryable(f"malformed tool call from {ep.base_url}: {exc}") from None
+        yield Delta("", finish_reason=_finish_reason(finish, calls=bool(calls)), usage=usage or Usage(),
+                    model=served)
 
 
-def _read_event(event: dict) -> tuple[list[str], str | None, Usage | None]:
-    """(texts, finish reason, usage) of one stream event; TypeError, ValueError or AttributeError
-    when it is not shaped as OpenAI's chunk."""
+def _read_event(event: dict, calls: CallsReader | None = None) -> tuple[list[str], str | None, Usage | None]:
+    """(texts, finish reason, usage) of one stream event, its tool-call pieces fed to ``calls``;
+    TypeError, ValueError or AttributeError when it is not shaped as OpenAI's chunk."""
     usage = _usage_of(event["usage"]) if event.get("usage") else None
     texts, finish = [], None
     for choice in event.get("choices") or []:
         delta = choice.get("delta") or {}
+        if delta.get("tool_calls") and calls is not None:
+            calls.pending += calls.feed(delta["tool_calls"])
         # a model that refuses sends its words as "refusal" (OpenAI), content null: they are the
         # answer's text (there is no refusal field to carry them; before, the answer read as "")
         for key in ("content", "refusal"):
@@ -317,11 +333,19 @@ def _read_completion(resp: Any, where: str) -> tuple[Delta, Delta]:
         if not isinstance(text, str):
             raise TypeError(f"content is {type(text).__name__}, not text")
         _, _, usage = _read_event({"usage": body.get("usage")})
+        calls = CallsReader()
+        if message.get("tool_calls"):  # whole calls: each its own piece, numbered in order
+            calls.feed([{**call, "index": i} if isinstance(call, dict) else call
+                        for i, call in enumerate(message["tool_calls"])])
+            calls.calls()  # (a call without a name is malformed)
     except (ValueError, TypeError, AttributeError, KeyError, IndexError) as exc:
         raise _Retryable(f"malformed answer from {where}: {resp.text[:80]!r}") from exc
     served = _model_of(body)
-    return Delta(text, model=served), Delta("", finish_reason=_finish_reason(choice.get("finish_reason")),
-                                            usage=usage or Usage(), model=served)
+    pieces = [ToolCallDelta(i, c.id, c.function.name, c.function.arguments)
+              for i, c in enumerate(calls.calls())]
+    return (Delta(text, model=served, tool_calls=pieces or None),
+            Delta("", finish_reason=_finish_reason(choice.get("finish_reason"), calls=bool(calls)),
+                  usage=usage or Usage(), model=served))
 
 
 # finish_reasons of servers that are not quite OpenAI's, as LiteLLM reads them: cut by the length
@@ -333,7 +357,7 @@ FILTER_WORDS = {"content_filter", "content_filtered", "safety"}
 BROKEN_WORDS = {"abort", "error"}
 
 
-def _finish_reason(said: object) -> str:
+def _finish_reason(said: object, *, calls: bool = False) -> str:
     """The answer's finish_reason: "length" and "content_filter" (a hosted cloud's filter cut the
     answer: it is not whole, so not cached, and the caller is told), under the words of the
     servers above too; any other ("tool_calls", "eos_token", none) is "stop". An answer the cloud
@@ -343,6 +367,8 @@ def _finish_reason(said: object) -> str:
     word = str(said).lower() if said else ""
     if word in BROKEN_WORDS:
         raise _Retryable(f"the cloud gave up on the answer (finish_reason {str(said)[:40]!r})")
+    if calls and word in ("tool_calls", "function_call"):  # an answer that calls tools says so
+        return "tool_calls"
     return "length" if word in LENGTH_WORDS else "content_filter" if word in FILTER_WORDS else "stop"
 
 

@@ -279,6 +279,41 @@ class SamplingRequest(_Strict):
         return self.stream_options is not None and self.stream_options.include_usage
 
 
+def _as_wire(check: Any, *args: Any) -> Any:
+    """A library check's InvalidRequestError as the servers' 400, its ``param`` and ``code`` kept."""
+    from .._exceptions import InvalidRequestError
+
+    try:
+        return check(*args)
+    except InvalidRequestError as exc:
+        raise WireError(str(exc), param=getattr(exc, "param", None),
+                        code=getattr(exc, "code", None)) from None
+
+
+def checked_tools(value: Any) -> list[dict[str, Any]]:
+    """A request's ``tools`` as a chat template gets them (``{"type": "function", "function":
+    {...}}``), or a 400 naming the field at fault (the library's checks, ``hybridllm._tools``)."""
+    from .._tools import check_tools
+
+    return cast(list[dict[str, Any]], _as_wire(check_tools, value))
+
+
+def tool_choice_of(choice: Any, tools: list[dict[str, Any]] | None) -> tuple[str, str | None]:
+    """``(mode, name)`` of a request's ``tool_choice``: "none", "auto", "required" or "named"
+    (then ``name``: the function), or a 400 naming ``tool_choice``."""
+    from .._tools import tool_choice_mode
+
+    return cast(tuple[str, str | None], _as_wire(tool_choice_mode, choice, tools))
+
+
+def checked_calls(value: Any, where: str) -> list[dict[str, Any]]:
+    """An assistant turn's earlier ``tool_calls``, each with ``arguments`` as a JSON text, or a
+    400 naming the call at fault."""
+    from .._tools import check_calls
+
+    return cast(list[dict[str, Any]], _as_wire(check_calls, value, where))
+
+
 class ChatCompletionRequest(SamplingRequest):
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
     max_completion_tokens: TokenCount | None = None

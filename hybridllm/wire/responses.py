@@ -64,9 +64,11 @@ def chat_completion(
     finish_reason: str,
     usage: dict[str, Any],
     logprobs: dict[str, Any] | None = None,
+    tool_calls: list[dict[str, Any]] | None = None,
     **extra: Any,
 ) -> dict[str, Any]:
-    choice = chat_choice(text, finish_reason, logprobs)
+    # an answer that only calls tools has null content, as OpenAI's
+    choice = chat_choice(text or None if tool_calls else text, finish_reason, logprobs, tool_calls=tool_calls)
     return {
         "id": id,
         "object": "chat.completion",

@@ -175,15 +175,33 @@ def redaction_note(kinds: Sequence[str]) -> str:
 
 
 def pii_kinds_in_messages(messages: Sequence[Message]) -> list[str]:
-    """The kinds found in any message: system, assistant and tool turns too, not only the user's."""
+    """The kinds found in any message: system, assistant and tool turns too, not only the user's,
+    and the arguments of the tools an assistant turn called."""
     found = {m.kind for ms in _matches_in_messages(messages) for m in ms}
+    found |= {m.kind for msg in messages for args in _arguments(msg) for m in detect_pii(args)}
     return [k for k in PII_KINDS if k in found]
 
 
+def _arguments(msg: Message) -> list[str]:
+    """The arguments (JSON text) of each tool an assistant turn called."""
+    return [str(call["function"].get("arguments") or "") for call in msg.get("tool_calls") or ()]
+
+
+def _with_arguments(msg: Message, rewrite: Callable[[str], str]) -> Message:
+    """``msg`` with each of its tool calls' arguments rewritten (a copy; ``msg`` as it is when it
+    called none)."""
+    if not msg.get("tool_calls"):
+        return msg
+    calls = [{**call, "function": {**call["function"], "arguments": rewrite(args)}}
+             for call, args in zip(msg["tool_calls"], _arguments(msg), strict=True)]
+    return {**msg, "tool_calls": calls}
+
+
 def redact_messages(messages: Sequence[Message]) -> list[Message]:
-    """Every message with each detected item replaced by its placeholder."""
+    """Every message with each detected item replaced by its placeholder (in the arguments of the
+    tools a turn called too)."""
     return [
-        {**msg, "content": _redact(str(msg.get("content", "")), ms)}
+        _with_arguments({**msg, "content": _redact(str(msg.get("content", "")), ms)}, redact_pii)
         for msg, ms in zip(messages, _matches_in_messages(messages), strict=True)
     ]
 
@@ -216,13 +234,13 @@ def pseudonymize_messages(messages: Sequence[Message]) -> tuple[list[Message], d
     without brackets (the user wrote ``[EMAIL_1]`` or ``email_1``), is skipped, so the cloud's echo
     of the user's own text is never taken for a placeholder."""
     per_message = _matches_in_messages(messages)
-    prompt = "\n".join(str(msg.get("content", "")) for msg in messages).casefold()
+    prompt = "\n".join([str(msg.get("content", "")) for msg in messages]
+                       + [args for msg in messages for args in _arguments(msg)]).casefold()
     names: dict[tuple[str, str], str] = {}
     last = dict.fromkeys(PII_KINDS, 0)
     values: dict[str, str] = {}
-    out: list[Message] = []
-    for msg, matches in zip(messages, per_message, strict=True):
-        text = str(msg.get("content", ""))
+
+    def pseudonymized(text: str, matches: Sequence[PIIMatch]) -> str:
         parts, pos = [], 0
         for m in matches:
             key = (m.kind, _identity(m.kind, m.text))
@@ -236,7 +254,14 @@ def pseudonymize_messages(messages: Sequence[Message]) -> tuple[list[Message], d
             parts += [text[pos : m.start], names[key]]
             pos = m.end
         parts.append(text[pos:])
-        out.append({**msg, "content": "".join(parts)} if matches else msg)
+        return "".join(parts)
+
+    out: list[Message] = []
+    for msg, matches in zip(messages, per_message, strict=True):
+        turn = {**msg, "content": pseudonymized(str(msg.get("content", "")), matches)} if matches else msg
+        # the values in the arguments of an earlier call get the same placeholders; the answer's
+        # calls are restored on the device (the pipeline), so the app runs them with the values
+        out.append(_with_arguments(turn, lambda args: pseudonymized(args, detect_pii(args))))
     return out, values
 
 

@@ -1,0 +1,118 @@
+"""Function calling through the library and ``hybridllm serve`` on real models (review 36): the
+device is SmolLM2-135M on llama.cpp, the cloud ``hybridllm-cloud`` on Qwen2.5-Coder-0.5B (whose
+template lists the tools). A request with tools goes to the cloud whatever the router scores, and
+its call comes back in ``Completion.tool_calls`` and, through the proxy, to the official client,
+streamed and not."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from hybridllm import HybridLLM
+from tests.cloud_server.api.helpers import free_port, served_smollm2, wait_healthy_url
+
+from .conftest import ROOT
+
+pytestmark = pytest.mark.real
+openai = pytest.importorskip("openai")
+
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Get the current weather in a city",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "city": {"type": "string"},
+                "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
+            },
+            "required": ["city"],
+        },
+    },
+}
+ASK = "What's the weather like in Paris today?"
+
+
+@pytest.fixture(scope="module")
+def qwen_cloud() -> Iterator[str]:
+    from hybridllm.models import pull
+
+    with served_smollm2(pull("qwen2.5-coder-0.5b-instruct"), "qwen", "--max-model-len", "2048") as base:
+        yield f"{base}/v1"
+
+
+@pytest.fixture(scope="module")
+def proxy(qwen_cloud: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    port = free_port()
+    log = tmp_path_factory.mktemp("proxy") / "proxy.log"
+    env = {**os.environ, "HYBRIDLLM_CACHE_DIR": str(log.parent), "HYBRIDLLM_N_CTX": "2048"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "hybridllm.cli", "serve", "--port", str(port), "--cloud-url", qwen_cloud],
+        cwd=ROOT,
+        env=env,
+        stdout=log.open("w"),
+        stderr=subprocess.STDOUT,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_healthy_url(url, 180, proc)
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    assert "Traceback" not in Path(log).read_text()
+
+
+def test_the_library_gets_the_cloud_models_call_and_sends_its_result_back(qwen_cloud: str) -> None:
+    with HybridLLM(cloud_url=qwen_cloud, cache=False) as llm:
+        c = llm.chat(ASK, tools=[WEATHER], temperature=0, max_tokens=80)
+        assert c.route == "cloud" and c.reason.startswith("tools"), (c.route, c.reason)
+        assert c.finish_reason == "tool_calls" and c.model == "qwen"
+        (call,) = c.tool_calls
+        assert call.function.name == "get_weather" and json.loads(call.function.arguments)["city"] == "Paris"
+        # the result goes back with the call; "none": the cloud model answers in text
+        turns = [
+            {"role": "user", "content": ASK},
+            c.message(),
+            {"role": "tool", "tool_call_id": call.id, "content": '{"temp_c": 18, "sky": "cloudy"}'},
+        ]
+        answer = llm.chat(turns, tools=[WEATHER], tool_choice="none", temperature=0, max_tokens=60)
+        assert answer.route == "cloud" and answer.tool_calls == [] and answer.text
+        assert "18" in answer.text  # the result reached the model (the 0.5B quotes it)
+        # streamed, the call comes in pieces that add up to the whole one
+        with llm.stream(ASK, tools=[WEATHER], temperature=0, max_tokens=80) as s:
+            pieces = [d for chunk in s for d in chunk.tool_calls]
+        assert pieces[0].name == "get_weather"
+        assert "".join(p.arguments for p in pieces) == s.completion.tool_calls[0].function.arguments
+
+
+def test_hybridllm_serve_answers_the_official_clients_tools(proxy: str) -> None:
+    client = openai.OpenAI(base_url=f"{proxy}/v1", api_key="unused", max_retries=0, timeout=300)
+    messages = [{"role": "user", "content": ASK}]
+    raw = client.chat.completions.with_raw_response.create(
+        model="hybridllm", messages=messages, tools=[WEATHER], temperature=0, max_tokens=80
+    )
+    r = raw.parse()
+    assert raw.headers["x-hybridllm-route"] == "cloud"
+    choice = r.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.content is None
+    assert json.loads(choice.message.tool_calls[0].function.arguments)["city"] == "Paris"
+    stream = client.chat.completions.create(
+        model="hybridllm", messages=messages, tools=[WEATHER], temperature=0, max_tokens=80, stream=True
+    )
+    name, args, finish = "", "", None
+    for chunk in stream:
+        for c in chunk.choices:
+            finish = c.finish_reason or finish
+            for d in c.delta.tool_calls or []:
+                name += d.function.name or ""
+                args += d.function.arguments or ""
+    assert finish == "tool_calls" and name == "get_weather" and json.loads(args)["city"] == "Paris"

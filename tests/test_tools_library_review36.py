@@ -1,0 +1,334 @@
+"""Function calling through the library and ``hybridllm serve`` (review 36): ``chat(..., tools=...)``
+goes to the cloud model (the only one that calls tools), over real HTTP to the real cloud server
+app (its engine a fake that writes a call), and comes back as ``Completion.tool_calls`` (streamed:
+``Chunk.tool_calls``); the next turn carries the call and its result to the cloud; such requests
+never touch the semantic cache; a dead cloud is an error, never a device answer; privacy="redact"
+sends placeholders in earlier calls' arguments and restores them in the answer's. The proxy takes
+``tools`` from the official client and answers its calls, streamed and not. Before, ``tools`` was
+"Unknown option" in the library and a 400 in the proxy. The real models are in
+``tests/e2e/test_real_tools_library_review36.py``."""
+
+from __future__ import annotations
+
+import json
+import socket
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import uvicorn
+
+from cloud_server.api.server import create_app as create_cloud_app
+from hybridllm import (
+    AsyncHybridLLM,
+    CloudUnavailableError,
+    ConfigError,
+    HybridLLM,
+    InvalidRequestError,
+    ToolCall,
+    ToolCallDelta,
+)
+from hybridllm.backends.fake import FakeBackend
+from hybridllm.proxy import create_app as create_proxy_app
+from hybridllm.router import RoutingPolicy
+from tests._open_clients import close_clients_left_open  # noqa: F401 - an autouse fixture
+from tests._uvicorn_thread import serving
+from tests.cloud_server.api.fake_engine import CharTokenizer, FakeEngine
+
+from .test_pii_restore import HardRouter
+
+openai = pytest.importorskip("openai")
+
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The weather in a city",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}, "to": {"type": "string"}},
+            "required": ["city"],
+        },
+    },
+}
+CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+ASK = "What's the weather in Paris?"
+HARD = RoutingPolicy(HardRouter(), privacy="off")  # every question to the cloud (no learned router to load)
+
+
+class SeeingTokenizer(CharTokenizer):
+    """Keeps what the cloud's chat template was given: the messages and the tools."""
+
+    seen: list[tuple[list[dict[str, Any]], Any]] = []
+
+    def encode_chat(self, messages: list[dict[str, Any]], tools: Any = None) -> list[int]:  # type: ignore[override]
+        type(self).seen.append((messages, tools))
+        return self.encode(self.apply_chat_template(messages) + json.dumps(tools or []))
+
+
+class Cache:
+    """A cache port that records every use: a request with tools must make none."""
+
+    def __init__(self) -> None:
+        self.gets: list[Any] = []
+        self.puts: list[Any] = []
+
+    def get(self, messages: Any, **kw: Any) -> None:
+        self.gets.append(messages)
+
+    def put(self, messages: Any, text: str, **kw: Any) -> None:
+        self.puts.append((messages, text))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _serve(app: Any) -> tuple[Any, str]:
+    port = _free_port()
+    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on")
+    return uvicorn.Server(config), f"http://127.0.0.1:{port}"
+
+
+def _cloud_serving(reply: str) -> Any:
+    def factory() -> FakeEngine:
+        engine = FakeEngine(step_s=0.0, reply=reply, max_model_len=8192)
+        engine.tokenizer = SeeingTokenizer()
+        return engine
+
+    return _serve(create_cloud_app(factory))
+
+
+@pytest.fixture()
+def cloud_url() -> Iterator[str]:
+    SeeingTokenizer.seen = []
+    server, base = _cloud_serving(CALL)
+    with serving(server, start_s=30):
+        yield f"{base}/v1"
+
+
+@pytest.fixture()
+def llm(cloud_url: str) -> Iterator[tuple[HybridLLM, FakeBackend, Cache]]:
+    edge, cache = FakeBackend(), Cache()
+    client = HybridLLM(edge=edge, cloud_url=cloud_url, cache=cache, cloud_max_retries=0, policy=HARD)
+    with client:
+        yield client, edge, cache
+
+
+def test_a_call_comes_back_whole_goes_on_in_the_next_turn_and_never_touches_the_cache(llm) -> None:
+    client, edge, cache = llm
+    c = client.chat(ASK, tools=[WEATHER], max_tokens=200)
+    assert c.route == "cloud" and "tools" in c.reason, c.reason
+    assert c.finish_reason == "tool_calls" and c.text == ""
+    (call,) = c.tool_calls
+    assert isinstance(call, ToolCall) and call.id.startswith("call_")
+    assert call.function.name == "get_weather" and json.loads(call.function.arguments) == {"city": "Paris"}
+    messages, tools = SeeingTokenizer.seen[-1]
+    assert tools == [WEATHER] and messages == [{"role": "user", "content": ASK}]
+    assert edge.calls == []  # the device wrote nothing
+    # the next turn: the answer's message, then the tool's result tied to its call
+    turn = c.message()
+    assert turn == {"role": "assistant", "content": None, "tool_calls": [call.to_dict()]}
+    result = {"role": "tool", "tool_call_id": call.id, "content": '{"temp_c": 18}'}
+    c2 = client.chat([{"role": "user", "content": ASK}, turn, result], tools=[WEATHER], tool_choice="none")
+    assert c2.text == CALL and c2.tool_calls == [] and c2.finish_reason == "stop"
+    messages, tools = SeeingTokenizer.seen[-1]
+    assert tools is None  # tool_choice none: the cloud's template is not shown the tools
+    assert messages[1]["tool_calls"][0]["function"] == {"name": "get_weather", "arguments": {"city": "Paris"}}
+    assert messages[2]["tool_call_id"] == call.id and messages[2]["content"] == '{"temp_c": 18}'
+    assert cache.gets == [] and cache.puts == []
+    # a conversation with a tool's result keeps out of the cache without tools too
+    client.chat([{"role": "user", "content": ASK}, turn, result], route="cloud")
+    assert cache.gets == [] and cache.puts == []
+    client.chat("hello")  # a plain question still uses it
+    assert len(cache.gets) == 1
+
+
+def test_streamed_calls_come_as_deltas_sync_and_async(llm) -> None:
+    client, _, _ = llm
+    with client.stream(ASK, tools=[WEATHER], max_tokens=200) as s:
+        chunks = list(s)
+    pieces = [d for ch in chunks for d in ch.tool_calls]
+    assert pieces and all(isinstance(d, ToolCallDelta) for d in pieces)
+    assert pieces[0].name == "get_weather" and pieces[0].id is not None
+    assert json.loads("".join(d.arguments for d in pieces)) == {"city": "Paris"}
+    assert not "".join(ch.text for ch in chunks)
+    assert s.completion.tool_calls[0].id == pieces[0].id and s.completion.finish_reason == "tool_calls"
+    assert chunks[-1].to_dict()["finish_reason"] == "tool_calls"
+
+    async def run() -> Any:
+        async with AsyncHybridLLM.wrap(client).stream(ASK, tools=[WEATHER], max_tokens=200) as a:
+            return [d async for ch in a for d in ch.tool_calls], a.completion
+
+    import asyncio
+
+    deltas, completion = asyncio.run(run())
+    assert deltas[0].name == "get_weather"
+    assert completion.tool_calls[0].function.arguments == "".join(d.arguments for d in deltas)
+
+
+def test_bad_tools_are_refused_at_the_call_naming_the_field(llm) -> None:
+    client, _, _ = llm
+    cases = [
+        ({"tools": [{"type": "retrieval"}]}, "tools[0].type"),
+        ({"tools": []}, "tools"),
+        ({"tools": [{"type": "function", "function": {"name": "a b"}}]}, "tools[0].function.name"),
+        ({"tool_choice": "required"}, "tool_choice"),
+        (
+            {"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "nope"}}},
+            "tool_choice",
+        ),
+        ({"tools": [WEATHER], "tool_choice": "sometimes"}, "tool_choice"),
+    ]
+    for options, param in cases:
+        with pytest.raises(InvalidRequestError) as err:
+            client.stream(ASK, **options)
+        assert getattr(err.value, "param", None) == param, (options, err.value)
+    with pytest.raises(InvalidRequestError, match="response_format"):
+        client.chat(ASK, tools=[WEATHER], response_format={"type": "json_object"})
+    with pytest.raises(InvalidRequestError, match="route='edge'"):
+        client.chat(ASK, tools=[WEATHER], route="edge")
+    with pytest.raises(InvalidRequestError, match="tool_calls"):
+        client.chat([{"role": "user", "content": "x"}, {"role": "assistant", "tool_calls": [{"id": "1"}]}])
+    with (
+        HybridLLM(edge=FakeBackend(), cache=False) as device_only,
+        pytest.raises(ConfigError, match="cloud_url"),
+    ):
+        device_only.chat(ASK, tools=[WEATHER])
+
+
+def test_a_dead_cloud_is_an_error_that_names_the_tools_never_a_device_answer() -> None:
+    edge = FakeBackend()
+    url = f"http://127.0.0.1:{_free_port()}/v1"  # nothing listens there
+    with HybridLLM(edge=edge, cloud_url=url, cache=False, cloud_max_retries=0, policy=HARD) as client:
+        for _ in range(2):  # refused, then with the circuit open
+            with pytest.raises(CloudUnavailableError, match="tools"):
+                client.chat(ASK, tools=[WEATHER])
+        assert client.chat(ASK).route == "edge (cloud unavailable)"  # without tools the device answers
+    assert len(edge.calls) == 1
+
+
+def test_privacy_redact_sends_placeholders_in_earlier_calls_and_restores_the_answers() -> None:
+    email = "jane.doe@example.com"
+    call = {"name": "get_weather", "arguments": {"city": "Paris", "to": "[EMAIL_1]"}}
+    reply = f"<tool_call>\n{json.dumps(call)}\n</tool_call>"
+    SeeingTokenizer.seen = []
+    server, base = _cloud_serving(reply)
+    earlier = {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {
+                "id": "c1",
+                "type": "function",
+                "function": {"name": "get_weather", "arguments": json.dumps({"city": "Oslo", "to": email})},
+            }
+        ],
+    }
+    conversation = [
+        {"role": "user", "content": "Weather for my trips, please"},
+        earlier,
+        {"role": "tool", "tool_call_id": "c1", "content": "cold"},
+        {"role": "user", "content": "And Paris?"},
+    ]
+    with serving(server, start_s=30):
+        policy = RoutingPolicy(HardRouter(), privacy="redact")
+        with HybridLLM(edge=FakeBackend(), cloud_url=f"{base}/v1", policy=policy, cache=False) as client:
+            c = client.chat(conversation, tools=[WEATHER], max_tokens=300)
+            with client.stream(conversation, tools=[WEATHER], max_tokens=300) as s:
+                shown = [d for ch in s for d in ch.tool_calls]
+    sent = json.dumps([m for m, _ in SeeingTokenizer.seen])
+    assert email not in sent and "[EMAIL_1]" in sent
+    assert "email redacted" in c.reason
+    assert json.loads(c.tool_calls[0].function.arguments) == {"city": "Paris", "to": email}
+    # streamed, the call is held and shown whole, restored: never its placeholder
+    assert json.loads("".join(d.arguments for d in shown))["to"] == email
+    assert s.completion.tool_calls == c.tool_calls[:0] + s.completion.tool_calls  # (whole, as chat's)
+    assert json.loads(s.completion.tool_calls[0].function.arguments)["to"] == email
+
+
+def test_privacy_keep_on_device_refuses_tools_with_what_to_do(cloud_url: str) -> None:
+    policy = RoutingPolicy(HardRouter(), privacy="keep_on_device")
+    with HybridLLM(edge=FakeBackend(), cloud_url=cloud_url, policy=policy, cache=False) as client:
+        with pytest.raises(InvalidRequestError, match="privacy='redact'"):
+            client.chat("Mail jane.doe@example.com the weather", tools=[WEATHER])
+
+
+# -- hybridllm serve, with the official client ----------------------------------------------------
+
+
+@pytest.fixture()
+def proxy(cloud_url: str) -> Iterator[Any]:
+    client = HybridLLM(edge=FakeBackend(), cloud_url=cloud_url, cache=False, cloud_max_retries=0, policy=HARD)
+    server, base = _serve(create_proxy_app(client))
+    with client, serving(server, start_s=30):
+        yield openai.OpenAI(base_url=f"{base}/v1", api_key="none", max_retries=0, timeout=60)
+
+
+def test_the_proxy_answers_calls_to_the_official_client(proxy) -> None:
+    messages = [{"role": "user", "content": ASK}]
+    r = proxy.chat.completions.create(model="hybridllm", messages=messages, tools=[WEATHER], max_tokens=200)
+    choice = r.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.content is None
+    (call,) = choice.message.tool_calls
+    assert call.function.name == "get_weather" and json.loads(call.function.arguments) == {"city": "Paris"}
+    # streamed: the client's deltas add up to the same call
+    stream = proxy.chat.completions.create(
+        model="hybridllm", messages=messages, tools=[WEATHER], max_tokens=200, stream=True
+    )
+    parts: dict[int, dict[str, str]] = {}
+    finish = None
+    for chunk in stream:
+        for choice_delta in chunk.choices:
+            finish = choice_delta.finish_reason or finish
+            for d in choice_delta.delta.tool_calls or []:
+                got = parts.setdefault(d.index, {"name": "", "arguments": "", "id": ""})
+                got["id"] += d.id or ""
+                got["name"] += d.function.name or ""
+                got["arguments"] += d.function.arguments or ""
+    assert finish == "tool_calls" and parts[0]["name"] == "get_weather" and parts[0]["id"]
+    assert json.loads(parts[0]["arguments"]) == {"city": "Paris"}
+    # the result turn goes back through the proxy (the client's own message object, dumped)
+    messages += [
+        choice.message.model_dump(exclude_none=True),
+        {"role": "tool", "tool_call_id": call.id, "content": "18 C"},
+    ]
+    r = proxy.chat.completions.create(
+        model="hybridllm", messages=messages, tools=[WEATHER], tool_choice="none"
+    )
+    assert r.choices[0].message.content == CALL and not r.choices[0].message.tool_calls
+    sent, _ = SeeingTokenizer.seen[-1]
+    assert sent[1]["tool_calls"][0]["id"] == call.id and sent[2]["tool_call_id"] == call.id
+
+
+def test_the_proxy_refuses_bad_tools_with_their_param(proxy) -> None:
+    for body, param in [
+        ({"tools": [{"type": "function", "function": {"name": "a b"}}]}, "tools[0].function.name"),
+        ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "x"}}}, "tool_choice"),
+        ({"tools": [WEATHER], "response_format": {"type": "json_object"}}, "response_format"),
+    ]:
+        with pytest.raises(openai.BadRequestError) as err:
+            proxy.chat.completions.create(
+                model="hybridllm", messages=[{"role": "user", "content": ASK}], **body
+            )
+        assert err.value.body["param"] == param, err.value.body
+    bad_turn = {"role": "assistant", "content": None, "tool_calls": [{"id": "1", "type": "function"}]}
+    with pytest.raises(openai.BadRequestError) as err:
+        proxy.chat.completions.create(
+            model="hybridllm", tools=[WEATHER], messages=[{"role": "user", "content": ASK}, bad_turn]
+        )
+    assert err.value.body["param"] == "messages[1].tool_calls[0]"
+
+
+def test_a_proxy_without_a_cloud_says_tools_need_one() -> None:
+    client = HybridLLM(edge=FakeBackend(), cache=False)
+    server, base = _serve(create_proxy_app(client))
+    with client, serving(server, start_s=30):
+        api = openai.OpenAI(base_url=f"{base}/v1", api_key="none", max_retries=0)
+        with pytest.raises(openai.BadRequestError) as err:
+            api.chat.completions.create(
+                model="hybridllm", messages=[{"role": "user", "content": ASK}], tools=[WEATHER]
+            )
+    assert err.value.body["param"] == "tools" and "--cloud-url" in err.value.body["message"]

@@ -212,7 +212,6 @@ class CallsReader:
 
     def __init__(self) -> None:
         self._calls: dict[int, dict[str, Any]] = {}
-        self.pending: list[ToolCallDelta] = []  # pieces read, not yet passed on (the cloud's stream)
 
     def __bool__(self) -> bool:
         return bool(self._calls)

@@ -25,7 +25,10 @@ def conversation(content=None):
 
 def test_an_assistant_turn_with_null_content_is_an_empty_turn():
     msgs = normalize_messages(conversation())
-    assert msgs[1] == {"role": "assistant", "content": ""}
+    # (since review 36 the turn keeps its calls, and the tool turn the id of the call it answers:
+    # the cloud model reads them)
+    assert msgs[1] == {"role": "assistant", "content": "", "tool_calls": CALL}
+    assert msgs[2] == {"role": "tool", "content": "sunny", "tool_call_id": "call_1"}
     assert msgs == normalize_messages(conversation(""))
     # the wire layer reads the same turn as the same text
     assert ChatMessage(**conversation()[1]).text() == msgs[1]["content"]

@@ -175,7 +175,7 @@ class _Streaming(_Requests):
                     try:
                         if event is None:
                             raise ValueError("not JSON")
-                        texts, ended, counted = _read_event(event, calls)
+                        texts, ended, counted, pieces = _read_event(event, calls)
                     except (ValueError, TypeError, AttributeError) as exc:  # not the OpenAI shape
                         if finish is not None:  # after the answer's end: it was shown whole already
                             log.info("ignored a malformed event from %s after the answer's end: %r",
@@ -204,8 +204,7 @@ class _Streaming(_Requests):
                             # answer broken off, finished by the device and counted as a failure
                             # of the endpoint, the rest of it already waiting in the socket
                             last_event += clock() - paused
-                    if calls.pending and not hit:
-                        pieces, calls.pending = calls.pending, []
+                    if pieces and not hit:
                         received += sum(estimate_text_tokens(p.arguments) for p in pieces) or 1
                         paused = clock()
                         yield Delta("", model=served, tool_calls=pieces)
@@ -253,15 +252,17 @@ class _Streaming(_Requests):
                     model=served)
 
 
-def _read_event(event: dict, calls: CallsReader | None = None) -> tuple[list[str], str | None, Usage | None]:
-    """(texts, finish reason, usage) of one stream event, its tool-call pieces fed to ``calls``;
-    TypeError, ValueError or AttributeError when it is not shaped as OpenAI's chunk."""
+def _read_event(event: dict, calls: CallsReader | None = None
+                ) -> tuple[list[str], str | None, Usage | None, list[ToolCallDelta]]:
+    """(texts, finish reason, usage, tool-call pieces) of one stream event, the pieces read by
+    ``calls`` (the answer's calls so far); TypeError, ValueError or AttributeError when it is not
+    shaped as OpenAI's chunk."""
     usage = _usage_of(event["usage"]) if event.get("usage") else None
-    texts, finish = [], None
+    texts, finish, pieces = [], None, []
     for choice in event.get("choices") or []:
         delta = choice.get("delta") or {}
         if delta.get("tool_calls") and calls is not None:
-            calls.pending += calls.feed(delta["tool_calls"])
+            pieces += calls.feed(delta["tool_calls"])
         # a model that refuses sends its words as "refusal" (OpenAI), content null: they are the
         # answer's text (there is no refusal field to carry them; before, the answer read as "")
         for key in ("content", "refusal"):
@@ -272,7 +273,7 @@ def _read_event(event: dict, calls: CallsReader | None = None) -> tuple[list[str
                 texts.append(text)
         if choice.get("finish_reason"):
             finish = str(choice["finish_reason"])
-    return texts, finish, usage
+    return texts, finish, usage, pieces
 
 
 def _model_of(body: object) -> str | None:
@@ -332,7 +333,7 @@ def _read_completion(resp: Any, where: str) -> tuple[Delta, Delta]:
             text = message.get("refusal") or ""
         if not isinstance(text, str):
             raise TypeError(f"content is {type(text).__name__}, not text")
-        _, _, usage = _read_event({"usage": body.get("usage")})
+        usage = _read_event({"usage": body.get("usage")})[2]
         calls = CallsReader()
         if message.get("tool_calls"):  # whole calls: each its own piece, numbered in order
             calls.feed([{**call, "index": i} if isinstance(call, dict) else call

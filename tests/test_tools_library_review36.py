@@ -332,3 +332,106 @@ def test_a_proxy_without_a_cloud_says_tools_need_one() -> None:
                 model="hybridllm", messages=[{"role": "user", "content": ASK}], tools=[WEATHER]
             )
     assert err.value.body["param"] == "tools" and "--cloud-url" in err.value.body["message"]
+
+
+# -- the pieces: the reader of a cloud's calls, a whole (non-streamed) answer, a broken stream -----
+
+
+def test_the_calls_reader_joins_pieces_and_refuses_malformed_ones() -> None:
+    from hybridllm._tools import CallsReader
+
+    reader = CallsReader()
+    first = reader.feed(
+        [{"index": 0, "id": "c1", "type": "function", "function": {"name": "f", "arguments": ""}}]
+    )
+    assert first == [ToolCallDelta(0, "c1", "f", "")]
+    # a server that repeats the id and name in every piece: passed on once
+    assert reader.feed([{"index": 0, "id": "c1", "function": {"name": "f", "arguments": '{"a"'}}]) == [
+        ToolCallDelta(0, None, None, '{"a"')
+    ]
+    reader.feed(
+        [{"index": 0, "function": {"arguments": ": 1}"}}, {"index": 1, "id": "c2", "function": {"name": "g"}}]
+    )
+    calls = reader.calls()
+    assert [(c.id, c.function.name, c.function.arguments) for c in calls] == [
+        ("c1", "f", '{"a": 1}'),
+        ("c2", "g", ""),
+    ]
+    for bad in ({"index": -1}, {"index": True}, {"index": 0, "function": {"arguments": 5}}, "x"):
+        with pytest.raises(ValueError):
+            CallsReader().feed([bad])
+    nameless = CallsReader()
+    nameless.feed([{"index": 0, "function": {"arguments": "{}"}}])
+    with pytest.raises(ValueError, match="no function name"):
+        nameless.calls()
+
+
+def test_a_whole_json_answer_with_calls_is_read_as_a_streamed_one() -> None:
+    from hybridllm.backends.cloud_stream import _read_completion
+
+    class Resp:
+        text = ""
+
+        def json(self) -> dict:
+            return {
+                "model": "m",
+                "choices": [
+                    {
+                        "finish_reason": "tool_calls",
+                        "message": {
+                            "role": "assistant",
+                            "content": None,
+                            "tool_calls": [
+                                {
+                                    "id": "c1",
+                                    "type": "function",
+                                    "function": {"name": "f", "arguments": "{}"},
+                                },
+                                {
+                                    "id": "c2",
+                                    "type": "function",
+                                    "function": {"name": "g", "arguments": "[]"},
+                                },
+                            ],
+                        },
+                    }
+                ],
+            }
+
+    whole, final = _read_completion(Resp(), "http://x")
+    assert whole.text == "" and final.finish_reason == "tool_calls"
+    assert [(d.index, d.id, d.name, d.arguments) for d in whole.tool_calls] == [
+        (0, "c1", "f", "{}"),
+        (1, "c2", "g", "[]"),
+    ]
+
+
+class BreakingCloud(FakeBackend):
+    """Streams a call's first piece (or some text), then its connection breaks."""
+
+    def __init__(self, text: str = "") -> None:
+        super().__init__(model="cloud-model")
+        self.text = text
+
+    def stream(self, messages: Any, params: Any) -> Iterator[Any]:
+        from hybridllm.backends.base import Delta
+
+        self.calls.append(messages)
+        if self.text:
+            yield Delta(self.text)
+        else:
+            yield Delta("", tool_calls=[ToolCallDelta(0, "c1", "get_weather", '{"ci')])
+        raise CloudUnavailableError("connection reset")
+
+
+@pytest.mark.parametrize("text", ["", "Let me check"])
+def test_a_cloud_stream_that_breaks_is_an_error_the_device_never_finishes(text: str) -> None:
+    edge = FakeBackend()
+    with HybridLLM(edge=edge, cloud=BreakingCloud(text), policy=HARD, cache=False) as client:
+        with pytest.raises(CloudUnavailableError, match="tools"):
+            client.chat(ASK, tools=[WEATHER])
+        assert edge.calls == [] and edge.continued == []  # the device wrote nothing
+        # without tools the device finishes the text (or answers) as it always did
+        expected = "cloud->edge" if text else "edge (cloud unavailable)"
+        assert client.chat(ASK).route == expected
+    assert len(edge.calls) == 1

@@ -9,8 +9,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from ._types import (
     MAX_STOP,  # the library's bound (OpenAI's 4), not the wire's 32
     )
-from .wire import ChatCompletionRequest, WireError
-from .wire.requests import _STREAM_RULE, checked_calls, checked_tools, tool_choice_of
+from .wire import WireError
+from .wire.requests import _STREAM_RULE, ToolsChatRequest, checked_calls, tool_choice_of
 
 
 class HybridOptions(BaseModel):
@@ -48,23 +48,10 @@ def _schema_extra(schema: dict[str, Any]) -> None:
             alt["maxItems"] = MAX_STOP
 
 
-class ProxyChatRequest(ChatCompletionRequest):
+class ProxyChatRequest(ToolsChatRequest):
     model_config = ConfigDict(json_schema_extra=_schema_extra)
     hybridllm: HybridOptions | None = None
-    # function calling: passed to the cloud model, the only one that calls tools (README)
-    tools: list[dict[str, Any]] | None = None
-    tool_choice: Literal["none", "auto", "required"] | dict[str, Any] | None = None
-
-    # same names as the wire model's refusing validators: these replace them
-    @field_validator("tools")
-    @classmethod
-    def _no_tools(cls, value: list[Any] | None) -> list[dict[str, Any]] | None:
-        return checked_tools(value) if value is not None else value
-
-    @field_validator("tool_choice")
-    @classmethod
-    def _no_tool_choice(cls, value: Any) -> Any:
-        return value
+    # (tools: passed to the cloud model, the only one that calls them; README, Function calling)
 
     @model_validator(mode="after")
     def _tools_fit(self) -> ProxyChatRequest:

@@ -18,7 +18,7 @@ well, so a vLLM client's requests run unchanged: ``structured_outputs`` (``{"jso
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 from pydantic import Field, PrivateAttr, field_validator, model_validator
 
@@ -34,11 +34,12 @@ from hybridllm.wire.requests import (
     SamplingRequest,
     StreamOptions,
     TextPart,
+    ToolsChatRequest,
     checked_response_format,
     parse_request,
 )
 
-from .tools import ToolPlan, checked_tools, template_messages, tool_choice_of
+from .tools import ToolPlan, template_messages, tool_choice_of
 
 # OpenAI's: token ids (as JSON keys, strings) to biases in -100..100, at most 300 of them
 LogitBias = Annotated[dict[str, Annotated[Unit, Field(ge=-100.0, le=100.0)]],
@@ -116,7 +117,7 @@ StructuredOutputs = dict[str, Any]
 GuidedJson = dict[str, Any] | str
 
 
-class CloudChatCompletionRequest(_StructuredMixin, ChatCompletionRequest):
+class CloudChatCompletionRequest(_StructuredMixin, ToolsChatRequest):
     """A chat body with OpenAI's ``logprobs`` (bool) and ``top_logprobs`` (0..20) served."""
 
     logprobs: bool | None = None
@@ -128,9 +129,7 @@ class CloudChatCompletionRequest(_StructuredMixin, ChatCompletionRequest):
     guided_regex: str | None = None
     guided_choice: list[str] | None = None
 
-    # function calling (cloud_server/api/tools.py)
-    tools: list[dict[str, Any]] | None = None
-    tool_choice: Literal["none", "auto", "required"] | dict[str, Any] | None = None
+    # function calling (cloud_server/api/tools.py; the fields are ToolsChatRequest's)
     _tool_plan: ToolPlan | None = PrivateAttr(default=None)
 
     # same names as the shared model's refusing validators: these replace them (the penalties and
@@ -140,16 +139,6 @@ class CloudChatCompletionRequest(_StructuredMixin, ChatCompletionRequest):
         self._set_grammar()
         self._plan_tools()
         return self
-
-    @field_validator("tools")
-    @classmethod
-    def _no_tools(cls, value: list[Any] | None) -> list[dict[str, Any]] | None:
-        return checked_tools(value) if value is not None else value
-
-    @field_validator("tool_choice")
-    @classmethod
-    def _no_tool_choice(cls, value: Any) -> Any:
-        return value
 
     def _plan_tools(self) -> None:
         """How the answer is read (``tool_plan``); a forced call's grammar becomes the request's."""

@@ -383,6 +383,25 @@ class ChatCompletionRequest(SamplingRequest):
         return out
 
 
+class ToolsChatRequest(ChatCompletionRequest):
+    """A chat body whose ``tools`` are served (the cloud server's model calls them; ``hybridllm
+    serve`` sends them to it): checked as OpenAI checks them, each error a 400 naming its field."""
+
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: Literal["none", "auto", "required"] | dict[str, Any] | None = None
+
+    # same names as the refusing validators above: these replace them
+    @field_validator("tools")
+    @classmethod
+    def _no_tools(cls, value: list[Any] | None) -> list[dict[str, Any]] | None:
+        return checked_tools(value) if value is not None else value
+
+    @field_validator("tool_choice")
+    @classmethod
+    def _no_tool_choice(cls, value: Any) -> Any:
+        return value
+
+
 class CompletionRequest(SamplingRequest):
     """The legacy ``/v1/completions`` body: one prompt, text or token ids."""
 

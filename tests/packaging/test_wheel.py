@@ -229,3 +229,55 @@ def test_the_proxy_command_without_its_extra_names_the_light_extra(
     assert done.returncode == 1, done.stderr
     assert "pip install 'hybridllm[proxy]'" in done.stderr, done.stderr
     assert "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr
+
+
+def test_the_installed_wheel_calls_tools_through_a_cloud_without_pydantic(
+    venv: Path, user_env: dict[str, str], tmp_path: Path
+) -> None:
+    """Function calling on the light install (review 36): the tools are checked and sent, and the
+    cloud's streamed call read back, with no pydantic (the servers' wire models are not needed)."""
+    import http.server
+    import threading
+
+    call = {"index": 0, "id": "call_1", "type": "function",
+            "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
+    events = [
+        {"choices": [{"index": 0, "delta": {"role": "assistant"}, "finish_reason": None}]},
+        {"choices": [{"index": 0, "delta": {"tool_calls": [call]}, "finish_reason": None}]},
+        {"choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]},
+        {"choices": [], "usage": {"prompt_tokens": 20, "completion_tokens": 9}},
+    ]
+    bodies: list[dict] = []
+
+    class Cloud(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802 - the stdlib's name
+            bodies.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.end_headers()
+            for event in events:
+                self.wfile.write(f"data: {json.dumps(event)}\n\n".encode())
+            self.wfile.write(b"data: [DONE]\n\n")
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Cloud)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}/v1"
+    code = (
+        "import sys\n"
+        "from hybridllm import HybridLLM\n"
+        "tool = {'type': 'function', 'function': {'name': 'get_weather', 'parameters': {'type': 'object'}}}\n"
+        f"with HybridLLM(cloud_url={url!r}, cloud_model='m', cache=False) as llm:\n"
+        "    c = llm.chat('Weather in Paris?', tools=[tool])\n"
+        "print(c.route, c.finish_reason, c.tool_calls[0].function.name, c.tool_calls[0].function.arguments,\n"
+        "      'pydantic' in sys.modules)\n"
+    )
+    try:
+        out = _run([str(venv / "bin" / "python"), "-c", code], cwd=tmp_path, env=user_env)
+    finally:
+        server.shutdown()
+    expected = ["cloud", "tool_calls", "get_weather", '{"city":', '"Paris"}', "False"]
+    assert out.stdout.split() == expected, out.stdout
+    assert bodies[0]["tools"][0]["function"]["name"] == "get_weather"

@@ -435,3 +435,17 @@ def test_a_cloud_stream_that_breaks_is_an_error_the_device_never_finishes(text: 
         expected = "cloud->edge" if text else "edge (cloud unavailable)"
         assert client.chat(ASK).route == expected
     assert len(edge.calls) == 1
+
+
+def test_tools_skip_the_router_and_are_held_to_the_budget(cloud_url: str) -> None:
+    from hybridllm import CloudBudgetSpentError
+
+    with HybridLLM(
+        edge=FakeBackend(), cloud_url=cloud_url, policy=HARD, cache=False, max_cloud_calls_per_hour=1
+    ) as client:
+        c = client.chat(ASK, tools=[WEATHER], max_tokens=200)
+        assert c.score is None and c.reason == "tools: only the cloud model calls them"  # not scored
+        with pytest.raises(CloudBudgetSpentError, match="without tools for the device"):
+            client.chat(ASK, tools=[WEATHER])
+        assert client.chat(ASK).route == "edge"  # without tools the device stands in, as before
+        assert client.stats()["budget"]["calls_hour"] == 1

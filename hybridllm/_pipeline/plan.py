@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 from typing import Any
 
 from .._exceptions import HybridLLMError, InvalidRequestError, RouterError
-from .._types import Decision, estimate_tokens
+from .._types import Decision, estimate_text_tokens, estimate_tokens
 from ..backends.base import call_guarded
 from .failures import ForcedCloudOverBudgetError, _too_long, _waits_for_cloud
 from .ports import _CoreParts, wait_of
@@ -36,15 +37,18 @@ class _Planner(_CoreParts):
             )
         else:
             policy, tokens = self.policy, req.prompt_tokens
+            # a request with tools goes to the cloud whatever the router would score: asked as a
+            # forced one, so that only the policy's privacy rules run (_tools_to_the_cloud)
+            force = "cloud" if req.params.tools is not None else opts.route
             d = await loop.run_in_executor(
                 None, _ask_policy, policy, "decide",
-                lambda: policy.decide(msgs, force=opts.route, prompt_tokens=tokens, embedding=vec),
+                lambda: policy.decide(msgs, force=force, prompt_tokens=tokens, embedding=vec),
             )
             if not isinstance(d, Decision):  # else an AttributeError on .route, far from its cause
                 raise RouterError(f"The routing policy {type(policy).__name__}.decide() returned "
                                   f"{type(d).__name__}, not a hybridllm.Decision; nothing was sent.")
         if req.params.tools is not None:
-            d = _tools_to_the_cloud(d)
+            d = _tools_to_the_cloud(d, forced=opts.route == "cloud")
         elif not req.fits_edge:
             d = self._beyond_the_edge(req, d)
         elif opts.cascade is not None:
@@ -91,9 +95,11 @@ class _Planner(_CoreParts):
         return self._prompt_tokens(req) + req.params.max_tokens
 
     def _prompt_tokens(self, req: Request) -> int:
+        # the tools are in the cloud's prompt too (its template lists them): ~4 characters a token
+        tools = estimate_text_tokens(json.dumps(req.params.tools)) if req.params.tools else 0
         if req.prompt_tokens is not None:
-            return req.prompt_tokens
-        return estimate_tokens(req.messages)  # an edge without a tokenizer: ~4 characters a token
+            return req.prompt_tokens + tools
+        return estimate_tokens(req.messages) + tools  # an edge without a tokenizer: ~4 characters a token
 
     def _cloud_down(self) -> tuple[str, HybridLLMError | None] | None:
         """Why the cloud cannot take a request now (and the error behind it, if one), or None when it
@@ -117,19 +123,21 @@ class _Planner(_CoreParts):
             return f"its unavailable_reason() raised {_named(exc)}", exc
 
 
-def _tools_to_the_cloud(d: Decision) -> Decision:
-    """A request with tools goes to the cloud whatever the router scored (only the cloud model
-    calls tools), unless privacy keeps it on the device: then a clear error."""
+def _tools_to_the_cloud(d: Decision, *, forced: bool) -> Decision:
+    """A request with tools goes to the cloud, unscored (only the cloud model calls tools), unless
+    privacy keeps it on the device: then a clear error. ``forced``: the caller chose the cloud
+    (else the request is held to the budget as any routed one)."""
     if d.private:
         found = f"it contains {', '.join(d.pii_kinds)}" if d.pii_kinds else d.reason
         raise InvalidRequestError(
             f"privacy keeps this request on the device ({found}), and only the cloud model calls "
             "tools: set privacy='redact' to send the cloud placeholders instead of the values, or "
             "leave out tools for the device to answer.")
-    if d.route == "cloud" and d.forced:
-        return d
-    reason = f"tools: only the cloud model calls them{_redacted(d)}"
-    return dataclasses.replace(d, route="cloud", reason=reason, cascade=False)
+    if forced:
+        reason = f"forced cloud by the caller{_redacted(d)}"
+    else:
+        reason = f"tools: only the cloud model calls them{_redacted(d)}"
+    return dataclasses.replace(d, route="cloud", reason=reason, cascade=False, forced=forced, score=None)
 
 
 def _ask_policy(policy: object, method: str, call: Any) -> Any:

@@ -35,6 +35,7 @@ from hybridllm.wire.requests import (
     StreamOptions,
     TextPart,
     ToolsChatRequest,
+    _as_wire,
     checked_response_format,
     parse_request,
 )
@@ -153,7 +154,7 @@ class CloudChatCompletionRequest(_StructuredMixin, ToolsChatRequest):
             raise WireError("logprobs are not served beside tools: send tool_choice 'none' or leave "
                             "logprobs out.", param="logprobs")
         plan = ToolPlan(self.tools, mode, name, self.parallel_tool_calls is not False)
-        self._grammar = plan.grammar()
+        self._grammar = _as_wire(plan.grammar)  # a schema the grammar cannot serve: a 400 naming it
         self._tool_plan = plan
 
     def tool_plan(self) -> ToolPlan | None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Sequence
 from typing import Any
@@ -85,7 +86,23 @@ def _plain(messages: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         if content is None and msg.get("role") == "assistant":
             content = ""
         role = {"role": "system"} if msg.get("role") == "developer" else {}
-        out.append(
-            {**msg, **role, "content": text_of_content(content, where=f"messages[{i}]['content']")}
-        )
+        turn = {**msg, **role, "content": text_of_content(content, where=f"messages[{i}]['content']")}
+        if msg.get("role") == "assistant" and isinstance(msg.get("tool_calls"), list):
+            turn["tool_calls"] = [_call_for_template(call) for call in msg["tool_calls"]]
+        out.append(turn)
     return out
+
+
+def _call_for_template(call: Any) -> Any:
+    """An earlier tool call as the templates write it: its ``arguments``, a JSON text on the wire,
+    as the object they write with ``| tojson`` (as transformers and vLLM pass it); a text that is
+    not JSON stays a text."""
+    fn = call.get("function") if isinstance(call, dict) else None
+    args = fn.get("arguments") if isinstance(fn, dict) else None
+    if not isinstance(fn, dict) or not isinstance(args, str):
+        return call
+    try:
+        value = json.loads(args) if args.strip() else {}
+    except ValueError:
+        return call
+    return {**call, "function": {**fn, "arguments": value}}

@@ -148,6 +148,18 @@ def check_calls(value: Any, where: str) -> list[dict[str, Any]]:
     return out
 
 
+def plan_of(params: Any) -> ToolPlan | None:
+    """How a request's answer is read as calls (``GenerationParams``'s tools and tool_choice);
+    None without tools or with tool_choice "none" (a text answer; the tools are not shown)."""
+    tools = getattr(params, "tools", None)
+    if not tools:
+        return None
+    mode, name = tool_choice_mode(getattr(params, "tool_choice", None), list(tools))
+    if mode == "none":
+        return None
+    return ToolPlan(list(tools), mode, name, getattr(params, "parallel_tool_calls", None) is not False)
+
+
 def uses_tools(messages: list[dict[str, Any]], tools: Any) -> bool:
     """A request that gives tools, or whose conversation holds calls or their results: its answer
     depends on what the tools did, so the semantic cache neither serves nor keeps it."""

@@ -6,7 +6,7 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from .._tools import CallsReader, Function, ToolCall, ToolCallDelta
+from .._tools import CallsReader, Function, ToolCall, ToolCallDelta, ToolCallReader
 from .._types import Chunk, Completion, Usage, estimate_text_tokens
 from ..backends.base import Backend, Delta, StopMatcher
 from .accounting import checked_usage
@@ -62,8 +62,12 @@ class _Answer:
         prefix: str = "",
         ttft_ms: float | None = None,
         restorer: Restorer | _RestoredStop | None = None,
+        reader: ToolCallReader | None = None,
     ) -> None:
         self.backend, self.start, self.call = backend, start, call
+        # a device model given tools: its text is read as calls as it comes (the cloud server
+        # reads its own; a cloud's calls arrive as tool-call deltas)
+        self.reader = reader
         self.route, self.reason, self.score, self.prefix = route, reason, score, prefix
         self.ttft = ttft_ms
         self.restorer = restorer  # the text is restored as it streams: parts hold what the user sees
@@ -93,13 +97,17 @@ class _Answer:
                 if self.call is not None:
                     self.call.usage = self.usage
         shown_calls = self._feed_calls(delta.tool_calls) if delta.tool_calls else []
-        if not delta.text and not shown_calls:
+        written = delta.text
+        if self.reader is not None and written:  # text, or the calls it starts and goes on with
+            written = self.reader.feed(written)
+            shown_calls += self.calls.feed(self.reader.take_deltas())
+        if not written and not shown_calls:
             return None
         text = ""
-        if delta.text:
+        if written:
             if self.call is not None:  # until the cloud's own count arrives: ~4 characters a token
-                self.call.streamed += estimate_text_tokens(delta.text)
-            text = self.restorer.feed(delta.text) if self.restorer is not None else delta.text
+                self.call.streamed += estimate_text_tokens(written)
+            text = self.restorer.feed(written) if self.restorer is not None else written
             self._note_stop()
         if not text and not shown_calls:  # all of it held back: it may be the start of a placeholder
             return None
@@ -160,7 +168,18 @@ class _Answer:
         # the sync client's inline path does not flush: what the restorer holds ends the answer
         held = self.flush()
         tail = held.text if held is not None else ""
+        read: list[ToolCallDelta] = []
+        if self.reader is not None:  # the rest: text held back, or the calls read from the whole answer
+            rest, calls, self.finish_reason = self.reader.finish(self.finish_reason)
+            if rest:
+                self.parts.append(rest)
+                tail += rest
+            if self.ttft is None and (rest or calls):
+                self.ttft = (time.perf_counter() - self.start) * 1000
+            new = [{"index": i, **c} for i, c in enumerate(calls) if i >= self.reader.streamed]
+            read = self.calls.feed(new)
         tool_calls, unshown = self._whole_calls()
+        unshown = read + unshown
         usage = self.usage
         mean_lp = sum(self.logprobs) / len(self.logprobs) if self.logprobs and not self.prefix else None
         model = self.model_name

@@ -83,6 +83,7 @@ class Core(_CacheSteps, _Executor):
         self._closed = False
         self._cache_write_failed = False
         self._cache_embed_failed = False  # an embedder that cannot load says so once, not per request
+        self._edge_tools: bool | None = None  # the device model reads tools (asked at the first)
         GenerationParams.from_kwargs(**self.defaults)  # bad defaults fail at construction
 
     # -- validation, at the call --------------------------------------------------------------
@@ -96,14 +97,31 @@ class Core(_CacheSteps, _Executor):
             raise ConfigError("route='cloud' needs a cloud endpoint: pass cloud_url=...")
         merged = {**self.defaults, **{k: v for k, v in overrides.items() if v is not None}}
         req = Request(normalize_messages(messages), GenerationParams.from_kwargs(**merged), opts)
-        if req.params.tools is not None:  # only the cloud model calls tools
-            if self.cloud is None:
-                raise ConfigError("tools need a cloud endpoint (function calling runs on the cloud "
-                                  "model, not on the device): pass cloud_url=...")
-            if opts.route == "edge":
-                raise InvalidRequestError("route='edge' cannot take tools: only the cloud model calls "
-                                          "them. Leave out route, or the tools.")
+        if req.params.tools is not None:  # a model that reads tools: the cloud's, or the device's
+            req.edge_tools = self._edge_calls_tools()
+            if self.cloud is None and not req.edge_tools:
+                raise ConfigError(f"tools need a model whose chat template lists them, and the device "
+                                  f"model ({self.edge.model}) has none: pass cloud_url=... (the cloud "
+                                  "model calls them), or use an edge_model whose template lists tools "
+                                  "(qwen2.5-coder-0.5b-instruct).")
+            if opts.route == "edge" and not req.edge_tools:
+                raise InvalidRequestError(f"route='edge' cannot take tools: the device model "
+                                          f"({self.edge.model}) has no tool format in its chat template. "
+                                          "Leave out route, or the tools.")
         return req
+
+    def _edge_calls_tools(self) -> bool:
+        """Whether the device model can be given tools (its ``calls_tools()``, asked once; a custom
+        edge without it, or whose answer raises, cannot)."""
+        if self._edge_tools is None:
+            probe = getattr(self.edge, "calls_tools", None)
+            try:
+                self._edge_tools = bool(probe()) if callable(probe) else False
+            except Exception as exc:  # noqa: BLE001 - a custom backend's: it calls no tools
+                log.warning("the edge backend's calls_tools() raised %s; tools go to the cloud",
+                            type(exc).__name__)
+                self._edge_tools = False
+        return self._edge_tools
 
     # -- the pipeline -------------------------------------------------------------------------
     async def run(self, req: Request) -> Chunks:

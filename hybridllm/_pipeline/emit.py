@@ -10,6 +10,7 @@ from contextlib import aclosing
 from typing import TYPE_CHECKING
 
 from .._exceptions import CloudRateLimitError, CloudUnavailableError
+from .._tools import ToolCallReader, plan_of
 from .._types import MAX_MODEL_CHARS, Chunk, Completion, Usage
 from ..backends.base import Backend, Delta, guarded
 from ..backends.worker import InlineRun
@@ -58,10 +59,11 @@ class _Emitter(_CoreParts):
         def make() -> Iterator[Delta]:  # a custom edge backend's own error is an EdgeError
             return guarded(run, edge, "edge", continuation=bool(prefix))
 
+        plan = plan_of(params)  # a request with tools: the device's answer is read as calls
         if inline and req.inline_edge:
             answer = _Answer(
                 edge, start, route=route, reason=reason, score=score, prefix=prefix, ttft_ms=ttft_ms,
-                restorer=restorer,
+                restorer=restorer, reader=plan.reader() if plan is not None else None,
             )
             return self._emit_inline(self.edge_worker.inline(make, answer.feed, answer.finish), prefix)
         return self._emit(
@@ -75,6 +77,7 @@ class _Emitter(_CoreParts):
             ttft_ms=ttft_ms,
             req=req,
             restorer=restorer,
+            reader=plan.reader() if plan is not None else None,
         )
 
     async def _emit(
@@ -91,14 +94,16 @@ class _Emitter(_CoreParts):
         prefix: str = "",
         ttft_ms: float | None = None,
         restorer: Restorer | _RestoredStop | None = None,
+        reader: ToolCallReader | None = None,
     ) -> Chunks:
         """Stream the deltas as chunks, then one final chunk with the completion. With
         ``call``, the deltas are a cloud call's, accounted in it; with ``prefix`` (already sent
         to the caller, first token at ``ttft_ms``), the backend continues that answer; with
-        ``restorer``, the placeholders in the text are put back."""
+        ``restorer``, the placeholders in the text are put back; with ``reader``, the text is read
+        as tool calls (a device model given tools)."""
         answer = _Answer(
             backend, start, route=route, reason=reason, score=score, call=call, prefix=prefix,
-            ttft_ms=ttft_ms, restorer=restorer,
+            ttft_ms=ttft_ms, restorer=restorer, reader=reader,
         )
         try:
             async with aclosing(deltas) as stream:  # type: ignore[type-var]  # an async generator

@@ -39,7 +39,8 @@ class _Planner(_CoreParts):
             policy, tokens = self.policy, req.prompt_tokens
             # a request with tools goes to the cloud whatever the router would score: asked as a
             # forced one, so that only the policy's privacy rules run (_tools_to_the_cloud)
-            force = "cloud" if req.params.tools is not None else opts.route
+            cloud_only = req.params.tools is not None and not req.edge_tools
+            force = "cloud" if cloud_only else opts.route
             d = await loop.run_in_executor(
                 None, _ask_policy, policy, "decide",
                 lambda: policy.decide(msgs, force=force, prompt_tokens=tokens, embedding=vec),
@@ -47,7 +48,7 @@ class _Planner(_CoreParts):
             if not isinstance(d, Decision):  # else an AttributeError on .route, far from its cause
                 raise RouterError(f"The routing policy {type(policy).__name__}.decide() returned "
                                   f"{type(d).__name__}, not a hybridllm.Decision; nothing was sent.")
-        if req.params.tools is not None:
+        if req.params.tools is not None and not req.edge_tools:
             d = _tools_to_the_cloud(d, forced=opts.route == "cloud")
         elif not req.fits_edge:
             d = self._beyond_the_edge(req, d)
@@ -55,6 +56,8 @@ class _Planner(_CoreParts):
             d = dataclasses.replace(
                 d, cascade=bool(opts.cascade and d.route == "edge" and d.score is not None and not d.forced)
             )
+        if req.params.tools is not None and d.cascade:  # a held-back draft replays text, not calls
+            d = dataclasses.replace(d, cascade=False)
         binds = not d.forced or self.budget_binds_forced_cloud
         if d.route == "cloud" and binds and self.ledger is not None:
             # one step under the ledger's lock: of concurrent requests, only as many as fit pass

@@ -66,6 +66,8 @@ class Request:
     # cascade's escalation that could not happen): its answer is not stored, or a hit would serve
     # it to the same question once the cloud can answer it again
     stand_in: bool = False
+    # the device model can be given this request's tools (its template lists them; set at the call)
+    edge_tools: bool = False
 
     @property
     def fits_edge(self) -> bool:
@@ -76,9 +78,9 @@ class Request:
 
     @property
     def edge_can_answer(self) -> bool:
-        """The device may answer in the cloud's place: the prompt fits it and the request gives
-        no tools (only the cloud model calls them)."""
-        return self.fits_edge and self.params.tools is None
+        """The device may answer in the cloud's place: the prompt fits it, and it can call the
+        request's tools if it gives any."""
+        return self.fits_edge and (self.params.tools is None or self.edge_tools)
 
 
 @dataclasses.dataclass

@@ -125,6 +125,12 @@ class Backend(ABC):
         """Prompt length in this backend's tokens, when it can tell cheaply."""
         return None
 
+    def calls_tools(self) -> bool:
+        """Whether this model can be given ``tools`` and its answer read as calls (a device model
+        whose chat template lists tools; see :mod:`hybridllm._tools`). Off by default: a request
+        with tools goes to the cloud."""
+        return False
+
     @property
     def context_length(self) -> int | None:
         return None
@@ -148,7 +154,13 @@ class DeviceBackend(Backend):
     prompt_format: PromptFormat
 
     @abstractmethod
-    def tokenize(self, messages: Messages, *, prefix: str = "") -> list[int]: ...
+    def tokenize(self, messages: Messages, *, prefix: str = "",
+                 tools: list[dict[str, Any]] | None = None) -> list[int]: ...
+
+    def calls_tools(self) -> bool:
+        # its template lists tools (Qwen2.5's does, SmolLM2's does not): the model was taught a
+        # call format, which the pipeline reads (hybridllm._tools.ToolCallReader)
+        return self.prompt_format.renders_tools()
 
     @abstractmethod
     def _run(self, tokens: list[int], params: GenerationParams,
@@ -178,7 +190,10 @@ class DeviceBackend(Backend):
 
     def _stream(self, messages: Messages, params: GenerationParams, prefix: str) -> Iterator[Delta]:
         stops = tuple(dict.fromkeys(params.stop + self.prompt_format.stops(messages)))
-        tokens = self.tokenize(messages, prefix=prefix)
+        from .._tools import plan_of
+
+        plan = plan_of(params)  # the tools reach the template unless tool_choice is "none"
+        tokens = self.tokenize(messages, prefix=prefix, **({"tools": plan.tools} if plan is not None else {}))
         limit = self.context_length
         if limit is not None and len(tokens) >= limit:  # no room left for one answer token
             raise ContextWindowExceededError(

@@ -42,7 +42,7 @@ from .llama_cpp_load import (
     _trained_context,
     load_reasons,
 )
-from .structured import Constraint, DeviceFormats, llama_vocabulary, response_format_of
+from .structured import Constraint, DeviceFormats, constrained, llama_vocabulary
 
 DEFAULT_MODEL = DEFAULT_EDGE_MODEL
 log = logging.getLogger("hybridllm.edge")
@@ -239,7 +239,8 @@ class LlamaCppBackend(DeviceBackend):
             raise EdgeError(_CLOSED)
         return super().render(messages)
 
-    def tokenize(self, messages: Messages, *, prefix: str = "") -> list[int]:
+    def tokenize(self, messages: Messages, *, prefix: str = "",
+                 tools: list[dict[str, Any]] | None = None) -> list[int]:
         # only the template's own markers become control tokens; every message's text and the
         # prefix are read as plain text, added markers such as <tool_call> too
         # (hybridllm.prompts.tokenize_prompt, llama_plain)
@@ -248,7 +249,7 @@ class LlamaCppBackend(DeviceBackend):
                 self._plain = llama_plain(self._llm)
             special_ids, encode_plain = self._plain
             ids = tokenize_prompt(self.prompt_format, messages, prefix=prefix,
-                                  special_ids=special_ids, encode_plain=encode_plain)
+                                  special_ids=special_ids, encode_plain=encode_plain, tools=tools)
             # what llama.cpp's add_special puts first for this model (BOS or nothing), unless the
             # template wrote it already
             start = list(self._llm.tokenize(b"", add_bos=True, special=False))
@@ -262,9 +263,9 @@ class LlamaCppBackend(DeviceBackend):
 
     def _run(self, tokens: list[int], params: GenerationParams,
              stops: tuple[str, ...]) -> Iterator[Delta]:
-        # a response_format is parsed here, so a bad one fails before the stream starts; a
-        # request without one touches none of it
-        constraint = None if response_format_of(params) is None else self._formats.start(params)
+        # a response_format (or a forced tool call) is parsed here, so a bad one fails before the
+        # stream starts; a request without one touches none of it
+        constraint = self._formats.start(params) if constrained(params) else None
         return self._run_alone(tokens, params, stops, constraint)
 
     def _run_alone(self, tokens: list[int], params: GenerationParams, stops: tuple[str, ...],

@@ -55,7 +55,7 @@ from .onnx_folder import (
 )
 from .onnx_memory import _advise_huge_pages, _anon_regions
 from .onnx_sampling import _finite, _sample
-from .structured import Constraint, DeviceFormats, response_format_of, tokenizers_vocabulary
+from .structured import Constraint, DeviceFormats, constrained, tokenizers_vocabulary
 
 _ORT_LOG_FATAL = 4  # ONNX Runtime's log severities: 0 verbose .. 3 error, 4 fatal
 _CLOSED = "The ONNX backend is closed; create a new OnnxBackend to generate again."
@@ -216,14 +216,15 @@ class OnnxBackend(DeviceBackend):
         self._check_open()
         return super().render(messages)
 
-    def tokenize(self, messages: Messages, *, prefix: str = "") -> list[int]:
+    def tokenize(self, messages: Messages, *, prefix: str = "",
+                 tools: list[dict[str, Any]] | None = None) -> list[int]:
         self._check_open()
         # only the template's own markers become control tokens; every message's text and the
         # prefix are read as plain text (hybridllm.prompts.tokenize_prompt). The runtime's own
         # tokenizer cannot leave special tokens unparsed, so the folder's tokenizer.json is read
         # with ``tokenizers`` (the same ids for ordinary prompts: tests/backends/test_special_tokens)
         ids = tokenize_prompt(self.prompt_format, messages, prefix=prefix,
-                              special_ids=self._special_ids, encode_plain=self._encode_plain)
+                              special_ids=self._special_ids, encode_plain=self._encode_plain, tools=tools)
         if self._add_bos and self._bos_id is not None and (not ids or ids[0] != self._bos_id):
             ids.insert(0, int(self._bos_id))
         return ids
@@ -273,9 +274,9 @@ class OnnxBackend(DeviceBackend):
     def _run(
         self, tokens: list[int], params: GenerationParams, stops: tuple[str, ...]
     ) -> Iterator[Delta]:
-        # a response_format is parsed here, so a bad one fails before the stream starts; a
-        # request without one touches none of it
-        constraint = None if response_format_of(params) is None else self._formats.start(params)
+        # a response_format (or a forced tool call) is parsed here, so a bad one fails before the
+        # stream starts; a request without one touches none of it
+        constraint = self._formats.start(params) if constrained(params) else None
         return self._steps(tokens, params, stops, constraint)
 
     def _steps(self, tokens: list[int], params: GenerationParams, stops: tuple[str, ...],

@@ -28,6 +28,15 @@ def response_format_of(params: Any) -> dict[str, Any] | None:
     return getattr(params, "response_format", None) or None
 
 
+def constrained(params: Any) -> bool:
+    """The answer is held to a grammar: a ``response_format``, or a forced tool call
+    (``tool_choice`` "required" or a named function: the call's form and its arguments' schema)."""
+    from .._tools import plan_of
+
+    plan = plan_of(params)
+    return response_format_of(params) is not None or (plan is not None and plan.mode != "auto")
+
+
 class DeviceFormats:
     """One model's token index. ``vocabulary()`` gives (the bytes each token id adds to
     the answer, None for one that adds none or must never be drawn; the end-of-generation ids)."""
@@ -66,10 +75,15 @@ class DeviceFormats:
         """The constraint for one request (None when it has no ``response_format``), its matcher
         already past a continuation's prefix. Parses now, so a bad format fails before any model
         step; the token index is built later, by :meth:`Constraint.bind`."""
-        value = response_format_of(params)
-        if value is None:
+        from .._tools import plan_of
+
+        plan, value = plan_of(params), response_format_of(params)
+        if plan is not None and plan.mode != "auto":  # a forced call: its form and its schema
+            grammar = plan.grammar()  # (memoised by the core, as a format's)
+        elif value is None:
             return None
-        grammar = grammar_of(value)  # the request's own (memoised; a bad one: InvalidRequestError)
+        else:
+            grammar = grammar_of(value)  # the request's own (memoised; a bad one: InvalidRequestError)
         if grammar is None:
             return None
         matcher = grammar.matcher()

@@ -449,3 +449,69 @@ def test_tools_skip_the_router_and_are_held_to_the_budget(cloud_url: str) -> Non
             client.chat(ASK, tools=[WEATHER])
         assert client.chat(ASK).route == "edge"  # without tools the device stands in, as before
         assert client.stats()["budget"]["calls_hour"] == 1
+
+
+# -- a device model that reads tools (its template lists them: Qwen2.5's) ------------------------
+
+
+class ToolDevice(FakeBackend):
+    """A device model whose template lists tools: it writes ``reply`` and keeps the params it got."""
+
+    def __init__(self, reply: str = CALL) -> None:
+        super().__init__(model="tool-device", reply=lambda messages: reply)
+        self.params: list[Any] = []
+
+    def calls_tools(self) -> bool:
+        return True
+
+    def stream(self, messages: Any, params: Any) -> Iterator[Any]:
+        self.params.append(params)
+        return super().stream(messages, params)
+
+
+class EasyRouter(HardRouter):
+    def score_text(self, text: str, *, embedding: Any = None) -> float:
+        return 0.1
+
+
+def test_a_device_that_reads_tools_answers_them_alone_with_calls_streamed_or_not() -> None:
+    edge = ToolDevice()
+    with HybridLLM(edge=edge, cache=False) as client:  # no cloud at all
+        c = client.chat(ASK, tools=[WEATHER], max_tokens=200)
+        assert c.route == "edge" and c.finish_reason == "tool_calls" and c.text == ""
+        assert [(t.function.name, json.loads(t.function.arguments)) for t in c.tool_calls] == [
+            ("get_weather", {"city": "Paris"})
+        ]
+        assert edge.params[-1].tools == (WEATHER,)  # the device was given the tools
+        with client.stream(ASK, tools=[WEATHER], route="edge") as s:  # sync: read on this thread
+            chunks = list(s)
+        assert not "".join(ch.text for ch in chunks)  # the call's text is never shown as text
+        (whole,) = [d for ch in chunks for d in ch.tool_calls]  # an auto call comes whole at the end
+        assert whole.name == "get_weather" and whole.id == s.completion.tool_calls[0].id
+
+        async def run() -> Any:  # async: the device's own thread
+            async with AsyncHybridLLM.wrap(client).stream(ASK, tools=[WEATHER]) as a:
+                return [d async for ch in a for d in ch.tool_calls], a.completion
+
+        import asyncio
+
+        deltas, completion = asyncio.run(run())
+        assert [d.name for d in deltas] == ["get_weather"] and completion.finish_reason == "tool_calls"
+    # an answer that calls nothing is text, as it was written
+    with HybridLLM(edge=ToolDevice("Hello there"), cache=False) as client:
+        c = client.chat(ASK, tools=[WEATHER])
+        assert c.text == "Hello there" and c.tool_calls == [] and c.finish_reason == "stop"
+
+
+def test_a_device_that_reads_tools_is_routed_and_stands_in_for_a_dead_cloud(cloud_url: str) -> None:
+    edge = ToolDevice()
+    easy = RoutingPolicy(EasyRouter(), privacy="off")
+    with HybridLLM(edge=edge, cloud_url=cloud_url, cache=False, policy=easy) as client:
+        c = client.chat(ASK, tools=[WEATHER])
+        assert c.route == "edge" and c.score == 0.1 and c.tool_calls  # the router kept it on the device
+    with HybridLLM(edge=edge, cloud_url=cloud_url, cache=False, policy=HARD) as client:
+        assert client.chat(ASK, tools=[WEATHER], max_tokens=200).route == "cloud"  # ... or sent it up
+    dead = f"http://127.0.0.1:{_free_port()}/v1"
+    with HybridLLM(edge=edge, cloud_url=dead, cache=False, policy=HARD, cloud_max_retries=0) as client:
+        c = client.chat(ASK, tools=[WEATHER])
+        assert c.route == "edge (cloud unavailable)" and c.tool_calls[0].function.name == "get_weather"

@@ -116,3 +116,44 @@ def test_hybridllm_serve_answers_the_official_clients_tools(proxy: str) -> None:
                 name += d.function.name or ""
                 args += d.function.arguments or ""
     assert finish == "tool_calls" and name == "get_weather" and json.loads(args)["city"] == "Paris"
+
+
+ADD = {
+    "type": "function",
+    "function": {
+        "name": "add",
+        "description": "Add two integers",
+        "parameters": {
+            "type": "object",
+            "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+            "required": ["a", "b"],
+        },
+    },
+}
+
+
+def test_a_device_model_whose_template_lists_tools_calls_them_on_the_device() -> None:
+    """Qwen2.5-Coder-0.5B as the device model (llama.cpp): no cloud at all, and a dead one."""
+    from tests.cloud_server.api.helpers import free_port
+
+    with HybridLLM(edge_model="qwen2.5-coder-0.5b-instruct", cache=False) as llm:
+        c = llm.chat(ASK, tools=[WEATHER, ADD], temperature=0, max_tokens=80)
+        assert c.route == "edge" and c.finish_reason == "tool_calls", (c.route, c.text)
+        assert [t.function.name for t in c.tool_calls] == ["get_weather"]
+        assert json.loads(c.tool_calls[0].function.arguments)["city"] == "Paris"
+        # a named function: the grammar holds the arguments to its schema, streamed as written
+        named = {"type": "function", "function": {"name": "add"}}
+        with llm.stream("What is 23 + 7?", tools=[WEATHER, ADD], tool_choice=named, temperature=0) as s:
+            pieces = [d for chunk in s for d in chunk.tool_calls]
+        assert pieces[0].name == "add" and len(pieces) > 2
+        assert json.loads("".join(p.arguments for p in pieces)) == {"a": 23, "b": 7}
+        assert s.completion.finish_reason == "stop"  # a named function's answer, as OpenAI's
+        # a question that needs no tool is answered in text
+        haiku = llm.chat("Write a haiku about the sea.", tools=[WEATHER, ADD], temperature=0, max_tokens=40)
+        assert haiku.tool_calls == [] and haiku.text.strip()
+    dead = f"http://127.0.0.1:{free_port()}/v1"
+    with HybridLLM(
+        edge_model="qwen2.5-coder-0.5b-instruct", cloud_url=dead, cache=False, cloud_max_retries=0
+    ) as llm:
+        c = llm.chat(ASK, tools=[WEATHER], temperature=0, max_tokens=80, route="cloud")
+        assert c.route == "edge (cloud unavailable)" and c.tool_calls[0].function.name == "get_weather"

@@ -189,11 +189,12 @@ def create_app(llm: HybridLLM, *, model_name: str = "hybridllm", api_keys: list[
 
         req = await asyncio.to_thread(decode) if is_large(body) else decode()
         messages, opts = req.chat_messages(), req.chat_options()
-        if "tools" in opts and llm._core.cloud is None:
-            raise WireError("tools need a cloud endpoint (only the cloud model calls them), and this "
-                            "server has none: start `hybridllm serve` with --cloud-url URL (or set "
-                            "cloud_url in its config file or HYBRIDLLM_CLOUD_URL), or leave out tools.",
-                            param="tools")
+        if "tools" in opts and llm._core.cloud is None and not llm._core._edge_calls_tools():
+            raise WireError(f"tools need a model whose chat template lists them, and this server has "
+                            f"no cloud and its device model ({llm.edge.model}) has none: start `hybridllm "
+                            "serve` with --cloud-url URL (or set cloud_url in its config file or "
+                            "HYBRIDLLM_CLOUD_URL), or with a --model whose chat template lists tools "
+                            "(qwen2.5-coder-0.5b-instruct); or leave out tools.", param="tools")
         if opts.get("route") == "cloud" and llm._core.cloud is None:
             # the library's own refusal says "pass cloud_url=...", a keyword no HTTP client or
             # operator of this server can pass: name the server's setting

@@ -515,3 +515,22 @@ def test_a_device_that_reads_tools_is_routed_and_stands_in_for_a_dead_cloud(clou
     with HybridLLM(edge=edge, cloud_url=dead, cache=False, policy=HARD, cloud_max_retries=0) as client:
         c = client.chat(ASK, tools=[WEATHER])
         assert c.route == "edge (cloud unavailable)" and c.tool_calls[0].function.name == "get_weather"
+
+
+def test_a_proxy_without_a_cloud_answers_tools_on_a_device_that_reads_them() -> None:
+    client = HybridLLM(edge=ToolDevice(), cache=False)
+    server, base = _serve(create_proxy_app(client))
+    with client, serving(server, start_s=30):
+        api = openai.OpenAI(base_url=f"{base}/v1", api_key="none", max_retries=0)
+        r = api.chat.completions.create(
+            model="hybridllm", messages=[{"role": "user", "content": ASK}], tools=[WEATHER]
+        )
+    assert r.choices[0].finish_reason == "tool_calls" and r.model_extra["hybridllm"]["route"] == "edge"
+    assert r.choices[0].message.tool_calls[0].function.name == "get_weather"
+
+
+def test_privacy_keep_on_device_keeps_tools_on_a_device_that_reads_them(cloud_url: str) -> None:
+    policy = RoutingPolicy(HardRouter(), privacy="keep_on_device")
+    with HybridLLM(edge=ToolDevice(), cloud_url=cloud_url, policy=policy, cache=False) as client:
+        c = client.chat("Mail jane.doe@example.com the weather in Paris", tools=[WEATHER])
+    assert c.route == "edge" and "privacy" in c.reason and c.tool_calls

@@ -534,3 +534,19 @@ def test_privacy_keep_on_device_keeps_tools_on_a_device_that_reads_them(cloud_ur
     with HybridLLM(edge=ToolDevice(), cloud_url=cloud_url, policy=policy, cache=False) as client:
         c = client.chat("Mail jane.doe@example.com the weather in Paris", tools=[WEATHER])
     assert c.route == "edge" and "privacy" in c.reason and c.tool_calls
+
+
+class NamelessCloud(FakeBackend):
+    """A custom cloud backend whose tool call never names its function."""
+
+    def stream(self, messages: Any, params: Any) -> Iterator[Any]:
+        from hybridllm.backends.base import Delta
+
+        yield Delta("", tool_calls=[ToolCallDelta(0, "c1", None, "{}")])
+        yield Delta("", finish_reason="tool_calls")
+
+
+def test_a_custom_clouds_malformed_call_is_a_clear_error() -> None:
+    with HybridLLM(edge=FakeBackend(), cloud=NamelessCloud(), policy=HARD, cache=False) as client:
+        with pytest.raises(CloudUnavailableError, match="malformed tool call"):
+            client.chat(ASK, tools=[WEATHER])

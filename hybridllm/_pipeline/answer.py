@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, TypeVar
 
+from .._exceptions import CloudUnavailableError, EdgeError
 from .._tools import CallsReader, Function, ToolCall, ToolCallDelta, ToolCallReader
 from .._types import Chunk, Completion, Usage, estimate_text_tokens
 from ..backends.base import Backend, Delta, StopMatcher
@@ -14,6 +15,8 @@ from .request import _CloudCall
 
 if TYPE_CHECKING:
     from ..router.privacy import Restorer
+
+T = TypeVar("T")
 
 
 class _RestoredStop:
@@ -122,17 +125,28 @@ class _Answer:
         """A delta's tool-call pieces: kept, and passed on as they are. With placeholders for
         personal data (privacy="redact") they are held and passed on whole, restored, with the
         last chunk: a value is never shown half way between its placeholder and itself."""
-        self.calls.feed([p.to_dict() for p in pieces])
+        self._checked(lambda: self.calls.feed([p.to_dict() for p in pieces]))
         if self.call is not None:
             self.call.streamed += sum(estimate_text_tokens(p.arguments) for p in pieces)
         return [] if self.restorer is not None else pieces
+
+    def _checked(self, read: Callable[[], T]) -> T:
+        """A custom backend's tool-call pieces read (ours are checked where they are made): one
+        that is not OpenAI's shape is its side's error, saying what was wrong."""
+        try:
+            return read()
+        except ValueError as exc:
+            if self.call is not None:
+                raise CloudUnavailableError(f"the cloud's answer holds a malformed tool call "
+                                            f"({exc})") from exc
+            raise EdgeError(f"the device's answer holds a malformed tool call ({exc})") from exc
 
     def _whole_calls(self) -> tuple[list[ToolCall], list[ToolCallDelta]]:
         """The answer's calls, and what of them the caller has not been shown yet (with
         placeholders: all of them, restored)."""
         if not self.calls:
             return [], []
-        calls = self.calls.calls()
+        calls = self._checked(self.calls.calls)
         if self.restorer is None:
             return calls, []
         base = self.restorer.restorer if isinstance(self.restorer, _RestoredStop) else self.restorer

@@ -86,11 +86,19 @@ def _plain(messages: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         if content is None and msg.get("role") == "assistant":
             content = ""
         role = {"role": "system"} if msg.get("role") == "developer" else {}
-        turn = {**msg, **role, "content": text_of_content(content, where=f"messages[{i}]['content']")}
-        if msg.get("role") == "assistant" and isinstance(msg.get("tool_calls"), list):
-            turn["tool_calls"] = [_call_for_template(call) for call in msg["tool_calls"]]
-        out.append(turn)
+        out.append(
+            {**msg, **role, "content": text_of_content(content, where=f"messages[{i}]['content']")}
+        )
     return out
+
+
+def calls_for_template(messages: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``messages`` with each earlier tool call's ``arguments`` as the templates write it (what
+    the servers do to a request's conversation before its template: a device model's prompt gets
+    the same). The renderer itself passes them as given, as transformers does."""
+    return [{**m, "tool_calls": [_call_for_template(c) for c in m["tool_calls"]]}
+            if m.get("role") == "assistant" and isinstance(m.get("tool_calls"), list) else m
+            for m in messages]
 
 
 def _call_for_template(call: Any) -> Any:

@@ -355,14 +355,25 @@ def _call(name: str, arguments: str, call_id: str | None = None) -> dict[str, An
 # an item of "required"'s array up to its arguments' value: the grammar writes the keys in this order
 _ITEM_HEAD = re.compile(r'\s*[\[,]\s*\{\s*"name"\s*:\s*"([A-Za-z0-9_-]{1,64})"\s*,\s*"arguments"\s*:\s*')
 _ITEM_TAIL = re.compile(r"\s*\}")
+# an auto answer's call in a Hermes <tool_call> block (the previous block's close before it) up to
+# its arguments' object, its name first as the templates teach it ("parameters" too). Bare calls
+# are not read so: only an answer that is calls alone is calls, which is known at its end
+_AUTO_HEAD = re.compile(r'\s*(?:</tool_call>\s*)?<tool_call>\s*\{\s*"name"\s*:\s*"([A-Za-z0-9_-]{1,64})"\s*,'
+                        r'\s*"(?:arguments|parameters)"\s*:\s*(?=\{)')
+_AUTO_TAIL = re.compile(r"\s*\}")
 
 
 class _CallArray:
-    """"required"'s answer, ``[{"name": ..., "arguments": ...}, ...]``, read as it is written: each
-    call begins when its name is out and its arguments follow as they come. Its grammar fixes the
-    shape (key order, JSON), so a header read once is never taken back."""
+    """Calls read as they are written: each begins when its name is out, and its arguments follow
+    as they come. ``"required"``'s answer, ``[{"name": ..., "arguments": ...}, ...]``, whose
+    grammar fixes the shape (key order, JSON), so a header read once is never taken back; or an
+    auto answer's calls (``_AUTO_HEAD``), ``names`` the tools' (another name: ``failed``, and
+    nothing more is read) and ``limit`` the most calls read (parallel_tool_calls false: 1)."""
 
-    def __init__(self) -> None:
+    def __init__(self, head: re.Pattern[str] = _ITEM_HEAD, tail: re.Pattern[str] = _ITEM_TAIL,
+                 names: set[str] | None = None, limit: int | None = None) -> None:
+        self.head, self.tail, self.names, self.limit = head, tail, names, limit
+        self.failed = False  # an auto answer's call of no listed tool: not read as a call
         self.text = ""
         self.calls: list[dict[str, Any]] = []
         self._at = 0  # how far the text is read
@@ -375,11 +386,16 @@ class _CallArray:
         """The deltas ``delta`` completes: a call's start (id, name) and its arguments' text."""
         self.text += delta
         out: list[dict[str, Any]] = []
-        while self._at < len(self.text):
+        while self._at < len(self.text) and not self.failed:
             if self._phase == "head":
-                found = _ITEM_HEAD.match(self.text, self._at)
+                if self.limit is not None and len(self.calls) >= self.limit:
+                    break  # the rest is not read
+                found = self.head.match(self.text, self._at)
                 if found is None:
                     break  # not whole yet (or the array's end)
+                if self.names is not None and found.group(1) not in self.names:
+                    self.failed = True
+                    break
                 call = _call(found.group(1), "")
                 self.calls.append(call)
                 out.append({"index": len(self.calls) - 1, **call, "function": dict(call["function"])})
@@ -399,7 +415,7 @@ class _CallArray:
                     self.calls[-1]["function"]["arguments"] += piece
                     out.append({"index": len(self.calls) - 1, "function": {"arguments": piece}})
             else:
-                found = _ITEM_TAIL.match(self.text, self._at)
+                found = self.tail.match(self.text, self._at)
                 if found is None:
                     break
                 self._at, self._phase = found.end(), "head"
@@ -442,9 +458,11 @@ class ToolCallReader:
     """One choice's answer read as it streams: ``feed`` gives the text that may go out now (an
     auto answer's text before its first call; a prefix of ``<tool_call>`` is held back until it
     is told apart), ``take_deltas`` the tool-call deltas that may (a forced call's start and its
-    arguments),
-    ``finish`` the rest: ``(text, calls, finish_reason)``; the first ``streamed`` calls were begun
-    by deltas already."""
+    arguments; an auto call's in a ``<tool_call>`` block once its name is out), ``finish`` the
+    rest: ``(text, calls, finish_reason)``; the first ``streamed`` calls were begun by deltas
+    already. A tagged call begun is a call, whatever follows it (the stream cannot take it back):
+    text after the blocks is dropped, and one cut by ``max_tokens`` keeps its partial arguments,
+    as a forced call does."""
 
     plan: ToolPlan
     _held: str = ""
@@ -455,6 +473,7 @@ class ToolCallReader:
     _deltas: list[dict[str, Any]] = field(default_factory=list)
     streamed: int = 0  # calls already begun by deltas (their whole form is not sent again)
     _array: _CallArray | None = None  # "required"'s answer, read as it comes
+    _auto: _CallArray | None = None  # an auto answer's calls, read as they come once one begins
 
     def feed(self, delta: str) -> str:
         if self.plan.mode == "named":  # all of it is the arguments: they stream as they come
@@ -481,9 +500,11 @@ class ToolCallReader:
             return ""
         if self._calls_text is not None:
             self._calls_text += delta
+            if self._auto is not None:  # (tagged calls: bare ones are read whole at the end)
+                self._read_auto(delta)
             return ""
         text = self._held + delta
-        if not self._sent:  # the answer's start: a bare JSON call (fenced or not) is held whole
+        if not self._sent:  # the answer's start: a bare JSON call (fenced or not) is held
             head = text.lstrip()
             if not head or (len(head) < len(FENCE) and FENCE.startswith(head)):  # not told apart yet
                 self._held = text
@@ -494,10 +515,20 @@ class ToolCallReader:
         at = text.find(OPEN)
         if at >= 0:
             self._held, self._calls_text = "", text[at:]
+            self._read_auto(text[at:])
             return self._send(text[:at])
         keep = next((k for k in range(min(len(OPEN) - 1, len(text)), 0, -1) if OPEN.startswith(text[-k:])), 0)
         self._held = text[len(text) - keep:] if keep else ""
         return self._send(text[:len(text) - keep])
+
+    def _read_auto(self, text: str) -> None:
+        """More of an auto answer's tagged calls: once a call's name is out (a listed tool's, its
+        arguments an object), it begins, and its arguments stream as they are written."""
+        if self._auto is None:
+            names = {t["function"]["name"] for t in self.plan.tools}
+            self._auto = _CallArray(_AUTO_HEAD, _AUTO_TAIL, names, None if self.plan.parallel else 1)
+        self._deltas += self._auto.feed(text)
+        self.streamed = len(self._auto.calls)
 
     def take_deltas(self) -> list[dict[str, Any]]:
         """The tool-call deltas ready to go out (a forced call's start, its arguments as they come)."""
@@ -520,9 +551,16 @@ class ToolCallReader:
             if not made:  # cut short before a call's name: the text is the answer
                 return self._send(self._held), [], reason
             return "", made, "tool_calls" if reason == "stop" else reason
+        names = {t["function"]["name"] for t in self.plan.tools}
+        if self._auto is not None and self._auto.calls:  # begun as they streamed: as written
+            made = list(self._auto.calls)
+            whole = _tagged_calls(self._calls_text or "", names) if self.plan.parallel else None
+            if whole is not None and len(whole) > len(made):  # a later one not read as it came
+                made += whole[len(made):]  # (its arguments written as a JSON text): whole now
+            return "", made, "tool_calls" if reason == "stop" else reason
         rest = self._held
         if self._calls_text is not None:
-            calls = _tagged_calls(self._calls_text, {t["function"]["name"] for t in self.plan.tools})
+            calls = _tagged_calls(self._calls_text, names)
             if calls is not None:  # parallel_tool_calls false: the first call is the answer's
                 kept = calls if self.plan.parallel else calls[:1]
                 return "", kept, "tool_calls" if reason == "stop" else reason

@@ -15,9 +15,10 @@ read back as tool calls.
 - Streamed, a forced call's arguments stream as they come (a call's first delta carries its
   index, id and name; "required"'s calls begin one after another as each name is out), as OpenAI
   streams them and as partial-object clients read them. An auto answer's text streams until a
-  call begins; its calls come whole, one delta per call, when the choice ends (they are read from
-  the whole answer). An auto answer that starts with ``{`` or a JSON block may be a bare call: it
-  is held and sent whole at its end.
+  call begins; a call in a ``<tool_call>`` block streams too once its name is out (its arguments
+  as written), and the calls read only from the whole answer come whole when the choice ends. An
+  auto answer that starts with ``{`` or a JSON block may be a bare call: it is held and read
+  whole at its end (only an answer that is calls alone is calls).
 
 The plan and the reader live in ``hybridllm._tools`` (a device model whose template lists tools
 reads its answer with them too); here, the conversation's calls given to the template.
@@ -25,12 +26,11 @@ reads its answer with them too); here, the conversation's calls given to the tem
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
+from hybridllm._message_text import calls_for_template
 from hybridllm._tools import FENCE, ToolCallReader, ToolPlan
-from hybridllm.wire.errors import WireError
-from hybridllm.wire.requests import checked_tools, tool_choice_of
+from hybridllm.wire.requests import checked_calls, checked_tools, tool_choice_of
 
 __all__ = ["FENCE", "ToolCallReader", "ToolPlan", "checked_tools", "template_messages", "tool_choice_of"]
 
@@ -43,21 +43,7 @@ def template_messages(messages: list[Any], sent: list[dict[str, Any]]) -> None:
     for i, (message, out) in enumerate(zip(messages, sent, strict=True)):
         if message.tool_call_id is not None and message.role == "tool":
             out["tool_call_id"] = message.tool_call_id
-        if not message.tool_calls or message.role != "assistant":
-            continue
-        calls = []
-        for j, call in enumerate(message.tool_calls):
-            where = f"messages[{i}].tool_calls[{j}]"
-            fn = call.get("function")
-            if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
-                raise WireError(f"Invalid '{where}': expected {{\"id\": ..., \"type\": \"function\", "
-                                "\"function\": {\"name\": ..., \"arguments\": \"{...}\"}}.", param=where)
-            args = fn.get("arguments", "{}")
-            if isinstance(args, str):
-                try:
-                    args = json.loads(args) if args.strip() else {}
-                except ValueError:
-                    pass  # as written: the template writes it as a JSON string
-            calls.append({"id": call.get("id"), "type": "function",
-                          "function": {"name": fn["name"], "arguments": args}})
-        out["tool_calls"] = calls
+        if message.tool_calls and message.role == "assistant":
+            calls = checked_calls(message.tool_calls, f"messages[{i}].tool_calls")
+            out["tool_calls"] = calls_for_template([{"role": "assistant", "tool_calls": calls}])[0][
+                "tool_calls"]

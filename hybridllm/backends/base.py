@@ -25,6 +25,7 @@ from .._exceptions import (
     EdgeError,
     HybridLLMError,
 )
+from .._message_text import calls_for_template
 from .._types import USER_TEXT, GenerationParams, Messages, Usage, private_repr
 from ..prompts import PromptFormat
 
@@ -170,7 +171,7 @@ class DeviceBackend(Backend):
         return self.prompt_format.render(messages)
 
     def count_tokens(self, messages: Messages) -> int:
-        return len(self.tokenize(messages))
+        return len(self.tokenize(calls_for_template(messages)))
 
     def stream(self, messages: Messages, params: GenerationParams) -> Iterator[Delta]:
         return self._stream(messages, params, "")
@@ -193,7 +194,8 @@ class DeviceBackend(Backend):
         from .._tools import plan_of
 
         plan = plan_of(params)  # the tools reach the template unless tool_choice is "none"
-        tokens = self.tokenize(messages, prefix=prefix, **({"tools": plan.tools} if plan is not None else {}))
+        turns = calls_for_template(messages)  # earlier calls' arguments as objects, as the servers pass them
+        tokens = self.tokenize(turns, prefix=prefix, **({"tools": plan.tools} if plan is not None else {}))
         limit = self.context_length
         if limit is not None and len(tokens) >= limit:  # no room left for one answer token
             raise ContextWindowExceededError(

@@ -483,9 +483,11 @@ def test_the_app_answers_with_tool_calls_streamed_or_not(app_client: Any) -> Non
     chunks = [e for e in events if isinstance(e, dict)]
     deltas = [c["choices"][0]["delta"] for c in chunks]
     assert not any(d.get("content") for d in deltas)  # the call's text is not sent as text
-    calls = [d["tool_calls"] for d in deltas if "tool_calls" in d]
-    assert len(calls) == 1 and calls[0][0]["index"] == 0
-    assert calls[0][0]["function"] == call["function"]
+    calls = [t for d in deltas for t in d.get("tool_calls", [])]
+    # (review 36) a tagged auto call streams too: its name first, then its arguments as written
+    assert calls[0]["index"] == 0 and calls[0]["function"]["name"] == "get_weather" and calls[0]["id"]
+    assert all(c["index"] == 0 and "id" not in c for c in calls[1:])
+    assert "".join(c["function"]["arguments"] for c in calls) == call["function"]["arguments"]
     assert chunks[-1]["choices"][0]["finish_reason"] == "tool_calls"
     # tool_choice none: the tools are not shown and the text is the answer
     r = app_client.post("/v1/chat/completions", json={**body, "tool_choice": "none"})
@@ -504,7 +506,7 @@ def test_each_of_n_choices_is_read_alone(app_client: Any) -> None:
     assert len(set(ids)) == 2 and all(c["finish_reason"] == "tool_calls" for c in choices)
     with app_client.stream("POST", "/v1/chat/completions", json={**body, "stream": True}) as s:
         chunks = [e for e in sse_payloads(s.iter_lines()) if isinstance(e, dict) and e["choices"]]
-    called = sorted(c["choices"][0]["index"] for c in chunks if "tool_calls" in c["choices"][0]["delta"])
+    called = sorted({c["choices"][0]["index"] for c in chunks if "tool_calls" in c["choices"][0]["delta"]})
     finished = sorted(
         (c["choices"][0]["index"], c["choices"][0]["finish_reason"])
         for c in chunks
@@ -540,3 +542,46 @@ def test_a_named_call_streams_its_arguments_through_the_app() -> None:
     assert all(d["index"] == 0 for d in deltas) and all("id" not in d for d in deltas[1:])
     assert "".join(d["function"]["arguments"] for d in deltas) == args
     assert chunks[-1]["choices"][0]["finish_reason"] == "stop"
+
+
+def test_a_tagged_auto_call_streams_once_its_name_is_out_review36() -> None:
+    """(review 36) Before, an auto answer's calls came whole at its end; a Hermes-tagged call now
+    begins as soon as its name is out and its arguments stream as written (vLLM's and OpenAI's
+    behaviour). Bare and fenced calls are still read whole (only an answer that is calls alone is
+    calls)."""
+    answer = (
+        'Sure.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>\n'
+        '<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call>'
+    )
+    reader = AUTO.reader()
+    seen: list[tuple[int, dict]] = []
+    text = ""
+    for i, ch in enumerate(answer):
+        text += reader.feed(ch)
+        seen += [(i, d) for d in reader.take_deltas()]
+    _, calls, reason = reader.finish("stop")
+    heads = [(i, d["function"]["name"]) for i, d in seen if "id" in d]
+    # each call began before the answer ended: the first when its name was out
+    assert [name for _, name in heads] == ["get_weather", "add"] and heads[0][0] < answer.index('"city"')
+    args = {0: "", 1: ""}
+    for _, d in seen:
+        args[d["index"]] += d["function"]["arguments"]
+    assert args == {0: '{"city": "Paris"}', 1: '{"a": 1, "b": 2}'}
+    assert (
+        text == "Sure.\n"
+        and reason == "tool_calls"
+        and [c["id"] for c in calls] == [d["id"] for _, d in seen if "id" in d]
+    )
+    # cut by max_tokens inside the call: it keeps its partial arguments, "length"
+    cut = AUTO.reader()
+    cut.feed('<tool_call>\n{"name": "add", "arguments": {"a": 1')
+    assert [d["function"]["arguments"] for d in cut.take_deltas()] == ["", '{"a": 1']
+    _, cut_calls, cut_reason = cut.finish("length")
+    assert cut_reason == "length" and cut_calls[0]["function"] == {"name": "add", "arguments": '{"a": 1'}
+    # a tag naming no listed tool: not a call, the text as written (as before)
+    other = '<tool_call>\n{"name": "say_hello", "arguments": {}}\n</tool_call>'
+    assert read(AUTO, chars(other)) == (other, other, [], "stop")
+    # a bare call is read whole at the end, as before: no delta before it
+    bare = AUTO.reader()
+    bare.feed('{"name": "add", "arguments": {"a": 1, "b": 2}}')
+    assert bare.take_deltas() == [] and bare.finish("stop")[2] == "tool_calls"

@@ -241,6 +241,8 @@ class CallsReader:
             if isinstance(index, bool) or not isinstance(index, int) or index < 0:
                 raise ValueError(f"a tool call delta has index {index!r}")
             fn = piece.get("function") or {}
+            if not isinstance(fn, dict):
+                raise ValueError(f"a tool call's function is {type(fn).__name__}, not an object")
             name, args, call_id = fn.get("name"), fn.get("arguments") or "", piece.get("id")
             for what, v in (("name", name), ("id", call_id)):
                 if v is not None and not isinstance(v, str):

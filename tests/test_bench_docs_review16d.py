@@ -16,7 +16,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCHES = ("cache", "quality", "router_cv", "engine", "edge", "hybrid", "cpu_kernels", "engine_steps",
-           "structured")
+           "structured", "tools")
 # names in the docs that are no key: options' values, words of the prose, parts of a key (a
 # leading "_" is a suffix such as ``_p99_ms`` or a private torch function, skipped anyway)
 NOT_KEYS = {
@@ -24,6 +24,8 @@ NOT_KEYS = {
     "engine": {"ignore_eos"},
     "edge": {"create_chat_completion", "generate_next_token"},
     "structured": {"gbnf", "ours", "plain", "create_chat_completion", "response_format"},
+    "tools": {"ours", "llama_cpp", "auto", "named", "create_chat_completion", "tool_choice", "tools",
+              "get_weather"},
 }
 # the names the docs give without their prefix (bench.cache's ``verified_{n}_*`` bullet)
 PREFIXES = {"cache": ("", "verified_X_")}

@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -43,3 +45,24 @@ def cloud(tmp_path_factory):
     server.start()
     yield server
     server.stop()
+
+
+@contextmanager
+def running_proxy(cloud_url: str, log_dir: Path, *args: str) -> Iterator[str]:
+    """``hybridllm serve`` (real device model) on a free port in front of ``cloud_url``: yields its
+    base URL; stopped after, and its output must hold no traceback."""
+    port = free_port()
+    log = log_dir / "proxy.log"
+    env = {**os.environ, "HYBRIDLLM_CACHE_DIR": str(log_dir), "HYBRIDLLM_N_CTX": "2048"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "hybridllm.cli", "serve", "--port", str(port), "--cloud-url", cloud_url,
+         *args],
+        cwd=ROOT, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_healthy_url(url, 180, proc)
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    assert "Traceback" not in log.read_text()

@@ -9,29 +9,17 @@ import sys
 
 import pytest
 
-from tests.cloud_server.api.helpers import free_port, wait_healthy_url
+from tests.cloud_server.api.helpers import wait_healthy_url
 
-from .conftest import ROOT
+from .conftest import ROOT, running_proxy
 
 pytestmark = pytest.mark.real
 
 
 @pytest.fixture(scope="module")
 def proxy(cloud, tmp_path_factory):
-    port = free_port()
-    log = tmp_path_factory.mktemp("proxy") / "proxy.log"
-    env = {**os.environ, "HYBRIDLLM_CACHE_DIR": str(log.parent), "HYBRIDLLM_N_CTX": "2048"}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "hybridllm.cli", "serve", "--port", str(port),
-         "--cloud-url", cloud.url], cwd=ROOT, env=env, stdout=log.open("w"),
-        stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_healthy_url(url, 180, proc)
+    with running_proxy(cloud.url, tmp_path_factory.mktemp("proxy")) as url:
         yield url
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
 
 
 @pytest.fixture

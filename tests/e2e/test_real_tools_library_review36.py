@@ -1,43 +1,26 @@
 """Function calling through the library and ``hybridllm serve`` on real models (review 36): the
 device is SmolLM2-135M on llama.cpp, the cloud ``hybridllm-cloud`` on Qwen2.5-Coder-0.5B (whose
-template lists the tools). A request with tools goes to the cloud whatever the router scores, and
-its call comes back in ``Completion.tool_calls`` and, through the proxy, to the official client,
-streamed and not."""
+template lists the tools). A request with tools goes to the cloud unscored (SmolLM2's template has
+no tools), and its call comes back in ``Completion.tool_calls`` and, through the proxy, to the
+official client, streamed and not. With Qwen2.5-Coder-0.5B as the device model, the device calls
+the tools itself."""
 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
 from hybridllm import HybridLLM
-from tests.cloud_server.api.helpers import free_port, served_smollm2, wait_healthy_url
+from tests.cloud_server.api.helpers import free_port, served_smollm2
+from tests.cloud_server.api.test_real_tools_review35 import ADD, WEATHER  # the same two tools
 
-from .conftest import ROOT
+from .conftest import running_proxy
 
 pytestmark = pytest.mark.real
 openai = pytest.importorskip("openai")
 
-WEATHER = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "Get the current weather in a city",
-        "parameters": {
-            "type": "object",
-            "properties": {
-                "city": {"type": "string"},
-                "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
-            },
-            "required": ["city"],
-        },
-    },
-}
 ASK = "What's the weather like in Paris today?"
 
 
@@ -51,24 +34,8 @@ def qwen_cloud() -> Iterator[str]:
 
 @pytest.fixture(scope="module")
 def proxy(qwen_cloud: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    port = free_port()
-    log = tmp_path_factory.mktemp("proxy") / "proxy.log"
-    env = {**os.environ, "HYBRIDLLM_CACHE_DIR": str(log.parent), "HYBRIDLLM_N_CTX": "2048"}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "hybridllm.cli", "serve", "--port", str(port), "--cloud-url", qwen_cloud],
-        cwd=ROOT,
-        env=env,
-        stdout=log.open("w"),
-        stderr=subprocess.STDOUT,
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_healthy_url(url, 180, proc)
+    with running_proxy(qwen_cloud, tmp_path_factory.mktemp("proxy")) as url:
         yield url
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
-    assert "Traceback" not in Path(log).read_text()
 
 
 def test_the_library_gets_the_cloud_models_call_and_sends_its_result_back(qwen_cloud: str) -> None:
@@ -118,23 +85,8 @@ def test_hybridllm_serve_answers_the_official_clients_tools(proxy: str) -> None:
     assert finish == "tool_calls" and name == "get_weather" and json.loads(args)["city"] == "Paris"
 
 
-ADD = {
-    "type": "function",
-    "function": {
-        "name": "add",
-        "description": "Add two integers",
-        "parameters": {
-            "type": "object",
-            "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
-            "required": ["a", "b"],
-        },
-    },
-}
-
-
 def test_a_device_model_whose_template_lists_tools_calls_them_on_the_device() -> None:
     """Qwen2.5-Coder-0.5B as the device model (llama.cpp): no cloud at all, and a dead one."""
-    from tests.cloud_server.api.helpers import free_port
 
     with HybridLLM(edge_model="qwen2.5-coder-0.5b-instruct", cache=False) as llm:
         c = llm.chat(ASK, tools=[WEATHER, ADD], temperature=0, max_tokens=80)

@@ -554,3 +554,40 @@ def test_a_custom_clouds_malformed_call_is_a_clear_error() -> None:
     with HybridLLM(edge=FakeBackend(), cloud=NamelessCloud(), policy=HARD, cache=False) as client:
         with pytest.raises(CloudUnavailableError, match="malformed tool call"):
             client.chat(ASK, tools=[WEATHER])
+
+
+def _short_device() -> Any:
+    from hybridllm.backends.base import Delta, DeviceBackend
+    from hybridllm.prompts import PromptFormat
+
+    class Device(DeviceBackend):
+        name, model = "short", "short-device"
+        prompt_format = PromptFormat(
+            chat_template="{% for m in messages %}{{ m.content }}{% endfor %}{{ tools }}"
+        )
+
+        def tokenize(self, messages: Any, *, prefix: str = "", tools: Any = None) -> list[int]:
+            return [0] * (sum(len(str(m["content"]).split()) for m in messages) + (500 if tools else 0))
+
+        @property
+        def context_length(self) -> int:
+            return 200
+
+        def _run(self, tokens: list[int], params: Any, stops: Any) -> Iterator[Any]:
+            yield Delta(CALL)
+            yield Delta("", finish_reason="stop")
+
+    return Device()
+
+
+def test_a_device_whose_context_the_tools_overflow_sends_the_request_to_the_cloud(cloud_url: str) -> None:
+    """The plan counts the device's prompt with the tools its template lists: a request that fits
+    without them but not with them goes to the cloud (before, it stayed on the device, which then
+    failed with ContextWindowExceededError)."""
+    easy = RoutingPolicy(EasyRouter(), privacy="off")
+    edge = _short_device()
+    assert edge.calls_tools()
+    with HybridLLM(edge=edge, cloud_url=cloud_url, cache=False, policy=easy) as client:
+        c = client.chat(ASK, tools=[WEATHER], max_tokens=200)
+        assert c.route == "cloud" and "too long for the device" in c.reason, c.reason
+        assert client.chat(ASK, tools=[WEATHER], tool_choice="none").route == "edge"  # no tools shown

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import json
 from typing import Any
 
 from .._exceptions import HybridLLMError, InvalidRequestError, RouterError
+from .._tools import plan_of
 from .._types import Decision, estimate_text_tokens, estimate_tokens
-from ..backends.base import call_guarded
+from ..backends.base import DeviceBackend, call_guarded
 from .failures import ForcedCloudOverBudgetError, _too_long, _waits_for_cloud
 from .ports import _CoreParts, wait_of
 from .request import Request
@@ -24,8 +26,14 @@ class _Planner(_CoreParts):
         loop = asyncio.get_running_loop()
         # counted once, with the device's tokenizer: the context check, the router and the
         # budget's estimate read this one count
-        req.prompt_tokens = await loop.run_in_executor(None, call_guarded, self.edge.count_tokens,
-                                                        self.edge, "edge", msgs)
+        count = self.edge.count_tokens
+        shown = plan_of(req.params) if req.edge_tools else None
+        if shown is not None and isinstance(self.edge, DeviceBackend):
+            # the device's prompt holds the tools too (its template lists them): counted with them,
+            # so that a conversation the tools push past its context goes to the cloud
+            count = functools.partial(self.edge.count_tokens, tools=shown.tools)
+            req.tools_in_count = True
+        req.prompt_tokens = await loop.run_in_executor(None, call_guarded, count, self.edge, "edge", msgs)
         req.context_length = call_guarded(lambda: self.edge.context_length, self.edge, "edge")
         if self.policy is None:
             route = opts.route or "cloud"
@@ -99,7 +107,8 @@ class _Planner(_CoreParts):
 
     def _prompt_tokens(self, req: Request) -> int:
         # the tools are in the cloud's prompt too (its template lists them): ~4 characters a token
-        tools = estimate_text_tokens(json.dumps(req.params.tools)) if req.params.tools else 0
+        listed = req.params.tools and not req.tools_in_count
+        tools = estimate_text_tokens(json.dumps(req.params.tools)) if listed else 0
         if req.prompt_tokens is not None:
             return req.prompt_tokens + tools
         return estimate_tokens(req.messages) + tools  # an edge without a tokenizer: ~4 characters a token

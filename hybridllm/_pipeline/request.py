@@ -68,6 +68,8 @@ class Request:
     stand_in: bool = False
     # the device model can be given this request's tools (its template lists them; set at the call)
     edge_tools: bool = False
+    # prompt_tokens counts the tools as the device's template lists them (the plan step)
+    tools_in_count: bool = False
 
     @property
     def fits_edge(self) -> bool:

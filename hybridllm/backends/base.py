@@ -170,8 +170,10 @@ class DeviceBackend(Backend):
     def render(self, messages: Messages) -> str:
         return self.prompt_format.render(messages)
 
-    def count_tokens(self, messages: Messages) -> int:
-        return len(self.tokenize(calls_for_template(messages)))
+    def count_tokens(self, messages: Messages, *, tools: list[dict[str, Any]] | None = None) -> int:
+        """The prompt's tokens; ``tools``: as the template lists them too (a request with tools)."""
+        turns = calls_for_template(messages)
+        return len(self.tokenize(turns, tools=tools) if tools else self.tokenize(turns))
 
     def stream(self, messages: Messages, params: GenerationParams) -> Iterator[Delta]:
         return self._stream(messages, params, "")
@@ -195,7 +197,8 @@ class DeviceBackend(Backend):
 
         plan = plan_of(params)  # the tools reach the template unless tool_choice is "none"
         turns = calls_for_template(messages)  # earlier calls' arguments as objects, as the servers pass them
-        tokens = self.tokenize(turns, prefix=prefix, **({"tools": plan.tools} if plan is not None else {}))
+        tokens = (self.tokenize(turns, prefix=prefix, tools=plan.tools) if plan is not None
+                  else self.tokenize(turns, prefix=prefix))
         limit = self.context_length
         if limit is not None and len(tokens) >= limit:  # no room left for one answer token
             raise ContextWindowExceededError(

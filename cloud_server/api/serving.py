@@ -157,14 +157,10 @@ class OpenAIServing:
         if self.system_prompt and not any(m["role"] == "system" for m in messages):
             messages = [{"role": "system", "content": self.system_prompt}, *messages]
         plan = getattr(req, "tool_plan", lambda: None)()
-        kwargs: dict[str, Any] = {}
-        if not add_generation_prompt:
-            kwargs["add_generation_prompt"] = False
-        if plan is not None:
-            kwargs["tools"] = plan.tools
         # a message's text is plain text: only the template's markers become control tokens
         # (cloud_server.models.tokenizer)
-        prompt_ids = list(tokenizer.encode_chat(messages, **kwargs))
+        prompt_ids = list(tokenizer.encode_chat(messages, add_generation_prompt=add_generation_prompt,
+                                                tools=plan.tools if plan is not None else None))
         # a base model's transcript must not run on into the user's next turn: the prompt
         # format's own stops (the device adds the same ones, hybridllm.prompts)
         return prompt_ids, list(tokenizer.stop_strings(messages))

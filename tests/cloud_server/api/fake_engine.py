@@ -33,7 +33,10 @@ class CharTokenizer:
         turns = "".join(f"<{m['role']}>{m['content']}\n" for m in messages)
         return turns + "<assistant>"
 
-    def encode_chat(self, messages: list[dict[str, str]]) -> list[int]:
+    def encode_chat(self, messages: list[dict[str, str]], *, add_generation_prompt: bool = True,
+                    tools: list[dict] | None = None) -> list[int]:
+        # the engine tokenizers' signature (cloud_server.models.tokenizer); the fake's template
+        # shows no tools and always ends with the assistant's turn
         return self.encode(self.apply_chat_template(messages))
 
     def stop_strings(self, messages: list[dict[str, str]]) -> tuple[str, ...]:

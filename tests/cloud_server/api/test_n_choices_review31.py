@@ -48,7 +48,8 @@ class _Tok:
     def decode(self, ids: list[int]) -> str:
         return "".join(chr(0x30 + i) for i in ids)
 
-    def encode_chat(self, messages: list[dict[str, str]]) -> list[int]:
+    def encode_chat(self, messages: list[dict[str, str]], *, add_generation_prompt: bool = True,
+                    tools: list[dict] | None = None) -> list[int]:
         return self.encode("".join(m["content"] for m in messages))
 
     def stop_strings(self, messages: list[dict[str, str]]) -> tuple[str, ...]:

@@ -449,7 +449,9 @@ class _ToolTokenizer(CharTokenizer):
 
     seen_tools: Any = None
 
-    def encode_chat(self, messages: list[dict[str, Any]], tools: Any = None) -> list[int]:  # type: ignore[override]
+    def encode_chat(  # type: ignore[override]
+        self, messages: list[dict[str, Any]], *, add_generation_prompt: bool = True, tools: Any = None
+    ) -> list[int]:
         type(self).seen_tools = tools
         return self.encode(self.apply_chat_template(messages) + json.dumps(tools or []))
 

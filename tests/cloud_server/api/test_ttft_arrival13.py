@@ -21,9 +21,9 @@ class SlowTokenizing(FakeEngine):
         super().__init__()
         encode_chat = self.tokenizer.encode_chat
 
-        def slow(messages):
+        def slow(messages, **options):
             time.sleep(SLOW_S)  # a long prompt's tokenization
-            return encode_chat(messages)
+            return encode_chat(messages, **options)
 
         self.tokenizer.encode_chat = slow
 

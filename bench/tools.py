@@ -5,7 +5,7 @@
 Two sides on the same GGUF, greedy, taking turns task by task:
 ``ours`` is ``HybridLLM(edge=LlamaCppBackend(model)).chat(task, tools=TOOLS)``: the model's own chat
 template lists the tools (Qwen2.5's Hermes format), its answer is read as calls by
-``hybridllm._tools.ToolCallReader``, and a forced ``tool_choice`` holds the tokens to the call's
+``hybridllm._tool_answers.ToolCallReader``, and a forced ``tool_choice`` holds the tokens to the call's
 grammar (``hybridllm._structured``). ``llama_cpp`` is llama-cpp-python's
 ``create_chat_completion(tools=..., tool_choice=...)`` with its ``chatml-function-calling`` chat
 format (its own prompt describing the functions, and a grammar for a named function's arguments).

@@ -20,8 +20,8 @@ read back as tool calls.
   auto answer that starts with ``{`` or a JSON block may be a bare call: it is held and read
   whole at its end (only an answer that is calls alone is calls).
 
-The plan and the reader live in ``hybridllm._tools`` (a device model whose template lists tools
-reads its answer with them too); here, the conversation's calls given to the template.
+The plan and the reader live in ``hybridllm._tool_answers`` (a device model whose template lists
+tools reads its answer with them too); here, the conversation's calls given to the template.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from __future__ import annotations
 from typing import Any
 
 from hybridllm._message_text import calls_for_template
-from hybridllm._tools import FENCE, ToolCallReader, ToolPlan
+from hybridllm._tool_answers import FENCE, ToolCallReader, ToolPlan
 from hybridllm.wire.requests import checked_calls, checked_tools, tool_choice_of
 
 __all__ = ["FENCE", "ToolCallReader", "ToolPlan", "checked_tools", "template_messages", "tool_choice_of"]

@@ -7,7 +7,8 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, TypeVar
 
 from .._exceptions import CloudUnavailableError, EdgeError
-from .._tools import CallsReader, Function, ToolCall, ToolCallDelta, ToolCallReader
+from .._tool_answers import ToolCallReader
+from .._tools import CallsReader, Function, ToolCall, ToolCallDelta
 from .._types import Chunk, Completion, Usage, estimate_text_tokens
 from ..backends.base import Backend, Delta, StopMatcher
 from .accounting import checked_usage

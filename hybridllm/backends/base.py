@@ -160,7 +160,7 @@ class DeviceBackend(Backend):
 
     def calls_tools(self) -> bool:
         # its template lists tools (Qwen2.5's does, SmolLM2's does not): the model was taught a
-        # call format, which the pipeline reads (hybridllm._tools.ToolCallReader)
+        # call format, which the pipeline reads (hybridllm._tool_answers.ToolCallReader)
         return self.prompt_format.renders_tools()
 
     @abstractmethod
@@ -193,7 +193,7 @@ class DeviceBackend(Backend):
 
     def _stream(self, messages: Messages, params: GenerationParams, prefix: str) -> Iterator[Delta]:
         stops = tuple(dict.fromkeys(params.stop + self.prompt_format.stops(messages)))
-        from .._tools import plan_of
+        from .._tool_answers import plan_of
 
         plan = plan_of(params)  # the tools reach the template unless tool_choice is "none"
         turns = calls_for_template(messages)  # earlier calls' arguments as objects, as the servers pass them

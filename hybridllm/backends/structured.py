@@ -31,7 +31,7 @@ def response_format_of(params: Any) -> dict[str, Any] | None:
 def constrained(params: Any) -> bool:
     """The answer is held to a grammar: a ``response_format``, or a forced tool call
     (``tool_choice`` "required" or a named function: the call's form and its arguments' schema)."""
-    from .._tools import plan_of
+    from .._tool_answers import plan_of
 
     plan = plan_of(params)
     return response_format_of(params) is not None or (plan is not None and plan.mode != "auto")
@@ -75,7 +75,7 @@ class DeviceFormats:
         """The constraint for one request (None when it has no ``response_format``), its matcher
         already past a continuation's prefix. Parses now, so a bad format fails before any model
         step; the token index is built later, by :meth:`Constraint.bind`."""
-        from .._tools import plan_of
+        from .._tool_answers import plan_of
 
         plan, value = plan_of(params), response_format_of(params)
         if plan is not None and plan.mode != "auto":  # a forced call: its form and its schema

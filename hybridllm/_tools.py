@@ -180,6 +180,10 @@ class ToolCall:
         return {"id": self.id, "type": self.type,
                 "function": {"name": self.function.name, "arguments": self.function.arguments}}
 
+    def as_delta(self, index: int) -> ToolCallDelta:
+        """The whole call as one stream piece, at ``index`` among the answer's calls."""
+        return ToolCallDelta(index, self.id, self.function.name, self.function.arguments)
+
 
 @dataclass(frozen=True)
 class ToolCallDelta:

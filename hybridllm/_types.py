@@ -189,7 +189,8 @@ class GenerationParams:
     response_format: dict[str, Any] | None = field(default=None, hash=False)
     # function calling (hybridllm._tools): OpenAI's tools, kept checked as a tuple; tool_choice
     # "none" / "auto" (the default with tools) / "required" / {"type": "function", "function":
-    # {"name": ...}}; parallel_tool_calls False: at most one call. Only the cloud model calls tools
+    # {"name": ...}}; parallel_tool_calls False: at most one call. A model whose template lists
+    # tools calls them: the cloud's, or the device's (Backend.calls_tools)
     tools: tuple[dict[str, Any], ...] | None = field(default=None, hash=False, metadata=USER_TEXT)
     tool_choice: str | dict[str, Any] | None = field(default=None, hash=False)
     parallel_tool_calls: bool | None = None

@@ -153,8 +153,7 @@ class _Answer:
         base = self.restorer.restorer if isinstance(self.restorer, _RestoredStop) else self.restorer
         calls = [ToolCall(c.id, Function(c.function.name, base.restore(c.function.arguments)))
                  for c in calls]
-        whole = [ToolCallDelta(i, c.id, c.function.name, c.function.arguments) for i, c in enumerate(calls)]
-        return calls, whole
+        return calls, [c.as_delta(i) for i, c in enumerate(calls)]
 
     def flush(self) -> Chunk | None:
         """The text the restorer still holds (the stream ended), as one last chunk."""

@@ -230,9 +230,9 @@ class _Executor(_Planner, _Emitter, _Accounting):
             raise
         except _PartialOutput as exc:
             broke = f"cloud stream broke after {len(exc.text)} characters ({exc.cause})"
-            if req.params.tools is not None:  # the device calls no tools: it cannot finish this one
-                raise CloudUnavailableError(f"The {broke}; only the cloud model calls tools, so the "
-                                            "device cannot finish the answer: retry the request.") from exc
+            if req.params.tools is not None:  # a call half written by one model: no other finishes it
+                raise CloudUnavailableError(f"The {broke}; an answer to a request with tools is not "
+                                            "finished by the device: retry the request.") from exc
             # the cloud's answer is not whole: not stored, so the cloud's whole answer is, once it
             # answers (before, the stitched answer was served from the cache)
             req.stand_in = True

@@ -63,7 +63,7 @@ def _waits_for_cloud(req: Request, why: str, when: str, *, spent: str | None = N
     a prompt to shorten (not ContextWindowExceededError, which tells an OpenAI client to trim a
     conversation that the cloud takes once it can)."""
     n, limit = req.prompt_tokens, req.context_length
-    if req.params.tools is not None:
+    if req.tools_need_cloud:
         message = (f"The request gives tools, which only the cloud model calls, so only the cloud can "
                    f"answer it; and {why}. Retry {when}; or send it without tools for the device to "
                    "answer it.")

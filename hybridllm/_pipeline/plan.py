@@ -47,8 +47,7 @@ class _Planner(_CoreParts):
             policy, tokens = self.policy, req.prompt_tokens
             # a request with tools goes to the cloud whatever the router would score: asked as a
             # forced one, so that only the policy's privacy rules run (_tools_to_the_cloud)
-            cloud_only = req.params.tools is not None and not req.edge_tools
-            force = "cloud" if cloud_only else opts.route
+            force = "cloud" if req.tools_need_cloud else opts.route
             d = await loop.run_in_executor(
                 None, _ask_policy, policy, "decide",
                 lambda: policy.decide(msgs, force=force, prompt_tokens=tokens, embedding=vec),
@@ -56,7 +55,7 @@ class _Planner(_CoreParts):
             if not isinstance(d, Decision):  # else an AttributeError on .route, far from its cause
                 raise RouterError(f"The routing policy {type(policy).__name__}.decide() returned "
                                   f"{type(d).__name__}, not a hybridllm.Decision; nothing was sent.")
-        if req.params.tools is not None and not req.edge_tools:
+        if req.tools_need_cloud:
             d = _tools_to_the_cloud(d, forced=opts.route == "cloud")
         elif not req.fits_edge:
             d = self._beyond_the_edge(req, d)

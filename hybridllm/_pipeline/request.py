@@ -79,10 +79,15 @@ class Request:
         return n is None or limit is None or n + 1 <= limit
 
     @property
+    def tools_need_cloud(self) -> bool:
+        """The request gives tools and the device model cannot be given them."""
+        return self.params.tools is not None and not self.edge_tools
+
+    @property
     def edge_can_answer(self) -> bool:
         """The device may answer in the cloud's place: the prompt fits it, and it can call the
         request's tools if it gives any."""
-        return self.fits_edge and (self.params.tools is None or self.edge_tools)
+        return self.fits_edge and not self.tools_need_cloud
 
 
 @dataclasses.dataclass

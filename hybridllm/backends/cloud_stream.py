@@ -342,8 +342,7 @@ def _read_completion(resp: Any, where: str) -> tuple[Delta, Delta]:
     except (ValueError, TypeError, AttributeError, KeyError, IndexError) as exc:
         raise _Retryable(f"malformed answer from {where}: {resp.text[:80]!r}") from exc
     served = _model_of(body)
-    pieces = [ToolCallDelta(i, c.id, c.function.name, c.function.arguments)
-              for i, c in enumerate(calls.calls())]
+    pieces = [c.as_delta(i) for i, c in enumerate(calls.calls())]
     return (Delta(text, model=served, tool_calls=pieces or None),
             Delta("", finish_reason=_finish_reason(choice.get("finish_reason"), calls=bool(calls)),
                   usage=usage or Usage(), model=served))

@@ -16,6 +16,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+from ._exceptions import InvalidRequestError
 from ._tools import refused, tool_choice_mode
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
@@ -33,12 +34,20 @@ class ToolPlan:
     parallel: bool = True
 
     def grammar(self) -> Any:
-        """The grammar a forced call is constrained by (None for "auto"); a 400 naming the tool's
-        ``parameters`` when the grammar core cannot serve its schema."""
-        if self.mode == "auto":
-            return None
-        from hybridllm._structured import ResponseFormatError, parse_response_format
+        """The grammar a forced call is constrained by, a 400 naming the tool's ``parameters``
+        when the grammar core cannot serve its schema; for "auto", the hold of the calls the
+        answer may make (``ToolCallsGrammar``: free text, each call held to its tool's schema),
+        or None when a tool's schema cannot be served (the calls are then read as written)."""
+        from hybridllm._structured import ResponseFormatError, ToolCallsGrammar, parse_response_format
 
+        if self.mode == "auto":
+            try:
+                calls, defs = self._call_items()
+                call = parse_response_format({"type": "json_schema", "json_schema": {
+                    "name": "tool_call", "schema": {"anyOf": calls, **defs}}})
+            except (ResponseFormatError, InvalidRequestError):
+                return None
+            return ToolCallsGrammar(call, [t["function"]["name"] for t in self.tools])
         if self.mode == "named":
             index = next(i for i, t in enumerate(self.tools) if t["function"]["name"] == self.name)
             schema = _parameters(self.tools[index])
@@ -57,7 +66,15 @@ class ToolPlan:
             raise refused(f"A tool's parameters cannot be served as a grammar: {message}", param) from None
 
     def _calls_schema(self) -> dict[str, Any]:
-        """The answer of "required": an array of calls, each a tool's name and its arguments. Each
+        """The answer of "required": an array of calls (``_call_items``)."""
+        calls, defs = self._call_items()
+        schema: dict[str, Any] = {"type": "array", "minItems": 1, "items": {"anyOf": calls}}
+        if not self.parallel:
+            schema["maxItems"] = 1
+        return {**schema, **defs}
+
+    def _call_items(self) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+        """(a call's schema per tool: its name and its arguments, the root's ``$defs``). Each
         tool's ``$defs`` move to the root, where ``$ref`` finds them (two tools defining one name
         differently are a 400)."""
         defs: dict[str, Any] = {}
@@ -72,13 +89,11 @@ class ToolPlan:
                                       "another name.", at)
             calls.append({"type": "object", "additionalProperties": False, "required": ["name", "arguments"],
                           "properties": {"name": {"const": tool["function"]["name"]}, "arguments": params}})
-        schema: dict[str, Any] = {"type": "array", "minItems": 1, "items": {"anyOf": calls}}
-        if not self.parallel:
-            schema["maxItems"] = 1
+        root: dict[str, Any] = {}
         for path, value in defs.items():
             key, name = path.split("/", 1)
-            schema.setdefault(key, {})[name] = value
-        return schema
+            root.setdefault(key, {})[name] = value
+        return calls, root
 
     def reader(self) -> ToolCallReader:
         return ToolCallReader(self)

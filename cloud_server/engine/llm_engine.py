@@ -146,8 +146,10 @@ class LLMEngine(SpecSetupMixin, OutputProcessorMixin, EngineStatsMixin):
         if not prompt_ids:
             raise InvalidRequestError("the prompt is empty", param="prompt")
         if params.response_format is not None and not hasattr(self.tokenizer, "structured_token_bytes"):
-            raise InvalidRequestError("response_format needs a tokenizer that gives each token's bytes; "
-                                      "this model's does not", param="response_format")
+            if params.response_format.kind != "tool_calls":
+                raise InvalidRequestError("response_format needs a tokenizer that gives each token's bytes; "
+                                          "this model's does not", param="response_format")
+            params.response_format = None  # the hold of auto calls: without token bytes, read as written
         total = len(prompt_ids) + params.max_tokens
         if total > self.max_model_len:
             raise ContextLengthError(

@@ -121,9 +121,9 @@ class SamplingParams:
         value = self.response_format
         if value is None:
             return
-        from hybridllm._structured import Grammar, ResponseFormatError, parse_grammar
+        from hybridllm._structured import Grammar, ResponseFormatError, ToolCallsGrammar, parse_grammar
 
-        if isinstance(value, Grammar):
+        if isinstance(value, (Grammar, ToolCallsGrammar)):
             return
         if not isinstance(value, dict):
             raise InvalidRequestError("response_format must be an object such as {\"type\": \"json_object\"}",

@@ -7,7 +7,8 @@ the matcher over every token the step appends (``advance``); speculative drafts 
 their own positions (``row_masks``), so verification keeps the output exact. The ``TokenIndex``
 (the bytes each token adds to the text) is built once per engine, at its first structured request,
 not at start-up, and by the async front end off the engine thread (the running batch goes on).
-Rows without a grammar never reach this module.
+Rows without a grammar never reach this module. An auto tools answer's grammar
+(``ToolCallsGrammar``) holds only its calls: its rows between them go unmasked.
 """
 
 from __future__ import annotations
@@ -67,9 +68,10 @@ def row_masks(order: list[Any], index: Any, device: Any) -> list[Any] | None:
                 if ok:
                     prev = index.allowed(state)
             rows.append(prev)
-        masks = {id(r): torch.from_numpy(r).to(device) for r in rows}  # one tensor per distinct mask
-        out.extend(masks[id(r)] for r in rows)
-    return out
+        free = getattr(index, "free", None)  # an auto answer's text between its calls: no mask
+        masks = {id(r): None if r is free else torch.from_numpy(r).to(device) for r in rows}
+        out.extend(masks[id(r)] for r in rows)  # (one tensor per distinct mask)
+    return out if any(m is not None for m in out) else None
 
 
 def grammar_prefix(index: Any, matcher: Any, drafts: list[int]) -> list[int]:

@@ -16,13 +16,15 @@ from collections import OrderedDict
 from typing import Any
 
 from . import _nodes
+from ._calls import CallsMatcher, ToolCallsGrammar
 from ._index import Matcher, TokenIndex
 from ._schema import ResponseFormatError, normalize
 from ._tokens import token_bytes_from_tokenizer
 
 __all__ = [
-    "Grammar", "Matcher", "ResponseFormatError", "TokenIndex", "parse_response_format",
+    "CallsMatcher", "Grammar", "Matcher", "ResponseFormatError", "TokenIndex", "parse_response_format",
     "parse_grammar", "parse_structured_outputs", "token_bytes_from_tokenizer",
+    "ToolCallsGrammar",
 ]
 
 
@@ -227,10 +229,17 @@ def parse_response_format(value: Any) -> Grammar | None:
     return _cached(seen, lambda: Grammar(normalized, node))
 
 
-def parse_grammar(value: Any) -> Grammar | None:
+def parse_grammar(value: Any) -> Grammar | ToolCallsGrammar | None:
     """A grammar from its own ``Grammar.response_format`` dict, whatever its kind (how one travels
     to an engine replica): ``{"type": "regex", ...}`` and ``{"type": "choice", ...}`` as vLLM's
-    fields, anything else as OpenAI's ``response_format``."""
+    fields, ``{"type": "tool_calls", ...}`` an auto answer's calls, anything else as OpenAI's
+    ``response_format``."""
+    if isinstance(value, dict) and value.get("type") == ToolCallsGrammar.kind:
+        names, call = value.get("names"), parse_response_format(value.get("call"))
+        if not isinstance(names, list) or not names or not all(isinstance(n, str) and n for n in names) \
+                or call is None:
+            raise ResponseFormatError("a tool_calls grammar needs names and call.", "response_format")
+        return ToolCallsGrammar(call, names)
     if isinstance(value, dict) and value.get("type") in RAW_KINDS:
         kind = value["type"]
         return parse_structured_outputs({kind: value.get(kind)})

@@ -120,9 +120,16 @@ class TokenIndex:
         self._group_limit = _PATTERN_GROUPS
         self._texts: list[tuple[int, str]] | None = None  # whole-character plain tokens' text
         self._raw_texts: list[tuple[int, str]] | None = None  # every whole-character token's text
+        self._free: np.ndarray | None = None
 
     def allowed(self, matcher: Matcher) -> np.ndarray:
-        """Per token id: whether it may come next (end-of-output ids once the value is whole)."""
+        """Per token id: whether it may come next (end-of-output ids once the value is whole).
+        An auto answer's ``CallsMatcher``: every token in its free text (one shared array,
+        ``free``), its call's mask inside a call."""
+        if not isinstance(matcher, Matcher):
+            if matcher.held is None:
+                return self.free
+            matcher = matcher.held
         key = matcher.key
         with self._lock:
             packed = self._memo.get(key)
@@ -142,7 +149,17 @@ class TokenIndex:
         if 0 <= token_id < self.vocab_size and self._eos[token_id]:
             return matcher.done
         data = self._bytes[token_id] if 0 <= token_id < self.vocab_size else None
+        if not isinstance(matcher, Matcher) and matcher.held is None:  # free text: any token
+            return matcher.feed(data or b"")
         return bool(data) and matcher.feed(data)  # type: ignore[arg-type]
+
+    @property
+    def free(self) -> np.ndarray:
+        """Every token allowed (an auto answer's free text); one array, shared: do not write it."""
+        if self._free is None:
+            self._free = np.ones(self.vocab_size, dtype=bool)
+            self._free.flags.writeable = False
+        return self._free
 
     def _compute(self, matcher: Matcher) -> np.ndarray:
         mask = np.zeros(self.vocab_size, dtype=bool)

@@ -29,12 +29,12 @@ def response_format_of(params: Any) -> dict[str, Any] | None:
 
 
 def constrained(params: Any) -> bool:
-    """The answer is held to a grammar: a ``response_format``, or a forced tool call
-    (``tool_choice`` "required" or a named function: the call's form and its arguments' schema)."""
+    """The answer is held to a grammar: a ``response_format``, or tools: a forced call
+    (``tool_choice`` "required" or a named function: the call's form and its arguments' schema)
+    or the calls an auto answer makes (each held to its tool's schema once it begins)."""
     from .._tool_answers import plan_of
 
-    plan = plan_of(params)
-    return response_format_of(params) is not None or (plan is not None and plan.mode != "auto")
+    return response_format_of(params) is not None or plan_of(params) is not None
 
 
 class DeviceFormats:
@@ -78,8 +78,8 @@ class DeviceFormats:
         from .._tool_answers import plan_of
 
         plan, value = plan_of(params), response_format_of(params)
-        if plan is not None and plan.mode != "auto":  # a forced call: its form and its schema
-            grammar = plan.grammar()  # (memoised by the core, as a format's)
+        if plan is not None:  # a forced call (its form and its schema), or an auto answer's calls
+            grammar = plan.grammar()  # (memoised by the core, as a format's; auto: None if unservable)
         elif value is None:
             return None
         else:
@@ -120,8 +120,15 @@ class Constraint:
         """The value is complete and nothing may follow it: the answer ends here."""
         return bool(self.matcher.finished)
 
+    @property
+    def free(self) -> bool:
+        """Nothing is held now (an auto answer's text between its calls): no mask to apply."""
+        return getattr(self.matcher, "held", True) is None
+
     def allowed(self, vocab_size: int) -> Any:
-        """[vocab_size] bools: the tokens that may come next."""
+        """[vocab_size] bools: the tokens that may come next (None while ``free``)."""
+        if self.free:
+            return None
         mask = self.index.allowed(self.matcher)
         if mask.shape[0] != vocab_size:
             raise EdgeError(
@@ -145,7 +152,8 @@ class Constraint:
         def mask(_ids: Any, scores: Any) -> Any:
             try:
                 allowed = self.allowed(scores.shape[0])
-                np.copyto(scores, -np.inf, where=~allowed)
+                if allowed is not None:
+                    np.copyto(scores, -np.inf, where=~allowed)
             except BaseException as exc:  # noqa: BLE001 - carried out of the native callback
                 self.error = exc
             return scores

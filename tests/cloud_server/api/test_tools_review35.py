@@ -165,7 +165,9 @@ def test_the_plan_follows_tool_choice() -> None:
     assert cloud(tools=[WEATHER], tool_choice="none").tool_plan() is None  # a text answer
     assert cloud(tools=[WEATHER], tool_choice="none").response_grammar() is None
     auto = cloud(tools=[WEATHER, ADD])
-    assert auto.tool_plan().mode == "auto" and auto.response_grammar() is None  # the model chooses
+    # the model chooses; the calls it makes are held to their tools' schemas (review 37)
+    assert auto.tool_plan().mode == "auto" and auto.response_grammar().kind == "tool_calls"
+    assert auto.response_grammar().names == ["get_weather", "add"]
     required = cloud(tools=[WEATHER, ADD], tool_choice="required")
     assert required.tool_plan().mode == "required" and required.response_grammar() is not None
     named = cloud(tools=[WEATHER, ADD], tool_choice={"type": "function", "function": {"name": "add"}})

@@ -83,7 +83,8 @@ class CallsMatcher:
 class ToolCallsGrammar:
     """The hold of an auto answer's calls: ``call`` (a ``Grammar`` of one call object, any listed
     tool) and the tools' ``names``. Quacks as ``Grammar`` for the engines (``matcher``,
-    ``regexes``, ``key``, ``response_format``: how it travels to a replica)."""
+    ``regexes``, ``key``, ``response_format``: how it travels to a replica); a whole call is
+    checked with ``call.validate``."""
 
     kind = "tool_calls"
 
@@ -115,11 +116,6 @@ class ToolCallsGrammar:
 
     def regexes(self) -> list[Any]:
         return self.call.regexes()
-
-    def validate(self, text: str) -> bool:
-        """Whether every call begun in ``text`` is whole and fits its tool."""
-        m = self.matcher()
-        return m.feed(text.encode("utf-8", "surrogatepass")) and m.done
 
     def __repr__(self) -> str:
         return f"ToolCallsGrammar({self.names})"

@@ -24,8 +24,13 @@ from hybridllm._tool_answers import ToolPlan
 
 
 def _fn(name: str, properties: dict[str, Any], required: list[str]) -> dict[str, Any]:
-    return {"type": "function", "function": {"name": name, "parameters": {
-        "type": "object", "properties": properties, "required": required}}}
+    return {
+        "type": "function",
+        "function": {
+            "name": name,
+            "parameters": {"type": "object", "properties": properties, "required": required},
+        },
+    }
 
 
 ADD = _fn("add", {"a": {"type": "integer"}, "b": {"type": "integer"}}, ["a", "b"])
@@ -86,8 +91,13 @@ def test_bare_calls_are_held_only_where_a_call_may_start() -> None:
     assert _fed(['Try {"name": "add", "arguments": {}}']) == [(True, False)]
     two = _fed(['{"name": "add", "arguments": {"a": 1, "b": 2}}', '\n{"name": "get_weather"', ", "])
     assert [held for _, held in two] == [False, True, True]
-    tagged = _fed(['text <tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call>\n',
-                   '<tool_call>\n{"name": "get_weather", "arguments": {"city": ', '"x"}}'])
+    tagged = _fed(
+        [
+            'text <tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call>\n',
+            '<tool_call>\n{"name": "get_weather", "arguments": {"city": ',
+            '"x"}}',
+        ]
+    )
     assert tagged == [(True, False), (True, True), (True, False)]
 
 
@@ -108,8 +118,13 @@ def test_the_hold_travels_as_its_dict() -> None:
 
 
 def test_a_tool_whose_schema_cannot_be_held_leaves_auto_unheld() -> None:
-    odd = {"type": "function", "function": {"name": "odd", "parameters": {
-        "type": "object", "patternProperties": {"^x": {"type": "string"}}}}}
+    odd = {
+        "type": "function",
+        "function": {
+            "name": "odd",
+            "parameters": {"type": "object", "patternProperties": {"^x": {"type": "string"}}},
+        },
+    }
     assert ToolPlan([ADD, odd], "auto").grammar() is None  # read as written, as before: no 400
     assert ToolPlan([ADD], "required").grammar() is not None
 
@@ -162,8 +177,9 @@ def _scripted_onnx(script: str) -> Any:
     backend._formats = DeviceFormats(lambda: (VOCAB, {EOS}))
     backend.prompt_format = PromptFormat(chat_template=None, bos_token="", eos_token="")
     backend.tokenize = lambda messages, prefix="", tools=None: [0]  # type: ignore[method-assign]
-    backend._tok = SimpleNamespace(create_stream=lambda: SimpleNamespace(
-        decode=lambda t: (VOCAB[t] or b"").decode()))
+    backend._tok = SimpleNamespace(
+        create_stream=lambda: SimpleNamespace(decode=lambda t: (VOCAB[t] or b"").decode())
+    )
     base = np.zeros(len(VOCAB), dtype=np.float32)
     base[_ids("0123456789")] = 2.0
     base[_ids("}")] = 1.0
@@ -190,11 +206,13 @@ def test_the_device_holds_an_auto_call_to_its_tools_schema() -> None:
     out = backend.generate(MSGS, GenerationParams(temperature=0.0, max_tokens=80, tools=[ADD]))
     call = json.loads(out.text)
     assert call["name"] == "add" and isinstance(call["arguments"]["a"], int), out.text
-    assert _hold([ADD]).validate(out.text)
+    assert _hold([ADD]).call.validate(out.text)
+    assert not _hold([ADD]).call.validate(unheld.text)  # (the check can tell them apart)
 
 
-@pytest.mark.parametrize("script", ["Hello! {\"name\": \"Ada\"} is JSON.", '{"name": "Ada", "age": 36}',
-                                    "No tool needed: 2 + 2 = 4."])
+@pytest.mark.parametrize(
+    "script", ['Hello! {"name": "Ada"} is JSON.', '{"name": "Ada", "age": 36}', "No tool needed: 2 + 2 = 4."]
+)
 def test_the_device_leaves_text_that_is_no_call_as_written(script: str) -> None:
     backend = _scripted_onnx(script)
     out = backend.generate(MSGS, GenerationParams(temperature=0.0, max_tokens=80, tools=TOOLS))

@@ -9,11 +9,15 @@ template lists the tools (Qwen2.5's Hermes format), its answer is read as calls 
 grammar (``hybridllm._structured``). ``llama_cpp`` is llama-cpp-python's
 ``create_chat_completion(tools=..., tool_choice=...)`` with its ``chatml-function-calling`` chat
 format (its own prompt describing the functions, and a grammar for a named function's arguments).
-Three passes: ``auto`` on tasks that need one call and on tasks that need none (small talk: text
-expected), and ``named`` (the expected function forced). A call is right when it names the expected
-function and its arguments hold the expected values (strings compared case-blind, numbers by
-value); an answer to small talk is right when it calls nothing. Reported per side and pass: right
-answers (of the tasks), answers whose arguments parse as a JSON object, and mean seconds a task;
+Four passes: ``auto`` on tasks that need one call and on tasks that need none (small talk: text
+expected), ``named`` (the expected function forced), and ``bounded``: auto, with three tools whose
+parameters bound their values (an hour 0-23, an enum of units, a date format, a party of 1-12)
+and requests that tempt a model past them ("Set an alarm at 25:00", "for 30 people", "in
+Kelvin", "tomorrow"); a call is right there when it names the expected tool and its arguments
+fit the tool's schema (jsonschema's check, formats included), whatever values it chose. Elsewhere
+a call is right when it names the expected function and its arguments hold the expected values
+(strings compared case-blind, numbers by value); an answer to small talk is right when it calls
+nothing. Reported per side and pass: right answers (of the tasks), answers whose arguments parse as a JSON object, and mean seconds a task;
 ``*_right_ratio`` (ours / llama_cpp, > 1: ours is right more often) and ``*_speed_ratio``
 (llama_cpp's seconds / ours, > 1: ours is faster). The tasks are ours (hand-written; no public
 tool-calling data is in ../shared): a small, easy set that shows the two paths side by side, not
@@ -63,6 +67,53 @@ SMALL_TALK = [
     "What is a good name for a cat?",
     "Tell me a short joke.",
 ]
+
+
+# tools whose parameters bound their values (a range, an enum, a date format), and requests that
+# tempt a model past the bounds or into JSON that does not parse ("06" is no JSON number)
+BOUNDED_TOOLS = [
+    _fn("set_alarm", "Set an alarm", {"hour": {"type": "integer", "minimum": 0, "maximum": 23},
+                                      "minute": {"type": "integer", "minimum": 0, "maximum": 59}},
+        ["hour", "minute"]),
+    _fn("get_forecast", "Get the weather forecast for a city",
+        {"city": {"type": "string"}, "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
+        ["city", "unit"]),
+    _fn("book_table", "Book a restaurant table",
+        {"people": {"type": "integer", "minimum": 1, "maximum": 12},
+         "date": {"type": "string", "format": "date"}},
+        ["people", "date"]),
+]
+BOUNDED: list[tuple[str, str]] = [
+    ("Set an alarm at 25:00", "set_alarm"),
+    ("Set an alarm for 06:05 tomorrow.", "set_alarm"),
+    ("Wake me up at 7:30 in the evening.", "set_alarm"),
+    ("What's the forecast for Paris in Kelvin?", "get_forecast"),
+    ("Forecast for Oslo, please.", "get_forecast"),
+    ("Book a table for 30 people on 2026-12-24.", "book_table"),
+    ("Book a table for two tomorrow.", "book_table"),
+    ("Book a table for four on December 11, 2026.", "book_table"),
+]
+
+
+def valid_call(calls: list[tuple[str, str]], name: str) -> bool:
+    """The answer's one call names ``name`` and its arguments fit the tool's schema (jsonschema's
+    check, formats included: not the grammar's own)."""
+    import jsonschema
+
+    if len(calls) != 1 or calls[0][0] != name:
+        return False
+    args = _object(calls[0][1])
+    schema = next(t["function"]["parameters"] for t in BOUNDED_TOOLS if t["function"]["name"] == name)
+    if args is None:
+        return False
+    try:
+        jsonschema.validate(args, schema, format_checker=jsonschema.FormatChecker())
+    except jsonschema.ValidationError:
+        return False
+    return True
+
+
+PASSES = ("auto", "small_talk", "named", "bounded")
 
 
 def right_call(calls: list[tuple[str, str]], name: str, expected: dict[str, Any]) -> bool:
@@ -116,15 +167,17 @@ def main(argv: list[str] | None = None) -> None:
     settings = {"temperature": 0.0, "max_tokens": args.max_tokens}
     peer_tools: Any = TOOLS  # (llama-cpp-python types them as its TypedDicts)
 
-    def ours(question: str, choice: Any) -> tuple[list[tuple[str, str]], float]:
+    Calls = list[tuple[str, str]]
+
+    def ours(question: str, choice: Any, tools: list[dict[str, Any]] = TOOLS) -> tuple[Calls, float]:
         start = time.perf_counter()
-        c = llm.chat(question, tools=TOOLS, tool_choice=choice, **settings)
+        c = llm.chat(question, tools=tools, tool_choice=choice, **settings)
         return [(t.function.name, t.function.arguments) for t in c.tool_calls], time.perf_counter() - start
 
-    def theirs(question: str, choice: Any) -> tuple[list[tuple[str, str]], float]:
+    def theirs(question: str, choice: Any, tools: Any = peer_tools) -> tuple[Calls, float]:
         start = time.perf_counter()
         r: Any = peer.create_chat_completion(messages=[{"role": "user", "content": question}],
-                                             tools=peer_tools, tool_choice=choice or "auto", temperature=0.0,
+                                             tools=tools, tool_choice=choice or "auto", temperature=0.0,
                                              max_tokens=args.max_tokens)
         calls = r["choices"][0]["message"].get("tool_calls") or []
         made = [(c["function"]["name"], c["function"]["arguments"]) for c in calls]
@@ -133,7 +186,7 @@ def main(argv: list[str] | None = None) -> None:
     sides = {"ours": ours, "llama_cpp": theirs}
     tally: dict[str, dict[str, list[float]]] = {
         f"{side}_{what}": {"right": [], "parsed": [], "s": []} for side in sides
-        for what in ("auto", "small_talk", "named")}
+        for what in PASSES}
     missed: dict[str, list[str]] = {key: [] for key in tally}  # what each side got wrong, and its calls
 
     def record(key: str, question: str, right: bool, calls: list[tuple[str, str]], seconds: float) -> None:
@@ -156,16 +209,20 @@ def main(argv: list[str] | None = None) -> None:
             for side, ask in sides.items():
                 calls, s = ask(question, None)
                 record(f"{side}_small_talk", question, not calls, calls, s)
+        for question, name in BOUNDED:
+            for side, ask in sides.items():
+                calls, s = ask(question, None, BOUNDED_TOOLS)
+                record(f"{side}_bounded", question, valid_call(calls, name), calls, s)
     peer.close()
 
     out: dict[str, Any] = {"model": args.model, "threads": args.threads, "tasks": len(CALLS),
-                           "small_talk": len(SMALL_TALK)}
+                           "small_talk": len(SMALL_TALK), "bounded": len(BOUNDED)}
     for key, t in tally.items():
         out[f"{key}_right"] = sum(t["right"])
         out[f"{key}_parsed"] = sum(t["parsed"])
         out[f"{key}_s"] = round(sum(t["s"]) / len(t["s"]), 3)
         out[f"{key}_missed"] = missed[key]
-    for what in ("auto", "small_talk", "named"):
+    for what in PASSES:
         mine, peer_right = out[f"ours_{what}_right"], out[f"llama_cpp_{what}_right"]
         out[f"{what}_right_ratio"] = round(mine / peer_right, 3) if peer_right else None
         out[f"{what}_speed_ratio"] = round(out[f"llama_cpp_{what}_s"] / out[f"ours_{what}_s"], 3)

@@ -117,6 +117,16 @@ def test_the_hold_travels_as_its_dict() -> None:
     assert isinstance(back.matcher(), CallsMatcher)
 
 
+def test_a_replica_reads_the_hold_from_its_dict() -> None:
+    # a cluster front end sends the grammar as its dict; the replica's SamplingParams parse it
+    pytest.importorskip("torch")
+    from cloud_server.engine.sampling_params import SamplingParams
+
+    params = SamplingParams(response_format=json.loads(json.dumps(_hold().response_format)))
+    assert isinstance(params.response_format, ToolCallsGrammar)
+    assert params.response_format.key == _hold().key
+
+
 def test_a_tool_whose_schema_cannot_be_held_leaves_auto_unheld() -> None:
     odd = {
         "type": "function",

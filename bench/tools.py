@@ -17,7 +17,8 @@ Kelvin", "tomorrow"); a call is right there when it names the expected tool and 
 fit the tool's schema (jsonschema's check, formats included), whatever values it chose. Elsewhere
 a call is right when it names the expected function and its arguments hold the expected values
 (strings compared case-blind, numbers by value); an answer to small talk is right when it calls
-nothing. Reported per side and pass: right answers (of the tasks), answers whose arguments parse as a JSON object, and mean seconds a task;
+nothing. Reported per side and pass: right answers (of the tasks), answers whose arguments parse
+as a JSON object, and mean seconds a task;
 ``*_right_ratio`` (ours / llama_cpp, > 1: ours is right more often) and ``*_speed_ratio``
 (llama_cpp's seconds / ours, > 1: ours is faster). The tasks are ours (hand-written; no public
 tool-calling data is in ../shared): a small, easy set that shows the two paths side by side, not

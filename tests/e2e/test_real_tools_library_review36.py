@@ -3,12 +3,18 @@ device is SmolLM2-135M on llama.cpp, the cloud ``hybridllm-cloud`` on Qwen2.5-Co
 template lists the tools). A request with tools goes to the cloud unscored (SmolLM2's template has
 no tools), and its call comes back in ``Completion.tool_calls`` and, through the proxy, to the
 official client, streamed and not. With Qwen2.5-Coder-0.5B as the device model, the device calls
-the tools itself."""
+the tools itself.
+
+Review 37: an auto call is held to its tool's schema. Asked for an alarm at "25:00", Qwen2.5-Coder-0.5B
+writes ``{"hour": 25, "minute": 00}`` unheld (``00`` is no JSON number: the answer was text, no
+call); held, the call is valid JSON inside the tool's bounds, on the device (llama.cpp) and on the
+cloud engine (through the official client), and small talk with the same tool is still text."""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -109,3 +115,66 @@ def test_a_device_model_whose_template_lists_tools_calls_them_on_the_device() ->
     ) as llm:
         c = llm.chat(ASK, tools=[WEATHER], temperature=0, max_tokens=80, route="cloud")
         assert c.route == "edge (cloud unavailable)" and c.tool_calls[0].function.name == "get_weather"
+
+
+# ---- review 37: an auto call held to its tool's schema ----------------------------------------
+
+ALARM = {
+    "type": "function",
+    "function": {
+        "name": "set_alarm",
+        "description": "Set an alarm",
+        "parameters": {
+            "type": "object",
+            "additionalProperties": False,
+            "required": ["hour", "minute"],
+            "properties": {
+                "hour": {"type": "integer", "minimum": 0, "maximum": 23},
+                "minute": {"type": "integer", "minimum": 0, "maximum": 59},
+            },
+        },
+    },
+}
+PAST_MIDNIGHT = "Set an alarm at 25:00"
+
+
+def _in_bounds(arguments: str) -> bool:
+    args = json.loads(arguments)
+    return (
+        set(args) == {"hour", "minute"}
+        and all(isinstance(v, int) for v in args.values())
+        and 0 <= args["hour"] <= 23
+        and 0 <= args["minute"] <= 59
+    )
+
+
+def test_the_devices_auto_call_is_held_to_the_tools_schema_review37() -> None:
+    with HybridLLM(edge_model="qwen2.5-coder-0.5b-instruct", cache=False) as llm:
+        c = llm.chat(PAST_MIDNIGHT, tools=[ALARM], temperature=0, max_tokens=80)
+        assert c.route == "edge" and c.finish_reason == "tool_calls", (c.route, c.text)
+        (call,) = c.tool_calls
+        assert call.function.name == "set_alarm" and _in_bounds(call.function.arguments), call
+        # no call asked for: the text is the model's own, not bent into a call
+        hello = llm.chat("Say hello in French.", tools=[ALARM], temperature=0, max_tokens=30)
+        assert hello.tool_calls == [] and hello.text.strip()
+
+
+def test_the_cloud_engines_auto_call_is_held_to_the_tools_schema_review37(qwen_cloud: str) -> None:
+    client = openai.OpenAI(base_url=qwen_cloud, api_key="unused", max_retries=0, timeout=300)
+    messages: Any = [{"role": "user", "content": PAST_MIDNIGHT}]
+    r = client.chat.completions.create(
+        model="qwen", messages=messages, tools=[ALARM], temperature=0, max_tokens=80
+    )
+    choice = r.choices[0]
+    assert choice.finish_reason == "tool_calls", choice.message.content
+    assert _in_bounds(choice.message.tool_calls[0].function.arguments)
+    stream = client.chat.completions.create(
+        model="qwen", messages=messages, tools=[ALARM], temperature=0, max_tokens=80, stream=True
+    )
+    args, finish = "", None
+    for chunk in stream:
+        for c in chunk.choices:
+            for d in c.delta.tool_calls or []:
+                args += d.function.arguments or ""
+            finish = c.finish_reason or finish
+    assert finish == "tool_calls" and _in_bounds(args)

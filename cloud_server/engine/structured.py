@@ -35,7 +35,9 @@ def build_index(tokenizer: Any, vocab_size: int, eos_ids: list[int]) -> Any:
     """The ``TokenIndex`` of the model's head (``vocab_size`` rows)."""
     from hybridllm._structured import TokenIndex
 
-    return TokenIndex(token_bytes(tokenizer, vocab_size), [i for i in eos_ids if 0 <= i < vocab_size])
+    markers: dict[int, bytes] = getattr(tokenizer, "marker_bytes", dict)()
+    return TokenIndex(token_bytes(tokenizer, vocab_size), [i for i in eos_ids if 0 <= i < vocab_size],
+                      shown={i: text for i, text in markers.items() if 0 <= i < vocab_size})
 
 
 def row_masks(order: list[Any], index: Any, device: Any) -> list[Any] | None:

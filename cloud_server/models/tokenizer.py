@@ -96,6 +96,12 @@ class _ChatTemplateMixin:
             ids.insert(0, bos)
         return ids
 
+    def marker_bytes(self) -> dict[int, bytes]:
+        """The template's markers (``structured_token_bytes`` None: never a grammar's token) and
+        their text, which an answer's free text may show (Qwen's ``<tool_call>``): what the hold
+        of an auto answer's tool calls reads to see a tagged call begin."""
+        return {i: name.encode() for name, i in self._special_ids().items()}
+
     def _special_ids(self) -> dict[str, int]:
         raise NotImplementedError
 

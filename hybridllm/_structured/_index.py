@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 from bisect import bisect_left, bisect_right
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -75,8 +75,12 @@ class TokenIndex:
     as it is; only those with a quote or a backslash are walked.
     """
 
-    def __init__(self, token_bytes: Sequence[bytes | None], eos_ids: Iterable[int]) -> None:
+    def __init__(self, token_bytes: Sequence[bytes | None], eos_ids: Iterable[int],
+                 shown: Mapping[int, bytes] | None = None) -> None:
         self.vocab_size = len(token_bytes)
+        # markers (None above: never a grammar's) whose text an answer's free text still shows
+        # (Qwen's <tool_call>, in the cloud engine's vocabulary): an auto tools answer reads them
+        self._shown = {int(i): bytes(t) for i, t in (shown or {}).items()}
         self.eos_ids = sorted({int(i) for i in eos_ids if 0 <= int(i) < self.vocab_size})
         self._eos = np.zeros(self.vocab_size, dtype=bool)
         self._eos[self.eos_ids] = True
@@ -150,7 +154,7 @@ class TokenIndex:
             return matcher.done
         data = self._bytes[token_id] if 0 <= token_id < self.vocab_size else None
         if not isinstance(matcher, Matcher) and matcher.held is None:  # free text: any token
-            return matcher.feed(data or b"")
+            return matcher.feed(data or self._shown.get(token_id, b""))
         return bool(data) and matcher.feed(data)  # type: ignore[arg-type]
 
     @property

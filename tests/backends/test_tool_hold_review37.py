@@ -169,6 +169,36 @@ def test_free_text_allows_every_token_and_a_call_its_grammar() -> None:
     assert index.allowed(m) is index.free
 
 
+def test_a_marker_the_grammar_never_draws_still_shows_in_free_text() -> None:
+    # the cloud engine's vocabulary gives Qwen's <tool_call> no bytes (a template marker: never a
+    # grammar's token) while its answer text shows it: the index reads the marker's text
+    vocab = list(VOCAB)
+    tag = CHARS.index(b"<tool_call>")
+    vocab[tag] = None
+    ids = [*_ids("Sure. "), tag, *_ids('\n{"name": "add"')]
+    for shown, held in (({tag: b"<tool_call>"}, True), (None, False)):
+        index, m = TokenIndex(vocab, [EOS], shown=shown), _hold().matcher()
+        assert all(index.feed_token(m, t) for t in ids)
+        assert (m.held is not None) is held
+
+
+def test_the_engine_index_reads_the_tokenizers_markers() -> None:
+    pytest.importorskip("torch")
+    from cloud_server.engine.structured import build_index
+
+    tag = CHARS.index(b"<tool_call>")
+    vocab = [b if i != tag else None for i, b in enumerate(VOCAB)]
+    tokenizer = SimpleNamespace(
+        structured_token_bytes=lambda: vocab,
+        marker_bytes=lambda: {tag: b"<tool_call>", 10_000: b"<past the head>"},
+    )
+    index = build_index(tokenizer, len(vocab), [EOS])
+    m = _hold().matcher()
+    for t in [*_ids("Ok "), tag, *_ids('{"name": "add"')]:
+        index.feed_token(m, t)
+    assert m.held is not None
+
+
 # ---- the device loop: a fake ONNX model writes an off-schema call -----------------------------
 
 

@@ -7,7 +7,9 @@ read back as tool calls.
   are read from the ``<tool_call>{"name": ..., "arguments": ...}</tool_call>`` blocks the
   template taught it (the Hermes format, Qwen2.5's), or from an answer that is such objects alone
   (Qwen2.5-Coder-0.5B writes them without the tags), bare or in one Markdown JSON block (the
-  1.5B writes them so). ``"required"`` and a named function are
+  1.5B writes them so); each call is held to its tool's schema once its name is out, the text
+  around the calls left free (``hybridllm._structured.ToolCallsGrammar``). ``"required"`` and a
+  named function are
   constrained by a grammar, so the answer is always a call whose arguments fit the function's
   ``parameters`` schema: a JSON array of ``{"name", "arguments"}`` for ``"required"`` (one
   item when ``parallel_tool_calls`` is false), the arguments object alone for a named function.
@@ -20,8 +22,9 @@ read back as tool calls.
   auto answer that starts with ``{`` or a JSON block may be a bare call: it is held and read
   whole at its end (only an answer that is calls alone is calls).
 
-The plan and the reader live in ``hybridllm._tool_answers`` (a device model whose template lists
-tools reads its answer with them too); here, the conversation's calls given to the template.
+The plan and the reader live in ``hybridllm._tool_plan`` and ``hybridllm._tool_answers`` (a device
+model whose template lists tools reads its answer with them too); here, the conversation's calls
+given to the template.
 """
 
 from __future__ import annotations
@@ -29,7 +32,8 @@ from __future__ import annotations
 from typing import Any
 
 from hybridllm._message_text import calls_for_template
-from hybridllm._tool_answers import FENCE, ToolCallReader, ToolPlan
+from hybridllm._tool_answers import FENCE, ToolCallReader
+from hybridllm._tool_plan import ToolPlan
 from hybridllm.wire.requests import checked_calls, checked_tools, tool_choice_of
 
 __all__ = ["FENCE", "ToolCallReader", "ToolPlan", "checked_tools", "template_messages", "tool_choice_of"]

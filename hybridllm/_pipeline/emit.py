@@ -10,7 +10,8 @@ from contextlib import aclosing
 from typing import TYPE_CHECKING
 
 from .._exceptions import CloudRateLimitError, CloudUnavailableError
-from .._tool_answers import ToolCallReader, plan_of
+from .._tool_answers import ToolCallReader
+from .._tool_plan import plan_of
 from .._types import MAX_MODEL_CHARS, Chunk, Completion, Usage
 from ..backends.base import Backend, Delta, guarded
 from ..backends.worker import InlineRun

@@ -9,7 +9,7 @@ import json
 from typing import Any
 
 from .._exceptions import HybridLLMError, InvalidRequestError, RouterError
-from .._tool_answers import plan_of
+from .._tool_plan import plan_of
 from .._types import Decision, estimate_text_tokens, estimate_tokens
 from ..backends.base import DeviceBackend, call_guarded
 from .failures import ForcedCloudOverBudgetError, _too_long, _waits_for_cloud

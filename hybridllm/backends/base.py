@@ -193,7 +193,7 @@ class DeviceBackend(Backend):
 
     def _stream(self, messages: Messages, params: GenerationParams, prefix: str) -> Iterator[Delta]:
         stops = tuple(dict.fromkeys(params.stop + self.prompt_format.stops(messages)))
-        from .._tool_answers import plan_of
+        from .._tool_plan import plan_of
 
         plan = plan_of(params)  # the tools reach the template unless tool_choice is "none"
         turns = calls_for_template(messages)  # earlier calls' arguments as objects, as the servers pass them

@@ -32,7 +32,7 @@ def constrained(params: Any) -> bool:
     """The answer is held to a grammar: a ``response_format``, or tools: a forced call
     (``tool_choice`` "required" or a named function: the call's form and its arguments' schema)
     or the calls an auto answer makes (each held to its tool's schema once it begins)."""
-    from .._tool_answers import plan_of
+    from .._tool_plan import plan_of
 
     return response_format_of(params) is not None or plan_of(params) is not None
 
@@ -75,7 +75,7 @@ class DeviceFormats:
         """The constraint for one request (None when it has no ``response_format``), its matcher
         already past a continuation's prefix. Parses now, so a bad format fails before any model
         step; the token index is built later, by :meth:`Constraint.bind`."""
-        from .._tool_answers import plan_of
+        from .._tool_plan import plan_of
 
         plan, value = plan_of(params), response_format_of(params)
         if plan is not None:  # a forced call (its form and its schema), or an auto answer's calls

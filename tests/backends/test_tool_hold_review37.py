@@ -20,7 +20,7 @@ import pytest
 
 from hybridllm import GenerationParams
 from hybridllm._structured import CallsMatcher, TokenIndex, ToolCallsGrammar, parse_grammar
-from hybridllm._tool_answers import ToolPlan
+from hybridllm._tool_plan import ToolPlan
 
 
 def _fn(name: str, properties: dict[str, Any], required: list[str]) -> dict[str, Any]:

@@ -35,9 +35,11 @@ def _call(name: str, arguments: str, call_id: str | None = None) -> dict[str, An
 _ITEM_HEAD = re.compile(r'\s*[\[,]\s*\{\s*"name"\s*:\s*"([A-Za-z0-9_-]{1,64})"\s*,\s*"arguments"\s*:\s*')
 _ITEM_TAIL = re.compile(r"\s*\}")
 # an auto answer's call in a Hermes <tool_call> block (the previous block's close before it) up to
-# its arguments' object, its name first as the templates teach it ("parameters" too). Bare calls
-# are not read so: only an answer that is calls alone is calls, which is known at its end
+# its arguments' object, its name first as the templates teach it ("parameters" too); or bare, at
+# the answer's start (after a Markdown JSON line) or right after a bare call
 _AUTO_HEAD = re.compile(r'\s*(?:</tool_call>\s*)?<tool_call>\s*\{\s*"name"\s*:\s*"([A-Za-z0-9_-]{1,64})"\s*,'
+                        r'\s*"(?:arguments|parameters)"\s*:\s*(?=\{)')
+_BARE_HEAD = re.compile(r'\s*(?:```json\s*)?\{\s*"name"\s*:\s*"([A-Za-z0-9_-]{1,64})"\s*,'
                         r'\s*"(?:arguments|parameters)"\s*:\s*(?=\{)')
 _AUTO_TAIL = re.compile(r"\s*\}")
 
@@ -139,13 +141,14 @@ class ToolCallReader:
     is told apart), ``take_deltas`` the tool-call deltas that may (a forced call's start and its
     arguments; an auto call's in a ``<tool_call>`` block once its name is out), ``finish`` the
     rest: ``(text, calls, finish_reason)``; the first ``streamed`` calls were begun by deltas
-    already. A tagged call begun is a call, whatever follows it (the stream cannot take it back):
-    text after the blocks is dropped, and one cut by ``max_tokens`` keeps its partial arguments,
-    as a forced call does."""
+    already. A call begun (in a ``<tool_call>`` block, or bare at the answer's start, fenced or
+    not) is a call, whatever follows it (the stream cannot take it back; the hold of an auto
+    answer's calls, ``ToolCallsGrammar``, makes it whole and valid): text after the calls is
+    dropped, and one cut by ``max_tokens`` keeps its partial arguments, as a forced call does."""
 
     plan: ToolPlan
     _held: str = ""
-    _calls_text: str | None = None  # from the first <tool_call> on (auto); all of it (forced)
+    _calls_text: str | None = None  # from the first call on (auto); all of it (forced)
     _sent: list[str] = field(default_factory=list)
     # a named function's call streams: its id, and the argument deltas not yet taken
     _id: str = field(default_factory=_call_id)
@@ -179,8 +182,7 @@ class ToolCallReader:
             return ""
         if self._calls_text is not None:
             self._calls_text += delta
-            if self._auto is not None:  # (tagged calls: bare ones are read whole at the end)
-                self._read_auto(delta)
+            self._read_auto(delta)
             return ""
         text = self._held + delta
         if not self._sent:  # the answer's start: a bare JSON call (fenced or not) is held
@@ -190,6 +192,7 @@ class ToolCallReader:
                 return ""
             if head.startswith(("{", FENCE)):
                 self._held, self._calls_text = "", text
+                self._read_auto(text, _BARE_HEAD)
                 return ""
         at = text.find(OPEN)
         if at >= 0:
@@ -200,12 +203,13 @@ class ToolCallReader:
         self._held = text[len(text) - keep:] if keep else ""
         return self._send(text[:len(text) - keep])
 
-    def _read_auto(self, text: str) -> None:
-        """More of an auto answer's tagged calls: once a call's name is out (a listed tool's, its
-        arguments an object), it begins, and its arguments stream as they are written."""
+    def _read_auto(self, text: str, head: re.Pattern[str] = _AUTO_HEAD) -> None:
+        """More of an auto answer's calls (``head``: tagged, or bare from the answer's start):
+        once a call's name is out (a listed tool's, its arguments an object), it begins, and its
+        arguments stream as they are written."""
         if self._auto is None:
             names = {t["function"]["name"] for t in self.plan.tools}
-            self._auto = _CallArray(_AUTO_HEAD, _AUTO_TAIL, names, None if self.plan.parallel else 1)
+            self._auto = _CallArray(head, _AUTO_TAIL, names, None if self.plan.parallel else 1)
         self._deltas += self._auto.feed(text)
         self.streamed = len(self._auto.calls)
 

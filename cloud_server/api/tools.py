@@ -17,10 +17,11 @@ read back as tool calls.
 - Streamed, a forced call's arguments stream as they come (a call's first delta carries its
   index, id and name; "required"'s calls begin one after another as each name is out), as OpenAI
   streams them and as partial-object clients read them. An auto answer's text streams until a
-  call begins; a call in a ``<tool_call>`` block streams too once its name is out (its arguments
-  as written), and the calls read only from the whole answer come whole when the choice ends. An
-  auto answer that starts with ``{`` or a JSON block may be a bare call: it is held and read
-  whole at its end (only an answer that is calls alone is calls).
+  call begins; a call streams too once its name is out (its arguments as written), in a
+  ``<tool_call>`` block or bare at the answer's start (fenced or not); calls read only from the
+  whole answer (a later call written differently) come whole when the choice ends. An auto
+  answer that starts with ``{`` or a JSON block is held until it is told apart: a call, or JSON
+  that is the model's text (sent whole at its end).
 
 The plan and the reader live in ``hybridllm._tool_plan`` and ``hybridllm._tool_answers`` (a device
 model whose template lists tools reads its answer with them too); here, the conversation's calls

@@ -154,6 +154,12 @@ def test_the_devices_auto_call_is_held_to_the_tools_schema_review37() -> None:
         assert c.route == "edge" and c.finish_reason == "tool_calls", (c.route, c.text)
         (call,) = c.tool_calls
         assert call.function.name == "set_alarm" and _in_bounds(call.function.arguments), call
+        # streamed, the bare call (as this model writes it) comes in pieces as it is written:
+        # its name first, then its arguments (before: one whole piece at the end)
+        with llm.stream(PAST_MIDNIGHT, tools=[ALARM], temperature=0, max_tokens=80) as s:
+            pieces = [d for chunk in s for d in chunk.tool_calls]
+        assert pieces[0].name == "set_alarm" and len(pieces) > 2, pieces
+        assert "".join(p.arguments for p in pieces) == s.completion.tool_calls[0].function.arguments
         # no call asked for: the text is the model's own, not bent into a call
         hello = llm.chat("Say hello in French.", tools=[ALARM], temperature=0, max_tokens=30)
         assert hello.tool_calls == [] and hello.text.strip()

@@ -327,11 +327,23 @@ def test_auto_reads_a_bare_call_and_keeps_other_json_as_text() -> None:
         '{"name": "say_hello", "arguments": {}}',  # no such tool
         '{"city": "Paris"}',  # JSON, not a call
         '{"name": "add", "arguments": [1, 2]}',  # arguments not an object
-        bare + "\nThat is all.",  # a call and then prose: the model's text
-        '{"name": "get_weather", "arguments": {"city": "Pa',
-    ):  # cut short
+    ):
         streamed, content, calls, reason = read(AUTO, chars(text), reason="stop")
         assert (streamed, content, calls, reason) == (text, text, [], "stop"), text
+    # review 37: a bare call begun at the answer's start is a call, as a tagged one is (the hold
+    # of auto calls makes it whole and valid): prose after it is dropped, and one cut by
+    # max_tokens keeps its partial arguments (before: both were the model's text)
+    assert read(AUTO, chars(bare + "\nThat is all.")) == (
+        "",
+        None,
+        [("get_weather", {"city": "Paris", "unit": "celsius"})],
+        "tool_calls",
+    )
+    cut = AUTO.reader()
+    for ch in '{"name": "get_weather", "arguments": {"city": "Pa':
+        assert cut.feed(ch) == ""
+    text, cut_calls, reason = cut.finish("length")
+    assert (text, cut_calls[0]["function"]["arguments"], reason) == ("", '{"city": "Pa', "length")
 
 
 def test_auto_reads_calls_in_a_json_block_alone() -> None:
@@ -344,9 +356,11 @@ def test_auto_reads_calls_in_a_json_block_alone() -> None:
     for text in (
         '```json\n{"a": 1}\n```',
         'Here:\n```json\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n```',
-        '```json\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n```\nDone.',
     ):
         assert read(AUTO, chars(text))[:3] == (text, text, []), text
+    # review 37: a block that begins with a call is a call, whatever follows it (before: text)
+    done = '```json\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n```\nDone.'
+    assert read(AUTO, chars(done)) == ("", None, [("add", {"a": 1, "b": 2})], "tool_calls")
     reader = AUTO.reader()
     code = "```python\nprint(1)\n```"
     assert "".join(reader.feed(ch) for ch in code[:12]) == code[:12]  # not held: not a JSON block
@@ -551,8 +565,7 @@ def test_a_named_call_streams_its_arguments_through_the_app() -> None:
 def test_a_tagged_auto_call_streams_once_its_name_is_out_review36() -> None:
     """(review 36) Before, an auto answer's calls came whole at its end; a Hermes-tagged call now
     begins as soon as its name is out and its arguments stream as written (vLLM's and OpenAI's
-    behaviour). Bare and fenced calls are still read whole (only an answer that is calls alone is
-    calls)."""
+    behaviour). (Review 37: bare and fenced calls at the answer's start stream too.)"""
     answer = (
         'Sure.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>\n'
         '<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call>'
@@ -585,7 +598,16 @@ def test_a_tagged_auto_call_streams_once_its_name_is_out_review36() -> None:
     # a tag naming no listed tool: not a call, the text as written (as before)
     other = '<tool_call>\n{"name": "say_hello", "arguments": {}}\n</tool_call>'
     assert read(AUTO, chars(other)) == (other, other, [], "stop")
-    # a bare call is read whole at the end, as before: no delta before it
+    # review 37: a bare call streams too, once its name is out (it was read whole at the end)
     bare = AUTO.reader()
-    bare.feed('{"name": "add", "arguments": {"a": 1, "b": 2}}')
-    assert bare.take_deltas() == [] and bare.finish("stop")[2] == "tool_calls"
+    assert bare.feed('{"name": "add", "arguments": {"a": 1') == ""
+    assert [(d.get("function", {}).get("name"), d["function"]["arguments"]) for d in bare.take_deltas()] == [
+        ("add", ""),
+        (None, '{"a": 1'),
+    ]
+    bare.feed(', "b": 2}}')
+    assert bare.take_deltas()[0]["function"]["arguments"] == ', "b": 2}'
+    _, bare_calls, bare_reason = bare.finish("stop")
+    assert bare_reason == "tool_calls" and [c["function"] for c in bare_calls] == [
+        {"name": "add", "arguments": '{"a": 1, "b": 2}'}
+    ]

@@ -4,7 +4,8 @@ naming its field in ``param``), and an answer's calls read back, whole or stream
 
 Light on purpose (no pydantic): ``import hybridllm`` stays the light client's. The cloud server
 (``cloud_server.api.tools``) and ``hybridllm serve`` turn these errors into their 400s. A model's
-text answer is read as calls in :mod:`hybridllm._tool_answers`.
+text answer is read as calls in :mod:`hybridllm._tool_answers`, by the plan (and the grammar that
+holds the answer) of :mod:`hybridllm._tool_plan`.
 """
 
 from __future__ import annotations

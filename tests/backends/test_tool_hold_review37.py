@@ -299,3 +299,20 @@ def test_engine_rows_are_masked_only_inside_a_call() -> None:
     drafts = _ids('{"name": "add", "arguments": {"a": ')
     masks = row_masks([_row(_hold().matcher(), drafts)], index, "cpu")
     assert masks[0] is None and masks[-1] is not None and not bool(masks[-1][_ids('"')[0]])
+
+
+def test_an_engine_without_token_bytes_drops_the_hold_but_refuses_a_format() -> None:
+    # its tokenizer cannot give token bytes: a response_format is a 400 there, as before, while
+    # an auto tools request is answered unheld (its calls read as written), not refused
+    pytest.importorskip("torch")
+    from cloud_server.engine.llm_engine import LLMEngine
+    from cloud_server.engine.sampling_params import SamplingParams
+    from cloud_server.exceptions import InvalidRequestError as EngineRequestError
+
+    engine = SimpleNamespace(spec=SimpleNamespace(draft=None), tokenizer=object(), max_model_len=64)
+    auto = SamplingParams(response_format=_hold(), max_tokens=8)
+    LLMEngine.check_request(engine, [1, 2], auto)  # type: ignore[arg-type]
+    assert auto.response_format is None
+    schema = SamplingParams(response_format={"type": "json_object"}, max_tokens=8)
+    with pytest.raises(EngineRequestError, match="token's bytes"):
+        LLMEngine.check_request(engine, [1, 2], schema)  # type: ignore[arg-type]

@@ -33,15 +33,13 @@ def _call(name: str, arguments: str, call_id: str | None = None) -> dict[str, An
 
 # an item of "required"'s array up to its arguments' value: the grammar writes the keys in this order
 _ITEM_HEAD = re.compile(r'\s*[\[,]\s*\{\s*"name"\s*:\s*"([A-Za-z0-9_-]{1,64})"\s*,\s*"arguments"\s*:\s*')
-_ITEM_TAIL = re.compile(r"\s*\}")
+_ITEM_TAIL = re.compile(r"\s*\}")  # a call object's close, after its arguments (any call)
 # an auto answer's call in a Hermes <tool_call> block (the previous block's close before it) up to
 # its arguments' object, its name first as the templates teach it ("parameters" too); or bare, at
 # the answer's start (after a Markdown JSON line) or right after a bare call
-_AUTO_HEAD = re.compile(r'\s*(?:</tool_call>\s*)?<tool_call>\s*\{\s*"name"\s*:\s*"([A-Za-z0-9_-]{1,64})"\s*,'
-                        r'\s*"(?:arguments|parameters)"\s*:\s*(?=\{)')
-_BARE_HEAD = re.compile(r'\s*(?:```json\s*)?\{\s*"name"\s*:\s*"([A-Za-z0-9_-]{1,64})"\s*,'
-                        r'\s*"(?:arguments|parameters)"\s*:\s*(?=\{)')
-_AUTO_TAIL = re.compile(r"\s*\}")
+_CALL_HEAD = r'\{\s*"name"\s*:\s*"([A-Za-z0-9_-]{1,64})"\s*,\s*"(?:arguments|parameters)"\s*:\s*(?=\{)'
+_AUTO_HEAD = re.compile(r"\s*(?:</tool_call>\s*)?<tool_call>\s*" + _CALL_HEAD)
+_BARE_HEAD = re.compile(r"\s*(?:```json\s*)?" + _CALL_HEAD)
 
 
 class _CallArray:
@@ -209,7 +207,7 @@ class ToolCallReader:
         arguments stream as they are written."""
         if self._auto is None:
             names = {t["function"]["name"] for t in self.plan.tools}
-            self._auto = _CallArray(head, _AUTO_TAIL, names, None if self.plan.parallel else 1)
+            self._auto = _CallArray(head, _ITEM_TAIL, names, None if self.plan.parallel else 1)
         self._deltas += self._auto.feed(text)
         self.streamed = len(self._auto.calls)
 

@@ -45,21 +45,40 @@ def _reset(edge) -> None:
 
 class _RecordingLock:
     """The backend's own lock, noting on release each step it computed (its sequence and row) in
-    the order the lock let them run; it adds no locking of its own, so it hides no race."""
+    the order the lock let them run. It also hands the turn over: a thread that ran the last step
+    waits, before it takes the lock again, until the other thread has run one (or has finished),
+    so the two requests interleave step by step whatever the OS scheduler does on a loaded
+    machine. It only orders whole holds of the real lock, so it hides no race inside one."""
 
-    def __init__(self, edge, steps: list) -> None:
+    def __init__(self, edge, steps: list, parties: int) -> None:
         self.edge, self.steps, self.real, self.last = edge, steps, edge._lock, None
+        self.turn = threading.Condition()
+        self.last_owner: int | None = None
+        self.active = parties  # threads still generating
 
     def __enter__(self):
+        me = threading.get_ident()
+        with self.turn:  # the thread that ran the last step lets the other run the next
+            self.turn.wait_for(lambda: self.last_owner != me or self.active < 2, timeout=60)
         self.real.acquire()
         return self
 
     def __exit__(self, *exc) -> None:
         row = self.edge._last_row
-        if row is not None and row is not self.last:  # a step ran under this hold
+        ran = row is not None and row is not self.last  # a step ran under this hold
+        if ran:
             self.last = row
             self.steps.append((list(self.edge._cached), row.copy()))
         self.real.release()
+        if ran:
+            with self.turn:
+                self.last_owner = threading.get_ident()
+                self.turn.notify_all()
+
+    def done(self) -> None:
+        with self.turn:
+            self.active -= 1
+            self.turn.notify_all()
 
 
 def test_two_threads_compute_what_one_thread_replaying_their_steps_computes(edge, monkeypatch):
@@ -67,13 +86,17 @@ def test_two_threads_compute_what_one_thread_replaying_their_steps_computes(edge
 
     steps: list[tuple[list[int], object]] = []
     _reset(edge)
-    monkeypatch.setattr(edge, "_lock", _RecordingLock(edge, steps))
+    lock = _RecordingLock(edge, steps, parties=2)
+    monkeypatch.setattr(edge, "_lock", lock)
     answers: dict[int, str] = {}
     barrier = threading.Barrier(2)
 
     def ask(i: int) -> None:
         barrier.wait()
-        answers[i] = edge.generate([{"role": "user", "content": PROMPTS[i]}], GREEDY).text
+        try:
+            answers[i] = edge.generate([{"role": "user", "content": PROMPTS[i]}], GREEDY).text
+        finally:
+            lock.done()
 
     threads = [threading.Thread(target=ask, args=(i,)) for i in range(2)]
     for t in threads:

@@ -7,6 +7,7 @@ runs a list of prompts to completion for offline use, tests and benchmarks.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -35,6 +36,12 @@ logger = logging.getLogger(__name__)
 # held while an engine builds its response_format TokenIndex, so threads that need it at once build
 # it once (rare, at most once per engine: one lock for all of a process's engines is enough)
 _INDEX_LOCK = threading.Lock()
+
+
+
+def _gives_token_bytes(tokenizer: Any) -> bool:
+    """Whether a tokenizer gives each token's bytes, which the structured masks are built from."""
+    return hasattr(tokenizer, "structured_token_bytes")
 
 
 class LLMEngine(SpecSetupMixin, OutputProcessorMixin, EngineStatsMixin):
@@ -145,19 +152,22 @@ class LLMEngine(SpecSetupMixin, OutputProcessorMixin, EngineStatsMixin):
             )
         if not prompt_ids:
             raise InvalidRequestError("the prompt is empty", param="prompt")
-        if params.response_format is not None and not hasattr(self.tokenizer, "structured_token_bytes"):
-            if params.response_format.kind != "tool_calls":
-                raise InvalidRequestError("response_format needs a tokenizer that gives each token's bytes; "
-                                          "this model's does not", param="response_format")
-            params.response_format = None  # the hold of auto calls: without token bytes, read as written
+        if not _gives_token_bytes(self.tokenizer) and params.response_format is not None \
+                and params.response_format.kind != "tool_calls":  # (an auto hold is dropped: _served)
+            raise InvalidRequestError("response_format needs a tokenizer that gives each token's bytes; "
+                                      "this model's does not", param="response_format")
         total = len(prompt_ids) + params.max_tokens
         if total > self.max_model_len:
-            raise ContextLengthError(
-                f"prompt ({len(prompt_ids)} tokens) + max_tokens ({params.max_tokens}) = {total} "
-                f"exceeds the context window of {self.max_model_len} tokens",
-                param="max_tokens",
-            )
+            raise ContextLengthError(f"prompt ({len(prompt_ids)} tokens) + max_tokens ({params.max_tokens}) "
+                                     f"= {total} exceeds the context window of {self.max_model_len} tokens",
+                                     param="max_tokens")
 
+    def _served(self, params: SamplingParams) -> SamplingParams:
+        """Without token bytes, auto tool calls run unheld (read as written): a copy, as the
+        caller's params may be shared by several prompts."""
+        if params.response_format is None or _gives_token_bytes(self.tokenizer):
+            return params
+        return dataclasses.replace(params, response_format=None)
 
     def add_request(
         self, request_id: str, prompt: str | list[int], params: SamplingParams | None = None,
@@ -170,6 +180,7 @@ class LLMEngine(SpecSetupMixin, OutputProcessorMixin, EngineStatsMixin):
             raise InvalidRequestError(f"duplicate request id {request_id!r}")
         prompt_ids = self.encode_prompt(prompt)
         self.check_request(prompt_ids, params)
+        params = self._served(params)
         if params.response_format is not None:
             self._structured_index()
         seq = Sequence(request_id, prompt_ids, params)
@@ -283,7 +294,6 @@ class LLMEngine(SpecSetupMixin, OutputProcessorMixin, EngineStatsMixin):
         self._record_kv()
         self._log_spec()
         return outputs
-
 
     def _tell_scheduled(self, admitted: list[Sequence]) -> None:
         """Call the ``on_scheduled`` of the requests this step starts for the first time."""

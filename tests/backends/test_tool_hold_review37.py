@@ -311,8 +311,11 @@ def test_an_engine_without_token_bytes_drops_the_hold_but_refuses_a_format() -> 
 
     engine = SimpleNamespace(spec=SimpleNamespace(draft=None), tokenizer=object(), max_model_len=64)
     auto = SamplingParams(response_format=_hold(), max_tokens=8)
+    hold = auto.response_format
     LLMEngine.check_request(engine, [1, 2], auto)  # type: ignore[arg-type]
-    assert auto.response_format is None
+    served = LLMEngine._served(engine, auto)  # type: ignore[arg-type]
+    assert served.response_format is None and served.max_tokens == 8
+    assert auto.response_format is hold  # the caller's params (maybe shared by prompts) unchanged
     schema = SamplingParams(response_format={"type": "json_object"}, max_tokens=8)
     with pytest.raises(EngineRequestError, match="token's bytes"):
         LLMEngine.check_request(engine, [1, 2], schema)  # type: ignore[arg-type]

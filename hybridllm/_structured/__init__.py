@@ -15,7 +15,7 @@ import threading
 from collections import OrderedDict
 from typing import Any
 
-from . import _nodes
+from . import _graph, _nodes
 from ._calls import CallsMatcher, ToolCallsGrammar
 from ._index import Matcher, TokenIndex
 from ._schema import ResponseFormatError, normalize
@@ -37,12 +37,12 @@ class Grammar:
 
     __slots__ = ("key", "kind", "response_format", "_root", "_regexes")
 
-    def __init__(self, response_format: dict, value: _nodes.Node) -> None:
+    def __init__(self, response_format: dict, value: _graph.Node) -> None:
         self.response_format = response_format
         self.kind: str = response_format["type"]
         # the user's property order is part of the grammar (keys come out in it): no sort_keys
         self.key = json.dumps(response_format, separators=(",", ":"), ensure_ascii=False)
-        self._root = _nodes.root(value)
+        self._root = _graph.root(value)
         self._regexes: list[Any] | None = None
 
     def matcher(self) -> Matcher:
@@ -61,14 +61,14 @@ class Grammar:
             if node.serial in seen:
                 continue
             seen.add(node.serial)
-            if node.kind in (_nodes.PAT, _nodes.RAW):
+            if node.kind in (_graph.PAT, _graph.RAW):
                 found[id(node.a)] = node.a
-            elif node.kind == _nodes.OBJ:
+            elif node.kind == _graph.OBJ:
                 todo.extend(p[2] for p in node.a)  # type: ignore[attr-defined]
                 todo.extend(x for x in (node.b,) if x is not None)  # type: ignore[misc]
-            elif node.kind in (_nodes.ARR, _nodes.ROOT):
+            elif node.kind in (_graph.ARR, _graph.ROOT):
                 todo.append(node.a)  # type: ignore[arg-type]
-            elif node.kind == _nodes.ALT:
+            elif node.kind == _graph.ALT:
                 todo.extend(node.a)  # type: ignore[arg-type]
         self._regexes = list(found.values())
         return self._regexes
@@ -182,15 +182,15 @@ def _json_structured(spec: Any, where: str) -> Grammar:
 
 
 def _raw_grammar(kind: str, spec: Any, where: str) -> Grammar:
-    from . import _regex
+    from . import _regex, _strings
 
     if kind == "choice":
         if not isinstance(spec, list) or not spec or not all(isinstance(c, str) and c for c in spec):
             raise ResponseFormatError(f"{where} must be a list of one or more non-empty strings.", where)
         options = [c.encode("utf-8", "surrogatepass") for c in spec]
-        if not all(_nodes.utf8_prefix(o) for o in options):
+        if not all(_strings.utf8_prefix(o) for o in options):
             raise ResponseFormatError(f"{where}: a choice is not valid text (a lone surrogate).", where)
-        return Grammar({"type": "choice", "choice": list(spec)}, _nodes.literal(options))
+        return Grammar({"type": "choice", "choice": list(spec)}, _graph.literal(options))
     if not isinstance(spec, str) or not spec:
         raise ResponseFormatError(f"{where} must be a non-empty string (a regular expression).", where)
     # the whole output matches: the pattern's own ^ and $ at its ends are implied anyway
@@ -206,7 +206,7 @@ def _raw_grammar(kind: str, spec: Any, where: str) -> Grammar:
         except ValueError as own:
             message = str(own)
         raise ResponseFormatError(f"{where}: {message.rstrip('.')}.", where) from None
-    return Grammar({"type": "regex", "regex": spec}, _nodes.raw(regex))
+    return Grammar({"type": "regex", "regex": spec}, _graph.raw(regex))
 
 
 def parse_response_format(value: Any) -> Grammar | None:

@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from . import _nodes as n
+from ._strings import utf8_prefix
 
 _MEMO_SIZE = 2048  # masks kept per index (bit-packed: vocabulary / 8 bytes each)
 _PATTERN_GROUPS = 16  # patterns whose token groups an index keeps (TokenIndex._in_pattern: int32 ids,
@@ -106,7 +107,7 @@ class TokenIndex:
             cut = _first_special(t)
             head = t if cut is None else t[:cut]
             whole = _utf8(head)
-            if not whole and (cut is not None or not n.utf8_prefix(head)):
+            if not whole and (cut is not None or not utf8_prefix(head)):
                 continue
             self._chars[i] = sum(1 for b in head if not 0x80 <= b < 0xC0)
             if cut is None:

@@ -6,7 +6,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from . import _nodes as n
+from . import _graph as n
 
 MAX_SCHEMA_BYTES = 256 * 1024  # a schema's JSON, at most
 MAX_LITERAL_BYTES = 4096  # one enum option's or const's JSON, at most
@@ -214,7 +214,8 @@ def _numeric(t: str, schema: Mapping, path: str) -> n.Node:
             low = bound if low is None or (value, not bound[1]) > (low[0], not low[1]) else low
         else:
             high = bound if high is None or (value, bound[1]) < (high[0], high[1]) else high
-    from ._regex import compiled, integer_range, number_range
+    from ._patterns import integer_range, number_range
+    from ._regex import compiled
 
     try:
         if t == "integer":
@@ -233,7 +234,8 @@ def _numeric(t: str, schema: Mapping, path: str) -> n.Node:
 
 def _string_regex(schema: Mapping, path: str) -> Any:
     """The compiled ``pattern`` or ``format`` of a string schema; None without either."""
-    from ._regex import FORMATS, compiled
+    from ._patterns import FORMATS
+    from ._regex import compiled
 
     if "pattern" in schema and "format" in schema:
         raise ResponseFormatError("A string with both 'pattern' and 'format' is not supported: keep one "

@@ -7,16 +7,13 @@ a partial match, and a generator that stops the moment the caller stops reading.
 
 from __future__ import annotations
 
-import atexit
 import codecs
 import logging
 import os
 import random
 import re
 import threading
-import weakref
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from typing import Any
 
 from .._config import DEFAULT_EDGE_MODEL
@@ -25,6 +22,8 @@ from .._exceptions import ConfigError, EdgeBusyError, EdgeError, HybridLLMError,
 from .._types import GenerationParams, Messages, Usage
 from ..models.store import Progress, resolve_gguf
 from ..prompts import PromptFormat, llama_bytes, llama_plain, tokenize_prompt
+from ._llama_cpp_gate import _CLOSED, _CLOSED_MID_ANSWER, _OPEN, _Gate  # tests read llama_cpp._Gate
+from ._llama_cpp_steps import _check_finite, _prefill_head  # looked up here: tests patch them here
 from .base import (
     _MAX_THREADS,  # the command line's --threads check reads it here too
     Delta,
@@ -46,56 +45,6 @@ from .structured import Constraint, DeviceFormats, constrained, llama_vocabulary
 
 DEFAULT_MODEL = DEFAULT_EDGE_MODEL
 log = logging.getLogger("hybridllm.edge")
-_CLOSED = "The llama.cpp backend is closed; create a new LlamaCppBackend to generate again."
-_CLOSED_MID_ANSWER = (
-    "The llama.cpp backend was closed while it was generating; the answer is incomplete. Create a "
-    "new LlamaCppBackend to generate again."
-)
-
-
-class _Gate:
-    """Lets any number of calls into the native model at once, and ``close`` in only when none
-    is inside: freeing the model under a running decode crashed the process (SIGSEGV)."""
-
-    def __init__(self) -> None:
-        self._cond = threading.Condition()
-        self._inside = 0
-        self.closed = False
-
-    @contextmanager
-    def enter(self, closed_message: str = _CLOSED) -> Iterator[None]:
-        with self._cond:
-            if self.closed:
-                raise EdgeError(closed_message)
-            self._inside += 1
-        try:
-            yield
-        finally:
-            with self._cond:
-                self._inside -= 1
-                self._cond.notify_all()
-
-    def close(self, timeout_s: float | None = None) -> bool:
-        """Shut the gate and wait for the calls inside (one token step at most); False if it was
-        shut already, or if a call is still inside after ``timeout_s``."""
-        with self._cond:
-            first = not self.closed
-            self.closed = True
-            empty = self._cond.wait_for(lambda: self._inside == 0, timeout_s)
-        return first and empty
-
-
-EXIT_WAIT_S = 10.0  # at exit, how long a running generation may take to stop (its current step)
-_OPEN: weakref.WeakSet[LlamaCppBackend] = weakref.WeakSet()  # backends with a model loaded
-
-
-@atexit.register
-def _close_at_exit() -> None:
-    """Close every backend still open when the interpreter exits. A backend used directly (not
-    through HybridLLM's worker, which has its own hook) went on decoding on a daemon thread while
-    the process tore llama.cpp down under it: the same crash at exit the worker's hook prevents."""
-    for backend in list(_OPEN):
-        backend._close(EXIT_WAIT_S)
 
 
 class LlamaCppBackend(DeviceBackend):
@@ -394,45 +343,6 @@ class LlamaCppBackend(DeviceBackend):
             llm.close()
             del llm
             return_freed_memory()
-
-
-def _check_finite(logits: Any, token: int, n_vocab: int) -> None:
-    """Refuse a drawn token whose logit is NaN, as the ONNX backend refuses NaN logits.
-
-    Damaged weights (a NaN in a norm or a scale) make every logit NaN, and llama.cpp's samplers
-    still pick a token: greedy keeps the first (SmolLM2's <|endoftext|>, so an empty answer that
-    "stopped"), a sampled draw any ("........"), with no error. A NaN row always gives a NaN pick,
-    so only that logit is read (``logits``: llama.cpp's float pointer, the position that produced
-    ``token``); the whole row is counted only to say so."""
-    if logits[token] != logits[token]:  # NaN
-        import numpy as np
-
-        row = np.ctypeslib.as_array(logits, shape=(n_vocab,))
-        raise EdgeError(
-            f"The model produced NaN logits ({int(np.isnan(row).sum())} of {row.shape[0]}): its "
-            "weights are damaged. Check the model file (`hybridllm models verify`) and pull it "
-            "again, or pass another.")
-
-
-def _prefill_head(llm: Any, tokens: list[int]) -> None:
-    """Decode every prompt token but the last into the KV cache, keeping the prefix it holds.
-
-    llama.cpp's logits for a token decoded alone differ in the last bits from its logits in a
-    batch, and llama-cpp-python decodes a cached prompt's last token again alone: a new prompt
-    (decoded in one batch) and the same prompt asked again got different answers at temperature 0
-    (SmolLM2 alternated between two). With the rest cached, ``generate`` decodes the last token
-    alone every time, as the ONNX backend does."""
-    import numpy as np
-
-    head = tokens[:-1]
-    cached = llm.input_ids[: min(llm.n_tokens, len(head))]
-    differ = np.flatnonzero(cached != np.asarray(head[: len(cached)], dtype=cached.dtype))
-    common = int(differ[0]) if differ.size else len(cached)
-    if common < llm.n_tokens and not llm._ctx.kv_cache_seq_rm(-1, common, -1):
-        llm.reset()  # a cache that cannot be cut (a recurrent model): decoded from the start
-        common = 0
-    llm.n_tokens = common
-    llm.eval(head[common:])
 
 
 def _factory(**kwargs: Any) -> LlamaCppBackend:

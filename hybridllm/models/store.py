@@ -18,7 +18,7 @@ import stat
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from .._exceptions import ModelCorruptError, ModelError, ModelNotFoundError
+from .._exceptions import ModelCorruptError, ModelError
 from .._files import atomic_write, remove_leftovers
 from .._locks import HAVE_LOCKS, lock_exclusive
 from .._paths import data_dir
@@ -26,7 +26,6 @@ from ._sources import _source_parts, _version_note
 from ._tally import Progress, _Tally
 from .catalog import FileSpec, ModelSpec, get_spec, load_catalog
 
-GGUF_MAGIC = b"GGUF"
 _BLOCK = 1 << 20
 
 
@@ -329,77 +328,13 @@ def _unmade_on_error(made: list[Path], locked: bool) -> Iterator[None]:
         raise
 
 
-def check_gguf(path: Path) -> None:
-    """Fail early, with a clear message, on a file that is not GGUF at all."""
-    try:
-        with path.open("rb") as f:
-            magic = f.read(4)
-    except OSError as exc:
-        raise ModelNotFoundError(f"Cannot read model file {path}: {exc.strerror}.") from exc
-    if magic != GGUF_MAGIC:
-        raise ModelCorruptError(
-            f"{path} is not a GGUF file (it starts with {magic!r}, not b'GGUF'). Pass a .gguf model "
-            "file or a catalog id such as 'smollm2-135m-instruct' (see `hybridllm models list`)."
-        )
-
-
-def _check_stored(path: Path, spec: ModelSpec, progress: Progress | None) -> None:
-    """The store's own file given by its path (what `models path` prints) gets the check its id
-    gets: unchanged since verified, else hashed again; a damaged one is refused, never loaded."""
-    dest = model_dir(spec) / spec.main_file.name
-    try:
-        if not os.path.samefile(path, dest):
-            return  # a copy elsewhere is the user's file, as any other local .gguf
-    except OSError:
-        return
-    if not (_marker_ok(dest, spec.main_file.sha256) or _adopt(dest, spec.main_file, progress)):
-        raise ModelCorruptError(
-            f"{path} does not match the catalog's sha256 for {spec.id!r} (damaged or changed since "
-            f"it was pulled). Put it back with: hybridllm models pull {spec.id} --force"
-        )
-
-
-def resolve_gguf(
-    model: str | os.PathLike[str], *, progress: Progress | None = None
-) -> tuple[str, Path, ModelSpec | None]:
-    """Map a catalog id or a local path to ``(model name, gguf path, catalog spec or None)``."""
-    text = os.fspath(model)
-    if text in load_catalog():
-        spec = get_spec(text)
-        if spec.kind != "gguf":
-            raise ModelNotFoundError(f"{text!r} is an {spec.kind} model, not a chat model.")
-        path = pull(text, progress=progress)
-        return spec.id, path, spec
-    path = Path(text).expanduser()
-    if path.is_file():
-        check_gguf(path)
-        size = path.stat().st_size
-        for spec in load_catalog().values():  # a catalog file given by path keeps its settings
-            main = spec.main_file
-            if spec.kind == "gguf" and main.name == path.name and main.size in (None, size):
-                _check_stored(path, spec, progress)
-                return spec.id, path, spec
-        return path.stem, path, None
-    if text.strip() and path.is_dir():  # a model's folder (a Hugging Face snapshot): not a file
-        found = sorted(p.name for p in path.glob("*.gguf") if p.is_file())
-        inside = (f"it holds {', '.join(found[:5])}{' and more' if len(found) > 5 else ''}"
-                  if found else "it holds no .gguf file")
-        raise ModelNotFoundError(
-            f"{path} is a folder, not a .gguf file ({inside}). For llama.cpp pass the .gguf file "
-            "inside it, or a catalog id (see `hybridllm models list`)."
-        )
-    if text.strip() and path.exists():  # a device, a pipe, a socket
-        raise ModelNotFoundError(f"{path} is not a regular file; pass a .gguf model file.")
-    if path.suffix == ".gguf" or os.sep in text:
-        raise ModelNotFoundError(f"Model file {path} does not exist.")
-    # a catalog id in another case or with spaces around it; else ModelNotFoundError listing the ids
-    return resolve_gguf(get_spec(text).id, progress=progress)
-
 
 def iter_catalog() -> Iterator[tuple[ModelSpec, bool]]:
     for spec in load_catalog().values():
         yield spec, is_materialized(spec.id)
 
 
-# verify() and its result live in _verify (this module's size); the names stay here too
+# verify() and its result live in _verify, resolve_gguf() in _resolve (this module's size); the names
+# stay here too
+from ._resolve import GGUF_MAGIC, check_gguf, resolve_gguf  # noqa: E402,F401
 from ._verify import VerifyResult, verify  # noqa: E402,F401

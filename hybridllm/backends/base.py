@@ -3,31 +3,33 @@
 A backend streams :class:`Delta` pieces and ends with one whose ``finish_reason`` is set and which
 carries the usage. ``generate`` is built on ``stream`` so each backend writes the loop once.
 Backends register by name so configuration can pick them ("llama_cpp", "cloud", "fake").
+
+Beside this module: ``_guards.py`` (a backend's own errors as hybridllm's, around its calls and
+streams) and ``_device_support.py`` (what the device backends share: the settings check, the
+stop-string matcher, returning freed memory); their names are importable from here.
 """
 
 from __future__ import annotations
 
 import asyncio
-import ctypes
-import sys
 import threading
 import time
 from abc import ABC, abstractmethod
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
-from .._cpus import usable_cpus
-from .._exceptions import (
-    CloudUnavailableError,
-    ConfigError,
-    ContextWindowExceededError,
-    EdgeError,
-    HybridLLMError,
-)
+from .._exceptions import ContextWindowExceededError
 from .._message_text import calls_for_template
 from .._types import USER_TEXT, GenerationParams, Messages, Usage, private_repr
 from ..prompts import PromptFormat
+from ._device_support import (  # noqa: F401 - re-exported: the device backends and tests import them here
+    _MAX_THREADS,
+    StopMatcher,
+    check_device_settings,
+    return_freed_memory,
+)
+from ._guards import aguarded, backend_error, call_guarded, guarded  # noqa: F401 - re-exported (the pipeline)
 
 if TYPE_CHECKING:
     from .._tools import ToolCallDelta
@@ -211,72 +213,6 @@ class DeviceBackend(Backend):
             )
         return self._run(tokens, params, stops)
 
-T = TypeVar("T")
-
-
-def backend_error(exc: Exception, backend: object, side: str) -> HybridLLMError:
-    """A backend's own exception (a custom ``edge=`` or ``cloud=`` backend's, or a library's that a
-    backend let through) as the HybridLLM error of its side, with its type and message in the text;
-    the caller raises it ``from exc``, so the original stays its ``__cause__``. A cloud-side one is
-    a :class:`CloudUnavailableError`, so the device answers in its place as for the cloud's own
-    failures."""
-    name = getattr(backend, "name", None) or "backend"
-    what = f"{name!r} ({type(backend).__name__})"
-    said = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-    if side == "edge":
-        return EdgeError(f"The device backend {what} failed: {said}. This is the backend's own error "
-                         "(its traceback is this error's __cause__): fix that backend or pass another "
-                         "as edge=.")
-    return CloudUnavailableError(f"The cloud backend {what} failed: {said}. The device answers in its "
-                                 "place where the prompt fits; the backend's own error is this error's "
-                                 "__cause__.")
-
-
-def _ours(exc: BaseException, continuation: bool) -> bool:
-    """Raised as it is: hybridllm's own errors, and a backend's NotImplementedError of
-    ``stream_continuation`` (the pipeline says the answer cannot be continued)."""
-    return isinstance(exc, HybridLLMError) or (continuation and isinstance(exc, NotImplementedError))
-
-
-def call_guarded(fn: Callable[..., T], backend: object, side: str, *args: Any) -> T:
-    """``fn(*args)``, a backend's own exception raised as :func:`backend_error`'s."""
-    try:
-        return fn(*args)
-    except Exception as exc:  # KeyboardInterrupt and friends are BaseException: they pass
-        if _ours(exc, False):
-            raise
-        raise backend_error(exc, backend, side) from exc
-
-
-def guarded(make: Callable[[], Iterable[Delta]], backend: object, side: str, *,
-            continuation: bool = False) -> Iterator[Delta]:
-    """The deltas of ``make()``, a backend's own exception (while making the stream or reading it)
-    raised as :func:`backend_error`'s. Closing this closes the backend's stream (``yield from``)."""
-    try:
-        yield from make()
-    except Exception as exc:
-        if _ours(exc, continuation):
-            raise
-        raise backend_error(exc, backend, side) from exc
-
-
-async def aguarded(make: Callable[[], AsyncIterator[Delta]], backend: object,
-                   side: str) -> AsyncGenerator[Delta, None]:
-    """:func:`guarded` for an async stream; closing this closes the backend's stream."""
-    deltas: AsyncIterator[Delta] | None = None
-    try:
-        deltas = make()
-        async for delta in deltas:
-            yield delta
-    except Exception as exc:  # asyncio.CancelledError is a BaseException: it passes
-        if _ours(exc, False):
-            raise
-        raise backend_error(exc, backend, side) from exc
-    finally:
-        close = getattr(deltas, "aclose", None)
-        if close is not None:
-            await close()
-
 
 async def drain_loop(*, cancel: bool = False, timeout_s: float = 5.0, rounds: int = 3) -> None:
     """On a loop about to stop: let the tasks still pending on it end (first cancelled, with
@@ -329,82 +265,3 @@ def _load_builtin(name: str) -> None:
             importlib.import_module(modules[name], __package__)
         except ImportError:
             pass
-
-
-_MAX_THREADS = 512  # GGML_MAX_N_THREADS: llama.cpp's own limit (past it a decode crawled or hung)
-
-
-def check_device_settings(n_ctx: Any, n_threads: Any, n_batch: Any = 1) -> None:
-    """Refuse device-model settings llama.cpp would crash on, hang on or blame on the model file;
-    both device backends check them by these rules, before anything loads (the ONNX backend has
-    no n_batch)."""
-    def whole(value: Any) -> bool:
-        return isinstance(value, int) and not isinstance(value, bool)
-
-    if not whole(n_ctx) or n_ctx < 0:
-        raise ConfigError(
-            f"n_ctx must be a whole number of tokens (0: the model's own context length), got {n_ctx!r}.")
-    if n_threads is not None and (not whole(n_threads) or not 1 <= n_threads <= _MAX_THREADS):
-        raise ConfigError(
-            f"n_threads must be a whole number from 1 to {_MAX_THREADS} (leave it out for all "
-            f"{usable_cpus()} cores this process may use), got {n_threads!r}.")
-    if not whole(n_batch) or n_batch < 1:
-        raise ConfigError(f"n_batch must be a whole number of tokens, at least 1, got {n_batch!r}.")
-
-
-class StopMatcher:
-    """Holds back text that may be the start of a stop string; cuts at the first full match. Shared by
-    the device backends, the cloud client (a model that refuses ``stop``) and the pipeline (stops
-    matched in restored text under privacy="redact")."""
-
-    def __init__(self, stops: tuple[str, ...]) -> None:
-        self.stops = stops
-        self.pending = ""
-
-    def feed(self, text: str) -> tuple[str, bool]:
-        """Return (text safe to emit, whether a stop string was hit)."""
-        buf = self.pending + text
-        if not self.stops:
-            self.pending = ""
-            return buf, False
-        # the match that ends first, as text fed one character at a time would meet it (the
-        # earlier start where two end together): cutting at the earliest start instead let a long
-        # stop found whole in one piece win over a short one inside it that ends sooner, so the
-        # answer depended on how the text was split into pieces
-        hits = [(i + len(s), i) for s in self.stops if (i := buf.find(s)) >= 0]
-        if hits:
-            self.pending = ""
-            return buf[: min(hits)[1]], True
-        hold = 0
-        for stop in self.stops:  # longest suffix of buf that is a proper prefix of a stop
-            for k in range(min(len(stop) - 1, len(buf)), hold, -1):
-                if buf.endswith(stop[:k]):
-                    hold = k
-                    break
-        self.pending = buf[len(buf) - hold:] if hold else ""
-        return buf[: len(buf) - hold], False
-
-    def flush(self) -> str:
-        out, self.pending = self.pending, ""
-        return out
-
-
-def return_freed_memory() -> bool:
-    """Give the heap's free pages back to the system (glibc's ``malloc_trim``), for a device
-    backend's close(); False where the C library has none (macOS, musl).
-
-    A model's runtime state (ONNX Runtime's repacked weights and KV cache, llama.cpp's vocabulary,
-    graph and sampler) lives in many heap allocations under glibc's mmap threshold; freeing them
-    leaves the pages in the process. Closing an ONNX SmolLM2 backend kept about 200 MB of the 360 MB
-    it had added, and each load-and-close cycle kept more (232, 262, 298 MB after three); with the
-    trim the process went back to within 55 MB of where it began (llama.cpp: 22-35 MB, now 5-9).
-    """
-    if sys.platform != "linux":
-        return False
-    try:
-        trim = ctypes.CDLL(None).malloc_trim
-    except (OSError, AttributeError):
-        return False
-    trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
-    trim(0)
-    return True

@@ -166,6 +166,13 @@ def _add_sampling(p: argparse.ArgumentParser) -> None:
                             help="answer with JSON that FILE's JSON Schema describes (response_format "
                                  "json_schema; FILE holds the schema, or OpenAI's whole json_schema "
                                  "object with name and schema; default: plain text)")
+    structured.add_argument("--choice", action="append", default=None, type=given("a choice"),
+                            metavar="TEXT", help="answer with one of the --choice texts exactly, as "
+                                                 "plain text; repeat it for each (vLLM's structured_outputs "
+                                                 "choice; default: plain text)")
+    structured.add_argument("--regex", type=_regex, default=None, metavar="PATTERN",
+                            help="answer with plain text the whole of which matches PATTERN (vLLM's "
+                                 "structured_outputs regex; default: plain text)")
     p.add_argument("--threads", type=_threads, default=None,
                    help=f"CPU threads ({_setting('n_threads', 'all cores')})")
     p.add_argument("--backend", choices=("llama_cpp", "onnx"), default=None,
@@ -173,10 +180,28 @@ def _add_sampling(p: argparse.ArgumentParser) -> None:
                         f"({_setting('edge_backend')})")
 
 
+def _regex(text: str) -> str:
+    """An argparse type for --regex: a pattern the grammar core serves (else a usage error naming
+    what to change, before any model loads)."""
+    from ._exceptions import InvalidRequestError
+    from ._types import GenerationParams
+
+    try:
+        GenerationParams(structured_outputs={"regex": text})
+    except InvalidRequestError as exc:
+        raise argparse.ArgumentTypeError(str(exc).removeprefix("structured_outputs.regex: ")) from None
+    return text
+
+
 def _response_format(args: argparse.Namespace) -> dict[str, Any] | None:
-    """--json-object or --json-schema FILE as OpenAI's response_format; None for plain text."""
+    """--json-object, --json-schema FILE, --choice TEXT... or --regex PATTERN as the request's
+    format (OpenAI's response_format, or a choice or regex in its own form); None for plain text."""
     if getattr(args, "json_schema", None) is not None:
         return args.json_schema  # type: ignore[no-any-return]
+    if getattr(args, "choice", None):
+        return {"type": "choice", "choice": list(args.choice)}
+    if getattr(args, "regex", None) is not None:
+        return {"type": "regex", "regex": args.regex}
     return {"type": "json_object"} if getattr(args, "json_object", False) else None
 
 

@@ -130,7 +130,9 @@ class HybridLLM(_Surface):
         Keyword options: sampling (max_tokens, temperature, top_p, top_k, min_p,
         repeat_penalty, presence_penalty, frequency_penalty, seed, stop), structured output
         (response_format={"type": "json_object"}, a json_schema dict, or a pydantic model class;
-        ``Completion.parsed`` then holds the answer read as JSON) and routing
+        ``Completion.parsed`` then holds the answer read as JSON; or vLLM's structured_outputs=
+        {"json": schema} | {"regex": pattern} | {"choice": [strings]}), function calling (tools,
+        tool_choice, parallel_tool_calls) and routing
         (route="edge"|"cloud", cache=False, cascade=True|False, namespace="tenant").
         """
         _, stream = self._open(messages, params)
@@ -150,7 +152,7 @@ class HybridLLM(_Surface):
         req = self._core.prepare(messages, params)
         req.inline_edge = True  # a device answer is generated on the reading thread
         stream = Stream(self._core.run(req), self._loop, owner=self)
-        stream._structured = req.params.response_format is not None  # its completion gets .parsed
+        stream._structured = req.params.parses_json  # its completion gets .parsed (a JSON format)
         self._streams.add(stream)
         return req, stream
 
@@ -239,7 +241,7 @@ class AsyncHybridLLM(_Surface):
             raise HybridLLMError(ASYNC_CLIENT_CLOSED)
         req = self._core.prepare(messages, params)
         stream = AsyncStream(self._core.run(req), owner=self)
-        stream._structured = req.params.response_format is not None  # its completion gets .parsed
+        stream._structured = req.params.parses_json  # its completion gets .parsed (a JSON format)
         self._streams.add(stream)
         return req, stream
 

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
 from ._types import (
     MAX_STOP,  # the library's bound (OpenAI's 4), not the wire's 32
     )
 from .wire import WireError
 from .wire.requests import _STREAM_RULE, ToolsChatRequest, checked_calls, tool_choice_of
+from .wire.vllm_formats import VllmFormatFields, vllm_field, vllm_grammar
 
 
 class HybridOptions(BaseModel):
@@ -48,20 +49,31 @@ def _schema_extra(schema: dict[str, Any]) -> None:
             alt["maxItems"] = MAX_STOP
 
 
-class ProxyChatRequest(ToolsChatRequest):
+class ProxyChatRequest(VllmFormatFields, ToolsChatRequest):
     model_config = ConfigDict(json_schema_extra=_schema_extra)
     hybridllm: HybridOptions | None = None
     # (tools: passed to the cloud model, the only one that calls them; README, Function calling)
+    # vLLM's structured_outputs / guided_*, as the client's format (the grammar's own form)
+    _vllm_format: dict[str, Any] | None = PrivateAttr(default=None)
+
+    @model_validator(mode="after")
+    def _read_vllm_format(self) -> ProxyChatRequest:
+        """vLLM's fields checked here (a 400 naming the field), as the cloud server checks them."""
+        grammar = vllm_grammar(self)
+        self._vllm_format = None if grammar is None else grammar.response_format
+        return self
 
     @model_validator(mode="after")
     def _tools_fit(self) -> ProxyChatRequest:
         """``tool_choice`` names a given tool; forced calls follow their own schema, not a format;
         and each earlier call in the conversation is whole (a 400 naming it)."""
         mode, _ = tool_choice_of(self.tool_choice, self.tools)
-        if mode != "none" and self.response_format is not None and self.response_format.type != "text":
-            raise WireError("tools cannot be combined with response_format (a call's arguments follow "
+        formatted = self.response_format is not None and self.response_format.type != "text"
+        given = vllm_field(self) or ("response_format" if formatted else None)
+        if mode != "none" and given is not None:
+            raise WireError(f"tools cannot be combined with {given} (a call's arguments follow "
                             "the tool's own parameters schema): send one, or tool_choice 'none'.",
-                            param="response_format")
+                            param=given)
         for i, m in enumerate(self.messages):
             if m.role == "assistant" and m.tool_calls:
                 checked_calls(m.tool_calls, f"messages[{i}].tool_calls")
@@ -140,7 +152,7 @@ class ProxyChatRequest(ToolsChatRequest):
             "stop": tuple(self.stop_list()) if self.stop is not None else None,
             "response_format": (self.response_format.model_dump(exclude_none=True)
                                 if self.response_format is not None and self.response_format.type != "text"
-                                else None),
+                                else self._vllm_format),
         }
         if self.tools is not None:
             opts.update(tools=self.tools, tool_choice=self.tool_choice,

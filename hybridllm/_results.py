@@ -95,8 +95,9 @@ class Completion:
     @property
     def parsed(self) -> Any:
         """The answer read as JSON (``json.loads(text)``) when ``chat()`` or ``stream()`` (its
-        ``completion``) was asked for structured output (``response_format``); None without one,
-        and None when the text is not JSON (an answer cut by max_tokens: ``finish_reason``
+        ``completion``) was asked for JSON (``response_format``, or ``structured_outputs``'
+        ``json``); None without one, for a ``choice`` or ``regex`` (plain text), and when the
+        text is not JSON (an answer cut by max_tokens: ``finish_reason``
         "length"). Not part of :meth:`to_dict`."""
         return self.__dict__.get("_parsed")
 

@@ -10,6 +10,7 @@ from typing import Any, TypeGuard
 
 from ._exceptions import InvalidRequestError
 from ._private_repr import USER_TEXT, Message, Messages, private_repr
+from ._response_format import RAW_KINDS, format_error, grammar_of, normalized_format
 from .prompts import checked_text, text_of_content
 
 ROLES = ("system", "user", "assistant", "developer", "tool")
@@ -155,6 +156,9 @@ class GenerationParams:
     tools: tuple[dict[str, Any], ...] | None = field(default=None, hash=False, metadata=USER_TEXT)
     tool_choice: str | dict[str, Any] | None = field(default=None, hash=False)
     parallel_tool_calls: bool | None = None
+    # vLLM's structured_outputs ({"json": schema}, {"regex": pattern} or {"choice": [strings]}):
+    # read into response_format (its grammar's own form) and None from then on
+    structured_outputs: dict[str, Any] | None = field(default=None, hash=False, compare=False)
 
     __repr__ = private_repr
 
@@ -200,7 +204,10 @@ class GenerationParams:
         if not isinstance(self.logprobs, bool):
             raise InvalidRequestError(f"logprobs must be true or false, got {self.logprobs!r}.")
         object.__setattr__(self, "stop", stop)
-        object.__setattr__(self, "response_format", _normalized_format(self.response_format))
+        object.__setattr__(self, "response_format", normalized_format(self.response_format))
+        if self.structured_outputs is not None:
+            object.__setattr__(self, "response_format", self._vllm_format())
+            object.__setattr__(self, "structured_outputs", None)
         self._check_tools()
         # ... and kept as Python's own, a float field as a float: temperature=0 and 0.0 key one cache
         # bucket (the key is JSON: "0" and "0.0" were two), and a cloud's JSON body can hold them
@@ -210,6 +217,25 @@ class GenerationParams:
         for name in ("temperature", "top_p", "min_p", "repeat_penalty", "presence_penalty",
                      "frequency_penalty"):
             object.__setattr__(self, name, float(getattr(self, name)))
+
+    def _vllm_format(self) -> dict[str, Any]:
+        """``structured_outputs`` as the grammar's own form: a json one is OpenAI's json_schema,
+        a regex or choice one ``{"type": "regex", "regex": ...}`` / ``{"type": "choice", ...}``."""
+        from ._structured import ResponseFormatError, parse_structured_outputs
+
+        if self.response_format is not None:
+            raise InvalidRequestError("structured_outputs and response_format both ask for a format: "
+                                      "send one of them.")
+        try:
+            return parse_structured_outputs(self.structured_outputs).response_format  # type: ignore[no-any-return]
+        except ResponseFormatError as exc:
+            raise format_error(exc, "structured_outputs") from exc
+
+    @property
+    def parses_json(self) -> bool:
+        """The answer is held to a JSON format (its completion gets ``.parsed``); a regex or choice
+        answer is plain text."""
+        return self.response_format is not None and self.response_format.get("type") not in RAW_KINDS
 
     def _check_tools(self) -> None:
         """``tools``, ``tool_choice`` and ``parallel_tool_calls`` checked, the tools kept as a tuple."""
@@ -259,6 +285,7 @@ class GenerationParams:
             del key["response_format"]
         else:
             key["response_format"] = grammar_of(self.response_format).key
+        del key["structured_outputs"]  # (read into response_format)
         # (a request with tools is never cached; its key still tells it apart)
         for name in ("tools", "tool_choice", "parallel_tool_calls"):
             if key[name] is None:
@@ -266,51 +293,6 @@ class GenerationParams:
         if self.tools is not None:
             key["tools"] = list(self.tools)
         return key
-
-
-def _normalized_format(value: Any) -> dict[str, Any] | None:
-    """``response_format`` as the core normalizes it: None for plain text, else OpenAI's dict. A
-    pydantic model class (as openai's ``parse`` takes) is its JSON schema, under its class name."""
-    if value is None:
-        return None
-    if isinstance(value, type) and callable(getattr(value, "model_json_schema", None)):
-        model: Any = value
-        try:
-            schema = model.model_json_schema()
-        except Exception as exc:  # a model pydantic cannot describe (an arbitrary type in a field)
-            raise InvalidRequestError(
-                f"response_format: pydantic could not make a JSON schema of {value.__name__} "
-                f"({type(exc).__name__}: {exc}); pass the schema as a dict instead.") from exc
-        value = {"type": "json_schema", "json_schema": {"name": value.__name__, "schema": schema,
-                                                          "strict": True}}
-    if not isinstance(value, dict):
-        raise InvalidRequestError(
-            "response_format must be a dict such as {'type': 'json_object'} or {'type': 'json_schema', "
-            "'json_schema': {'name': ..., 'schema': {...}}}, or a pydantic model class; got "
-            f"{type(value).__name__}.")
-    grammar = grammar_of(value)
-    return None if grammar is None else grammar.response_format  # type: ignore[no-any-return]
-
-
-def grammar_of(response_format: dict[str, Any]) -> Any:
-    """The core's Grammar of a response format, None for plain text (the core keeps each format's
-    grammar: the request, its cache key and a backend ask for the same one). ResponseFormatError
-    becomes the caller's InvalidRequestError, naming the field and what to do."""
-    import json
-
-    from ._structured import ResponseFormatError, parse_response_format  # at the first format only
-
-    try:  # in the caller's key order: a schema's property order is the answer's key order
-        text = json.dumps(response_format, allow_nan=False)
-    except (TypeError, ValueError) as exc:  # a set, an object, NaN: no JSON, so no schema
-        raise InvalidRequestError(f"response_format must hold JSON values only ({exc}).") from exc
-    try:  # as JSON reads it (a tuple is a list)
-        return parse_response_format(json.loads(text))
-    except ResponseFormatError as exc:
-        where = getattr(exc, "param", None) or "response_format"
-        error = InvalidRequestError(f"{where}: {exc}")
-        error.param = where  # type: ignore[attr-defined]  # the field, for a server's 400
-        raise error from exc
 
 
 def check_option_names(names: Iterable[str], *, routing: Sequence[str] = ()) -> None:

@@ -113,21 +113,28 @@ def test_serve_sends_the_format_to_the_cloud_route() -> None:
         llm.close()
 
 
-@pytest.mark.parametrize("refusal", [
+@pytest.mark.parametrize(("refusal", "ask", "says"), [
     # OpenAI's words for a model without structured output, with the field as param
-    {"error": {"message": "Invalid parameter: 'response_format' of type 'json_schema' is not supported "
-                          "with this model.", "type": "invalid_request_error", "param": "response_format",
-               "code": None}},
+    ({"error": {"message": "Invalid parameter: 'response_format' of type 'json_schema' is not supported "
+                           "with this model.", "type": "invalid_request_error", "param": "response_format",
+                "code": None}}, {"response_format": SCHEMA}, "refused response_format 'json_schema'"),
     # a server that knows no such field (pydantic's 422-style text in a 400)
-    {"detail": [{"type": "extra_forbidden", "loc": ["body", "response_format"],
-                 "msg": "Extra inputs are not permitted"}]},
+    ({"detail": [{"type": "extra_forbidden", "loc": ["body", "response_format"],
+                  "msg": "Extra inputs are not permitted"}]},
+     {"response_format": SCHEMA}, "refused response_format 'json_schema'"),
+    # review 38: a hosted API asked for vLLM's field (a choice has no OpenAI form), with what serves it
+    ({"error": {"message": "Unrecognized request argument supplied: structured_outputs",
+                "type": "invalid_request_error", "param": None, "code": None}},
+     {"structured_outputs": {"choice": ["yes", "no"]}}, "refused structured_outputs 'choice'"),
 ])
-def test_a_cloud_that_refuses_the_format_says_so_and_what_to_do(refusal: dict) -> None:
+def test_a_cloud_that_refuses_the_format_says_so_and_what_to_do(refusal: dict, ask: dict, says: str) -> None:
     bodies: list[dict] = []
     cloud = _mock_cloud(bodies, refuse=json.dumps(refusal).encode())
     with HybridLLM(edge=Recording(), cloud=cloud, cache=False) as llm:
         with pytest.raises(InvalidRequestError) as info:
-            llm.chat(MSGS, route="cloud", response_format=SCHEMA)
+            llm.chat(MSGS, route="cloud", **ask)
     message = str(info.value)
-    assert "refused response_format 'json_schema'" in message and "route='edge'" in message, message
+    assert says in message and "route='edge'" in message, message
+    if "structured_outputs" in ask:
+        assert "(hybridllm-cloud, vLLM)" in message
     assert len(bodies) == 1  # not sent again without it: a free-text answer is not what was asked

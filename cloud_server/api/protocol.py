@@ -39,6 +39,7 @@ from hybridllm.wire.requests import (
     checked_response_format,
     parse_request,
 )
+from hybridllm.wire.vllm_formats import VllmFormatFields, vllm_field, vllm_grammar
 
 from .tools import ToolPlan, template_messages, tool_choice_of
 
@@ -75,31 +76,6 @@ def _grammar_of(value: ResponseFormat | None) -> Any:
         raise WireError(str(exc), param=exc.param or "response_format") from None
 
 
-_VLLM_FIELDS = ("structured_outputs", "guided_json", "guided_regex", "guided_choice")
-
-
-def _vllm_grammar(req: Any) -> Any:
-    """The Grammar of vLLM's structured_outputs (or a guided_* field), None without one; a 400
-    naming the field for two of them, one beside a response_format, or what the core refuses."""
-    given = [name for name in _VLLM_FIELDS if getattr(req, name) is not None]
-    if not given:
-        return None
-    if len(given) > 1:
-        raise WireError(f"Only one of {', '.join(_VLLM_FIELDS)} may be given; got {' and '.join(given)}.",
-                        param=given[1])
-    name = given[0]
-    if req.response_format is not None and req.response_format.type != "text":
-        raise WireError(f"response_format and {name} cannot both be given: use one.", param=name)
-    from hybridllm._structured import ResponseFormatError, parse_structured_outputs
-
-    value = getattr(req, name)
-    spec = value if name == "structured_outputs" else {name.removeprefix("guided_"): value}
-    try:
-        return parse_structured_outputs(spec, field=name)
-    except ResponseFormatError as exc:
-        raise WireError(str(exc), param=exc.param or name) from None
-
-
 class _StructuredMixin:
     """``response_format`` (or vLLM's fields) parsed once, at validation; ``response_grammar()``
     hands it over."""
@@ -110,25 +86,16 @@ class _StructuredMixin:
         return self._grammar
 
     def _set_grammar(self) -> None:
-        self._grammar = _vllm_grammar(self) or _grammar_of(self.response_format)  # type: ignore[attr-defined]
+        self._grammar = vllm_grammar(self) or _grammar_of(self.response_format)  # type: ignore[attr-defined]
 
 
-# vLLM's fields, as the two request models declare them
-StructuredOutputs = dict[str, Any]
-GuidedJson = dict[str, Any] | str
-
-
-class CloudChatCompletionRequest(_StructuredMixin, ToolsChatRequest):
+class CloudChatCompletionRequest(_StructuredMixin, VllmFormatFields, ToolsChatRequest):
     """A chat body with OpenAI's ``logprobs`` (bool) and ``top_logprobs`` (0..20) served."""
 
     logprobs: bool | None = None
     top_logprobs: Annotated[int, Field(ge=0, le=20), _INTEGRAL] | None = None
     logit_bias: LogitBias | None = None
 
-    structured_outputs: StructuredOutputs | None = None
-    guided_json: GuidedJson | None = None
-    guided_regex: str | None = None
-    guided_choice: list[str] | None = None
 
     # function calling (cloud_server/api/tools.py; the fields are ToolsChatRequest's)
     _tool_plan: ToolPlan | None = PrivateAttr(default=None)
@@ -147,7 +114,7 @@ class CloudChatCompletionRequest(_StructuredMixin, ToolsChatRequest):
         if mode == "none" or self.tools is None:
             return
         if self._grammar is not None:
-            given = next((f for f in _VLLM_FIELDS if getattr(self, f) is not None), "response_format")
+            given = vllm_field(self) or "response_format"
             raise WireError(f"tools cannot be combined with {given} (a call's arguments follow the "
                             "tool's own parameters schema): send one, or tool_choice 'none'.", param=given)
         if self.logprobs:
@@ -217,17 +184,13 @@ class CloudChatCompletionRequest(_StructuredMixin, ToolsChatRequest):
         return value
 
 
-class CloudCompletionRequest(_StructuredMixin, CompletionRequest):
+class CloudCompletionRequest(_StructuredMixin, VllmFormatFields, CompletionRequest):
     """A legacy completions body with ``logprobs`` (0..5 alternatives per token) served, and
     ``response_format`` and ``structured_outputs`` (vLLM's extensions of this endpoint)."""
 
     logprobs: Annotated[int, Field(ge=0, le=5), _INTEGRAL] | None = None
     logit_bias: LogitBias | None = None
     response_format: ResponseFormat | None = None
-    structured_outputs: StructuredOutputs | None = None
-    guided_json: GuidedJson | None = None
-    guided_regex: str | None = None
-    guided_choice: list[str] | None = None
 
     @field_validator("response_format")
     @classmethod

@@ -15,6 +15,7 @@ import threading
 from collections import OrderedDict
 from typing import Any
 
+from .._response_format import RAW_KINDS  # plain text, not JSON: vLLM's regex and choice
 from . import _graph, _nodes
 from ._calls import CallsMatcher, ToolCallsGrammar
 from ._index import Matcher, TokenIndex
@@ -28,7 +29,6 @@ __all__ = [
 ]
 
 
-RAW_KINDS = ("regex", "choice")  # plain text, not JSON: vLLM's structured_outputs regex and choice
 
 
 class Grammar:

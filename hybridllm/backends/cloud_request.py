@@ -10,7 +10,7 @@ from typing import Any
 
 from .._durations import duration
 from .._exceptions import InvalidRequestError
-from .._types import GenerationParams, Messages
+from .._types import RAW_KINDS, GenerationParams, Messages
 from .circuit import Endpoint
 from .cloud_http import MAX_ERROR_BYTES, _Clients, _read_capped, _traced, _trickle_bound
 from .cloud_status import _EndpointDown, _error_of, _Retryable, _StatusVerdicts
@@ -139,8 +139,13 @@ class _Requests(_Clients, _StatusVerdicts):
             body["stop"] = list(params.stop)
         # structured output, OpenAI's field as the core normalized it: not optional either (a
         # server that ignored it would answer free text), so a refusal is the caller's error
-        if params.response_format is not None:
-            body["response_format"] = params.response_format
+        # server that ignored it would answer free text), so a refusal is the caller's error; a
+        # regex or choice (no OpenAI form) goes as vLLM's structured_outputs, which our server takes
+        fmt = params.response_format
+        if fmt is not None and fmt.get("type") in RAW_KINDS:
+            body["structured_outputs"] = {fmt["type"]: fmt[fmt["type"]]}
+        elif fmt is not None:
+            body["response_format"] = fmt
         # function calling: not optional either (a server that ignored tools would answer text)
         if params.tools is not None:
             body["tools"] = list(params.tools)
@@ -244,17 +249,20 @@ def _raise_if_format_refused(resp: Any, body: dict, base_url: str, model: str) -
     """A 400 or 422 that names ``response_format`` (its ``param``, or the message) when the body
     carried one: the endpoint or its model does not serve that structured output. Said so, with
     what to do, instead of the bare "the cloud rejected the request"."""
-    if "response_format" not in body or resp.status_code not in (400, 422):
+    field = next((f for f in ("response_format", "structured_outputs") if f in body), None)
+    if field is None or resp.status_code not in (400, 422):
         return
     message, param = _message_and_param(resp)
-    if "response_format" not in f"{param} {message} {resp.text[:2000]}":  # a 422 lists it in text
+    if field not in f"{param} {message} {resp.text[:2000]}":  # a 422 lists it in text
         return
-    kind = body["response_format"].get("type", "?")
+    kind = body["response_format"].get("type", "?") if field == "response_format" else \
+        next(iter(body[field]))
+    served_by = " (hybridllm-cloud, vLLM)" if field == "structured_outputs" else ""
     raise InvalidRequestError(
-        f"The cloud at {base_url} (model {model}) refused response_format {kind!r} (HTTP "
+        f"The cloud at {base_url} (model {model}) refused {field} {kind!r} (HTTP "
         f"{resp.status_code}{', param ' + param if param else ''}: {message}). It or its model does "
         "not serve this structured output: ask with route='edge' (the device model constrains its "
-        "own answer), point cloud_url at a server that serves it, or leave response_format out.")
+        f"own answer), point cloud_url at a server that serves it{served_by}, or leave {field} out.")
 
 
 def _refused_fields(resp: Any, body: dict) -> frozenset[str]:

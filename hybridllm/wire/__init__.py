@@ -4,6 +4,7 @@ SSE framing, error JSON, body limits and OpenAPI pieces. Used by ``cloud_server.
 
     body.py       read_body (size limit, 413), decode_json_object (strict JSON, depth, surrogates)
     requests.py   ChatCompletionRequest, CompletionRequest, parse_request -> WireError (400)
+    vllm_formats.py  vLLM's structured_outputs / guided_* fields and their grammar (400s)
     fields.py     the strict base model and field types the request models are built from
     validation.py validation_error: a pydantic error as one 400 message naming the parameter
     responses.py  chat_completion, text_completion, ChunkWriter, sse_event, DONE; document models

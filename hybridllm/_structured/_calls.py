@@ -61,6 +61,16 @@ class CallsMatcher:
         return self.copy().feed(data)
 
     @property
+    def free(self) -> bool:
+        """Between calls: every token allowed, no mask."""
+        return self.held is None
+
+    def held_by(self) -> Matcher:
+        """The call's matcher, whose mask applies inside a call (not ``free``)."""
+        assert self.held is not None
+        return self.held
+
+    @property
     def done(self) -> bool:
         """The answer may end here: anywhere but inside a call."""
         return self.held is None

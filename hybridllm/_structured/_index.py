@@ -27,6 +27,13 @@ class Matcher:
     def __init__(self, states: frozenset) -> None:
         self._states = states
 
+    # an auto answer's CallsMatcher has both too: free between its calls, its call's matcher in one
+    free = False  # every token allowed (no mask), never here
+
+    def held_by(self) -> Matcher:
+        """The matcher whose mask applies now: this one."""
+        return self
+
     def feed(self, data: bytes) -> bool:
         """Advance over ``data``; False, and nothing moved, if it breaks the grammar."""
         states = _feed(self._states, data)
@@ -131,10 +138,9 @@ class TokenIndex:
         """Per token id: whether it may come next (end-of-output ids once the value is whole).
         An auto answer's ``CallsMatcher``: every token in its free text (one shared array,
         ``free``), its call's mask inside a call."""
-        if not isinstance(matcher, Matcher):
-            if matcher.held is None:
-                return self.free
-            matcher = matcher.held
+        if matcher.free:
+            return self.free
+        matcher = matcher.held_by()
         key = matcher.key
         with self._lock:
             packed = self._memo.get(key)
@@ -154,7 +160,7 @@ class TokenIndex:
         if 0 <= token_id < self.vocab_size and self._eos[token_id]:
             return matcher.done
         data = self._bytes[token_id] if 0 <= token_id < self.vocab_size else None
-        if not isinstance(matcher, Matcher) and matcher.held is None:  # free text: any token
+        if matcher.free:  # an auto answer's free text: any token
             return matcher.feed(data or self._shown.get(token_id, b""))
         return bool(data) and matcher.feed(data)  # type: ignore[arg-type]
 

@@ -123,7 +123,7 @@ class Constraint:
     @property
     def free(self) -> bool:
         """Nothing is held now (an auto answer's text between its calls): no mask to apply."""
-        return getattr(self.matcher, "held", True) is None
+        return bool(self.matcher.free)
 
     def allowed(self, vocab_size: int) -> Any:
         """[vocab_size] bools: the tokens that may come next (None while ``free``)."""

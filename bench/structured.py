@@ -1,6 +1,7 @@
 """Structured output on llama.cpp: our response_format token masks against llama.cpp's own grammar.
 
-    python -m bench.structured [--json] [--model ID_OR_GGUF] [--schema person|event] [--prompts 6]
+    python -m bench.structured [--json] [--model ID_OR_GGUF] [--schema person|event|choice|regex]
+                               [--prompts 6]
                                [--max-tokens 96] [--threads 2]
 
 Three sides on the same GGUF, chat prompts and greedy settings, taking turns prompt by prompt:
@@ -11,10 +12,14 @@ as a logits processor; ``plain`` is the call with no constraint. Reported: each 
 second over the whole call (prompt included, ``gbnf_tok_s``, ``ours_tok_s``, ``plain_tok_s``),
 ``ours_over_gbnf`` (> 1: ours is faster) and each constraint's speed against none
 (``ours_over_plain``, ``gbnf_over_plain``); the answers that ended and pass the schema
-(``ours_valid``, ``gbnf_valid``, ``plain_valid``, of ``prompts``); the index's build time
+(``ours_valid``, ``gbnf_valid``, ``plain_valid``, of ``prompts``); each side's mean seconds per
+call (``ours_call_s``, ``gbnf_call_s``, ``plain_call_s``); the index's build time
 (``index_s``) and the mean mask time per token with the memo cold and warm (``mask_cold_ms``,
 ``mask_warm_ms``). ``--schema event`` asks for strings held to patterns and to the date and
-date-time formats (both grammars serve them) instead of the person's plain fields.
+date-time formats (both grammars serve them) instead of the person's plain fields. ``--schema
+choice`` and ``--schema regex`` ask for plain text (vLLM's structured outputs): one of three
+labels for a product review, or a US phone number ``(555) 555-5555``, against the GBNF that says the
+same (``LlamaGrammar.from_string``); valid is then the label, or the pattern matched whole.
 llama.cpp's OpenMP threads spin while they wait: run it on an idle machine.
 """
 
@@ -80,6 +85,29 @@ SCHEMAS = {
               "(an RFC 3339 date-time with its offset) and room."),
 }
 
+# vLLM's plain-text formats (structured_outputs choice and regex): each with the GBNF that says the
+# same to llama.cpp, its texts and its system prompt
+LABELS = ["positive", "negative", "mixed"]
+REVIEWS = [
+    "I love this phone, the battery lasts two days and the screen is gorgeous.",
+    "Terrible. It broke on day one and support never answered.",
+    "Great camera, but the battery barely lasts the morning.",
+    "Exactly what I needed; setup took five minutes.",
+    "The sound is tinny and the app keeps crashing.",
+    "Nice design, shame about the price and the slow charging.",
+    "Best purchase this year, my kids use it every day.",
+    "Returned it after a week: it overheats constantly.",
+]
+PHONE = r"\(\d{3}\) \d{3}-\d{4}"
+OFFICES = [f"Write a phone number for our {city} office." for city in (
+    "Boston", "Denver", "Austin", "Seattle", "Chicago", "Miami", "Phoenix", "Atlanta")]
+TEXT_FORMATS = {
+    "choice": ({"choice": LABELS}, "root ::= " + " | ".join(f'"{x}"' for x in LABELS), REVIEWS,
+               "Classify the review as positive, negative or mixed."),
+    "regex": ({"regex": PHONE}, 'root ::= "(" [0-9]{3} ") " [0-9]{3} "-" [0-9]{4}', OFFICES,
+              "Answer with a US phone number only, written as (555) 555-5555."),
+}
+
 
 class Masker:
     """Our mask as llama-cpp-python's logits processor, for one answer."""
@@ -104,10 +132,18 @@ class Masker:
 
 
 def valid(text: str, schema: dict = SCHEMA) -> bool:
-    """The answer fits the schema (jsonschema: patterns too), its dates parsing as Python reads them."""
+    """The answer fits the schema (jsonschema: patterns too), its dates parsing as Python reads them;
+    a plain-text format's answer (``{"choice": ...}`` or ``{"regex": ...}``) is one of the choices,
+    or matches the pattern whole."""
     import datetime
+    import re
 
     import jsonschema
+
+    if "choice" in schema:
+        return text in schema["choice"]
+    if "regex" in schema:
+        return re.fullmatch(schema["regex"], text) is not None
 
     try:
         value = json.loads(text)
@@ -129,20 +165,25 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", action="store_true", help="print one JSON object only")
     ap.add_argument("--model", default="smollm2-135m-instruct", help="catalog id or .gguf path")
-    ap.add_argument("--schema", choices=sorted(SCHEMAS), default="person",
-                    help="what to extract: a person (plain fields) or an event (pattern, date, date-time)")
+    ap.add_argument("--schema", choices=sorted(SCHEMAS) + sorted(TEXT_FORMATS), default="person",
+                    help="what to extract: a person (plain fields) or an event (pattern, date, date-time) "
+                         "as JSON; or plain text: a review's label (choice) or a phone number (regex)")
     ap.add_argument("--prompts", type=positive_int, default=6,
                     help=f"texts to extract from (at most {len(PEOPLE)})")
     ap.add_argument("--max-tokens", type=positive_int, default=96, help="answer tokens at most")
     ap.add_argument("--threads", type=positive_int, default=2, help="llama.cpp threads")
     args = ap.parse_args(argv)
-    schema, texts, system = SCHEMAS[args.schema]
+    plain_text = args.schema in TEXT_FORMATS
+    if plain_text:
+        schema, gbnf_text, texts, system = TEXT_FORMATS[args.schema]
+    else:
+        schema, texts, system = SCHEMAS[args.schema]
     if args.prompts > len(texts):
         ap.error(f"--prompts: at most {len(texts)}")
 
     from llama_cpp import Llama, LlamaGrammar, LogitsProcessorList
 
-    from hybridllm._structured import TokenIndex, parse_response_format
+    from hybridllm._structured import TokenIndex, parse_response_format, parse_structured_outputs
     from hybridllm.backends.structured import llama_vocabulary
     from hybridllm.models import resolve_gguf
 
@@ -153,9 +194,13 @@ def main(argv: list[str] | None = None) -> None:
     table, ends = llama_vocabulary(llm)  # what the SDK's llama.cpp backend reads
     index = TokenIndex(table, ends)
     index_s = time.perf_counter() - t0
-    fmt = {"type": "json_schema", "json_schema": {"name": args.schema, "schema": schema}}
-    grammar = parse_response_format(fmt)
-    gbnf = LlamaGrammar.from_json_schema(json.dumps(schema), verbose=False)
+    if plain_text:
+        grammar = parse_structured_outputs(schema)
+        gbnf = LlamaGrammar.from_string(gbnf_text, verbose=False)
+    else:
+        fmt = {"type": "json_schema", "json_schema": {"name": args.schema, "schema": schema}}
+        grammar = parse_response_format(fmt)
+        gbnf = LlamaGrammar.from_json_schema(json.dumps(schema), verbose=False)
     names = ("ours", "gbnf", "plain")
     sides: dict[str, dict[str, float]] = {s: {"tokens": 0, "seconds": 0.0, "valid": 0} for s in names}
     cold: list[float] = []
@@ -194,6 +239,10 @@ def main(argv: list[str] | None = None) -> None:
         "ours_over_gbnf": rate["ours"] / rate["gbnf"] if rate["ours"] and rate["gbnf"] else None,
         "ours_over_plain": rate["ours"] / rate["plain"] if rate["ours"] and rate["plain"] else None,
         "gbnf_over_plain": rate["gbnf"] / rate["plain"] if rate["gbnf"] and rate["plain"] else None,
+        # seconds per call (a plain-text answer is a token or a few: the prompt's prefill is most of it)
+        "ours_call_s": round(sides["ours"]["seconds"] / args.prompts, 4),
+        "gbnf_call_s": round(sides["gbnf"]["seconds"] / args.prompts, 4),
+        "plain_call_s": round(sides["plain"]["seconds"] / args.prompts, 4),
         "ours_valid": int(sides["ours"]["valid"]), "gbnf_valid": int(sides["gbnf"]["valid"]),
         "plain_valid": int(sides["plain"]["valid"]),
         "mask_cold_ms": 1000 * sum(cold) / len(cold) if cold else None,

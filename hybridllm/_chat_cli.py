@@ -90,8 +90,11 @@ def cmd_ask(args: argparse.Namespace) -> int:
             if shown:  # end the partial answer's line, so "interrupted" or the error is not glued to it
                 print(flush=True)
             raise
-        print()
+        if shown or stream.completion is None or not stream.completion.tool_calls:
+            print()
         if stream.completion is not None:
+            for call in stream.completion.tool_calls:  # what to run, one line each: name({arguments})
+                print(f"{call.function.name}({call.function.arguments})", flush=True)
             _note(trace_line(stream.completion))
     return 0
 

@@ -66,32 +66,39 @@ def _threads(text: str) -> int:
 MAX_SCHEMA_BYTES = 1 << 20  # far past any schema a model can follow; a wrong file named, not read whole
 
 
-def _json_schema(path: str) -> dict[str, Any]:
-    """An argparse type for --json-schema: the file's JSON Schema as OpenAI's response_format,
-    checked by the request's rules (what the grammar core does not support is named), so a bad
-    file is a usage error before any model loads. The file holds a schema, or OpenAI's
-    ``json_schema`` object ({"name", "schema", ...}), or a whole response_format."""
+def _json_file(path: str, holding: str) -> Any:
+    """The JSON in a --json-schema or --tools FILE; a usage error (ArgumentTypeError) that says what
+    to give when it cannot be read, is over MAX_SCHEMA_BYTES or is not JSON (``holding``: what the
+    file should hold)."""
     import json
-    import re
-    from pathlib import Path
-
-    from ._exceptions import InvalidRequestError
-    from ._types import GenerationParams
 
     try:
         with open(path, "rb") as f:
             data = f.read(MAX_SCHEMA_BYTES + 1)
     except OSError as exc:
         raise argparse.ArgumentTypeError(f"cannot read {path!r} ({exc.strerror or exc}); give the path "
-                                         "of a JSON file holding a JSON Schema") from None
+                                         f"of a JSON file holding {holding}") from None
     if len(data) > MAX_SCHEMA_BYTES:
-        raise argparse.ArgumentTypeError(f"{path!r} is over {MAX_SCHEMA_BYTES >> 20} MiB: is it the "
-                                         "schema? Give a JSON file holding one JSON Schema")
+        raise argparse.ArgumentTypeError(f"{path!r} is over {MAX_SCHEMA_BYTES >> 20} MiB: give a JSON file "
+                                         f"holding {holding}")
     try:
-        doc = json.loads(data)
+        return json.loads(data)
     except ValueError as exc:  # bad JSON, or bytes that are no UTF-8 text
-        raise argparse.ArgumentTypeError(f"{path!r} is not JSON ({exc}); it must hold one JSON "
-                                         "Schema object, such as {\"type\": \"object\", ...}") from None
+        raise argparse.ArgumentTypeError(f"{path!r} is not JSON ({exc}); it must hold {holding}") from None
+
+
+def _json_schema(path: str) -> dict[str, Any]:
+    """An argparse type for --json-schema: the file's JSON Schema as OpenAI's response_format,
+    checked by the request's rules (what the grammar core does not support is named), so a bad
+    file is a usage error before any model loads. The file holds a schema, or OpenAI's
+    ``json_schema`` object ({"name", "schema", ...}), or a whole response_format."""
+    import re
+    from pathlib import Path
+
+    from ._exceptions import InvalidRequestError
+    from ._types import GenerationParams
+
+    doc = _json_file(path, "one JSON Schema object, such as {\"type\": \"object\", ...}")
     if not isinstance(doc, dict):
         kind = {"list": "array", "str": "string", "NoneType": "null", "bool": "boolean"}.get(
             type(doc).__name__, "number")
@@ -109,6 +116,39 @@ def _json_schema(path: str) -> dict[str, Any]:
     except InvalidRequestError as exc:
         raise argparse.ArgumentTypeError(f"{path!r}: {exc}") from None
     return fmt
+
+
+def _tools_file(path: str) -> list[dict[str, Any]]:
+    """An argparse type for ask's --tools: the file's tools, checked by the request's rules, so a bad
+    file is a usage error before any model loads. The file holds OpenAI's ``tools`` array, an object
+    with one (``{"tools": [...]}``), or bare functions (``{"name", "description", "parameters"}``)."""
+
+    from ._exceptions import InvalidRequestError
+    from ._types import GenerationParams
+
+    doc = _json_file(path, "the tools (OpenAI's tools array)")
+    tools = doc.get("tools") if isinstance(doc, dict) and "tools" in doc else doc
+    if isinstance(tools, dict):
+        tools = [tools]
+    if not isinstance(tools, list) or not tools:
+        raise argparse.ArgumentTypeError(
+            f"{path!r} must hold a JSON array of tools ([{{\"type\": \"function\", \"function\": "
+            "{\"name\": ..., \"parameters\": {...}}}]), {\"tools\": [...]}, or functions "
+            "({\"name\": ..., \"parameters\": {...}})")
+    tools = [{"type": "function", "function": t} if isinstance(t, dict) and "type" not in t
+             and "name" in t else t for t in tools]
+    try:
+        GenerationParams(tools=tuple(tools))
+    except InvalidRequestError as exc:
+        raise argparse.ArgumentTypeError(f"{path!r}: {exc}") from None
+    return tools
+
+
+def _tool_choice(text: str | None) -> str | dict[str, Any] | None:
+    """--tool-choice: auto, none, required, or a tool's name (that function must be called)."""
+    if text is None or text in ("auto", "none", "required"):
+        return text
+    return {"type": "function", "function": {"name": text}}
 
 
 def _setting(name: str, none: str = "none") -> str:
@@ -205,15 +245,29 @@ def _response_format(args: argparse.Namespace) -> dict[str, Any] | None:
     return {"type": "json_object"} if getattr(args, "json_object", False) else None
 
 
+def add_tools(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--tools", type=_tools_file, default=None, metavar="FILE",
+                   help="tools the model may call, from FILE (OpenAI's tools array as JSON); calls "
+                        "print as name({arguments}) lines (default: no tools)")
+    p.add_argument("--tool-choice", default=None, metavar="auto|none|required|NAME",
+                   help="with --tools: auto (the default), none, required, or the name of the tool "
+                        "to call")
+
+
 def _sampling(args: argparse.Namespace) -> dict[str, Any]:
     """The sampling options, checked together (the --stop strings too) before anything loads."""
     from ._types import GenerationParams
 
-    options = {"max_tokens": args.max_tokens, "temperature": args.temperature, "top_p": args.top_p,
-               "top_k": args.top_k, "min_p": args.min_p, "repeat_penalty": args.repeat_penalty,
-               "presence_penalty": args.presence_penalty, "frequency_penalty": args.frequency_penalty,
-               "seed": args.seed, "stop": tuple(args.stop) if args.stop else None,
-               "response_format": _response_format(args)}
+    tools = getattr(args, "tools", None)
+    choice = getattr(args, "tool_choice", None)
+    if choice is not None and tools is None:
+        raise _UsageError("argument --tool-choice: it needs --tools FILE.")
+    options = {"tools": tools, "tool_choice": _tool_choice(choice)} if tools is not None else {}
+    options |= {"max_tokens": args.max_tokens, "temperature": args.temperature, "top_p": args.top_p,
+                "top_k": args.top_k, "min_p": args.min_p, "repeat_penalty": args.repeat_penalty,
+                "presence_penalty": args.presence_penalty, "frequency_penalty": args.frequency_penalty,
+                "seed": args.seed, "stop": tuple(args.stop) if args.stop else None,
+                "response_format": _response_format(args)}
     if args.stop and len(args.stop) > MAX_STOP:  # a usage error naming the option, as the others
         raise _UsageError(f"argument --stop: at most {MAX_STOP} stop strings, got {len(args.stop)}.")
     GenerationParams.from_kwargs(**options)

@@ -16,7 +16,7 @@ from typing import Any
 
 from ._chat_cli import cmd_ask, cmd_chat
 from ._cli_options import WholeNameParser
-from ._cli_sampling import SETTINGS_EPILOG, _add_sampling, _system_prompt
+from ._cli_sampling import SETTINGS_EPILOG, _add_sampling, _system_prompt, add_tools
 from ._cli_terminal import _UsageError
 from ._exceptions import HybridLLMError
 from ._models_cli import (
@@ -53,6 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true",
                    help="print the Completion as one JSON object (default: the answer as it streams)")
     _add_sampling(p)
+    add_tools(p)
     p.add_argument("--system", default=None, type=_system_prompt, help=system)
     p.set_defaults(func=cmd_ask)
 

@@ -158,7 +158,7 @@ class GenerationParams:
     parallel_tool_calls: bool | None = None
     # vLLM's structured_outputs ({"json": schema}, {"regex": pattern} or {"choice": [strings]}):
     # read into response_format (its grammar's own form) and None from then on
-    structured_outputs: dict[str, Any] | None = field(default=None, hash=False, compare=False)
+    structured_outputs: dict[str, Any] | None = field(default=None, hash=False, compare=False, repr=False)
 
     __repr__ = private_repr
 

@@ -50,9 +50,22 @@ class CallsMatcher:
                 self.held = held
                 if held.done:
                     self._release()
-            else:  # not a call the grammar allows: left as the model writes it
-                self._start, self._from = False, at + 1
+                return True
+            self._start, self._from = False, at + 1  # not a call the grammar allows: as written
+        self._forget()
         return True
+
+    def _forget(self) -> None:
+        """Keep only the free text a call may still begin in, so each token costs what it adds, not
+        the answer so far: once no bare call can begin at the start, the text from where the next
+        tag is looked for, and that from the last tag begun (or a tag's length back from the end)."""
+        if self._start and not self._grammar.may_start_bare(self._text):
+            self._start = False
+        if self._start:
+            return
+        tag = self._text.rfind(b"<tool_call>", self._from)
+        keep = tag if tag >= 0 else max(self._from, len(self._text) - len(b"<tool_call>") + 1)
+        self._text, self._from = self._text[keep:], 0
 
     def _release(self) -> None:
         self.held, self._text, self._start, self._from = None, b"", True, 0
@@ -107,6 +120,25 @@ class ToolCallsGrammar:
         head = rb'\{\s*"name"\s*:\s*"(?:' + listed + rb')"'
         self._bare = re.compile(rb"\s*(?:```json\s*)?(" + head + rb")")  # matched at the text's start
         self._tagged = re.compile(rb"<tool_call>\s*(" + head + rb")")
+        # the longest bare head worth waiting for: {"name": "<the longest name>", with room for
+        # white space between its tokens (a model writes one space or a newline and an indent)
+        self._head_room = 64 + max(len(n.encode()) for n in self.names)
+
+    def may_start_bare(self, text: bytes) -> bool:
+        """Whether ``text`` (an answer's start) may still become a bare call: white space, then
+        a start of a JSON fence or of an object. An object that is no call is let go once its
+        head is whole (past a name's length and the keys' room)."""
+        rest = text.lstrip()
+        if not rest:
+            return True
+        if rest[:1] == b"`":
+            fence = b"```json"
+            if not (rest.startswith(fence) or fence.startswith(rest)):
+                return False
+            rest = rest[len(fence):].lstrip() if rest.startswith(fence) else b""
+            if not rest:
+                return True
+        return rest[:1] == b"{" and len(rest) <= self._head_room
 
     def call_start(self, text: bytes, start: bool, since: int) -> int | None:
         """Where a call's ``{`` is in ``text`` once its name is whole (None: no call begun)."""

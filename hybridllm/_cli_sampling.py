@@ -122,7 +122,6 @@ def _tools_file(path: str) -> list[dict[str, Any]]:
     """An argparse type for ask's --tools: the file's tools, checked by the request's rules, so a bad
     file is a usage error before any model loads. The file holds OpenAI's ``tools`` array, an object
     with one (``{"tools": [...]}``), or bare functions (``{"name", "description", "parameters"}``)."""
-
     from ._exceptions import InvalidRequestError
     from ._types import GenerationParams
 

@@ -96,7 +96,6 @@ class CloudChatCompletionRequest(_StructuredMixin, VllmFormatFields, ToolsChatRe
     top_logprobs: Annotated[int, Field(ge=0, le=20), _INTEGRAL] | None = None
     logit_bias: LogitBias | None = None
 
-
     # function calling (cloud_server/api/tools.py; the fields are ToolsChatRequest's)
     _tool_plan: ToolPlan | None = PrivateAttr(default=None)
 

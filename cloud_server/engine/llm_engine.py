@@ -38,7 +38,6 @@ logger = logging.getLogger(__name__)
 _INDEX_LOCK = threading.Lock()
 
 
-
 def _gives_token_bytes(tokenizer: Any) -> bool:
     """Whether a tokenizer gives each token's bytes, which the structured masks are built from."""
     return hasattr(tokenizer, "structured_token_bytes")

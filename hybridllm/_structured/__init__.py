@@ -29,8 +29,6 @@ __all__ = [
 ]
 
 
-
-
 class Grammar:
     """One ``response_format`` (or vLLM's regex or choice, ``kind`` saying which): the outputs it
     allows."""

@@ -138,7 +138,6 @@ class _Requests(_Clients, _StatusVerdicts):
         if params.stop:
             body["stop"] = list(params.stop)
         # structured output, OpenAI's field as the core normalized it: not optional either (a
-        # server that ignored it would answer free text), so a refusal is the caller's error
         # server that ignored it would answer free text), so a refusal is the caller's error; a
         # regex or choice (no OpenAI form) goes as vLLM's structured_outputs, which our server takes
         fmt = params.response_format

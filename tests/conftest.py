@@ -70,6 +70,40 @@ def _own_cache_dir(_isolated_dirs: Path):
 
 
 @pytest.fixture(scope="session")
+def _package_files() -> dict[Path, tuple[int, int]]:
+    """The installed model packages' files, with their size and last write: a pulled model is a
+    hard link to its package's file (``hybridllm.models.store``), so a test that writes into a
+    pulled file writes into the package, and every later test reads the damage."""
+    from hybridllm.models import _sources, catalog
+
+    found: dict[Path, tuple[int, int]] = {}
+    for spec in catalog.load_catalog().values():
+        for file in spec.files:
+            try:
+                parts = _sources._source_parts(spec, file)
+            except Exception:  # a package not installed here
+                continue
+            for part in parts:
+                st = part.stat()
+                found[part] = (st.st_size, st.st_mtime_ns)
+    return found
+
+
+@pytest.fixture(autouse=True)
+def _packages_untouched(_package_files: dict[Path, tuple[int, int]]):
+    """Fails the test that wrote into an installed model package's file (through a pulled model's
+    link), so the damage is named where it happened, not in the tests that read it later."""
+    yield
+    for part, (size, mtime) in _package_files.items():
+        st = part.stat()
+        if (st.st_size, st.st_mtime_ns) != (size, mtime):
+            _package_files[part] = (st.st_size, st.st_mtime_ns)  # named once, in this test
+            pytest.fail(f"this test wrote into {part}, an installed model package's file (a pulled model "
+                        "is a hard link to it): damage a copy put in its place instead (os.replace); "
+                        "reinstall the package", pytrace=False)
+
+
+@pytest.fixture(scope="session")
 def shared_data() -> Path:
     """``../shared/data``; tests that need it skip with a reason when it is absent."""
     if not SHARED_DATA.is_dir():

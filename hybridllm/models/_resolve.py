@@ -42,9 +42,12 @@ def _check_stored(path: Path, spec: ModelSpec, progress: Progress | None) -> Non
     except OSError:
         return
     if not (store._marker_ok(dest, spec.main_file.sha256) or store._adopt(dest, spec.main_file, progress)):
+        fix = f"hybridllm models pull {spec.id} --force"
+        if store.is_package_file(spec, spec.main_file, dest):  # a link: the package is damaged too
+            fix = f"{spec.pip} --force-reinstall, then {fix}"
         raise ModelCorruptError(
             f"{path} does not match the catalog's sha256 for {spec.id!r} (damaged or changed since "
-            f"it was pulled). Put it back with: hybridllm models pull {spec.id} --force"
+            f"it was pulled). Put it back with: {fix}"
         )
 
 

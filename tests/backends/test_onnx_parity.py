@@ -101,12 +101,14 @@ def _prepare_keeping_hf(precision: str, keep: Path) -> Path | None:
 def fp32(tmp_path_factory):
     from hybridllm.backends.onnx import OnnxBackend
 
-    hf = _prepare_keeping_hf("fp32", tmp_path_factory.mktemp("onnx-parity") / "hf")
+    work = tmp_path_factory.mktemp("onnx-parity")
+    hf = _prepare_keeping_hf("fp32", work / "hf")
     backend = OnnxBackend(MODEL, precision="fp32", n_ctx=1024)
     prompts = [backend.tokenize([{"role": "user", "content": q}]) for q in QUESTIONS]
     refs = [_greedy(backend, ids) for ids in prompts]
     yield backend, prompts, refs, hf
     backend.close()
+    shutil.rmtree(work, ignore_errors=True)  # the fp32 export, half a GB
 
 
 def test_fp32_greedy_matches_transformers_fp32(fp32, tmp_path):

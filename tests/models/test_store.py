@@ -21,6 +21,17 @@ def home(tmp_path, monkeypatch):
     return tmp_path
 
 
+def _damage(path):
+    """Put a damaged copy of ``path`` in its place. Not a write into the file: a pulled model is
+    a hard link to the installed package's file, which that would damage too (and every later test
+    with it)."""
+    data = bytearray(path.read_bytes())
+    data[1000:1002] = b"\xff\xfe"
+    other = path.with_name(path.name + ".damaged")
+    other.write_bytes(bytes(data))
+    os.replace(other, path)
+
+
 def test_catalog_names_the_embedded_models():
     specs = catalog.load_catalog()
     assert {"smollm2-135m-instruct", "gemma3-270m", "minilm-l6-v2"} <= set(specs)
@@ -61,9 +72,7 @@ def test_a_crash_mid_copy_leaves_no_file_that_passes_as_good(home, monkeypatch):
 
 def test_verify_detects_corruption_and_pull_repairs_it(home):
     path = store.pull("smollm2-135m-instruct")
-    with path.open("r+b") as f:
-        f.seek(1000)
-        f.write(b"\xff\xfe")
+    _damage(path)
     [result] = store.verify("smollm2-135m-instruct")
     assert result.status == "corrupt" and "--force" in result.detail
     assert not store.is_materialized("smollm2-135m-instruct")
@@ -266,6 +275,9 @@ def test_a_data_dir_copied_from_another_machine_is_used_without_the_package(home
     file in it was right."""
     spec = catalog.get_spec("smollm2-135m-instruct")
     path = store.pull(spec.id)
+    copy = path.with_name(path.name + ".copy")  # a copy of its own: the pull linked the package's
+    copy.write_bytes(path.read_bytes())
+    os.replace(copy, path)
     os.utime(path, ns=(0, path.stat().st_mtime_ns + 10**9))  # what a plain copy does to the time
     assert not store.is_materialized(spec.id)
     gone = dataclasses.replace(spec, package="no-such-hybridllm-package")
@@ -277,8 +289,6 @@ def test_a_data_dir_copied_from_another_machine_is_used_without_the_package(home
     monkeypatch.setattr(store, "_write_marker", lambda *a: (_ for _ in ()).throw(PermissionError(13, "ro")))
     assert store.pull(spec.id) == path
     # a wrong file in place is not adopted: it is copied again (here: the package is missing)
-    with path.open("r+b") as f:
-        f.seek(1000)
-        f.write(b"\xff\xfe")
+    _damage(path)
     with pytest.raises(ModelPackageMissingError):
         store.pull(spec.id)

@@ -167,6 +167,10 @@ def test_a_full_disk_is_a_clear_error_and_leaves_nothing_that_passes_as_good(hom
     def full(_fd):
         raise OSError(errno.ENOSPC, "No space left on device")
 
+    def elsewhere(_src, _dst):  # the data dir on another file system: copied, not linked
+        raise OSError(errno.EXDEV, "Invalid cross-device link")
+
+    monkeypatch.setattr(store.os, "link", elsewhere)
     monkeypatch.setattr(store.os, "fsync", full)
     with pytest.raises(ModelError, match=r"No space left on device.*enough free space"):
         store.pull(SMOL)

@@ -17,6 +17,7 @@ import subprocess
 import sys
 import tomllib
 import zipfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -44,7 +45,7 @@ def _run(args: list[str], *, cwd: Path, env: dict[str, str] | None = None, timeo
 
 
 @pytest.fixture(scope="module")
-def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """The wheel, built as a user builds it (a few seconds)."""
     work = tmp_path_factory.mktemp("wheel")
     src = work / "src"  # a copy, so no stale build/ folder of the checkout leaks into the wheel
@@ -61,7 +62,8 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
         cwd=work,
     )
     (built,) = (work / "dist").glob("hybridllm-*.whl")
-    return built
+    yield built
+    shutil.rmtree(work, ignore_errors=True)  # the venv in it too: half a GB the session need not keep
 
 
 @pytest.fixture(scope="module")
@@ -106,11 +108,13 @@ def test_the_wheel_carries_every_file_the_code_reads_from_its_package(wheel: Pat
 
 
 @pytest.fixture(scope="module")
-def user_env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+def user_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("HYBRIDLLM_", "PYTHON", "VIRTUAL_ENV"))}
-    env["HYBRIDLLM_HOME"] = str(tmp_path_factory.mktemp("home"))
-    env["HYBRIDLLM_CACHE_DIR"] = str(tmp_path_factory.mktemp("cache"))
-    return env
+    made = [tmp_path_factory.mktemp("home"), tmp_path_factory.mktemp("cache")]
+    env["HYBRIDLLM_HOME"], env["HYBRIDLLM_CACHE_DIR"] = map(str, made)
+    yield env
+    for folder in made:  # the models pulled there
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def test_the_installed_wheel_answers_without_torch(

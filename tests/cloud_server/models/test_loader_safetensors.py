@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import shutil
+
 import pytest
 
 from ..kernels import engine_kernels
@@ -27,8 +29,9 @@ def engines(smollm2_path, tmp_path_factory):
     # fp32 on both sides: the folder holds the GGUF's weights widened to fp32; quantized, the GGUF
     # keeps its own blocks while the folder's floats are rounded, so they would differ by design
     cfg = dict(max_model_len=256, kv_cache_memory_bytes=16 << 20, quantization="none", dtype="float32")
-    return LLMEngine(EngineConfig(str(smollm2_path), **cfg)), LLMEngine(
+    yield LLMEngine(EngineConfig(str(smollm2_path), **cfg)), LLMEngine(
         EngineConfig(str(folder), **cfg)), folder
+    shutil.rmtree(folder, ignore_errors=True)  # the fp32 weights, half a GB
 
 
 def test_folder_tokenizer_matches_llamacpp(engines):

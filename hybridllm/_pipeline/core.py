@@ -97,7 +97,7 @@ class Core(_CacheSteps, _Executor):
             raise ConfigError("route='cloud' needs a cloud endpoint: pass cloud_url=...")
         merged = {**self.defaults, **{k: v for k, v in overrides.items() if v is not None}}
         req = Request(normalize_messages(messages), GenerationParams.from_kwargs(**merged), opts)
-        if req.params.tools is not None:  # a model that reads tools: the cloud's, or the device's
+        if req.calls_tools:  # a model that reads tools: the cloud's, or the device's
             req.edge_tools = self._edge_calls_tools()
             if self.cloud is None and not req.edge_tools:
                 raise ConfigError(f"tools need a model whose chat template lists them, and the device "

@@ -63,7 +63,7 @@ class _Planner(_CoreParts):
             d = dataclasses.replace(
                 d, cascade=bool(opts.cascade and d.route == "edge" and d.score is not None and not d.forced)
             )
-        if req.params.tools is not None and d.cascade:  # a held-back draft replays text, not calls
+        if req.calls_tools and d.cascade:  # a held-back draft replays text, not calls
             d = dataclasses.replace(d, cascade=False)
         binds = not d.forced or self.budget_binds_forced_cloud
         if d.route == "cloud" and binds and self.ledger is not None:

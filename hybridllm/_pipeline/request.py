@@ -7,6 +7,7 @@ from typing import Any
 
 from .._exceptions import InvalidRequestError
 from .._message_text import check_namespace
+from .._tool_plan import plan_of
 from .._types import GenerationParams, Messages, Usage
 
 
@@ -79,9 +80,15 @@ class Request:
         return n is None or limit is None or n + 1 <= limit
 
     @property
+    def calls_tools(self) -> bool:
+        """The answer may call the request's tools: tools given, and tool_choice not "none" (whose
+        answer is text, with no tools in the prompt, so any model can give it)."""
+        return plan_of(self.params) is not None
+
+    @property
     def tools_need_cloud(self) -> bool:
-        """The request gives tools and the device model cannot be given them."""
-        return self.params.tools is not None and not self.edge_tools
+        """The answer may call tools and the device model cannot be given them."""
+        return self.calls_tools and not self.edge_tools
 
     @property
     def edge_can_answer(self) -> bool:

@@ -23,7 +23,7 @@ def _catalog_id(model_id: str) -> str:
 
 
 def cmd_models_list(args: argparse.Namespace) -> int:
-    from .models.remove import disk_usage, human_size
+    from .models.remove import disk_usage, human_size, linked_usage
     from .models.store import UNVERIFIED, load_catalog, pull_state
 
     rows: list[dict[str, Any]] = []
@@ -34,7 +34,7 @@ def cmd_models_list(args: argparse.Namespace) -> int:
                      "chat_format": spec.chat_format, "license": spec.license,
                      "size_mb": round(size / 1e6, 1) if size else None, "package": spec.package,
                      "pulled": state == "yes", "state": state, "disk_bytes": disk_usage(spec.id),
-                     "description": spec.description})
+                     "linked_bytes": linked_usage(spec.id), "description": spec.description})
     if args.json:
         print(finite_json(rows, indent=2))  # a catalog's NaN size: null
         return 0
@@ -49,6 +49,11 @@ def cmd_models_list(args: argparse.Namespace) -> int:
     total = sum(r["disk_bytes"] for r in rows)
     # the total's size sits under ON DISK; `hybridllm models remove ID` frees a model's share
     print(f"{'total':<{w}}{'on disk':<{11 + 9 + 9 + 2 + pw}}{human_size(total) if total else '-':>10}")
+    linked = [f"{r['id']} ({human_size(r['linked_bytes'])})" for r in rows if r["linked_bytes"]]
+    if linked:  # pulled as hard links to their packages' files: in ON DISK they would count twice
+        _note(f"linked: {', '.join(linked)}: these files are their installed packages' own (hard "
+              "links), so they take no space beyond the packages' and are not in ON DISK; "
+              "`hybridllm models remove` frees them only once the package is uninstalled too.")
     unverified = [r["id"] for r in rows if r["state"] == UNVERIFIED]
     if unverified:  # a data dir copied from elsewhere: its files are there, just not hashed here yet
         _note(f"unverified: {', '.join(unverified)}: the files are in place (a data dir copied from "

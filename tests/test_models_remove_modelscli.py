@@ -1,9 +1,10 @@
 """`hybridllm models remove` / `list` sizes and hybridllm.models.remove / disk_usage, on a temporary
-data dir with a real pulled SmolLM2 GGUF (copied out of its installed PyPI package) beside small fake
-prepared folders (the real ONNX build takes minutes)."""
+data dir with a real pulled SmolLM2 GGUF (copied out of its installed PyPI package, not linked)
+beside small fake prepared folders (the real ONNX build takes minutes)."""
 
 from __future__ import annotations
 
+import errno
 import io
 import json
 import os
@@ -28,8 +29,16 @@ GGUF_BYTES = 98362432
 
 @pytest.fixture
 def home(tmp_path, monkeypatch) -> Path:
+    """A data dir whose pulls copy, as on another file system than the venv's (where the venv shares
+    it, a pull links the package's file instead: no bytes of its own, see
+    ``tests/models/test_store_links_review39.py``), so the sizes below are the same everywhere."""
     root = tmp_path / "home"
     monkeypatch.setenv("HYBRIDLLM_HOME", str(root))
+
+    def elsewhere(_src, _dst):
+        raise OSError(errno.EXDEV, "Invalid cross-device link")
+
+    monkeypatch.setattr(os, "link", elsewhere)
     return root
 
 

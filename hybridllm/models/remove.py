@@ -36,7 +36,8 @@ _CACHE_LOCK = ".prepare.lock"  # the cache's preparers lock this file in their f
 
 @dataclass(frozen=True)
 class Entry:
-    """One path that `remove` deletes, and its bytes (a link counts as 0: it is never followed)."""
+    """One path that `remove` deletes, and the bytes that frees (a symbolic link, or a file linked
+    to its package's, counts as 0: the data stays under the other name)."""
 
     path: Path
     bytes: int
@@ -69,8 +70,10 @@ def _exists(path: Path) -> bool:
     return os.path.lexists(path)
 
 
-def _size(path: Path, seen: set[tuple[int, int]] | None = None) -> int:
-    """Bytes of the regular files at or under ``path``, links not followed, hard links once."""
+def _size(path: Path, seen: set[tuple[int, int]] | None = None, *, shared: bool = False) -> int:
+    """Bytes that deleting ``path`` frees: its regular files at or under it, links not followed,
+    hard links once. A file with another name too (a pulled model linked to its package's file)
+    frees nothing while that name stays: not counted, unless ``shared``, which counts only those."""
     seen = set() if seen is None else seen
     try:
         st = os.lstat(path)
@@ -80,9 +83,9 @@ def _size(path: Path, seen: set[tuple[int, int]] | None = None) -> int:
         total = 0
         with contextlib.suppress(OSError), os.scandir(path) as it:
             for entry in it:
-                total += _size(Path(entry.path), seen)
+                total += _size(Path(entry.path), seen, shared=shared)
         return total
-    if not stat.S_ISREG(st.st_mode) or (st.st_dev, st.st_ino) in seen:
+    if not stat.S_ISREG(st.st_mode) or (st.st_dev, st.st_ino) in seen or (st.st_nlink > 1) != shared:
         return 0
     seen.add((st.st_dev, st.st_ino))
     return st.st_size
@@ -150,9 +153,17 @@ def _is_marker(path: Path) -> bool:
 
 
 def disk_usage(model_id: str) -> int:
-    """Bytes on disk of everything hybridllm materialized for ``model_id`` (0 when nothing)."""
+    """Bytes on disk of everything hybridllm materialized for ``model_id`` (0 when nothing), as
+    removing it would free them: a file linked to its package's is in :func:`linked_usage`."""
     seen: set[tuple[int, int]] = set()
     return sum(_size(top, seen) for top in _tops(model_id))
+
+
+def linked_usage(model_id: str) -> int:
+    """Bytes of ``model_id``'s files that have another name too (hard links to their package's
+    files, see ``store``): no space beyond the package's, and not freed by removing the model."""
+    seen: set[tuple[int, int]] = set()
+    return sum(_size(top, seen, shared=True) for top in _tops(model_id))
 
 
 @contextlib.contextmanager

@@ -7,6 +7,7 @@ is 1.1 GB), and the suite's many pulls filled a small CI disk. The stand-in cata
 from __future__ import annotations
 
 import errno
+import json
 import os
 
 import pytest
@@ -14,6 +15,7 @@ import pytest
 from hybridllm import ModelCorruptError
 from hybridllm.cli import main
 from hybridllm.models import store
+from hybridllm.models.remove import disk_usage, linked_usage, remove
 
 from . import test_pull_leftovers_review29 as _stand_in
 from .test_pull_leftovers_review29 import EXTRA, MAIN, TINY, _installed, _tree
@@ -90,3 +92,30 @@ def test_damage_in_a_copied_file_still_says_pull_force_only(tiny, tmp_path, monk
     [result] = store.verify(TINY)
     assert result.detail == f"checksum mismatch: Tiny.gguf; run `hybridllm models pull {TINY} --force`"
     assert store.pull(TINY) == path and path.read_bytes() == MAIN  # and it does
+
+
+def test_sizes_count_a_linked_file_as_the_packages_not_the_models(tiny, tmp_path, monkeypatch, capsys):
+    """`models list` said a linked model took its size on the disk, and `models remove` that it
+    freed it, while the data stayed under the package's name."""
+    _installed(monkeypatch, tmp_path)
+    path = store.pull(TINY)
+    markers = sum(p.stat().st_size for p in path.parent.rglob(".*.verified"))
+    assert (disk_usage(TINY), linked_usage(TINY)) == (markers, len(MAIN) + len(EXTRA))
+    assert main(["models", "list", "--json"]) == 0
+    [row] = json.loads(capsys.readouterr().out)
+    assert (row["disk_bytes"], row["linked_bytes"]) == (markers, len(MAIN) + len(EXTRA))
+    assert main(["models", "list"]) == 0
+    out, err = capsys.readouterr()
+    assert f"linked: {TINY} (" in err and "no space beyond the packages'" in err
+    assert remove(TINY) and disk_usage(TINY) == linked_usage(TINY) == 0
+    assert _package_file(tmp_path).read_bytes() == MAIN  # the package keeps its file
+
+
+def test_a_copied_model_counts_as_its_own(tiny, tmp_path, monkeypatch, capsys):
+    _installed(monkeypatch, tmp_path)
+    monkeypatch.setattr(store.os, "link", lambda *_: (_ for _ in ()).throw(OSError(errno.EXDEV, "x")))
+    path = store.pull(TINY)
+    markers = sum(p.stat().st_size for p in path.parent.rglob(".*.verified"))
+    assert (disk_usage(TINY), linked_usage(TINY)) == (markers + len(MAIN) + len(EXTRA), 0)
+    assert main(["models", "list"]) == 0
+    assert "linked:" not in capsys.readouterr().err

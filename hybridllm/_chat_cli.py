@@ -10,7 +10,7 @@ from typing import Any
 
 from ._cli_sampling import _sampling
 from ._cli_terminal import _decode_stdin_leniently, _isatty, _note, _style, _text, _UsageError, trace_line
-from ._exceptions import CloudError, ContextWindowExceededError, HybridLLMError
+from ._exceptions import CloudError, ConfigError, ContextWindowExceededError, HybridLLMError
 from ._finite import finite_json
 
 
@@ -77,6 +77,7 @@ def cmd_ask(args: argparse.Namespace) -> int:
     sampling = _sampling(args)
     messages = _messages(args, _prompt(args))
     with _client(args) as llm:
+        _check_tools(llm, sampling)
         if args.json:
             print(finite_json(llm.chat(messages, **sampling).to_dict()))  # NaN: null
             return 0
@@ -97,6 +98,21 @@ def cmd_ask(args: argparse.Namespace) -> int:
                 print(f"{call.function.name}({call.function.arguments})", flush=True)
             _note(trace_line(stream.completion))
     return 0
+
+
+def _check_tools(llm: Any, sampling: dict[str, Any]) -> None:
+    """``--tools`` with no model here to call them: said in the CLI's terms (the library's error
+    names its keyword arguments, ``cloud_url=`` and ``edge_model``). Asked once the model is loaded,
+    since its chat template tells whether it reads tools."""
+    if sampling.get("tools") is None or sampling.get("tool_choice") == "none" or llm.cloud is not None:
+        return
+    probe = getattr(llm.edge, "calls_tools", None)
+    if callable(probe) and probe():
+        return
+    raise ConfigError(f"--tools needs a model that calls tools, and the device model ({llm.edge.model}) "
+                      "has no tool format in its chat template: pass --model "
+                      "qwen2.5-coder-0.5b-instruct, set a cloud that calls them (HYBRIDLLM_CLOUD_URL, "
+                      "or cloud_url in config.toml), or add --tool-choice none for a text answer.")
 
 
 CHAT_HELP = ("/reset clears the conversation, /exit (or Ctrl-D) quits, /help shows this; "

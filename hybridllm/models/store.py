@@ -137,8 +137,10 @@ def _copy_parts(parts: list[Path], dest: Path, file: FileSpec, progress: Progres
 
 def _linked(src: Path, dest: Path, file: FileSpec, progress: Progress | None) -> bool:
     """Put the package's own file at ``dest`` as a hard link, so a model installed once takes its
-    size on the disk once, not twice (the 1.5B cloud model is 1.1 GB); False where the system has
-    no link between the two (another file system, FAT, a refusal), and the caller copies.
+    size on the disk once, not twice; False where the system has no link between the two (another
+    file system, FAT, a refusal), and the caller copies. Only a file its package carries whole is
+    linked (SmolLM2's GGUF, MiniLM's files); one split over several packages (Gemma's, Qwen's) is
+    joined into a file of its own, a copy.
 
     The link is made under a temporary name, hashed and checked, then renamed into place, as a copy
     is. pip replaces a package's files (new ones on upgrade, removed on uninstall), never writes

@@ -20,6 +20,8 @@ from typing import Any
 
 from ._index import Matcher
 
+_TAG = b"<tool_call>"
+
 
 class CallsMatcher:
     """Where an auto answer stands: free text (``held`` None) or inside a call (``held``: the
@@ -63,8 +65,11 @@ class CallsMatcher:
             self._start = False
         if self._start:
             return
-        tag = self._text.rfind(b"<tool_call>", self._from)
-        keep = tag if tag >= 0 else max(self._from, len(self._text) - len(b"<tool_call>") + 1)
+        tag = self._text.rfind(_TAG, self._from)
+        if tag >= 0 and not self._grammar.may_follow_tag(self._text[tag + len(_TAG):]):
+            tag = -1  # a tag that prose follows: no call begins there any more
+            self._from = len(self._text) - len(_TAG) + 1
+        keep = tag if tag >= 0 else max(self._from, len(self._text) - len(_TAG) + 1)
         self._text, self._from = self._text[keep:], 0
 
     def _release(self) -> None:
@@ -140,13 +145,19 @@ class ToolCallsGrammar:
                 return True
         return rest[:1] == b"{" and len(rest) <= self._head_room
 
+    def may_follow_tag(self, text: bytes) -> bool:
+        """Whether ``text`` (what follows a ``<tool_call>`` tag) may still become a call: white
+        space, then the start of an object whose head is not yet whole."""
+        rest = text.lstrip()
+        return not rest or (rest[:1] == b"{" and len(rest) <= self._head_room)
+
     def call_start(self, text: bytes, start: bool, since: int) -> int | None:
         """Where a call's ``{`` is in ``text`` once its name is whole (None: no call begun)."""
         if start:
             found = self._bare.match(text)
             if found is not None:
                 return found.start(1)
-        tag = text.rfind(b"<tool_call>", since)
+        tag = text.rfind(_TAG, since)
         if tag >= 0:
             found = self._tagged.match(text, tag)
             if found is not None:

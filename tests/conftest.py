@@ -157,6 +157,27 @@ class _WholeModules:
         return Scheduler(config, log)
 
 
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """One line on the free disk space where the suite writes its temporary folders (models pulled,
+    exports built, a wheel's venv), shown under ``-q`` too: the first thing to look at when a run
+    fails with ``No space left on device`` (ENOSPC), as one CI run did at 94%."""
+    import shutil
+    import tempfile
+
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is None or hasattr(session.config, "workerinput"):  # an xdist worker: the main says it
+        return
+    where = tempfile.gettempdir()
+    free = shutil.disk_usage(where).free / 2**30
+    short = " (too little: expect ENOSPC failures)" if free < _PEAK_GIB else ""
+    reporter.write_line(f"disk: {free:.1f} GiB free under {where}; a whole run writes up to about "
+                        f"{_PEAK_GIB} GiB there{short}")
+
+
+# measured by sampling `du` of pytest's folder through a fresh-clone `make test` (README, Development)
+_PEAK_GIB = 5
+
+
 def pytest_configure(config: pytest.Config) -> None:
     if config.pluginmanager.hasplugin("xdist") and config.getoption("dist", None) == "loadscope":
         config.pluginmanager.register(_WholeModules(), "hybridllm-whole-modules")

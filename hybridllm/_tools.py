@@ -152,7 +152,12 @@ def check_calls(value: Any, where: str) -> list[dict[str, Any]]:
 def uses_tools(messages: list[dict[str, Any]], tools: Any) -> bool:
     """A request that gives tools, or whose conversation holds calls or their results: its answer
     depends on what the tools did, so the semantic cache neither serves nor keeps it."""
-    return bool(tools) or any(m.get("tool_calls") or m.get("role") == "tool" for m in messages)
+    return bool(tools) or has_tool_turns(messages)
+
+
+def has_tool_turns(messages: list[dict[str, Any]]) -> bool:
+    """The conversation holds calls (an assistant's ``tool_calls``) or their results (``tool``)."""
+    return any(m.get("tool_calls") or m.get("role") == "tool" for m in messages)
 
 
 @dataclass(frozen=True)

@@ -70,3 +70,24 @@ def test_the_async_client_and_a_stream_take_it_too():
             return [done.text, text]
 
     assert asyncio.run(main()) == ["device answer", "device answer"]
+
+
+def test_a_conversation_with_calls_still_needs_a_model_that_reads_them():
+    """The turn after a call: its call and result are written out only by a template with a tool
+    format, so with tool_choice "none" too it goes to the cloud (the real 1.5B case in
+    ``tests/e2e/test_real_tools_library_review36.py``)."""
+    call = {
+        "id": "c1",
+        "type": "function",
+        "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
+    }
+    turns = [
+        {"role": "user", "content": "Weather in Paris?"},
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "c1", "content": '{"temp_c": 18}'},
+    ]
+    with HybridLLM(edge=_device(), cloud=_cloud(), policy=EdgeRouter(), cache=False) as llm:
+        done = llm.chat(turns, tools=[WEATHER], tool_choice="none")
+        assert (done.route, done.text) == ("cloud", "cloud answer")
+    with HybridLLM(edge=_device(), cache=False) as llm, pytest.raises(ConfigError, match="cloud_url"):
+        llm.chat(turns, tools=[WEATHER], tool_choice="none")

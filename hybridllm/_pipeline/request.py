@@ -8,6 +8,7 @@ from typing import Any
 from .._exceptions import InvalidRequestError
 from .._message_text import check_namespace
 from .._tool_plan import plan_of
+from .._tools import has_tool_turns
 from .._types import GenerationParams, Messages, Usage
 
 
@@ -81,9 +82,13 @@ class Request:
 
     @property
     def calls_tools(self) -> bool:
-        """The answer may call the request's tools: tools given, and tool_choice not "none" (whose
-        answer is text, with no tools in the prompt, so any model can give it)."""
-        return plan_of(self.params) is not None
+        """The request needs a model that reads tools: it gives tools and its answer may call them
+        (tool_choice not "none"), or its conversation holds calls or their results, which only a
+        template with a tool format writes out. With "none" and no such turns the answer is text
+        and the prompt holds no tools, so any model can give it."""
+        if self.params.tools is None:
+            return False
+        return plan_of(self.params) is not None or has_tool_turns(self.messages)
 
     @property
     def tools_need_cloud(self) -> bool:

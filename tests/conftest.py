@@ -175,7 +175,7 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 
 
 # measured by sampling `du` of pytest's folder through a fresh-clone `make test` (README, Development)
-_PEAK_GIB = 5
+_PEAK_GIB = 4
 
 
 def pytest_configure(config: pytest.Config) -> None:

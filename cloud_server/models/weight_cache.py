@@ -23,7 +23,6 @@ import atexit
 import contextlib
 import glob
 import hashlib
-import json
 import logging
 import math
 import os
@@ -40,6 +39,12 @@ import torch
 
 from hybridllm._files import fsync_file, fsync_folder
 
+# the format and header reading are the model store's too (`models list` / `remove` find a model's
+# converted weights by the source their header records, without torch)
+from hybridllm.models.engine_weights import FOLDER, FORMAT
+from hybridllm.models.engine_weights import read_header as _read_header
+from hybridllm.models.engine_weights import read_metadata as _read_metadata
+
 from .finite import all_finite
 
 try:
@@ -49,7 +54,6 @@ except ImportError:  # Windows: no flock; partial folders of other processes are
 
 logger = logging.getLogger(__name__)
 
-FORMAT = "hybridllm-engine-weights"
 VERSION = "2"  # bump when convert_weights changes what it produces
 _Q, _Q4, _SCALE = "#int8", "#int4", "#scale"  # suffixes of a quantized matrix's two tensors
 
@@ -65,14 +69,6 @@ def _enabled_by_env() -> bool:
 
 _DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16, "F64": torch.float64,
            "I8": torch.int8, "U8": torch.uint8, "I16": torch.int16, "I32": torch.int32, "I64": torch.int64}
-
-
-def _read_header(fh: Any, size: int) -> dict[str, Any]:
-    """A safetensors file's JSON header (``fh`` at its start; ``size``: the file's bytes)."""
-    (n,) = struct.unpack("<Q", fh.read(8))
-    if n > size - 8:
-        raise ValueError(f"header of {n} bytes in a {size}-byte file")
-    return json.loads(fh.read(n))
 
 
 def _read_safetensors(path: Path) -> tuple[dict[str, str], dict[str, torch.Tensor]]:
@@ -100,13 +96,6 @@ def _read_safetensors(path: Path) -> tuple[dict[str, str], dict[str, torch.Tenso
                 raise ValueError(f"{name}: short read")
             tensors[name] = t
     return meta, tensors
-
-
-def _read_metadata(path: Path) -> dict[str, str]:
-    """The ``__metadata__`` of a safetensors file's header, without reading any tensor."""
-    with open(path, "rb") as fh:
-        meta = _read_header(fh, path.stat().st_size).get("__metadata__")
-    return meta if isinstance(meta, dict) else {}
 
 
 @dataclass(frozen=True)
@@ -140,7 +129,7 @@ class WeightCache:
             if root is None:
                 from hybridllm._paths import data_dir
 
-                root = data_dir() / "engine-weights"
+                root = data_dir() / FOLDER
         except (OSError, ImportError) as exc:
             logger.warning("engine weight cache off: %s", exc)
             return None

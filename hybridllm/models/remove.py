@@ -6,7 +6,9 @@ What belongs to a model id, all under the data dir:
   every precision (``onnx-<precision>-cpu/``), a failed build's log, and the temporary files and
   folders of a pull or a build that was killed;
 - for the cache's embedder (``minilm-l6-v2``): ``embedders/<id>/`` and every ``rerankers/<id>-<digest>/``,
-  the ONNX exports built from its weights (the cache builds them again on its next use).
+  the ONNX exports built from its weights (the cache builds them again on its next use);
+- the cloud engine's int8 / int4 conversions of its GGUF, ``engine-weights/*.safetensors`` whose
+  header names a source inside ``models/<id>/`` (a cloud server converts it again on its next start).
 
 Nothing is shared between models, so removing one never touches another's files. Links are never
 followed: a link among these paths is unlinked, and a path whose folder resolves outside the data
@@ -29,6 +31,7 @@ from .._exceptions import ModelError, ModelNotFoundError
 from .._locks import HAVE_LOCKS, lock_exclusive  # without locks (Windows) removed without one
 from .._paths import data_dir
 from .catalog import ModelSpec, did_you_mean, find_spec, load_catalog
+from .engine_weights import converted_from
 from .store import _folder_lock, model_dir
 
 _CACHE_LOCK = ".prepare.lock"  # the cache's preparers lock this file in their folder
@@ -127,7 +130,8 @@ def _tops(model_id: str) -> list[Path]:
     spec = spec_of(model_id)
     if not spec.id or spec.id in (".", "..") or "/" in spec.id or os.sep in spec.id:
         raise ModelError(f"Catalog id {spec.id!r} is not a plain name; refusing to remove it.")
-    return [p for p in (model_dir(spec), *_cache_exports(spec)) if _exists(p)]
+    folder = model_dir(spec)
+    return [p for p in (folder, *_cache_exports(spec), *converted_from(folder)) if _exists(p)]
 
 
 def plan(model_id: str) -> list[Entry]:

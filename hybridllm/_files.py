@@ -37,21 +37,35 @@ def replacing(path: Path) -> Iterator[Path]:
     as it was, and the error is raised. Made with the umask's permissions, as ``open`` makes a file.
     """
     while True:
-        tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.{os.getpid()}.tmp")
+        tmp = temporary_name(path)
         try:  # O_EXCL: never another writer's file, nor a leftover of a process of the same pid
             os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
             break
         except FileExistsError:  # pragma: no cover - 1 in 4 billion
             continue
-    try:
+    with renamed_into_place(tmp, path):
         yield tmp
         fsync_file(tmp)
+
+
+def temporary_name(path: Path) -> Path:
+    """``.{path.name}.{random}.{pid}.tmp`` beside ``path`` (see :func:`replacing`)."""
+    return path.with_name(f".{path.name}.{secrets.token_hex(4)}.{os.getpid()}.tmp")
+
+
+@contextlib.contextmanager
+def renamed_into_place(tmp: Path, path: Path) -> Iterator[None]:
+    """Rename the whole file ``tmp`` onto ``path`` when the block ends without an error, then
+    fsync the folder; on any error (``KeyboardInterrupt`` too) remove ``tmp`` and raise."""
+    try:
+        yield
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):
             tmp.unlink(missing_ok=True)
         raise
     fsync_folder(path.parent)
+
 
 
 @contextlib.contextmanager

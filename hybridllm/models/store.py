@@ -15,13 +15,12 @@ import hashlib
 import json
 import os
 import re
-import secrets
 import stat
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from .._exceptions import ModelCorruptError, ModelError
-from .._files import atomic_write, fsync_folder, remove_leftovers
+from .._files import atomic_write, remove_leftovers, renamed_into_place, temporary_name
 from .._locks import HAVE_LOCKS, lock_exclusive
 from .._paths import data_dir
 from ._sources import _source_parts, _version_note
@@ -146,19 +145,13 @@ def _linked(src: Path, dest: Path, file: FileSpec, progress: Progress | None) ->
     is. pip replaces a package's files (new ones on upgrade, removed on uninstall), never writes
     into them, so the model stays as checked when its package changes or goes; only a write into
     the file itself reaches both names, and `hybridllm models verify` finds that."""
-    tmp = dest.with_name(f"{_tmp_prefix(dest)}{secrets.token_hex(4)}.{os.getpid()}.tmp")
+    tmp = temporary_name(dest)  # one _remove_stale_tmps recognises (.NAME.*.tmp)
     try:
         os.link(src, tmp)
     except OSError:
         return False
-    try:
+    with renamed_into_place(tmp, dest):
         _check_digest(file, sha256_file(tmp, progress))
-        os.replace(tmp, dest)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            tmp.unlink(missing_ok=True)
-        raise
-    fsync_folder(dest.parent)
     _write_marker(dest, file.sha256)
     return True
 

@@ -106,8 +106,7 @@ def _check_tools(llm: Any, sampling: dict[str, Any]) -> None:
     since its chat template tells whether it reads tools."""
     if sampling.get("tools") is None or sampling.get("tool_choice") == "none" or llm.cloud is not None:
         return
-    probe = getattr(llm.edge, "calls_tools", None)
-    if callable(probe) and probe():
+    if llm._core._edge_calls_tools():  # the client's own probe, asked once
         return
     raise ConfigError(f"--tools needs a model that calls tools, and the device model ({llm.edge.model}) "
                       "has no tool format in its chat template: pass --model "

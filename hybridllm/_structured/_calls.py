@@ -134,20 +134,16 @@ class ToolCallsGrammar:
         a start of a JSON fence or of an object. An object that is no call is let go once its
         head is whole (past a name's length and the keys' room)."""
         rest = text.lstrip()
-        if not rest:
-            return True
         if rest[:1] == b"`":
             fence = b"```json"
             if not (rest.startswith(fence) or fence.startswith(rest)):
                 return False
-            rest = rest[len(fence):].lstrip() if rest.startswith(fence) else b""
-            if not rest:
-                return True
-        return rest[:1] == b"{" and len(rest) <= self._head_room
+            rest = rest[len(fence):] if rest.startswith(fence) else b""
+        return self.may_follow_tag(rest)
 
     def may_follow_tag(self, text: bytes) -> bool:
-        """Whether ``text`` (what follows a ``<tool_call>`` tag) may still become a call: white
-        space, then the start of an object whose head is not yet whole."""
+        """Whether ``text`` (what follows a ``<tool_call>`` tag, or a bare call's fence) may still
+        become a call: white space, then the start of an object whose head is not yet whole."""
         rest = text.lstrip()
         return not rest or (rest[:1] == b"{" and len(rest) <= self._head_room)
 

@@ -22,10 +22,15 @@ FOLDER = "engine-weights"
 FORMAT = "hybridllm-engine-weights"
 
 
+# far past the header of any model's tensors (the 1.5B's is under 100 kB): a damaged length is
+# refused instead of read, which for a 1.6 GB file was the whole file, at every `models list`
+MAX_HEADER_BYTES = 100 << 20
+
+
 def read_header(fh: IO[bytes], size: int) -> dict[str, Any]:
     """A safetensors file's JSON header (``fh`` at its start; ``size``: the file's bytes)."""
     (n,) = struct.unpack("<Q", fh.read(8))
-    if n > size - 8:
+    if n > min(size - 8, MAX_HEADER_BYTES):
         raise ValueError(f"header of {n} bytes in a {size}-byte file")
     header = json.loads(fh.read(n))
     if not isinstance(header, dict):

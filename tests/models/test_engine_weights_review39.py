@@ -95,3 +95,14 @@ def test_the_engines_own_cache_file_is_found(home: Path) -> None:
     assert cache.read() is not None  # the shared header reader still serves the engine
     remove(SMOL)
     assert not cache.file.exists()
+
+
+def test_a_damaged_header_length_is_refused_not_read(home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A length past the cap is refused before any byte of it is read (a 1.6 GB file whose first
+    8 bytes were damaged was read whole, as its header, by every `models list`)."""
+    monkeypatch.setattr(engine_weights, "MAX_HEADER_BYTES", 64)
+    gguf = _gguf(home, SMOL)
+    big = _converted(home, "big.safetensors", os.path.realpath(gguf), pad=0)
+    with pytest.raises(ValueError, match="header of"):
+        engine_weights.read_metadata(big)
+    assert engine_weights.converted_from(gguf.parent) == []

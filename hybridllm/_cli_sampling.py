@@ -249,12 +249,14 @@ def add_tools(p: argparse.ArgumentParser) -> None:
                    help="tools the model may call, from FILE (OpenAI's tools array as JSON); calls "
                         "print as name({arguments}) lines (default: no tools)")
     p.add_argument("--tool-choice", default=None, metavar="auto|none|required|NAME",
+                   type=given("auto, none, required or the name of a tool in the --tools file"),
                    help="with --tools: auto (the default), none, required, or the name of the tool "
                         "to call")
 
 
 def _sampling(args: argparse.Namespace) -> dict[str, Any]:
     """The sampling options, checked together (the --stop strings too) before anything loads."""
+    from ._exceptions import InvalidRequestError
     from ._types import GenerationParams
 
     tools = getattr(args, "tools", None)
@@ -269,5 +271,32 @@ def _sampling(args: argparse.Namespace) -> dict[str, Any]:
                 "response_format": _response_format(args)}
     if args.stop and len(args.stop) > MAX_STOP:  # a usage error naming the option, as the others
         raise _UsageError(f"argument --stop: at most {MAX_STOP} stop strings, got {len(args.stop)}.")
-    GenerationParams.from_kwargs(**options)
+    if tools is not None:
+        _check_tool_options(args, tools, choice)
+    try:
+        GenerationParams.from_kwargs(**options)
+    except InvalidRequestError as exc:  # options that clash: a usage error (exit 2), as each one's own
+        raise _UsageError(str(exc)) from None
     return options
+
+
+# the option that set the answer's format, by the argparse name it is stored under
+_FORMAT_OPTIONS = {"json_object": "--json-object", "json_schema": "--json-schema", "choice": "--choice",
+                   "regex": "--regex"}
+
+
+def _check_tool_options(args: argparse.Namespace, tools: list[dict[str, Any]], choice: str | None) -> None:
+    """--tools with a --tool-choice naming no tool in the file, or with a format option, said in the
+    options' own terms as a usage error (exit 2) before anything loads. The request's rules said it
+    in the library's (`Invalid 'tool_choice': no function named ... in 'tools'`, `tools cannot be
+    combined with response_format ... tool_choice='none'`), as an error of the run, exit 1."""
+    names = [t.get("function", {}).get("name") for t in tools if isinstance(t, dict)]
+    if choice not in (None, "auto", "none", "required") and choice not in names:
+        raise _UsageError(f"argument --tool-choice: the --tools file has no tool named {choice!r} (its "
+                          f"tools: {', '.join(map(str, names))}); name one of them, or give auto, none "
+                          "or required.")
+    formats = [name for attr, name in _FORMAT_OPTIONS.items() if getattr(args, attr, None)]
+    if formats and choice != "none":
+        raise _UsageError(f"--tools cannot be combined with {formats[0]}: a tool call's arguments follow "
+                          f"the tool's own parameters schema; leave one of them out, or add --tool-choice "
+                          f"none for an answer in the {formats[0]} format.")

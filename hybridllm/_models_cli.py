@@ -65,8 +65,11 @@ def cmd_models_list(args: argparse.Namespace) -> int:
 def cmd_models_remove(args: argparse.Namespace) -> int:
     from .models.remove import RemoveIncompleteError, disk_usage, human_size, plan, remove
 
-    ids = list(dict.fromkeys(args.ids))
-    plans = {mid: plan(mid) for mid in ids}  # an unknown id is refused here, before anything goes
+    # in the catalog's spelling, so one model named twice (`rm gemma3-270m Gemma3-270M`) is removed
+    # once, not reported a second time as "removed ...: 0 paths"; an unknown id is refused here,
+    # before anything goes
+    ids = list(dict.fromkeys(_catalog_id(mid) for mid in args.ids))
+    plans = {mid: plan(mid) for mid in ids}
     for mid in ids:
         if not plans[mid]:
             print(f"{mid}: nothing on disk")

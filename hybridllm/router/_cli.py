@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import argparse
 import math
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from .._cli_options import given, non_negative_int, positive_float, positive_int, unit_interval
@@ -21,6 +23,24 @@ from ._cli_eval import (
 _FILE = given("a file path")
 _FOLDER = given("a folder path")
 _ROUTER = given("a router folder (leave --router out for the shipped router)")
+
+
+def _input_file(what: str) -> Callable[[str], str]:
+    """An argparse type for a file the command reads (``what``: the kind of file, for the message):
+    blank is refused as by _FILE, and so is a folder (`--data data/`), which the readers reported
+    as not existing ("data does not exist"), sending the user to look for a typo in a path that is
+    there. A path that is not there is left to the readers, whose message says what to pass."""
+
+    def parse(text: str) -> str:
+        _FILE(text)
+        if Path(text).expanduser().is_dir():
+            raise argparse.ArgumentTypeError(f"{text} is a folder, not a file; pass {what}")
+        return text
+
+    return parse
+
+
+_LABELLED = _input_file("a labelled RouteLLM-format CSV or JSON Lines file")
 
 # how --weak-col / --strong-col are found when not given (dataset.load_routellm_csv)
 _DETECTED = "the file's two True/False or score columns, the strong one told by the names or accuracy"
@@ -47,14 +67,16 @@ def _inverse_strength(text: str) -> float:
 
 def register(subparsers: Any) -> None:
     router = subparsers.add_parser("router", help="train, evaluate and calibrate the router")
-    sub = router.add_subparsers(dest="router_command", required=True)
+    # ACTION, as the other groups name it: without a metavar, `hybridllm router` alone said "the
+    # following arguments are required: router_command", the attribute's name in the code
+    sub = router.add_subparsers(dest="router_command", metavar="ACTION", required=True)
 
     p = sub.add_parser("train", help="train a router on labelled CSV (RouteLLM's format) or JSON Lines files")
     p.add_argument(
         "--data",
         required=True,
         action="append",
-        type=_FILE,
+        type=_LABELLED,
         help="labelled file, CSV or JSON Lines, with a prompt column and two model score "
         "columns (True/False or graded); repeat it to train on several sources "
         "(cross-validation still folds by question)",
@@ -71,7 +93,7 @@ def register(subparsers: Any) -> None:
         "--cascade-data",
         action="append",
         default=None,
-        type=_FILE,
+        type=_LABELLED,
         help="labelled CSV (from `router label`) whose edge log-probabilities only calibrate the "
         "cascade's floor, without training the scorer; repeatable (default: the --data files' own, "
         "else -1.0)",
@@ -112,7 +134,7 @@ def register(subparsers: Any) -> None:
     p.set_defaults(func=_train, usage_error=p.error)
 
     p = sub.add_parser("eval", help="RouteLLM metrics of a router on a labelled CSV or JSON Lines file")
-    p.add_argument("--data", required=True, type=_FILE,
+    p.add_argument("--data", required=True, type=_LABELLED,
                    help="labelled file, CSV or JSON Lines (as for train)")
     p.add_argument("--router", type=_ROUTER, help="router folder (default: the shipped router)")
     p.add_argument("--weak-col", help="the weak model's column (default: the router's training "
@@ -130,7 +152,8 @@ def register(subparsers: Any) -> None:
     p.set_defaults(func=_eval)
 
     p = sub.add_parser("label", help="run an edge and a cloud model on questions, write a CSV")
-    p.add_argument("--data", required=True, type=_FILE, help="JSONL with question and answer per line")
+    p.add_argument("--data", required=True, type=_input_file("a JSONL file of questions"),
+                   help="JSONL with question and answer per line")
     p.add_argument("--edge", required=True, type=given("a catalog model id or a GGUF file path"),
                    help="catalog id or GGUF path of the edge model")
     p.add_argument("--cloud", required=True, type=_http_url, help="OpenAI-compatible base URL")
@@ -179,7 +202,7 @@ def register(subparsers: Any) -> None:
     p.add_argument(
         "--prompts",
         required=True,
-        type=_FILE,
+        type=_input_file("a file of prompts"),
         help="JSON Lines (strings or objects), CSV/TSV with a prompt column, or one prompt a line",
     )
     _prompt_col_arg(p)

@@ -26,10 +26,21 @@ def _token(decode: Any, token_id: int, token_bytes: Any = None) -> str:
     return decode([token_id])
 
 
-def chat_logprobs(entries: list[Any], decode: Any, token_bytes: Any = None) -> dict[str, Any]:
+def _textless(token_id: int, names: dict[int, str] | None) -> str:
+    """The name of a token that adds no text (a control token such as ``<|im_end|>``, an id past
+    the tokenizer's list): its marker's name where the tokenizer has one, else vLLM's
+    ``token_id:N``. Every such token read "", so a legacy ``top_logprobs`` dict (keyed by name)
+    kept one of them, with another's logprob, and a chat entry did not say which token it was."""
+    name = (names or {}).get(token_id)
+    return name if name else f"token_id:{token_id}"
+
+
+def chat_logprobs(entries: list[Any], decode: Any, token_bytes: Any = None, *,
+                  names: dict[int, str] | None = None) -> dict[str, Any]:
     """OpenAI's chat shape: ``{"content": [{token, logprob, bytes, top_logprobs}]}``. ``bytes`` are
     the token's own (``token_bytes``): a token that is only part of a character has its text
-    U+FFFD but its real bytes, so the entries' bytes joined are the answer's UTF-8."""
+    U+FFFD but its real bytes, so the entries' bytes joined are the answer's UTF-8. A token that
+    adds no text is named (``_textless``; ``names``: the tokenizer's markers), its ``bytes`` empty."""
 
     def item(token_id: int, logprob: float) -> dict[str, Any]:
         if token_bytes is None:
@@ -38,22 +49,26 @@ def chat_logprobs(entries: list[Any], decode: Any, token_bytes: Any = None) -> d
         else:  # one call: the text is the bytes' (_token)
             raw = token_bytes(token_id)
             text = raw.decode("utf-8", errors="replace")
-        return {"token": text, "logprob": _logprob(logprob), "bytes": list(raw)}
+        return {"token": text or _textless(token_id, names), "logprob": _logprob(logprob), "bytes": list(raw)}
 
     return {"content": [
         {**item(e.token_id, e.logprob), "top_logprobs": [item(t, lp) for t, lp in e.top]} for e in entries
     ]}
 
 
-def text_logprobs(entries: list[Any], decode: Any, token_bytes: Any = None) -> dict[str, Any]:
+def text_logprobs(entries: list[Any], decode: Any, token_bytes: Any = None, *,
+                  names: dict[int, str] | None = None) -> dict[str, Any]:
     """The legacy shape: parallel lists; each ``top_logprobs`` dict holds the N most likely
     tokens and the emitted one (so up to N + 1 entries, as OpenAI's); offsets into ``text``.
     This shape has no ``bytes``: a token that is only part of a character is named by its bytes,
     as OpenAI does (``bytes:\\xe6\\x97``), so such tokens neither read as U+FFFD nor share one
-    key in a ``top_logprobs`` dict (which kept one of them and lost the others)."""
+    key in a ``top_logprobs`` dict (which kept one of them and lost the others); a token that adds
+    no text is named too (``_textless``), for the same reason."""
 
     def name(token_id: int) -> str:
         text = _token(decode, token_id, token_bytes)
+        if not text:
+            return _textless(token_id, names)
         if "\ufffd" in text and token_bytes is not None:
             raw = token_bytes(token_id)
             if raw != text.encode("utf-8"):

@@ -31,7 +31,7 @@ from hybridllm.wire.responses import (
 
 from .errors import error_body, error_kind
 from .generation import Choices, Engine, Prepared, _ClosingEvents
-from .logprobs import chat_logprobs, text_logprobs
+from .logprobs import _textless, chat_logprobs, text_logprobs
 from .metrics import RequestTimer, ServerMetrics
 from .protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
 
@@ -78,12 +78,14 @@ class OpenAIServing:
         self.model_name = model_name
         self.metrics = metrics
         self.system_prompt = system_prompt
+        self._markers: dict[int, str] | None = None  # _marker_names
 
     # -- request preparation -------------------------------------------------------------------
 
     def prepare(self, req: ChatCompletionRequest | CompletionRequest) -> Prepared:
         """Tokenize and check ``req`` (CPU work: the server runs this in a worker thread)."""
         arrival = time.perf_counter()
+        _check_n_fits(req.n, getattr(self.engine, "config", None))
         tokenizer = self.engine.tokenizer
         if isinstance(req, ChatCompletionRequest):
             kind, prefix = "chat", "chatcmpl"
@@ -94,6 +96,9 @@ class OpenAIServing:
             format_stops, tools = [], None
             prompt = req.single_prompt()
             prompt_ids = list(tokenizer.encode(prompt)) if isinstance(prompt, str) else list(prompt)
+            if not isinstance(prompt, str):  # "prompt": [[ids]] is a batch of one
+                where = "prompt[0]" if prompt is not req.prompt else "prompt"
+                _check_prompt_ids(prompt_ids, _vocab_size(tokenizer), where)
         if not prompt_ids:
             raise InvalidRequestError("The prompt is empty after tokenization.", param="prompt")
         max_len = int(self.engine.max_model_len)
@@ -176,7 +181,10 @@ class OpenAIServing:
         else:  # as /v1/completions reads it (its BOS too, unless add_special_tokens is false)
             ids = list(tokenizer.encode(req.prompt) if req.add_special_tokens
                        else tokenizer.encode(req.prompt, add_special=False))
-        strs = [valid_text(tokenizer.decode([i])) for i in ids] if req.return_token_strs else None
+        # a control token decodes to nothing: named as logprobs name it (<|im_start|>, not "")
+        names = self._marker_names() if req.return_token_strs else {}
+        strs = ([valid_text(tokenizer.decode([i])) or _textless(i, names) for i in ids]
+                if req.return_token_strs else None)
         return {"count": len(ids), "max_model_len": int(self.engine.max_model_len), "tokens": ids,
                 "token_strs": strs}
 
@@ -296,10 +304,48 @@ class OpenAIServing:
         if not prepared.logprobs:
             return None
         tokenizer = self.engine.tokenizer
-        if prepared.kind == "chat":
-            return chat_logprobs(entries, tokenizer.decode, getattr(tokenizer, "token_bytes", None))
-        return text_logprobs(entries, tokenizer.decode, getattr(tokenizer, "token_bytes", None))
+        shape = chat_logprobs if prepared.kind == "chat" else text_logprobs
+        return shape(entries, tokenizer.decode, getattr(tokenizer, "token_bytes", None),
+                     names=self._marker_names())
 
+    def _marker_names(self) -> dict[int, str]:
+        """The tokenizer's control tokens by id (``<|im_end|>``), to name them in logprobs; read
+        once (a tokenizer without ``marker_bytes``, as the tests' fakes: none)."""
+        if self._markers is None:
+            read = getattr(self.engine.tokenizer, "marker_bytes", None)
+            try:
+                markers = read() if callable(read) else {}
+            except NotImplementedError:
+                markers = {}
+            self._markers = {i: raw.decode("utf-8", errors="replace") for i, raw in markers.items()}
+        return self._markers
+
+
+def _check_n_fits(n: int, config: Any) -> None:
+    """A 400 for ``n`` choices more than the engine can hold at once (``config``: its EngineConfig;
+    None, as a cluster's engine, checks nothing). Each choice is a request of its own, and an idle
+    engine takes ``max_num_seqs`` into its batch and ``max_waiting`` more into its queue: past that
+    the request can never be admitted, yet it was a 429 with Retry-After 1, which clients (the
+    openai one among them) retried in vain before failing with a rate-limit error."""
+    seqs, waiting = getattr(config, "max_num_seqs", None), getattr(config, "max_waiting", None)
+    if not (isinstance(seqs, int) and isinstance(waiting, int)) or n <= seqs + waiting:
+        return
+    raise InvalidRequestError(
+        f"Invalid value for 'n': {n} choices are more than this server can hold at once ({seqs} "
+        f"running and {waiting} waiting, its --max-num-seqs and --max-waiting); send n <= "
+        f"{seqs + waiting}, or the choices as several requests.", param="n")
+
+
+def _check_prompt_ids(ids: list[int], vocab_size: int | None, where: str = "prompt") -> None:
+    """A token-id prompt's ids are the tokenizer's (as ``logit_bias``'s and ``/detokenize``'s): a
+    400 naming the first one past it and the range. The engine's own refusal said only "prompt
+    token ids out of the vocabulary", naming neither the id nor where it was."""
+    if vocab_size is None:
+        return
+    for i, token in enumerate(ids):
+        if token >= vocab_size:
+            raise InvalidRequestError(f"Invalid '{where}[{i}]': {token} is not a token id of this model (its "
+                                      f"vocabulary is 0..{vocab_size - 1}).", param=f"{where}[{i}]")
 
 
 def _tools_for(req: Any, tokenizer: Any) -> Any:

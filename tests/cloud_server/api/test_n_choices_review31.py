@@ -368,7 +368,10 @@ def test_bounds_and_the_document(server: ThreadServer) -> None:
 
 def test_a_full_queue_refuses_the_whole_request() -> None:
     """Each choice counts against the queue: 2 batch slots and 1 waiting place hold 3 choices, so
-    n=4 is a 429 (not 3 choices served), its admitted choices aborted; n=3 is served."""
+    n=4 is a 429 (not 3 choices served), its admitted choices aborted; n=3 is served. The engine's
+    config keeps the default 16 slots, so the server's capacity check (an ``n`` no idle server could
+    hold is a 400, test_n_capacity_review40) lets n=4 through: a scheduler smaller than its config
+    stands in for a server whose other slots are busy."""
     engine = _engine(max_num_seqs=2, max_waiting=1)
     srv = ThreadServer(create_app(lambda: engine, served_model_name=MODEL, energy="off")).start()
     try:

@@ -84,6 +84,7 @@ from .wire.shutdown import (
     until_expired,
 )
 from .wire.sse import EventStreamResponse, client_gone, on_client_disconnect
+from .wire.urls import url_hint
 
 logger = logging.getLogger("hybridllm.proxy")
 API_KEYS_ENV = "HYBRIDLLM_SERVE_API_KEYS"
@@ -130,8 +131,8 @@ def create_app(llm: HybridLLM, *, model_name: str = "hybridllm", api_keys: list[
     @app.exception_handler(StarletteHTTPException)
     async def on_http_error(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, StarletteHTTPException)
-        message = (f"Invalid URL ({request.method} {request.url.path})" if exc.status_code == 404
-                   else str(exc.detail))
+        message = (f"Invalid URL ({request.method} {request.url.path}){url_hint(request)}"
+                   if exc.status_code == 404 else str(exc.detail))
         return _error(exc.status_code, message, "invalid_request_error", headers=exc.headers)
 
     @app.exception_handler(Exception)

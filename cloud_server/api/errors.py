@@ -19,7 +19,6 @@ from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
-from starlette.routing import Match, get_route_path
 
 from cloud_server.exceptions import (
     AuthError,
@@ -35,6 +34,7 @@ from cloud_server.exceptions import (
 from hybridllm.wire.errors import WireError
 from hybridllm.wire.middleware import AnswerUnexpected
 from hybridllm.wire.sse import on_client_disconnect
+from hybridllm.wire.urls import url_hint
 
 logger = logging.getLogger("cloud_server.api")
 
@@ -122,26 +122,6 @@ def _allowed(exc: StarletteHTTPException) -> str:
     return ", ".join(methods)
 
 
-def _url_hint(request: Request) -> str:
-    """The route a 404's path was likely meant for, as a hint: a client whose base URL lacks
-    ``/v1`` (``base_url="http://host:8000"``: ``POST /chat/completions``) or joins it with a
-    doubled slash (``/v1//chat/completions``) got a bare "Invalid URL", which did not say what to
-    change. Only a route that takes this method is named; "" when none fits."""
-    scope = request.scope
-    route_path = get_route_path(scope)
-    root = scope["path"][: len(scope["path"]) - len(route_path)]  # the app's root path, if any
-    tidy = "/" + "/".join(part for part in route_path.split("/") if part)
-    for candidate in dict.fromkeys((tidy, "/v1" + tidy)):
-        if candidate == route_path:
-            continue
-        probe = {**scope, "path": root + candidate}
-        if any(route.matches(probe)[0] == Match.FULL for route in request.app.router.routes):
-            where = (" (an OpenAI client's base_url for this server ends in /v1: http://HOST:PORT/v1)"
-                     if candidate != tidy else "")
-            return f"; did you mean {request.method} {candidate}?{where}"
-    return ""
-
-
 def install_error_handlers(app: FastAPI, *, on_status: Callable[[int], None] | None = None) -> None:
     """Answer every error as OpenAI JSON; ``on_status`` sees the status of each (for metrics)."""
 
@@ -163,7 +143,7 @@ def install_error_handlers(app: FastAPI, *, on_status: Callable[[int], None] | N
             return counted(error_response(exc))
         headers = exc.headers
         if exc.status_code == 404:
-            message = f"Invalid URL ({request.method} {request.url.path}){_url_hint(request)}"
+            message = f"Invalid URL ({request.method} {request.url.path}){url_hint(request)}"
         elif exc.status_code == 405:
             message = f"Method Not Allowed ({request.method} {request.url.path})"
             allowed = _allowed(exc)

@@ -9,6 +9,7 @@ SSE framing, error JSON, body limits and OpenAPI pieces. Used by ``cloud_server.
     validation.py validation_error: a pydantic error as one 400 message naming the parameter
     responses.py  chat_completion, text_completion, ChunkWriter, sse_event, DONE; document models
     errors.py     WireError, error_body, header_value
+    urls.py       url_hint: the route a 404's path was likely meant for (a base_url without /v1)
     openapi.py    request_body, error_responses, ok_response, add_schemas
 """
 

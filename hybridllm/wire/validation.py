@@ -6,6 +6,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from ._sampling import FLOAT32_TINY
 from .errors import WireError
 
 
@@ -31,6 +32,8 @@ def validation_error(exc: ValidationError) -> WireError:
     ctx = first.get("ctx") or {}
     if bound is not None and bound[1] in ctx:
         message = f"must {bound[0]} {ctx[bound[1]]!r}"  # repr: 1.1754943508222875e-38, not 0.00...
+        if kind == "greater_than_equal" and ctx[bound[1]] == FLOAT32_TINY:  # top_p: 0 read as an odd floor
+            message = f"must be > 0 (at least {FLOAT32_TINY!r}, the smallest normal float32)"
     else:
         message = str(first.get("msg", "invalid")).removeprefix("Value error, ")
     return WireError(f"Invalid value for '{param}': {message}.", param=param)

@@ -254,7 +254,7 @@ def _prompt_col_arg(p: argparse.ArgumentParser) -> None:
         default=None,
         metavar="COL",
         help="the prompt column (default: 'prompt', else the file's only 'question', 'query', "
-        "'input', 'instruction', 'text', 'messages', 'conversation' or 'turns' column)",
+        "'input', 'instruction', 'text', 'messages', 'conversation', 'turns' or 'conversations' column)",
     )
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import codecs
 import csv
 import json
 import re
@@ -25,12 +26,29 @@ PROMPT_ALIASES = (
     "messages",
     "conversation",
     "turns",
+    "conversations",  # ShareGPT's: a list of {"from": "human" | "gpt", "value": ...} turns
     "conversation_a",  # arena-style judgements: both sides hold the same user turns
 )
 JSON_SUFFIXES = (".jsonl", ".ndjson", ".json")
 TSV_SUFFIXES = (".tsv", ".tab")
 # formats that need a library the SDK does not depend on: converted first, with a hint
 BINARY_SUFFIXES = (".parquet", ".arrow", ".feather", ".xlsx", ".xls", ".pkl", ".pickle")
+
+
+def text_encoding(path: Path) -> str:
+    """The encoding to read a data file's text in: UTF-16 where it opens with UTF-16's byte-order
+    mark (Windows PowerShell 5 writes it with ``>`` and Out-File, Excel with "Unicode Text"; such a
+    file was refused as "not a readable UTF-8 CSV file", byte 0xff, with no word of what it is),
+    else UTF-8, a byte-order mark dropped (Excel, some pandas writers)."""
+    try:
+        with path.open("rb") as fh:
+            head = fh.read(2)
+    except OSError:  # said by the reader, where it matters
+        return "utf-8-sig"
+    return "utf-16" if head in (codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE) else "utf-8-sig"
+
+
+NOT_UTF8 = "save it as UTF-8 (Excel: 'CSV UTF-8'; pandas: encoding='utf-8')"
 
 
 def _text_prompt(p: Path, i: int, cell: str, json_file: bool) -> str:
@@ -76,7 +94,7 @@ def _read_table(
     if suffix not in JSON_SUFFIXES:
         csv.field_size_limit(min(sys.maxsize, 2**31 - 1))
         try:  # utf-8-sig: a byte-order mark (Excel, some pandas writers) is not part of the header
-            with path.open(newline="", encoding="utf-8-sig") as fh:
+            with path.open(newline="", encoding=text_encoding(path)) as fh:
                 delimiter, sep_line = ("\t", False) if suffix in TSV_SUFFIXES else _csv_delimiter(path)
                 reader = csv.reader(fh, delimiter=delimiter)
                 if sep_line:  # Excel's "sep=;" line: not the header (the rows keep their line numbers)
@@ -86,13 +104,13 @@ def _read_table(
                 _refuse_repeated_columns(path, columns)
                 return columns, ([] if header_only else _csv_rows(path, reader, columns, delimiter))
         except (UnicodeDecodeError, csv.Error) as exc:
-            raise DataError(f"{path} is not a readable UTF-8 CSV file ({exc}).") from exc
+            raise DataError(f"{path} is not a readable UTF-8 CSV file ({exc}); {NOT_UTF8}.") from exc
         except OSError as exc:
             raise DataError(f"{path} cannot be read ({exc.strerror or exc}).") from exc
     try:
-        text = path.read_text(encoding="utf-8-sig")
+        text = path.read_text(encoding=text_encoding(path))
     except UnicodeDecodeError as exc:
-        raise DataError(f"{path} is not UTF-8 text ({exc}).") from exc
+        raise DataError(f"{path} is not UTF-8 text ({exc}); {NOT_UTF8}.") from exc
     except OSError as exc:
         raise DataError(f"{path} cannot be read ({exc.strerror or exc}).") from exc
     records = _json_records(path, text)
@@ -161,7 +179,7 @@ def _refuse_json(path: Path) -> None:
     """A CSV-named file whose first line is a JSON object, or opens a JSON array, holds JSON (a
     .jsonl saved as .csv): read as CSV, its first record became the column names, and the error
     said it had no 'prompt' column while listing '{"prompt": ...' among them."""
-    with path.open(encoding="utf-8-sig") as fh:  # read errors: raised, as the CSV reader's
+    with path.open(encoding=text_encoding(path)) as fh:  # read errors: raised, as the CSV reader's
         line = fh.readline().strip()
     if line == "[" or line.startswith(("[{", '["')):
         suffix = ".json"  # an array
@@ -217,7 +235,7 @@ _SEP_LINE = re.compile(r'"?sep=(.)"?\r?\n?')  # Excel's first line naming the se
 def _csv_delimiter(path: Path) -> tuple[str, bool]:
     """A CSV file's delimiter, and whether its first line is Excel's "sep=X" line that names it."""
     try:
-        with path.open(newline="", encoding="utf-8-sig") as fh:
+        with path.open(newline="", encoding=text_encoding(path)) as fh:
             first = fh.readline()
             m = _SEP_LINE.fullmatch(first)
             return (m.group(1), True) if m else (_comma_or_semicolon(first), False)
@@ -271,7 +289,7 @@ def _prompt_cell(path: Path, index: int, value: object) -> str:
     """A JSON prompt: a string, or a conversation (messages or user turns) as its last user turn."""
     if value is None or isinstance(value, str):
         return value or ""
-    value = _valid_strings(value)  # half an emoji in one turn should not refuse the whole file
+    value = _sharegpt_messages(_valid_strings(value))  # half an emoji should not refuse the whole file
     if isinstance(value, list) and all(isinstance(t, str) for t in value):
         return value[-1] if value else ""  # user turns, as RouteLLM's conversation prompts hold them
     if isinstance(value, list):
@@ -285,6 +303,21 @@ def _prompt_cell(path: Path, index: int, value: object) -> str:
         f"{path} record {index + 1}: the prompt is a {type(value).__name__}; give a string, a list of "
         "user turns, or a list of {'role', 'content'} messages."
     )
+
+
+_SHAREGPT_ROLES = {"human": "user", "gpt": "assistant", "chatgpt": "assistant", "bard": "assistant",
+                   "bing": "assistant", "model": "assistant"}
+
+
+def _sharegpt_messages(value: object) -> object:
+    """ShareGPT's turns (``{"from": "human", "value": ...}``, as many chat datasets hold their
+    conversations) as OpenAI-style messages, else ``value`` as it is: they were refused as "a list
+    but not a conversation (messages[0] has role None)", so no such file could train a router."""
+    if not (isinstance(value, list) and value and all(
+            isinstance(t, dict) and "from" in t and "value" in t and "role" not in t for t in value)):
+        return value
+    return [{"role": _SHAREGPT_ROLES.get(str(t["from"]).strip().lower(), str(t["from"]).strip().lower()),
+             "content": t["value"]} for t in value]
 
 
 def _valid_strings(value: object) -> object:

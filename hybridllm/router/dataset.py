@@ -36,6 +36,7 @@ from ._dataset_scores import (
 from ._dataset_table import (
     BINARY_SUFFIXES,
     JSON_SUFFIXES,
+    NOT_UTF8,
     PROMPT_ALIASES,
     PROMPT_COL,
     TSV_SUFFIXES,
@@ -46,6 +47,7 @@ from ._dataset_table import (
     _read_table,
     _separator_hint,
     _text_prompt,
+    text_encoding,
 )
 from .preference import is_preference, judged_scores, tiers_from
 
@@ -282,9 +284,9 @@ def read_prompts(path: str | Path, prompt_col: str | None = None) -> list[str]:
     suffix = p.suffix.lower()
     if suffix in JSON_SUFFIXES:
         try:
-            text = p.read_text(encoding="utf-8-sig")
+            text = p.read_text(encoding=text_encoding(p))
         except UnicodeDecodeError as exc:
-            raise DataError(f"{p} is not UTF-8 text ({exc}).") from exc
+            raise DataError(f"{p} is not UTF-8 text ({exc}); {NOT_UTF8}.") from exc
         prompts = []
         for i, rec in enumerate(_json_records(p, text, strings=True)):
             if isinstance(rec, str):
@@ -306,13 +308,35 @@ def read_prompts(path: str | Path, prompt_col: str | None = None) -> list[str]:
         prompts = [_text_prompt(p, i, r.get(col) or "", False) for i, r in enumerate(rows)]
     else:
         try:
-            prompts = p.read_text(encoding="utf-8-sig").splitlines()
+            prompts = p.read_text(encoding=text_encoding(p)).splitlines()
         except UnicodeDecodeError as exc:
-            raise DataError(f"{p} is not UTF-8 text ({exc}).") from exc
+            raise DataError(f"{p} is not UTF-8 text ({exc}); {NOT_UTF8}.") from exc
+        if prompt_col is not None:
+            prompts = _text_file_column(p, prompts, prompt_col)
     prompts = [t for t in prompts if t.strip()]
     if not prompts:
         raise DataError(f"{p} holds no prompts.")
     return prompts
+
+
+def _text_file_column(p: Path, lines: list[str], prompt_col: str) -> list[str]:
+    """A text file read with ``--prompt-col``: its first line is a header naming that column. One
+    column (the line is the name): the prompts are the lines after it. Several (a tab- or
+    comma-separated table saved as .txt): that column, read as a CSV's. A first line that is no
+    such header is refused: read one prompt a line, the flag was ignored without a word and a
+    header line such as ``prompt`` was calibrated on as a prompt."""
+    first = next((i for i, line in enumerate(lines) if line.strip()), None)
+    if first is not None and lines[first].strip() == prompt_col.strip():
+        return lines[first + 1 :]
+    if first is not None and prompt_col in file_columns(p):
+        rows = _read_table(p)[1]
+        return [_text_prompt(p, i, r.get(prompt_col) or "", False) for i, r in enumerate(rows)]
+    shown = "nothing" if first is None else repr(lines[first][:60])
+    raise DataError(
+        f"{p} is read as text, one prompt a line, and its first line ({shown}) is not a header "
+        f"naming the column {prompt_col!r} given with --prompt-col. Leave out --prompt-col for a "
+        "file of one prompt a line, or save a table of prompts as .csv, .tsv or .jsonl."
+    )
 
 
 def texts_digest(texts: list[str]) -> str:

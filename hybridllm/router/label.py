@@ -28,6 +28,7 @@ from typing import Any, TextIO
 
 from .._exceptions import CloudError, DataError, EdgeError
 from ..prompts import valid_text
+from ._dataset_table import NOT_UTF8, text_encoding
 
 # SYSTEM_PROMPT, llama_cpp_edge, openai_cloud, settings_path: public names of this module, defined
 # in its private parts now and importable from here as before (router/_cli_commands.py imports the first
@@ -69,10 +70,10 @@ def read_questions(path: str | Path) -> list[Question]:
     p = Path(path)
     if not p.is_file():
         raise DataError(f"{p} does not exist; pass a JSONL file of questions with --data.")
-    try:  # utf-8-sig: a byte-order mark, as some editors write, is not part of line 1
-        text = p.read_text(encoding="utf-8-sig")
+    try:  # a byte-order mark, as some editors write, is not part of line 1 (UTF-16's: text_encoding)
+        text = p.read_text(encoding=text_encoding(p))
     except UnicodeDecodeError as exc:
-        raise DataError(f"{p} is not UTF-8 text ({exc}).") from exc
+        raise DataError(f"{p} is not UTF-8 text ({exc}); {NOT_UTF8}.") from exc
     out = []
     for i, line in enumerate(text.splitlines(), 1):
         if not line.strip():
@@ -85,7 +86,15 @@ def read_questions(path: str | Path) -> list[Question]:
         # GSM8K: ``final`` is the bare number of ``answer``'s ``#### N`` line; the first one given
         # (a null "answer" beside a "reference" was refused; a "final" of 0 was passed over)
         refs = [rec.get(k) for k in ("final", "answer", "reference")] if isinstance(rec, dict) else []
-        ref = next((reference_answer(str(r)) for r in refs if r is not None and str(r).strip()), "")
+        given = next((r for r in refs if r is not None and str(r).strip()), None)
+        if isinstance(given, list | dict):
+            # a list of accepted answers (TriviaQA's aliases) was graded as its Python text,
+            # "['Paris', 'paris, france']", which no answer holds: every row labelled wrong
+            raise DataError(
+                f"{p} line {i}: the reference answer is a {type(given).__name__} "
+                f"({json.dumps(given)[:60]}); give one reference answer, a string or a number."
+            )
+        ref = "" if given is None else reference_answer(str(given))
         # blank: every answer graded wrong, and a blank prompt labels nothing ("#### " passed the check)
         if not isinstance(prompt, str) or not prompt.strip() or not ref:
             raise DataError(f"{p} line {i} needs 'question' (or 'prompt') and 'answer' (or 'reference').")

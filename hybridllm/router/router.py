@@ -225,8 +225,15 @@ class Router:
                 extra = {} if hashes is None else {TRAIN_HASHES: np.asarray(hashes, np.uint64)}
                 np.savez(fh, save_id=np.array(save_id), **extra, **self.scorer.to_arrays())  # type: ignore[arg-type]
             cfg.write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
-            weights.replace(out / WEIGHTS_NAME)
-            cfg.replace(out / CONFIG_NAME)
+            try:
+                weights.replace(out / WEIGHTS_NAME)
+            finally:
+                # once the new weights are in place their config follows them, a Ctrl-C there or
+                # not: both are whole on disk by now. Left to the interrupt, the folder held the new
+                # weights under the old router.json, refused as two saves: the router that was
+                # there lost to a Ctrl-C as `train --out` or `calibrate` in place finished
+                if not weights.exists():
+                    cfg.replace(out / CONFIG_NAME)
         finally:
             weights.unlink(missing_ok=True)
             cfg.unlink(missing_ok=True)

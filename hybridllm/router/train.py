@@ -275,7 +275,17 @@ def train_from_csv(
         )
     check_folds(data, num_folds, mixture=_is_mixture(sources, use_embedding), sources=sources)
     # read before the embedding too: a bad --cascade-data file failed only after it
-    cascade = [_cascade_file(p) for p in cascade_paths or []]
+    cascade = [
+        _cascade_file(
+            p,
+            weak_col=weak_col,
+            strong_col=strong_col,
+            score_range=score_range,
+            prompt_col=prompt_col,
+            reference_strong=reference_strong,
+        )
+        for p in cascade_paths or []
+    ]
     # per file: each file's embeddings are cached on their own, so adding a file reuses the others
     emb = None
     if use_embedding:

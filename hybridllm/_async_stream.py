@@ -8,7 +8,13 @@ from collections.abc import AsyncGenerator, AsyncIterator
 
 from ._exceptions import HybridLLMError, StreamConsumedError
 from ._lifecycle import _Live
-from ._stream import CLOSED_BEFORE_END, CLOSED_MID_ANSWER, READ_ELSEWHERE, STREAM_CLOSED_MID_ANSWER
+from ._stream import (
+    CLOSED_BEFORE_END,
+    CLOSED_MID_ANSWER,
+    READ_ELSEWHERE,
+    STREAM_CLOSED_MID_ANSWER,
+    _read_again,
+)
 from ._types import Chunk, Completion, read_parsed
 
 ASYNC_CLIENT_CLOSED = "This client is closed; create a new AsyncHybridLLM."
@@ -63,9 +69,7 @@ class AsyncStream(_Live):
         if self._client_closed:
             raise HybridLLMError(ASYNC_CLIENT_CLOSED)
         if self._used or self._closed:
-            raise StreamConsumedError(
-                "This stream was already read (or closed); a stream yields its answer once."
-            )
+            raise StreamConsumedError(_read_again(self._closed, self.completion))
         self._used = True
 
     async def __anext__(self) -> Chunk:

@@ -163,7 +163,9 @@ class HybridLLM(_Surface):
             _OPEN_CLIENTS.discard(self)
             # the views' answers end first, while the parts they use are still open (a loop that
             # is stuck, in a blocking call, holds close() up for VIEW_STOP_WAIT_S at most)
-            stops = [stop for view in _snapshot(self._views) for stop in view._stop_for_owner()]
+            # (in a forked child no thread runs the views' loops: nothing there could stop them)
+            views = [] if self._core.forked else _snapshot(self._views)
+            stops = [stop for view in views for stop in view._stop_for_owner()]
             if stops:
                 concurrent.futures.wait(stops, timeout=VIEW_STOP_WAIT_S)
             # then its own answers being read, one at a time, each from its outermost generator.

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import os
 import threading
 from typing import Any
 
 from ._exceptions import HybridLLMError
 from .backends.base import drain_loop
+from .backends.worker import FORKED, forked_from
 
 EXECUTOR_WAIT_S = 30.0  # at close, the longest wait for a running cache lookup or router call
 
@@ -22,6 +24,7 @@ class _LoopThread:
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
         self._closed = False
+        self._pid = os.getpid()  # where the thread runs: a fork of this process has no such thread
 
     @property
     def closed(self) -> bool:
@@ -37,7 +40,11 @@ class _LoopThread:
     def _running_loop(self) -> asyncio.AbstractEventLoop:  # under the lock
         if self._closed:
             raise HybridLLMError("This client is closed; create a new HybridLLM.")
+        if self._loop is not None and forked_from(self._pid):
+            # its thread is not in this fork: a step handed to it was waited for for ever
+            raise HybridLLMError(FORKED.format(pid=self._pid, here=os.getpid()))
         if self._loop is None:
+            self._pid = os.getpid()
             self._loop = asyncio.new_event_loop()
             self._thread = threading.Thread(target=self._loop.run_forever, name="hybridllm-loop", daemon=True)
             self._thread.start()
@@ -61,6 +68,10 @@ class _LoopThread:
         with self._lock:
             self._closed = True
             loop, thread, self._loop = self._loop, self._thread, None
+        if loop is not None and forked_from(self._pid):
+            # a fork's copy: the thread is not here (waiting for it held a child's exit 50 s), and
+            # the loop's self-pipe is the parent's (waking it here wakes the parent's loop)
+            loop = thread = None
         on_loop = thread is not None and threading.current_thread() is thread
         if loop is not None and thread is not None and not on_loop:
             # steps still running end as cancelled, and their waiting readers with them; answers

@@ -20,8 +20,22 @@ STREAM_CLOSED_MID_ANSWER = ("The stream was closed (its close() or aclose()) whi
                             "before its answer was complete.")
 CLOSED_BEFORE_END = ("This stream was closed before its answer was complete; call stream() again for "
                      "another answer.")
+ALREADY_READ = ("This stream was already read; a stream yields its answer once. Call stream() again for "
+                "another answer, or read .completion.")
+UNFINISHED_READ = ("This stream is already being read, or was left half way (leaving its loop stops its "
+                   "answer); a stream yields its answer once: call stream() again for another answer.")
 READ_ELSEWHERE = ("This stream is being read by another thread or task; a stream has one reader at a "
                   "time.")
+
+
+def _read_again(closed: bool, completion: Completion | None) -> str:
+    """Why a stream cannot be read again: it was read to its end, or its answer was cut off (a
+    ``break``, a ``close()``), or is still being read (an async loop left half way is closed a
+    moment later, by the event loop). Only a whole answer has a ``.completion`` to read: the
+    message said to read it for a cut-off one too, where it is None."""
+    if completion is not None:
+        return ALREADY_READ
+    return CLOSED_BEFORE_END if closed else UNFINISHED_READ
 
 
 class Stream(_Live):
@@ -65,10 +79,7 @@ class Stream(_Live):
 
     def _begin(self) -> None:
         if self._used or self._closed:
-            raise StreamConsumedError(
-                "This stream was already read (or closed); a stream yields its answer once. "
-                "Call stream() again for another answer, or read .completion."
-            )
+            raise StreamConsumedError(_read_again(self._closed, self.completion))
         self._used = True
 
     def _read_on(self) -> Iterator[Chunk]:

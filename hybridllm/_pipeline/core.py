@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import os
 import time
 from collections.abc import Sequence
 from contextlib import aclosing
@@ -35,7 +36,7 @@ from .._stats import Stats
 from .._tools import uses_tools
 from .._types import Chunk, GenerationParams, Message, check_option_names, normalize_messages
 from ..backends.base import Backend
-from ..backends.worker import EdgeWorker
+from ..backends.worker import FORKED, EdgeWorker, forked_from
 from .accounting import _account, _tokens_of
 from .cache_steps import _CacheSteps, cache_model_of
 from .emit import Chunks
@@ -81,6 +82,7 @@ class Core(_CacheSteps, _Executor):
         self.budget_binds_forced_cloud = False
         self.close_timeout_s = 30.0  # how long close() waits for the device's current step
         self._closed = False
+        self._pid = os.getpid()  # a fork has none of the client's threads: refused there (prepare)
         self._cache_write_failed = False
         self._cache_embed_failed = False  # an embedder that cannot load says so once, not per request
         self._edge_tools: bool | None = None  # the device model reads tools (asked at the first)
@@ -90,6 +92,10 @@ class Core(_CacheSteps, _Executor):
     def prepare(self, messages: str | Sequence[Message], params: dict[str, Any]) -> Request:
         if self._closed:
             raise HybridLLMError("This client is closed; create a new HybridLLM.")
+        if self.forked:
+            # the sync client's loop thread is not in the child (its call waited for ever), nor the
+            # device worker (the async client's waited edge_wait_timeout_s, then said "busy")
+            raise HybridLLMError(FORKED.format(pid=self._pid, here=os.getpid()))
         overrides = dict(params)
         opts = Options.pop_from(overrides)
         check_option_names(overrides, routing=[f.name for f in dataclasses.fields(Options)])
@@ -109,6 +115,11 @@ class Core(_CacheSteps, _Executor):
                                           f"({self.edge.model}) has no tool format in its chat template. "
                                           "Leave out route, or the tools.")
         return req
+
+    @property
+    def forked(self) -> bool:
+        """Whether this process is a fork of the one that built the client (none of its threads runs here)."""
+        return forked_from(self._pid)
 
     def _edge_calls_tools(self) -> bool:
         """Whether the device model can be given tools (its ``calls_tools()``, asked once; a custom
@@ -159,7 +170,7 @@ class Core(_CacheSteps, _Executor):
             self._settle(req, answered=answered)
 
     async def aclose(self) -> None:
-        if not self._closed and self.cloud is not None:
+        if not self._closed and self.cloud is not None and not self.forked:  # (a fork's: see close)
             try:
                 await self.cloud.aclose()  # its connections on this loop
             except Exception as exc:  # noqa: BLE001 - the device model is freed all the same
@@ -169,6 +180,11 @@ class Core(_CacheSteps, _Executor):
         await asyncio.to_thread(self.close)
 
     def close(self) -> None:
+        if not self._closed and self.forked:
+            # a forked child's copy: the parts are the parent's (a sqlite cache closed here can
+            # checkpoint the parent's database under it, a connection's close talks on the parent's
+            # socket); they go with the child's memory when it exits
+            self._closed = True
         if not self._closed:
             self._closed = True
             edge: Backend | None = self.edge

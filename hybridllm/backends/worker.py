@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import os
 import threading
 import time
 import weakref
@@ -38,6 +39,17 @@ from .worker_job import DEVICE_CLOSED, EdgeJob, _JobStream
 
 EXIT_WAIT_S = 10.0  # at exit, how long a running generation may take to stop (its current step)
 _LIVE: weakref.WeakSet[EdgeWorker] = weakref.WeakSet()  # workers whose thread was started
+# (to create a client in the child is no way out where the parent ran llama.cpp: its thread pool
+# is not in the child either, and the child's first decode waits for it for ever)
+FORKED = ("This client was created in process {pid}, and this is process {here}, a fork of it: a fork "
+          "copies only the thread that forked, not the client's threads (nor llama.cpp's). Start the "
+          "processes with the 'spawn' method (multiprocessing.get_context('spawn')), or create a client "
+          "in each child and use none in the parent before it forks.")
+
+
+def forked_from(pid: int) -> bool:
+    """Whether this process is a fork of process ``pid`` (where a client's threads ran)."""
+    return os.getpid() != pid
 
 
 @atexit.register
@@ -86,7 +98,7 @@ class EdgeWorker:
             if self._service_s is None:
                 return None
             ahead = sum(not j.cancelled.is_set() for j in self._jobs)
-            ahead += self._current is not None and not self._current.done.is_set()
+            ahead += self._current is not None and not _over(self._current)
             return ahead * self._service_s
 
     def _submit(self, make: Callable[[], Iterator[Delta]]) -> tuple[EdgeJob, int]:
@@ -108,7 +120,10 @@ class EdgeWorker:
                     kept.append(j)
             self._jobs = kept
             ahead = len(self._jobs)
-            running = self._current is not None and not self._current.done.is_set()
+            # (a sync answer whose reader ended its turn runs no more, though the worker thread,
+            # not awake yet, has not marked it done: counted running, the request after the next
+            # one was refused with edge_max_waiting=1, and a busy error counted it ahead)
+            running = self._current is not None and not _over(self._current)
             # with the device free, the first queued job is about to run, not waiting: counted as
             # waiting, a burst of 1 + edge_max_waiting requests on an idle device had one refused
             # before the worker thread took the first
@@ -134,7 +149,8 @@ class EdgeWorker:
     def stream(self, make: Callable[[], Iterator[Delta]]) -> AsyncIterator[Delta]:
         """Queue ``make`` (called on the worker thread) and return its deltas as they come."""
         job, ahead = self._submit(make)
-        return _JobStream(job, job.deltas(self.wait_timeout_s, ahead, self.retry_after_s))
+        deltas = job.deltas(self.wait_timeout_s, ahead, self.retry_after_s, lambda: self._turn_coming(job))
+        return _JobStream(job, deltas)
 
     def inline(
         self, make: Callable[[], Iterator[Delta]], feed: Callable[[Delta], Any], finish: Callable[[], Any]
@@ -142,9 +158,28 @@ class EdgeWorker:
         """Queue a turn for ``make`` to run on the reader's thread (see :class:`InlineRun`);
         called on the pipeline's loop. Raises :class:`EdgeBusyError` when too many wait."""
         job = InlineRun(make, feed, finish, wait_timeout_s=self.wait_timeout_s,
-                        retry_after=self.retry_after_s, clock=self._clock)
+                        retry_after=self.retry_after_s, clock=self._clock, turn_coming=self._turn_coming)
         job.ahead = self._enqueue(job)
         return job
+
+    def _turn_coming(self, job: EdgeJob | InlineRun) -> bool:
+        """Whether ``job``'s turn is about to come: no other request holds the device or waits
+        ahead of it, and the worker thread lives, so only that thread's switch to it is left. A
+        wait past ``wait_timeout_s`` is a busy error only otherwise: on a loaded machine (threads
+        holding the GIL) that switch outlasted a short timeout, and a request on an idle device
+        failed as "busy (0 request(s) were ahead of this one)"."""
+        with self._cond:
+            if self._closed or self._thread is None or not self._thread.is_alive():
+                return False
+            current = self._current
+            if current is not None and current is not job and not _over(current):
+                return False
+            for queued in self._jobs:
+                if queued is job:
+                    return True
+                if not queued.cancelled.is_set():
+                    return False
+            return current is job
 
     def _run(self) -> None:
         while True:
@@ -198,3 +233,9 @@ class EdgeWorker:
             thread.join(timeout_s)
             return not thread.is_alive()
         return True
+
+
+def _over(job: EdgeJob | InlineRun) -> bool:
+    """Whether ``job`` no longer holds the device, though the worker may not have marked it done
+    yet (a sync reader that ended its turn has freed it)."""
+    return job.done.is_set() or (isinstance(job, InlineRun) and job.released)

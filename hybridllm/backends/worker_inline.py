@@ -38,8 +38,10 @@ class InlineRun:
         wait_timeout_s: float | None,
         retry_after: Callable[[], float | None] = lambda: None,
         clock: Callable[[], float] = time.monotonic,
+        turn_coming: Callable[[InlineRun], bool] = lambda run: False,
     ) -> None:
         self._make, self._feed, self._finish = make, feed, finish
+        self._turn_coming = turn_coming  # its turn is a thread switch away (EdgeWorker._turn_coming)
         self._wait_timeout_s = wait_timeout_s
         self._retry_after = retry_after  # a retry's wait (the worker's queue), for a busy error
         self.ahead = 0
@@ -65,6 +67,11 @@ class InlineRun:
         self._worker_done = False
         self._result: Any = None
         self._error: BaseException | None = None
+
+    @property
+    def released(self) -> bool:
+        """The turn is over: the reader ended it, or the worker finished the rest."""
+        return self._released
 
     # -- called by the worker (and close) ------------------------------------------------------
     def cancel(self) -> None:
@@ -182,7 +189,7 @@ class InlineRun:
         if timeout is not None and timeout >= threading.TIMEOUT_MAX:
             timeout = None  # Event.wait refuses more (OverflowError): inf (allowed) is forever
         try:
-            if not self.started.wait(timeout):
+            if not self._wait_turn(timeout):
                 self.cancel()  # out of the queue first: the estimate counts the jobs ahead of a retry
                 raise EdgeBusyError(
                     f"The device model was busy for {self._wait_timeout_s:g} s ({self.ahead} "
@@ -206,6 +213,14 @@ class InlineRun:
             self._error = exc
         finally:
             self._end_turn()
+
+    def _wait_turn(self, timeout: float | None) -> bool:
+        """Wait for the turn; False when ``timeout`` passed with the device busy. Next in line on an
+        idle device, the turn is the worker thread's switch away: waited for past the timeout."""
+        while not self.started.wait(timeout):
+            if not self._turn_coming(self):
+                return self.started.is_set()
+        return True
 
     def _end_turn(self) -> None:
         try:

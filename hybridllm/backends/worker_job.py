@@ -94,20 +94,26 @@ class EdgeJob:
             self.done.set()
 
     async def deltas(self, wait_timeout_s: float | None, ahead: int,
-                     retry_after: Callable[[], float | None] = lambda: None) -> AsyncIterator[Delta]:
+                     retry_after: Callable[[], float | None] = lambda: None,
+                     turn_coming: Callable[[], bool] = lambda: False) -> AsyncIterator[Delta]:
         """The job's deltas, in order. Leaving early cancels the job and waits for it to stop.
-        ``retry_after`` estimates a retry's wait (the worker's queue), for a busy error."""
+        ``retry_after`` estimates a retry's wait (the worker's queue), for a busy error;
+        ``turn_coming`` says the job is next on an idle device (EdgeWorker._turn_coming): its turn
+        is the worker thread's switch away, waited for past ``wait_timeout_s``."""
         try:
-            try:
-                first = await asyncio.wait_for(self._items.get(), wait_timeout_s)
-            except TimeoutError:
-                self.cancel()  # out of the queue first: the estimate counts the jobs ahead of a retry
-                raise EdgeBusyError(
-                    f"The device model was busy for {wait_timeout_s:g} s ({ahead} request(s) were "
-                    "ahead of this one); retry later or raise edge_wait_timeout_s.",
-                    retry_after_s=retry_after(),
-                ) from None
-            item = first
+            while True:
+                try:
+                    item = await asyncio.wait_for(self._items.get(), wait_timeout_s)
+                    break
+                except TimeoutError:
+                    if turn_coming():
+                        continue
+                    self.cancel()  # out of the queue first: the estimate counts the jobs ahead of a retry
+                    raise EdgeBusyError(
+                        f"The device model was busy for {wait_timeout_s:g} s ({ahead} request(s) were "
+                        "ahead of this one); retry later or raise edge_wait_timeout_s.",
+                        retry_after_s=retry_after(),
+                    ) from None
             while True:
                 if item is _END:
                     return

@@ -295,6 +295,17 @@ class GenerationParams:
         return key
 
 
+# per-call keywords an OpenAI client takes and this client takes elsewhere: what to do instead
+# (`chat(model=...)`, the openai habit, was told only that 'model' is unknown; "did you mean 'min_p'?")
+_OPENAI_HABITS = {
+    "model": "the models are the client's, not a call's: HybridLLM(edge_model=..., cloud_model=...) "
+    "(or route='edge' / route='cloud' to pick a side for one call).",
+    "stream": "call client.stream(...) for an answer in chunks (with client.stream(...) as s: ...).",
+    "n": "one answer a call: call chat() again, with another seed, for another.",
+    "max_completion_tokens": "this client's name for it is 'max_tokens'.",
+}
+
+
 def check_option_names(names: Iterable[str], *, routing: Sequence[str] = ()) -> None:
     """Refuse a per-call keyword that is neither a sampling setting nor a routing option, naming
     it, the closest accepted name (a typo: ``max_token``) and every accepted one."""
@@ -307,7 +318,9 @@ def check_option_names(names: Iterable[str], *, routing: Sequence[str] = ()) -> 
     hints = []
     for name in unknown:
         close = difflib.get_close_matches(name, [*sampling, *routing], n=1)
-        if close:
+        if name in _OPENAI_HABITS:
+            hints.append(f"{name!r}: {_OPENAI_HABITS[name]}")
+        elif close:
             hints.append(f"{name!r}: did you mean {close[0]!r}?")
     hint = " " + " ".join(hints) if hints else ""
     raise InvalidRequestError(

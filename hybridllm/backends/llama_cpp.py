@@ -46,6 +46,11 @@ from .structured import Constraint, DeviceFormats, constrained, llama_vocabulary
 DEFAULT_MODEL = DEFAULT_EDGE_MODEL
 log = logging.getLogger("hybridllm.edge")
 
+# llama.cpp's CPU backend runs a decode's threads in an OpenMP pool (libgomp), made at the first
+# decode with more than one thread. A fork copies the pool's bookkeeping but not its threads, so a
+# multi-threaded decode in the child waits for them for ever; one thread never uses the pool.
+_POOL_PID: int | None = None  # the process whose decodes made the pool (a fork inherits the value)
+
 
 class LlamaCppBackend(DeviceBackend):
     """Chat and completion on a GGUF model with llama.cpp on the CPU (or its GPU build)."""
@@ -242,6 +247,7 @@ class LlamaCppBackend(DeviceBackend):
         with self._gate.enter():
             llm = self._llm
             llm.set_seed(seed)
+            self._threads_for_this_process(llm)
         budget = min(params.max_tokens, self.context_length - len(tokens))
         decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         matcher = StopMatcher(stops)
@@ -322,6 +328,25 @@ class LlamaCppBackend(DeviceBackend):
         # string, nothing is held)
         tail = matcher.flush()
         yield Delta(tail, finish_reason=finish, usage=Usage(len(tokens), n_out))
+
+    def _threads_for_this_process(self, llm: Any) -> None:
+        """One thread in a fork of a process whose decodes made llama.cpp's thread pool (see
+        _POOL_PID): there a decode on more threads hung for ever (a fork-based multiprocessing Pool
+        or a preloading gunicorn whose parent had answered). Said once, with the way to all threads."""
+        global _POOL_PID
+        if getattr(self, "n_threads", 1) <= 1:  # (a test's backend made without __init__ has none)
+            return
+        here = os.getpid()
+        if _POOL_PID is None or _POOL_PID == here:
+            _POOL_PID = here
+            return
+        log.warning(
+            "llama.cpp decoded on %d threads in process %d, of which this process %d is a fork: its "
+            "thread pool is not here, so %s runs on one thread (on more it would wait for ever). For "
+            "all threads, start processes with the 'spawn' method, or answer nothing in the parent "
+            "before it forks.", self.n_threads, _POOL_PID, here, self.model)
+        llm._ctx.set_n_threads(1, 1)
+        self.n_threads = 1
 
     def close(self) -> None:
         """Free the model. Safe from any thread and more than once: a generation running on

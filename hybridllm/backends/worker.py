@@ -39,8 +39,8 @@ from .worker_job import DEVICE_CLOSED, EdgeJob, _JobStream
 
 EXIT_WAIT_S = 10.0  # at exit, how long a running generation may take to stop (its current step)
 _LIVE: weakref.WeakSet[EdgeWorker] = weakref.WeakSet()  # workers whose thread was started
-# (to create a client in the child is no way out where the parent ran llama.cpp: its thread pool
-# is not in the child either, and the child's first decode waits for it for ever)
+# (a client created in the child works, but where the parent answered on llama.cpp, on one thread:
+# llama.cpp's thread pool is not in the child either; see llama_cpp._POOL_PID)
 FORKED = ("This client was created in process {pid}, and this is process {here}, a fork of it: a fork "
           "copies only the thread that forked, not the client's threads (nor llama.cpp's). Start the "
           "processes with the 'spawn' method (multiprocessing.get_context('spawn')), or create a client "

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from .._exceptions import DataError, InvalidRequestError, RouterError, RouterFileError
-from .._files import DAMAGED_NPZ_ERRORS
+from .._files import DAMAGED_NPZ_ERRORS, fsync_file, fsync_folder
 from .._types import Message, is_real, last_user_text, normalize_messages
 from ._router_file import (
     _RESERVED,
@@ -225,6 +225,10 @@ class Router:
                 extra = {} if hashes is None else {TRAIN_HASHES: np.asarray(hashes, np.uint64)}
                 np.savez(fh, save_id=np.array(save_id), **extra, **self.scorer.to_arrays())  # type: ignore[arg-type]
             cfg.write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
+            # on the disk before either rename, as the other writers' files (_files.replacing): a
+            # power cut after the renames left the folder's names on files the disk never got
+            fsync_file(weights)
+            fsync_file(cfg)
             try:
                 weights.replace(out / WEIGHTS_NAME)
             finally:
@@ -234,6 +238,7 @@ class Router:
                 # there lost to a Ctrl-C as `train --out` or `calibrate` in place finished
                 if not weights.exists():
                     cfg.replace(out / CONFIG_NAME)
+            fsync_folder(out)
         finally:
             weights.unlink(missing_ok=True)
             cfg.unlink(missing_ok=True)

@@ -48,3 +48,25 @@ def test_ctrl_c_before_the_renames_leaves_the_old_router(tmp_path, monkeypatch):
     monkeypatch.undo()
     assert sorted(p.name for p in folder.iterdir()) == ["router.json", "weights.npz"]
     assert load_router(folder).threshold == pytest.approx(0.42)
+
+
+def test_both_files_reach_the_disk_before_either_is_renamed(tmp_path, monkeypatch):
+    """A power cut after the renames must not leave the names on data the disk never got: each
+    temporary file is fsynced before the first rename, and the folder after the last."""
+    import hybridllm.router.router as router_module
+
+    events: list[str] = []
+    real_replace = Path.replace
+    monkeypatch.setattr(router_module, "fsync_file", lambda p: events.append(f"fsync {Path(p).name}"))
+    monkeypatch.setattr(router_module, "fsync_folder", lambda p: events.append("fsync folder"))
+
+    def replace(self, target):
+        events.append(f"rename {Path(target).name}")
+        return real_replace(self, target)
+
+    monkeypatch.setattr(Path, "replace", replace)
+    length_router(0.42).save(tmp_path / "r")
+    renames = [i for i, e in enumerate(events) if e.startswith("rename")]
+    synced = [e for e in events[: renames[0]] if e.startswith("fsync .")]
+    assert len(synced) == 2, events  # the weights' and the config's temporary files
+    assert events[-1] == "fsync folder", events

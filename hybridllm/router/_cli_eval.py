@@ -172,7 +172,7 @@ def _eval(args: argparse.Namespace) -> int:
         return 0
     base = result["baselines"]
     n = result.get("skipped_rows")
-    left = f"  (left out {n} rows: a blank score, or a judgement outside the tiers)" if n else ""
+    left = f"  (left out {n} rows: a blank score or prompt, or a judgement outside the tiers)" if n else ""
     lines = [
         f"n={result['n']}  weak={result['weak_accuracy']} ({result['columns']['weak']})  "
         f"strong={result['strong_accuracy']} ({result['columns']['strong']})" + left,

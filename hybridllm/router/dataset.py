@@ -64,7 +64,7 @@ class RoutingData:
     weak_col: str
     strong_col: str
     edge_logprob: np.ndarray | None = None  # [n] mean token logprob of the weak (edge) answer
-    skipped: int = 0  # rows left out: a blank weak or strong cell
+    skipped: int = 0  # rows left out: a blank weak or strong cell, or a blank prompt
     prompt_col: str = PROMPT_COL
 
     @property
@@ -211,7 +211,8 @@ def load_routellm_csv(
     if not labelled.any():
         raise DataError(f"No row of {p} has both a {weak_col!r} and a {strong_col!r} score.")
     keep = np.flatnonzero(labelled)
-    prompts = _prompts(p, rows, keep, prompt_col)
+    prompts, filled = _prompts(p, rows, keep, prompt_col)
+    keep = keep[filled]
     logprob = _logprob_column(p, rows, semicolons) if LOGPROB_COL in header else None
     return RoutingData(
         prompts=prompts,
@@ -247,23 +248,29 @@ def _load_judgements(
     weak_models: list[str] | None,
 ) -> RoutingData:
     j = judged_scores(p, header, rows, tiers_from(strong_models), tiers_from(weak_models))
+    prompts, filled = _prompts(p, rows, j.keep, prompt_col)
     return RoutingData(
-        prompts=_prompts(p, rows, j.keep, prompt_col),
-        weak=j.weak,
-        strong=j.strong,
+        prompts=prompts,
+        weak=j.weak[filled],
+        strong=j.strong[filled],
         weak_col=j.weak_name,
         strong_col=j.strong_name,
-        skipped=j.left_out,
+        skipped=j.left_out + int((~filled).sum()),
         prompt_col=prompt_col,
     )
 
 
-def _prompts(p: Path, rows: list[dict[str, str]], keep: np.ndarray, prompt_col: str) -> list[str]:
+def _prompts(p: Path, rows: list[dict[str, str]], keep: np.ndarray,
+             prompt_col: str) -> tuple[list[str], np.ndarray]:
+    """The prompts of the rows ``keep`` names, and which of those rows have one: a row whose prompt
+    is blank is left out (counted in ``skipped``), as one with a blank score. It was trained on as
+    the empty prompt, its scores taught to whatever the empty text's features are."""
     json_file = p.suffix.lower() in JSON_SUFFIXES
     prompts = [_text_prompt(p, int(i), rows[i].get(prompt_col) or "", json_file) for i in keep]
-    if not any(pr.strip() for pr in prompts):
+    filled = np.array([bool(pr.strip()) for pr in prompts], dtype=bool)
+    if not filled.any():
         raise DataError(f"Every prompt in {p} (column {prompt_col!r}) is empty.")
-    return prompts
+    return [pr for pr, f in zip(prompts, filled, strict=True) if f], filled
 
 def file_columns(path: str | Path) -> list[str]:
     """The columns of a labelled file, or [] when it cannot be read (the loader says why)."""

@@ -152,8 +152,8 @@ def register(subparsers: Any) -> None:
     p.set_defaults(func=_eval)
 
     p = sub.add_parser("label", help="run an edge and a cloud model on questions, write a CSV")
-    p.add_argument("--data", required=True, type=_input_file("a JSONL file of questions"),
-                   help="JSONL with question and answer per line")
+    p.add_argument("--data", required=True, type=_input_file("a JSONL or CSV file of questions"),
+                   help="JSON Lines with question and answer per line, or a CSV/TSV with those columns")
     p.add_argument("--edge", required=True, type=given("a catalog model id or a GGUF file path"),
                    help="catalog id or GGUF path of the edge model")
     p.add_argument("--cloud", required=True, type=_http_url, help="OpenAI-compatible base URL")

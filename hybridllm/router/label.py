@@ -20,7 +20,7 @@ import csv
 import json
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, as_completed, wait
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,7 +28,7 @@ from typing import Any, TextIO
 
 from .._exceptions import CloudError, DataError, EdgeError
 from ..prompts import valid_text
-from ._dataset_table import NOT_UTF8, text_encoding
+from ._dataset_table import NOT_UTF8, TSV_SUFFIXES, _read_table, text_encoding
 
 # SYSTEM_PROMPT, llama_cpp_edge, openai_cloud, settings_path: public names of this module, defined
 # in its private parts now and importable from here as before (router/_cli_commands.py imports the first
@@ -69,19 +69,9 @@ def reference_answer(raw: str) -> str:
 def read_questions(path: str | Path) -> list[Question]:
     p = Path(path)
     if not p.is_file():
-        raise DataError(f"{p} does not exist; pass a JSONL file of questions with --data.")
-    try:  # a byte-order mark, as some editors write, is not part of line 1 (UTF-16's: text_encoding)
-        text = p.read_text(encoding=text_encoding(p))
-    except UnicodeDecodeError as exc:
-        raise DataError(f"{p} is not UTF-8 text ({exc}); {NOT_UTF8}.") from exc
+        raise DataError(f"{p} does not exist; pass a JSON Lines or CSV file of questions with --data.")
     out = []
-    for i, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise DataError(f"{p} line {i} is not JSON ({exc.msg}).") from exc
+    for i, rec in _question_records(p):
         prompt = rec.get("question") or rec.get("prompt") if isinstance(rec, dict) else None
         # GSM8K: ``final`` is the bare number of ``answer``'s ``#### N`` line; the first one given
         # (a null "answer" beside a "reference" was refused; a "final" of 0 was passed over)
@@ -104,6 +94,28 @@ def read_questions(path: str | Path) -> list[Question]:
     if not out:
         raise DataError(f"{p} holds no questions.")
     return out
+
+
+def _question_records(p: Path) -> Iterator[tuple[int, Any]]:
+    """Each question record with its line: JSON Lines, or a CSV/TSV file with a header (read as
+    a labelled file's table: its delimiter, a byte-order mark, UTF-16). A CSV of questions was read
+    as JSON and refused as "line 1 is not JSON", not saying that JSON Lines was all it took."""
+    if p.suffix.lower() in (".csv", *TSV_SUFFIXES):
+        for i, row in enumerate(_read_table(p)[1]):
+            yield i + 2, row  # line 1 is the header (a quoted cell over several lines: about there)
+        return
+    try:  # a byte-order mark, as some editors write, is not part of line 1 (UTF-16's: text_encoding)
+        text = p.read_text(encoding=text_encoding(p))
+    except UnicodeDecodeError as exc:
+        raise DataError(f"{p} is not UTF-8 text ({exc}); {NOT_UTF8}.") from exc
+    for i, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            yield i, json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise DataError(f"{p} line {i} is not JSON ({exc.msg}); pass JSON Lines (one object "
+                            "a line) or a CSV with a header.") from exc
 
 
 def _as_answer(result: Any) -> Answer:

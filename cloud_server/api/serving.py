@@ -189,15 +189,26 @@ class OpenAIServing:
                 "token_strs": strs}
 
     def detokenize(self, req: DetokenizeRequest) -> dict[str, Any]:
-        """vLLM's ``/detokenize`` answer: the text of the ids (an id outside the vocabulary a 400)."""
+        """vLLM's ``/detokenize`` answer: the text of the ids (an id outside the vocabulary a 400),
+        control tokens written by name (``<|im_start|>``), as vLLM writes them: decoded alone they
+        are no text, and a templated prompt came back without its turn markers."""
         tokenizer = self.engine.tokenizer
-        size = _vocab_size(tokenizer)
-        for i, token in enumerate(req.tokens):
-            if size is not None and token >= size:
-                raise InvalidRequestError(f"Invalid 'tokens[{i}]': {token} is not a token id of this model "
-                                          f"(its vocabulary is 0..{size - 1}).", param=f"tokens[{i}]")
+        ids = list(req.tokens)
+        _check_prompt_ids(ids, _vocab_size(tokenizer), "tokens")
+        names = self._marker_names()
+        parts: list[str] = []
+        run: list[int] = []
+        for token in [*ids, None]:  # runs of ordinary ids decoded whole (a character may span ids)
+            if token is not None and token not in names:
+                run.append(token)
+                continue
+            if run:
+                parts.append(tokenizer.decode(run))
+                run = []
+            if token is not None:
+                parts.append(names[token])
         # a decoder that writes half a surrogate pair must not fail the answer's UTF-8
-        return {"prompt": valid_text(tokenizer.decode(list(req.tokens)))}
+        return {"prompt": valid_text("".join(parts))}
 
     async def admit(self, prepared: Prepared) -> Choices:
         def timer() -> RequestTimer:  # one per choice: each is an engine request in /metrics

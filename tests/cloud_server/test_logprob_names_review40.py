@@ -115,3 +115,21 @@ def test_tokenize_names_control_tokens_in_token_strs(smollm2_path: Path) -> None
     strs = serving.tokenize(req)["token_strs"]
     assert strs[0] == "<|im_start|>" and "<|im_end|>" in strs and "" not in strs, strs
     assert "".join(strs).endswith("<|im_start|>assistant\n")
+
+
+def test_detokenize_writes_control_tokens_by_name(smollm2_path: Path) -> None:
+    """vLLM's /detokenize of a templated prompt keeps its turn markers; they were dropped here, so
+    /tokenize then /detokenize of a chat did not give its prompt back."""
+    from cloud_server.api.protocol import DetokenizeRequest, TokenizeRequest
+    from cloud_server.models.tokenizer import GGUFTokenizer
+
+    tok = GGUFTokenizer(smollm2_path)
+    engine = SimpleNamespace(tokenizer=tok, max_model_len=512)
+    serving = OpenAIServing(engine, "m", ServerMetrics(lambda: None, lambda: "m"))  # type: ignore[arg-type]
+    ids = serving.tokenize(TokenizeRequest(messages=[{"role": "user", "content": "héllo 🙂"}]))["tokens"]
+    text = serving.detokenize(DetokenizeRequest(tokens=ids))["prompt"]
+    assert text.startswith("<|im_start|>") and "héllo 🙂<|im_end|>" in text, text
+    assert text.endswith("<|im_start|>assistant\n"), text
+    # ordinary ids only: the text as before (a character split across ids decoded whole)
+    plain = tok.encode("héllo 🙂", add_special=False)
+    assert serving.detokenize(DetokenizeRequest(tokens=plain))["prompt"] == "héllo 🙂"

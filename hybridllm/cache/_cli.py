@@ -158,9 +158,19 @@ def cmd_stats(args: argparse.Namespace) -> int:
     threshold = "" if stats["threshold"] is None else f", threshold {stats['threshold']:.3f}"
     similarity = "" if stats["min_similarity"] is None else f", min similarity {stats['min_similarity']:.2f}"
     print(f"verifier:    {stats['verifier']}{threshold}{similarity}")
+    names = {ns: _shown(ns) for ns in stats["namespaces"]}
+    # at least two spaces after the longest name: a name of 24 characters or more (a tenant's
+    # UUID) ran into its count, "...4466554400003" for 3 entries of "...446655440000"
+    width = max([24] + [len(name) + 2 for name in names.values()])
     for ns, n in stats["namespaces"].items():
-        print(f"  {ns:<24}{n}")
+        print(f"  {names[ns]:<{width}}{n}")
     return 0
+
+
+def _shown(namespace: str) -> str:
+    """A namespace as one line shows it: quoted, with escapes, when it holds a line break or
+    another character that prints as none (a tenant id read with its newline)."""
+    return namespace if namespace.isprintable() else repr(namespace)
 
 
 def cmd_clear(args: argparse.Namespace) -> int:

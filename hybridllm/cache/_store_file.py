@@ -78,7 +78,11 @@ class _StoreFile(_StoreReads):
                     f"{self.path} is an SQLite database but not a hybridllm cache (tables: "
                     f"{', '.join(sorted(tables))}); it was left untouched. Pass another path."
                 )
-            report = [r[0] for r in conn.execute("PRAGMA quick_check")]
+            # integrity_check, not quick_check, which does not compare the indexes with the table:
+            # a damaged primary-key index (a flipped bit in a row's rowid there) passed it, and
+            # every lookup of that entry raised a bare "database disk image is malformed", at
+            # every start. About 25 ms more at 10,000 entries (40 -> 66 ms)
+            report = [r[0] for r in conn.execute("PRAGMA integrity_check")]
             if report and report != ["ok"]:
                 raise sqlite3.DatabaseError(f"integrity check failed: {_first_problem(report)}")
             meta = self._read_meta(conn) if tables else {}

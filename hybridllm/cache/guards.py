@@ -21,7 +21,9 @@ two different questions can look identical to them:
   same words with their numbers in another order ("10 minus 3" / "3 minus 10") or with one moved
   across a word of direction ("flights from Paris to London" / "from London to Paris", "is a shark
   bigger than a dolphin") or with the possessive moved to another word ("should the employer pay
-  the employee's taxes" / "the employee ... the employer's"), and a question written in another
+  the employee's taxes" / "the employee ... the employer's"), a request for a brief or a detailed
+  answer on one side only or the other way round ("Briefly explain how vaccines work" / "Explain in
+  detail how vaccines work"), and a question written in another
   script (a translation: "Какая столица Франции?" / "What is the capital of France?"): the
   verifiers usually catch these, not always (and plain cosine never), while a paraphrase rarely
   does any of them, so :func:`conflict` refuses them outright. On the held-out QQP test split
@@ -30,8 +32,9 @@ two different questions can look identical to them:
   added).
 
 :func:`exact_key` is the exact-repeat key: for plain questions case, runs of spaces and trailing
-question marks or full stops do not change the question; "5!" (a factorial) keeps its "!"; nor
-does the Unicode form (composed or decomposed accents).
+question marks or full stops do not change the question, but inside quotes spaces do, and so does
+the case of a literal ("Reverse the string 'AbC'" / "... 'abc'", which :func:`conflict` refuses
+too); "5!" (a factorial) keeps its "!"; nor does the Unicode form (composed or decomposed accents).
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ from __future__ import annotations
 import re
 import unicodedata
 from collections import Counter
+from itertools import pairwise
 
 _CODE = re.compile(r"[\n`;{}<>=|\\]|\d\s*[-+*/^%×÷]\s*[\d(.]|\d!")
 # a minus sign belongs to the number when nothing word-like stands before it: "-40 °C" is not
@@ -51,6 +55,13 @@ _WORD = re.compile(r"[^\W_]+(?:'[^\W_]+)?")
 # when both sides hold one: a lone "I" is the pronoun, and "C", "D", "M" start too many acronyms
 _ROMAN = re.compile(r"\b(?=[IVXL])(?:XC|XL|L?X{0,3})(?:IX|IV|V?I{0,3})\b")
 _TRAILING = re.compile(r"[\s?.!]+$")
+# a quoted text: the words a question operates on ("Reverse the string 'AbC'", "How many capitals
+# are in \"HeLLo\"?"), kept as written. A single quote opens after no letter and closes before
+# none, so "don't" and "the cats' toys" quote nothing
+_QUOTED = re.compile(
+    r'"[^"\n]+"|\u201c[^\u201d\n]+\u201d|\u00ab[^\u00bb\n]+\u00bb|\u300c[^\u300d\n]+\u300d'
+    r"|(?<![\w'])'[^'\n]+'(?![\w'])"
+)
 _ASCII_LETTER = re.compile(r"[A-Za-z]")
 _OTHER_LETTER = re.compile(r"[^\W\d_\x00-\x7f]")  # a letter (or a CJK ideograph) past ASCII
 NEGATIONS = frozenset(
@@ -86,7 +97,9 @@ _OPPOSITE_PREFIXES = ("un", "in", "im", "il", "ir", "dis", "non")
 # the other way round ("Is Python faster than Java?" / "... slower than Java?", "Is it true that
 # bats are blind?" / "... false ...", both served by the reranker at 0.95 and 0.96). Only as the
 # whole difference: a paraphrase that also words the rest otherwise ("Is X better than Y?" / "Is
-# Y worse than X?") is left to the verifier, and misses here, which is a miss, never a wrong answer
+# Y worse than X?") is left to the verifier, and misses here, which is a miss, never a wrong answer.
+# "Give me arguments for" / "against nuclear power", "Explain black holes in simple terms" / "in
+# technical terms" and "How do I speed up" / "slow down my computer?" were served at 0.95 to 0.96
 _OPPOSITE_WORDS = (
     "faster slower|fast slow|quicker slower|more less|more fewer|most least|bigger smaller|"
     "big small|larger smaller|large small|largest smallest|biggest smallest|higher lower|"
@@ -111,13 +124,27 @@ _OPPOSITE_WORDS = (
     "ascending descending|uppercase lowercase|horizontal vertical|input output|send receive|"
     "give take|lend borrow|male female|men women|man woman|boy girl|boys girls|husband wife|"
     "mother father|son daughter|brother sister|employer employee|buyer seller|landlord tenant|"
-    "teacher student|parent child|parents children|winner loser|predator prey"
+    "teacher student|parent child|parents children|winner loser|predator prey|for against|"
+    "simple technical|speed slow"
 )
 OPPOSITES: dict[str, frozenset[str]] = {}
 for _pair in _OPPOSITE_WORDS.split("|"):
     _a, _b = _pair.split()
     OPPOSITES[_a] = OPPOSITES.get(_a, frozenset()) | {_b}
     OPPOSITES[_b] = OPPOSITES.get(_b, frozenset()) | {_a}
+# how long an answer is asked for: "Briefly explain how vaccines work" and "Explain in detail how
+# vaccines work" (served at 0.97 by the reranker), "Give me a brief overview" and "... a
+# comprehensive overview of the Roman Empire", "Summarize the Iliad" and "... in detail" (0.95): the
+# models read the topic, which is the same, and an answer of one length is no answer to a request
+# for the other. Words that ask for it and little else ("depth" and "detail" only as "in depth" and
+# "in detail", "quick" and "short" only before "summary" and the like: "how quickly does hair grow",
+# "the depth of the sea", "short-term" are other questions' words)
+_SHORT_WORDS = frozenset({"brief", "briefly", "concise", "concisely", "succinct", "succinctly", "tldr"})
+_LONG_WORDS = frozenset({"detailed", "thorough", "thoroughly", "comprehensive", "comprehensively",
+                         "exhaustive", "exhaustively", "lengthy", "elaborately"})
+_SHORT_BEFORE = frozenset({"quick", "short"})
+_SUMMARY_WORDS = frozenset({"summary", "overview", "answer", "explanation", "description", "introduction"})
+_LONG_AFTER_IN = frozenset({"detail", "depth"})
 # a word moved across one of these changes who does what to whom: "Paris to London"
 _DIRECTIONAL = frozenset(
     {"to", "into", "onto", "than", "over", "from", "against", "versus", "vs", "of", "by", "toward",
@@ -138,7 +165,17 @@ def exact_key(query: str) -> str:
     if is_code_like(text):  # only trailing spaces of lines and trailing question marks go
         text = "\n".join(line.rstrip() for line in text.splitlines()).strip()
         return text.rstrip("? ").rstrip()  # "what is 5!" keeps its "!": it asks for 120
-    return _TRAILING.sub("", " ".join(text.casefold().split()))
+    # case counts inside quotes, where a capital follows a letter (see _cased): "Reverse the
+    # string 'AbC'" and "... 'abc'" are two questions (before, one exact key: the answer "cba" was
+    # served for 'AbC'); so do the spaces there
+    parts, start = [], 0
+    for quoted in _QUOTED.finditer(text):
+        mark = quoted.group()
+        before = re.sub(r"\s+", " ", text[start : quoted.start()].casefold())
+        parts += [before, mark[0] + _cased(mark[1:-1]) + mark[-1]]
+        start = quoted.end()
+    parts.append(re.sub(r"\s+", " ", text[start:].casefold()))
+    return _TRAILING.sub("", "".join(parts).strip())
 
 
 def _words(text: str) -> list[str]:
@@ -211,6 +248,49 @@ _NOT_POSSESSIVE = frozenset(
 _POSSESSIVE_DETERMINERS = frozenset({"his", "her", "their", "its", "my", "your", "our"})
 
 
+def _lengths(words: list[str]) -> frozenset[str]:
+    """The answer lengths ``words`` ask for: "short", "long", both or neither."""
+    asked = set()
+    if not _SHORT_WORDS.isdisjoint(words):
+        asked.add("short")
+    if not _LONG_WORDS.isdisjoint(words):
+        asked.add("long")
+    for word, after in pairwise(words):
+        if word in _SHORT_BEFORE and after in _SUMMARY_WORDS:
+            asked.add("short")
+        elif word == "in" and after in _LONG_AFTER_IN:
+            asked.add("long")
+    return frozenset(asked)
+
+
+def _cased(quoted: str) -> str:
+    """A quoted text as its case counts: as written when a capital follows a letter ("AbC",
+    "HeLLo", "camelCase", "NASA": a literal), else in lower case, as a title or a phrase is typed
+    either way ("Think and Grow Rich" / "Think and Grow rich", "Fake it" / "fake it": 15 of QQP's
+    18 pairs quoting a text in other capitals are labelled the same question)."""
+    literal = any(c.isupper() and before.isalpha() for before, c in pairwise(quoted))
+    return quoted if literal else quoted.casefold()
+
+
+def _quoted(text: str) -> list[str]:
+    """The quoted texts, without their quote marks, in order, as their case counts (:func:`_cased`)."""
+    return [_cased(m.group()[1:-1]) for m in _QUOTED.finditer(text)]
+
+
+def _recased(a: list[str], b: list[str]) -> bool:
+    """The same quoted text in other capitals where they count (see :func:`_cased`; the embedder
+    and the reranker read lower case only): "Reverse the string 'AbC'" / "... 'abc'", "Is
+    \"SeCret\" the same as \"secret\"?" with the two turned around."""
+    if [t.casefold() for t in a] == [t.casefold() for t in b] and a != b:
+        return True
+    forms_a: dict[str, Counter[str]] = {}
+    forms_b: dict[str, Counter[str]] = {}
+    for texts, forms in ((a, forms_a), (b, forms_b)):
+        for t in texts:
+            forms.setdefault(t.casefold(), Counter())[t] += 1
+    return any(forms_a[t] != forms_b[t] for t in forms_a.keys() & forms_b.keys())
+
+
 def _owners(words: list[str]) -> tuple[Counter[str], set[str]]:
     """(the words with a possessive "'s" taken off, less possessive determiners; the owners)."""
     plain: Counter[str] = Counter()
@@ -268,6 +348,10 @@ def conflict(query: str, cached: str) -> str | None:
     if (_opposite_pair(set(words_q) - set(words_c), set(words_c) - set(words_q))
             or _turned_around(words_q, words_c)):
         return "a word and its opposite"
+    if _recased(_quoted(query), _quoted(cached)):
+        return "a quoted text in other capitals"
+    if _lengths(words_q) != _lengths(words_c):
+        return "another length of answer asked for"
     if _swapped(words_q, words_c) or _possessive_moved(words_q, words_c):
         return "the same words in another direction"
     if _other_script(_scripts(query), _scripts(cached)):

@@ -46,19 +46,29 @@ def status_of(exc: HybridLLMError) -> tuple[int, str, str]:
         return 429, "requests", "The device model is busy; retry shortly."
     if isinstance(exc, CloudRateLimitError):  # the cloud's 429: its wait is the Retry-After
         if exc.prompt_tokens is not None:  # the device could not answer in the cloud's place
-            return 429, "requests", (
-                f"The cloud is rate-limiting this server, and the prompt ({exc.prompt_tokens} tokens) is "
-                f"past the device model's context ({exc.context_length}, n_ctx), so the device cannot "
-                "answer it instead; retry when the Retry-After header says.")
+            return 429, "requests", (f"The cloud is rate-limiting this server, and {_why_cloud_only(exc)}; "
+                                     "retry when the Retry-After header says.")
         return 429, "requests", "The cloud is rate-limiting this server; retry shortly."
     if isinstance(exc, CloudError):
         if exc.prompt_tokens is not None:  # the device could not answer in the cloud's place
-            return 503, "upstream_unavailable", (
-                f"The cloud is unavailable, and the prompt ({exc.prompt_tokens} tokens) is past the "
-                f"device model's context ({exc.context_length}, n_ctx), so the device cannot answer it "
-                "instead; retry shortly.")
+            return 503, "upstream_unavailable", (f"The cloud is unavailable, and {_why_cloud_only(exc)}; "
+                                                 "retry shortly.")
         return 503, "upstream_unavailable", "The cloud is unavailable; retry shortly."
     return 500, "server_error", "The server had an error while processing your request."
+
+
+def _why_cloud_only(exc: CloudError) -> str:
+    """Why the device could not answer in the cloud's place. The library's error carries the
+    prompt's size either way (``_pipeline.failures._waits_for_cloud``): a prompt past the device's
+    context, or a request whose tools only the cloud model calls, whose prompt fits (the library's
+    ``fits_edge``: the prompt and one answer token). Before, every such error said "past the
+    device model's context", for a prompt of a few words that gave tools."""
+    n, limit = exc.prompt_tokens, exc.context_length
+    if n is not None and limit is not None and n + 1 > limit:
+        return (f"the prompt ({n} tokens) is past the device model's context ({limit}, n_ctx), so "
+                "the device cannot answer it instead")
+    return ("the request gives tools, which only the cloud model calls, so the device cannot answer "
+            "it instead (send it without tools for the device to answer it)")
 
 
 def code_of(exc: BaseException) -> str | None:

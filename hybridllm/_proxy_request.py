@@ -6,6 +6,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
+from ._tools import has_tool_turns
 from ._types import (
     MAX_STOP,  # the library's bound (OpenAI's 4), not the wire's 32
     )
@@ -135,6 +136,15 @@ class ProxyChatRequest(VllmFormatFields, ToolsChatRequest):
             if m.role == "tool" and m.tool_call_id is not None:
                 turn["tool_call_id"] = m.tool_call_id
         return out
+
+    def calls_tools(self, messages: list[dict[str, Any]]) -> bool:
+        """Whether the answer needs a model that reads tools (``Request.calls_tools``, the library's
+        test): tools that the answer may call (``tool_choice`` not "none"), or a conversation (its
+        ``chat_messages()``) holding calls or their results. Tools with "none" (an agent's last turn,
+        for a text answer) are shown to no model: any model answers them."""
+        if self.tools is None:
+            return False
+        return tool_choice_of(self.tool_choice, self.tools)[0] != "none" or has_tool_turns(messages)
 
     def chat_options(self) -> dict[str, Any]:
         """Keyword options for ``HybridLLM.chat``: sampling, then routing."""

@@ -2,7 +2,8 @@
 
 Any app that speaks to OpenAI (the official clients, LangChain, curl) gets hybrid routing by
 pointing its base URL here. Each answer says how it was served: the ``x-hybridllm-route`` and
-``x-hybridllm-reason`` headers, and a ``hybridllm`` field in the JSON (and in the last chunk). Each
+``x-hybridllm-reason`` headers, and a ``hybridllm`` field in the JSON (and in the chunk with the
+``finish_reason``; the usage chunk, when asked for, comes after it). Each
 answer carries an ``X-Request-Id`` (the client's or a new one), which a question sent to the cloud
 carries too (``wire.middleware.RequestId``).
 
@@ -190,12 +191,20 @@ def create_app(llm: HybridLLM, *, model_name: str = "hybridllm", api_keys: list[
 
         req = await asyncio.to_thread(decode) if is_large(body) else decode()
         messages, opts = req.chat_messages(), req.chat_options()
-        if "tools" in opts and llm._core.cloud is None and not llm._core._edge_calls_tools():
+        # tools with tool_choice "none" are shown to no model: the device answers them (an agent's
+        # last turn, for a text answer), as the library does; refused here, that turn was a 400
+        if req.calls_tools(messages) and llm._core.cloud is None and not llm._core._edge_calls_tools():
             raise WireError(f"tools need a model whose chat template lists them, and this server has "
                             f"no cloud and its device model ({llm.edge.model}) has none: start `hybridllm "
                             "serve` with --cloud-url URL (or set cloud_url in its config file or "
                             "HYBRIDLLM_CLOUD_URL), or with a --model whose chat template lists tools "
                             "(qwen2.5-coder-0.5b-instruct); or leave out tools.", param="tools")
+        if opts.get("route") == "edge" and req.calls_tools(messages) and not llm._core._edge_calls_tools():
+            # the library's refusal names its keyword (route='edge'), with no param
+            raise WireError(f"hybridllm.route='edge' cannot take tools: the device model ({llm.edge.model}) "
+                            "has no tool format in its chat template, so only the cloud model calls "
+                            "them. Leave out hybridllm.route, or the tools (or send tool_choice 'none' "
+                            "for a text answer).", param="hybridllm.route")
         if opts.get("route") == "cloud" and llm._core.cloud is None:
             # the library's own refusal says "pass cloud_url=...", a keyword no HTTP client or
             # operator of this server can pass: name the server's setting

@@ -9,8 +9,8 @@ import threading
 from typing import Any
 
 from ._exceptions import HybridLLMError
+from ._forks import FORKED, forked_from
 from .backends.base import drain_loop
-from .backends.worker import FORKED, forked_from
 
 EXECUTOR_WAIT_S = 30.0  # at close, the longest wait for a running cache lookup or router call
 

@@ -6,7 +6,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
-from ._tools import has_tool_turns
+from ._tools import calls_tools
 from ._types import (
     MAX_STOP,  # the library's bound (OpenAI's 4), not the wire's 32
     )
@@ -142,9 +142,7 @@ class ProxyChatRequest(VllmFormatFields, ToolsChatRequest):
         test): tools that the answer may call (``tool_choice`` not "none"), or a conversation (its
         ``chat_messages()``) holding calls or their results. Tools with "none" (an agent's last turn,
         for a text answer) are shown to no model: any model answers them."""
-        if self.tools is None:
-            return False
-        return tool_choice_of(self.tool_choice, self.tools)[0] != "none" or has_tool_turns(messages)
+        return calls_tools(self.tools, self.tool_choice, messages)
 
     def chat_options(self) -> dict[str, Any]:
         """Keyword options for ``HybridLLM.chat``: sampling, then routing."""

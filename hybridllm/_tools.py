@@ -155,6 +155,18 @@ def uses_tools(messages: list[dict[str, Any]], tools: Any) -> bool:
     return bool(tools) or has_tool_turns(messages)
 
 
+def calls_tools(tools: Any, tool_choice: Any, messages: list[dict[str, Any]]) -> bool:
+    """Whether the answer needs a model that reads tools: tools given that it may call (a
+    ``tool_choice`` not "none"), or, with tools given, a conversation holding calls or their results,
+    which only a template with a tool format writes out. Tools with "none" and no such turns are
+    shown to no model: any model answers them (the library's routing and the proxy's check)."""
+    if tools is None:
+        return False
+    if tools and tool_choice_mode(tool_choice, list(tools))[0] != "none":
+        return True
+    return has_tool_turns(messages)
+
+
 def has_tool_turns(messages: list[dict[str, Any]]) -> bool:
     """The conversation holds calls (an assistant's ``tool_calls``) or their results (``tool``)."""
     return any(m.get("tool_calls") or m.get("role") == "tool" for m in messages)

@@ -32,11 +32,12 @@ from contextlib import aclosing
 from typing import Any
 
 from .._exceptions import ConfigError, HybridLLMError, InvalidRequestError
+from .._forks import FORKED, forked_from
 from .._stats import Stats
 from .._tools import uses_tools
 from .._types import Chunk, GenerationParams, Message, check_option_names, normalize_messages
 from ..backends.base import Backend
-from ..backends.worker import FORKED, EdgeWorker, forked_from
+from ..backends.worker import EdgeWorker
 from .accounting import _account, _tokens_of
 from .cache_steps import _CacheSteps, cache_model_of
 from .emit import Chunks

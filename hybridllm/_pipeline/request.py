@@ -7,8 +7,7 @@ from typing import Any
 
 from .._exceptions import InvalidRequestError
 from .._message_text import check_namespace
-from .._tool_plan import plan_of
-from .._tools import has_tool_turns
+from .._tools import calls_tools
 from .._types import GenerationParams, Messages, Usage
 
 
@@ -86,9 +85,7 @@ class Request:
         (tool_choice not "none"), or its conversation holds calls or their results, which only a
         template with a tool format writes out. With "none" and no such turns the answer is text
         and the prompt holds no tools, so any model can give it."""
-        if self.params.tools is None:
-            return False
-        return plan_of(self.params) is not None or has_tool_turns(self.messages)
+        return calls_tools(self.params.tools, self.params.tool_choice, self.messages)
 
     @property
     def tools_need_cloud(self) -> bool:

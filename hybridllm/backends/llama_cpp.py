@@ -334,7 +334,7 @@ class LlamaCppBackend(DeviceBackend):
         _POOL_PID): there a decode on more threads hung for ever (a fork-based multiprocessing Pool
         or a preloading gunicorn whose parent had answered). Said once, with the way to all threads."""
         global _POOL_PID
-        if getattr(self, "n_threads", 1) <= 1:  # (a test's backend made without __init__ has none)
+        if self.n_threads <= 1:
             return
         here = os.getpid()
         if _POOL_PID is None or _POOL_PID == here:

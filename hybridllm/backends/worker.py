@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import asyncio
 import atexit
-import os
 import threading
 import time
 import weakref
@@ -39,17 +38,6 @@ from .worker_job import DEVICE_CLOSED, EdgeJob, _JobStream
 
 EXIT_WAIT_S = 10.0  # at exit, how long a running generation may take to stop (its current step)
 _LIVE: weakref.WeakSet[EdgeWorker] = weakref.WeakSet()  # workers whose thread was started
-# (a client created in the child works, but where the parent answered on llama.cpp, on one thread:
-# llama.cpp's thread pool is not in the child either; see llama_cpp._POOL_PID)
-FORKED = ("This client was created in process {pid}, and this is process {here}, a fork of it: a fork "
-          "copies only the thread that forked, not the client's threads (nor llama.cpp's). Start the "
-          "processes with the 'spawn' method (multiprocessing.get_context('spawn')), or create a client "
-          "in each child and use none in the parent before it forks.")
-
-
-def forked_from(pid: int) -> bool:
-    """Whether this process is a fork of process ``pid`` (where a client's threads ran)."""
-    return os.getpid() != pid
 
 
 @atexit.register

@@ -44,28 +44,17 @@ def _cascade_floor(data: RoutingData, cascade_data: list[RoutingData] | None) ->
     return logprob_threshold, cascade
 
 
-def _cascade_file(
-    path: str | Path,
-    *,
-    weak_col: str | None = None,
-    strong_col: str | None = None,
-    score_range: tuple[float, float] | None = None,
-    prompt_col: str | None = None,
-    reference_strong: bool = False,
-) -> RoutingData:
+def _cascade_file(path: str | Path, **options: Any) -> RoutingData:
     """A --cascade-data file, refused without edge log-probabilities: it would calibrate nothing,
     and the router kept the default floor without a word. It is read with the options the --data
-    files are (the columns named, where it has them, and the scale): read without them, a file of
-    a judge's 1-10 marks was refused for want of the --score-range the command had given."""
+    files are (``load_routellm_csv``'s: the columns named, where it has them, and the scale): read
+    without them, a file of a judge's 1-10 marks was refused for want of the --score-range the
+    command had given."""
     header = file_columns(path)
-    data = load_routellm_csv(
-        path,
-        weak_col=weak_col if weak_col in header else None,
-        strong_col=strong_col if strong_col in header else None,
-        score_range=score_range,
-        prompt_col=prompt_col if prompt_col in header else None,
-        reference_strong=reference_strong,
-    )
+    for col in ("weak_col", "strong_col", "prompt_col"):
+        if options.get(col) not in header:
+            options[col] = None
+    data = load_routellm_csv(path, **options)
     if data.edge_logprob is None or not np.isfinite(data.edge_logprob).any():
         raise DataError(
             f"--cascade-data {path} has no edge log-probabilities (a {LOGPROB_COL!r} column with "

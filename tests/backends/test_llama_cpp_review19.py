@@ -68,6 +68,7 @@ def fake_vocab(monkeypatch):
 def _backend(llm: _FakeLlm, n_ctx: int = 64) -> L.LlamaCppBackend:
     b = L.LlamaCppBackend.__new__(L.LlamaCppBackend)
     b._busy, b._gate, b._llm, b._n_ctx, b._n_vocab = threading.Lock(), L._Gate(), llm, n_ctx, 100
+    b.n_threads = 1
     return b
 
 

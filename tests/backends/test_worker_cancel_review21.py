@@ -72,6 +72,7 @@ def _llama(monkeypatch, script: _Script):
     edge = L.LlamaCppBackend.__new__(L.LlamaCppBackend)
     edge._busy, edge._gate, edge._llm, edge._n_ctx, edge._n_vocab = (
         threading.Lock(), L._Gate(), _Llm(script), 100_000, 16)
+    edge.n_threads = 1
     return edge
 
 

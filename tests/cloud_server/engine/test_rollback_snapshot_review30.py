@@ -28,10 +28,13 @@ def _seq(prompt: list[int]) -> Sequence:
 
 def test_a_step_keeps_the_start_of_the_states_it_changes_only():
     spec = SpecDecoder(method="ngram", num_speculative_tokens=3, max_model_len=64, max_spec_rows=16)
-    idle = {sid: _SeqState(acceptance=0.1 * (sid % 7), steps=sid, whole=sid % 2 == 0)
-            for sid in range(10_000, 10_050)}  # sequences that drafted while it was quiet
-    spec._state.update({sid: replace(s) for sid, s in idle.items()})
     old, new = _seq([1, 2, 3, 1, 2, 3, 1, 2]), _seq([5, 6, 7, 5, 6, 7, 5, 6])
+    # sequences that drafted while it was quiet, with ids past both (Sequence ids count up across
+    # the session: fixed ids collided with `new` after about 10,000 earlier sequences)
+    first = max(old.seq_id, new.seq_id) + 1
+    idle = {sid: _SeqState(acceptance=0.1 * (sid % 7), steps=sid, whole=sid % 2 == 0)
+            for sid in range(first, first + 50)}
+    spec._state.update({sid: replace(s) for sid, s in idle.items()})
     spec._state[old.seq_id] = _SeqState(acceptance=0.5, steps=3, whole=True)
     marks = spec.adaptive_marks()
     assert spec.lookahead(old, 2) == 3 and spec.lookahead(new, 2) == 3
